@@ -1,0 +1,1 @@
+"""graphkernel.codegen (filled in as the pipeline grows)."""

@@ -1,0 +1,1 @@
+"""graphkernel.expanders (filled in as the pipeline grows)."""

@@ -1,0 +1,9 @@
+"""graphkernel: a graph-kernel fusion compiler for Ascend NPUs."""
+
+from graphkernel import ops  # noqa: F401  (registers every op)
+from graphkernel.errors import GraphKernelError
+from graphkernel.ir import DType, Graph, Node, TensorType, Value
+
+__version__ = "0.1.0"
+
+__all__ = ["DType", "Graph", "GraphKernelError", "Node", "TensorType", "Value", "__version__"]

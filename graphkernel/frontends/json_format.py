@@ -1,0 +1,414 @@
+"""graphkernel's own graph file format (JSON or YAML), ``"format": "graphkernel/1"``.
+
+See docs/graph-format.md. The file is validated with pydantic; every error names
+the file and the JSON path of the offending field. Constants with more than
+``INLINE_LIMIT`` elements go to a side ``.npz`` file named in ``data_file``.
+Saving is atomic, and save -> load -> save reproduces the file exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from graphkernel import ops
+from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
+from graphkernel.ir import DType, Graph, TensorType
+
+FORMAT = "graphkernel/1"
+INLINE_LIMIT = 64
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSpec(_Model):
+    name: str = Field(min_length=1)
+    shape: list[int | str]
+    dtype: str
+    mutable: bool = False
+
+
+class ConstSpec(_Model):
+    name: str = Field(min_length=1)
+    shape: list[int]
+    dtype: str
+    data: list[Any] | None = None
+    key: str | None = None  # entry in the side .npz file
+
+
+class OutputSpec(_Model):
+    name: str = Field(min_length=1)
+    shape: list[int | str]
+    dtype: str
+
+
+class NodeSpec(_Model):
+    name: str = Field(min_length=1)
+    op: str
+    inputs: list[str] = []
+    outputs: list[str | OutputSpec]
+    attrs: dict[str, Any] = {}
+    origin: list[str] | None = None
+
+
+class GraphSpec(_Model):
+    format: Literal["graphkernel/1"] = FORMAT
+    name: str = "graph"
+    data_file: str | None = None
+    inputs: list[InputSpec] = []
+    constants: list[ConstSpec] = []
+    nodes: list[NodeSpec] = []
+    outputs: list[str]
+
+
+# --------------------------------------------------------------------- save
+def _encode_scalar(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None) -> Any:
+    if isinstance(value, Graph):
+        return {"graph": graph_to_dict(value, nested=True, side=side)}
+    if isinstance(value, np.ndarray):
+        spec: dict[str, Any] = {"dtype": DType.parse(value.dtype).value,
+                                "shape": list(value.shape)}
+        if side is not None and value.size > INLINE_LIMIT:
+            spec["key"] = _side_key(side, value)
+        else:
+            spec["data"] = _const_data(value)
+        return {"tensor": spec}
+    if isinstance(value, DType):
+        return value.value
+    if isinstance(value, TensorType):
+        return {"shape": list(value.shape), "dtype": value.dtype.value}
+    if isinstance(value, list | tuple):
+        return [_encode_attr(v, where, side) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode_attr(v, where, side) for k, v in value.items()}
+    if isinstance(value, float):
+        return _encode_scalar(value)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, np.generic):
+        return _encode_scalar(value.item())
+    raise FormatError(f"{where}: attribute value {value!r} (a {type(value).__name__}) cannot be "
+                      "saved to a graph file")
+
+
+def _side_key(side: dict[str, np.ndarray], arr: np.ndarray) -> str:
+    key = f"c{len(side)}"
+    side[key] = arr.view(np.uint16) if arr.dtype == DType.bfloat16.np else arr
+    return key
+
+
+def _const_data(arr: np.ndarray) -> list[Any]:
+    dt = DType.parse(arr.dtype)
+    flat = arr.astype(np.float64) if dt is DType.bfloat16 else arr
+    return [_encode_scalar(x) for x in flat.reshape(-1).tolist()]
+
+
+def graph_to_dict(graph: Graph, nested: bool = False,
+                  side: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """The file form of ``graph``; large constants go to ``side`` when given."""
+    out: dict[str, Any] = {} if nested else {"format": FORMAT}
+    out["name"] = graph.name
+    out["inputs"] = [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.value}
+                     | ({"mutable": True} if v.mutable else {}) for v in graph.inputs]
+    consts, nodes = [], []
+    for n in graph.nodes:
+        where = f"node '{n.name}' ({n.op})"
+        if n.op == "Constant" and n.output.name == n.name and n.origin == (n.name,):
+            arr = n.attrs["value"]
+            spec: dict[str, Any] = {"name": n.name, "shape": list(arr.shape),
+                                    "dtype": DType.parse(arr.dtype).value}
+            if side is not None and arr.size > INLINE_LIMIT:
+                spec["key"] = _side_key(side, arr)
+            else:
+                spec["data"] = _const_data(arr)
+            consts.append(spec)
+            continue
+        if n.op == "Opaque" and n.attrs.get("fn") is not None and not n.attrs.get("spec"):
+            raise FormatError(f"{where}: holds an in-memory Python callable and no saveable spec")
+        attrs = {k: _encode_attr(v, where, side) for k, v in n.attrs.items()
+                 if not (k == "fn" and n.op == "Opaque")}
+        node: dict[str, Any] = {"name": n.name, "op": n.op,
+                                "inputs": [v.name for v in n.inputs],
+                                "outputs": [{"name": v.name, "shape": list(v.type.shape),
+                                             "dtype": v.type.dtype.value} for v in n.outputs]}
+        if attrs:
+            node["attrs"] = attrs
+        if n.origin != (n.name,):
+            node["origin"] = list(n.origin)
+        nodes.append(node)
+    out["constants"] = consts
+    out["nodes"] = nodes
+    out["outputs"] = [v.name for v in graph.outputs]
+    return out
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
+    """Write ``graph`` as JSON or YAML (by extension); returns the files written."""
+    path = Path(path)
+    side: dict[str, np.ndarray] = {}
+    doc = graph_to_dict(graph, side=side)
+    written = []
+    if side:
+        data_path = path.with_suffix(".npz")
+        doc = {"format": doc["format"], "name": doc["name"], "data_file": data_path.name,
+               **{k: v for k, v in doc.items() if k not in ("format", "name")}}
+        buf = io.BytesIO()
+        np.savez(buf, **side)
+        _atomic_write(data_path, buf.getvalue())
+        written.append(data_path)
+    if path.suffix in (".yaml", ".yml"):
+        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    elif path.suffix == ".json":
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    else:
+        raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
+                          "(accepted: .json, .yaml, .yml)")
+    _atomic_write(path, text.encode())
+    written.insert(0, path)
+    return written
+
+
+# --------------------------------------------------------------------- load
+def _loc(loc: tuple) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _decode_scalars(data: list[Any], dtype: DType, where: str) -> list[Any]:
+    out = []
+    for i, x in enumerate(data):
+        if isinstance(x, str):
+            if x not in ("nan", "inf", "-inf") or not dtype.is_float:
+                raise FormatError(f"{where}.data[{i}]: {x!r} is not a number (strings allowed "
+                                  "only for 'nan', 'inf', '-inf' in float constants)")
+            out.append(float(x))
+        elif isinstance(x, bool | int | float):
+            out.append(x)
+        else:
+            raise FormatError(f"{where}.data[{i}]: expected a number, got {x!r}")
+    return out
+
+
+def _decode_attr(value: Any, where: str, base: Path | None,
+                 data: dict[str, np.ndarray] | None) -> Any:
+    if isinstance(value, dict) and set(value) == {"graph"}:
+        return graph_from_dict(value["graph"], where=where + ".graph", base=base, nested=True,
+                               data=data)
+    if isinstance(value, dict) and set(value) == {"tensor"} and isinstance(value["tensor"], dict):
+        t = value["tensor"]
+        dt = _dtype(t.get("dtype"), where + ".tensor.dtype")
+        if "key" in t:
+            if not data or t["key"] not in data:
+                raise FormatError(f"{where}.tensor.key: {t['key']!r} is not in the data file")
+            arr = data[t["key"]]
+            arr = arr.view(dt.np) if dt is DType.bfloat16 else arr.astype(dt.np, copy=False)
+        else:
+            arr = np.array(_decode_scalars(t.get("data", []), dt, where + ".tensor"),
+                           dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
+        try:
+            return arr.reshape(t.get("shape", []))
+        except ValueError:
+            raise FormatError(f"{where}.tensor: {arr.size} values do not fill shape "
+                              f"{t.get('shape')}") from None
+    if isinstance(value, list):
+        return [_decode_attr(v, f"{where}[{i}]", base, data) for i, v in enumerate(value)]
+    return value
+
+
+def _dtype(name: Any, where: str) -> DType:
+    try:
+        return DType.parse(name)
+    except GraphKernelError as e:
+        raise FormatError(f"{where}: {e}") from None
+
+
+def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
+                    nested: bool = False, data: dict[str, np.ndarray] | None = None) -> Graph:
+    """Build a Graph from the file form; errors name ``where`` and the JSON path."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where}: expected an object with 'format', 'inputs', 'nodes', "
+                          f"'outputs', got {type(doc).__name__}")
+    if not nested and "format" not in doc:
+        raise FormatError(f"{where}: missing 'format' (expected \"{FORMAT}\")")
+    try:
+        spec = GraphSpec.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        if err["loc"] and err["loc"][0] == "format":
+            msg = f"unsupported format {doc.get('format')!r} (expected \"{FORMAT}\")"
+        raise FormatError(f"{where}: {_loc(err['loc'])}: {msg}") from None
+    if spec.data_file and data is None:
+        data_path = (base or Path(".")) / spec.data_file
+        try:
+            with np.load(data_path) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise FormatError(f"{where}: data_file {spec.data_file!r} cannot be read: {e}") from None
+    g = Graph(spec.name)
+    for i, inp in enumerate(spec.inputs):
+        w = f"{where}: inputs[{i}]"
+        try:
+            g.add_input(inp.name, TensorType(tuple(inp.shape), _dtype(inp.dtype, w + ".dtype")),
+                        inp.mutable)
+        except GraphKernelError as e:
+            raise FormatError(f"{w}: {e}") from None
+    for i, c in enumerate(spec.constants):
+        w = f"{where}: constants[{i}] ('{c.name}')"
+        dt = _dtype(c.dtype, w + ".dtype")
+        if c.key is not None:
+            if not data or c.key not in data:
+                raise FormatError(f"{w}.key: {c.key!r} is not in the data file "
+                                  f"{spec.data_file!r}")
+            arr = data[c.key]
+            arr = arr.view(dt.np) if dt is DType.bfloat16 else arr.astype(dt.np, copy=False)
+        elif c.data is not None:
+            vals = _decode_scalars(c.data, dt, w)
+            arr = np.array(vals, dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
+        else:
+            raise FormatError(f"{w}: needs 'data' (inline values) or 'key' (in the data file)")
+        n = int(np.prod(c.shape)) if c.shape else 1
+        if arr.size != n:
+            raise FormatError(f"{w}: shape {c.shape} needs {n} values, got {arr.size}")
+        try:
+            g.add_node("Constant", [], {"value": arr.reshape(c.shape)}, name=c.name)
+        except GraphKernelError as e:
+            raise FormatError(f"{w}: {e}") from None
+    for i, ns in _dependency_order(spec, where, g):
+        w = f"{where}: nodes[{i}] ('{ns.name}')"
+        if not ops.exists(ns.op):
+            raise FormatError(f"{w}.op: unknown op {ns.op!r}"
+                              + did_you_mean(ns.op, [o.name for o in ops.all_ops()])
+                              + "; run `graphkernel ops` to list them all")
+        inputs = [g.value(name) for name in ns.inputs]
+        attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data) for k, v in ns.attrs.items()}
+        names = [o if isinstance(o, str) else o.name for o in ns.outputs]
+        try:
+            node = g.add_node(ns.op, inputs, attrs, name=ns.name, origin=ns.origin,
+                              output_names=names if names else None)
+        except GraphKernelError as e:
+            raise FormatError(f"{w}: {e}") from None
+        if len(node.outputs) != len(ns.outputs):
+            raise FormatError(f"{w}.outputs: op {node.op} has {len(node.outputs)} outputs, the "
+                              f"file lists {len(ns.outputs)}")
+        for j, (o, v) in enumerate(zip(ns.outputs, node.outputs, strict=True)):
+            if isinstance(o, OutputSpec):
+                declared = TensorType(tuple(o.shape), _dtype(o.dtype, f"{w}.outputs[{j}].dtype"))
+                if declared != v.type:
+                    raise FormatError(f"{w}.outputs[{j}]: declared type {declared} differs from "
+                                      f"the inferred {v.type}")
+    for i, name in enumerate(spec.outputs):
+        if not g.has_value(name):
+            raise FormatError(f"{where}: outputs[{i}]: unknown value {name!r}"
+                              + did_you_mean(name, g._values))
+    g.set_outputs([g.value(n) for n in spec.outputs])
+    return g
+
+
+def _dependency_order(spec: GraphSpec, where: str, g: Graph) -> list[tuple[int, NodeSpec]]:
+    """Nodes in dependency order (the file may list them in any order); cycles and
+    dangling names are errors that name the nodes."""
+    producer: dict[str, int] = {}
+    for i, ns in enumerate(spec.nodes):
+        for o in ns.outputs:
+            name = o if isinstance(o, str) else o.name
+            if name in producer or g.has_value(name):
+                raise FormatError(f"{where}: nodes[{i}] ('{ns.name}').outputs: value {name!r} "
+                                  "is defined twice")
+            producer[name] = i
+    known = set(g._values) | set(producer)
+    deps: dict[int, set[int]] = {}
+    for i, ns in enumerate(spec.nodes):
+        deps[i] = set()
+        for j, name in enumerate(ns.inputs):
+            if name not in known:
+                raise FormatError(f"{where}: nodes[{i}] ('{ns.name}').inputs[{j}]: {name!r} is "
+                                  "dangling: not a graph input, constant or node output"
+                                  + did_you_mean(name, known))
+            if name in producer:
+                deps[i].add(producer[name])
+    order, done, visiting = [], set(), []
+    state: dict[int, int] = {}
+    for root in range(len(spec.nodes)):
+        stack = [(root, iter(sorted(deps[root])))]
+        if root in done:
+            continue
+        state[root] = 1
+        visiting.append(root)
+        while stack:
+            i, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                visiting.pop()
+                state[i] = 2
+                done.add(i)
+                order.append(i)
+            elif state.get(nxt) == 1:
+                cyc = visiting[visiting.index(nxt):] + [nxt]
+                path = " -> ".join(spec.nodes[k].name for k in cyc)
+                raise FormatError(f"{where}: nodes form a cycle: {path}; a node must not depend "
+                                  "on its own output")
+            elif state.get(nxt) != 2:
+                state[nxt] = 1
+                visiting.append(nxt)
+                stack.append((nxt, iter(sorted(deps[nxt]))))
+    return [(i, spec.nodes[i]) for i in order]
+
+
+def load_graph(path: str | os.PathLike) -> Graph:
+    """Load a .json/.yaml/.yml graph file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: cannot be read: {e}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            doc = yaml.safe_load(text)
+        else:
+            doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        pos = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise FormatError(f"{path}{pos}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    return graph_from_dict(doc, where=str(path), base=path.parent)

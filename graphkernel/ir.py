@@ -1,0 +1,578 @@
+"""The graph IR: DType, TensorType, Value, Node, Graph.
+
+One ``Graph`` type flows through every part of graphkernel. A graph owns its
+nodes (kept in topological order whenever it is observed), its inputs and its
+outputs. Values know their producer and every use, and all mutation goes
+through the small API below so that use-lists stay right:
+
+- ``add_input``, ``add_node``, ``const``, ``set_outputs``
+- ``replace_all_uses`` / ``replace_input`` (return what they changed)
+- ``erase_node`` (refuses a node that still has users), ``remove_dead``
+- ``toposort`` (stable), ``validate`` (invariants, with fix-it messages)
+
+A fused cluster is an ordinary ``Node`` with ``op == "GraphKernel"`` whose
+``attrs["subgraph"]`` is a ``Graph``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from graphkernel import symbolic
+from graphkernel.errors import GraphError, ShapeError
+from graphkernel.symbolic import Dim, Shape
+
+
+class DType(str, Enum):
+    """Element types graphkernel models; numpy carries each (bf16 via ml_dtypes)."""
+
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+    float64 = "float64"
+    int8 = "int8"
+    int16 = "int16"
+    int32 = "int32"
+    int64 = "int64"
+    uint8 = "uint8"
+    bool = "bool"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def np(self) -> np.dtype:
+        return _NP_OF[self]
+
+    @property
+    def itemsize(self) -> int:
+        return self.np.itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def is_low_precision(self) -> bool:
+        return self in (DType.float16, DType.bfloat16)
+
+    @classmethod
+    def parse(cls, value: Any) -> DType:
+        """Accept a DType, a numpy dtype, or a name/alias such as 'fp16' or 'half'."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key in _ALIASES:
+                return _ALIASES[key]
+            from graphkernel.errors import did_you_mean
+
+            raise ShapeError(
+                f"unknown dtype {value!r}; accepted: {', '.join(d.value for d in DType)}"
+                + did_you_mean(key, [d.value for d in DType])
+            )
+        try:
+            npd = np.dtype(value)
+        except TypeError:
+            raise ShapeError(f"unknown dtype {value!r}") from None
+        for d, n in _NP_OF.items():
+            if n == npd:
+                return d
+        raise ShapeError(
+            f"numpy dtype {npd} is not supported; accepted: {', '.join(d.value for d in DType)}"
+        )
+
+
+_NP_OF = {
+    DType.float16: np.dtype(np.float16),
+    DType.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    DType.float32: np.dtype(np.float32),
+    DType.float64: np.dtype(np.float64),
+    DType.int8: np.dtype(np.int8),
+    DType.int16: np.dtype(np.int16),
+    DType.int32: np.dtype(np.int32),
+    DType.int64: np.dtype(np.int64),
+    DType.uint8: np.dtype(np.uint8),
+    DType.bool: np.dtype(np.bool_),
+}
+_FLOATS = {DType.float16, DType.bfloat16, DType.float32, DType.float64}
+_INTS = {DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8}
+_ALIASES: dict[str, DType] = {d.value: d for d in DType}
+_ALIASES.update(
+    fp16=DType.float16, half=DType.float16, bf16=DType.bfloat16, fp32=DType.float32,
+    float=DType.float32, fp64=DType.float64, double=DType.float64, int=DType.int32,
+    long=DType.int64, bool_=DType.bool, boolean=DType.bool,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """A tensor's shape (ints or symbolic dims) and element type."""
+
+    shape: Shape
+    dtype: DType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(symbolic.canon(d) for d in self.shape))
+        object.__setattr__(self, "dtype", DType.parse(self.dtype))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> Dim:
+        return symbolic.numel(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def nbytes(self) -> Dim:
+        return symbolic.mul(self.numel, self.dtype.itemsize)
+
+    def with_shape(self, shape: Sequence[Dim]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype)
+
+    def with_dtype(self, dtype: DType) -> TensorType:
+        return TensorType(self.shape, dtype)
+
+    def concrete(self, env: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(symbolic.evaluate(d, env) for d in self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype.value}{symbolic.format_shape(self.shape)}"
+
+
+class Value:
+    """One output of one node, or a graph input. Knows its type, producer and uses."""
+
+    __slots__ = ("name", "type", "producer", "index", "uses", "mutable", "graph")
+
+    def __init__(self, name: str, type: TensorType, producer: Node | None = None,
+                 index: int = 0, mutable: bool = False) -> None:
+        self.name = name
+        self.type = type
+        self.producer = producer
+        self.index = index
+        self.uses: list[tuple[Node, int]] = []
+        self.mutable = mutable
+        self.graph: Graph | None = None
+
+    @property
+    def users(self) -> list[Node]:
+        """Distinct consumer nodes, in the order their uses were recorded."""
+        seen: dict[int, Node] = {}
+        for node, _ in self.uses:
+            seen.setdefault(id(node), node)
+        return list(seen.values())
+
+    @property
+    def is_input(self) -> bool:
+        return self.producer is None
+
+    @property
+    def shape(self) -> Shape:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+class Node:
+    """An op application: ``outputs = op(*inputs, **attrs)``.
+
+    ``origin`` names the user's source nodes this node came from; rewrites keep
+    it so that dumps and bisection can always point at the user's own nodes.
+    """
+
+    __slots__ = ("op", "name", "inputs", "outputs", "attrs", "origin", "graph", "_seq")
+
+    def __init__(self, op: str, name: str, attrs: dict[str, Any], origin: tuple[str, ...]):
+        self.op = op
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.attrs = attrs
+        self.origin = origin
+        self.graph: Graph | None = None
+        self._seq = 0
+
+    @property
+    def output(self) -> Value:
+        if len(self.outputs) != 1:
+            raise GraphError(f"node '{self.name}' ({self.op}) has {len(self.outputs)} outputs")
+        return self.outputs[0]
+
+    @property
+    def users(self) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for v in self.outputs:
+            for u in v.users:
+                seen.setdefault(id(u), u)
+        return list(seen.values())
+
+    @property
+    def subgraph(self) -> Graph:
+        return self.attrs["subgraph"]
+
+    def __repr__(self) -> str:
+        outs = ", ".join(repr(v) for v in self.outputs)
+        ins = ", ".join("%" + v.name for v in self.inputs)
+        return f"{outs} = {self.op}({ins})  # {self.name}"
+
+
+class Graph:
+    """Inputs, nodes in topological order, outputs."""
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self._nodes: dict[int, Node] = {}
+        self._node_names: dict[str, Node] = {}
+        self._values: dict[str, Value] = {}
+        self._seq = itertools.count(1)
+        self._order_dirty = False
+        self._name_counters: dict[str, itertools.count] = {}
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def nodes(self) -> list[Node]:
+        """Nodes in topological order."""
+        if self._order_dirty:
+            self.toposort()
+        return list(self._nodes.values())
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._node_names[name]
+        except KeyError:
+            from graphkernel.errors import did_you_mean
+
+            raise GraphError(f"no node named {name!r}" + did_you_mean(name, self._node_names)) from None
+
+    def has_node(self, name: str) -> bool:
+        return name in self._node_names
+
+    def value(self, name: str) -> Value:
+        try:
+            return self._values[name]
+        except KeyError:
+            from graphkernel.errors import did_you_mean
+
+            raise GraphError(f"no value named {name!r}" + did_you_mean(name, self._values)) from None
+
+    def has_value(self, name: str) -> bool:
+        return name in self._values
+
+    @property
+    def constants(self) -> list[Node]:
+        return [n for n in self._nodes.values() if n.op == "Constant"]
+
+    def fresh_name(self, base: str) -> str:
+        """A node/value name not used yet in this graph, derived from ``base``."""
+        if base not in self._node_names and base not in self._values:
+            return base
+        counter = self._name_counters.setdefault(base, itertools.count(1))
+        while True:
+            cand = f"{base}_{next(counter)}"
+            if cand not in self._node_names and cand not in self._values:
+                return cand
+
+    # ---------------------------------------------------------------- building
+    def add_input(self, name: str, type: TensorType, mutable: bool = False) -> Value:
+        if name in self._values:
+            raise GraphError(f"graph '{self.name}': a value named {name!r} already exists")
+        v = Value(name, type, mutable=mutable)
+        v.graph = self
+        self.inputs.append(v)
+        self._values[name] = v
+        return v
+
+    def add_node(
+        self,
+        op: str,
+        inputs: Sequence[Value],
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        origin: Iterable[str] | None = None,
+        out_types: Sequence[TensorType] | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> Node:
+        """Append a node; attributes are checked and output types inferred by the op registry.
+
+        ``out_types`` skips inference (used by loaders that already know the types;
+        ``validate()`` re-checks them).
+        """
+        from graphkernel import ops as _ops
+
+        opdef = _ops.get(op)
+        if name is None:
+            nname = self.fresh_name(opdef.name.lower())
+        elif name in self._node_names:
+            raise GraphError(f"graph '{self.name}': a node named {name!r} already exists")
+        else:
+            nname = name
+        for i, v in enumerate(inputs):
+            if not isinstance(v, Value):
+                raise GraphError(f"node '{nname}' ({op}): input {i} is not a Value: {v!r}")
+            if v.graph is not self:
+                raise GraphError(
+                    f"node '{nname}' ({op}): input {i} '%{v.name}' belongs to another graph"
+                )
+        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=f"node '{nname}' ({op})")
+        in_types = [v.type for v in inputs]
+        opdef.check_arity(len(inputs), where=f"node '{nname}' ({op})")
+        if out_types is None:
+            out_types = opdef.infer_types(in_types, norm_attrs, where=f"node '{nname}' ({op})")
+        node = Node(opdef.name, nname, norm_attrs, tuple(origin) if origin is not None else (nname,))
+        node.graph = self
+        node._seq = next(self._seq)
+        for i, v in enumerate(inputs):
+            node.inputs.append(v)
+            v.uses.append((node, i))
+        n_out = len(out_types)
+        for i, t in enumerate(out_types):
+            if output_names is not None:
+                vname = output_names[i]
+                if vname in self._values:
+                    raise GraphError(f"node '{nname}' ({op}): value name {vname!r} already exists")
+            else:
+                vname = self.fresh_name(nname if n_out == 1 else f"{nname}:{i}")
+            out = Value(vname, t, producer=node, index=i)
+            out.graph = self
+            node.outputs.append(out)
+            self._values[vname] = out
+        self._nodes[id(node)] = node
+        self._node_names[nname] = node
+        return node
+
+    def const(self, value: Any, dtype: DType | str | None = None, name: str | None = None,
+              origin: Iterable[str] | None = None) -> Value:
+        """Add a Constant node holding ``value`` (cast to ``dtype`` when given)."""
+        arr = np.asarray(value)
+        if dtype is not None:
+            arr = arr.astype(DType.parse(dtype).np)
+        elif arr.dtype == np.float64 and not isinstance(value, np.ndarray):
+            arr = arr.astype(np.float32)  # a Python float defaults to float32, as in torch
+        return self.add_node("Constant", [], {"value": arr}, name=name or "const", origin=origin).output
+
+    def set_outputs(self, values: Sequence[Value]) -> None:
+        for v in values:
+            if v.graph is not self:
+                raise GraphError(f"graph '{self.name}': output '%{v.name}' belongs to another graph")
+        self.outputs = list(values)
+
+    # ---------------------------------------------------------------- mutation
+    def replace_input(self, node: Node, index: int, new: Value) -> None:
+        """Make ``node`` read ``new`` at input ``index``."""
+        old = node.inputs[index]
+        old.uses.remove((node, index))
+        node.inputs[index] = new
+        new.uses.append((node, index))
+        if new.producer is not None and new.producer._seq > node._seq:
+            self._order_dirty = True
+
+    def replace_all_uses(self, old: Value, new: Value) -> int:
+        """Redirect every use of ``old`` (graph outputs included) to ``new``; return the count."""
+        if old is new:
+            return 0
+        count = 0
+        for node, idx in list(old.uses):
+            self.replace_input(node, idx, new)
+            count += 1
+        for i, v in enumerate(self.outputs):
+            if v is old:
+                self.outputs[i] = new
+                count += 1
+        return count
+
+    def erase_node(self, node: Node) -> None:
+        """Remove a node whose outputs have no users and are not graph outputs."""
+        for v in node.outputs:
+            if v.uses:
+                users = ", ".join(sorted({u.name for u, _ in v.uses}))
+                raise GraphError(
+                    f"cannot erase node '{node.name}': its output '%{v.name}' is still used by "
+                    f"{users}; call replace_all_uses first"
+                )
+            if any(o is v for o in self.outputs):
+                raise GraphError(
+                    f"cannot erase node '{node.name}': '%{v.name}' is a graph output"
+                )
+        for i, v in enumerate(node.inputs):
+            v.uses.remove((node, i))
+        for v in node.outputs:
+            del self._values[v.name]
+            v.graph = None
+        del self._nodes[id(node)]
+        del self._node_names[node.name]
+        node.graph = None
+
+    def remove_dead(self, keep_side_effects: bool = True) -> int:
+        """Erase nodes whose results are unused (Assign is kept: it writes a parameter)."""
+        live_out = {id(v) for v in self.outputs}
+        removed = 0
+        for node in reversed(self.nodes):
+            if keep_side_effects and node.op == "Assign":
+                continue
+            if any(v.uses or id(v) in live_out for v in node.outputs):
+                continue
+            self.erase_node(node)
+            removed += 1
+        return removed
+
+    def toposort(self) -> None:
+        """Re-sort nodes topologically, keeping the current order where it is already valid."""
+        nodes = list(self._nodes.values())
+        indeg = {id(n): 0 for n in nodes}
+        for n in nodes:
+            indeg[id(n)] = sum(1 for v in n.inputs if v.producer is not None)
+        heap = [(n._seq, id(n), n) for n in nodes if indeg[id(n)] == 0]
+        heapq.heapify(heap)
+        order: list[Node] = []
+        while heap:
+            _, _, n = heapq.heappop(heap)
+            order.append(n)
+            for v in n.outputs:
+                for u, _ in v.uses:
+                    indeg[id(u)] -= 1
+                    if indeg[id(u)] == 0:
+                        heapq.heappush(heap, (u._seq, id(u), u))
+        if len(order) != len(nodes):
+            raise GraphError(f"graph '{self.name}' has a cycle: " + self._describe_cycle())
+        self._nodes = {id(n): n for n in order}
+        for n in order:
+            n._seq = next(self._seq)
+        self._order_dirty = False
+
+    def _describe_cycle(self) -> str:
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for n in self._nodes.values():
+            for v in n.inputs:
+                if v.producer is not None:
+                    g.add_edge(v.producer.name, n.name)
+        try:
+            cyc = nx.find_cycle(g)
+        except nx.NetworkXNoCycle:
+            return "(cycle not found)"
+        path = [a for a, _ in cyc] + [cyc[0][0]]
+        return " -> ".join(path) + "; a node must not depend on its own output"
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Check acyclicity, use-lists, names and types; raise GraphError saying how to fix it."""
+        from graphkernel import ops as _ops
+
+        self.toposort()
+        seen: set[int] = {id(v) for v in self.inputs}
+        for v in self.inputs:
+            if v.graph is not self or self._values.get(v.name) is not v:
+                raise GraphError(f"graph input '%{v.name}' is not registered in graph '{self.name}'")
+        for node in self._nodes.values():
+            where = f"node '{node.name}' ({node.op})"
+            if node.graph is not self:
+                raise GraphError(f"{where} is not owned by graph '{self.name}'")
+            for i, v in enumerate(node.inputs):
+                if id(v) not in seen:
+                    raise GraphError(
+                        f"{where}: input {i} '%{v.name}' is dangling (not a graph input and not "
+                        "produced by an earlier node); add its producer or a graph input"
+                    )
+                if (node, i) not in v.uses:
+                    raise GraphError(f"{where}: use-list of '%{v.name}' misses input {i}; "
+                                     "mutate through Graph.replace_input")
+            for i, v in enumerate(node.outputs):
+                if v.producer is not node or v.index != i:
+                    raise GraphError(f"{where}: output {i} '%{v.name}' has the wrong producer")
+                for u, j in v.uses:
+                    if u.graph is not self or u.inputs[j] is not v:
+                        raise GraphError(f"{where}: stale use of '%{v.name}' by '{u.name}'")
+                seen.add(id(v))
+            opdef = _ops.get(node.op)
+            opdef.check_arity(len(node.inputs), where=where)
+            expect = opdef.infer_types([v.type for v in node.inputs], node.attrs, where=where)
+            got = [v.type for v in node.outputs]
+            if list(expect) != got:
+                raise GraphError(
+                    f"{where}: output types {', '.join(map(str, got))} do not match inferred "
+                    f"{', '.join(map(str, expect))}"
+                )
+            if node.op == "GraphKernel":
+                node.subgraph.validate()
+        for v in self.outputs:
+            if id(v) not in seen:
+                raise GraphError(f"graph output '%{v.name}' is not produced in graph '{self.name}'")
+
+    # ------------------------------------------------------------------- misc
+    def copy(self) -> Graph:
+        """A deep copy (attribute values other than subgraphs are shared, they are immutable)."""
+        g = Graph(self.name)
+        vmap: dict[int, Value] = {}
+        for v in self.inputs:
+            vmap[id(v)] = g.add_input(v.name, v.type, v.mutable)
+        for n in self.nodes:
+            attrs = dict(n.attrs)
+            if n.op == "GraphKernel":
+                attrs["subgraph"] = n.subgraph.copy()
+            new = g._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], attrs, n.origin,
+                             [(v.name, v.type) for v in n.outputs])
+            for old_v, new_v in zip(n.outputs, new.outputs, strict=True):
+                vmap[id(old_v)] = new_v
+        g.outputs = [vmap[id(v)] for v in self.outputs]
+        return g
+
+    def _add_raw(self, op: str, name: str, inputs: list[Value], attrs: dict[str, Any],
+                 origin: tuple[str, ...], outs: list[tuple[str, TensorType]]) -> Node:
+        node = Node(op, name, attrs, origin)
+        node.graph = self
+        node._seq = next(self._seq)
+        for i, v in enumerate(inputs):
+            node.inputs.append(v)
+            v.uses.append((node, i))
+        for i, (vname, t) in enumerate(outs):
+            out = Value(vname, t, producer=node, index=i)
+            out.graph = self
+            node.outputs.append(out)
+            self._values[vname] = out
+        self._nodes[id(node)] = node
+        self._node_names[name] = node
+        return node
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self._nodes.values():
+            hist[n.op] = hist.get(n.op, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def __str__(self) -> str:
+        from graphkernel.textir import format_graph
+
+        return format_graph(self)

@@ -1,0 +1,110 @@
+"""Reductions: ReduceSum/Max/Min/Prod, ArgMax/ArgMin, ElemAny."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.ir import DType, TensorType
+from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, normalize_axes, normalize_axis, register
+
+
+class ReduceAttrs(Attrs):
+    """``axis`` None or [] reduces every axis."""
+
+    axis: list[int] | None = None
+    keep_dims: bool = False
+
+
+def reduce_axes(rank: int, axis: list[int] | None) -> list[int]:
+    if not axis:
+        return list(range(rank))
+    return sorted(normalize_axes(axis, rank))
+
+
+def reduced_shape(t: TensorType, axes: list[int], keep_dims: bool) -> tuple:
+    if keep_dims:
+        return tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    return tuple(d for i, d in enumerate(t.shape) if i not in axes)
+
+
+def _reduce_infer(cls: str):
+    def infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+        x = ins[0]
+        check_dtype(x, cls)
+        axes = reduce_axes(x.rank, attrs["axis"])
+        return [TensorType(reduced_shape(x, axes, attrs["keep_dims"]), x.dtype)]
+
+    return infer
+
+
+def _reduce_ref(fn):
+    def ref(xs, a, ctx):
+        x = xs[0]
+        axes = tuple(reduce_axes(x.ndim, a["axis"]))
+        if fn is np.sum or fn is np.prod:
+            return fn(x, axis=axes, keepdims=a["keep_dims"], dtype=x.dtype)
+        if x.size == 0:  # max/min of nothing: the identity of the reduction
+            shape = ctx.out_shapes[0]
+            fill = -np.inf if fn is np.max else np.inf
+            if x.dtype.kind in "iub":
+                info = np.iinfo(x.dtype) if x.dtype.kind != "b" else None
+                fill = (info.min if fn is np.max else info.max) if info else fn is np.min
+            return np.full(shape, fill, dtype=x.dtype)
+        return fn(x, axis=axes, keepdims=a["keep_dims"])
+
+    return ref
+
+
+for _name, _fn, _cls in [("ReduceSum", np.sum, "numeric"), ("ReduceMax", np.max, "numeric"),
+                         ("ReduceMin", np.min, "numeric"), ("ReduceProd", np.prod, "numeric")]:
+    register(OpDef(_name, OpKind.REDUCE, (1, 1), _reduce_infer(_cls), _reduce_ref(_fn),
+                   attrs=ReduceAttrs, category="reduce"))
+
+
+class ArgAttrs(Attrs):
+    axis: int = 0
+    keep_dims: bool = False
+    select_last_index: bool = False
+    dtype: DType = DType.int64
+
+
+def _arg_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    x = ins[0]
+    check_dtype(x, "numeric")
+    axis = normalize_axis(attrs["axis"], x.rank)
+    if attrs["dtype"] not in (DType.int32, DType.int64):
+        raise_dtype = attrs["dtype"].value
+        from graphkernel.errors import ShapeError
+
+        raise ShapeError(f"index dtype {raise_dtype} is not accepted (accepted: int32, int64)")
+    return [TensorType(reduced_shape(x, [axis], attrs["keep_dims"]), attrs["dtype"])]
+
+
+def _arg_ref(fn):
+    def ref(xs, a, ctx):
+        x = xs[0]
+        axis = a["axis"] % x.ndim
+        if a["select_last_index"]:
+            n = x.shape[axis]
+            out = n - 1 - fn(np.flip(x, axis), axis=axis)
+        else:
+            out = fn(x, axis=axis)
+        return np.expand_dims(out, axis) if a["keep_dims"] else out
+
+    return ref
+
+
+register(OpDef("ArgMax", OpKind.OPAQUE, (1, 1), _arg_infer, _arg_ref(np.argmax), attrs=ArgAttrs,
+               category="reduce"))
+register(OpDef("ArgMin", OpKind.OPAQUE, (1, 1), _arg_infer, _arg_ref(np.argmin), attrs=ArgAttrs,
+               category="reduce"))
+
+
+def _elem_any_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    return [TensorType((1,), DType.float32)]
+
+
+# MindSpore's ElemAny: a float32 [1] that is 1.0 when any element is nonzero (overflow checks).
+register(OpDef("ElemAny", OpKind.REDUCE, (1, 1), _elem_any_infer,
+               lambda xs, a, ctx: np.array([1.0 if np.any(xs[0] != 0) else 0.0]),
+               category="reduce"))

@@ -1,0 +1,186 @@
+"""The op registry: one ``OpDef`` per op, looked up by canonical name or alias.
+
+An OpDef holds the op's kind (for fusion), arity, attribute schema (a pydantic
+model), shape+dtype inference and a numpy reference. The op families live in
+``graphkernel/opdefs/``; importing this module registers all of them.
+
+Reference contract: ``reference(inputs, attrs, ctx) -> array | tuple of arrays``.
+Floating inputs arrive already widened to the compute precision (float32 for
+fp16/bf16 graphs, or the interpreter's ``compute_dtype``); the interpreter
+rounds every result to the op's declared output dtype (op-by-op semantics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from graphkernel.errors import OpError, ShapeError, did_you_mean
+from graphkernel.ir import DType, TensorType
+
+
+class OpKind(IntEnum):
+    """Fusion kinds, ordered like MindSpore's node patterns (lower fuses more freely)."""
+
+    VIRTUAL = 0
+    RESHAPE = 10
+    ELEMWISE = 20
+    BROADCAST = 30
+    REDUCE = 40
+    SLICE = 45
+    TRANSPOSE = 46
+    CONCAT = 47
+    GATHER = 48
+    OPAQUE = 50
+
+
+class Attrs(BaseModel):
+    """Base of every attribute schema: unknown attributes are errors."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+class NoAttrs(Attrs):
+    pass
+
+
+@dataclass(frozen=True)
+class RefContext:
+    """What a reference implementation may know besides its inputs."""
+
+    out_shapes: tuple[tuple[int, ...], ...]
+    out_dtypes: tuple[np.dtype, ...]
+    node_name: str = ""
+
+
+Infer = Callable[[Sequence[TensorType], dict[str, Any]], list[TensorType]]
+Reference = Callable[[list[np.ndarray], dict[str, Any], RefContext], Any]
+
+
+@dataclass
+class OpDef:
+    name: str
+    kind: OpKind
+    arity: tuple[int, int | None]
+    infer: Infer
+    reference: Reference
+    attrs: type[Attrs] = NoAttrs
+    composite: bool = False
+    aliases: tuple[str, ...] = ()
+    category: str = ""
+    doc: str = ""
+    _fields: tuple[str, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        self._fields = tuple(self.attrs.model_fields)
+
+    def check_attrs(self, attrs: dict[str, Any], where: str = "") -> dict[str, Any]:
+        """Validate and normalize attributes against the schema (defaults filled in)."""
+        if not self._fields:
+            if attrs:
+                raise OpError(f"{where or self.name}: op {self.name} takes no attributes, got "
+                              + ", ".join(repr(k) for k in attrs))
+            return {}
+        try:
+            model = self.attrs.model_validate(attrs)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            msg = first["msg"]
+            if first["type"] == "extra_forbidden":
+                msg = ("unknown attribute" + did_you_mean(str(first["loc"][0]), self._fields)
+                       + f" (accepted: {', '.join(self._fields)})")
+            raise OpError(f"{where or self.name}: attribute '{loc}': {msg}") from None
+        return {k: getattr(model, k) for k in self._fields}
+
+    def check_arity(self, n: int, where: str = "") -> None:
+        lo, hi = self.arity
+        if n < lo or (hi is not None and n > hi):
+            want = str(lo) if lo == hi else f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+            raise OpError(f"{where or self.name}: takes {want} inputs, got {n}")
+
+    def infer_types(self, in_types: Sequence[TensorType], attrs: dict[str, Any],
+                    where: str = "") -> list[TensorType]:
+        try:
+            out = self.infer(list(in_types), attrs)
+        except ShapeError as e:
+            ins = ", ".join(str(t) for t in in_types)
+            raise ShapeError(f"{where or self.name}: {e} (inputs: {ins})") from None
+        return list(out)
+
+
+_REGISTRY: dict[str, OpDef] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in _REGISTRY or opdef.name in _ALIASES:
+        raise OpError(f"op {opdef.name!r} is registered twice")
+    _REGISTRY[opdef.name] = opdef
+    for a in opdef.aliases:
+        if a in _REGISTRY or a in _ALIASES:
+            raise OpError(f"alias {a!r} of {opdef.name} clashes with an existing op")
+        _ALIASES[a] = opdef.name
+    return opdef
+
+
+def canonical(name: str) -> str:
+    """Resolve an alias to the canonical op name; raise OpError with a suggestion if unknown."""
+    if name in _REGISTRY:
+        return name
+    if name in _ALIASES:
+        return _ALIASES[name]
+    raise OpError(f"unknown op {name!r}" + did_you_mean(name, list(_REGISTRY) + list(_ALIASES))
+                  + "; run `graphkernel ops` to list them all")
+
+
+def get(name: str) -> OpDef:
+    return _REGISTRY[canonical(name)]
+
+
+def exists(name: str) -> bool:
+    return name in _REGISTRY or name in _ALIASES
+
+
+def all_ops() -> list[OpDef]:
+    return sorted(_REGISTRY.values(), key=lambda o: o.name)
+
+
+# ----------------------------------------------------------------- helpers
+DTYPE_CLASSES: dict[str, frozenset[DType]] = {
+    "float": frozenset(d for d in DType if d.is_float),
+    "int": frozenset(d for d in DType if d.is_int),
+    "numeric": frozenset(d for d in DType if d.is_float or d.is_int),
+    "bool": frozenset({DType.bool}),
+    "intbool": frozenset(d for d in DType if d.is_int or d is DType.bool),
+    "any": frozenset(DType),
+}
+
+
+def check_dtype(t: TensorType, cls: str, what: str = "input") -> None:
+    if t.dtype not in DTYPE_CLASSES[cls]:
+        accepted = ", ".join(sorted(d.value for d in DTYPE_CLASSES[cls]))
+        raise ShapeError(f"{what} dtype {t.dtype.value} is not accepted (accepted: {accepted})")
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"axis {axis} is out of range for rank {rank} "
+                         f"(accepted: {-rank}..{max(rank, 1) - 1})")
+    return axis % rank if rank else 0
+
+
+def normalize_axes(axes: Sequence[int], rank: int) -> list[int]:
+    out = [normalize_axis(a, rank) for a in axes]
+    if len(set(out)) != len(out):
+        raise ShapeError(f"axes {list(axes)} repeat an axis")
+    return out
+
+
+# Registers every op family; must stay at the bottom (the families use the helpers above).
+from graphkernel import opdefs as _opdefs  # noqa: E402,F401

@@ -1,0 +1,54 @@
+"""A readable one-line-per-node text form of a graph (used by str(graph) and dumps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphkernel.ir import DType, Graph, Node, TensorType
+
+
+def format_attr(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        dt = DType.parse(value.dtype).value
+        if value.size <= 8:
+            items = ", ".join(repr(x.item()) for x in value.reshape(-1))
+            return f"{dt}{list(value.shape)}[{items}]"
+        return f"{dt}{list(value.shape)}"
+    if isinstance(value, Graph):
+        return f"<subgraph {value.name}: {len(value)} nodes>"
+    if isinstance(value, DType):
+        return value.value
+    if isinstance(value, TensorType):
+        return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_attr(v) for v in value) + "]"
+    if callable(value):
+        return "<callable>"
+    return repr(value)
+
+
+def format_node(node: Node, indent: str = "  ") -> str:
+    outs = ", ".join(f"%{v.name}: {v.type}" for v in node.outputs)
+    ins = ", ".join(f"%{v.name}" for v in node.inputs)
+    shown = {k: v for k, v in node.attrs.items() if k != "subgraph" and v is not None}
+    attrs = " {" + ", ".join(f"{k}={format_attr(v)}" for k, v in shown.items()) + "}" if shown \
+        else ""
+    origin = "" if node.origin == (node.name,) else f"  origin=[{', '.join(node.origin)}]"
+    line = f"{indent}{node.name}: {outs} = {node.op}({ins}){attrs}{origin}"
+    if node.op == "GraphKernel":
+        line += "\n" + format_graph(node.subgraph, indent + "    ")
+    return line
+
+
+def format_graph(graph: Graph, indent: str = "") -> str:
+    params = ", ".join(f"%{v.name}: {v.type}{' mutable' if v.mutable else ''}"
+                       for v in graph.inputs)
+    lines = [f"{indent}graph {graph.name}({params}) {{"]
+    lines += [format_node(n, indent + "  ") for n in graph.nodes]
+    lines.append(f"{indent}  return " + ", ".join(f"%{v.name}" for v in graph.outputs))
+    lines.append(indent + "}")
+    return "\n".join(lines)

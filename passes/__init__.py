@@ -1,0 +1,1 @@
+"""graphkernel.passes (filled in as the pipeline grows)."""

@@ -1,0 +1,1 @@
+"""graphkernel.patterns (filled in as the pipeline grows)."""
