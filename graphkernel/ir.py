@@ -380,7 +380,8 @@ class Graph:
             arr = arr.astype(DType.parse(dtype).np)
         elif arr.dtype == np.float64 and not isinstance(value, np.ndarray):
             arr = arr.astype(np.float32)  # a Python float defaults to float32, as in torch
-        return self.add_node("Constant", [], {"value": arr}, name=name or "const", origin=origin).output
+        return self.add_node("Constant", [], {"value": arr}, name=name or self.fresh_name("const"),
+                             origin=origin).output
 
     def set_outputs(self, values: Sequence[Value]) -> None:
         for v in values:
@@ -389,6 +390,15 @@ class Graph:
         self.outputs = list(values)
 
     # ---------------------------------------------------------------- mutation
+    def rename_value(self, value: Value, new: str) -> None:
+        if new == value.name:
+            return
+        if new in self._values:
+            raise GraphError(f"graph '{self.name}': a value named {new!r} already exists")
+        del self._values[value.name]
+        value.name = new
+        self._values[new] = value
+
     def replace_input(self, node: Node, index: int, new: Value) -> None:
         """Make ``node`` read ``new`` at input ``index``."""
         old = node.inputs[index]

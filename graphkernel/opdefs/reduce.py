@@ -55,8 +55,8 @@ def _reduce_ref(fn):
     return ref
 
 
-for _name, _fn, _cls in [("ReduceSum", np.sum, "numeric"), ("ReduceMax", np.max, "numeric"),
-                         ("ReduceMin", np.min, "numeric"), ("ReduceProd", np.prod, "numeric")]:
+for _name, _fn, _cls in [("ReduceSum", np.sum, "numeric"), ("ReduceMax", np.max, "any"),
+                         ("ReduceMin", np.min, "any"), ("ReduceProd", np.prod, "numeric")]:
     register(OpDef(_name, OpKind.REDUCE, (1, 1), _reduce_infer(_cls), _reduce_ref(_fn),
                    attrs=ReduceAttrs, category="reduce"))
 

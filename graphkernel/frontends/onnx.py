@@ -1,0 +1,833 @@
+"""ONNX import: ONNX nodes become registered ops; the rest become Opaque nodes.
+
+Each ONNX op type with a mapping has one handler in ``HANDLERS`` (opset
+differences such as axes-as-attribute vs axes-as-input are handled there).
+A node without a handler, or whose handler declines it (``Unsupported``), is
+imported as an ``Opaque`` node executed by ``onnx.reference``; the reason is
+kept in ``graph_import_notes``. Initializers become constants.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphkernel import symbolic
+from graphkernel.errors import FrontendError, GraphKernelError
+from graphkernel.ir import DType, Graph, TensorType, Value
+from graphkernel.opdefs.misc import register_opaque_impl
+
+try:
+    import onnx
+    from onnx import numpy_helper
+except ImportError:  # pragma: no cover - exercised only without the extra
+    onnx = None
+
+INT_MAX = 2**63 - 1
+
+# ONNX TensorProto element types graphkernel models.
+_ONNX_DTYPES = {1: DType.float32, 2: DType.uint8, 3: DType.int8, 5: DType.int16,
+                6: DType.int32, 7: DType.int64, 9: DType.bool, 10: DType.float16,
+                11: DType.float64, 16: DType.bfloat16}
+
+
+def _require_onnx() -> None:
+    if onnx is None:
+        raise FrontendError("importing ONNX models needs the onnx package: "
+                            "pip install 'graphkernel[onnx]'")
+
+
+def onnx_dtype(code: int, where: str) -> DType:
+    if code in _ONNX_DTYPES:
+        return _ONNX_DTYPES[code]
+    name = onnx.TensorProto.DataType.Name(code) if onnx else str(code)
+    raise FrontendError(f"{where}: element type {name} is not supported (accepted: "
+                        + ", ".join(sorted({d.value for d in _ONNX_DTYPES.values()})) + ")")
+
+
+class Unsupported(Exception):
+    """A handler declines a node; it becomes an Opaque node with this reason."""
+
+
+# ------------------------------------------------------------------ context
+@dataclass
+class NodeCtx:
+    """What a handler sees: the node, its inputs as Values, and a graph to emit into."""
+
+    graph: Graph
+    node: Any
+    inputs: list[Value | None]
+    attrs: dict[str, Any]
+    opset: int
+    name: str
+    emitted: list[str] = field(default_factory=list)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def input(self, i: int) -> Value:
+        if i >= len(self.inputs) or self.inputs[i] is None:
+            raise Unsupported(f"input {i} is missing")
+        return self.inputs[i]
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    def const(self, i: int) -> np.ndarray | None:
+        """The value of input i when it is a constant, else None."""
+        if not self.has_input(i):
+            return None
+        v = self.inputs[i]
+        if v.producer is not None and v.producer.op == "Constant":
+            return v.producer.attrs["value"]
+        return None
+
+    def static(self, i: int, what: str) -> np.ndarray:
+        val = self.const(i)
+        if val is None:
+            raise Unsupported(f"{what} (input {i}) must be a constant")
+        return val
+
+    def emit(self, op: str, inputs: list[Value], attrs: dict[str, Any] | None = None) -> Value:
+        n = self.graph.add_node(op, inputs, attrs or {},
+                                name=self.graph.fresh_name(f"{self.name}/{op.lower()}"),
+                                origin=(self.name,))
+        self.emitted.append(n.name)
+        folded = _fold_small(self.graph, n)
+        if folded is not None:
+            self.emitted.append(folded.producer.name)
+            return folded
+        return n.outputs[0] if len(n.outputs) == 1 else n.outputs
+
+    def emit_multi(self, op: str, inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
+        n = self.graph.add_node(op, inputs, attrs,
+                                name=self.graph.fresh_name(f"{self.name}/{op.lower()}"),
+                                origin=(self.name,))
+        self.emitted.append(n.name)
+        return list(n.outputs)
+
+    def constant(self, value: Any, dtype: DType | None = None) -> Value:
+        arr = np.asarray(value, dtype=dtype.np if dtype else None)
+        return self.emit("Constant", [], {"value": arr})
+
+    def scalar_like(self, value: float, like: Value) -> Value:
+        return self.constant(np.asarray(value, dtype=like.dtype.np))
+
+
+FOLD_LIMIT = 1024  # elements: shape arithmetic is folded at import, weights math is not
+
+
+def _fold_small(g: Graph, n: Any) -> Value | None:
+    """Evaluate a single-output node whose inputs are all small constants (the shape
+    arithmetic exported models are full of), so later nodes see static attributes."""
+    if n.op in ("Constant", "Opaque") or len(n.outputs) != 1 or not n.inputs:
+        return None
+    if not all(v.producer is not None and v.producer.op == "Constant" for v in n.inputs):
+        return None
+    out = n.outputs[0]
+    if not out.type.is_static or out.type.numel > FOLD_LIMIT:
+        return None
+    if any(v.type.numel > FOLD_LIMIT for v in n.inputs):
+        return None
+    from graphkernel.interpreter import Interpreter
+
+    sub = Graph("fold")
+    vals = [sub.const(v.producer.attrs["value"]) for v in n.inputs]
+    sub.set_outputs([sub.add_node(n.op, vals, n.attrs).output])
+    value = Interpreter(sub).run({})[0]
+    c = g.add_node("Constant", [], {"value": value}, name=g.fresh_name(n.name + "/folded"),
+                   origin=n.origin)
+    g.replace_all_uses(out, c.output)
+    g.erase_node(n)
+    return c.output
+
+
+Handler = Callable[[NodeCtx], list[Value] | Value]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*op_types: str):
+    def deco(fn: Handler) -> Handler:
+        for t in op_types:
+            HANDLERS[t] = fn
+        return fn
+
+    return deco
+
+
+def mapped_op_types() -> list[str]:
+    return sorted(HANDLERS)
+
+
+# ------------------------------------------------------------- elementwise
+_UNARY = {"Abs": "Abs", "Neg": "Neg", "Exp": "Exp", "Log": "Log", "Sqrt": "Sqrt",
+          "Reciprocal": "Reciprocal", "Sin": "Sin", "Cos": "Cos", "Tan": "Tan", "Asin": "Asin",
+          "Acos": "Acos", "Atan": "Atan", "Tanh": "Tanh", "Erf": "Erf", "Floor": "Floor",
+          "Ceil": "Ceil", "Round": "Round", "Sign": "Sign", "IsNaN": "IsNan", "Not": "LogicalNot",
+          "Identity": "Identity"}
+_BINARY = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Equal": "Equal",
+           "Greater": "Greater", "GreaterOrEqual": "GreaterEqual", "Less": "Less",
+           "LessOrEqual": "LessEqual", "And": "LogicalAnd", "Or": "LogicalOr", "Xor": "NotEqual",
+           "BitwiseAnd": "BitwiseAnd", "BitwiseOr": "BitwiseOr"}
+
+
+@handles(*_UNARY)
+def _unary(c: NodeCtx):
+    return c.emit(_UNARY[c.node.op_type], [c.input(0)])
+
+
+@handles(*_BINARY)
+def _binary(c: NodeCtx):
+    return c.emit(_BINARY[c.node.op_type], [c.input(0), c.input(1)])
+
+
+@handles("Relu")
+def _relu(c: NodeCtx):
+    x = c.input(0)
+    return c.emit("Maximum", [x, c.scalar_like(0, x)])
+
+
+@handles("IsInf")
+def _isinf(c: NodeCtx):
+    x = c.input(0)
+    inf = c.emit("IsInf", [x])
+    pos, neg = c.attr("detect_positive", 1), c.attr("detect_negative", 1)
+    if pos and neg:
+        return inf
+    if not pos and not neg:
+        return c.emit("LogicalAnd", [inf, c.constant(False)])
+    side = c.emit("Greater" if pos else "Less", [x, c.scalar_like(0, x)])
+    return c.emit("LogicalAnd", [inf, side])
+
+
+@handles("Mod")
+def _mod(c: NodeCtx):
+    return c.emit("Mod" if c.attr("fmod", 0) else "FloorMod", [c.input(0), c.input(1)])
+
+
+@handles("Pow")
+def _pow(c: NodeCtx):
+    x, y = c.input(0), c.input(1)
+    if y.dtype != x.dtype:
+        y = c.emit("Cast", [y], {"dtype": x.dtype})
+    return c.emit("Pow", [x, y])
+
+
+@handles("Max", "Min", "Sum", "Mean")
+def _variadic(c: NodeCtx):
+    op = {"Max": "Maximum", "Min": "Minimum", "Sum": "Add", "Mean": "Add"}[c.node.op_type]
+    vals = [c.input(i) for i in range(len(c.inputs))]
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = c.emit(op, [acc, v])
+    if len(vals) == 1:
+        acc = c.emit("Identity", [acc])
+    if c.node.op_type == "Mean" and len(vals) > 1:
+        acc = c.emit("Div", [acc, c.scalar_like(len(vals), acc)])
+    return acc
+
+
+@handles("Where")
+def _where(c: NodeCtx):
+    return c.emit("Select", [c.input(0), c.input(1), c.input(2)])
+
+
+@handles("Cast")
+def _cast(c: NodeCtx):
+    return c.emit("Cast", [c.input(0)], {"dtype": onnx_dtype(c.attr("to"), c.name)})
+
+
+@handles("CastLike")
+def _cast_like(c: NodeCtx):
+    return c.emit("Cast", [c.input(0)], {"dtype": c.input(1).dtype})
+
+
+@handles("Clip")
+def _clip(c: NodeCtx):
+    x = c.input(0)
+    if c.opset < 11:
+        lo, hi = c.attr("min"), c.attr("max")
+        lo_v = c.scalar_like(lo, x) if lo is not None else None
+        hi_v = c.scalar_like(hi, x) if hi is not None else None
+    else:
+        lo_v = c.input(1) if c.has_input(1) else None
+        hi_v = c.input(2) if c.has_input(2) else None
+    if lo_v is not None:
+        x = c.emit("Maximum", [x, lo_v])
+    if hi_v is not None:
+        x = c.emit("Minimum", [x, hi_v])
+    if lo_v is None and hi_v is None:
+        x = c.emit("Identity", [x])
+    return x
+
+
+# ------------------------------------------------------------------- shapes
+def _ints(a: np.ndarray | list | None) -> list[int]:
+    return [] if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
+
+
+@handles("Reshape")
+def _reshape(c: NodeCtx):
+    x = c.input(0)
+    shape = _ints(c.attr("shape")) if c.opset < 5 else _ints(c.static(1, "shape"))
+    if not c.attr("allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return c.emit("Reshape", [x], {"shape": shape})
+
+
+@handles("Flatten")
+def _flatten(c: NodeCtx):
+    x = c.input(0)
+    axis = c.attr("axis", 1)
+    axis = axis + x.type.rank if axis < 0 else axis
+    return c.emit("Reshape", [x], {"shape": [symbolic.numel(x.shape[:axis]),
+                                             symbolic.numel(x.shape[axis:])]})
+
+
+def _axes(c: NodeCtx, attr_until: int, idx: int = 1) -> list[int] | None:
+    if c.opset < attr_until:
+        a = c.attr("axes")
+        return None if a is None else _ints(a)
+    if not c.has_input(idx):
+        return None
+    return _ints(c.static(idx, "axes"))
+
+
+@handles("Unsqueeze")
+def _unsqueeze(c: NodeCtx):
+    return c.emit("ExpandDims", [c.input(0)], {"axis": _axes(c, 13) or []})
+
+
+@handles("Squeeze")
+def _squeeze(c: NodeCtx):
+    return c.emit("Squeeze", [c.input(0)], {"axis": _axes(c, 13)})
+
+
+@handles("Transpose")
+def _transpose(c: NodeCtx):
+    x = c.input(0)
+    perm = c.attr("perm")
+    return c.emit("Transpose", [x], {"perm": _ints(perm) if perm is not None
+                                     else list(range(x.type.rank))[::-1]})
+
+
+@handles("Expand")
+def _expand(c: NodeCtx):
+    x = c.input(0)
+    shape = symbolic.broadcast_shapes(x.shape, _ints(c.static(1, "shape")))
+    return c.emit("BroadcastTo", [x], {"shape": list(shape)})
+
+
+@handles("Slice")
+def _slice(c: NodeCtx):
+    x = c.input(0)
+    if c.opset < 10:
+        starts, ends, axes = _ints(c.attr("starts")), _ints(c.attr("ends")), c.attr("axes")
+        steps = None
+    else:
+        starts, ends = _ints(c.static(1, "starts")), _ints(c.static(2, "ends"))
+        axes = c.static(3, "axes") if c.has_input(3) else None
+        steps = c.static(4, "steps") if c.has_input(4) else None
+    axes = _ints(axes) if axes is not None else list(range(len(starts)))
+    steps = _ints(steps) if steps is not None else [1] * len(starts)
+    return c.emit("StridedSlice", [x], {"begin": starts, "end": ends, "strides": steps,
+                                        "axes": axes})
+
+
+@handles("Concat")
+def _concat(c: NodeCtx):
+    return c.emit("Concat", [c.input(i) for i in range(len(c.inputs))], {"axis": c.attr("axis")})
+
+
+@handles("Split")
+def _split(c: NodeCtx):
+    x = c.input(0)
+    axis = c.attr("axis", 0)
+    n_out = len(c.node.output)
+    sizes = _ints(c.attr("split")) if c.opset < 13 else (
+        _ints(c.static(1, "split")) if c.has_input(1) else [])
+    if not sizes:
+        dim = x.shape[axis]
+        if not isinstance(dim, int):
+            raise Unsupported("equal split of a symbolic axis")
+        n = c.attr("num_outputs", n_out)
+        chunk = -(-dim // n)
+        sizes = [min(chunk, dim - i * chunk) for i in range(n)]
+    return c.emit_multi("Split", [x], {"axis": axis, "sizes": sizes})
+
+
+@handles("Gather")
+def _gather(c: NodeCtx):
+    return c.emit("Gather", [c.input(0), c.input(1)], {"axis": c.attr("axis", 0)})
+
+
+@handles("OneHot")
+def _one_hot(c: NodeCtx):
+    idx = c.input(0)
+    if not idx.dtype.is_int:
+        idx = c.emit("Cast", [idx], {"dtype": DType.int64})
+    depth = int(np.asarray(c.static(1, "depth")).reshape(-1)[0])
+    values = np.asarray(c.static(2, "values")).reshape(-1)
+    return c.emit("OneHot", [idx], {"depth": depth, "off_value": float(values[0]),
+                                    "on_value": float(values[1]), "axis": c.attr("axis", -1),
+                                    "dtype": DType.parse(values.dtype)})
+
+
+@handles("CumSum")
+def _cumsum(c: NodeCtx):
+    axis = int(np.asarray(c.static(1, "axis")).reshape(-1)[0])
+    return c.emit("CumSum", [c.input(0)], {"axis": axis, "exclusive": bool(c.attr("exclusive", 0)),
+                                           "reverse": bool(c.attr("reverse", 0))})
+
+
+@handles("Dropout")
+def _dropout(c: NodeCtx):
+    if c.attr("training_mode", 0) or (c.has_input(2) and c.const(2) is None):
+        raise Unsupported("training-mode dropout")
+    if c.has_input(2) and bool(np.asarray(c.const(2))):
+        raise Unsupported("training-mode dropout")
+    y = c.emit("Identity", [c.input(0)])
+    if len(c.node.output) > 1 and c.node.output[1]:
+        mask = c.emit("BroadcastTo", [c.constant(True)], {"shape": list(y.shape)})
+        return [y, mask]
+    return y
+
+
+@handles("Constant")
+def _constant(c: NodeCtx):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in c.attrs:
+            val = c.attrs[key]
+            if key == "value":
+                arr = numpy_helper.to_array(val)
+                onnx_dtype(val.data_type, c.name)
+            elif key.startswith("value_float"):
+                arr = np.asarray(val, dtype=np.float32)
+            else:
+                arr = np.asarray(val, dtype=np.int64)
+            return c.constant(arr)
+    raise Unsupported("only tensor, float(s) and int(s) constants are modeled")
+
+
+@handles("ConstantOfShape")
+def _constant_of_shape(c: NodeCtx):
+    shape = _ints(c.static(0, "shape"))
+    val = c.attr("value")
+    arr = numpy_helper.to_array(val).reshape(()) if val is not None else np.float32(0)
+    if val is not None:
+        onnx_dtype(val.data_type, c.name)
+    scalar = c.constant(np.asarray(arr))
+    return c.emit("BroadcastTo", [scalar], {"shape": shape})
+
+
+@handles("Shape")
+def _shape(c: NodeCtx):
+    x = c.input(0)
+    dims = list(x.shape)[slice(c.attr("start", 0), c.attr("end"))]
+    if not all(isinstance(d, int) for d in dims):
+        raise Unsupported("Shape of a symbolic dim")
+    return c.constant(np.asarray(dims, dtype=np.int64))
+
+
+@handles("Size")
+def _size(c: NodeCtx):
+    n = c.input(0).type.numel
+    if not isinstance(n, int):
+        raise Unsupported("Size of a symbolic shape")
+    return c.constant(np.asarray(n, dtype=np.int64))
+
+
+@handles("Range")
+def _range(c: NodeCtx):
+    start, limit, delta = (np.asarray(c.static(i, "range bounds")).item() for i in range(3))
+    dtype = c.input(0).dtype
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    return c.constant(np.asarray(start + np.arange(n) * delta, dtype=dtype.np))
+
+
+# --------------------------------------------------------------- reductions
+_REDUCE_AXES_INPUT_FROM = {"ReduceSum": 13}  # the other Reduce* take axes as input from 18
+
+
+@handles("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceMean", "ReduceSumSquare",
+         "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+def _reduce(c: NodeCtx):
+    x = c.input(0)
+    op = c.node.op_type
+    axes = _axes(c, _REDUCE_AXES_INPUT_FROM.get(op, 18))
+    if not axes:
+        if c.attr("noop_with_empty_axes", 0):
+            return c.emit("Identity", [x])
+        axes = list(range(x.type.rank))
+    keep = bool(c.attr("keepdims", 1))
+
+    def red(kind: str, v: Value) -> Value:
+        return c.emit(kind, [v], {"axis": axes, "keep_dims": keep})
+
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+        return red(op, x)
+    if op == "ReduceMean":
+        n = symbolic.numel([x.shape[a] for a in axes])
+        if not isinstance(n, int):
+            raise Unsupported("mean over a symbolic axis")
+        return c.emit("Div", [red("ReduceSum", x), c.scalar_like(n, x)])
+    if op == "ReduceSumSquare":
+        return red("ReduceSum", c.emit("Mul", [x, x]))
+    if op == "ReduceL1":
+        return red("ReduceSum", c.emit("Abs", [x]))
+    if op == "ReduceL2":
+        return c.emit("Sqrt", [red("ReduceSum", c.emit("Mul", [x, x]))])
+    if op == "ReduceLogSum":
+        return c.emit("Log", [red("ReduceSum", x)])
+    # ReduceLogSumExp, stabilized: m + log(sum(exp(x - m)))
+    m = c.emit("ReduceMax", [x], {"axis": axes, "keep_dims": True})
+    m = c.emit("Select", [c.emit("IsFinite", [m]), m, c.scalar_like(0, x)])
+    s = c.emit("ReduceSum", [c.emit("Exp", [c.emit("Sub", [x, m])])],
+               {"axis": axes, "keep_dims": keep})
+    m_out = m if keep else c.emit("Squeeze", [m], {"axis": axes})
+    return c.emit("Add", [c.emit("Log", [s]), m_out])
+
+
+@handles("ArgMax", "ArgMin")
+def _arg(c: NodeCtx):
+    return c.emit(c.node.op_type, [c.input(0)], {
+        "axis": c.attr("axis", 0), "keep_dims": bool(c.attr("keepdims", 1)),
+        "select_last_index": bool(c.attr("select_last_index", 0)), "dtype": DType.int64})
+
+
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(c: NodeCtx):
+    x = c.input(0)
+    axes = list(range(2, x.type.rank))
+    if c.node.op_type == "GlobalMaxPool":
+        return c.emit("ReduceMax", [x], {"axis": axes, "keep_dims": True})
+    n = symbolic.numel([x.shape[a] for a in axes])
+    if not isinstance(n, int):
+        raise Unsupported("average over symbolic spatial dims")
+    s = c.emit("ReduceSum", [x], {"axis": axes, "keep_dims": True})
+    return c.emit("Div", [s, c.scalar_like(n, x)])
+
+
+# ----------------------------------------------------------------- matmul/nn
+@handles("MatMul")
+def _matmul(c: NodeCtx):
+    a, b = c.input(0), c.input(1)
+    if a.type.rank == 2 and b.type.rank == 2:
+        return c.emit("MatMul", [a, b])
+    squeeze = []
+    if a.type.rank == 1:
+        a = c.emit("ExpandDims", [a], {"axis": [0]})
+        squeeze.append(-2)
+    if b.type.rank == 1:
+        b = c.emit("ExpandDims", [b], {"axis": [1]})
+        squeeze.append(-1)
+    y = c.emit("BatchMatMul", [a, b]) if (a.type.rank > 2 or b.type.rank > 2) else \
+        c.emit("MatMul", [a, b])
+    if squeeze:
+        y = c.emit("Squeeze", [y], {"axis": [s + y.type.rank for s in squeeze]})
+    return y
+
+
+@handles("Gemm")
+def _gemm(c: NodeCtx):
+    a, b = c.input(0), c.input(1)
+    alpha, beta = c.attr("alpha", 1.0), c.attr("beta", 1.0)
+    y = c.emit("MatMul", [a, b], {"transpose_a": bool(c.attr("transA", 0)),
+                                  "transpose_b": bool(c.attr("transB", 0))})
+    if alpha != 1.0:
+        y = c.emit("Mul", [y, c.scalar_like(alpha, y)])
+    if c.has_input(2):
+        bias = c.input(2)
+        if beta != 1.0:
+            bias = c.emit("Mul", [bias, c.scalar_like(beta, bias)])
+        y = c.emit("Add", [y, bias])
+    return y
+
+
+def _explicit_pads(c: NodeCtx, spatial: list, kernel: list[int], strides: list[int],
+                   dilations: list[int], ceil: bool = False) -> list[int]:
+    """ONNX pads [x1_begin, x2_begin, x1_end, x2_end] from pads or auto_pad."""
+    auto = c.attr("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        pads = _ints(c.attr("pads")) or [0] * (2 * len(kernel))
+        return pads
+    if auto == "VALID":
+        return [0] * (2 * len(kernel))
+    begins, ends = [], []
+    for d, k, s, dil in zip(spatial, kernel, strides, dilations, strict=True):
+        if not isinstance(d, int):
+            raise Unsupported("auto_pad on symbolic spatial dims")
+        out = -(-d // s)
+        total = max((out - 1) * s + (k - 1) * dil + 1 - d, 0)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else big)
+        ends.append(big if auto == "SAME_UPPER" else small)
+    return begins + ends
+
+
+@handles("Conv")
+def _conv(c: NodeCtx):
+    x, w = c.input(0), c.input(1)
+    if x.type.rank != 4:
+        raise Unsupported(f"{x.type.rank - 2}-D convolution (only 2-D is modeled)")
+    kernel = _ints(c.attr("kernel_shape")) or list(w.shape[2:])
+    strides = _ints(c.attr("strides")) or [1, 1]
+    dil = _ints(c.attr("dilations")) or [1, 1]
+    pads = _explicit_pads(c, list(x.shape[2:]), kernel, strides, dil)
+    inputs = [x, w] + ([c.input(2)] if c.has_input(2) else [])
+    return c.emit("Conv2D", inputs, {"strides": strides, "dilations": dil,
+                                     "pads": [pads[0], pads[1], pads[2], pads[3]],
+                                     "group": c.attr("group", 1)})
+
+
+@handles("MaxPool", "AveragePool")
+def _pool(c: NodeCtx):
+    x = c.input(0)
+    if x.type.rank != 4:
+        raise Unsupported(f"{x.type.rank - 2}-D pooling (only 2-D is modeled)")
+    if len([o for o in c.node.output if o]) > 1:
+        raise Unsupported("MaxPool with an indices output")
+    kernel = _ints(c.attr("kernel_shape"))
+    strides = _ints(c.attr("strides")) or [1, 1]
+    dil = _ints(c.attr("dilations")) or [1, 1]
+    pads = _explicit_pads(c, list(x.shape[2:]), kernel, strides, dil)
+    attrs = {"kernel_size": kernel, "strides": strides, "pads": pads, "dilations": dil,
+             "ceil_mode": bool(c.attr("ceil_mode", 0))}
+    if c.node.op_type == "AveragePool":
+        attrs["count_include_pad"] = bool(c.attr("count_include_pad", 0))
+        return c.emit("AvgPool", [x], attrs)
+    return c.emit("MaxPool", [x], attrs)
+
+
+@handles("BatchNormalization")
+def _batch_norm(c: NodeCtx):
+    """Inference form: y = x * (scale * rsqrt(var + eps)) + (bias - mean * scale * rsqrt(...))."""
+    if c.attr("training_mode", 0) or len([o for o in c.node.output if o]) > 1:
+        raise Unsupported("training-mode BatchNormalization")
+    x, scale, bias, mean, var = (c.input(i) for i in range(5))
+    eps = c.attr("epsilon", 1e-5)
+    inv = c.emit("Rsqrt", [c.emit("Add", [var, c.scalar_like(eps, var)])])
+    a = c.emit("Mul", [scale, inv])
+    b = c.emit("Sub", [bias, c.emit("Mul", [mean, a])])
+    chan = [-1] + [1] * (x.type.rank - 2)
+    a = c.emit("Reshape", [a], {"shape": chan})
+    b = c.emit("Reshape", [b], {"shape": chan})
+    if a.dtype != x.dtype:
+        a = c.emit("Cast", [a], {"dtype": x.dtype})
+        b = c.emit("Cast", [b], {"dtype": x.dtype})
+    return c.emit("Add", [c.emit("Mul", [x, a]), b])
+
+
+# ------------------------------------------------------------------ import
+_SYM_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _value_type(vi: Any, where: str, unknown: list[int]) -> TensorType:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        raise FrontendError(f"{where}: only tensor values are supported (got "
+                            f"{t.WhichOneof('value')})")
+    tt = t.tensor_type
+    dtype = onnx_dtype(tt.elem_type, where)
+    if not tt.HasField("shape"):
+        raise FrontendError(f"{where}: the rank is unknown; graphkernel needs ranked tensors")
+    dims: list[Any] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            sym = _SYM_BAD.sub("_", d.dim_param)
+            dims.append(sym if not sym[0].isdigit() else "s_" + sym)
+        else:
+            unknown[0] += 1
+            dims.append(f"unk{unknown[0]}")
+    return TensorType(tuple(dims), dtype)
+
+
+@dataclass
+class ImportNote:
+    node: str
+    op_type: str
+    reason: str
+
+
+def import_onnx(model: Any, name: str | None = None,
+                specialize: Mapping[str, np.ndarray] | None = None,
+                notes: list[ImportNote] | None = None) -> Graph:
+    """Import an ``onnx.ModelProto``. ``specialize`` turns the named graph inputs into
+    constants (for attribute-like inputs such as a Reshape's shape)."""
+    _require_onnx()
+    specialize = dict(specialize or {})
+    opsets = {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
+    opset = opsets.get("ai.onnx", 1)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # shape inference is a help for Opaque nodes, not a requirement
+        inferred = model
+    gp = inferred.graph
+    vinfo = {vi.name: vi for vi in list(gp.value_info) + list(gp.output) + list(gp.input)}
+    g = Graph(name or gp.name or "onnx_graph")
+    values: dict[str, Value] = {}
+    unknown = [0]
+    inits = {t.name: t for t in gp.initializer}
+    for t in gp.initializer:
+        try:
+            arr = numpy_helper.to_array(t)
+            onnx_dtype(t.data_type, f"initializer '{t.name}'")
+        except FrontendError:
+            raise
+        except Exception as e:
+            raise FrontendError(f"initializer '{t.name}' cannot be read: {e}") from None
+        values[t.name] = g.add_node("Constant", [], {"value": arr}, name=g.fresh_name(t.name),
+                                    output_names=[t.name]).output
+    for vi in gp.input:
+        if vi.name in inits:
+            continue
+        if vi.name in specialize:
+            arr = np.asarray(specialize[vi.name])
+            values[vi.name] = g.add_node("Constant", [], {"value": arr},
+                                         name=g.fresh_name(vi.name), output_names=[vi.name]).output
+            continue
+        values[vi.name] = g.add_input(vi.name, _value_type(vi, f"input '{vi.name}'", unknown))
+    for idx, node in enumerate(gp.node):
+        nname = node.name or f"{node.op_type.lower()}_{idx}"
+        nname = g.fresh_name(nname)
+        for i in node.input:
+            if i and i not in values:
+                raise FrontendError(f"node '{nname}' ({node.op_type}): input {i!r} is not defined "
+                                    "by any earlier node, initializer or graph input")
+        ins = [values[i] if i else None for i in node.input]
+        outs = _import_node(g, node, nname, ins, opset, opsets, vinfo, unknown, notes)
+        for oname, v in zip(node.output, outs, strict=False):
+            if not oname:
+                continue
+            if v.name != oname and not g.has_value(oname) and v.producer is not None \
+                    and v.producer.name.startswith(nname):
+                g.rename_value(v, oname)
+            values[oname] = v
+    outputs = []
+    for vi in gp.output:
+        if vi.name not in values:
+            raise FrontendError(f"graph output {vi.name!r} is not produced by any node")
+        v = values[vi.name]
+        if v.is_input or any(v is o for o in outputs):
+            v = g.add_node("Identity", [v], name=g.fresh_name(vi.name + "/identity")).output
+        outputs.append(v)
+    g.set_outputs(outputs)
+    g.remove_dead()
+    return g
+
+
+def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset: int,
+                 opsets: dict[str, int], vinfo: dict[str, Any], unknown: list[int],
+                 notes: list[ImportNote] | None) -> list[Value]:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    reason = f"no mapping for {node.domain or 'ai.onnx'}.{node.op_type}"
+    if (node.domain or "ai.onnx") == "ai.onnx" and node.op_type in HANDLERS:
+        ctx = NodeCtx(g, node, ins, attrs, opset, nname)
+        mark = len(g)
+        try:
+            out = HANDLERS[node.op_type](ctx)
+            outs = out if isinstance(out, list) else [out]
+            if len(outs) < len([o for o in node.output if o]):
+                raise Unsupported(f"only {len(outs)} of the outputs are modeled")
+            return outs
+        except (Unsupported, GraphKernelError) as e:
+            reason = str(e)
+            _rollback(g, ctx.emitted, mark)
+    if notes is not None:
+        notes.append(ImportNote(nname, node.op_type, reason))
+    return _opaque(g, node, nname, ins, opsets, vinfo, unknown, reason)
+
+
+def _rollback(g: Graph, emitted: list[str], mark: int) -> None:
+    for name in reversed(emitted):
+        if g.has_node(name):
+            n = g.node(name)
+            if not any(v.uses for v in n.outputs):
+                g.erase_node(n)
+
+
+def _opaque(g: Graph, node: Any, nname: str, ins: list[Value | None], opsets: dict[str, int],
+            vinfo: dict[str, Any], unknown: list[int], reason: str) -> list[Value]:
+    out_types = []
+    for o in node.output:
+        if not o:
+            continue
+        if o not in vinfo:
+            raise FrontendError(f"node '{nname}' ({node.op_type}) is not modeled ({reason}) and "
+                                f"ONNX shape inference gives no type for its output {o!r}")
+        out_types.append(_value_type(vinfo[o], f"node '{nname}' output {o!r}", unknown))
+    spec = {"node": base64.b64encode(node.SerializeToString()).decode(),
+            "opsets": {k: v for k, v in sorted(opsets.items())}}
+    n = g.add_node("Opaque", [v for v in ins if v is not None],
+                   {"impl": "onnx", "spec": spec, "out_types": out_types,
+                    "label": f"{node.domain + '.' if node.domain else ''}{node.op_type}"},
+                   name=nname, output_names=[g.fresh_name(o) for o in node.output if o])
+    return list(n.outputs)
+
+
+def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
+    _require_onnx()
+    path = Path(path)
+    try:
+        model = onnx.load(str(path))
+    except FileNotFoundError:
+        raise FrontendError(f"{path}: no such file") from None
+    except Exception as e:
+        raise FrontendError(f"{path}: not a readable ONNX model: {e}") from None
+    try:
+        return import_onnx(model, name=kw.pop("name", path.stem), **kw)
+    except GraphKernelError as e:
+        raise type(e)(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------- Opaque execution
+_EVALUATORS: dict[str, Any] = {}
+
+
+def _onnx_executor(spec: dict[str, Any]):
+    _require_onnx()
+    from onnx.reference import ReferenceEvaluator
+
+    key = spec["node"]
+    if key not in _EVALUATORS:
+        node = onnx.NodeProto()
+        node.ParseFromString(base64.b64decode(spec["node"]))
+        opsets = {("" if k == "ai.onnx" else k): v for k, v in spec["opsets"].items()}
+        _EVALUATORS[key] = (node, ReferenceEvaluator(node, opsets=opsets))
+    node, ev = _EVALUATORS[key]
+    names = [i for i in node.input if i]
+
+    def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+        res = ev.run(None, dict(zip(names, xs, strict=True)))
+        return [np.asarray(r) for r, o in zip(res, node.output, strict=False) if o]
+
+    return run
+
+
+register_opaque_impl("onnx", _onnx_executor)
+
+
+def static_input_names(model: Any) -> list[str]:
+    """Graph inputs that feed attribute-like ONNX inputs (shapes, axes, slice bounds, …)."""
+    slots = {"Reshape": {1}, "Expand": {1}, "Slice": {1, 2, 3, 4}, "Unsqueeze": {1},
+             "Squeeze": {1}, "Split": {1}, "OneHot": {1, 2}, "CumSum": {1},
+             "ConstantOfShape": {0}, "Range": {0, 1, 2}, "ReduceSum": {1}, "ReduceMax": {1},
+             "ReduceMin": {1}, "ReduceProd": {1}, "ReduceMean": {1}, "ReduceSumSquare": {1},
+             "ReduceL1": {1}, "ReduceL2": {1}, "ReduceLogSum": {1}, "ReduceLogSumExp": {1},
+             "Clip": set(), "Dropout": {1, 2}}
+    inputs = {vi.name for vi in model.graph.input}
+    out = []
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in inputs and i in slots.get(node.op_type, set()) and name not in out:
+                out.append(name)
+    return out
