@@ -12,7 +12,6 @@ import io
 import json
 import math
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphkernel import ops
 from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
+from graphkernel.fileio import atomic_write_bytes
 from graphkernel.ir import DType, Graph, TensorType
 
 FORMAT = "graphkernel/1"
@@ -160,19 +160,6 @@ def graph_to_dict(graph: Graph, nested: bool = False,
     return out
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
     """Write ``graph`` as JSON or YAML (by extension); returns the files written."""
     path = Path(path)
@@ -185,7 +172,7 @@ def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
                **{k: v for k, v in doc.items() if k not in ("format", "name")}}
         buf = io.BytesIO()
         np.savez(buf, **side)
-        _atomic_write(data_path, buf.getvalue())
+        atomic_write_bytes(data_path, buf.getvalue())
         written.append(data_path)
     if path.suffix in (".yaml", ".yml"):
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
@@ -194,7 +181,7 @@ def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
     else:
         raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
                           "(accepted: .json, .yaml, .yml)")
-    _atomic_write(path, text.encode())
+    atomic_write_bytes(path, text.encode())
     written.insert(0, path)
     return written
 
