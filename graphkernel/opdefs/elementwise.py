@@ -18,7 +18,7 @@ def _vectorize(fn: Callable[[float], float]) -> Callable[[np.ndarray], np.ndarra
     vec = np.frompyfunc(fn, 1, 1)
 
     def apply(x: np.ndarray) -> np.ndarray:
-        return vec(x.astype(np.float64)).astype(np.float64)
+        return np.asarray(vec(np.asarray(x, np.float64)), dtype=np.float64)
 
     return apply
 

@@ -237,10 +237,9 @@ def _strided_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 
 def _strided_ref(xs, a, ctx):
     x = xs[0]
-    plan = []
-    for sl, d in zip(_strided_plan(TensorType(x.shape, DType.float32), a), x.shape, strict=True):
-        plan.append(slice(*sl.indices(d)) if sl != slice(None) else sl)
-    return x[tuple(plan)]
+    # Python slices clamp exactly as the inference does (never via slice.indices, whose
+    # stop of -1 for "before the start" numpy would read as "the last element").
+    return x[tuple(_strided_plan(TensorType(x.shape, DType.float32), a))]
 
 
 register(OpDef("StridedSlice", OpKind.SLICE, (1, 1), _strided_infer, _strided_ref,

@@ -1,0 +1,59 @@
+"""Shared helpers: build a one-node graph, run it, and compare with an independent result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphkernel import Graph, TensorType
+from graphkernel.interpreter import Interpreter
+from graphkernel.ir import DType
+
+
+def single_op_graph(op: str, arrays, attrs=None, shapes=None) -> Graph:
+    g = Graph(f"single_{op}")
+    ins = []
+    for i, a in enumerate(arrays):
+        shape = shapes[i] if shapes is not None else a.shape
+        ins.append(g.add_input(f"in{i}", TensorType(tuple(shape), DType.parse(a.dtype))))
+    node = g.add_node(op, ins, attrs or {})
+    g.set_outputs(node.outputs)
+    g.validate()
+    return g
+
+
+def run_op(op: str, arrays, attrs=None, shapes=None, compute_dtype=None):
+    """Run one op; also check the result's shape and dtype equal the inferred type."""
+    g = single_op_graph(op, arrays, attrs, shapes)
+    outs = Interpreter(g, compute_dtype).run({f"in{i}": a for i, a in enumerate(arrays)})
+    if compute_dtype is None:
+        for v, o in zip(g.outputs, outs, strict=True):
+            assert o.dtype == v.type.dtype.np, (op, o.dtype, v.type)
+            if v.type.is_static:
+                assert o.shape == v.type.shape, (op, o.shape, v.type)
+    return outs if len(outs) > 1 else outs[0]
+
+
+TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (1e-5, 1e-6),
+       np.dtype(np.float64): (1e-12, 1e-12)}
+
+
+def assert_close(actual, expected, dtype=None):
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    dt = np.dtype(dtype) if dtype is not None else actual.dtype
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if dt.kind in "iub":
+        np.testing.assert_array_equal(actual, expected)
+        return
+    if dt == DType.bfloat16.np:
+        rtol, atol = 1e-2, 1e-2
+    else:
+        rtol, atol = TOL.get(dt, (1e-5, 1e-6))
+    np.testing.assert_allclose(actual.astype(np.float64), np.asarray(expected, np.float64),
+                               rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
