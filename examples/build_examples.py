@@ -54,7 +54,8 @@ def layernorm_residual() -> Graph:
     sq = g.add_node("Mul", [d, d], name="ln_square").output
     var = g.add_node("ReduceSum", [sq], {"axis": [-1], "keep_dims": True}, name="ln_sqsum").output
     var = g.add_node("Mul", [var, inv_n], name="ln_var").output
-    var = g.add_node("Add", [var, g.const(np.float32(1e-5), name="ln_eps")], name="ln_var_eps").output
+    eps = g.const(np.float32(1e-5), name="ln_eps")
+    var = g.add_node("Add", [var, eps], name="ln_var_eps").output
     rstd = g.add_node("Rsqrt", [var], name="ln_rstd").output
     y = g.add_node("Mul", [d, rstd], name="ln_normalize").output
     y = g.add_node("Mul", [y, gamma], name="ln_scale").output

@@ -20,7 +20,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import ml_dtypes
@@ -31,7 +31,7 @@ from graphkernel.errors import GraphError, ShapeError
 from graphkernel.symbolic import Dim, Shape
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     """Element types graphkernel models; numpy carries each (bf16 via ml_dtypes)."""
 
     float16 = "float16"
@@ -273,7 +273,8 @@ class Graph:
         except KeyError:
             from graphkernel.errors import did_you_mean
 
-            raise GraphError(f"no node named {name!r}" + did_you_mean(name, self._node_names)) from None
+            raise GraphError(f"no node named {name!r}"
+                             + did_you_mean(name, self._node_names)) from None
 
     def has_node(self, name: str) -> bool:
         return name in self._node_names
@@ -284,7 +285,8 @@ class Graph:
         except KeyError:
             from graphkernel.errors import did_you_mean
 
-            raise GraphError(f"no value named {name!r}" + did_you_mean(name, self._values)) from None
+            raise GraphError(f"no value named {name!r}"
+                             + did_you_mean(name, self._values)) from None
 
     def has_value(self, name: str) -> bool:
         return name in self._values
@@ -350,7 +352,8 @@ class Graph:
         opdef.check_arity(len(inputs), where=f"node '{nname}' ({op})")
         if out_types is None:
             out_types = opdef.infer_types(in_types, norm_attrs, where=f"node '{nname}' ({op})")
-        node = Node(opdef.name, nname, norm_attrs, tuple(origin) if origin is not None else (nname,))
+        origin_t = tuple(origin) if origin is not None else (nname,)
+        node = Node(opdef.name, nname, norm_attrs, origin_t)
         node.graph = self
         node._seq = next(self._seq)
         for i, v in enumerate(inputs):
@@ -386,7 +389,8 @@ class Graph:
     def set_outputs(self, values: Sequence[Value]) -> None:
         for v in values:
             if v.graph is not self:
-                raise GraphError(f"graph '{self.name}': output '%{v.name}' belongs to another graph")
+                raise GraphError(f"graph '{self.name}': output '%{v.name}' belongs to another "
+                                 "graph")
         self.outputs = list(values)
 
     # ---------------------------------------------------------------- mutation
@@ -501,11 +505,13 @@ class Graph:
         """Check acyclicity, use-lists, names and types; raise GraphError saying how to fix it."""
         from graphkernel import ops as _ops
 
+        self._check_use_lists()
         self.toposort()
         seen: set[int] = {id(v) for v in self.inputs}
         for v in self.inputs:
             if v.graph is not self or self._values.get(v.name) is not v:
-                raise GraphError(f"graph input '%{v.name}' is not registered in graph '{self.name}'")
+                raise GraphError(f"graph input '%{v.name}' is not registered in graph "
+                                 f"'{self.name}'")
         for node in self._nodes.values():
             where = f"node '{node.name}' ({node.op})"
             if node.graph is not self:
@@ -516,15 +522,9 @@ class Graph:
                         f"{where}: input {i} '%{v.name}' is dangling (not a graph input and not "
                         "produced by an earlier node); add its producer or a graph input"
                     )
-                if (node, i) not in v.uses:
-                    raise GraphError(f"{where}: use-list of '%{v.name}' misses input {i}; "
-                                     "mutate through Graph.replace_input")
             for i, v in enumerate(node.outputs):
                 if v.producer is not node or v.index != i:
                     raise GraphError(f"{where}: output {i} '%{v.name}' has the wrong producer")
-                for u, j in v.uses:
-                    if u.graph is not self or u.inputs[j] is not v:
-                        raise GraphError(f"{where}: stale use of '%{v.name}' by '{u.name}'")
                 seen.add(id(v))
             opdef = _ops.get(node.op)
             opdef.check_arity(len(node.inputs), where=where)
@@ -540,6 +540,20 @@ class Graph:
         for v in self.outputs:
             if id(v) not in seen:
                 raise GraphError(f"graph output '%{v.name}' is not produced in graph '{self.name}'")
+
+    def _check_use_lists(self) -> None:
+        """Every input edge is recorded in its value's use-list, and nothing else is."""
+        values = list(self.inputs) + [v for n in self._nodes.values() for v in n.outputs]
+        for node in self._nodes.values():
+            for i, v in enumerate(node.inputs):
+                if (node, i) not in v.uses:
+                    raise GraphError(f"node '{node.name}' ({node.op}): use-list of '%{v.name}' "
+                                     f"misses input {i}; mutate through Graph.replace_input")
+        for v in values:
+            for u, j in v.uses:
+                if u.graph is not self or j >= len(u.inputs) or u.inputs[j] is not v:
+                    raise GraphError(f"value '%{v.name}' has a stale use by '{u.name}' input "
+                                     f"{j}; mutate through Graph.replace_input")
 
     # ------------------------------------------------------------------- misc
     def copy(self) -> Graph:

@@ -266,7 +266,8 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
             with np.load(data_path) as z:
                 data = {k: z[k] for k in z.files}
         except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise FormatError(f"{where}: data_file {spec.data_file!r} cannot be read: {e}") from None
+            raise FormatError(f"{where}: data_file {spec.data_file!r} cannot be read: "
+                              f"{e}") from None
     g = Graph(spec.name)
     for i, inp in enumerate(spec.inputs):
         w = f"{where}: inputs[{i}]"

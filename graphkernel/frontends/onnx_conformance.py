@@ -69,9 +69,9 @@ def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -
 
 def run_case(case) -> CaseResult:
     from graphkernel.frontends.onnx import (
+        _ONNX_DTYPES,
         HANDLERS,
         ImportNote,
-        _ONNX_DTYPES,
         import_onnx,
         static_input_names,
     )

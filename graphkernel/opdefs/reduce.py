@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.ir import DType, TensorType
-from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, normalize_axes, normalize_axis, register
+from graphkernel.ops import (
+    Attrs,
+    OpDef,
+    OpKind,
+    check_dtype,
+    normalize_axes,
+    normalize_axis,
+    register,
+)
 
 
 class ReduceAttrs(Attrs):

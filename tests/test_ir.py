@@ -1,0 +1,144 @@
+"""Graph mutation API, invariants and validation messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphkernel import Graph, TensorType
+from graphkernel.errors import GraphError, OpError, ShapeError
+from graphkernel.interpreter import run_graph
+from graphkernel.ir import DType
+
+F32 = TensorType((2, 3), "float32")
+
+
+def chain():
+    g = Graph("chain")
+    x = g.add_input("x", F32)
+    a = g.add_node("Exp", [x], name="a").output
+    b = g.add_node("Neg", [a], name="b").output
+    c = g.add_node("Add", [a, b], name="c").output
+    g.set_outputs([c])
+    return g
+
+
+def test_use_lists_follow_mutation():
+    g = chain()
+    a, b = g.value("a"), g.value("b")
+    assert [n.name for n in a.users] == ["b", "c"]
+    t = g.add_node("Abs", [g.inputs[0]], name="t").output
+    assert g.replace_all_uses(a, t) == 2
+    assert not a.uses and {n.name for n in t.users} == {"b", "c"}
+    assert g.remove_dead() == 1 and not g.has_node("a")
+    g.validate()
+    assert b.producer.inputs[0] is t
+
+
+def test_replace_all_uses_updates_graph_outputs():
+    g = chain()
+    new = g.add_node("Abs", [g.inputs[0]]).output
+    assert g.replace_all_uses(g.value("c"), new) == 1
+    assert g.outputs == [new]
+
+
+def test_erase_refuses_a_node_with_users():
+    g = chain()
+    with pytest.raises(GraphError, match="still used by b, c; call replace_all_uses first"):
+        g.erase_node(g.node("a"))
+    with pytest.raises(GraphError, match="graph output"):
+        g.erase_node(g.node("c"))
+
+
+def test_rewiring_to_a_later_producer_resorts_topologically():
+    g = chain()
+    late = g.add_node("Sqrt", [g.inputs[0]], name="late").output
+    g.replace_input(g.node("b"), 0, late)
+    names = [n.name for n in g.nodes]
+    assert names.index("late") < names.index("b")
+    g.validate()
+
+
+def test_cycle_is_reported_with_its_path():
+    g = chain()
+    g.replace_input(g.node("a"), 0, g.value("b"))
+    with pytest.raises(GraphError, match="cycle: .*a -> b -> a|cycle: .*b -> a -> b"):
+        g.validate()
+
+
+def test_validate_catches_broken_use_lists():
+    g = chain()
+    g.value("a").uses.clear()
+    with pytest.raises(GraphError, match="use-list of '%a' misses input 0"):
+        g.validate()
+
+
+def test_validate_catches_stale_types():
+    g = chain()
+    g.value("b").type = TensorType((2, 3), "float16")
+    with pytest.raises(GraphError, match="do not match inferred"):
+        g.validate()
+
+
+def test_inputs_from_another_graph_are_rejected():
+    g, h = chain(), chain()
+    with pytest.raises(GraphError, match="belongs to another graph"):
+        g.add_node("Exp", [h.value("a")])
+
+
+def test_unknown_op_and_bad_attrs_suggest_fixes():
+    g = chain()
+    with pytest.raises(OpError, match="did you mean 'ReduceSum'"):
+        g.add_node("ReduceSun", [g.inputs[0]])
+    with pytest.raises(OpError, match="unknown attribute; did you mean 'keep_dims'"):
+        g.add_node("ReduceSum", [g.inputs[0]], {"keepdims": True})
+    with pytest.raises(OpError, match="takes 2 inputs, got 1"):
+        g.add_node("Add", [g.inputs[0]])
+    with pytest.raises(ShapeError, match="node 'bad' \\(Transpose\\)"):
+        g.add_node("Transpose", [g.inputs[0]], {"perm": [0, 0]}, name="bad")
+
+
+def test_duplicate_names_are_rejected():
+    g = chain()
+    with pytest.raises(GraphError, match="already exists"):
+        g.add_node("Exp", [g.inputs[0]], name="a")
+    with pytest.raises(GraphError, match="already exists"):
+        g.add_input("x", F32)
+
+
+def test_copy_is_deep_and_equal():
+    g = chain()
+    h = g.copy()
+    assert str(g) == str(h)
+    h.replace_all_uses(h.value("b"), h.value("a"))
+    assert str(g) != str(h)
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(run_graph(g, [x])[0], np.e - np.e)
+
+
+def test_graph_kernel_node_runs_its_subgraph():
+    sub = Graph("fused_exp_neg")
+    x = sub.add_input("p0", F32)
+    sub.set_outputs([sub.add_node("Neg", [sub.add_node("Exp", [x]).output]).output])
+    g = Graph("outer")
+    a = g.add_input("a", F32)
+    k = g.add_node("GraphKernel", [a], {"subgraph": sub, "pattern": "elemwise"},
+                   origin=["exp", "neg"])
+    g.set_outputs([k.output])
+    g.validate()
+    arr = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(run_graph(g, [arr])[0], -np.exp(arr), rtol=1e-6)
+    assert "origin=[exp, neg]" in str(g)
+
+
+def test_dtype_parsing_and_aliases():
+    assert DType.parse("fp16") is DType.float16
+    assert DType.parse(np.dtype("int64")) is DType.int64
+    with pytest.raises(ShapeError, match="did you mean 'float32'"):
+        DType.parse("flaot32")
+
+
+def test_text_form_lists_one_line_per_node():
+    text = str(chain())
+    assert "a: %a: float32[2,3] = Exp(%x)" in text
+    assert text.count("\n") == 5

@@ -1,0 +1,117 @@
+"""ONNX import: ONNX's own conformance cases, the real CNN topologies it ships, errors."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from graphkernel.errors import FrontendError  # noqa: E402
+from graphkernel.frontends.onnx import ImportNote, import_onnx, import_onnx_file  # noqa: E402
+from graphkernel.frontends.onnx_conformance import run_conformance  # noqa: E402
+from graphkernel.interpreter import Interpreter, random_inputs  # noqa: E402
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def test_node_conformance_at_least_95_percent():
+    res = run_conformance()
+    failed = [f"{c.name}: {c.reason}" for c in res.cases if c.status == "failed"]
+    assert res.count("passed") >= 600, res.summary()
+    assert res.pass_rate >= 0.95, "\n".join(failed)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(LIGHT, "*.onnx"))),
+                         ids=lambda p: os.path.basename(p))
+def test_light_models_import_and_validate(path):
+    notes: list[ImportNote] = []
+    g = import_onnx_file(path, notes=notes)
+    g.validate()
+    assert len(g) > 20
+    assert {n.op_type for n in notes} <= {"Softmax", "LRN"}  # everything else is mapped
+    assert any(n.op == "Conv2D" for n in g.nodes)
+
+
+def randomized(name: str, seed: int = 0):
+    """The light model with seeded random weights (its own are all 0.02, which makes every
+    logit equal) and without its final Softmax, at opset 15 where BatchNormalization's
+    inference mode is explicit (onnx.reference's opset-9 BatchNormalization applies its
+    default momentum and so uses batch statistics)."""
+    m = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in m.graph.initializer}
+    keep = []
+    for n in m.graph.node:
+        if n.op_type == "ConstantOfShape" and n.input[0] in inits:
+            shape = numpy_helper.to_array(inits[n.input[0]])
+            fan = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            arr = (rng.standard_normal(shape) / np.sqrt(fan)).astype(np.float32)
+            if len(shape) == 1:
+                arr = np.abs(arr) + 0.5
+            m.graph.initializer.append(numpy_helper.from_array(arr, n.output[0]))
+        elif n.op_type == "Softmax":
+            m.graph.output[0].name = n.input[0]
+        else:
+            if n.op_type == "Dropout":
+                n.ClearField("attribute")
+            keep.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    m.opset_import[0].version = 15
+    return m
+
+
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet"])
+def test_cnn_matches_onnx_reference(name):
+    m = randomized(name)
+    g = import_onnx(m)
+    feeds = random_inputs(g, seed=1)
+    ours = Interpreter(g).run(feeds)[0]
+    ref = ReferenceEvaluator(m).run(None, feeds)[0]
+    assert ours.shape == ref.shape and ref.std() > 0.1
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_unmapped_node_becomes_opaque_and_runs():
+    node = helper.make_node("LRN", ["x"], ["y"], size=3, name="lrn1")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, [1, 4, 3, 3])],
+                              [helper.make_tensor_value_info("y", 1, [1, 4, 3, 3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    notes: list[ImportNote] = []
+    g = import_onnx(m, notes=notes)
+    assert [n.op for n in g.nodes] == ["Opaque"] and notes[0].reason.startswith("no mapping")
+    x = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(g).run({"x": x})[0],
+                               ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6)
+
+
+def test_symbolic_batch_dim_is_kept():
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", 1, ["batch size", 8])],
+                              [helper.make_tensor_value_info("y", 1, ["batch size", 8])])
+    g = import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert g.inputs[0].type.shape == ("batch_size", 8)
+    out = Interpreter(g).run({"x": -np.ones((3, 8), np.float32)})[0]
+    assert out.shape == (3, 8) and not out.any()
+
+
+def test_unsupported_input_dtype_is_a_clear_error():
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])])
+    with pytest.raises(FrontendError, match="input 'x': element type STRING is not supported"):
+        import_onnx(helper.make_model(graph))
+
+
+def test_unreadable_file(tmp_path):
+    p = tmp_path / "bad.onnx"
+    p.write_bytes(b"not a model")
+    with pytest.raises(FrontendError, match="bad.onnx: not a readable ONNX model"):
+        import_onnx_file(p)
