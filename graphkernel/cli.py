@@ -129,6 +129,104 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ flags
+def _config(args: argparse.Namespace):
+    from graphkernel.api import load_config
+
+    cfg = load_config(getattr(args, "flags", "") or "", getattr(args, "config", None))
+    for note in cfg.warnings:
+        print(f"graphkernel: warning: {note}", file=sys.stderr)
+    return cfg
+
+
+def cmd_flags(args: argparse.Namespace) -> int:
+    import warnings
+
+    from graphkernel.flags import SPECS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = _config(args)
+    data = cfg.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    width = max(len(k) for k in data)
+    for key, entry in data.items():
+        value = entry["value"]
+        if value is None:
+            spec = SPECS.get(key)
+            value = f"(opt_level default: {spec.doc.split('default: ')[-1].rstrip(')')})" \
+                if spec and "default:" in spec.doc else "(unset)"
+        elif isinstance(value, list):
+            value = ",".join(value) if value else "[]"
+        print(f"{key:<{width}}  {str(value):<24}  {entry['origin']}")
+    return 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    import warnings
+
+    from graphkernel.pipeline import plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = _config(args)
+    rows = [{"index": d.slot.index, "stage": d.slot.stage, "name": d.slot.label,
+             "level": "required" if d.slot.info.required else d.slot.info.level,
+             "on": d.on, "reason": d.reason, "doc": d.slot.info.summary} for d in plan(cfg)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"opt_level {cfg.opt_level}")
+    print(f"{'idx':<5} {'stage':<11} {'pass':<16} {'level':<9} {'on':<4} why")
+    for r in rows:
+        print(f"{r['index']:<5} {r['stage']:<11} {r['name']:<16} {str(r['level']):<9} "
+              f"{'on' if r['on'] else 'off':<4} {r['reason']}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from graphkernel.api import compile as gk_compile
+    from graphkernel.api import load_config
+    from graphkernel.dump import Dumper
+
+    g = _load(args.model)
+    flags = args.flags or ""
+    cfg = load_config(flags, args.config)
+    for note in cfg.warnings:
+        print(f"graphkernel: warning: {note}", file=sys.stderr)
+    if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
+        flags = f"{flags} --debug_dir={args.out}"
+    res = gk_compile(g, flags, args.config, log=lambda m: print(m, file=sys.stderr))
+    rep = res.report
+    written = []
+    if args.out:
+        from graphkernel.frontends.json_format import save_graph
+
+        written.append(Dumper(args.out).write_json("report.json", rep.to_dict()))
+        written += save_graph(res.graph, f"{args.out}/{g.name}.compiled.json")
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        return 0
+    print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
+          f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
+          f"{rep.bisect_applications} rewrites)")
+    for p in rep.passes:
+        if p.ran:
+            change = f"{p.rewrites} rewrites" if p.changed else "no change"
+            print(f"  {p.index:<5} {p.stage:<11} {p.label:<16} {p.seconds * 1e3:8.2f} ms  {change}")
+            for note in p.notes:
+                print(f"        {note}")
+        else:
+            print(f"  {p.index:<5} {p.stage:<11} {p.label:<16}      off    {p.reason}")
+    if res.config.dump_as_text:
+        print(f"dumps in {res.config.debug_dir}")
+    for w in written:
+        print(f"wrote {w}")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -155,6 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", metavar="OUT.npz", help="write the outputs to this file")
     s.set_defaults(fn=cmd_run)
 
+    def flag_args(sp: argparse.ArgumentParser, config: bool = True) -> None:
+        sp.add_argument("--flags", metavar="S", default="",
+                        help='flag string, e.g. "--opt_level=2 --disable_pass=cse" (overrides '
+                             "AUTOFUSE_FLAGS)")
+        if config:
+            sp.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file")
+
+    s = sub.add_parser("flags", help="the effective flags and where each value came from",
+                       description="Print every flag's effective value and its origin "
+                                   "(default, file, env, explicit).")
+    flag_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(fn=cmd_flags)
+
+    s = sub.add_parser("passes", help="the pass pipeline and why each pass is on or off",
+                       description="Print the pipeline: stage, index, pass, level, on/off, why.")
+    flag_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(fn=cmd_passes)
+
+    s = sub.add_parser("compile", help="run the pass pipeline on a model",
+                       description="Run the pipeline; print a summary; write report.json, the "
+                                   "compiled graph and (with --dump_as_text) per-pass dumps.")
+    s.add_argument("model", metavar="MODEL")
+    flag_args(s)
+    s.add_argument("-o", "--out", metavar="DIR", help="write report.json, the compiled graph "
+                                                      "and dumps here")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(fn=cmd_compile)
+
     s = sub.add_parser("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -162,9 +290,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _bind_flag_values(argv: list[str]) -> list[str]:
+    """``--flags "--opt_level=1"``: a value that itself starts with ``--`` would be taken
+    for an option by argparse, so bind it to ``--flags`` explicitly."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--flags" and i + 1 < len(argv):
+            out.append(f"--flags={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_bind_flag_values(list(sys.argv[1:] if argv is None else argv)))
     try:
         return int(args.fn(args) or 0)
     except GraphKernelError as e:

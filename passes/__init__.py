@@ -1,1 +1,13 @@
-"""graphkernel.passes (filled in as the pipeline grows)."""
+"""The passes of the pipeline; importing this package registers every one of them."""
+
+from graphkernel.passes import (  # noqa: F401
+    arith_simplify,
+    axis_normalize,
+    cast_elim,
+    constant_fold,
+    cse,
+    dce,
+    reshape_elim,
+    transpose_elim,
+    validate,
+)

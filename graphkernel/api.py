@@ -1,0 +1,61 @@
+"""The Python API: ``graphkernel.compile``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphkernel.dump import Dumper
+from graphkernel.flags import Config, resolve
+from graphkernel.ir import Graph
+from graphkernel.pipeline import PassManager, RunReport, name_checker
+
+
+@dataclass
+class CompileResult:
+    """The graph after the pipeline, the run report, and the effective flags."""
+
+    graph: Graph
+    report: RunReport
+    config: Config
+
+    def write_report(self, directory: str | os.PathLike) -> Path:
+        return Dumper(directory).write_json("report.json", self.report.to_dict())
+
+
+def load_config(flags: str | Mapping[str, Any] | None = "", config: str | os.PathLike | None = None,
+                target: str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """The effective configuration (defaults < config file < environment < explicit flags)."""
+    explicit: Any = flags
+    if target is not None:
+        explicit = (dict(flags) | {"target": target}) if isinstance(flags, Mapping) else \
+            f"{flags or ''} --target={target}"
+    return resolve(explicit, config=config, env=env, name_check=name_checker())
+
+
+def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, Any] | None = "",
+            config: str | os.PathLike | None = None, target: str | None = None, *,
+            env: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
+            out_dir: str | os.PathLike | None = None) -> CompileResult:
+    """Run the pass pipeline on a graph (or a model file) under the effective flags.
+
+    The input graph is not modified. ``out_dir`` also receives ``report.json``.
+    """
+    if isinstance(graph_or_path, Graph):
+        graph = graph_or_path.copy()
+    else:
+        from graphkernel.frontends import load_model
+
+        graph = load_model(graph_or_path)
+    cfg = load_config(flags, config, target, env)
+    pm = PassManager(cfg, log=log)
+    report = pm.run(graph)
+    result = CompileResult(graph, report, cfg)
+    if out_dir is not None:
+        result.write_report(out_dir)
+    if pm.dumper is not None:
+        pm.dumper.write_json("report.json", report.to_dict())
+    return result

@@ -1,0 +1,494 @@
+"""Flags: grammar, config files, environment, precedence, and the effective configuration.
+
+Sources, lowest to highest precedence:
+
+1. built-in defaults (several depend on ``opt_level``);
+2. config files: ``--path=FILE`` inside any flag string, ``--config FILE`` on the CLI,
+   ``config=`` in the API (JSON or YAML; keys are flag names without ``--``);
+3. the environment: ``AUTOFUSE_DFX_FLAGS``, then ``AUTOFUSE_FLAGS``
+   (``MS_DEV_GRAPH_KERNEL_FLAGS`` when ``AUTOFUSE_FLAGS`` is unset);
+4. explicit flags: ``--flags "..."`` on the CLI, ``flags=`` in the API.
+
+Within the resolution, list keys accumulate and a repeated scalar key keeps the
+last value (with a warning when a single source repeats it). The effective
+configuration records where every value came from, like ``git config --show-origin``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from graphkernel.errors import ConfigError, FlagError, did_you_mean
+
+ENV_VARS = ("AUTOFUSE_DFX_FLAGS", "AUTOFUSE_FLAGS")
+MS_ENV_VAR = "MS_DEV_GRAPH_KERNEL_FLAGS"
+TARGETS = ("ascend910b", "ascend910b3", "ascend910_93", "ascend950")
+_KEY = re.compile(r"^[a-z0-9_]+$")
+
+
+class FlagValues(BaseModel):
+    """Every flag with its type and range. ``None`` means "the opt_level default"."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    opt_level: int = Field(2, ge=0, le=3)
+    enable_pass: list[str] = []
+    disable_pass: list[str] = []
+    enable_expand_ops: list[str] = []
+    disable_expand_ops: list[str] = []
+    enable_expand_ops_only: list[str] = []
+    enable_cluster_ops: list[str] = []
+    disable_cluster_ops: list[str] = []
+    enable_cluster_ops_only: list[str] = []
+    disable_fusion_pattern: list[str] = []
+    enable_fusion_pattern_only: list[str] = []
+    enable_fusion_pattern: list[str] = []  # AutoFuse's autofuse_enable_pass lands here
+    composite_op_limit_size: int = Field(200, ge=0)
+    reduce_fuse_depth: int = Field(10, ge=1)
+    broadcast_fuse_depth: int = Field(6, ge=1)
+    enable_recompute_fusion: bool | None = None
+    enable_parallel_fusion: bool | None = None
+    enable_stitch_fusion: bool | None = None
+    enable_horizontal_fusion: bool | None = None
+    enable_single_node_fusion: bool = False
+    enable_super_kernel: bool | None = None
+    super_kernel_scope: list[str] = []
+    enable_low_precision: bool = False
+    target: str = "ascend910b"
+    disable_fallback: bool = False
+    dump_as_text: bool = False
+    debug_dir: str = "./graph_kernel_dump"
+    bisect_limit: int = Field(-1, ge=-1)
+    print_bisect: bool = False
+    keep_codegen_project: bool = False
+    skip_node_names: list[str] = []
+    skip_node_types: list[str] = []
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """How a key's string value is read, and what it means."""
+
+    kind: str  # int | bool | list | str | choice
+    doc: str
+    names: str = ""  # what a list names: pass | pattern | op | expand_op
+    choices: tuple[str, ...] = ()
+
+
+SPECS: dict[str, FlagSpec] = {
+    "opt_level": FlagSpec("int", "0: fusion off; 1: expanders + basic fusion; 2: + simplification, "
+                                 "recompute, mixed precision; 3: + experimental fusions"),
+    "enable_pass": FlagSpec("list", "force on passes their level would skip (selectors)", "pass"),
+    "disable_pass": FlagSpec("list", "turn off passes (selectors: name, stage.name, S.P, name:N)",
+                             "pass"),
+    "enable_expand_ops": FlagSpec("list", "also expand these composite ops", "expand_op"),
+    "disable_expand_ops": FlagSpec("list", "do not expand these composite ops", "expand_op"),
+    "enable_expand_ops_only": FlagSpec("list", "expand exactly these ops (replaces the default "
+                                               "list; the other two are ignored)", "expand_op"),
+    "enable_cluster_ops": FlagSpec("list", "also allow these ops in fused kernels", "op"),
+    "disable_cluster_ops": FlagSpec("list", "keep these ops out of fused kernels", "op"),
+    "enable_cluster_ops_only": FlagSpec("list", "allow exactly these ops in fused kernels", "op"),
+    "disable_fusion_pattern": FlagSpec("list", "turn off fusion patterns (exact names, prefix*)",
+                                       "pattern"),
+    "enable_fusion_pattern_only": FlagSpec("list", "run only these fusion patterns", "pattern"),
+    "composite_op_limit_size": FlagSpec("int", "most ops in one fused kernel (0: no fusion)"),
+    "reduce_fuse_depth": FlagSpec("int", "size limit of reduce_fwd patterns"),
+    "broadcast_fuse_depth": FlagSpec("int", "size limit of elemwise_broadcast_bwd patterns"),
+    "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers "
+                                                "(default: opt_level >= 2)"),
+    "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels (default: "
+                                               "opt_level >= 3)"),
+    "enable_stitch_fusion": FlagSpec("bool", "join reduce + consumer across parallel axes "
+                                             "(default: opt_level >= 3)"),
+    "enable_horizontal_fusion": FlagSpec("bool", "horizontal fusion of kernels sharing inputs "
+                                                 "(default: opt_level >= 3)"),
+    "enable_single_node_fusion": FlagSpec("bool", "a lone vector op still becomes a kernel"),
+    "enable_super_kernel": FlagSpec("bool", "merge kernels of a scope into one launch "
+                                            "(default: opt_level >= 3)"),
+    "super_kernel_scope": FlagSpec("list", "node-name prefixes or globs of SuperKernel scopes"),
+    "enable_low_precision": FlagSpec("bool", "compute fp16/bf16 inside kernels"),
+    "target": FlagSpec("choice", "the Ascend target spec", choices=TARGETS),
+    "disable_fallback": FlagSpec("bool", "a cluster codegen cannot handle is an error"),
+    "dump_as_text": FlagSpec("bool", "dump IR after every pass, cluster report and kernels"),
+    "debug_dir": FlagSpec("str", "where dumps go"),
+    "bisect_limit": FlagSpec("int", "run only the first N rewrite applications (-1: all)"),
+    "print_bisect": FlagSpec("bool", "print BISECT: running|NOT running (N) lines"),
+    "path": FlagSpec("str", "a config file (JSON or YAML) read with file precedence"),
+    # AutoFuse compatibility, mapped onto the keys above
+    "enable_autofuse": FlagSpec("bool", "AutoFuse: false -> opt_level 0"),
+    "autofuse_enable_pass": FlagSpec("list", "AutoFuse: enable reduce/concat/slice/gather/"
+                                             "transpose fusions"),
+    "autofuse_disable_pass": FlagSpec("list", "AutoFuse: disable reduce/concat/slice/gather/"
+                                              "transpose fusions"),
+    "max_fusion_size": FlagSpec("int", "AutoFuse: -> composite_op_limit_size (0: no fusion)"),
+    "codegen_compile_debug": FlagSpec("bool", "AutoFuse: keep generated projects and dumps"),
+    "skip_node_names_cfg": FlagSpec("str", "AutoFuse: .ini with [ByNodeName]/[ByNodeType] "
+                                           "sections of nodes never fused"),
+}
+
+# AutoFuse's pass names and the fusion patterns they switch.
+AUTOFUSE_PATTERNS: dict[str, tuple[str, ...]] = {
+    "reduce": ("reduce_fwd_depth", "reduce_fwd_width"),
+    "concat": ("concat",),
+    "slice": ("slice",),
+    "gather": ("gather",),
+    "transpose": ("transpose",),
+}
+
+# Keys MindSpore's graph-kernel flags or AutoFuse accept that graphkernel does not model:
+# accepted for compatibility, with a warning that they have no effect.
+COMPAT_NO_EFFECT = frozenset({
+    "online_tuning", "kernel_generator", "enable_cce_lib", "enable_cce_lib_ops",
+    "enable_cce_lib_ops_only", "disable_cce_lib_ops", "enable_debug_mode",
+    "enable_lite_conv_tuning", "enable_vectorization", "enable_dynamic_batch",
+    "enable_csr_fusion", "enable_auto_tensor_inplace", "parallel_ops_level",
+    "recompute_increment_threshold", "recompute_peak_threshold", "enable_parallel_op_combine",
+    "dump_level",
+})
+
+_TRUE = {"true", "on", "1"}
+_FALSE = {"false", "off", "0"}
+
+
+# ------------------------------------------------------------------ grammar
+@dataclass(frozen=True)
+class FlagItem:
+    key: str
+    value: str | None  # None for a bare ``--key``
+    origin: str
+
+
+def parse_flag_string(text: str, origin: str) -> list[FlagItem]:
+    """Split ``"--a=1 --b;--c=x,y"`` into items. Separators: whitespace and ``;``."""
+    items = []
+    for token in re.split(r"[\s;]+", text.strip()):
+        if not token:
+            continue
+        if not token.startswith("--"):
+            raise FlagError(f"{origin}: malformed flag {token!r}: expected --key=value or --key")
+        body = token[2:]
+        key, eq, value = body.partition("=")
+        if not _KEY.match(key):
+            raise FlagError(f"{origin}: malformed flag key {key!r} in {token!r}: keys are "
+                            "lowercase letters, digits and '_'")
+        items.append(FlagItem(key, value if eq else None, origin))
+    return items
+
+
+def parse_bool(key: str, raw: str | None, origin: str) -> bool:
+    if raw is None:
+        return True
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise FlagError(f"{origin}: --{key}={raw}: not a boolean (accepted: true/false, on/off, "
+                    "1/0, any case)")
+
+
+def parse_int(key: str, raw: str | None, origin: str) -> int:
+    if raw is None or not re.fullmatch(r"\s*[+-]?\d+\s*", raw):
+        raise FlagError(f"{origin}: --{key}={raw if raw is not None else ''}: not an integer")
+    return int(raw)
+
+
+def parse_list(key: str, raw: Any, origin: str) -> list[str]:
+    if isinstance(raw, list):
+        parts = [str(p).strip() for p in raw]
+    elif raw is None:
+        raise FlagError(f"{origin}: --{key} needs a value: a comma-separated list")
+    else:
+        parts = [p.strip() for p in str(raw).split(",")]
+    if any(not p for p in parts):
+        raise FlagError(f"{origin}: --{key}={raw}: empty item in list (write a,b,c without "
+                        "empty entries)")
+    return parts
+
+
+# ------------------------------------------------------------------ sources
+def read_config_file(path: str | os.PathLike, origin: str) -> list[FlagItem]:
+    """A JSON or YAML mapping of flag names (without --) to values."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{origin}: config file {str(p)!r} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{origin}: config file {str(p)!r} cannot be read: {e}") from None
+    try:
+        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                          f"{str(e).splitlines()[0]}") from None
+    if doc is None:
+        return []
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p}: expected a mapping of flag names to values, got "
+                          f"{type(doc).__name__}")
+    items = []
+    src = f"file {p}"
+    for key, value in doc.items():
+        key = str(key).lstrip("-")
+        if isinstance(value, bool):
+            raw: Any = "true" if value else "false"
+        elif isinstance(value, int | float | str):
+            raw = str(value)
+        elif isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+            raw = [str(v) for v in value]
+        else:
+            raise ConfigError(f"{p}: key {key!r}: value {value!r} must be a string, number, "
+                              "boolean or list")
+        items.append(FlagItem(key, raw, src))
+    return items
+
+
+def read_skip_file(path: str, origin: str) -> tuple[list[str], list[str]]:
+    """AutoFuse's skip list: an .ini with [ByNodeName] and [ByNodeType] sections."""
+    cp = configparser.ConfigParser(allow_no_value=True, delimiters=("=",))
+    cp.optionxform = str  # node names are case-sensitive
+    try:
+        with open(path) as f:
+            cp.read_file(f)
+    except FileNotFoundError:
+        raise FlagError(f"{origin}: --skip_node_names_cfg={path}: no such file") from None
+    except configparser.Error as e:
+        raise FlagError(f"{origin}: {path}: malformed skip list ({e.message.splitlines()[0]}); "
+                        "expected [ByNodeName] and [ByNodeType] sections, one name per line"
+                        ) from None
+    unknown = [s for s in cp.sections() if s not in ("ByNodeName", "ByNodeType")]
+    if unknown:
+        raise FlagError(f"{origin}: {path}: unknown section [{unknown[0]}] (accepted: "
+                        "[ByNodeName], [ByNodeType])")
+    names = list(cp["ByNodeName"]) if cp.has_section("ByNodeName") else []
+    types = list(cp["ByNodeType"]) if cp.has_section("ByNodeType") else []
+    return names, types
+
+
+# ------------------------------------------------------------ effective config
+@dataclass
+class Config:
+    """The effective flags: values plus where each came from."""
+
+    values: FlagValues
+    origins: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_") or key in ("values", "origins", "warnings"):
+            raise AttributeError(key)
+        return getattr(self.values, key)
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, "default")
+
+    def feature(self, key: str, level: int) -> bool:
+        """A feature flag's value, or its opt_level default (on at ``level`` and above)."""
+        v = getattr(self.values, key)
+        return self.values.opt_level >= level if v is None else bool(v)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: {"value": v, "origin": self.origin(k)}
+                for k, v in self.values.model_dump().items()}
+
+
+NameCheck = Callable[[str, str, str], str | None]
+
+
+def _check_names(key: str, names: list[str], origin: str, checker: NameCheck | None) -> list[str]:
+    if checker is None:
+        return names
+    out = []
+    for n in names:
+        canonical = checker(SPECS[key].names, n, f"{origin}: --{key}")
+        out.append(canonical if canonical is not None else n)
+    return out
+
+
+def resolve(flags: str | Mapping[str, Any] | None = None,
+            config: str | os.PathLike | None = None,
+            env: Mapping[str, str] | None = None,
+            name_check: NameCheck | None = None) -> Config:
+    """Build the effective configuration from every source, in precedence order.
+
+    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
+    ``name_check(kind, name, where)`` validates pass/pattern/op names in list flags and
+    returns the canonical spelling (the pipeline supplies it).
+    """
+    env = os.environ if env is None else env
+    files: list[FlagItem] = []
+    if config is not None:
+        files += read_config_file(config, "--config")
+    env_items: list[FlagItem] = []
+    for var in ENV_VARS:
+        if env.get(var):
+            env_items += parse_flag_string(env[var], f"env {var}")
+    if not env.get("AUTOFUSE_FLAGS") and env.get(MS_ENV_VAR):
+        env_items += parse_flag_string(env[MS_ENV_VAR], f"env {MS_ENV_VAR}")
+    if isinstance(flags, Mapping):
+        explicit = [FlagItem(str(k).lstrip("-"), _mapping_value(v), "explicit")
+                    for k, v in flags.items()]
+    else:
+        explicit = parse_flag_string(flags or "", "explicit")
+    # --path=FILE items (anywhere) load with file precedence
+    for src in (env_items, explicit):
+        for it in src:
+            if it.key == "path":
+                if not it.value:
+                    raise FlagError(f"{it.origin}: --path needs a file name")
+                files += read_config_file(it.value, f"{it.origin} --path")
+    levels = [("file", files), ("env", env_items), ("explicit", explicit)]
+    return _apply(levels, name_check)
+
+
+def _mapping_value(v: Any) -> Any:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list | tuple):
+        return [str(x) for x in v]
+    return None if v is None else str(v)
+
+
+def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | None) -> Config:
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    notes: list[str] = []
+    seen_in_source: dict[tuple[str, str], str] = {}
+    for _level, items in levels:
+        for it in items:
+            if it.key == "path":
+                continue
+            if it.key in COMPAT_NO_EFFECT:
+                msg = (f"{it.origin}: --{it.key} is accepted for compatibility with MindSpore/"
+                       "AutoFuse and has no effect in graphkernel")
+                notes.append(msg)
+                warnings.warn(msg, stacklevel=3)
+                continue
+            if it.key not in SPECS:
+                raise FlagError(f"{it.origin}: unknown flag --{it.key}"
+                                + did_you_mean(it.key, SPECS)
+                                + "; run `graphkernel flags` to list every flag")
+            spec = SPECS[it.key]
+            key, val = _convert(it, spec, name_check)
+            if not key:
+                continue
+            if spec.kind == "list" and key in values and isinstance(values[key], list):
+                values[key] = values[key] + [v for v in val if v not in values[key]]
+                origins[key] = _join_origin(origins[key], it.origin)
+            else:
+                prev = seen_in_source.get((key, it.origin))
+                if prev is not None and spec.kind != "list":
+                    msg = (f"{it.origin}: --{it.key} is given more than once; the last value "
+                           f"({it.value}) wins over {prev}")
+                    notes.append(msg)
+                    warnings.warn(msg, stacklevel=3)
+                values[key] = val
+                origins[key] = it.origin
+            seen_in_source[(key, it.origin)] = str(it.value)
+    _check_conflicts(values, origins)
+    try:
+        fv = FlagValues(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0])
+        rng = _range_text(key)
+        raise FlagError(f"{origins.get(key, 'default')}: --{key}={values.get(key)}: "
+                        f"{err['msg'].lower()}{rng}") from None
+    if fv.target not in TARGETS:
+        raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, TARGETS)
+                        + f" (accepted: {', '.join(TARGETS)})")
+    return Config(fv, origins, notes)
+
+
+def _join_origin(a: str, b: str) -> str:
+    parts = a.split(" + ")
+    return a if b in parts else f"{a} + {b}"
+
+
+def _range_text(key: str) -> str:
+    f = FlagValues.model_fields.get(key)
+    if f is None:
+        return ""
+    lo = hi = None
+    for m in f.metadata:
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    if lo is not None and hi is not None:
+        return f" (accepted: {lo}..{hi})"
+    if lo is not None:
+        return f" (accepted: >= {lo})"
+    return ""
+
+
+def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None) -> tuple[str, Any]:
+    key, raw, origin = it.key, it.value, it.origin
+    if spec.kind == "bool":
+        val: Any = parse_bool(key, raw if not isinstance(raw, list) else ",".join(raw), origin)
+    elif spec.kind == "int":
+        val = parse_int(key, raw if not isinstance(raw, list) else ",".join(raw), origin)
+    elif spec.kind == "list":
+        val = _check_names(key, parse_list(key, raw, origin), origin, name_check)
+    else:
+        if raw is None or raw == "" or isinstance(raw, list):
+            raise FlagError(f"{origin}: --{key} needs a value")
+        val = raw
+        if spec.kind == "choice" and val not in spec.choices:
+            raise FlagError(f"{origin}: --{key}={val}: unknown value"
+                            + did_you_mean(val, spec.choices)
+                            + f" (accepted: {', '.join(spec.choices)})")
+    # AutoFuse keys map onto graphkernel's own
+    if key == "enable_autofuse":  # true keeps the opt_level; false turns fusion off
+        return ("opt_level", 0) if not val else ("", None)
+    if key == "max_fusion_size":
+        if val < 0:
+            raise FlagError(f"{origin}: --max_fusion_size={val}: must be >= 0")
+        return "composite_op_limit_size", val
+    if key == "codegen_compile_debug":
+        return "keep_codegen_project", val
+    if key in ("autofuse_enable_pass", "autofuse_disable_pass"):
+        pats: list[str] = []
+        for v in val:
+            if v not in AUTOFUSE_PATTERNS:
+                raise FlagError(f"{origin}: --{key}={v}: unknown AutoFuse pass"
+                                + did_you_mean(v, AUTOFUSE_PATTERNS)
+                                + f" (accepted: {', '.join(AUTOFUSE_PATTERNS)})")
+            pats += AUTOFUSE_PATTERNS[v]
+        pats = _check_names("disable_fusion_pattern", pats, origin, name_check)
+        return ("enable_fusion_pattern" if key == "autofuse_enable_pass"
+                else "disable_fusion_pattern"), pats
+    if key == "skip_node_names_cfg":
+        names, types = read_skip_file(val, origin)
+        return "skip_node_names", (names, types)
+    return key, val
+
+
+def _check_conflicts(values: dict[str, Any], origins: dict[str, str]) -> None:
+    if "skip_node_names" in values and isinstance(values["skip_node_names"], tuple):
+        names, types = values.pop("skip_node_names")
+        values["skip_node_names"], values["skip_node_types"] = names, types
+        origins["skip_node_types"] = origins["skip_node_names"]
+    pairs = [("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
+             ("enable_cluster_ops", "disable_cluster_ops"),
+             ("enable_fusion_pattern", "disable_fusion_pattern")]
+    for en, dis in pairs:
+        both = sorted(set(values.get(en, [])) & set(values.get(dis, [])))
+        if both:
+            raise FlagError(f"{both[0]!r} is in both --{en} ({origins[en]}) and --{dis} "
+                            f"({origins[dis]}); remove it from one of them")
+
+
+def format_flag_help() -> list[tuple[str, str, str]]:
+    """(key, kind, doc) for every documented key."""
+    return [(k, s.kind, s.doc) for k, s in SPECS.items()]
+

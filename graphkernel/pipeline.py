@@ -1,0 +1,344 @@
+"""The pass manager: the pipeline as data, the enable rule, the bisect counter, reports, dumps.
+
+The pipeline is every registered pass run, ordered by stage and by each pass's
+order within its stage. A pass that runs several times (``extra_runs``) has one
+slot per run. Selectors in ``enable_pass``/``disable_pass``:
+
+- ``name``            every run of the pass
+- ``stage.name``      its runs in that stage
+- ``S.P``             stage index S, pass index P within the stage (0-based, as printed
+                      by ``graphkernel passes``)
+- ``name:N``          only the N-th run of the pass (1-based)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from graphkernel import ops, registry
+from graphkernel.dump import Dumper
+from graphkernel.errors import FlagError, GraphKernelError, did_you_mean
+from graphkernel.flags import Config
+from graphkernel.ir import Graph
+from graphkernel.registry import STAGES, PassInfo, PassResult
+
+
+class PassFailure(GraphKernelError):
+    """A pass raised an unexpected error: a bug in graphkernel, reported with context."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class PassSlot:
+    info: PassInfo
+    stage: str
+    stage_index: int
+    pass_index: int
+    run: int  # 1-based occurrence of this pass in the pipeline
+    runs: int  # how many times this pass runs in total
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def index(self) -> str:
+        return f"{self.stage_index}.{self.pass_index}"
+
+    @property
+    def label(self) -> str:
+        return self.name if self.runs == 1 else f"{self.name}:{self.run}"
+
+
+def build_pipeline() -> list[PassSlot]:
+    entries = []
+    for info in registry.PASSES.values():
+        for stage, order in ((info.stage, info.order), *info.extra_runs):
+            entries.append((STAGES.index(stage), order, info.name, stage, info))
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e[2]] = counts.get(e[2], 0) + 1
+    slots, seen, per_stage = [], {}, {}
+    for si, _, name, stage, info in entries:
+        seen[name] = seen.get(name, 0) + 1
+        pi = per_stage.get(stage, 0)
+        per_stage[stage] = pi + 1
+        slots.append(PassSlot(info, stage, si, pi, seen[name], counts[name]))
+    return slots
+
+
+# ------------------------------------------------------------------ selectors
+_NUMERIC = re.compile(r"^(\d+)\.(\d+)$")
+_NTH = re.compile(r"^([a-z0-9_]+):(\d+)$")
+
+
+def match_selector(sel: str, slots: list[PassSlot]) -> list[PassSlot]:
+    if m := _NUMERIC.match(sel):
+        si, pi = int(m.group(1)), int(m.group(2))
+        return [s for s in slots if s.stage_index == si and s.pass_index == pi]
+    if m := _NTH.match(sel):
+        return [s for s in slots if s.name == m.group(1) and s.run == int(m.group(2))]
+    if "." in sel:
+        stage, _, name = sel.partition(".")
+        return [s for s in slots if s.stage == stage and s.name == name]
+    return [s for s in slots if s.name == sel]
+
+
+def check_selector(sel: str, slots: list[PassSlot], where: str) -> None:
+    if match_selector(sel, slots):
+        return
+    choices = sorted({s.name for s in slots} | {f"{s.stage}.{s.name}" for s in slots}
+                     | {s.index for s in slots} | {f"{s.name}:{s.run}" for s in slots
+                                                   if s.runs > 1})
+    raise FlagError(f"{where}: pass selector {sel!r} matches no pass" + did_you_mean(sel, choices)
+                    + "; run `graphkernel passes` to list them all (selectors: name, "
+                      "stage.name, S.P, name:N)")
+
+
+def name_checker(slots: list[PassSlot] | None = None) -> Callable[[str, str, str], str | None]:
+    """Validate names in list flags against the registries; return canonical spellings."""
+    slots = slots if slots is not None else build_pipeline()
+
+    def check(kind: str, name: str, where: str) -> str | None:
+        if kind == "pass":
+            check_selector(name, slots, where)
+            return name
+        if kind == "pattern":
+            pats = registry.PATTERNS
+            if name.endswith("*") and any(p.startswith(name[:-1]) for p in pats):
+                return name
+            if name in pats:
+                return name
+            if not pats:
+                raise FlagError(f"{where}: fusion pattern {name!r}: no fusion patterns are "
+                                "registered in this build")
+            raise FlagError(f"{where}: unknown fusion pattern {name!r}"
+                            + did_you_mean(name.rstrip("*"), pats)
+                            + " (exact names, or prefix* for a prefix); run `graphkernel "
+                              "patterns` to list them all")
+        if kind in ("op", "expand_op"):
+            if not ops.exists(name):
+                raise FlagError(f"{where}: unknown op {name!r}"
+                                + did_you_mean(name, [o.name for o in ops.all_ops()])
+                                + "; run `graphkernel ops` to list them all")
+            canon = ops.canonical(name)
+            if kind == "expand_op" and not ops.get(canon).composite:
+                composites = [o.name for o in ops.all_ops() if o.composite]
+                raise FlagError(f"{where}: {canon!r} is a basic op; only composite ops are "
+                                f"expanded (composite ops: {', '.join(composites) or 'none'})")
+            return canon
+        return name
+
+    return check
+
+
+# ---------------------------------------------------------------- enable rule
+@dataclass(frozen=True)
+class Decision:
+    slot: PassSlot
+    on: bool
+    reason: str
+
+
+def decide(slot: PassSlot, cfg: Config, forced: dict[int, str], disabled: dict[int, str]
+           ) -> Decision:
+    """The enable rule: required -> on; disabled -> off; forced -> on; feature flag; level."""
+    key = id(slot)
+    if slot.info.required:
+        return Decision(slot, True, "required")
+    if key in disabled:
+        return Decision(slot, False, f"disabled by --disable_pass={disabled[key]}")
+    if key in forced:
+        return Decision(slot, True, f"forced by --enable_pass={forced[key]}")
+    if slot.info.feature is not None:
+        flag, _ = slot.info.feature
+        value = getattr(cfg.values, flag)
+        if value is not None:
+            return Decision(slot, bool(value), f"--{flag}={'true' if value else 'false'}")
+    lvl, opt = slot.info.level, cfg.opt_level
+    if opt >= lvl:
+        return Decision(slot, True, f"level {lvl} <= opt_level {opt}")
+    return Decision(slot, False, f"level {lvl} > opt_level {opt}")
+
+
+def plan(cfg: Config, slots: list[PassSlot] | None = None) -> list[Decision]:
+    """Decide every slot; disabling a required pass is a FlagError."""
+    slots = slots if slots is not None else build_pipeline()
+    forced: dict[int, str] = {}
+    disabled: dict[int, str] = {}
+    for sel in cfg.enable_pass:
+        check_selector(sel, slots, f"{cfg.origin('enable_pass')}: --enable_pass")
+        for s in match_selector(sel, slots):
+            forced[id(s)] = sel
+    for sel in cfg.disable_pass:
+        check_selector(sel, slots, f"{cfg.origin('disable_pass')}: --disable_pass")
+        for s in match_selector(sel, slots):
+            if s.info.required:
+                raise FlagError(f"{cfg.origin('disable_pass')}: --disable_pass={sel}: pass "
+                                f"{s.name!r} is required (the pipeline needs it for correct "
+                                "results) and cannot be disabled")
+            disabled[id(s)] = sel
+    return [decide(s, cfg, forced, disabled) for s in slots]
+
+
+# ------------------------------------------------------------- bisect counter
+class BisectCounter:
+    """Numbers every rewrite application across a pipeline run (LLVM's opt-bisect)."""
+
+    def __init__(self, limit: int = -1, printer: Callable[[str], None] | None = None) -> None:
+        self.limit = limit
+        self.count = 0
+        self.refused = 0
+        self.printer = printer
+        self.log: list[tuple[int, str, str, bool]] = []
+
+    def should_apply(self, pass_name: str, description: str) -> bool:
+        self.count += 1
+        ok = self.limit < 0 or self.count <= self.limit
+        if not ok:
+            self.refused += 1
+        self.log.append((self.count, pass_name, description, ok))
+        if self.printer is not None:
+            verb = "running" if ok else "NOT running"
+            self.printer(f"BISECT: {verb} ({self.count}) {pass_name} on {description}")
+        return ok
+
+
+class PassContext:
+    """What a pass may use: the flags, the target, a logger, and the bisect counter."""
+
+    def __init__(self, cfg: Config, bisect: BisectCounter, log: Callable[[str], None],
+                 target: Any = None) -> None:
+        self.flags = cfg
+        self.target = target
+        self.bisect = bisect
+        self._log = log
+        self.current_pass = ""
+        self.rewrites = 0
+        self.notes: list[str] = []
+
+    def should_apply(self, description: str) -> bool:
+        """Ask before each single rewrite; counts it and may refuse it (bisect_limit)."""
+        ok = self.bisect.should_apply(self.current_pass, description)
+        if ok:
+            self.rewrites += 1
+        return ok
+
+    def log(self, message: str) -> None:
+        self.notes.append(message)
+        self._log(f"{self.current_pass}: {message}")
+
+
+# --------------------------------------------------------------------- report
+@dataclass
+class PassRecord:
+    index: str
+    stage: str
+    name: str
+    label: str
+    run: int
+    ran: bool
+    reason: str
+    seconds: float = 0.0
+    changed: bool = False
+    rewrites: int = 0
+    nodes_after: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    passes: list[PassRecord] = field(default_factory=list)
+    flags: dict[str, Any] = field(default_factory=dict)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    seconds: float = 0.0
+    bisect_applications: int = 0
+    bisect_refused: int = 0
+    bisect_limit: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        return d | extra
+
+
+# -------------------------------------------------------------------- manager
+class PassManager:
+    def __init__(self, cfg: Config, target: Any = None, log: Callable[[str], None] | None = None,
+                 check_each_pass: bool = False, dump_dir: str | None = None) -> None:
+        self.cfg = cfg
+        self.target = target
+        self.slots = build_pipeline()
+        self.decisions = plan(cfg, self.slots)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.check_each_pass = check_each_pass or CHECK_EACH_PASS
+        dump_to = dump_dir if dump_dir is not None else (cfg.debug_dir if cfg.dump_as_text
+                                                         else None)
+        self.dumper = Dumper(dump_to) if dump_to is not None else None
+
+    def run(self, graph: Graph) -> RunReport:
+        cfg = self.cfg
+        printer = self.log if cfg.print_bisect else None
+        bisect = BisectCounter(cfg.bisect_limit, printer)
+        ctx = PassContext(cfg, bisect, self.log, self.target)
+        report = RunReport(flags=cfg.to_dict(), nodes_before=len(graph),
+                           bisect_limit=cfg.bisect_limit)
+        if self.dumper:
+            self.dumper.write_json("flags.json", report.flags)
+            self.dumper.write_text("0000_input.txt", str(graph))
+        ran: list[str] = []
+        t_start = time.perf_counter()
+        for seq, d in enumerate(self.decisions, start=1):
+            s = d.slot
+            rec = PassRecord(s.index, s.stage, s.name, s.label, s.run, d.on, d.reason)
+            report.passes.append(rec)
+            if not d.on:
+                continue
+            ctx.current_pass, ctx.rewrites, ctx.notes = s.name, 0, []
+            t0 = time.perf_counter()
+            try:
+                result = s.info.fn(graph, ctx)
+            except GraphKernelError:
+                raise
+            except Exception as e:
+                before = ", ".join(ran[-5:]) or "none"
+                raise PassFailure(f"pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e} "
+                                  f"(passes run before it: {before}); this is a bug in "
+                                  "graphkernel: rerun with --disable_pass="
+                                  f"{s.label} to work around it") from e
+            rec.seconds = time.perf_counter() - t0
+            if not isinstance(result, PassResult):
+                raise PassFailure(f"pass {s.label} returned {type(result).__name__}, "
+                                  "expected PassResult")
+            rec.changed = result.modified
+            rec.rewrites = max(result.rewrites, ctx.rewrites)
+            rec.notes = ctx.notes + result.notes
+            rec.nodes_after = len(graph)
+            ran.append(s.label)
+            if self.check_each_pass and result.modified:
+                try:
+                    graph.validate()
+                except GraphKernelError as e:
+                    raise PassFailure(f"pass {s.label} left an invalid graph: {e}") from None
+            if self.dumper and result.modified:
+                self.dumper.write_text(f"{seq:04d}_{s.stage}_{s.name}.txt", str(graph))
+        report.seconds = time.perf_counter() - t_start
+        report.nodes_after = len(graph)
+        report.bisect_applications = bisect.count
+        report.bisect_refused = bisect.refused
+        self.bisect = bisect
+        return report
+
+
+# Tests switch this on so that every pass's output is validated and a broken
+# invariant names the pass that broke it.
+CHECK_EACH_PASS = False

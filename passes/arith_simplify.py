@@ -1,0 +1,129 @@
+"""Algebraic simplification: a numbered table of exact rewrite rules.
+
+Every rule is exact in IEEE arithmetic (it never changes a result beyond the sign
+of a zero). Rules that are not exact are deliberately absent: ``exp(log x) -> x``
+turns the NaN of a negative x into x, and ``x * 0 -> 0`` turns NaN/Inf into 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from graphkernel.passes.rewrite import add_like, replace_with, splat
+
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.registry import PassResult, register_pass
+
+Rewrite = Callable[[Graph, Node], Value | None]
+
+
+def _operand_if_identity(node: Node, ident: float, commutative: bool) -> Value | None:
+    """x op c -> x when c is a splat of the identity and x already has the output type."""
+    a, b = node.inputs
+    out = node.outputs[0].type
+    if splat(b) == ident and a.type == out:
+        return a
+    if commutative and splat(a) == ident and b.type == out:
+        return b
+    return None
+
+
+def _producer(v: Value, op: str) -> Node | None:
+    p = v.producer
+    return p if p is not None and p.op == op else None
+
+
+def _mul_neg_one(g: Graph, n: Node) -> Value | None:
+    a, b = n.inputs
+    for x, c in ((a, b), (b, a)):
+        if splat(c) == -1.0 and x.type == n.outputs[0].type and x.dtype.is_float:
+            return add_like(g, n, "Neg", [x])
+    return None
+
+
+def _pow_two(g: Graph, n: Node) -> Value | None:
+    x, e = n.inputs
+    if splat(e) == 2.0 and x.type == n.outputs[0].type and x.dtype.is_float:
+        return add_like(g, n, "Mul", [x, x])
+    return None
+
+
+def _fold_neg(op_from: str, op_to: str) -> Rewrite:
+    def rw(g: Graph, n: Node) -> Value | None:
+        x, y = n.inputs
+        neg = _producer(y, "Neg")
+        if neg is None:
+            return None
+        return add_like(g, n, op_to, [x, neg.inputs[0]])
+
+    return rw
+
+
+def _involution(op: str) -> Rewrite:
+    def rw(g: Graph, n: Node) -> Value | None:
+        inner = _producer(n.inputs[0], op)
+        return inner.inputs[0] if inner is not None else None
+
+    return rw
+
+
+def _idempotent(op: str) -> Rewrite:
+    def rw(g: Graph, n: Node) -> Value | None:
+        return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
+
+    return rw
+
+
+@dataclass(frozen=True)
+class Rule:
+    number: int
+    name: str
+    op: str
+    rewrite: Rewrite
+
+
+RULES: list[Rule] = [
+    Rule(1, "mul_one", "Mul", lambda g, n: _operand_if_identity(n, 1.0, True)),   # x*1 -> x
+    Rule(2, "add_zero", "Add", lambda g, n: _operand_if_identity(n, 0.0, True)),  # x+0 -> x
+    Rule(3, "sub_zero", "Sub", lambda g, n: _operand_if_identity(n, 0.0, False)),  # x-0 -> x
+    Rule(4, "div_one", "Div", lambda g, n: _operand_if_identity(n, 1.0, False)),  # x/1 -> x
+    Rule(5, "pow_one", "Pow", lambda g, n: _operand_if_identity(n, 1.0, False)),  # x**1 -> x
+    Rule(6, "neg_neg", "Neg", _involution("Neg")),                  # -(-x) -> x
+    Rule(7, "not_not", "LogicalNot", _involution("LogicalNot")),    # !!x -> x
+    Rule(8, "abs_abs", "Abs", _idempotent("Abs")),                  # |(|x|)| -> |x|
+    Rule(9, "identity", "Identity", lambda g, n: n.inputs[0]),      # Identity(x) -> x
+    Rule(10, "mul_neg_one", "Mul", _mul_neg_one),                   # x*-1 -> -x
+    Rule(11, "pow_two", "Pow", _pow_two),                           # x**2 -> x*x
+    Rule(12, "add_neg", "Add", _fold_neg("Add", "Sub")),            # x+(-y) -> x-y
+    Rule(13, "sub_neg", "Sub", _fold_neg("Sub", "Add")),            # x-(-y) -> x+y
+]
+RULES_BY_OP: dict[str, list[Rule]] = {}
+for _r in RULES:
+    RULES_BY_OP.setdefault(_r.op, []).append(_r)
+
+
+@register_pass("arith_simplify", stage="simplify", level=2, order=20)
+def arith_simplify(graph, ctx) -> PassResult:
+    """Rewrite by the numbered rules in RULES (x*1 -> x, -(-x) -> x, x+(-y) -> x-y …)."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.graph is None:
+            continue  # erased by an earlier rewrite in this sweep
+        for rule in RULES_BY_OP.get(node.op, ()):
+            mark = len(graph)
+            new = rule.rewrite(graph, node)
+            if new is None:
+                continue
+            desc = f"rule {rule.number} {rule.name} on {node.name}"
+            if not ctx.should_apply(desc):
+                if len(graph) != mark and new.producer is not None and not new.uses:
+                    graph.erase_node(new.producer)
+                continue
+            replace_with(graph, node, new)
+            key = f"rule {rule.number} {rule.name}"
+            counts[key] = counts.get(key, 0) + 1
+            break
+    total = sum(counts.values())
+    notes = [f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0].split()[1]))]
+    return PassResult(total > 0, total, notes)

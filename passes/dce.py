@@ -1,0 +1,21 @@
+"""Remove nodes whose results are unused."""
+
+from __future__ import annotations
+
+from graphkernel.registry import PassResult, register_pass
+
+
+@register_pass("dce", stage="simplify", level=1, order=90, extra_runs=(("expand", 90),))
+def dce(graph, ctx) -> PassResult:
+    """Remove node -> nothing when no output is used and it has no side effect (Assign)."""
+    outputs = {id(v) for v in graph.outputs}
+    removed = 0
+    for node in reversed(graph.nodes):
+        if node.op == "Assign":
+            continue
+        if any(v.uses or id(v) in outputs for v in node.outputs):
+            continue
+        if ctx.should_apply(f"{node.name} ({node.op})"):
+            graph.erase_node(node)
+            removed += 1
+    return PassResult(removed > 0, removed)

@@ -1,0 +1,50 @@
+"""Helpers shared by rewrite passes: constant inspection and node replacement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphkernel.ir import Graph, Node, Value
+
+
+def const_array(v: Value) -> np.ndarray | None:
+    """The array of a value produced by a Constant node, else None."""
+    p = v.producer
+    if p is not None and p.op == "Constant":
+        return p.attrs["value"]
+    return None
+
+
+def splat(v: Value) -> float | None:
+    """The single value of a constant whose elements are all equal (a "splat"), else None."""
+    arr = const_array(v)
+    if arr is None or arr.size == 0:
+        return None
+    flat = arr.reshape(-1).astype(np.float64) if arr.dtype.kind != "b" else arr.reshape(-1)
+    first = flat[0]
+    if np.all(flat == first) and not (isinstance(first, float) and np.isnan(first)):
+        return float(first)
+    return None
+
+
+def replace_with(graph: Graph, node: Node, new: Value | list[Value]) -> None:
+    """Redirect every use of ``node``'s outputs to ``new`` and erase ``node`` when dead."""
+    news = new if isinstance(new, list) else [new]
+    for old, rep in zip(node.outputs, news, strict=True):
+        graph.replace_all_uses(old, rep)
+    if not any(v.uses for v in node.outputs) and all(
+            not any(o is v for o in graph.outputs) for v in node.outputs):
+        graph.erase_node(node)
+
+
+def add_like(graph: Graph, node: Node, op: str, inputs: list[Value],
+             attrs: dict[str, Any] | None = None) -> Value:
+    """A new node standing in for ``node``: same origin, a name derived from it."""
+    return graph.add_node(op, inputs, attrs or {}, name=graph.fresh_name(node.name),
+                          origin=node.origin).outputs[0]
+
+
+def merge_origin(a: Node, b: Node) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(a.origin + b.origin))
