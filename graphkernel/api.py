@@ -11,7 +11,7 @@ from typing import Any
 from graphkernel.dump import Dumper
 from graphkernel.flags import Config, resolve
 from graphkernel.ir import Graph
-from graphkernel.pipeline import PassManager, RunReport, name_checker
+from graphkernel.pipeline import PassManager, RunReport, name_checker, plan
 
 
 @dataclass
@@ -33,7 +33,9 @@ def load_config(flags: str | Mapping[str, Any] | None = "", config: str | os.Pat
     if target is not None:
         explicit = (dict(flags) | {"target": target}) if isinstance(flags, Mapping) else \
             f"{flags or ''} --target={target}"
-    return resolve(explicit, config=config, env=env, name_check=name_checker())
+    cfg = resolve(explicit, config=config, env=env, name_check=name_checker())
+    plan(cfg)  # selector and required-pass errors surface here, with the flags
+    return cfg
 
 
 def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, Any] | None = "",

@@ -464,7 +464,7 @@ def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None) -> tupl
                                 + did_you_mean(v, AUTOFUSE_PATTERNS)
                                 + f" (accepted: {', '.join(AUTOFUSE_PATTERNS)})")
             pats += AUTOFUSE_PATTERNS[v]
-        pats = _check_names("disable_fusion_pattern", pats, origin, name_check)
+        # the names come from graphkernel's own table, not from the user: no registry check
         return ("enable_fusion_pattern" if key == "autofuse_enable_pass"
                 else "disable_fusion_pattern"), pats
     if key == "skip_node_names_cfg":

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from graphkernel.passes.rewrite import add_like, replace_with, splat
-
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.passes.rewrite import add_like, replace_with, splat
 from graphkernel.registry import PassResult, register_pass
 
 Rewrite = Callable[[Graph, Node], Value | None]

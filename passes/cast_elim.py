@@ -8,7 +8,6 @@ test measures by how much).
 from __future__ import annotations
 
 from graphkernel.passes.rewrite import replace_with
-
 from graphkernel.registry import PassResult, register_pass
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from graphkernel.passes.rewrite import const_array, replace_with
-
 from graphkernel.interpreter import Interpreter
 from graphkernel.ir import Graph, Node
+from graphkernel.passes.rewrite import const_array, replace_with
 from graphkernel.registry import PassResult, register_pass
 
 _NEVER = {"Constant", "Opaque", "Assign", "GraphKernel"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from graphkernel.passes.rewrite import merge_origin, replace_with
 
 from graphkernel.ir import DType, Graph, Node
+from graphkernel.passes.rewrite import merge_origin, replace_with
 from graphkernel.registry import PassResult, register_pass
 
 _NEVER = {"Assign", "Opaque"}  # side effects, or external code we cannot compare

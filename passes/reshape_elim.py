@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from graphkernel.passes.rewrite import add_like, replace_with
-
 from graphkernel.registry import PassResult, register_pass
 
 RESHAPES = {"Reshape", "ExpandDims", "Squeeze"}  # row-major views: only the shape changes

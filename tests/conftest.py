@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphkernel import Graph, TensorType
+from graphkernel import Graph, TensorType, pipeline
 from graphkernel.interpreter import Interpreter
 from graphkernel.ir import DType
 
@@ -52,6 +52,17 @@ def assert_close(actual, expected, dtype=None):
         rtol, atol = TOL.get(dt, (1e-5, 1e-6))
     np.testing.assert_allclose(actual.astype(np.float64), np.asarray(expected, np.float64),
                                rtol=rtol, atol=atol, equal_nan=True)
+
+
+# Every pass's output is validated in tests; a broken invariant names the pass.
+pipeline.CHECK_EACH_PASS = True
+
+
+@pytest.fixture(autouse=True)
+def _no_flag_env(monkeypatch):
+    """Tests see no AUTOFUSE_FLAGS/MS_DEV_GRAPH_KERNEL_FLAGS from the developer's shell."""
+    for var in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "MS_DEV_GRAPH_KERNEL_FLAGS"):
+        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture

@@ -1,0 +1,33 @@
+import numpy as np
+
+from graphkernel import Graph, TensorType
+from tests.passes.conftest import apply_pass, assert_same_results, ops_of
+
+
+def test_merges_identical_nodes_and_constants():
+    g = Graph()
+    x = g.add_input("x", TensorType((4,), "float32"))
+    c1 = g.const(np.float32(2.0), name="c1")
+    c2 = g.const(np.float32(2.0), name="c2")
+    a = g.add_node("Mul", [x, c1], name="a").output
+    b = g.add_node("Mul", [x, c2], name="b").output
+    s1 = g.add_node("ReduceSum", [a], {"axis": [0]}, name="s1").output
+    s2 = g.add_node("ReduceSum", [b], {"axis": [0]}, name="s2").output
+    s3 = g.add_node("ReduceSum", [b], {"axis": [0], "keep_dims": True}, name="s3").output
+    g.set_outputs([g.add_node("Add", [s1, s2], name="out").output, s3])
+    h, res = apply_pass("cse", g)
+    assert res.rewrites == 3  # c2 -> c1, b -> a, s2 -> s1; s3 differs in keep_dims
+    assert ops_of(h) == ["Mul", "ReduceSum", "ReduceSum", "Add"]
+    assert set(h.node("a").origin) == {"a", "b"}  # the survivor speaks for both user nodes
+    assert_same_results(g, h)
+
+
+def test_does_not_merge_assign_or_opaque():
+    g = Graph()
+    p = g.add_input("p", TensorType((2,), "float32"), mutable=True)
+    v = g.add_node("Exp", [p]).output
+    g.add_node("Assign", [p, v], name="u1")
+    g.add_node("Assign", [p, v], name="u2")
+    g.set_outputs([v])
+    h, res = apply_pass("cse", g)
+    assert res.rewrites == 0 and h.has_node("u2")

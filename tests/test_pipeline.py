@@ -1,0 +1,258 @@
+"""The pass manager: level gating, selectors, the enable rule, bisect counter, dumps, reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType, registry
+from graphkernel.api import load_config
+from graphkernel.errors import FlagError
+from graphkernel.interpreter import random_inputs, run_graph
+from graphkernel.pipeline import PassFailure, PassManager, build_pipeline, decide, plan
+from graphkernel.registry import PassResult, register_pass
+
+NOENV: dict[str, str] = {}
+
+# The catalogue's levels (passes-and-patterns.md) for the passes this build registers.
+CATALOGUE = {"validate": 0, "axis_normalize": 1, "constant_fold": 2, "arith_simplify": 2,
+             "cse": 2, "reshape_elim": 2, "transpose_elim": 2, "cast_elim": 2, "dce": 1}
+
+
+def on_passes(flags: str) -> set[str]:
+    return {d.slot.name for d in plan(load_config(flags, env=NOENV)) if d.on}
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_level_gating_matches_the_catalogue(level):
+    want = {n for n, lvl in CATALOGUE.items() if lvl <= level} | {"validate"}
+    assert on_passes(f"--opt_level={level}") == want
+
+
+def test_every_registered_pass_is_in_the_catalogue_with_its_level():
+    for name, info in registry.PASSES.items():
+        if name in CATALOGUE:
+            assert info.level == CATALOGUE[name], name
+
+
+def test_every_pass_name_equals_its_module_name():
+    for name, info in registry.PASSES.items():
+        if info.fn.__module__.startswith("graphkernel.passes."):
+            assert info.fn.__module__.rsplit(".", 1)[1] == name
+
+
+# The enable rule as a table: (required, disabled, forced, level, opt_level) -> on
+RULE_TABLE = [
+    (True, False, False, 0, 0, True), (False, True, False, 1, 3, False),
+    (False, False, True, 3, 0, True), (False, False, False, 2, 2, True),
+    (False, False, False, 2, 1, False), (False, True, True, 2, 3, False),
+]
+
+
+@pytest.mark.parametrize("required,disabled,forced,level,opt,want", RULE_TABLE)
+def test_enable_rule_table(required, disabled, forced, level, opt, want):
+    info = registry.PassInfo("p", "simplify", level, 0, required, None, "", lambda g, c: None)
+    from graphkernel.pipeline import PassSlot
+
+    slot = PassSlot(info, "simplify", 2, 0, 1, 1)
+    cfg = load_config(f"--opt_level={opt}", env=NOENV)
+    d = decide(slot, cfg, {id(slot): "p"} if forced else {}, {id(slot): "p"} if disabled else {})
+    assert d.on is want
+
+
+@pytest.mark.parametrize("selector,expect_off", [
+    ("cse", {"cse"}), ("simplify.cse", {"cse"}), ("2.2", {"cse"}), ("dce:2", {"dce:2"}),
+    ("dce", {"dce:1", "dce:2"}), ("expand.dce", {"dce:1"}),
+])
+def test_selector_forms(selector, expect_off):
+    decisions = plan(load_config(f"--disable_pass={selector}", env=NOENV))
+    off = {d.slot.label for d in decisions if not d.on}
+    assert off == expect_off
+
+
+def test_enable_pass_forces_a_pass_its_level_skips():
+    d = {x.slot.label: x for x in plan(load_config("--opt_level=1 --enable_pass=cse", env=NOENV))}
+    assert d["cse"].on and d["cse"].reason == "forced by --enable_pass=cse"
+    assert not d["arith_simplify"].on
+
+
+def test_numeric_indices_are_stage_and_position():
+    slots = build_pipeline()
+    assert [s.index for s in slots if s.stage == "preprocess"] == ["0.0", "0.1"]
+    assert {s.stage_index for s in slots if s.stage == "simplify"} == {2}
+
+
+def graph_with_rewrites() -> Graph:
+    """A graph on which the simplification passes make several rewrites."""
+    g = Graph("rw")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    one = g.const(np.float32(1.0))
+    a = g.add_node("Mul", [x, one], name="mul1").output
+    b = g.add_node("Neg", [g.add_node("Neg", [a], name="neg1").output], name="neg2").output
+    c = g.add_node("Exp", [b], name="exp1").output
+    d = g.add_node("Exp", [b], name="exp2").output
+    e = g.add_node("Add", [c, d], name="add").output
+    r = g.add_node("Reshape", [g.add_node("Reshape", [e], {"shape": [32]}).output],
+                   {"shape": [4, 8]}, name="rs").output
+    t = g.add_node("Transpose", [g.add_node("Transpose", [r], {"perm": [1, 0]}).output],
+                   {"perm": [1, 0]}, name="tt").output
+    s = g.add_node("ReduceSum", [t], {"axis": [-1], "keep_dims": False}, name="sum").output
+    g.set_outputs([s])
+    return g
+
+
+def test_bisect_limit_gives_a_monotone_sequence_of_graphs():
+    g = graph_with_rewrites()
+    full = graphkernel.compile(g, "--opt_level=2", env=NOENV)
+    total = full.report.bisect_applications
+    assert total >= 8
+    feeds = random_inputs(g, 0)
+    want = run_graph(g, feeds)[0]
+    full_log: list[str] = []
+    graphkernel.compile(g, "--opt_level=2 --print_bisect", env=NOENV, log=full_log.append)
+    sizes = []
+    for k in range(total + 1):
+        log: list[str] = []
+        res = graphkernel.compile(g, f"--opt_level=2 --bisect_limit={k} --print_bisect",
+                                  env=NOENV, log=log.append)
+        # the first k applications are exactly the full run's first k; the rest are refused
+        assert log[:k] == full_log[:k]
+        assert res.report.bisect_refused == res.report.bisect_applications - k
+        assert all("NOT running" in ln for ln in log[k:])
+        sizes.append(len(res.graph))
+        np.testing.assert_allclose(run_graph(res.graph, feeds)[0], want, rtol=1e-5)
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+    assert str(graphkernel.compile(g, f"--bisect_limit={total}", env=NOENV).graph) == \
+        str(full.graph)
+
+
+def test_bisect_numbering_is_deterministic():
+    g = graph_with_rewrites()
+    logs = []
+    for _ in range(2):
+        lines: list[str] = []
+        graphkernel.compile(g, "--print_bisect --bisect_limit=3", env=NOENV, log=lines.append)
+        logs.append(lines)
+    assert logs[0] == logs[1]
+
+
+def test_bisect_trace_format():
+    lines: list[str] = []
+    graphkernel.compile(graph_with_rewrites(), "--print_bisect --bisect_limit=2", env=NOENV,
+                        log=lines.append)
+    bisect = [ln for ln in lines if ln.startswith("BISECT:")]
+    assert bisect[0].startswith("BISECT: running (1) axis_normalize on ")
+    assert bisect[1].startswith("BISECT: running (2) ")
+    assert bisect[2].startswith("BISECT: NOT running (3) ")
+    import re
+
+    assert all(re.match(r"^BISECT: (running|NOT running) \(\d+\) [a-z_]+ on .+$", ln)
+               for ln in bisect)
+
+
+def test_dumps_are_named_and_ordered(tmp_path):
+    res = graphkernel.compile(graph_with_rewrites(),
+                              f"--dump_as_text --debug_dir={tmp_path} --disable_pass=cse",
+                              env=NOENV)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[0] == "0000_input.txt" and "flags.json" in names and "report.json" in names
+    dumps = [n for n in names if n[:4].isdigit() and n != "0000_input.txt"]
+    changed = [p for p in res.report.passes if p.changed]
+    assert len(dumps) == len(changed)
+    assert not any("_cse" in n for n in dumps)
+    for n in dumps:
+        seq, stage, rest = n.split("_", 2)
+        assert stage in registry.STAGES and rest.endswith(".txt")
+    assert dumps == sorted(dumps)
+    text = (tmp_path / dumps[0]).read_text()
+    assert text.startswith("graph rw(") and "= ReduceSum(" in text
+
+
+def test_failing_run_leaves_no_partial_file(tmp_path, monkeypatch):
+    import graphkernel.fileio as fileio
+
+    calls = {"n": 0}
+    real = fileio.os.replace
+
+    def flaky_replace(src, dst):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", flaky_replace)
+    with pytest.raises(OSError, match="disk full"):
+        graphkernel.compile(graph_with_rewrites(), f"--dump_as_text --debug_dir={tmp_path}",
+                            env=NOENV)
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 2 and not any(n.endswith(".tmp") for n in leftovers)
+
+
+@pytest.fixture
+def temp_pass():
+    """Register a pass for one test only."""
+    added = []
+
+    def add(name, **kw):
+        def deco(fn):
+            register_pass(name, **kw)(fn)
+            added.append(name)
+            return fn
+        return deco
+
+    yield add
+    for name in added:
+        registry.PASSES.pop(name, None)
+
+
+def test_third_party_pass_registers_and_is_selectable(temp_pass):
+    @temp_pass("fold_exp_neg", stage="simplify", level=3, order=70)
+    def fold_exp_neg(graph, ctx):
+        """Rewrite nothing; counts Exp nodes (a third-party example)."""
+        n = sum(1 for node in graph.nodes if node.op == "Exp" and ctx.should_apply(node.name))
+        return PassResult(False, n)
+
+    assert "fold_exp_neg" in on_passes("--opt_level=3")
+    assert "fold_exp_neg" not in on_passes("--opt_level=2")
+    res = graphkernel.compile(graph_with_rewrites(), "--opt_level=2 --enable_pass=fold_exp_neg",
+                              env=NOENV)
+    rec = next(p for p in res.report.passes if p.name == "fold_exp_neg")
+    assert rec.ran and rec.rewrites == 1  # cse merged exp1 and exp2 earlier
+
+
+def test_broken_pass_is_named(temp_pass):
+    @temp_pass("break_uses", stage="simplify", level=1, order=95)
+    def break_uses(graph, ctx):
+        graph.nodes[-1].inputs[0].uses.clear()
+        return PassResult(True, 1)
+
+    cfg = load_config("", env=NOENV)
+    with pytest.raises(PassFailure, match="pass break_uses left an invalid graph"):
+        PassManager(cfg, check_each_pass=True, log=lambda m: None).run(graph_with_rewrites())
+
+
+def test_crashing_pass_reports_context(temp_pass):
+    @temp_pass("crash", stage="simplify", level=1, order=96)
+    def crash(graph, ctx):
+        raise KeyError("boom")
+
+    with pytest.raises(PassFailure, match=r"pass crash \(simplify\) failed: KeyError.*passes run "
+                                          r"before it: .*--disable_pass=crash"):
+        graphkernel.compile(graph_with_rewrites(), "", env=NOENV, log=lambda m: None)
+
+
+def test_report_records_each_pass():
+    res = graphkernel.compile(graph_with_rewrites(), "--opt_level=2 --disable_pass=cse",
+                              env=NOENV)
+    d = res.report.to_dict()
+    assert d["flags"]["disable_pass"] == {"value": ["cse"], "origin": "explicit"}
+    rows = {p["label"]: p for p in d["passes"]}
+    assert rows["cse"]["ran"] is False and "disabled" in rows["cse"]["reason"]
+    assert rows["arith_simplify"]["changed"] and rows["arith_simplify"]["rewrites"] >= 2
+    assert all(p["seconds"] >= 0 for p in d["passes"])
+
+
+def test_required_pass_cannot_be_disabled():
+    with pytest.raises(FlagError, match="'validate' is required"):
+        graphkernel.compile(graph_with_rewrites(), "--disable_pass=validate", env=NOENV)
