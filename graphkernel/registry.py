@@ -94,21 +94,21 @@ def get_pass(name: str) -> PassInfo:
     return PASSES[name]
 
 
-def register_expander(op: str) -> Callable[[Any], Any]:
+def _register_in(table: dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:
     def deco(obj: Any) -> Any:
-        if op in EXPANDERS:
-            raise ValueError(f"expander for {op!r} is registered twice")
-        EXPANDERS[op] = obj
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is registered twice")
+        table[name] = obj
         return obj
 
     return deco
+
+
+def register_expander(op: str) -> Callable[[Any], Any]:
+    """Register the expander of composite op ``op`` (see ``expanders/``)."""
+    return _register_in(EXPANDERS, "expander for", op)
 
 
 def register_pattern(name: str) -> Callable[[Any], Any]:
-    def deco(obj: Any) -> Any:
-        if name in PATTERNS:
-            raise ValueError(f"pattern {name!r} is registered twice")
-        PATTERNS[name] = obj
-        return obj
-
-    return deco
+    """Register a fusion pattern under its user-visible name (see ``patterns/``)."""
+    return _register_in(PATTERNS, "pattern", name)
