@@ -106,26 +106,55 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------- ops
 def cmd_ops(args: argparse.Namespace) -> int:
-    from graphkernel import ops
+    from graphkernel import ops, registry
+    from graphkernel.passes.expand import default_expand_ops
 
+    default = set(default_expand_ops())
     rows = []
     for o in ops.all_ops():
         lo, hi = o.arity
         arity = str(lo) if lo == hi else (f"{lo}..{hi}" if hi is not None else f"{lo}+")
+        exp = registry.EXPANDERS.get(o.name)
         rows.append({"name": o.name, "kind": o.kind.name, "arity": arity,
                      "category": o.category, "composite": o.composite,
                      "aliases": list(o.aliases), "attrs": list(o.attrs.model_fields),
-                     "reference": o.reference is not None})
+                     "reference": o.reference is not None, "expander": exp is not None,
+                     "default_expand": o.name in default,
+                     "expander_note": exp.note if exp is not None else "",
+                     "in_place": bool(o.writes)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'op':<16} {'kind':<10} {'arity':<6} {'type':<10} attrs")
+    print(f"{'op':<34} {'kind':<10} {'arity':<6} {'type':<10} {'expander':<9} attrs")
     for r in rows:
         kind = "composite" if r["composite"] else "basic"
+        exp = ("default" if r["default_expand"] else "opt-in") if r["expander"] else "-"
         alias = f"  (alias: {', '.join(r['aliases'])})" if r["aliases"] else ""
-        print(f"{r['name']:<16} {r['kind']:<10} {r['arity']:<6} {kind:<10} "
+        print(f"{r['name']:<34} {r['kind']:<10} {r['arity']:<6} {kind:<10} {exp:<9} "
               f"{', '.join(r['attrs'])}{alias}")
-    print(f"{len(rows)} ops")
+    n_comp = sum(r["composite"] for r in rows)
+    print(f"{len(rows)} ops ({n_comp} composite, {len(default)} expanded by default)")
+    return 0
+
+
+def cmd_expand(args: argparse.Namespace) -> int:
+    from graphkernel.api import compile as gk_compile
+
+    g = _load(args.model)
+    res = gk_compile(g, args.flags or "", args.config)
+    rec = next((p for p in res.report.passes if p.name == "expand"), None)
+    if rec is None or not rec.ran:
+        print(f"expand did not run: {rec.reason if rec else 'no expand pass'}")
+        return 0
+    notes = rec.notes
+    expanded = [n for n in notes if n.startswith("expanded")]
+    kept = [n for n in notes if n.startswith("kept")]
+    if args.json:
+        print(json.dumps({"expanded": expanded, "kept": kept}, indent=2))
+        return 0
+    for n in notes:
+        print(f"expand: {n}")
+    print(f"{len(expanded)} expanded, {len(kept)} kept; {len(g)} -> {len(res.graph)} nodes")
     return 0
 
 
@@ -282,6 +311,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "and dumps here")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("expand", help="which composite nodes expand, and why others are kept",
+                       description="Run the expanders under the given flags and print, per "
+                                   "composite node, whether it was expanded or kept and why.")
+    s.add_argument("model", metavar="MODEL")
+    flag_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(fn=cmd_expand)
 
     s = sub.add_parser("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")

@@ -109,10 +109,10 @@ class Interpreter:
                 results = self._run_node(node, args)
                 for v, r in zip(node.outputs, results, strict=True):
                     values[id(v)] = r
-                if node.op == "Assign":
-                    ref = node.inputs[0]
+                for o, i in ops.get(node.op).writes if node.op != "GraphKernel" else ():
+                    ref = node.inputs[i]
                     if ref.is_input and ref.mutable:
-                        self.state[ref.name] = results[0]
+                        self.state[ref.name] = results[o]
                 for v in node.inputs:
                     if last_use.get(id(v)) == i and id(v) not in keep and not v.is_input:
                         values.pop(id(v), None)

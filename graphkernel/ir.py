@@ -449,11 +449,13 @@ class Graph:
         node.graph = None
 
     def remove_dead(self, keep_side_effects: bool = True) -> int:
-        """Erase nodes whose results are unused (Assign is kept: it writes a parameter)."""
+        """Erase nodes whose results are unused (in-place ops are kept: they write parameters)."""
+        from graphkernel import ops as _ops
+
         live_out = {id(v) for v in self.outputs}
         removed = 0
         for node in reversed(self.nodes):
-            if keep_side_effects and node.op == "Assign":
+            if keep_side_effects and node.op != "GraphKernel" and _ops.get(node.op).writes:
                 continue
             if any(v.uses or id(v) in live_out for v in node.outputs):
                 continue

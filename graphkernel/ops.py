@@ -74,6 +74,9 @@ class OpDef:
     aliases: tuple[str, ...] = ()
     category: str = ""
     doc: str = ""
+    # in-place ops: (output index, input index) pairs; the output is written back into the
+    # input when that input is a mutable graph input (a parameter)
+    writes: tuple[tuple[int, int], ...] = ()
     _fields: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

@@ -129,10 +129,12 @@ def name_checker(slots: list[PassSlot] | None = None) -> Callable[[str, str, str
                                 + did_you_mean(name, [o.name for o in ops.all_ops()])
                                 + "; run `graphkernel ops` to list them all")
             canon = ops.canonical(name)
-            if kind == "expand_op" and not ops.get(canon).composite:
-                composites = [o.name for o in ops.all_ops() if o.composite]
-                raise FlagError(f"{where}: {canon!r} is a basic op; only composite ops are "
-                                f"expanded (composite ops: {', '.join(composites) or 'none'})")
+            if kind == "expand_op" and canon not in registry.EXPANDERS:
+                raise FlagError(f"{where}: {canon!r} has no expander; expandable ops: "
+                                "composite ops and " + ", ".join(
+                                    sorted(n for n in registry.EXPANDERS
+                                           if not ops.get(n).composite))
+                                + " (see `graphkernel ops`)")
             return canon
         return name
 
@@ -232,8 +234,8 @@ class PassContext:
         return ok
 
     def log(self, message: str) -> None:
+        """Record a note for this pass (shown in the report and the compile summary)."""
         self.notes.append(message)
-        self._log(f"{self.current_pass}: {message}")
 
 
 # --------------------------------------------------------------------- report

@@ -7,6 +7,7 @@ from graphkernel.passes import (  # noqa: F401
     constant_fold,
     cse,
     dce,
+    expand,
     reshape_elim,
     transpose_elim,
     validate,

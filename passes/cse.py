@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel import ops
 from graphkernel.ir import DType, Graph, Node
 from graphkernel.passes.rewrite import merge_origin, replace_with
 from graphkernel.registry import PassResult, register_pass
@@ -36,7 +37,7 @@ def cse(graph, ctx) -> PassResult:
     seen: dict[tuple, Node] = {}
     merged = 0
     for node in graph.nodes:
-        if node.op in _NEVER:
+        if node.op in _NEVER or (node.op != "GraphKernel" and ops.get(node.op).writes):
             continue
         key = node_key(node)
         first = seen.get(key)

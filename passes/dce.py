@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from graphkernel import ops
 from graphkernel.registry import PassResult, register_pass
 
 
 @register_pass("dce", stage="simplify", level=1, order=90, extra_runs=(("expand", 90),))
 def dce(graph, ctx) -> PassResult:
-    """Remove node -> nothing when no output is used and it has no side effect (Assign)."""
+    """Remove node -> nothing when no output is used and it writes no parameter."""
     outputs = {id(v) for v in graph.outputs}
     removed = 0
     for node in reversed(graph.nodes):
-        if node.op == "Assign":
+        if node.op != "GraphKernel" and ops.get(node.op).writes:
             continue
         if any(v.uses or id(v) in outputs for v in node.outputs):
             continue

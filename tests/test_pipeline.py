@@ -16,8 +16,9 @@ from graphkernel.registry import PassResult, register_pass
 NOENV: dict[str, str] = {}
 
 # The catalogue's levels (passes-and-patterns.md) for the passes this build registers.
-CATALOGUE = {"validate": 0, "axis_normalize": 1, "constant_fold": 2, "arith_simplify": 2,
-             "cse": 2, "reshape_elim": 2, "transpose_elim": 2, "cast_elim": 2, "dce": 1}
+CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2,
+             "arith_simplify": 2, "cse": 2, "reshape_elim": 2, "transpose_elim": 2,
+             "cast_elim": 2, "dce": 1}
 
 
 def on_passes(flags: str) -> set[str]:
@@ -63,7 +64,7 @@ def test_enable_rule_table(required, disabled, forced, level, opt, want):
 
 @pytest.mark.parametrize("selector,expect_off", [
     ("cse", {"cse"}), ("simplify.cse", {"cse"}), ("2.2", {"cse"}), ("dce:2", {"dce:2"}),
-    ("dce", {"dce:1", "dce:2"}), ("expand.dce", {"dce:1"}),
+    ("dce", {"dce:1", "dce:2"}), ("expand.dce", {"dce:1"}), ("1.0", {"expand"}),
 ])
 def test_selector_forms(selector, expect_off):
     decisions = plan(load_config(f"--disable_pass={selector}", env=NOENV))

@@ -189,8 +189,120 @@ def _binary(c: NodeCtx):
 
 @handles("Relu")
 def _relu(c: NodeCtx):
+    return c.emit("ReLU", [c.input(0)])
+
+
+_ACTIVATIONS = {"Sigmoid": "Sigmoid", "HardSwish": "HSwish", "Sinh": "Sinh", "Cosh": "Cosh",
+                "Asinh": "Asinh", "Acosh": "Acosh"}
+
+
+@handles(*_ACTIVATIONS)
+def _activation(c: NodeCtx):
+    return c.emit(_ACTIVATIONS[c.node.op_type], [c.input(0)])
+
+
+@handles("Gelu")
+def _gelu(c: NodeCtx):
+    approx = c.attr("approximate", b"none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    return c.emit("GeLU", [c.input(0)], {"approximate": approx})
+
+
+@handles("LeakyRelu")
+def _leaky_relu(c: NodeCtx):
+    return c.emit("LeakyReLU", [c.input(0)], {"alpha": c.attr("alpha", 0.01)})
+
+
+@handles("Elu")
+def _elu(c: NodeCtx):
+    return c.emit("Elu", [c.input(0)], {"alpha": c.attr("alpha", 1.0)})
+
+
+@handles("Softplus")
+def _softplus(c: NodeCtx):
+    return c.emit("Softplus", [c.input(0)])
+
+
+@handles("Swish")
+def _swish(c: NodeCtx):
     x = c.input(0)
-    return c.emit("Maximum", [x, c.scalar_like(0, x)])
+    alpha = c.attr("alpha", 1.0)
+    if alpha == 1.0:
+        return c.emit("SiLU", [x])
+    return c.emit("Mul", [x, c.emit("Sigmoid", [c.emit("Mul", [x, c.scalar_like(alpha, x)])])])
+
+
+@handles("HardSigmoid")
+def _hard_sigmoid(c: NodeCtx):
+    x = c.input(0)
+    alpha, beta = c.attr("alpha", 0.2), c.attr("beta", 0.5)
+    if abs(alpha - 1 / 6) < 1e-7 and beta == 0.5:
+        return c.emit("HSigmoid", [x])
+    # max(0, min(1, alpha x + beta))
+    y = c.emit("Add", [c.emit("Mul", [x, c.scalar_like(alpha, x)]), c.scalar_like(beta, x)])
+    return c.emit("Maximum", [c.emit("Minimum", [y, c.scalar_like(1, x)]), c.scalar_like(0, x)])
+
+
+@handles("Shrink")
+def _shrink(c: NodeCtx):
+    x = c.input(0)
+    bias, lambd = c.attr("bias", 0.0), c.attr("lambd", 0.5)
+    if bias == 0.0:
+        return c.emit("HShrink", [x], {"lambd": lambd})
+    # x < -lambd ? x + bias : (x > lambd ? x - bias : 0)
+    hi = c.emit("Select", [c.emit("Greater", [x, c.scalar_like(lambd, x)]),
+                           c.emit("Sub", [x, c.scalar_like(bias, x)]), c.scalar_like(0, x)])
+    return c.emit("Select", [c.emit("Less", [x, c.scalar_like(-lambd, x)]),
+                             c.emit("Add", [x, c.scalar_like(bias, x)]), hi])
+
+
+def _softmax_axis(c: NodeCtx, rank: int) -> int | list[int]:
+    if c.opset < 13:  # the input is coerced to 2-D at axis: normalize over all trailing dims
+        axis = c.attr("axis", 1)
+        axis = axis + rank if axis < 0 else axis
+        return list(range(axis, rank))
+    return c.attr("axis", -1)
+
+
+@handles("Softmax", "LogSoftmax")
+def _softmax(c: NodeCtx):
+    x = c.input(0)
+    return c.emit(c.node.op_type, [x], {"axis": _softmax_axis(c, x.type.rank)})
+
+
+@handles("LayerNormalization")
+def _layer_norm(c: NodeCtx):
+    x, scale = c.input(0), c.input(1)
+    axis = c.attr("axis", -1)
+    axis = axis + x.type.rank if axis < 0 else axis
+    eps = c.attr("epsilon", 1e-5)
+    pshape = list(x.shape[axis:])
+    if list(scale.shape) != pshape:
+        scale = c.emit("BroadcastTo", [scale], {"shape": pshape})
+    bias = c.input(2) if c.has_input(2) else c.emit("BroadcastTo", [c.scalar_like(0, x)],
+                                                    {"shape": pshape})
+    if list(bias.shape) != pshape:
+        bias = c.emit("BroadcastTo", [bias], {"shape": pshape})
+    y, mean, var = c.emit_multi("LayerNorm", [x, scale, bias], {
+        "begin_norm_axis": axis, "begin_params_axis": axis, "epsilon": eps})
+    outs = [y]
+    if len(c.node.output) > 1:
+        outs.append(mean)
+    if len(c.node.output) > 2:
+        outs.append(c.emit("Rsqrt", [c.emit("Add", [var, c.scalar_like(eps, var)])]))
+    return outs
+
+
+@handles("RMSNormalization")
+def _rms_norm(c: NodeCtx):
+    x, scale = c.input(0), c.input(1)
+    axis = c.attr("axis", -1)
+    axis = axis + x.type.rank if axis < 0 else axis
+    pshape = list(x.shape[axis:])
+    if list(scale.shape) != pshape:
+        scale = c.emit("BroadcastTo", [scale], {"shape": pshape})
+    y, _ = c.emit_multi("RMSNorm", [x, scale], {"epsilon": c.attr("epsilon", 1e-5), "axis": axis})
+    return y
 
 
 @handles("IsInf")
@@ -219,15 +331,20 @@ def _pow(c: NodeCtx):
     return c.emit("Pow", [x, y])
 
 
-@handles("Max", "Min", "Sum", "Mean")
+@handles("Max", "Min")
 def _variadic(c: NodeCtx):
-    op = {"Max": "Maximum", "Min": "Minimum", "Sum": "Add", "Mean": "Add"}[c.node.op_type]
+    op = {"Max": "Maximum", "Min": "Minimum"}[c.node.op_type]
     vals = [c.input(i) for i in range(len(c.inputs))]
     acc = vals[0]
     for v in vals[1:]:
         acc = c.emit(op, [acc, v])
-    if len(vals) == 1:
-        acc = c.emit("Identity", [acc])
+    return acc if len(vals) > 1 else c.emit("Identity", [acc])
+
+
+@handles("Sum", "Mean")
+def _sum_mean(c: NodeCtx):
+    vals = [c.input(i) for i in range(len(c.inputs))]
+    acc = c.emit("AddN", vals) if len(vals) > 1 else c.emit("Identity", vals)
     if c.node.op_type == "Mean" and len(vals) > 1:
         acc = c.emit("Div", [acc, c.scalar_like(len(vals), acc)])
     return acc
@@ -258,6 +375,11 @@ def _clip(c: NodeCtx):
     else:
         lo_v = c.input(1) if c.has_input(1) else None
         hi_v = c.input(2) if c.has_input(2) else None
+    lo_c = None if lo_v is None else _scalar_const(lo_v)
+    hi_c = None if hi_v is None else _scalar_const(hi_v)
+    if (lo_v is None or lo_c is not None) and (hi_v is None or hi_c is not None) and \
+            (lo_v is not None or hi_v is not None):
+        return c.emit("ClampScalar", [x], {"min": lo_c, "max": hi_c})
     if lo_v is not None:
         x = c.emit("Maximum", [x, lo_v])
     if hi_v is not None:
@@ -265,6 +387,13 @@ def _clip(c: NodeCtx):
     if lo_v is None and hi_v is None:
         x = c.emit("Identity", [x])
     return x
+
+
+def _scalar_const(v: Value) -> float | None:
+    p = v.producer
+    if p is not None and p.op == "Constant" and p.attrs["value"].size == 1:
+        return float(p.attrs["value"].reshape(-1)[0])
+    return None
 
 
 # ------------------------------------------------------------------- shapes
@@ -473,10 +602,7 @@ def _reduce(c: NodeCtx):
     if op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
         return red(op, x)
     if op == "ReduceMean":
-        n = symbolic.numel([x.shape[a] for a in axes])
-        if not isinstance(n, int):
-            raise Unsupported("mean over a symbolic axis")
-        return c.emit("Div", [red("ReduceSum", x), c.scalar_like(n, x)])
+        return red("ReduceMean", x)
     if op == "ReduceSumSquare":
         return red("ReduceSum", c.emit("Mul", [x, x]))
     if op == "ReduceL1":
@@ -507,11 +633,7 @@ def _global_pool(c: NodeCtx):
     axes = list(range(2, x.type.rank))
     if c.node.op_type == "GlobalMaxPool":
         return c.emit("ReduceMax", [x], {"axis": axes, "keep_dims": True})
-    n = symbolic.numel([x.shape[a] for a in axes])
-    if not isinstance(n, int):
-        raise Unsupported("average over symbolic spatial dims")
-    s = c.emit("ReduceSum", [x], {"axis": axes, "keep_dims": True})
-    return c.emit("Div", [s, c.scalar_like(n, x)])
+    return c.emit("ReduceMean", [x], {"axis": axes, "keep_dims": True})
 
 
 # ----------------------------------------------------------------- matmul/nn

@@ -1,3 +1,15 @@
-"""Op families; importing this package registers every basic op."""
+"""Op families; importing this package registers every basic and composite op."""
 
-from graphkernel.opdefs import elementwise, misc, nn, reduce, shape_ops  # noqa: F401
+from graphkernel.opdefs import (  # noqa: F401
+    activations,
+    arithmetic,
+    elementwise,
+    grads,
+    losses,
+    misc,
+    nn,
+    norms,
+    optimizers,
+    reduce,
+    shape_ops,
+)

@@ -42,7 +42,7 @@ def _assign_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 
 # Assign(ref, value) returns value and, when ref is a mutable graph input, writes it back.
 register(OpDef("Assign", OpKind.ELEMWISE, (2, 2), _assign_infer,
-               lambda xs, a, ctx: xs[1], category="misc"))
+               lambda xs, a, ctx: xs[1], category="misc", writes=((0, 0),)))
 
 
 # ------------------------------------------------------------------ Opaque

@@ -1,0 +1,52 @@
+"""Factories for composite ops: registered like basic ops, with ``composite=True``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from graphkernel import symbolic
+from graphkernel.errors import ShapeError
+from graphkernel.ir import TensorType
+from graphkernel.ops import Attrs, NoAttrs, OpDef, OpKind, check_dtype, register
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    return np.asarray(_erf(np.asarray(x, np.float64)), dtype=np.float64).astype(x.dtype)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def elementwise_infer(cls: str):
+    """Inputs share one dtype (of class ``cls``); the output broadcasts their shapes."""
+    def infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+        for t in ins[1:]:
+            if t.dtype != ins[0].dtype:
+                raise ShapeError(f"input dtypes differ ({ins[0].dtype.value} vs "
+                                 f"{t.dtype.value}); insert a Cast")
+        check_dtype(ins[0], cls)
+        return [TensorType(symbolic.broadcast_shapes(*(t.shape for t in ins)), ins[0].dtype)]
+
+    return infer
+
+
+def composite(name: str, arity: tuple[int, int | None], infer, reference,
+              attrs: type[Attrs] = NoAttrs, aliases: tuple[str, ...] = (), category: str = "",
+              kind: OpKind = OpKind.ELEMWISE, writes: tuple[tuple[int, int], ...] = ()) -> OpDef:
+    return register(OpDef(name, kind, arity, infer, reference, attrs=attrs, composite=True,
+                          aliases=aliases, category=category, writes=writes))
+
+
+def elementwise(name: str, arity: int, fn: Callable, attrs: type[Attrs] = NoAttrs,
+                aliases: tuple[str, ...] = (), cls: str = "float", category: str = "") -> OpDef:
+    """A composite elementwise op: ``fn(*inputs, **attrs)`` is its reference."""
+    return composite(name, (arity, arity), elementwise_infer(cls),
+                     lambda xs, a, ctx: fn(*xs, **a), attrs, aliases, category)

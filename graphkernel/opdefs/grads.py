@@ -1,0 +1,135 @@
+"""Composite gradient ops of training graphs (expanded by expanders/grads.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphkernel.errors import ShapeError
+from graphkernel.ir import TensorType
+from graphkernel.opdefs.activations import GeLUAttrs, SoftplusAttrs
+from graphkernel.opdefs.arithmetic import BiasAddAttrs, channel_axis
+from graphkernel.opdefs.composite import composite, elementwise, erf, sigmoid
+from graphkernel.opdefs.norms import LayerNormAttrs, SoftmaxAttrs, ln_axes, softmax_axes
+from graphkernel.ops import OpKind, check_dtype
+
+G = "grad"
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+
+
+def gelu_grad(dy, x, y, approximate="none"):
+    if approximate == "tanh":
+        u = SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+        t = np.tanh(u)
+        du = SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+    cdf = 0.5 * (1 + erf(x / math.sqrt(2)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return dy * (cdf + x * pdf)
+
+
+def fast_gelu_grad(dy, x):
+    """FastGeLU(x) = x * sigmoid(1.702 x) on both sides of 0."""
+    s = sigmoid(1.702 * x)
+    return dy * (s + 1.702 * x * s * (1 - s))
+
+
+def silu_grad(dy, x):
+    s = sigmoid(x)
+    return dy * (s + x * s * (1 - s))
+
+
+def softplus_grad(dy, x, beta=1.0, threshold=20.0):
+    return np.where(beta * x > threshold, dy, dy * sigmoid(beta * x))
+
+
+elementwise("ReluGrad", 2, lambda dy, x: np.where(x > 0, dy, 0), cls="numeric", category=G)
+elementwise("SigmoidGrad", 2, lambda y, dy: dy * y * (1 - y), category=G)
+elementwise("TanhGrad", 2, lambda y, dy: dy * (1 - y * y), category=G)
+elementwise("SqrtGrad", 2, lambda y, dy: dy / (2 * y), category=G)
+elementwise("RsqrtGrad", 2, lambda y, dy: -0.5 * dy * y ** 3, category=G)
+elementwise("GeLUGrad", 3, gelu_grad, GeLUAttrs, aliases=("GeluGrad",), category=G)
+elementwise("FastGeLUGrad", 2, fast_gelu_grad, aliases=("FastGeluGrad",), category=G)
+elementwise("SiLUGrad", 2, silu_grad, aliases=("SiLUGradExt",), category=G)
+elementwise("SoftplusGrad", 2, softplus_grad, SoftplusAttrs, aliases=("SoftplusGradExt",),
+            category=G)
+elementwise("SigmoidCrossEntropyWithLogitsGrad", 3,
+            lambda x, y, dout: (sigmoid(x) - y) * dout, category=G)
+
+
+def _bias_add_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dy = ins[0]
+    check_dtype(dy, "numeric")
+    c = channel_axis(dy.rank, attrs["data_format"])
+    return [TensorType((dy.shape[c],), dy.dtype)]
+
+
+def _bias_add_grad_ref(xs, a, ctx):
+    dy = xs[0]
+    c = channel_axis(dy.ndim, a["data_format"])
+    return dy.sum(axis=tuple(i for i in range(dy.ndim) if i != c))
+
+
+composite("BiasAddGrad", (1, 1), _bias_add_grad_infer, _bias_add_grad_ref, BiasAddAttrs,
+          category=G, kind=OpKind.REDUCE)
+
+
+def _softmax_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    y, dy = ins
+    check_dtype(y, "float")
+    if y != dy:
+        raise ShapeError(f"y {y} and dy {dy} must have the same type")
+    softmax_axes(y.rank, attrs["axis"])
+    return [y]
+
+
+def _softmax_grad_ref(xs, a, ctx):
+    y, dy = xs
+    ax = softmax_axes(y.ndim, a["axis"])
+    return (dy - (dy * y).sum(axis=ax, keepdims=True)) * y
+
+
+def _log_softmax_grad_ref(xs, a, ctx):
+    y, dy = xs
+    ax = softmax_axes(y.ndim, a["axis"])
+    return dy - np.exp(y) * dy.sum(axis=ax, keepdims=True)
+
+
+composite("SoftmaxGrad", (2, 2), _softmax_grad_infer, _softmax_grad_ref, SoftmaxAttrs,
+          category=G, kind=OpKind.REDUCE)
+composite("LogSoftmaxGrad", (2, 2), _softmax_grad_infer, _log_softmax_grad_ref, SoftmaxAttrs,
+          category=G, kind=OpKind.REDUCE)
+
+
+def _ln_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dy, x, var, mean, gamma = ins
+    check_dtype(x, "float")
+    if dy != x:
+        raise ShapeError(f"dy {dy} and x {x} must have the same type")
+    axes, p = ln_axes(x.rank, attrs)
+    stat = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    for name, t in (("var", var), ("mean", mean)):
+        if t.shape != stat:
+            raise ShapeError(f"{name} {t} must have shape {list(stat)}")
+    if gamma.shape != x.shape[p:]:
+        raise ShapeError(f"gamma {gamma} must have shape {list(x.shape[p:])}")
+    return [x, gamma, gamma]
+
+
+def _ln_grad_ref(xs, a, ctx):
+    dy, x, var, mean, g = xs
+    axes, p = ln_axes(x.ndim, a)
+    ax = tuple(axes)
+    n = int(np.prod([x.shape[i] for i in axes]))
+    rstd = 1 / np.sqrt(var + a["epsilon"])
+    xhat = (x - mean) * rstd
+    dxhat = dy * g
+    dx = rstd / n * (n * dxhat - dxhat.sum(axis=ax, keepdims=True)
+                     - xhat * (dxhat * xhat).sum(axis=ax, keepdims=True))
+    batch = tuple(range(p))
+    return dx, (dy * xhat).sum(axis=batch), dy.sum(axis=batch)
+
+
+composite("LayerNormGrad", (5, 5), _ln_grad_infer, _ln_grad_ref, LayerNormAttrs, category=G,
+          kind=OpKind.REDUCE)

@@ -1,0 +1,52 @@
+"""Expand composite ops into basic ops, per the effective expand list."""
+
+from __future__ import annotations
+
+from graphkernel import ops, registry
+from graphkernel.expanders.base import expand_node
+from graphkernel.flags import Config
+from graphkernel.passes.rewrite import replace_with
+from graphkernel.registry import PassResult, register_pass
+
+
+def default_expand_ops() -> list[str]:
+    """Composite ops with an expander on by default (optional ones such as Erf are not)."""
+    return sorted(name for name, e in registry.EXPANDERS.items()
+                  if e.default and ops.get(name).composite)
+
+
+def expand_list(cfg: Config) -> set[str]:
+    """The effective list: ``*_only`` replaces the default; else default + enable - disable."""
+    if cfg.enable_expand_ops_only:
+        return set(cfg.enable_expand_ops_only)
+    return (set(default_expand_ops()) | set(cfg.enable_expand_ops)) - set(cfg.disable_expand_ops)
+
+
+@register_pass("expand", stage="expand", level=1, order=10)
+def expand(graph, ctx) -> PassResult:
+    """Rewrite composite op -> its basic-op expansion, for ops on the expand list.
+
+    A node whose expander's preconditions fail is kept and the reason logged
+    (``expand: kept LayerNorm 'ln1': ...``); so is one whose expansion does not
+    reproduce the op's output types.
+    """
+    wanted = expand_list(ctx.flags)
+    expanded = 0
+    for node in graph.nodes:
+        if node.op not in wanted or node.op not in registry.EXPANDERS:
+            continue
+        exp = registry.EXPANDERS[node.op]
+        reason = exp.why_not(node)
+        if reason is None:
+            if not ctx.should_apply(f"{node.name} ({node.op})"):
+                continue
+            size = len(graph)
+            outs, reason = expand_node(graph, node, exp)
+            if outs is not None:
+                created = len(graph) - size
+                replace_with(graph, node, outs)
+                ctx.log(f"expanded {node.op} '{node.name}' into {created} ops")
+                expanded += 1
+                continue
+        ctx.log(f"kept {node.op} '{node.name}': {reason}")
+    return PassResult(expanded > 0, expanded)

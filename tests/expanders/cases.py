@@ -1,0 +1,122 @@
+"""Input specs for every expandable op: shapes, value domains and attributes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# value domains: "any" includes edge values (0, -0, denormals, large |x|)
+DOMAINS = {"any": (-4.0, 4.0), "pos": (0.1, 4.0), "ge1": (1.0, 5.0), "prob": (0.02, 0.98),
+           "unit": (0.0, 1.0), "small": (-1.0, 1.0), "one": (0.9, 1.1)}
+EDGES = np.array([0.0, -0.0, 1e-40, -1e-40, 1e-30, 30.0, -30.0, 12.0, -12.0], np.float64)
+
+
+@dataclass
+class Case:
+    shapes: list[tuple]          # one per input; str dims are symbolic
+    domains: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)  # concrete sizes of symbols
+    mutable: tuple[int, ...] = ()
+
+
+U = [(3, 33)], ["any"]
+
+
+def unary(domain="any", **attrs) -> list[Case]:
+    return [Case([(3, 33)], [domain], attrs), Case([("n", 7)], [domain], attrs, {"n": 5}),
+            Case([()], [domain], attrs), Case([(2, 0, 4)], [domain], attrs)]
+
+
+def binary(d0="any", d1="any", **attrs) -> list[Case]:
+    return [Case([(4, 9), (4, 9)], [d0, d1], attrs),
+            Case([(2, "n", 8), (8,)], [d0, d1], attrs, {"n": 3})]
+
+
+SCALAR = (1,)
+CASES: dict[str, list[Case]] = {
+    "GeLU": unary(approximate="none") + unary(approximate="tanh"),
+    "FastGeLU": unary(), "SiLU": unary(), "Sigmoid": unary(), "ReLU": unary(),
+    "LeakyReLU": unary(alpha=0.2), "Elu": unary(alpha=0.7),
+    "Softplus": unary(beta=2.0, threshold=10.0) + unary(),
+    "HSwish": unary(), "HSigmoid": unary(), "HShrink": unary(lambd=0.7),
+    "ClampScalar": unary(min=-0.5, max=1.5) + unary(max=0.3),
+    "Tanh": unary(), "Erf": unary(), "Cosh": unary("small"), "Sinh": unary("small"),
+    "Acosh": unary("ge1"), "Asinh": unary(),
+    "AddN": [Case([(3, 5)] * 3, ["any"] * 3), Case([(2, 1), (1, 4)], ["any"] * 2)],
+    "BiasAdd": [Case([(2, 3, 4, 5), (3,)], ["any", "any"], {"data_format": "NCHW"}),
+                Case([("b", 6), (6,)], ["any", "any"], {"data_format": "ND"}, {"b": 3})],
+    "Square": unary(), "SquaredDifference": binary(),
+    "Addcmul": [Case([(3, 4)] * 3, ["any"] * 3, {"value": 0.5})],
+    "FusedMulAdd": [Case([(3, 4), (4,), (3, 1)], ["any"] * 3)],
+    "DivMod": [Case([(5, 6), (5, 6)], ["any", "pos"])],
+    "ReduceMean": [Case([(4, 6, 5)], ["any"], {"axis": [-1], "keep_dims": True}),
+                   Case([("b", 6, 5)], ["any"], {"axis": [1, 2]}, {"b": 3})],
+    "Tile": [Case([(2, 3)], ["any"], {"multiples": [2, 1, 3]})],
+    "RepeatInterleaveInt": [Case([(2, 3)], ["any"], {"repeats": 3, "axis": -1})],
+    "OnesLike": unary(), "ZerosLike": unary(), "FillV2": unary(value=2.5),
+    "LayerNorm": [Case([("b", 8, 32), (32,), (32,)], ["any", "one", "small"],
+                       {"begin_norm_axis": -1, "begin_params_axis": -1}, {"b": 2}),
+                  Case([(2, 4, 6), (4, 6), (4, 6)], ["any", "one", "small"],
+                       {"begin_norm_axis": 1, "begin_params_axis": 1, "epsilon": 1e-3})],
+    "RMSNorm": [Case([("b", 16), (16,)], ["any", "one"], {}, {"b": 3})],
+    "Softmax": [Case([(3, 40)], ["any"], {"axis": -1}), Case([("b", 5, 6)], ["any"],
+                                                              {"axis": [1, 2]}, {"b": 2})],
+    "LogSoftmax": [Case([(3, 40)], ["any"], {"axis": 1}), Case([(4, 7)], ["any"], {"axis": 0})],
+    "SigmoidCrossEntropyWithLogits": binary("any", "unit"),
+    "BCEWithLogitsLoss": [Case([(4, 5), (4, 5), (5,), (5,)], ["any", "unit", "pos", "pos"],
+                               {"reduction": r}) for r in ("mean", "sum", "none")],
+    "BinaryCrossEntropy": [Case([(4, 5), (4, 5), (4, 5)], ["prob", "unit", "pos"],
+                                {"reduction": "mean"}),
+                           Case([(6,), (6,)], ["prob", "unit"], {"reduction": "none"})],
+    "ReluGrad": binary(), "SigmoidGrad": binary("unit", "any"), "TanhGrad": binary("small"),
+    "SqrtGrad": binary("pos"), "RsqrtGrad": binary("pos"),
+    "GeLUGrad": [Case([(3, 8)] * 3, ["any"] * 3, {"approximate": a}) for a in ("none", "tanh")],
+    "FastGeLUGrad": binary(), "SiLUGrad": binary(),
+    "SoftplusGrad": binary(beta=1.5, threshold=8.0),
+    "BiasAddGrad": [Case([(2, 3, 4, 5)], ["any"], {"data_format": "NCHW"}),
+                    Case([(6, 7)], ["any"], {"data_format": "ND"})],
+    "SoftmaxGrad": [Case([(3, 9), (3, 9)], ["unit", "any"], {"axis": -1})],
+    "LogSoftmaxGrad": [Case([(3, 9), (3, 9)], ["small", "any"], {"axis": -1})],
+    "LayerNormGrad": [Case([(2, 4, 8), (2, 4, 8), (2, 4, 1), (2, 4, 1), (8,)],
+                           ["any", "any", "pos", "small", "one"],
+                           {"begin_norm_axis": -1, "begin_params_axis": -1})],
+    "SigmoidCrossEntropyWithLogitsGrad": [Case([(4, 6)] * 3, ["any", "unit", "any"])],
+    "AssignAdd": [Case([(3, 4), (3, 4)], ["any", "any"], mutable=(0,))],
+    "ApplyMomentum": [Case([(5,), (5,), SCALAR, (5,), SCALAR], ["any", "any", "unit", "any",
+                                                                "unit"],
+                           {"use_nesterov": n}, mutable=(0, 1)) for n in (False, True)],
+    "Adam": [Case([(6,), (6,), (6,), SCALAR, SCALAR, SCALAR, SCALAR, SCALAR, SCALAR, (6,)],
+                  ["any", "any", "pos", "unit", "unit", "unit", "unit", "unit", "unit", "any"],
+                  {"use_nesterov": n}, mutable=(0, 1, 2)) for n in (False, True)],
+    "AdamWeightDecay": [Case([(6,), (6,), (6,)] + [SCALAR] * 5 + [(6,)],
+                             ["any", "any", "pos"] + ["unit"] * 5 + ["any"], mutable=(0, 1, 2))],
+    "AdamApplyOneWithDecay": [Case([(6,), (6,), (6,), (6,)] + [SCALAR] * 7,
+                                   ["any", "pos", "any", "any"] + ["unit"] * 7)],
+    "AdamApplyOneWithDecayAssign": [Case([(6,), (6,), (6,), (6,)] + [SCALAR] * 7,
+                                         ["any", "pos", "any", "any"] + ["unit"] * 7,
+                                         mutable=(1, 2, 3))],
+    "LambApplyOptimizerAssign": [Case([(6,), (6,), (6,), (6,)] + [SCALAR] * 8,
+                                      ["any", "pos", "any", "any"] + ["unit"] * 4
+                                      + ["unit", "ge1", "unit", "unit"], mutable=(1, 2))],
+    "LambApplyWeightAssign": [Case([SCALAR, SCALAR, SCALAR, (6,), (6,)],
+                                   ["any", "any", "unit", "any", "any"], mutable=(4,))],
+    "ClipByNormNoDivSum": [Case([(4, 5), SCALAR, SCALAR, SCALAR],
+                                ["any", "small", "small", "small"])],
+}
+
+
+def make_inputs(case: Case, dtype, rng, edges: bool = True) -> list[np.ndarray]:
+    out = []
+    for shape, dom in zip(case.shapes, case.domains, strict=True):
+        conc = tuple(case.dims.get(d, d) if isinstance(d, str) else d for d in shape)
+        lo, hi = DOMAINS[dom]
+        x = rng.uniform(lo, hi, conc)
+        if dom == "unit" and rng.random() < 0.5:
+            x = np.round(x)  # labels: 0/1
+        if edges and dom == "any" and x.size >= len(EDGES) + 2:
+            x.reshape(-1)[: len(EDGES)] = EDGES
+        out.append(np.asarray(x).astype(dtype))
+    return out

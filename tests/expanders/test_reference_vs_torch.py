@@ -1,0 +1,135 @@
+"""Composite ops' own references against torch (forward ops and autograd gradients)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_op
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def t(a):
+    return torch.from_numpy(np.asarray(a, np.float64))
+
+
+def close(got, want, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want.detach().numpy(), rtol=rtol,
+                               atol=atol)
+
+
+X = np.random.default_rng(7).uniform(-5, 5, (4, 16)).astype(np.float32)
+X[0, :6] = [0.0, -0.0, 25.0, -25.0, 1e-30, -1e-30]
+
+
+@pytest.mark.parametrize("op,attrs,fn", [
+    ("GeLU", {"approximate": "none"}, lambda x: F.gelu(x)),
+    ("GeLU", {"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh")),
+    ("SiLU", {}, F.silu),
+    ("Sigmoid", {}, torch.sigmoid),
+    ("ReLU", {}, F.relu),
+    ("LeakyReLU", {"alpha": 0.2}, lambda x: F.leaky_relu(x, 0.2)),
+    ("Elu", {"alpha": 0.7}, lambda x: F.elu(x, 0.7)),
+    ("Softplus", {"beta": 2.0, "threshold": 10.0}, lambda x: F.softplus(x, 2.0, 10.0)),
+    ("HSwish", {}, F.hardswish),
+    ("HSigmoid", {}, F.hardsigmoid),
+    ("HShrink", {"lambd": 0.7}, lambda x: F.hardshrink(x, 0.7)),
+    ("ClampScalar", {"min": -1.0, "max": 2.0}, lambda x: torch.clamp(x, -1.0, 2.0)),
+    ("Cosh", {}, torch.cosh), ("Sinh", {}, torch.sinh), ("Asinh", {}, torch.asinh),
+    ("Softmax", {"axis": -1}, lambda x: F.softmax(x, -1)),
+    ("LogSoftmax", {"axis": 0}, lambda x: F.log_softmax(x, 0)),
+])
+def test_activation_references(op, attrs, fn):
+    close(run_op(op, [X.astype(np.float64)], attrs), fn(t(X)))
+
+
+def test_fast_gelu_is_x_sigmoid_1702x():
+    close(run_op("FastGeLU", [X.astype(np.float64)]), t(X) * torch.sigmoid(1.702 * t(X)))
+
+
+def test_layer_norm_and_rms_norm():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 8))
+    g, b = rng.standard_normal((5, 8)), rng.standard_normal((5, 8))
+    y, mean, var = run_op("LayerNorm", [x, g, b], {"begin_norm_axis": 1, "begin_params_axis": 1,
+                                                   "epsilon": 1e-5})
+    close(y, F.layer_norm(t(x), (5, 8), t(g), t(b), 1e-5))
+    close(mean, t(x).mean((1, 2), keepdim=True))
+    close(var, t(x).var((1, 2), unbiased=False, keepdim=True))
+    w = rng.standard_normal(8)
+    y, rstd = run_op("RMSNorm", [x, w], {"epsilon": 1e-6})
+    close(y, F.rms_norm(t(x), (8,), t(w), 1e-6))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_losses(reduction):
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((4, 6)) * 4, rng.integers(0, 2, (4, 6)).astype(np.float64)
+    w, pw = rng.uniform(0.5, 2, 6), rng.uniform(0.5, 2, 6)
+    got = run_op("BCEWithLogitsLoss", [x, y, w, pw], {"reduction": reduction})
+    close(got, F.binary_cross_entropy_with_logits(t(x), t(y), t(w), reduction=reduction,
+                                                  pos_weight=t(pw)))
+    p = rng.uniform(0.01, 0.99, (4, 6))
+    got = run_op("BinaryCrossEntropy", [p, y, np.broadcast_to(w, (4, 6)).copy()],
+                 {"reduction": reduction})
+    close(got, F.binary_cross_entropy(t(p), t(y), t(np.broadcast_to(w, (4, 6)).copy()),
+                                      reduction=reduction))
+    close(run_op("SigmoidCrossEntropyWithLogits", [x, y]),
+          F.binary_cross_entropy_with_logits(t(x), t(y), reduction="none"))
+
+
+def grad_of(fn, x):
+    xt = t(x).requires_grad_(True)
+    y = fn(xt)
+    dy = torch.from_numpy(np.random.default_rng(3).standard_normal(y.shape))
+    (gx,) = torch.autograd.grad(y, xt, dy)
+    return y.detach(), dy, gx
+
+
+@pytest.mark.parametrize("op,fn,attrs,args", [
+    ("GeLUGrad", lambda x: F.gelu(x), {"approximate": "none"}, "dy x y"),
+    ("GeLUGrad", lambda x: F.gelu(x, approximate="tanh"), {"approximate": "tanh"}, "dy x y"),
+    ("SiLUGrad", F.silu, {}, "dy x"),
+    ("FastGeLUGrad", lambda x: x * torch.sigmoid(1.702 * x), {}, "dy x"),
+    ("ReluGrad", F.relu, {}, "dy x"),
+    ("SigmoidGrad", torch.sigmoid, {}, "y dy"),
+    ("TanhGrad", torch.tanh, {}, "y dy"),
+    ("SoftplusGrad", lambda x: F.softplus(x, 1.5, 8.0), {"beta": 1.5, "threshold": 8.0}, "dy x"),
+    ("SoftmaxGrad", lambda x: F.softmax(x, -1), {"axis": -1}, "y dy"),
+    ("LogSoftmaxGrad", lambda x: F.log_softmax(x, -1), {"axis": -1}, "y dy"),
+])
+def test_grads_match_autograd(op, fn, attrs, args):
+    x = X.astype(np.float64)
+    y, dy, gx = grad_of(fn, x)
+    env = {"x": x, "y": y.numpy(), "dy": dy.numpy()}
+    close(run_op(op, [env[a] for a in args.split()], attrs), gx, rtol=1e-6, atol=1e-9)
+
+
+def test_sqrt_and_rsqrt_grads():
+    x = np.random.default_rng(4).uniform(0.2, 4, (3, 5))
+    for op, fn in (("SqrtGrad", torch.sqrt), ("RsqrtGrad", torch.rsqrt)):
+        y, dy, gx = grad_of(fn, x)
+        close(run_op(op, [y.numpy(), dy.numpy()]), gx, rtol=1e-6)
+
+
+def test_layer_norm_grad_matches_autograd():
+    rng = np.random.default_rng(5)
+    x, g, b = rng.standard_normal((3, 4, 8)), rng.standard_normal(8), rng.standard_normal(8)
+    xt, gt, bt = t(x).requires_grad_(), t(g).requires_grad_(), t(b).requires_grad_()
+    y = F.layer_norm(xt, (8,), gt, bt, 1e-5)
+    dy = torch.from_numpy(rng.standard_normal(y.shape))
+    dx, dg, db = torch.autograd.grad(y, (xt, gt, bt), dy)
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    got = run_op("LayerNormGrad", [dy.numpy(), x, var, mean, g], {"epsilon": 1e-5})
+    for a, w in zip(got, (dx, dg, db), strict=True):
+        close(a, w, rtol=1e-6, atol=1e-9)
+
+
+def test_bias_add_and_grad():
+    rng = np.random.default_rng(6)
+    x, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal(3)
+    close(run_op("BiasAdd", [x, b], {"data_format": "NCHW"}), t(x) + t(b).reshape(1, 3, 1, 1))
+    close(run_op("BiasAddGrad", [x], {"data_format": "NCHW"}), t(x).sum((0, 2, 3)))
