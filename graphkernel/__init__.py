@@ -12,6 +12,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and \
 # Importing these registers every op, expander and pass (no manual imports for users).
 from graphkernel import ops  # noqa: E402,F401,I001
 from graphkernel import expanders  # noqa: E402,F401
+from graphkernel import patterns  # noqa: E402,F401
 from graphkernel import passes  # noqa: E402,F401
 from graphkernel.api import CompileResult, compile, load_config  # noqa: E402
 from graphkernel.errors import GraphKernelError  # noqa: E402

@@ -225,6 +225,11 @@ class PassContext:
         self.current_pass = ""
         self.rewrites = 0
         self.notes: list[str] = []
+        # analyses one pass hands to a later one (e.g. cluster regions for split)
+        self.analyses: dict[str, Any] = {}
+        # top-level report entries a pass contributes (e.g. GM-traffic figures)
+        self.report_extra: dict[str, Any] = {}
+        self.dumper: Dumper | None = None
 
     def should_apply(self, description: str) -> bool:
         """Ask before each single rewrite; counts it and may refuse it (bisect_limit)."""
@@ -292,6 +297,8 @@ class PassManager:
         printer = self.log if cfg.print_bisect else None
         bisect = BisectCounter(cfg.bisect_limit, printer)
         ctx = PassContext(cfg, bisect, self.log, self.target)
+        ctx.dumper = self.dumper
+        self.ctx = ctx
         report = RunReport(flags=cfg.to_dict(), nodes_before=len(graph),
                            bisect_limit=cfg.bisect_limit)
         if self.dumper:
@@ -335,6 +342,9 @@ class PassManager:
                 self.dumper.write_text(f"{seq:04d}_{s.stage}_{s.name}.txt", str(graph))
         report.seconds = time.perf_counter() - t_start
         report.nodes_after = len(graph)
+        for hook in FINISH_HOOKS:
+            hook(graph, ctx)
+        report.extra.update(ctx.report_extra)
         report.bisect_applications = bisect.count
         report.bisect_refused = bisect.refused
         self.bisect = bisect
@@ -344,3 +354,6 @@ class PassManager:
 # Tests switch this on so that every pass's output is validated and a broken
 # invariant names the pass that broke it.
 CHECK_EACH_PASS = False
+
+# Called with (graph, ctx) after the last pass, to add final figures to the report.
+FINISH_HOOKS: list[Callable[[Graph, PassContext], None]] = []

@@ -4,11 +4,13 @@ from graphkernel.passes import (  # noqa: F401
     arith_simplify,
     axis_normalize,
     cast_elim,
+    cluster,
     constant_fold,
     cse,
     dce,
     expand,
     reshape_elim,
+    split,
     transpose_elim,
     validate,
 )

@@ -18,7 +18,7 @@ NOENV: dict[str, str] = {}
 # The catalogue's levels (passes-and-patterns.md) for the passes this build registers.
 CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2,
              "arith_simplify": 2, "cse": 2, "reshape_elim": 2, "transpose_elim": 2,
-             "cast_elim": 2, "dce": 1}
+             "cast_elim": 2, "dce": 1, "cluster": 1, "split": 1}
 
 
 def on_passes(flags: str) -> set[str]:

@@ -27,7 +27,8 @@ def model() -> Graph:
 
 
 def compiled(flags: str):
-    return graphkernel.compile(model(), f"--opt_level=1 {flags}", env={})
+    return graphkernel.compile(model(), f"--opt_level=1 --disable_pass=cluster,split {flags}",
+                               env={})
 
 
 def remaining(res) -> set[str]:

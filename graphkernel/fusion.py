@@ -1,0 +1,382 @@
+"""The fusion model: cluster ops, candidate regions, areas, and the split model's checks.
+
+- ``fusable_reason`` says why a node may not join a fused kernel (op not in the
+  cluster list, skip list, dtype the vector unit does not support).
+- ``form_regions`` groups fusable nodes into *convex* regions: no path between two
+  nodes of a region ever leaves it, so fusing inside a region can never create a
+  cycle through the rest of the graph. Built in one topological sweep with
+  Python-int bitsets of region ids.
+- ``SplitModel`` holds a region's areas (sets of nodes that will become one kernel)
+  and a reachability table (one bitset per node, over the region's nodes), so a
+  cycle check is a few ANDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphkernel import ops, symbolic
+from graphkernel.flags import Config
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.opdefs.elementwise import BINARY, UNARY
+from graphkernel.ops import OpKind
+
+SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
+
+DEFAULT_CLUSTER_OPS = frozenset(
+    set(UNARY) | set(BINARY) | {
+        "Cast", "Select", "BroadcastTo", "ReduceSum", "ReduceMax", "ReduceMin",
+        "ReduceProd", "ElemAny", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice",
+        "StridedSlice", "Concat", "Gather"})
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})  # fused only through matmul_depth
+# the vector unit has no float64 and limited int64
+SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
+                              DType.uint8, DType.int16, DType.int32, DType.bool})
+INJECTIVE, BROADCAST = "INJECTIVE", "BROADCAST"
+
+
+def cluster_ops(cfg: Config) -> frozenset[str]:
+    if cfg.enable_cluster_ops_only:
+        return frozenset(cfg.enable_cluster_ops_only)
+    return frozenset((DEFAULT_CLUSTER_OPS | set(cfg.enable_cluster_ops))
+                     - set(cfg.disable_cluster_ops))
+
+
+def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
+    """Why ``node`` cannot join a fused kernel, or None when it can."""
+    if node.op == "Constant":
+        return "constant (an input of kernels, not a member)"
+    if node.name in cfg.skip_node_names or any(o in cfg.skip_node_names for o in node.origin):
+        return "node in skip list (skip_node_names_cfg [ByNodeName])"
+    if node.op in cfg.skip_node_types:
+        return "op type in skip list (skip_node_names_cfg [ByNodeType])"
+    if node.op not in allowed and node.op not in MATMUL_OPS:
+        return f"op {node.op} not in the cluster list"
+    for v in list(node.inputs) + list(node.outputs):
+        if v.dtype not in SUPPORTED_DTYPES:
+            return f"dtype {v.dtype.value} not supported by the vector unit"
+    return None
+
+
+# ----------------------------------------------------------------------- sizes
+def numel(v: Value) -> int:
+    return int(symbolic.evaluate(v.type.numel, _Sym()))
+
+
+def nbytes(v: Value) -> int:
+    return numel(v) * v.dtype.itemsize
+
+
+class _Sym(dict):
+    def __missing__(self, key: str) -> int:
+        return SYMBOL_SIZE
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def elements(node: Node) -> Any:
+    """A node's iteration space: a reduce scans its input, others produce their output."""
+    if ops.get(node.op).kind == OpKind.REDUCE and node.inputs:
+        return symbolic.canon(node.inputs[0].type.numel)
+    return symbolic.canon(node.outputs[0].type.numel) if node.outputs else 1
+
+
+def is_scalar_const(v: Value) -> bool:
+    p = v.producer
+    return p is not None and p.op == "Constant" and p.attrs["value"].size == 1
+
+
+def edge_relation(v: Value, consumer: Node) -> str:
+    """BROADCAST when an elementwise/broadcast consumer's output is larger than this input."""
+    kind = ops.get(consumer.op).kind
+    if kind in (OpKind.ELEMWISE, OpKind.BROADCAST) and not is_scalar_const(v):
+        if symbolic.canon(consumer.outputs[0].type.numel) != symbolic.canon(v.type.numel):
+            return BROADCAST
+    return INJECTIVE
+
+
+# --------------------------------------------------------------------- regions
+def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
+    """Convex regions of fusable nodes, each in topological order.
+
+    One sweep: ``anc[n]`` holds the regions among n's ancestors, ``left[n]`` those
+    with a path to n that leaves the region on the way. A node joins a producer's
+    region only if that region is not in ``left`` of its inputs, and two producer
+    regions merge only if neither reaches the other through the outside.
+    """
+    nodes = graph.nodes
+    parent: list[int] = []          # union-find over region ids
+    members: list[int] = []         # bitmask of region ids in each root's class
+    region_left: list[int] = []     # regions reaching this region through the outside
+    region_of: dict[int, int] = {}
+    anc: dict[int, int] = {}
+    left: dict[int, int] = {}
+    remaining = {id(n): len(n.users) for n in nodes}
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for n in nodes:
+        preds = [v.producer for v in n.inputs if v.producer is not None]
+        a_in = 0
+        l_in = 0
+        for p in preds:
+            a_in |= anc.get(id(p), 0)
+            l_in |= left.get(id(p), 0)
+        if id(n) in fusable:
+            chosen = -1
+            for p in preds:
+                if id(p) not in region_of:
+                    continue
+                r = find(region_of[id(p)])
+                if r == chosen or members[r] & l_in:
+                    continue
+                if chosen < 0:
+                    chosen = r
+                elif not (members[r] & region_left[chosen]) and \
+                        not (members[chosen] & region_left[r]):
+                    parent[r] = chosen
+                    members[chosen] |= members[r]
+                    region_left[chosen] |= region_left[r]
+            if chosen < 0:
+                chosen = len(parent)
+                parent.append(chosen)
+                members.append(1 << chosen)
+                region_left.append(0)
+            region_of[id(n)] = chosen
+            anc[id(n)] = a_in | (1 << chosen)
+            left[id(n)] = l_in | (a_in & ~members[chosen])
+            region_left[chosen] |= left[id(n)]
+        else:
+            anc[id(n)] = a_in
+            left[id(n)] = l_in | a_in
+        for p in preds:  # free bitsets nobody will read again
+            remaining[id(p)] -= 1
+            if remaining[id(p)] <= 0:
+                anc.pop(id(p), None)
+                left.pop(id(p), None)
+    groups: dict[int, list[Node]] = {}
+    for n in nodes:
+        if id(n) in region_of:
+            groups.setdefault(find(region_of[id(n)]), []).append(n)
+    return list(groups.values())
+
+
+# ------------------------------------------------------------------ split model
+@dataclass
+class Area:
+    id: int
+    nodes: list[Node]
+    mask: int
+    patterns: list[str] = field(default_factory=list)
+
+    @property
+    def ops(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def dominant(self) -> Node:
+        """The node of highest kind (the largest iteration space among equals)."""
+        return max(self.nodes, key=lambda n: (ops.get(n.op).kind,
+                                              symbolic.evaluate(elements(n), _Sym())))
+
+    @property
+    def name(self) -> str:
+        dom = self.dominant
+        return dom.name if self.ops == 1 else f"{dom.name}(+{self.ops - 1})"
+
+
+@dataclass
+class Attempt:
+    """One pattern attempt, for `graphkernel explain`."""
+
+    pattern: str
+    areas: list[str]
+    nodes: list[str]
+    score: int
+    verdict: str  # fused | rejected
+    reason: str = ""
+
+
+class SplitModel:
+    """Areas of one convex region and the checks every pattern shares."""
+
+    def __init__(self, graph: Graph, region: list[Node], cfg: Config, ctx: Any,
+                 attempts: list[Attempt]) -> None:
+        self.graph = graph
+        self.cfg = cfg
+        self.ctx = ctx
+        self.attempts = attempts
+        self.index = {id(n): i for i, n in enumerate(region)}
+        self.nodes = region
+        self.outputs = {id(v) for v in graph.outputs}
+        # reachability: reach[i] = bitset of region nodes reachable from node i (itself too)
+        reach = [0] * len(region)
+        for i in range(len(region) - 1, -1, -1):
+            r = 1 << i
+            for u in region[i].users:
+                j = self.index.get(id(u))
+                if j is not None:
+                    r |= reach[j]
+            reach[i] = r
+        self.reach = reach
+        self.area_of: list[Area] = []
+        for i, n in enumerate(region):
+            self.area_of.append(Area(i, [n], 1 << i))
+
+    # ------------------------------------------------------------ structure
+    def areas(self) -> list[Area]:
+        seen: dict[int, Area] = {}
+        for a in self.area_of:
+            seen.setdefault(id(a), a)
+        return sorted(seen.values(), key=lambda a: self.index[id(a.nodes[0])])
+
+    def area(self, node: Node) -> Area | None:
+        i = self.index.get(id(node))
+        return self.area_of[i] if i is not None else None
+
+    def producers(self, a: Area) -> list[tuple[Area, Value, Node]]:
+        """(producer area, value, consuming node) for every in-region edge into ``a``."""
+        out = []
+        for n in a.nodes:
+            for v in n.inputs:
+                p = v.producer
+                if p is None:
+                    continue
+                pa = self.area(p)
+                if pa is not None and pa is not a:
+                    out.append((pa, v, n))
+        return out
+
+    def producer_areas(self, a: Area) -> list[Area]:
+        return _unique(pa for pa, _, _ in self.producers(a))
+
+    def consumers(self, a: Area) -> tuple[list[Area], bool]:
+        """Consumer areas in the region, and whether some consumer lies outside the region
+        (or an output is a graph output)."""
+        out: list[Area] = []
+        external = False
+        for n in a.nodes:
+            for v in n.outputs:
+                if id(v) in self.outputs:
+                    external = True
+                for u in v.users:
+                    ua = self.area(u)
+                    if ua is None:
+                        external = True
+                    elif ua is not a:
+                        out.append(ua)
+        return _unique(out), external
+
+    def is_output(self, a: Area) -> bool:
+        return any(id(v) in self.outputs for n in a.nodes for v in n.outputs)
+
+    def kind(self, a: Area) -> OpKind:
+        """The highest op kind; an elementwise area fed through a broadcast edge from outside
+        the area is a BROADCAST area."""
+        k = max(ops.get(n.op).kind for n in a.nodes)
+        if k == OpKind.ELEMWISE:
+            for n in a.nodes:
+                for v in n.inputs:
+                    if (v.producer is None or self.area(v.producer) is not a) and \
+                            edge_relation(v, n) == BROADCAST:
+                        return OpKind.BROADCAST
+        return k
+
+    def size(self, a: Area) -> Any:
+        """The area's compute size: the element count of its dominant node."""
+        return elements(a.dominant)
+
+    def relation(self, producer: Area, consumer: Area) -> str:
+        rels = {edge_relation(v, n) for pa, v, n in self.producers(consumer) if pa is producer}
+        return BROADCAST if BROADCAST in rels else INJECTIVE
+
+    def only_consumer_is(self, producer: Area, consumer: Area) -> bool:
+        cons, external = self.consumers(producer)
+        return not external and cons == [consumer]
+
+    # ------------------------------------------------------------- checks
+    def creates_cycle(self, areas: Iterable[Area]) -> bool:
+        """Fusing ``areas`` is cyclic iff a path leaves the union and comes back."""
+        union = 0
+        group = list(areas)
+        for a in group:
+            union |= a.mask
+        for a in group:
+            for n in a.nodes:
+                for u in n.users:
+                    j = self.index.get(id(u))
+                    if j is None or (union >> j) & 1:
+                        continue
+                    if self.reach[j] & union:
+                        return True
+        return False
+
+    def score(self, areas: list[Area]) -> int:
+        """GM bytes saved: every value passed between the areas is no longer written and read
+        back (its write stays when something outside still reads it)."""
+        union = set()
+        for a in areas:
+            union |= {id(n) for n in a.nodes}
+        saved = 0
+        for a in areas:
+            for n in a.nodes:
+                for v in n.outputs:
+                    inside = [u for u in v.users if id(u) in union and u is not n]
+                    if not inside:
+                        continue
+                    outside = any(id(u) not in union for u in v.users) or id(v) in self.outputs
+                    saved += nbytes(v) * (1 if outside else 2)
+        return saved
+
+    # -------------------------------------------------------------- fusing
+    def try_fuse(self, pattern: str, areas: list[Area], limit: int | None = None) -> bool:
+        areas = _unique(areas)
+        names = [a.name for a in areas]
+        nodes = [n.name for a in areas for n in a.nodes]
+        total = sum(a.ops for a in areas)
+        cap = self.cfg.composite_op_limit_size
+        score = self.score(areas)
+
+        def record(verdict: str, reason: str = "") -> bool:
+            self.attempts.append(Attempt(pattern, names, nodes, score, verdict, reason))
+            return verdict == "fused"
+
+        if total > cap:
+            return record("rejected", f"size limit: {total} ops > composite_op_limit_size={cap}")
+        if limit is not None and total > limit:
+            return record("rejected", f"size limit: {total} ops > {pattern} limit {limit}")
+        if self.creates_cycle(areas):
+            return record("rejected", "cycle: another path connects these areas")
+        if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names)):
+            return record("rejected", "refused by bisect_limit")
+        target = areas[0]
+        for other in areas[1:]:
+            target.nodes.extend(other.nodes)
+            target.mask |= other.mask
+            target.patterns.extend(other.patterns)
+            for n in other.nodes:
+                self.area_of[self.index[id(n)]] = target
+        target.nodes.sort(key=lambda n: self.index[id(n)])
+        target.patterns.append(pattern)
+        return record("fused")
+
+    def reject(self, pattern: str, areas: list[Area], reason: str) -> bool:
+        self.attempts.append(Attempt(pattern, [a.name for a in areas],
+                                     [n.name for a in areas for n in a.nodes],
+                                     self.score(areas), "rejected", reason))
+        return False
+
+
+def _unique(items: Iterable[Area]) -> list[Area]:
+    seen: dict[int, Area] = {}
+    for a in items:
+        seen.setdefault(id(a), a)
+    return list(seen.values())
+

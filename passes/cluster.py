@@ -1,0 +1,41 @@
+"""Mark fusable nodes and form convex candidate regions for the split model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel import traffic
+from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
+from graphkernel.ir import Node
+from graphkernel.registry import PassResult, register_pass
+
+
+@dataclass
+class ClusterInfo:
+    regions: list[list[Node]]
+    reasons: dict[str, str] = field(default_factory=dict)  # node name -> why not fusable
+    fusable: set[int] = field(default_factory=set)
+
+
+@register_pass("cluster", stage="cluster", level=1, order=10)
+def cluster(graph, ctx) -> PassResult:
+    """Mark nodes the cluster-op lists, skip lists and dtypes allow, and group them into
+    convex regions (no path between two nodes of a region leaves it); never rewrites."""
+    allowed = cluster_ops(ctx.flags)
+    reasons: dict[str, str] = {}
+    fusable: set[int] = set()
+    for n in graph.nodes:
+        why = fusable_reason(n, allowed, ctx.flags)
+        if why is None:
+            fusable.add(id(n))
+        elif n.op != "Constant":
+            reasons[n.name] = why
+    regions = form_regions(graph, fusable)
+    ctx.analyses["cluster"] = ClusterInfo(regions, reasons, fusable)
+    total, count, _ = traffic.summary(graph)
+    vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}
+    ideal_bytes, ideal_count = traffic.ideal(graph, vector)
+    ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
+                            gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count)
+    return PassResult(False, 0, [f"{len(fusable)} fusable nodes in {len(regions)} regions; "
+                                 f"{len(reasons)} nodes not fusable"])

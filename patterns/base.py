@@ -1,0 +1,56 @@
+"""Pattern records and the helper every rule uses to state its conditions.
+
+A pattern is ``fn(model, area) -> Area | None``: it proposes a fusion around
+``area`` and returns the merged area when the fusion happened (the split pass
+then tries the same pattern on it again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from graphkernel.fusion import Area, SplitModel
+from graphkernel.ops import OpKind
+from graphkernel.registry import PATTERNS, register_pattern
+
+PatternFn = Callable[[SplitModel, Area], Area | None]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    order: int
+    direction: str  # fwd: pull producers in; bwd: push into consumers
+    mode: str  # depth: one-to-one chains; width: several neighbours at once
+    level: int  # the opt_level from which it runs by default (extended fusions: 3)
+    fn: PatternFn
+    doc: str
+
+
+def pattern(name: str, order: int, direction: str, mode: str, level: int = 1):
+    def deco(fn: PatternFn) -> PatternFn:
+        register_pattern(name)(Pattern(name, order, direction, mode, level, fn,
+                                       (fn.__doc__ or "").strip()))
+        return fn
+
+    return deco
+
+
+def fuse_if(model: SplitModel, name: str, areas: Sequence[Area],
+            conditions: Sequence[tuple[bool, str]], limit: int | None = None) -> Area | None:
+    """Fuse ``areas`` (into the first) when every condition holds; otherwise record the first
+    failing condition's reason as the verdict."""
+    for ok, reason in conditions:
+        if not ok:
+            model.reject(name, list(areas), reason)
+            return None
+    return areas[0] if model.try_fuse(name, list(areas), limit) else None
+
+
+def kind_name(k: OpKind) -> str:
+    return k.name
+
+
+def all_patterns() -> list[Pattern]:
+    return sorted(PATTERNS.values(), key=lambda p: p.order)

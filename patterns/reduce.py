@@ -1,0 +1,82 @@
+"""reduce_fwd_{depth,width} and reduce_bwd: fuse reductions with their neighbours."""
+
+from __future__ import annotations
+
+from graphkernel import ops
+from graphkernel.fusion import INJECTIVE
+from graphkernel.opdefs.reduce import reduce_axes
+from graphkernel.ops import OpKind
+from graphkernel.patterns.base import fuse_if, pattern
+
+
+def _fwd_conditions(model, a, p):
+    return [
+        (model.kind(p) <= OpKind.ELEMWISE,
+         f"kind mismatch: producer {p.name} is {model.kind(p).name} (a reduce pulls in only "
+         "<= ELEMWISE; a broadcast producer is not pulled into a reduce)"),
+        (model.only_consumer_is(p, a), f"producer {p.name} has other consumers"),
+        (model.relation(p, a) == INJECTIVE, f"edge relation: {p.name} -> {a.name} is BROADCAST"),
+    ]
+
+
+@pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth")
+def fwd_depth(model, a):
+    """A REDUCE area with one producer area pulls it in when it is <= ELEMWISE, has this
+    area as its only consumer and the edge is INJECTIVE, up to reduce_fuse_depth ops."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    prods = model.producer_areas(a)
+    if len(prods) != 1:
+        return None
+    return fuse_if(model, "reduce_fwd_depth", [a, prods[0]], _fwd_conditions(model, a, prods[0]),
+                   limit=model.cfg.reduce_fuse_depth)
+
+
+@pattern("reduce_fwd_width", order=50, direction="fwd", mode="width")
+def fwd_width(model, a):
+    """The same for all qualifying producers at once."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    good = []
+    for p in model.producer_areas(a):
+        failed = [why for ok, why in _fwd_conditions(model, a, p) if not ok]
+        if failed:
+            model.reject("reduce_fwd_width", [a, p], failed[0])
+        else:
+            good.append(p)
+    if not good:
+        return None
+    return fuse_if(model, "reduce_fwd_width", [a] + good, [], limit=model.cfg.reduce_fuse_depth)
+
+
+def reduce_signatures(area) -> set[tuple]:
+    """(input shape, reduced axes) of every reduction in the area."""
+    out = set()
+    for n in area.nodes:
+        if ops.get(n.op).kind == OpKind.REDUCE and n.op != "ElemAny":
+            x = n.inputs[0].type
+            out.add((x.shape, tuple(reduce_axes(x.rank, n.attrs.get("axis")))))
+    return out
+
+
+@pattern("reduce_bwd", order=75, direction="bwd", mode="depth")
+def bwd(model, a):
+    """A REDUCE area pushes itself into its single consumer area when both have the same
+    compute size and reduce the same axes of the same shape: the row-wise normalizations
+    (LayerNorm, Softmax, RMSNorm), whose statistics are broadcast back over the rows they
+    were reduced from. (A graphkernel addition to the split model.)"""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    cons, external = model.consumers(a)
+    if len(cons) != 1:
+        return None
+    c = cons[0]
+    sigs = reduce_signatures(a) | reduce_signatures(c)
+    return fuse_if(model, "reduce_bwd", [c, a], [
+        (not external, f"{a.name} has a consumer outside the fusable region"),
+        (model.kind(c) <= OpKind.REDUCE,
+         f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
+        (model.size(c) == model.size(a),
+         f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
+        (len(sigs) == 1, "the reductions differ in shape or axes"),
+    ])
