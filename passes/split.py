@@ -116,7 +116,8 @@ def _finish(graph, ctx) -> None:
         for n in graph.nodes:
             if n.op == "GraphKernel":
                 members = [f"{m.name} ({m.op})" for m in n.subgraph.nodes if m.op != "Constant"]
-                lines.append(f"{n.name}  pattern={n.attrs['pattern']}  origin=[{', '.join(n.origin)}]")
+                origin = ", ".join(n.origin)
+                lines.append(f"{n.name}  pattern={n.attrs['pattern']}  origin=[{origin}]")
                 lines += [f"    {m}" for m in members]
         ctx.dumper.write_text("graph_kernel_cluster.txt", "\n".join(lines) or "(no kernels)")
 

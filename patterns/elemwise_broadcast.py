@@ -95,5 +95,6 @@ def bwd_width(model, a):
         return None
     sizes = {model.size(c) for c in cons}
     conds = _bwd_conditions(model, a, cons, external)
-    conds.append((len(sizes) == 1, f"compute size mismatch among consumers: {sorted(map(str, sizes))}"))
+    conds.append((len(sizes) == 1,
+                  f"compute size mismatch among consumers: {sorted(map(str, sizes))}"))
     return fuse_if(model, "elemwise_broadcast_bwd_width", cons + [a], conds)
