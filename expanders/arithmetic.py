@@ -57,7 +57,7 @@ def div_mod(b, x, y):
           validators=[static_dims(lambda n: reduce_axes(n.inputs[0].type.rank, n.attrs["axis"]),
                                   "reduced dims")])
 def reduce_mean(b, x, *, axis, keep_dims):
-    return b.reduce_mean(x, reduce_axes(x.type.rank, axis), keep_dims)  # sum * (1/N)
+    return b.reduce_mean(x, reduce_axes(x.type.rank, axis), keep_dims)  # sum / N
 
 
 @expander("Tile", dtypes=NUMERIC | {DType.bool}, fp32_inside=False)

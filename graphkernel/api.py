@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ class CompileResult:
     graph: Graph
     report: RunReport
     config: Config
+    analyses: dict[str, Any] = field(default_factory=dict)
 
     def write_report(self, directory: str | os.PathLike) -> Path:
         return Dumper(directory).write_json("report.json", self.report.to_dict())
@@ -55,7 +56,7 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     cfg = load_config(flags, config, target, env)
     pm = PassManager(cfg, log=log)
     report = pm.run(graph)
-    result = CompileResult(graph, report, cfg)
+    result = CompileResult(graph, report, cfg, pm.ctx.analyses)
     if out_dir is not None:
         result.write_report(out_dir)
     if pm.dumper is not None:

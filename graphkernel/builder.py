@@ -132,14 +132,16 @@ class Builder:
                        keep_dims=keep_dims)
 
     def reduce_mean(self, x: Value, axes: Sequence[int], keep_dims: bool = False) -> Value:
-        """ReduceSum * (1/N); the reduced dims must be static."""
+        """ReduceSum / N; the reduced dims must be static. A correctly rounded division, not a
+        multiply by a rounded 1/N: normalizations amplify that extra rounding (LayerNorm on a
+        nearly constant row scales it by rsqrt(eps))."""
         n = 1
         for a in axes:
             d = x.shape[a]
             if not isinstance(d, int):
                 raise ValueError(f"reduced dim {a} of {x.type} is symbolic")
             n *= d
-        return self.mul(self.reduce_sum(x, axes, keep_dims), 1.0 / n if n else float("nan"))
+        return self.div(self.reduce_sum(x, axes, keep_dims), float(n))
 
     # ------------------------------------------------------------- shapes
     def reshape(self, x: Value, shape: Sequence[Any]) -> Value:

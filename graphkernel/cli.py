@@ -256,6 +256,25 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from graphkernel.api import compile as gk_compile
+    from graphkernel.explain import explain, format_explain
+
+    g = _load(args.model)
+    res = gk_compile(g, args.flags or "", args.config)
+    d = explain(res, args.node)
+    if args.node and not (d["candidates"] or d["not_fusable"] or d["kernels"]):
+        from graphkernel.errors import GraphError, did_you_mean
+
+        raise GraphError(f"no node {args.node!r} took part in fusion"
+                         + did_you_mean(args.node, [n.name for n in g.nodes]))
+    if args.json:
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        print(format_explain(d))
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -311,6 +330,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "and dumps here")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("explain", help="candidate fusions ranked by score, and why each was "
+                                       "taken or refused",
+                       description="Explain fusion decisions for the whole graph or one node.")
+    s.add_argument("model", metavar="MODEL")
+    flag_args(s)
+    s.add_argument("--node", metavar="NAME", help="only fusions involving this node")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(fn=cmd_explain)
 
     s = sub.add_parser("expand", help="which composite nodes expand, and why others are kept",
                        description="Run the expanders under the given flags and print, per "

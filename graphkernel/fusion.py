@@ -226,6 +226,7 @@ class SplitModel:
                     r |= reach[j]
             reach[i] = r
         self.reach = reach
+        self._seen: set[tuple] = set()  # rejections already recorded
         self.area_of: list[Area] = []
         for i, n in enumerate(region):
             self.area_of.append(Area(i, [n], 1 << i))
@@ -345,7 +346,10 @@ class SplitModel:
         score = self.score(areas)
 
         def record(verdict: str, reason: str = "") -> bool:
-            self.attempts.append(Attempt(pattern, names, nodes, score, verdict, reason))
+            key = (pattern, tuple(names), reason)
+            if verdict == "fused" or key not in self._seen:
+                self._seen.add(key)
+                self.attempts.append(Attempt(pattern, names, nodes, score, verdict, reason))
             return verdict == "fused"
 
         if total > cap:
@@ -368,9 +372,12 @@ class SplitModel:
         return record("fused")
 
     def reject(self, pattern: str, areas: list[Area], reason: str) -> bool:
-        self.attempts.append(Attempt(pattern, [a.name for a in areas],
-                                     [n.name for a in areas for n in a.nodes],
-                                     self.score(areas), "rejected", reason))
+        names = [a.name for a in areas]
+        key = (pattern, tuple(names), reason)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.attempts.append(Attempt(pattern, names, [n.name for a in areas for n in a.nodes],
+                                         self.score(areas), "rejected", reason))
         return False
 
 

@@ -39,7 +39,7 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
                 vmap[id(v)] = sub.add_node("Constant", [], {"value": p.attrs["value"]},
                                            name=sub.fresh_name(p.name), origin=p.origin).output
             else:
-                vmap[id(v)] = sub.add_input(f"p{len(inputs)}", v.type)
+                vmap[id(v)] = sub.add_input(v.name, v.type)  # named after the value it binds
                 inputs.append(v)
     outs: list[Value] = []
     for n in nodes:

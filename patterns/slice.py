@@ -15,8 +15,8 @@ def slice_(model, a):
     cons, external = model.consumers(a)
     if not cons:
         return None
-    conds = [(not external, f"{a.name} has a consumer outside the fusable region"),
-             (not model.is_output(a), f"{a.name} is a graph output")]
+    conds = [(not model.is_output(a), f"{a.name} is a graph output"),
+             (not external, f"{a.name} has a consumer outside the fusable region")]
     for c in cons:
         conds.append((model.kind(c) <= OpKind.BROADCAST,
                       f"kind mismatch: consumer {c.name} is {model.kind(c).name}"))

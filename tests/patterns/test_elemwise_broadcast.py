@@ -1,0 +1,128 @@
+from tests.patterns.conftest import G, attempts, fuse, kernels, reasons
+
+FWD_D = "elemwise_broadcast_fwd_depth"
+BWD_W = "elemwise_broadcast_bwd_width"
+ONLY_FWD = "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth"
+
+
+def chain():
+    b = G()
+    x = b.input("x", (4, 8))
+    e = b.op("Exp", x, name="e")
+    n = b.op("Neg", e, name="n")
+    return b.out(b.op("Abs", n, name="a"))
+
+
+def test_fwd_depth_fuses_a_chain():
+    res = fuse(chain(), ONLY_FWD)
+    assert kernels(res) == [{"e", "n", "a"}]
+    assert len(attempts(res, FWD_D, "fused")) == 2
+
+
+def test_fwd_depth_needs_the_only_consumer():
+    b = G()
+    x = b.input("x", (4, 8))
+    e = b.op("Exp", x, name="e")
+    n = b.op("Neg", e, name="n")
+    res = fuse(b.out(n, b.op("Abs", e, name="a")), ONLY_FWD)
+    assert kernels(res) == []
+    assert "producer e has other consumers" in reasons(res, FWD_D)
+
+
+def test_fwd_depth_rejects_a_broadcast_edge_and_a_size_mismatch():
+    b = G()
+    x = b.input("x", (4, 8))
+    y = b.input("y", (4, 1))
+    small = b.op("Exp", y, name="small")           # [4,1] feeds a [4,8] op: BROADCAST edge
+    big = b.op("Add", small, x, name="big")
+    res = fuse(b.out(big), ONLY_FWD)
+    assert kernels(res) == []
+    assert any(r.startswith("edge relation: small -> big is BROADCAST")
+               for r in reasons(res, FWD_D))
+
+
+def test_fwd_depth_rejects_a_reduce_producer():
+    b = G()
+    x = b.input("x", (4, 8))
+    s = b.op("ReduceSum", x, name="s", axis=[1], keep_dims=True)
+    res = fuse(b.out(b.op("Exp", s, name="e")), ONLY_FWD)
+    assert kernels(res) == []
+    assert "kind mismatch: producer s is REDUCE (needs <= BROADCAST)" in reasons(res, FWD_D)
+
+
+def test_fwd_width_pulls_every_qualifying_producer():
+    b = G()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
+    p1, p2 = b.op("Exp", x, name="p1"), b.op("Neg", y, name="p2")
+    res = fuse(b.out(b.op("Add", p1, p2, name="add")),
+               "--enable_fusion_pattern_only=elemwise_broadcast_fwd_width")
+    assert kernels(res) == [{"p1", "p2", "add"}]
+
+
+def test_bwd_width_pushes_into_all_consumers_of_equal_size():
+    b = G()
+    x = b.input("x", (4, 8))
+    e = b.op("Exp", x, name="e")
+    s1 = b.op("ReduceSum", e, name="s1", axis=[1])
+    s2 = b.op("ReduceMax", e, name="s2", axis=[1])
+    res = fuse(b.out(s1, s2), f"--enable_fusion_pattern_only={BWD_W}")
+    assert kernels(res) == [{"e", "s1", "s2"}]
+
+
+def test_bwd_rejects_graph_outputs_and_size_mismatch():
+    b = G()
+    x = b.input("x", (4, 8))
+    e = b.op("Exp", x, name="e")
+    s1 = b.op("ReduceSum", e, name="s1", axis=[1])
+    t = b.op("Neg", b.op("Reshape", e, name="r", shape=[32]), name="t")
+    res = fuse(b.out(s1, t, e), f"--enable_fusion_pattern_only={BWD_W}")
+    assert kernels(res) == []
+    assert "e is a graph output" in reasons(res, BWD_W)
+
+
+def test_bwd_into_a_reduce_needs_an_elementwise_area():
+    b = G()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 1))
+    bc = b.op("Add", x, y, name="bc")                # a BROADCAST area
+    s1 = b.op("ReduceSum", bc, name="s1", axis=[1])
+    s2 = b.op("ReduceSum", bc, name="s2", axis=[0])
+    res = fuse(b.out(s1, s2), f"--enable_fusion_pattern_only={BWD_W}")
+    assert kernels(res) == []
+    assert any("takes only an ELEMWISE area" in r for r in reasons(res, BWD_W))
+
+
+def test_bwd_width_cycle_is_refused():
+    """a -> c1 -> y -> c2 and a -> c2: pushing a into c1 and c2 would trap y in a cycle."""
+    b = G()
+    x = b.input("x", (4, 8))
+    a = b.op("Exp", x, name="a")
+    c1 = b.op("Neg", a, name="c1")
+    y = b.op("CumSum", c1, name="y", axis=1)          # not fusable: outside every kernel
+    c2 = b.op("Add", a, y, name="c2")
+    res = fuse(b.out(c1, c2), f"--enable_fusion_pattern_only={BWD_W}")
+    for k in kernels(res):
+        assert not {"c1", "c2"} <= k
+
+
+def test_bwd_size_limit():
+    b = G()
+    x = b.input("x", (4, 8))
+    v = x
+    for i in range(4):
+        v = b.op("Exp", v, name=f"e{i}")
+    s1 = b.op("ReduceSum", v, name="s1", axis=[1])
+    s2 = b.op("ReduceMax", v, name="s2", axis=[1])
+    res = fuse(b.out(s1, s2), "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth,"
+                              f"{BWD_W} --broadcast_fuse_depth=3")
+    assert "size limit: 4 ops > broadcast_fuse_depth=3" in reasons(res, BWD_W)
+
+
+def test_disabling_removes_exactly_its_fusions():
+    on = fuse(chain())
+    off = fuse(chain(), f"--disable_fusion_pattern={FWD_D}")
+    assert attempts(on, FWD_D, "fused") and not attempts(off, FWD_D, "fused")
+    assert [a.reason for a in attempts(off, FWD_D)] == [
+        f"pattern disabled by flag --disable_fusion_pattern={FWD_D}"]
+    off_all = fuse(chain(), "--disable_fusion_pattern=elemwise_broadcast*")
+    assert not any(a.pattern.startswith("elemwise_broadcast") and a.verdict == "fused"
+                   for a in off_all.analyses["fusion_attempts"])

@@ -1,0 +1,81 @@
+from tests.patterns.conftest import G, attempts, fuse, kernels, reasons
+
+
+def test_reshape_joins_its_lower_kind_neighbour():
+    b = G()
+    x = b.input("x", (4, 8))
+    e = b.op("Exp", x, name="e")
+    r = b.op("Reshape", e, name="r", shape=[32])
+    res = fuse(b.out(b.op("ReduceSum", r, name="s", axis=[0])),
+               "--enable_fusion_pattern_only=reshape")
+    assert kernels(res) == [{"e", "r"}]  # the producer (ELEMWISE) is lower than the reduce
+
+
+def test_isolate_reshape_joins_a_fused_consumer():
+    b = G()
+    x = b.input("x", (4, 8))
+    r = b.op("Reshape", x, name="r", shape=[32])
+    e = b.op("Exp", r, name="e")
+    res = fuse(b.out(b.op("Neg", e, name="n"), r),
+               "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth,isolate_reshape")
+    assert kernels(res) == [{"r", "e", "n"}]
+
+
+def test_slice_fuses_into_elementwise_consumers():
+    b = G()
+    x = b.input("x", (4, 8))
+    sl = b.op("Slice", x, name="sl", begin=[0, 2], size=[4, 4])
+    res = fuse(b.out(b.op("Exp", sl, name="e")), "--enable_fusion_pattern_only=slice")
+    assert kernels(res) == [{"sl", "e"}]
+    res = fuse(b.out(b.op("Exp", sl, name="e2"), sl), "--enable_fusion_pattern_only=slice")
+    assert "sl is a graph output" in reasons(res, "slice")
+
+
+def test_elemany_addn():
+    b = G()
+    x = b.input("x", (4, 8))
+    bad = b.op("LogicalNot", b.op("IsFinite", x, name="fin"), name="nf")
+    res = fuse(b.out(b.op("ElemAny", b.op("Cast", bad, name="c", dtype="float32"), name="any")),
+               "--enable_fusion_pattern_only=elemany_addn")
+    assert any("any" in k for k in kernels(res))
+
+
+def test_matmul_depth_takes_a_single_add_or_cast():
+    b = G()
+    x = b.input("x", (4, 8))
+    w = b.const([[0.5] * 3] * 8)
+    mm = b.op("MatMul", x, w, name="mm")
+    res = fuse(b.out(b.op("Add", mm, b.const([1.0, 2.0, 3.0]), name="bias")),
+               "--enable_fusion_pattern_only=matmul_depth")
+    assert kernels(res) == [{"mm", "bias"}]
+    mm2 = b.op("MatMul", x, w, name="mm2")
+    res = fuse(b.out(b.op("Exp", mm2, name="ex")), "--enable_fusion_pattern_only=matmul_depth")
+    assert "a MatMul fuses only into an Add or Cast consumer, not Exp" in \
+        reasons(res, "matmul_depth")
+
+
+def test_extended_patterns_run_at_level_3_only():
+    b = G()
+    x = b.input("x", (4, 8))
+    t = b.op("Transpose", b.op("Exp", x, name="e"), name="t", perm=[1, 0])
+    g = b.out(b.op("Neg", t, name="n"))
+    res2 = fuse(g, "--opt_level=2")
+    assert not attempts(res2, "transpose", "fused")
+    assert any(a.reason == "pattern level 3 > opt_level 2"
+               for a in res2.analyses["fusion_attempts"] if a.pattern == "transpose")
+    res3 = fuse(g, "--opt_level=3")
+    assert attempts(res3, "transpose", "fused")
+    assert attempts(fuse(g, "--opt_level=2 --autofuse_enable_pass=transpose"), "transpose",
+                    "fused")
+
+
+def test_composite_op_limit_size():
+    b = G()
+    x = b.input("x", (4, 8))
+    v = x
+    for i in range(6):
+        v = b.op("Exp", v, name=f"e{i}")
+    res = fuse(b.out(v), "--composite_op_limit_size=4")
+    assert all(len(k) <= 4 for k in kernels(res))
+    assert any("size limit" in a.reason for a in res.analyses["fusion_attempts"])
+    assert kernels(fuse(b.out(v), "--max_fusion_size=0")) == []  # AutoFuse: 0 disables fusion

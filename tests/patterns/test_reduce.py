@@ -1,0 +1,55 @@
+from tests.patterns.conftest import G, attempts, fuse, kernels, reasons
+
+
+def test_reduce_fwd_depth_pulls_elementwise_producers_up_to_the_limit():
+    b = G()
+    x = b.input("x", (4, 8))
+    v = x
+    for i in range(3):
+        v = b.op("Exp", v, name=f"e{i}")
+    s = b.op("ReduceSum", v, name="s", axis=[1])
+    only = "--enable_fusion_pattern_only=reduce_fwd_depth"
+    assert kernels(fuse(b.out(s), only)) == [{"e0", "e1", "e2", "s"}]
+    res = fuse(b.out(s), f"{only} --reduce_fuse_depth=3")
+    assert kernels(res) == [{"e1", "e2", "s"}]
+    assert "size limit: 4 ops > reduce_fwd_depth limit 3" in reasons(res, "reduce_fwd_depth")
+
+
+def test_reduce_does_not_pull_a_broadcast_producer():
+    b = G()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 1))
+    bc = b.op("Mul", x, y, name="bc")
+    res = fuse(b.out(b.op("ReduceSum", bc, name="s", axis=[1])),
+               "--enable_fusion_pattern_only=reduce_fwd_depth")
+    assert kernels(res) == []
+    assert any("a broadcast producer is not pulled into a reduce" in r
+               for r in reasons(res, "reduce_fwd_depth"))
+
+
+def test_reduce_bwd_joins_a_row_wise_normalization():
+    b = G()
+    x = b.input("x", (4, 8))
+    m = b.op("ReduceMax", x, name="m", axis=[1], keep_dims=True)
+    d = b.op("Sub", x, m, name="d")
+    res = fuse(b.out(d), "--enable_fusion_pattern_only=reduce_bwd")
+    assert kernels(res) == [{"m", "d"}]
+
+
+def test_reduce_bwd_needs_the_same_reduction():
+    b = G()
+    x = b.input("x", (4, 8))
+    m = b.op("ReduceMax", x, name="m", axis=[1], keep_dims=True)
+    d = b.op("Sub", x, m, name="d")
+    s = b.op("ReduceSum", d, name="s", axis=[0], keep_dims=True)    # another axis
+    res = fuse(b.out(s), "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth,reduce_bwd")
+    assert "the reductions differ in shape or axes" in reasons(res, "reduce_bwd")
+
+
+def test_reduce_fwd_width():
+    b = G()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
+    s = b.op("ReduceSum", b.op("Add", b.op("Exp", x, name="p1"), b.op("Neg", y, name="p2"),
+                               name="add"), name="s", axis=[1])
+    res = fuse(b.out(s), "--enable_fusion_pattern_only=reduce_fwd_width")
+    assert kernels(res) == [{"p1", "p2", "add", "s"}]  # retried on the grown area
+    assert attempts(res, "reduce_fwd_width", "fused")

@@ -1,0 +1,163 @@
+"""Fusion as users expect on real model shapes; cluster lists; explain; traffic; fuzzer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.cli import main
+from graphkernel.frontends import load_model
+from graphkernel.fusion import form_regions
+from graphkernel.interpreter import Interpreter, random_inputs
+from tests.fuzz.generator import check
+
+
+def compiled(g: Graph, flags: str = "--opt_level=2"):
+    res = graphkernel.compile(g, flags, env={})
+    feeds = random_inputs(g, 0, {"b": 3})
+    for a, b in zip(Interpreter(g, "float64").run(feeds),
+                    Interpreter(res.graph, "float64").run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-7, atol=1e-9)
+    return res
+
+
+def launches(res) -> list[str]:
+    return [n.op for n in res.graph.nodes if n.op not in ("Constant", "Reshape")]
+
+
+def block(op: str, dtype="float32", **attrs) -> Graph:
+    g = Graph(op)
+    x = g.add_input("x", TensorType(("b", 16, 64), dtype))
+    c = g.const(np.linspace(0.5, 1.5, 64).astype(dtype))
+    ins = {"LayerNorm": [x, c, c], "RMSNorm": [x, c], "Softmax": [x]}[op]
+    g.set_outputs([g.add_node(op, ins, attrs, name="op").outputs[0]])
+    return g
+
+
+@pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm", "Softmax"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_normalizations_fuse_into_one_kernel(op, dtype):
+    res = compiled(block(op, dtype))
+    assert launches(res) == ["GraphKernel"], res.graph
+
+
+def test_residual_add_and_layernorm_fuse_into_one():
+    res = compiled(load_model("examples/layernorm_residual.json"))
+    assert launches(res) == ["GraphKernel"]
+    k = next(n for n in res.graph.nodes if n.op == "GraphKernel")
+    assert "residual_add" in k.origin and "ln_sum" in k.origin
+
+
+def test_bias_gelu_after_matmul():
+    g = load_model("examples/mlp_gelu.json")
+    with_mm = compiled(g)
+    assert launches(with_mm) == ["GraphKernel"]   # matmul epilogue
+    without = compiled(g, "--opt_level=2 --disable_fusion_pattern=matmul_depth")
+    assert launches(without) == ["MatMul", "GraphKernel"]
+
+
+def test_kernels_are_named_after_their_ops_and_keep_origins():
+    res = compiled(block("Softmax"))
+    k = next(n for n in res.graph.nodes if n.op == "GraphKernel")
+    assert k.name.startswith("fused_reducemax_sub_exp_reducesum_div")
+    assert k.origin == ("op",)
+
+
+def test_regions_are_convex():
+    g = Graph()
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    a = g.add_node("Exp", [x], name="a").output
+    y = g.add_node("CumSum", [a], {"axis": 1}, name="y").output   # not fusable
+    c = g.add_node("Add", [a, y], name="c").output
+    g.set_outputs([c])
+    fusable = {id(g.node("a")), id(g.node("c"))}
+    regions = form_regions(g, fusable)
+    assert sorted(sorted(n.name for n in r) for r in regions) == [["a"], ["c"]]
+
+
+def test_cluster_lists_skip_lists_and_dtypes(tmp_path):
+    g = load_model("examples/layernorm_residual.json")
+    res = compiled(g, "--opt_level=2 --disable_cluster_ops=Rsqrt")
+    assert "Rsqrt" in launches(res)
+    info = res.analyses["cluster"]
+    assert info.reasons["ln_rstd"] == "op Rsqrt not in the cluster list"
+    ini = tmp_path / "skip.ini"
+    ini.write_text("[ByNodeName]\nresidual_add\n")
+    res = compiled(g, f"--opt_level=2 --skip_node_names_cfg={ini}")
+    assert res.analyses["cluster"].reasons["residual_add"].startswith("node in skip list")
+    g64 = Graph()
+    x = g64.add_input("x", TensorType((4,), "float64"))
+    g64.set_outputs([g64.add_node("Neg", [g64.add_node("Exp", [x]).output]).output])
+    res = compiled(g64)
+    assert "dtype float64 not supported" in next(iter(res.analyses["cluster"].reasons.values()))
+
+
+def test_single_node_fusion():
+    g = Graph()
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    g.set_outputs([g.add_node("Exp", [x]).output])
+    assert launches(compiled(g)) == ["Exp"]
+    assert launches(compiled(g, "--enable_single_node_fusion")) == ["GraphKernel"]
+
+
+def test_each_fusion_is_a_bisect_application():
+    g = block("Softmax")
+    full = compiled(g)
+    n_fused = full.report.extra["fusion_decisions"]["fused"]
+    assert n_fused >= 3
+    lines: list[str] = []
+    graphkernel.compile(g, "--print_bisect", env={}, log=lines.append)
+    first = next(ln for ln in lines if " split on " in ln)
+    n = int(first.split("(")[1].split(")")[0])
+    lines = []
+    res = graphkernel.compile(g, f"--print_bisect --bisect_limit={n - 1}", env={},
+                              log=lines.append)
+    split = [ln for ln in lines if " split on " in ln]
+    assert split and all(ln.startswith("BISECT: NOT running") for ln in split)
+    assert "GraphKernel" not in launches(res)  # every fusion decision was refused
+
+
+def test_traffic_report_keys(tmp_path):
+    res = compiled(load_model("examples/attention_softmax.json"))
+    ex = res.report.to_dict()
+    for key in ("gm_bytes_unfused", "gm_bytes_fused", "gm_bytes_ideal", "kernels_unfused",
+                "kernels_fused", "kernels"):
+        assert key in ex
+    assert ex["kernels_unfused"] == 8 and ex["kernels_fused"] == 2
+    assert ex["gm_bytes_fused"] < ex["gm_bytes_unfused"]
+    assert ex["gm_bytes_fused"] <= 1.10 * ex["gm_bytes_ideal"]
+    k = ex["kernels"][0]
+    assert {"name", "bytes_read", "bytes_written", "ops", "pattern"} <= set(k)
+
+
+def test_explain_cli_names_documented_reasons(capsys):
+    assert main(["explain", "examples/attention_softmax.json", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    reasons = " | ".join(r["reason"] for r in d["candidates"])
+    assert "kind mismatch" in reasons and "has other consumers" in reasons
+    assert any(r["verdict"] == "fused" for r in d["candidates"])
+    assert [c["score"] for c in d["candidates"]] == sorted((c["score"] for c in d["candidates"]),
+                                                           reverse=True)
+    assert main(["explain", "examples/attention_softmax.json", "--node", "sm_max"]) == 0
+    out = capsys.readouterr().out
+    assert "fused_reducemax_sub_exp_reducesum_div" in out
+    assert main(["explain", "examples/attention_softmax.json", "--node", "nope"]) == 2
+
+
+def test_cluster_dump(tmp_path):
+    graphkernel.compile(load_model("examples/attention_softmax.json"),
+                        f"--dump_as_text --debug_dir={tmp_path}", env={})
+    text = (tmp_path / "graph_kernel_cluster.txt").read_text()
+    assert "fused_reducemax_sub_exp_reducesum_div" in text and "sm_max (ReduceMax)" in text
+
+
+@pytest.mark.parametrize("chunk", range(6))
+def test_fuzzer_seed_set(chunk):
+    """300 random graphs, 50 per chunk: validate, acyclic, limits, same outputs."""
+    failures = [f"seed {s}: {p}" for s in range(chunk * 50, chunk * 50 + 50)
+                if (p := check(s)) is not None]
+    assert not failures, "\n".join(failures)
