@@ -80,8 +80,8 @@ class _Sym(dict):
 def elements(node: Node) -> Any:
     """A node's iteration space: a reduce scans its input, others produce their output."""
     if ops.get(node.op).kind == OpKind.REDUCE and node.inputs:
-        return symbolic.canon(node.inputs[0].type.numel)
-    return symbolic.canon(node.outputs[0].type.numel) if node.outputs else 1
+        return node.inputs[0].type.numel
+    return node.outputs[0].type.numel if node.outputs else 1
 
 
 def is_scalar_const(v: Value) -> bool:
@@ -93,7 +93,7 @@ def edge_relation(v: Value, consumer: Node) -> str:
     """BROADCAST when an elementwise/broadcast consumer's output is larger than this input."""
     kind = ops.get(consumer.op).kind
     if kind in (OpKind.ELEMWISE, OpKind.BROADCAST) and not is_scalar_const(v):
-        if symbolic.canon(consumer.outputs[0].type.numel) != symbolic.canon(v.type.numel):
+        if consumer.outputs[0].type.numel != v.type.numel:
             return BROADCAST
     return INJECTIVE
 
@@ -175,6 +175,9 @@ class Area:
     nodes: list[Node]
     mask: int
     patterns: list[str] = field(default_factory=list)
+    _dominant: Node | None = field(default=None, repr=False)
+    _kind: OpKind | None = field(default=None, repr=False)
+    _name: str | None = field(default=None, repr=False)
 
     @property
     def ops(self) -> int:
@@ -183,13 +186,17 @@ class Area:
     @property
     def dominant(self) -> Node:
         """The node of highest kind (the largest iteration space among equals)."""
-        return max(self.nodes, key=lambda n: (ops.get(n.op).kind,
-                                              symbolic.evaluate(elements(n), _Sym())))
+        if self._dominant is None:
+            self._dominant = max(self.nodes, key=lambda n: (
+                ops.get(n.op).kind, symbolic.evaluate(elements(n), _Sym())))
+        return self._dominant
 
     @property
     def name(self) -> str:
-        dom = self.dominant
-        return dom.name if self.ops == 1 else f"{dom.name}(+{self.ops - 1})"
+        if self._name is None:
+            dom = self.dominant
+            self._name = dom.name if self.ops == 1 else f"{dom.name}(+{self.ops - 1})"
+        return self._name
 
 
 @dataclass
@@ -227,9 +234,13 @@ class SplitModel:
             reach[i] = r
         self.reach = reach
         self._seen: set[tuple] = set()  # rejections already recorded
+        self._bytes: dict[int, int] = {}
         self.area_of: list[Area] = []
+        self._area: dict[int, Area] = {}  # id(node) -> its area
         for i, n in enumerate(region):
-            self.area_of.append(Area(i, [n], 1 << i))
+            a = Area(i, [n], 1 << i)
+            self.area_of.append(a)
+            self._area[id(n)] = a
 
     # ------------------------------------------------------------ structure
     def areas(self) -> list[Area]:
@@ -239,8 +250,7 @@ class SplitModel:
         return sorted(seen.values(), key=lambda a: self.index[id(a.nodes[0])])
 
     def area(self, node: Node) -> Area | None:
-        i = self.index.get(id(node))
-        return self.area_of[i] if i is not None else None
+        return self._area.get(id(node))
 
     def producers(self, a: Area) -> list[tuple[Area, Value, Node]]:
         """(producer area, value, consuming node) for every in-region edge into ``a``."""
@@ -281,13 +291,17 @@ class SplitModel:
     def kind(self, a: Area) -> OpKind:
         """The highest op kind; an elementwise area fed through a broadcast edge from outside
         the area is a BROADCAST area."""
+        if a._kind is not None:
+            return a._kind
         k = max(ops.get(n.op).kind for n in a.nodes)
         if k == OpKind.ELEMWISE:
             for n in a.nodes:
                 for v in n.inputs:
                     if (v.producer is None or self.area(v.producer) is not a) and \
                             edge_relation(v, n) == BROADCAST:
-                        return OpKind.BROADCAST
+                        k = OpKind.BROADCAST
+                        break
+        a._kind = k
         return k
 
     def size(self, a: Area) -> Any:
@@ -320,21 +334,33 @@ class SplitModel:
         return False
 
     def score(self, areas: list[Area]) -> int:
-        """GM bytes saved: every value passed between the areas is no longer written and read
-        back (its write stays when something outside still reads it)."""
-        union = set()
-        for a in areas:
-            union |= {id(n) for n in a.nodes}
+        """GM bytes saved: every value passed between two of the areas is no longer read back,
+        nor written when nothing outside the union still needs it."""
+        ids = {id(a) for a in areas}
         saved = 0
+        seen: set[int] = set()
         for a in areas:
             for n in a.nodes:
-                for v in n.outputs:
-                    inside = [u for u in v.users if id(u) in union and u is not n]
-                    if not inside:
+                for v in n.inputs:
+                    p = v.producer
+                    if p is None or id(v) in seen:
                         continue
-                    outside = any(id(u) not in union for u in v.users) or id(v) in self.outputs
-                    saved += nbytes(v) * (1 if outside else 2)
+                    pa = self.area(p)
+                    if pa is None or pa is a or id(pa) not in ids:
+                        continue
+                    seen.add(id(v))
+                    # the write is saved too when every use is inside the union
+                    inside = id(v) not in self.outputs and all(
+                        (ua := self._area.get(id(u))) is not None and id(ua) in ids
+                        for u, _ in v.uses)
+                    saved += self._nbytes(v) * (2 if inside else 1)
         return saved
+
+    def _nbytes(self, v: Value) -> int:
+        b = self._bytes.get(id(v))
+        if b is None:
+            b = self._bytes[id(v)] = nbytes(v)
+        return b
 
     # -------------------------------------------------------------- fusing
     def try_fuse(self, pattern: str, areas: list[Area], limit: int | None = None) -> bool:
@@ -343,13 +369,14 @@ class SplitModel:
         nodes = [n.name for a in areas for n in a.nodes]
         total = sum(a.ops for a in areas)
         cap = self.cfg.composite_op_limit_size
-        score = self.score(areas)
 
-        def record(verdict: str, reason: str = "") -> bool:
+        def record(verdict: str, reason: str = "", score: int | None = None) -> bool:
             key = (pattern, tuple(names), reason)
             if verdict == "fused" or key not in self._seen:
                 self._seen.add(key)
-                self.attempts.append(Attempt(pattern, names, nodes, score, verdict, reason))
+                self.attempts.append(Attempt(pattern, names, nodes,
+                                             self.score(areas) if score is None else score,
+                                             verdict, reason))
             return verdict == "fused"
 
         if total > cap:
@@ -360,6 +387,7 @@ class SplitModel:
             return record("rejected", "cycle: another path connects these areas")
         if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names)):
             return record("rejected", "refused by bisect_limit")
+        saved = self.score(areas)  # before the merge changes the areas
         target = areas[0]
         for other in areas[1:]:
             target.nodes.extend(other.nodes)
@@ -367,9 +395,11 @@ class SplitModel:
             target.patterns.extend(other.patterns)
             for n in other.nodes:
                 self.area_of[self.index[id(n)]] = target
+                self._area[id(n)] = target
         target.nodes.sort(key=lambda n: self.index[id(n)])
         target.patterns.append(pattern)
-        return record("fused")
+        target._dominant = target._kind = target._name = None
+        return record("fused", score=saved)
 
     def reject(self, pattern: str, areas: list[Area], reason: str) -> bool:
         names = [a.name for a in areas]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -87,9 +87,9 @@ class DType(StrEnum):
             npd = np.dtype(value)
         except TypeError:
             raise ShapeError(f"unknown dtype {value!r}") from None
-        for d, n in _NP_OF.items():
-            if n == npd:
-                return d
+        found = _BY_NP.get(npd)
+        if found is not None:
+            return found
         raise ShapeError(
             f"numpy dtype {npd} is not supported; accepted: {', '.join(d.value for d in DType)}"
         )
@@ -107,6 +107,7 @@ _NP_OF = {
     DType.uint8: np.dtype(np.uint8),
     DType.bool: np.dtype(np.bool_),
 }
+_BY_NP = {n: d for d, n in _NP_OF.items()}
 _FLOATS = {DType.float16, DType.bfloat16, DType.float32, DType.float64}
 _INTS = {DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8}
 _ALIASES: dict[str, DType] = {d.value: d for d in DType}
@@ -123,10 +124,12 @@ class TensorType:
 
     shape: Shape
     dtype: DType
+    _numel: Dim = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(symbolic.canon(d) for d in self.shape))
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        object.__setattr__(self, "_numel", symbolic.numel(self.shape))
 
     @property
     def rank(self) -> int:
@@ -134,7 +137,7 @@ class TensorType:
 
     @property
     def numel(self) -> Dim:
-        return symbolic.numel(self.shape)
+        return self._numel
 
     @property
     def is_static(self) -> bool:
@@ -175,8 +178,11 @@ class Value:
     @property
     def users(self) -> list[Node]:
         """Distinct consumer nodes, in the order their uses were recorded."""
+        uses = self.uses
+        if len(uses) <= 1:
+            return [uses[0][0]] if uses else []
         seen: dict[int, Node] = {}
-        for node, _ in self.uses:
+        for node, _ in uses:
             seen.setdefault(id(node), node)
         return list(seen.values())
 

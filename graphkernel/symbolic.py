@@ -8,6 +8,7 @@ equal symbols); anything else raises ``ShapeError`` naming the dims involved.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 
@@ -22,6 +23,19 @@ Monomial = tuple[int, tuple[str, ...]]
 
 def parse_dim(d: Dim) -> Monomial:
     """Split a dim into (coefficient, sorted symbols)."""
+    if type(d) is int and d >= 0:
+        return d, ()
+    if type(d) is str:
+        return _parse_str(d)
+    return _parse_other(d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_str(d: str) -> Monomial:
+    return _parse_other(d)
+
+
+def _parse_other(d: Dim) -> Monomial:
     if isinstance(d, bool):
         raise ShapeError(f"invalid dim {d!r}: expected an int >= 0 or a symbol such as 's0'")
     if isinstance(d, int):
@@ -53,6 +67,8 @@ def make_dim(coef: int, syms: Sequence[str]) -> Dim:
 
 def canon(d: Dim) -> Dim:
     """The canonical spelling of a dim (``"s1*2*s0"`` -> ``"2*s0*s1"``)."""
+    if type(d) is int and d >= 0:
+        return d
     coef, syms = parse_dim(d)
     return make_dim(coef, syms)
 
@@ -66,12 +82,19 @@ def symbols(d: Dim) -> tuple[str, ...]:
 
 
 def mul(a: Dim, b: Dim) -> Dim:
+    if type(a) is int and type(b) is int:
+        return a * b
     ca, sa = parse_dim(a)
     cb, sb = parse_dim(b)
     return make_dim(ca * cb, sa + sb)
 
 
 def numel(shape: Sequence[Dim]) -> Dim:
+    if all(type(d) is int for d in shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return n
     out: Dim = 1
     for d in shape:
         out = mul(out, d)
@@ -103,6 +126,8 @@ def add(a: Dim, b: Dim) -> Dim:
 
 
 def evaluate(d: Dim, env: Mapping[str, int]) -> int:
+    if type(d) is int:
+        return d
     coef, syms = parse_dim(d)
     for s in syms:
         if s not in env:

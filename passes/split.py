@@ -39,17 +39,26 @@ def enabled_patterns(cfg: Config) -> tuple[list[Pattern], dict[str, str]]:
 
 
 def run_pattern(model: SplitModel, p: Pattern) -> None:
-    """Apply ``p`` around every area; an area that grew is tried again, to a fixpoint."""
-    changed = True
-    while changed:
-        changed = False
-        for a in model.areas():
+    """Apply ``p`` around every area; an area that grew is tried again at once, and its
+    neighbours in a later round, until nothing changes."""
+    pending = model.areas()
+    while pending:
+        grown: list[Area] = []
+        for a in pending:
             if model.area_of[model.index[id(a.nodes[0])]] is not a:
-                continue  # merged away earlier in this sweep
-            cur = a
+                continue  # merged away in this round
+            cur, fused = a, False
             while (res := p.fn(model, cur)) is not None:
-                changed = True
-                cur = res
+                cur, fused = res, True
+            if fused:
+                grown.append(cur)
+        again: dict[int, Area] = {}
+        for a in grown:
+            if model.area_of[model.index[id(a.nodes[0])]] is not a:
+                continue
+            for n in [a, *model.producer_areas(a), *model.consumers(a)[0]]:
+                again.setdefault(id(n), n)
+        pending = sorted(again.values(), key=lambda x: model.index[id(x.nodes[0])])
 
 
 def becomes_kernel(area: Area, cfg: Config) -> bool:

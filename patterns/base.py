@@ -37,15 +37,32 @@ def pattern(name: str, order: int, direction: str, mode: str, level: int = 1):
     return deco
 
 
+Condition = Callable[[], str | None]  # returns why the fusion is refused, or None
+
+
+def need(ok: Callable[[], bool], reason: Callable[[], str]) -> Condition:
+    """A lazily checked condition: ``reason`` is only formatted when ``ok()`` fails."""
+    return lambda: None if ok() else reason()
+
+
 def fuse_if(model: SplitModel, name: str, areas: Sequence[Area],
-            conditions: Sequence[tuple[bool, str]], limit: int | None = None) -> Area | None:
+            conditions: Sequence[Condition], limit: int | None = None) -> Area | None:
     """Fuse ``areas`` (into the first) when every condition holds; otherwise record the first
-    failing condition's reason as the verdict."""
-    for ok, reason in conditions:
-        if not ok:
+    failing condition's reason as the verdict. Conditions are checked in order, lazily."""
+    for cond in conditions:
+        reason = cond()
+        if reason is not None:
             model.reject(name, list(areas), reason)
             return None
     return areas[0] if model.try_fuse(name, list(areas), limit) else None
+
+
+def first_failure(conditions: Sequence[Condition]) -> str | None:
+    for cond in conditions:
+        reason = cond()
+        if reason is not None:
+            return reason
+    return None
 
 
 def kind_name(k: OpKind) -> str:

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from graphkernel.fusion import INJECTIVE
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, pattern
+from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
 
 def _fwd_conditions(model, a, p):
     return [
-        (model.kind(p) <= OpKind.BROADCAST,
-         f"kind mismatch: producer {p.name} is {model.kind(p).name} (needs <= BROADCAST)"),
-        (model.only_consumer_is(p, a), f"producer {p.name} has other consumers"),
-        (model.relation(p, a) == INJECTIVE,
-         f"edge relation: {p.name} -> {a.name} is BROADCAST (needs INJECTIVE)"),
-        (model.size(p) == model.size(a),
-         f"compute size mismatch: {model.size(p)} vs {model.size(a)}"),
+        need(lambda: model.kind(p) <= OpKind.BROADCAST,
+             lambda: f"kind mismatch: producer {p.name} is {model.kind(p).name} "
+                     "(needs <= BROADCAST)"),
+        need(lambda: model.only_consumer_is(p, a),
+             lambda: f"producer {p.name} has other consumers"),
+        need(lambda: model.relation(p, a) == INJECTIVE,
+             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST (needs INJECTIVE)"),
+        need(lambda: model.size(p) == model.size(a),
+             lambda: f"compute size mismatch: {model.size(p)} vs {model.size(a)}"),
     ]
 
 
@@ -42,9 +44,9 @@ def fwd_width(model, a):
         return None
     good = []
     for p in model.producer_areas(a):
-        failed = [why for ok, why in _fwd_conditions(model, a, p) if not ok]
-        if failed:
-            model.reject("elemwise_broadcast_fwd_width", [a, p], failed[0])
+        why = first_failure(_fwd_conditions(model, a, p))
+        if why is not None:
+            model.reject("elemwise_broadcast_fwd_width", [a, p], why)
         else:
             good.append(p)
     if not good:
@@ -53,21 +55,22 @@ def fwd_width(model, a):
 
 
 def _bwd_conditions(model, a, consumers, external):
+    depth = model.cfg.broadcast_fuse_depth
     conds = [
-        (not model.is_output(a), f"{a.name} is a graph output"),
-        (not external, f"{a.name} has a consumer outside the fusable region"),
-        (a.ops <= model.cfg.broadcast_fuse_depth,
-         f"size limit: {a.ops} ops > broadcast_fuse_depth={model.cfg.broadcast_fuse_depth}"),
+        need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: a.ops <= depth,
+             lambda: f"size limit: {a.ops} ops > broadcast_fuse_depth={depth}"),
     ]
     for c in consumers:
-        kc = model.kind(c)
-        conds.append((kc <= OpKind.REDUCE,
-                      f"kind mismatch: consumer {c.name} is {kc.name} (needs <= REDUCE)"))
-        if kc == OpKind.REDUCE:
-            conds.append((model.kind(a) == OpKind.ELEMWISE and
-                          model.relation(a, c) == INJECTIVE,
-                          f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
-                          "ELEMWISE area over an INJECTIVE edge"))
+        conds.append(need(lambda c=c: model.kind(c) <= OpKind.REDUCE,
+                          lambda c=c: f"kind mismatch: consumer {c.name} is "
+                                      f"{model.kind(c).name} (needs <= REDUCE)"))
+        conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or (
+            model.kind(a) == OpKind.ELEMWISE and model.relation(a, c) == INJECTIVE),
+            lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
+                        "ELEMWISE area over an INJECTIVE edge"))
     return conds
 
 
@@ -93,8 +96,9 @@ def bwd_width(model, a):
     cons, external = model.consumers(a)
     if len(cons) < 2:
         return None
-    sizes = {model.size(c) for c in cons}
     conds = _bwd_conditions(model, a, cons, external)
-    conds.append((len(sizes) == 1,
-                  f"compute size mismatch among consumers: {sorted(map(str, sizes))}"))
+    sizes = lambda: {model.size(c) for c in cons}  # noqa: E731
+    conds.append(need(lambda: len(sizes()) == 1,
+                      lambda: f"compute size mismatch among consumers: "
+                              f"{sorted(map(str, sizes()))}"))
     return fuse_if(model, "elemwise_broadcast_bwd_width", cons + [a], conds)

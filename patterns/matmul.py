@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel import ops
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, pattern
+from graphkernel.patterns.base import fuse_if, need, pattern
 
 
 @pattern("matmul_depth", order=100, direction="bwd", mode="depth")
@@ -26,8 +26,9 @@ def matmul_depth(model, a):
         ok = ops.get(user.op).kind == OpKind.ELEMWISE
         why = f"a BatchMatMul fuses only into an ELEMWISE consumer, not {user.op}"
     return fuse_if(model, "matmul_depth", [a, cons[0]], [
-        (not external and not model.is_output(a), f"{mm.name} is used outside the kernel"),
-        (ok, why),
-        (model.kind(cons[0]) <= OpKind.BROADCAST,
-         f"kind mismatch: consumer {cons[0].name} is {model.kind(cons[0]).name}"),
+        need(lambda: not external and not model.is_output(a),
+             lambda: f"{mm.name} is used outside the kernel"),
+        need(lambda: ok, lambda: why),
+        need(lambda: model.kind(cons[0]) <= OpKind.BROADCAST,
+             lambda: f"kind mismatch: consumer {cons[0].name} is {model.kind(cons[0]).name}"),
     ])

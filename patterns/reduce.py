@@ -6,16 +6,18 @@ from graphkernel import ops
 from graphkernel.fusion import INJECTIVE
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, pattern
+from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 
 
 def _fwd_conditions(model, a, p):
     return [
-        (model.kind(p) <= OpKind.ELEMWISE,
-         f"kind mismatch: producer {p.name} is {model.kind(p).name} (a reduce pulls in only "
-         "<= ELEMWISE; a broadcast producer is not pulled into a reduce)"),
-        (model.only_consumer_is(p, a), f"producer {p.name} has other consumers"),
-        (model.relation(p, a) == INJECTIVE, f"edge relation: {p.name} -> {a.name} is BROADCAST"),
+        need(lambda: model.kind(p) <= OpKind.ELEMWISE,
+             lambda: f"kind mismatch: producer {p.name} is {model.kind(p).name} (a reduce pulls "
+                     "in only <= ELEMWISE; a broadcast producer is not pulled into a reduce)"),
+        need(lambda: model.only_consumer_is(p, a),
+             lambda: f"producer {p.name} has other consumers"),
+        need(lambda: model.relation(p, a) == INJECTIVE,
+             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST"),
     ]
 
 
@@ -39,9 +41,9 @@ def fwd_width(model, a):
         return None
     good = []
     for p in model.producer_areas(a):
-        failed = [why for ok, why in _fwd_conditions(model, a, p) if not ok]
-        if failed:
-            model.reject("reduce_fwd_width", [a, p], failed[0])
+        why = first_failure(_fwd_conditions(model, a, p))
+        if why is not None:
+            model.reject("reduce_fwd_width", [a, p], why)
         else:
             good.append(p)
     if not good:
@@ -73,10 +75,11 @@ def bwd(model, a):
     c = cons[0]
     sigs = reduce_signatures(a) | reduce_signatures(c)
     return fuse_if(model, "reduce_bwd", [c, a], [
-        (not external, f"{a.name} has a consumer outside the fusable region"),
-        (model.kind(c) <= OpKind.REDUCE,
-         f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
-        (model.size(c) == model.size(a),
-         f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
-        (len(sigs) == 1, "the reductions differ in shape or axes"),
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: model.kind(c) <= OpKind.REDUCE,
+             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
+        need(lambda: model.size(c) == model.size(a),
+             lambda: f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
+        need(lambda: len(sigs) == 1, lambda: "the reductions differ in shape or axes"),
     ])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel.fusion import INJECTIVE
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, pattern
+from graphkernel.patterns.base import fuse_if, need, pattern
 
 
 @pattern("slice", order=80, direction="bwd", mode="width")
@@ -15,11 +15,12 @@ def slice_(model, a):
     cons, external = model.consumers(a)
     if not cons:
         return None
-    conds = [(not model.is_output(a), f"{a.name} is a graph output"),
-             (not external, f"{a.name} has a consumer outside the fusable region")]
+    conds = [need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
+             need(lambda: not external,
+                  lambda: f"{a.name} has a consumer outside the fusable region")]
     for c in cons:
-        conds.append((model.kind(c) <= OpKind.BROADCAST,
-                      f"kind mismatch: consumer {c.name} is {model.kind(c).name}"))
-        conds.append((model.relation(a, c) == INJECTIVE,
-                      f"edge relation: {a.name} -> {c.name} is BROADCAST"))
+        conds.append(need(lambda c=c: model.kind(c) <= OpKind.BROADCAST,
+                          lambda c=c: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"))
+        conds.append(need(lambda c=c: model.relation(a, c) == INJECTIVE,
+                          lambda c=c: f"edge relation: {a.name} -> {c.name} is BROADCAST"))
     return fuse_if(model, "slice", cons + [a], conds)
