@@ -29,7 +29,9 @@ DEFAULT_CLUSTER_OPS = frozenset(
     set(UNARY) | set(BINARY) | {
         "Cast", "Select", "BroadcastTo", "ReduceSum", "ReduceMax", "ReduceMin",
         "ReduceProd", "ElemAny", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice",
-        "StridedSlice", "Concat", "Gather"})
+        "StridedSlice"})
+# AutoFuse's extended fusions: these ops join the list at opt_level 3, or with their pattern
+EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})  # fused only through matmul_depth
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
@@ -38,9 +40,14 @@ INJECTIVE, BROADCAST = "INJECTIVE", "BROADCAST"
 
 
 def cluster_ops(cfg: Config) -> frozenset[str]:
+    """The effective cluster-op list: ``*_only`` replaces it; else default + enable - disable
+    (Concat/Gather from opt_level 3 or when their extended pattern is enabled)."""
     if cfg.enable_cluster_ops_only:
         return frozenset(cfg.enable_cluster_ops_only)
-    return frozenset((DEFAULT_CLUSTER_OPS | set(cfg.enable_cluster_ops))
+    extended = {op for op, pat in EXTENDED_CLUSTER_OPS.items()
+                if cfg.opt_level >= 3 or pat in cfg.enable_fusion_pattern
+                or pat in cfg.enable_fusion_pattern_only}
+    return frozenset((DEFAULT_CLUSTER_OPS | extended | set(cfg.enable_cluster_ops))
                      - set(cfg.disable_cluster_ops))
 
 

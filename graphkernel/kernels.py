@@ -60,3 +60,92 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
     for n in reversed(nodes):
         graph.erase_node(n)
     return k
+
+
+def kernel_body(node: Node) -> Graph:
+    """A node's computation as a graph: a kernel's subgraph, or the single node itself."""
+    if node.op == "GraphKernel":
+        return node.subgraph
+    g = Graph(node.name)
+    ins = [g.add_input(f"i{i}", v.type) for i, v in enumerate(node.inputs)]
+    g._add_raw(node.op, node.name, ins, dict(node.attrs), node.origin,
+               [(v.name, v.type) for v in node.outputs])
+    g.set_outputs(list(g.node(node.name).outputs))
+    return g
+
+
+def inline_producer(graph: Graph, consumer: Node, producer: Node, value: Value) -> Node:
+    """Rebuild kernel ``consumer`` so that it recomputes ``value`` (an output of ``producer``)
+    from the producer's own inputs instead of reading it. Returns the new kernel node."""
+    sub_k, sub_p = consumer.subgraph, kernel_body(producer)
+    new = Graph(sub_k.name)
+    params: dict[int, Value] = {}  # id(outer value) -> param of the new kernel
+    inputs: list[Value] = []
+
+    def param(outer: Value) -> Value:
+        if id(outer) not in params:
+            params[id(outer)] = new.add_input(new.fresh_name(outer.name), outer.type)
+            inputs.append(outer)
+        return params[id(outer)]
+
+    vmap: dict[int, Value] = {}
+    for inner, outer in zip(sub_p.inputs, producer.inputs, strict=True):
+        vmap[id(inner)] = param(outer)
+    for n in sub_p.nodes:
+        copy = new._add_raw(n.op, new.fresh_name(f"{n.name}_rc"), [vmap[id(v)] for v in n.inputs],
+                            dict(n.attrs), n.origin, [(new.fresh_name(f"{v.name}_rc"), v.type)
+                                                      for v in n.outputs])
+        for a, b in zip(n.outputs, copy.outputs, strict=True):
+            vmap[id(a)] = b
+    recomputed = vmap[id(sub_p.outputs[producer.outputs.index(value)])]
+    for inner, outer in zip(sub_k.inputs, consumer.inputs, strict=True):
+        vmap[id(inner)] = recomputed if outer is value else param(outer)
+    for n in sub_k.nodes:
+        copy = new._add_raw(n.op, new.fresh_name(n.name), [vmap[id(v)] for v in n.inputs],
+                            dict(n.attrs), n.origin,
+                            [(new.fresh_name(v.name), v.type) for v in n.outputs])
+        for a, b in zip(n.outputs, copy.outputs, strict=True):
+            vmap[id(a)] = b
+    new.set_outputs([vmap[id(v)] for v in sub_k.outputs])
+    origin = tuple(dict.fromkeys(consumer.origin + producer.origin))
+    pattern = consumer.attrs["pattern"]
+    k = graph.add_node("GraphKernel", inputs, {"subgraph": new,
+                                               "pattern": f"{pattern}+recompute"},
+                       name=graph.fresh_name(consumer.name), origin=origin)
+    for old, nv in zip(consumer.outputs, k.outputs, strict=True):
+        graph.replace_all_uses(old, nv)
+    graph.erase_node(consumer)
+    return k
+
+
+def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
+    """One kernel computing two independent kernels side by side (shared inputs read once)."""
+    new = Graph(name)
+    params: dict[int, Value] = {}
+    inputs: list[Value] = []
+    outs: list[Value] = []
+    for k in (first, second):
+        vmap: dict[int, Value] = {}
+        for inner, outer in zip(k.subgraph.inputs, k.inputs, strict=True):
+            if id(outer) not in params:
+                params[id(outer)] = new.add_input(new.fresh_name(outer.name), outer.type)
+                inputs.append(outer)
+            vmap[id(inner)] = params[id(outer)]
+        for n in k.subgraph.nodes:
+            copy = new._add_raw(n.op, new.fresh_name(n.name), [vmap[id(v)] for v in n.inputs],
+                                dict(n.attrs), n.origin,
+                                [(new.fresh_name(v.name), v.type) for v in n.outputs])
+            for a, b in zip(n.outputs, copy.outputs, strict=True):
+                vmap[id(a)] = b
+        outs += [vmap[id(v)] for v in k.subgraph.outputs]
+    new.set_outputs(outs)
+    pattern = f"parallel({first.attrs['pattern']}|{second.attrs['pattern']})"
+    k = graph.add_node("GraphKernel", inputs, {"subgraph": new, "pattern": pattern},
+                       name=graph.fresh_name(name), origin=tuple(dict.fromkeys(first.origin
+                                                                               + second.origin)))
+    olds = list(first.outputs) + list(second.outputs)
+    for old, nv in zip(olds, k.outputs, strict=True):
+        graph.replace_all_uses(old, nv)
+    graph.erase_node(first)
+    graph.erase_node(second)
+    return k

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
-from graphkernel.ir import Graph, Node, Value
+from graphkernel.ir import Graph, Value
 
 VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 
@@ -44,30 +44,17 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
 
 
 def ideal(graph: Graph, fusable: set[int]) -> tuple[int, int]:
-    """(bytes, launches) with every weakly connected group of fusable nodes as one kernel,
-    ignoring every limit: the lower bound fusion can reach."""
-    parent: dict[int, int] = {}
+    """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
+    every size limit and pattern rule: the lower bound fusion can reach.
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    Regions are the cluster pass's convex regions: a group whose members are connected only
+    through a path that leaves it (DenseNet's concats, joined across convolutions) could
+    never be one kernel, so it is not one region."""
+    from graphkernel.fusion import form_regions
 
-    nodes = [n for n in graph.nodes if id(n) in fusable]
-    for n in nodes:
-        parent[id(n)] = id(n)
-    for n in nodes:
-        for v in n.inputs:
-            p = v.producer
-            if p is not None and id(p) in fusable:
-                parent[find(id(p))] = find(id(n))
-    groups: dict[int, list[Node]] = {}
-    for n in nodes:
-        groups.setdefault(find(id(n)), []).append(n)
     outputs = {id(v) for v in graph.outputs}
     total, count = 0, 0
-    for members in groups.values():
+    for members in form_regions(graph, fusable):
         ids = {id(n) for n in members}
         ins = [v for n in members for v in n.inputs
                if v.producer is None or id(v.producer) not in ids]

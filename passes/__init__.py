@@ -9,6 +9,8 @@ from graphkernel.passes import (  # noqa: F401
     cse,
     dce,
     expand,
+    parallel_fusion,
+    recompute,
     reshape_elim,
     split,
     transpose_elim,

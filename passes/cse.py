@@ -45,7 +45,8 @@ def cse(graph, ctx) -> PassResult:
             seen[key] = node
             continue
         if ctx.should_apply(f"{node.name} ({node.op}) -> {first.name}"):
-            first.origin = merge_origin(first, node)
+            if node.op != "Constant":  # a shared constant would collect every user's name
+                first.origin = merge_origin(first, node)
             replace_with(graph, node, list(first.outputs))
             merged += 1
     return PassResult(merged > 0, merged)

@@ -1,0 +1,61 @@
+"""Horizontal fusion: independent kernels that read the same input become one launch."""
+
+from __future__ import annotations
+
+from graphkernel.ir import Graph, Node
+from graphkernel.kernels import merge_parallel
+from graphkernel.registry import PassResult, register_pass
+
+
+def reaches(graph: Graph, src: Node, dst: Node, order: dict[int, int]) -> bool:
+    """Is there a path src -> … -> dst? (search pruned by topological position)"""
+    limit = order[id(dst)]
+    stack, seen = [src], {id(src)}
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u is dst:
+                return True
+            if id(u) not in seen and order.get(id(u), limit + 1) < limit:
+                seen.add(id(u))
+                stack.append(u)
+    return False
+
+
+def _ops(k: Node) -> int:
+    return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
+
+
+@register_pass("parallel_fusion", stage="postfusion", level=3, order=10,
+               feature=("enable_parallel_fusion", 3))
+def parallel_fusion(graph, ctx) -> PassResult:
+    """Rewrite two kernels that share an input and do not depend on each other -> one kernel
+    launching both (nvFuser's horizontal mode), within composite_op_limit_size."""
+    limit = ctx.flags.composite_op_limit_size
+    merged = 0
+    changed = True
+    while changed:
+        changed = False
+        nodes = graph.nodes
+        order = {id(n): i for i, n in enumerate(nodes)}
+        for v in [v for n in nodes for v in n.inputs] + list(graph.inputs):
+            kernels = [u for u in v.users if u.op == "GraphKernel"]
+            for i in range(len(kernels)):
+                for j in range(i + 1, len(kernels)):
+                    a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
+                    if _ops(a) + _ops(b) > limit:
+                        continue
+                    if reaches(graph, a, b, order):
+                        continue
+                    if not ctx.should_apply(f"{a.name} | {b.name}"):
+                        continue
+                    merge_parallel(graph, a, b, f"{a.name}_par")
+                    merged += 1
+                    changed = True
+                    break
+                if changed:
+                    break
+            if changed:
+                break
+    return PassResult(merged > 0, merged, [f"{merged} kernel pairs launched together"]
+                      if merged else [])

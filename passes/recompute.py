@@ -1,0 +1,73 @@
+"""Recompute cheap producers inside their consumer kernels instead of round-tripping GM."""
+
+from __future__ import annotations
+
+from graphkernel import ops
+from graphkernel.fusion import nbytes
+from graphkernel.kernels import inline_producer, kernel_body
+from graphkernel.ops import OpKind
+from graphkernel.registry import PassResult, register_pass
+
+MAX_OPS = 8          # a producer worth recomputing is a short elementwise/broadcast chain
+MAX_INPUT_RATIO = 0.5  # ... whose inputs are at most half the size of the value it produces
+
+
+def cheap(node) -> bool:
+    body = kernel_body(node)
+    members = [n for n in body.nodes if n.op != "Constant"]
+    if not members or len(members) > MAX_OPS:
+        return False
+    return all(ops.get(n.op).kind <= OpKind.BROADCAST and not ops.get(n.op).writes
+               for n in members)
+
+
+def _ops(body) -> int:
+    return sum(1 for n in body.nodes if n.op != "Constant")
+
+
+def gain(producer, value, consumers) -> int:
+    """GM bytes saved: the value's write (when nobody else reads it) and one read per
+    consumer, minus reading the producer's inputs once per consumer."""
+    v_bytes = nbytes(value)
+    in_bytes = sum(nbytes(v) for v in producer.inputs)
+    others = [u for u in value.users if u not in consumers] or \
+        any(value is o for o in value.graph.outputs)
+    write = 0 if others else v_bytes
+    return write + len(consumers) * (v_bytes - in_bytes)
+
+
+@register_pass("recompute", stage="split", level=2, order=20,
+               feature=("enable_recompute_fusion", 2))
+def recompute(graph, ctx) -> PassResult:
+    """Rewrite kernel(value of cheap producer P) -> kernel(P recomputed inside) when P is a
+    short elementwise/broadcast chain whose inputs are much smaller than its output (a
+    broadcast) and the GM bytes saved are positive."""
+    done = 0
+    notes = []
+    for producer in graph.nodes:
+        if producer.graph is None or producer.op == "Constant" or not cheap(producer):
+            continue
+        in_bytes = sum(nbytes(v) for v in producer.inputs)
+        for value in list(producer.outputs):
+            consumers = [u for u in value.users if u.op == "GraphKernel" and u is not producer]
+            if not consumers or in_bytes > MAX_INPUT_RATIO * nbytes(value):
+                continue
+            saved = gain(producer, value, consumers)
+            if saved <= 0:
+                continue
+            limit = ctx.flags.composite_op_limit_size
+            size = _ops(kernel_body(producer))
+            if any(_ops(c.subgraph) + size > limit for c in consumers):
+                continue  # a consumer would exceed composite_op_limit_size
+            names = ", ".join(c.name for c in consumers)
+            if not ctx.should_apply(f"{producer.name} into {names}"):
+                continue
+            for c in consumers:
+                inline_producer(graph, c, producer, value)
+            notes.append(f"recomputed {producer.name} in {len(consumers)} kernel(s), "
+                         f"saving {saved:,} GM bytes")
+            done += 1
+        if producer.graph is not None and not any(v.uses for v in producer.outputs) and \
+                not any(v is o for v in producer.outputs for o in graph.outputs):
+            graph.erase_node(producer)
+    return PassResult(done > 0, done, notes)
