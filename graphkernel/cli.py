@@ -249,6 +249,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 print(f"        {note}")
         else:
             print(f"  {p.index:<5} {p.stage:<11} {p.label:<16}      off    {p.reason}")
+    ex = rep.extra
+    if "gm_bytes_fused" in ex:
+        ratio = ex["gm_bytes_fused"] / ex["gm_bytes_ideal"] if ex["gm_bytes_ideal"] else 1.0
+        print(f"kernels: {ex['kernels_unfused']} -> {ex['kernels_fused']} launches; GM bytes: "
+              f"{ex['gm_bytes_unfused']:,} unfused, {ex['gm_bytes_fused']:,} fused, "
+              f"{ex['gm_bytes_ideal']:,} ideal (fused/ideal {ratio:.3f})")
+        for k in ex["kernels"][:20]:
+            print(f"  {k['name']:<44} {k['ops']:>3} ops  [{k['pattern']}]  "
+                  f"{k['bytes_read'] + k['bytes_written']:,} B")
+        if len(ex["kernels"]) > 20:
+            print(f"  ... {len(ex['kernels']) - 20} more kernels in report.json")
     if res.config.dump_as_text:
         print(f"dumps in {res.config.debug_dir}")
     for w in written:

@@ -1,0 +1,91 @@
+"""recompute (level 2) and parallel_fusion (level 3)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.interpreter import Interpreter, random_inputs
+
+
+def check_same(g, res):
+    feeds = random_inputs(g, 0)
+    for a, b in zip(Interpreter(g, "float64").run(feeds),
+                    Interpreter(res.graph, "float64").run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-12)
+
+
+def broadcast_into_two_reductions() -> Graph:
+    g = Graph("rc")
+    x = g.add_input("x", TensorType((64, 256), "float32"))
+    b = g.add_input("b", TensorType((256,), "float32"))
+    e = g.add_node("Exp", [g.add_node("BroadcastTo", [b], {"shape": [64, 256]},
+                                      name="bcast").output], name="e").output
+    s1 = g.add_node("ReduceSum", [g.add_node("Mul", [x, e], name="m1").output], {"axis": [1]},
+                    name="s1").output
+    s2 = g.add_node("ReduceMax", [g.add_node("Add", [x, e], name="a2").output], {"axis": [0]},
+                    name="s2").output
+    g.set_outputs([s1, s2])
+    return g
+
+
+def kernels(res):
+    return [n for n in res.graph.nodes if n.op == "GraphKernel"]
+
+
+def test_recompute_duplicates_a_cheap_broadcast_into_its_consumers():
+    g = broadcast_into_two_reductions()
+    off = graphkernel.compile(g, "--opt_level=1", env={})
+    on = graphkernel.compile(g, "--opt_level=2", env={})
+    check_same(g, on)
+    assert len(kernels(off)) == 3 and len(kernels(on)) == 2
+    ex_off, ex_on = off.report.extra, on.report.extra
+    assert ex_on["gm_bytes_fused"] < ex_off["gm_bytes_fused"]
+    rec = next(p for p in on.report.passes if p.name == "recompute")
+    assert rec.rewrites == 1 and "recomputed" in rec.notes[0]
+    assert all("recompute" in k.attrs["pattern"] for k in kernels(on))
+    assert all("bcast" in k.origin for k in kernels(on))  # the duplicated user nodes are named
+
+
+def test_recompute_can_be_switched_by_flag_and_respects_the_size_limit():
+    g = broadcast_into_two_reductions()
+    assert len(kernels(graphkernel.compile(g, "--opt_level=2 --enable_recompute_fusion=false",
+                                           env={}))) == 3
+    assert len(kernels(graphkernel.compile(g, "--opt_level=1 --enable_recompute_fusion",
+                                           env={}))) == 2
+    res = graphkernel.compile(g, "--opt_level=2 --composite_op_limit_size=3", env={})
+    assert all(sum(m.op != "Constant" for m in k.subgraph.nodes) <= 3 for k in kernels(res))
+
+
+def test_parallel_fusion_launches_independent_kernels_sharing_an_input_together():
+    g = Graph("par")
+    x = g.add_input("x", TensorType((64, 256), "float32"))
+    s1 = g.add_node("ReduceSum", [g.add_node("Exp", [x], name="e").output], {"axis": [1]},
+                    name="s1").output
+    s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x], name="n").output], {"axis": [0]},
+                    name="s2").output
+    g.set_outputs([s1, s2])
+    two = graphkernel.compile(g, "--opt_level=2", env={})
+    one = graphkernel.compile(g, "--opt_level=3", env={})
+    check_same(g, one)
+    assert len(kernels(two)) == 2 and len(kernels(one)) == 1
+    assert kernels(one)[0].attrs["pattern"].startswith("parallel(")
+    assert one.report.extra["gm_bytes_fused"] < two.report.extra["gm_bytes_fused"]
+    assert len(kernels(graphkernel.compile(g, "--opt_level=2 --enable_parallel_fusion",
+                                           env={}))) == 1
+
+
+def test_parallel_fusion_never_merges_dependent_kernels():
+    g = Graph("dep")
+    x = g.add_input("x", TensorType((64, 256), "float32"))
+    k1 = g.add_node("ReduceSum", [g.add_node("Exp", [x], name="e").output], {"axis": [1],
+                                                                          "keep_dims": True},
+                    name="s1").output
+    mid = g.add_node("CumSum", [k1], {"axis": 0}, name="mid").output   # not fusable
+    y = g.add_node("Add", [g.add_node("Neg", [x], name="n").output, mid], name="y").output
+    g.set_outputs([g.add_node("ReduceMax", [y], {"axis": [0]}, name="s2").output])
+    res = graphkernel.compile(g, "--opt_level=3", env={})
+    res.graph.validate()
+    check_same(g, res)
+    assert len(kernels(res)) == 2  # the second depends on the first through CumSum
