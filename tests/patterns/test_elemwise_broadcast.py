@@ -126,3 +126,14 @@ def test_disabling_removes_exactly_its_fusions():
     off_all = fuse(chain(), "--disable_fusion_pattern=elemwise_broadcast*")
     assert not any(a.pattern.startswith("elemwise_broadcast") and a.verdict == "fused"
                    for a in off_all.analyses["fusion_attempts"])
+
+
+def test_bwd_width_needs_consumers_of_equal_compute_size():
+    b = G()
+    x, y = b.input("x", (4, 8)), b.input("y", (2, 4, 8))
+    a = b.op("Exp", x, name="a")
+    c1 = b.op("Neg", a, name="c1")            # 32 elements
+    c2 = b.op("Mul", a, y, name="c2")         # 64 elements
+    res = fuse(b.out(c1, c2), f"--enable_fusion_pattern_only={BWD_W}")
+    assert kernels(res) == []
+    assert any(r.startswith("compute size mismatch among consumers") for r in reasons(res, BWD_W))
