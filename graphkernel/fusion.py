@@ -185,6 +185,9 @@ class Area:
     _dominant: Node | None = field(default=None, repr=False)
     _kind: OpKind | None = field(default=None, repr=False)
     _name: str | None = field(default=None, repr=False)
+    # edges crossing the area's boundary; they change only when this area merges
+    _in_edges: list[tuple[Value, Node]] | None = field(default=None, repr=False)
+    _out_edges: list[tuple[Value, Node]] | None = field(default=None, repr=False)
 
     @property
     def ops(self) -> int:
@@ -259,18 +262,26 @@ class SplitModel:
     def area(self, node: Node) -> Area | None:
         return self._area.get(id(node))
 
+    def _inputs_of(self, a: Area) -> list[tuple[Value, Node]]:
+        """(value, consuming node) for every in-region edge entering ``a`` (cached)."""
+        if a._in_edges is None:
+            a._in_edges = [(v, n) for n in a.nodes for v in n.inputs
+                           if v.producer is not None and self._area.get(id(v.producer))
+                           not in (None, a)]
+        return a._in_edges
+
+    def _outputs_of(self, a: Area) -> list[tuple[Value, Node]]:
+        """(value, using node) for every use leaving ``a``; the user may be outside the
+        region (cached)."""
+        if a._out_edges is None:
+            a._out_edges = [(v, u) for n in a.nodes for v in n.outputs for u, _ in v.uses
+                            if self._area.get(id(u)) is not a]
+        return a._out_edges
+
     def producers(self, a: Area) -> list[tuple[Area, Value, Node]]:
         """(producer area, value, consuming node) for every in-region edge into ``a``."""
-        out = []
-        for n in a.nodes:
-            for v in n.inputs:
-                p = v.producer
-                if p is None:
-                    continue
-                pa = self.area(p)
-                if pa is not None and pa is not a:
-                    out.append((pa, v, n))
-        return out
+        area = self._area
+        return [(area[id(v.producer)], v, n) for v, n in self._inputs_of(a)]
 
     def producer_areas(self, a: Area) -> list[Area]:
         return _unique(pa for pa, _, _ in self.producers(a))
@@ -278,22 +289,19 @@ class SplitModel:
     def consumers(self, a: Area) -> tuple[list[Area], bool]:
         """Consumer areas in the region, and whether some consumer lies outside the region
         (or an output is a graph output)."""
-        out: list[Area] = []
-        external = False
-        for n in a.nodes:
-            for v in n.outputs:
-                if id(v) in self.outputs:
-                    external = True
-                for u in v.users:
-                    ua = self.area(u)
-                    if ua is None:
-                        external = True
-                    elif ua is not a:
-                        out.append(ua)
-        return _unique(out), external
+        out: dict[int, Area] = {}
+        external = self.is_output(a)
+        for _, u in self._outputs_of(a):
+            ua = self._area.get(id(u))
+            if ua is None:
+                external = True
+            else:
+                out.setdefault(id(ua), ua)
+        return list(out.values()), external
 
     def is_output(self, a: Area) -> bool:
-        return any(id(v) in self.outputs for n in a.nodes for v in n.outputs)
+        outs = self.outputs
+        return bool(outs) and any(id(v) in outs for n in a.nodes for v in n.outputs)
 
     def kind(self, a: Area) -> OpKind:
         """The highest op kind; an elementwise area fed through a broadcast edge from outside
@@ -406,6 +414,7 @@ class SplitModel:
         target.nodes.sort(key=lambda n: self.index[id(n)])
         target.patterns.append(pattern)
         target._dominant = target._kind = target._name = None
+        target._in_edges = target._out_edges = None
         return record("fused", score=saved)
 
     def reject(self, pattern: str, areas: list[Area], reason: str) -> bool:

@@ -143,7 +143,8 @@ def canonical(name: str) -> str:
 
 
 def get(name: str) -> OpDef:
-    return _REGISTRY[canonical(name)]
+    op = _REGISTRY.get(name)
+    return op if op is not None else _REGISTRY[canonical(name)]
 
 
 def exists(name: str) -> bool:
