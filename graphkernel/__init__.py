@@ -15,10 +15,11 @@ from graphkernel import expanders  # noqa: E402,F401
 from graphkernel import patterns  # noqa: E402,F401
 from graphkernel import passes  # noqa: E402,F401
 from graphkernel.api import CompileResult, compile, load_config  # noqa: E402
+from graphkernel.bisect import bisect, verify  # noqa: E402
 from graphkernel.errors import GraphKernelError  # noqa: E402
 from graphkernel.ir import DType, Graph, Node, TensorType, Value  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["CompileResult", "DType", "Graph", "GraphKernelError", "Node", "TensorType", "Value",
-           "__version__", "compile", "load_config"]
+           "__version__", "bisect", "compile", "load_config", "verify"]

@@ -22,6 +22,7 @@ class CompileResult:
     report: RunReport
     config: Config
     analyses: dict[str, Any] = field(default_factory=dict)
+    applications: list[Any] = field(default_factory=list)  # every numbered rewrite
 
     def write_report(self, directory: str | os.PathLike) -> Path:
         return Dumper(directory).write_json("report.json", self.report.to_dict())
@@ -56,7 +57,10 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     cfg = load_config(flags, config, target, env)
     pm = PassManager(cfg, log=log)
     report = pm.run(graph)
-    result = CompileResult(graph, report, cfg, pm.ctx.analyses)
+    result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
+    from graphkernel.bisect import report_count
+
+    report_count(report.bisect_applications)
     if out_dir is not None:
         result.write_report(out_dir)
     if pm.dumper is not None:

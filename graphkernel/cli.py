@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -286,6 +287,55 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_plugins(args: argparse.Namespace) -> None:
+    """Import --plugin files: they register their own passes/expanders/patterns."""
+    import runpy
+
+    for path in getattr(args, "plugin", None) or []:
+        if not Path(path).is_file():
+            raise ExecutionError(f"--plugin {path}: no such file")
+        runpy.run_path(path, run_name=f"graphkernel_plugin_{Path(path).stem}")
+
+
+def _inputs(args: argparse.Namespace, g: Graph):
+    from graphkernel.fileio import load_npz
+
+    return load_npz(args.inputs) if getattr(args, "inputs", None) else None
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from graphkernel.bisect import Evaluator
+
+    g = _load(args.model)
+    ev = Evaluator(g, _inputs(args, g), args.flags or "", args.backend)
+    j, _ = ev.run()
+    if args.json:
+        print(json.dumps({"match": not j.bad, "reason": j.reason, "cosine": j.cosine,
+                          "rmse": j.rmse, "rmse_unoptimized": j.rmse_base,
+                          "reference": ev.reference_dtype,
+                          "outputs": j.report.to_dict()["outputs"]}, indent=2, default=str))
+    else:
+        for m in j.report.outputs:
+            print(m.line())
+        print(("MISMATCH: " + j.reason) if j.bad else
+              f"MATCH: compiled vs unoptimized within tolerance or within noise of the "
+              f"{ev.reference_dtype} reference (cos {j.cosine:.6f})")
+    return 1 if j.bad else 0
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from graphkernel.bisect import bisect as run_bisect
+    from graphkernel.dump import Dumper
+
+    g = _load(args.model)
+    res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
+                     args.repro_dir, log=print)
+    print(res.summary())
+    if args.report:
+        Dumper(Path(args.report).parent).write_json(Path(args.report).name, res.to_dict())
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -318,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "AUTOFUSE_FLAGS)")
         if config:
             sp.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file")
+        sp.add_argument("--plugin", metavar="FILE.py", action="append",
+                        help="a Python file that registers its own passes (repeatable)")
 
     s = sub.add_parser("flags", help="the effective flags and where each value came from",
                        description="Print every flag's effective value and its origin "
@@ -359,6 +411,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_expand)
 
+    s = sub.add_parser("verify", help="compiled vs unoptimized on the same inputs; exit 1 on "
+                                      "mismatch",
+                       description="Run the unoptimized and the compiled graph on the same "
+                                   "inputs and judge the difference (exit 0 match, 1 mismatch).")
+    s.add_argument("model", metavar="MODEL")
+    flag_args(s, config=False)
+    s.add_argument("--inputs", metavar="IN.npz")
+    s.add_argument("--backend", choices=["reference", "sim"], default="reference")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(fn=cmd_verify)
+
+    s = sub.add_parser("bisect", help="find the pass and rewrite that break accuracy "
+                                      "(`bisect run -- CMD` bisects any program)",
+                       description="Find the pass, the single rewrite and your nodes behind a "
+                                   "mismatch; print a flag string that avoids it. "
+                                   "`graphkernel bisect run [--max N] -- CMD ARGS...` bisects a "
+                                   "program by its exit code.")
+    s.add_argument("model", metavar="MODEL")
+    flag_args(s, config=False)
+    s.add_argument("--inputs", metavar="IN.npz")
+    s.add_argument("--backend", choices=["reference", "sim"], default="reference")
+    s.add_argument("--reference", choices=["auto", "float64", "float32"], default="auto",
+                   help="precision of the reference run (auto: float32 for fp16/bf16 graphs)")
+    s.add_argument("--report", metavar="OUT.json", help="write the result as JSON")
+    s.add_argument("--repro-dir", metavar="DIR", help="write a minimal reproducer here")
+    s.set_defaults(fn=cmd_bisect)
+
     s = sub.add_parser("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -382,9 +461,15 @@ def _bind_flag_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bisect", "run"]:
+        from graphkernel.bisect import _main_external
+
+        return _main_external(argv[2:])
     parser = build_parser()
-    args = parser.parse_args(_bind_flag_values(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(_bind_flag_values(argv))
     try:
+        _load_plugins(args)
         return int(args.fn(args) or 0)
     except GraphKernelError as e:
         print(f"graphkernel: error: {e}", file=sys.stderr)

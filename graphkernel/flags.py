@@ -70,6 +70,7 @@ class FlagValues(BaseModel):
     dump_as_text: bool = False
     debug_dir: str = "./graph_kernel_dump"
     bisect_limit: int = Field(-1, ge=-1)
+    bisect_pass: str = ""
     print_bisect: bool = False
     keep_codegen_project: bool = False
     skip_node_names: list[str] = []
@@ -124,6 +125,8 @@ SPECS: dict[str, FlagSpec] = {
     "debug_dir": FlagSpec("str", "where dumps go"),
     "bisect_limit": FlagSpec("int", "run only the first N rewrite applications (-1: all)"),
     "print_bisect": FlagSpec("bool", "print BISECT: running|NOT running (N) lines"),
+    "bisect_pass": FlagSpec("str", "number (and limit) only this pass's applications; the other "
+                                   "passes run in full (graphkernel bisect uses it)"),
     "path": FlagSpec("str", "a config file (JSON or YAML) read with file precedence"),
     # AutoFuse compatibility, mapped onto the keys above
     "enable_autofuse": FlagSpec("bool", "AutoFuse: false -> opt_level 0"),

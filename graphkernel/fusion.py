@@ -400,7 +400,8 @@ class SplitModel:
             return record("rejected", f"size limit: {total} ops > {pattern} limit {limit}")
         if self.creates_cycle(areas):
             return record("rejected", "cycle: another path connects these areas")
-        if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names)):
+        if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names),
+                                     [n for a in areas for n in a.nodes]):
             return record("rejected", "refused by bisect_limit")
         saved = self.score(areas)  # before the merge changes the areas
         target = areas[0]

@@ -17,7 +17,7 @@ import gc
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from graphkernel import ops, registry
 from graphkernel.dump import Dumper
 from graphkernel.errors import FlagError, GraphKernelError, did_you_mean
 from graphkernel.flags import Config
-from graphkernel.ir import Graph
+from graphkernel.ir import Graph, Node
 from graphkernel.registry import STAGES, PassInfo, PassResult
 
 
@@ -192,22 +192,42 @@ def plan(cfg: Config, slots: list[PassSlot] | None = None) -> list[Decision]:
 
 
 # ------------------------------------------------------------- bisect counter
-class BisectCounter:
-    """Numbers every rewrite application across a pipeline run (LLVM's opt-bisect)."""
+@dataclass
+class Application:
+    """One numbered rewrite: which pass, on what, the user's nodes it touched, and whether it
+    ran."""
 
-    def __init__(self, limit: int = -1, printer: Callable[[str], None] | None = None) -> None:
+    number: int
+    pass_name: str
+    description: str
+    origin: list[str]
+    applied: bool
+
+
+class BisectCounter:
+    """Numbers every rewrite application across a pipeline run (LLVM's opt-bisect).
+
+    With ``scope`` (a pass name), only that pass's applications are numbered and limited;
+    every other rewrite runs, so a bug a later pass would mask is still visible."""
+
+    def __init__(self, limit: int = -1, printer: Callable[[str], None] | None = None,
+                 scope: str = "") -> None:
         self.limit = limit
         self.count = 0
         self.refused = 0
         self.printer = printer
-        self.log: list[tuple[int, str, str, bool]] = []
+        self.scope = scope
+        self.log: list[Application] = []
 
-    def should_apply(self, pass_name: str, description: str) -> bool:
+    def should_apply(self, pass_name: str, description: str,
+                     origin: list[str] | None = None) -> bool:
+        if self.scope and pass_name != self.scope:
+            return True
         self.count += 1
         ok = self.limit < 0 or self.count <= self.limit
         if not ok:
             self.refused += 1
-        self.log.append((self.count, pass_name, description, ok))
+        self.log.append(Application(self.count, pass_name, description, origin or [], ok))
         if self.printer is not None:
             verb = "running" if ok else "NOT running"
             self.printer(f"BISECT: {verb} ({self.count}) {pass_name} on {description}")
@@ -232,9 +252,11 @@ class PassContext:
         self.report_extra: dict[str, Any] = {}
         self.dumper: Dumper | None = None
 
-    def should_apply(self, description: str) -> bool:
-        """Ask before each single rewrite; counts it and may refuse it (bisect_limit)."""
-        ok = self.bisect.should_apply(self.current_pass, description)
+    def should_apply(self, description: str, nodes: Iterable[Node] = ()) -> bool:
+        """Ask before each single rewrite (naming the nodes it touches); counts it and may
+        refuse it (bisect_limit)."""
+        origin = list(dict.fromkeys(o for n in nodes for o in n.origin))
+        ok = self.bisect.should_apply(self.current_pass, description, origin)
         if ok:
             self.rewrites += 1
         return ok
@@ -307,7 +329,7 @@ class PassManager:
     def _run(self, graph: Graph) -> RunReport:
         cfg = self.cfg
         printer = self.log if cfg.print_bisect else None
-        bisect = BisectCounter(cfg.bisect_limit, printer)
+        bisect = BisectCounter(cfg.bisect_limit, printer, cfg.bisect_pass)
         ctx = PassContext(cfg, bisect, self.log, self.target)
         ctx.dumper = self.dumper
         self.ctx = ctx

@@ -115,7 +115,7 @@ def arith_simplify(graph, ctx) -> PassResult:
             if new is None:
                 continue
             desc = f"rule {rule.number} {rule.name} on {node.name}"
-            if not ctx.should_apply(desc):
+            if not ctx.should_apply(desc, [node]):
                 if len(graph) != mark and new.producer is not None and not new.uses:
                     graph.erase_node(new.producer)
                 continue

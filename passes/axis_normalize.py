@@ -45,7 +45,7 @@ def axis_normalize(graph, ctx) -> PassResult:
     changed = 0
     for node in graph.nodes:
         new = normalized(node)
-        if new is not None and ctx.should_apply(f"{node.name} ({node.op})"):
+        if new is not None and ctx.should_apply(f"{node.name} ({node.op})", [node]):
             node.attrs = new
             changed += 1
     return PassResult(changed > 0, changed)

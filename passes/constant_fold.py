@@ -37,7 +37,7 @@ def constant_fold(graph, ctx) -> PassResult:
     """Rewrite op(constants...) -> Constant when the result is not much larger than its inputs."""
     folded = 0
     for node in graph.nodes:
-        if not foldable(node) or not ctx.should_apply(f"{node.name} ({node.op})"):
+        if not foldable(node) or not ctx.should_apply(f"{node.name} ({node.op})", [node]):
             continue
         consts = [graph.add_node("Constant", [], {"value": arr},
                                  name=graph.fresh_name(f"{node.name}_folded"),

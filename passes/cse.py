@@ -44,7 +44,7 @@ def cse(graph, ctx) -> PassResult:
         if first is None:
             seen[key] = node
             continue
-        if ctx.should_apply(f"{node.name} ({node.op}) -> {first.name}"):
+        if ctx.should_apply(f"{node.name} ({node.op}) -> {first.name}", [node, first]):
             if node.op != "Constant":  # a shared constant would collect every user's name
                 first.origin = merge_origin(first, node)
             replace_with(graph, node, list(first.outputs))

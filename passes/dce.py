@@ -16,7 +16,7 @@ def dce(graph, ctx) -> PassResult:
             continue
         if any(v.uses or id(v) in outputs for v in node.outputs):
             continue
-        if ctx.should_apply(f"{node.name} ({node.op})"):
+        if ctx.should_apply(f"{node.name} ({node.op})", [node]):
             graph.erase_node(node)
             removed += 1
     return PassResult(removed > 0, removed)

@@ -38,7 +38,7 @@ def expand(graph, ctx) -> PassResult:
         exp = registry.EXPANDERS[node.op]
         reason = exp.why_not(node)
         if reason is None:
-            if not ctx.should_apply(f"{node.name} ({node.op})"):
+            if not ctx.should_apply(f"{node.name} ({node.op})", [node]):
                 continue
             size = len(graph)
             outs, reason = expand_node(graph, node, exp)

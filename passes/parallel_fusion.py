@@ -47,7 +47,7 @@ def parallel_fusion(graph, ctx) -> PassResult:
                         continue
                     if reaches(graph, a, b, order):
                         continue
-                    if not ctx.should_apply(f"{a.name} | {b.name}"):
+                    if not ctx.should_apply(f"{a.name} | {b.name}", [a, b]):
                         continue
                     merge_parallel(graph, a, b, f"{a.name}_par")
                     merged += 1

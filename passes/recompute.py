@@ -60,7 +60,8 @@ def recompute(graph, ctx) -> PassResult:
             if any(_ops(c.subgraph) + size > limit for c in consumers):
                 continue  # a consumer would exceed composite_op_limit_size
             names = ", ".join(c.name for c in consumers)
-            if not ctx.should_apply(f"{producer.name} into {names}"):
+            if not ctx.should_apply(f"{producer.name} into {names}",
+                                    [producer, *consumers]):
                 continue
             for c in consumers:
                 inline_producer(graph, c, producer, value)

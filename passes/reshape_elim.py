@@ -22,11 +22,11 @@ def reshape_elim(graph, ctx) -> PassResult:
         while root.producer is not None and root.producer.op in RESHAPES:
             root = root.producer.inputs[0]
         if root.type == out.type:
-            if ctx.should_apply(f"identity {node.name}"):
+            if ctx.should_apply(f"identity {node.name}", [node]):
                 replace_with(graph, node, root)
                 changed += 1
         elif root is not src:
-            if ctx.should_apply(f"fold chain into {node.name}"):
+            if ctx.should_apply(f"fold chain into {node.name}", [node]):
                 new = add_like(graph, node, "Reshape", [root], {"shape": list(out.type.shape)})
                 replace_with(graph, node, new)
                 changed += 1

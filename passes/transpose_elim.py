@@ -18,11 +18,11 @@ def transpose_elim(graph, ctx) -> PassResult:
         if inner is not None and inner.op == "Transpose":
             src, perm = inner.inputs[0], [inner.attrs["perm"][p] for p in perm]
         if perm == list(range(len(perm))):
-            if ctx.should_apply(f"identity {node.name}"):
+            if ctx.should_apply(f"identity {node.name}", [node]):
                 replace_with(graph, node, src)
                 changed += 1
         elif src is not node.inputs[0]:
-            if ctx.should_apply(f"fold chain into {node.name}"):
+            if ctx.should_apply(f"fold chain into {node.name}", [node]):
                 replace_with(graph, node, add_like(graph, node, "Transpose", [src],
                                                    {"perm": perm}))
                 changed += 1

@@ -40,3 +40,18 @@ def test_narrowing_then_other_type_is_kept():
     g.set_outputs([g.add_node("Cast", [lo], {"dtype": "float64"}).output])
     h, res = apply_pass("cast_elim", g)
     assert res.rewrites == 0
+
+
+def test_value_changing_round_trips_are_kept():
+    from graphkernel.ir import DType
+    from graphkernel.passes.cast_elim import removable_round_trip
+
+    for src, mid in [("float32", "int32"), ("int32", "int8"), ("float16", "bool")]:
+        g = Graph()
+        x = g.add_input("x", TensorType((4,), src))
+        mid_v = g.add_node("Cast", [x], {"dtype": mid}).output
+        g.set_outputs([g.add_node("Cast", [mid_v], {"dtype": src}).output])
+        h, res = apply_pass("cast_elim", g)
+        assert res.rewrites == 0, (src, mid)
+    assert removable_round_trip(DType.int8, DType.int32)  # widening is exact
+    assert removable_round_trip(DType.float32, DType.float16)  # precision only (documented)

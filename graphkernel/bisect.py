@@ -1,0 +1,510 @@
+"""Accuracy verification and bisection: find the pass, the single rewrite and the user's
+nodes behind a mismatch, with a flag string that avoids it and a reproducer.
+
+Judging (see the accuracy reference): a compiled result is *bad* only when it fails the
+tolerance check against the unoptimized run AND its RMSE against a higher-precision
+reference (float64, or float32 for fp16/bf16 graphs) is more than twice the unoptimized
+run's own RMSE, or it has NaN/Inf the reference has not. Rounding noise (fp32 inside a
+fused fp16 kernel) is therefore never blamed.
+
+Search: pass level (disable halves of the passes that rewrote something, every other pass
+kept on, so a bug a later pass masks is still found), then application level inside the
+culprit pass (``bisect_pass`` numbers only that pass's rewrites), then a flag string that
+avoids it, checked by one more evaluation, and a reproducer graph.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import ExecutionError, GraphKernelError
+from graphkernel.interpreter import Interpreter, random_inputs
+from graphkernel.ir import Graph
+from graphkernel.verify import AccuracyReport, compare, tolerance
+
+BACKENDS = ("reference", "sim")
+
+
+def _rmse(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    return float(np.sqrt(np.mean((a[ok] - b[ok]) ** 2))) if ok.any() else 0.0
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    ok = np.isfinite(a) & np.isfinite(b)
+    na, nb = np.linalg.norm(a[ok]), np.linalg.norm(b[ok])
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(a[ok] @ b[ok] / (na * nb)) if na and nb else 0.0
+
+
+@dataclass
+class Judgement:
+    bad: bool
+    reason: str
+    cosine: float  # worst cosine against the high-precision reference
+    report: AccuracyReport  # compiled vs unoptimized, per output
+    rmse: list[float] = field(default_factory=list)  # compiled vs reference
+    rmse_base: list[float] = field(default_factory=list)  # unoptimized vs reference
+
+    def short(self) -> str:
+        return f"{'mismatch' if self.bad else 'ok'} (cos {self.cosine:.4f})"
+
+
+class Evaluator:
+    """Runs the reference once; then each evaluation is one compile + one run."""
+
+    def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
+                 flags: str = "", backend: str = "reference", reference: str = "auto",
+                 env: Mapping[str, str] | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ExecutionError(f"unknown backend {backend!r} (accepted: {', '.join(BACKENDS)})")
+        if backend == "sim":
+            raise ExecutionError("backend 'sim' runs generated kernels in the CPU simulator, "
+                                 "which this build does not include yet; use "
+                                 "--backend reference")
+        self.graph = graph
+        self.inputs = dict(inputs) if inputs is not None else random_inputs(graph, 0)
+        self.flags = flags
+        self.env = env
+        low = any(v.dtype.is_low_precision for v in graph.outputs)
+        ref = {"auto": "float32" if low else "float64"}.get(reference, reference)
+        if ref not in ("float32", "float64"):
+            raise ExecutionError(f"reference precision {reference!r} is not float32 or float64")
+        self.reference_dtype = ref
+        self.ref = Interpreter(graph, ref).run(self.inputs)
+        self.base = Interpreter(graph).run(self.inputs)
+        self.base_err = [_rmse(b, r) for b, r in zip(self.base, self.ref, strict=True)]
+        self.evaluations = 0
+        self._memo: dict[str, tuple[Judgement, Any]] = {}
+
+    def compile(self, extra: str = ""):
+        from graphkernel.api import compile as gk_compile
+
+        return gk_compile(self.graph, f"{self.flags} {extra}".strip(),
+                          env=self.env if self.env is not None else {}, log=lambda m: None)
+
+    def judge(self, outs: Sequence[np.ndarray]) -> Judgement:
+        rep = AccuracyReport()
+        bad, reasons, worst = False, [], 1.0
+        rmses = []
+        for v, o, b, r, eb in zip(self.graph.outputs, outs, self.base, self.ref, self.base_err,
+                                  strict=True):
+            m = compare(o, b, v.dtype, name=v.name)
+            rep.outputs.append(m)
+            e = _rmse(o, r)
+            rmses.append(e)
+            worst = min(worst, _cos(o, r))
+            # NaN/Inf the unoptimized run does not have (its own fp32 overflow is not ours)
+            new_nan = int(np.sum(~np.isfinite(np.asarray(o, np.float64))
+                                 & np.isfinite(np.asarray(b, np.float64))))
+            if new_nan:
+                bad = True
+                reasons.append(f"{v.name}: {new_nan} NaN/Inf the unoptimized run does not have")
+            elif not m.passed:
+                floor = 1e-3 * tolerance(v.dtype)[1]
+                if e > max(2 * eb, floor):
+                    bad = True
+                    reasons.append(f"{v.name}: RMSE {e:.3g} vs the unoptimized run's "
+                                   f"{eb:.3g} (reference {self.reference_dtype})")
+        return Judgement(bad, "; ".join(reasons), worst, rep, rmses, list(self.base_err))
+
+    def run(self, extra: str = "") -> tuple[Judgement, Any]:
+        """One evaluation (compile + run + judge); repeated flag strings are not re-run."""
+        if extra in self._memo:
+            return self._memo[extra]
+        self.evaluations += 1
+        res = self.compile(extra)
+        outs = Interpreter(res.graph).run(self.inputs)
+        self._memo[extra] = (self.judge(outs), res)
+        return self._memo[extra]
+
+
+# ------------------------------------------------------------------- verify
+def verify(graph: Graph, flags: str = "", inputs: Mapping[str, np.ndarray] | None = None,
+           backend: str = "reference", env: Mapping[str, str] | None = None) -> Judgement:
+    """Compile with ``flags``, run compiled and unoptimized graphs on the same inputs, judge."""
+    j, _ = Evaluator(graph, inputs, flags, backend, env=env).run()
+    return j
+
+
+# ------------------------------------------------------------------- bisect
+@dataclass
+class BisectResult:
+    mismatch: bool
+    evaluations: int
+    pass_label: str = ""
+    pass_name: str = ""
+    stage: str = ""
+    index: str = ""
+    application: int = 0  # within the culprit pass (bisect_pass numbering)
+    applications_in_pass: int = 0
+    description: str = ""
+    origin: list[str] = field(default_factory=list)
+    with_it: str = ""
+    without_it: str = ""
+    flags: str = ""  # a flag string that avoids the problem (verified)
+    repro: str = ""
+    repro_reproduces: bool = False
+    steps: list[str] = field(default_factory=list)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    def summary(self) -> str:
+        if not self.mismatch:
+            return f"no mismatch ({self.message}); {self.evaluations} evaluation(s)"
+        lines = [
+            f"culprit: pass {self.pass_label} ({self.stage}, {self.index}), application "
+            f"{self.application} of {self.applications_in_pass}",
+            f"rewrite: {self.description}",
+            f"your nodes: {', '.join(self.origin) or '(none recorded)'}",
+            f"with it: {self.with_it}; without it: {self.without_it}",
+            f"avoid it with: {self.flags}" if self.flags else
+            "no single flag avoids it (see the steps)",
+        ]
+        if self.repro:
+            lines.append(f"reproducer: {self.repro} (reproduces: "
+                         f"{'yes' if self.repro_reproduces else 'no'})")
+        lines.append(f"{self.evaluations} evaluations")
+        return "\n".join(lines)
+
+
+def _pattern_of(description: str) -> str | None:
+    m = re.match(r"^([a-z0-9_]+): ", description)
+    return m.group(1) if m else None
+
+
+def _op_of(description: str) -> str | None:
+    m = re.search(r"\(([A-Za-z0-9]+)\)$", description)
+    return m.group(1) if m else None
+
+
+def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.ndarray] | None = None,
+           flags: str = "", backend: str = "reference", reference: str = "auto",
+           repro_dir: str | os.PathLike | None = None,
+           log: Callable[[str], None] | None = None,
+           env: Mapping[str, str] | None = None) -> BisectResult:
+    """Find the pass and the single rewrite that break accuracy under ``flags``."""
+    if isinstance(graph_or_path, Graph):
+        graph = graph_or_path
+    else:
+        from graphkernel.frontends import load_model
+
+        graph = load_model(graph_or_path)
+    say = log or (lambda m: None)
+    ev = Evaluator(graph, inputs, flags, backend, reference, env)
+    res = BisectResult(False, 0)
+    j, full = ev.run()
+    if not j.bad:
+        res.evaluations = ev.evaluations
+        res.message = f"the compiled graph matches within noise, {j.short()}"
+        return res
+    res.mismatch = True
+    changed = [p for p in full.report.passes if p.ran and p.rewrites > 0]
+    est = 4 + math.ceil(math.log2(max(full.report.bisect_applications, 1)))
+    step = [1]
+
+    def record(what: str, jj: Judgement) -> None:
+        step[0] += 1
+        line = f"[step {step[0]}/~{est}] {what} -> {jj.short()}"
+        res.steps.append(line)
+        say(line)
+
+    say(f"[step 1/~{est}] user flags -> {j.short()}")
+    res.steps.append(f"[step 1/~{est}] user flags -> {j.short()}")
+    found = _search_global(ev, full, record) or _search_pass_level(ev, full, changed, record)
+    if found is None:
+        res.evaluations = ev.evaluations
+        res.message = "no single rewrite explains the mismatch (see the steps)"
+        return res
+    rec, app, j_with, j_without, n_in_pass, total = found
+    label, name = rec.label, rec.name
+    j_off = ev.run(f"--disable_pass={label}")[0]
+    record(f"disable {label} alone", j_off)
+    res.pass_label, res.pass_name, res.stage, res.index = label, name, rec.stage, rec.index
+    res.application, res.applications_in_pass = n_in_pass, total
+    res.description = app.description
+    res.origin = app.origin
+    res.with_it, res.without_it = j_with.short(), j_without.short()
+    # the finest flag string that avoids it, checked by an evaluation
+    options = []
+    if name == "split" and (pat := _pattern_of(res.description)):
+        options.append(f"--disable_fusion_pattern={pat}")
+    if name == "expand" and (op := _op_of(res.description)):
+        options.append(f"--disable_expand_ops={op}")
+    if name == "recompute":
+        options.append("--enable_recompute_fusion=false")
+    options.append(f"--disable_pass={label}")
+    for opt in options:
+        jj = ev.run(opt)[0]
+        if opt != f"--disable_pass={label}":
+            record(f"check {opt}", jj)
+        if not jj.bad:
+            res.flags = f"{flags} {opt}".strip()
+            break
+    if repro_dir is not None and res.origin:
+        res.repro, res.repro_reproduces = write_repro(graph, ev.inputs, res.origin, flags,
+                                                      Path(repro_dir))
+    res.evaluations = ev.evaluations
+    return res
+
+
+def _pass_record(full, app_pass: str, nth_of_pass: int):
+    """The pipeline record (label, stage, index) of the pass run holding that application."""
+    seen = 0
+    for p in full.report.passes:
+        if p.name == app_pass and p.ran:
+            seen += p.rewrites
+            if seen >= nth_of_pass:
+                return p
+    return next(p for p in full.report.passes if p.name == app_pass)
+
+
+def _search_global(ev: Evaluator, full, record):
+    """Binary-search the global rewrite counter for the first application that turns the
+    result bad, then confirm it with the rest of the pipeline kept on (so a later pass
+    cannot mask it, and a prerequisite pass is not blamed for it)."""
+    lo, hi = 0, full.report.bisect_applications
+    judged: dict[int, Judgement] = {}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        jj, _ = ev.run(f"--bisect_limit={mid}")
+        judged[mid] = jj
+        record(f"bisect_limit={mid}", jj)
+        if jj.bad:
+            hi = mid
+        else:
+            lo = mid
+    app = next((a for a in full.applications if a.number == hi), None)
+    if app is None:
+        return None
+    name = app.pass_name
+    nth = sum(1 for a in full.applications if a.pass_name == name and a.number <= hi)
+    total = sum(1 for a in full.applications if a.pass_name == name)
+    without, _ = ev.run(f"--bisect_pass={name} --bisect_limit={nth - 1}")
+    record(f"bisect_pass={name} bisect_limit={nth - 1} (only this rewrite refused)", without)
+    if without.bad:
+        return None  # something else is wrong too: fall back to the pass-level search
+    with_it = judged.get(hi) or ev.run(f"--bisect_limit={hi}")[0]
+    return _pass_record(full, name, nth), app, with_it, without, nth, total
+
+
+def _search_pass_level(ev: Evaluator, full, changed, record):
+    """Fallback: disable halves of the passes that rewrote something (every other pass on),
+    then search the culprit pass's own applications."""
+    cands = [p.label for p in changed]
+    while len(cands) > 1:
+        half = cands[: len(cands) // 2]
+        jj, _ = ev.run(f"--disable_pass={','.join(half)}")
+        record(f"disable {','.join(half)}", jj)
+        cands = half if not jj.bad else cands[len(cands) // 2:]
+    if not cands:
+        return None
+    rec = next(p for p in changed if p.label == cands[0])
+    name = rec.name
+    total = sum(1 for a in full.applications if a.pass_name == name)
+    lo, hi = 0, total
+    known: dict[int, tuple[Judgement, Any]] = {}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        known[mid] = ev.run(f"--bisect_pass={name} --bisect_limit={mid}")
+        record(f"bisect_pass={name} bisect_limit={mid}", known[mid][0])
+        hi, lo = (mid, lo) if known[mid][0].bad else (hi, mid)
+    if hi not in known:
+        known[hi] = ev.run(f"--bisect_pass={name} --bisect_limit={hi}")
+    j_without = known[lo][0] if lo in known else ev.run(f"--disable_pass={rec.label}")[0]
+    apps = [a for a in known[hi][1].applications if a.pass_name == name]
+    app = apps[hi - 1] if len(apps) >= hi else apps[-1]
+    return rec, app, known[hi][0], j_without, hi, total
+
+
+# --------------------------------------------------------------- reproducer
+def _neighbourhood(graph: Graph, names: set[str]) -> Graph | None:
+    """The nodes named (the culprit's origin) as a graph of their own: values from outside
+    become inputs, values used outside become outputs."""
+    nodes = [n for n in graph.nodes if n.name in names]
+    if not nodes:
+        return None
+    ids = {id(n) for n in nodes}
+    sub = Graph(f"repro_{nodes[0].name}")
+    vmap: dict[int, Any] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if id(v) in vmap or (v.producer is not None and id(v.producer) in ids):
+                continue
+            p = v.producer
+            if p is not None and p.op == "Constant":
+                vmap[id(v)] = sub.add_node("Constant", [], {"value": p.attrs["value"]},
+                                           name=sub.fresh_name(p.name)).output
+            else:
+                vmap[id(v)] = sub.add_input(v.name, v.type)
+        new = sub._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], dict(n.attrs),
+                           n.origin, [(v.name, v.type) for v in n.outputs])
+        for a, b in zip(n.outputs, new.outputs, strict=True):
+            vmap[id(a)] = b
+    outs = [vmap[id(v)] for n in nodes for v in n.outputs
+            if any(id(u) not in ids for u in v.users) or any(v is o for o in graph.outputs)]
+    sub.set_outputs(outs or [vmap[id(nodes[-1].outputs[0])]])
+    return sub
+
+
+def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence[str],
+                flags: str, out_dir: Path) -> tuple[str, bool]:
+    """Save the culprit's neighbourhood with the inputs that reach it, grown one hop at a time
+    until it reproduces the mismatch on its own (at worst: the whole graph)."""
+    from graphkernel.fileio import save_npz
+    from graphkernel.frontends.json_format import save_graph
+
+    names = set(origin)
+    for _ in range(len(graph) + 1):
+        sub = _neighbourhood(graph, names)
+        if sub is None:
+            return "", False
+        probe = graph.copy()
+        probe.set_outputs([probe.value(v.name) for v in sub.inputs])
+        feeds = dict(zip([v.name for v in sub.inputs], Interpreter(probe).run(inputs),
+                         strict=True)) if sub.inputs else {}
+        try:
+            reproduces = Evaluator(sub, feeds, flags).run()[0].bad
+        except GraphKernelError:
+            reproduces = False
+        if reproduces:
+            break
+        grown = set(names)
+        for n in graph.nodes:
+            if n.name in names:
+                grown |= {v.producer.name for v in n.inputs if v.producer is not None}
+                grown |= {u.name for v in n.outputs for u in v.users}
+        if grown == names:
+            break
+        names = grown
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "repro.json"
+    save_graph(sub, path)
+    save_npz(out_dir / "repro_inputs.npz", feeds)
+    return str(path), reproduces
+
+
+# ----------------------------------------------------------- external driver
+COUNT_ENV = "GRAPHKERNEL_BISECT_COUNT_FILE"
+
+
+@dataclass
+class ExternalResult:
+    found: bool
+    limit: int = 0
+    upper: int = 0
+    runs: int = 0
+    culprit_line: str = ""
+    message: str = ""
+
+
+def _child(cmd: Sequence[str], limit: int | None, base_flags: str, count_file: str,
+           ) -> tuple[int, str]:
+    env = dict(os.environ)
+    extra = " --print_bisect" + (f" --bisect_limit={limit}" if limit is not None else "")
+    env["AUTOFUSE_FLAGS"] = f"{base_flags}{extra}".strip()
+    env[COUNT_ENV] = count_file
+    p = subprocess.run(list(cmd), env=env, capture_output=True, text=True)
+    return p.returncode, p.stderr + p.stdout
+
+
+def bisect_external(cmd: Sequence[str], max_n: int | None = None,
+                    log: Callable[[str], None] | None = None) -> ExternalResult:
+    """Bisect any program that uses graphkernel, judged by its exit code (0 = good)."""
+    say = log or (lambda m: None)
+    base = os.environ.get("AUTOFUSE_FLAGS", "")
+    out = ExternalResult(False)
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = os.path.join(tmp, "counts")
+        rc, _ = _child(cmd, None, base, counts)
+        out.runs += 1
+        if rc == 0:
+            out.message = "the program succeeds with graphkernel's rewrites on: nothing to bisect"
+            return out
+        try:
+            seen = [int(x) for x in Path(counts).read_text().split()]
+        except (FileNotFoundError, ValueError):
+            seen = []
+        upper = max_n if max_n is not None else max(seen, default=0)
+        if not seen and max_n is None:
+            out.message = ("the program compiled nothing with graphkernel (no application "
+                           "count was reported); pass --max N to bisect anyway")
+            return out
+        out.upper = upper
+        rc0, _ = _child(cmd, 0, base, counts)
+        out.runs += 1
+        say(f"[run {out.runs}] bisect_limit=0 -> {'good' if rc0 == 0 else 'bad'}")
+        if rc0 != 0:
+            out.message = "the program fails even with every rewrite refused: not graphkernel's"
+            return out
+        lo, hi = 0, upper
+        text = ""
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            rc, _ = _child(cmd, mid, base, counts)
+            out.runs += 1
+            say(f"[run {out.runs}] bisect_limit={mid} -> {'good' if rc == 0 else 'bad'}")
+            if rc == 0:
+                lo = mid
+            else:
+                hi = mid
+        rc, text = _child(cmd, hi, base, counts)
+        out.runs += 1
+        out.found, out.limit = True, hi
+        out.culprit_line = next((ln for ln in text.splitlines()
+                                 if ln.startswith(f"BISECT: running ({hi}) ")), "")
+    return out
+
+
+def report_count(applications: int) -> None:
+    """Called by compile(): when a driver asked for it, append this compile's count."""
+    path = os.environ.get(COUNT_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{applications}\n")
+
+
+def _main_external(argv: Sequence[str]) -> int:  # pragma: no cover - thin CLI wrapper
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="graphkernel bisect run",
+                                 description="Bisect a program that uses graphkernel by its "
+                                             "exit code (0 = good).")
+    ap.add_argument("--max", type=int, default=None, help="upper bound of applications")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("graphkernel: error: give the program after --, e.g. "
+              "graphkernel bisect run -- python train.py", file=sys.stderr)
+        return 2
+    r = bisect_external(cmd, args.max, log=print)
+    if not r.found:
+        print(r.message)
+        return 0
+    print(f"first bad application: {r.limit} of {r.upper} ({r.runs} runs)")
+    if r.culprit_line:
+        print(r.culprit_line)
+        m = re.match(r"BISECT: running \(\d+\) ([a-z0-9_]+) on", r.culprit_line)
+        if m:
+            print(f'avoid it with: AUTOFUSE_FLAGS="--disable_pass={m.group(1)}"')
+    return 0
+

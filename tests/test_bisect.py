@@ -1,0 +1,252 @@
+"""Accuracy bisection: injected faults are found by pass, application and user node; the
+suggested flags fix them; noise is never blamed; the search stays logarithmic."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType, registry
+from graphkernel.bisect import bisect, bisect_external, verify
+from graphkernel.cli import main
+from graphkernel.registry import PassResult, register_pass
+
+
+@pytest.fixture
+def temp_pass():
+    added = []
+
+    def add(name, **kw):
+        def deco(fn):
+            register_pass(name, **kw)(fn)
+            added.append(name)
+            return fn
+        return deco
+
+    yield add
+    for name in added:
+        registry.PASSES.pop(name, None)
+
+
+def adds_graph(n: int = 10) -> Graph:
+    g = Graph("adds")
+    x = g.add_input("x", TensorType((8, 16), "float32"))
+    v = x
+    for i in range(n):
+        v = g.add_node("Add", [v, g.const(np.float32(0.1 * (i + 1)))], name=f"add{i}").output
+        v = g.add_node("Exp" if i % 3 == 0 else "Tanh", [v], name=f"act{i}").output
+    g.set_outputs([v])
+    return g
+
+
+def bound(g, flags: str = "") -> int:
+    """ceil(log2(passes)) + ceil(log2(applications)) + 4, for the run being bisected."""
+    rep = graphkernel.compile(g, flags, env={}).report
+    passes = sum(1 for p in rep.passes if p.rewrites)
+    return (math.ceil(math.log2(max(passes, 1)))
+            + math.ceil(math.log2(max(rep.bisect_applications, 1))) + 4)
+
+
+def test_seventh_add_turned_into_sub(temp_pass, tmp_path):
+    @temp_pass("bad_add", stage="simplify", level=2, order=36)
+    def bad_add(graph, ctx):
+        seen = 0
+        for node in graph.nodes:
+            if node.op == "Add" and ctx.should_apply(f"{node.name} (Add -> Sub)", [node]):
+                seen += 1
+                if seen == 7:
+                    sub = graph.add_node("Sub", list(node.inputs), origin=node.origin)
+                    graph.replace_all_uses(node.output, sub.output)
+                    graph.erase_node(node)
+        return PassResult(seen > 0, seen)
+
+    g = adds_graph()
+    res = bisect(g, repro_dir=tmp_path)
+    assert res.mismatch and res.pass_name == "bad_add"
+    assert res.application == 7 and res.origin == ["add6"]
+    assert res.description == "add6 (Add -> Sub)"
+    assert res.flags == "--disable_pass=bad_add"
+    assert not verify(g, res.flags).bad
+    assert res.repro_reproduces and (tmp_path / "repro.json").exists()
+    assert res.evaluations <= bound(g), (res.evaluations, res.steps)
+
+
+def kernel_graph() -> Graph:
+    """Several kernels that each truncate through int32 (a Cast pair) and reduce rows."""
+    g = Graph("k")
+    x = g.add_input("x", TensorType((16, 16), "float32"))
+    outs = []
+    for i in range(4):
+        s = g.add_node("Mul", [x, g.const(np.float32(3.7 + i))], name=f"scale{i}").output
+        t = g.add_node("Cast", [g.add_node("Cast", [s], {"dtype": "int32"}, name=f"trunc{i}")
+                                .output], {"dtype": "float32"}, name=f"back{i}").output
+        e = g.add_node("Exp", [g.add_node("Neg", [t], name=f"neg{i}").output], name=f"e{i}").output
+        outs.append(g.add_node("ReduceSum", [e], {"axis": [1]}, name=f"rows{i}").output)
+        x = g.add_node("CumSum", [x], {"axis": 0}, name=f"barrier{i}").output
+    g.set_outputs(outs)
+    return g
+
+
+def _kernels_with(graph, op):
+    return [n for n in graph.nodes if n.op == "GraphKernel"
+            and any(m.op == op for m in n.subgraph.nodes)]
+
+
+def test_dropped_cast_inside_one_fused_kernel(temp_pass):
+    @temp_pass("drop_cast", stage="postfusion", level=1, order=50)
+    def drop_cast(graph, ctx):
+        done = 0
+        for i, k in enumerate(_kernels_with(graph, "Cast")):
+            if not ctx.should_apply(f"{k.name}: drop int32 round trip", [k]):
+                continue
+            if i == 2:  # the third kernel loses its truncation
+                sub = k.subgraph
+                back = next(m for m in sub.nodes if m.op == "Cast" and
+                            m.attrs["dtype"].value == "float32")
+                sub.replace_all_uses(back.output, back.inputs[0].producer.inputs[0])
+                sub.remove_dead()
+                done += 1
+        return PassResult(done > 0, done)
+
+    g = kernel_graph()
+    res = bisect(g)
+    assert res.pass_name == "drop_cast" and res.application == 3, res.steps
+    assert {"trunc2", "back2", "e2"} <= set(res.origin)
+    assert not verify(g, res.flags).bad
+    assert res.evaluations <= bound(g), (res.evaluations, res.steps)
+
+
+def test_wrong_reduction_axis_in_one_kernel(temp_pass):
+    @temp_pass("bad_axis", stage="postfusion", level=1, order=51)
+    def bad_axis(graph, ctx):
+        n = 0
+        for k in _kernels_with(graph, "ReduceSum"):
+            n += 1
+            if not ctx.should_apply(f"{k.name}: reduce axis", [k]):
+                continue
+            if n == 4:
+                r = next(m for m in k.subgraph.nodes if m.op == "ReduceSum")
+                r.attrs = dict(r.attrs, axis=[0])  # [16,16] -> same shape, wrong axis
+        return PassResult(n > 0, n)
+
+    g = kernel_graph()
+    res = bisect(g)
+    assert res.pass_name == "bad_axis" and res.application == 4, res.steps
+    assert res.evaluations <= bound(g), (res.evaluations, res.steps)
+    assert "rows3" in res.origin
+    assert "--disable_pass=bad_axis" in res.flags and not verify(g, res.flags).bad
+
+
+def test_masked_bug_is_still_found(temp_pass):
+    """out = relu(x) + relu(y) is never negative, so `clamp` (a later pass clamping outputs at
+    0) is a valid rewrite. drop_relu wrongly removes relu(x); the clamp then hides that
+    wherever y <= 0, but not where y > 0 and x < 0."""
+    @temp_pass("drop_relu", stage="simplify", level=2, order=37)
+    def drop_relu(graph, ctx):
+        for node in graph.nodes:
+            if node.name == "relu_x" and ctx.should_apply(node.name, [node]):
+                graph.replace_all_uses(node.output, node.inputs[0])
+                graph.erase_node(node)
+                return PassResult(True, 1)
+        return PassResult(False, 0)
+
+    @temp_pass("clamp", stage="postfusion", level=2, order=52)
+    def clamp(graph, ctx):
+        outs = []
+        for v in graph.outputs:
+            if ctx.should_apply(f"clamp {v.name}"):
+                v = graph.add_node("Maximum", [v, graph.const(np.float32(0.0))]).output
+            outs.append(v)
+        graph.set_outputs(outs)
+        return PassResult(True, len(outs))
+
+    g = Graph("m")
+    x = g.add_input("x", TensorType((64,), "float32"))
+    y = g.add_input("y", TensorType((64,), "float32"))
+    zero = g.const(np.float32(0.0))
+    rx = g.add_node("Maximum", [x, zero], name="relu_x").output
+    ry = g.add_node("Maximum", [y, zero], name="relu_y").output
+    g.set_outputs([g.add_node("Add", [rx, ry], name="out").output])
+    rng = np.random.default_rng(0)
+    masked = {"x": rng.standard_normal(64).astype(np.float32),
+              "y": -np.abs(rng.standard_normal(64)).astype(np.float32)}
+    assert not verify(g, inputs=masked).bad  # hidden by the later pass on these inputs
+    res = bisect(g)  # N(0, 1) inputs: not hidden
+    assert res.mismatch and res.pass_name == "drop_relu" and res.origin == ["relu_x"], res.steps
+    assert not verify(g, res.flags).bad
+
+
+def test_no_false_blame_for_fp32_inside_fp16_kernels():
+    g = Graph("ln16")
+    x = g.add_input("x", TensorType((8, 256), "float16"))
+    gam = g.const(np.linspace(0.5, 1.5, 256).astype(np.float16))
+    y = g.add_node("LayerNorm", [x, gam, gam], name="ln").outputs[0]
+    y = g.add_node("GeLU", [y], {"approximate": "tanh"}, name="act").output
+    g.set_outputs([g.add_node("Softmax", [y], name="sm").output])
+    compiled = graphkernel.compile(g, env={}).graph
+    from graphkernel.interpreter import Interpreter, random_inputs
+
+    feeds = random_inputs(g, 0)
+    a, b = Interpreter(g).run(feeds)[0], Interpreter(compiled).run(feeds)[0]
+    assert not np.array_equal(a, b)  # it does round differently...
+    res = bisect(g)
+    assert not res.mismatch and res.evaluations == 1  # ...and that is not a bug
+
+
+def test_verify_cli_exit_codes(tmp_path, capsys):
+    plugin = tmp_path / "fault.py"
+    plugin.write_text(open("examples/faulty_pass.py").read())
+    assert main(["verify", "examples/mlp_gelu.json"]) == 0
+    assert main(["verify", "examples/mlp_gelu.json", "--plugin", str(plugin)]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+    registry.PASSES.pop("swap_add_sub", None)
+    assert main(["verify", "examples/mlp_gelu.json", "--backend", "sim"]) == 2
+
+
+def test_bisect_cli_reports_and_writes_json(tmp_path, capsys):
+    plugin = tmp_path / "fault.py"
+    plugin.write_text(open("examples/faulty_pass.py").read())
+    try:
+        assert main(["bisect", "examples/mlp_gelu.json", "--plugin", str(plugin), "--report",
+                     str(tmp_path / "r.json"), "--repro-dir", str(tmp_path / "repro")]) == 0
+    finally:
+        registry.PASSES.pop("swap_add_sub", None)
+    out = capsys.readouterr().out
+    assert "culprit: pass swap_add_sub" in out and "avoid it with: --disable_pass=swap_add_sub" \
+        in out
+    assert "[step 2/~" in out and "gelu_add1" in out
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["origin"] == ["gelu_add1"]
+
+
+def test_external_driver_on_a_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, numpy as np
+        sys.path.insert(0, {str(tmp_path)!r})
+        import runpy; runpy.run_path({str(tmp_path / 'fault.py')!r})
+        import graphkernel
+        from graphkernel.frontends import load_model
+        from graphkernel.interpreter import Interpreter, random_inputs
+        g = load_model({str(__import__('os').path.abspath('examples/mlp_gelu.json'))!r})
+        res = graphkernel.compile(g)               # flags come from AUTOFUSE_FLAGS
+        feeds = random_inputs(g, 0)
+        ok = np.allclose(Interpreter(res.graph).run(feeds)[0], Interpreter(g).run(feeds)[0],
+                         rtol=1e-4, atol=1e-5)
+        sys.exit(0 if ok else 1)                   # the user's own accuracy check
+    """))
+    (tmp_path / "fault.py").write_text(open("examples/faulty_pass.py").read())
+    r = bisect_external([sys.executable, str(script)])
+    assert r.found and r.culprit_line.startswith(f"BISECT: running ({r.limit}) swap_add_sub on")
+    assert r.runs <= math.ceil(math.log2(max(r.upper, 1))) + 3
+    cli = subprocess.run([sys.executable, "-m", "graphkernel.cli", "bisect", "run", "--",
+                          sys.executable, str(script)], capture_output=True, text=True)
+    assert cli.returncode == 0 and "swap_add_sub" in cli.stdout
+    assert 'AUTOFUSE_FLAGS="--disable_pass=swap_add_sub"' in cli.stdout
