@@ -1,0 +1,142 @@
+"""PyTorch integration: ``torch.compile(model, backend="graphkernel")`` and bisection.
+
+The backend lowers Dynamo's graph to core ATen (AOT autograd with the core ATen
+decompositions), imports it, runs the pass pipeline under the effective flags
+(``AUTOFUSE_FLAGS`` or ``options={"flags": ...}``) and returns a callable that runs on the
+CPU: fused kernels through the numpy interpreter, unmapped ATen ops through torch.
+With ``dump_as_text`` each compiled graph gets its own folder ``autofused_<n>`` under the
+debug directory (report, flags, per-pass IR).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from graphkernel.errors import ExecutionError
+
+_COUNTER = itertools.count(1)
+
+
+def _runner(graph, compiled, compute_dtype: str | None = None) -> Callable[..., tuple]:
+    from graphkernel.frontends.fx import to_numpy, to_torch
+    from graphkernel.interpreter import Interpreter
+
+    names = [v.name for v in graph.inputs]
+
+    def run(*args: Any) -> tuple:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        feeds = {n: to_numpy(t) for n, t in zip(names, tensors, strict=True)}
+        outs = Interpreter(compiled, compute_dtype).run(feeds)
+        return tuple(to_torch(o) for o in outs)
+
+    return run
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+               options: dict[str, Any] | None = None) -> Callable[..., tuple]:
+    """Compile an ATen-level FX graph; returns a callable taking the same inputs."""
+    import graphkernel
+    from graphkernel.frontends.fx import import_fx
+
+    options = dict(options or {})
+    backend = options.pop("backend", "reference")
+    if backend != "reference":
+        raise ExecutionError(f"backend {backend!r} needs the code generator's simulator, which "
+                             "this build does not include yet; use backend='reference'")
+    n = next(_COUNTER)
+    g = import_fx(gm, example_inputs, name=f"autofused_{n}")
+    flags = options.pop("flags", None)
+    env = dict(os.environ)
+    res = graphkernel.compile(g, flags if flags is not None else "", env=env,
+                              log=lambda m: None)
+    if res.config.dump_as_text:
+        from graphkernel.dump import Dumper
+
+        d = Dumper(os.path.join(res.config.debug_dir, f"autofused_{n}"))
+        d.write_json("report.json", res.report.to_dict())
+        d.write_text("graph.txt", str(res.graph))
+    return _runner(g, res.graph)
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+            options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The ``torch.compile`` backend (registered as "graphkernel")."""
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    def fw(graph_module, inputs):
+        run = compile_fx(graph_module, inputs, options)
+
+        def call(*args):
+            out = run(*args)
+            return out if len(out) != 1 or not _single_output(graph_module) else out
+
+        return call
+
+    return aot_autograd(fw_compiler=fw, decompositions=core_aten_decompositions())(
+        gm, example_inputs)
+
+
+def _single_output(gm: torch.fx.GraphModule) -> bool:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return not isinstance(out.args[0], list | tuple)
+
+
+def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):
+    """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level;
+    parameters and buffers become constants)."""
+    from graphkernel.frontends.fx import import_fx, to_numpy
+
+    ep = torch.export.export(model.eval(), tuple(example_inputs))
+    ep = ep.run_decompositions()
+    g = import_fx(ep.graph_module, None, name=name)
+    consts = {}
+    sig = ep.graph_signature
+    for spec in sig.input_specs:
+        if spec.target is not None and spec.arg.name in [v.name for v in g.inputs]:
+            t = ep.state_dict.get(spec.target)
+            if t is None:
+                t = ep.constants.get(spec.target)
+            if t is not None:
+                consts[spec.arg.name] = to_numpy(t)
+    return _inline_inputs(g, consts)
+
+
+def _inline_inputs(g, consts: dict[str, Any]):
+    """Turn the named graph inputs (parameters) into constants."""
+    from graphkernel.ir import Graph
+
+    out = Graph(g.name)
+    vmap = {}
+    for v in g.inputs:
+        if v.name in consts:
+            vmap[id(v)] = out.add_node("Constant", [], {"value": consts[v.name]},
+                                       name=out.fresh_name(v.name)).output
+        else:
+            vmap[id(v)] = out.add_input(v.name, v.type)
+    for n in g.nodes:
+        new = out._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], dict(n.attrs),
+                           n.origin, [(v.name, v.type) for v in n.outputs])
+        for a, b in zip(n.outputs, new.outputs, strict=True):
+            vmap[id(a)] = b
+    out.set_outputs([vmap[id(v)] for v in g.outputs])
+    return out
+
+
+def bisect(model: torch.nn.Module, example_inputs: Sequence[Any],
+           check: Callable[[Sequence[Any]], bool] | None = None, flags: str = "",
+           **kw: Any):
+    """Bisect a PyTorch model: export it, then find the pass and rewrite that break its
+    accuracy (``check`` is not needed: the judge compares with a float64 reference)."""
+    from graphkernel.bisect import bisect as run_bisect
+    from graphkernel.frontends.fx import to_numpy
+
+    g = export_graph(model, example_inputs)
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    feeds = {v.name: to_numpy(t) for v, t in zip(g.inputs, tensors, strict=True)}
+    return run_bisect(g, feeds, flags, **kw)
