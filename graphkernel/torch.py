@@ -49,7 +49,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         raise ExecutionError(f"backend {backend!r} needs the code generator's simulator, which "
                              "this build does not include yet; use backend='reference'")
     n = next(_COUNTER)
-    g = import_fx(gm, example_inputs, name=f"autofused_{n}")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # graph constants are real tensors; read them as such
+        g = import_fx(gm, example_inputs, name=f"autofused_{n}")
     flags = options.pop("flags", None)
     env = dict(os.environ)
     res = graphkernel.compile(g, flags if flags is not None else "", env=env,

@@ -486,6 +486,17 @@ def _full(c: Ctx):
     return c.const(np.full(t.shape, value), t.dtype)
 
 
+@aten("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
+def _arange(c: Ctx):
+    t = c.out_type
+    args = [c.arg(i) for i in range(len(c.node.args))]
+    if not t.is_static or not all(isinstance(a, int | float) for a in args):
+        raise Unmapped("arange with symbolic bounds")
+    start, end, step = (0, args[0], 1) if len(args) == 1 else \
+        (args[0], args[1], args[2] if len(args) > 2 else 1)
+    return c.const(np.arange(start, end, step), t.dtype)
+
+
 @aten("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
 def _like(c: Ctx):
     x, t = c.arg(0), c.out_type

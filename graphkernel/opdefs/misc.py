@@ -85,16 +85,24 @@ class OpaqueAttrs(Attrs):
         return out
 
 
+# Where the executors of the built-in impls live (imported on first use).
+_PROVIDERS = {"onnx": "graphkernel.frontends.onnx", "aten": "graphkernel.frontends.fx"}
+
+
 def _opaque_ref(xs, attrs, ctx):
     fn = attrs["fn"]
     if fn is None:
         impl = attrs["impl"]
+        if impl not in _OPAQUE_IMPLS and impl in _PROVIDERS:
+            import importlib
+
+            importlib.import_module(_PROVIDERS[impl])
         if impl not in _OPAQUE_IMPLS:
             raise ExecutionError(
                 f"node '{ctx.node_name}': no executor for Opaque impl {impl!r}"
                 + did_you_mean(impl, _OPAQUE_IMPLS)
-                + f" (available: {', '.join(opaque_impls()) or 'none'}; the onnx one needs "
-                "`pip install graphkernel[onnx]`)")
+                + f" (available: {', '.join(opaque_impls()) or 'none'}; 'onnx' needs "
+                "`pip install graphkernel[onnx]`, 'aten' needs torch)")
         fn = _OPAQUE_IMPLS[impl](attrs["spec"])
     return tuple(fn(list(xs)))
 

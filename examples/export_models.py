@@ -1,0 +1,117 @@
+"""Build small real architectures from Hugging Face configs (random weights, no download) and
+export each through graphkernel's FX importer to ``examples/models/<name>.json`` (+ .npz).
+
+    python examples/export_models.py            # regenerates the zoo (needs torch, transformers)
+
+Every model is 2 layers, hidden size 64, with eager attention (explicit matmul/softmax ops,
+which is what a fusion compiler should see). The example inputs are saved beside each graph
+as ``<name>_inputs.npz`` and the eager outputs as ``<name>_expected.npz``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "models"
+SEED = 0
+H, HEADS, FF, VOCAB, LAYERS = 64, 4, 128, 256, 2
+
+
+def _text_inputs(torch):
+    g = torch.Generator().manual_seed(SEED)
+    return (torch.randint(0, VOCAB, (2, 16), generator=g),)
+
+
+def builders():
+    """name -> (build model, example inputs); the model returns one tensor."""
+    import torch
+    import transformers as T
+
+    common = dict(attn_implementation="eager")
+
+    class Hidden(torch.nn.Module):
+        """Wraps a model so that it returns its last hidden state only."""
+
+        def __init__(self, model, key="input_ids"):
+            super().__init__()
+            self.model, self.key = model, key
+
+        def forward(self, x):
+            return self.model(**{self.key: x}).last_hidden_state
+
+    def text(cfg_cls, model_cls, **kw):
+        def build():
+            torch.manual_seed(SEED)
+            return Hidden(model_cls(cfg_cls(**kw, **common)).eval())
+        return build, lambda: _text_inputs(torch)
+
+    def vit():
+        torch.manual_seed(SEED)
+        cfg = T.ViTConfig(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                          intermediate_size=FF, image_size=32, patch_size=8, **common)
+        return Hidden(T.ViTModel(cfg, add_pooling_layer=False).eval(), "pixel_values")
+
+    def whisper():
+        torch.manual_seed(SEED)
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        cfg = T.WhisperConfig(d_model=H, encoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                              encoder_ffn_dim=FF, num_mel_bins=16, max_source_positions=32,
+                              vocab_size=VOCAB, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                              decoder_start_token_id=0, **common)
+        return Hidden(WhisperEncoder(cfg).eval(), "input_features")
+
+    g = torch.Generator().manual_seed(SEED)
+    return {
+        "gpt2": text(T.GPT2Config, T.GPT2Model, n_layer=LAYERS, n_embd=H, n_head=HEADS,
+                     n_inner=FF, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+                     eos_token_id=0),
+        "bert": text(T.BertConfig, T.BertModel, num_hidden_layers=LAYERS, hidden_size=H,
+                     num_attention_heads=HEADS, intermediate_size=FF, vocab_size=VOCAB,
+                     max_position_embeddings=64),
+        "llama": text(T.LlamaConfig, T.LlamaModel, num_hidden_layers=LAYERS, hidden_size=H,
+                      num_attention_heads=HEADS, num_key_value_heads=2, intermediate_size=FF,
+                      vocab_size=VOCAB, max_position_embeddings=64),
+        "qwen2": text(T.Qwen2Config, T.Qwen2Model, num_hidden_layers=LAYERS, hidden_size=H,
+                      num_attention_heads=HEADS, num_key_value_heads=2, intermediate_size=FF,
+                      vocab_size=VOCAB, max_position_embeddings=64),
+        "t5_encoder": text(T.T5Config, T.T5EncoderModel, num_layers=LAYERS, d_model=H,
+                           d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB),
+        "vit": (vit, lambda: (torch.rand(2, 3, 32, 32, generator=g),)),
+        "whisper_encoder": (whisper, lambda: (torch.rand(2, 16, 64, generator=g),)),
+    }
+
+
+def export_all(names=None) -> list[Path]:
+    import torch
+
+    import graphkernel.torch as gt
+    from graphkernel.fileio import save_npz
+    from graphkernel.frontends.fx import to_numpy
+    from graphkernel.frontends.json_format import save_graph
+
+    OUT.mkdir(exist_ok=True)
+    written = []
+    for name, (build, inputs) in builders().items():
+        if names and name not in names:
+            continue
+        model, args = build(), inputs()
+        with torch.no_grad():
+            expected = model(*args)
+        g = gt.export_graph(model, args, name=name)
+        g.validate()
+        written += save_graph(g, OUT / f"{name}.json")
+        save_npz(OUT / f"{name}_inputs.npz",
+                 {v.name: to_numpy(a) for v, a in zip(g.inputs, args, strict=True)})
+        save_npz(OUT / f"{name}_expected.npz", {g.outputs[0].name: to_numpy(expected)})
+        opaque = sorted({n.attrs["label"] for n in g.nodes if n.op == "Opaque"})
+        print(f"{name}: {len(g)} nodes; opaque: {', '.join(opaque) or 'none'}")
+    return written
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    sys.exit(0 if export_all(sys.argv[1:]) else 1)
