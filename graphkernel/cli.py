@@ -236,6 +236,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
         written.append(Dumper(args.out).write_json("report.json", rep.to_dict()))
         written += save_graph(res.graph, f"{args.out}/{g.name}.compiled.json")
+    if args.export_onnx:
+        from graphkernel.frontends.onnx_export import export_onnx
+
+        written.append(export_onnx(res.graph, args.export_onnx))
+    if args.html:
+        from graphkernel.html_report import write_html
+
+        written.append(write_html(res, args.html))
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
         return 0
@@ -391,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag_args(s)
     s.add_argument("-o", "--out", metavar="DIR", help="write report.json, the compiled graph "
                                                       "and dumps here")
+    s.add_argument("--export-onnx", metavar="FUSED.onnx",
+                   help="write the fused graph as ONNX (kernels as functions) for netron")
+    s.add_argument("--html", metavar="REPORT.html", help="write a self-contained HTML report")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_compile)
 
