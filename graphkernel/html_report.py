@@ -39,14 +39,16 @@ font-size:13px;text-align:left}th{background:#f3f3f3}.num{text-align:right}
 <tr><th>GM bytes</th><td class="num">{{ gm_unfused }} unfused</td>
 <td class="num">{{ gm_fused }} fused ({{ gm_ideal }} ideal, fused/ideal {{ ratio }})</td></tr>
 <tr><th>modeled time</th><td colspan="2">{{ modeled }}</td></tr>
-<tr><th>nodes</th><td colspan="2">{{ nodes_before }} before, {{ nodes_after }} after, {{ seconds }} ms</td></tr>
+<tr><th>nodes</th><td colspan="2">{{ nodes_before }} before, {{ nodes_after }} after,
+{{ seconds }} ms</td></tr>
 </table>
 <h2>Graph</h2>
 <div id="picture">{{ picture | safe }}</div>
 <h2>Kernels</h2>
 <table id="kernels"><tr><th>kernel</th><th>pattern</th><th class="num">ops</th>
 <th class="num">GM bytes</th><th>your nodes</th></tr>
-{% for k in kernels %}<tr><td><span class="swatch" style="background:{{ k.color }}"></span>{{ k.name }}</td>
+{% for k in kernels %}<tr>
+<td><span class="swatch" style="background:{{ k.color }}"></span>{{ k.name }}</td>
 <td>{{ k.pattern }}</td><td class="num">{{ k.ops }}</td><td class="num">{{ k.bytes }}</td>
 <td>{{ k.origin }}</td></tr>{% endfor %}
 </table>

@@ -66,7 +66,6 @@ def _node(helper, n: Node, domain: str = OPS_DOMAIN, op_type: str | None = None)
 
 def to_onnx(graph: Graph) -> Any:
     try:
-        import onnx
         from onnx import helper, numpy_helper
     except ImportError:
         raise FrontendError("--export-onnx needs the onnx package: "
