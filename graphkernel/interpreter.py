@@ -28,7 +28,8 @@ KernelRunner = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
 
 class Interpreter:
     def __init__(self, graph: Graph, compute_dtype: DType | str | None = None,
-                 kernel_runner: KernelRunner | None = None) -> None:
+                 kernel_runner: KernelRunner | None = None,
+                 symbols: Mapping[str, int] | None = None) -> None:
         self.graph = graph
         self.compute_dtype = DType.parse(compute_dtype) if compute_dtype is not None else None
         if self.compute_dtype is not None and not self.compute_dtype.is_float:
@@ -36,6 +37,7 @@ class Interpreter:
         self.kernel_runner = kernel_runner
         self.state: dict[str, np.ndarray] = {}
         self.env: dict[str, int] = {}
+        self.symbols = dict(symbols or {})  # already bound (a kernel inherits its caller's)
 
     # ------------------------------------------------------------------ dtypes
     def _storage(self, dtype: DType) -> np.dtype:
@@ -71,7 +73,7 @@ class Interpreter:
         if extra:
             raise ExecutionError(f"unknown input(s) {', '.join(extra)} for graph '{g.name}' "
                                  f"(inputs: {', '.join(v.name for v in g.inputs)})")
-        env: dict[str, int] = {}
+        env: dict[str, int] = dict(self.symbols)
         values: dict[int, np.ndarray] = {}
         for v in g.inputs:
             arr = np.asarray(feeds[v.name])
@@ -134,7 +136,8 @@ class Interpreter:
             if self.kernel_runner is not None:
                 raw = self.kernel_runner(node, args)
             else:
-                sub = Interpreter(node.subgraph, self.compute_dtype, self.kernel_runner)
+                sub = Interpreter(node.subgraph, self.compute_dtype, self.kernel_runner,
+                                  self.env)
                 raw = sub.run({v.name: a for v, a in zip(node.subgraph.inputs, args,
                                                          strict=True)})
         else:

@@ -10,7 +10,8 @@ from graphkernel.patterns.base import fuse_if, need, pattern
 @pattern("matmul_depth", order=100, direction="bwd", mode="depth")
 def matmul_depth(model, a):
     """A MatMul fuses with a single Add or Cast consumer; a BatchMatMul with a single
-    ELEMWISE consumer (the codegen may decline it, leaving it unfused with a reason)."""
+    ELEMWISE consumer (the codegen may decline it, leaving it unfused with a reason).
+    Reshape views between the matmul and that consumer are looked through."""
     if a.ops != 1 or a.nodes[0].op not in ("MatMul", "BatchMatMul"):
         return None
     mm = a.nodes[0]
@@ -19,6 +20,9 @@ def matmul_depth(model, a):
     if len(users) != 1 or len(cons) != 1:
         return None
     user = users[0]
+    # reshape views between the matmul and its epilogue are free: look through them
+    while ops.get(user.op).kind == OpKind.RESHAPE and len(user.outputs[0].users) == 1:
+        user = user.outputs[0].users[0]
     if mm.op == "MatMul":
         ok = user.op in ("Add", "Cast")
         why = f"a MatMul fuses only into an Add or Cast consumer, not {user.op}"

@@ -183,3 +183,25 @@ def test_torch_bisect_finds_an_injected_fault():
         registry.PASSES.pop("tt_bad_mul", None)
     assert res.mismatch and res.pass_name == "tt_bad_mul" and res.flags.endswith(
         "--disable_pass=tt_bad_mul")
+
+
+def test_dynamic_batch_dim_becomes_a_symbolic_dim(monkeypatch):
+    seen = []
+    orig = gt.compile_fx
+
+    def spy(gm, example_inputs, options=None):
+        from graphkernel.frontends.fx import import_fx
+
+        seen.append(import_fx(gm, example_inputs).inputs)
+        return orig(gm, example_inputs, options)
+
+    monkeypatch.setattr(gt, "compile_fx", spy)
+    m = Block().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3, 7):
+            x = rnd(b, 5, 32)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    assert len(seen) == 1  # one compiled graph serves every batch size
+    shapes = [v.type.shape for v in seen[0] if v.type.rank == 3]
+    assert shapes and isinstance(shapes[0][0], str)

@@ -607,6 +607,10 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
             continue
         if not n.users and n.meta.get("val") is None:
             continue  # checks such as aten._assert_tensor_metadata: no value, no users
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
+            continue
         handler = ATEN.get(str(n.target))
         reason = f"no mapping for {n.target}"
         if handler is not None:
