@@ -57,6 +57,21 @@ def fuse_if(model: SplitModel, name: str, areas: Sequence[Area],
     return areas[0] if model.try_fuse(name, list(areas), limit) else None
 
 
+def fuse_qualifying(model: SplitModel, name: str, area: Area, candidates: Sequence[Area],
+                    conditions: Callable[[Area], Sequence[Condition]],
+                    limit: int | None = None) -> Area | None:
+    """Width mode: fuse ``area`` with every candidate whose conditions hold (recording why
+    each other one is refused), all at once, with the cycle check."""
+    good = []
+    for cand in candidates:
+        why = first_failure(conditions(cand))
+        if why is not None:
+            model.reject(name, [area, cand], why)
+        else:
+            good.append(cand)
+    return fuse_if(model, name, [area, *good], [], limit) if good else None
+
+
 def first_failure(conditions: Sequence[Condition]) -> str | None:
     for cond in conditions:
         reason = cond()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel.fusion import INJECTIVE
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
+from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
@@ -42,16 +42,8 @@ def fwd_width(model, a):
     """The same for all qualifying producers at once (with the cycle check)."""
     if model.kind(a) not in EB:
         return None
-    good = []
-    for p in model.producer_areas(a):
-        why = first_failure(_fwd_conditions(model, a, p))
-        if why is not None:
-            model.reject("elemwise_broadcast_fwd_width", [a, p], why)
-        else:
-            good.append(p)
-    if not good:
-        return None
-    return fuse_if(model, "elemwise_broadcast_fwd_width", [a] + good, [])
+    return fuse_qualifying(model, "elemwise_broadcast_fwd_width", a, model.producer_areas(a),
+                           lambda p: _fwd_conditions(model, a, p))
 
 
 def _bwd_conditions(model, a, consumers, external):

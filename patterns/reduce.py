@@ -6,7 +6,7 @@ from graphkernel import ops
 from graphkernel.fusion import INJECTIVE
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
+from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern
 
 
 def _fwd_conditions(model, a, p):
@@ -39,16 +39,9 @@ def fwd_width(model, a):
     """The same for all qualifying producers at once."""
     if model.kind(a) != OpKind.REDUCE:
         return None
-    good = []
-    for p in model.producer_areas(a):
-        why = first_failure(_fwd_conditions(model, a, p))
-        if why is not None:
-            model.reject("reduce_fwd_width", [a, p], why)
-        else:
-            good.append(p)
-    if not good:
-        return None
-    return fuse_if(model, "reduce_fwd_width", [a] + good, [], limit=model.cfg.reduce_fuse_depth)
+    return fuse_qualifying(model, "reduce_fwd_width", a, model.producer_areas(a),
+                           lambda p: _fwd_conditions(model, a, p),
+                           limit=model.cfg.reduce_fuse_depth)
 
 
 def reduce_signatures(area) -> set[tuple]:

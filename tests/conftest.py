@@ -68,3 +68,23 @@ def _no_flag_env(monkeypatch):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def temp_pass():
+    """Register a pass for one test only."""
+    from graphkernel import registry
+    from graphkernel.registry import register_pass
+
+    added = []
+
+    def add(name, **kw):
+        def deco(fn):
+            register_pass(name, **kw)(fn)
+            added.append(name)
+            return fn
+        return deco
+
+    yield add
+    for name in added:
+        registry.PASSES.pop(name, None)

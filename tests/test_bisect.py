@@ -9,29 +9,12 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType, registry
 from graphkernel.bisect import bisect, bisect_external, verify
 from graphkernel.cli import main
-from graphkernel.registry import PassResult, register_pass
-
-
-@pytest.fixture
-def temp_pass():
-    added = []
-
-    def add(name, **kw):
-        def deco(fn):
-            register_pass(name, **kw)(fn)
-            added.append(name)
-            return fn
-        return deco
-
-    yield add
-    for name in added:
-        registry.PASSES.pop(name, None)
+from graphkernel.registry import PassResult
 
 
 def adds_graph(n: int = 10) -> Graph:

@@ -11,7 +11,7 @@ from graphkernel.api import load_config
 from graphkernel.errors import FlagError
 from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.pipeline import PassFailure, PassManager, build_pipeline, decide, plan
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 NOENV: dict[str, str] = {}
 
@@ -191,21 +191,6 @@ def test_failing_run_leaves_no_partial_file(tmp_path, monkeypatch):
     assert len(leftovers) == 2 and not any(n.endswith(".tmp") for n in leftovers)
 
 
-@pytest.fixture
-def temp_pass():
-    """Register a pass for one test only."""
-    added = []
-
-    def add(name, **kw):
-        def deco(fn):
-            register_pass(name, **kw)(fn)
-            added.append(name)
-            return fn
-        return deco
-
-    yield add
-    for name in added:
-        registry.PASSES.pop(name, None)
 
 
 def test_third_party_pass_registers_and_is_selectable(temp_pass):
