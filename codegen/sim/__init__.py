@@ -1,0 +1,1 @@
+"""The CPU simulator of the Ascend C subset graphkernel emits (header + g++ runner)."""

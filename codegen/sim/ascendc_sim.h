@@ -1,0 +1,470 @@
+// graphkernel's clean-room CPU simulator of the Ascend C API subset its code generator emits.
+//
+// Written from the documented semantics (see the project's Ascend C reference), not from any
+// vendor source. It is strict on purpose, so that code which would misbehave on the device
+// fails here: the Unified Buffer budget over all InitBuffer calls, 32-byte alignment of UB
+// tensors, DataCopy lengths that are not 32-byte multiples, DataCopyPad limits, queue
+// discipline (order, depth, use after FreeTensor), GM and UB bounds. Every error names the
+// kernel and the source line of the offending call. GM bytes read and written are counted
+// per block.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define __global__
+#define __aicore__
+#define __gm__
+using GM_ADDR = uint8_t*;
+using half = _Float16;
+
+struct bfloat16_t {
+    uint16_t bits;
+    bfloat16_t() : bits(0) {}
+    bfloat16_t(float f) {  // round to nearest even, as the hardware cast does
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) { bits = 0x7fc0; return; }
+        u += 0x7fffu + ((u >> 16) & 1u);
+        bits = static_cast<uint16_t>(u >> 16);
+    }
+    operator float() const {
+        uint32_t u = static_cast<uint32_t>(bits) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+namespace AscendC {
+
+constexpr uint32_t BLOCK_BYTES = 32;
+constexpr uint32_t MAX_BLOCK_COUNT = 4095;
+constexpr uint32_t MAX_PAD_BYTES = 32;
+using loc = std::source_location;
+
+struct SimError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// One simulated AI Vector core: its block index, its Unified Buffer and its counters.
+struct Core {
+    std::string kernel;
+    int32_t block_idx = 0;
+    int32_t block_num = 1;
+    std::vector<uint8_t> ub;
+    size_t ub_used = 0;
+    uint64_t gm_read = 0;
+    uint64_t gm_written = 0;
+};
+inline thread_local Core* g_core = nullptr;
+
+[[noreturn]] inline void fail(const std::string& what, const loc& where) {
+    std::string k = g_core ? g_core->kernel : std::string("?");
+    throw SimError(k + ": line " + std::to_string(where.line()) + ": " + what);
+}
+
+inline int32_t GetBlockIdx() { return g_core->block_idx; }
+inline int32_t GetBlockNum() { return g_core->block_num; }
+
+enum class QuePosition { VECIN, VECOUT, VECCALC };
+enum class TPosition { VECIN, VECOUT, VECCALC };
+enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
+enum class HardEvent { V_MTE3, MTE2_V };
+enum PipeType { PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+template <PipeType P> inline void PipeBarrier() {}
+
+// ------------------------------------------------------------------------ GM
+template <typename T>
+class GlobalTensor {
+public:
+    void SetGlobalBuffer(__gm__ T* ptr, uint64_t size) { base_ = ptr; size_ = size; off_ = 0; }
+    GlobalTensor operator[](uint64_t offset) const {
+        GlobalTensor g = *this;
+        g.off_ = off_ + offset;
+        return g;
+    }
+    T* addr() const { return base_ + off_; }
+    void check(uint64_t first, uint64_t count, const loc& where) const {
+        if (base_ == nullptr) fail("GlobalTensor used before SetGlobalBuffer", where);
+        if (off_ + first + count > size_) {
+            fail("GM access [" + std::to_string(off_ + first) + ", " +
+                 std::to_string(off_ + first + count) + ") is out of bounds of a buffer of " +
+                 std::to_string(size_) + " elements", where);
+        }
+    }
+    T GetValue(uint64_t i, loc where = loc::current()) const {
+        check(i, 1, where);
+        g_core->gm_read += sizeof(T);
+        return addr()[i];
+    }
+
+private:
+    T* base_ = nullptr;
+    uint64_t size_ = 0;
+    uint64_t off_ = 0;
+};
+
+// ------------------------------------------------------------------------ UB
+enum class BufState { FREE, ALLOCATED, ENQUEUED, DEQUEUED, SCRATCH };
+struct BufRec {
+    size_t offset;
+    size_t bytes;
+    BufState state;
+    uint64_t gen;
+};
+
+template <typename T>
+class LocalTensor {
+public:
+    LocalTensor() = default;
+    LocalTensor(BufRec* rec, uint64_t gen, size_t elem_off = 0)
+        : rec_(rec), gen_(gen), elem_off_(elem_off) {}
+    LocalTensor operator[](uint64_t offset) const {
+        return LocalTensor(rec_, gen_, elem_off_ + offset);
+    }
+    // Checks a use of [0, count) from this view and returns the data pointer.
+    T* use(uint64_t count, const loc& where) const {
+        if (rec_ == nullptr) fail("LocalTensor used before allocation", where);
+        if (rec_->gen != gen_ || rec_->state == BufState::FREE)
+            fail("use of a LocalTensor after FreeTensor", where);
+        if (rec_->state == BufState::ENQUEUED)
+            fail("use of a LocalTensor that is enqueued (DeQue it first)", where);
+        size_t begin = rec_->offset + elem_off_ * sizeof(T);
+        if (begin % BLOCK_BYTES)
+            fail("UB operand at byte " + std::to_string(begin) + " is not 32-byte aligned", where);
+        if ((elem_off_ + count) * sizeof(T) > rec_->bytes)
+            fail("UB access of " + std::to_string(count) + " elements at " +
+                 std::to_string(elem_off_) + " overruns a buffer of " +
+                 std::to_string(rec_->bytes) + " bytes", where);
+        return reinterpret_cast<T*>(g_core->ub.data() + begin);
+    }
+    T GetValue(uint64_t i, loc where = loc::current()) const { return use_elem(i, where); }
+    void SetValue(uint64_t i, T v, loc where = loc::current()) const {
+        use_elem(i, where) = v;
+    }
+    BufRec* rec() const { return rec_; }
+    uint64_t gen() const { return gen_; }
+
+private:
+    T& use_elem(uint64_t i, const loc& where) const {
+        if (rec_ == nullptr || rec_->gen != gen_ || rec_->state == BufState::FREE)
+            fail("use of a LocalTensor after FreeTensor", where);
+        if ((elem_off_ + i + 1) * sizeof(T) > rec_->bytes)
+            fail("UB element " + std::to_string(elem_off_ + i) + " is out of bounds", where);
+        return reinterpret_cast<T*>(g_core->ub.data() + rec_->offset)[elem_off_ + i];
+    }
+    BufRec* rec_ = nullptr;
+    uint64_t gen_ = 0;
+    size_t elem_off_ = 0;
+};
+
+class TPipe;
+
+template <QuePosition P, int32_t DEPTH>
+class TQue {
+public:
+    template <typename T>
+    LocalTensor<T> AllocTensor(loc where = loc::current()) {
+        for (auto& b : bufs_) {
+            if (b->state == BufState::FREE) {
+                b->state = BufState::ALLOCATED;
+                b->gen += 1;
+                return LocalTensor<T>(b.get(), b->gen);
+            }
+        }
+        if (bufs_.empty()) fail("AllocTensor on a queue without InitBuffer", where);
+        fail("AllocTensor with no free buffer (all " + std::to_string(bufs_.size()) +
+             " are in use: FreeTensor them first)", where);
+    }
+    template <typename T>
+    void EnQue(const LocalTensor<T>& t, loc where = loc::current()) {
+        if (!owns(t.rec())) fail("EnQue of a tensor from another queue", where);
+        if (t.rec()->gen != t.gen() || t.rec()->state != BufState::ALLOCATED)
+            fail("EnQue of a tensor that is not freshly allocated", where);
+        if (static_cast<int32_t>(fifo_.size()) >= DEPTH)
+            fail("EnQue beyond the queue depth " + std::to_string(DEPTH), where);
+        t.rec()->state = BufState::ENQUEUED;
+        fifo_.push_back(t.rec());
+    }
+    template <typename T>
+    LocalTensor<T> DeQue(loc where = loc::current()) {
+        if (fifo_.empty()) fail("DeQue on an empty queue (EnQue first)", where);
+        BufRec* b = fifo_.front();
+        fifo_.erase(fifo_.begin());
+        b->state = BufState::DEQUEUED;
+        return LocalTensor<T>(b, b->gen);
+    }
+    template <typename T>
+    void FreeTensor(const LocalTensor<T>& t, loc where = loc::current()) {
+        if (!owns(t.rec())) fail("FreeTensor of a tensor from another queue", where);
+        if (t.rec()->gen != t.gen() || t.rec()->state == BufState::FREE)
+            fail("FreeTensor of a tensor that was already freed", where);
+        if (t.rec()->state == BufState::ENQUEUED)
+            fail("FreeTensor of a tensor still enqueued", where);
+        t.rec()->state = BufState::FREE;
+    }
+
+private:
+    friend class TPipe;
+    bool owns(BufRec* r) const {
+        for (auto& b : bufs_) if (b.get() == r) return true;
+        return false;
+    }
+    std::vector<std::unique_ptr<BufRec>> bufs_;
+    std::vector<BufRec*> fifo_;
+};
+
+template <TPosition P>
+class TBuf {
+public:
+    template <typename T>
+    LocalTensor<T> Get(loc where = loc::current()) {
+        if (!rec_) fail("TBuf::Get before InitBuffer", where);
+        return LocalTensor<T>(rec_.get(), rec_->gen);
+    }
+
+private:
+    friend class TPipe;
+    std::unique_ptr<BufRec> rec_;
+};
+
+class TPipe {
+public:
+    template <QuePosition P, int32_t D>
+    void InitBuffer(TQue<P, D>& q, int32_t num, uint32_t bytes, loc where = loc::current()) {
+        if (num <= 0) fail("InitBuffer with " + std::to_string(num) + " buffers", where);
+        for (int32_t i = 0; i < num; ++i) {
+            q.bufs_.push_back(std::make_unique<BufRec>(
+                BufRec{reserve(bytes, where), round32(bytes), BufState::FREE, 0}));
+        }
+    }
+    template <TPosition P>
+    void InitBuffer(TBuf<P>& b, uint32_t bytes, loc where = loc::current()) {
+        b.rec_ = std::make_unique<BufRec>(
+            BufRec{reserve(bytes, where), round32(bytes), BufState::SCRATCH, 1});
+    }
+
+private:
+    static size_t round32(size_t b) { return (b + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES; }
+    size_t reserve(uint32_t bytes, const loc& where) {
+        size_t off = g_core->ub_used;
+        size_t need = round32(bytes);
+        if (off + need > g_core->ub.size())
+            fail("UB overflow: InitBuffer needs " + std::to_string(off + need) +
+                 " bytes in all, the Unified Buffer has " + std::to_string(g_core->ub.size()),
+                 where);
+        g_core->ub_used = off + need;
+        return off;
+    }
+};
+
+// ---------------------------------------------------------------- data moves
+template <typename T>
+void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count,
+              loc where = loc::current()) {
+    if ((count * sizeof(T)) % BLOCK_BYTES)
+        fail("DataCopy of " + std::to_string(count * sizeof(T)) +
+             " bytes is not a multiple of 32 (use DataCopyPad)", where);
+    src.check(0, count, where);
+    std::memcpy(dst.use(count, where), src.addr(), count * sizeof(T));
+    g_core->gm_read += count * sizeof(T);
+}
+
+template <typename T>
+void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count,
+              loc where = loc::current()) {
+    if ((count * sizeof(T)) % BLOCK_BYTES)
+        fail("DataCopy of " + std::to_string(count * sizeof(T)) +
+             " bytes is not a multiple of 32 (use DataCopyPad)", where);
+    dst.check(0, count, where);
+    std::memcpy(dst.addr(), src.use(count, where), count * sizeof(T));
+    g_core->gm_written += count * sizeof(T);
+}
+
+struct DataCopyExtParams {
+    uint16_t blockCount = 1;
+    uint32_t blockLen = 0;   // bytes
+    uint32_t srcStride = 0;  // GM side: bytes; UB side: 32-byte blocks
+    uint32_t dstStride = 0;
+    uint32_t rsv = 0;
+};
+
+template <typename T>
+struct DataCopyPadExtParams {
+    bool isPad = false;
+    uint8_t leftPadding = 0;   // elements
+    uint8_t rightPadding = 0;  // elements
+    T paddingValue = T();
+};
+
+inline void check_pad_params(const DataCopyExtParams& p, size_t elem, const loc& where) {
+    if (p.blockCount == 0 || p.blockCount > MAX_BLOCK_COUNT)
+        fail("DataCopyPad blockCount " + std::to_string(p.blockCount) + " is outside 1..4095",
+             where);
+    if (p.blockLen == 0 || p.blockLen % elem)
+        fail("DataCopyPad blockLen " + std::to_string(p.blockLen) +
+             " bytes is not a positive multiple of the element size", where);
+}
+
+// GM -> UB: each block lands 32-byte aligned in UB; padding fills up to the aligned length.
+template <typename T>
+void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
+                 const DataCopyExtParams& p, const DataCopyPadExtParams<T>& pad,
+                 loc where = loc::current()) {
+    check_pad_params(p, sizeof(T), where);
+    if ((pad.leftPadding + pad.rightPadding) * sizeof(T) > MAX_PAD_BYTES)
+        fail("DataCopyPad padding exceeds 32 bytes", where);
+    size_t n = p.blockLen / sizeof(T);
+    size_t row = (pad.leftPadding + n + pad.rightPadding) * sizeof(T);
+    size_t row_blocks = (row + BLOCK_BYTES - 1) / BLOCK_BYTES + p.dstStride;
+    size_t ub_elems = (p.blockCount * row_blocks * BLOCK_BYTES) / sizeof(T);
+    T* out = dst.use(ub_elems - p.dstStride * BLOCK_BYTES / sizeof(T), where);
+    size_t gm_step = (p.blockLen + p.srcStride) / sizeof(T);
+    if (p.srcStride % sizeof(T)) fail("DataCopyPad srcStride is not whole elements", where);
+    for (size_t b = 0; b < p.blockCount; ++b) {
+        src.check(b * gm_step, n, where);
+        T* r = out + b * row_blocks * BLOCK_BYTES / sizeof(T);
+        size_t aligned = ((row + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES) / sizeof(T);
+        for (size_t i = 0; i < aligned; ++i) r[i] = pad.paddingValue;
+        std::memcpy(r + pad.leftPadding, src.addr() + b * gm_step, p.blockLen);
+        g_core->gm_read += p.blockLen;
+    }
+}
+
+// UB -> GM: blocks read 32-byte aligned from UB, written with a GM byte stride.
+template <typename T>
+void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
+                 const DataCopyExtParams& p, loc where = loc::current()) {
+    check_pad_params(p, sizeof(T), where);
+    size_t n = p.blockLen / sizeof(T);
+    size_t row_blocks = (p.blockLen + BLOCK_BYTES - 1) / BLOCK_BYTES + p.srcStride;
+    const T* in = src.use((p.blockCount - 1) * row_blocks * BLOCK_BYTES / sizeof(T) + n, where);
+    if (p.dstStride % sizeof(T)) fail("DataCopyPad dstStride is not whole elements", where);
+    size_t gm_step = (p.blockLen + p.dstStride) / sizeof(T);
+    for (size_t b = 0; b < p.blockCount; ++b) {
+        dst.check(b * gm_step, n, where);
+        std::memcpy(dst.addr() + b * gm_step, in + b * row_blocks * BLOCK_BYTES / sizeof(T),
+                    p.blockLen);
+        g_core->gm_written += p.blockLen;
+    }
+}
+
+// ------------------------------------------------------------- vector unit
+#define GK_SIM_BINARY(NAME, EXPR)                                                           \
+    template <typename T>                                                                   \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, \
+              int32_t count, loc where = loc::current()) {                                  \
+        const T* x = a.use(count, where);                                                   \
+        const T* y = b.use(count, where);                                                   \
+        T* z = dst.use(count, where);                                                       \
+        for (int32_t i = 0; i < count; ++i) {                                               \
+            float l = static_cast<float>(x[i]), r = static_cast<float>(y[i]);               \
+            z[i] = static_cast<T>(EXPR);                                                    \
+        }                                                                                   \
+    }
+GK_SIM_BINARY(Add, l + r)
+GK_SIM_BINARY(Sub, l - r)
+GK_SIM_BINARY(Mul, l * r)
+GK_SIM_BINARY(Div, l / r)
+GK_SIM_BINARY(Max, (l > r ? l : r))
+GK_SIM_BINARY(Min, (l < r ? l : r))
+#undef GK_SIM_BINARY
+
+#define GK_SIM_SCALAR(NAME, EXPR)                                                       \
+    template <typename T>                                                               \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, int32_t count, \
+              loc where = loc::current()) {                                             \
+        const T* x = a.use(count, where);                                               \
+        T* z = dst.use(count, where);                                                   \
+        float s = static_cast<float>(scalar);                                           \
+        for (int32_t i = 0; i < count; ++i) {                                           \
+            float l = static_cast<float>(x[i]);                                         \
+            z[i] = static_cast<T>(EXPR);                                                \
+        }                                                                               \
+    }
+GK_SIM_SCALAR(Adds, l + s)
+GK_SIM_SCALAR(Muls, l * s)
+GK_SIM_SCALAR(Maxs, (l > s ? l : s))
+GK_SIM_SCALAR(Mins, (l < s ? l : s))
+#undef GK_SIM_SCALAR
+
+#define GK_SIM_UNARY(NAME, EXPR)                                                         \
+    template <typename T>                                                                \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,          \
+              loc where = loc::current()) {                                              \
+        const T* x = a.use(count, where);                                                \
+        T* z = dst.use(count, where);                                                    \
+        for (int32_t i = 0; i < count; ++i) {                                            \
+            float v = static_cast<float>(x[i]);                                          \
+            z[i] = static_cast<T>(EXPR);                                                 \
+        }                                                                                \
+    }
+GK_SIM_UNARY(Exp, std::exp(v))
+GK_SIM_UNARY(Ln, std::log(v))
+GK_SIM_UNARY(Abs, std::fabs(v))
+GK_SIM_UNARY(Sqrt, std::sqrt(v))
+GK_SIM_UNARY(Rsqrt, 1.0f / std::sqrt(v))
+GK_SIM_UNARY(Reciprocal, 1.0f / v)
+GK_SIM_UNARY(Relu, (v > 0.0f ? v : 0.0f))
+#undef GK_SIM_UNARY
+
+template <typename T>
+void Duplicate(const LocalTensor<T>& dst, T scalar, int32_t count, loc where = loc::current()) {
+    T* z = dst.use(count, where);
+    for (int32_t i = 0; i < count; ++i) z[i] = scalar;
+}
+
+template <typename D, typename S>
+void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, int32_t count,
+          loc where = loc::current()) {
+    const S* x = src.use(count, where);
+    D* z = dst.use(count, where);
+    for (int32_t i = 0; i < count; ++i) {
+        float v = static_cast<float>(x[i]);
+        switch (mode) {
+            case RoundMode::CAST_FLOOR: v = std::floor(v); break;
+            case RoundMode::CAST_CEIL: v = std::ceil(v); break;
+            case RoundMode::CAST_TRUNC: v = std::trunc(v); break;
+            case RoundMode::CAST_ROUND: v = std::round(v); break;
+            case RoundMode::CAST_RINT: v = std::nearbyint(v); break;
+            default: break;
+        }
+        z[i] = static_cast<D>(v);
+    }
+}
+
+}  // namespace AscendC
+
+// The runner's entry: run ``blocks`` cores of a kernel one after another, each with its own
+// Unified Buffer, and add up their GM traffic.
+#define GK_SIM_LAUNCHER(KERNEL, NARGS)                                                      \
+    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes, \
+                                          uint64_t* counters, char* err, int32_t errlen) {  \
+        for (int32_t b = 0; b < blocks; ++b) {                                              \
+            AscendC::Core core;                                                             \
+            core.kernel = #KERNEL;                                                          \
+            core.block_idx = b;                                                             \
+            core.block_num = blocks;                                                        \
+            core.ub.assign(ub_bytes, 0xA5);                                                 \
+            AscendC::g_core = &core;                                                        \
+            try {                                                                           \
+                gk_sim_call_##KERNEL(args);                                                 \
+            } catch (const std::exception& e) {                                             \
+                std::strncpy(err, e.what(), errlen - 1);                                    \
+                err[errlen - 1] = 0;                                                        \
+                AscendC::g_core = nullptr;                                                  \
+                return 1;                                                                   \
+            }                                                                               \
+            counters[0] += core.gm_read;                                                    \
+            counters[1] += core.gm_written;                                                 \
+            AscendC::g_core = nullptr;                                                      \
+        }                                                                                   \
+        return 0;                                                                           \
+    }
