@@ -7,7 +7,8 @@ code, the fused kernels (`cpp_fused_*`) and the extern calls (`extern_kernels.*`
 fusion decisions are timed as the time spent in `Scheduler.__init__` (where it fuses), its
 end-to-end compile time as the first call. graphkernel imports the same model and runs its
 pipeline up to split; vector kernels are fused kernels plus vector ops left alone, opaque
-calls are matmuls, convolutions and ops run through ATen.
+calls are matmuls (with any fused epilogue, like Inductor's extern addmm), convolutions, data
+movement left as launches (transpose, concat, split, gather) and ops run through ATen.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ def ours(model, args, name):
     for n in res.graph.nodes:
         if n.op in ("Constant", "Reshape", "ExpandDims", "Squeeze"):
             continue
-        if n.op == "GraphKernel" or ops.get(n.op).kind <= OpKind.REDUCE:
+        # a matmul with its fused epilogue is a matmul call, like Inductor's extern addmm
+        mm = n.op == "GraphKernel" and any(m.op in ("MatMul", "BatchMatMul")
+                                           for m in n.subgraph.nodes)
+        if not mm and (n.op == "GraphKernel" or ops.get(n.op).kind <= OpKind.REDUCE):
             vector += 1
         else:
             opaque += 1

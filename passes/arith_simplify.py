@@ -96,6 +96,8 @@ RULES: list[Rule] = [
     Rule(11, "pow_two", "Pow", _pow_two),                           # x**2 -> x*x
     Rule(12, "add_neg", "Add", _fold_neg("Add", "Sub")),            # x+(-y) -> x-y
     Rule(13, "sub_neg", "Sub", _fold_neg("Sub", "Add")),            # x-(-y) -> x+y
+    Rule(14, "broadcast_identity", "BroadcastTo",                   # BroadcastTo(x, x.shape)
+         lambda g, n: n.inputs[0] if n.inputs[0].type == n.outputs[0].type else None),  # -> x
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

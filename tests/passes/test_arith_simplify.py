@@ -41,6 +41,7 @@ CASES = {
     11: (lambda g, x, y: op(g, "Pow", x, c(g, 2.0)), ["Mul"]),
     12: (lambda g, x, y: op(g, "Add", x, op(g, "Neg", y)), ["Sub"]),
     13: (lambda g, x, y: op(g, "Sub", x, op(g, "Neg", y)), ["Add"]),
+    14: (lambda g, x, y: op(g, "Exp", op(g, "BroadcastTo", x, shape=[3, 4])), ["Exp"]),
 }
 
 
