@@ -264,6 +264,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"kernels: {ex['kernels_unfused']} -> {ex['kernels_fused']} launches; GM bytes: "
               f"{ex['gm_bytes_unfused']:,} unfused, {ex['gm_bytes_fused']:,} fused, "
               f"{ex['gm_bytes_ideal']:,} ideal (fused/ideal {ratio:.3f})")
+        if "modeled_us_fused" in ex:
+            print(f"modeled time on {ex['target']}: {ex['modeled_us_unfused']:.1f} us unfused, "
+                  f"{ex['modeled_us_fused']:.1f} us fused (a cost model, not a measurement)")
         for k in ex["kernels"][:20]:
             print(f"  {k['name']:<44} {k['ops']:>3} ops  [{k['pattern']}]  "
                   f"{k['bytes_read'] + k['bytes_written']:,} B")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import traffic
+from graphkernel.codegen import cost
+from graphkernel.codegen.targets import load as load_target
 from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
 from graphkernel.ir import Node
 from graphkernel.registry import PassResult, register_pass
@@ -32,10 +34,12 @@ def cluster(graph, ctx) -> PassResult:
             reasons[n.name] = why
     regions = form_regions(graph, fusable)
     ctx.analyses["cluster"] = ClusterInfo(regions, reasons, fusable)
-    total, count, _ = traffic.summary(graph)
+    total, count, entries = traffic.summary(graph)
+    spec = load_target(ctx.flags.target)
     vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}
     ideal_bytes, ideal_count = traffic.ideal(graph, vector)
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
-                            gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count)
+                            gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
+                            modeled_us_unfused=round(cost.model(graph, spec, entries), 3))
     return PassResult(False, 0, [f"{len(fusable)} fusable nodes in {len(regions)} regions; "
                                  f"{len(reasons)} nodes not fusable"])

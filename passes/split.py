@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from graphkernel import pipeline, traffic
+from graphkernel.codegen import cost
+from graphkernel.codegen.targets import load as load_target
 from graphkernel.flags import Config
 from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
 from graphkernel.kernels import build_kernel, kernel_name
@@ -108,15 +110,19 @@ def _finish(graph, ctx) -> None:
     """Final GM-traffic figures and, with dump_as_text, the cluster report."""
     total, count, kernels = traffic.summary(graph)
     extra = ctx.report_extra
+    spec = load_target(ctx.flags.target)
+    fused_us = cost.model(graph, spec, kernels)
     if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
         allowed = cluster_ops(ctx.flags)
         vector = {id(n) for n in graph.nodes if fusable_reason(n, allowed, ctx.flags) is None
                   and n.op not in MATMUL_OPS}
         ideal_bytes, ideal_count = traffic.ideal(graph, vector)
         extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,
-                     kernels_ideal=ideal_count)
+                     kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))
     extra.update(gm_bytes_fused=total, kernels_fused=count, traffic_model=traffic.NOTE,
-                 kernels=[k for k in kernels if k["op"] == "GraphKernel"])
+                 kernels=[k for k in kernels if k["op"] == "GraphKernel"],
+                 modeled_us_fused=round(fused_us, 3), target=spec.name,
+                 cost_model=cost.__doc__.strip().splitlines()[0])
     attempts = ctx.analyses.get("fusion_attempts", [])
     extra["fusion_decisions"] = {"fused": sum(a.verdict == "fused" for a in attempts),
                                  "refused": sum(a.verdict != "fused" for a in attempts)}

@@ -1,0 +1,49 @@
+"""A cost model of kernel launches on a target: a *model*, not a measurement.
+
+Per launch: max(GM bytes / HBM bandwidth, vector work / vector throughput) + the launch
+overhead. Vector work counts 256-byte repeats over every op's output (fp16/bf16 are computed
+in fp32 inside kernels), spread over all AIV cores. Matmul and convolution work on the cube
+unit is not modeled: those launches cost their GM traffic and the launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from graphkernel.codegen.targets import TargetSpec
+from graphkernel.fusion import numel
+from graphkernel.ir import Graph, Node
+from graphkernel.traffic import VIEWS
+
+CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
+
+
+def _repeats(node: Node, spec: TargetSpec) -> int:
+    if node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque":
+        return 0
+    out = node.outputs[0]
+    itemsize = 4 if out.dtype.is_float else out.dtype.itemsize
+    return math.ceil(numel(out) * itemsize / spec.repeat_bytes)
+
+
+def launch_us(node: Node, spec: TargetSpec, gm_bytes: int) -> float:
+    """Modeled time of one launch in microseconds."""
+    members = [m for m in node.subgraph.nodes] if node.op == "GraphKernel" else [node]
+    repeats = sum(_repeats(m, spec) for m in members)
+    vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
+    memory_s = gm_bytes / (spec.hbm_gbps * 1e9)
+    return max(vector_s, memory_s) * 1e6 + spec.launch_overhead_us
+
+
+def model(graph: Graph, spec: TargetSpec, launches: list[dict[str, Any]]) -> float:
+    """Total modeled microseconds of ``launches`` (from graphkernel.traffic.launches), each
+    entry gaining its own ``modeled_us``."""
+    by_name = {n.name: n for n in graph.nodes}
+    total = 0.0
+    for entry in launches:
+        us = launch_us(by_name[entry["name"]], spec,
+                       entry["bytes_read"] + entry["bytes_written"])
+        entry["modeled_us"] = round(us, 3)
+        total += us
+    return total

@@ -1,0 +1,46 @@
+"""Target specs and the cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen.targets import available, load
+from graphkernel.errors import ConfigError
+from graphkernel.flags import TARGETS
+from graphkernel.frontends import load_model
+
+
+def test_target_specs_carry_the_documented_facts():
+    assert set(available()) == set(TARGETS)
+    facts = {"ascend910b": (48, 196_608), "ascend910b3": (40, 196_608),
+             "ascend910_93": (48, 196_608)}
+    for name, (cores, ub) in facts.items():
+        spec = load(name)
+        assert (spec.aiv_cores, spec.ub_bytes, spec.repeat_bytes) == (cores, ub, 256)
+    assert load("ascend950").ub_bytes == 262_144
+    with pytest.raises(ConfigError, match="unknown target 'ascend91'.*did you mean"):
+        load("ascend91")
+
+
+def test_cost_of_one_launch_by_hand():
+    g = Graph()
+    x = g.add_input("x", TensorType((1024,), "float32"))
+    g.set_outputs([g.add_node("Exp", [x], name="e").output])
+    ex = graphkernel.compile(g, "--enable_single_node_fusion", env={}).report.extra
+    spec = load("ascend910b")
+    memory_us = 8192 / (spec.hbm_gbps * 1e9) * 1e6            # 4 KiB in, 4 KiB out
+    vector_us = 16 / (spec.aiv_cores * spec.clock_ghz * 1e9) * 1e6  # 16 repeats of 256 B
+    want = max(memory_us, vector_us) + spec.launch_overhead_us
+    assert ex["modeled_us_fused"] == pytest.approx(want, abs=1e-3)
+    assert ex["kernels"][0]["modeled_us"] == pytest.approx(want, abs=1e-3)
+
+
+def test_fusion_lowers_the_modeled_time_and_the_report_names_the_target():
+    g = load_model("examples/layernorm_residual.json")
+    b = graphkernel.compile(g, env={}).report.extra
+    assert b["modeled_us_fused"] < b["modeled_us_unfused"] and b["target"] == "ascend910b"
+    b3 = graphkernel.compile(g, "--target=ascend910b3", env={}).report.extra
+    assert b3["target"] == "ascend910b3"
+    assert b["cost_model"].startswith("A cost model")
