@@ -355,10 +355,7 @@ def _neighbourhood(graph: Graph, names: set[str]) -> Graph | None:
                                            name=sub.fresh_name(p.name)).output
             else:
                 vmap[id(v)] = sub.add_input(v.name, v.type)
-        new = sub._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], dict(n.attrs),
-                           n.origin, [(v.name, v.type) for v in n.outputs])
-        for a, b in zip(n.outputs, new.outputs, strict=True):
-            vmap[id(a)] = b
+        sub.clone_node(n, vmap)
     outs = [vmap[id(v)] for n in nodes for v in n.outputs
             if any(id(u) not in ids for u in v.users) or any(v is o for o in graph.outputs)]
     sub.set_outputs(outs or [vmap[id(nodes[-1].outputs[0])]])

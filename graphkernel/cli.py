@@ -161,22 +161,23 @@ def cmd_expand(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ flags
 def _config(args: argparse.Namespace):
+    """The effective config; its notes are printed once, as graphkernel warnings."""
+    import warnings
+
     from graphkernel.api import load_config
 
-    cfg = load_config(getattr(args, "flags", "") or "", getattr(args, "config", None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = load_config(getattr(args, "flags", "") or "", getattr(args, "config", None))
     for note in cfg.warnings:
         print(f"graphkernel: warning: {note}", file=sys.stderr)
     return cfg
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    import warnings
-
     from graphkernel.flags import SPECS
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = _config(args)
+    cfg = _config(args)
     data = cfg.to_dict()
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -195,13 +196,9 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    import warnings
-
     from graphkernel.pipeline import plan
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = _config(args)
+    cfg = _config(args)
     rows = [{"index": d.slot.index, "stage": d.slot.stage, "name": d.slot.label,
              "level": "required" if d.slot.info.required else d.slot.info.level,
              "on": d.on, "reason": d.reason, "doc": d.slot.info.summary} for d in plan(cfg)]
@@ -218,14 +215,11 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from graphkernel.api import compile as gk_compile
-    from graphkernel.api import load_config
     from graphkernel.dump import Dumper
 
     g = _load(args.model)
     flags = args.flags or ""
-    cfg = load_config(flags, args.config)
-    for note in cfg.warnings:
-        print(f"graphkernel: warning: {note}", file=sys.stderr)
+    cfg = _config(args)
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
     res = gk_compile(g, flags, args.config, log=lambda m: print(m, file=sys.stderr))

@@ -178,7 +178,6 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
 # ------------------------------------------------------------------ split model
 @dataclass
 class Area:
-    id: int
     nodes: list[Node]
     mask: int
     patterns: list[str] = field(default_factory=list)
@@ -245,17 +244,13 @@ class SplitModel:
         self.reach = reach
         self._seen: set[tuple] = set()  # rejections already recorded
         self._bytes: dict[int, int] = {}
-        self.area_of: list[Area] = []
-        self._area: dict[int, Area] = {}  # id(node) -> its area
-        for i, n in enumerate(region):
-            a = Area(i, [n], 1 << i)
-            self.area_of.append(a)
-            self._area[id(n)] = a
+        self._area: dict[int, Area] = {  # id(node) -> its area
+            id(n): Area([n], 1 << i) for i, n in enumerate(region)}
 
     # ------------------------------------------------------------ structure
     def areas(self) -> list[Area]:
         seen: dict[int, Area] = {}
-        for a in self.area_of:
+        for a in self._area.values():
             seen.setdefault(id(a), a)
         return sorted(seen.values(), key=lambda a: self.index[id(a.nodes[0])])
 
@@ -410,7 +405,6 @@ class SplitModel:
             target.mask |= other.mask
             target.patterns.extend(other.patterns)
             for n in other.nodes:
-                self.area_of[self.index[id(n)]] = target
                 self._area[id(n)] = target
         target.nodes.sort(key=lambda n: self.index[id(n)])
         target.patterns.append(pattern)

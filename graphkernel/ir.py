@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -574,12 +574,23 @@ class Graph:
             attrs = dict(n.attrs)
             if n.op == "GraphKernel":
                 attrs["subgraph"] = n.subgraph.copy()
-            new = g._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], attrs, n.origin,
-                             [(v.name, v.type) for v in n.outputs])
-            for old_v, new_v in zip(n.outputs, new.outputs, strict=True):
-                vmap[id(old_v)] = new_v
+            g.clone_node(n, vmap, attrs=attrs)
         g.outputs = [vmap[id(v)] for v in self.outputs]
         return g
+
+    def clone_node(self, n: Node, vmap: dict[int, Value],
+                   rename: Callable[[str], str] | None = None,
+                   attrs: dict[str, Any] | None = None) -> Node:
+        """Add a copy of ``n`` (a node of another graph): its inputs are looked up in ``vmap``
+        (id of the old value -> new value) and its outputs recorded there. ``rename`` maps the
+        node's and its outputs' names (default: kept); ``attrs`` defaults to a copy of n's."""
+        name = rename or (lambda s: s)
+        new = self._add_raw(n.op, name(n.name), [vmap[id(v)] for v in n.inputs],
+                            dict(n.attrs) if attrs is None else attrs, n.origin,
+                            [(name(v.name), v.type) for v in n.outputs])
+        for old, nv in zip(n.outputs, new.outputs, strict=True):
+            vmap[id(old)] = nv
+        return new
 
     def _add_raw(self, op: str, name: str, inputs: list[Value], attrs: dict[str, Any],
                  origin: tuple[str, ...], outs: list[tuple[str, TensorType]]) -> Node:

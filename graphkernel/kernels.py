@@ -43,10 +43,8 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
                 inputs.append(v)
     outs: list[Value] = []
     for n in nodes:
-        new = sub._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], dict(n.attrs),
-                           n.origin, [(v.name, v.type) for v in n.outputs])
-        for old, nv in zip(n.outputs, new.outputs, strict=True):
-            vmap[id(old)] = nv
+        sub.clone_node(n, vmap)
+        for old in n.outputs:
             if id(old) in outputs_set or any(id(u) not in members for u in old.users):
                 outs.append(old)
     sub.set_outputs([vmap[id(v)] for v in outs])
@@ -92,20 +90,12 @@ def inline_producer(graph: Graph, consumer: Node, producer: Node, value: Value) 
     for inner, outer in zip(sub_p.inputs, producer.inputs, strict=True):
         vmap[id(inner)] = param(outer)
     for n in sub_p.nodes:
-        copy = new._add_raw(n.op, new.fresh_name(f"{n.name}_rc"), [vmap[id(v)] for v in n.inputs],
-                            dict(n.attrs), n.origin, [(new.fresh_name(f"{v.name}_rc"), v.type)
-                                                      for v in n.outputs])
-        for a, b in zip(n.outputs, copy.outputs, strict=True):
-            vmap[id(a)] = b
+        new.clone_node(n, vmap, rename=lambda s: new.fresh_name(f"{s}_rc"))
     recomputed = vmap[id(sub_p.outputs[producer.outputs.index(value)])]
     for inner, outer in zip(sub_k.inputs, consumer.inputs, strict=True):
         vmap[id(inner)] = recomputed if outer is value else param(outer)
     for n in sub_k.nodes:
-        copy = new._add_raw(n.op, new.fresh_name(n.name), [vmap[id(v)] for v in n.inputs],
-                            dict(n.attrs), n.origin,
-                            [(new.fresh_name(v.name), v.type) for v in n.outputs])
-        for a, b in zip(n.outputs, copy.outputs, strict=True):
-            vmap[id(a)] = b
+        new.clone_node(n, vmap, rename=new.fresh_name)
     new.set_outputs([vmap[id(v)] for v in sub_k.outputs])
     origin = tuple(dict.fromkeys(consumer.origin + producer.origin))
     pattern = consumer.attrs["pattern"]
@@ -132,11 +122,7 @@ def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
                 inputs.append(outer)
             vmap[id(inner)] = params[id(outer)]
         for n in k.subgraph.nodes:
-            copy = new._add_raw(n.op, new.fresh_name(n.name), [vmap[id(v)] for v in n.inputs],
-                                dict(n.attrs), n.origin,
-                                [(new.fresh_name(v.name), v.type) for v in n.outputs])
-            for a, b in zip(n.outputs, copy.outputs, strict=True):
-                vmap[id(a)] = b
+            new.clone_node(n, vmap, rename=new.fresh_name)
         outs += [vmap[id(v)] for v in k.subgraph.outputs]
     new.set_outputs(outs)
     pattern = f"parallel({first.attrs['pattern']}|{second.attrs['pattern']})"

@@ -73,21 +73,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     from torch._dynamo.backends.common import aot_autograd
 
     def fw(graph_module, inputs):
-        run = compile_fx(graph_module, inputs, options)
-
-        def call(*args):
-            out = run(*args)
-            return out if len(out) != 1 or not _single_output(graph_module) else out
-
-        return call
+        return compile_fx(graph_module, inputs, options)
 
     return aot_autograd(fw_compiler=fw, decompositions=core_aten_decompositions())(
         gm, example_inputs)
-
-
-def _single_output(gm: torch.fx.GraphModule) -> bool:
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    return not isinstance(out.args[0], list | tuple)
 
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):
@@ -123,10 +112,7 @@ def _inline_inputs(g, consts: dict[str, Any]):
         else:
             vmap[id(v)] = out.add_input(v.name, v.type)
     for n in g.nodes:
-        new = out._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], dict(n.attrs),
-                           n.origin, [(v.name, v.type) for v in n.outputs])
-        for a, b in zip(n.outputs, new.outputs, strict=True):
-            vmap[id(a)] = b
+        out.clone_node(n, vmap)
     out.set_outputs([vmap[id(v)] for v in g.outputs])
     return out
 

@@ -47,7 +47,7 @@ def run_pattern(model: SplitModel, p: Pattern) -> None:
     while pending:
         grown: list[Area] = []
         for a in pending:
-            if model.area_of[model.index[id(a.nodes[0])]] is not a:
+            if model.area(a.nodes[0]) is not a:
                 continue  # merged away in this round
             cur, fused = a, False
             while (res := p.fn(model, cur)) is not None:
@@ -56,7 +56,7 @@ def run_pattern(model: SplitModel, p: Pattern) -> None:
                 grown.append(cur)
         again: dict[int, Area] = {}
         for a in grown:
-            if model.area_of[model.index[id(a.nodes[0])]] is not a:
+            if model.area(a.nodes[0]) is not a:
                 continue
             for n in [a, *model.producer_areas(a), *model.consumers(a)[0]]:
                 again.setdefault(id(n), n)

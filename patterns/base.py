@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from graphkernel.fusion import Area, SplitModel
+from graphkernel.fusion import INJECTIVE, Area, SplitModel
 from graphkernel.ops import OpKind
 from graphkernel.registry import PATTERNS, register_pattern
 
@@ -49,11 +49,10 @@ def fuse_if(model: SplitModel, name: str, areas: Sequence[Area],
             conditions: Sequence[Condition], limit: int | None = None) -> Area | None:
     """Fuse ``areas`` (into the first) when every condition holds; otherwise record the first
     failing condition's reason as the verdict. Conditions are checked in order, lazily."""
-    for cond in conditions:
-        reason = cond()
-        if reason is not None:
-            model.reject(name, list(areas), reason)
-            return None
+    reason = first_failure(conditions)
+    if reason is not None:
+        model.reject(name, list(areas), reason)
+        return None
     return areas[0] if model.try_fuse(name, list(areas), limit) else None
 
 
@@ -86,3 +85,17 @@ def kind_name(k: OpKind) -> str:
 
 def all_patterns() -> list[Pattern]:
     return sorted(PATTERNS.values(), key=lambda p: p.order)
+
+
+def pull_in_conditions(model: SplitModel, a: Area, p: Area, max_kind: OpKind,
+                       kind_note: str) -> list[Condition]:
+    """What a forward fusion asks of producer ``p`` before ``a`` pulls it in: its kind is at
+    most ``max_kind``, ``a`` is its only consumer, and the edge is INJECTIVE."""
+    return [
+        need(lambda: model.kind(p) <= max_kind,
+             lambda: f"kind mismatch: producer {p.name} is {model.kind(p).name} ({kind_note})"),
+        need(lambda: model.only_consumer_is(p, a),
+             lambda: f"producer {p.name} has other consumers"),
+        need(lambda: model.relation(p, a) == INJECTIVE,
+             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST (needs INJECTIVE)"),
+    ]

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from graphkernel.fusion import INJECTIVE
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern
+from graphkernel.patterns.base import (
+    fuse_if,
+    fuse_qualifying,
+    need,
+    pattern,
+    pull_in_conditions,
+)
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
 
 def _fwd_conditions(model, a, p):
     return [
-        need(lambda: model.kind(p) <= OpKind.BROADCAST,
-             lambda: f"kind mismatch: producer {p.name} is {model.kind(p).name} "
-                     "(needs <= BROADCAST)"),
-        need(lambda: model.only_consumer_is(p, a),
-             lambda: f"producer {p.name} has other consumers"),
-        need(lambda: model.relation(p, a) == INJECTIVE,
-             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST (needs INJECTIVE)"),
+        *pull_in_conditions(model, a, p, OpKind.BROADCAST, "needs <= BROADCAST"),
         need(lambda: model.size(p) == model.size(a),
              lambda: f"compute size mismatch: {model.size(p)} vs {model.size(a)}"),
     ]

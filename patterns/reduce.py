@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from graphkernel import ops
-from graphkernel.fusion import INJECTIVE
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern
+from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
 
 
 def _fwd_conditions(model, a, p):
-    return [
-        need(lambda: model.kind(p) <= OpKind.ELEMWISE,
-             lambda: f"kind mismatch: producer {p.name} is {model.kind(p).name} (a reduce pulls "
-                     "in only <= ELEMWISE; a broadcast producer is not pulled into a reduce)"),
-        need(lambda: model.only_consumer_is(p, a),
-             lambda: f"producer {p.name} has other consumers"),
-        need(lambda: model.relation(p, a) == INJECTIVE,
-             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST"),
-    ]
+    return pull_in_conditions(model, a, p, OpKind.ELEMWISE,
+                              "a reduce pulls in only <= ELEMWISE; a broadcast producer is not "
+                              "pulled into a reduce")
 
 
 @pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth")

@@ -282,7 +282,7 @@ def _to_copy(c: Ctx):
 
 
 # -------------------------------------------------------------- reductions
-def _dims(c: Ctx, x: Value, i: int) -> list[int] | None:
+def _dims(c: Ctx, i: int) -> list[int] | None:
     d = c.arg(i)
     if d is None:
         return None
@@ -296,20 +296,18 @@ def _reduce(c: Ctx):
     x = c.arg(0)
     op = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax", "amin": "ReduceMin",
           "prod": "ReduceProd"}[name.split(".")[1]]
-    axes = _dims(c, x, 1) if not name.endswith(".default") or "amax" in name or "amin" in name \
-        else None
+    # sum.default / mean.default reduce everything; the others name their dims (prod: one int)
+    axes = None if name in ("aten.sum.default", "aten.mean.default") else _dims(c, 1)
     keep = bool(c.arg(2, False)) if len(c.node.args) > 2 else bool(c.kw("keepdim", False))
     dt = c.out_type.dtype
     x = c.cast(x, dt)
-    if op == "ReduceProd":
-        axes = [c.arg(1)]
     return c.emit(op, [x], {"axis": axes or None, "keep_dims": keep})
 
 
 @aten("aten.var_mean.correction")
 def _var_mean(c: Ctx):
     x = c.arg(0)
-    axes = _dims(c, x, 1) or list(range(x.type.rank))
+    axes = _dims(c, 1) or list(range(x.type.rank))
     keep = bool(c.kw("keepdim", False))
     corr = c.kw("correction", 1)
     n = 1
@@ -342,8 +340,7 @@ def _layer_norm(c: Ctx):
 
 @aten("aten._softmax.default", "aten._log_softmax.default")
 def _softmax(c: Ctx):
-    op = "Softmax" if "_softmax" in str(c.node.target) and "log" not in str(c.node.target) \
-        else "LogSoftmax"
+    op = "LogSoftmax" if "log_softmax" in str(c.node.target) else "Softmax"
     x = c.cast(c.arg(0), c.out_type.dtype)
     return c.emit(op, [x], {"axis": c.arg(1)})
 

@@ -854,7 +854,6 @@ def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset
     reason = f"no mapping for {node.domain or 'ai.onnx'}.{node.op_type}"
     if (node.domain or "ai.onnx") == "ai.onnx" and node.op_type in HANDLERS:
         ctx = NodeCtx(g, node, ins, attrs, opset, nname)
-        mark = len(g)
         try:
             out = HANDLERS[node.op_type](ctx)
             outs = out if isinstance(out, list) else [out]
@@ -863,13 +862,13 @@ def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset
             return outs
         except (Unsupported, GraphKernelError) as e:
             reason = str(e)
-            _rollback(g, ctx.emitted, mark)
+            _rollback(g, ctx.emitted)
     if notes is not None:
         notes.append(ImportNote(nname, node.op_type, reason))
     return _opaque(g, node, nname, ins, opsets, vinfo, unknown, reason)
 
 
-def _rollback(g: Graph, emitted: list[str], mark: int) -> None:
+def _rollback(g: Graph, emitted: list[str]) -> None:
     for name in reversed(emitted):
         if g.has_node(name):
             n = g.node(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphkernel.errors import ShapeError
 from graphkernel.ir import DType, TensorType
 from graphkernel.ops import (
     Attrs,
@@ -81,10 +82,8 @@ def _arg_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     check_dtype(x, "numeric")
     axis = normalize_axis(attrs["axis"], x.rank)
     if attrs["dtype"] not in (DType.int32, DType.int64):
-        raise_dtype = attrs["dtype"].value
-        from graphkernel.errors import ShapeError
-
-        raise ShapeError(f"index dtype {raise_dtype} is not accepted (accepted: int32, int64)")
+        raise ShapeError(f"index dtype {attrs['dtype'].value} is not accepted "
+                         "(accepted: int32, int64)")
     return [TensorType(reduced_shape(x, [axis], attrs["keep_dims"]), attrs["dtype"])]
 
 
