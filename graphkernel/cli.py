@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -161,17 +162,10 @@ def cmd_expand(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ flags
 def _config(args: argparse.Namespace):
-    """The effective config; its notes are printed once, as graphkernel warnings."""
-    import warnings
-
+    """The effective config (its notes reach stderr through ``_show_warning``)."""
     from graphkernel.api import load_config
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = load_config(getattr(args, "flags", "") or "", getattr(args, "config", None))
-    for note in cfg.warnings:
-        print(f"graphkernel: warning: {note}", file=sys.stderr)
-    return cfg
+    return load_config(getattr(args, "flags", "") or "", getattr(args, "config", None))
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
@@ -477,13 +471,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_bind_flag_values(argv))
     try:
-        _load_plugins(args)
-        return int(args.fn(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            _load_plugins(args)
+            return int(args.fn(args) or 0)
     except GraphKernelError as e:
         print(f"graphkernel: error: {e}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:
         return 0
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Flag notes read as graphkernel's own warnings; the default filter shows each once even
+    when a command resolves its flags twice."""
+    from graphkernel.flags import FlagWarning
+
+    if issubclass(category, FlagWarning):
+        print(f"graphkernel: warning: {message}", file=sys.stderr)
+    else:
+        (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno,
+                                                          line))
 
 
 def _entry() -> None:  # pragma: no cover

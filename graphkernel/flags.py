@@ -31,6 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
 
+
+class FlagWarning(UserWarning):
+    """A flag note (no-effect compatibility flag, a value given twice); also kept in
+    ``Config.warnings`` so that front ends can print it their own way."""
+
 ENV_VARS = ("AUTOFUSE_DFX_FLAGS", "AUTOFUSE_FLAGS")
 MS_ENV_VAR = "MS_DEV_GRAPH_KERNEL_FLAGS"
 TARGETS = ("ascend910b", "ascend910b3", "ascend910_93", "ascend950")
@@ -376,7 +381,7 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
                 msg = (f"{it.origin}: --{it.key} is accepted for compatibility with MindSpore/"
                        "AutoFuse and has no effect in graphkernel")
                 notes.append(msg)
-                warnings.warn(msg, stacklevel=3)
+                warnings.warn(msg, FlagWarning, stacklevel=3)
                 continue
             if it.key not in SPECS:
                 raise FlagError(f"{it.origin}: unknown flag --{it.key}"
@@ -395,7 +400,7 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
                     msg = (f"{it.origin}: --{it.key} is given more than once; the last value "
                            f"({it.value}) wins over {prev}")
                     notes.append(msg)
-                    warnings.warn(msg, stacklevel=3)
+                    warnings.warn(msg, FlagWarning, stacklevel=3)
                 values[key] = val
                 origins[key] = it.origin
             seen_in_source[(key, it.origin)] = str(it.value)

@@ -76,3 +76,14 @@ def test_compile_json_report(capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["flags"]["opt_level"]["value"] == 0
     assert [p["name"] for p in rep["passes"] if p["ran"]] == ["validate"]
+
+
+def test_flag_note_printed_once_as_graphkernel_warning():
+    # compile and explain resolve the flags more than once; the note still appears once
+    for cmd in (["compile", EX], ["explain", EX]):
+        r = gk(*cmd, env={"AUTOFUSE_FLAGS": "--opt_level=2 --opt_level=3"})
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("given more than once") == 1, r.stderr
+        assert "graphkernel: warning: env AUTOFUSE_FLAGS: --opt_level is given more than once" \
+            in r.stderr
+        assert "UserWarning" not in r.stderr
