@@ -388,22 +388,22 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
                                 + did_you_mean(it.key, SPECS)
                                 + "; run `graphkernel flags` to list every flag")
             spec = SPECS[it.key]
-            key, val = _convert(it, spec, name_check)
-            if not key:
-                continue
-            if spec.kind == "list" and key in values and isinstance(values[key], list):
-                values[key] = values[key] + [v for v in val if v not in values[key]]
-                origins[key] = _join_origin(origins[key], it.origin)
-            else:
-                prev = seen_in_source.get((key, it.origin))
-                if prev is not None and spec.kind != "list":
-                    msg = (f"{it.origin}: --{it.key} is given more than once; the last value "
-                           f"({it.value}) wins over {prev}")
-                    notes.append(msg)
-                    warnings.warn(msg, FlagWarning, stacklevel=3)
-                values[key] = val
-                origins[key] = it.origin
-            seen_in_source[(key, it.origin)] = str(it.value)
+            settings = _convert(it, spec, name_check)
+            prev = next((seen_in_source[k, it.origin] for k, _ in settings
+                         if (k, it.origin) in seen_in_source), None)
+            if prev is not None and spec.kind != "list":
+                msg = (f"{it.origin}: --{it.key} is given more than once; the last value "
+                       f"({it.value}) wins over {prev}")
+                notes.append(msg)
+                warnings.warn(msg, FlagWarning, stacklevel=3)
+            for key, val in settings:
+                if spec.kind == "list" and isinstance(values.get(key), list):
+                    values[key] = values[key] + [v for v in val if v not in values[key]]
+                    origins[key] = _join_origin(origins[key], it.origin)
+                else:
+                    values[key] = val
+                    origins[key] = it.origin
+                seen_in_source[(key, it.origin)] = str(it.value)
     _check_conflicts(values, origins)
     try:
         fv = FlagValues(**values)
@@ -439,7 +439,10 @@ def _range_text(key: str) -> str:
     return ""
 
 
-def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None) -> tuple[str, Any]:
+def _convert(it: FlagItem, spec: FlagSpec,
+             name_check: NameCheck | None) -> list[tuple[str, Any]]:
+    """The (FlagValues key, value) settings one flag makes: usually one, none for a flag that
+    keeps the default, two for a skip file (names and types)."""
     key, raw, origin = it.key, it.value, it.origin
     if spec.kind == "bool":
         val: Any = parse_bool(key, raw if not isinstance(raw, list) else ",".join(raw), origin)
@@ -457,13 +460,13 @@ def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None) -> tupl
                             + f" (accepted: {', '.join(spec.choices)})")
     # AutoFuse keys map onto graphkernel's own
     if key == "enable_autofuse":  # true keeps the opt_level; false turns fusion off
-        return ("opt_level", 0) if not val else ("", None)
+        return [("opt_level", 0)] if not val else []
     if key == "max_fusion_size":
         if val < 0:
             raise FlagError(f"{origin}: --max_fusion_size={val}: must be >= 0")
-        return "composite_op_limit_size", val
+        return [("composite_op_limit_size", val)]
     if key == "codegen_compile_debug":
-        return "keep_codegen_project", val
+        return [("keep_codegen_project", val)]
     if key in ("autofuse_enable_pass", "autofuse_disable_pass"):
         pats: list[str] = []
         for v in val:
@@ -473,19 +476,15 @@ def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None) -> tupl
                                 + f" (accepted: {', '.join(AUTOFUSE_PATTERNS)})")
             pats += AUTOFUSE_PATTERNS[v]
         # the names come from graphkernel's own table, not from the user: no registry check
-        return ("enable_fusion_pattern" if key == "autofuse_enable_pass"
-                else "disable_fusion_pattern"), pats
+        return [("enable_fusion_pattern" if key == "autofuse_enable_pass"
+                 else "disable_fusion_pattern", pats)]
     if key == "skip_node_names_cfg":
         names, types = read_skip_file(val, origin)
-        return "skip_node_names", (names, types)
-    return key, val
+        return [("skip_node_names", names), ("skip_node_types", types)]
+    return [(key, val)]
 
 
 def _check_conflicts(values: dict[str, Any], origins: dict[str, str]) -> None:
-    if "skip_node_names" in values and isinstance(values["skip_node_names"], tuple):
-        names, types = values.pop("skip_node_names")
-        values["skip_node_names"], values["skip_node_types"] = names, types
-        origins["skip_node_types"] = origins["skip_node_names"]
     pairs = [("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
              ("enable_cluster_ops", "disable_cluster_ops"),
              ("enable_fusion_pattern", "disable_fusion_pattern")]
