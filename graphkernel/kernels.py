@@ -135,3 +135,16 @@ def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
     graph.erase_node(first)
     graph.erase_node(second)
     return k
+
+
+def unfuse(graph: Graph, kernel: Node) -> list[Node]:
+    """Put a kernel's nodes back into the graph in its place; returns them in order."""
+    vmap: dict[int, Value] = {id(i): o for i, o in zip(kernel.subgraph.inputs, kernel.inputs,
+                                                       strict=True)}
+    nodes = [graph.clone_node(n, vmap, rename=graph.fresh_name)
+             for n in kernel.subgraph.nodes]
+    for old, inner in zip(kernel.outputs, kernel.subgraph.outputs, strict=True):
+        graph.replace_all_uses(old, vmap[id(inner)])
+    graph.erase_node(kernel)
+    graph.toposort()
+    return nodes

@@ -5,6 +5,7 @@ from graphkernel.passes import (  # noqa: F401
     axis_normalize,
     cast_elim,
     cluster,
+    codegen,
     constant_fold,
     cse,
     dce,

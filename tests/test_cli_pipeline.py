@@ -25,7 +25,8 @@ def test_passes_by_level():
     assert one.returncode == three.returncode == 0
     on1 = {ln.split()[2] for ln in one.stdout.splitlines()[2:] if ln.split()[4] == "on"}
     on3 = {ln.split()[2] for ln in three.stdout.splitlines()[2:] if ln.split()[4] == "on"}
-    assert on1 == {"validate", "axis_normalize", "expand", "dce:1", "dce:2", "cluster", "split"}
+    assert on1 == {"validate", "axis_normalize", "expand", "dce:1", "dce:2", "cluster", "split",
+                   "codegen"}
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
                          "transpose_elim", "cast_elim", "recompute", "parallel_fusion"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -1,4 +1,5 @@
-"""recompute (level 2) and parallel_fusion (level 3)."""
+"""recompute (level 2) and parallel_fusion (level 3), as the fusion stages decide them (the
+codegen pass, which may unfuse what it cannot generate, is off here)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def kernels(res):
 
 def test_recompute_duplicates_a_cheap_broadcast_into_its_consumers():
     g = broadcast_into_two_reductions()
-    off = graphkernel.compile(g, "--opt_level=1", env={})
-    on = graphkernel.compile(g, "--opt_level=2", env={})
+    off = graphkernel.compile(g, "--disable_pass=codegen --opt_level=1", env={})
+    on = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2", env={})
     check_same(g, on)
     assert len(kernels(off)) == 3 and len(kernels(on)) == 2
     ex_off, ex_on = off.report.extra, on.report.extra
@@ -50,11 +51,11 @@ def test_recompute_duplicates_a_cheap_broadcast_into_its_consumers():
 
 def test_recompute_can_be_switched_by_flag_and_respects_the_size_limit():
     g = broadcast_into_two_reductions()
-    assert len(kernels(graphkernel.compile(g, "--opt_level=2 --enable_recompute_fusion=false",
+    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --enable_recompute_fusion=false",
                                            env={}))) == 3
-    assert len(kernels(graphkernel.compile(g, "--opt_level=1 --enable_recompute_fusion",
+    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=1 --enable_recompute_fusion",
                                            env={}))) == 2
-    res = graphkernel.compile(g, "--opt_level=2 --composite_op_limit_size=3", env={})
+    res = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --composite_op_limit_size=3", env={})
     assert all(sum(m.op != "Constant" for m in k.subgraph.nodes) <= 3 for k in kernels(res))
 
 
@@ -66,13 +67,13 @@ def test_parallel_fusion_launches_independent_kernels_sharing_an_input_together(
     s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x], name="n").output], {"axis": [0]},
                     name="s2").output
     g.set_outputs([s1, s2])
-    two = graphkernel.compile(g, "--opt_level=2", env={})
-    one = graphkernel.compile(g, "--opt_level=3", env={})
+    two = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2", env={})
+    one = graphkernel.compile(g, "--disable_pass=codegen --opt_level=3", env={})
     check_same(g, one)
     assert len(kernels(two)) == 2 and len(kernels(one)) == 1
     assert kernels(one)[0].attrs["pattern"].startswith("parallel(")
     assert one.report.extra["gm_bytes_fused"] < two.report.extra["gm_bytes_fused"]
-    assert len(kernels(graphkernel.compile(g, "--opt_level=2 --enable_parallel_fusion",
+    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --enable_parallel_fusion",
                                            env={}))) == 1
 
 
@@ -85,7 +86,7 @@ def test_parallel_fusion_never_merges_dependent_kernels():
     mid = g.add_node("CumSum", [k1], {"axis": 0}, name="mid").output   # not fusable
     y = g.add_node("Add", [g.add_node("Neg", [x], name="n").output, mid], name="y").output
     g.set_outputs([g.add_node("ReduceMax", [y], {"axis": [0]}, name="s2").output])
-    res = graphkernel.compile(g, "--opt_level=3", env={})
+    res = graphkernel.compile(g, "--disable_pass=codegen --opt_level=3", env={})
     res.graph.validate()
     check_same(g, res)
     assert len(kernels(res)) == 2  # the second depends on the first through CumSum

@@ -16,6 +16,7 @@
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -421,24 +422,74 @@ void Duplicate(const LocalTensor<T>& dst, T scalar, int32_t count, loc where = l
     for (int32_t i = 0; i < count; ++i) z[i] = scalar;
 }
 
+template <typename T>
+constexpr bool is_float_type() {
+    return std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t>;
+}
+
+// Float destinations round to nearest even (CAST_NONE / CAST_RINT: the only modes simulated
+// for them); integer destinations round by the mode.
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, int32_t count,
           loc where = loc::current()) {
     const S* x = src.use(count, where);
     D* z = dst.use(count, where);
+    if (is_float_type<D>() && mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_RINT)
+        fail("Cast to a float type with a rounding mode other than CAST_NONE/CAST_RINT is not "
+             "simulated", where);
     for (int32_t i = 0; i < count; ++i) {
         float v = static_cast<float>(x[i]);
-        switch (mode) {
-            case RoundMode::CAST_FLOOR: v = std::floor(v); break;
-            case RoundMode::CAST_CEIL: v = std::ceil(v); break;
-            case RoundMode::CAST_TRUNC: v = std::trunc(v); break;
-            case RoundMode::CAST_ROUND: v = std::round(v); break;
-            case RoundMode::CAST_RINT: v = std::nearbyint(v); break;
-            default: break;
+        if (!is_float_type<D>()) {
+            switch (mode) {
+                case RoundMode::CAST_FLOOR: v = std::floor(v); break;
+                case RoundMode::CAST_CEIL: v = std::ceil(v); break;
+                case RoundMode::CAST_ROUND: v = std::round(v); break;
+                case RoundMode::CAST_RINT: v = std::nearbyint(v); break;
+                default: v = std::trunc(v); break;
+            }
         }
         z[i] = static_cast<D>(v);
     }
 }
+
+// Reductions of `count` elements to dst[0]; the work buffer must hold count elements.
+#define GK_SIM_REDUCE(NAME, INIT, STEP)                                                    \
+    template <typename T>                                                                  \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& work, \
+              int32_t count, loc where = loc::current()) {                                 \
+        if (count <= 0) fail(#NAME " of " + std::to_string(count) + " elements", where);   \
+        const T* x = src.use(count, where);                                                \
+        work.use(count, where);                                                            \
+        T* z = dst.use(1, where);                                                          \
+        float acc = INIT;                                                                  \
+        for (int32_t i = 0; i < count; ++i) {                                              \
+            float v = static_cast<float>(x[i]);                                            \
+            acc = STEP;                                                                    \
+        }                                                                                  \
+        z[0] = static_cast<T>(acc);                                                        \
+    }
+GK_SIM_REDUCE(ReduceSum, 0.0f, acc + v)
+GK_SIM_REDUCE(ReduceMax, -INFINITY, (v > acc || std::isnan(v) ? v : acc))
+GK_SIM_REDUCE(ReduceMin, INFINITY, (v < acc || std::isnan(v) ? v : acc))
+#undef GK_SIM_REDUCE
+
+// High-level math with a caller-provided scratch buffer of at least count * 4 bytes.
+#define GK_SIM_TMP_UNARY(NAME, EXPR)                                                       \
+    template <typename T>                                                                  \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src,                        \
+              const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) { \
+        const T* x = src.use(count, where);                                                \
+        tmp.use(static_cast<uint64_t>(count) * 4, where);                                  \
+        T* z = dst.use(count, where);                                                      \
+        for (int32_t i = 0; i < count; ++i) {                                              \
+            float v = static_cast<float>(x[i]);                                            \
+            z[i] = static_cast<T>(EXPR);                                                   \
+        }                                                                                  \
+    }
+GK_SIM_TMP_UNARY(Erf, std::erf(v))
+GK_SIM_TMP_UNARY(Tanh, std::tanh(v))
+GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
+#undef GK_SIM_TMP_UNARY
 
 }  // namespace AscendC
 

@@ -42,7 +42,9 @@ def build(sources: Sequence[str]) -> ctypes.CDLL:
     if cxx is None:
         raise SimulatorError("the CPU simulator needs a C++ compiler (g++): apt-get install g++")
     header = (HEADER_DIR / "ascendc_sim.h").read_text()
-    text = "\n".join(['#include "ascendc_sim.h"', "using namespace AscendC;", *sources])
+    # each source numbered from its own line 1, so errors name lines of the kernel's file
+    text = "\n".join(['#define GK_SIM 1', '#include "ascendc_sim.h"', "using namespace AscendC;",
+                      *(f'#line 1\n{src}' for src in sources)])
     key = hashlib.sha256("\0".join([header, text, " ".join(CXX_FLAGS)]).encode()).hexdigest()
     if key in _LIBS:
         return _LIBS[key]

@@ -1,0 +1,150 @@
+"""Render a scheduled kernel as Ascend C: ``<name>.cpp`` (the kernel), ``<name>_tiling.h``
+(the tiling struct) and ``<name>_tiling.cpp`` (the host function computing the tiling from
+the actual input shapes), plus a manifest entry describing it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from graphkernel.codegen.lower import C_TYPE, Lowered, lower
+from graphkernel.codegen.schedule import COL, FULL, PARTIAL, ROW, Schedule, Unsupported
+from graphkernel import symbolic
+from graphkernel.ir import DType, Dim
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+@dataclass
+class UBBudget:
+    """UB bytes for a tile of rt rows and ctp columns: A*rt*ctp + B*ctp + C*rt + D."""
+
+    A: int
+    B: int
+    C: int
+    D: int
+
+    def bytes(self, rt: int, ctp: int) -> int:
+        return self.A * rt * ctp + self.B * ctp + self.C * rt + self.D
+
+
+@dataclass
+class Rendered:
+    schedule: Schedule
+    lowered: Lowered
+    files: dict[str, str]         # file name -> text
+    manifest: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+
+def budget(s: Schedule, low: Lowered) -> UBBudget:
+    A = B = C = 0
+    D = 64  # the reduce result block, and slack
+    for io in s.inputs:
+        size = io.dtype.itemsize
+        if io.kind in (FULL, PARTIAL):
+            A += 2 * size
+        elif io.kind == COL:
+            C += 2 * size
+            D += 2 * 32
+        elif io.kind == ROW:
+            B += 4 + (size if io.dtype != DType.float32 else 0)
+    for io in s.outputs:
+        if io.kind == FULL:
+            A += 2 * io.dtype.itemsize
+        else:
+            C += 2 * io.dtype.itemsize
+            D += 2 * 32
+    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0)
+    C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
+    D += 32 * (low.pools["wc"] + 1)
+    B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
+    return UBBudget(A, B, C, D)
+
+
+def shape_refs(s: Schedule) -> dict[str, str]:
+    """Each symbol -> the C expression of the input dim that carries it."""
+    refs: dict[str, str] = {}
+    off = 0
+    for io in s.inputs:
+        for a, d in enumerate(io.shape):
+            if isinstance(d, str):
+                coef, syms = symbolic.parse_dim(d)
+                if coef == 1 and len(syms) == 1:
+                    refs.setdefault(syms[0], f"(uint64_t)shapes[{off + a}]")
+        off += len(io.shape)
+    return refs
+
+
+def c_dim(d: Dim, refs: dict[str, str]) -> str:
+    coef, syms = symbolic.parse_dim(d)
+    parts = [f"{coef}ull"]
+    for sym in syms:
+        if sym not in refs:
+            raise Unsupported(f"symbol {sym} is not a whole dim of any input (the host tiling "
+                              "reads extents from the input shapes)")
+        parts.append(refs[sym])
+    return " * ".join(parts)
+
+
+def render(s: Schedule, node_comment: str | None = None) -> Rendered:
+    low = lower(s)
+    ub = budget(s, low)
+    refs = shape_refs(s)
+    align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+    comment = (node_comment or s.node).replace("*/", "").replace("\n", " ")
+    comment = "".join(ch if ch.isprintable() and ch != "\\" else "_" for ch in comment)[:80]
+    partial = {io.index: [(c_dim(d, refs), c_dim(st, refs))
+                          for d, st in zip(io.outer, io.strides, strict=True)]
+               for io in s.inputs if io.kind == PARTIAL}
+    ctx = {
+        "s": s, "low": low, "ub": ub, "align": align, "node_comment": comment,
+        "M": c_dim(s.M, refs), "L": c_dim(s.L, refs),
+        "M_doc": symbolic.canon(s.M), "L_doc": symbolic.canon(s.L),
+        "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
+        "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
+        "partial": partial,
+        "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
+        "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
+        "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
+                               for io in s.inputs) or "none",
+    }
+    env = _env()
+    files = {
+        f"{s.name}.cpp": env.get_template("kernel.cpp.j2").render(ctx),
+        f"{s.name}_tiling.h": env.get_template("tiling.h.j2").render(ctx),
+        f"{s.name}_tiling.cpp": env.get_template("tiling.cpp.j2").render(ctx),
+    }
+    manifest = {
+        "name": s.name, "node": s.node,
+        "inputs": [_io_entry(io) for io in s.inputs],
+        "outputs": [_io_entry(io) for io in s.outputs],
+        "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
+                       "whole_rows": s.reduce},
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "tiles", "tilesPerCore"],
+        "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
+                     "fixed": ub.D},
+        "block_dim": "min(cores, tiles), tiles split evenly (computed by the tiling function)",
+        "tiling_function": f"{s.name}_tiling",
+        "sources": sorted(files),
+        "notes": list(s.notes),
+    }
+    return Rendered(s, low, files, manifest)
+
+
+def _io_entry(io) -> dict[str, Any]:
+    return {"name": io.value.name, "dtype": str(io.dtype), "shape": list(io.shape),
+            "layout": io.kind}

@@ -1,0 +1,337 @@
+"""Lower a Schedule's steps to Ascend C vector calls over one tile, allocating UB buffers.
+
+Inside a kernel every float value is fp32 in UB (fp16/bf16 are cast on load and on store).
+A tile holds ``rows`` rows of ``cols`` columns; a FULL buffer has a row pitch of ``t_.ctp``
+elements (32-byte aligned), so ``X[i * t_.ctp]`` is row i. Buffers are reused once their
+value is dead (a linear scan over the steps), so the UB budget counts peak live buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from graphkernel.codegen.schedule import (BINARY_OPS, COL, FULL, PARTIAL, REDUCE_OPS, ROW, SCALAR,
+                              TMP_UNARY_OPS, UNARY_OPS, Schedule, Unsupported)
+from graphkernel.ir import DType, Node, Value
+
+SCALAR_FN = {"Exp": "std::exp({})", "Log": "std::log({})", "Abs": "std::fabs({})",
+             "Sqrt": "std::sqrt({})", "Rsqrt": "(1.0f / std::sqrt({}))",
+             "Reciprocal": "(1.0f / {})", "Relu": "std::fmax({}, 0.0f)", "Neg": "(-{})",
+             "Erf": "std::erf({})", "Tanh": "std::tanh({})",
+             "Sigmoid": "(1.0f / (1.0f + std::exp(-{})))"}
+SCALAR_BIN = {"Add": "({} + {})", "Sub": "({} - {})", "Mul": "({} * {})", "Div": "({} / {})",
+              "Maximum": "std::fmax({}, {})", "Minimum": "std::fmin({}, {})",
+              "Pow": "std::pow({}, {})"}
+COMMUTATIVE_SCALAR = {"Add": "Adds", "Mul": "Muls", "Maximum": "Maxs", "Minimum": "Mins"}
+C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t"}
+
+
+def flt(x: float) -> str:
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "-INFINITY"
+    return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
+
+
+@dataclass
+class Ref:
+    kind: str
+    expr: str          # a LocalTensor<float> name, or a float expression for SCALAR
+    const: float | None = None
+
+    def row(self, i: str = "i") -> str:
+        return f"{self.expr}[{i} * t_.ctp]" if self.kind == FULL else self.expr
+
+    def count(self) -> str:
+        return {FULL: "n", ROW: "t_.ctp", COL: "rows"}[self.kind]
+
+
+@dataclass
+class Lowered:
+    body: list[str]
+    prologue: list[str]            # casts of low-precision inputs into fp32 buffers
+    epilogue: list[str]            # copies/casts into the output queue tensors
+    pools: dict[str, int]          # peak buffers per pool: wf (tile), wc (column), wr (row)
+    scalar_tmp: bool               # a high-level op needs the ``ht`` scratch
+    direct: dict[int, int] = field(default_factory=dict)  # output index written in place
+
+
+class Lowerer:
+    def __init__(self, s: Schedule):
+        self.s = s
+        self.refs: dict[int, Ref] = {}
+        self.free: dict[str, list[str]] = {"wf": [], "wc": [], "wr": []}
+        self.count: dict[str, int] = {"wf": 0, "wc": 0, "wr": 0}
+        self.body: list[str] = []
+        self.prologue: list[str] = []
+        self.epilogue: list[str] = []
+        self.scalar_tmp = False
+        self.nscalar = 0
+
+    # ------------------------------------------------------------- buffers
+    def alloc(self, kind: str) -> str:
+        pool = {FULL: "wf", COL: "wc", ROW: "wr"}[kind]
+        if self.free[pool]:
+            return self.free[pool].pop()
+        name = f"{pool}{self.count[pool]}"
+        self.count[pool] += 1
+        return name
+
+    def release(self, ref: Ref) -> None:
+        pool = ref.expr[:2]
+        if pool in self.free and ref.expr not in self.free[pool]:
+            self.free[pool].append(ref.expr)
+
+    def ref(self, v: Value) -> Ref:
+        return self.refs[id(self.s.storage(v))]
+
+    # ------------------------------------------------------------- entry
+    def run(self) -> Lowered:
+        s = self.s
+        for io in s.inputs:
+            v = s.storage(io.value)
+            if id(v) in self.refs:
+                continue
+            lowp = io.dtype != DType.float32
+            if io.kind in (FULL, PARTIAL):
+                if lowp:
+                    buf = self.alloc(FULL)
+                    self.prologue.append(f"Cast({buf}, xi{io.index}, RoundMode::CAST_NONE, n);")
+                    self.refs[id(v)] = Ref(FULL, buf)
+                else:
+                    self.refs[id(v)] = Ref(FULL, f"xi{io.index}")
+            elif io.kind == COL:
+                if lowp:
+                    buf = self.alloc(COL)
+                    self.prologue.append(
+                        f"Cast({buf}, xi{io.index}, RoundMode::CAST_NONE, rows);")
+                    self.refs[id(v)] = Ref(COL, buf)
+                else:
+                    self.refs[id(v)] = Ref(COL, f"xi{io.index}")
+            elif io.kind == ROW:
+                self.refs[id(v)] = Ref(ROW, f"ri{io.index}")
+            else:
+                self.refs[id(v)] = Ref(SCALAR, f"s{io.index}")
+        for vid, c in s.scalars.items():
+            self.refs[vid] = Ref(SCALAR, flt(c), c)
+        direct = self._direct_outputs()
+        last = self._last_uses()
+        for k, n in enumerate(s.steps):
+            out = n.outputs[0]
+            if id(s.storage(out)) != id(out):
+                continue  # an alias (BroadcastTo of a full tile)
+            operands = [self.ref(v) for v in n.inputs]
+            kind = s.layout(out)
+            inplace_ok = not (n.op == "Pow")
+            if inplace_ok:
+                self._release_dead(n, k, last)
+            if kind == SCALAR:
+                dst = Ref(SCALAR, f"sv{self.nscalar}")
+                self.nscalar += 1
+            elif id(out) in direct:
+                dst = Ref(kind, f"yo{direct[id(out)]}")
+            else:
+                dst = Ref(kind, self.alloc(kind))
+            self.refs[id(out)] = dst
+            self.body.append(f"// {n.op} {n.name}"[:120].replace("\n", " "))
+            self._emit(n, dst, operands)
+            if not inplace_ok:
+                self._release_dead(n, k, last)
+        for io in s.outputs:
+            self._store(io, direct)
+        return Lowered(self.body, self.prologue, self.epilogue, dict(self.count),
+                       self.scalar_tmp, {v: j for v, j in direct.items()})
+
+    def _direct_outputs(self) -> dict[int, int]:
+        """Outputs whose producing step can write straight into the output queue tensor."""
+        s, out = self.s, {}
+        produced = {id(n.outputs[0]) for n in s.steps}
+        for io in s.outputs:
+            v = s.storage(io.value)
+            if (io.dtype == DType.float32 and id(v) in produced and id(v) not in out
+                    and s.layout(v) == io.kind and id(v) not in self.refs):
+                out[id(v)] = io.index
+        return out
+
+    def _last_uses(self) -> dict[int, int]:
+        s, last = self.s, {}
+        for k, n in enumerate(s.steps):
+            for v in n.inputs:
+                last[id(s.storage(v))] = k
+        for io in s.outputs:
+            last[id(s.storage(io.value))] = len(s.steps)
+        return last
+
+    def _release_dead(self, n: Node, k: int, last: dict[int, int]) -> None:
+        for v in n.inputs:
+            o = self.s.storage(v)
+            if last.get(id(o)) == k and id(o) in self.refs:
+                self.release(self.refs[id(o)])
+
+    def _store(self, io, direct) -> None:
+        v = self.s.storage(io.value)
+        if direct.get(id(v)) == io.index:
+            return
+        src = self.refs[id(v)]
+        count = "n" if io.kind == FULL else "rows"
+        if src.kind != io.kind:
+            raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
+        if io.dtype == DType.float32:
+            self.epilogue.append(f"Muls(yo{io.index}, {src.expr}, 1.0f, {count});")
+        else:
+            self.epilogue.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_RINT, "
+                                 f"{count});")
+
+    # ------------------------------------------------------------- ops
+    def _emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        op, b = n.op, self.body
+        if dst.kind == SCALAR:
+            if op in SCALAR_FN:
+                expr = SCALAR_FN[op].format(a[0].expr)
+            elif op in SCALAR_BIN:
+                expr = SCALAR_BIN[op].format(a[0].expr, a[1].expr)
+            elif op == "BroadcastTo":
+                expr = a[0].expr
+            else:
+                raise Unsupported(f"{op} of scalars")
+            b.append(f"float {dst.expr} = {expr};")
+            return
+        if op in REDUCE_OPS:
+            b.append("for (uint32_t i = 0; i < rows; ++i) {")
+            b.append(f"    {REDUCE_OPS[op]}(red, {a[0].row()}, rw, cols);")
+            b.append(f"    {dst.expr}.SetValue(i, red.GetValue(0));")
+            b.append("}")
+        elif op == "BroadcastTo":
+            self._broadcast(dst, a[0])
+        elif op in UNARY_OPS or op in TMP_UNARY_OPS:
+            self._unary(op, dst, a[0])
+        elif op == "Pow":
+            self._pow(dst, a[0], a[1])
+        elif op in BINARY_OPS:
+            self._binary(op, dst, a[0], a[1])
+        else:
+            raise Unsupported(f"{op} not supported by codegen")
+        b.append("PipeBarrier<PIPE_V>();")
+
+    def _unary(self, op: str, dst: Ref, x: Ref) -> None:
+        src = self._as(x, dst.kind)
+        if op == "Neg":
+            self.body.append(f"Muls({dst.expr}, {src}, -1.0f, {dst.count()});")
+        elif op in TMP_UNARY_OPS:
+            self.scalar_tmp = True
+            self.body.append(f"{TMP_UNARY_OPS[op]}({dst.expr}, {src}, ht, {dst.count()});")
+        else:
+            self.body.append(f"{UNARY_OPS[op]}({dst.expr}, {src}, {dst.count()});")
+
+    def _as(self, x: Ref, kind: str) -> str:
+        if x.kind != kind:
+            raise Unsupported(f"a {x.kind} operand where a {kind} one is needed")
+        return x.expr
+
+    def _broadcast(self, dst: Ref, x: Ref) -> None:
+        b = self.body
+        if x.kind == SCALAR:
+            b.append(f"Duplicate({dst.expr}, {x.expr}, {dst.count()});")
+        elif x.kind == ROW and dst.kind == FULL:
+            b.append("for (uint32_t i = 0; i < rows; ++i) "
+                     f"Muls({dst.row()}, {x.expr}, 1.0f, cols);")
+        elif x.kind == COL and dst.kind == FULL:
+            b.append("for (uint32_t i = 0; i < rows; ++i) "
+                     f"Duplicate({dst.row()}, {x.expr}.GetValue(i), cols);")
+        else:
+            raise Unsupported(f"BroadcastTo from {x.kind} to {dst.kind}")
+
+    def _pow(self, dst: Ref, x: Ref, e: Ref) -> None:
+        if e.const is None or x.kind == SCALAR:
+            raise Unsupported("Pow with a tensor exponent")
+        c, d, n, b = e.const, dst.expr, dst.count(), self.body
+        src = self._as(x, dst.kind)
+        if c == 0.5:
+            b.append(f"Sqrt({d}, {src}, {n});")
+        elif c == -0.5:
+            b.append(f"Rsqrt({d}, {src}, {n});")
+        elif c == int(c) and 1 <= abs(c) <= 8:
+            b.append(f"Muls({d}, {src}, 1.0f, {n});")
+            for _ in range(int(abs(c)) - 1):
+                b.append(f"Mul({d}, {d}, {src}, {n});")
+            if c < 0:
+                b.append(f"Reciprocal({d}, {d}, {n});")
+        elif c != int(c):
+            b += [f"Ln({d}, {src}, {n});", f"Muls({d}, {d}, {flt(c)}, {n});",
+                  f"Exp({d}, {d}, {n});"]
+        else:
+            raise Unsupported(f"Pow with exponent {c}")
+
+    def _scalar_form(self, op: str, x: str, s: Ref | str, x_first: bool, n: str,
+                     dst: str) -> list[str] | None:
+        sv = s.expr if isinstance(s, Ref) else s
+        const = s.const if isinstance(s, Ref) else None
+        if op in COMMUTATIVE_SCALAR:
+            return [f"{COMMUTATIVE_SCALAR[op]}({dst}, {x}, {sv}, {n});"]
+        if op == "Sub":
+            return ([f"Adds({dst}, {x}, -({sv}), {n});"] if x_first else
+                    [f"Muls({dst}, {x}, -1.0f, {n});", f"Adds({dst}, {dst}, {sv}, {n});"])
+        if op == "Div" and const is not None:
+            m, _ = math.frexp(const) if const else (0, 0)
+            if x_first and const != 0 and abs(m) == 0.5:
+                return [f"Muls({dst}, {x}, {flt(1.0 / const)}, {n});"]
+            if not x_first and const == 1.0:
+                return [f"Reciprocal({dst}, {x}, {n});"]
+        return None
+
+    def _binary(self, op: str, dst: Ref, a: Ref, b: Ref) -> None:
+        api, body = BINARY_OPS[op], self.body
+        kinds = (a.kind, b.kind)
+        if a.kind == b.kind == dst.kind:
+            body.append(f"{api}({dst.expr}, {a.expr}, {b.expr}, {dst.count()});")
+            return
+        if SCALAR in kinds and dst.kind in kinds:
+            x, s, x_first = (a, b, True) if b.kind == SCALAR else (b, a, False)
+            form = self._scalar_form(op, x.expr, s, x_first, dst.count(), dst.expr)
+            if form is None:
+                tmp = {FULL: "tf", ROW: "tr0", COL: "tc0"}[dst.kind]
+                if tmp == "tf":  # a row of the scalar, then row by row
+                    body.append(f"Duplicate(tr0, {s.expr}, t_.ctp);")
+                    args = (x.row(), "tr0") if x_first else ("tr0", x.row())
+                    body.append(f"for (uint32_t i = 0; i < rows; ++i) "
+                                f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")
+                    return
+                body.append(f"Duplicate({tmp}, {s.expr}, {dst.count()});")
+                args = (x.expr, tmp) if x_first else (tmp, x.expr)
+                body.append(f"{api}({dst.expr}, {args[0]}, {args[1]}, {dst.count()});")
+            else:
+                body += form
+            return
+        if dst.kind != FULL:
+            raise Unsupported(f"{op} of {a.kind} and {b.kind} values")
+        # row by row: FULL with ROW/COL, or ROW with COL
+        if COL in kinds and FULL in kinds:
+            x, c, x_first = (a, b, True) if b.kind == COL else (b, a, False)
+            form = self._scalar_form(op, x.row(), f"{c.expr}.GetValue(i)", x_first, "cols",
+                                     dst.row())
+            if form is not None:
+                body.append("for (uint32_t i = 0; i < rows; ++i) {")
+                body += ["    " + f for f in form]
+                body.append("}")
+                return
+        rows = []
+        args = []
+        for r, tmp in ((a, "tr0"), (b, "tr1")):
+            if r.kind == COL:
+                rows.append(f"    Duplicate({tmp}, {r.expr}.GetValue(i), cols);")
+                args.append(tmp)
+            elif r.kind == SCALAR:
+                rows.append(f"    Duplicate({tmp}, {r.expr}, cols);")
+                args.append(tmp)
+            else:
+                args.append(r.row())
+        body.append("for (uint32_t i = 0; i < rows; ++i) {")
+        body += rows
+        body.append(f"    {api}({dst.row()}, {args[0]}, {args[1]}, cols);")
+        body.append("}")
+
+
+def lower(s: Schedule) -> Lowered:
+    return Lowerer(s).run()

@@ -1,0 +1,106 @@
+"""Run generated kernels in the CPU simulator: one shared library for a batch of kernels, the
+generated host tiling function called with the actual shapes, every block launched."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.codegen.ascendc import Rendered
+from graphkernel.codegen.sim.runner import SimulatorError, build, launch
+from graphkernel.codegen.targets import TargetSpec
+from graphkernel.ir import DType
+
+_NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16)}
+
+
+def _np_dtype(dt: DType) -> np.dtype:
+    return _NP.get(dt) or dt.np
+
+
+def sim_source(r: Rendered) -> str:
+    """The kernel's files as one translation unit, plus the simulator's launch glue."""
+    s = r.schedule
+    nargs = len(s.inputs) + len(s.outputs) + 2
+    args = ", ".join(f"a[{i}]" for i in range(nargs))
+    return "\n".join([
+        r.files[f"{s.name}_tiling.h"], r.files[f"{s.name}_tiling.cpp"],
+        f'#line 1 "{s.name}.cpp"', r.files[f"{s.name}.cpp"],
+        f"static void gk_sim_call_{s.name}(uint8_t** a) {{ {s.name}({args}); }}",
+        f"GK_SIM_LAUNCHER({s.name}, {nargs})",
+    ])
+
+
+@dataclass
+class Launch:
+    outputs: list[np.ndarray]
+    block_dim: int
+    gm_read: int
+    gm_written: int
+    tiling: dict[str, int]
+
+
+class SimLibrary:
+    """Kernels compiled together (one g++ run, cached by content)."""
+
+    def __init__(self, kernels: Sequence[Rendered]):
+        self.kernels = {r.name: r for r in kernels}
+        self.lib = build([sim_source(r) for r in kernels]) if kernels else None
+
+    def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: TargetSpec
+               ) -> tuple[bytes, int, dict[str, int]]:
+        lib = self.lib
+        size = getattr(lib, f"{name}_tiling_size")
+        size.restype = ctypes.c_uint32
+        n = size()
+        flat = [int(d) for shape in shapes for d in shape] or [0]
+        arr = (ctypes.c_int64 * len(flat))(*flat)
+        out = (ctypes.c_uint8 * n)()
+        block = ctypes.c_uint32()
+        ws = ctypes.c_uint64()
+        fn = getattr(lib, f"{name}_tiling")
+        fn.restype = ctypes.c_int32
+        rc = fn(arr, ctypes.c_uint32(spec.aiv_cores), ctypes.c_uint64(spec.ub_bytes), out,
+                ctypes.byref(block), ctypes.byref(ws))
+        if rc != 0:
+            raise SimulatorError(f"{name}: the tiling function found no tile that fits the "
+                                 f"Unified Buffer for shapes {[list(s) for s in shapes]}")
+        raw = bytes(out)
+        head = np.frombuffer(raw[:48], dtype=np.uint64) if n >= 48 else None
+        fields = {}
+        if head is not None:
+            M, L = int(head[0]), int(head[1])
+            rt, ct, ctp, ncol = np.frombuffer(raw[16:32], dtype=np.uint32).tolist()
+            fields = {"M": M, "L": L, "rt": rt, "ct": ct, "ctp": ctp, "nColTiles": ncol,
+                      "tiles": int(head[4]), "tilesPerCore": int(head[5])}
+        return raw, int(block.value), fields
+
+    def run(self, name: str, inputs: Sequence[np.ndarray], spec: TargetSpec) -> Launch:
+        r = self.kernels[name]
+        s = r.schedule
+        if len(inputs) != len(s.inputs):
+            raise SimulatorError(f"{name}: {len(inputs)} inputs given, {len(s.inputs)} expected")
+        ins = []
+        for io, a in zip(s.inputs, inputs, strict=True):
+            ins.append(np.ascontiguousarray(np.asarray(a).astype(_np_dtype(io.dtype),
+                                                                 copy=False)))
+        raw, block, fields = self.tiling(name, [a.shape for a in ins], spec)
+        env: dict[str, int] = {}
+        from graphkernel import symbolic
+
+        for io, a in zip(s.inputs, ins, strict=True):
+            for d, actual in zip(io.shape, a.shape, strict=True):
+                symbolic.bind(d, actual, env)
+        outs = [np.zeros(tuple(symbolic.evaluate(d, env) for d in io.shape),
+                         _np_dtype(io.dtype)) for io in s.outputs]
+        if block == 0:
+            return Launch(outs, 0, 0, 0, fields)
+        tiling = np.frombuffer(raw, dtype=np.uint8).copy()
+        workspace = np.zeros(32, np.uint8)
+        read, written = launch(self.lib, name, [*ins, *outs, workspace, tiling], block,
+                               spec.ub_bytes)
+        # the tiling bytes the kernel unpacks are an argument, not data traffic
+        return Launch(outs, block, read, written, fields)

@@ -1,0 +1,95 @@
+"""The codegen pass: schedule every GraphKernel for the target; unfuse what cannot be generated.
+
+A kernel the generator cannot handle falls back: when cube ops (MatMul, Conv2D) head it,
+they are split off and the vector epilogue is retried as its own kernel; otherwise the kernel
+is unfused. Each fallback is reported (``fallbacks`` in the report) with the reason, or is a
+CodegenError under ``disable_fallback``. The schedules are kept for rendering
+(``ctx.analyses["codegen"]``).
+"""
+
+from __future__ import annotations
+
+from graphkernel import symbolic
+from graphkernel.codegen import targets
+from graphkernel.codegen.ascendc import budget, c_dim, shape_refs
+from graphkernel.codegen.lower import lower
+from graphkernel.codegen.schedule import CUBE_OPS, Schedule, Unsupported, plan
+from graphkernel.errors import CodegenError
+from graphkernel.ir import Graph, Node
+from graphkernel.kernels import build_kernel, kernel_name, unfuse
+from graphkernel.registry import PassResult, register_pass
+
+
+def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
+    """Plan and lower a kernel, and check what can be checked before run time."""
+    s = plan(kernel)
+    low = lower(s)
+    refs = shape_refs(s)
+    for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
+        c_dim(d, refs)
+    if s.reduce and symbolic.is_static(s.L):
+        align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+        ctp = -(-int(s.L) // align) * align
+        need = budget(s, low).bytes(1, ctp)
+        if need > spec.ub_bytes:
+            raise Unsupported(f"a row of {s.L} elements needs {need} bytes of UB, the target "
+                              f"has {spec.ub_bytes} (reductions keep whole rows in UB)")
+    return s
+
+
+def _split_cube(graph: Graph, kernel: Node, ctx) -> Node | None:
+    """Unfuse ``kernel``; when cube ops head it, rebuild the rest as a kernel and return it."""
+    nodes = unfuse(graph, kernel)
+    rest = [n for n in nodes if n.op not in CUBE_OPS and n.op != "Constant"]
+    cube = [n for n in nodes if n.op in CUBE_OPS]
+    members = {id(n) for n in nodes}
+    heads = all(v.producer is None or id(v.producer) not in members
+                for c in cube for v in c.inputs)
+    if not cube or not heads or not any(n.op not in ("Reshape", "ExpandDims", "Squeeze")
+                                        for n in rest):
+        return None
+    counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
+    keep = {id(r) for r in rest}
+    rest = [n for n in graph.nodes if id(n) in keep]
+    return build_kernel(graph, rest, kernel_name(rest, counter),
+                        f"{kernel.attrs['pattern']}/epilogue")
+
+
+@register_pass("codegen", stage="codegen", level=1, order=50)
+def codegen(graph, ctx) -> PassResult:
+    """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
+    the reason)."""
+    spec = targets.load(ctx.flags.target)
+    scheds: dict[str, Schedule] = ctx.analyses.setdefault("codegen", {})
+    fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
+    changed = 0
+    for k in [n for n in graph.nodes if n.op == "GraphKernel"]:
+        try:
+            scheds[k.name] = check(k, spec)
+            continue
+        except Unsupported as e:
+            reason = str(e)
+        if ctx.flags.disable_fallback:
+            raise CodegenError(f"kernel {k.name}: {reason} (disable_fallback is set)")
+        members = [n.name for n in k.subgraph.nodes if n.op != "Constant"]
+        if not ctx.should_apply(f"fallback {k.name}: {reason}", [k]):
+            continue
+        changed += 1
+        rest = _split_cube(graph, k, ctx)
+        action = "unfused"
+        if rest is not None:
+            try:
+                scheds[rest.name] = check(rest, spec)
+                action = f"cube ops split off; {rest.name} generated for the rest"
+            except Unsupported as e2:
+                unfuse(graph, rest)
+                action = f"unfused (the rest: {e2})"
+        fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
+                          "action": action})
+        ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
+    if changed:
+        graph.remove_dead()  # scalar constants the split kernels copied inside
+    ctx.report_extra["codegen"] = {"kernels": len(scheds), "target": spec.name,
+                                   "fallbacks": len(fallbacks)}
+    return PassResult(changed > 0, changed,
+                      [f"{len(scheds)} kernels scheduled, {len(fallbacks)} fallbacks"])
