@@ -11,10 +11,18 @@ from typing import Any
 
 import jinja2
 
-from graphkernel.codegen.lower import C_TYPE, Lowered, lower
-from graphkernel.codegen.schedule import COL, FULL, PARTIAL, ROW, Schedule, Unsupported
 from graphkernel import symbolic
-from graphkernel.ir import DType, Dim
+from graphkernel.codegen.lower import C_TYPE, Lowered, lower
+from graphkernel.codegen.schedule import (
+    COL,
+    FULL,
+    PARTIAL,
+    ROW,
+    Schedule,
+    Unsupported,
+    comment_text,
+)
+from graphkernel.ir import Dim, DType
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -105,8 +113,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     ub = budget(s, low)
     refs = shape_refs(s)
     align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
-    comment = (node_comment or s.node).replace("*/", "").replace("\n", " ")
-    comment = "".join(ch if ch.isprintable() and ch != "\\" else "_" for ch in comment)[:80]
+    comment = comment_text(node_comment or s.node)
     partial = {io.index: [(c_dim(d, refs), c_dim(st, refs))
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
@@ -134,10 +141,11 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "outputs": [_io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
                        "whole_rows": s.reduce},
-        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "tiles", "tilesPerCore"],
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim"],
         "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
                      "fixed": ub.D},
-        "block_dim": "min(cores, tiles), tiles split evenly (computed by the tiling function)",
+        "block_dim": "min(cores, M * nColTiles); each core a contiguous run of units (computed "
+                     "by the tiling function)",
         "tiling_function": f"{s.name}_tiling",
         "sources": sorted(files),
         "notes": list(s.notes),

@@ -11,8 +11,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from graphkernel.codegen.schedule import (BINARY_OPS, COL, FULL, PARTIAL, REDUCE_OPS, ROW, SCALAR,
-                              TMP_UNARY_OPS, UNARY_OPS, Schedule, Unsupported)
+from graphkernel.codegen.schedule import (
+    BINARY_OPS,
+    COL,
+    FULL,
+    PARTIAL,
+    REDUCE_OPS,
+    ROW,
+    SCALAR,
+    TMP_UNARY_OPS,
+    UNARY_OPS,
+    Schedule,
+    Unsupported,
+    comment_text,
+)
 from graphkernel.ir import DType, Node, Value
 
 SCALAR_FN = {"Exp": "std::exp({})", "Log": "std::log({})", "Abs": "std::fabs({})",
@@ -135,7 +147,7 @@ class Lowerer:
             else:
                 dst = Ref(kind, self.alloc(kind))
             self.refs[id(out)] = dst
-            self.body.append(f"// {n.op} {n.name}"[:120].replace("\n", " "))
+            self.body.append(f"// {n.op} {comment_text(n.name)}")
             self._emit(n, dst, operands)
             if not inplace_ok:
                 self._release_dead(n, k, last)

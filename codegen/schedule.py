@@ -19,13 +19,14 @@ reason becomes the fallback message).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.ir import DType, Dim, Graph, Node, Value
+from graphkernel.ir import Dim, DType, Graph, Node, Value
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
@@ -89,6 +90,19 @@ def sanitize(name: str) -> str:
     """A C identifier from a user-derived name: nothing but [A-Za-z0-9_], never a keyword."""
     s = _IDENT.sub("_", name)
     return "gk_" + s[:96]
+
+
+def comment_text(text: str) -> str:
+    """Text safe inside a C++ comment: names shown as they are, minus anything else."""
+    return re.sub(r"[^A-Za-z0-9_.:\-\[\], ]", "_", text)[:100]
+
+
+def kernel_symbol(kernel: Node) -> str:
+    """The kernel's C name: its sanitized node name plus a hash of its body, so kernels of
+    different graphs can share one library and equal bodies share one symbol."""
+    body = str(kernel.subgraph) + "|" + ";".join(
+        f"{v.type}" for v in (*kernel.subgraph.inputs, *kernel.subgraph.outputs))
+    return f"{sanitize(kernel.name)}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
 
 
 def _eq(a: Dim, b: Dim) -> bool:
@@ -185,12 +199,19 @@ class _Planner:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
             if o.kind == COL and not reduces:
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space")
-        sched = Schedule(self.kernel.name, sanitize(self.kernel.name), M, L, bool(reduces),
+        sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L, bool(reduces),
                          ins, outs, steps, kind, self.root, self.scalars)
         for io in ins:
             if io.kind == PARTIAL:
                 sched.notes.append(f"input {io.index} ({io.value.name}) is broadcast over outer "
                                    "axes: its rows are re-read for every row that uses them")
+            elif io.kind == ROW:
+                sched.notes.append(f"input {io.index} ({io.value.name}) is a broadcast row: each "
+                                   "core reads it once (once per column tile when rows are "
+                                   "split)")
+            elif io.kind == COL and not reduces:
+                sched.notes.append(f"input {io.index} ({io.value.name}) holds one value per row: "
+                                   "re-read for each column tile when rows are split")
         return sched
 
     def _all_values(self):

@@ -90,8 +90,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         feeds = random_inputs(g, seed=args.seed, dims=_parse_dims(args.dims))
         src = f"random (seed {args.seed})"
-    outs = Interpreter(g, compute_dtype=args.compute_dtype).run(feeds)
-    print(f"ran {g.name} ({len(g)} nodes) on {src} inputs")
+    if args.backend == "sim":
+        from graphkernel.api import compile as gk_compile
+        from graphkernel.codegen.backend import run_sim
+
+        res = gk_compile(g, args.flags or "", log=lambda m: None)
+        outs, be = run_sim(res, feeds)
+        print(f"ran {g.name} compiled ({len(res.graph)} nodes, {len(be.stats)} generated "
+              f"kernels in the CPU simulator) on {src} inputs")
+    else:
+        outs = Interpreter(g, compute_dtype=args.compute_dtype).run(feeds)
+        print(f"ran {g.name} ({len(g)} nodes) on {src} inputs")
     result = {}
     for v, a in zip(g.outputs, outs, strict=True):
         result[v.name] = a
@@ -220,10 +229,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     rep = res.report
     written = []
     if args.out:
+        from graphkernel.codegen.backend import write_project
         from graphkernel.frontends.json_format import save_graph
 
-        written.append(Dumper(args.out).write_json("report.json", rep.to_dict()))
         written += save_graph(res.graph, f"{args.out}/{g.name}.compiled.json")
+        project = write_project(res, args.out)
+        written.append(Dumper(args.out).write_json("report.json", rep.to_dict()))
+        written += [w for w in project if w.name == "manifest.json"]
+        print(f"wrote {len(project) - 1} kernel sources in {args.out}/kernels")
     if args.export_onnx:
         from graphkernel.frontends.onnx_export import export_onnx
 
@@ -359,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compute-dtype", choices=["float32", "float64"], default=None,
                    help="keep every float value in this precision (a high-precision reference)")
     s.add_argument("--out", metavar="OUT.npz", help="write the outputs to this file")
+    s.add_argument("--backend", choices=["reference", "sim"], default="reference",
+                   help="sim: compile (with --flags) and run the generated kernels in the "
+                        "CPU simulator")
+    s.add_argument("--flags", metavar="S", default="", help="flags for --backend sim")
     s.set_defaults(fn=cmd_run)
 
     def flag_args(sp: argparse.ArgumentParser, config: bool = True) -> None:

@@ -3,7 +3,8 @@
 The backend lowers Dynamo's graph to core ATen (AOT autograd with the core ATen
 decompositions), imports it, runs the pass pipeline under the effective flags
 (``AUTOFUSE_FLAGS`` or ``options={"flags": ...}``) and returns a callable that runs on the
-CPU: fused kernels through the numpy interpreter, unmapped ATen ops through torch.
+CPU: fused kernels through the numpy interpreter (or, with ``options={"backend": "sim"}``,
+through their generated Ascend C in the CPU simulator), unmapped ATen ops through torch.
 With ``dump_as_text`` each compiled graph gets its own folder ``autofused_<n>`` under the
 debug directory (report, flags, per-pass IR).
 """
@@ -22,7 +23,8 @@ from graphkernel.errors import ExecutionError
 _COUNTER = itertools.count(1)
 
 
-def _runner(graph, compiled, compute_dtype: str | None = None) -> Callable[..., tuple]:
+def _runner(graph, compiled, compute_dtype: str | None = None,
+            kernel_runner: Any = None) -> Callable[..., tuple]:
     from graphkernel.frontends.fx import to_numpy, to_torch
     from graphkernel.interpreter import Interpreter
 
@@ -31,7 +33,7 @@ def _runner(graph, compiled, compute_dtype: str | None = None) -> Callable[..., 
     def run(*args: Any) -> tuple:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         feeds = {n: to_numpy(t) for n, t in zip(names, tensors, strict=True)}
-        outs = Interpreter(compiled, compute_dtype).run(feeds)
+        outs = Interpreter(compiled, compute_dtype, kernel_runner).run(feeds)
         return tuple(to_torch(o) for o in outs)
 
     return run
@@ -45,9 +47,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     options = dict(options or {})
     backend = options.pop("backend", "reference")
-    if backend != "reference":
-        raise ExecutionError(f"backend {backend!r} needs the code generator's simulator, which "
-                             "this build does not include yet; use backend='reference'")
+    if backend not in ("reference", "sim"):
+        raise ExecutionError(f"unknown backend {backend!r} (accepted: reference, sim)")
     n = next(_COUNTER)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -63,6 +64,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         d = Dumper(os.path.join(res.config.debug_dir, f"autofused_{n}"))
         d.write_json("report.json", res.report.to_dict())
         d.write_text("graph.txt", str(res.graph))
+    if backend == "sim":  # fused kernels run through their generated code
+        from graphkernel.codegen.backend import SimBackend
+
+        return _runner(g, res.graph, kernel_runner=SimBackend.for_result(res))
     return _runner(g, res.graph)
 
 

@@ -10,6 +10,10 @@ from graphkernel import Graph, TensorType
 from graphkernel.interpreter import Interpreter, random_inputs
 
 
+def fusion(g, flags: str):
+    return graphkernel.compile(g, f"--disable_pass=codegen {flags}")
+
+
 def check_same(g, res):
     feeds = random_inputs(g, 0)
     for a, b in zip(Interpreter(g, "float64").run(feeds),
@@ -37,8 +41,8 @@ def kernels(res):
 
 def test_recompute_duplicates_a_cheap_broadcast_into_its_consumers():
     g = broadcast_into_two_reductions()
-    off = graphkernel.compile(g, "--disable_pass=codegen --opt_level=1", env={})
-    on = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2", env={})
+    off = fusion(g, "--opt_level=1")
+    on = fusion(g, "--opt_level=2")
     check_same(g, on)
     assert len(kernels(off)) == 3 and len(kernels(on)) == 2
     ex_off, ex_on = off.report.extra, on.report.extra
@@ -51,11 +55,9 @@ def test_recompute_duplicates_a_cheap_broadcast_into_its_consumers():
 
 def test_recompute_can_be_switched_by_flag_and_respects_the_size_limit():
     g = broadcast_into_two_reductions()
-    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --enable_recompute_fusion=false",
-                                           env={}))) == 3
-    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=1 --enable_recompute_fusion",
-                                           env={}))) == 2
-    res = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --composite_op_limit_size=3", env={})
+    assert len(kernels(fusion(g, "--opt_level=2 --enable_recompute_fusion=false"))) == 3
+    assert len(kernels(fusion(g, "--opt_level=1 --enable_recompute_fusion"))) == 2
+    res = fusion(g, "--opt_level=2 --composite_op_limit_size=3")
     assert all(sum(m.op != "Constant" for m in k.subgraph.nodes) <= 3 for k in kernels(res))
 
 
@@ -67,14 +69,13 @@ def test_parallel_fusion_launches_independent_kernels_sharing_an_input_together(
     s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x], name="n").output], {"axis": [0]},
                     name="s2").output
     g.set_outputs([s1, s2])
-    two = graphkernel.compile(g, "--disable_pass=codegen --opt_level=2", env={})
-    one = graphkernel.compile(g, "--disable_pass=codegen --opt_level=3", env={})
+    two = fusion(g, "--opt_level=2")
+    one = fusion(g, "--opt_level=3")
     check_same(g, one)
     assert len(kernels(two)) == 2 and len(kernels(one)) == 1
     assert kernels(one)[0].attrs["pattern"].startswith("parallel(")
     assert one.report.extra["gm_bytes_fused"] < two.report.extra["gm_bytes_fused"]
-    assert len(kernels(graphkernel.compile(g, "--disable_pass=codegen --opt_level=2 --enable_parallel_fusion",
-                                           env={}))) == 1
+    assert len(kernels(fusion(g, "--opt_level=2 --enable_parallel_fusion"))) == 1
 
 
 def test_parallel_fusion_never_merges_dependent_kernels():
@@ -86,7 +87,7 @@ def test_parallel_fusion_never_merges_dependent_kernels():
     mid = g.add_node("CumSum", [k1], {"axis": 0}, name="mid").output   # not fusable
     y = g.add_node("Add", [g.add_node("Neg", [x], name="n").output, mid], name="y").output
     g.set_outputs([g.add_node("ReduceMax", [y], {"axis": [0]}, name="s2").output])
-    res = graphkernel.compile(g, "--disable_pass=codegen --opt_level=3", env={})
+    res = fusion(g, "--opt_level=3")
     res.graph.validate()
     check_same(g, res)
     assert len(kernels(res)) == 2  # the second depends on the first through CumSum

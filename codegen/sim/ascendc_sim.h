@@ -452,8 +452,9 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
     }
 }
 
-// Reductions of `count` elements to dst[0]; the work buffer must hold count elements.
-#define GK_SIM_REDUCE(NAME, INIT, STEP)                                                    \
+// Reductions of `count` elements to dst[0]; the work buffer must hold count elements. The
+// vector unit reduces pairwise (a tree over the elements), not left to right; so does this.
+#define GK_SIM_REDUCE(NAME, COMBINE)                                                       \
     template <typename T>                                                                  \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& work, \
               int32_t count, loc where = loc::current()) {                                 \
@@ -461,16 +462,19 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
         const T* x = src.use(count, where);                                                \
         work.use(count, where);                                                            \
         T* z = dst.use(1, where);                                                          \
-        float acc = INIT;                                                                  \
-        for (int32_t i = 0; i < count; ++i) {                                              \
-            float v = static_cast<float>(x[i]);                                            \
-            acc = STEP;                                                                    \
+        std::vector<float> v(x, x + count);                                                \
+        for (size_t n = v.size(); n > 1; n = (n + 1) / 2) {                                \
+            for (size_t i = 0; i < n / 2; ++i) {                                           \
+                float l = v[2 * i], r = v[2 * i + 1];                                      \
+                v[i] = COMBINE;                                                            \
+            }                                                                              \
+            if (n % 2) v[n / 2] = v[n - 1];                                                \
         }                                                                                  \
-        z[0] = static_cast<T>(acc);                                                        \
+        z[0] = static_cast<T>(v[0]);                                                       \
     }
-GK_SIM_REDUCE(ReduceSum, 0.0f, acc + v)
-GK_SIM_REDUCE(ReduceMax, -INFINITY, (v > acc || std::isnan(v) ? v : acc))
-GK_SIM_REDUCE(ReduceMin, INFINITY, (v < acc || std::isnan(v) ? v : acc))
+GK_SIM_REDUCE(ReduceSum, l + r)
+GK_SIM_REDUCE(ReduceMax, (std::isnan(l) || l > r ? l : r))
+GK_SIM_REDUCE(ReduceMin, (std::isnan(l) || l < r ? l : r))
 #undef GK_SIM_REDUCE
 
 // High-level math with a caller-provided scratch buffer of at least count * 4 bytes.

@@ -47,8 +47,9 @@ class SimLibrary:
     """Kernels compiled together (one g++ run, cached by content)."""
 
     def __init__(self, kernels: Sequence[Rendered]):
-        self.kernels = {r.name: r for r in kernels}
-        self.lib = build([sim_source(r) for r in kernels]) if kernels else None
+        self.kernels = {r.name: r for r in kernels}  # equal names are equal kernels
+        srcs = [sim_source(r) for r in self.kernels.values()]
+        self.lib = build(srcs) if srcs else None
 
     def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: TargetSpec
                ) -> tuple[bytes, int, dict[str, int]]:
@@ -75,7 +76,7 @@ class SimLibrary:
             M, L = int(head[0]), int(head[1])
             rt, ct, ctp, ncol = np.frombuffer(raw[16:32], dtype=np.uint32).tolist()
             fields = {"M": M, "L": L, "rt": rt, "ct": ct, "ctp": ctp, "nColTiles": ncol,
-                      "tiles": int(head[4]), "tilesPerCore": int(head[5])}
+                      "units": int(head[4]), "blockDim": int(head[5])}
         return raw, int(block.value), fields
 
     def run(self, name: str, inputs: Sequence[np.ndarray], spec: TargetSpec) -> Launch:

@@ -1,0 +1,151 @@
+"""Generated kernels of a compiled graph: written out as a kernel project, or run in the CPU
+simulator as the interpreter's ``backend="sim"``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen import targets
+from graphkernel.codegen.ascendc import Rendered, render
+from graphkernel.codegen.schedule import Schedule
+from graphkernel.fileio import atomic_write_text
+from graphkernel.ir import Graph, Node
+
+# Test hook: (kernel name, files) -> files, applied after rendering (a deliberate miscompile).
+CORRUPT: list[Callable[[str, dict[str, str]], dict[str, str]]] = []
+
+
+def schedules(result: Any) -> dict[str, Schedule]:
+    """The codegen pass's schedules of the kernels still in ``result.graph``."""
+    scheds = result.analyses.get("codegen", {})
+    names = {n.name for n in result.graph.nodes if n.op == "GraphKernel"}
+    return {k: s for k, s in scheds.items() if k in names}
+
+
+def render_all(scheds: Mapping[str, Schedule]) -> list[Rendered]:
+    out = []
+    for name in sorted(scheds):
+        r = render(scheds[name])
+        for hook in CORRUPT:
+            r.files = hook(r.name, dict(r.files))
+        out.append(r)
+    return out
+
+
+@dataclass
+class KernelStats:
+    name: str
+    node: str
+    launches: int = 0
+    block_dim: int = 0
+    gm_read: int = 0
+    gm_written: int = 0
+    ideal: int = 0
+    tiling: dict[str, int] = field(default_factory=dict)
+
+
+class SimBackend:
+    """Runs a compiled graph's GraphKernel nodes through their generated code."""
+
+    def __init__(self, graph: Graph, scheds: Mapping[str, Schedule], target: str = "ascend910b",
+                 interpret: Sequence[str] = (), library: Any = None):
+        from graphkernel.codegen.sim.execute import SimLibrary
+
+        self.graph = graph
+        self.spec = targets.load(target)
+        self.interpret = set(interpret)  # kernels run by the interpreter instead (bisection)
+        self.rendered = {r.schedule.node: r for r in render_all(
+            {k: s for k, s in scheds.items() if k not in self.interpret})}
+        # a library built for many graphs at once (tests batch their compiles), or our own
+        self.lib = library or SimLibrary(list(self.rendered.values()))
+        self.stats: dict[str, KernelStats] = {}
+        self.unscheduled: list[str] = []
+
+    @classmethod
+    def for_result(cls, result: Any, interpret: Sequence[str] = (), library: Any = None
+                   ) -> SimBackend:
+        return cls(result.graph, schedules(result), result.config.target, interpret, library)
+
+    def __call__(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+        r = self.rendered.get(node.name)
+        if r is None:
+            from graphkernel.interpreter import Interpreter
+
+            if node.name not in self.interpret:
+                self.unscheduled.append(node.name)
+            sub = node.subgraph
+            return Interpreter(sub).run({v.name: a for v, a in zip(sub.inputs, args,
+                                                                   strict=True)})
+        launch = self.lib.run(r.name, args, self.spec)
+        st = self.stats.setdefault(node.name, KernelStats(r.name, node.name))
+        st.launches += 1
+        st.block_dim = launch.block_dim
+        st.gm_read += launch.gm_read
+        st.gm_written += launch.gm_written
+        st.ideal += sum(np.asarray(a).size * io.dtype.itemsize
+                        for a, io in zip(args, r.schedule.inputs, strict=True))
+        st.ideal += sum(o.nbytes for o in launch.outputs)
+        st.tiling = launch.tiling
+        return launch.outputs
+
+
+def run_sim(result: Any, feeds: Any, interpret: Sequence[str] = (), library: Any = None
+            ) -> tuple[list[np.ndarray], SimBackend]:
+    """Run a compiled graph with its kernels in the simulator."""
+    from graphkernel.interpreter import Interpreter
+
+    backend = SimBackend.for_result(result, interpret, library)
+    return Interpreter(result.graph, kernel_runner=backend).run(feeds), backend
+
+
+CMAKE = """\
+# Builds the generated kernels with the CANN toolchain (ascendc.cmake from the CANN package).
+cmake_minimum_required(VERSION 3.16)
+project(graphkernel_kernels LANGUAGES CXX)
+set(SOC_VERSION "{soc}" CACHE STRING "Ascend SoC")
+set(ASCEND_CANN_PACKAGE_PATH "$ENV{{ASCEND_HOME_PATH}}" CACHE PATH "CANN install path")
+if(NOT EXISTS ${{ASCEND_CANN_PACKAGE_PATH}}/tools/tikcpp/ascendc_kernel_cmake)
+  message(FATAL_ERROR "the CANN toolchain is not installed (set ASCEND_HOME_PATH)")
+endif()
+set(ASCENDC_CMAKE_DIR ${{ASCEND_CANN_PACKAGE_PATH}}/tools/tikcpp/ascendc_kernel_cmake)
+include(${{ASCENDC_CMAKE_DIR}}/ascendc.cmake)
+ascendc_library(graphkernel_kernels SHARED
+{kernels}
+)
+add_library(graphkernel_tiling SHARED
+{tilings}
+)
+"""
+
+
+def write_project(result: Any, out_dir: str | Path) -> list[Path]:
+    """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and
+    ``manifest.json`` for every generated kernel."""
+    out = Path(out_dir)
+    kdir = out / "kernels"
+    rendered = render_all(schedules(result))
+    written = []
+    for r in rendered:
+        for fname, text in sorted(r.files.items()):
+            written.append(atomic_write_text(kdir / fname, text))
+    cmake = CMAKE.format(
+        soc=result.config.target,
+        kernels="\n".join(f"  {r.name}.cpp" for r in rendered),
+        tilings="\n".join(f"  {r.name}_tiling.cpp" for r in rendered))
+    written.append(atomic_write_text(kdir / "CMakeLists.txt", cmake))
+    manifest = {
+        "format": "graphkernel-kernels/1",
+        "target": result.config.target,
+        "graph": result.graph.name,
+        "kernels": [r.manifest for r in rendered],
+        "fallbacks": result.report.extra.get("fallbacks", []),
+    }
+    written.append(atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2,
+                                                                        default=str) + "\n"))
+    return written

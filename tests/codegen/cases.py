@@ -1,0 +1,134 @@
+"""Graphs for the code generator's tests, compiled together so that one g++ run builds every
+kernel (the simulator's compiles are the slow part)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen.backend import render_all, schedules
+from graphkernel.codegen.sim.execute import SimLibrary
+
+UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh", "Relu",
+         "Sigmoid"]
+POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
+BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
+REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
+# aligned, unaligned, smaller than one core's share, larger than one UB tile
+SHAPES = {"aligned": (64, 128), "unaligned": (7, 33), "small": (3, 5), "large": (300, 1000)}
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+@dataclass
+class Case:
+    id: str
+    graph: Graph
+    flags: str = "--enable_single_node_fusion"
+    feeds_for: Callable[[dict[str, int]], dict[str, np.ndarray]] | None = None
+    dims: list[dict[str, int]] = field(default_factory=lambda: [{}])
+    result: object = None
+
+    def feeds(self, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+        if self.feeds_for is not None:
+            return self.feeds_for(dims)
+        rng = np.random.default_rng(seed)
+        out = {}
+        for v in self.graph.inputs:
+            shape = [d if isinstance(d, int) else dims[d] for d in v.shape]
+            a = rng.standard_normal(shape)
+            if self.id.split("-")[0] in POSITIVE or "positive" in self.id:
+                a = np.abs(a) + 0.5
+            out[v.name] = a.astype(v.dtype.np)
+        return out
+
+
+def _single(op: str, shape, dtype: str) -> Graph:
+    g = Graph(f"{op}_{dtype}")
+    x = g.add_input("x", TensorType(shape, dtype))
+    if op in BINARY:
+        y = g.add_input("y", TensorType(shape, dtype))
+        out = g.add_node(op, [x, y], name="op").output
+    elif op in REDUCE:
+        out = g.add_node(op, [x], {"axis": [len(shape) - 1], "keep_dims": True},
+                         name="op").output
+    else:
+        out = g.add_node(op, [x], name="op").output
+    g.set_outputs([out])
+    return g
+
+
+def single_op_cases() -> list[Case]:
+    cases = []
+    for op in UNARY + BINARY + REDUCE:
+        for sname, shape in SHAPES.items():
+            for dt in DTYPES:
+                if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
+                    continue  # large tiles in low precision: a few ops suffice
+                cases.append(Case(f"{op}-{sname}-{dt}", _single(op, shape, dt)))
+    return cases
+
+
+def _g(name: str, inputs: dict[str, tuple], dtype: str = "float32"):
+    g = Graph(name)
+    return g, {k: g.add_input(k, TensorType(s, dtype)) for k, s in inputs.items()}
+
+
+def pattern_cases() -> list[Case]:
+    cases = []
+
+    def add(case_id, g, *outs, flags="--opt_level=2", dims=None):
+        g.set_outputs(list(outs))
+        cases.append(Case(case_id, g, flags, dims=dims or [{}]))
+
+    g, v = _g("chain", {"x": (33, 70), "y": (33, 70)})
+    n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
+    e = n("Mul", [n("Exp", [v["x"]]), n("Add", [v["x"], v["y"]])])
+    add("elementwise-chain", g, n("Tanh", [e]))
+    for bshape, tag in (((8, 16), "outer"), ((4, 1, 16), "middle"), ((4, 8, 1), "last"),
+                        ((1, 8, 1), "middle-only"), ((1,), "scalar")):
+        g, v = _g(f"bcast_{tag}", {"x": (4, 8, 16), "b": bshape})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        add(f"broadcast-{tag}", g, n("Exp", [n("Sub", [v["x"], v["b"]])]))
+    for keep in (True, False):
+        g, v = _g(f"reduce_last_{keep}", {"x": (6, 10, 37)})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        s = n("ReduceSum", [n("Mul", [v["x"], v["x"]])], axis=[2], keep_dims=keep)
+        add(f"reduce-last-keep{keep}", g, s, n("ReduceMax", [v["x"]], axis=[1, 2],
+                                               keep_dims=keep))
+    for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
+        for dt in ("float32", "float16"):
+            g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)
+            out = g.add_node(op, list(v.values()), {}).outputs[0]
+            add(f"{op}-{dt}", g, out)
+    for dt in ("float32", "float16"):
+        g, v = _g(f"softmax_{dt}", {"x": (2, 4, 7, 50)}, dt)
+        add(f"Softmax-{dt}", g, g.add_node("Softmax", [v["x"]], {"axis": -1}).output)
+    g, v = _g("bias_gelu", {"x": (24, 200), "b": (200,)})
+    add("bias-gelu", g, g.add_node("GeLU", [g.add_node("Add", [v["x"], v["b"]]).output],
+                                   {"approximate": "tanh"}).output)
+    g, v = _g("reshape_mid", {"x": (6, 40), "y": (2, 3, 40)})
+    r = g.add_node("Reshape", [g.add_node("Exp", [v["x"]]).output], {"shape": [2, 3, 40]}).output
+    add("reshape-in-middle", g, g.add_node("Add", [r, v["y"]]).output)
+    # dynamic shapes: one kernel for every b
+    g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    add("dynamic-layernorm-like", g,
+        n("Mul", [n("Sub", [v["x"], n("ReduceMax", [v["x"]], axis=[1], keep_dims=True)]), v["w"]]),
+        dims=[{"b": 1}, {"b": 7}, {"b": 47}, {"b": 500}])
+    g, v = _g("dyn_flat", {"x": ("b", 16, 3)})
+    add("dynamic-elementwise", g, g.add_node("Exp", [g.add_node("Neg", [v["x"]]).output]).output,
+        dims=[{"b": 1}, {"b": 5}, {"b": 1000}])
+    return cases
+
+
+def compile_cases(cases: list[Case]) -> SimLibrary:
+    """Compile every case; one simulator library holds all their kernels."""
+    rendered = []
+    for c in cases:
+        c.result = graphkernel.compile(c.graph, c.flags, env={})
+        rendered += render_all(schedules(c.result))
+    return SimLibrary(rendered)

@@ -1,0 +1,153 @@
+"""Generated Ascend C kernels, compiled in the CPU simulator, against the interpreter.
+
+Every case's kernels are built in one g++ run (module fixture). A case passes when every
+output of the compiled graph run through the generated kernels matches the unoptimized
+graph op by op within accuracy.md's tolerance for the output dtype.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from graphkernel.codegen import targets
+from graphkernel.codegen.backend import run_sim
+from graphkernel.interpreter import Interpreter
+from graphkernel.verify import compare
+from tests.codegen.cases import compile_cases, pattern_cases, single_op_cases
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+SINGLE = single_op_cases()
+PATTERNS = pattern_cases()
+ALL = SINGLE + PATTERNS
+SPEC = targets.load("ascend910b")
+
+
+@pytest.fixture(scope="module")
+def library():
+    return compile_cases(ALL)
+
+
+def _rmse(a, b) -> float:
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)))
+
+
+def check_case(case, library):
+    """accuracy.md: within the dtype's tolerance of the op-by-op run, or no further from a
+    float64 reference than the op-by-op run is (summation order is not an error)."""
+    runs = []
+    for dims in case.dims:
+        feeds = case.feeds(dims)
+        want = Interpreter(case.graph).run(feeds)
+        got, backend = run_sim(case.result, feeds, library=library)
+        assert not backend.unscheduled, backend.unscheduled
+        ref = None
+        for i, (v, a, w) in enumerate(zip(case.graph.outputs, got, want, strict=True)):
+            m = compare(a, w, v.dtype, name=v.name)
+            if m.passed:
+                continue
+            ref = ref or Interpreter(case.graph, "float64").run(feeds)
+            assert np.all(np.isfinite(a) == np.isfinite(w)), f"{case.id} {dims}: {m.line()}"
+            assert _rmse(a, ref[i]) <= 2 * _rmse(w, ref[i]), f"{case.id} {dims}: {m.line()}"
+        runs.append(backend)
+    return runs
+
+
+@pytest.mark.parametrize("case", SINGLE, ids=[c.id for c in SINGLE])
+def test_single_op_kernel_matches_the_interpreter(case, library):
+    (backend,) = check_case(case, library)
+    assert len(backend.stats) == 1, "the op became exactly one generated kernel"
+
+
+@pytest.mark.parametrize("case", PATTERNS, ids=[c.id for c in PATTERNS])
+def test_pattern_kernels_match_the_interpreter(case, library):
+    runs = check_case(case, library)
+    assert all(b.stats for b in runs), "at least one generated kernel ran"
+    assert not case.result.report.extra.get("fallbacks"), case.result.report.extra["fallbacks"]
+
+
+def test_dynamic_shapes_one_kernel_many_sizes(library):
+    case = next(c for c in PATTERNS if c.id == "dynamic-layernorm-like")
+    runs = check_case(case, library)
+    names = {st.name for b in runs for st in b.stats.values()}
+    assert len(names) == 1, names  # the same generated kernel served every size
+    blocks = [st.block_dim for b in runs for st in b.stats.values()]
+    assert blocks[0] == 1 and blocks[-1] == SPEC.aiv_cores, blocks  # b=1 vs b=500
+
+
+def test_traffic_is_ideal_unless_the_report_says_why(library):
+    over = []
+    for case in ALL:
+        for backend in check_case(case, library):
+            for st in backend.stats.values():
+                notes = backend.rendered[st.node].schedule.notes
+                if st.gm_read + st.gm_written > 1.05 * st.ideal and not notes:
+                    over.append((case.id, st.name, st.gm_read + st.gm_written, st.ideal))
+    assert not over, over
+
+
+def test_a_large_kernel_occupies_every_core(library):
+    for case in (c for c in SINGLE if "-large-float32" in c.id):
+        (backend,) = check_case(case, library)
+        (st,) = backend.stats.values()
+        assert st.block_dim == SPEC.aiv_cores, (case.id, st.block_dim, st.tiling)
+        assert st.tiling["units"] >= SPEC.aiv_cores
+
+
+def test_larger_than_one_tile_loops_over_tiles(library):
+    case = next(c for c in SINGLE if c.id == "Add-large-float32")
+    (backend,) = check_case(case, library)
+    (st,) = backend.stats.values()
+    t = st.tiling
+    assert t["units"] > SPEC.aiv_cores and t["ct"] < t["L"], t  # several tiles on a core
+    elems = t["rt"] * t["ctp"]
+    assert elems * 4 * 6 <= SPEC.ub_bytes  # x, y, z double-buffered in fp32 fit the UB
+
+
+def test_codegen_output_is_deterministic():
+    import graphkernel
+    from graphkernel.codegen.backend import render_all, schedules
+
+    case = next(c for c in PATTERNS if c.id == "LayerNorm-float16")
+    a = render_all(schedules(graphkernel.compile(case.graph, case.flags, env={})))
+    b = render_all(schedules(graphkernel.compile(case.graph, case.flags, env={})))
+    assert [r.files for r in a] == [r.files for r in b]
+
+
+def test_node_names_cannot_inject_code():
+    import graphkernel
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen.backend import render_all, schedules
+
+    g = Graph("evil")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    bad = 'x"); system("rm -rf /"); //\n*/ #include <evil>'
+    g.set_outputs([g.add_node("Exp", [x], name=bad).output])
+    res = graphkernel.compile(g, "--enable_single_node_fusion", env={})
+    (r,) = render_all(schedules(res))
+    for text in r.files.values():
+        assert "system(" not in text and "#include <evil>" not in text
+    assert r.name.replace("_", "").isalnum()
+
+
+def test_unsupported_kernel_falls_back_with_reason_or_errors():
+    import graphkernel
+    from graphkernel import Graph, TensorType
+    from graphkernel.errors import CodegenError
+
+    g = Graph("fb")
+    x = g.add_input("x", TensorType((4, 8, 16), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 1]}).output
+    g.set_outputs([g.add_node("Exp", [g.add_node("Sin", [t]).output]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    fb = res.report.extra["fallbacks"]
+    assert fb and "not supported by codegen" in fb[0]["reason"] and fb[0]["nodes"]
+    assert not [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8, 16)).astype(np.float32)}
+    np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
+                               Interpreter(g).run(feeds)[0], rtol=1e-6)
+    with pytest.raises(CodegenError, match="disable_fallback"):
+        graphkernel.compile(g, "--opt_level=2 --disable_fallback", env={})
