@@ -117,13 +117,14 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     partial = {io.index: [(c_dim(d, refs), c_dim(st, refs))
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
+    pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     ctx = {
         "s": s, "low": low, "ub": ub, "align": align, "node_comment": comment,
         "M": c_dim(s.M, refs), "L": c_dim(s.L, refs),
         "M_doc": symbolic.canon(s.M), "L_doc": symbolic.canon(s.L),
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
-        "partial": partial,
+        "partial": partial, "pitch": pitch,
         "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
         "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
@@ -151,6 +152,19 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "notes": list(s.notes),
     }
     return Rendered(s, low, files, manifest)
+
+
+def _pitch(io, refs: dict[str, str]) -> str:
+    """The C expression of a PARTIAL input's row pitch when its rows are evenly spaced in GM
+    (every outer stride = pitch x the outer dims inside it), else "0"."""
+    if not io.strides or any(symbolic.canon(st) == 0 for st in io.strides):
+        return "0"
+    p = io.strides[-1]
+    for j in range(len(io.outer)):
+        want = symbolic.mul(p, symbolic.numel(io.outer[j + 1:]))
+        if symbolic.canon(io.strides[j]) != symbolic.canon(want) and io.outer[j] != 1:
+            return "0"
+    return c_dim(p, refs)
 
 
 def _io_entry(io) -> dict[str, Any]:

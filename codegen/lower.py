@@ -103,7 +103,7 @@ class Lowerer:
     def run(self) -> Lowered:
         s = self.s
         for io in s.inputs:
-            v = s.storage(io.value)
+            v = s.storage(io.local)
             if id(v) in self.refs:
                 continue
             lowp = io.dtype != DType.float32

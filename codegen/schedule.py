@@ -55,6 +55,8 @@ class KernelIO:
     shape: tuple[Dim, ...]
     outer: tuple[Dim, ...] = ()    # PARTIAL: the outer dims a row index decomposes over
     strides: tuple[Dim, ...] = ()  # PARTIAL: the input's element stride per outer dim (0: bcast)
+    base: int = 0                  # PARTIAL: element offset of the first row (a slice's start)
+    local: Value | None = None     # the value holding the loaded tile (an input or its slice)
 
 
 @dataclass
@@ -76,7 +78,9 @@ class Schedule:
         return self.kind[id(self.storage(v))]
 
     def storage(self, v: Value) -> Value:
-        return self.root.get(id(v), v)
+        while id(v) in self.root:
+            v = self.root[id(v)]
+        return v
 
     @property
     def low_precision(self) -> bool:
@@ -118,15 +122,37 @@ def _trailing_split(shape: tuple[Dim, ...], L: Dim) -> int | None:
     return found
 
 
-def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim):
-    """Layout of a value of shape ``vshape`` used in an op whose output (a FULL value) has
-    shape ``S``, under row length ``L``: (kind, outer dims, strides) or None."""
+@dataclass(frozen=True)
+class View:
+    """Where a value's elements sit in a kernel input's GM buffer: element (i0, i1, ...) is at
+    ``base + sum(i_j * strides[j])`` (a contiguous input, or a slice of one)."""
+
+    base: int
+    strides: tuple[Dim, ...]
+
+    @staticmethod
+    def contiguous(shape: tuple[Dim, ...]) -> View:
+        return View(0, tuple(symbolic.numel(shape[i + 1:]) for i in range(len(shape))))
+
+    def is_contiguous(self, shape: tuple[Dim, ...]) -> bool:
+        want = View.contiguous(shape).strides
+        return self.base == 0 and all(_eq(a, b) or _eq(d, 1)
+                                      for a, b, d in zip(self.strides, want, shape, strict=True))
+
+
+def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | None = None):
+    """Layout of a value of shape ``vshape`` (at GM ``view``, if it is loaded from GM) used in
+    an op whose output (a FULL value) has shape ``S``, under row length ``L``:
+    (kind, outer dims, outer strides, base) or None."""
     if len(vshape) > len(S):
         return None
     k = _trailing_split(S, L)
     if k is None:
         return None
-    v = (1,) * (len(S) - len(vshape)) + tuple(vshape)
+    pad = len(S) - len(vshape)
+    v = (1,) * pad + tuple(vshape)
+    view = view or View.contiguous(tuple(vshape))
+    strides = (0,) * pad + tuple(view.strides)
     span = [_eq(a, b) for a, b in zip(v, S, strict=True)]
     bcast = [_eq(a, 1) for a in v]
     if not all(s or b for s, b in zip(span, bcast, strict=True)):
@@ -135,15 +161,22 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim):
     outer = "span" if all(span[:k]) else "bcast" if all(bcast[:k]) else "partial"
     if inner is None:
         return None
-    if outer == "partial":
+    if inner == "span":  # a row must be contiguous in GM
+        run: Dim = 1
+        for i in range(len(S) - 1, k - 1, -1):
+            if not _eq(v[i], 1) and not _eq(strides[i], run):
+                return None
+            run = symbolic.mul(run, v[i])
+    contiguous = view.is_contiguous(tuple(vshape))
+    if outer == "partial" or (outer == "span" and inner == "span" and not contiguous):
         if inner != "span":
             return None
-        strides = []
-        for i in range(k):
-            strides.append(0 if bcast[i] and not span[i] else symbolic.numel(v[i + 1:]))
-        return PARTIAL, tuple(S[:k]), tuple(strides)
+        outer_strides = tuple(0 if bcast[i] and not span[i] else strides[i] for i in range(k))
+        return PARTIAL, tuple(S[:k]), outer_strides, view.base
+    if not contiguous:
+        return None
     return {("span", "span"): FULL, ("bcast", "span"): ROW, ("span", "bcast"): COL,
-            ("bcast", "bcast"): SCALAR}[(outer, inner)], (), ()
+            ("bcast", "bcast"): SCALAR}[(outer, inner)], (), (), 0
 
 
 def _size(d: Dim) -> int:
@@ -152,15 +185,51 @@ def _size(d: Dim) -> int:
     return c * 4096 ** len(syms)
 
 
+def slice_view(n: Node) -> View:
+    """The GM view of a Slice/StridedSlice output over its (contiguous) input."""
+    shape = tuple(n.inputs[0].shape)
+    base_strides = View.contiguous(shape).strides
+    starts, steps = [0] * len(shape), [1] * len(shape)
+    if n.op == "Slice":
+        starts = list(n.attrs["begin"])
+    else:
+        a = n.attrs
+        axes = a["axes"] if a["axes"] is not None else list(range(len(a["begin"])))
+        strides = a["strides"] or [1] * len(a["begin"])
+        for b, e, st, ax in zip(a["begin"], a["end"], strides, axes, strict=True):
+            ax %= len(shape)
+            d = shape[ax]
+            if not isinstance(d, int):
+                if st != 1 or b != 0:
+                    raise Unsupported(f"{n.op} of a symbolic axis")
+                continue
+            starts[ax], _, steps[ax] = slice(b, e, st).indices(d)
+            if steps[ax] < 0:
+                raise Unsupported(f"{n.op} with a negative step")
+    base = 0
+    for st, bs in zip(starts, base_strides, strict=True):
+        if st:
+            if not isinstance(bs, int):
+                raise Unsupported(f"{n.op} with an offset along a symbolic stride")
+            base += st * bs
+    return View(base, tuple(symbolic.mul(bs, sp) for bs, sp in zip(base_strides, steps,
+                                                                     strict=True)))
+
+
 class _Planner:
     def __init__(self, kernel: Node):
         self.kernel = kernel
         self.sub: Graph = kernel.subgraph
         self.root: dict[int, Value] = {}
         self.scalars: dict[int, float] = {}
+        self.views: dict[int, View] = {}       # id(value loaded from GM) -> its view
+        self.loaded: dict[int, Value] = {}     # id(kernel input) -> the value loaded from it
+        self.partial: dict[int, tuple] = {}
 
     def owner(self, v: Value) -> Value:
-        return self.root.get(id(v), v)
+        while id(v) in self.root:
+            v = self.root[id(v)]
+        return v
 
     def plan(self) -> Schedule:
         sub = self.sub
@@ -168,12 +237,17 @@ class _Planner:
             if v.dtype not in FLOATS:
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
                                   "float32)")
+        for v in sub.inputs:
+            self.views[id(v)] = View.contiguous(tuple(v.shape))
+            self.loaded[id(v)] = v
         steps = []
         for n in sub.nodes:
             if n.op == "Constant":
                 self.scalars[id(n.outputs[0])] = float(np.asarray(n.attrs["value"]).reshape(-1)[0])
             elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)):
                 self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
+            elif n.op in ("Slice", "StridedSlice"):
+                self._slice(n)
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
             elif n.op in CUBE_OPS:
@@ -185,15 +259,16 @@ class _Planner:
                 raise Unsupported("Cast to a lower precision inside a kernel")
             else:
                 raise Unsupported(f"{n.op} not supported by codegen")
-        N = max((v.type.numel for v in self._all_values()), key=_size)
+        sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
+        N = max((v.type.numel for v in self._all_values() if id(v) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
         L = self._row_length(steps, reduces, N)
         M = symbolic.div(N, L)
         if M is None:
             raise Unsupported(f"row length {L} does not divide the element count {N}")
         kind = self._layouts(steps, N, L)
-        ins = [self._io(i, v, kind) for i, v in enumerate(sub.inputs)]
-        outs = [self._io(i, v, kind) for i, v in enumerate(sub.outputs)]
+        ins = [self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
+        outs = [self._io(i, v, kind, False) for i, v in enumerate(sub.outputs)]
         for o in outs:
             if o.kind not in (FULL, COL):
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
@@ -202,6 +277,9 @@ class _Planner:
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L, bool(reduces),
                          ins, outs, steps, kind, self.root, self.scalars)
         for io in ins:
+            if io.kind == PARTIAL and io.local is not io.value and not any(
+                    _eq(st, 0) for st in io.strides):
+                continue  # a slice: strided rows, each read once
             if io.kind == PARTIAL:
                 sched.notes.append(f"input {io.index} ({io.value.name}) is broadcast over outer "
                                    "axes: its rows are re-read for every row that uses them")
@@ -213,6 +291,20 @@ class _Planner:
                 sched.notes.append(f"input {io.index} ({io.value.name}) holds one value per row: "
                                    "re-read for each column tile when rows are split")
         return sched
+
+    def _slice(self, n: Node) -> None:
+        src = self.owner(n.inputs[0])
+        if not any(src is v for v in self.sub.inputs):
+            raise Unsupported(f"{n.op} of a computed value (slices are generated as strided "
+                              "loads of kernel inputs)")
+        if self.loaded[id(src)] is not src or len(src.uses) != 1:
+            raise Unsupported(f"{n.op}: input {src.name} is read through more than one view")
+        if len(n.inputs[0].shape) != len(src.shape) or n.inputs[0] is not src:
+            raise Unsupported(f"{n.op} of a reshaped input")
+        out = n.outputs[0]
+        self.views[id(out)] = slice_view(n)
+        self.loaded[id(src)] = out
+        del self.views[id(src)]
 
     def _all_values(self):
         yield from self.sub.inputs
@@ -229,6 +321,23 @@ class _Planner:
             return True
         out = n.outputs[0]
         return not out.users and any(o is out for o in self.sub.outputs)
+
+    def _classify(self, v: Value, S, L):
+        o = self.owner(v)
+        view = self.views.get(id(o))
+        if view is not None and not view.is_contiguous(tuple(o.shape)):
+            if tuple(v.shape) != tuple(o.shape):
+                return None  # a reshape of a strided slice: not one view any more
+            return classify(tuple(v.shape), tuple(S), L, view)
+        return classify(tuple(v.shape), tuple(S), L)
+
+    def _needs_rows(self, v: Value, N: Dim) -> bool:
+        """Whether a use of v constrains the row split (it is not a plain full tile)."""
+        if id(v) in self.scalars or _eq(v.type.numel, 1):
+            return False
+        view = self.views.get(id(self.owner(v)))
+        return not _eq(v.type.numel, N) or (view is not None and not view.is_contiguous(
+            tuple(self.owner(v).shape)))
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
         if reduces:
@@ -254,41 +363,44 @@ class _Planner:
             if not _eq(n.outputs[0].type.numel, N):
                 continue
             for v in n.inputs:
-                if _eq(v.type.numel, N) or id(v) in self.scalars or _eq(v.type.numel, 1):
+                if not self._needs_rows(v, N):
                     continue
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
-                      if classify(tuple(v.shape), tuple(S), symbolic.numel(S[k:]))}
+                      if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
         if candidates is None:
             return N
         if not candidates:
-            raise Unsupported("no row split suits every broadcast in the kernel")
+            raise Unsupported("no row split suits every broadcast and slice in the kernel")
         return max(candidates, key=_size)
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
-            if n.op in REDUCE_OPS or not _eq(n.outputs[0].type.numel, N):
+            if not _eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
                 continue
+            S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
                 if id(v) in self.scalars:
                     continue
-                if classify(tuple(v.shape), tuple(n.outputs[0].shape), L) is None:
-                    raise Unsupported(f"{n.op} broadcasts {v.name} in a way that does not "
+                if self._needs_rows(v, N) and self._classify(v, S, L) is None:
+                    raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}")
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
-        self.partial: dict[int, tuple] = {}
-        for v in self.sub.inputs:
-            if _eq(v.type.numel, N):
-                kind[id(v)] = FULL
+        views = self.views
+        for vid, view in views.items():
+            v = next(x for x in self._all_values() if id(x) == vid)
+            if _eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
+                kind[vid] = FULL
             elif _eq(v.type.numel, 1):
-                kind[id(v)] = SCALAR
+                kind[vid] = SCALAR
         for c in self.scalars:
             kind[c] = SCALAR
         for n in steps:
             out = n.outputs[0]
-            full_space = _eq(out.type.numel, N)
+            S = n.inputs[0].shape if n.op in REDUCE_OPS else out.shape
+            full_space = _eq(symbolic.numel(S), N)
             for v in n.inputs:
                 o = self.owner(v)
                 if id(o) in kind:
@@ -296,14 +408,15 @@ class _Planner:
                 if not full_space:
                     raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
                                       "value) in the loop space")
-                c = classify(tuple(v.shape), tuple(out.shape), L)
+                c = self._classify(v, S, L)
                 if c is None:
-                    raise Unsupported(f"{n.op} broadcasts {v.name} in a way that does not "
+                    raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}")
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
-                    self.partial[id(o)] = (c[1], c[2])
+                    self.partial[id(o)] = (c[1], c[2], c[3])
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
+            full_space = _eq(out.type.numel, N)
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value")
@@ -316,13 +429,16 @@ class _Planner:
                 kind[id(out)] = _join(srcs)
         return kind
 
-    def _io(self, i: int, v: Value, kind: dict[int, str]) -> KernelIO:
-        o = self.owner(v)
+    def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool) -> KernelIO:
+        local = self.loaded[id(v)] if is_input else v
+        o = self.owner(local)
         k = kind.get(id(o))
         if k is None:
             raise Unsupported(f"value {v.name} is not used by any computing op")
-        outer, strides = self.partial.get(id(o), ((), ()))
-        return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides)
+        if not is_input and k == PARTIAL:
+            k = FULL  # a loaded tile stored back (a broadcast or slice materialised)
+        outer, strides, base = self.partial.get(id(o), ((), (), 0)) if is_input else ((), (), 0)
+        return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o)
 
 
 def _join(kinds: list[str]) -> str:

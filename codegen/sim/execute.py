@@ -86,8 +86,8 @@ class SimLibrary:
             raise SimulatorError(f"{name}: {len(inputs)} inputs given, {len(s.inputs)} expected")
         ins = []
         for io, a in zip(s.inputs, inputs, strict=True):
-            ins.append(np.ascontiguousarray(np.asarray(a).astype(_np_dtype(io.dtype),
-                                                                 copy=False)))
+            arr = np.asarray(a).astype(_np_dtype(io.dtype), copy=False)
+            ins.append(arr if arr.flags.c_contiguous else arr.copy())  # keeps 0-d as 0-d
         raw, block, fields = self.tiling(name, [a.shape for a in ins], spec)
         env: dict[str, int] = {}
         from graphkernel import symbolic

@@ -113,6 +113,21 @@ def pattern_cases() -> list[Case]:
     g, v = _g("reshape_mid", {"x": (6, 40), "y": (2, 3, 40)})
     r = g.add_node("Reshape", [g.add_node("Exp", [v["x"]]).output], {"shape": [2, 3, 40]}).output
     add("reshape-in-middle", g, g.add_node("Add", [r, v["y"]]).output)
+    # slices as strided loads: last axis (rotary halves), a middle axis, a step of 2
+    for tag, attrs, shape in (
+            ("last-axis", {"begin": [8], "end": [16], "axes": [3]}, (2, 4, 16, 16)),
+            ("middle-axis", {"begin": [1], "end": [3], "axes": [1]}, (2, 4, 16, 16)),
+            ("step-2", {"begin": [0], "end": [16], "strides": [2], "axes": [2]}, (3, 5, 16, 8))):
+        g, v = _g(f"slice_{tag}", {"x": shape})
+        s = g.add_node("StridedSlice", [v["x"]], attrs).output
+        add(f"slice-{tag}", g, g.add_node("Neg", [g.add_node("Exp", [s]).output]).output,
+            flags="--opt_level=2 --enable_single_node_fusion")
+    # grouped-query attention's repeat of k/v heads: a broadcast over a middle axis, as data
+    g, v = _g("repeat_kv", {"x": (2, 2, 16, 16)})
+    e = g.add_node("ExpandDims", [v["x"]], {"axis": [2]}).output
+    b = g.add_node("BroadcastTo", [e], {"shape": [2, 2, 3, 16, 16]}).output
+    r = g.add_node("Reshape", [b], {"shape": [12, 16, 16]}).output
+    add("repeat-kv", g, g.add_node("Mul", [r, g.const(np.float32(0.5))]).output)
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

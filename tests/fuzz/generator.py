@@ -253,11 +253,64 @@ def check(seed: int) -> str | None:
     return None
 
 
+def check_sim(seeds: range) -> dict[int, str]:
+    """Compile each seed's graph under its flags, build every generated kernel in one
+    simulator library, and run the compiled graphs through them: the outputs must match the
+    op-by-op run of the original graph (accuracy.md). Returns {seed: problem}."""
+    import graphkernel
+    from graphkernel.codegen.backend import render_all, run_sim, schedules
+    from graphkernel.codegen.sim.execute import SimLibrary
+    from graphkernel.interpreter import Interpreter, random_inputs
+    from graphkernel.verify import compare
+
+    compiled, rendered, problems = {}, [], {}
+    for seed in seeds:
+        g = random_graph(seed)
+        try:
+            res = graphkernel.compile(g, random_flags(seed), env={})
+        except Exception as e:  # noqa: BLE001 - a fuzzer lists every failing seed
+            problems[seed] = f"compile: {type(e).__name__}: {e}"
+            continue
+        compiled[seed] = (g, res)
+        rendered += render_all(schedules(res))
+    lib = SimLibrary(rendered)
+    for seed, (g, res) in compiled.items():
+        feeds = random_inputs(g, seed)
+        try:
+            got, _ = run_sim(res, feeds, library=lib)
+        except Exception as e:  # noqa: BLE001
+            problems[seed] = f"sim: {type(e).__name__}: {e}"
+            continue
+        want = Interpreter(g).run(feeds)
+        ref = None
+        for i, (a, w, v) in enumerate(zip(got, want, g.outputs, strict=True)):
+            m = compare(a, w, v.dtype, name=f"out{i}")
+            if m.passed:
+                continue
+            ref = ref or Interpreter(g, "float64").run(feeds)
+            fa, fw = (np.asarray(x, np.float64) for x in (a, w))
+            ok = np.isfinite(fw) & np.isfinite(ref[i])
+            same_nan = np.array_equal(np.isfinite(fa), np.isfinite(fw))
+            err_a = float(np.sqrt(np.mean((fa[ok] - ref[i][ok]) ** 2))) if ok.any() else 0.0
+            err_w = float(np.sqrt(np.mean((fw[ok] - ref[i][ok]) ** 2))) if ok.any() else 0.0
+            if not same_nan or err_a > 2 * err_w + 1e-12:
+                problems[seed] = f"flags {random_flags(seed)!r}: {m.line()}"
+    return problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="differential fuzzing of the pipeline")
     ap.add_argument("--seeds", default="0:300", help="range a:b")
+    ap.add_argument("--sim", action="store_true",
+                    help="run the compiled graphs through their generated kernels (simulator)")
     args = ap.parse_args()
     a, b = (int(x) for x in args.seeds.split(":"))
+    if args.sim:
+        problems = check_sim(range(a, b))
+        for seed, p in sorted(problems.items()):
+            print(f"seed {seed}: {p}")
+        print(f"{b - a - len(problems)} passed, {len(problems)} failed")
+        return 1 if problems else 0
     bad = 0
     for seed in range(a, b):
         try:
