@@ -73,13 +73,15 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
     for io in s.outputs:
         if io.kind == FULL:
             A += 2 * io.dtype.itemsize
-        else:
+        elif io.kind == COL:
             C += 2 * io.dtype.itemsize
             D += 2 * 32
     A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0)
     C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
     D += 32 * (low.pools["wc"] + 1)
     B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
+    B += 4 * len(low.accumulators)
+    B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
     return UBBudget(A, B, C, D)
 
 
@@ -141,7 +143,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "inputs": [_io_entry(io) for io in s.inputs],
         "outputs": [_io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
-                       "whole_rows": s.reduce},
+                       "whole_rows": s.reduce, "whole_columns": s.col_reduce},
         "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim"],
         "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
                      "fixed": ub.D},

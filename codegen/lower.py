@@ -60,6 +60,10 @@ class Ref:
         return {FULL: "n", ROW: "t_.ctp", COL: "rows"}[self.kind]
 
 
+COL_REDUCE = {"ReduceSum": ("Add", "0.0f"), "ReduceMax": ("Max", "-INFINITY"),
+              "ReduceMin": ("Min", "INFINITY")}
+
+
 @dataclass
 class Lowered:
     body: list[str]
@@ -68,6 +72,9 @@ class Lowered:
     pools: dict[str, int]          # peak buffers per pool: wf (tile), wc (column), wr (row)
     scalar_tmp: bool               # a high-level op needs the ``ht`` scratch
     direct: dict[int, int] = field(default_factory=dict)  # output index written in place
+    final: list[str] = field(default_factory=list)     # after all rows of a column tile
+    final_epilogue: list[str] = field(default_factory=list)  # stores of the row outputs
+    accumulators: list[tuple[str, str]] = field(default_factory=list)  # (buffer, identity)
 
 
 class Lowerer:
@@ -76,11 +83,15 @@ class Lowerer:
         self.refs: dict[int, Ref] = {}
         self.free: dict[str, list[str]] = {"wf": [], "wc": [], "wr": []}
         self.count: dict[str, int] = {"wf": 0, "wc": 0, "wr": 0}
-        self.body: list[str] = []
+        self.tile_body: list[str] = []
+        self.body = self.tile_body
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         self.scalar_tmp = False
         self.nscalar = 0
+        self.final: list[str] = []
+        self.final_epilogue: list[str] = []
+        self.accumulators: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
@@ -142,24 +153,32 @@ class Lowerer:
             if kind == SCALAR:
                 dst = Ref(SCALAR, f"sv{self.nscalar}")
                 self.nscalar += 1
+            elif n.op in REDUCE_OPS and s.col_reduce:
+                dst = Ref(ROW, f"ac{len(self.accumulators)}")
+                self.accumulators.append((dst.expr, COL_REDUCE[n.op][1]))
             elif id(out) in direct:
                 dst = Ref(kind, f"yo{direct[id(out)]}")
             else:
                 dst = Ref(kind, self.alloc(kind))
             self.refs[id(out)] = dst
+            self.body = self.final if id(n) in s.final else self.tile_body
+            if id(n) in s.final and any(r.expr.startswith("sv") for r in operands):
+                raise Unsupported("a scalar computed in the tile loop used after it")
             self.body.append(f"// {n.op} {comment_text(n.name)}")
             self._emit(n, dst, operands)
             if not inplace_ok:
                 self._release_dead(n, k, last)
         for io in s.outputs:
             self._store(io, direct)
-        return Lowered(self.body, self.prologue, self.epilogue, dict(self.count),
-                       self.scalar_tmp, {v: j for v, j in direct.items()})
+        return Lowered(self.tile_body, self.prologue, self.epilogue, dict(self.count),
+                       self.scalar_tmp, {v: j for v, j in direct.items()}, self.final,
+                       self.final_epilogue, self.accumulators)
 
     def _direct_outputs(self) -> dict[int, int]:
         """Outputs whose producing step can write straight into the output queue tensor."""
         s, out = self.s, {}
-        produced = {id(n.outputs[0]) for n in s.steps}
+        produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
+                    and not (n.op in REDUCE_OPS and s.col_reduce)}
         for io in s.outputs:
             v = s.storage(io.value)
             if (io.dtype == DType.float32 and id(v) in produced and id(v) not in out
@@ -187,14 +206,14 @@ class Lowerer:
         if direct.get(id(v)) == io.index:
             return
         src = self.refs[id(v)]
-        count = "n" if io.kind == FULL else "rows"
+        count = {FULL: "n", COL: "rows", ROW: "t_.ctp"}[io.kind]
         if src.kind != io.kind:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
+        out = self.final_epilogue if io.kind == ROW else self.epilogue
         if io.dtype == DType.float32:
-            self.epilogue.append(f"Muls(yo{io.index}, {src.expr}, 1.0f, {count});")
+            out.append(f"Muls(yo{io.index}, {src.expr}, 1.0f, {count});")
         else:
-            self.epilogue.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_RINT, "
-                                 f"{count});")
+            out.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_RINT, {count});")
 
     # ------------------------------------------------------------- ops
     def _emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
@@ -210,7 +229,10 @@ class Lowerer:
                 raise Unsupported(f"{op} of scalars")
             b.append(f"float {dst.expr} = {expr};")
             return
-        if op in REDUCE_OPS:
+        if op in REDUCE_OPS and dst.kind == ROW:  # over the rows: accumulate this tile's rows
+            b.append(f"for (uint32_t i = 0; i < rows; ++i) "
+                     f"{COL_REDUCE[op][0]}({dst.expr}, {dst.expr}, {a[0].row()}, cols);")
+        elif op in REDUCE_OPS:
             b.append("for (uint32_t i = 0; i < rows; ++i) {")
             b.append(f"    {REDUCE_OPS[op]}(red, {a[0].row()}, rw, cols);")
             b.append(f"    {dst.expr}.SetValue(i, red.GetValue(0));")

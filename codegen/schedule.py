@@ -65,7 +65,7 @@ class Schedule:
     name: str                      # a C identifier derived from it
     M: Dim
     L: Dim
-    reduce: bool                   # some step reduces the rows: a tile holds whole rows
+    reduce: bool                   # some step reduces each row: a tile holds whole rows
     inputs: list[KernelIO]
     outputs: list[KernelIO]
     steps: list[Node]              # computing nodes in order (views and constants excluded)
@@ -73,6 +73,9 @@ class Schedule:
     root: dict[int, Value] = field(default_factory=dict)   # id(view value) -> storage owner
     scalars: dict[int, float] = field(default_factory=dict)  # id(value) -> constant
     notes: list[str] = field(default_factory=list)
+    col_reduce: bool = False       # steps reduce over the rows: a core owns whole columns
+    final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
+    #                                               all rows (it depends on a column reduction)
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -262,6 +265,7 @@ class _Planner:
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
         N = max((v.type.numel for v in self._all_values() if id(v) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
+        self.col_reduce = False
         L = self._row_length(steps, reduces, N)
         M = symbolic.div(N, L)
         if M is None:
@@ -270,12 +274,14 @@ class _Planner:
         ins = [self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
         outs = [self._io(i, v, kind, False) for i, v in enumerate(sub.outputs)]
         for o in outs:
-            if o.kind not in (FULL, COL):
+            allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
+            if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
-            if o.kind == COL and not reduces:
-                raise Unsupported(f"output {o.value.name} is smaller than the loop space")
-        sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L, bool(reduces),
-                         ins, outs, steps, kind, self.root, self.scalars)
+        final = self._final_steps(steps, kind) if self.col_reduce else set()
+        steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
+                         bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
+                         self.root, self.scalars, col_reduce=self.col_reduce, final=final)
         for io in ins:
             if io.kind == PARTIAL and io.local is not io.value and not any(
                     _eq(st, 0) for st in io.strides):
@@ -291,6 +297,26 @@ class _Planner:
                 sched.notes.append(f"input {io.index} ({io.value.name}) holds one value per row: "
                                    "re-read for each column tile when rows are split")
         return sched
+
+    def _final_steps(self, steps: list[Node], kind: dict[int, str]) -> set[int]:
+        """Steps that depend on a column reduction: they run after all rows, on rows (ROW
+        values) only; a FULL value depending on one would need a second pass."""
+        late: set[int] = set()
+        final: set[int] = set()
+        for n in steps:
+            after = any(id(self.owner(v)) in late for v in n.inputs)
+            if after:
+                if n.op in REDUCE_OPS:
+                    raise Unsupported(f"{n.op} of a column reduction's result")
+            if after:
+                out = self.owner(n.outputs[0])
+                if kind.get(id(out)) not in (ROW, SCALAR):
+                    raise Unsupported(f"{n.op} {n.name} uses a column reduction's result across "
+                                      "the rows it reduces (that needs a second pass)")
+                final.add(id(n))
+            if n.op in REDUCE_OPS or after:
+                late.add(id(self.owner(n.outputs[0])))
+        return final
 
     def _slice(self, n: Node) -> None:
         src = self.owner(n.inputs[0])
@@ -341,20 +367,25 @@ class _Planner:
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
         if reduces:
-            L = None
+            L, kinds = None, set()
             for n in reduces:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
                 axes = list(range(len(shape))) if not axes else sorted(a % len(shape) for a in axes)
-                if axes != list(range(len(shape) - len(axes), len(shape))):
-                    raise Unsupported(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
-                                      "(only trailing-axis reductions are generated)")
                 if not _eq(n.inputs[0].type.numel, N):
                     raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space")
-                r = symbolic.numel(shape[len(shape) - len(axes):])
-                if L is not None and not _eq(L, r):
-                    raise Unsupported(f"reductions over different extents ({L} and {r})")
+                if axes == list(range(len(shape) - len(axes), len(shape))):
+                    r, k = symbolic.numel(shape[len(shape) - len(axes):]), "row"
+                elif axes == list(range(len(axes))):
+                    r, k = symbolic.numel(shape[len(axes):]), "column"
+                else:
+                    raise Unsupported(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
+                                      "(leading or trailing axes are generated, not both)")
+                if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
+                    raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r
+                kinds.add(k)
+            self.col_reduce = kinds == {"column"}
             self._check_uses(steps, N, L)
             return L
         candidates = None
@@ -420,7 +451,7 @@ class _Planner:
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value")
-                kind[id(out)] = COL
+                kind[id(out)] = ROW if self.col_reduce else COL
             elif n.op == "BroadcastTo" and (srcs[0] in (FULL, PARTIAL) or not full_space):
                 self.root[id(out)] = self.owner(n.inputs[0])
             elif n.op == "BroadcastTo":

@@ -99,6 +99,15 @@ def pattern_cases() -> list[Case]:
         s = n("ReduceSum", [n("Mul", [v["x"], v["x"]])], axis=[2], keep_dims=keep)
         add(f"reduce-last-keep{keep}", g, s, n("ReduceMax", [v["x"]], axis=[1, 2],
                                                keep_dims=keep))
+    # reductions over leading axes: a core owns whole columns and accumulates every row
+    for shape, axes, keep in (((37, 70), [0], True), ((4, 6, 33), [0, 1], False),
+                              ((300, 1000), [0], True)):
+        g, v = _g(f"reduce_lead_{len(axes)}", {"x": shape, "b": shape[len(axes):]})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        s = n("ReduceSum", [n("Exp", [n("Sub", [v["x"], v["b"]])])], axis=axes, keep_dims=keep)
+        mean = n("Mul", [s, g.const(np.float32(1.0 / np.prod(shape[:len(axes)])))])
+        add(f"reduce-leading-{'x'.join(map(str, shape))}", g, mean,
+            n("ReduceMin", [v["x"]], axis=axes, keep_dims=keep))
     for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
         for dt in ("float32", "float16"):
             g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)
