@@ -76,7 +76,7 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
         elif io.kind == COL:
             C += 2 * io.dtype.itemsize
             D += 2 * 32
-    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0)
+    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
     C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
     D += 32 * (low.pools["wc"] + 1)
     B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)

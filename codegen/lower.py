@@ -17,6 +17,7 @@ from graphkernel.codegen.schedule import (
     FULL,
     PARTIAL,
     REDUCE_OPS,
+    ROUND_OPS,
     ROW,
     SCALAR,
     TMP_UNARY_OPS,
@@ -71,6 +72,7 @@ class Lowered:
     epilogue: list[str]            # copies/casts into the output queue tensors
     pools: dict[str, int]          # peak buffers per pool: wf (tile), wc (column), wr (row)
     scalar_tmp: bool               # a high-level op needs the ``ht`` scratch
+    half_tmp: bool = False         # a rounding Cast needs the ``hh`` 16-bit scratch
     direct: dict[int, int] = field(default_factory=dict)  # output index written in place
     final: list[str] = field(default_factory=list)     # after all rows of a column tile
     final_epilogue: list[str] = field(default_factory=list)  # stores of the row outputs
@@ -88,6 +90,7 @@ class Lowerer:
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         self.scalar_tmp = False
+        self.half_tmp = False
         self.nscalar = 0
         self.final: list[str] = []
         self.final_epilogue: list[str] = []
@@ -171,8 +174,8 @@ class Lowerer:
         for io in s.outputs:
             self._store(io, direct)
         return Lowered(self.tile_body, self.prologue, self.epilogue, dict(self.count),
-                       self.scalar_tmp, {v: j for v, j in direct.items()}, self.final,
-                       self.final_epilogue, self.accumulators)
+                       self.scalar_tmp, self.half_tmp, {v: j for v, j in direct.items()},
+                       self.final, self.final_epilogue, self.accumulators)
 
     def _direct_outputs(self) -> dict[int, int]:
         """Outputs whose producing step can write straight into the output queue tensor."""
@@ -225,6 +228,12 @@ class Lowerer:
                 expr = SCALAR_BIN[op].format(a[0].expr, a[1].expr)
             elif op == "BroadcastTo":
                 expr = a[0].expr
+            elif op in ("Floor", "Ceil", "Trunc"):
+                expr = f"std::{op.lower()}({a[0].expr})"
+            elif op == "Round":
+                expr = f"std::nearbyint({a[0].expr})"
+            elif op == "Cast":
+                expr = f"(float)({C_TYPE[n.outputs[0].dtype]})({a[0].expr})"
             else:
                 raise Unsupported(f"{op} of scalars")
             b.append(f"float {dst.expr} = {expr};")
@@ -241,6 +250,17 @@ class Lowerer:
             self._broadcast(dst, a[0])
         elif op in UNARY_OPS or op in TMP_UNARY_OPS:
             self._unary(op, dst, a[0])
+        elif op in ROUND_OPS:
+            b.append(f"Cast({dst.expr}, {self._as(a[0], dst.kind)}, RoundMode::{ROUND_OPS[op]}, "
+                     f"{dst.count()});")
+        elif op == "Cast":  # to fp16/bf16 and back: the rounding the graph asks for
+            self.half_tmp = True
+            t = C_TYPE[n.outputs[0].dtype]
+            src = self._as(a[0], dst.kind)
+            b.append(f"Cast(hh.ReinterpretCast<{t}>(), {src}, RoundMode::CAST_RINT, "
+                     f"{dst.count()});")
+            b.append(f"Cast({dst.expr}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, "
+                     f"{dst.count()});")
         elif op == "Pow":
             self._pow(dst, a[0], a[1])
         elif op in BINARY_OPS:

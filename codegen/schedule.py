@@ -33,6 +33,8 @@ VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 REDUCE_OPS = {"ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "ReduceMin": "ReduceMin"}
 UNARY_OPS = {"Exp": "Exp", "Log": "Ln", "Abs": "Abs", "Sqrt": "Sqrt", "Rsqrt": "Rsqrt",
              "Reciprocal": "Reciprocal", "Relu": "Relu", "Neg": None}
+ROUND_OPS = {"Floor": "CAST_FLOOR", "Ceil": "CAST_CEIL", "Trunc": "CAST_TRUNC",
+             "Round": "CAST_RINT"}  # Cast fp32 -> fp32 to an integral value
 TMP_UNARY_OPS = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Sigmoid"}  # need a scratch buffer
 BINARY_OPS = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Maximum": "Max",
               "Minimum": "Min", "Pow": None}
@@ -256,10 +258,8 @@ class _Planner:
             elif n.op in CUBE_OPS:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code")
             elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
-                  or n.op in REDUCE_OPS):
-                steps.append(n)
-            elif n.op == "Cast":
-                raise Unsupported("Cast to a lower precision inside a kernel")
+                  or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"):
+                steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen")
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}

@@ -130,6 +130,11 @@ public:
     LocalTensor operator[](uint64_t offset) const {
         return LocalTensor(rec_, gen_, elem_off_ + offset);
     }
+    // The same bytes seen as another element type.
+    template <typename U>
+    LocalTensor<U> ReinterpretCast() const {
+        return LocalTensor<U>(rec_, gen_, elem_off_ * sizeof(T) / sizeof(U));
+    }
     // Checks a use of [0, count) from this view and returns the data pointer.
     T* use(uint64_t count, const loc& where) const {
         if (rec_ == nullptr) fail("LocalTensor used before allocation", where);
@@ -427,25 +432,28 @@ constexpr bool is_float_type() {
     return std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t>;
 }
 
-// Float destinations round to nearest even (CAST_NONE / CAST_RINT: the only modes simulated
-// for them); integer destinations round by the mode.
+// float -> float of the same type rounds to an integral value by the mode (CAST_NONE copies);
+// a narrowing float cast rounds to nearest even (CAST_NONE / CAST_RINT, the only modes
+// simulated for it); integer destinations round by the mode.
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, int32_t count,
           loc where = loc::current()) {
     const S* x = src.use(count, where);
     D* z = dst.use(count, where);
-    if (is_float_type<D>() && mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_RINT)
-        fail("Cast to a float type with a rounding mode other than CAST_NONE/CAST_RINT is not "
-             "simulated", where);
+    constexpr bool integral = !is_float_type<D>() || std::is_same_v<D, S>;
+    if (!integral && mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_RINT)
+        fail("Cast to another float type with a rounding mode other than CAST_NONE/CAST_RINT "
+             "is not simulated", where);
     for (int32_t i = 0; i < count; ++i) {
         float v = static_cast<float>(x[i]);
-        if (!is_float_type<D>()) {
+        if (integral) {
             switch (mode) {
                 case RoundMode::CAST_FLOOR: v = std::floor(v); break;
                 case RoundMode::CAST_CEIL: v = std::ceil(v); break;
                 case RoundMode::CAST_ROUND: v = std::round(v); break;
                 case RoundMode::CAST_RINT: v = std::nearbyint(v); break;
-                default: v = std::trunc(v); break;
+                case RoundMode::CAST_TRUNC: v = std::trunc(v); break;
+                default: if (!is_float_type<D>()) v = std::trunc(v); break;
             }
         }
         z[i] = static_cast<D>(v);

@@ -14,7 +14,7 @@ from graphkernel.codegen.backend import render_all, schedules
 from graphkernel.codegen.sim.execute import SimLibrary
 
 UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh", "Relu",
-         "Sigmoid"]
+         "Sigmoid", "Floor", "Ceil", "Trunc", "Round"]
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
@@ -119,6 +119,12 @@ def pattern_cases() -> list[Case]:
     g, v = _g("bias_gelu", {"x": (24, 200), "b": (200,)})
     add("bias-gelu", g, g.add_node("GeLU", [g.add_node("Add", [v["x"], v["b"]]).output],
                                    {"approximate": "tanh"}).output)
+    # a Cast to fp16 in the middle of an fp32 kernel rounds there (and only there)
+    g, v = _g("cast_mid", {"x": (9, 70)})
+    h = g.add_node("Cast", [g.add_node("Exp", [v["x"]]).output], {"dtype": "float16"}).output
+    back = g.add_node("Cast", [h], {"dtype": "float32"}).output
+    add("cast-fp16-in-the-middle", g, g.add_node("Mul", [back, v["x"]]).output,
+        flags="--opt_level=2 --disable_pass=cast_elim")
     g, v = _g("reshape_mid", {"x": (6, 40), "y": (2, 3, 40)})
     r = g.add_node("Reshape", [g.add_node("Exp", [v["x"]]).output], {"shape": [2, 3, 40]}).output
     add("reshape-in-middle", g, g.add_node("Add", [r, v["y"]]).output)
