@@ -77,6 +77,7 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
             C += 2 * io.dtype.itemsize
             D += 2 * 32
     A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
+    A += low.pools["wm"]  # bit masks: rt * ctp / 8 bytes each, counted as one byte/element
     C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
     D += 32 * (low.pools["wc"] + 1)
     B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
@@ -115,6 +116,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     ub = budget(s, low)
     refs = shape_refs(s)
     align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+    if s.masks:
+        align = 64  # Compare takes whole 256-byte repeats
     comment = comment_text(node_comment or s.node)
     partial = {io.index: [(c_dim(d, refs), c_dim(st, refs))
                           for d, st in zip(io.outer, io.strides, strict=True)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from graphkernel.codegen.schedule import (
     BINARY_OPS,
     COL,
+    COMPARE_OPS,
     FULL,
     PARTIAL,
     REDUCE_OPS,
@@ -83,8 +84,8 @@ class Lowerer:
     def __init__(self, s: Schedule):
         self.s = s
         self.refs: dict[int, Ref] = {}
-        self.free: dict[str, list[str]] = {"wf": [], "wc": [], "wr": []}
-        self.count: dict[str, int] = {"wf": 0, "wc": 0, "wr": 0}
+        self.free: dict[str, list[str]] = {"wf": [], "wc": [], "wr": [], "wm": []}
+        self.count: dict[str, int] = {"wf": 0, "wc": 0, "wr": 0, "wm": 0}
         self.tile_body: list[str] = []
         self.body = self.tile_body
         self.prologue: list[str] = []
@@ -98,7 +99,7 @@ class Lowerer:
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
-        pool = {FULL: "wf", COL: "wc", ROW: "wr"}[kind]
+        pool = {FULL: "wf", COL: "wc", ROW: "wr", "mask": "wm"}[kind]
         if self.free[pool]:
             return self.free[pool].pop()
         name = f"{pool}{self.count[pool]}"
@@ -150,27 +151,37 @@ class Lowerer:
                 continue  # an alias (BroadcastTo of a full tile)
             operands = [self.ref(v) for v in n.inputs]
             kind = s.layout(out)
-            inplace_ok = not (n.op == "Pow")
+            # operands dead after this step: their buffers may become dst (in place), never a
+            # scratch of the step itself (that would overwrite an operand before it is read)
+            dead = self._dead(n, k, last)
+            inplace_ok = n.op not in ("Pow", "Sign")  # they read x after writing dst
             if inplace_ok:
-                self._release_dead(n, k, last)
+                for r in dead:
+                    self.release(r)
             if kind == SCALAR:
                 dst = Ref(SCALAR, f"sv{self.nscalar}")
                 self.nscalar += 1
             elif n.op in REDUCE_OPS and s.col_reduce:
                 dst = Ref(ROW, f"ac{len(self.accumulators)}")
                 self.accumulators.append((dst.expr, COL_REDUCE[n.op][1]))
+            elif n.op in COMPARE_OPS:
+                dst = Ref(FULL, self.alloc("mask"))
             elif id(out) in direct:
                 dst = Ref(kind, f"yo{direct[id(out)]}")
             else:
                 dst = Ref(kind, self.alloc(kind))
             self.refs[id(out)] = dst
+            for r in dead:
+                if r.expr[:2] in self.free and r.expr in self.free[r.expr[:2]]:
+                    self.free[r.expr[:2]].remove(r.expr)
             self.body = self.final if id(n) in s.final else self.tile_body
             if id(n) in s.final and any(r.expr.startswith("sv") for r in operands):
                 raise Unsupported("a scalar computed in the tile loop used after it")
             self.body.append(f"// {n.op} {comment_text(n.name)}")
             self._emit(n, dst, operands)
-            if not inplace_ok:
-                self._release_dead(n, k, last)
+            for r in dead:
+                if r.expr != dst.expr:
+                    self.release(r)
         for io in s.outputs:
             self._store(io, direct)
         return Lowered(self.tile_body, self.prologue, self.epilogue, dict(self.count),
@@ -198,11 +209,14 @@ class Lowerer:
             last[id(s.storage(io.value))] = len(s.steps)
         return last
 
-    def _release_dead(self, n: Node, k: int, last: dict[int, int]) -> None:
+    def _dead(self, n: Node, k: int, last: dict[int, int]) -> list[Ref]:
+        """Refs of the operands whose last use is step k (each once)."""
+        out: dict[str, Ref] = {}
         for v in n.inputs:
             o = self.s.storage(v)
             if last.get(id(o)) == k and id(o) in self.refs:
-                self.release(self.refs[id(o)])
+                out.setdefault(self.refs[id(o)].expr, self.refs[id(o)])
+        return list(out.values())
 
     def _store(self, io, direct) -> None:
         v = self.s.storage(io.value)
@@ -263,11 +277,52 @@ class Lowerer:
                      f"{dst.count()});")
         elif op == "Pow":
             self._pow(dst, a[0], a[1])
+        elif op in COMPARE_OPS:
+            x, tx = self._full(a[0])
+            y, ty = self._full(a[1])
+            b.append(f"Compare({dst.expr}, {x}, {y}, CMPMODE::{COMPARE_OPS[op]}, n);")
+            self._release_tmp(tx + ty)
+        elif op == "Select":
+            if not a[0].expr.startswith("wm"):
+                raise Unsupported("Select on a condition that is not a comparison in the kernel")
+            x, tx = self._full(a[1])
+            if a[2].kind == SCALAR:
+                b.append(f"Select({dst.expr}, {a[0].expr}, {x}, {a[2].expr}, "
+                         "SELMODE::VSEL_TENSOR_SCALAR_MODE, n);")
+                self._release_tmp(tx)
+            else:
+                y, ty = self._full(a[2])
+                b.append(f"Select({dst.expr}, {a[0].expr}, {x}, {y}, "
+                         "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);")
+                self._release_tmp(tx + ty)
+        elif op == "Sign":  # 1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)
+            x, tx = self._full(a[0])
+            m, t = self.alloc("mask"), self.alloc(FULL)
+            b += [f"Duplicate({t}, 0.0f, n);", f"Compare({m}, {x}, {t}, CMPMODE::LT, n);",
+                  f"Duplicate({t}, -1.0f, n);",
+                  f"Select({dst.expr}, {m}, {t}, {x}, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);",
+                  f"Duplicate({t}, 0.0f, n);", f"Compare({m}, {x}, {t}, CMPMODE::GT, n);",
+                  f"Duplicate({t}, 1.0f, n);",
+                  f"Select({dst.expr}, {m}, {t}, {dst.expr}, "
+                  "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);"]
+            self._release_tmp(tx + [Ref(FULL, m), Ref(FULL, t)])
         elif op in BINARY_OPS:
             self._binary(op, dst, a[0], a[1])
         else:
             raise Unsupported(f"{op} not supported by codegen")
         b.append("PipeBarrier<PIPE_V>();")
+
+    def _full(self, x: Ref) -> tuple[str, list[Ref]]:
+        """x as a whole tile (materialised into a scratch tile unless it is one)."""
+        if x.kind == FULL:
+            return x.expr, []
+        t = Ref(FULL, self.alloc(FULL))
+        self._broadcast(t, x)
+        return t.expr, [t]
+
+    def _release_tmp(self, refs: list[Ref]) -> None:
+        for r in refs:
+            self.release(r)
 
     def _unary(self, op: str, dst: Ref, x: Ref) -> None:
         src = self._as(x, dst.kind)

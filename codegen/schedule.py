@@ -38,6 +38,9 @@ ROUND_OPS = {"Floor": "CAST_FLOOR", "Ceil": "CAST_CEIL", "Trunc": "CAST_TRUNC",
 TMP_UNARY_OPS = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Sigmoid"}  # need a scratch buffer
 BINARY_OPS = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Maximum": "Max",
               "Minimum": "Min", "Pow": None}
+COMPARE_OPS = {"Greater": "GT", "GreaterEqual": "GE", "Less": "LT", "LessEqual": "LE",
+               "Equal": "EQ", "NotEqual": "NE"}  # a bit mask, consumed by Select
+MASK_OPS = frozenset({*COMPARE_OPS, "Select", "Sign"})  # whole tiles of 64-element multiples
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16})
 
@@ -86,6 +89,11 @@ class Schedule:
         while id(v) in self.root:
             v = self.root[id(v)]
         return v
+
+    @property
+    def masks(self) -> bool:
+        """Compare/Select work on whole tiles whose element counts are multiples of 64."""
+        return any(n.op in MASK_OPS for n in self.steps)
 
     @property
     def low_precision(self) -> bool:
@@ -258,7 +266,8 @@ class _Planner:
             elif n.op in CUBE_OPS:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code")
             elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
-                  or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"):
+                  or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"
+                  or n.op in MASK_OPS):
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen")
@@ -426,6 +435,7 @@ class _Planner:
                 kind[vid] = FULL
             elif _eq(v.type.numel, 1):
                 kind[vid] = SCALAR
+                self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
             kind[c] = SCALAR
         for n in steps:
@@ -455,6 +465,10 @@ class _Planner:
             elif n.op == "BroadcastTo" and (srcs[0] in (FULL, PARTIAL) or not full_space):
                 self.root[id(out)] = self.owner(n.inputs[0])
             elif n.op == "BroadcastTo":
+                kind[id(out)] = FULL
+            elif n.op in MASK_OPS:
+                if not full_space:
+                    raise Unsupported(f"{n.op} of values smaller than the loop space")
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)

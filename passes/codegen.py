@@ -28,7 +28,8 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
         c_dim(d, refs)
     if s.reduce and symbolic.is_static(s.L):
-        align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+        align = 64 if s.masks else 16 if any(
+            io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
         ctp = -(-int(s.L) // align) * align
         need = budget(s, low).bytes(1, ctp)
         if need > spec.ub_bytes:

@@ -460,6 +460,61 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
     }
 }
 
+enum class CMPMODE { LT, GT, EQ, LE, GE, NE };
+enum class SELMODE { VSEL_CMPMASK_SPR, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
+
+// Bit i of dst (a bit mask, 8 elements per byte) = a[i] <mode> b[i]. count * sizeof(T) must
+// be a multiple of 256 bytes (whole repeats).
+template <typename T>
+void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
+             CMPMODE mode, uint32_t count, loc where = loc::current()) {
+    if ((count * sizeof(T)) % 256)
+        fail("Compare of " + std::to_string(count * sizeof(T)) +
+             " bytes is not a multiple of 256 (whole repeats)", where);
+    const T* x = a.use(count, where);
+    const T* y = b.use(count, where);
+    uint8_t* m = dst.use(count / 8, where);
+    for (uint32_t i = 0; i < count / 8; ++i) m[i] = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+        float l = static_cast<float>(x[i]), r = static_cast<float>(y[i]);
+        bool bit = false;
+        switch (mode) {
+            case CMPMODE::LT: bit = l < r; break;
+            case CMPMODE::GT: bit = l > r; break;
+            case CMPMODE::EQ: bit = l == r; break;
+            case CMPMODE::LE: bit = l <= r; break;
+            case CMPMODE::GE: bit = l >= r; break;
+            case CMPMODE::NE: bit = l != r; break;
+        }
+        if (bit) m[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    }
+}
+
+// dst[i] = bit i of mask ? a[i] : b[i] (tensor-tensor mode).
+template <typename T>
+void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
+            const LocalTensor<T>& b, SELMODE mode, uint32_t count, loc where = loc::current()) {
+    if (mode != SELMODE::VSEL_TENSOR_TENSOR_MODE)
+        fail("Select with two tensors needs VSEL_TENSOR_TENSOR_MODE", where);
+    const uint8_t* m = mask.use((count + 7) / 8, where);
+    const T* x = a.use(count, where);
+    const T* y = b.use(count, where);
+    T* z = dst.use(count, where);
+    for (uint32_t i = 0; i < count; ++i) z[i] = (m[i / 8] >> (i % 8)) & 1u ? x[i] : y[i];
+}
+
+// dst[i] = bit i of mask ? a[i] : scalar (tensor-scalar mode).
+template <typename T>
+void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
+            T scalar, SELMODE mode, uint32_t count, loc where = loc::current()) {
+    if (mode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
+        fail("Select with a scalar needs VSEL_TENSOR_SCALAR_MODE", where);
+    const uint8_t* m = mask.use((count + 7) / 8, where);
+    const T* x = a.use(count, where);
+    T* z = dst.use(count, where);
+    for (uint32_t i = 0; i < count; ++i) z[i] = (m[i / 8] >> (i % 8)) & 1u ? x[i] : scalar;
+}
+
 // Reductions of `count` elements to dst[0]; the work buffer must hold count elements. The
 // vector unit reduces pairwise (a tree over the elements), not left to right; so does this.
 #define GK_SIM_REDUCE(NAME, COMBINE)                                                       \

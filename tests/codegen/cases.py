@@ -14,7 +14,8 @@ from graphkernel.codegen.backend import render_all, schedules
 from graphkernel.codegen.sim.execute import SimLibrary
 
 UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh", "Relu",
-         "Sigmoid", "Floor", "Ceil", "Trunc", "Round"]
+         "Sigmoid", "Floor", "Ceil", "Trunc", "Round", "Sign"]
+COMPARE = ["Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"]
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
@@ -52,6 +53,11 @@ def _single(op: str, shape, dtype: str) -> Graph:
     if op in BINARY:
         y = g.add_input("y", TensorType(shape, dtype))
         out = g.add_node(op, [x, y], name="op").output
+    elif op in COMPARE:  # a comparison is a bit mask inside a kernel: it feeds a Select
+        y = g.add_input("y", TensorType(shape, dtype))
+        r = g.add_node("Round", [y]).output  # equal elements for Equal/NotEqual
+        c = g.add_node(op, [g.add_node("Round", [x]).output, r], name="op").output
+        out = g.add_node("Select", [c, x, y]).output
     elif op in REDUCE:
         out = g.add_node(op, [x], {"axis": [len(shape) - 1], "keep_dims": True},
                          name="op").output
@@ -63,7 +69,7 @@ def _single(op: str, shape, dtype: str) -> Graph:
 
 def single_op_cases() -> list[Case]:
     cases = []
-    for op in UNARY + BINARY + REDUCE:
+    for op in UNARY + BINARY + REDUCE + COMPARE:
         for sname, shape in SHAPES.items():
             for dt in DTYPES:
                 if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
@@ -119,6 +125,11 @@ def pattern_cases() -> list[Case]:
     g, v = _g("bias_gelu", {"x": (24, 200), "b": (200,)})
     add("bias-gelu", g, g.add_node("GeLU", [g.add_node("Add", [v["x"], v["b"]]).output],
                                    {"approximate": "tanh"}).output)
+    # where(x > c, x, b) with a broadcast row b, and Select against a scalar
+    g, v = _g("where", {"x": (20, 48), "b": (48,)})
+    c = g.add_node("Greater", [v["x"], g.const(np.float32(0.25))]).output
+    w = g.add_node("Select", [c, v["x"], v["b"]]).output
+    add("select-broadcast", g, w, g.add_node("Select", [c, w, g.const(np.float32(-1))]).output)
     # a Cast to fp16 in the middle of an fp32 kernel rounds there (and only there)
     g, v = _g("cast_mid", {"x": (9, 70)})
     h = g.add_node("Cast", [g.add_node("Exp", [v["x"]]).output], {"dtype": "float16"}).output
