@@ -38,6 +38,20 @@ def render_all(scheds: Mapping[str, Schedule]) -> list[Rendered]:
     return out
 
 
+def render_supers(result: Any, rendered: Sequence[Rendered]) -> list[Any]:
+    """The compiled graph's SuperKernels, rendered over its rendered kernels."""
+    from graphkernel.codegen.sim.execute import SuperRendered
+    from graphkernel.codegen.superkernel import render as render_super
+    from graphkernel.codegen.superkernel import symbol
+
+    by_node = {r.schedule.node: r for r in rendered}
+    out = []
+    for g in result.analyses.get("super_kernels", []):
+        subs = [by_node[k.name] for k in g.members]
+        out.append(SuperRendered(symbol(g, subs), g, subs, render_super(g, subs)))
+    return out
+
+
 @dataclass
 class KernelStats:
     name: str
@@ -134,9 +148,15 @@ def write_project(result: Any, out_dir: str | Path) -> list[Path]:
     for r in rendered:
         for fname, text in sorted(r.files.items()):
             written.append(atomic_write_text(kdir / fname, text))
+    supers = render_supers(result, rendered)
+    for sr in supers:
+        head = "#define GK_NO_ENTRY\n" + "".join(
+            f'#include "{r.name}.cpp"\n' for r in sr.members) + "#undef GK_NO_ENTRY\n"
+        written.append(atomic_write_text(kdir / f"{sr.name}.cpp", head + sr.source))
     cmake = CMAKE.format(
         soc=result.config.target,
-        kernels="\n".join(f"  {r.name}.cpp" for r in rendered),
+        kernels="\n".join([f"  {r.name}.cpp" for r in rendered]
+                          + [f"  {sr.name}.cpp" for sr in supers]),
         tilings="\n".join(f"  {r.name}_tiling.cpp" for r in rendered))
     written.append(atomic_write_text(kdir / "CMakeLists.txt", cmake))
     manifest = {
@@ -144,6 +164,12 @@ def write_project(result: Any, out_dir: str | Path) -> list[Path]:
         "target": result.config.target,
         "graph": result.graph.name,
         "kernels": [r.manifest for r in rendered],
+        "super_kernels": [{"name": sr.name, "kernels": [r.name for r in sr.members],
+                           "barrier_before": [r.name for r, b in zip(
+                               sr.members, sr.group.barriers, strict=True) if b],
+                           "tiling": "each sub-kernel's tiling struct in order, 8-byte aligned",
+                           "block_dim": "max of the sub-kernels' blockDim"}
+                          for sr in supers],
         "fallbacks": result.report.extra.get("fallbacks", []),
     }
     written.append(atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2,

@@ -14,6 +14,7 @@ from graphkernel.passes import (  # noqa: F401
     recompute,
     reshape_elim,
     split,
+    super_kernel,
     transpose_elim,
     validate,
 )

@@ -14,6 +14,7 @@ from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import budget, c_dim, shape_refs
 from graphkernel.codegen.lower import lower
 from graphkernel.codegen.schedule import CUBE_OPS, Schedule, Unsupported, plan
+from graphkernel.codegen.superkernel import form_groups
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, kernel_name, unfuse
@@ -56,6 +57,30 @@ def _split_cube(graph: Graph, kernel: Node, ctx) -> Node | None:
                         f"{kernel.attrs['pattern']}/epilogue")
 
 
+def _super_kernels(graph, ctx, spec, scheds) -> None:
+    """The SuperKernel groups over the kernels that were generated."""
+    live = {n.name for n in graph.nodes if n.op == "GraphKernel"} & set(scheds)
+    groups = []
+    for g in form_groups(graph, ctx.analyses["super_kernel_scopes"], live):
+        names = [k.name for k in g.members]
+        if ctx.should_apply(f"{g.name}: one launch for {', '.join(names)}", g.members):
+            g.name = f"superkernel_{len(groups) + 1}"
+            groups.append(g)
+    ctx.analyses["super_kernels"] = groups
+    saved = sum(g.launches_saved for g in groups)
+    ctx.report_extra["super_kernels"] = [
+        {"name": g.name, "kernels": [k.name for k in g.members],
+         "barriers_before": [k.name for k, b in zip(g.members, g.barriers, strict=True) if b],
+         "launches_saved": g.launches_saved} for g in groups]
+    ctx.report_extra["super_kernel_summary"] = {
+        "launches_before": len(live), "launches_after": len(live) - saved,
+        "modeled_us_saved": round(saved * spec.launch_overhead_us, 3)}
+    if groups:
+        ctx.log(f"{len(groups)} SuperKernels: {len(live)} -> {len(live) - saved} kernel "
+                f"launches, {saved * spec.launch_overhead_us:.1f} us of modeled launch "
+                "overhead saved")
+
+
 @register_pass("codegen", stage="codegen", level=1, order=50)
 def codegen(graph, ctx) -> PassResult:
     """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
@@ -90,6 +115,8 @@ def codegen(graph, ctx) -> PassResult:
         ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
     if changed:
         graph.remove_dead()  # scalar constants the split kernels copied inside
+    if "super_kernel_scopes" in ctx.analyses:
+        _super_kernels(graph, ctx, spec, scheds)
     ctx.report_extra["codegen"] = {"kernels": len(scheds), "target": spec.name,
                                    "fallbacks": len(fallbacks)}
     return PassResult(changed > 0, changed,

@@ -9,6 +9,7 @@
 // per block.
 #pragma once
 
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -73,6 +75,20 @@ inline thread_local Core* g_core = nullptr;
 
 inline int32_t GetBlockIdx() { return g_core->block_idx; }
 inline int32_t GetBlockNum() { return g_core->block_num; }
+
+// All-core synchronisation. Only a SuperKernel launch runs its cores as threads; elsewhere
+// the cores run one after another and a barrier among them would deadlock on the device.
+inline thread_local std::barrier<>* g_barrier = nullptr;
+inline void SyncAll(loc where = loc::current()) {
+    if (g_barrier == nullptr) {
+        if (g_core->block_num > 1)
+            fail("SyncAll in a kernel not launched as a SuperKernel", where);
+        return;
+    }
+    g_barrier->arrive_and_wait();
+}
+// An instruction-cache preload hint: no effect on results.
+inline void ICachePreLoad(int64_t) {}
 
 enum class QuePosition { VECIN, VECOUT, VECCALC };
 enum class TPosition { VECIN, VECOUT, VECCALC };
@@ -583,6 +599,46 @@ GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
             counters[0] += core.gm_read;                                                    \
             counters[1] += core.gm_written;                                                 \
             AscendC::g_core = nullptr;                                                      \
+        }                                                                                   \
+        return 0;                                                                           \
+    }
+
+// A SuperKernel's entry: every core a thread, SyncAll a real barrier among them.
+#define GK_SIM_LAUNCHER_SYNC(KERNEL, NARGS)                                                 \
+    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes, \
+                                          uint64_t* counters, char* err, int32_t errlen) {  \
+        std::barrier<> bar(blocks);                                                         \
+        std::vector<AscendC::Core> cores(blocks);                                           \
+        std::vector<std::string> errors(blocks);                                            \
+        std::vector<std::thread> threads;                                                   \
+        for (int32_t b = 0; b < blocks; ++b) {                                              \
+            threads.emplace_back([&, b] {                                                   \
+                AscendC::Core& core = cores[b];                                             \
+                core.kernel = #KERNEL;                                                      \
+                core.block_idx = b;                                                         \
+                core.block_num = blocks;                                                    \
+                core.ub.assign(ub_bytes, 0xA5);                                             \
+                AscendC::g_core = &core;                                                    \
+                AscendC::g_barrier = &bar;                                                  \
+                try {                                                                       \
+                    gk_sim_call_##KERNEL(args);                                             \
+                } catch (const std::exception& e) {                                         \
+                    errors[b] = e.what();                                                   \
+                    bar.arrive_and_drop();                                                  \
+                }                                                                           \
+                AscendC::g_core = nullptr;                                                  \
+                AscendC::g_barrier = nullptr;                                               \
+            });                                                                             \
+        }                                                                                   \
+        for (auto& t : threads) t.join();                                                   \
+        for (int32_t b = 0; b < blocks; ++b) {                                              \
+            if (!errors[b].empty()) {                                                       \
+                std::strncpy(err, errors[b].c_str(), errlen - 1);                           \
+                err[errlen - 1] = 0;                                                        \
+                return 1;                                                                   \
+            }                                                                               \
+            counters[0] += cores[b].gm_read;                                                \
+            counters[1] += cores[b].gm_written;                                             \
         }                                                                                   \
         return 0;                                                                           \
     }

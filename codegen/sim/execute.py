@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,12 +44,40 @@ class Launch:
     tiling: dict[str, int]
 
 
-class SimLibrary:
-    """Kernels compiled together (one g++ run, cached by content)."""
+@dataclass
+class SuperRendered:
+    """A rendered SuperKernel: its group, its sub-kernels (rendered) and its source."""
 
-    def __init__(self, kernels: Sequence[Rendered]):
+    name: str
+    group: Any
+    members: list[Rendered]
+    source: str
+
+
+def super_sim_source(sr: SuperRendered) -> str:
+    from graphkernel.codegen.superkernel import buffers
+
+    nargs = len(buffers(sr.group)[0]) + 2
+    args = ", ".join(f"a[{i}]" for i in range(nargs))
+    return "\n".join([
+        sr.source,
+        f"static void gk_sim_call_{sr.name}(uint8_t** a) {{ {sr.name}({args}); }}",
+        f"GK_SIM_LAUNCHER_SYNC({sr.name}, {nargs})",
+    ])
+
+
+class SimLibrary:
+    """Kernels (and SuperKernels over them) compiled together: one g++ run, cached by
+    content."""
+
+    def __init__(self, kernels: Sequence[Rendered], supers: Sequence[SuperRendered] = ()):
         self.kernels = {r.name: r for r in kernels}  # equal names are equal kernels
+        for sr in supers:
+            for r in sr.members:
+                self.kernels.setdefault(r.name, r)
+        self.supers = {sr.name: sr for sr in supers}
         srcs = [sim_source(r) for r in self.kernels.values()]
+        srcs += [super_sim_source(sr) for sr in self.supers.values()]
         self.lib = build(srcs) if srcs else None
 
     def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: TargetSpec
@@ -78,6 +107,36 @@ class SimLibrary:
             fields = {"M": M, "L": L, "rt": rt, "ct": ct, "ctp": ctp, "nColTiles": ncol,
                       "units": int(head[4]), "blockDim": int(head[5])}
         return raw, int(block.value), fields
+
+    def run_super(self, name: str, external: dict[int, np.ndarray], spec: TargetSpec
+                  ) -> tuple[dict[int, np.ndarray], int, int, int]:
+        """Launch a SuperKernel once. ``external`` maps id(value) of each external input
+        buffer to its array; returns (id(value) -> array for every buffer, blockDim, GM bytes
+        read, written)."""
+        from graphkernel.codegen.superkernel import buffers
+
+        sr = self.supers[name]
+        bufs, arg_index = buffers(sr.group)
+        arrays: dict[int, np.ndarray] = {}
+        for v in bufs:
+            if id(v) in external:
+                a = np.asarray(external[id(v)]).astype(_np_dtype(v.dtype), copy=False)
+                arrays[id(v)] = a if a.flags.c_contiguous else a.copy()
+            else:
+                arrays[id(v)] = np.zeros(tuple(int(d) for d in v.shape), _np_dtype(v.dtype))
+        tiling, block = bytearray(), 0
+        for r, k, idx in zip(sr.members, sr.group.members, arg_index, strict=True):
+            shapes = [arrays[id(bufs[i])].shape for i in idx[:len(k.inputs)]]
+            raw, b, _ = self.tiling(r.name, shapes, spec)
+            tiling += raw + bytes(-len(raw) % 8)
+            block = max(block, b)
+        ordered = [arrays[id(v)] for v in bufs]
+        if block == 0:
+            return arrays, 0, 0, 0
+        read, written = launch(self.lib, name, [*ordered, np.zeros(32, np.uint8),
+                                                np.frombuffer(bytes(tiling), np.uint8).copy()],
+                               block, spec.ub_bytes)
+        return arrays, block, read, written
 
     def run(self, name: str, inputs: Sequence[np.ndarray], spec: TargetSpec) -> Launch:
         r = self.kernels[name]

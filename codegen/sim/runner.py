@@ -21,7 +21,7 @@ import numpy as np
 from graphkernel.errors import CodegenError
 
 HEADER_DIR = Path(__file__).resolve().parent
-CXX_FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-w"]
+CXX_FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-pthread"]
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
