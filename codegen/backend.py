@@ -74,10 +74,12 @@ class SimBackend:
         self.graph = graph
         self.spec = targets.load(target)
         self.interpret = set(interpret)  # kernels run by the interpreter instead (bisection)
-        self.rendered = {r.schedule.node: r for r in render_all(
-            {k: s for k, s in scheds.items() if k not in self.interpret})}
-        # a library built for many graphs at once (tests batch their compiles), or our own
-        self.lib = library or SimLibrary(list(self.rendered.values()))
+        # every kernel is built (one library whatever `interpret` is, so bisection's runs
+        # share it); a library built for many graphs at once may be passed in
+        rendered = render_all(scheds)
+        self.lib = library or SimLibrary(rendered)
+        self.rendered = {r.schedule.node: r for r in rendered
+                         if r.schedule.node not in self.interpret}
         self.stats: dict[str, KernelStats] = {}
         self.unscheduled: list[str] = []
 

@@ -122,7 +122,7 @@ class Evaluator:
     def execute(self, res: Any, interpret: Sequence[str] = ()) -> list[np.ndarray]:
         """Run a compiled graph: op by op, or its kernels' generated code in the simulator
         (except the kernels named in ``interpret``, run op by op)."""
-        if self.backend == "sim":
+        if self.backend == "sim" or interpret:
             from graphkernel.codegen.backend import run_sim
 
             return run_sim(res, self.inputs, interpret)[0]
@@ -163,6 +163,7 @@ class BisectResult:
     with_it: str = ""
     without_it: str = ""
     flags: str = ""  # a flag string that avoids the problem (verified)
+    kernel: str = ""  # kernel level (backend sim): the kernel whose generated code is wrong
     repro: str = ""
     repro_reproduces: bool = False
     steps: list[str] = field(default_factory=list)
@@ -177,6 +178,8 @@ class BisectResult:
         if not self.mismatch:
             return f"no mismatch ({self.message}); {self.evaluations} evaluation(s)"
         lines = [
+            f"culprit: the generated code of kernel {self.kernel} (codegen, {self.index})"
+            if self.kernel else
             f"culprit: pass {self.pass_label} ({self.stage}, {self.index}), application "
             f"{self.application} of {self.applications_in_pass}",
             f"rewrite: {self.description}",
@@ -235,6 +238,9 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
 
     say(f"[step 1/~{est}] user flags -> {j.short()}")
     res.steps.append(f"[step 1/~{est}] user flags -> {j.short()}")
+    if backend == "sim" and _search_kernels(ev, full, record, res, flags, repro_dir):
+        res.evaluations = ev.evaluations
+        return res
     found = _search_global(ev, full, record) or _search_pass_level(ev, full, changed, record)
     if found is None:
         res.evaluations = ev.evaluations
@@ -270,6 +276,64 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
                                                       Path(repro_dir))
     res.evaluations = ev.evaluations
     return res
+
+
+def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
+                    repro_dir: str | os.PathLike | None) -> bool:
+    """Kernel level (backend sim): if the compiled graph is right when every kernel runs op
+    by op, a kernel's generated code is wrong. Halve the set of kernels run through their
+    generated code until one remains. Fills ``res`` and returns True when found."""
+    kernels = [n.name for n in full.graph.nodes if n.op == "GraphKernel"]
+
+    def judge(interpret: Sequence[str], what: str) -> Judgement:
+        ev.evaluations += 1
+        jj = ev.judge(ev.execute(full, interpret))
+        record(what, jj)
+        return jj
+
+    if not kernels or judge(kernels, "every kernel op by op (no generated code)").bad:
+        return False
+    cands = kernels
+    while len(cands) > 1:
+        half = cands[: len(cands) // 2]
+        rest = [k for k in kernels if k not in half]
+        # generated code for `half` only: still bad -> the culprit is in it
+        jj = judge(rest, f"generated code for {len(half)} of {len(cands)} candidate kernels")
+        cands = half if jj.bad else cands[len(cands) // 2:]
+    culprit = cands[0]
+    without = judge([culprit], f"{culprit} op by op, every other kernel generated")
+    if without.bad:
+        return False
+    with_it = judge([k for k in kernels if k != culprit], f"only {culprit} generated")
+    node = full.graph.node(culprit)
+    res.pass_label = res.pass_name = "codegen"
+    res.stage, res.index = "codegen", next((p.index for p in full.report.passes
+                                            if p.name == "codegen"), "")
+    res.kernel = culprit
+    res.description = (f"generated code of kernel {culprit} ({node.attrs['pattern']}: "
+                       f"{', '.join(m.op for m in node.subgraph.nodes if m.op != 'Constant')})")
+    res.origin = list(node.origin)
+    res.with_it, res.without_it = with_it.short(), without.short()
+    options = [f"--disable_fusion_pattern={p}"
+               for p in dict.fromkeys(node.attrs["pattern"].replace("/", "+").split("+"))
+               if p and p != "epilogue" and p != "single_node"]
+    if repro_dir is not None and res.origin:
+        skip = Path(repro_dir) / "skip_nodes.ini"
+        from graphkernel.fileio import atomic_write_text
+
+        atomic_write_text(skip, "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
+        options.append(f"--skip_node_names_cfg={skip}")
+    options.append("--disable_pass=codegen")
+    for opt in options:
+        jj = ev.run(opt)[0]
+        record(f"check {opt}", jj)
+        if not jj.bad:
+            res.flags = f"{flags} {opt}".strip()
+            break
+    if repro_dir is not None and res.origin:
+        res.repro, res.repro_reproduces = write_repro(ev.graph, ev.inputs, res.origin, flags,
+                                                      Path(repro_dir), ev.backend)
+    return True
 
 
 def _pass_record(full, app_pass: str, nth_of_pass: int):
@@ -369,7 +433,7 @@ def _neighbourhood(graph: Graph, names: set[str]) -> Graph | None:
 
 
 def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence[str],
-                flags: str, out_dir: Path) -> tuple[str, bool]:
+                flags: str, out_dir: Path, backend: str = "reference") -> tuple[str, bool]:
     """Save the culprit's neighbourhood with the inputs that reach it, grown one hop at a time
     until it reproduces the mismatch on its own (at worst: the whole graph)."""
     from graphkernel.fileio import save_npz
@@ -385,7 +449,7 @@ def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence
         feeds = dict(zip([v.name for v in sub.inputs], Interpreter(probe).run(inputs),
                          strict=True)) if sub.inputs else {}
         try:
-            reproduces = Evaluator(sub, feeds, flags).run()[0].bad
+            reproduces = Evaluator(sub, feeds, flags, backend).run()[0].bad
         except GraphKernelError:
             reproduces = False
         if reproduces:

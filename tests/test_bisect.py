@@ -233,3 +233,48 @@ def test_external_driver_on_a_script(tmp_path):
                           sys.executable, str(script)], capture_output=True, text=True)
     assert cli.returncode == 0 and "swap_add_sub" in cli.stdout
     assert 'AUTOFUSE_FLAGS="--disable_pass=swap_add_sub"' in cli.stdout
+
+
+def test_kernel_level_finds_a_miscompiled_kernel(tmp_path):
+    """A test hook corrupts one kernel's generated code (its Add becomes Sub); the reference
+    backend sees nothing wrong, --backend sim bisection names that kernel."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    from graphkernel.codegen import backend as cg
+
+    rng = np.random.default_rng(0)
+    g = Graph("kl")
+    h = g.add_input("x", TensorType((16, 32), "float32"))
+    for i in range(6):  # six layers: each vector epilogue is its own kernel
+        w = g.const((rng.standard_normal((32, 32)) / 6).astype(np.float32))
+        b = g.const(rng.standard_normal(32).astype(np.float32))
+        mm = g.add_node("MatMul", [h, w], name=f"mm{i}").output
+        h = g.add_node("Tanh", [g.add_node("Add", [mm, b], name=f"bias{i}").output],
+                       name=f"act{i}").output
+    g.set_outputs([h])
+    compiled = graphkernel.compile(g, "--opt_level=2", env={}).graph
+    kernels = [k for k in compiled.nodes if k.op == "GraphKernel"]
+    target = next(k for k in kernels if "bias3" in k.origin)
+
+    def corrupt(name, files):
+        if name.startswith(f"gk_{target.name}_"):
+            files = {f: t.replace("Add(", "Sub(") for f, t in files.items()}
+        return files
+
+    cg.CORRUPT.append(corrupt)
+    try:
+        assert not verify(g, "--opt_level=2").bad  # op by op: nothing wrong
+        assert verify(g, "--opt_level=2", backend="sim").bad
+        res = bisect(g, flags="--opt_level=2", backend="sim", repro_dir=tmp_path)
+    finally:
+        cg.CORRUPT.remove(corrupt)
+    assert res.mismatch and res.kernel == target.name, res.summary()
+    assert "bias3" in res.origin and res.pass_name == "codegen"
+    # the halving over kernels, plus: full run, all op by op, confirm x2, one flag check
+    assert res.evaluations <= math.ceil(math.log2(len(kernels))) + 5, res.steps
+    assert res.flags, res.steps  # a flag string verified to avoid it
+    print(res.summary())
