@@ -11,6 +11,7 @@ from graphkernel.passes import (  # noqa: F401
     dce,
     expand,
     parallel_fusion,
+    promote_precision,
     recompute,
     reshape_elim,
     split,

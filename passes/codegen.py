@@ -42,16 +42,21 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
 def _split_cube(graph: Graph, kernel: Node, ctx) -> Node | None:
     """Unfuse ``kernel``; when cube ops head it, rebuild the rest as a kernel and return it."""
     nodes = unfuse(graph, kernel)
-    rest = [n for n in nodes if n.op not in CUBE_OPS and n.op != "Constant"]
-    cube = [n for n in nodes if n.op in CUBE_OPS]
-    members = {id(n) for n in nodes}
-    heads = all(v.producer is None or id(v.producer) not in members
-                for c in cube for v in c.inputs)
-    if not cube or not heads or not any(n.op not in ("Reshape", "ExpandDims", "Squeeze")
-                                        for n in rest):
+    # the cube side: cube ops and what only feeds them (casts/views of their operands)
+    cube: set[int] = set()
+    for n in reversed(nodes):
+        users = [u for v in n.outputs for u in v.users]
+        if n.op in CUBE_OPS or (n.op != "Constant" and users
+                                and all(id(u) in cube for u in users)):
+            cube.add(id(n))
+    rest = [n for n in nodes if id(n) not in cube and n.op != "Constant"]
+    keep = {id(r) for r in rest}
+    feeds_cube = any(v.producer is not None and id(v.producer) in keep
+                     for n in nodes if id(n) in cube for v in n.inputs)
+    if not cube or feeds_cube or not any(n.op not in ("Reshape", "ExpandDims", "Squeeze")
+                                         for n in rest):
         return None
     counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-    keep = {id(r) for r in rest}
     rest = [n for n in graph.nodes if id(n) in keep]
     return build_kernel(graph, rest, kernel_name(rest, counter),
                         f"{kernel.attrs['pattern']}/epilogue")

@@ -28,6 +28,7 @@ def test_passes_by_level():
     assert on1 == {"validate", "axis_normalize", "expand", "dce:1", "dce:2", "cluster", "split",
                    "codegen"}
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
+                         "promote_precision",
                          "transpose_elim", "cast_elim", "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -19,7 +19,8 @@ NOENV: dict[str, str] = {}
 CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2,
              "arith_simplify": 2, "cse": 2, "reshape_elim": 2, "transpose_elim": 2,
              "cast_elim": 2, "dce": 1, "cluster": 1, "split": 1, "recompute": 2,
-             "parallel_fusion": 3, "codegen": 1, "super_kernel": 3}
+             "parallel_fusion": 3, "codegen": 1, "super_kernel": 3,
+             "promote_precision": 2}
 
 
 def on_passes(flags: str) -> set[str]:

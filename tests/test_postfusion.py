@@ -91,3 +91,25 @@ def test_parallel_fusion_never_merges_dependent_kernels():
     res.graph.validate()
     check_same(g, res)
     assert len(kernels(res)) == 2  # the second depends on the first through CumSum
+
+
+def test_promote_precision_computes_fp16_kernels_in_fp32_and_rounds_at_outputs():
+    g = Graph("p16")
+    x = g.add_input("x", TensorType((8, 64), "float16"))
+    e = g.add_node("Exp", [g.add_node("Mul", [x, g.const(np.float16(0.5))]).output]).output
+    s = g.add_node("ReduceSum", [e], {"axis": [1], "keep_dims": True}).output
+    g.set_outputs([g.add_node("Div", [e, s]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    (k,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    inner = [n for n in k.subgraph.nodes if n.op not in ("Constant", "Cast")]
+    assert all(v.dtype.value == "float32" for n in inner for v in n.outputs)
+    assert k.subgraph.outputs[0].dtype.value == "float16"  # rounded once, at the output
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float16)}
+    ref = Interpreter(g, "float64").run(feeds)[0]
+    promoted = Interpreter(res.graph).run(feeds)[0].astype(np.float64)
+    op_by_op = Interpreter(g).run(feeds)[0].astype(np.float64)
+    assert np.abs(promoted - ref).max() <= np.abs(op_by_op - ref).max()
+    low = graphkernel.compile(g, "--opt_level=2 --enable_low_precision", env={})
+    (k,) = [n for n in low.graph.nodes if n.op == "GraphKernel"]
+    assert any(v.dtype.value == "float16" for n in k.subgraph.nodes if n.op == "Exp"
+               for v in n.outputs)

@@ -1,0 +1,87 @@
+"""promote_precision: inside kernels, compute fp16/bf16 in fp32 and round only at outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.registry import PassResult, register_pass
+
+LOW = (DType.float16, DType.bfloat16)
+CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D"})  # the cube unit takes fp16 as it is
+
+
+def _promote(kernel: Node) -> Graph | None:
+    """The kernel's body computed in fp32: low-precision values widened where a vector op
+    first reads them, every vector op in fp32, casts to fp16/bf16 inside dropped, outputs
+    rounded back to their dtype; cube ops keep their operands' precision. None when no
+    vector op inside computes in low precision."""
+    sub = kernel.subgraph
+    if not any(v.dtype in LOW for n in sub.nodes if n.op not in ("Constant", *CUBE)
+               for v in n.outputs):
+        return None
+    outputs = {id(v) for v in sub.outputs}
+    new = Graph(sub.name)
+    vmap: dict[int, Value] = {id(v): new.add_input(v.name, v.type) for v in sub.inputs}
+    wide: dict[int, Value] = {}
+    narrow: dict[int, Value] = {}
+
+    def widen(x: Value) -> Value:
+        if x.dtype not in LOW:
+            return x
+        if id(x) not in wide:
+            w = new.add_node("Cast", [x], {"dtype": "float32"},
+                             name=new.fresh_name(f"{x.name}_fp32")).output
+            wide[id(x)], narrow[id(w)] = w, x
+        return wide[id(x)]
+
+    for n in sub.nodes:
+        if n.op == "Constant":
+            val = np.asarray(n.attrs["value"])
+            if n.outputs[0].dtype in LOW:
+                val = val.astype(np.float32)
+            vmap[id(n.outputs[0])] = new.add_node("Constant", [], {"value": val}, name=n.name,
+                                                  origin=n.origin).output
+            continue
+        ins = [vmap[id(v)] for v in n.inputs]
+        if n.op in CUBE:  # operands in their own precision
+            ins = [x if x.dtype == v.dtype else narrow.get(id(x)) or new.add_node(
+                "Cast", [x], {"dtype": v.dtype.value}).output
+                for x, v in zip(ins, n.inputs, strict=True)]
+        elif n.op == "Cast" and n.outputs[0].dtype in LOW and id(n.outputs[0]) not in outputs:
+            vmap[id(n.outputs[0])] = widen(ins[0])  # an inner rounding: stay in fp32
+            continue
+        elif n.op == "Cast" and n.outputs[0].dtype == DType.float32:
+            vmap[id(n.outputs[0])] = widen(ins[0])
+            continue
+        elif n.op != "Cast":
+            ins = [widen(x) for x in ins]
+        m = new.add_node(n.op, ins, dict(n.attrs), name=n.name, origin=n.origin)
+        for old, nv in zip(n.outputs, m.outputs, strict=True):
+            vmap[id(old)] = nv
+    outs = []
+    for v in sub.outputs:
+        nv = vmap[id(v)]
+        if nv.dtype != v.dtype:
+            nv = new.add_node("Cast", [nv], {"dtype": v.dtype.value},
+                              name=new.fresh_name(f"{v.name}_round")).output
+        outs.append(nv)
+    new.set_outputs(outs)
+    new.remove_dead()
+    return new
+
+
+@register_pass("promote_precision", stage="postfusion", level=2, order=30)
+def promote_precision(graph, ctx) -> PassResult:
+    """Inside each kernel, compute fp16/bf16 in fp32 and round only at the kernel's outputs
+    (what the generated code does; AutoFuse's accuracy guarantee). enable_low_precision keeps
+    the kernels in their input precision."""
+    if ctx.flags.enable_low_precision:
+        return PassResult(False, 0, ["enable_low_precision: kernels keep fp16/bf16"])
+    changed = 0
+    for k in [n for n in graph.nodes if n.op == "GraphKernel"]:
+        body = _promote(k)
+        if body is not None and ctx.should_apply(f"{k.name}: fp32 inside", [k]):
+            k.attrs["subgraph"] = body
+            changed += 1
+    return PassResult(changed > 0, changed)
