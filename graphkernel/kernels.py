@@ -146,5 +146,4 @@ def unfuse(graph: Graph, kernel: Node) -> list[Node]:
     for old, inner in zip(kernel.outputs, kernel.subgraph.outputs, strict=True):
         graph.replace_all_uses(old, vmap[id(inner)])
     graph.erase_node(kernel)
-    graph.toposort()
-    return nodes
+    return nodes  # the graph re-sorts itself on its next traversal

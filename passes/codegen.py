@@ -57,7 +57,7 @@ def _split_cube(graph: Graph, kernel: Node, ctx) -> Node | None:
                                          for n in rest):
         return None
     counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-    rest = [n for n in graph.nodes if id(n) in keep]
+    rest = [n for n in nodes if id(n) in keep]  # the kernel's (topological) order
     return build_kernel(graph, rest, kernel_name(rest, counter),
                         f"{kernel.attrs['pattern']}/epilogue")
 
