@@ -32,7 +32,9 @@ from graphkernel.ir import DType, Node, Value
 SCALAR_FN = {"Exp": "std::exp({})", "Log": "std::log({})", "Abs": "std::fabs({})",
              "Sqrt": "std::sqrt({})", "Rsqrt": "(1.0f / std::sqrt({}))",
              "Reciprocal": "(1.0f / {})", "Relu": "std::fmax({}, 0.0f)", "Neg": "(-{})",
-             "Erf": "std::erf({})", "Tanh": "std::tanh({})",
+             "Erf": "std::erf({})", "Erfc": "std::erfc({})", "Tanh": "std::tanh({})",
+             "Sin": "std::sin({})", "Cos": "std::cos({})", "Tan": "std::tan({})",
+             "Asin": "std::asin({})", "Acos": "std::acos({})", "Atan": "std::atan({})",
              "Sigmoid": "(1.0f / (1.0f + std::exp(-{})))"}
 SCALAR_BIN = {"Add": "({} + {})", "Sub": "({} - {})", "Mul": "({} * {})", "Div": "({} / {})",
               "Maximum": "std::fmax({}, {})", "Minimum": "std::fmin({}, {})",

@@ -35,7 +35,9 @@ UNARY_OPS = {"Exp": "Exp", "Log": "Ln", "Abs": "Abs", "Sqrt": "Sqrt", "Rsqrt": "
              "Reciprocal": "Reciprocal", "Relu": "Relu", "Neg": None}
 ROUND_OPS = {"Floor": "CAST_FLOOR", "Ceil": "CAST_CEIL", "Trunc": "CAST_TRUNC",
              "Round": "CAST_RINT"}  # Cast fp32 -> fp32 to an integral value
-TMP_UNARY_OPS = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Sigmoid"}  # need a scratch buffer
+# the high-level math library: each needs a scratch buffer
+TMP_UNARY_OPS = {op: op for op in ("Erf", "Erfc", "Tanh", "Sigmoid", "Sin", "Cos", "Tan", "Asin",
+                                   "Acos", "Atan")}
 BINARY_OPS = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Maximum": "Max",
               "Minimum": "Min", "Pow": None}
 COMPARE_OPS = {"Greater": "GT", "GreaterEqual": "GE", "Less": "LT", "LessEqual": "LE",
@@ -259,8 +261,8 @@ class _Planner:
                 self.scalars[id(n.outputs[0])] = float(np.asarray(n.attrs["value"]).reshape(-1)[0])
             elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)):
                 self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
-            elif n.op in ("Slice", "StridedSlice"):
-                self._slice(n)
+            elif n.op in ("Slice", "StridedSlice", "Transpose"):
+                self._slice(n)  # a strided view of a kernel input
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
             elif n.op in CUBE_OPS:
@@ -330,14 +332,18 @@ class _Planner:
     def _slice(self, n: Node) -> None:
         src = self.owner(n.inputs[0])
         if not any(src is v for v in self.sub.inputs):
-            raise Unsupported(f"{n.op} of a computed value (slices are generated as strided "
-                              "loads of kernel inputs)")
+            raise Unsupported(f"{n.op} of a computed value (slices and transposes are generated "
+                              "as strided loads of kernel inputs)")
         if self.loaded[id(src)] is not src or len(src.uses) != 1:
             raise Unsupported(f"{n.op}: input {src.name} is read through more than one view")
         if len(n.inputs[0].shape) != len(src.shape) or n.inputs[0] is not src:
             raise Unsupported(f"{n.op} of a reshaped input")
         out = n.outputs[0]
-        self.views[id(out)] = slice_view(n)
+        if n.op == "Transpose":
+            strides = View.contiguous(tuple(src.shape)).strides
+            self.views[id(out)] = View(0, tuple(strides[p] for p in n.attrs["perm"]))
+        else:
+            self.views[id(out)] = slice_view(n)
         self.loaded[id(src)] = out
         del self.views[id(src)]
 

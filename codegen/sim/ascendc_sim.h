@@ -570,6 +570,13 @@ GK_SIM_REDUCE(ReduceMin, (std::isnan(l) || l < r ? l : r))
         }                                                                                  \
     }
 GK_SIM_TMP_UNARY(Erf, std::erf(v))
+GK_SIM_TMP_UNARY(Erfc, std::erfc(v))
+GK_SIM_TMP_UNARY(Sin, std::sin(v))
+GK_SIM_TMP_UNARY(Cos, std::cos(v))
+GK_SIM_TMP_UNARY(Tan, std::tan(v))
+GK_SIM_TMP_UNARY(Asin, std::asin(v))
+GK_SIM_TMP_UNARY(Acos, std::acos(v))
+GK_SIM_TMP_UNARY(Atan, std::atan(v))
 GK_SIM_TMP_UNARY(Tanh, std::tanh(v))
 GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
 #undef GK_SIM_TMP_UNARY

@@ -14,7 +14,9 @@ from graphkernel.codegen.backend import render_all, schedules
 from graphkernel.codegen.sim.execute import SimLibrary
 
 UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh", "Relu",
-         "Sigmoid", "Floor", "Ceil", "Trunc", "Round", "Sign"]
+         "Sigmoid", "Floor", "Ceil", "Trunc", "Round", "Sign", "Erfc", "Sin", "Cos", "Tan",
+         "Asin", "Acos", "Atan"]
+UNIT = {"Asin", "Acos"}  # inputs in (-1, 1)
 COMPARE = ["Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"]
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
@@ -43,6 +45,8 @@ class Case:
             a = rng.standard_normal(shape)
             if self.id.split("-")[0] in POSITIVE or "positive" in self.id:
                 a = np.abs(a) + 0.5
+            if self.id.split("-")[0] in UNIT:
+                a = np.tanh(a)
             out[v.name] = a.astype(v.dtype.np)
         return out
 
@@ -130,6 +134,17 @@ def pattern_cases() -> list[Case]:
     c = g.add_node("Greater", [v["x"], g.const(np.float32(0.25))]).output
     w = g.add_node("Select", [c, v["x"], v["b"]]).output
     add("select-broadcast", g, w, g.add_node("Select", [c, w, g.const(np.float32(-1))]).output)
+    # an outer-axis transpose of an input: a strided load
+    g, v = _g("transpose", {"x": (6, 5, 40), "y": (5, 6, 40)})
+    t = g.add_node("Transpose", [v["x"]], {"perm": [1, 0, 2]}).output
+    add("transpose-outer-axes", g, g.add_node("Mul", [t, v["y"]]).output,
+        flags="--opt_level=3 --enable_single_node_fusion")
+    # Pow by a constant exponent
+    g, v = _g("pow", {"x": (9, 50)})
+    ax = g.add_node("Add", [g.add_node("Abs", [v["x"]]).output, g.const(np.float32(0.5))]).output
+    add("pow-constant-exponents", g, g.add_node("Pow", [ax, g.const(np.float32(3))]).output,
+        g.add_node("Pow", [ax, g.const(np.float32(-0.5))]).output,
+        g.add_node("Pow", [ax, g.const(np.float32(1.7))]).output)
     # a Cast to fp16 in the middle of an fp32 kernel rounds there (and only there)
     g, v = _g("cast_mid", {"x": (9, 70)})
     h = g.add_node("Cast", [g.add_node("Exp", [v["x"]]).output], {"dtype": "float16"}).output
