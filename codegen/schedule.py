@@ -48,7 +48,12 @@ FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16})
 
 
 class Unsupported(Exception):
-    """The generator cannot handle this kernel; the message is the reason shown to the user."""
+    """The generator cannot handle this kernel; the message is the reason shown to the user,
+    ``node`` the op of the kernel it stumbled on (the fallback splits the kernel around it)."""
+
+    def __init__(self, message: str, node: Node | None = None):
+        super().__init__(message)
+        self.node = node
 
 
 @dataclass
@@ -216,16 +221,16 @@ def slice_view(n: Node) -> View:
             d = shape[ax]
             if not isinstance(d, int):
                 if st != 1 or b != 0:
-                    raise Unsupported(f"{n.op} of a symbolic axis")
+                    raise Unsupported(f"{n.op} of a symbolic axis", node=n)
                 continue
             starts[ax], _, steps[ax] = slice(b, e, st).indices(d)
             if steps[ax] < 0:
-                raise Unsupported(f"{n.op} with a negative step")
+                raise Unsupported(f"{n.op} with a negative step", node=n)
     base = 0
     for st, bs in zip(starts, base_strides, strict=True):
         if st:
             if not isinstance(bs, int):
-                raise Unsupported(f"{n.op} with an offset along a symbolic stride")
+                raise Unsupported(f"{n.op} with an offset along a symbolic stride", node=n)
             base += st * bs
     return View(base, tuple(symbolic.mul(bs, sp) for bs, sp in zip(base_strides, steps,
                                                                      strict=True)))
@@ -266,13 +271,14 @@ class _Planner:
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
             elif n.op in CUBE_OPS:
-                raise Unsupported(f"{n.op} is a cube op; the generator emits vector code")
+                raise Unsupported(f"{n.op} is a cube op; the generator emits vector code",
+                                  node=n)
             elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
                   or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"
                   or n.op in MASK_OPS):
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
-                raise Unsupported(f"{n.op} not supported by codegen")
+                raise Unsupported(f"{n.op} not supported by codegen", node=n)
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
         N = max((v.type.numel for v in self._all_values() if id(v) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
@@ -318,12 +324,12 @@ class _Planner:
             after = any(id(self.owner(v)) in late for v in n.inputs)
             if after:
                 if n.op in REDUCE_OPS:
-                    raise Unsupported(f"{n.op} of a column reduction's result")
+                    raise Unsupported(f"{n.op} of a column reduction's result", node=n)
             if after:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in (ROW, SCALAR):
                     raise Unsupported(f"{n.op} {n.name} uses a column reduction's result across "
-                                      "the rows it reduces (that needs a second pass)")
+                                      "the rows it reduces (that needs a second pass)", node=n)
                 final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
@@ -333,11 +339,12 @@ class _Planner:
         src = self.owner(n.inputs[0])
         if not any(src is v for v in self.sub.inputs):
             raise Unsupported(f"{n.op} of a computed value (slices and transposes are generated "
-                              "as strided loads of kernel inputs)")
+                              "as strided loads of kernel inputs)", node=n)
         if self.loaded[id(src)] is not src or len(src.uses) != 1:
-            raise Unsupported(f"{n.op}: input {src.name} is read through more than one view")
+            raise Unsupported(f"{n.op}: input {src.name} is read through more than one view",
+                              node=n)
         if len(n.inputs[0].shape) != len(src.shape) or n.inputs[0] is not src:
-            raise Unsupported(f"{n.op} of a reshaped input")
+            raise Unsupported(f"{n.op} of a reshaped input", node=n)
         out = n.outputs[0]
         if n.op == "Transpose":
             strides = View.contiguous(tuple(src.shape)).strides
@@ -388,14 +395,15 @@ class _Planner:
                 axes = n.attrs.get("axis")
                 axes = list(range(len(shape))) if not axes else sorted(a % len(shape) for a in axes)
                 if not _eq(n.inputs[0].type.numel, N):
-                    raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space")
+                    raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
+                                      node=n)
                 if axes == list(range(len(shape) - len(axes), len(shape))):
                     r, k = symbolic.numel(shape[len(shape) - len(axes):]), "row"
                 elif axes == list(range(len(axes))):
                     r, k = symbolic.numel(shape[len(axes):]), "column"
                 else:
                     raise Unsupported(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
-                                      "(leading or trailing axes are generated, not both)")
+                                      "(leading or trailing axes are generated, not both)", node=n)
                 if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r
@@ -430,7 +438,7 @@ class _Planner:
                     continue
                 if self._needs_rows(v, N) and self._classify(v, S, L) is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}")
+                                      f"follow rows of {L}", node=n)
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
@@ -454,11 +462,11 @@ class _Planner:
                     continue
                 if not full_space:
                     raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                      "value) in the loop space")
+                                      "value) in the loop space", node=n)
                 c = self._classify(v, S, L)
                 if c is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}")
+                                      f"follow rows of {L}", node=n)
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
@@ -466,7 +474,7 @@ class _Planner:
             full_space = _eq(out.type.numel, N)
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
-                    raise Unsupported(f"{n.op} of a {srcs[0]} value")
+                    raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
                 kind[id(out)] = ROW if self.col_reduce else COL
             elif n.op == "BroadcastTo" and (srcs[0] in (FULL, PARTIAL) or not full_space):
                 self.root[id(out)] = self.owner(n.inputs[0])
@@ -474,7 +482,7 @@ class _Planner:
                 kind[id(out)] = FULL
             elif n.op in MASK_OPS:
                 if not full_space:
-                    raise Unsupported(f"{n.op} of values smaller than the loop space")
+                    raise Unsupported(f"{n.op} of values smaller than the loop space", node=n)
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)

@@ -39,27 +39,65 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     return s
 
 
-def _split_cube(graph: Graph, kernel: Node, ctx) -> Node | None:
-    """Unfuse ``kernel``; when cube ops head it, rebuild the rest as a kernel and return it."""
+def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node]:
+    """Unfuse ``kernel``, then rebuild as kernels the connected groups of its nodes left when
+    the op it could not generate (``bad``: its index among the kernel's nodes) is taken out;
+    cube ops go out with what only feeds them. Returns the new kernels."""
     nodes = unfuse(graph, kernel)
-    # the cube side: cube ops and what only feeds them (casts/views of their operands)
-    cube: set[int] = set()
+    if bad is None:
+        return []
+    out: set[int] = set()
+    cube = nodes[bad].op in CUBE_OPS
     for n in reversed(nodes):
         users = [u for v in n.outputs for u in v.users]
-        if n.op in CUBE_OPS or (n.op != "Constant" and users
-                                and all(id(u) in cube for u in users)):
-            cube.add(id(n))
-    rest = [n for n in nodes if id(n) not in cube and n.op != "Constant"]
-    keep = {id(r) for r in rest}
-    feeds_cube = any(v.producer is not None and id(v.producer) in keep
-                     for n in nodes if id(n) in cube for v in n.inputs)
-    if not cube or feeds_cube or not any(n.op not in ("Reshape", "ExpandDims", "Squeeze")
-                                         for n in rest):
-        return None
-    counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-    rest = [n for n in nodes if id(n) in keep]  # the kernel's (topological) order
-    return build_kernel(graph, rest, kernel_name(rest, counter),
-                        f"{kernel.attrs['pattern']}/epilogue")
+        if n is nodes[bad] or (cube and n.op in CUBE_OPS) or (
+                cube and n.op != "Constant" and users and all(id(u) in out for u in users)):
+            out.add(id(n))
+    members = {id(n) for n in nodes}
+    rest = [n for n in nodes if id(n) not in out and n.op != "Constant"]
+
+    def reach(start: Node, forward: bool) -> set[int]:
+        seen, todo = set(), [start]
+        while todo:
+            n = todo.pop()
+            nxt = ([u for v in n.outputs for u in v.users] if forward else
+                   [v.producer for v in n.inputs if v.producer is not None])
+            for m in nxt:
+                if id(m) in members and id(m) not in seen:
+                    seen.add(id(m))
+                    todo.append(m)
+        return seen
+
+    around = [(reach(n, False), reach(n, True)) for n in nodes if id(n) in out]
+    comp: dict[int, int] = {}
+    for n in rest:  # connected groups of what is left (union over producer edges)
+        comp[id(n)] = id(n)
+
+    def find(i: int) -> int:
+        while comp[i] != i:
+            comp[i] = comp[comp[i]]
+            i = comp[i]
+        return i
+
+    for n in rest:
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in comp:
+                comp[find(id(n))] = find(id(v.producer))
+    groups: dict[int, list[Node]] = {}
+    for n in rest:
+        groups.setdefault(find(id(n)), []).append(n)
+    built = []
+    for group in groups.values():
+        ids = {id(n) for n in group}
+        convex = not any(ids & up and ids & down for up, down in around)
+        computing = [n for n in group if n.op not in ("Reshape", "ExpandDims", "Squeeze")]
+        lone_ok = cube or ctx.flags.enable_single_node_fusion  # a cube op's epilogue stays one
+        if not convex or not computing or (len(computing) < 2 and not lone_ok):
+            continue
+        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
+        built.append(build_kernel(graph, group, kernel_name(group, counter),
+                                  f"{kernel.attrs['pattern']}/split"))
+    return built
 
 
 def _super_kernels(graph, ctx, spec, scheds) -> None:
@@ -94,27 +132,29 @@ def codegen(graph, ctx) -> PassResult:
     scheds: dict[str, Schedule] = ctx.analyses.setdefault("codegen", {})
     fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
     changed = 0
-    for k in [n for n in graph.nodes if n.op == "GraphKernel"]:
+    work = [n for n in graph.nodes if n.op == "GraphKernel"]
+    depth = {id(k): 0 for k in work}
+    while work:
+        k = work.pop(0)
         try:
             scheds[k.name] = check(k, spec)
             continue
         except Unsupported as e:
-            reason = str(e)
+            reason, bad = str(e), e.node
         if ctx.flags.disable_fallback:
             raise CodegenError(f"kernel {k.name}: {reason} (disable_fallback is set)")
-        members = [n.name for n in k.subgraph.nodes if n.op != "Constant"]
+        body = list(k.subgraph.nodes)
+        members = [n.name for n in body if n.op != "Constant"]
         if not ctx.should_apply(f"fallback {k.name}: {reason}", [k]):
             continue
         changed += 1
-        rest = _split_cube(graph, k, ctx)
-        action = "unfused"
-        if rest is not None:
-            try:
-                scheds[rest.name] = check(rest, spec)
-                action = f"cube ops split off; {rest.name} generated for the rest"
-            except Unsupported as e2:
-                unfuse(graph, rest)
-                action = f"unfused (the rest: {e2})"
+        index = next((i for i, n in enumerate(body) if n is bad), None)
+        parts = _split_around(graph, k, index if depth[id(k)] < 3 else None, ctx)
+        for p in parts:
+            depth[id(p)] = depth[id(k)] + 1
+        work = parts + work
+        action = (f"split around {bad.op}; retried as {', '.join(p.name for p in parts)}"
+                  if parts else "unfused")
         fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
                           "action": action})
         ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
@@ -122,7 +162,10 @@ def codegen(graph, ctx) -> PassResult:
         graph.remove_dead()  # scalar constants the split kernels copied inside
     if "super_kernel_scopes" in ctx.analyses:
         _super_kernels(graph, ctx, spec, scheds)
-    ctx.report_extra["codegen"] = {"kernels": len(scheds), "target": spec.name,
-                                   "fallbacks": len(fallbacks)}
+    live = {n.name for n in graph.nodes if n.op == "GraphKernel"}
+    ctx.report_extra["codegen"] = {
+        "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
+        # why a kernel's GM traffic may exceed inputs-once + outputs-once, per kernel
+        "traffic_notes": {k: s.notes for k, s in scheds.items() if k in live and s.notes}}
     return PassResult(changed > 0, changed,
                       [f"{len(scheds)} kernels scheduled, {len(fallbacks)} fallbacks"])

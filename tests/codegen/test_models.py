@@ -49,7 +49,7 @@ def test_every_model_kernel_is_generated_and_matches(compiled):
     for name, (g, res) in models.items():
         for fb in res.report.extra.get("fallbacks", []):
             assert "cube op" in fb["reason"], (name, fb)
-            assert "generated for the rest" in fb["action"], (name, fb)
+            assert fb["action"].startswith("split around"), (name, fb)
         feeds = random_inputs(g, 0, {d: 3 for v in g.inputs for d in v.shape
                                      if isinstance(d, str)})
         got, backend = run_sim(res, feeds, library=lib)
