@@ -8,7 +8,9 @@ models ResNet-50 and SqueezeNet. Every generated kernel runs in the CPU simulato
 inputs (symbolic dims = 4); "GM sim/ideal" is the simulator's count of GM bytes over the
 kernels' ideal (inputs read once, outputs written once); "cores" is the mean launch width;
 "match" is whether the whole compiled graph, run through the generated kernels, agrees with
-the op-by-op run (accuracy.md). Modeled times come from the cost model (not measurements).
+the op-by-op run (accuracy.md). Modeled times come from the cost model (not measurements);
+"SK saved" is the launches (and modeled microseconds of launch overhead) SuperKernels save
+(opt_level 3 or --flags --enable_super_kernel).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def measure(path: str, flags: str) -> dict:
             "cores": sum(s.block_dim for s in stats) / len(stats) if stats else 0.0,
             "us_unfused": ex.get("modeled_us_unfused", 0.0),
             "us_fused": ex.get("modeled_us_fused", 0.0), "match": match, "sim_s": sim_s,
+            "sk_saved": ex.get("super_kernel_summary", {}).get("launches_before", 0)
+            - ex.get("super_kernel_summary", {}).get("launches_after", 0),
+            "sk_us": ex.get("super_kernel_summary", {}).get("modeled_us_saved", 0.0),
             "unscheduled": be.unscheduled}
 
 
@@ -80,10 +85,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--opt-level", type=int, default=2)
     ap.add_argument("--target", default="ascend910b")
+    ap.add_argument("--flags", default="", help="more flags, e.g. --enable_super_kernel")
     args = ap.parse_args()
-    flags = f"--opt_level={args.opt_level} --target={args.target}"
+    flags = f"--opt_level={args.opt_level} --target={args.target} {args.flags}"
     print(f"{'model':<20} {'generated':>9} {'fallback':>8} {'GM sim/ideal':>12} {'cores':>6} "
-          f"{'us unfused':>10} {'us fused':>9} {'match':>6} {'sim s':>6}")
+          f"{'us unfused':>10} {'us fused':>9} {'SK saved':>9} {'match':>6} {'sim s':>6}")
     reasons: dict[str, int] = {}
     total = [0, 0]
     for name, path in models():
@@ -94,6 +100,7 @@ def main() -> int:
             reasons[r] = reasons.get(r, 0) + 1
         print(f"{name:<20} {m['generated']:>9} {m['fallbacks']:>8} {m['gm_ratio']:>12.3f} "
               f"{m['cores']:>6.1f} {m['us_unfused']:>10.1f} {m['us_fused']:>9.1f} "
+              f"{m['sk_saved']:>3} {m['sk_us']:>5.1f} "
               f"{'yes' if m['match'] else 'NO':>6} {m['sim_s']:>6.2f}")
         if m["unscheduled"]:
             print(f"  kernels run by the interpreter: {m['unscheduled']}")

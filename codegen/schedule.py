@@ -280,7 +280,8 @@ class _Planner:
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
-        N = max((v.type.numel for v in self._all_values() if id(v) not in sliced), key=_size)
+        N = max((v.type.numel for v in self._all_values()
+                 if id(self.owner(v)) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
         self.col_reduce = False
         L = self._row_length(steps, reduces, N)
@@ -343,11 +344,15 @@ class _Planner:
         if self.loaded[id(src)] is not src or len(src.uses) != 1:
             raise Unsupported(f"{n.op}: input {src.name} is read through more than one view",
                               node=n)
-        if len(n.inputs[0].shape) != len(src.shape) or n.inputs[0] is not src:
-            raise Unsupported(f"{n.op} of a reshaped input", node=n)
+        v = n.inputs[0]  # a reshape of a contiguous input is contiguous in its new shape
+        while v is not src:
+            if len(v.uses) != 1:
+                raise Unsupported(f"{n.op}: input {src.name} is read through more than one "
+                                  "view", node=n)
+            v = v.producer.inputs[0]
         out = n.outputs[0]
         if n.op == "Transpose":
-            strides = View.contiguous(tuple(src.shape)).strides
+            strides = View.contiguous(tuple(n.inputs[0].shape)).strides
             self.views[id(out)] = View(0, tuple(strides[p] for p in n.attrs["perm"]))
         else:
             self.views[id(out)] = slice_view(n)
@@ -422,6 +427,12 @@ class _Planner:
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
+        for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
+            if self._needs_rows(v, N):
+                S = v.shape
+                ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
+                      if self._classify(v, S, symbolic.numel(S[k:]))}
+                candidates = ok if candidates is None else candidates & ok
         if candidates is None:
             return N
         if not candidates:
@@ -486,6 +497,15 @@ class _Planner:
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)
+        for v in self.sub.outputs:  # outputs that are loaded views, stored as they are
+            o = self.owner(v)
+            if id(o) not in kind and id(o) in self.views:
+                c = self._classify(v, tuple(v.shape), L)
+                if c is None:
+                    raise Unsupported(f"output {v.name} does not follow rows of {L}")
+                kind[id(o)] = c[0]
+                if c[0] == PARTIAL:
+                    self.partial[id(o)] = (c[1], c[2], c[3])
         return kind
 
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool) -> KernelIO:

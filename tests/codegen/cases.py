@@ -139,6 +139,12 @@ def pattern_cases() -> list[Case]:
     t = g.add_node("Transpose", [v["x"]], {"perm": [1, 0, 2]}).output
     add("transpose-outer-axes", g, g.add_node("Mul", [t, v["y"]]).output,
         flags="--opt_level=3 --enable_single_node_fusion")
+    # attention's head split: reshape then transpose of an input, one strided view
+    g, v = _g("heads", {"x": (2, 16, 64), "y": (2, 4, 16, 16)})
+    r = g.add_node("Reshape", [v["x"]], {"shape": [2, 16, 4, 16]}).output
+    t = g.add_node("Transpose", [r], {"perm": [0, 2, 1, 3]}).output
+    add("reshape-transpose-heads", g, g.add_node("Add", [t, v["y"]]).output,
+        flags="--opt_level=3 --enable_single_node_fusion")
     # Pow by a constant exponent
     g, v = _g("pow", {"x": (9, 50)})
     ax = g.add_node("Add", [g.add_node("Abs", [v["x"]]).output, g.const(np.float32(0.5))]).output
