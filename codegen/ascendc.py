@@ -14,15 +14,13 @@ import jinja2
 from graphkernel import symbolic
 from graphkernel.codegen.lower import C_TYPE, Lowered, lower
 from graphkernel.codegen.schedule import (
-    COL,
-    FULL,
     PARTIAL,
-    ROW,
     Schedule,
     Unsupported,
     comment_text,
 )
-from graphkernel.ir import Dim, DType
+from graphkernel.codegen.tiling import align_elems, budget
+from graphkernel.ir import Dim
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -31,19 +29,6 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 def _env() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-
-
-@dataclass
-class UBBudget:
-    """UB bytes for a tile of rt rows and ctp columns: A*rt*ctp + B*ctp + C*rt + D."""
-
-    A: int
-    B: int
-    C: int
-    D: int
-
-    def bytes(self, rt: int, ctp: int) -> int:
-        return self.A * rt * ctp + self.B * ctp + self.C * rt + self.D
 
 
 @dataclass
@@ -56,34 +41,6 @@ class Rendered:
     @property
     def name(self) -> str:
         return self.schedule.name
-
-
-def budget(s: Schedule, low: Lowered) -> UBBudget:
-    A = B = C = 0
-    D = 64  # the reduce result block, and slack
-    for io in s.inputs:
-        size = io.dtype.itemsize
-        if io.kind in (FULL, PARTIAL):
-            A += 2 * size
-        elif io.kind == COL:
-            C += 2 * size
-            D += 2 * 32
-        elif io.kind == ROW:
-            B += 4 + (size if io.dtype != DType.float32 else 0)
-    for io in s.outputs:
-        if io.kind == FULL:
-            A += 2 * io.dtype.itemsize
-        elif io.kind == COL:
-            C += 2 * io.dtype.itemsize
-            D += 2 * 32
-    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
-    A += low.pools["wm"]  # bit masks: rt * ctp / 8 bytes each, counted as one byte/element
-    C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
-    D += 32 * (low.pools["wc"] + 1)
-    B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
-    B += 4 * len(low.accumulators)
-    B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
-    return UBBudget(A, B, C, D)
 
 
 def shape_refs(s: Schedule) -> dict[str, str]:
@@ -115,9 +72,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     low = lower(s)
     ub = budget(s, low)
     refs = shape_refs(s)
-    align = 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
-    if s.masks:
-        align = 64  # Compare takes whole 256-byte repeats
+    align = align_elems(s)
     comment = comment_text(node_comment or s.node)
     partial = {io.index: [(c_dim(d, refs), c_dim(st, refs))
                           for d, st in zip(io.outer, io.strides, strict=True)]

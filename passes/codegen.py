@@ -9,12 +9,12 @@ CodegenError under ``disable_fallback``. The schedules are kept for rendering
 
 from __future__ import annotations
 
-from graphkernel import symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.ascendc import budget, c_dim, shape_refs
+from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.lower import lower
 from graphkernel.codegen.schedule import CUBE_OPS, Schedule, Unsupported, plan
 from graphkernel.codegen.superkernel import form_groups
+from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, kernel_name, unfuse
@@ -28,11 +28,8 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     refs = shape_refs(s)
     for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
         c_dim(d, refs)
-    if s.reduce and symbolic.is_static(s.L):
-        align = 64 if s.masks else 16 if any(
-            io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
-        ctp = -(-int(s.L) // align) * align
-        need = budget(s, low).bytes(1, ctp)
+    need = row_bytes(s, low) if s.reduce else None
+    if need is not None:
         if need > spec.ub_bytes:
             raise Unsupported(f"a row of {s.L} elements needs {need} bytes of UB, the target "
                               f"has {spec.ub_bytes} (reductions keep whole rows in UB)")

@@ -1,0 +1,76 @@
+"""Tiling: the UB budget of a scheduled kernel, as the host tiling function solves it.
+
+A kernel's UB use is linear in its tile: ``A*rt*ctp + B*ctp + C*rt + D`` bytes for ``rt``
+rows of ``ctp`` columns (``ctp`` rounded up so every row is 32-byte aligned), the constants
+counted from its buffers: two per queue (double buffering) for each loaded or stored tile,
+the peak number of live scratch tiles after buffer reuse, scratch rows and columns. The
+generated ``<name>_tiling.cpp`` solves it at run time from the actual shapes (rows per tile,
+or columns per tile when a row does not fit; the split over cores); ``fits`` answers the
+compile-time question for static shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphkernel import symbolic
+from graphkernel.codegen.lower import Lowered
+from graphkernel.codegen.schedule import COL, FULL, PARTIAL, ROW, Schedule
+from graphkernel.ir import DType
+
+
+@dataclass
+class UBBudget:
+    """UB bytes for a tile of rt rows and ctp columns: A*rt*ctp + B*ctp + C*rt + D."""
+
+    A: int
+    B: int
+    C: int
+    D: int
+
+    def bytes(self, rt: int, ctp: int) -> int:
+        return self.A * rt * ctp + self.B * ctp + self.C * rt + self.D
+
+
+def budget(s: Schedule, low: Lowered) -> UBBudget:
+    A = B = C = 0
+    D = 64  # the reduce result block, and slack
+    for io in s.inputs:
+        size = io.dtype.itemsize
+        if io.kind in (FULL, PARTIAL):
+            A += 2 * size
+        elif io.kind == COL:
+            C += 2 * size
+            D += 2 * 32
+        elif io.kind == ROW:
+            B += 4 + (size if io.dtype != DType.float32 else 0)
+    for io in s.outputs:
+        if io.kind == FULL:
+            A += 2 * io.dtype.itemsize
+        elif io.kind == COL:
+            C += 2 * io.dtype.itemsize
+            D += 2 * 32
+    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
+    A += low.pools["wm"]  # bit masks: rt * ctp / 8 bytes each, counted as one byte/element
+    C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
+    D += 32 * (low.pools["wc"] + 1)
+    B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
+    B += 4 * len(low.accumulators)
+    B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
+    return UBBudget(A, B, C, D)
+
+
+def align_elems(s: Schedule) -> int:
+    """Elements per row-pitch step: 32 bytes of the narrowest type, or whole 256-byte repeats
+    of fp32 when Compare is used."""
+    if s.masks:
+        return 64
+    return 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+
+
+def row_bytes(s: Schedule, low: Lowered) -> int | None:
+    """UB bytes one whole row needs (rt = 1), for a static row length; None if symbolic."""
+    if not symbolic.is_static(s.L):
+        return None
+    a = align_elems(s)
+    return budget(s, low).bytes(1, -(-int(s.L) // a) * a)
