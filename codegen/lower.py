@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen.schedule import (
     BINARY_OPS,
+    CLASSIFY_OPS,
     COL,
     COMPARE_OPS,
     FULL,
+    LOGICAL_OPS,
     PARTIAL,
     REDUCE_OPS,
     ROUND_OPS,
@@ -40,7 +42,8 @@ SCALAR_BIN = {"Add": "({} + {})", "Sub": "({} - {})", "Mul": "({} * {})", "Div":
               "Maximum": "std::fmax({}, {})", "Minimum": "std::fmin({}, {})",
               "Pow": "std::pow({}, {})"}
 COMMUTATIVE_SCALAR = {"Add": "Adds", "Mul": "Muls", "Maximum": "Maxs", "Minimum": "Mins"}
-C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t"}
+C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t",
+          DType.bool: "uint8_t"}
 
 
 def flt(x: float) -> str:
@@ -166,7 +169,7 @@ class Lowerer:
             elif n.op in REDUCE_OPS and s.col_reduce:
                 dst = Ref(ROW, f"ac{len(self.accumulators)}")
                 self.accumulators.append((dst.expr, COL_REDUCE[n.op][1]))
-            elif n.op in COMPARE_OPS:
+            elif n.op in COMPARE_OPS or n.op in CLASSIFY_OPS:
                 dst = Ref(FULL, self.alloc("mask"))
             elif id(out) in direct:
                 dst = Ref(kind, f"yo{direct[id(out)]}")
@@ -229,7 +232,14 @@ class Lowerer:
         if src.kind != io.kind:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
         out = self.final_epilogue if io.kind == ROW else self.epilogue
-        if io.dtype == DType.float32:
+        if io.dtype == DType.bool and src.expr.startswith("wm"):  # a mask: 1.0 where set
+            t = self.alloc(FULL)
+            out += [f"Duplicate({t}, 1.0f, n);",
+                    f"Select({t}, {src.expr}, {t}, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);",
+                    f"Cast(yo{io.index}, {t}, RoundMode::CAST_NONE, n);"]
+        elif io.dtype == DType.bool:  # 0/1 in fp32
+            out.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_NONE, {count});")
+        elif io.dtype == DType.float32:
             out.append(f"Muls(yo{io.index}, {src.expr}, 1.0f, {count});")
         else:
             out.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_RINT, {count});")
@@ -284,19 +294,45 @@ class Lowerer:
             y, ty = self._full(a[1])
             b.append(f"Compare({dst.expr}, {x}, {y}, CMPMODE::{COMPARE_OPS[op]}, n);")
             self._release_tmp(tx + ty)
+        elif op in LOGICAL_OPS:  # bools as fp32 0/1: and = product, or = max, not = 1 - x
+            xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
+            if op == "LogicalNot":
+                b += [f"Muls({dst.expr}, {xs[0]}, -1.0f, n);",
+                      f"Adds({dst.expr}, {dst.expr}, 1.0f, n);"]
+            else:
+                api = "Mul" if op == "LogicalAnd" else "Max"
+                b.append(f"{api}({dst.expr}, {xs[0]}, {xs[1]}, n);")
+            self._release_tmp([t for ts in tmps for t in ts])
+        elif op in CLASSIFY_OPS:
+            x, tx = self._full(a[0])
+            if op == "IsNan":  # NaN is the one value unequal to itself
+                b.append(f"Compare({dst.expr}, {x}, {x}, CMPMODE::NE, n);")
+                self._release_tmp(tx)
+                return
+            t, u = self.alloc(FULL), self.alloc(FULL)
+            if op == "IsInf":
+                b += [f"Abs({t}, {x}, n);", f"Duplicate({u}, INFINITY, n);"]
+            else:  # finite: x - x is 0 (NaN for NaN and +-inf)
+                b += [f"Sub({t}, {x}, {x}, n);", f"Duplicate({u}, 0.0f, n);"]
+            b.append(f"Compare({dst.expr}, {t}, {u}, CMPMODE::EQ, n);")
+            self._release_tmp(tx + [Ref(FULL, t), Ref(FULL, u)])
         elif op == "Select":
-            if not a[0].expr.startswith("wm"):
-                raise Unsupported("Select on a condition that is not a comparison in the kernel")
+            cond, held = a[0].expr, []
+            if not cond.startswith("wm"):  # a bool held as 0/1: its mask is "!= 0"
+                c, tc = self._full(a[0])
+                cond, z = self.alloc("mask"), self.alloc(FULL)
+                b += [f"Duplicate({z}, 0.0f, n);", f"Compare({cond}, {c}, {z}, CMPMODE::NE, n);"]
+                held = tc + [Ref(FULL, z), Ref(FULL, cond)]
             x, tx = self._full(a[1])
             if a[2].kind == SCALAR:
-                b.append(f"Select({dst.expr}, {a[0].expr}, {x}, {a[2].expr}, "
+                b.append(f"Select({dst.expr}, {cond}, {x}, {a[2].expr}, "
                          "SELMODE::VSEL_TENSOR_SCALAR_MODE, n);")
-                self._release_tmp(tx)
+                self._release_tmp(tx + held)
             else:
                 y, ty = self._full(a[2])
-                b.append(f"Select({dst.expr}, {a[0].expr}, {x}, {y}, "
+                b.append(f"Select({dst.expr}, {cond}, {x}, {y}, "
                          "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);")
-                self._release_tmp(tx + ty)
+                self._release_tmp(tx + ty + held)
         elif op == "Sign":  # 1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)
             x, tx = self._full(a[0])
             m, t = self.alloc("mask"), self.alloc(FULL)
@@ -313,6 +349,15 @@ class Lowerer:
         else:
             raise Unsupported(f"{op} not supported by codegen")
         b.append("PipeBarrier<PIPE_V>();")
+
+    def _numeric(self, x: Ref) -> tuple[str, list[Ref]]:
+        """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
+        if not x.expr.startswith("wm"):
+            return self._full(x)
+        t = self.alloc(FULL)
+        self.body += [f"Duplicate({t}, 1.0f, n);",
+                      f"Select({t}, {x.expr}, {t}, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);"]
+        return t, [Ref(FULL, t)]
 
     def _full(self, x: Ref) -> tuple[str, list[Ref]]:
         """x as a whole tile (materialised into a scratch tile unless it is one)."""

@@ -42,7 +42,9 @@ BINARY_OPS = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Maximum":
               "Minimum": "Min", "Pow": None}
 COMPARE_OPS = {"Greater": "GT", "GreaterEqual": "GE", "Less": "LT", "LessEqual": "LE",
                "Equal": "EQ", "NotEqual": "NE"}  # a bit mask, consumed by Select
-MASK_OPS = frozenset({*COMPARE_OPS, "Select", "Sign"})  # whole tiles of 64-element multiples
+CLASSIFY_OPS = ("IsNan", "IsInf", "IsFinite")  # masks, too
+LOGICAL_OPS = ("LogicalAnd", "LogicalOr", "LogicalNot")  # on bools held as fp32 0/1
+MASK_OPS = frozenset({*COMPARE_OPS, *CLASSIFY_OPS, "Select", "Sign"})  # whole 64-element tiles
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16})
 
@@ -253,10 +255,10 @@ class _Planner:
 
     def plan(self) -> Schedule:
         sub = self.sub
-        for v in (*sub.inputs, *sub.outputs):
-            if v.dtype not in FLOATS:
+        for v in (*sub.inputs, *sub.outputs):  # bool: bytes in GM, 0/1 or a mask in UB
+            if v.dtype not in FLOATS and v.dtype != DType.bool:
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
-                                  "float32)")
+                                  "float32 and bool)")
         for v in sub.inputs:
             self.views[id(v)] = View.contiguous(tuple(v.shape))
             self.loaded[id(v)] = v
@@ -275,7 +277,7 @@ class _Planner:
                                   node=n)
             elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
                   or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"
-                  or n.op in MASK_OPS):
+                  or n.op in MASK_OPS or n.op in LOGICAL_OPS):
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)

@@ -65,7 +65,8 @@ def align_elems(s: Schedule) -> int:
     of fp32 when Compare is used."""
     if s.masks:
         return 64
-    return 16 if any(io.dtype.itemsize == 2 for io in (*s.inputs, *s.outputs)) else 8
+    sizes = {io.dtype.itemsize for io in (*s.inputs, *s.outputs)}
+    return 32 if 1 in sizes else 16 if 2 in sizes else 8
 
 
 def row_bytes(s: Schedule, low: Lowered) -> int | None:

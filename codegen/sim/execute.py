@@ -15,7 +15,8 @@ from graphkernel.codegen.sim.runner import SimulatorError, build, launch
 from graphkernel.codegen.targets import TargetSpec
 from graphkernel.ir import DType
 
-_NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16)}
+_NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16),
+       DType.bool: np.dtype(np.bool_)}
 
 
 def _np_dtype(dt: DType) -> np.dtype:

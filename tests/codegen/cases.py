@@ -18,6 +18,8 @@ UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh
          "Asin", "Acos", "Atan"]
 UNIT = {"Asin", "Acos"}  # inputs in (-1, 1)
 COMPARE = ["Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"]
+BOOL_RESULT = ["IsNan", "IsInf", "IsFinite", "Greater-alone", "Equal-alone"]  # stored as bytes
+LOGICAL = ["LogicalNot", "LogicalAnd", "LogicalOr"]  # bool inputs and outputs
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
@@ -47,6 +49,13 @@ class Case:
                 a = np.abs(a) + 0.5
             if self.id.split("-")[0] in UNIT:
                 a = np.tanh(a)
+            if self.id.startswith("Is"):  # some NaN and infinities to find
+                a.reshape(-1)[::7] = np.nan
+                a.reshape(-1)[::5] = np.inf
+                a.reshape(-1)[::11] = -np.inf
+            if v.dtype.value == "bool":
+                out[v.name] = a > 0
+                continue
             out[v.name] = a.astype(v.dtype.np)
         return out
 
@@ -57,6 +66,15 @@ def _single(op: str, shape, dtype: str) -> Graph:
     if op in BINARY:
         y = g.add_input("y", TensorType(shape, dtype))
         out = g.add_node(op, [x, y], name="op").output
+    elif op in BOOL_RESULT:
+        name = op.split("-")[0]
+        ins = [x] if name.startswith("Is") else [x, g.add_input("y", TensorType(shape, dtype))]
+        out = g.add_node(name, ins, name="op").output
+    elif op in LOGICAL:
+        g = Graph(op)
+        ins = [g.add_input(f"b{i}", TensorType(shape, "bool"))
+               for i in range(1 if op == "LogicalNot" else 2)]
+        out = g.add_node(op, ins, name="op").output
     elif op in COMPARE:  # a comparison is a bit mask inside a kernel: it feeds a Select
         y = g.add_input("y", TensorType(shape, dtype))
         r = g.add_node("Round", [y]).output  # equal elements for Equal/NotEqual
@@ -73,7 +91,7 @@ def _single(op: str, shape, dtype: str) -> Graph:
 
 def single_op_cases() -> list[Case]:
     cases = []
-    for op in UNARY + BINARY + REDUCE + COMPARE:
+    for op in UNARY + BINARY + REDUCE + COMPARE + BOOL_RESULT + LOGICAL:
         for sname, shape in SHAPES.items():
             for dt in DTYPES:
                 if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
