@@ -14,7 +14,9 @@ import jinja2
 from graphkernel import symbolic
 from graphkernel.codegen.lower import C_TYPE, Lowered, lower
 from graphkernel.codegen.schedule import (
+    COL,
     PARTIAL,
+    ROW,
     Schedule,
     Unsupported,
     comment_text,
@@ -85,6 +87,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch,
+        "late": {io.index for io in s.outputs  # stored once a reduction completes
+                 if io.kind == ROW or (s.row_chunks and io.kind == COL)},
         "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
         "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
@@ -101,7 +105,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "inputs": [_io_entry(io) for io in s.inputs],
         "outputs": [_io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
-                       "whole_rows": s.reduce, "whole_columns": s.col_reduce},
+                       "whole_rows": s.reduce and not s.row_chunks,
+                       "whole_columns": s.col_reduce, "row_chunks": s.row_chunks},
         "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim"],
         "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
                      "fixed": ub.D},

@@ -166,8 +166,8 @@ class Lowerer:
             if kind == SCALAR:
                 dst = Ref(SCALAR, f"sv{self.nscalar}")
                 self.nscalar += 1
-            elif n.op in REDUCE_OPS and s.col_reduce:
-                dst = Ref(ROW, f"ac{len(self.accumulators)}")
+            elif n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks):
+                dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
                 self.accumulators.append((dst.expr, COL_REDUCE[n.op][1]))
             elif n.op in COMPARE_OPS or n.op in CLASSIFY_OPS:
                 dst = Ref(FULL, self.alloc("mask"))
@@ -197,7 +197,7 @@ class Lowerer:
         """Outputs whose producing step can write straight into the output queue tensor."""
         s, out = self.s, {}
         produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
-                    and not (n.op in REDUCE_OPS and s.col_reduce)}
+                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks))}
         for io in s.outputs:
             v = s.storage(io.value)
             if (io.dtype == DType.float32 and id(v) in produced and id(v) not in out
@@ -231,7 +231,8 @@ class Lowerer:
         count = {FULL: "n", COL: "rows", ROW: "t_.ctp"}[io.kind]
         if src.kind != io.kind:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
-        out = self.final_epilogue if io.kind == ROW else self.epilogue
+        late = io.kind == ROW or (self.s.row_chunks and io.kind == COL)
+        out = self.final_epilogue if late else self.epilogue
         if io.dtype == DType.bool and src.expr.startswith("wm"):  # a mask: 1.0 where set
             t = self.alloc(FULL)
             out += [f"Duplicate({t}, 1.0f, n);",
@@ -267,6 +268,14 @@ class Lowerer:
         if op in REDUCE_OPS and dst.kind == ROW:  # over the rows: accumulate this tile's rows
             b.append(f"for (uint32_t i = 0; i < rows; ++i) "
                      f"{COL_REDUCE[op][0]}({dst.expr}, {dst.expr}, {a[0].row()}, cols);")
+        elif op in REDUCE_OPS and self.s.row_chunks:  # this chunk of the row, into the total
+            b.append(f"{REDUCE_OPS[op]}(red, {a[0].row('0')}, rw, cols);")
+            b.append("{")
+            b.append(f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);")
+            comb = {"ReduceSum": "l + r", "ReduceMax": "(std::isnan(l) || l > r) ? l : r",
+                    "ReduceMin": "(std::isnan(l) || l < r) ? l : r"}[op]
+            b.append(f"    {dst.expr}.SetValue(0, {comb});")
+            b.append("}")
         elif op in REDUCE_OPS:
             b.append("for (uint32_t i = 0; i < rows; ++i) {")
             b.append(f"    {REDUCE_OPS[op]}(red, {a[0].row()}, rw, cols);")

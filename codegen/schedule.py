@@ -88,6 +88,8 @@ class Schedule:
     scalars: dict[int, float] = field(default_factory=dict)  # id(value) -> constant
     notes: list[str] = field(default_factory=list)
     col_reduce: bool = False       # steps reduce over the rows: a core owns whole columns
+    row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
+    #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
 
@@ -239,8 +241,9 @@ def slice_view(n: Node) -> View:
 
 
 class _Planner:
-    def __init__(self, kernel: Node):
+    def __init__(self, kernel: Node, row_chunks: bool = False):
         self.kernel = kernel
+        self.row_chunks = row_chunks
         self.sub: Graph = kernel.subgraph
         self.root: dict[int, Value] = {}
         self.scalars: dict[int, float] = {}
@@ -297,11 +300,15 @@ class _Planner:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
-        final = self._final_steps(steps, kind) if self.col_reduce else set()
+        if self.row_chunks and (not reduces or self.col_reduce):
+            raise Unsupported("a row too long for UB with no reduction of the row to chunk")
+        final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
+                 self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
         steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
-                         self.root, self.scalars, col_reduce=self.col_reduce, final=final)
+                         self.root, self.scalars, col_reduce=self.col_reduce, final=final,
+                         row_chunks=self.row_chunks)
         for io in ins:
             if io.kind == PARTIAL and io.local is not io.value and not any(
                     _eq(st, 0) for st in io.strides):
@@ -318,21 +325,24 @@ class _Planner:
                                    "re-read for each column tile when rows are split")
         return sched
 
-    def _final_steps(self, steps: list[Node], kind: dict[int, str]) -> set[int]:
-        """Steps that depend on a column reduction: they run after all rows, on rows (ROW
-        values) only; a FULL value depending on one would need a second pass."""
+    def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...]
+                     ) -> set[int]:
+        """Steps that depend on a reduction accumulated across tiles: they run once it is
+        complete, on reduced values only (``allowed`` layouts); a FULL value depending on one
+        would need a second pass."""
         late: set[int] = set()
         final: set[int] = set()
         for n in steps:
             after = any(id(self.owner(v)) in late for v in n.inputs)
             if after:
                 if n.op in REDUCE_OPS:
-                    raise Unsupported(f"{n.op} of a column reduction's result", node=n)
+                    raise Unsupported(f"{n.op} of a reduction accumulated across tiles",
+                                      node=n)
             if after:
                 out = self.owner(n.outputs[0])
-                if kind.get(id(out)) not in (ROW, SCALAR):
-                    raise Unsupported(f"{n.op} {n.name} uses a column reduction's result across "
-                                      "the rows it reduces (that needs a second pass)", node=n)
+                if kind.get(id(out)) not in allowed:
+                    raise Unsupported(f"{n.op} {n.name} uses a reduction's result across the "
+                                      "elements it reduces (that needs a second pass)", node=n)
                 final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
@@ -531,6 +541,7 @@ def _join(kinds: list[str]) -> str:
     return ks.pop()
 
 
-def plan(kernel: Node) -> Schedule:
-    """The schedule of a GraphKernel node, or Unsupported with the reason."""
-    return _Planner(kernel).plan()
+def plan(kernel: Node, row_chunks: bool = False) -> Schedule:
+    """The schedule of a GraphKernel node, or Unsupported with the reason. ``row_chunks``:
+    the variant for rows too long for UB (trailing reductions accumulated chunk by chunk)."""
+    return _Planner(kernel, row_chunks).plan()

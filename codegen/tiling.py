@@ -55,7 +55,11 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
     C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
     D += 32 * (low.pools["wc"] + 1)
     B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
-    B += 4 * len(low.accumulators)
+    if s.row_chunks:  # one value each, and the row outputs' 32-byte queues
+        D += 32 * len(low.accumulators) + sum(64 for io in s.outputs if io.kind == COL)
+        C -= sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == COL)
+    else:
+        B += 4 * len(low.accumulators)
     B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
     return UBBudget(A, B, C, D)
 

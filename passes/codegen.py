@@ -29,10 +29,15 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
         c_dim(d, refs)
     need = row_bytes(s, low) if s.reduce else None
-    if need is not None:
-        if need > spec.ub_bytes:
+    if need is not None and need > spec.ub_bytes:
+        try:  # the variant that walks each row in chunks
+            s = plan(kernel, row_chunks=True)
+            lower(s)
+            return s
+        except Unsupported as e:
             raise Unsupported(f"a row of {s.L} elements needs {need} bytes of UB, the target "
-                              f"has {spec.ub_bytes} (reductions keep whole rows in UB)")
+                              f"has {spec.ub_bytes}, and it cannot be walked in chunks: {e}"
+                              ) from None
     return s
 
 

@@ -136,6 +136,14 @@ def pattern_cases() -> list[Case]:
         mean = n("Mul", [s, g.const(np.float32(1.0 / np.prod(shape[:len(axes)])))])
         add(f"reduce-leading-{'x'.join(map(str, shape))}", g, mean,
             n("ReduceMin", [v["x"]], axis=axes, keep_dims=keep))
+    # rows longer than one UB: each row is reduced chunk by chunk into its totals
+    for dt in ("float32", "float16"):
+        g, v = _g(f"long_rows_{dt}", {"x": (5, 70001)}, dt)
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        e = n("Exp", [n("Mul", [v["x"], g.const(np.dtype(dt).type(0.01))])])
+        s = n("ReduceSum", [e], axis=[1], keep_dims=True)
+        add(f"reduce-row-larger-than-ub-{dt}", g, n("Mul", [s, g.const(np.dtype(dt).type(1e-4))]),
+            n("ReduceMax", [v["x"]], axis=[1]), n("Neg", [e]))
     for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
         for dt in ("float32", "float16"):
             g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)

@@ -89,6 +89,14 @@ def test_traffic_is_ideal_unless_the_report_says_why(library):
     assert not over, over
 
 
+def test_rows_longer_than_the_ub_are_reduced_in_chunks(library):
+    for case in (c for c in PATTERNS if c.id.startswith("reduce-row-larger-than-ub")):
+        (backend,) = check_case(case, library)
+        (st,) = backend.stats.values()
+        assert backend.rendered[st.node].schedule.row_chunks
+        assert st.tiling["ct"] < st.tiling["L"] and st.tiling["nColTiles"] > 1, st.tiling
+
+
 def test_a_large_kernel_occupies_every_core(library):
     for case in (c for c in SINGLE if "-large-float32" in c.id):
         (backend,) = check_case(case, library)
