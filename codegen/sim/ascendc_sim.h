@@ -417,16 +417,20 @@ GK_SIM_SCALAR(Maxs, (l > s ? l : s))
 GK_SIM_SCALAR(Mins, (l < s ? l : s))
 #undef GK_SIM_SCALAR
 
+// dst[i] = f(a[i]) for count elements, computed in float.
+template <typename T, typename F>
+void map_unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,
+               const loc& where, F f) {
+    const T* x = a.use(count, where);
+    T* z = dst.use(count, where);
+    for (int32_t i = 0; i < count; ++i) z[i] = static_cast<T>(f(static_cast<float>(x[i])));
+}
+
 #define GK_SIM_UNARY(NAME, EXPR)                                                         \
     template <typename T>                                                                \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,          \
               loc where = loc::current()) {                                              \
-        const T* x = a.use(count, where);                                                \
-        T* z = dst.use(count, where);                                                    \
-        for (int32_t i = 0; i < count; ++i) {                                            \
-            float v = static_cast<float>(x[i]);                                          \
-            z[i] = static_cast<T>(EXPR);                                                 \
-        }                                                                                \
+        map_unary(dst, a, count, where, [](float v) { return EXPR; });                   \
     }
 GK_SIM_UNARY(Exp, std::exp(v))
 GK_SIM_UNARY(Ln, std::log(v))
@@ -561,13 +565,8 @@ GK_SIM_REDUCE(ReduceMin, (std::isnan(l) || l < r ? l : r))
     template <typename T>                                                                  \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src,                        \
               const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) { \
-        const T* x = src.use(count, where);                                                \
         tmp.use(static_cast<uint64_t>(count) * 4, where);                                  \
-        T* z = dst.use(count, where);                                                      \
-        for (int32_t i = 0; i < count; ++i) {                                              \
-            float v = static_cast<float>(x[i]);                                            \
-            z[i] = static_cast<T>(EXPR);                                                   \
-        }                                                                                  \
+        map_unary(dst, src, count, where, [](float v) { return EXPR; });                   \
     }
 GK_SIM_TMP_UNARY(Erf, std::erf(v))
 GK_SIM_TMP_UNARY(Erfc, std::erfc(v))
@@ -583,69 +582,72 @@ GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
 
 }  // namespace AscendC
 
-// The runner's entry: run ``blocks`` cores of a kernel one after another, each with its own
-// Unified Buffer, and add up their GM traffic.
-#define GK_SIM_LAUNCHER(KERNEL, NARGS)                                                      \
-    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes, \
-                                          uint64_t* counters, char* err, int32_t errlen) {  \
-        for (int32_t b = 0; b < blocks; ++b) {                                              \
-            AscendC::Core core;                                                             \
-            core.kernel = #KERNEL;                                                          \
-            core.block_idx = b;                                                             \
-            core.block_num = blocks;                                                        \
-            core.ub.assign(ub_bytes, 0xA5);                                                 \
-            AscendC::g_core = &core;                                                        \
-            try {                                                                           \
-                gk_sim_call_##KERNEL(args);                                                 \
-            } catch (const std::exception& e) {                                             \
-                std::strncpy(err, e.what(), errlen - 1);                                    \
-                err[errlen - 1] = 0;                                                        \
-                AscendC::g_core = nullptr;                                                  \
-                return 1;                                                                   \
-            }                                                                               \
-            counters[0] += core.gm_read;                                                    \
-            counters[1] += core.gm_written;                                                 \
-            AscendC::g_core = nullptr;                                                      \
-        }                                                                                   \
-        return 0;                                                                           \
-    }
+namespace AscendC {
+using KernelCall = void (*)(uint8_t**);
 
-// A SuperKernel's entry: every core a thread, SyncAll a real barrier among them.
-#define GK_SIM_LAUNCHER_SYNC(KERNEL, NARGS)                                                 \
-    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes, \
-                                          uint64_t* counters, char* err, int32_t errlen) {  \
-        std::barrier<> bar(blocks);                                                         \
-        std::vector<AscendC::Core> cores(blocks);                                           \
-        std::vector<std::string> errors(blocks);                                            \
-        std::vector<std::thread> threads;                                                   \
-        for (int32_t b = 0; b < blocks; ++b) {                                              \
-            threads.emplace_back([&, b] {                                                   \
-                AscendC::Core& core = cores[b];                                             \
-                core.kernel = #KERNEL;                                                      \
-                core.block_idx = b;                                                         \
-                core.block_num = blocks;                                                    \
-                core.ub.assign(ub_bytes, 0xA5);                                             \
-                AscendC::g_core = &core;                                                    \
-                AscendC::g_barrier = &bar;                                                  \
-                try {                                                                       \
-                    gk_sim_call_##KERNEL(args);                                             \
-                } catch (const std::exception& e) {                                         \
-                    errors[b] = e.what();                                                   \
-                    bar.arrive_and_drop();                                                  \
-                }                                                                           \
-                AscendC::g_core = nullptr;                                                  \
-                AscendC::g_barrier = nullptr;                                               \
-            });                                                                             \
-        }                                                                                   \
-        for (auto& t : threads) t.join();                                                   \
-        for (int32_t b = 0; b < blocks; ++b) {                                              \
-            if (!errors[b].empty()) {                                                       \
-                std::strncpy(err, errors[b].c_str(), errlen - 1);                           \
-                err[errlen - 1] = 0;                                                        \
-                return 1;                                                                   \
-            }                                                                               \
-            counters[0] += cores[b].gm_read;                                                \
-            counters[1] += cores[b].gm_written;                                             \
-        }                                                                                   \
-        return 0;                                                                           \
+// One core of a launch: its own Unified Buffer and counters; returns the error, or "".
+inline std::string run_core(KernelCall call, uint8_t** args, const char* name, int32_t b,
+                            int32_t blocks, uint64_t ub_bytes, Core& core,
+                            std::barrier<>* bar) {
+    core.kernel = name;
+    core.block_idx = b;
+    core.block_num = blocks;
+    core.ub.assign(ub_bytes, 0xA5);
+    g_core = &core;
+    g_barrier = bar;
+    std::string error;
+    try {
+        call(args);
+    } catch (const std::exception& e) {
+        error = e.what();
+        if (bar != nullptr) bar->arrive_and_drop();  // the others must not wait for us
     }
+    g_core = nullptr;
+    g_barrier = nullptr;
+    return error;
+}
+
+// Run `blocks` cores of a kernel and add up their GM traffic. Cores run one after another,
+// or (a SuperKernel: `threads`) as threads with a real barrier for SyncAll.
+inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blocks,
+                  uint64_t ub_bytes, uint64_t* counters, char* err, int32_t errlen,
+                  bool threads) {
+    std::vector<Core> cores(blocks);
+    std::vector<std::string> errors(blocks);
+    if (threads) {
+        std::barrier<> bar(blocks);
+        std::vector<std::thread> pool;
+        for (int32_t b = 0; b < blocks; ++b)
+            pool.emplace_back([&, b] {
+                errors[b] = run_core(call, args, name, b, blocks, ub_bytes, cores[b], &bar);
+            });
+        for (auto& t : pool) t.join();
+    } else {
+        for (int32_t b = 0; b < blocks; ++b) {
+            errors[b] = run_core(call, args, name, b, blocks, ub_bytes, cores[b], nullptr);
+            if (!errors[b].empty()) break;
+        }
+    }
+    for (int32_t b = 0; b < blocks; ++b) {
+        if (!errors[b].empty()) {
+            std::strncpy(err, errors[b].c_str(), errlen - 1);
+            err[errlen - 1] = 0;
+            return 1;
+        }
+        counters[0] += cores[b].gm_read;
+        counters[1] += cores[b].gm_written;
+    }
+    return 0;
+}
+}  // namespace AscendC
+
+// The runner's entries: a kernel source defines gk_sim_call_<KERNEL>(uint8_t** args).
+#define GK_SIM_LAUNCHER_ENTRY(KERNEL, THREADS)                                                \
+    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes,   \
+                                          uint64_t* counters, char* err, int32_t errlen) {    \
+        return AscendC::launch(gk_sim_call_##KERNEL, #KERNEL, args, blocks, ub_bytes,         \
+                               counters, err, errlen, THREADS);                               \
+    }
+#define GK_SIM_LAUNCHER(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, false)
+// A SuperKernel's entry: every core a thread, SyncAll a real barrier among them.
+#define GK_SIM_LAUNCHER_SYNC(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, true)
