@@ -264,18 +264,25 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
     if name == "recompute":
         options.append("--enable_recompute_fusion=false")
     options.append(f"--disable_pass={label}")
+    _conclude(ev, res, flags, options, record, repro_dir, recorded=options[-1])
+    res.evaluations = ev.evaluations
+    return res
+
+
+def _conclude(ev: Evaluator, res: BisectResult, flags: str, options: Sequence[str], record,
+              repro_dir: str | os.PathLike | None, recorded: str = "") -> None:
+    """The first of ``options`` (finest first) checked to avoid the mismatch becomes the
+    suggested flag string; then the reproducer. ``recorded``: an option already shown."""
     for opt in options:
         jj = ev.run(opt)[0]
-        if opt != f"--disable_pass={label}":
+        if opt != recorded:
             record(f"check {opt}", jj)
         if not jj.bad:
             res.flags = f"{flags} {opt}".strip()
             break
     if repro_dir is not None and res.origin:
-        res.repro, res.repro_reproduces = write_repro(graph, ev.inputs, res.origin, flags,
-                                                      Path(repro_dir))
-    res.evaluations = ev.evaluations
-    return res
+        res.repro, res.repro_reproduces = write_repro(ev.graph, ev.inputs, res.origin, flags,
+                                                      Path(repro_dir), ev.backend)
 
 
 def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
@@ -324,15 +331,7 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
         atomic_write_text(skip, "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
         options.append(f"--skip_node_names_cfg={skip}")
     options.append("--disable_pass=codegen")
-    for opt in options:
-        jj = ev.run(opt)[0]
-        record(f"check {opt}", jj)
-        if not jj.bad:
-            res.flags = f"{flags} {opt}".strip()
-            break
-    if repro_dir is not None and res.origin:
-        res.repro, res.repro_reproduces = write_repro(ev.graph, ev.inputs, res.origin, flags,
-                                                      Path(repro_dir), ev.backend)
+    _conclude(ev, res, flags, options, record, repro_dir)
     return True
 
 
