@@ -97,9 +97,7 @@ class Schedule:
         return self.kind[id(self.storage(v))]
 
     def storage(self, v: Value) -> Value:
-        while id(v) in self.root:
-            v = self.root[id(v)]
-        return v
+        return follow(self.root, v)
 
     @property
     def masks(self) -> bool:
@@ -109,6 +107,13 @@ class Schedule:
     @property
     def low_precision(self) -> bool:
         return any(io.dtype != DType.float32 for io in (*self.inputs, *self.outputs))
+
+
+def follow(root: dict[int, Value], v: Value) -> Value:
+    """The value whose UB storage ``v`` shares (through views and aliases), or ``v``."""
+    while id(v) in root:
+        v = root[id(v)]
+    return v
 
 
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
@@ -252,9 +257,7 @@ class _Planner:
         self.partial: dict[int, tuple] = {}
 
     def owner(self, v: Value) -> Value:
-        while id(v) in self.root:
-            v = self.root[id(v)]
-        return v
+        return follow(self.root, v)
 
     def plan(self) -> Schedule:
         sub = self.sub

@@ -9,6 +9,8 @@ CodegenError under ``disable_fallback``. The schedules are kept for rendering
 
 from __future__ import annotations
 
+import networkx as nx
+
 from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.lower import lower
@@ -55,41 +57,18 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         if n is nodes[bad] or (cube and n.op in CUBE_OPS) or (
                 cube and n.op != "Constant" and users and all(id(u) in out for u in users)):
             out.add(id(n))
-    members = {id(n) for n in nodes}
-    rest = [n for n in nodes if id(n) not in out and n.op != "Constant"]
-
-    def reach(start: Node, forward: bool) -> set[int]:
-        seen, todo = set(), [start]
-        while todo:
-            n = todo.pop()
-            nxt = ([u for v in n.outputs for u in v.users] if forward else
-                   [v.producer for v in n.inputs if v.producer is not None])
-            for m in nxt:
-                if id(m) in members and id(m) not in seen:
-                    seen.add(id(m))
-                    todo.append(m)
-        return seen
-
-    around = [(reach(n, False), reach(n, True)) for n in nodes if id(n) in out]
-    comp: dict[int, int] = {}
-    for n in rest:  # connected groups of what is left (union over producer edges)
-        comp[id(n)] = id(n)
-
-    def find(i: int) -> int:
-        while comp[i] != i:
-            comp[i] = comp[comp[i]]
-            i = comp[i]
-        return i
-
-    for n in rest:
-        for v in n.inputs:
-            if v.producer is not None and id(v.producer) in comp:
-                comp[find(id(n))] = find(id(v.producer))
-    groups: dict[int, list[Node]] = {}
-    for n in rest:
-        groups.setdefault(find(id(n)), []).append(n)
+    dag = nx.DiGraph()  # the kernel's nodes and edges
+    dag.add_nodes_from(id(n) for n in nodes)
+    dag.add_edges_from((id(v.producer), id(n)) for n in nodes for v in n.inputs
+                       if v.producer is not None and id(v.producer) in dag)
+    around = [(nx.ancestors(dag, i), nx.descendants(dag, i)) for i in out]
+    keep = [id(n) for n in nodes if id(n) not in out and n.op != "Constant"]
+    by_id = {id(n): n for n in nodes}
+    order = {id(n): k for k, n in enumerate(nodes)}
+    groups = [[by_id[i] for i in sorted(c, key=order.__getitem__)]  # in the kernel's order
+              for c in nx.weakly_connected_components(dag.subgraph(keep))]
     built = []
-    for group in groups.values():
+    for group in groups:
         ids = {id(n) for n in group}
         convex = not any(ids & up and ids & down for up, down in around)
         computing = [n for n in group if n.op not in ("Reshape", "ExpandDims", "Squeeze")]
