@@ -499,4 +499,7 @@ class Lowerer:
 
 
 def lower(s: Schedule) -> Lowered:
-    return Lowerer(s).run()
+    """The schedule lowered (once: the codegen pass checks it, rendering reuses it)."""
+    if s.lowered is None:
+        s.lowered = Lowerer(s).run()
+    return s.lowered

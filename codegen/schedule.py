@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,7 @@ class Schedule:
     col_reduce: bool = False       # steps reduce over the rows: a core owns whole columns
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
+    lowered: Any = field(default=None, repr=False, compare=False)  # lower()'s result, kept
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
 
