@@ -410,7 +410,8 @@ class Lowerer:
 
     def _pow(self, dst: Ref, x: Ref, e: Ref) -> None:
         if e.const is None or x.kind == SCALAR:
-            raise Unsupported("Pow with a tensor exponent")
+            raise Unsupported("Pow with a tensor exponent in float32 (exp(e*log|x|) in fp32 is "
+                              "less accurate than the op)")
         c, d, n, b = e.const, dst.expr, dst.count(), self.body
         src = self._as(x, dst.kind)
         if c == 0.5:

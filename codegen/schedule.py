@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.ir import Dim, DType, Graph, Node, Value
+from graphkernel.codegen.decompose import decompose
+from graphkernel.ir import Dim, DType, Node, Value
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
@@ -251,7 +252,8 @@ class _Planner:
     def __init__(self, kernel: Node, row_chunks: bool = False):
         self.kernel = kernel
         self.row_chunks = row_chunks
-        self.sub: Graph = kernel.subgraph
+        # composite ops rewritten into basic ones; origin maps nodes back for the fallback
+        self.sub, self.origin = decompose(kernel.subgraph)
         self.root: dict[int, Value] = {}
         self.scalars: dict[int, float] = {}
         self.views: dict[int, View] = {}       # id(value loaded from GM) -> its view
@@ -549,4 +551,10 @@ def _join(kinds: list[str]) -> str:
 def plan(kernel: Node, row_chunks: bool = False) -> Schedule:
     """The schedule of a GraphKernel node, or Unsupported with the reason. ``row_chunks``:
     the variant for rows too long for UB (trailing reductions accumulated chunk by chunk)."""
-    return _Planner(kernel, row_chunks).plan()
+    planner = _Planner(kernel, row_chunks)
+    try:
+        return planner.plan()
+    except Unsupported as e:
+        if e.node is not None:
+            e.node = planner.origin.get(id(e.node), e.node)
+        raise

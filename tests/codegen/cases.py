@@ -15,13 +15,20 @@ from graphkernel.codegen.sim.execute import SimLibrary
 
 UNARY = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Erf", "Tanh", "Relu",
          "Sigmoid", "Floor", "Ceil", "Trunc", "Round", "Sign", "Erfc", "Sin", "Cos", "Tan",
-         "Asin", "Acos", "Atan"]
+         "Asin", "Acos", "Atan", "Expm1", "Log1p"]
 UNIT = {"Asin", "Acos"}  # inputs in (-1, 1)
 COMPARE = ["Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"]
 BOOL_RESULT = ["IsNan", "IsInf", "IsFinite", "Greater-alone", "Equal-alone"]  # stored as bytes
 LOGICAL = ["LogicalNot", "LogicalAnd", "LogicalOr"]  # bool inputs and outputs
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
-BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum"]
+BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMod", "Mod",
+          "Atan2", "Pow"]
+# composites the generator rewrites (codegen/decompose.py): inputs that reach their edge cases
+# half-integers over divisors with exact quotients, and rounded multiples of any divisor (the
+# quotient rounds onto the integer above the true one; fmod/floor_divide are exact)
+QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
+SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
+DECOMPOSED = QUOTIENTS | SMALL_TOO | {"Atan2", "Pow"}
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
 # aligned, unaligned, smaller than one core's share, larger than one UB tile
 SHAPES = {"aligned": (64, 128), "unaligned": (7, 33), "small": (3, 5), "large": (300, 1000)}
@@ -47,8 +54,19 @@ class Case:
             a = rng.standard_normal(shape)
             if self.id.split("-")[0] in POSITIVE or "positive" in self.id:
                 a = np.abs(a) + 0.5
-            if self.id.split("-")[0] in UNIT:
+            op = self.id.split("-")[0]
+            if op in UNIT:
                 a = np.tanh(a)
+            if op in SMALL_TOO:
+                a = a * 10.0 ** rng.uniform(-7, 0.5, a.shape)
+                a = np.maximum(a, -0.95) if op == "Log1p" else a
+            if op in QUOTIENTS:
+                a = (np.rint(a * 8) / 2 if v.name == "x" else
+                     rng.choice([-3.0, -2.0, -1.5, -0.5, 0.5, 1.5, 2.0, 3.0], a.shape))
+            if op == "Pow" and v.name == "y":  # integer exponents (negative bases) and others
+                a = np.where(rng.random(a.shape) < 0.5, np.rint(a * 2), a)
+            if op == "Atan2":  # the axes and the four quadrants
+                a.reshape(-1)[::9] = 0.0
             if self.id.startswith("Is"):  # some NaN and infinities to find
                 a.reshape(-1)[::7] = np.nan
                 a.reshape(-1)[::5] = np.inf
@@ -57,6 +75,10 @@ class Case:
                 out[v.name] = a > 0
                 continue
             out[v.name] = a.astype(v.dtype.np)
+        if op in QUOTIENTS:  # every 3rd: any divisor, the dividend its rounded multiple
+            x, y = out["x"].reshape(-1), out["y"].reshape(-1)
+            y[::3] = rng.standard_normal(y[::3].shape)
+            x[::3] = y[::3] * rng.integers(-300, 300, x[::3].shape).astype(x.dtype)
         return out
 
 
@@ -96,6 +118,8 @@ def single_op_cases() -> list[Case]:
             for dt in DTYPES:
                 if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
                     continue  # large tiles in low precision: a few ops suffice
+                if op == "Pow" and dt == "float32":
+                    continue  # a tensor exponent in fp32 falls back (codegen/decompose.py)
                 cases.append(Case(f"{op}-{sname}-{dt}", _single(op, shape, dt)))
     return cases
 
