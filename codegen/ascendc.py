@@ -89,6 +89,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "partial": partial, "pitch": pitch,
         "late": {io.index for io in s.outputs  # stored once a reduction completes
                  if io.kind == ROW or (s.row_chunks and io.kind == COL)},
+        "ct": C_TYPE[s.compute],
         "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
         "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"

@@ -1,6 +1,8 @@
 """Lower a Schedule's steps to Ascend C vector calls over one tile, allocating UB buffers.
 
-Inside a kernel every float value is fp32 in UB (fp16/bf16 are cast on load and on store).
+Inside a kernel every float value is held in UB in the schedule's compute type ``CT``: fp32
+(fp16/bf16 are cast on load and on store), or fp16 for a kernel whose body is all fp16 (not
+promoted: opt_level 1 or enable_low_precision). Scalar operands are written ``CT(...)``.
 A tile holds ``rows`` rows of ``cols`` columns; a FULL buffer has a row pitch of ``t_.ctp``
 elements (32-byte aligned), so ``X[i * t_.ctp]`` is row i. Buffers are reused once their
 value is dead (a linear scan over the steps), so the UB budget counts peak live buffers.
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen.schedule import (
     BINARY_OPS,
+    BITS,
+    BITWISE_OPS,
     CLASSIFY_OPS,
     COL,
     COMPARE_OPS,
@@ -43,7 +47,7 @@ SCALAR_BIN = {"Add": "({} + {})", "Sub": "({} - {})", "Mul": "({} * {})", "Div":
               "Pow": "std::pow({}, {})"}
 COMMUTATIVE_SCALAR = {"Add": "Adds", "Mul": "Muls", "Maximum": "Maxs", "Minimum": "Mins"}
 C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t",
-          DType.bool: "uint8_t"}
+          DType.bool: "uint8_t", BITS: "int32_t"}
 
 
 def flt(x: float) -> str:
@@ -126,8 +130,12 @@ class Lowerer:
             v = s.storage(io.local)
             if id(v) in self.refs:
                 continue
-            lowp = io.dtype != DType.float32
-            if io.kind in (FULL, PARTIAL):
+            lowp = io.dtype != s.compute
+            if io.dtype == BITS:  # raw words, used in place
+                if io.kind not in (FULL, PARTIAL):
+                    raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})")
+                self.refs[id(v)] = Ref(FULL, f"xi{io.index}")
+            elif io.kind in (FULL, PARTIAL):
                 if lowp:
                     buf = self.alloc(FULL)
                     self.prologue.append(f"Cast({buf}, xi{io.index}, RoundMode::CAST_NONE, n);")
@@ -200,7 +208,7 @@ class Lowerer:
                     and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if (io.dtype == DType.float32 and id(v) in produced and id(v) not in out
+            if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
         return out
@@ -233,15 +241,19 @@ class Lowerer:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
         late = io.kind == ROW or (self.s.row_chunks and io.kind == COL)
         out = self.final_epilogue if late else self.epilogue
-        if io.dtype == DType.bool and src.expr.startswith("wm"):  # a mask: 1.0 where set
+        if io.dtype == BITS:  # x | x copies the words
+            w = f"yo{io.index}.ReinterpretCast<int16_t>()"
+            x = f"{src.expr}.ReinterpretCast<int16_t>()"
+            out.append(f"Or({w}, {x}, {x}, 2 * n);")
+        elif io.dtype == DType.bool and src.expr.startswith("wm"):  # a mask: 1.0 where set
             t = self.alloc(FULL)
-            out += [f"Duplicate({t}, 1.0f, n);",
-                    f"Select({t}, {src.expr}, {t}, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);",
+            out += [f"Duplicate({t}, CT(1.0f), n);",
+                    f"Select({t}, {src.expr}, {t}, CT(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);",
                     f"Cast(yo{io.index}, {t}, RoundMode::CAST_NONE, n);"]
         elif io.dtype == DType.bool:  # 0/1 in fp32
             out.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_NONE, {count});")
-        elif io.dtype == DType.float32:
-            out.append(f"Muls(yo{io.index}, {src.expr}, 1.0f, {count});")
+        elif io.dtype == self.s.compute:
+            out.append(f"Muls(yo{io.index}, {src.expr}, CT(1.0f), {count});")
         else:
             out.append(f"Cast(yo{io.index}, {src.expr}, RoundMode::CAST_RINT, {count});")
 
@@ -274,7 +286,7 @@ class Lowerer:
             b.append(f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);")
             comb = {"ReduceSum": "l + r", "ReduceMax": "(std::isnan(l) || l > r) ? l : r",
                     "ReduceMin": "(std::isnan(l) || l < r) ? l : r"}[op]
-            b.append(f"    {dst.expr}.SetValue(0, {comb});")
+            b.append(f"    {dst.expr}.SetValue(0, CT({comb}));")
             b.append("}")
         elif op in REDUCE_OPS:
             b.append("for (uint32_t i = 0; i < rows; ++i) {")
@@ -303,13 +315,16 @@ class Lowerer:
             y, ty = self._full(a[1])
             b.append(f"Compare({dst.expr}, {x}, {y}, CMPMODE::{COMPARE_OPS[op]}, n);")
             self._release_tmp(tx + ty)
-        elif op in LOGICAL_OPS:  # bools as fp32 0/1: and = product, or = max, not = 1 - x
+        elif op in BITWISE_OPS and n.outputs[0].dtype == BITS:
+            self._bitwise(BITWISE_OPS[op], dst, a)
+        elif op in LOGICAL_OPS or op in BITWISE_OPS:  # bools as fp32 0/1: and = product, or
+            #                                            = max, not = 1 - x
             xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
             if op == "LogicalNot":
-                b += [f"Muls({dst.expr}, {xs[0]}, -1.0f, n);",
-                      f"Adds({dst.expr}, {dst.expr}, 1.0f, n);"]
+                b += [f"Muls({dst.expr}, {xs[0]}, CT(-1.0f), n);",
+                      f"Adds({dst.expr}, {dst.expr}, CT(1.0f), n);"]
             else:
-                api = "Mul" if op == "LogicalAnd" else "Max"
+                api = "Mul" if op in ("LogicalAnd", "BitwiseAnd") else "Max"
                 b.append(f"{api}({dst.expr}, {xs[0]}, {xs[1]}, n);")
             self._release_tmp([t for ts in tmps for t in ts])
         elif op in CLASSIFY_OPS:
@@ -320,9 +335,9 @@ class Lowerer:
                 return
             t, u = self.alloc(FULL), self.alloc(FULL)
             if op == "IsInf":
-                b += [f"Abs({t}, {x}, n);", f"Duplicate({u}, INFINITY, n);"]
+                b += [f"Abs({t}, {x}, n);", f"Duplicate({u}, CT(INFINITY), n);"]
             else:  # finite: x - x is 0 (NaN for NaN and +-inf)
-                b += [f"Sub({t}, {x}, {x}, n);", f"Duplicate({u}, 0.0f, n);"]
+                b += [f"Sub({t}, {x}, {x}, n);", f"Duplicate({u}, CT(0.0f), n);"]
             b.append(f"Compare({dst.expr}, {t}, {u}, CMPMODE::EQ, n);")
             self._release_tmp(tx + [Ref(FULL, t), Ref(FULL, u)])
         elif op == "Select":
@@ -330,11 +345,12 @@ class Lowerer:
             if not cond.startswith("wm"):  # a bool held as 0/1: its mask is "!= 0"
                 c, tc = self._full(a[0])
                 cond, z = self.alloc("mask"), self.alloc(FULL)
-                b += [f"Duplicate({z}, 0.0f, n);", f"Compare({cond}, {c}, {z}, CMPMODE::NE, n);"]
+                b += [f"Duplicate({z}, CT(0.0f), n);",
+                      f"Compare({cond}, {c}, {z}, CMPMODE::NE, n);"]
                 held = tc + [Ref(FULL, z), Ref(FULL, cond)]
             x, tx = self._full(a[1])
             if a[2].kind == SCALAR:
-                b.append(f"Select({dst.expr}, {cond}, {x}, {a[2].expr}, "
+                b.append(f"Select({dst.expr}, {cond}, {x}, CT({a[2].expr}), "
                          "SELMODE::VSEL_TENSOR_SCALAR_MODE, n);")
                 self._release_tmp(tx + held)
             else:
@@ -345,11 +361,11 @@ class Lowerer:
         elif op == "Sign":  # 1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)
             x, tx = self._full(a[0])
             m, t = self.alloc("mask"), self.alloc(FULL)
-            b += [f"Duplicate({t}, 0.0f, n);", f"Compare({m}, {x}, {t}, CMPMODE::LT, n);",
-                  f"Duplicate({t}, -1.0f, n);",
+            b += [f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::LT, n);",
+                  f"Duplicate({t}, CT(-1.0f), n);",
                   f"Select({dst.expr}, {m}, {t}, {x}, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);",
-                  f"Duplicate({t}, 0.0f, n);", f"Compare({m}, {x}, {t}, CMPMODE::GT, n);",
-                  f"Duplicate({t}, 1.0f, n);",
+                  f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::GT, n);",
+                  f"Duplicate({t}, CT(1.0f), n);",
                   f"Select({dst.expr}, {m}, {t}, {dst.expr}, "
                   "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);"]
             self._release_tmp(tx + [Ref(FULL, m), Ref(FULL, t)])
@@ -359,13 +375,30 @@ class Lowerer:
             raise Unsupported(f"{op} not supported by codegen")
         b.append("PipeBarrier<PIPE_V>();")
 
+    def _bitwise(self, api: str, dst: Ref, a: list[Ref]) -> None:
+        """int32 words as twice as many int16 (And/Or take 16-bit integers; bits are bits)."""
+        words, tmps = [], []
+        for r in a:
+            if r.kind == SCALAR and r.const is not None:
+                t = Ref(FULL, self.alloc(FULL))
+                self.body.append(f"Duplicate({t.expr}.ReinterpretCast<int32_t>(), "
+                                 f"(int32_t){int(r.const)}, n);")
+                tmps.append(t)
+                r = t
+            if r.kind != FULL:
+                raise Unsupported(f"a {r.kind} int32 operand (integers are not broadcast)")
+            words.append(f"{r.expr}.ReinterpretCast<int16_t>()")
+        self.body.append(f"{api}({dst.expr}.ReinterpretCast<int16_t>(), {words[0]}, {words[1]}, "
+                         "2 * n);")
+        self._release_tmp(tmps)
+
     def _numeric(self, x: Ref) -> tuple[str, list[Ref]]:
         """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
         if not x.expr.startswith("wm"):
             return self._full(x)
         t = self.alloc(FULL)
-        self.body += [f"Duplicate({t}, 1.0f, n);",
-                      f"Select({t}, {x.expr}, {t}, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);"]
+        self.body += [f"Duplicate({t}, CT(1.0f), n);",
+                      f"Select({t}, {x.expr}, {t}, CT(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);"]
         return t, [Ref(FULL, t)]
 
     def _full(self, x: Ref) -> tuple[str, list[Ref]]:
@@ -383,7 +416,7 @@ class Lowerer:
     def _unary(self, op: str, dst: Ref, x: Ref) -> None:
         src = self._as(x, dst.kind)
         if op == "Neg":
-            self.body.append(f"Muls({dst.expr}, {src}, -1.0f, {dst.count()});")
+            self.body.append(f"Muls({dst.expr}, {src}, CT(-1.0f), {dst.count()});")
         elif op in TMP_UNARY_OPS:
             self.scalar_tmp = True
             self.body.append(f"{TMP_UNARY_OPS[op]}({dst.expr}, {src}, ht, {dst.count()});")
@@ -398,10 +431,10 @@ class Lowerer:
     def _broadcast(self, dst: Ref, x: Ref) -> None:
         b = self.body
         if x.kind == SCALAR:
-            b.append(f"Duplicate({dst.expr}, {x.expr}, {dst.count()});")
+            b.append(f"Duplicate({dst.expr}, CT({x.expr}), {dst.count()});")
         elif x.kind == ROW and dst.kind == FULL:
             b.append("for (uint32_t i = 0; i < rows; ++i) "
-                     f"Muls({dst.row()}, {x.expr}, 1.0f, cols);")
+                     f"Muls({dst.row()}, {x.expr}, CT(1.0f), cols);")
         elif x.kind == COL and dst.kind == FULL:
             b.append("for (uint32_t i = 0; i < rows; ++i) "
                      f"Duplicate({dst.row()}, {x.expr}.GetValue(i), cols);")
@@ -419,13 +452,13 @@ class Lowerer:
         elif c == -0.5:
             b.append(f"Rsqrt({d}, {src}, {n});")
         elif c == int(c) and 1 <= abs(c) <= 8:
-            b.append(f"Muls({d}, {src}, 1.0f, {n});")
+            b.append(f"Muls({d}, {src}, CT(1.0f), {n});")
             for _ in range(int(abs(c)) - 1):
                 b.append(f"Mul({d}, {d}, {src}, {n});")
             if c < 0:
                 b.append(f"Reciprocal({d}, {d}, {n});")
         elif c != int(c):
-            b += [f"Ln({d}, {src}, {n});", f"Muls({d}, {d}, {flt(c)}, {n});",
+            b += [f"Ln({d}, {src}, {n});", f"Muls({d}, {d}, CT({flt(c)}), {n});",
                   f"Exp({d}, {d}, {n});"]
         else:
             raise Unsupported(f"Pow with exponent {c}")
@@ -435,14 +468,14 @@ class Lowerer:
         sv = s.expr if isinstance(s, Ref) else s
         const = s.const if isinstance(s, Ref) else None
         if op in COMMUTATIVE_SCALAR:
-            return [f"{COMMUTATIVE_SCALAR[op]}({dst}, {x}, {sv}, {n});"]
+            return [f"{COMMUTATIVE_SCALAR[op]}({dst}, {x}, CT({sv}), {n});"]
         if op == "Sub":
-            return ([f"Adds({dst}, {x}, -({sv}), {n});"] if x_first else
-                    [f"Muls({dst}, {x}, -1.0f, {n});", f"Adds({dst}, {dst}, {sv}, {n});"])
+            return ([f"Adds({dst}, {x}, CT(-({sv})), {n});"] if x_first else
+                    [f"Muls({dst}, {x}, CT(-1.0f), {n});", f"Adds({dst}, {dst}, CT({sv}), {n});"])
         if op == "Div" and const is not None:
             m, _ = math.frexp(const) if const else (0, 0)
             if x_first and const != 0 and abs(m) == 0.5:
-                return [f"Muls({dst}, {x}, {flt(1.0 / const)}, {n});"]
+                return [f"Muls({dst}, {x}, CT({flt(1.0 / const)}), {n});"]
             if not x_first and const == 1.0:
                 return [f"Reciprocal({dst}, {x}, {n});"]
         return None
@@ -459,12 +492,12 @@ class Lowerer:
             if form is None:
                 tmp = {FULL: "tf", ROW: "tr0", COL: "tc0"}[dst.kind]
                 if tmp == "tf":  # a row of the scalar, then row by row
-                    body.append(f"Duplicate(tr0, {s.expr}, t_.ctp);")
+                    body.append(f"Duplicate(tr0, CT({s.expr}), t_.ctp);")
                     args = (x.row(), "tr0") if x_first else ("tr0", x.row())
                     body.append(f"for (uint32_t i = 0; i < rows; ++i) "
                                 f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")
                     return
-                body.append(f"Duplicate({tmp}, {s.expr}, {dst.count()});")
+                body.append(f"Duplicate({tmp}, CT({s.expr}), {dst.count()});")
                 args = (x.expr, tmp) if x_first else (tmp, x.expr)
                 body.append(f"{api}({dst.expr}, {args[0]}, {args[1]}, {dst.count()});")
             else:
@@ -489,7 +522,7 @@ class Lowerer:
                 rows.append(f"    Duplicate({tmp}, {r.expr}.GetValue(i), cols);")
                 args.append(tmp)
             elif r.kind == SCALAR:
-                rows.append(f"    Duplicate({tmp}, {r.expr}, cols);")
+                rows.append(f"    Duplicate({tmp}, CT({r.expr}), cols);")
                 args.append(tmp)
             else:
                 args.append(r.row())

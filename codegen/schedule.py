@@ -47,6 +47,9 @@ COMPARE_OPS = {"Greater": "GT", "GreaterEqual": "GE", "Less": "LT", "LessEqual":
 CLASSIFY_OPS = ("IsNan", "IsInf", "IsFinite")  # masks, too
 LOGICAL_OPS = ("LogicalAnd", "LogicalOr", "LogicalNot")  # on bools held as fp32 0/1
 MASK_OPS = frozenset({*COMPARE_OPS, *CLASSIFY_OPS, "Select", "Sign"})  # whole 64-element tiles
+# on bools: LogicalAnd/LogicalOr; on int32: the And/Or instructions over the bits (int16 view)
+BITWISE_OPS = {"BitwiseAnd": "And", "BitwiseOr": "Or"}
+BITS = DType.int32   # integer data: carried as raw 4-byte words, only through BITWISE_OPS
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16})
 
@@ -95,6 +98,7 @@ class Schedule:
     lowered: Any = field(default=None, repr=False, compare=False)  # lower()'s result, kept
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
+    compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -266,16 +270,18 @@ class _Planner:
     def plan(self) -> Schedule:
         sub = self.sub
         for v in (*sub.inputs, *sub.outputs):  # bool: bytes in GM, 0/1 or a mask in UB
-            if v.dtype not in FLOATS and v.dtype != DType.bool:
+            if v.dtype not in FLOATS and v.dtype not in (DType.bool, BITS):
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
-                                  "float32 and bool)")
+                                  "float32, bool, and int32 in bitwise ops)")
+        self._check_bits()
         for v in sub.inputs:
             self.views[id(v)] = View.contiguous(tuple(v.shape))
             self.loaded[id(v)] = v
         steps = []
         for n in sub.nodes:
-            if n.op == "Constant":
-                self.scalars[id(n.outputs[0])] = float(np.asarray(n.attrs["value"]).reshape(-1)[0])
+            if n.op == "Constant":  # an integer keeps every bit (int32 exceeds fp32's 24)
+                c = np.asarray(n.attrs["value"]).reshape(-1)[0]
+                self.scalars[id(n.outputs[0])] = int(c) if n.outputs[0].dtype == BITS else float(c)
             elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)):
                 self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
             elif n.op in ("Slice", "StridedSlice", "Transpose"):
@@ -287,7 +293,7 @@ class _Planner:
                                   node=n)
             elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
                   or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"
-                  or n.op in MASK_OPS or n.op in LOGICAL_OPS):
+                  or n.op in MASK_OPS or n.op in LOGICAL_OPS or n.op in BITWISE_OPS):
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
@@ -315,7 +321,7 @@ class _Planner:
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
-                         row_chunks=self.row_chunks)
+                         row_chunks=self.row_chunks, compute=self._compute_type())
         for io in ins:
             if io.kind == PARTIAL and io.local is not io.value and not any(
                     _eq(st, 0) for st in io.strides):
@@ -377,6 +383,27 @@ class _Planner:
             self.views[id(out)] = slice_view(n)
         self.loaded[id(src)] = out
         del self.views[id(src)]
+
+    def _compute_type(self) -> DType:
+        """fp16 when the body states fp16 for every float value (promote_precision did not
+        widen it: opt_level 1, or enable_low_precision), else fp32. Rewritten composites and
+        integer words keep fp32 (their forms and buffers assume 4-byte elements)."""
+        dts = {v.dtype for v in self._all_values()}
+        floats = {d for d in dts if d.is_float}
+        if floats == {DType.float16} and BITS not in dts and not self.origin:
+            return DType.float16
+        return DType.float32
+
+    def _check_bits(self) -> None:
+        """int32 values flow only between kernel inputs, constants, views, bitwise ops and
+        kernel outputs (they are raw words in UB: no arithmetic, no broadcast)."""
+        for n in self.sub.nodes:
+            ints = [v for v in (*n.inputs, *n.outputs) if v.dtype == BITS]
+            if ints and n.op not in BITWISE_OPS and n.op not in VIEW_OPS and n.op != "Constant":
+                raise Unsupported(f"{n.op} of int32 data (integers are generated in "
+                                  "BitwiseAnd/BitwiseOr only)", node=n)
+            if n.op in BITWISE_OPS and n.outputs[0].dtype not in (BITS, DType.bool):
+                raise Unsupported(f"{n.op} of {n.outputs[0].dtype} data", node=n)
 
     def _all_values(self):
         yield from self.sub.inputs

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from graphkernel import symbolic
 from graphkernel.codegen.lower import Lowered
 from graphkernel.codegen.schedule import COL, FULL, PARTIAL, ROW, Schedule
-from graphkernel.ir import DType
 
 
 @dataclass
@@ -34,6 +33,7 @@ class UBBudget:
 
 def budget(s: Schedule, low: Lowered) -> UBBudget:
     A = B = C = 0
+    cs = s.compute.itemsize  # one element of a compute buffer
     D = 64  # the reduce result block, and slack
     for io in s.inputs:
         size = io.dtype.itemsize
@@ -43,32 +43,33 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
             C += 2 * size
             D += 2 * 32
         elif io.kind == ROW:
-            B += 4 + (size if io.dtype != DType.float32 else 0)
+            B += cs + (size if io.dtype != s.compute else 0)
     for io in s.outputs:
         if io.kind == FULL:
             A += 2 * io.dtype.itemsize
         elif io.kind == COL:
             C += 2 * io.dtype.itemsize
             D += 2 * 32
-    A += 4 * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
+    A += cs * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
     A += low.pools["wm"]  # bit masks: rt * ctp / 8 bytes each, counted as one byte/element
-    C += 4 * low.pools["wc"] + 4  # + the column scratch tc0
+    C += cs * low.pools["wc"] + cs  # + the column scratch tc0
     D += 32 * (low.pools["wc"] + 1)
-    B += 4 * low.pools["wr"] + 8 + (4 if s.reduce else 0)  # + two scratch rows (+ reduce work)
+    B += cs * low.pools["wr"] + 2 * cs + (cs if s.reduce else 0)  # + two scratch rows (+ reduce
+    #                                                                  work)
     if s.row_chunks:  # one value each, and the row outputs' 32-byte queues
         D += 32 * len(low.accumulators) + sum(64 for io in s.outputs if io.kind == COL)
         C -= sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == COL)
     else:
-        B += 4 * len(low.accumulators)
+        B += cs * len(low.accumulators)
     B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
     return UBBudget(A, B, C, D)
 
 
 def align_elems(s: Schedule) -> int:
     """Elements per row-pitch step: 32 bytes of the narrowest type, or whole 256-byte repeats
-    of fp32 when Compare is used."""
+    of the compute type when Compare is used."""
     if s.masks:
-        return 64
+        return 256 // s.compute.itemsize
     sizes = {io.dtype.itemsize for io in (*s.inputs, *s.outputs)}
     return 32 if 1 in sizes else 16 if 2 in sizes else 8
 

@@ -399,6 +399,22 @@ GK_SIM_BINARY(Max, (l > r ? l : r))
 GK_SIM_BINARY(Min, (l < r ? l : r))
 #undef GK_SIM_BINARY
 
+// And/Or: 16-bit integers only (wider words are passed as twice as many int16).
+#define GK_SIM_BITWISE(NAME, OP)                                                            \
+    template <typename T>                                                                   \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, \
+              int32_t count, loc where = loc::current()) {                                  \
+        static_assert(std::is_same_v<T, int16_t> || std::is_same_v<T, uint16_t>,           \
+                      #NAME " takes int16_t/uint16_t tensors");                            \
+        const T* x = a.use(count, where);                                                   \
+        const T* y = b.use(count, where);                                                   \
+        T* z = dst.use(count, where);                                                       \
+        for (int32_t i = 0; i < count; ++i) z[i] = static_cast<T>(x[i] OP y[i]);           \
+    }
+GK_SIM_BITWISE(And, &)
+GK_SIM_BITWISE(Or, |)
+#undef GK_SIM_BITWISE
+
 #define GK_SIM_SCALAR(NAME, EXPR)                                                       \
     template <typename T>                                                               \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, int32_t count, \
@@ -549,7 +565,7 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
         for (size_t n = v.size(); n > 1; n = (n + 1) / 2) {                                \
             for (size_t i = 0; i < n / 2; ++i) {                                           \
                 float l = v[2 * i], r = v[2 * i + 1];                                      \
-                v[i] = COMBINE;                                                            \
+                v[i] = static_cast<float>(static_cast<T>(COMBINE));  /* T's precision */  \
             }                                                                              \
             if (n % 2) v[n / 2] = v[n - 1];                                                \
         }                                                                                  \

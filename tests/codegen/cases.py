@@ -30,6 +30,7 @@ QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
 SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
 DECOMPOSED = QUOTIENTS | SMALL_TOO | {"Atan2", "Pow"}
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
+BITWISE = ["BitwiseAnd", "BitwiseOr"]  # int32 words (every bit) and bools
 # aligned, unaligned, smaller than one core's share, larger than one UB tile
 SHAPES = {"aligned": (64, 128), "unaligned": (7, 33), "small": (3, 5), "large": (300, 1000)}
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -74,6 +75,9 @@ class Case:
             if v.dtype.value == "bool":
                 out[v.name] = a > 0
                 continue
+            if v.dtype.value == "int32":  # every bit pattern
+                out[v.name] = rng.integers(-2**31, 2**31, shape).astype(np.int32)
+                continue
             out[v.name] = a.astype(v.dtype.np)
         if op in QUOTIENTS:  # every 3rd: any divisor, the dividend its rounded multiple
             x, y = out["x"].reshape(-1), out["y"].reshape(-1)
@@ -85,7 +89,7 @@ class Case:
 def _single(op: str, shape, dtype: str) -> Graph:
     g = Graph(f"{op}_{dtype}")
     x = g.add_input("x", TensorType(shape, dtype))
-    if op in BINARY:
+    if op in BINARY or op in BITWISE:
         y = g.add_input("y", TensorType(shape, dtype))
         out = g.add_node(op, [x, y], name="op").output
     elif op in BOOL_RESULT:
@@ -121,6 +125,10 @@ def single_op_cases() -> list[Case]:
                 if op == "Pow" and dt == "float32":
                     continue  # a tensor exponent in fp32 falls back (codegen/decompose.py)
                 cases.append(Case(f"{op}-{sname}-{dt}", _single(op, shape, dt)))
+    for op in BITWISE:
+        for sname, shape in SHAPES.items():
+            for dt in ("int32", "bool"):
+                cases.append(Case(f"{op}-{sname}-{dt}", _single(op, shape, dt)))
     return cases
 
 
@@ -140,6 +148,13 @@ def pattern_cases() -> list[Case]:
     n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
     e = n("Mul", [n("Exp", [v["x"]]), n("Add", [v["x"], v["y"]])])
     add("elementwise-chain", g, n("Tanh", [e]))
+
+    g, v = _g("bits", {"x": (5, 3, 77), "y": (5, 3, 77)}, "int32")  # a constant keeps all bits
+    n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
+    m = g.const(np.int32(-0x7F00FF01), "int32")
+    r = n("Reshape", [n("BitwiseAnd", [v["x"], m])], shape=[15, 77])
+    add("bitwise-int32-chain", g, n("BitwiseOr", [r, n("Reshape", [v["y"]], shape=[15, 77])]),
+        n("BitwiseAnd", [v["x"], v["y"]]))
     for bshape, tag in (((8, 16), "outer"), ((4, 1, 16), "middle"), ((4, 8, 1), "last"),
                         ((1, 8, 1), "middle-only"), ((1,), "scalar")):
         g, v = _g(f"bcast_{tag}", {"x": (4, 8, 16), "b": bshape})

@@ -213,6 +213,8 @@ def random_flags(seed: int) -> str:
     if r.random() < 0.2:
         parts.append("--disable_cluster_ops=" + ",".join(r.sample(["Exp", "Mul", "Add",
                                                                     "ReduceSum", "Tanh"], 2)))
+    if r.random() < 0.25:  # fp16 graphs keep fp16 inside their kernels
+        parts.append("--enable_low_precision")
     return " ".join(parts)
 
 
