@@ -71,6 +71,9 @@ def c_dim(d: Dim, refs: dict[str, str]) -> str:
 
 
 def render(s: Schedule, node_comment: str | None = None) -> Rendered:
+    """The kernel's files; a schedule with a run-time variant also carries the variant's
+    files (its class is included by the kernel, its tiling function called by the kernel's)."""
+    var = render(s.variant, node_comment) if s.variant is not None else None
     low = lower(s)
     ub = budget(s, low)
     refs = shape_refs(s)
@@ -89,7 +92,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "partial": partial, "pitch": pitch,
         "late": {io.index for io in s.outputs  # stored once a reduction completes
                  if io.kind == ROW or (s.row_chunks and io.kind == COL)},
-        "ct": C_TYPE[s.compute],
+        "ct": C_TYPE[s.compute], "variant": var.name if var else None,
         "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
         "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
@@ -100,6 +103,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         f"{s.name}.cpp": env.get_template("kernel.cpp.j2").render(ctx),
         f"{s.name}_tiling.h": env.get_template("tiling.h.j2").render(ctx),
         f"{s.name}_tiling.cpp": env.get_template("tiling.cpp.j2").render(ctx),
+        **(var.files if var else {}),
     }
     manifest = {
         "name": s.name, "node": s.node,
@@ -108,7 +112,9 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
                        "whole_rows": s.reduce and not s.row_chunks,
                        "whole_columns": s.col_reduce, "row_chunks": s.row_chunks},
-        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim"],
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim", "key"],
+        "tiling_keys": {"0": "whole rows per tile",
+                        **({"1": f"rows walked in chunks ({var.name})"} if var else {})},
         "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
                      "fixed": ub.D},
         "block_dim": "min(cores, M * nColTiles); each core a contiguous run of units (computed "

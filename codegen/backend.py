@@ -159,7 +159,8 @@ def write_project(result: Any, out_dir: str | Path) -> list[Path]:
         soc=result.config.target,
         kernels="\n".join([f"  {r.name}.cpp" for r in rendered]
                           + [f"  {sr.name}.cpp" for sr in supers]),
-        tilings="\n".join(f"  {r.name}_tiling.cpp" for r in rendered))
+        tilings="\n".join(f"  {f}" for r in rendered for f in sorted(r.files)
+                           if f.endswith("_tiling.cpp")))
     written.append(atomic_write_text(kdir / "CMakeLists.txt", cmake))
     manifest = {
         "format": "graphkernel-kernels/1",

@@ -99,6 +99,8 @@ class Schedule:
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
     compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
+    variant: Schedule | None = field(default=None, repr=False)  # chosen at run time (tiling
+    #   key 1) when this schedule's whole rows do not fit the UB: the row_chunks variant
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]

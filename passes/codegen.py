@@ -31,6 +31,15 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
         c_dim(d, refs)
     need = row_bytes(s, low) if s.reduce else None
+    if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant
+        try:
+            v = plan(kernel, row_chunks=True)
+            lower(v)
+        except Unsupported:
+            return s  # whole rows only; the tiling function reports a row too long for the UB
+        v.name = f"{s.name}_rc"
+        s.variant = v
+        return s
     if need is not None and need > spec.ub_bytes:
         try:  # the variant that walks each row in chunks
             s = plan(kernel, row_chunks=True)

@@ -28,8 +28,14 @@ def sim_source(r: Rendered) -> str:
     s = r.schedule
     nargs = len(s.inputs) + len(s.outputs) + 2
     args = ", ".join(f"a[{i}]" for i in range(nargs))
+    parts = []
+    v = s.variant
+    if v is not None:  # its class (no entry) and tiling function, before the kernel's
+        parts = [r.files[f"{v.name}_tiling.h"], r.files[f"{v.name}_tiling.cpp"],
+                 "#define GK_NO_ENTRY", f'#line 1 "{v.name}.cpp"', r.files[f"{v.name}.cpp"],
+                 "#undef GK_NO_ENTRY"]
     return "\n".join([
-        r.files[f"{s.name}_tiling.h"], r.files[f"{s.name}_tiling.cpp"],
+        *parts, r.files[f"{s.name}_tiling.h"], r.files[f"{s.name}_tiling.cpp"],
         f'#line 1 "{s.name}.cpp"', r.files[f"{s.name}.cpp"],
         f"static void gk_sim_call_{s.name}(uint8_t** a) {{ {s.name}({args}); }}",
         f"GK_SIM_LAUNCHER({s.name}, {nargs})",
@@ -100,13 +106,13 @@ class SimLibrary:
             raise SimulatorError(f"{name}: the tiling function found no tile that fits the "
                                  f"Unified Buffer for shapes {[list(s) for s in shapes]}")
         raw = bytes(out)
-        head = np.frombuffer(raw[:48], dtype=np.uint64) if n >= 48 else None
+        head = np.frombuffer(raw[:56], dtype=np.uint64) if n >= 56 else None
         fields = {}
         if head is not None:
             M, L = int(head[0]), int(head[1])
             rt, ct, ctp, ncol = np.frombuffer(raw[16:32], dtype=np.uint32).tolist()
             fields = {"M": M, "L": L, "rt": rt, "ct": ct, "ctp": ctp, "nColTiles": ncol,
-                      "units": int(head[4]), "blockDim": int(head[5])}
+                      "units": int(head[4]), "blockDim": int(head[5]), "key": int(head[6])}
         return raw, int(block.value), fields
 
     def run_super(self, name: str, external: dict[int, np.ndarray], spec: TargetSpec

@@ -183,6 +183,14 @@ def pattern_cases() -> list[Case]:
         s = n("ReduceSum", [e], axis=[1], keep_dims=True)
         add(f"reduce-row-larger-than-ub-{dt}", g, n("Mul", [s, g.const(np.dtype(dt).type(1e-4))]),
             n("ReduceMax", [v["x"]], axis=[1]), n("Neg", [e]))
+    # the same with a symbolic row: the run-time shape picks whole rows or chunks (tiling key)
+    g, v = _g("long_rows_symbolic", {"x": ("b", "n")})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    e = n("Exp", [n("Mul", [v["x"], g.const(np.float32(0.01))])])
+    add("reduce-row-symbolic-length", g,
+        n("Mul", [n("ReduceSum", [e], axis=[1], keep_dims=True), g.const(np.float32(1e-4))]),
+        n("ReduceMax", [v["x"]], axis=[1]), n("Neg", [e]),
+        dims=[{"b": 3, "n": 50}, {"b": 5, "n": 70001}, {"b": 47, "n": 1000}])
     for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
         for dt in ("float32", "float16"):
             g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)

@@ -88,6 +88,19 @@ def test_rows_longer_than_the_ub_are_reduced_in_chunks(library):
         assert st.tiling["ct"] < st.tiling["L"] and st.tiling["nColTiles"] > 1, st.tiling
 
 
+def test_a_symbolic_row_picks_its_variant_at_run_time(library):
+    """One kernel, two schedules: whole rows per tile (key 0) where a row fits the UB, rows
+    walked in chunks (key 1) where it does not — chosen by the tiling function."""
+    (case,) = (c for c in PATTERNS if c.id == "reduce-row-symbolic-length")
+    keys = []
+    for backend, dims in zip(check_case(case, library), case.dims, strict=True):
+        (st,) = [st for st in backend.stats.values() if st.tiling["L"] == dims["n"]]
+        keys.append(st.tiling["key"])
+        r = backend.rendered[st.node]
+        assert r.schedule.variant is not None and "1" in r.manifest["tiling_keys"]
+    assert keys == [0, 1, 0]
+
+
 def test_a_large_kernel_occupies_every_core(library):
     for case in (c for c in SINGLE if "-large-float32" in c.id):
         (backend,) = check_case(case, library)
