@@ -85,8 +85,10 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     ctx = {
         "s": s, "low": low, "ub": ub, "align": align, "node_comment": comment,
-        "M": c_dim(s.M, refs), "L": c_dim(s.L, refs),
-        "M_doc": symbolic.canon(s.M), "L_doc": symbolic.canon(s.L),
+        "M": c_dim(s.M, refs), "L": c_dim(s.L, refs), "batch": c_dim(s.batch, refs),
+        "M_doc": (symbolic.canon(s.M) if _eq1(s.batch) else
+                  f"{symbolic.canon(s.batch)} blocks of {symbolic.canon(s.M)}"),
+        "L_doc": symbolic.canon(s.L),
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch,
@@ -110,9 +112,11 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "inputs": [_io_entry(io) for io in s.inputs],
         "outputs": [_io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
+                       "blocks": symbolic.canon(s.batch),
                        "whole_rows": s.reduce and not s.row_chunks,
                        "whole_columns": s.col_reduce, "row_chunks": s.row_chunks},
-        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim", "key"],
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim", "key",
+                          "nBatch"],
         "tiling_keys": {"0": "whole rows per tile",
                         **({"1": f"rows walked in chunks ({var.name})"} if var else {})},
         "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
@@ -124,6 +128,10 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "notes": list(s.notes),
     }
     return Rendered(s, low, files, manifest)
+
+
+def _eq1(d: Dim) -> bool:
+    return symbolic.canon(d) == symbolic.canon(1)
 
 
 def _pitch(io, refs: dict[str, str]) -> str:

@@ -93,6 +93,8 @@ class Schedule:
     scalars: dict[int, float] = field(default_factory=dict)  # id(value) -> constant
     notes: list[str] = field(default_factory=list)
     col_reduce: bool = False       # steps reduce over the rows: a core owns whole columns
+    batch: Dim = 1                 # col_reduce over middle axes [B, M, L]: independent blocks
+    #                                of M rows (row r of block b is row b*M + r of the space)
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     lowered: Any = field(default=None, repr=False, compare=False)  # lower()'s result, kept
@@ -304,6 +306,7 @@ class _Planner:
                  if id(self.owner(v)) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
         self.col_reduce = False
+        self.batch: Dim = 1
         L = self._row_length(steps, reduces, N)
         M = symbolic.div(N, L)
         if M is None:
@@ -320,10 +323,13 @@ class _Planner:
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
                  self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
         steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        if self.batch != 1:  # blocks of rows reduced separately
+            M = symbolic.div(M, self.batch)
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
-                         row_chunks=self.row_chunks, compute=self._compute_type())
+                         row_chunks=self.row_chunks, compute=self._compute_type(),
+                         batch=self.batch)
         for io in ins:
             if io.kind == PARTIAL and io.local is not io.value and not any(
                     _eq(st, 0) for st in io.strides):
@@ -442,7 +448,7 @@ class _Planner:
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
         if reduces:
-            L, kinds = None, set()
+            L, kinds, batches = None, set(), []
             for n in reduces:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
@@ -452,11 +458,16 @@ class _Planner:
                                       node=n)
                 if axes == list(range(len(shape) - len(axes), len(shape))):
                     r, k = symbolic.numel(shape[len(shape) - len(axes):]), "row"
-                elif axes == list(range(len(axes))):
-                    r, k = symbolic.numel(shape[len(axes):]), "column"
+                elif axes == list(range(axes[0], axes[-1] + 1)):  # leading or middle: [B, R, L]
+                    r, k = symbolic.numel(shape[axes[-1] + 1:]), "column"
+                    b = symbolic.numel(shape[:axes[0]])
+                    if batches and not _eq(batches[0], b):
+                        raise Unsupported("reductions over different blocks of rows", node=n)
+                    batches.append(b)
+                    self.batch = b
                 else:
                     raise Unsupported(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
-                                      "(leading or trailing axes are generated, not both)", node=n)
+                                      "(one run of adjacent axes is generated)", node=n)
                 if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r

@@ -28,7 +28,7 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     s = plan(kernel)
     low = lower(s)
     refs = shape_refs(s)
-    for d in (s.M, s.L, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
+    for d in (s.M, s.L, s.batch, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
         c_dim(d, refs)
     need = row_bytes(s, low) if s.reduce else None
     if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant

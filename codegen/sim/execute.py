@@ -106,13 +106,14 @@ class SimLibrary:
             raise SimulatorError(f"{name}: the tiling function found no tile that fits the "
                                  f"Unified Buffer for shapes {[list(s) for s in shapes]}")
         raw = bytes(out)
-        head = np.frombuffer(raw[:56], dtype=np.uint64) if n >= 56 else None
+        head = np.frombuffer(raw[:64], dtype=np.uint64) if n >= 64 else None
         fields = {}
         if head is not None:
             M, L = int(head[0]), int(head[1])
             rt, ct, ctp, ncol = np.frombuffer(raw[16:32], dtype=np.uint32).tolist()
             fields = {"M": M, "L": L, "rt": rt, "ct": ct, "ctp": ctp, "nColTiles": ncol,
-                      "units": int(head[4]), "blockDim": int(head[5]), "key": int(head[6])}
+                      "units": int(head[4]), "blockDim": int(head[5]), "key": int(head[6]),
+                      "nBatch": int(head[7])}
         return raw, int(block.value), fields
 
     def run_super(self, name: str, external: dict[int, np.ndarray], spec: TargetSpec

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
+from graphkernel import symbolic
 from graphkernel.bisect import Evaluator
 from graphkernel.codegen import targets
 from graphkernel.codegen.backend import run_sim
@@ -273,3 +274,47 @@ def test_enable_low_precision_kernels_compute_in_fp16():
     assert np.array_equal(got16, want)
     assert not np.array_equal(got32, want)  # fp32 inside: rounded once, differently
     assert budget(s16, lower(s16)).A < budget(s32, lower(s32)).A
+
+
+def _one_kernel(g):
+    """g (copied) with all its computing nodes in one GraphKernel, scheduled: a kernel shape
+    the fusion patterns may not form, for the schedule's own tests."""
+    from graphkernel.kernels import build_kernel
+    from graphkernel.passes.codegen import check
+
+    g2 = g.copy()
+    k = build_kernel(g2, [n for n in g2.nodes if n.op != "Constant"], "one", "test")
+    return g2, {k.name: check(k, SPEC)}
+
+
+@pytest.mark.parametrize("wshape", [(4, 1, 33), (33,), (4, 50, 1), (1,), (4, 50, 33)])
+def test_reductions_over_middle_axes_in_blocks_of_rows(wshape):
+    """ReduceSum over axis 1 of [4, 50, 33]: 4 blocks of 50 rows, each reduced column-wise
+    (row b*M + r of the loop space), with a second input in each layout (not (50, 1): one
+    value per row broadcast over the blocks is not placed in the loop space); and the same over
+    a symbolic number of blocks (1, 5 and 100 of them: units = blocks x column tiles)."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen.backend import SimBackend
+
+    for lead in (4, "a"):
+        g = Graph("mid")
+        x = g.add_input("x", TensorType((lead, 50, 33), "float32"))
+        w = g.add_input("w", TensorType(tuple(lead if d == 4 else d for d in wshape),
+                                        "float32"))
+        e = g.add_node("Mul", [g.add_node("Exp", [x]).output, w]).output
+        s = g.add_node("ReduceSum", [e], {"axis": [1], "keep_dims": True}).output
+        g.set_outputs([s, g.add_node("ReduceMax", [x], {"axis": [1]}).output])
+        g2, scheds = _one_kernel(g)
+        (sch,) = scheds.values()
+        assert sch.col_reduce and symbolic.canon(sch.batch) == symbolic.canon(lead)
+        for a in ((4,) if lead == 4 else (1, 5, 100)):
+            rng = np.random.default_rng(a)
+            feeds = {v.name: rng.standard_normal(tuple(a if d == "a" else d for d in v.shape))
+                     .astype(np.float32) for v in g.inputs}
+            backend = SimBackend(g2, scheds)
+            got = Interpreter(g2, kernel_runner=backend).run(feeds)
+            assert backend.stats and not backend.unscheduled
+            j = Evaluator(g, feeds).judge(got)
+            assert not j.bad, (wshape, a, j.reason)
+            (st,) = backend.stats.values()
+            assert st.tiling["nBatch"] == a and st.tiling["units"] >= a
