@@ -120,6 +120,12 @@ class Schedule:
         return any(io.dtype != DType.float32 for io in (*self.inputs, *self.outputs))
 
 
+class NeedsPhases(Unsupported):
+    """A value depends on a reduction of its own rows that is accumulated across tiles (a
+    second pass over the rows): the kernel runs as a sequence of phase kernels instead
+    (``codegen/phases.py``)."""
+
+
 def follow(root: dict[int, Value], v: Value) -> Value:
     """The value whose UB storage ``v`` shares (through views and aliases), or ``v``."""
     while id(v) in root:
@@ -362,7 +368,7 @@ class _Planner:
             if after:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in allowed:
-                    raise Unsupported(f"{n.op} {n.name} uses a reduction's result across the "
+                    raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across the "
                                       "elements it reduces (that needs a second pass)", node=n)
                 final.add(id(n))
             if n.op in REDUCE_OPS or after:
@@ -437,6 +443,20 @@ class _Planner:
                 return None  # a reshape of a strided slice: not one view any more
             return classify(tuple(v.shape), tuple(S), L, view)
         return classify(tuple(v.shape), tuple(S), L)
+
+    def _compact_input(self, v: Value, N: Dim, L: Dim) -> str | None:
+        """The layout (ROW, COL or SCALAR) of a kernel input that only compact steps use,
+        found against a full-size value of the kernel it broadcasts to; None if none."""
+        if not any(self.loaded[id(i)] is self.owner(v) for i in self.sub.inputs):
+            return None
+        for f in self._all_values():
+            full = tuple(f.shape)
+            if not _eq(f.type.numel, N) or len(full) < len(v.shape) or not all(
+                    d == 1 or _eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
+                continue
+            c = self._classify(v, full, L)
+            return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
+        return None
 
     def _needs_rows(self, v: Value, N: Dim) -> bool:
         """Whether a use of v constrains the row split (it is not a plain full tile)."""
@@ -530,9 +550,13 @@ class _Planner:
                 o = self.owner(v)
                 if id(o) in kind:
                     continue
-                if not full_space:
-                    raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                      "value) in the loop space", node=n)
+                if not full_space:  # placed against a full-size value it broadcasts to
+                    c = self._compact_input(v, N, L)
+                    if c is None:
+                        raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
+                                          "value) in the loop space", node=n)
+                    kind[id(o)] = c
+                    continue
                 c = self._classify(v, S, L)
                 if c is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "

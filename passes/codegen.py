@@ -14,7 +14,8 @@ import networkx as nx
 from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.lower import lower
-from graphkernel.codegen.schedule import CUBE_OPS, Schedule, Unsupported, plan
+from graphkernel.codegen.phases import split_phases
+from graphkernel.codegen.schedule import CUBE_OPS, NeedsPhases, Schedule, Unsupported, plan
 from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
@@ -46,9 +47,10 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
             lower(s)
             return s
         except Unsupported as e:
-            raise Unsupported(f"a row of {s.L} elements needs {need} bytes of UB, the target "
-                              f"has {spec.ub_bytes}, and it cannot be walked in chunks: {e}"
-                              ) from None
+            cls = NeedsPhases if isinstance(e, NeedsPhases) else Unsupported
+            raise cls(f"a row of {s.L} elements needs {need} bytes of UB, the target has "
+                      f"{spec.ub_bytes}, and it cannot be walked in chunks: {e}", node=e.node
+                      ) from None
     return s
 
 
@@ -90,6 +92,21 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
     return built
 
 
+def _in_phases(graph: Graph, k: Node, ctx, reason: str) -> list[Node]:
+    """Replace ``k`` by its phase kernels (codegen/phases.py), reported under ``phases``."""
+    def name_for(group: list[Node]) -> str:
+        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
+        return kernel_name(group, counter)
+
+    parts = split_phases(graph, k, name_for)
+    if parts:
+        names = [p.name for p in parts]
+        ctx.report_extra["phases"].append({"kernel": k.name, "kernels": names,
+                                           "reason": reason})
+        ctx.log(f"{k.name} runs in {len(parts)} phases ({reason}): {', '.join(names)}")
+    return parts
+
+
 def _super_kernels(graph, ctx, spec, scheds) -> None:
     """The SuperKernel groups over the kernels that were generated."""
     live = {n.name for n in graph.nodes if n.op == "GraphKernel"} & set(scheds)
@@ -124,11 +141,23 @@ def codegen(graph, ctx) -> PassResult:
     changed = 0
     work = [n for n in graph.nodes if n.op == "GraphKernel"]
     depth = {id(k): 0 for k in work}
+    phased: list[dict] = ctx.report_extra.setdefault("phases", [])
     while work:
         k = work.pop(0)
         try:
             scheds[k.name] = check(k, spec)
             continue
+        except NeedsPhases as e:
+            reason, bad = str(e), e.node
+            parts = (_in_phases(graph, k, ctx, reason)
+                     if depth[id(k)] < 3 and ctx.should_apply(f"{k.name}: in phases", [k])
+                     else [])
+            if parts:
+                changed += 1
+                for p in parts:
+                    depth[id(p)] = depth[id(k)] + 1
+                work = parts + work
+                continue
         except Unsupported as e:
             reason, bad = str(e), e.node
         if ctx.flags.disable_fallback:
@@ -148,6 +177,12 @@ def codegen(graph, ctx) -> PassResult:
         fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
                           "action": action})
         ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
+    for entry in phased:  # why these kernels read their inputs more than once
+        for j, name in enumerate(entry["kernels"]):
+            if name in scheds:
+                scheds[name].notes.append(f"phase {j + 1} of {len(entry['kernels'])} of "
+                                          f"{entry['kernel']}: its inputs are re-read once "
+                                          "per phase (a multi-phase reduction)")
     if changed:
         graph.remove_dead()  # scalar constants the split kernels copied inside
     if "super_kernel_scopes" in ctx.analyses:

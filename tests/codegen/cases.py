@@ -183,6 +183,16 @@ def pattern_cases() -> list[Case]:
         s = n("ReduceSum", [e], axis=[1], keep_dims=True)
         add(f"reduce-row-larger-than-ub-{dt}", g, n("Mul", [s, g.const(np.dtype(dt).type(1e-4))]),
             n("ReduceMax", [v["x"]], axis=[1]), n("Neg", [e]))
+    # a second pass over rows too long for the UB, or over a leading axis: phase kernels
+    for dt in ("float32", "float16"):
+        g, v = _g(f"softmax_long_{dt}", {"x": (3, 70001)}, dt)
+        add(f"phases-softmax-long-row-{dt}", g,
+            g.add_node("Softmax", [v["x"]], {"axis": -1}).output)
+    g, v = _g("softmax_leading", {"x": (50, 6, 33)})
+    add("phases-softmax-leading-axis", g, g.add_node("Softmax", [v["x"]], {"axis": 0}).output)
+    g, v = _g("layernorm_long", {"x": (4, 70001), "w": (70001,), "b": (70001,)})
+    add("phases-layernorm-long-row", g,
+        g.add_node("LayerNorm", [v["x"], v["w"], v["b"]], {}).outputs[0])
     # the same with a symbolic row: the run-time shape picks whole rows or chunks (tiling key)
     g, v = _g("long_rows_symbolic", {"x": ("b", "n")})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

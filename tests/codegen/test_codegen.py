@@ -89,6 +89,21 @@ def test_rows_longer_than_the_ub_are_reduced_in_chunks(library):
         assert st.tiling["ct"] < st.tiling["L"] and st.tiling["nColTiles"] > 1, st.tiling
 
 
+def test_a_second_pass_over_the_rows_runs_as_phase_kernels(library):
+    """Softmax and LayerNorm over rows too long for the UB, softmax over a leading axis: the
+    kernel becomes one kernel per pass (max; sum of exponentials; the division), each reading
+    the earlier passes' reduced values, reported under ``phases`` with a traffic note."""
+    cases = [c for c in PATTERNS if c.id.startswith("phases-")]
+    assert len(cases) == 4
+    for case in cases:
+        (backend,) = check_case(case, library)
+        (entry,) = case.result.report.extra["phases"]
+        assert len(entry["kernels"]) == 3 and "second pass" in entry["reason"], entry
+        assert sorted(backend.stats) == sorted(entry["kernels"])
+        notes = case.result.report.extra["codegen"]["traffic_notes"]
+        assert all("multi-phase" in " ".join(notes[k]) for k in entry["kernels"]), notes
+
+
 def test_a_symbolic_row_picks_its_variant_at_run_time(library):
     """One kernel, two schedules: whole rows per tile (key 0) where a row fits the UB, rows
     walked in chunks (key 1) where it does not — chosen by the tiling function."""

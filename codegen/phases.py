@@ -1,0 +1,101 @@
+"""Split a kernel that needs several passes over its rows into phase kernels.
+
+Softmax over a row too long for the UB needs the row's maximum before it can exponentiate,
+and the sum of the exponentials before it can divide: three passes. Each pass is a kernel
+the schedule handles on its own. A node's phase is the number of reductions on its longest
+path from the kernel's inputs (a reduction's result is complete only one pass later):
+
+    phase 0: m = ReduceMax(x)
+    phase 1: s = ReduceSum(Exp(x - m))          m read from GM, one value per row
+    phase 2: y = Exp(x - m) / s                 m, s read from GM
+
+Phase k's kernel computes the reductions of phase k and every node of phase k or lower they
+need, except earlier reductions (their results are inputs); the last kernel computes what is
+left. What two phases need is recomputed (the inputs are re-read once per phase, never a
+full-size intermediate), so each phase kernel reads only its own inputs and the reduced
+values of earlier phases: the reduced values are the GM workspace between the passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphkernel.codegen.schedule import REDUCE_OPS
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.kernels import build_kernel, unfuse
+
+
+def phases(nodes: list[Node]) -> dict[int, int]:
+    """id(node) -> its phase (nodes in topological order)."""
+    ph: dict[int, int] = {}
+    for n in nodes:
+        p = 0
+        for v in n.inputs:
+            q = v.producer
+            if q is not None and id(q) in ph:
+                p = max(p, ph[id(q)] + (1 if q.op in REDUCE_OPS else 0))
+        ph[id(n)] = p
+    return ph
+
+
+def _needed(targets: list[Node], members: dict[int, Node], stop: set[int]) -> set[int]:
+    """The targets and their ancestors among ``members``, not crossing ``stop``."""
+    out: set[int] = set()
+    todo = list(targets)
+    while todo:
+        n = todo.pop()
+        if id(n) in out:
+            continue
+        out.add(id(n))
+        for v in n.inputs:
+            q = v.producer
+            if q is not None and id(q) in members and id(q) not in stop and id(q) not in out:
+                todo.append(q)
+    return out
+
+
+def split_phases(graph: Graph, kernel: Node, name_for: Callable[[list[Node]], str]
+                 ) -> list[Node]:
+    """Replace ``kernel`` by its phase kernels (in order); [] when it has one phase."""
+    body = [n for n in kernel.subgraph.nodes if n.op != "Constant"]
+    ph = phases(body)
+    last = max(ph.values(), default=0)
+    if last == 0:
+        return []
+    nodes = [n for n in unfuse(graph, kernel) if n.op != "Constant"]
+    members = {id(n): n for n in nodes}
+    ph = phases(nodes)
+    reductions = {id(n) for n in nodes if n.op in REDUCE_OPS}
+    outs = {id(v) for v in graph.outputs}
+    used_outside = {id(n) for n in nodes for v in n.outputs
+                    if id(v) in outs or any(id(u) not in members for u in v.users)}
+    sets = []
+    for k in range(last + 1):  # phase k: its reductions and results; the last: what is left
+        targets = [n for n in nodes if ph[id(n)] == k and (
+            k == last or id(n) in reductions or id(n) in used_outside)]
+        earlier = {i for i in reductions if ph[i] < k}
+        sets.append(_needed(targets, members, earlier))
+    owner = {i: max(k for k, s in enumerate(sets) if i in s) for s in sets for i in s}
+    kernels = []
+    for k, s in enumerate(sets):
+        vmap: dict[int, Value] = {}
+        group = []
+        for n in nodes:  # a node another phase owns is recomputed here by a copy
+            if id(n) not in s:
+                continue
+            if owner[id(n)] == k:
+                group.append(n)
+                continue
+            ins = [vmap.get(id(v), v) for v in n.inputs]
+            c = graph.add_node(n.op, ins, n.attrs, name=graph.fresh_name(n.name),
+                               origin=n.origin)
+            for old, new in zip(n.outputs, c.outputs, strict=True):
+                vmap[id(old)] = new
+            group.append(c)
+        for n in group:  # originals of this phase read this phase's copies
+            for i, v in enumerate(n.inputs):
+                if id(v) in vmap:
+                    graph.replace_input(n, i, vmap[id(v)])
+        kernels.append(build_kernel(graph, group, name_for(group),
+                                    f"{kernel.attrs['pattern']}/phase{k + 1}"))
+    return kernels
