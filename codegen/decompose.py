@@ -1,9 +1,9 @@
 """Composite elementwise ops written in the generator's basic ops, for the schedule only.
 
-The vector API has no expm1, log1p, floor division, remainder, atan2 or a power with a tensor
-exponent. Each is rewritten here, in a copy of the kernel's body that only the schedule sees
-(the graph and the op-by-op reference keep the op), with forms that stay accurate where the
-naive composition is not:
+The vector API has no expm1, log1p, floor division, remainder or atan2 (a power is the
+high-level ``Power``). Each is rewritten here, in a copy of the kernel's body that only the
+schedule sees (the graph and the op-by-op reference keep the op), with forms that stay
+accurate where the naive composition is not:
 
 - ``Expm1(x)``: Kahan's ``(u - 1) * x / log(u)`` with ``u = exp(x)`` (the rounding of ``u``
   cancels between numerator and denominator), ``x`` where ``u == 1``, -1 where ``u == 0``.
@@ -14,10 +14,6 @@ naive composition is not:
 - ``Mod`` (C fmod): the same with ``trunc``; a remainder of the wrong sign is moved by ``|b|``
   toward the dividend's sign.
 - ``Atan2(y, x)``: ``atan(y / x)``, ``+-pi`` where ``x < 0``, exact for ``y == 0``.
-- ``Pow(x, e)`` with a tensor exponent in a kernel whose results are fp16/bf16:
-  ``exp(e * log|x|)``, negated for a negative base and an odd integer exponent, NaN for a
-  negative base and a non-integer exponent, 1 for ``e == 0`` (fp32 results of a tensor
-  exponent fall back: that form is off by up to ``|e * log|x|| * 2**-24`` relative).
 
 Limits (documented, not hidden): remainders of quotients beyond 2**24 lose the exactness of
 ``fmod``; ``atan2(+-inf, +-inf)`` is NaN.
@@ -113,52 +109,24 @@ def _atan2(b: Builder, ins: list[Value]) -> Value:
     return b.select(b.op("Equal", y, zero), on_axis, r)
 
 
-def _pow(b: Builder, ins: list[Value]) -> Value:
-    x, e = ins
-    zero = b.const(0.0, like=x)
-    r = b.exp(b.mul(e, b.log(b.abs(x))))
-    half = b.mul(e, 0.5)
-    odd = b.op("NotEqual", b.op("Trunc", half), half)    # also true for non-integers
-    r_neg = b.select(odd, b.neg(r), r)
-    r_neg = b.select(b.op("NotEqual", b.op("Trunc", e), e), math.nan, r_neg)
-    r = b.select(b.less(x, zero), r_neg, r)
-    return b.select(b.op("Equal", e, zero), 1.0, r)
-
-
 RULES: dict[str, Rule] = {"Expm1": _expm1, "Log1p": _log1p, "FloorDiv": _floor_div,
-                          "FloorMod": _floor_mod, "Mod": _fmod, "Atan2": _atan2, "Pow": _pow}
+                          "FloorMod": _floor_mod, "Mod": _fmod, "Atan2": _atan2}
 
 
-def _constant(v: Value) -> float | None:
-    if v.producer is None or v.producer.op != "Constant":
-        return None
-    return float(np.asarray(v.producer.attrs["value"]).reshape(-1)[0])
-
-
-def _applies(n: Node, rounded_low: bool) -> bool:
-    if n.op not in RULES or not n.outputs[0].dtype.is_float:
-        return False
-    if n.op != "Pow":
-        return True
-    c = _constant(n.inputs[1])
-    if c is not None and (c != int(c) or 1 <= abs(c) <= 8):
-        return False  # the lowering writes these directly (products, Sqrt/Rsqrt, Ln-Muls-Exp)
-    # exp(e * log|x|) in fp32 is off by up to |e * log|x|| * 2**-24 relative: enough when the
-    # kernel's results are fp16/bf16 (promoted kernels round there), not for a fp32 result
-    return c == 0 or rounded_low or n.outputs[0].dtype.is_low_precision
+def _applies(n: Node) -> bool:
+    return n.op in RULES and n.outputs[0].dtype.is_float
 
 
 def decompose(sub: Graph) -> tuple[Graph, dict[int, Node]]:
     """``sub`` itself when nothing applies; else a copy with every composite op rewritten, and
     a map from each node of the copy to the node of ``sub`` it came from (for fallbacks)."""
-    low = bool(sub.outputs) and all(v.dtype.is_low_precision for v in sub.outputs)
-    if not any(_applies(n, low) for n in sub.nodes):
+    if not any(_applies(n) for n in sub.nodes):
         return sub, {}
     g = Graph(sub.name)
     vmap: dict[int, Value] = {id(v): g.add_input(v.name, v.type) for v in sub.inputs}
     origin: dict[int, Node] = {}
     for n in sub.nodes:
-        if not _applies(n, low):
+        if not _applies(n):
             origin[id(g.clone_node(n, vmap))] = n
             continue
         b = Builder(g, origin=n.origin, prefix=n.name)

@@ -442,9 +442,15 @@ class Lowerer:
             raise Unsupported(f"BroadcastTo from {x.kind} to {dst.kind}")
 
     def _pow(self, dst: Ref, x: Ref, e: Ref) -> None:
-        if e.const is None or x.kind == SCALAR:
-            raise Unsupported("Pow with a tensor exponent in float32 (exp(e*log|x|) in fp32 is "
-                              "less accurate than the op)")
+        if e.const is None:  # the high-level Power, on whole tiles
+            xs, tx = self._full(x)
+            es, te = self._full(e)
+            self.scalar_tmp = True
+            self.body.append(f"Power({dst.expr}, {xs}, {es}, ht, n);")
+            self._release_tmp(tx + te)
+            return
+        if x.kind == SCALAR:
+            raise Unsupported("Pow of a scalar")
         c, d, n, b = e.const, dst.expr, dst.count(), self.body
         src = self._as(x, dst.kind)
         if c == 0.5:
@@ -460,8 +466,9 @@ class Lowerer:
         elif c != int(c):
             b += [f"Ln({d}, {src}, {n});", f"Muls({d}, {d}, CT({flt(c)}), {n});",
                   f"Exp({d}, {d}, {n});"]
-        else:
-            raise Unsupported(f"Pow with exponent {c}")
+        else:  # 0, or an integer beyond a few products: Power with a scalar exponent
+            self.scalar_tmp = True
+            b.append(f"Power({d}, {src}, CT({flt(c)}), ht, {n});")
 
     def _scalar_form(self, op: str, x: str, s: Ref | str, x_first: bool, n: str,
                      dst: str) -> list[str] | None:

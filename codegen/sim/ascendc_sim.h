@@ -596,6 +596,25 @@ GK_SIM_TMP_UNARY(Tanh, std::tanh(v))
 GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
 #undef GK_SIM_TMP_UNARY
 
+// Power: x^e elementwise, a tensor or a scalar exponent, with the same scratch contract.
+template <typename T>
+void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, const LocalTensor<T>& e,
+           const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
+    tmp.use(static_cast<uint64_t>(count) * 4, where);
+    const T* a = x.use(count, where);
+    const T* b = e.use(count, where);
+    T* z = dst.use(count, where);
+    for (int32_t i = 0; i < count; ++i)
+        z[i] = static_cast<T>(std::pow(static_cast<float>(a[i]), static_cast<float>(b[i])));
+}
+template <typename T>
+void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, T e,
+           const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
+    tmp.use(static_cast<uint64_t>(count) * 4, where);
+    float s = static_cast<float>(e);
+    map_unary(dst, x, count, where, [s](float v) { return std::pow(v, s); });
+}
+
 }  // namespace AscendC
 
 namespace AscendC {

@@ -28,7 +28,8 @@ BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMo
 # quotient rounds onto the integer above the true one; fmod/floor_divide are exact)
 QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
 SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
-DECOMPOSED = QUOTIENTS | SMALL_TOO | {"Atan2", "Pow"}
+# the ops checked elementwise (the rewritten composites, and Power with a tensor exponent)
+STRICT = QUOTIENTS | SMALL_TOO | {"Atan2", "Pow"}
 REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
 BITWISE = ["BitwiseAnd", "BitwiseOr"]  # int32 words (every bit) and bools
 # aligned, unaligned, smaller than one core's share, larger than one UB tile
@@ -122,8 +123,6 @@ def single_op_cases() -> list[Case]:
             for dt in DTYPES:
                 if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
                     continue  # large tiles in low precision: a few ops suffice
-                if op == "Pow" and dt == "float32":
-                    continue  # a tensor exponent in fp32 falls back (codegen/decompose.py)
                 cases.append(Case(f"{op}-{sname}-{dt}", _single(op, shape, dt)))
     for op in BITWISE:
         for sname, shape in SHAPES.items():
@@ -233,7 +232,9 @@ def pattern_cases() -> list[Case]:
     ax = g.add_node("Add", [g.add_node("Abs", [v["x"]]).output, g.const(np.float32(0.5))]).output
     add("pow-constant-exponents", g, g.add_node("Pow", [ax, g.const(np.float32(3))]).output,
         g.add_node("Pow", [ax, g.const(np.float32(-0.5))]).output,
-        g.add_node("Pow", [ax, g.const(np.float32(1.7))]).output)
+        g.add_node("Pow", [ax, g.const(np.float32(1.7))]).output,
+        g.add_node("Pow", [ax, g.const(np.float32(11))]).output,  # Power, scalar exponent
+        g.add_node("Pow", [ax, g.const(np.float32(0))]).output)
     # a Cast to fp16 in the middle of an fp32 kernel rounds there (and only there)
     g, v = _g("cast_mid", {"x": (9, 70)})
     h = g.add_node("Cast", [g.add_node("Exp", [v["x"]]).output], {"dtype": "float16"}).output

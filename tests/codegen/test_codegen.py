@@ -18,7 +18,7 @@ from graphkernel.codegen import targets
 from graphkernel.codegen.backend import run_sim
 from graphkernel.interpreter import Interpreter
 from graphkernel.verify import compare
-from tests.codegen.cases import DECOMPOSED, compile_cases, pattern_cases, single_op_cases
+from tests.codegen.cases import STRICT, compile_cases, pattern_cases, single_op_cases
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -186,9 +186,7 @@ def test_unsupported_kernel_falls_back_with_reason_or_errors():
 # reason naming it); the composites without an instruction are rewritten by
 # codegen/decompose.py, int32 data is generated through BitwiseAnd/BitwiseOr
 NOT_GENERATED: set[str] = set()
-# Pow of fp32 tensors: generated for a constant exponent only (a tensor exponent is generated
-# for fp16/bf16 results, where exp(e*log|x|) in fp32 is accurate enough)
-ALONE_NOT_GENERATED = {"Pow"}
+ALONE_NOT_GENERATED: set[str] = set()
 
 
 def test_every_elementwise_cluster_op_is_generated_or_falls_back_naming_it():
@@ -218,7 +216,7 @@ def test_every_elementwise_cluster_op_is_generated_or_falls_back_naming_it():
             assert op in fb["reason"] or "data" in fb["reason"], fb
             seen["fallback"].append(op)
     assert set(seen["fallback"]) == NOT_GENERATED | ALONE_NOT_GENERATED
-    assert len(seen["generated"]) >= 47, seen  # 47 of 48 when this was written
+    assert len(seen["generated"]) >= 48, seen  # 48 of 48 when this was written
 
 
 def test_int32_data_outside_bitwise_ops_falls_back_naming_the_op():
@@ -234,12 +232,13 @@ def test_int32_data_outside_bitwise_ops_falls_back_naming_the_op():
     assert "Add of int32 data" in fb["reason"], fb
 
 
-@pytest.mark.parametrize("case", [c for c in SINGLE if c.id.split("-")[0] in DECOMPOSED],
+@pytest.mark.parametrize("case", [c for c in SINGLE if c.id.split("-")[0] in STRICT],
                          ids=lambda c: c.id)
-def test_rewritten_composites_match_elementwise(case, library):
-    """The ops codegen/decompose.py rewrites: every element within the dtype's tolerance of the
-    op itself (stricter than verify's RMSE criterion), on inputs at their edge cases (tiny
-    arguments of Expm1/Log1p, dividends one ulp inside a multiple, both axes of Atan2,
+def test_rewritten_composites_and_power_match_elementwise(case, library):
+    """The ops codegen/decompose.py rewrites, and Pow by a tensor exponent: every element
+    within the dtype's tolerance of the op itself (stricter than verify's RMSE criterion), on
+    inputs at their edge cases (tiny arguments of Expm1/Log1p, rounded multiples of the
+    divisor, both axes of Atan2,
     negative bases with integer exponents)."""
     feeds = case.feeds({})
     got, _ = run_sim(case.result, feeds, library=library)
