@@ -92,6 +92,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch,
+        "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
+                   for io in s.outputs},
         "late": {io.index for io in s.outputs  # stored once a reduction completes
                  if io.kind == ROW or (s.row_chunks and io.kind == COL)},
         "ct": C_TYPE[s.compute], "variant": var.name if var else None,

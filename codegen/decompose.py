@@ -14,6 +14,7 @@ accurate where the naive composition is not:
 - ``Mod`` (C fmod): the same with ``trunc``; a remainder of the wrong sign is moved by ``|b|``
   toward the dividend's sign.
 - ``Atan2(y, x)``: ``atan(y / x)``, ``+-pi`` where ``x < 0``, exact for ``y == 0``.
+- ``ElemAny(x)``: the maximum over every element of ``x != 0 ? 1 : 0``.
 
 Limits (documented, not hidden): remainders of quotients beyond 2**24 lose the exactness of
 ``fmod``; ``atan2(+-inf, +-inf)`` is NaN.
@@ -109,12 +110,20 @@ def _atan2(b: Builder, ins: list[Value]) -> Value:
     return b.select(b.op("Equal", y, zero), on_axis, r)
 
 
+def _elem_any(b: Builder, ins: list[Value]) -> Value:
+    """1.0 when any element is nonzero (NaN included): the maximum of a 0/1 select."""
+    x = ins[0]
+    nz = b.select(b.op("NotEqual", x, b.const(0.0, like=x)), b.const(1.0, "float32"), 0.0)
+    return b.reshape(b.reduce_max(nz, list(range(len(x.shape))), keep_dims=False), [1])
+
+
 RULES: dict[str, Rule] = {"Expm1": _expm1, "Log1p": _log1p, "FloorDiv": _floor_div,
-                          "FloorMod": _floor_mod, "Mod": _fmod, "Atan2": _atan2}
+                          "FloorMod": _floor_mod, "Mod": _fmod, "Atan2": _atan2,
+                          "ElemAny": _elem_any}
 
 
 def _applies(n: Node) -> bool:
-    return n.op in RULES and n.outputs[0].dtype.is_float
+    return n.op in RULES and n.outputs[0].dtype.is_float and n.inputs[0].dtype.is_float
 
 
 def decompose(sub: Graph) -> tuple[Graph, dict[int, Node]]:

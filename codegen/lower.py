@@ -72,7 +72,7 @@ class Ref:
 
 
 COL_REDUCE = {"ReduceSum": ("Add", "0.0f"), "ReduceMax": ("Max", "-INFINITY"),
-              "ReduceMin": ("Min", "INFINITY")}
+              "ReduceMin": ("Min", "INFINITY"), "ReduceProd": ("Mul", "1.0f")}
 
 
 @dataclass
@@ -219,7 +219,8 @@ class Lowerer:
             for v in n.inputs:
                 last[id(s.storage(v))] = k
         for io in s.outputs:
-            last[id(s.storage(io.value))] = len(s.steps)
+            for v in [x for x, _, _ in io.pieces] or [io.value]:
+                last[id(s.storage(v))] = len(s.steps)
         return last
 
     def _dead(self, n: Node, k: int, last: dict[int, int]) -> list[Ref]:
@@ -232,6 +233,14 @@ class Lowerer:
         return list(out.values())
 
     def _store(self, io, direct) -> None:
+        if io.pieces:  # a Concat: each operand into its own queue tensor, stored to its block
+            for p, (x, _, _) in enumerate(io.pieces):
+                src = self._as(self.refs[id(self.s.storage(x))], FULL)
+                dst = f"yc{io.index}_{p}"
+                self.epilogue.append(f"Muls({dst}, {src}, CT(1.0f), n);"
+                                     if io.dtype == self.s.compute else
+                                     f"Cast({dst}, {src}, RoundMode::CAST_RINT, n);")
+            return
         v = self.s.storage(io.value)
         if direct.get(id(v)) == io.index:
             return
@@ -281,16 +290,16 @@ class Lowerer:
             b.append(f"for (uint32_t i = 0; i < rows; ++i) "
                      f"{COL_REDUCE[op][0]}({dst.expr}, {dst.expr}, {a[0].row()}, cols);")
         elif op in REDUCE_OPS and self.s.row_chunks:  # this chunk of the row, into the total
-            b.append(f"{REDUCE_OPS[op]}(red, {a[0].row('0')}, rw, cols);")
+            b.append(self._row_reduce(op, a[0].row('0')))
             b.append("{")
             b.append(f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);")
             comb = {"ReduceSum": "l + r", "ReduceMax": "(std::isnan(l) || l > r) ? l : r",
-                    "ReduceMin": "(std::isnan(l) || l < r) ? l : r"}[op]
+                    "ReduceMin": "(std::isnan(l) || l < r) ? l : r", "ReduceProd": "l * r"}[op]
             b.append(f"    {dst.expr}.SetValue(0, CT({comb}));")
             b.append("}")
         elif op in REDUCE_OPS:
             b.append("for (uint32_t i = 0; i < rows; ++i) {")
-            b.append(f"    {REDUCE_OPS[op]}(red, {a[0].row()}, rw, cols);")
+            b.append("    " + self._row_reduce(op, a[0].row()))
             b.append(f"    {dst.expr}.SetValue(i, red.GetValue(0));")
             b.append("}")
         elif op == "BroadcastTo":
@@ -391,6 +400,14 @@ class Lowerer:
         self.body.append(f"{api}({dst.expr}.ReinterpretCast<int16_t>(), {words[0]}, {words[1]}, "
                          "2 * n);")
         self._release_tmp(tmps)
+
+    @staticmethod
+    def _row_reduce(op: str, row: str) -> str:
+        """One row (cols elements) reduced into red[0]."""
+        if REDUCE_OPS[op] is not None:
+            return f"{REDUCE_OPS[op]}(red, {row}, rw, cols);"
+        return (f"{{ float p = 1.0f; for (uint32_t j = 0; j < cols; ++j) p *= (float)"
+                f"{row}.GetValue(j); red.SetValue(0, CT(p)); }}")
 
     def _numeric(self, x: Ref) -> tuple[str, list[Ref]]:
         """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""

@@ -32,7 +32,8 @@ from graphkernel.ir import Dim, DType, Node, Value
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
-REDUCE_OPS = {"ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "ReduceMin": "ReduceMin"}
+REDUCE_OPS = {"ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "ReduceMin": "ReduceMin",
+              "ReduceProd": None}  # no instruction: a product along the row, element by element
 UNARY_OPS = {"Exp": "Exp", "Log": "Ln", "Abs": "Abs", "Sqrt": "Sqrt", "Rsqrt": "Rsqrt",
              "Reciprocal": "Reciprocal", "Relu": "Relu", "Neg": None}
 ROUND_OPS = {"Floor": "CAST_FLOOR", "Ceil": "CAST_CEIL", "Trunc": "CAST_TRUNC",
@@ -76,6 +77,9 @@ class KernelIO:
     strides: tuple[Dim, ...] = ()  # PARTIAL: the input's element stride per outer dim (0: bcast)
     base: int = 0                  # PARTIAL: element offset of the first row (a slice's start)
     local: Value | None = None     # the value holding the loaded tile (an input or its slice)
+    # an output that is a Concat: each operand (a full tile) stored to its block of the output,
+    # (operand, element offset of its first row, element distance between its rows in GM)
+    pieces: tuple[tuple[Value, Dim, Dim], ...] = ()
 
 
 @dataclass
@@ -273,6 +277,7 @@ class _Planner:
         self.views: dict[int, View] = {}       # id(value loaded from GM) -> its view
         self.loaded: dict[int, Value] = {}     # id(kernel input) -> the value loaded from it
         self.partial: dict[int, tuple] = {}
+        self.concats: list[Node] = []
 
     def owner(self, v: Value) -> Value:
         return follow(self.root, v)
@@ -288,6 +293,7 @@ class _Planner:
             self.views[id(v)] = View.contiguous(tuple(v.shape))
             self.loaded[id(v)] = v
         steps = []
+        concats: list[Node] = self.concats
         for n in sub.nodes:
             if n.op == "Constant":  # an integer keeps every bit (int32 exceeds fp32's 24)
                 c = np.asarray(n.attrs["value"]).reshape(-1)[0]
@@ -298,6 +304,8 @@ class _Planner:
                 self._slice(n)  # a strided view of a kernel input
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
+            elif n.op == "Concat":
+                concats.append(n)  # stored operand by operand into the output's blocks
             elif n.op in CUBE_OPS:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code",
                                   node=n)
@@ -308,9 +316,12 @@ class _Planner:
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
+        sliced |= {id(n.outputs[0]) for n in concats}
         N = max((v.type.numel for v in self._all_values()
                  if id(self.owner(v)) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
+        if concats and reduces:
+            raise Unsupported("Concat in a kernel that reduces", node=concats[0])
         self.col_reduce = False
         self.batch: Dim = 1
         L = self._row_length(steps, reduces, N)
@@ -319,7 +330,10 @@ class _Planner:
             raise Unsupported(f"row length {L} does not divide the element count {N}")
         kind = self._layouts(steps, N, L)
         ins = [self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
-        outs = [self._io(i, v, kind, False) for i, v in enumerate(sub.outputs)]
+        cat = {id(n.outputs[0]): n for n in concats}
+        outs = [self._concat_io(i, v, cat[id(self.owner(v))], kind, N, L)  # (or its Cast)
+                if id(self.owner(v)) in cat else self._io(i, v, kind, False)
+                for i, v in enumerate(sub.outputs)]
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
@@ -444,6 +458,32 @@ class _Planner:
             return classify(tuple(v.shape), tuple(S), L, view)
         return classify(tuple(v.shape), tuple(S), L)
 
+    def _concat_io(self, i: int, v: Value, n: Node, kind: dict[int, str], N: Dim, L: Dim
+                   ) -> KernelIO:
+        """A kernel output that is a Concat of full-size values of one shape: operand k goes to
+        the k-th block of each of its leading rows (``pre`` rows of ``blk`` elements)."""
+        if not v.dtype.is_float:
+            raise Unsupported(f"Concat of {v.dtype} data", node=n)
+        out = n.outputs[0]
+        if v.users or sum(self.owner(o) is out for o in self.sub.outputs) != 1 or (
+                v is not out and len(out.users) != 1):
+            raise Unsupported("a Concat used inside its kernel", node=n)
+        shape = tuple(n.inputs[0].shape)
+        if any(tuple(x.shape) != shape or kind.get(id(self.owner(x))) not in (FULL, PARTIAL)
+               or not _eq(x.type.numel, N) for x in n.inputs):
+            raise Unsupported("Concat of values that are not full tiles of one shape", node=n)
+        a = n.attrs["axis"] % len(shape)
+        pre, blk = symbolic.numel(shape[:a]), symbolic.numel(shape[a:])
+        if _eq(pre, 1):
+            pitch = L  # one block per operand: its rows are consecutive
+        elif _eq(L, blk):
+            pitch = symbolic.mul(blk, len(n.inputs))
+        else:
+            raise Unsupported(f"Concat along axis {a}: rows of {L} are not its blocks of {blk}",
+                              node=n)
+        pieces = tuple((x, symbolic.mul(blk, k), pitch) for k, x in enumerate(n.inputs))
+        return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), pieces=pieces)
+
     def _compact_input(self, v: Value, N: Dim, L: Dim) -> str | None:
         """The layout (ROW, COL or SCALAR) of a kernel input that only compact steps use,
         found against a full-size value of the kernel it broadcasts to; None if none."""
@@ -506,12 +546,19 @@ class _Planner:
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
+        stored = {id(n.outputs[0]) for n in self.concats}  # stored by blocks, not rows
         for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
-            if self._needs_rows(v, N):
+            if id(self.owner(v)) not in stored and self._needs_rows(v, N):
                 S = v.shape
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
+        for n in self.concats:  # rows of a Concat's blocks, unless there is one block
+            shape = n.inputs[0].shape
+            a = n.attrs["axis"] % len(shape)
+            if not _eq(symbolic.numel(shape[:a]), 1):
+                blk = {symbolic.canon(symbolic.numel(shape[a:]))}
+                candidates = blk if candidates is None else candidates & blk
         if candidates is None:
             return N
         if not candidates:
@@ -580,6 +627,15 @@ class _Planner:
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)
+        for n in self.concats:  # operands read only to be stored (a slice of an input)
+            for x in n.inputs:
+                o = self.owner(x)
+                if id(o) not in kind and _eq(x.type.numel, N):
+                    c = self._classify(x, tuple(x.shape), L)
+                    if c is not None and c[0] in (FULL, PARTIAL):
+                        kind[id(o)] = c[0]
+                        if c[0] == PARTIAL:
+                            self.partial[id(o)] = (c[1], c[2], c[3])
         for v in self.sub.outputs:  # outputs that are loaded views, stored as they are
             o = self.owner(v)
             if id(o) not in kind and id(o) in self.views:

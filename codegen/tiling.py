@@ -45,8 +45,8 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
         elif io.kind == ROW:
             B += cs + (size if io.dtype != s.compute else 0)
     for io in s.outputs:
-        if io.kind == FULL:
-            A += 2 * io.dtype.itemsize
+        if io.kind == FULL:  # a Concat: one double-buffered queue per operand
+            A += 2 * io.dtype.itemsize * max(1, len(io.pieces))
         elif io.kind == COL:
             C += 2 * io.dtype.itemsize
             D += 2 * 32

@@ -30,7 +30,8 @@ QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
 SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
 # the ops checked elementwise (the rewritten composites, and Power with a tensor exponent)
 STRICT = QUOTIENTS | SMALL_TOO | {"Atan2", "Pow"}
-REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin"]
+REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"]
+ANY = ["ElemAny"]  # a float32 [1]: 1.0 when any element is nonzero
 BITWISE = ["BitwiseAnd", "BitwiseOr"]  # int32 words (every bit) and bools
 # aligned, unaligned, smaller than one core's share, larger than one UB tile
 SHAPES = {"aligned": (64, 128), "unaligned": (7, 33), "small": (3, 5), "large": (300, 1000)}
@@ -59,6 +60,8 @@ class Case:
             op = self.id.split("-")[0]
             if op in UNIT:
                 a = np.tanh(a)
+            if op == "ReduceProd":  # factors near 1: long rows neither overflow nor vanish
+                a = 1.0 + 0.01 * a
             if op in SMALL_TOO:
                 a = a * 10.0 ** rng.uniform(-7, 0.5, a.shape)
                 a = np.maximum(a, -0.95) if op == "Log1p" else a
@@ -118,7 +121,7 @@ def _single(op: str, shape, dtype: str) -> Graph:
 
 def single_op_cases() -> list[Case]:
     cases = []
-    for op in UNARY + BINARY + REDUCE + COMPARE + BOOL_RESULT + LOGICAL:
+    for op in UNARY + BINARY + REDUCE + ANY + COMPARE + BOOL_RESULT + LOGICAL:
         for sname, shape in SHAPES.items():
             for dt in DTYPES:
                 if sname == "large" and dt != "float32" and op not in ("Add", "Exp", "ReduceSum"):
@@ -227,6 +230,16 @@ def pattern_cases() -> list[Case]:
     t = g.add_node("Transpose", [r], {"perm": [0, 2, 1, 3]}).output
     add("reshape-transpose-heads", g, g.add_node("Add", [t, v["y"]]).output,
         flags="--opt_level=3 --enable_single_node_fusion")
+    # Concat as a kernel's output: each operand stored to its blocks of the output
+    for shape, axis, dt in (((1, 16, 9, 9), 1, "float32"), ((2, 6, 5, 7), 1, "float32"),
+                            ((2, 6, 5, 7), 3, "float32"), (("b", 16, 33), 1, "float32"),
+                            ((1, 16, 9, 9), 1, "float16")):
+        g, v = _g("concat", {"a": shape, "b": shape}, dt)
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        c = n("Concat", [n("Maximum", [v["a"], g.const(np.dtype(dt).type(0))]),
+                         n("Exp", [v["b"]]), n("Neg", [v["a"]])], axis=axis)
+        add(f"concat-{'x'.join(map(str, shape))}-axis{axis}-{dt}", g, c, flags="--opt_level=3",
+            dims=[{"b": 1}, {"b": 7}] if "b" in shape else None)
     # Pow by a constant exponent
     g, v = _g("pow", {"x": (9, 50)})
     ax = g.add_node("Add", [g.add_node("Abs", [v["x"]]).output, g.const(np.float32(0.5))]).output

@@ -104,6 +104,18 @@ def test_a_second_pass_over_the_rows_runs_as_phase_kernels(library):
         assert all("multi-phase" in " ".join(notes[k]) for k in entry["kernels"]), notes
 
 
+def test_concat_is_stored_operand_by_operand(library):
+    """A Concat output: no fallback, one kernel whose output is stored in blocks (one queue per
+    operand), each operand's rows at their pitch in the output."""
+    cases = [c for c in PATTERNS if c.id.startswith("concat-")]
+    assert len(cases) == 5
+    for case in cases:
+        for backend in check_case(case, library):
+            (st,) = backend.stats.values()
+            (out,) = backend.rendered[st.node].schedule.outputs
+            assert len(out.pieces) == 3, case.id
+
+
 def test_a_symbolic_row_picks_its_variant_at_run_time(library):
     """One kernel, two schedules: whole rows per tile (key 0) where a row fits the UB, rows
     walked in chunks (key 1) where it does not — chosen by the tiling function."""
