@@ -130,7 +130,9 @@ def test_a_symbolic_row_picks_its_variant_at_run_time(library):
 
 
 def test_a_large_kernel_occupies_every_core(library):
-    for case in (c for c in SINGLE if "-large-float32" in c.id):
+    # (ElemAny reduces the whole tensor to one value: one row, walked by one core — a
+    # reduction with no cross-core combine, stated in docs/codegen.md)
+    for case in (c for c in SINGLE if "-large-float32" in c.id and "ElemAny" not in c.id):
         (backend,) = check_case(case, library)
         (st,) = backend.stats.values()
         assert st.block_dim == SPEC.aiv_cores, (case.id, st.block_dim, st.tiling)
