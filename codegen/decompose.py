@@ -110,11 +110,16 @@ def _atan2(b: Builder, ins: list[Value]) -> Value:
     return b.select(b.op("Equal", y, zero), on_axis, r)
 
 
+def nonzero(b: Builder, x: Value) -> Value:
+    """float32 1.0 where x is nonzero (NaN included), else 0.0."""
+    return b.select(b.op("NotEqual", x, b.const(0.0, like=x)), b.const(1.0, "float32"), 0.0)
+
+
 def _elem_any(b: Builder, ins: list[Value]) -> Value:
-    """1.0 when any element is nonzero (NaN included): the maximum of a 0/1 select."""
+    """1.0 when any element is nonzero: the maximum of ``nonzero``."""
     x = ins[0]
-    nz = b.select(b.op("NotEqual", x, b.const(0.0, like=x)), b.const(1.0, "float32"), 0.0)
-    return b.reshape(b.reduce_max(nz, list(range(len(x.shape))), keep_dims=False), [1])
+    return b.reshape(b.reduce_max(nonzero(b, x), list(range(len(x.shape))), keep_dims=False),
+                     [1])
 
 
 RULES: dict[str, Rule] = {"Expm1": _expm1, "Log1p": _log1p, "FloorDiv": _floor_div,

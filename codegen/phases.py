@@ -99,3 +99,56 @@ def split_phases(graph: Graph, kernel: Node, name_for: Callable[[list[Node]], st
         kernels.append(build_kernel(graph, group, name_for(group),
                                     f"{kernel.attrs['pattern']}/phase{k + 1}"))
     return kernels
+
+
+def split_whole_reduction(graph: Graph, kernel: Node, parts: int,
+                          name_for: Callable[[list[Node]], str]) -> list[Node]:
+    """A kernel that reduces every element to one value (one row: one core) as two kernels:
+    ``parts`` rows of partial reductions (one per core), then the reduction of the partials
+    and what follows it. [] when the kernel does not have that shape."""
+    from graphkernel.builder import Builder
+    from graphkernel.codegen.decompose import nonzero
+
+    body = [n for n in kernel.subgraph.nodes if n.op != "Constant"]
+    red = [n for n in body if n.op in REDUCE_OPS or n.op == "ElemAny"]
+    if not red or any(not isinstance(n.inputs[0].type.numel, int) for n in red):
+        return []
+    N = red[0].inputs[0].type.numel
+    if any(n.inputs[0].type.numel != N or n.outputs[0].type.numel != 1 for n in red) or N % parts:
+        return []
+    late = _needed_by_uses(body, {id(n) for n in red})
+    if any(n.outputs[0].type.numel == N for n in body if id(n) in late):
+        return []  # a full-size value after the reduction: not two plain stages
+    nodes = [n for n in unfuse(graph, kernel) if n.op != "Constant"]
+    first: list[Node] = []
+    second: list[Node] = []
+    for n in nodes:
+        if n.op not in REDUCE_OPS and n.op != "ElemAny":
+            (second if any(v.producer is not None and any(v.producer is m for m in second)
+                           for v in n.inputs) else first).append(n)
+            continue
+        b = Builder(graph, origin=n.origin, prefix=n.name)
+        x = n.inputs[0]
+        op = n.op
+        if n.op == "ElemAny":  # the maximum of a 0/1 (codegen/decompose.py)
+            x, op = nonzero(b, x), "ReduceMax"
+        rows = b.reshape(x, [parts, N // parts])
+        part = b.op(op, rows, axis=[1], keep_dims=True)
+        first += [m for m in b.created if m.op != "Constant"]
+        b.created = []
+        total = b.reshape(b.op(op, part, axis=[0, 1], keep_dims=False), list(n.outputs[0].shape))
+        second += b.created
+        graph.replace_all_uses(n.outputs[0], total)
+        graph.erase_node(n)
+    return [build_kernel(graph, group, name_for(group), f"{kernel.attrs['pattern']}/stage{k}")
+            for k, group in ((1, first), (2, second)) if group]
+
+
+def _needed_by_uses(body: list[Node], roots: set[int]) -> set[int]:
+    """The nodes of ``body`` that depend on the ``roots`` (not the roots)."""
+    late: set[int] = set()
+    for n in body:
+        if any(v.producer is not None and (id(v.producer) in roots or id(v.producer) in late)
+               for v in n.inputs):
+            late.add(id(n))
+    return late

@@ -14,7 +14,7 @@ import networkx as nx
 from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.lower import lower
-from graphkernel.codegen.phases import split_phases
+from graphkernel.codegen.phases import split_phases, split_whole_reduction
 from graphkernel.codegen.schedule import CUBE_OPS, NeedsPhases, Schedule, Unsupported, plan
 from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.tiling import row_bytes
@@ -92,6 +92,30 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
     return built
 
 
+def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
+    """A kernel reducing everything to one value on one core, with work for every core: split
+    into per-core partial reductions and their combination (codegen/phases.py)."""
+    M, L = s.M, s.L
+    if not (s.reduce and M == 1 and isinstance(L, int) and L >= spec.aiv_cores * 1024):
+        return []
+    parts = next((d for d in range(spec.aiv_cores, 7, -1) if L % d == 0), None)
+    if parts is None or not ctx.should_apply(f"{k.name}: two stages over {parts} cores", [k]):
+        return []
+
+    def name_for(group: list[Node]) -> str:
+        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
+        return kernel_name(group, counter)
+
+    out = split_whole_reduction(graph, k, parts, name_for)
+    if out:
+        ctx.report_extra.setdefault("phases", []).append(
+            {"kernel": k.name, "kernels": [p.name for p in out],
+             "reason": f"one value from {L} elements: {parts} partial reductions, then theirs"})
+        ctx.log(f"{k.name} reduces {L} elements to one value: {parts} partials on as many "
+                f"cores, then one kernel combines them ({', '.join(p.name for p in out)})")
+    return out
+
+
 def _in_phases(graph: Graph, k: Node, ctx, reason: str) -> list[Node]:
     """Replace ``k`` by its phase kernels (codegen/phases.py), reported under ``phases``."""
     def name_for(group: list[Node]) -> str:
@@ -145,7 +169,15 @@ def codegen(graph, ctx) -> PassResult:
     while work:
         k = work.pop(0)
         try:
-            scheds[k.name] = check(k, spec)
+            s = check(k, spec)
+            parts = _two_stages(graph, k, s, spec, ctx) if depth[id(k)] < 3 else []
+            if parts:
+                changed += 1
+                for p in parts:
+                    depth[id(p)] = depth[id(k)] + 1
+                work = parts + work
+                continue
+            scheds[k.name] = s
             continue
         except NeedsPhases as e:
             reason, bad = str(e), e.node

@@ -230,6 +230,12 @@ def pattern_cases() -> list[Case]:
     t = g.add_node("Transpose", [r], {"perm": [0, 2, 1, 3]}).output
     add("reshape-transpose-heads", g, g.add_node("Add", [t, v["y"]]).output,
         flags="--opt_level=3 --enable_single_node_fusion")
+    # everything reduced to one value: partials on every core, then their combination
+    for op, dt in (("ReduceSum", "float32"), ("ReduceMax", "float16")):
+        g, v = _g(f"whole_{op}", {"x": (300, 1000)}, dt)
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        e = n("Exp", [n("Mul", [v["x"], g.const(np.dtype(dt).type(0.001))])])
+        add(f"two-stages-{op}-{dt}", g, n(op, [e], axis=None, keep_dims=False), n("Neg", [e]))
     # Concat as a kernel's output: each operand stored to its blocks of the output
     for shape, axis, dt in (((1, 16, 9, 9), 1, "float32"), ((2, 6, 5, 7), 1, "float32"),
                             ((2, 6, 5, 7), 3, "float32"), (("b", 16, 33), 1, "float32"),
