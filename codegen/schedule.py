@@ -304,8 +304,10 @@ class _Planner:
                 self._slice(n)  # a strided view of a kernel input
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
-            elif n.op == "Concat":
-                concats.append(n)  # stored operand by operand into the output's blocks
+            elif n.op == "Concat":  # stored operand by operand into the output's blocks
+                if any(tuple(x.shape) != tuple(n.inputs[0].shape) for x in n.inputs):
+                    raise Unsupported("Concat of operands of different shapes", node=n)
+                concats.append(n)
             elif n.op in CUBE_OPS:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code",
                                   node=n)

@@ -359,3 +359,21 @@ def test_reductions_over_middle_axes_in_blocks_of_rows(wshape):
             assert not j.bad, (wshape, a, j.reason)
             (st,) = backend.stats.values()
             assert st.tiling["nBatch"] == a and st.tiling["units"] >= a
+
+
+def test_a_concat_of_different_shapes_is_split_around_not_unfused():
+    """DenseNet's concats (operands with different channel counts) are not generated: the
+    kernel is split around the Concat, its elementwise parts stay kernels."""
+    import graphkernel
+    from graphkernel import Graph, TensorType
+
+    g = Graph("cat")
+    a = g.add_input("a", TensorType((1, 8, 6, 6), "float32"))
+    b = g.add_input("b", TensorType((1, 4, 6, 6), "float32"))
+    ra = g.add_node("Exp", [g.add_node("Relu", [a]).output]).output
+    rb = g.add_node("Exp", [g.add_node("Relu", [b]).output]).output
+    g.set_outputs([g.add_node("Concat", [ra, rb], {"axis": 1}).output])
+    res = graphkernel.compile(g, "--opt_level=3", env={})
+    (fb,) = res.report.extra["fallbacks"]
+    assert "different shapes" in fb["reason"] and fb["action"].startswith("split around Concat")
+    assert sum(n.op == "GraphKernel" for n in res.graph.nodes) == 2
