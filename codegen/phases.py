@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from graphkernel.codegen.schedule import REDUCE_OPS
+from graphkernel.codegen.schedule import REDUCE_OPS, VIEW_OPS
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import build_kernel, unfuse
 
@@ -32,10 +32,43 @@ def phases(nodes: list[Node]) -> dict[int, int]:
         p = 0
         for v in n.inputs:
             q = v.producer
-            if q is not None and id(q) in ph:
-                p = max(p, ph[id(q)] + (1 if q.op in REDUCE_OPS else 0))
+            if q is not None and id(q) in ph:  # a view of a result is part of its phase
+                p = max(p, ph[id(q)] + (1 if q.op in REDUCE_OPS and n.op not in VIEW_OPS
+                                        else 0))
         ph[id(n)] = p
     return ph
+
+
+def _runs(n: Node) -> list[list[int]]:
+    """The runs of adjacent reduced axes of a reduction over more than one run, else []."""
+    if n.op not in REDUCE_OPS or not n.attrs.get("axis"):
+        return []
+    rank = len(n.inputs[0].shape)
+    axes = sorted(a % rank for a in n.attrs["axis"])
+    runs = [[axes[0]]]
+    for a in axes[1:]:
+        if a == runs[-1][-1] + 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs if len(runs) > 1 else []
+
+
+def _split_runs(graph: Graph, n: Node) -> list[Node]:
+    """R(x, [0, 2, 3]) as R(R(x, [2, 3], keep_dims), [0]): the last run first (a reduction
+    over one run is generated), the others one phase later. Returns the new nodes."""
+    from graphkernel.builder import Builder
+
+    runs = _runs(n)
+    b = Builder(graph, origin=n.origin, prefix=n.name)
+    inner = b.op(n.op, n.inputs[0], axis=runs[-1], keep_dims=True)
+    rest = [a for r in runs[:-1] for a in r]
+    out = b.op(n.op, inner, axis=rest, keep_dims=bool(n.attrs.get("keep_dims")))
+    if tuple(out.shape) != tuple(n.outputs[0].shape):
+        out = b.reshape(out, list(n.outputs[0].shape))
+    graph.replace_all_uses(n.outputs[0], out)
+    graph.erase_node(n)
+    return [m for m in b.created if m.op != "Constant"]
 
 
 def _needed(targets: list[Node], members: dict[int, Node], stop: set[int]) -> set[int]:
@@ -58,13 +91,16 @@ def split_phases(graph: Graph, kernel: Node, name_for: Callable[[list[Node]], st
                  ) -> list[Node]:
     """Replace ``kernel`` by its phase kernels (in order); [] when it has one phase."""
     body = [n for n in kernel.subgraph.nodes if n.op != "Constant"]
-    ph = phases(body)
+    if max(phases(body).values(), default=0) == 0 and not any(_runs(n) for n in body):
+        return []
+    nodes = []
+    for n in unfuse(graph, kernel):
+        nodes += _split_runs(graph, n) if _runs(n) else [n] if n.op != "Constant" else []
+    members = {id(n): n for n in nodes}
+    ph = phases(nodes)
     last = max(ph.values(), default=0)
     if last == 0:
         return []
-    nodes = [n for n in unfuse(graph, kernel) if n.op != "Constant"]
-    members = {id(n): n for n in nodes}
-    ph = phases(nodes)
     reductions = {id(n) for n in nodes if n.op in REDUCE_OPS}
     outs = {id(v) for v in graph.outputs}
     used_outside = {id(n) for n in nodes for v in n.outputs

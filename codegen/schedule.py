@@ -527,9 +527,9 @@ class _Planner:
                         raise Unsupported("reductions over different blocks of rows", node=n)
                     batches.append(b)
                     self.batch = b
-                else:
-                    raise Unsupported(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
-                                      "(one run of adjacent axes is generated)", node=n)
+                else:  # several runs: the last one first, the others in a later phase
+                    raise NeedsPhases(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
+                                      "(one run of adjacent axes per pass)", node=n)
                 if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r

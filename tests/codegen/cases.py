@@ -230,6 +230,14 @@ def pattern_cases() -> list[Case]:
     t = g.add_node("Transpose", [r], {"perm": [0, 2, 1, 3]}).output
     add("reshape-transpose-heads", g, g.add_node("Add", [t, v["y"]]).output,
         flags="--opt_level=3 --enable_single_node_fusion")
+    # a reduction over separate runs of axes (BatchNorm's statistics over N, H, W): the last
+    # run in one pass, the others in the next
+    for dt, keep in (("float32", True), ("float16", False)):
+        g, v = _g(f"bn_stats_{dt}", {"x": (4, 8, 6, 5)}, dt)
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        add(f"reduce-separate-runs-{dt}", g,
+            n("ReduceSum", [n("Mul", [v["x"], v["x"]])], axis=[0, 2, 3], keep_dims=keep),
+            n("ReduceMax", [v["x"]], axis=[0, 2, 3], keep_dims=keep))
     # everything reduced to one value: partials on every core, then their combination
     for op, dt in (("ReduceSum", "float32"), ("ReduceMax", "float16")):
         g, v = _g(f"whole_{op}", {"x": (300, 1000)}, dt)

@@ -106,6 +106,16 @@ def test_a_second_pass_over_the_rows_runs_as_phase_kernels(library):
         assert all("multi-phase" in " ".join(notes[k]) for k in entry["kernels"]), notes
 
 
+def test_a_reduction_over_separate_runs_of_axes_runs_in_two_passes(library):
+    """ReduceSum/Max over axes (0, 2, 3) of NCHW: over (2, 3) per (n, c) row first, then over
+    the leading axis of those results — two phase kernels, no fallback."""
+    for case in (c for c in PATTERNS if c.id.startswith("reduce-separate-runs-")):
+        (backend,) = check_case(case, library)
+        (entry,) = case.result.report.extra["phases"]
+        assert len(entry["kernels"]) == 2 and "one run of adjacent axes" in entry["reason"]
+        assert sorted(backend.stats) == sorted(entry["kernels"])
+
+
 def test_a_whole_tensor_reduction_uses_every_core(library):
     """One value from 300,000 elements: 48 partial reductions (one per core), then a kernel
     combining them — not one core walking one long row."""
