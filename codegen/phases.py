@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from graphkernel.builder import Builder
+from graphkernel.codegen.decompose import nonzero
 from graphkernel.codegen.schedule import REDUCE_OPS, VIEW_OPS
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import build_kernel, unfuse
@@ -57,8 +59,6 @@ def _runs(n: Node) -> list[list[int]]:
 def _split_runs(graph: Graph, n: Node) -> list[Node]:
     """R(x, [0, 2, 3]) as R(R(x, [2, 3], keep_dims), [0]): the last run first (a reduction
     over one run is generated), the others one phase later. Returns the new nodes."""
-    from graphkernel.builder import Builder
-
     runs = _runs(n)
     b = Builder(graph, origin=n.origin, prefix=n.name)
     inner = b.op(n.op, n.inputs[0], axis=runs[-1], keep_dims=True)
@@ -142,9 +142,6 @@ def split_whole_reduction(graph: Graph, kernel: Node, parts: int,
     """A kernel that reduces every element to one value (one row: one core) as two kernels:
     ``parts`` rows of partial reductions (one per core), then the reduction of the partials
     and what follows it. [] when the kernel does not have that shape."""
-    from graphkernel.builder import Builder
-    from graphkernel.codegen.decompose import nonzero
-
     body = [n for n in kernel.subgraph.nodes if n.op != "Constant"]
     red = [n for n in body if n.op in REDUCE_OPS or n.op == "ElemAny"]
     if not red or any(not isinstance(n.inputs[0].type.numel, int) for n in red):

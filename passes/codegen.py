@@ -86,8 +86,7 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         lone_ok = cube or ctx.flags.enable_single_node_fusion  # a cube op's epilogue stays one
         if not convex or not computing or (len(computing) < 2 and not lone_ok):
             continue
-        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-        built.append(build_kernel(graph, group, kernel_name(group, counter),
+        built.append(build_kernel(graph, group, _namer(ctx)(group),
                                   f"{kernel.attrs['pattern']}/split"))
     return built
 
@@ -101,34 +100,35 @@ def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
     parts = next((d for d in range(spec.aiv_cores, 7, -1) if L % d == 0), None)
     if parts is None or not ctx.should_apply(f"{k.name}: two stages over {parts} cores", [k]):
         return []
-
-    def name_for(group: list[Node]) -> str:
-        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-        return kernel_name(group, counter)
-
-    out = split_whole_reduction(graph, k, parts, name_for)
-    if out:
-        ctx.report_extra.setdefault("phases", []).append(
-            {"kernel": k.name, "kernels": [p.name for p in out],
-             "reason": f"one value from {L} elements: {parts} partial reductions, then theirs"})
-        ctx.log(f"{k.name} reduces {L} elements to one value: {parts} partials on as many "
-                f"cores, then one kernel combines them ({', '.join(p.name for p in out)})")
-    return out
+    return _report_split(ctx, k, split_whole_reduction(graph, k, parts, _namer(ctx)),
+                         f"one value from {L} elements: {parts} partial reductions, then "
+                         "theirs")
 
 
 def _in_phases(graph: Graph, k: Node, ctx, reason: str) -> list[Node]:
-    """Replace ``k`` by its phase kernels (codegen/phases.py), reported under ``phases``."""
-    def name_for(group: list[Node]) -> str:
-        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-        return kernel_name(group, counter)
+    """Replace ``k`` by its phase kernels (codegen/phases.py)."""
+    if not ctx.should_apply(f"{k.name}: in phases", [k]):
+        return []
+    return _report_split(ctx, k, split_phases(graph, k, _namer(ctx)), reason)
 
-    parts = split_phases(graph, k, name_for)
+
+def _report_split(ctx, k: Node, parts: list[Node], reason: str) -> list[Node]:
+    """Record the kernels that replace ``k`` under ``phases`` (and in the log)."""
     if parts:
         names = [p.name for p in parts]
         ctx.report_extra["phases"].append({"kernel": k.name, "kernels": names,
                                            "reason": reason})
-        ctx.log(f"{k.name} runs in {len(parts)} phases ({reason}): {', '.join(names)}")
+        ctx.log(f"{k.name} runs as {len(parts)} kernels ({reason}): {', '.join(names)}")
     return parts
+
+
+def _namer(ctx):
+    """Names for new kernels: their ops, then the pass's running counter."""
+    def name_for(group: list[Node]) -> str:
+        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
+        return kernel_name(group, counter)
+
+    return name_for
 
 
 def _super_kernels(graph, ctx, spec, scheds) -> None:
@@ -168,30 +168,24 @@ def codegen(graph, ctx) -> PassResult:
     phased: list[dict] = ctx.report_extra.setdefault("phases", [])
     while work:
         k = work.pop(0)
+        parts: list[Node] = []
         try:
             s = check(k, spec)
             parts = _two_stages(graph, k, s, spec, ctx) if depth[id(k)] < 3 else []
-            if parts:
-                changed += 1
-                for p in parts:
-                    depth[id(p)] = depth[id(k)] + 1
-                work = parts + work
+            if not parts:
+                scheds[k.name] = s
                 continue
-            scheds[k.name] = s
-            continue
         except NeedsPhases as e:
             reason, bad = str(e), e.node
-            parts = (_in_phases(graph, k, ctx, reason)
-                     if depth[id(k)] < 3 and ctx.should_apply(f"{k.name}: in phases", [k])
-                     else [])
-            if parts:
-                changed += 1
-                for p in parts:
-                    depth[id(p)] = depth[id(k)] + 1
-                work = parts + work
-                continue
+            parts = _in_phases(graph, k, ctx, reason) if depth[id(k)] < 3 else []
         except Unsupported as e:
             reason, bad = str(e), e.node
+        if parts:  # k was replaced by kernels of its own parts: schedule them next
+            changed += 1
+            for p in parts:
+                depth[id(p)] = depth[id(k)] + 1
+            work = parts + work
+            continue
         if ctx.flags.disable_fallback:
             raise CodegenError(f"kernel {k.name}: {reason} (disable_fallback is set)")
         body = list(k.subgraph.nodes)
