@@ -178,7 +178,7 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    from graphkernel.flags import SPECS
+    from graphkernel.flags import format_value
 
     cfg = _config(args)
     data = cfg.to_dict()
@@ -186,15 +186,12 @@ def cmd_flags(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, default=str))
         return 0
     width = max(len(k) for k in data)
+    vwidth = max(24, *(len(format_value(e["value"])) for e in data.values()))
+    print(f"{'flag':<{width}}  {'value':<{vwidth}}  origin")
     for key, entry in data.items():
-        value = entry["value"]
-        if value is None:
-            spec = SPECS.get(key)
-            value = f"(opt_level default: {spec.doc.split('default: ')[-1].rstrip(')')})" \
-                if spec and "default:" in spec.doc else "(unset)"
-        elif isinstance(value, list):
-            value = ",".join(value) if value else "[]"
-        print(f"{key:<{width}}  {str(value):<24}  {entry['origin']}")
+        print(f"{key:<{width}}  {format_value(entry['value']):<{vwidth}}  {entry['origin']}")
+    for note in cfg.overrides:
+        print(f"note: {note}")
     return 0
 
 

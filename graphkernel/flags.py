@@ -10,8 +10,12 @@ Sources, lowest to highest precedence:
 4. explicit flags: ``--flags "..."`` on the CLI, ``flags=`` in the API.
 
 Within the resolution, list keys accumulate and a repeated scalar key keeps the
-last value (with a warning when a single source repeats it). The effective
-configuration records where every value came from, like ``git config --show-origin``.
+last value (with a warning when a single source repeats it). A name in an enable list
+and in its disable list is settled by precedence too: the higher source wins for that
+name (``--enable_pass=cse`` given explicitly overrides ``--disable_pass=cse`` from
+``AUTOFUSE_FLAGS``); the same name in both lists of one source is an error. The effective
+configuration records where every value came from, like ``git config --show-origin``;
+a default that depends on ``opt_level`` reads ``default@opt2``.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ _KEY = re.compile(r"^[a-z0-9_]+$")
 
 
 class FlagValues(BaseModel):
-    """Every flag with its type and range. ``None`` means "the opt_level default"."""
+    """Every flag with its type and range as given. ``None`` means "the opt_level default"
+    (``FlagSpec.level``); ``Config`` answers with the value in effect."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -90,6 +95,7 @@ class FlagSpec:
     doc: str
     names: str = ""  # what a list names: pass | pattern | op | expand_op
     choices: tuple[str, ...] = ()
+    level: int | None = None  # a bool whose default is "opt_level >= level"
 
 
 SPECS: dict[str, FlagSpec] = {
@@ -111,17 +117,18 @@ SPECS: dict[str, FlagSpec] = {
     "composite_op_limit_size": FlagSpec("int", "most ops in one fused kernel (0: no fusion)"),
     "reduce_fuse_depth": FlagSpec("int", "size limit of reduce_fwd patterns"),
     "broadcast_fuse_depth": FlagSpec("int", "size limit of elemwise_broadcast_bwd patterns"),
-    "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers "
-                                                "(default: opt_level >= 2)"),
-    "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels (default: "
-                                               "opt_level >= 3)"),
+    "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers",
+                                        level=2),
+    "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels", level=3),
     "enable_stitch_fusion": FlagSpec("bool", "join reduce + consumer across parallel axes "
-                                             "(default: opt_level >= 3)"),
+                                             "(no effect yet: no stitch pass in this build)",
+                                     level=3),
     "enable_horizontal_fusion": FlagSpec("bool", "horizontal fusion of kernels sharing inputs "
-                                                 "(default: opt_level >= 3)"),
+                                                 "(no effect yet: parallel_fusion is switched "
+                                                 "by enable_parallel_fusion)", level=3),
     "enable_single_node_fusion": FlagSpec("bool", "a lone vector op still becomes a kernel"),
-    "enable_super_kernel": FlagSpec("bool", "merge kernels of a scope into one launch "
-                                            "(default: opt_level >= 3)"),
+    "enable_super_kernel": FlagSpec("bool", "merge kernels of a scope into one launch",
+                                    level=3),
     "super_kernel_scope": FlagSpec("list", "node-name prefixes or globs of SuperKernel scopes"),
     "enable_low_precision": FlagSpec("bool", "compute fp16/bf16 inside kernels"),
     "target": FlagSpec("choice", "the Ascend target spec", choices=TARGETS),
@@ -285,30 +292,73 @@ def read_skip_file(path: str, origin: str) -> tuple[list[str], list[str]]:
 
 
 # ------------------------------------------------------------ effective config
+# Where a value came from, lowest precedence first (an origin reads "file PATH", "env VAR", ...).
+SOURCES = ("default", "file", "env", "explicit")
+
+
+def rank(origin: str) -> int:
+    """The precedence of an origin: 0 default, 1 file, 2 env, 3 explicit."""
+    return SOURCES.index(origin.split(" ", 1)[0].split("@", 1)[0])
+
+
 @dataclass
 class Config:
-    """The effective flags: values plus where each came from."""
+    """The effective flags: values plus where each came from.
+
+    Attribute access (``cfg.enable_recompute_fusion``) gives the value in effect: a flag
+    whose default depends on ``opt_level`` answers with that level's value."""
 
     values: FlagValues
     origins: dict[str, str]
     warnings: list[str] = field(default_factory=list)
+    # list keys: the origin of each name (the highest source that gave it)
+    item_origins: dict[str, dict[str, str]] = field(default_factory=dict)
+    # enable/disable names settled by precedence (the lower source's entry was dropped)
+    overrides: list[str] = field(default_factory=list)
 
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("_") or key in ("values", "origins", "warnings"):
+        if key.startswith("_") or key in ("values", "origins", "warnings", "item_origins",
+                                          "overrides"):
             raise AttributeError(key)
-        return getattr(self.values, key)
+        return self.value(key)
+
+    def value(self, key: str) -> Any:
+        """The value in effect (an opt_level default resolved at this config's level)."""
+        v = getattr(self.values, key)
+        spec = SPECS.get(key)
+        if v is None and spec is not None and spec.level is not None:
+            return self.values.opt_level >= spec.level
+        return v
+
+    def is_default(self, key: str) -> bool:
+        return key not in self.origins
 
     def origin(self, key: str) -> str:
-        return self.origins.get(key, "default")
+        """``explicit``, ``env VAR``, ``file PATH`` (joined by `` + `` when a list has items
+        from several), ``default``, or ``default@optN`` for a default that depends on the
+        level."""
+        if key in self.origins:
+            return self.origins[key]
+        spec = SPECS.get(key)
+        return f"default@opt{self.values.opt_level}" if spec and spec.level is not None \
+            else "default"
 
-    def feature(self, key: str, level: int) -> bool:
-        """A feature flag's value, or its opt_level default (on at ``level`` and above)."""
+    def item_origin(self, key: str, name: str) -> str:
+        """Where one name of a list key came from."""
+        return self.item_origins.get(key, {}).get(name, self.origin(key))
+
+    def feature(self, key: str, level: int | None = None) -> bool:
+        """A feature flag's value in effect (``level``: its opt_level default when the flag
+        has none of its own)."""
         v = getattr(self.values, key)
-        return self.values.opt_level >= level if v is None else bool(v)
+        if v is None and level is not None:
+            return self.values.opt_level >= level
+        return bool(self.value(key))
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: {"value": v, "origin": self.origin(k)}
-                for k, v in self.values.model_dump().items()}
+        """Every key with the value in effect and its origin."""
+        return {k: {"value": self.value(k), "origin": self.origin(k)}
+                for k in self.values.model_dump()}
 
 
 NameCheck = Callable[[str, str, str], str | None]
@@ -371,6 +421,7 @@ def _mapping_value(v: Any) -> Any:
 def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | None) -> Config:
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    item_origins: dict[str, dict[str, str]] = {}
     notes: list[str] = []
     seen_in_source: dict[tuple[str, str], str] = {}
     for _level, items in levels:
@@ -397,6 +448,8 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
                 notes.append(msg)
                 warnings.warn(msg, FlagWarning, stacklevel=3)
             for key, val in settings:
+                if isinstance(val, list):
+                    item_origins.setdefault(key, {}).update((v, it.origin) for v in val)
                 if spec.kind == "list" and isinstance(values.get(key), list):
                     values[key] = values[key] + [v for v in val if v not in values[key]]
                     origins[key] = _join_origin(origins[key], it.origin)
@@ -404,7 +457,7 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
                     values[key] = val
                     origins[key] = it.origin
                 seen_in_source[(key, it.origin)] = str(it.value)
-    _check_conflicts(values, origins)
+    overrides = _settle_conflicts(values, origins, item_origins)
     try:
         fv = FlagValues(**values)
     except ValidationError as e:
@@ -416,7 +469,7 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
     if fv.target not in TARGETS:
         raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, TARGETS)
                         + f" (accepted: {', '.join(TARGETS)})")
-    return Config(fv, origins, notes)
+    return Config(fv, origins, notes, item_origins, overrides)
 
 
 def _join_origin(a: str, b: str) -> str:
@@ -484,15 +537,40 @@ def _convert(it: FlagItem, spec: FlagSpec,
     return [(key, val)]
 
 
-def _check_conflicts(values: dict[str, Any], origins: dict[str, str]) -> None:
-    pairs = [("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
-             ("enable_cluster_ops", "disable_cluster_ops"),
-             ("enable_fusion_pattern", "disable_fusion_pattern")]
-    for en, dis in pairs:
-        both = sorted(set(values.get(en, [])) & set(values.get(dis, [])))
-        if both:
-            raise FlagError(f"{both[0]!r} is in both --{en} ({origins[en]}) and --{dis} "
-                            f"({origins[dis]}); remove it from one of them")
+ENABLE_DISABLE = (("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
+                  ("enable_cluster_ops", "disable_cluster_ops"),
+                  ("enable_fusion_pattern", "disable_fusion_pattern"))
+
+
+def _settle_conflicts(values: dict[str, Any], origins: dict[str, str],
+                      item_origins: dict[str, dict[str, str]]) -> list[str]:
+    """A name in both an enable list and its disable list: the higher source wins for that
+    name and the other entry is dropped; both from one source is an error. Returns a note
+    per settled name."""
+    notes = []
+    for en, dis in ENABLE_DISABLE:
+        for name in sorted(set(values.get(en, [])) & set(values.get(dis, []))):
+            o_en, o_dis = item_origins[en][name], item_origins[dis][name]
+            if rank(o_en) == rank(o_dis):
+                raise FlagError(f"{name!r} is in both --{en} ({o_en}) and --{dis} ({o_dis}); "
+                                "remove it from one of them")
+            (win, o_win), (lose, o_lose) = sorted([(en, o_en), (dis, o_dis)],
+                                                  key=lambda e: -rank(e[1]))
+            values[lose] = [v for v in values[lose] if v != name]
+            del item_origins[lose][name]
+            notes.append(f"--{win}={name} ({o_win}) overrides --{lose}={name} ({o_lose})")
+    return notes
+
+
+def format_value(value: Any) -> str:
+    """A value as it would be written in a flag string (``true``, ``a,b``, ``""``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) if value else "[]"
+    if value == "":
+        return '""'
+    return str(value)
 
 
 def format_flag_help() -> list[tuple[str, str, str]]:

@@ -24,7 +24,7 @@ from typing import Any
 from graphkernel import ops, registry
 from graphkernel.dump import Dumper
 from graphkernel.errors import FlagError, GraphKernelError, did_you_mean
-from graphkernel.flags import Config
+from graphkernel.flags import Config, rank
 from graphkernel.ir import Graph, Node
 from graphkernel.registry import STAGES, PassInfo, PassResult
 
@@ -152,7 +152,10 @@ class Decision:
 
 def decide(slot: PassSlot, cfg: Config, forced: dict[int, str], disabled: dict[int, str]
            ) -> Decision:
-    """The enable rule: required -> on; disabled -> off; forced -> on; feature flag; level."""
+    """The enable rule: required -> on; disabled -> off; forced -> on; feature flag; level.
+
+    ``forced``/``disabled`` hold, per slot, the selector that switches it (``plan`` has
+    already settled a slot named by both by the precedence of their sources)."""
     key = id(slot)
     if slot.info.required:
         return Decision(slot, True, "required")
@@ -162,8 +165,8 @@ def decide(slot: PassSlot, cfg: Config, forced: dict[int, str], disabled: dict[i
         return Decision(slot, True, f"forced by --enable_pass={forced[key]}")
     if slot.info.feature is not None:
         flag, _ = slot.info.feature
-        value = getattr(cfg.values, flag)
-        if value is not None:
+        if not cfg.is_default(flag):
+            value = cfg.value(flag)
             return Decision(slot, bool(value), f"--{flag}={'true' if value else 'false'}")
     lvl, opt = slot.info.level, cfg.opt_level
     if opt >= lvl:
@@ -172,23 +175,34 @@ def decide(slot: PassSlot, cfg: Config, forced: dict[int, str], disabled: dict[i
 
 
 def plan(cfg: Config, slots: list[PassSlot] | None = None) -> list[Decision]:
-    """Decide every slot; disabling a required pass is a FlagError."""
+    """Decide every slot; disabling a required pass is a FlagError.
+
+    Precedence is per pass: a slot named by both an ``enable_pass`` and a ``disable_pass``
+    selector follows the one from the higher source (explicit > env > file); from the same
+    source, disabling wins."""
     slots = slots if slots is not None else build_pipeline()
-    forced: dict[int, str] = {}
-    disabled: dict[int, str] = {}
-    for sel in cfg.enable_pass:
-        check_selector(sel, slots, f"{cfg.origin('enable_pass')}: --enable_pass")
-        for s in match_selector(sel, slots):
-            forced[id(s)] = sel
-    for sel in cfg.disable_pass:
-        check_selector(sel, slots, f"{cfg.origin('disable_pass')}: --disable_pass")
-        for s in match_selector(sel, slots):
-            if s.info.required:
-                raise FlagError(f"{cfg.origin('disable_pass')}: --disable_pass={sel}: pass "
-                                f"{s.name!r} is required (the pipeline needs it for correct "
-                                "results) and cannot be disabled")
-            disabled[id(s)] = sel
-    return [decide(s, cfg, forced, disabled) for s in slots]
+    # id(slot) -> (rank of the source, selector with its origin) per list
+    forced: dict[int, tuple[int, str]] = {}
+    disabled: dict[int, tuple[int, str]] = {}
+    for key, table in (("enable_pass", forced), ("disable_pass", disabled)):
+        for sel in getattr(cfg, key):
+            where = cfg.item_origin(key, sel)
+            check_selector(sel, slots, f"{where}: --{key}")
+            for s in match_selector(sel, slots):
+                if key == "disable_pass" and s.info.required:
+                    raise FlagError(f"{where}: --disable_pass={sel}: pass {s.name!r} is "
+                                    "required (the pipeline needs it for correct results) "
+                                    "and cannot be disabled")
+                r = rank(where)
+                if id(s) not in table or r >= table[id(s)][0]:
+                    table[id(s)] = (r, f"{sel} ({where})")
+    for k in set(forced) & set(disabled):
+        if forced[k][0] > disabled[k][0]:
+            del disabled[k]
+        else:
+            del forced[k]
+    return [decide(s, cfg, {k: v for k, (_, v) in forced.items()},
+                   {k: v for k, (_, v) in disabled.items()}) for s in slots]
 
 
 # ------------------------------------------------------------- bisect counter

@@ -41,7 +41,7 @@ def test_compile_with_env_flags_writes_report_and_dumps(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
     cse = next(p for p in rep["passes"] if p["name"] == "cse")
-    assert not cse["ran"] and cse["reason"] == "disabled by --disable_pass=cse"
+    assert not cse["ran"] and cse["reason"] == "disabled by --disable_pass=cse (env AUTOFUSE_FLAGS)"
     assert rep["flags"]["disable_pass"]["origin"] == "env AUTOFUSE_FLAGS"
     files = sorted(p.name for p in out.iterdir())
     assert "flags.json" in files and "0000_input.txt" in files
@@ -90,3 +90,25 @@ def test_flag_note_printed_once_as_graphkernel_warning():
         assert "graphkernel: warning: env AUTOFUSE_FLAGS: --opt_level is given more than once" \
             in r.stderr
         assert "UserWarning" not in r.stderr
+
+
+def test_flags_text_shows_values_in_effect_with_their_origin():
+    r = gk("flags", "--flags", "--opt_level=3")
+    assert r.returncode == 0, r.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines()[1:] if ln.strip()}
+    assert rows["enable_super_kernel"] == ["true", "default@opt3"]
+    assert rows["opt_level"] == ["3", "explicit"]
+    assert rows["bisect_pass"] == ['""', "default"]
+    assert "None" not in r.stdout and "null" not in r.stdout
+
+
+def test_explicit_enable_pass_overrides_a_disable_from_the_environment(tmp_path):
+    r = gk("compile", EX, "--flags", "--enable_pass=cse", "-o", str(tmp_path),
+           env={"AUTOFUSE_FLAGS": "--disable_pass=cse"})
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    cse = next(p for p in rep["passes"] if p["name"] == "cse")
+    assert cse["ran"] and cse["reason"] == "forced by --enable_pass=cse (explicit)"
+    r = gk("flags", "--flags", "--enable_pass=cse", env={"AUTOFUSE_FLAGS": "--disable_pass=cse"})
+    assert "note: --enable_pass=cse (explicit) overrides --disable_pass=cse (env AUTOFUSE_FLAGS)" \
+        in r.stdout

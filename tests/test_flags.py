@@ -9,6 +9,7 @@ import pytest
 from graphkernel.api import load_config
 from graphkernel.errors import ConfigError, FlagError
 from graphkernel.flags import parse_flag_string, resolve
+from graphkernel.pipeline import plan
 
 NOENV: dict[str, str] = {}
 
@@ -175,3 +176,87 @@ def test_parse_items_keep_their_origin():
     items = parse_flag_string("--a=1;--b", "env X")
     assert [(i.key, i.value, i.origin) for i in items] == [("a", "1", "env X"),
                                                            ("b", None, "env X")]
+
+
+# ------------------------------------------------------- effective values and precedence
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_level_defaults_show_the_value_in_effect_and_the_level(level):
+    d = cfg(f"--opt_level={level}").to_dict()
+    assert d["enable_recompute_fusion"] == {"value": level >= 2, "origin": f"default@opt{level}"}
+    assert d["enable_super_kernel"] == {"value": level >= 3, "origin": f"default@opt{level}"}
+    assert d["reduce_fuse_depth"] == {"value": 10, "origin": "default"}  # not level-dependent
+    assert all(v["value"] is not None for v in d.values())
+
+
+def test_a_level_default_given_explicitly_keeps_its_origin():
+    c = cfg("--opt_level=3", env={"AUTOFUSE_FLAGS": "--enable_recompute_fusion=false"})
+    assert c.enable_recompute_fusion is False
+    assert c.origin("enable_recompute_fusion") == "env AUTOFUSE_FLAGS"
+    d = {x.slot.name: x for x in plan(c)}
+    assert not d["recompute"].on and d["recompute"].reason == "--enable_recompute_fusion=false"
+
+
+SOURCES = ("file", "env", "explicit")
+
+
+def _sources(tmp_path, enable: str | None, disable: str | None, name="cse", keys=None):
+    """Flags, config file and environment that enable/disable ``name`` from the given sources."""
+    en_key, dis_key = keys or ("enable_pass", "disable_pass")
+    flags, env, doc = ["--opt_level=1"], {}, {}
+    for key, src in ((en_key, enable), (dis_key, disable)):
+        if src == "explicit":
+            flags.append(f"--{key}={name}")
+        elif src == "env":
+            env["AUTOFUSE_FLAGS"] = (env.get("AUTOFUSE_FLAGS", "") + f" --{key}={name}").strip()
+        elif src == "file":
+            doc[key] = [name]
+    path = tmp_path / "flags.json"
+    path.write_text(json.dumps(doc))
+    return " ".join(flags), path, env
+
+
+@pytest.mark.parametrize("enable", [None, *SOURCES])
+@pytest.mark.parametrize("disable", [None, *SOURCES])
+def test_enable_and_disable_pass_follow_precedence_per_pass(tmp_path, enable, disable):
+    # cse is off at opt_level 1, so enabling it shows; every combination of sources
+    flags, path, env = _sources(tmp_path, enable, disable)
+    if enable is not None and enable == disable:
+        with pytest.raises(FlagError, match="'cse' is in both --enable_pass"):
+            cfg(flags, config=path, env=env)
+        return
+    c = cfg(flags, config=path, env=env)
+    d = {x.slot.label: x for x in plan(c)}["cse"]
+    rank = {None: -1, "file": 1, "env": 2, "explicit": 3}
+    if enable is None and disable is None:
+        assert not d.on and d.reason == "level 2 > opt_level 1"
+    elif rank[enable] > rank[disable]:
+        assert d.on and d.reason.startswith("forced by --enable_pass=cse (" + enable)
+    else:
+        assert not d.on and d.reason.startswith("disabled by --disable_pass=cse (" + disable)
+    if enable is not None and disable is not None:
+        assert len(c.overrides) == 1 and "overrides" in c.overrides[0]
+
+
+def test_overlapping_selectors_follow_their_sources():
+    # every run of dce disabled in the environment; its second run re-enabled explicitly
+    c = cfg("--enable_pass=dce:2", env={"AUTOFUSE_FLAGS": "--disable_pass=dce"})
+    d = {x.slot.label: x for x in plan(c)}
+    assert not d["dce:1"].on and d["dce:2"].on
+    # the other way round: the explicit disable of every run wins over the env's dce:2
+    c = cfg("--disable_pass=dce", env={"AUTOFUSE_FLAGS": "--enable_pass=dce:2"})
+    d = {x.slot.label: x for x in plan(c)}
+    assert not d["dce:1"].on and not d["dce:2"].on
+    # one source naming both: disabling wins
+    d = {x.slot.label: x for x in plan(cfg("--disable_pass=dce --enable_pass=dce:2"))}
+    assert not d["dce:2"].on
+
+
+@pytest.mark.parametrize("keys,name", [(("enable_expand_ops", "disable_expand_ops"), "Erf"),
+                                       (("enable_cluster_ops", "disable_cluster_ops"), "Exp")])
+def test_other_enable_disable_lists_follow_precedence_too(tmp_path, keys, name):
+    flags, path, env = _sources(tmp_path, "explicit", "env", name, keys)
+    c = cfg(flags, config=path, env=env)
+    assert getattr(c, keys[0]) == [name] and getattr(c, keys[1]) == []
+    flags, path, env = _sources(tmp_path, "file", "env", name, keys)
+    c = cfg(flags, config=path, env=env)
+    assert getattr(c, keys[0]) == [] and getattr(c, keys[1]) == [name]

@@ -76,7 +76,7 @@ def test_selector_forms(selector, expect_off):
 
 def test_enable_pass_forces_a_pass_its_level_skips():
     d = {x.slot.label: x for x in plan(load_config("--opt_level=1 --enable_pass=cse", env=NOENV))}
-    assert d["cse"].on and d["cse"].reason == "forced by --enable_pass=cse"
+    assert d["cse"].on and d["cse"].reason == "forced by --enable_pass=cse (explicit)"
     assert not d["arith_simplify"].on
 
 
