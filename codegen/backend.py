@@ -140,6 +140,19 @@ add_library(graphkernel_tiling SHARED
 """
 
 
+def _value_entry(name: str, v: Any) -> dict[str, Any]:
+    return {"name": name, "dtype": str(v.dtype), "shape": list(v.shape),
+            "producer": v.producer.name if v.producer is not None else None}
+
+
+def _binding(graph: Graph, node: str) -> dict[str, Any]:
+    """The compiled graph's values a kernel reads and writes, in argument order (a graph
+    input or output appears under its name in the model), and the user's nodes it holds."""
+    n = graph.node(node)
+    return {"reads": [v.name for v in n.inputs], "writes": [v.name for v in n.outputs],
+            "origin": list(n.origin)}
+
+
 def write_project(result: Any, out_dir: str | Path) -> list[Path]:
     """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and
     ``manifest.json`` for every generated kernel."""
@@ -162,11 +175,15 @@ def write_project(result: Any, out_dir: str | Path) -> list[Path]:
         tilings="\n".join(f"  {f}" for r in rendered for f in sorted(r.files)
                            if f.endswith("_tiling.cpp")))
     written.append(atomic_write_text(kdir / "CMakeLists.txt", cmake))
+    graph = result.graph
     manifest = {
         "format": "graphkernel-kernels/1",
         "target": result.config.target,
-        "graph": result.graph.name,
-        "kernels": [r.manifest for r in rendered],
+        "graph": graph.name,
+        # the graph's own inputs and outputs, under the model's names
+        "inputs": [_value_entry(v.name, v) for v in graph.inputs],
+        "outputs": [_value_entry(name, v) for name, v in graph.named_outputs()],
+        "kernels": [r.manifest | _binding(graph, r.schedule.node) for r in rendered],
         "super_kernels": [{"name": sr.name, "kernels": [r.name for r in sr.members],
                            "barrier_before": [r.name for r, b in zip(
                                sr.members, sr.group.barriers, strict=True) if b],

@@ -6,7 +6,8 @@ outputs. Values know their producer and every use, and all mutation goes
 through the small API below so that use-lists stay right:
 
 - ``add_input``, ``add_node``, ``const``, ``set_outputs``
-- ``replace_all_uses`` / ``replace_input`` (return what they changed)
+- ``replace_all_uses`` / ``replace_input`` (return what they changed; a graph output
+  keeps its name through a replacement: see ``output_names``)
 - ``erase_node`` (refuses a node that still has users), ``remove_dead``
 - ``toposort`` (stable), ``validate`` (invariants, with fix-it messages)
 
@@ -246,12 +247,19 @@ class Node:
 
 
 class Graph:
-    """Inputs, nodes in topological order, outputs."""
+    """Inputs, nodes in topological order, outputs.
+
+    ``output_names`` are the names the graph's outputs are known by (the user's names, set
+    with ``set_outputs``); rewrites never change them. When a rewrite replaces an output
+    value, the new value takes the output's name, unless it cannot (it is a graph input, or
+    already another output): then the output is an alias, and exporters write it under its
+    own name (``named_outputs``)."""
 
     def __init__(self, name: str = "graph") -> None:
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        self.output_names: list[str] = []
         self._nodes: dict[int, Node] = {}
         self._node_names: dict[str, Node] = {}
         self._values: dict[str, Value] = {}
@@ -392,12 +400,44 @@ class Graph:
         return self.add_node("Constant", [], {"value": arr}, name=name or self.fresh_name("const"),
                              origin=origin).output
 
-    def set_outputs(self, values: Sequence[Value]) -> None:
+    def set_outputs(self, values: Sequence[Value], names: Sequence[str] | None = None) -> None:
+        """Set the graph outputs; ``names`` (default: the values' names) is what they are
+        called from now on."""
         for v in values:
             if v.graph is not self:
                 raise GraphError(f"graph '{self.name}': output '%{v.name}' belongs to another "
                                  "graph")
+        names = [v.name for v in values] if names is None else list(names)
+        given = dict(zip(names, values, strict=False))
+        if len(names) != len(values) or any(given[n] is not v for n, v in zip(names, values)):
+            raise GraphError(f"graph '{self.name}': output names {names}: give one name per "
+                             "output, distinct for distinct values")
         self.outputs = list(values)
+        self.output_names = names
+
+    def named_outputs(self) -> list[tuple[str, Value]]:
+        """(name, value) of every output, in order."""
+        return list(zip(self.output_names, self.outputs, strict=True))
+
+    def with_output_values_named(self) -> Graph:
+        """This graph if every output value carries its output's name; else a copy in which
+        each aliased output (a graph input, or a value that is several outputs) is an
+        Identity of it, named after the output. File formats that name outputs by their
+        values (graphkernel JSON, ONNX) write this form."""
+        if all(v.name == n for n, v in self.named_outputs()):
+            return self
+        g = self.copy()
+        outs = []
+        for name, v in g.named_outputs():
+            if v.name != name:
+                holder = g._values.get(name)
+                if holder is not None:  # an intermediate value that happens to hold the name
+                    g.rename_value(holder, g.fresh_name(f"{name}_value"))
+                v = g.add_node("Identity", [v], name=g.fresh_name(name),
+                               output_names=[name]).output
+            outs.append(v)
+        g.set_outputs(outs)
+        return g
 
     # ---------------------------------------------------------------- mutation
     def rename_value(self, value: Value, new: str) -> None:
@@ -409,6 +449,15 @@ class Graph:
         value.name = new
         self._values[new] = value
 
+    def rename_node(self, node: Node, new: str) -> None:
+        if new == node.name:
+            return
+        if new in self._node_names:
+            raise GraphError(f"graph '{self.name}': a node named {new!r} already exists")
+        del self._node_names[node.name]
+        node.name = new
+        self._node_names[new] = node
+
     def replace_input(self, node: Node, index: int, new: Value) -> None:
         """Make ``node`` read ``new`` at input ``index``."""
         old = node.inputs[index]
@@ -419,18 +468,37 @@ class Graph:
             self._order_dirty = True
 
     def replace_all_uses(self, old: Value, new: Value) -> int:
-        """Redirect every use of ``old`` (graph outputs included) to ``new``; return the count."""
+        """Redirect every use of ``old`` (graph outputs included) to ``new``; return the count.
+
+        An output keeps its name: ``new`` is renamed after it (``old`` takes a fresh name)
+        unless ``new`` is a graph input or already an output."""
         if old is new:
             return 0
         count = 0
         for node, idx in list(old.uses):
             self.replace_input(node, idx, new)
             count += 1
+        was_output = any(v is new for v in self.outputs)
         for i, v in enumerate(self.outputs):
             if v is old:
                 self.outputs[i] = new
                 count += 1
+                if not was_output and new.producer is not None:
+                    self._take_name(new, self.output_names[i])
+                    was_output = True
         return count
+
+    def _take_name(self, value: Value, name: str) -> None:
+        """Give ``value`` the name ``name``, moving a value that holds it out of the way
+        (only a value that is no graph output: an output's name is never taken from it)."""
+        holder = self._values.get(name)
+        if holder is value:
+            return
+        if holder is not None:
+            if holder.producer is None or any(o is holder for o in self.outputs):
+                return
+            self.rename_value(holder, self.fresh_name(f"{name}_replaced"))
+        self.rename_value(value, name)
 
     def erase_node(self, node: Node) -> None:
         """Remove a node whose outputs have no users and are not graph outputs."""
@@ -575,7 +643,7 @@ class Graph:
             if n.op == "GraphKernel":
                 attrs["subgraph"] = n.subgraph.copy()
             g.clone_node(n, vmap, attrs=attrs)
-        g.outputs = [vmap[id(v)] for v in self.outputs]
+        g.set_outputs([vmap[id(v)] for v in self.outputs], self.output_names)
         return g
 
     def clone_node(self, n: Node, vmap: dict[int, Value],

@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
+from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import OpKind
 
-MAX_NAME_OPS = 6
+
+def pattern_of(label: str) -> str:
+    """The pattern a kernel's label starts with: ``reduce_fwd_depth`` for
+    ``reduce_fwd_depth+elemwise_broadcast_fwd_width/phase1``, ``parallel`` for
+    ``parallel(a|b)``."""
+    return re.split(r"[+/(|]", label, maxsplit=1)[0] or "kernel"
 
 
-def kernel_name(nodes: Sequence[Node], counter: int) -> str:
-    """``fused_mul_add_exp_reducesum_3``: the distinct ops in order, then a counter."""
-    seen: list[str] = []
-    for n in nodes:
-        op = n.op.lower()
-        if op not in seen:
-            seen.append(op)
-    return "fused_" + "_".join(seen[:MAX_NAME_OPS]) + f"_{counter}"
+def kernel_name(nodes: Sequence[Node], counter: int, pattern: str) -> str:
+    """``<pattern>_<first op>_<n>``: the fusion pattern that formed the kernel (the name
+    ``--disable_fusion_pattern`` takes), the first op it computes (views are skipped when it
+    computes anything else), and a counter."""
+    body = [n.op for n in nodes if n.op != "Constant"]
+    first = next((op for op in body if ops.get(op).kind > OpKind.RESHAPE),
+                 body[0] if body else "empty")
+    return f"{pattern_of(pattern)}_{first.lower()}_{counter}"
+
+
+def next_kernel_name(analyses: dict[str, Any], nodes: Sequence[Node], pattern: str) -> str:
+    """``kernel_name`` with the compile's running kernel counter (kept in ``analyses``)."""
+    analyses["kernel_counter"] = analyses.get("kernel_counter", 0) + 1
+    return kernel_name(nodes, analyses["kernel_counter"], pattern)
 
 
 def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -> Node:
@@ -104,7 +119,9 @@ def inline_producer(graph: Graph, consumer: Node, producer: Node, value: Value) 
                        name=graph.fresh_name(consumer.name), origin=origin)
     for old, nv in zip(consumer.outputs, k.outputs, strict=True):
         graph.replace_all_uses(old, nv)
+    name = consumer.name
     graph.erase_node(consumer)
+    graph.rename_node(k, name)  # the same kernel, grown: it keeps its name
     return k
 
 

@@ -20,7 +20,7 @@ from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
-from graphkernel.kernels import build_kernel, kernel_name, unfuse
+from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
 from graphkernel.registry import PassResult, register_pass
 
 
@@ -86,7 +86,7 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         lone_ok = cube or ctx.flags.enable_single_node_fusion  # a cube op's epilogue stays one
         if not convex or not computing or (len(computing) < 2 and not lone_ok):
             continue
-        built.append(build_kernel(graph, group, _namer(ctx)(group),
+        built.append(build_kernel(graph, group, _namer(ctx, kernel)(group),
                                   f"{kernel.attrs['pattern']}/split"))
     return built
 
@@ -100,7 +100,7 @@ def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
     parts = next((d for d in range(spec.aiv_cores, 7, -1) if L % d == 0), None)
     if parts is None or not ctx.should_apply(f"{k.name}: two stages over {parts} cores", [k]):
         return []
-    return _report_split(ctx, k, split_whole_reduction(graph, k, parts, _namer(ctx)),
+    return _report_split(ctx, k, split_whole_reduction(graph, k, parts, _namer(ctx, k)),
                          f"one value from {L} elements: {parts} partial reductions, then "
                          "theirs")
 
@@ -109,7 +109,7 @@ def _in_phases(graph: Graph, k: Node, ctx, reason: str) -> list[Node]:
     """Replace ``k`` by its phase kernels (codegen/phases.py)."""
     if not ctx.should_apply(f"{k.name}: in phases", [k]):
         return []
-    return _report_split(ctx, k, split_phases(graph, k, _namer(ctx)), reason)
+    return _report_split(ctx, k, split_phases(graph, k, _namer(ctx, k)), reason)
 
 
 def _report_split(ctx, k: Node, parts: list[Node], reason: str) -> list[Node]:
@@ -122,13 +122,10 @@ def _report_split(ctx, k: Node, parts: list[Node], reason: str) -> list[Node]:
     return parts
 
 
-def _namer(ctx):
-    """Names for new kernels: their ops, then the pass's running counter."""
-    def name_for(group: list[Node]) -> str:
-        counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter", 0) + 1
-        return kernel_name(group, counter)
-
-    return name_for
+def _namer(ctx, kernel: Node):
+    """Names for the kernels that replace ``kernel``: its pattern, their first op, the
+    compile's running counter."""
+    return lambda group: next_kernel_name(ctx.analyses, group, kernel.attrs["pattern"])
 
 
 def _super_kernels(graph, ctx, spec, scheds) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphkernel.ir import Graph, Node
-from graphkernel.kernels import merge_parallel
+from graphkernel.kernels import merge_parallel, next_kernel_name
 from graphkernel.registry import PassResult, register_pass
 
 
@@ -49,7 +49,8 @@ def parallel_fusion(graph, ctx) -> PassResult:
                         continue
                     if not ctx.should_apply(f"{a.name} | {b.name}", [a, b]):
                         continue
-                    merge_parallel(graph, a, b, f"{a.name}_par")
+                    merge_parallel(graph, a, b, next_kernel_name(
+                        ctx.analyses, list(a.subgraph.nodes), "parallel"))
                     merged += 1
                     changed = True
                     break

@@ -7,7 +7,7 @@ from graphkernel.codegen import cost
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.flags import Config
 from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
-from graphkernel.kernels import build_kernel, kernel_name
+from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, register_pass
 from graphkernel.traffic import VIEWS
@@ -96,10 +96,9 @@ def split(graph, ctx) -> PassResult:
             run_pattern(model, p)
         for area in model.areas():
             if becomes_kernel(area, cfg):
-                counter = ctx.analyses["kernel_counter"] = ctx.analyses.get("kernel_counter",
-                                                                            0) + 1
                 label = "+".join(dict.fromkeys(area.patterns)) or "single_node"
-                build_kernel(graph, area.nodes, kernel_name(area.nodes, counter), label)
+                build_kernel(graph, area.nodes,
+                             next_kernel_name(ctx.analyses, area.nodes, label), label)
                 built += 1
     fused = sum(1 for a in attempts if a.verdict == "fused")
     return PassResult(built > 0, fused, [f"{built} kernels from {fused} fusions "

@@ -123,7 +123,9 @@ def _const_data(arr: np.ndarray) -> list[Any]:
 
 def graph_to_dict(graph: Graph, nested: bool = False,
                   side: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """The file form of ``graph``; large constants go to ``side`` when given."""
+    """The file form of ``graph``; large constants go to ``side`` when given. Outputs are
+    written under their names (an aliased output as an Identity named after it)."""
+    graph = graph.with_output_values_named()
     out: dict[str, Any] = {} if nested else {"format": FORMAT}
     out["name"] = graph.name
     out["inputs"] = [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.value}

@@ -70,6 +70,7 @@ def to_onnx(graph: Graph) -> Any:
     except ImportError:
         raise FrontendError("--export-onnx needs the onnx package: "
                             "pip install 'graphkernel[onnx]'") from None
+    graph = graph.with_output_values_named()  # every output under the user's name
     nodes, inits, functions, infos = [], [], [], []
     for n in graph.nodes:
         if n.op == "Constant":
