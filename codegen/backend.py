@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel import progress
 from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import Rendered, render
 from graphkernel.codegen.schedule import Schedule
@@ -30,11 +31,14 @@ def schedules(result: Any) -> dict[str, Schedule]:
 
 def render_all(scheds: Mapping[str, Schedule]) -> list[Rendered]:
     out = []
-    for name in sorted(scheds):
-        r = render(scheds[name])
-        for hook in CORRUPT:
-            r.files = hook(r.name, dict(r.files))
-        out.append(r)
+    with progress.task("generating kernels", len(scheds)) as shown:
+        for name in sorted(scheds):
+            shown.describe(name)
+            r = render(scheds[name])
+            for hook in CORRUPT:
+                r.files = hook(r.name, dict(r.files))
+            out.append(r)
+            shown.advance()
     return out
 
 
@@ -117,7 +121,15 @@ def run_sim(result: Any, feeds: Any, interpret: Sequence[str] = (), library: Any
     from graphkernel.interpreter import Interpreter
 
     backend = SimBackend.for_result(result, interpret, library)
-    return Interpreter(result.graph, kernel_runner=backend).run(feeds), backend
+    launches = sum(1 for n in result.graph.nodes if n.op == "GraphKernel")
+    with progress.task("running kernels in the simulator", launches) as shown:
+        def run_kernel(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+            shown.describe(node.name)
+            out = backend(node, args)
+            shown.advance()
+            return out
+
+        return Interpreter(result.graph, kernel_runner=run_kernel).run(feeds), backend
 
 
 CMAKE = """\

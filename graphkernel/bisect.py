@@ -64,12 +64,25 @@ class Judgement:
         return f"{'mismatch' if self.bad else 'ok'} (cos {self.cosine:.4f})"
 
 
+class Observer:
+    """Hooks a front end may give verify and bisect (the CLI shows them as progress): every
+    method is a no-op here."""
+
+    def evaluation(self, what: str) -> None:
+        """A run starts: a reference run, or one compile + run under ``what`` flags."""
+
+    def candidates(self, text: str) -> None:
+        """The search narrowed: where the culprit is now known to be."""
+
+
 class Evaluator:
     """Runs the reference once; then each evaluation is one compile + one run."""
 
     def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
                  flags: str = "", backend: str = "reference", reference: str = "auto",
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, observer: Observer | None = None
+                 ) -> None:
+        self.observer = observer or Observer()
         if backend not in BACKENDS:
             raise ExecutionError(f"unknown backend {backend!r} (accepted: {', '.join(BACKENDS)})")
         self.graph = graph
@@ -82,7 +95,9 @@ class Evaluator:
         if ref not in ("float32", "float64"):
             raise ExecutionError(f"reference precision {reference!r} is not float32 or float64")
         self.reference_dtype = ref
+        self.observer.evaluation(f"reference run ({ref})")
         self.ref = Interpreter(graph, ref).run(self.inputs)
+        self.observer.evaluation("unoptimized run")
         self.base = Interpreter(graph).run(self.inputs)
         self.base_err = [_rmse(b, r) for b, r in zip(self.base, self.ref, strict=True)]
         self.evaluations = 0
@@ -133,6 +148,7 @@ class Evaluator:
         if extra in self._memo:
             return self._memo[extra]
         self.evaluations += 1
+        self.observer.evaluation(f"compile + run with {extra or 'the given flags'}")
         res = self.compile(extra)
         outs = self.execute(res)
         self._memo[extra] = (self.judge(outs), res)
@@ -141,9 +157,10 @@ class Evaluator:
 
 # ------------------------------------------------------------------- verify
 def verify(graph: Graph, flags: str = "", inputs: Mapping[str, np.ndarray] | None = None,
-           backend: str = "reference", env: Mapping[str, str] | None = None) -> Judgement:
+           backend: str = "reference", env: Mapping[str, str] | None = None,
+           observer: Observer | None = None) -> Judgement:
     """Compile with ``flags``, run compiled and unoptimized graphs on the same inputs, judge."""
-    j, _ = Evaluator(graph, inputs, flags, backend, env=env).run()
+    j, _ = Evaluator(graph, inputs, flags, backend, env=env, observer=observer).run()
     return j
 
 
@@ -209,7 +226,8 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
            flags: str = "", backend: str = "reference", reference: str = "auto",
            repro_dir: str | os.PathLike | None = None,
            log: Callable[[str], None] | None = None,
-           env: Mapping[str, str] | None = None) -> BisectResult:
+           env: Mapping[str, str] | None = None,
+           observer: Observer | None = None) -> BisectResult:
     """Find the pass and the single rewrite that break accuracy under ``flags``."""
     if isinstance(graph_or_path, Graph):
         graph = graph_or_path
@@ -218,7 +236,7 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
 
         graph = load_model(graph_or_path)
     say = log or (lambda m: None)
-    ev = Evaluator(graph, inputs, flags, backend, reference, env)
+    ev = Evaluator(graph, inputs, flags, backend, reference, env, observer)
     res = BisectResult(False, 0)
     j, full = ev.run()
     if not j.bad:
@@ -294,6 +312,7 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
 
     def judge(interpret: Sequence[str], what: str) -> Judgement:
         ev.evaluations += 1
+        ev.observer.evaluation(what)
         jj = ev.judge(ev.execute(full, interpret))
         record(what, jj)
         return jj
@@ -302,6 +321,7 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
         return False
     cands = kernels
     while len(cands) > 1:
+        ev.observer.candidates(f"culprit among {len(cands)} of {len(kernels)} kernels")
         half = cands[: len(cands) // 2]
         rest = [k for k in kernels if k not in half]
         # generated code for `half` only: still bad -> the culprit is in it
@@ -353,6 +373,8 @@ def _search_global(ev: Evaluator, full, record):
     lo, hi = 0, full.report.bisect_applications
     judged: dict[int, Judgement] = {}
     while hi - lo > 1:
+        ev.observer.candidates(f"first bad rewrite in {lo + 1}..{hi} of "
+                               f"{full.report.bisect_applications}")
         mid = (lo + hi) // 2
         jj, _ = ev.run(f"--bisect_limit={mid}")
         judged[mid] = jj
@@ -380,6 +402,8 @@ def _search_pass_level(ev: Evaluator, full, changed, record):
     then search the culprit pass's own applications."""
     cands = [p.label for p in changed]
     while len(cands) > 1:
+        ev.observer.candidates(f"culprit among {len(cands)} passes ({', '.join(cands[:4])}"
+                               f"{', ...' if len(cands) > 4 else ''})")
         half = cands[: len(cands) // 2]
         jj, _ = ev.run(f"--disable_pass={','.join(half)}")
         record(f"disable {','.join(half)}", jj)
@@ -392,6 +416,7 @@ def _search_pass_level(ev: Evaluator, full, changed, record):
     lo, hi = 0, total
     known: dict[int, tuple[Judgement, Any]] = {}
     while hi - lo > 1:
+        ev.observer.candidates(f"first bad rewrite of {name} in {lo + 1}..{hi} of {total}")
         mid = (lo + hi) // 2
         known[mid] = ev.run(f"--bisect_pass={name} --bisect_limit={mid}")
         record(f"bisect_pass={name} bisect_limit={mid}", known[mid][0])

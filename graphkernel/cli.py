@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel import progress
 from graphkernel.errors import ExecutionError, GraphKernelError
 from graphkernel.ir import Graph
 
@@ -222,7 +223,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
-    res = gk_compile(g, flags, args.config, log=lambda m: print(m, file=sys.stderr))
+    res = gk_compile(g, flags, args.config, log=progress.write)
     rep = res.report
     written = []
     if args.out:
@@ -241,18 +242,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.html:
         from graphkernel.html_report import write_html
 
-        written.append(write_html(res, args.html))
+        notes: list[str] = []
+        written.append(write_html(res, args.html, notes))
+        for note in notes:
+            progress.write(f"graphkernel: note: {note}")
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
         return 0
     print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
           f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
           f"{rep.bisect_applications} rewrites)")
-    for p in rep.passes:
+    for p in [] if args.quiet else rep.passes:
         if p.ran:
             change = f"{p.rewrites} rewrites" if p.changed else "no change"
-            print(f"  {p.index:<5} {p.stage:<11} {p.label:<16} {p.seconds * 1e3:8.2f} ms  {change}")
-            for note in p.notes:
+            print(f"  {p.index:<5} {p.stage:<11} {p.label:<16} {p.seconds * 1e3:8.2f} ms  "
+                  f"{change:<13} {p.summary}".rstrip())
+            for note in p.notes if args.verbose and p.notes != [p.summary] else []:
                 print(f"        {note}")
         else:
             print(f"  {p.index:<5} {p.stage:<11} {p.label:<16}      off    {p.reason}")
@@ -312,12 +317,30 @@ def _inputs(args: argparse.Namespace, g: Graph):
     return load_npz(args.inputs) if getattr(args, "inputs", None) else None
 
 
+def _observer(t: progress.Task):
+    """verify/bisect progress: the runs so far, where the culprit is, the run under way."""
+    from graphkernel.bisect import Observer
+
+    class Shown(Observer):
+        where = ""
+
+        def evaluation(self, what: str) -> None:
+            t.advance(f"{self.where}: {what}" if self.where else what)
+
+        def candidates(self, text: str) -> None:
+            self.where = text
+
+    return Shown()
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from graphkernel.bisect import Evaluator
 
     g = _load(args.model)
-    ev = Evaluator(g, _inputs(args, g), args.flags or "", args.backend)
-    j, _ = ev.run()
+    with progress.task("verify") as t:
+        ev = Evaluator(g, _inputs(args, g), args.flags or "", args.backend,
+                       observer=_observer(t))
+        j, _ = ev.run()
     if args.json:
         print(json.dumps({"match": not j.bad, "reason": j.reason, "cosine": j.cosine,
                           "rmse": j.rmse, "rmse_unoptimized": j.rmse_base,
@@ -337,8 +360,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from graphkernel.dump import Dumper
 
     g = _load(args.model)
-    res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
-                     args.repro_dir, log=print)
+    with progress.task("bisect") as t:
+        res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
+                         args.repro_dir, log=lambda line: progress.write(line, sys.stdout),
+                         observer=_observer(t))
     print(res.summary())
     if args.report:
         Dumper(Path(args.report).parent).write_json(Path(args.report).name, res.to_dict())
@@ -352,14 +377,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Graph-kernel fusion compiler for Ascend NPUs. MODEL is a graphkernel "
                     ".json/.yaml graph or an .onnx model.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress display and no per-pass lines")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="per-node detail (every expansion, fallback, recompute ...)")
 
-    s = sub.add_parser("info", help="node count, op histogram, inputs and outputs of a model",
+    def command(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    s = command("info", help="node count, op histogram, inputs and outputs of a model",
                        description="Show a model's size, op histogram, inputs and outputs.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_info)
 
-    s = sub.add_parser("run", help="run a model through the numpy interpreter",
+    s = command("run", help="run a model through the numpy interpreter",
                        description="Run a model op by op with the numpy reference semantics.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--inputs", metavar="IN.npz", help="input arrays by graph input name")
@@ -384,20 +417,20 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--plugin", metavar="FILE.py", action="append",
                         help="a Python file that registers its own passes (repeatable)")
 
-    s = sub.add_parser("flags", help="the effective flags and where each value came from",
+    s = command("flags", help="the effective flags and where each value came from",
                        description="Print every flag's effective value and its origin "
                                    "(default, file, env, explicit).")
     flag_args(s)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_flags)
 
-    s = sub.add_parser("passes", help="the pass pipeline and why each pass is on or off",
+    s = command("passes", help="the pass pipeline and why each pass is on or off",
                        description="Print the pipeline: stage, index, pass, level, on/off, why.")
     flag_args(s)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_passes)
 
-    s = sub.add_parser("compile", help="run the pass pipeline on a model",
+    s = command("compile", help="run the pass pipeline on a model",
                        description="Run the pipeline; print a summary; write report.json, the "
                                    "compiled graph and (with --dump_as_text) per-pass dumps.")
     s.add_argument("model", metavar="MODEL")
@@ -410,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_compile)
 
-    s = sub.add_parser("explain", help="candidate fusions ranked by score, and why each was "
+    s = command("explain", help="candidate fusions ranked by score, and why each was "
                                        "taken or refused",
                        description="Explain fusion decisions for the whole graph or one node.")
     s.add_argument("model", metavar="MODEL")
@@ -419,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_explain)
 
-    s = sub.add_parser("expand", help="which composite nodes expand, and why others are kept",
+    s = command("expand", help="which composite nodes expand, and why others are kept",
                        description="Run the expanders under the given flags and print, per "
                                    "composite node, whether it was expanded or kept and why.")
     s.add_argument("model", metavar="MODEL")
@@ -427,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_expand)
 
-    s = sub.add_parser("verify", help="compiled vs unoptimized on the same inputs; exit 1 on "
+    s = command("verify", help="compiled vs unoptimized on the same inputs; exit 1 on "
                                       "mismatch",
                        description="Run the unoptimized and the compiled graph on the same "
                                    "inputs and judge the difference (exit 0 match, 1 mismatch).")
@@ -438,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_verify)
 
-    s = sub.add_parser("bisect", help="find the pass and rewrite that break accuracy "
+    s = command("bisect", help="find the pass and rewrite that break accuracy "
                                       "(`bisect run -- CMD` bisects any program)",
                        description="Find the pass, the single rewrite and your nodes behind a "
                                    "mismatch; print a flag string that avoids it. "
@@ -454,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repro-dir", metavar="DIR", help="write a minimal reproducer here")
     s.set_defaults(fn=cmd_bisect)
 
-    s = sub.add_parser("ops", help="list every registered op",
+    s = command("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=cmd_ops)
@@ -484,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main_external(argv[2:])
     parser = build_parser()
     args = parser.parse_args(_bind_flag_values(argv))
+    progress.auto(quiet=args.quiet)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
@@ -494,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except BrokenPipeError:
         return 0
+    finally:
+        progress.enable(False)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -502,7 +538,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from graphkernel.flags import FlagWarning
 
     if issubclass(category, FlagWarning):
-        print(f"graphkernel: warning: {message}", file=sys.stderr)
+        progress.write(f"graphkernel: warning: {message}")
     else:
         (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno,
                                                           line))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from graphkernel import ops, registry
+from graphkernel import ops, progress, registry
 from graphkernel.dump import Dumper
 from graphkernel.errors import FlagError, GraphKernelError, did_you_mean
 from graphkernel.flags import Config, rank
@@ -279,6 +279,10 @@ class PassContext:
         """Record a note for this pass (shown in the report and the compile summary)."""
         self.notes.append(message)
 
+    def task(self, label: str, total: int | None = None) -> progress.Task:
+        """A progress task for long work inside a pass (shown on a terminal, else a no-op)."""
+        return progress.task(label, total)
+
 
 # --------------------------------------------------------------------- report
 @dataclass
@@ -294,7 +298,8 @@ class PassRecord:
     changed: bool = False
     rewrites: int = 0
     nodes_after: int = 0
-    notes: list[str] = field(default_factory=list)
+    summary: str = ""  # one line, shown by default
+    notes: list[str] = field(default_factory=list)  # per-node detail, shown at --verbose
 
 
 @dataclass
@@ -354,40 +359,15 @@ class PassManager:
             self.dumper.write_text("0000_input.txt", str(graph))
         ran: list[str] = []
         t_start = time.perf_counter()
-        for seq, d in enumerate(self.decisions, start=1):
-            s = d.slot
-            rec = PassRecord(s.index, s.stage, s.name, s.label, s.run, d.on, d.reason)
-            report.passes.append(rec)
-            if not d.on:
-                continue
-            ctx.current_pass, ctx.rewrites, ctx.notes = s.name, 0, []
-            t0 = time.perf_counter()
-            try:
-                result = s.info.fn(graph, ctx)
-            except GraphKernelError:
-                raise
-            except Exception as e:
-                before = ", ".join(ran[-5:]) or "none"
-                raise PassFailure(f"pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e} "
-                                  f"(passes run before it: {before}); this is a bug in "
-                                  "graphkernel: rerun with --disable_pass="
-                                  f"{s.label} to work around it") from e
-            rec.seconds = time.perf_counter() - t0
-            if not isinstance(result, PassResult):
-                raise PassFailure(f"pass {s.label} returned {type(result).__name__}, "
-                                  "expected PassResult")
-            rec.changed = result.modified
-            rec.rewrites = max(result.rewrites, ctx.rewrites)
-            rec.notes = ctx.notes + result.notes
-            rec.nodes_after = len(graph)
-            ran.append(s.label)
-            if self.check_each_pass and result.modified:
-                try:
-                    graph.validate()
-                except GraphKernelError as e:
-                    raise PassFailure(f"pass {s.label} left an invalid graph: {e}") from None
-            if self.dumper and result.modified:
-                self.dumper.write_text(f"{seq:04d}_{s.stage}_{s.name}.txt", str(graph))
+        with progress.task("passes", sum(d.on for d in self.decisions)) as shown:
+            for seq, d in enumerate(self.decisions, start=1):
+                s = d.slot
+                rec = PassRecord(s.index, s.stage, s.name, s.label, s.run, d.on, d.reason)
+                report.passes.append(rec)
+                if d.on:
+                    shown.describe(s.label)
+                    self._run_pass(seq, s, rec, graph, ctx, ran)
+                    shown.advance()
         report.seconds = time.perf_counter() - t_start
         report.nodes_after = len(graph)
         for hook in FINISH_HOOKS:
@@ -397,6 +377,40 @@ class PassManager:
         report.bisect_refused = bisect.refused
         self.bisect = bisect
         return report
+
+    def _run_pass(self, seq: int, s: PassSlot, rec: PassRecord, graph: Graph,
+                  ctx: PassContext, ran: list[str]) -> None:
+        """Run one pass: time it, record what it did, validate and dump after it."""
+        ctx.current_pass, ctx.rewrites, ctx.notes = s.name, 0, []
+        t0 = time.perf_counter()
+        try:
+            result = s.info.fn(graph, ctx)
+        except GraphKernelError:
+            raise
+        except Exception as e:
+            before = ", ".join(ran[-5:]) or "none"
+            raise PassFailure(f"pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e} "
+                              f"(passes run before it: {before}); this is a bug in "
+                              "graphkernel: rerun with --disable_pass="
+                              f"{s.label} to work around it") from e
+        rec.seconds = time.perf_counter() - t0
+        if not isinstance(result, PassResult):
+            raise PassFailure(f"pass {s.label} returned {type(result).__name__}, "
+                              "expected PassResult")
+        rec.changed = result.modified
+        rec.rewrites = max(result.rewrites, ctx.rewrites)
+        rec.notes = ctx.notes + result.notes
+        rec.summary = result.summary or (rec.notes[0] if len(rec.notes) == 1 else
+                                         f"{len(rec.notes)} notes" if rec.notes else "")
+        rec.nodes_after = len(graph)
+        ran.append(s.label)
+        if self.check_each_pass and result.modified:
+            try:
+                graph.validate()
+            except GraphKernelError as e:
+                raise PassFailure(f"pass {s.label} left an invalid graph: {e}") from None
+        if self.dumper and result.modified:
+            self.dumper.write_text(f"{seq:04d}_{s.stage}_{s.name}.txt", str(graph))
 
 
 # Tests switch this on so that every pass's output is validated and a broken

@@ -31,11 +31,14 @@ STAGES = ("preprocess", "expand", "simplify", "cluster", "split", "postfusion", 
 
 @dataclass
 class PassResult:
-    """What a pass reports: whether the graph changed, and how many rewrites it made."""
+    """What a pass reports: whether the graph changed, how many rewrites it made, detail
+    notes (one per node or kernel; shown with ``--verbose``) and a one-line summary (shown
+    by default; a single note serves as its own summary)."""
 
     modified: bool
     rewrites: int = 0
     notes: list[str] = field(default_factory=list)
+    summary: str = ""
 
 
 PassFn = Callable[[Any, Any], PassResult]

@@ -127,4 +127,5 @@ def arith_simplify(graph, ctx) -> PassResult:
             break
     total = sum(counts.values())
     notes = [f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0].split()[1]))]
-    return PassResult(total > 0, total, notes)
+    return PassResult(total > 0, total, notes,
+                      ", ".join(f"{k.split()[2]} x{v}" for k, v in sorted(counts.items())))

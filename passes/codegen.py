@@ -163,43 +163,47 @@ def codegen(graph, ctx) -> PassResult:
     work = [n for n in graph.nodes if n.op == "GraphKernel"]
     depth = {id(k): 0 for k in work}
     phased: list[dict] = ctx.report_extra.setdefault("phases", [])
-    while work:
-        k = work.pop(0)
-        parts: list[Node] = []
-        try:
-            s = check(k, spec)
-            parts = _two_stages(graph, k, s, spec, ctx) if depth[id(k)] < 3 else []
-            if not parts:
-                scheds[k.name] = s
+    with ctx.task("kernels", len(work)) as shown:
+        while work:
+            k = work.pop(0)
+            shown.advance(k.name)
+            parts: list[Node] = []
+            try:
+                s = check(k, spec)
+                parts = _two_stages(graph, k, s, spec, ctx) if depth[id(k)] < 3 else []
+                if not parts:
+                    scheds[k.name] = s
+                    continue
+            except NeedsPhases as e:
+                reason, bad = str(e), e.node
+                parts = _in_phases(graph, k, ctx, reason) if depth[id(k)] < 3 else []
+            except Unsupported as e:
+                reason, bad = str(e), e.node
+            if parts:  # k was replaced by kernels of its own parts: schedule them next
+                changed += 1
+                for p in parts:
+                    depth[id(p)] = depth[id(k)] + 1
+                work = parts + work
+                shown.add_total(len(parts))
                 continue
-        except NeedsPhases as e:
-            reason, bad = str(e), e.node
-            parts = _in_phases(graph, k, ctx, reason) if depth[id(k)] < 3 else []
-        except Unsupported as e:
-            reason, bad = str(e), e.node
-        if parts:  # k was replaced by kernels of its own parts: schedule them next
+            if ctx.flags.disable_fallback:
+                raise CodegenError(f"kernel {k.name}: {reason} (disable_fallback is set)")
+            body = list(k.subgraph.nodes)
+            members = [n.name for n in body if n.op != "Constant"]
+            if not ctx.should_apply(f"fallback {k.name}: {reason}", [k]):
+                continue
             changed += 1
+            index = next((i for i, n in enumerate(body) if n is bad), None)
+            parts = _split_around(graph, k, index if depth[id(k)] < 3 else None, ctx)
             for p in parts:
                 depth[id(p)] = depth[id(k)] + 1
             work = parts + work
-            continue
-        if ctx.flags.disable_fallback:
-            raise CodegenError(f"kernel {k.name}: {reason} (disable_fallback is set)")
-        body = list(k.subgraph.nodes)
-        members = [n.name for n in body if n.op != "Constant"]
-        if not ctx.should_apply(f"fallback {k.name}: {reason}", [k]):
-            continue
-        changed += 1
-        index = next((i for i, n in enumerate(body) if n is bad), None)
-        parts = _split_around(graph, k, index if depth[id(k)] < 3 else None, ctx)
-        for p in parts:
-            depth[id(p)] = depth[id(k)] + 1
-        work = parts + work
-        action = (f"split around {bad.op}; retried as {', '.join(p.name for p in parts)}"
-                  if parts else "unfused")
-        fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
-                          "action": action})
-        ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
+            shown.add_total(len(parts))
+            action = (f"split around {bad.op}; retried as {', '.join(p.name for p in parts)}"
+                      if parts else "unfused")
+            fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
+                              "action": action})
+            ctx.log(f"Fallback {k.name} ({reason}): not supported by codegen; {action}")
     for entry in phased:  # why these kernels read their inputs more than once
         for j, name in enumerate(entry["kernels"]):
             if name in scheds:
@@ -215,5 +219,7 @@ def codegen(graph, ctx) -> PassResult:
         "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
         # why a kernel's GM traffic may exceed inputs-once + outputs-once, per kernel
         "traffic_notes": {k: s.notes for k, s in scheds.items() if k in live and s.notes}}
-    return PassResult(changed > 0, changed,
-                      [f"{len(scheds)} kernels scheduled, {len(fallbacks)} fallbacks"])
+    summary = [f"{len(scheds)} kernels scheduled"]
+    summary += [f"{len(fallbacks)} fallbacks"] if fallbacks else []
+    summary += [f"{len(phased)} run in phases or stages"] if phased else []
+    return PassResult(changed > 0, changed, summary=", ".join(summary))

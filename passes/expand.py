@@ -31,7 +31,7 @@ def expand(graph, ctx) -> PassResult:
     reproduce the op's output types.
     """
     wanted = expand_list(ctx.flags)
-    expanded = 0
+    expanded = kept = created_total = 0
     for node in graph.nodes:
         if node.op not in wanted or node.op not in registry.EXPANDERS:
             continue
@@ -47,6 +47,9 @@ def expand(graph, ctx) -> PassResult:
                 replace_with(graph, node, outs)
                 ctx.log(f"expanded {node.op} '{node.name}' into {created} ops")
                 expanded += 1
+                created_total += created
                 continue
         ctx.log(f"kept {node.op} '{node.name}': {reason}")
-    return PassResult(expanded > 0, expanded)
+        kept += 1
+    return PassResult(expanded > 0, expanded, summary=f"{expanded} composite nodes expanded "
+                      f"into {created_total} ops, {kept} kept" if expanded or kept else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -36,33 +37,69 @@ def test_onnx_export_passes_the_checker_and_keeps_the_kernel_grouping(tmp_path):
     assert sorted(n.op_type for n in calls) == sorted(funcs)
 
 
-def _dom(path, tmp_path) -> str:
+def _chromium(path, tmp_path) -> tuple[str, list[str]]:
+    """The page's DOM after its scripts ran, and every console message it logged."""
     chrome = shutil.which("chromium") or shutil.which("chromium-browser")
     if chrome is None:
         pytest.skip("chromium is not installed (.ci/run installs it)")
     r = subprocess.run([chrome, "--headless", "--no-sandbox", "--disable-gpu",
                         "--disable-background-networking", "--disable-component-update",
                         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                        "--enable-logging=stderr", "--v=0",
                         "--dump-dom", f"file://{path}"], capture_output=True, text=True,
                        timeout=120)
-    return r.stdout
+    return r.stdout, [ln for ln in r.stderr.splitlines() if ":CONSOLE" in ln]
 
 
-def test_html_report_in_headless_chromium(tmp_path, capsys):
-    assert main(["compile", "examples/attention_softmax.json", "--html",
-                 str(tmp_path / "r.html")]) == 0
-    dom = _dom(tmp_path / "r.html", tmp_path)
-    # BatchMatMul, its vector epilogue (codegen splits the cube op off), the softmax
-    assert '<span id="kernel-count">3</span>' in dom
-    if shutil.which("dot"):
-        assert "<svg" in dom and "reduce_bwd_reducemax_" in dom
-    assert "Passes" in dom and "split" in dom
+def _selfcheck(dom: str) -> dict[str, int]:
+    tag = re.search(r'<p id="selfcheck"[^>]*>', dom)
+    assert tag, "the page's check script did not run"
+    return {k: int(v) for k, v in re.findall(r'data-(\w+)="(\d+)"', tag.group(0))}
 
 
-def test_html_report_without_graphviz(tmp_path, monkeypatch):
+@pytest.mark.parametrize("drawer", ["dot", "builtin"])
+def test_html_report_in_headless_chromium(tmp_path, capsys, monkeypatch, drawer):
     from graphkernel import html_report
 
-    monkeypatch.setattr(html_report.shutil, "which", lambda name: None)
-    page = html_report.render(compiled("examples/attention_softmax.json"))
-    assert "graphviz is not installed" in page and "<svg" not in page
-    assert "reduce_bwd_reducemax_" in page
+    if drawer == "dot" and shutil.which("dot") is None:
+        pytest.skip("graphviz is not installed (.ci/run installs it)")
+    if drawer == "builtin":
+        monkeypatch.setattr(html_report, "dot_program", lambda: None)
+    page = tmp_path / "r.html"
+    assert main(["compile", "examples/models/llama.json", "--html", str(page)]) == 0
+    err = capsys.readouterr().err
+    assert ("graphviz (dot) is not installed" in err) == (drawer == "builtin")
+    kernels = [n.name for n in compiled().graph.nodes if n.op == "GraphKernel"]
+    dom, console = _chromium(page, tmp_path)
+    assert console == []  # no errors, no messages at all
+    check = _selfcheck(dom)
+    assert check == {"kernels": len(kernels), "drawn": len(kernels),
+                     "charted": len(kernels), "errors": 0}
+    assert f'<span id="kernel-count">{compiled().report.extra["kernels_fused"]}</span>' in dom
+    picture = dom[dom.index('id="picture"'):dom.index('<h2>Kernels</h2>')]
+    assert "<svg" in picture and "graph output" in picture
+    for k in kernels:  # in the table, the chart and (as the class of its nodes) the picture
+        assert dom.count(f"{k}") >= 2, k
+    assert ("Drawn by graphviz dot" in dom) == (drawer == "dot")
+
+
+def test_html_report_too_large_to_draw_says_why(tmp_path, capsys, monkeypatch):
+    from graphkernel import html_report
+
+    monkeypatch.setattr(html_report, "MAX_DRAWN", 5)
+    page = tmp_path / "r.html"
+    assert main(["compile", "examples/attention_softmax.json", "--html", str(page)]) == 0
+    assert "more than 5: shown as a list" in capsys.readouterr().err
+    dom, console = _chromium(page, tmp_path)
+    assert console == [] and "more than 5: shown as a list" in dom
+    check = _selfcheck(dom)
+    assert check["kernels"] == check["drawn"] == check["charted"] == 2
+
+
+def test_builtin_layout_keeps_edges_downward_and_nodes_apart():
+    from graphkernel.html_report import drawn_graph, layout
+
+    nodes, edges = drawn_graph(compiled().graph)
+    grid = layout(nodes, edges)
+    assert len(set(grid.values())) == len(nodes)  # one cell per node
+    assert all(grid[a][1] < grid[b][1] for a, b in edges)  # every edge points down a row

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphkernel import progress
 from graphkernel.errors import CodegenError
 
 HEADER_DIR = Path(__file__).resolve().parent
@@ -53,8 +54,10 @@ def build(sources: Sequence[str]) -> ctypes.CDLL:
         src = cache_dir() / f"k_{key[:24]}.cpp"
         src.write_text(text)
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-        r = subprocess.run([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o", str(tmp)],
-                           capture_output=True, text=True)
+        with progress.ticking("simulator build", f"g++ compiling {len(sources)} kernel "
+                              "sources (cached by content for the next run)"):
+            r = subprocess.run([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o", str(tmp)],
+                               capture_output=True, text=True)
         if r.returncode != 0:
             raise SimulatorError("kernel source does not compile:\n" + r.stderr[-4000:])
         os.replace(tmp, lib)
