@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphkernel  # noqa: E402
+from graphkernel import progress  # noqa: E402
 from graphkernel.bisect import Evaluator  # noqa: E402
 from graphkernel.codegen.backend import run_sim  # noqa: E402
 from graphkernel.frontends import load_model  # noqa: E402
@@ -80,18 +81,24 @@ def main() -> int:
           f"{'us unfused':>10} {'us fused':>9} {'SK saved':>9} {'match':>6} {'sim s':>6}")
     reasons: dict[str, int] = {}
     total = [0, 0]
-    for name, path in models():
-        m = measure(path, flags)
-        total[0] += m["generated"]
-        total[1] += m["fallbacks"]
-        for r in m["fallback_reasons"]:
-            reasons[r] = reasons.get(r, 0) + 1
-        print(f"{name:<20} {m['generated']:>9} {m['fallbacks']:>8} {m['gm_ratio']:>12.3f} "
-              f"{m['cores']:>6.1f} {m['us_unfused']:>10.1f} {m['us_fused']:>9.1f} "
-              f"{m['sk_saved']:>3} {m['sk_us']:>5.1f} "
-              f"{'yes' if m['match'] else 'NO':>6} {m['sim_s']:>6.2f}")
-        if m["unscheduled"]:
-            print(f"  kernels run by the interpreter: {m['unscheduled']}")
+    progress.auto()  # on a terminal: which model, which pass, which kernel
+    todo = models()
+    with progress.task("models", len(todo)) as shown:
+        for name, path in todo:
+            shown.describe(name)
+            m = measure(path, flags)
+            total[0] += m["generated"]
+            total[1] += m["fallbacks"]
+            for r in m["fallback_reasons"]:
+                reasons[r] = reasons.get(r, 0) + 1
+            progress.write(f"{name:<20} {m['generated']:>9} {m['fallbacks']:>8} "
+                           f"{m['gm_ratio']:>12.3f} {m['cores']:>6.1f} {m['us_unfused']:>10.1f} "
+                           f"{m['us_fused']:>9.1f} {m['sk_saved']:>3} {m['sk_us']:>5.1f} "
+                           f"{'yes' if m['match'] else 'NO':>6} {m['sim_s']:>6.2f}", sys.stdout)
+            if m["unscheduled"]:
+                progress.write(f"  kernels run by the interpreter: {m['unscheduled']}",
+                               sys.stdout)
+            shown.advance()
     print(f"kernels generated: {total[0]}, fallbacks: {total[1]}")
     for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         print(f"  {n:>3} x {r}")

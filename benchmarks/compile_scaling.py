@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import graphkernel  # noqa: E402
 from benchmarks.models import transformer_of_size  # noqa: E402
+from graphkernel import progress  # noqa: E402
 
 
 def main() -> int:
@@ -24,13 +25,19 @@ def main() -> int:
     ap.add_argument("--sizes", default="1000,10000,100000")
     args = ap.parse_args()
     rows = []
-    for target in (int(s) for s in args.sizes.split(",")):
-        g = transformer_of_size(target)
-        t0 = time.perf_counter()
-        res = graphkernel.compile(g, "--opt_level=2", env={})
-        secs = time.perf_counter() - t0
-        n = next(p.nodes_after for p in res.report.passes if p.name == "cluster")
-        rows.append((target, len(g), n, len(res.graph), secs, res.report.extra["kernels_fused"]))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    progress.auto()  # on a terminal: which size, which pass (timings include the display)
+    with progress.task("sizes", len(sizes)) as shown:
+        for target in sizes:
+            shown.describe(f"{target} nodes")
+            g = transformer_of_size(target)
+            t0 = time.perf_counter()
+            res = graphkernel.compile(g, "--opt_level=2", env={})
+            secs = time.perf_counter() - t0
+            n = next(p.nodes_after for p in res.report.passes if p.name == "cluster")
+            rows.append((target, len(g), n, len(res.graph), secs,
+                         res.report.extra["kernels_fused"]))
+            shown.advance()
     print(f"{'target':>8} {'input':>8} {'expanded':>9} {'after':>7} {'kernels':>8} "
           f"{'seconds':>8} {'nodes/s':>9}")
     for target, n_in, n_exp, n_out, secs, k in rows:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphkernel  # noqa: E402
+from graphkernel import progress  # noqa: E402
 from graphkernel.frontends import load_model  # noqa: E402
 
 LIGHT = ["resnet50", "densenet121", "inception_v1", "inception_v2", "shufflenet", "squeezenet",
@@ -43,15 +44,21 @@ def main() -> int:
     print(f"{'model':<20} {'kernels':>15} {'GM MB unfused':>14} {'fused':>9} {'ideal':>9} "
           f"{'fused/ideal':>11}")
     worst = 0.0
-    for name, path in models():
-        g = load_model(path)
-        r = graphkernel.compile(g, f"--opt_level={args.opt_level}", env={}).report.extra
-        ratio = r["gm_bytes_fused"] / r["gm_bytes_ideal"] if r["gm_bytes_ideal"] else 1.0
-        worst = max(worst, ratio)
-        mb = 1 / 2**20
-        print(f"{name:<20} {r['kernels_unfused']:>6} -> {r['kernels_fused']:<6} "
-              f"{r['gm_bytes_unfused'] * mb:>14.2f} {r['gm_bytes_fused'] * mb:>9.2f} "
-              f"{r['gm_bytes_ideal'] * mb:>9.2f} {ratio:>11.3f}")
+    progress.auto()  # on a terminal: which model, which pass
+    todo = models()
+    with progress.task("models", len(todo)) as shown:
+        for name, path in todo:
+            shown.describe(name)
+            g = load_model(path)
+            r = graphkernel.compile(g, f"--opt_level={args.opt_level}", env={}).report.extra
+            ratio = r["gm_bytes_fused"] / r["gm_bytes_ideal"] if r["gm_bytes_ideal"] else 1.0
+            worst = max(worst, ratio)
+            mb = 1 / 2**20
+            progress.write(f"{name:<20} {r['kernels_unfused']:>6} -> {r['kernels_fused']:<6} "
+                           f"{r['gm_bytes_unfused'] * mb:>14.2f} "
+                           f"{r['gm_bytes_fused'] * mb:>9.2f} {r['gm_bytes_ideal'] * mb:>9.2f} "
+                           f"{ratio:>11.3f}", sys.stdout)
+            shown.advance()
     print(f"worst fused/ideal: {worst:.3f} (target <= 1.10)")
     return 0
 

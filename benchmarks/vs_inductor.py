@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
+from graphkernel import progress  # noqa: E402
+
 
 def inductor(model, args):
     import torch
@@ -89,15 +91,22 @@ def main() -> int:
           f"{'opaque':>7} {'GM MB':>7} {'fusion s (ind/ours)':>20} {'compile s (ind/ours)':>21}")
     worst_ratio = 0.0
     misses = []
-    for name, (build, inputs) in builders().items():
-        model, args = build(), inputs()
-        k, e, s_ind, t_ind = inductor(model, args)
-        v, o, gm, s_ours, t_ours = ours(model, args, name)
-        worst_ratio = max(worst_ratio, s_ours / t_ind)
-        if v > k:
-            misses.append(name)
-        print(f"{name:<16} {k:>16} {e:>7} {v:>11} {o:>7} {gm / 2**20:>7.2f} "
-              f"{s_ind:>9.3f} / {s_ours:<8.3f} {t_ind:>9.2f} / {t_ours:<9.2f}")
+    progress.auto()  # on a terminal: which model
+    todo = builders()
+    with progress.task("models", len(todo)) as shown:
+        for name, (build, inputs) in todo.items():
+            shown.describe(f"{name}: Inductor")
+            model, args = build(), inputs()
+            k, e, s_ind, t_ind = inductor(model, args)
+            shown.describe(f"{name}: graphkernel")
+            v, o, gm, s_ours, t_ours = ours(model, args, name)
+            worst_ratio = max(worst_ratio, s_ours / t_ind)
+            if v > k:
+                misses.append(name)
+            progress.write(f"{name:<16} {k:>16} {e:>7} {v:>11} {o:>7} {gm / 2**20:>7.2f} "
+                           f"{s_ind:>9.3f} / {s_ours:<8.3f} {t_ind:>9.2f} / {t_ours:<9.2f}",
+                           sys.stdout)
+            shown.advance()
     print(f"vector kernels <= Inductor's fused kernels: "
           f"{'met on every model' if not misses else 'missed on ' + ', '.join(misses)}")
     print(f"pipeline time / Inductor end-to-end compile: worst {worst_ratio:.3f} (target <= 0.1)")
