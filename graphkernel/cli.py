@@ -179,8 +179,11 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    from graphkernel.flags import format_value
+    from graphkernel.flags import format_value, markdown_table
 
+    if args.markdown:
+        print(markdown_table())
+        return 0
     cfg = _config(args)
     data = cfg.to_dict()
     if args.json:
@@ -197,8 +200,11 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from graphkernel.pipeline import plan
+    from graphkernel.pipeline import markdown_table, plan
 
+    if args.markdown:
+        print(markdown_table())
+        return 0
     cfg = _config(args)
     rows = [{"index": d.slot.index, "stage": d.slot.stage, "name": d.slot.label,
              "level": "required" if d.slot.info.required else d.slot.info.level,
@@ -422,12 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(default, file, env, explicit).")
     flag_args(s)
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--markdown", action="store_true",
+                   help="print the table of every flag (type, default, meaning) as in the README")
     s.set_defaults(fn=cmd_flags)
 
     s = command("passes", help="the pass pipeline and why each pass is on or off",
                        description="Print the pipeline: stage, index, pass, level, on/off, why.")
     flag_args(s)
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--markdown", action="store_true",
+                   help="print the table of every pass (level, what it does) as in the README")
     s.set_defaults(fn=cmd_passes)
 
     s = command("compile", help="run the pass pipeline on a model",

@@ -573,7 +573,22 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def format_flag_help() -> list[tuple[str, str, str]]:
-    """(key, kind, doc) for every documented key."""
-    return [(k, s.kind, s.doc) for k, s in SPECS.items()]
+def markdown_table() -> str:
+    """Every key a user can set, as the README's table: type, default, meaning."""
+    names = {"pass": "pass selectors", "pattern": "pattern names", "op": "op names",
+             "expand_op": "op names"}
+    defaults = FlagValues().model_dump()
+    rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
+    for key, spec in SPECS.items():
+        kind = f"list of {names.get(spec.names, 'strings')}" if spec.kind == "list" else \
+            "one of " + ", ".join(spec.choices) if spec.kind == "choice" else \
+            spec.kind + _range_text(key).replace(" (accepted: ", " ").rstrip(")")
+        if spec.level is not None:
+            default = f"on from opt_level {spec.level}"
+        elif key in defaults:
+            default = format_value(defaults[key]).replace("[]", "(empty)")
+        else:
+            default = "—"
+        rows.append(f"| `{key}` | {kind} | {default} | {spec.doc.replace('|', '/')} |")
+    return "\n".join(rows)
 

@@ -205,6 +205,18 @@ def plan(cfg: Config, slots: list[PassSlot] | None = None) -> list[Decision]:
                    {k: v for k, (_, v) in disabled.items()}) for s in slots]
 
 
+def markdown_table(slots: list[PassSlot] | None = None) -> str:
+    """The pipeline as the README's table: index, stage, pass, level, what it does."""
+    rows = ["| idx | stage | pass | level | what it does |", "|---|---|---|---|---|"]
+    for s in slots if slots is not None else build_pipeline():
+        level = "required" if s.info.required else str(s.info.level)
+        if s.info.feature is not None:
+            level += f" (or `--{s.info.feature[0]}`)"
+        rows.append(f"| {s.index} | {s.stage} | `{s.label}` | {level} | "
+                    f"{s.info.summary.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------- bisect counter
 @dataclass
 class Application:

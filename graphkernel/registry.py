@@ -60,7 +60,10 @@ class PassInfo:
 
     @property
     def summary(self) -> str:
-        return (self.doc or "").strip().splitlines()[0] if self.doc else ""
+        """The docstring's first sentence (its first paragraph, up to the first full stop)."""
+        para = " ".join((self.doc or "").strip().split("\n\n")[0].split())
+        end = para.find(". ")
+        return para if end < 0 else para[:end + 1]
 
 
 PASSES: dict[str, PassInfo] = {}
