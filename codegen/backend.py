@@ -165,9 +165,14 @@ def _binding(graph: Graph, node: str) -> dict[str, Any]:
             "origin": list(n.origin)}
 
 
-def write_project(result: Any, out_dir: str | Path) -> list[Path]:
-    """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and
-    ``manifest.json`` for every generated kernel."""
+def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] = ()
+                  ) -> list[Path]:
+    """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and, last,
+    ``manifest.json`` for every generated kernel. The manifest's ``files`` lists everything of
+    this run in ``out_dir`` (these files and ``also``, the others written there), so the next
+    run into the folder can remove what it does not write again (graphkernel.outdir)."""
+    from graphkernel.outdir import MANIFEST, listed
+
     out = Path(out_dir)
     kdir = out / "kernels"
     rendered = render_all(schedules(result))
@@ -203,7 +208,8 @@ def write_project(result: Any, out_dir: str | Path) -> list[Path]:
                            "block_dim": "max of the sub-kernels' blockDim"}
                           for sr in supers],
         "fallbacks": result.report.extra.get("fallbacks", []),
+        "files": listed(out, [*also, *written, out / MANIFEST]),
     }
-    written.append(atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2,
-                                                                        default=str) + "\n"))
+    written.append(atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2,
+                                                                 default=str) + "\n"))
     return written

@@ -23,6 +23,7 @@ class CompileResult:
     config: Config
     analyses: dict[str, Any] = field(default_factory=dict)
     applications: list[Any] = field(default_factory=list)  # every numbered rewrite
+    dumps: list[Path] = field(default_factory=list)  # files written by dump_as_text
 
     def write_report(self, directory: str | os.PathLike) -> Path:
         return Dumper(directory).write_json("report.json", self.report.to_dict())
@@ -65,4 +66,5 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
         result.write_report(out_dir)
     if pm.dumper is not None:
         pm.dumper.write_json("report.json", report.to_dict())
+        result.dumps = list(pm.dumper.written)
     return result

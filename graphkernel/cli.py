@@ -7,6 +7,7 @@ Every command prints one clear message and exits with status 2 on bad input
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -25,6 +26,30 @@ def _load(path: str) -> Graph:
     from graphkernel.frontends import load_model
 
     return load_model(path)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Strict JSON: NaN and infinities (a diverged metric) become the strings "nan", "inf",
+    "-inf"; numpy scalars become numbers; anything else unknown its str()."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return "nan" if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
+
+
+def _emit_json(args: argparse.Namespace, obj: Any) -> None:
+    """The command's one JSON document, on the real stdout (with --json everything else a
+    command prints goes to stderr: see ``main``)."""
+    out = getattr(args, "stdout", None) or sys.stdout
+    out.write(json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+    out.flush()
 
 
 def _parse_dims(text: str | None) -> dict[str, int]:
@@ -58,7 +83,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                    for n in opaque],
     }
     if args.json:
-        print(json.dumps(info, indent=2))
+        _emit_json(args, info)
         return 0
     print(f"graph {g.name}: {len(g)} nodes ({len(consts)} constants, {const_bytes:,} bytes)")
     print("inputs:")
@@ -135,7 +160,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
                      "expander_note": exp.note if exp is not None else "",
                      "in_place": bool(o.writes)})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        _emit_json(args, rows)
         return 0
     print(f"{'op':<34} {'kind':<10} {'arity':<6} {'type':<10} {'expander':<9} attrs")
     for r in rows:
@@ -162,7 +187,7 @@ def cmd_expand(args: argparse.Namespace) -> int:
     expanded = [n for n in notes if n.startswith("expanded")]
     kept = [n for n in notes if n.startswith("kept")]
     if args.json:
-        print(json.dumps({"expanded": expanded, "kept": kept}, indent=2))
+        _emit_json(args, {"expanded": expanded, "kept": kept})
         return 0
     for n in notes:
         print(f"expand: {n}")
@@ -187,7 +212,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
     cfg = _config(args)
     data = cfg.to_dict()
     if args.json:
-        print(json.dumps(data, indent=2, default=str))
+        _emit_json(args, data)
         return 0
     width = max(len(k) for k in data)
     vwidth = max(24, *(len(format_value(e["value"])) for e in data.values()))
@@ -210,7 +235,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
              "level": "required" if d.slot.info.required else d.slot.info.level,
              "on": d.on, "reason": d.reason, "doc": d.slot.info.summary} for d in plan(cfg)]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        _emit_json(args, rows)
         return 0
     print(f"opt_level {cfg.opt_level}")
     print(f"{'idx':<5} {'stage':<11} {'pass':<16} {'level':<9} {'on':<4} why")
@@ -222,7 +247,6 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from graphkernel.api import compile as gk_compile
-    from graphkernel.dump import Dumper
 
     g = _load(args.model)
     flags = args.flags or ""
@@ -231,29 +255,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         flags = f"{flags} --debug_dir={args.out}"
     res = gk_compile(g, flags, args.config, log=progress.write)
     rep = res.report
-    written = []
-    if args.out:
-        from graphkernel.codegen.backend import write_project
-        from graphkernel.frontends.json_format import save_graph
-
-        written += save_graph(res.graph, f"{args.out}/{g.name}.compiled.json")
-        project = write_project(res, args.out)
-        written.append(Dumper(args.out).write_json("report.json", rep.to_dict()))
-        written += [w for w in project if w.name == "manifest.json"]
-        print(f"wrote {len(project) - 1} kernel sources in {args.out}/kernels")
-    if args.export_onnx:
-        from graphkernel.frontends.onnx_export import export_onnx
-
-        written.append(export_onnx(res.graph, args.export_onnx))
-    if args.html:
-        from graphkernel.html_report import write_html
-
-        notes: list[str] = []
-        written.append(write_html(res, args.html, notes))
-        for note in notes:
-            progress.write(f"graphkernel: note: {note}")
+    written = _write_outputs(args, g, res)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        _emit_json(args, rep.to_dict() | {"written": [str(w) for w in written]})
         return 0
     print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
           f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
@@ -288,6 +292,44 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
+    """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files. A reused
+    -o folder loses the files its previous manifest lists that this run did not write again
+    (nothing else in it is touched)."""
+    from graphkernel.dump import Dumper
+    from graphkernel.outdir import previous_outputs, remove_stale
+
+    written: list[Path] = []
+    previous = previous_outputs(args.out) if args.out else []
+    if args.export_onnx:
+        from graphkernel.frontends.onnx_export import export_onnx
+
+        written.append(Path(export_onnx(res.graph, args.export_onnx)))
+    if args.html:
+        from graphkernel.html_report import write_html
+
+        notes: list[str] = []
+        written.append(Path(write_html(res, args.html, notes)))
+        for note in notes:
+            progress.write(f"graphkernel: note: {note}")
+    if not args.out:
+        return written
+    from graphkernel.codegen.backend import write_project
+    from graphkernel.frontends.json_format import save_graph
+
+    out = Path(args.out)
+    written += save_graph(res.graph, out / f"{g.name}.compiled.json")
+    written.append(Dumper(out).write_json("report.json", res.report.to_dict()))
+    project = write_project(res, out, [*written, *res.dumps])
+    removed = remove_stale(out, previous, [*written, *project, *res.dumps])
+    if removed:
+        progress.write(f"graphkernel: note: removed {len(removed)} files of the previous run "
+                       f"from {out} (listed in its manifest.json; nothing else was touched)")
+    sources = sum(1 for p in project if p.suffix in (".cpp", ".h") and p.parent == out / "kernels")
+    print(f"wrote {sources} kernel sources in {out / 'kernels'}")
+    return written + [p for p in project if p.name == "manifest.json"]
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from graphkernel.api import compile as gk_compile
     from graphkernel.explain import explain, format_explain
@@ -301,7 +343,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise GraphError(f"no node {args.node!r} took part in fusion"
                          + did_you_mean(args.node, [n.name for n in g.nodes]))
     if args.json:
-        print(json.dumps(d, indent=2, default=str))
+        _emit_json(args, d)
     else:
         print(format_explain(d))
     return 0
@@ -348,10 +390,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
                        observer=_observer(t))
         j, _ = ev.run()
     if args.json:
-        print(json.dumps({"match": not j.bad, "reason": j.reason, "cosine": j.cosine,
+        _emit_json(args, {"match": not j.bad, "reason": j.reason, "cosine": j.cosine,
                           "rmse": j.rmse, "rmse_unoptimized": j.rmse_base,
                           "reference": ev.reference_dtype,
-                          "outputs": j.report.to_dict()["outputs"]}, indent=2, default=str))
+                          "outputs": j.report.to_dict()["outputs"]})
     else:
         for m in j.report.outputs:
             print(m.line())
@@ -370,7 +412,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
                          args.repro_dir, log=lambda line: progress.write(line, sys.stdout),
                          observer=_observer(t))
-    print(res.summary())
+    if args.json:
+        _emit_json(args, res.to_dict())
+    else:
+        print(res.summary())
     if args.report:
         Dumper(Path(args.report).parent).write_json(Path(args.report).name, res.to_dict())
     return 0
@@ -495,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision of the reference run (auto: float32 for fp16/bf16 graphs)")
     s.add_argument("--report", metavar="OUT.json", help="write the result as JSON")
     s.add_argument("--repro-dir", metavar="DIR", help="write a minimal reproducer here")
+    s.add_argument("--json", action="store_true",
+                   help="print the result as JSON (the steps go to stderr)")
     s.set_defaults(fn=cmd_bisect)
 
     s = command("ops", help="list every registered op",
@@ -528,8 +575,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_bind_flag_values(argv))
     progress.auto(quiet=args.quiet)
+    # --json: stdout carries exactly one JSON document; whatever else the command, a plugin
+    # or a library prints goes to stderr
+    args.stdout = sys.stdout
+    quiet_stdout = contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) \
+        else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_stdout:
             warnings.showwarning = _show_warning
             _load_plugins(args)
             return int(args.fn(args) or 0)
