@@ -44,10 +44,12 @@ def load_config(flags: str | Mapping[str, Any] | None = "", config: str | os.Pat
 def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, Any] | None = "",
             config: str | os.PathLike | None = None, target: str | None = None, *,
             env: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
-            out_dir: str | os.PathLike | None = None) -> CompileResult:
+            out_dir: str | os.PathLike | None = None,
+            dump_dir: str | os.PathLike | None = None) -> CompileResult:
     """Run the pass pipeline on a graph (or a model file) under the effective flags.
 
-    The input graph is not modified. ``out_dir`` also receives ``report.json``.
+    The input graph is not modified. ``out_dir`` also receives ``report.json``; ``dump_dir``
+    replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps.
     """
     if isinstance(graph_or_path, Graph):
         graph = graph_or_path.copy()
@@ -56,7 +58,8 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
 
         graph = load_model(graph_or_path)
     cfg = load_config(flags, config, target, env)
-    pm = PassManager(cfg, log=log)
+    pm = PassManager(cfg, log=log, dump_dir=str(dump_dir) if dump_dir is not None and
+                     cfg.dump_as_text else None)
     report = pm.run(graph)
     result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
     from graphkernel.bisect import report_count

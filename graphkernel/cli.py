@@ -287,8 +287,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"  ... {len(ex['kernels']) - 20} more kernels in report.json")
     if res.config.dump_as_text:
         print(f"dumps in {res.config.debug_dir}")
+    kernels = [w for w in written if args.out and w.parent == Path(args.out) / "kernels"]
     for w in written:
-        print(f"wrote {w}")
+        if w not in kernels:
+            print(f"wrote {w}")
+    if kernels:
+        print(f"wrote {kernels[0].parent}/: {len(kernels) - 1} Ascend C sources and "
+              "CMakeLists.txt")
     return 0
 
 
@@ -325,9 +330,7 @@ def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
     if removed:
         progress.write(f"graphkernel: note: removed {len(removed)} files of the previous run "
                        f"from {out} (listed in its manifest.json; nothing else was touched)")
-    sources = sum(1 for p in project if p.suffix in (".cpp", ".h") and p.parent == out / "kernels")
-    print(f"wrote {sources} kernel sources in {out / 'kernels'}")
-    return written + [p for p in project if p.name == "manifest.json"]
+    return written + project
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -68,9 +68,10 @@ def _use_tqdm() -> bool:
 class Task:
     """One piece of long work: a label, an optional total, the item being worked on."""
 
-    def __init__(self, label: str, total: int | None = None) -> None:
+    def __init__(self, label: str, total: int | None = None, counted: bool = True) -> None:
         self.label = label
         self.total = total
+        self.counted = counted  # False: one step, shown with its elapsed time, not a count
         self.done = 0
         self.detail = ""
         self.started = time.monotonic()
@@ -95,15 +96,21 @@ class Task:
         self.close()
 
     def text(self) -> str:
+        if not self.counted:
+            elapsed = time.monotonic() - self.started
+            return f"{self.label} {elapsed:.0f}s" + (f" {self.detail}" if self.detail else "")
         count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
         return f"{self.label} [{count}]" + (f" {self.detail}" if self.detail else "")
+
+    def refresh(self) -> None:
+        """Redraw (the elapsed time of a long step)."""
 
 
 class _LineTask(Task):
     """The built-in display: the open tasks as one status line, rewritten in place."""
 
-    def __init__(self, label: str, total: int | None = None) -> None:
-        super().__init__(label, total)
+    def __init__(self, label: str, total: int | None = None, counted: bool = True) -> None:
+        super().__init__(label, total, counted)
         self._drawn = 0.0
         with _lock:
             _stack.append(self)
@@ -120,6 +127,9 @@ class _LineTask(Task):
 
     def add_total(self, n: int) -> None:
         self.total = (self.total or 0) + n
+
+    def refresh(self) -> None:
+        self._draw(force=True)
 
     def close(self) -> None:
         with _lock:
@@ -145,17 +155,18 @@ class _LineTask(Task):
 class _TqdmTask(Task):
     """A tqdm bar (nested bars stack below their parent; each is erased when it ends)."""
 
-    def __init__(self, label: str, total: int | None = None) -> None:
+    def __init__(self, label: str, total: int | None = None, counted: bool = True) -> None:
         from tqdm import tqdm
 
-        super().__init__(label, total)
+        super().__init__(label, total, counted)
         with _lock:
             _stack.append(self)
             position = len(_stack) - 1
+        fmt = ("{desc} {bar:16} {n_fmt}/{total_fmt} {elapsed}{postfix}" if total else
+               "{desc} {n_fmt} {elapsed}{postfix}" if counted else "{desc} {elapsed}{postfix}")
         self.bar = tqdm(total=total, desc=label, file=_stream(), leave=False,
                         position=position, dynamic_ncols=True, mininterval=REFRESH_S,
-                        bar_format="{desc} {bar:16} {n_fmt}/{total_fmt} {elapsed}{postfix}"
-                        if total else "{desc} {n_fmt} {elapsed}{postfix}")
+                        bar_format=fmt)
 
     def advance(self, detail: str = "", n: int = 1) -> None:
         self.done += n
@@ -173,6 +184,9 @@ class _TqdmTask(Task):
         self.bar.total = self.total
         self.bar.refresh()
 
+    def refresh(self) -> None:
+        self.bar.refresh()
+
     def close(self) -> None:
         with _lock:
             if self in _stack:
@@ -186,18 +200,20 @@ def _clear_line() -> None:
     out.flush()
 
 
-def task(label: str, total: int | None = None) -> Task:
-    """A task to advance (a context manager); a no-op when the display is off."""
+def task(label: str, total: int | None = None, counted: bool = True) -> Task:
+    """A task to advance (a context manager); a no-op when the display is off. ``counted``
+    False: one long step, shown with its elapsed time instead of a count."""
     if not enabled():
-        return Task(label, total)
-    return _TqdmTask(label, total) if _use_tqdm() else _LineTask(label, total)
+        return Task(label, total, counted)
+    cls = _TqdmTask if _use_tqdm() else _LineTask
+    return cls(label, total, counted)
 
 
 @contextmanager
 def ticking(label: str, detail: str = "", every: float = 0.5) -> Iterator[Task]:
     """A task for one blocking step (a g++ build): its elapsed time is redrawn while the
     step runs, so a long build visibly runs."""
-    t = task(label)
+    t = task(label, counted=False)
     t.describe(detail)
     if not enabled():
         yield t
@@ -206,8 +222,7 @@ def ticking(label: str, detail: str = "", every: float = 0.5) -> Iterator[Task]:
 
     def tick() -> None:
         while not stop.wait(every):
-            elapsed = time.monotonic() - t.started
-            t.describe(f"{detail} {elapsed:.0f}s".strip())
+            t.refresh()
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()

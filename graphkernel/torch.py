@@ -43,6 +43,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                options: dict[str, Any] | None = None) -> Callable[..., tuple]:
     """Compile an ATen-level FX graph; returns a callable taking the same inputs."""
     import graphkernel
+    from graphkernel.api import load_config
     from graphkernel.frontends.fx import import_fx
 
     options = dict(options or {})
@@ -56,14 +57,14 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         g = import_fx(gm, example_inputs, name=f"autofused_{n}")
     flags = options.pop("flags", None)
     env = dict(os.environ)
+    cfg = load_config(flags if flags is not None else "", env=env)
+    own = os.path.join(cfg.debug_dir, f"autofused_{n}")  # this graph's dumps, apart
     res = graphkernel.compile(g, flags if flags is not None else "", env=env,
-                              log=lambda m: None)
+                              log=lambda m: None, dump_dir=own)
     if res.config.dump_as_text:
         from graphkernel.dump import Dumper
 
-        d = Dumper(os.path.join(res.config.debug_dir, f"autofused_{n}"))
-        d.write_json("report.json", res.report.to_dict())
-        d.write_text("graph.txt", str(res.graph))
+        Dumper(own).write_text("graph.txt", str(res.graph))
     if backend == "sim":  # fused kernels run through their generated code
         from graphkernel.codegen.backend import SimBackend
 

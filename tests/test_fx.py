@@ -169,6 +169,9 @@ def test_backend_takes_flags_and_dumps(tmp_path):
         torch.compile(m, backend="graphkernel", options=opts)(x)
     dirs = [p for p in tmp_path.iterdir() if p.name.startswith("autofused_")]
     assert dirs and (dirs[0] / "report.json").exists()
+    # every graph's dumps sit in its own folder, none at the top where graphs would mix
+    assert [p.name for p in tmp_path.iterdir()] == [d.name for d in dirs]
+    assert (dirs[0] / "0000_input.txt").exists() and (dirs[0] / "flags.json").exists()
 
 
 def test_unmapped_op_falls_back_to_aten_and_is_logged_once(caplog):

@@ -100,7 +100,8 @@ def test_simulator_runs_and_builds_are_shown(shown, tmp_path, monkeypatch):
     with pytest.raises(runner.SimulatorError):
         runner.build(["// a source never built before"])
     text = buf.getvalue()
-    assert "simulator build [0] g++ compiling 1 kernel sources" in text and "1s" in text
+    assert "simulator build 0s g++ compiling 1 kernel source (cached" in text
+    assert "simulator build 1s g++" in text  # redrawn with its elapsed time while g++ runs
 
 
 def test_progress_is_silent_when_off():

@@ -54,8 +54,9 @@ def build(sources: Sequence[str]) -> ctypes.CDLL:
         src = cache_dir() / f"k_{key[:24]}.cpp"
         src.write_text(text)
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-        with progress.ticking("simulator build", f"g++ compiling {len(sources)} kernel "
-                              "sources (cached by content for the next run)"):
+        n = len(sources)
+        with progress.ticking("simulator build", f"g++ compiling {n} kernel source"
+                              f"{'s' if n != 1 else ''} (cached by content for the next run)"):
             r = subprocess.run([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o", str(tmp)],
                                capture_output=True, text=True)
         if r.returncode != 0:
