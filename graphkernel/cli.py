@@ -258,6 +258,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     written = _write_outputs(args, g, res)
     if args.json:
         _emit_json(args, rep.to_dict() | {"written": [str(w) for w in written]})
+        _say_written(args, written)  # on stderr, as all human text with --json
         return 0
     print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
           f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
@@ -287,6 +288,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"  ... {len(ex['kernels']) - 20} more kernels in report.json")
     if res.config.dump_as_text:
         print(f"dumps in {res.config.debug_dir}")
+    _say_written(args, written)
+    return 0
+
+
+def _say_written(args: argparse.Namespace, written: list[Path]) -> None:
     kernels = [w for w in written if args.out and w.parent == Path(args.out) / "kernels"]
     for w in written:
         if w not in kernels:
@@ -294,7 +300,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if kernels:
         print(f"wrote {kernels[0].parent}/: {len(kernels) - 1} Ascend C sources and "
               "CMakeLists.txt")
-    return 0
 
 
 def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
