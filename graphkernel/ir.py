@@ -441,22 +441,19 @@ class Graph:
 
     # ---------------------------------------------------------------- mutation
     def rename_value(self, value: Value, new: str) -> None:
-        if new == value.name:
-            return
-        if new in self._values:
-            raise GraphError(f"graph '{self.name}': a value named {new!r} already exists")
-        del self._values[value.name]
-        value.name = new
-        self._values[new] = value
+        self._rename(self._values, value, new, "value")
 
     def rename_node(self, node: Node, new: str) -> None:
-        if new == node.name:
+        self._rename(self._node_names, node, new, "node")
+
+    def _rename(self, table: dict[str, Any], obj: Value | Node, new: str, kind: str) -> None:
+        if new == obj.name:
             return
-        if new in self._node_names:
-            raise GraphError(f"graph '{self.name}': a node named {new!r} already exists")
-        del self._node_names[node.name]
-        node.name = new
-        self._node_names[new] = node
+        if new in table:
+            raise GraphError(f"graph '{self.name}': a {kind} named {new!r} already exists")
+        del table[obj.name]
+        obj.name = new
+        table[new] = obj
 
     def replace_input(self, node: Node, index: int, new: Value) -> None:
         """Make ``node`` read ``new`` at input ``index``."""
