@@ -24,7 +24,11 @@ _COUNTER = itertools.count(1)
 
 
 def _runner(graph, compiled, compute_dtype: str | None = None,
-            kernel_runner: Any = None) -> Callable[..., tuple]:
+            kernel_runner: Any = None, extras: Sequence[tuple[int, Any]] = ()
+            ) -> Callable[..., tuple]:
+    """The compiled graph as a function of the FX graph's inputs; ``extras`` are the outputs
+    that are not tensors (position, size or None), put back in their places."""
+    from graphkernel import symbolic
     from graphkernel.frontends.fx import to_numpy, to_torch
     from graphkernel.interpreter import Interpreter
 
@@ -33,8 +37,17 @@ def _runner(graph, compiled, compute_dtype: str | None = None,
     def run(*args: Any) -> tuple:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         feeds = {n: to_numpy(t) for n, t in zip(names, tensors, strict=True)}
-        outs = Interpreter(compiled, compute_dtype, kernel_runner).run(feeds)
-        return tuple(to_torch(o) for o in outs)
+        outs = [to_torch(o) for o in Interpreter(compiled, compute_dtype, kernel_runner)
+                .run(feeds)]
+        if not extras:
+            return tuple(outs)
+        dims: dict[str, int] = {}  # this call's value of every symbolic dim
+        for v, t in zip(graph.inputs, tensors, strict=True):
+            for d, actual in zip(v.type.shape, t.shape, strict=True):
+                symbolic.bind(d, int(actual), dims)
+        for i, d in extras:
+            outs.insert(i, None if d is None else symbolic.evaluate(d, dims))
+        return tuple(outs)
 
     return run
 
@@ -54,7 +67,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # graph constants are real tensors; read them as such
-        g = import_fx(gm, example_inputs, name=f"autofused_{n}")
+        extras: list = []  # sizes AOT autograd saves for the backward, Nones
+        g = import_fx(gm, example_inputs, name=f"autofused_{n}", extras=extras)
     flags = options.pop("flags", None)
     env = dict(os.environ)
     cfg = load_config(flags if flags is not None else "", env=env)
@@ -68,8 +82,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if backend == "sim":  # fused kernels run through their generated code
         from graphkernel.codegen.backend import SimBackend
 
-        return _runner(g, res.graph, kernel_runner=SimBackend.for_result(res))
-    return _runner(g, res.graph)
+        return _runner(g, res.graph, kernel_runner=SimBackend.for_result(res), extras=extras)
+    return _runner(g, res.graph, extras=extras)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -77,9 +91,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     """The ``torch.compile`` backend (registered as "graphkernel")."""
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
 
     def fw(graph_module, inputs):
-        return compile_fx(graph_module, inputs, options)
+        # boxed: AOT autograd hands the arguments as one list it may free early
+        return make_boxed_func(compile_fx(graph_module, inputs, options))
 
     return aot_autograd(fw_compiler=fw, decompositions=core_aten_decompositions())(
         gm, example_inputs)

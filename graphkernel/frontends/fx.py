@@ -570,8 +570,12 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
 
 # ------------------------------------------------------------------ import
 def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
-              name: str = "fx_graph") -> Graph:
-    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs)."""
+              name: str = "fx_graph", extras: list | None = None) -> Graph:
+    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs).
+
+    AOT autograd's forward graph may also return sizes (SymInts saved for the backward) and
+    Nones: with ``extras`` given they are left out of the graph's outputs and listed there as
+    (position, size or None); without it a size output is an error."""
     if torch is None:
         raise FrontendError("importing FX graphs needs torch: pip install 'graphkernel[torch]'")
     g = Graph(name)
@@ -597,7 +601,12 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
             continue
         if n.op == "output":
             flat = n.args[0] if isinstance(n.args[0], list | tuple) else [n.args[0]]
-            outputs = [env[a] for a in flat if a is not None]
+            for i, a in enumerate(flat):
+                v = env[a] if a in env else a
+                if extras is not None and (v is None or isinstance(v, int | str)):
+                    extras.append((i, v))
+                elif v is not None:
+                    outputs.append(v)
             continue
         if n.target is operator.getitem:
             env[n] = env[n.args[0]][n.args[1]]
