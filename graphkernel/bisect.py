@@ -100,6 +100,9 @@ class Evaluator:
         self.observer.evaluation("unoptimized run")
         self.base = Interpreter(graph).run(self.inputs)
         self.base_err = [_rmse(b, r) for b, r in zip(self.base, self.ref, strict=True)]
+        # the unoptimized run's own worst cosine: a low one is the model's, not a rewrite's
+        self.base_cosine = min((_cos(b, r) for b, r in zip(self.base, self.ref, strict=True)),
+                               default=1.0)
         self.evaluations = 0
         self._memo: dict[str, tuple[Judgement, Any]] = {}
 

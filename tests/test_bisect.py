@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType, registry
@@ -190,6 +191,22 @@ def test_verify_cli_exit_codes(tmp_path, capsys):
     assert "MISMATCH" in capsys.readouterr().out
     registry.PASSES.pop("swap_add_sub", None)
     assert main(["verify", "examples/mlp_gelu.json", "--backend", "sim"]) == 0
+
+
+def test_verify_names_the_unoptimized_runs_own_cosine(tmp_path, capsys):
+    """(x + 1e8) - 1e8 loses x in float32 before any rewrite: verify says MATCH and shows that
+    the unoptimized run is as far from the float64 reference as the compiled one."""
+    from graphkernel.frontends.json_format import save_graph
+
+    g = Graph("cancel")
+    x = g.add_input("x", TensorType((64,), "float32"))
+    c = g.add_node("Constant", [], {"value": np.float32(1e8)}).output
+    g.set_outputs([g.add_node("Sub", [g.add_node("Add", [x, c]).output, c]).output])
+    save_graph(g, tmp_path / "cancel.json")
+    assert main(["verify", str(tmp_path / "cancel.json")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    compiled, unopt = (float(t.split()[-1].rstrip(")")) for t in last.split(",")[-2:])
+    assert last.startswith("MATCH") and unopt < 0.9 and compiled == pytest.approx(unopt)
 
 
 def test_bisect_cli_reports_and_writes_json(tmp_path, capsys):
