@@ -20,6 +20,7 @@ import numpy as np
 from graphkernel import progress
 from graphkernel.errors import ExecutionError, GraphKernelError
 from graphkernel.ir import Graph
+from graphkernel.registry import counted
 
 
 def _load(path: str) -> Graph:
@@ -262,10 +263,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return 0
     print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
           f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
-          f"{rep.bisect_applications} rewrites)")
+          f"{counted(rep.bisect_applications, 'rewrite')})")
     for p in [] if args.quiet else rep.passes:
         if p.ran:
-            change = f"{p.rewrites} rewrites" if p.changed else "no change"
+            change = counted(p.rewrites, "rewrite") if p.changed else "no change"
             print(f"  {p.index:<5} {p.stage:<11} {p.label:<16} {p.seconds * 1e3:8.2f} ms  "
                   f"{change:<13} {p.summary}".rstrip())
             for note in p.notes if args.verbose and p.notes != [p.summary] else []:

@@ -41,6 +41,11 @@ class PassResult:
     summary: str = ""
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``1 kernel``, ``2 kernels``: a count with its noun in agreement (for pass summaries)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 PassFn = Callable[[Any, Any], PassResult]
 
 

@@ -9,7 +9,7 @@ from graphkernel.codegen import cost
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
 from graphkernel.ir import Node
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 
 
 @dataclass
@@ -41,5 +41,6 @@ def cluster(graph, ctx) -> PassResult:
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
                             gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
                             modeled_us_unfused=round(cost.model(graph, spec, entries), 3))
-    return PassResult(False, 0, [f"{len(fusable)} fusable nodes in {len(regions)} regions; "
-                                 f"{len(reasons)} nodes not fusable"])
+    return PassResult(False, 0, [f"{counted(len(fusable), 'fusable node')} in "
+                                 f"{counted(len(regions), 'region')}; "
+                                 f"{counted(len(reasons), 'node')} not fusable"])

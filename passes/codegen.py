@@ -21,7 +21,7 @@ from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 
 
 def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
@@ -219,7 +219,7 @@ def codegen(graph, ctx) -> PassResult:
         "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
         # why a kernel's GM traffic may exceed inputs-once + outputs-once, per kernel
         "traffic_notes": {k: s.notes for k, s in scheds.items() if k in live and s.notes}}
-    summary = [f"{len(scheds)} kernels scheduled"]
-    summary += [f"{len(fallbacks)} fallbacks"] if fallbacks else []
+    summary = [f"{counted(len(scheds), 'kernel')} scheduled"]
+    summary += [counted(len(fallbacks), "fallback")] if fallbacks else []
     summary += [f"{len(phased)} run in phases or stages"] if phased else []
     return PassResult(changed > 0, changed, summary=", ".join(summary))

@@ -6,7 +6,7 @@ from graphkernel import ops, registry
 from graphkernel.expanders.base import expand_node
 from graphkernel.flags import Config
 from graphkernel.passes.rewrite import replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 
 
 def default_expand_ops() -> list[str]:
@@ -51,5 +51,6 @@ def expand(graph, ctx) -> PassResult:
                 continue
         ctx.log(f"kept {node.op} '{node.name}': {reason}")
         kept += 1
-    return PassResult(expanded > 0, expanded, summary=f"{expanded} composite nodes expanded "
-                      f"into {created_total} ops, {kept} kept" if expanded or kept else "")
+    summary = (f"{counted(expanded, 'composite node')} expanded into "
+               f"{counted(created_total, 'op')}, {kept} kept" if expanded or kept else "")
+    return PassResult(expanded > 0, expanded, summary=summary)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import merge_parallel, next_kernel_name
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 
 
 def reaches(graph: Graph, src: Node, dst: Node, order: dict[int, int]) -> bool:
@@ -58,5 +58,5 @@ def parallel_fusion(graph, ctx) -> PassResult:
                     break
             if changed:
                 break
-    return PassResult(merged > 0, merged, [f"{merged} kernel pairs launched together"]
+    return PassResult(merged > 0, merged, [f"{counted(merged, 'kernel pair')} launched together"]
                       if merged else [])

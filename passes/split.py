@@ -9,7 +9,7 @@ from graphkernel.flags import Config
 from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 from graphkernel.traffic import VIEWS
 
 
@@ -101,8 +101,9 @@ def split(graph, ctx) -> PassResult:
                              next_kernel_name(ctx.analyses, area.nodes, label), label)
                 built += 1
     fused = sum(1 for a in attempts if a.verdict == "fused")
-    return PassResult(built > 0, fused, [f"{built} kernels from {fused} fusions "
-                                         f"({len(attempts) - fused} candidates refused)"])
+    refused = counted(len(attempts) - fused, "candidate")
+    return PassResult(built > 0, fused, [f"{counted(built, 'kernel')} from "
+                                         f"{counted(fused, 'fusion')} ({refused} refused)"])
 
 
 def _finish(graph, ctx) -> None:

@@ -4,7 +4,7 @@ from the kernels it could generate, and renders each group as one launch)."""
 from __future__ import annotations
 
 from graphkernel.codegen.superkernel import form_groups
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult, counted, register_pass
 
 
 @register_pass("super_kernel", stage="postfusion", level=3, order=50,
@@ -17,6 +17,7 @@ def super_kernel(graph, ctx) -> PassResult:
     ctx.analyses["super_kernel_scopes"] = scopes
     groups = form_groups(graph, scopes)
     n = sum(len(g.members) for g in groups)
-    return PassResult(False, 0, [f"{len(groups)} candidate SuperKernels over {n} kernels "
+    return PassResult(False, 0, [f"{counted(len(groups), 'candidate SuperKernel')} over "
+                                 f"{counted(n, 'kernel')} "
                                  f"(scopes: {', '.join(scopes) or 'automatic'}); final after "
                                  "codegen"])

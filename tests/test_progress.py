@@ -154,3 +154,14 @@ def test_every_pass_record_has_a_summary_of_one_line():
             assert p.summary, p.name
     expand = next(p for p in res.report.passes if p.name == "expand")
     assert len(expand.notes) > 1 and expand.summary.startswith(f"{len(expand.notes)} composite")
+
+
+def test_counts_agree_with_their_nouns(capsys):
+    from graphkernel.registry import counted
+
+    assert [counted(1, "kernel"), counted(0, "kernel"), counted(2, "pass", "passes")] == \
+        ["1 kernel", "0 kernels", "2 passes"]
+    assert main(["compile", "examples/layernorm_residual.json"]) == 0  # one kernel, one region
+    out = capsys.readouterr().out
+    assert "1 kernel from" in out and "in 1 region;" in out and "1 kernel scheduled" in out
+    assert not any(f"1 {noun}s" in out for noun in ("kernel", "region", "rewrite"))
