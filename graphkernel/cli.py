@@ -219,7 +219,8 @@ def cmd_flags(args: argparse.Namespace) -> int:
     vwidth = max(24, *(len(format_value(e["value"])) for e in data.values()))
     print(f"{'flag':<{width}}  {'value':<{vwidth}}  origin")
     for key, entry in data.items():
-        print(f"{key:<{width}}  {format_value(entry['value']):<{vwidth}}  {entry['origin']}")
+        via = f"  (set through --{entry['set_through']})" if "set_through" in entry else ""
+        print(f"{key:<{width}}  {format_value(entry['value']):<{vwidth}}  {entry['origin']}{via}")
     for note in cfg.overrides:
         print(f"note: {note}")
     return 0

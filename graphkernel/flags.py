@@ -356,8 +356,10 @@ class Config:
         return bool(self.value(key))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every key with the value in effect and its origin."""
+        """Every key with the value in effect and its origin (and, for a key no flag names,
+        the flag that sets it)."""
         return {k: {"value": self.value(k), "origin": self.origin(k)}
+                | ({"set_through": SET_THROUGH[k]} if k in SET_THROUGH else {})
                 for k in self.values.model_dump()}
 
 
@@ -536,6 +538,11 @@ def _convert(it: FlagItem, spec: FlagSpec,
         return [("skip_node_names", names), ("skip_node_types", types)]
     return [(key, val)]
 
+
+# keys of the Config that no flag names: only an AutoFuse key sets them (shown by `flags`)
+SET_THROUGH = {"enable_fusion_pattern": "autofuse_enable_pass",
+               "keep_codegen_project": "codegen_compile_debug",
+               "skip_node_names": "skip_node_names_cfg", "skip_node_types": "skip_node_names_cfg"}
 
 ENABLE_DISABLE = (("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
                   ("enable_cluster_ops", "disable_cluster_ops"),

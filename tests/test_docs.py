@@ -41,6 +41,8 @@ def test_readme_flag_table_is_every_key(capsys):
     assert capsys.readouterr().out.strip() == generated("flags")
     keys = set(re.findall(r"^\| `(\w+)` \|", generated("flags"), re.M))
     assert keys == set(flags.SPECS)
+    shown = set(load_config("", env={}).to_dict())  # every row `graphkernel flags` prints
+    assert {k for k in shown - keys if f"`{k}`" not in README} == set()
 
 
 def test_readme_flags_file_example_is_the_shipped_file():

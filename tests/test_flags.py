@@ -169,7 +169,20 @@ def test_origins_are_recorded_for_every_key():
     d = c.to_dict()
     assert d["opt_level"] == {"value": 1, "origin": "explicit"}
     assert d["disable_pass"]["origin"] == "env AUTOFUSE_FLAGS"
-    assert all(set(v) == {"value", "origin"} for v in d.values())
+    assert all(set(v) - {"set_through"} == {"value", "origin"} for v in d.values())
+
+
+def test_every_key_flags_shows_can_be_set_by_a_flag():
+    """A key of the Config is either a flag or names the AutoFuse flag that sets it, and that
+    flag does set it."""
+    from graphkernel.flags import SET_THROUGH, SPECS
+
+    d = cfg("").to_dict()
+    assert all(k in SPECS or d[k]["set_through"] in SPECS for k in d)
+    c = cfg("--autofuse_enable_pass=concat --codegen_compile_debug")
+    for key in ("enable_fusion_pattern", "keep_codegen_project"):
+        assert c.to_dict()[key]["set_through"] == SET_THROUGH[key]
+        assert c.value(key) and c.origin(key) == "explicit"
 
 
 def test_parse_items_keep_their_origin():
