@@ -123,8 +123,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         res = gk_compile(g, args.flags or "", log=lambda m: None)
         outs, be = run_sim(res, feeds)
-        print(f"ran {g.name} compiled ({len(res.graph)} nodes, {len(be.stats)} generated "
-              f"kernels in the CPU simulator) on {src} inputs")
+        print(f"ran {g.name} compiled ({counted(len(res.graph), 'node')}, "
+              f"{counted(len(be.stats), 'generated kernel')} in the CPU simulator) on {src} "
+              "inputs")
     else:
         outs = Interpreter(g, compute_dtype=args.compute_dtype).run(feeds)
         print(f"ran {g.name} ({len(g)} nodes) on {src} inputs")
