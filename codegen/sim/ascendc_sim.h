@@ -753,12 +753,14 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
             z[i] = static_cast<T>(EXPR);                                                    \
         }                                                                                   \
     }
-GK_SIM_BINARY(Add, l + r)
-GK_SIM_BINARY(Sub, l - r)
-GK_SIM_BINARY(Mul, l * r)
-GK_SIM_BINARY(Div, l / r)
-GK_SIM_BINARY(Max, (l > r ? l : r))
-GK_SIM_BINARY(Min, (l < r ? l : r))
+// The binary and tensor-scalar ops, each with its float expression (l, r: the operands; s:
+// the scalar), for the count forms here and the mask/repeat forms below.
+#define GK_SIM_BINARY_OPS(X)                                                                \
+    X(Add, l + r) X(Sub, l - r) X(Mul, l * r) X(Div, l / r) X(Max, (l > r ? l : r))         \
+    X(Min, (l < r ? l : r))
+#define GK_SIM_SCALAR_OPS(X)                                                                \
+    X(Adds, l + s) X(Muls, l * s) X(Maxs, (l > s ? l : s)) X(Mins, (l < s ? l : s))
+GK_SIM_BINARY_OPS(GK_SIM_BINARY)
 #undef GK_SIM_BINARY
 
 // And/Or: 16-bit integers only (wider words are passed as twice as many int16).
@@ -791,10 +793,7 @@ GK_SIM_BITWISE(Or, |)
             z[i] = static_cast<T>(EXPR);                                                \
         }                                                                               \
     }
-GK_SIM_SCALAR(Adds, l + s)
-GK_SIM_SCALAR(Muls, l * s)
-GK_SIM_SCALAR(Maxs, (l > s ? l : s))
-GK_SIM_SCALAR(Mins, (l < s ? l : s))
+GK_SIM_SCALAR_OPS(GK_SIM_SCALAR)
 #undef GK_SIM_SCALAR
 
 // dst[i] = f(a[i]) for count elements, computed in float.
@@ -1086,26 +1085,21 @@ struct Strided {
         const T* y = B.data(repeat, mask, where);                                            \
         T* z = D.data(repeat, mask, where);                                                  \
         float v[REPEAT_BYTES / sizeof(T)];                                                   \
-        for (int64_t r = 0; r < repeat; ++r) {                                               \
+        for (int64_t k = 0; k < repeat; ++k) {                                               \
             for (uint64_t e = 0; e < mask; ++e) {                                            \
-                A.read(r, e, in);                                                            \
-                B.read(r, e, in);                                                            \
-                float l = static_cast<float>(x[A.index(r, e)]);                              \
-                float rr = static_cast<float>(y[B.index(r, e)]);                             \
+                A.read(k, e, in);                                                            \
+                B.read(k, e, in);                                                            \
+                float l = static_cast<float>(x[A.index(k, e)]);                              \
+                float r = static_cast<float>(y[B.index(k, e)]);                              \
                 v[e] = EXPR;                                                                 \
             }                                                                                \
             for (uint64_t e = 0; e < mask; ++e) {                                            \
-                D.write(r, e, in);                                                           \
-                z[D.index(r, e)] = static_cast<T>(v[e]);                                     \
+                D.write(k, e, in);                                                           \
+                z[D.index(k, e)] = static_cast<T>(v[e]);                                     \
             }                                                                                \
         }                                                                                    \
     }
-GK_SIM_BINARY_REPEAT(Add, l + rr)
-GK_SIM_BINARY_REPEAT(Sub, l - rr)
-GK_SIM_BINARY_REPEAT(Mul, l * rr)
-GK_SIM_BINARY_REPEAT(Div, l / rr)
-GK_SIM_BINARY_REPEAT(Max, (l > rr ? l : rr))
-GK_SIM_BINARY_REPEAT(Min, (l < rr ? l : rr))
+GK_SIM_BINARY_OPS(GK_SIM_BINARY_REPEAT)
 #undef GK_SIM_BINARY_REPEAT
 
 // dst = a OP scalar, repeat by repeat.
@@ -1134,11 +1128,10 @@ GK_SIM_BINARY_REPEAT(Min, (l < rr ? l : rr))
             }                                                                                \
         }                                                                                    \
     }
-GK_SIM_SCALAR_REPEAT(Adds, l + s)
-GK_SIM_SCALAR_REPEAT(Muls, l * s)
-GK_SIM_SCALAR_REPEAT(Maxs, (l > s ? l : s))
-GK_SIM_SCALAR_REPEAT(Mins, (l < s ? l : s))
+GK_SIM_SCALAR_OPS(GK_SIM_SCALAR_REPEAT)
 #undef GK_SIM_SCALAR_REPEAT
+#undef GK_SIM_BINARY_OPS
+#undef GK_SIM_SCALAR_OPS
 
 // Brcb: each repeat takes 8 consecutive elements of src and fills one 32-byte block of dst
 // with each (block k of repeat r at r * dstRepStride + k * dstBlkStride blocks; a block
