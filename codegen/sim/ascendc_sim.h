@@ -195,21 +195,23 @@ inline std::string sync_hint(int src, int dst) {
     return "PipeBarrier<PIPE_ALL>";
 }
 
+// The access of UB byte b by the instruction `in` comes after the last write of b, unless
+// that write was by another pipe with nothing ordering `in` after it.
+inline void after_write(size_t b, const Instr& in, const char* verb) {
+    const UbShadow& sh = g_shadow;
+    const int p = in.pipe, w = sh.wpipe[b];
+    if (w != p && g_core->known[p][w] < sh.wseq[b] && !((sh.grant[b] >> p) & 1u))
+        fail(std::string(pipe_name(p)) + verb + std::to_string(b) + " that " + pipe_name(w) +
+                 " wrote at line " + std::to_string(line_of(sh.wseq[b])) +
+                 ", with no sync in between (" + sync_hint(w, p) + ")",
+             in.where);
+}
+
 // A read of UB bytes [b0, b0 + len) by the instruction `in`.
 inline void ub_read(size_t b0, size_t len, const Instr& in) {
     UbShadow& sh = g_shadow;
-    const Core& c = *g_core;
-    const int r = in.pipe;
-    for (size_t b = b0; b < b0 + len; ++b) {
-        const int w = sh.wpipe[b];
-        if (w != r && c.known[r][w] < sh.wseq[b] && !((sh.grant[b] >> r) & 1u))
-            fail(std::string(pipe_name(r)) + " reads UB byte " + std::to_string(b) +
-                     " that " + pipe_name(w) + " wrote at line " +
-                     std::to_string(line_of(sh.wseq[b])) + ", with no sync in between (" +
-                     sync_hint(w, r) + ")",
-                 in.where);
-    }
-    const int k = reader_slot(r);
+    for (size_t b = b0; b < b0 + len; ++b) after_write(b, in, " reads UB byte ");
+    const int k = reader_slot(in.pipe);
     if (k >= 0) std::fill(sh.rseq[k].begin() + b0, sh.rseq[k].begin() + b0 + len, in.seq);
 }
 
@@ -220,13 +222,7 @@ inline void ub_write(size_t b0, size_t len, const Instr& in) {
     const Core& c = *g_core;
     const int p = in.pipe;
     for (size_t b = b0; b < b0 + len; ++b) {
-        const int w = sh.wpipe[b];
-        if (w != p && c.known[p][w] < sh.wseq[b] && !((sh.grant[b] >> p) & 1u))
-            fail(std::string(pipe_name(p)) + " overwrites UB byte " + std::to_string(b) +
-                     " that " + pipe_name(w) + " wrote at line " +
-                     std::to_string(line_of(sh.wseq[b])) + ", with no sync in between (" +
-                     sync_hint(w, p) + ")",
-                 in.where);
+        after_write(b, in, " overwrites UB byte ");
         for (int k = 0; k < NREADERS; ++k) {
             const int q = READERS[k];
             if (q != p && c.known[p][q] < sh.rseq[k][b])
