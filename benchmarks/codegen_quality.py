@@ -10,7 +10,9 @@ kernels' ideal (inputs read once, outputs written once); "cores" is the mean lau
 "match" is whether the whole compiled graph, run through the generated kernels, agrees with
 the op-by-op run (accuracy.md). Modeled times come from the cost model (not measurements);
 "SK saved" is the launches (and modeled microseconds of launch overhead) SuperKernels save
-(opt_level 3 or --flags --enable_super_kernel).
+(opt_level 3 or --flags --enable_super_kernel). "scalar" and "syncs" are the simulator's
+counts over all cores of the scalar UB/GM accesses (GetValue/SetValue) and the pipe syncs
+(event pairs, PipeBarrier<PIPE_ALL>); "pipe us" is the cost model's time for them.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def measure(path: str, flags: str) -> dict:
             "sk_saved": ex.get("super_kernel_summary", {}).get("launches_before", 0)
             - ex.get("super_kernel_summary", {}).get("launches_after", 0),
             "sk_us": ex.get("super_kernel_summary", {}).get("modeled_us_saved", 0.0),
-            "unscheduled": be.unscheduled}
+            "scalar": sum(s.scalar for s in stats), "syncs": sum(s.syncs for s in stats),
+            "pipe_us": sum(s.pipe_us for s in stats), "unscheduled": be.unscheduled}
 
 
 def main() -> int:
@@ -78,7 +81,8 @@ def main() -> int:
     args = ap.parse_args()
     flags = f"--opt_level={args.opt_level} --target={args.target} {args.flags}"
     print(f"{'model':<20} {'generated':>9} {'fallback':>8} {'GM sim/ideal':>12} {'cores':>6} "
-          f"{'us unfused':>10} {'us fused':>9} {'SK saved':>9} {'match':>6} {'sim s':>6}")
+          f"{'us unfused':>10} {'us fused':>9} {'SK saved':>9} {'match':>6} {'sim s':>6} "
+          f"{'scalar':>8} {'syncs':>7} {'pipe us':>7}")
     reasons: dict[str, int] = {}
     total = [0, 0]
     progress.auto()  # on a terminal: which model, which pass, which kernel
@@ -94,7 +98,8 @@ def main() -> int:
             progress.write(f"{name:<20} {m['generated']:>9} {m['fallbacks']:>8} "
                            f"{m['gm_ratio']:>12.3f} {m['cores']:>6.1f} {m['us_unfused']:>10.1f} "
                            f"{m['us_fused']:>9.1f} {m['sk_saved']:>3} {m['sk_us']:>5.1f} "
-                           f"{'yes' if m['match'] else 'NO':>6} {m['sim_s']:>6.2f}", sys.stdout)
+                           f"{'yes' if m['match'] else 'NO':>6} {m['sim_s']:>6.2f} "
+                           f"{m['scalar']:>8} {m['syncs']:>7} {m['pipe_us']:>7.2f}", sys.stdout)
             if m["unscheduled"]:
                 progress.write(f"  kernels run by the interpreter: {m['unscheduled']}",
                                sys.stdout)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import progress
-from graphkernel.codegen import targets
+from graphkernel.codegen import cost, targets
 from graphkernel.codegen.ascendc import Rendered, render
 from graphkernel.codegen.schedule import Schedule
 from graphkernel.fileio import atomic_write_text
@@ -65,6 +65,10 @@ class KernelStats:
     gm_read: int = 0
     gm_written: int = 0
     ideal: int = 0
+    scalar: int = 0      # scalar GetValue/SetValue (UB or GM), all cores of all launches
+    syncs: int = 0       # SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
+    vector: int = 0      # vector instructions issued
+    pipe_us: float = 0.0  # the cost model's time for the scalar accesses and syncs
     tiling: dict[str, int] = field(default_factory=dict)
 
 
@@ -108,6 +112,11 @@ class SimBackend:
         st.block_dim = launch.block_dim
         st.gm_read += launch.gm_read
         st.gm_written += launch.gm_written
+        c = launch.counts
+        st.scalar += c.scalar
+        st.syncs += c.syncs
+        st.vector += c.vector
+        st.pipe_us += cost.pipe_us(c.scalar, c.syncs, launch.block_dim, self.spec)
         st.ideal += sum(np.asarray(a).size * io.dtype.itemsize
                         for a, io in zip(args, r.schedule.inputs, strict=True))
         st.ideal += sum(o.nbytes for o in launch.outputs)

@@ -4,6 +4,11 @@ Per launch: max(GM bytes / HBM bandwidth, vector work / vector throughput) + the
 overhead. Vector work counts 256-byte repeats over every op's output (fp16/bf16 are computed
 in fp32 inside kernels), spread over all AIV cores. Matmul and convolution work on the cube
 unit is not modeled: those launches cost their GM traffic and the launch overhead.
+
+A generated kernel's scalar UB accesses (GetValue/SetValue) and pipe syncs (event pairs,
+PipeBarrier<PIPE_ALL>) are counted by the simulator; ``pipe_us`` turns those counts into the
+time they hold the core's pipes (added to a launch: a sync drains the pipes it orders, so it
+does not overlap the work it separates).
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ def launch_us(node: Node, spec: TargetSpec, gm_bytes: int) -> float:
     vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
     memory_s = gm_bytes / (spec.hbm_gbps * 1e9)
     return max(vector_s, memory_s) * 1e6 + spec.launch_overhead_us
+
+
+def pipe_us(scalar: int, syncs: int, blocks: int, spec: TargetSpec) -> float:
+    """Modeled microseconds of a launch's scalar UB accesses and pipe syncs (counted over all
+    its cores by the simulator), spread over the ``blocks`` cores that ran them."""
+    cycles = scalar * spec.scalar_cycles + syncs * spec.sync_cycles
+    return cycles / (max(blocks, 1) * spec.clock_ghz * 1e9) * 1e6
 
 
 def model(graph: Graph, spec: TargetSpec, launches: list[dict[str, Any]]) -> float:

@@ -73,6 +73,15 @@ class Ref:
 
 COL_REDUCE = {"ReduceSum": ("Add", "0.0f"), "ReduceMax": ("Max", "-INFINITY"),
               "ReduceMin": ("Min", "INFINITY"), "ReduceProd": ("Mul", "1.0f")}
+# the kernel template's op codes for its whole-row forms (ColOp, RowReduce)
+ROW_OP = {"Add": "OP_ADD", "Sub": "OP_SUB", "Mul": "OP_MUL", "Div": "OP_DIV",
+          "Maximum": "OP_MAX", "Minimum": "OP_MIN", "ReduceSum": "OP_ADD",
+          "ReduceMax": "OP_MAX", "ReduceMin": "OP_MIN"}
+
+
+def sync(src: str, dst: str) -> str:
+    """The destination pipe waits for the source pipe's work so far (an event pair)."""
+    return f"Sync<HardEvent::{src}_{dst}>();"
 
 
 @dataclass
@@ -87,6 +96,7 @@ class Lowered:
     final: list[str] = field(default_factory=list)     # after all rows of a column tile
     final_epilogue: list[str] = field(default_factory=list)  # stores of the row outputs
     accumulators: list[tuple[str, str]] = field(default_factory=list)  # (buffer, identity)
+    row_blocks: bool = False       # the whole-row forms (Brcb, the row-reduce gather) need btb
 
 
 class Lowerer:
@@ -105,6 +115,7 @@ class Lowerer:
         self.final: list[str] = []
         self.final_epilogue: list[str] = []
         self.accumulators: list[tuple[str, str]] = []
+        self.row_blocks = False
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
@@ -199,13 +210,14 @@ class Lowerer:
             self._store(io, direct)
         return Lowered(self.tile_body, self.prologue, self.epilogue, dict(self.count),
                        self.scalar_tmp, self.half_tmp, {v: j for v, j in direct.items()},
-                       self.final, self.final_epilogue, self.accumulators)
+                       self.final, self.final_epilogue, self.accumulators, self.row_blocks)
 
     def _direct_outputs(self) -> dict[int, int]:
         """Outputs whose producing step can write straight into the output queue tensor."""
         s, out = self.s, {}
         produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
-                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks))}
+                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks))
+                    and n.op != "ReduceProd"}  # the scalar unit writes it, not the vector's
         for io in s.outputs:
             v = s.storage(io.value)
             if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
@@ -289,19 +301,29 @@ class Lowerer:
         if op in REDUCE_OPS and dst.kind == ROW:  # over the rows: accumulate this tile's rows
             b.append(f"for (uint32_t i = 0; i < rows; ++i) "
                      f"{COL_REDUCE[op][0]}({dst.expr}, {dst.expr}, {a[0].row()}, cols);")
-        elif op in REDUCE_OPS and self.s.row_chunks:  # this chunk of the row, into the total
-            b.append(self._row_reduce(op, a[0].row('0')))
+        elif op in REDUCE_OPS and self.s.row_chunks:  # this chunk of the row, into the total:
+            # one scalar combination per chunk, between syncs with the vector unit
+            if REDUCE_OPS[op] is not None:
+                b.append(f"{REDUCE_OPS[op]}(red, {a[0].row('0')}, rw, cols);")
+            b += self._to_scalar(a[0])
+            if REDUCE_OPS[op] is None:
+                b.append(self._product(a[0].row('0'), "red", "0"))
             b.append("{")
             b.append(f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);")
             comb = {"ReduceSum": "l + r", "ReduceMax": "(std::isnan(l) || l > r) ? l : r",
                     "ReduceMin": "(std::isnan(l) || l < r) ? l : r", "ReduceProd": "l * r"}[op]
             b.append(f"    {dst.expr}.SetValue(0, CT({comb}));")
             b.append("}")
-        elif op in REDUCE_OPS:
-            b.append("for (uint32_t i = 0; i < rows; ++i) {")
-            b.append("    " + self._row_reduce(op, a[0].row()))
-            b.append(f"    {dst.expr}.SetValue(i, red.GetValue(0));")
-            b.append("}")
+            b.append(sync("S", "V"))
+        elif op in REDUCE_OPS and REDUCE_OPS[op] is None:  # a product: no instruction; the
+            # scalar unit multiplies along each row, synced once before and once after
+            b += self._to_scalar(a[0])
+            b.append("for (uint32_t i = 0; i < rows; ++i) "
+                     + self._product(a[0].row(), dst.expr, "i"))
+            b.append(sync("S", "V"))
+        elif op in REDUCE_OPS:  # whole rows to one value each, on the vector unit
+            self.row_blocks = True
+            b.append(f"RowReduce<{ROW_OP[op]}>({dst.expr}, {a[0].expr}, rows, cols);")
         elif op == "BroadcastTo":
             self._broadcast(dst, a[0])
         elif op in UNARY_OPS or op in TMP_UNARY_OPS:
@@ -402,12 +424,16 @@ class Lowerer:
         self._release_tmp(tmps)
 
     @staticmethod
-    def _row_reduce(op: str, row: str) -> str:
-        """One row (cols elements) reduced into red[0]."""
-        if REDUCE_OPS[op] is not None:
-            return f"{REDUCE_OPS[op]}(red, {row}, rw, cols);"
+    def _product(row: str, dst: str, at: str) -> str:
+        """The product of a row's cols elements, by the scalar unit, into dst[at]."""
         return (f"{{ float p = 1.0f; for (uint32_t j = 0; j < cols; ++j) p *= (float)"
-                f"{row}.GetValue(j); red.SetValue(0, CT(p)); }}")
+                f"{row}.GetValue(j); {dst}.SetValue({at}, CT(p)); }}")
+
+    @staticmethod
+    def _to_scalar(src: Ref) -> list[str]:
+        """Syncs before the scalar unit reads UB: the vector unit's results, and a loaded tile
+        (the queue hands it to the vector unit only)."""
+        return [sync("V", "S")] + ([sync("MTE2", "S")] if src.expr.startswith("xi") else [])
 
     def _numeric(self, x: Ref) -> tuple[str, list[Ref]]:
         """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
@@ -452,9 +478,9 @@ class Lowerer:
         elif x.kind == ROW and dst.kind == FULL:
             b.append("for (uint32_t i = 0; i < rows; ++i) "
                      f"Muls({dst.row()}, {x.expr}, CT(1.0f), cols);")
-        elif x.kind == COL and dst.kind == FULL:
-            b.append("for (uint32_t i = 0; i < rows; ++i) "
-                     f"Duplicate({dst.row()}, {x.expr}.GetValue(i), cols);")
+        elif x.kind == COL and dst.kind == FULL:  # Brcb, then a strided copy
+            self.row_blocks = True
+            b.append(f"ColCopy({dst.expr}, {x.expr}, rows);")
         else:
             raise Unsupported(f"BroadcastTo from {x.kind} to {dst.kind}")
 
@@ -516,12 +542,13 @@ class Lowerer:
             if form is None:
                 tmp = {FULL: "tf", ROW: "tr0", COL: "tc0"}[dst.kind]
                 if tmp == "tf":  # a row of the scalar, then row by row
-                    body.append(f"Duplicate(tr0, CT({s.expr}), t_.ctp);")
+                    body += [f"Duplicate(tr0, CT({s.expr}), t_.ctp);", "PipeBarrier<PIPE_V>();"]
                     args = (x.row(), "tr0") if x_first else ("tr0", x.row())
                     body.append(f"for (uint32_t i = 0; i < rows; ++i) "
                                 f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")
                     return
-                body.append(f"Duplicate({tmp}, CT({s.expr}), {dst.count()});")
+                body += [f"Duplicate({tmp}, CT({s.expr}), {dst.count()});",
+                         "PipeBarrier<PIPE_V>();"]
                 args = (x.expr, tmp) if x_first else (tmp, x.expr)
                 body.append(f"{api}({dst.expr}, {args[0]}, {args[1]}, {dst.count()});")
             else:
@@ -529,31 +556,27 @@ class Lowerer:
             return
         if dst.kind != FULL:
             raise Unsupported(f"{op} of {a.kind} and {b.kind} values")
-        # row by row: FULL with ROW/COL, or ROW with COL
-        if COL in kinds and FULL in kinds:
-            x, c, x_first = (a, b, True) if b.kind == COL else (b, a, False)
-            form = self._scalar_form(op, x.row(), f"{c.expr}.GetValue(i)", x_first, "cols",
-                                     dst.row())
-            if form is not None:
-                body.append("for (uint32_t i = 0; i < rows; ++i) {")
-                body += ["    " + f for f in form]
-                body.append("}")
-                return
-        rows = []
-        args = []
-        for r, tmp in ((a, "tr0"), (b, "tr1")):
-            if r.kind == COL:
-                rows.append(f"    Duplicate({tmp}, {r.expr}.GetValue(i), cols);")
-                args.append(tmp)
-            elif r.kind == SCALAR:
-                rows.append(f"    Duplicate({tmp}, CT({r.expr}), cols);")
-                args.append(tmp)
-            else:
-                args.append(r.row())
-        body.append("for (uint32_t i = 0; i < rows; ++i) {")
-        body += rows
-        body.append(f"    {api}({dst.row()}, {args[0]}, {args[1]}, cols);")
-        body.append("}")
+        if COL in kinds and FULL in kinds and op in ROW_OP:  # each row against its value:
+            # the column spread by Brcb, then strided whole-tile instructions
+            self.row_blocks = True
+            x, c = (a, b) if b.kind == COL else (b, a)
+            body.append(f"ColOp<{ROW_OP[op]}, {'false' if x is a else 'true'}>({dst.expr}, "
+                        f"{x.expr}, {c.expr}, rows);")
+            return
+        if COL in kinds and ROW in kinds:  # the column across the rows, then row by row
+            self.row_blocks = True
+            c, r = (a, b) if a.kind == COL else (b, a)
+            body += [f"ColCopy({dst.expr}, {c.expr}, rows);", "PipeBarrier<PIPE_V>();"]
+            args = (dst.row(), r.expr) if a is c else (r.expr, dst.row())
+            body.append(f"for (uint32_t i = 0; i < rows; ++i) "
+                        f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")
+            return
+        if COL in kinds:
+            raise Unsupported(f"{op} of {a.kind} and {b.kind} values")
+        # row by row: FULL with ROW
+        args = [r.row() for r in (a, b)]
+        body.append(f"for (uint32_t i = 0; i < rows; ++i) {api}({dst.row()}, {args[0]}, "
+                    f"{args[1]}, cols);")
 
 
 def lower(s: Schedule) -> Lowered:

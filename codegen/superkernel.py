@@ -157,6 +157,8 @@ def render(group: Group, subs: Sequence[Any]) -> str:
         t = f"{r.name}_TilingData"
         if j and group.barriers[j]:
             lines.append("    SyncAll();  // the next kernel reads what the previous ones wrote")
+        if j:  # its TPipe takes the UB again: the previous kernel's copies out must be done
+            lines.append("    PipeBarrier<PIPE_ALL>();")
         lines.append(f"    ICachePreLoad(2);  // fetch {r.name}'s instructions")
         lines.append("    {")
         lines.append(f"        {t} t;")

@@ -26,6 +26,8 @@ class TargetSpec(BaseModel):
     launch_overhead_us: float = Field(ge=0)
     clock_ghz: float = Field(gt=0)
     repeats_per_cycle: float = Field(gt=0)
+    scalar_cycles: float = Field(ge=0)
+    sync_cycles: float = Field(ge=0)
 
 
 def available() -> list[str]:

@@ -62,6 +62,9 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
     else:
         B += cs * len(low.accumulators)
     B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
+    if low.row_blocks:  # btb: a 32-byte block per row, in whole Brcb repeats of 8 rows
+        C += 32
+        D += 256
     return UBBudget(A, B, C, D)
 
 

@@ -4,11 +4,15 @@
 // vendor source. It is strict on purpose, so that code which would misbehave on the device
 // fails here: the Unified Buffer budget over all InitBuffer calls, 32-byte alignment of UB
 // tensors, DataCopy lengths that are not 32-byte multiples, DataCopyPad limits, queue
-// discipline (order, depth, use after FreeTensor), GM and UB bounds. Every error names the
-// kernel and the source line of the offending call. GM bytes read and written are counted
-// per block.
+// discipline (order, depth, use after FreeTensor), repeat limits, GM and UB bounds, and the
+// ordering of the core's pipes: every UB byte remembers the pipe that last wrote it (and the
+// pipes that read it since), and an access from another pipe with no sync in between
+// (SetFlag/WaitFlag, PipeBarrier<PIPE_ALL>, a queue's hand-over of its tile) is an error.
+// Every error names the kernel and the source line of the offending call. GM bytes read and
+// written, scalar UB accesses, syncs and vector instructions are counted per block.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -48,15 +52,62 @@ struct bfloat16_t {
 namespace AscendC {
 
 constexpr uint32_t BLOCK_BYTES = 32;
+constexpr uint32_t REPEAT_BYTES = 256;   // one vector repeat: 8 blocks of 32 bytes
+constexpr int64_t MAX_REPEAT = 255;      // repeats one instruction may issue
 constexpr uint32_t MAX_BLOCK_COUNT = 4095;
 constexpr uint32_t MAX_PAD_BYTES = 32;
+constexpr int EVENT_IDS = 8;             // event ids per HardEvent (0-7 on A2)
 using loc = std::source_location;
 
 struct SimError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// One simulated AI Vector core: its block index, its Unified Buffer and its counters.
+// ------------------------------------------------------------------- pipes
+// The instruction pipes of a core. The cube pipes are named (events and barriers know them)
+// though no cube instruction is simulated yet.
+enum PipeType { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
+using pipe_t = PipeType;
+constexpr int NPIPES = PIPE_ALL;
+inline const char* pipe_name(int p) {
+    static const char* names[] = {"PIPE_S", "PIPE_V", "PIPE_M", "PIPE_MTE1", "PIPE_MTE2",
+                                  "PIPE_MTE3", "PIPE_FIX", "PIPE_ALL"};
+    return names[p];
+}
+
+// HardEvent SRC_DST: WaitFlag makes the DST pipe wait for the SRC pipe's work issued before
+// the matching SetFlag. The documented pairs:
+#define GK_SIM_EVENTS(X)                                                                      \
+    X(MTE2_V, MTE2, V) X(V_MTE3, V, MTE3) X(V_S, V, S) X(S_V, S, V) X(MTE2_S, MTE2, S)        \
+    X(S_MTE2, S, MTE2) X(MTE3_S, MTE3, S) X(S_MTE3, S, MTE3) X(MTE3_MTE2, MTE3, MTE2)         \
+    X(MTE2_MTE3, MTE2, MTE3) X(V_MTE2, V, MTE2) X(MTE3_V, MTE3, V) X(V_V, V, V) X(M_V, M, V) \
+    X(V_M, V, M) X(MTE1_M, MTE1, M) X(M_MTE1, M, MTE1) X(MTE2_MTE1, MTE2, MTE1)
+enum class HardEvent {
+#define GK_SIM_X(name, src, dst) name,
+    GK_SIM_EVENTS(GK_SIM_X)
+#undef GK_SIM_X
+};
+struct EventInfo {
+    const char* name;
+    int src;
+    int dst;
+};
+constexpr EventInfo EVENT_INFO[] = {
+#define GK_SIM_X(name, src, dst) {#name, PIPE_##src, PIPE_##dst},
+    GK_SIM_EVENTS(GK_SIM_X)
+#undef GK_SIM_X
+};
+constexpr int NEVENTS = sizeof(EVENT_INFO) / sizeof(EVENT_INFO[0]);
+
+struct EventSlot {
+    bool allocated = false;    // AllocEventID holds it
+    bool pending = false;      // SetFlag done, WaitFlag not yet
+    uint32_t line = 0;         // of the pending SetFlag
+    uint32_t snap[NPIPES] = {};  // what the source pipe had completed at SetFlag
+};
+
+// One simulated AI Vector core: its block index, its Unified Buffer, its pipes' ordering and
+// its counters.
 struct Core {
     std::string kernel;
     int32_t block_idx = 0;
@@ -65,12 +116,145 @@ struct Core {
     size_t ub_used = 0;
     uint64_t gm_read = 0;
     uint64_t gm_written = 0;
+    uint64_t scalar_ops = 0;   // GetValue/SetValue (scalar pipe) of UB or GM
+    uint64_t syncs = 0;        // SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
+    uint64_t vector_ops = 0;   // vector instructions issued
+    // Instructions are numbered in program order (a sequence shared by all pipes).
+    // known[d][s]: pipe d's next instruction is ordered after pipe s's instructions up to
+    // this number (through events and barriers). Everything before `base` (earlier cores
+    // and launches on this thread) counts as complete.
+    uint32_t base = 0;
+    uint32_t known[NPIPES][NPIPES] = {};
+    std::vector<uint32_t> lines;  // the source line of each instruction after base
+    EventSlot events[NEVENTS][EVENT_IDS];
+    void* pipe = nullptr;         // the TPipe constructed last (GetTPipePtr)
 };
 inline thread_local Core* g_core = nullptr;
 
 [[noreturn]] inline void fail(const std::string& what, const loc& where) {
     std::string k = g_core ? g_core->kernel : std::string("?");
     throw SimError(k + ": line " + std::to_string(where.line()) + ": " + what);
+}
+
+// What every UB byte remembers for the pipe checks: the last write (its instruction and
+// pipe), the pipes a queue handed the byte to since, and the last read by each pipe whose
+// reads a later write could overtake. Scalar reads are not tracked: the scalar unit issues
+// every instruction in program order and a GetValue returns its value before anything after
+// it is issued, so no later write can overtake it. One per thread, reused by every core.
+constexpr int READERS[] = {PIPE_V, PIPE_MTE3};
+constexpr int NREADERS = 2;
+struct UbShadow {
+    std::vector<uint32_t> wseq;
+    std::vector<uint8_t> wpipe;
+    std::vector<uint8_t> grant;
+    std::vector<uint32_t> rseq[NREADERS];
+    void grow(size_t n) {
+        if (n <= wseq.size()) return;
+        wseq.resize(n, 0);
+        wpipe.resize(n, 0);
+        grant.resize(n, 0);
+        for (auto& r : rseq) r.resize(n, 0);
+    }
+    void clear() {
+        std::fill(wseq.begin(), wseq.end(), 0u);
+        for (auto& r : rseq) std::fill(r.begin(), r.end(), 0u);
+    }
+};
+inline thread_local UbShadow g_shadow;
+inline thread_local uint32_t g_seq = 0;
+
+inline int reader_slot(int pipe) {
+    for (int k = 0; k < NREADERS; ++k)
+        if (READERS[k] == pipe) return k;
+    return -1;
+}
+
+// The instruction being executed: its pipe, its number, where it is in the source.
+struct Instr {
+    int pipe;
+    uint32_t seq;
+    loc where;
+};
+inline Instr issue(int pipe, const loc& where) {
+    g_core->lines.push_back(where.line());
+    return Instr{pipe, ++g_seq, where};
+}
+inline Instr vec(const loc& where) {
+    ++g_core->vector_ops;
+    return issue(PIPE_V, where);
+}
+inline uint32_t line_of(uint32_t seq) {
+    const Core& c = *g_core;
+    return seq > c.base && seq - c.base <= c.lines.size() ? c.lines[seq - c.base - 1] : 0;
+}
+inline std::string sync_hint(int src, int dst) {
+    for (const auto& e : EVENT_INFO)
+        if (e.src == src && e.dst == dst)
+            return std::string("SetFlag/WaitFlag<HardEvent::") + e.name +
+                   ">, or PipeBarrier<PIPE_ALL>";
+    return "PipeBarrier<PIPE_ALL>";
+}
+
+// The access of UB byte b by the instruction `in` comes after the last write of b, unless
+// that write was by another pipe with nothing ordering `in` after it.
+inline void after_write(size_t b, const Instr& in, const char* verb) {
+    const UbShadow& sh = g_shadow;
+    const int p = in.pipe, w = sh.wpipe[b];
+    if (w != p && g_core->known[p][w] < sh.wseq[b] && !((sh.grant[b] >> p) & 1u))
+        fail(std::string(pipe_name(p)) + verb + std::to_string(b) + " that " + pipe_name(w) +
+                 " wrote at line " + std::to_string(line_of(sh.wseq[b])) +
+                 ", with no sync in between (" + sync_hint(w, p) + ")",
+             in.where);
+}
+
+// A read of UB bytes [b0, b0 + len) by the instruction `in`.
+inline void ub_read(size_t b0, size_t len, const Instr& in) {
+    UbShadow& sh = g_shadow;
+    for (size_t b = b0; b < b0 + len; ++b) after_write(b, in, " reads UB byte ");
+    const int k = reader_slot(in.pipe);
+    if (k >= 0) std::fill(sh.rseq[k].begin() + b0, sh.rseq[k].begin() + b0 + len, in.seq);
+}
+
+// A write of UB bytes [b0, b0 + len): after the other pipes' writes and tracked reads of
+// them (write after write, write after read).
+inline void ub_write(size_t b0, size_t len, const Instr& in) {
+    UbShadow& sh = g_shadow;
+    const Core& c = *g_core;
+    const int p = in.pipe;
+    for (size_t b = b0; b < b0 + len; ++b) {
+        after_write(b, in, " overwrites UB byte ");
+        for (int k = 0; k < NREADERS; ++k) {
+            const int q = READERS[k];
+            if (q != p && c.known[p][q] < sh.rseq[k][b])
+                fail(std::string(pipe_name(p)) + " overwrites UB byte " + std::to_string(b) +
+                         " that " + pipe_name(q) + " reads at line " +
+                         std::to_string(line_of(sh.rseq[k][b])) +
+                         ", with no sync in between (" + sync_hint(q, p) + ")",
+                     in.where);
+        }
+    }
+    std::fill(sh.wseq.begin() + b0, sh.wseq.begin() + b0 + len, in.seq);
+    std::fill(sh.wpipe.begin() + b0, sh.wpipe.begin() + b0 + len, static_cast<uint8_t>(p));
+    std::fill(sh.grant.begin() + b0, sh.grant.begin() + b0 + len, uint8_t{0});
+    for (auto& r : sh.rseq) std::fill(r.begin() + b0, r.begin() + b0 + len, 0u);
+}
+
+// A queue hands its tile over (DeQue): the consumer pipe may use what the producer wrote.
+inline void ub_hand_over(size_t b0, size_t len, int producer, int consumer) {
+    UbShadow& sh = g_shadow;
+    for (size_t b = b0; b < b0 + len; ++b)
+        if (sh.wpipe[b] == producer) sh.grant[b] |= static_cast<uint8_t>(1u << consumer);
+}
+
+// A freed queue buffer is allocated again: the consumer's use of its last tile is complete
+// before the producer fills it (the queue orders the reuse of its buffers).
+inline void ub_reclaim(size_t b0, size_t len, int producer, int consumer) {
+    UbShadow& sh = g_shadow;
+    const int k = reader_slot(consumer);
+    for (size_t b = b0; b < b0 + len; ++b) {
+        if (k >= 0) sh.rseq[k][b] = 0;
+        if (sh.wpipe[b] == consumer || sh.wpipe[b] == producer) sh.wseq[b] = 0;
+    }
 }
 
 inline int32_t GetBlockIdx() { return g_core->block_idx; }
@@ -93,9 +277,100 @@ inline void ICachePreLoad(int64_t) {}
 enum class QuePosition { VECIN, VECOUT, VECCALC };
 enum class TPosition { VECIN, VECOUT, VECCALC };
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum class HardEvent { V_MTE3, MTE2_V };
-enum PipeType { PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
-template <PipeType P> inline void PipeBarrier() {}
+enum class ReduceOrder { ORDER_VALUE_INDEX, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
+
+// PipeBarrier<P>: P's instructions so far complete before its next one (for PIPE_V: vector
+// instructions with a data dependency); PIPE_ALL: every pipe's before any pipe's next.
+template <PipeType P>
+inline void PipeBarrier(loc where = loc::current()) {
+    if constexpr (P == PIPE_S) {
+        fail("PipeBarrier<PIPE_S> is a hardware error (the scalar pipe is ordered by the "
+             "hardware)", where);
+    } else {
+        Core& c = *g_core;
+        const Instr in = issue(P == PIPE_ALL ? PIPE_S : P, where);
+        if constexpr (P == PIPE_ALL) {
+            ++c.syncs;
+            for (auto& row : c.known)
+                for (auto& k : row) k = in.seq;
+        } else {
+            c.known[P][P] = in.seq;
+        }
+    }
+}
+
+// An event id. Ids come from the pipe (FetchEventID/AllocEventID), never from literals: this
+// type has no constructor from an integer, and an integer passed to SetFlag/WaitFlag fails.
+class TEventID {
+public:
+    TEventID() = default;  // no id yet
+    static TEventID sim_make(int evt, int id) {
+        TEventID e;
+        e.evt_ = static_cast<int8_t>(evt);
+        e.id_ = static_cast<int8_t>(id);
+        return e;
+    }
+    int evt() const { return evt_; }
+    int id() const { return id_; }
+
+private:
+    int8_t evt_ = -1;
+    int8_t id_ = -1;
+};
+using event_t = TEventID;
+
+inline EventSlot& event_slot(int evt, const TEventID& id, const char* call, const loc& where) {
+    if (id.evt() < 0)
+        fail(std::string(call) + "<HardEvent::" + EVENT_INFO[evt].name +
+                 "> with an id not taken from the pipe (FetchEventID/AllocEventID)", where);
+    if (id.evt() != evt)
+        fail(std::string(call) + "<HardEvent::" + EVENT_INFO[evt].name + "> with an id taken for " +
+                 EVENT_INFO[id.evt()].name, where);
+    return g_core->events[evt][id.id()];
+}
+
+// SetFlag<E>(id) on E's source pipe; WaitFlag<E>(id) holds E's destination pipe until then.
+template <HardEvent E>
+void SetFlag(TEventID id, loc where = loc::current()) {
+    constexpr int ev = static_cast<int>(E);
+    EventSlot& s = event_slot(ev, id, "SetFlag", where);
+    if (s.pending)
+        fail(std::string("SetFlag<HardEvent::") + EVENT_INFO[ev].name + ">(" +
+                 std::to_string(id.id()) + ") again while the SetFlag at line " +
+                 std::to_string(s.line) + " waits for its WaitFlag", where);
+    Core& c = *g_core;
+    const int src = EVENT_INFO[ev].src;
+    const Instr in = issue(src, where);
+    for (int p = 0; p < NPIPES; ++p) s.snap[p] = c.known[src][p];
+    s.snap[src] = in.seq;
+    s.pending = true;
+    s.line = where.line();
+    ++c.syncs;
+}
+template <HardEvent E>
+void WaitFlag(TEventID id, loc where = loc::current()) {
+    constexpr int ev = static_cast<int>(E);
+    EventSlot& s = event_slot(ev, id, "WaitFlag", where);
+    const int dst = EVENT_INFO[ev].dst;
+    if (!s.pending)
+        fail(std::string("WaitFlag<HardEvent::") + EVENT_INFO[ev].name + ">(" +
+                 std::to_string(id.id()) + ") with no SetFlag before it: " + pipe_name(dst) +
+                 " would wait forever", where);
+    Core& c = *g_core;
+    issue(dst, where);
+    for (int p = 0; p < NPIPES; ++p) c.known[dst][p] = std::max(c.known[dst][p], s.snap[p]);
+    s.pending = false;
+}
+template <HardEvent E>
+void SetFlag(int64_t, loc where = loc::current()) {
+    fail("SetFlag with a literal event id: take ids from the pipe (FetchEventID/AllocEventID)",
+         where);
+}
+template <HardEvent E>
+void WaitFlag(int64_t, loc where = loc::current()) {
+    fail("WaitFlag with a literal event id: take ids from the pipe (FetchEventID/AllocEventID)",
+         where);
+}
 
 // ------------------------------------------------------------------------ GM
 template <typename T>
@@ -116,8 +391,11 @@ public:
                  std::to_string(size_) + " elements", where);
         }
     }
+    // A scalar read of GM (the scalar pipe; GM ordering is not simulated).
     T GetValue(uint64_t i, loc where = loc::current()) const {
         check(i, 1, where);
+        issue(PIPE_S, where);
+        ++g_core->scalar_ops;
         g_core->gm_read += sizeof(T);
         return addr()[i];
     }
@@ -151,25 +429,49 @@ public:
     LocalTensor<U> ReinterpretCast() const {
         return LocalTensor<U>(rec_, gen_, elem_off_ * sizeof(T) / sizeof(U));
     }
-    // Checks a use of [0, count) from this view and returns the data pointer.
-    T* use(uint64_t count, const loc& where) const {
+    // Checks a use of [0, count) from this view (aligned to `align` bytes: 32 for a vector
+    // operand) and returns the data pointer.
+    T* use(uint64_t count, const loc& where, size_t align = BLOCK_BYTES) const {
         if (rec_ == nullptr) fail("LocalTensor used before allocation", where);
         if (rec_->gen != gen_ || rec_->state == BufState::FREE)
             fail("use of a LocalTensor after FreeTensor", where);
         if (rec_->state == BufState::ENQUEUED)
             fail("use of a LocalTensor that is enqueued (DeQue it first)", where);
-        size_t begin = rec_->offset + elem_off_ * sizeof(T);
-        if (begin % BLOCK_BYTES)
-            fail("UB operand at byte " + std::to_string(begin) + " is not 32-byte aligned", where);
+        size_t begin = byte_at(0);
+        if (begin % align)
+            fail("UB operand at byte " + std::to_string(begin) + " is not " +
+                 std::to_string(align) + "-byte aligned", where);
         if ((elem_off_ + count) * sizeof(T) > rec_->bytes)
             fail("UB access of " + std::to_string(count) + " elements at " +
                  std::to_string(elem_off_) + " overruns a buffer of " +
                  std::to_string(rec_->bytes) + " bytes", where);
         return reinterpret_cast<T*>(g_core->ub.data() + begin);
     }
-    T GetValue(uint64_t i, loc where = loc::current()) const { return use_elem(i, where); }
+    // use(), as read / written by the instruction `in` (the pipe checks).
+    const T* rd(uint64_t count, const Instr& in) const {
+        T* p = use(count, in.where);
+        ub_read(byte_at(0), count * sizeof(T), in);
+        return p;
+    }
+    T* wr(uint64_t count, const Instr& in) const {
+        T* p = use(count, in.where);
+        ub_write(byte_at(0), count * sizeof(T), in);
+        return p;
+    }
+    // The UB byte of element i of this view.
+    size_t byte_at(uint64_t i) const { return rec_->offset + (elem_off_ + i) * sizeof(T); }
+    // Scalar access (the scalar pipe).
+    T GetValue(uint64_t i, loc where = loc::current()) const {
+        T& e = use_elem(i, where);
+        ++g_core->scalar_ops;
+        ub_read(byte_at(i), sizeof(T), issue(PIPE_S, where));
+        return e;
+    }
     void SetValue(uint64_t i, T v, loc where = loc::current()) const {
-        use_elem(i, where) = v;
+        T& e = use_elem(i, where);
+        ++g_core->scalar_ops;
+        ub_write(byte_at(i), sizeof(T), issue(PIPE_S, where));
+        e = v;
     }
     BufRec* rec() const { return rec_; }
     uint64_t gen() const { return gen_; }
@@ -189,6 +491,15 @@ private:
 
 class TPipe;
 
+// The pipes a queue hands its tiles between: VECIN from the GM->UB copies to the vector
+// unit, VECOUT from the vector unit to the UB->GM copies.
+constexpr int que_producer(QuePosition p) {
+    return p == QuePosition::VECIN ? PIPE_MTE2 : p == QuePosition::VECOUT ? PIPE_V : -1;
+}
+constexpr int que_consumer(QuePosition p) {
+    return p == QuePosition::VECIN ? PIPE_V : p == QuePosition::VECOUT ? PIPE_MTE3 : -1;
+}
+
 template <QuePosition P, int32_t DEPTH>
 class TQue {
 public:
@@ -198,6 +509,8 @@ public:
             if (b->state == BufState::FREE) {
                 b->state = BufState::ALLOCATED;
                 b->gen += 1;
+                if constexpr (que_producer(P) >= 0)
+                    ub_reclaim(b->offset, b->bytes, que_producer(P), que_consumer(P));
                 return LocalTensor<T>(b.get(), b->gen);
             }
         }
@@ -221,6 +534,8 @@ public:
         BufRec* b = fifo_.front();
         fifo_.erase(fifo_.begin());
         b->state = BufState::DEQUEUED;
+        if constexpr (que_producer(P) >= 0)
+            ub_hand_over(b->offset, b->bytes, que_producer(P), que_consumer(P));
         return LocalTensor<T>(b, b->gen);
     }
     template <typename T>
@@ -259,6 +574,9 @@ private:
 
 class TPipe {
 public:
+    TPipe() {
+        if (g_core != nullptr) g_core->pipe = this;
+    }
     template <QuePosition P, int32_t D>
     void InitBuffer(TQue<P, D>& q, int32_t num, uint32_t bytes, loc where = loc::current()) {
         if (num <= 0) fail("InitBuffer with " + std::to_string(num) + " buffers", where);
@@ -272,6 +590,36 @@ public:
         b.rec_ = std::make_unique<BufRec>(
             BufRec{reserve(bytes, where), round32(bytes), BufState::SCRATCH, 1});
     }
+    // An event id for E that no AllocEventID holds (not reserved: for a SetFlag followed by
+    // its WaitFlag).
+    TEventID FetchEventID(HardEvent evt, loc where = loc::current()) {
+        const int ev = static_cast<int>(evt);
+        for (int i = 0; i < EVENT_IDS; ++i)
+            if (!g_core->events[ev][i].allocated) return TEventID::sim_make(ev, i);
+        fail(std::string("FetchEventID: every id of HardEvent::") + EVENT_INFO[ev].name +
+             " is allocated", where);
+    }
+    template <HardEvent E>
+    TEventID FetchEventID(loc where = loc::current()) { return FetchEventID(E, where); }
+    template <HardEvent E>
+    TEventID AllocEventID(loc where = loc::current()) {
+        const int ev = static_cast<int>(E);
+        for (int i = 0; i < EVENT_IDS; ++i) {
+            if (!g_core->events[ev][i].allocated) {
+                g_core->events[ev][i].allocated = true;
+                return TEventID::sim_make(ev, i);
+            }
+        }
+        fail(std::string("AllocEventID: all ") + std::to_string(EVENT_IDS) +
+             " ids of HardEvent::" + EVENT_INFO[ev].name + " are allocated", where);
+    }
+    template <HardEvent E>
+    void ReleaseEventID(TEventID id, loc where = loc::current()) {
+        EventSlot& s = event_slot(static_cast<int>(E), id, "ReleaseEventID", where);
+        if (!s.allocated) fail("ReleaseEventID of an id AllocEventID did not give", where);
+        if (s.pending) fail("ReleaseEventID of an id whose SetFlag has no WaitFlag yet", where);
+        s.allocated = false;
+    }
 
 private:
     static size_t round32(size_t b) { return (b + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES; }
@@ -283,30 +631,34 @@ private:
                  " bytes in all, the Unified Buffer has " + std::to_string(g_core->ub.size()),
                  where);
         g_core->ub_used = off + need;
+        g_shadow.grow(off + need);
         return off;
     }
 };
+inline TPipe* GetTPipePtr() { return static_cast<TPipe*>(g_core->pipe); }
 
 // ---------------------------------------------------------------- data moves
 template <typename T>
 void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count,
               loc where = loc::current()) {
+    const Instr in = issue(PIPE_MTE2, where);
     if ((count * sizeof(T)) % BLOCK_BYTES)
         fail("DataCopy of " + std::to_string(count * sizeof(T)) +
              " bytes is not a multiple of 32 (use DataCopyPad)", where);
     src.check(0, count, where);
-    std::memcpy(dst.use(count, where), src.addr(), count * sizeof(T));
+    std::memcpy(dst.wr(count, in), src.addr(), count * sizeof(T));
     g_core->gm_read += count * sizeof(T);
 }
 
 template <typename T>
 void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count,
               loc where = loc::current()) {
+    const Instr in = issue(PIPE_MTE3, where);
     if ((count * sizeof(T)) % BLOCK_BYTES)
         fail("DataCopy of " + std::to_string(count * sizeof(T)) +
              " bytes is not a multiple of 32 (use DataCopyPad)", where);
     dst.check(0, count, where);
-    std::memcpy(dst.addr(), src.use(count, where), count * sizeof(T));
+    std::memcpy(dst.addr(), src.rd(count, in), count * sizeof(T));
     g_core->gm_written += count * sizeof(T);
 }
 
@@ -340,6 +692,7 @@ template <typename T>
 void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
                  const DataCopyExtParams& p, const DataCopyPadExtParams<T>& pad,
                  loc where = loc::current()) {
+    const Instr in = issue(PIPE_MTE2, where);
     check_pad_params(p, sizeof(T), where);
     if ((pad.leftPadding + pad.rightPadding) * sizeof(T) > MAX_PAD_BYTES)
         fail("DataCopyPad padding exceeds 32 bytes", where);
@@ -350,10 +703,12 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
     T* out = dst.use(ub_elems - p.dstStride * BLOCK_BYTES / sizeof(T), where);
     size_t gm_step = (p.blockLen + p.srcStride) / sizeof(T);
     if (p.srcStride % sizeof(T)) fail("DataCopyPad srcStride is not whole elements", where);
+    size_t aligned = ((row + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES) / sizeof(T);
     for (size_t b = 0; b < p.blockCount; ++b) {
         src.check(b * gm_step, n, where);
-        T* r = out + b * row_blocks * BLOCK_BYTES / sizeof(T);
-        size_t aligned = ((row + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES) / sizeof(T);
+        size_t first = b * row_blocks * BLOCK_BYTES / sizeof(T);
+        ub_write(dst.byte_at(first), aligned * sizeof(T), in);
+        T* r = out + first;
         for (size_t i = 0; i < aligned; ++i) r[i] = pad.paddingValue;
         std::memcpy(r + pad.leftPadding, src.addr() + b * gm_step, p.blockLen);
         g_core->gm_read += p.blockLen;
@@ -364,16 +719,18 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
 template <typename T>
 void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                  const DataCopyExtParams& p, loc where = loc::current()) {
+    const Instr in = issue(PIPE_MTE3, where);
     check_pad_params(p, sizeof(T), where);
     size_t n = p.blockLen / sizeof(T);
     size_t row_blocks = (p.blockLen + BLOCK_BYTES - 1) / BLOCK_BYTES + p.srcStride;
-    const T* in = src.use((p.blockCount - 1) * row_blocks * BLOCK_BYTES / sizeof(T) + n, where);
+    const T* inp = src.use((p.blockCount - 1) * row_blocks * BLOCK_BYTES / sizeof(T) + n, where);
     if (p.dstStride % sizeof(T)) fail("DataCopyPad dstStride is not whole elements", where);
     size_t gm_step = (p.blockLen + p.dstStride) / sizeof(T);
     for (size_t b = 0; b < p.blockCount; ++b) {
         dst.check(b * gm_step, n, where);
-        std::memcpy(dst.addr() + b * gm_step, in + b * row_blocks * BLOCK_BYTES / sizeof(T),
-                    p.blockLen);
+        size_t first = b * row_blocks * BLOCK_BYTES / sizeof(T);
+        ub_read(src.byte_at(first), p.blockLen, in);
+        std::memcpy(dst.addr() + b * gm_step, inp + first, p.blockLen);
         g_core->gm_written += p.blockLen;
     }
 }
@@ -383,20 +740,23 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
     template <typename T>                                                                   \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, \
               int32_t count, loc where = loc::current()) {                                  \
-        const T* x = a.use(count, where);                                                   \
-        const T* y = b.use(count, where);                                                   \
-        T* z = dst.use(count, where);                                                       \
+        const Instr in = vec(where);                                                        \
+        const T* x = a.rd(count, in);                                                       \
+        const T* y = b.rd(count, in);                                                       \
+        T* z = dst.wr(count, in);                                                           \
         for (int32_t i = 0; i < count; ++i) {                                               \
             float l = static_cast<float>(x[i]), r = static_cast<float>(y[i]);               \
             z[i] = static_cast<T>(EXPR);                                                    \
         }                                                                                   \
     }
-GK_SIM_BINARY(Add, l + r)
-GK_SIM_BINARY(Sub, l - r)
-GK_SIM_BINARY(Mul, l * r)
-GK_SIM_BINARY(Div, l / r)
-GK_SIM_BINARY(Max, (l > r ? l : r))
-GK_SIM_BINARY(Min, (l < r ? l : r))
+// The binary and tensor-scalar ops, each with its float expression (l, r: the operands; s:
+// the scalar), for the count forms here and the mask/repeat forms below.
+#define GK_SIM_BINARY_OPS(X)                                                                \
+    X(Add, l + r) X(Sub, l - r) X(Mul, l * r) X(Div, l / r) X(Max, (l > r ? l : r))         \
+    X(Min, (l < r ? l : r))
+#define GK_SIM_SCALAR_OPS(X)                                                                \
+    X(Adds, l + s) X(Muls, l * s) X(Maxs, (l > s ? l : s)) X(Mins, (l < s ? l : s))
+GK_SIM_BINARY_OPS(GK_SIM_BINARY)
 #undef GK_SIM_BINARY
 
 // And/Or: 16-bit integers only (wider words are passed as twice as many int16).
@@ -406,9 +766,10 @@ GK_SIM_BINARY(Min, (l < r ? l : r))
               int32_t count, loc where = loc::current()) {                                  \
         static_assert(std::is_same_v<T, int16_t> || std::is_same_v<T, uint16_t>,           \
                       #NAME " takes int16_t/uint16_t tensors");                            \
-        const T* x = a.use(count, where);                                                   \
-        const T* y = b.use(count, where);                                                   \
-        T* z = dst.use(count, where);                                                       \
+        const Instr in = vec(where);                                                        \
+        const T* x = a.rd(count, in);                                                       \
+        const T* y = b.rd(count, in);                                                       \
+        T* z = dst.wr(count, in);                                                           \
         for (int32_t i = 0; i < count; ++i) z[i] = static_cast<T>(x[i] OP y[i]);           \
     }
 GK_SIM_BITWISE(And, &)
@@ -419,26 +780,24 @@ GK_SIM_BITWISE(Or, |)
     template <typename T>                                                               \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, int32_t count, \
               loc where = loc::current()) {                                             \
-        const T* x = a.use(count, where);                                               \
-        T* z = dst.use(count, where);                                                   \
+        const Instr in = vec(where);                                                    \
+        const T* x = a.rd(count, in);                                                   \
+        T* z = dst.wr(count, in);                                                       \
         float s = static_cast<float>(scalar);                                           \
         for (int32_t i = 0; i < count; ++i) {                                           \
             float l = static_cast<float>(x[i]);                                         \
             z[i] = static_cast<T>(EXPR);                                                \
         }                                                                               \
     }
-GK_SIM_SCALAR(Adds, l + s)
-GK_SIM_SCALAR(Muls, l * s)
-GK_SIM_SCALAR(Maxs, (l > s ? l : s))
-GK_SIM_SCALAR(Mins, (l < s ? l : s))
+GK_SIM_SCALAR_OPS(GK_SIM_SCALAR)
 #undef GK_SIM_SCALAR
 
 // dst[i] = f(a[i]) for count elements, computed in float.
 template <typename T, typename F>
 void map_unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,
-               const loc& where, F f) {
-    const T* x = a.use(count, where);
-    T* z = dst.use(count, where);
+               const Instr& in, F f) {
+    const T* x = a.rd(count, in);
+    T* z = dst.wr(count, in);
     for (int32_t i = 0; i < count; ++i) z[i] = static_cast<T>(f(static_cast<float>(x[i])));
 }
 
@@ -446,7 +805,7 @@ void map_unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count
     template <typename T>                                                                \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,          \
               loc where = loc::current()) {                                              \
-        map_unary(dst, a, count, where, [](float v) { return EXPR; });                   \
+        map_unary(dst, a, count, vec(where), [](float v) { return EXPR; });              \
     }
 GK_SIM_UNARY(Exp, std::exp(v))
 GK_SIM_UNARY(Ln, std::log(v))
@@ -459,7 +818,7 @@ GK_SIM_UNARY(Relu, (v > 0.0f ? v : 0.0f))
 
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, T scalar, int32_t count, loc where = loc::current()) {
-    T* z = dst.use(count, where);
+    T* z = dst.wr(count, vec(where));
     for (int32_t i = 0; i < count; ++i) z[i] = scalar;
 }
 
@@ -474,8 +833,9 @@ constexpr bool is_float_type() {
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, int32_t count,
           loc where = loc::current()) {
-    const S* x = src.use(count, where);
-    D* z = dst.use(count, where);
+    const Instr in = vec(where);
+    const S* x = src.rd(count, in);
+    D* z = dst.wr(count, in);
     constexpr bool integral = !is_float_type<D>() || std::is_same_v<D, S>;
     if (!integral && mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_RINT)
         fail("Cast to another float type with a rounding mode other than CAST_NONE/CAST_RINT "
@@ -507,9 +867,10 @@ void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const Loc
     if ((count * sizeof(T)) % 256)
         fail("Compare of " + std::to_string(count * sizeof(T)) +
              " bytes is not a multiple of 256 (whole repeats)", where);
-    const T* x = a.use(count, where);
-    const T* y = b.use(count, where);
-    uint8_t* m = dst.use(count / 8, where);
+    const Instr in = vec(where);
+    const T* x = a.rd(count, in);
+    const T* y = b.rd(count, in);
+    uint8_t* m = dst.wr(count / 8, in);
     for (uint32_t i = 0; i < count / 8; ++i) m[i] = 0;
     for (uint32_t i = 0; i < count; ++i) {
         float l = static_cast<float>(x[i]), r = static_cast<float>(y[i]);
@@ -532,10 +893,11 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
             const LocalTensor<T>& b, SELMODE mode, uint32_t count, loc where = loc::current()) {
     if (mode != SELMODE::VSEL_TENSOR_TENSOR_MODE)
         fail("Select with two tensors needs VSEL_TENSOR_TENSOR_MODE", where);
-    const uint8_t* m = mask.use((count + 7) / 8, where);
-    const T* x = a.use(count, where);
-    const T* y = b.use(count, where);
-    T* z = dst.use(count, where);
+    const Instr in = vec(where);
+    const uint8_t* m = mask.rd((count + 7) / 8, in);
+    const T* x = a.rd(count, in);
+    const T* y = b.rd(count, in);
+    T* z = dst.wr(count, in);
     for (uint32_t i = 0; i < count; ++i) z[i] = (m[i / 8] >> (i % 8)) & 1u ? x[i] : y[i];
 }
 
@@ -545,9 +907,10 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
             T scalar, SELMODE mode, uint32_t count, loc where = loc::current()) {
     if (mode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
         fail("Select with a scalar needs VSEL_TENSOR_SCALAR_MODE", where);
-    const uint8_t* m = mask.use((count + 7) / 8, where);
-    const T* x = a.use(count, where);
-    T* z = dst.use(count, where);
+    const Instr in = vec(where);
+    const uint8_t* m = mask.rd((count + 7) / 8, in);
+    const T* x = a.rd(count, in);
+    T* z = dst.wr(count, in);
     for (uint32_t i = 0; i < count; ++i) z[i] = (m[i / 8] >> (i % 8)) & 1u ? x[i] : scalar;
 }
 
@@ -558,9 +921,10 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& work, \
               int32_t count, loc where = loc::current()) {                                 \
         if (count <= 0) fail(#NAME " of " + std::to_string(count) + " elements", where);   \
-        const T* x = src.use(count, where);                                                \
-        work.use(count, where);                                                            \
-        T* z = dst.use(1, where);                                                          \
+        const Instr in = vec(where);                                                       \
+        const T* x = src.rd(count, in);                                                    \
+        work.wr(count, in);                                                                \
+        T* z = dst.wr(1, in);                                                              \
         std::vector<float> v(x, x + count);                                                \
         for (size_t n = v.size(); n > 1; n = (n + 1) / 2) {                                \
             for (size_t i = 0; i < n / 2; ++i) {                                           \
@@ -581,8 +945,9 @@ GK_SIM_REDUCE(ReduceMin, (std::isnan(l) || l < r ? l : r))
     template <typename T>                                                                  \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src,                        \
               const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) { \
-        tmp.use(static_cast<uint64_t>(count) * 4, where);                                  \
-        map_unary(dst, src, count, where, [](float v) { return EXPR; });                   \
+        const Instr in = vec(where);                                                       \
+        tmp.wr(static_cast<uint64_t>(count) * 4, in);                                      \
+        map_unary(dst, src, count, in, [](float v) { return EXPR; });                      \
     }
 GK_SIM_TMP_UNARY(Erf, std::erf(v))
 GK_SIM_TMP_UNARY(Erfc, std::erfc(v))
@@ -600,20 +965,254 @@ GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
 template <typename T>
 void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, const LocalTensor<T>& e,
            const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
-    tmp.use(static_cast<uint64_t>(count) * 4, where);
-    const T* a = x.use(count, where);
-    const T* b = e.use(count, where);
-    T* z = dst.use(count, where);
+    const Instr in = vec(where);
+    tmp.wr(static_cast<uint64_t>(count) * 4, in);
+    const T* a = x.rd(count, in);
+    const T* b = e.rd(count, in);
+    T* z = dst.wr(count, in);
     for (int32_t i = 0; i < count; ++i)
         z[i] = static_cast<T>(std::pow(static_cast<float>(a[i]), static_cast<float>(b[i])));
 }
 template <typename T>
 void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, T e,
            const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
-    tmp.use(static_cast<uint64_t>(count) * 4, where);
+    const Instr in = vec(where);
+    tmp.wr(static_cast<uint64_t>(count) * 4, in);
     float s = static_cast<float>(e);
-    map_unary(dst, x, count, where, [s](float v) { return std::pow(v, s); });
+    map_unary(dst, x, count, in, [s](float v) { return std::pow(v, s); });
 }
+
+
+// ------------------------------------------------- mask/repeat instruction forms
+// One instruction issues `repeat` (0..255) repeats of up to 256 bytes; within a repeat the
+// first `mask` elements (contiguous mask mode) are taken from 8 blocks of 32 bytes, block k
+// at k * blkStride blocks from the repeat's start, repeat r at r * repStride blocks. The
+// device's stride fields are 8-bit (repeat strides and the binary form's block strides) or
+// 16-bit (the unary form's and Brcb's block strides): a value that does not fit would be cut
+// silently there, so the simulator refuses it where the parameters are built.
+inline uint32_t stride_field(int64_t v, int64_t max, const char* what, const loc& where) {
+    if (v < 0 || v > max)
+        fail(std::string(what) + " " + std::to_string(v) + " is outside 0.." +
+             std::to_string(max), where);
+    return static_cast<uint32_t>(v);
+}
+
+struct BinaryRepeatParams {
+    BinaryRepeatParams(int64_t dstBlk = 1, int64_t src0Blk = 1, int64_t src1Blk = 1,
+                       int64_t dstRep = 8, int64_t src0Rep = 8, int64_t src1Rep = 8,
+                       loc where = loc::current())
+        : dstBlkStride(stride_field(dstBlk, 255, "dstBlkStride", where)),
+          src0BlkStride(stride_field(src0Blk, 255, "src0BlkStride", where)),
+          src1BlkStride(stride_field(src1Blk, 255, "src1BlkStride", where)),
+          dstRepStride(stride_field(dstRep, 255, "dstRepStride", where)),
+          src0RepStride(stride_field(src0Rep, 255, "src0RepStride", where)),
+          src1RepStride(stride_field(src1Rep, 255, "src1RepStride", where)) {}
+    uint32_t dstBlkStride, src0BlkStride, src1BlkStride, dstRepStride, src0RepStride,
+        src1RepStride;
+};
+
+struct UnaryRepeatParams {
+    UnaryRepeatParams(int64_t dstBlk = 1, int64_t srcBlk = 1, int64_t dstRep = 8,
+                      int64_t srcRep = 8, loc where = loc::current())
+        : dstBlkStride(stride_field(dstBlk, 65535, "dstBlkStride", where)),
+          srcBlkStride(stride_field(srcBlk, 65535, "srcBlkStride", where)),
+          dstRepStride(stride_field(dstRep, 255, "dstRepStride", where)),
+          srcRepStride(stride_field(srcRep, 255, "srcRepStride", where)) {}
+    uint32_t dstBlkStride, srcBlkStride, dstRepStride, srcRepStride;
+};
+
+struct BrcbRepeatParams {
+    BrcbRepeatParams(int64_t dstBlk = 1, int64_t dstRep = 8, loc where = loc::current())
+        : dstBlkStride(stride_field(dstBlk, 65535, "dstBlkStride", where)),
+          dstRepStride(stride_field(dstRep, 65535, "dstRepStride", where)) {}
+    uint32_t dstBlkStride, dstRepStride;
+};
+
+inline void check_repeat(int64_t repeat, const loc& where) {
+    if (repeat < 0 || repeat > MAX_REPEAT)
+        fail("repeat " + std::to_string(repeat) + " is outside 0..255", where);
+}
+template <typename T>
+void check_mask(int64_t mask, const loc& where) {
+    constexpr int64_t per = REPEAT_BYTES / sizeof(T);
+    if (mask < 1 || mask > per)
+        fail("mask " + std::to_string(mask) + " is outside 1.." + std::to_string(per) +
+             " (elements of one 256-byte repeat)", where);
+}
+
+// The elements a strided operand touches: element e of repeat r.
+template <typename T>
+struct Strided {
+    static constexpr uint64_t EB = BLOCK_BYTES / sizeof(T);  // elements per block
+    const LocalTensor<T>& t;
+    uint64_t blk, rep;
+    uint64_t index(int64_t r, uint64_t e) const {
+        return static_cast<uint64_t>(r) * rep * EB + (e / EB) * blk * EB + e % EB;
+    }
+    // Checks the extent [0, last touched element] (alignment, bounds); returns the data.
+    T* data(int64_t repeat, uint64_t mask, const loc& where, size_t align = BLOCK_BYTES) const {
+        if (repeat == 0) return t.use(0, where, align);
+        uint64_t last = 0;
+        for (uint64_t e = 0; e < mask; ++e) last = std::max(last, index(repeat - 1, e));
+        for (uint64_t e = 0; e < mask; ++e) last = std::max(last, index(0, e));
+        return t.use(last + 1, where, align);
+    }
+    void read(int64_t r, uint64_t e, const Instr& in) const {
+        ub_read(t.byte_at(index(r, e)), sizeof(T), in);
+    }
+    void write(int64_t r, uint64_t e, const Instr& in) const {
+        ub_write(t.byte_at(index(r, e)), sizeof(T), in);
+    }
+};
+
+// dst = a OP b, repeat by repeat (each repeat reads its operands before writing).
+#define GK_SIM_BINARY_REPEAT(NAME, EXPR)                                                     \
+    template <typename T>                                                                    \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,  \
+              uint64_t mask, int64_t repeat, const BinaryRepeatParams& p,                    \
+              loc where = loc::current()) {                                                  \
+        const Instr in = vec(where);                                                         \
+        check_repeat(repeat, where);                                                         \
+        check_mask<T>(static_cast<int64_t>(mask), where);                                    \
+        Strided<T> D{dst, p.dstBlkStride, p.dstRepStride};                                   \
+        Strided<T> A{a, p.src0BlkStride, p.src0RepStride};                                   \
+        Strided<T> B{b, p.src1BlkStride, p.src1RepStride};                                   \
+        const T* x = A.data(repeat, mask, where);                                            \
+        const T* y = B.data(repeat, mask, where);                                            \
+        T* z = D.data(repeat, mask, where);                                                  \
+        float v[REPEAT_BYTES / sizeof(T)];                                                   \
+        for (int64_t k = 0; k < repeat; ++k) {                                               \
+            for (uint64_t e = 0; e < mask; ++e) {                                            \
+                A.read(k, e, in);                                                            \
+                B.read(k, e, in);                                                            \
+                float l = static_cast<float>(x[A.index(k, e)]);                              \
+                float r = static_cast<float>(y[B.index(k, e)]);                              \
+                v[e] = EXPR;                                                                 \
+            }                                                                                \
+            for (uint64_t e = 0; e < mask; ++e) {                                            \
+                D.write(k, e, in);                                                           \
+                z[D.index(k, e)] = static_cast<T>(v[e]);                                     \
+            }                                                                                \
+        }                                                                                    \
+    }
+GK_SIM_BINARY_OPS(GK_SIM_BINARY_REPEAT)
+#undef GK_SIM_BINARY_REPEAT
+
+// dst = a OP scalar, repeat by repeat.
+#define GK_SIM_SCALAR_REPEAT(NAME, EXPR)                                                     \
+    template <typename T>                                                                    \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, uint64_t mask,   \
+              int64_t repeat, const UnaryRepeatParams& p, loc where = loc::current()) {      \
+        const Instr in = vec(where);                                                         \
+        check_repeat(repeat, where);                                                         \
+        check_mask<T>(static_cast<int64_t>(mask), where);                                    \
+        Strided<T> D{dst, p.dstBlkStride, p.dstRepStride};                                   \
+        Strided<T> A{a, p.srcBlkStride, p.srcRepStride};                                     \
+        const T* x = A.data(repeat, mask, where);                                            \
+        T* z = D.data(repeat, mask, where);                                                  \
+        float s = static_cast<float>(scalar);                                                \
+        float v[REPEAT_BYTES / sizeof(T)];                                                   \
+        for (int64_t r = 0; r < repeat; ++r) {                                               \
+            for (uint64_t e = 0; e < mask; ++e) {                                            \
+                A.read(r, e, in);                                                            \
+                float l = static_cast<float>(x[A.index(r, e)]);                              \
+                v[e] = EXPR;                                                                 \
+            }                                                                                \
+            for (uint64_t e = 0; e < mask; ++e) {                                            \
+                D.write(r, e, in);                                                           \
+                z[D.index(r, e)] = static_cast<T>(v[e]);                                     \
+            }                                                                                \
+        }                                                                                    \
+    }
+GK_SIM_SCALAR_OPS(GK_SIM_SCALAR_REPEAT)
+#undef GK_SIM_SCALAR_REPEAT
+#undef GK_SIM_BINARY_OPS
+#undef GK_SIM_SCALAR_OPS
+
+// Brcb: each repeat takes 8 consecutive elements of src and fills one 32-byte block of dst
+// with each (block k of repeat r at r * dstRepStride + k * dstBlkStride blocks; a block
+// stride of 0 counts as 1). src and dst must not share memory.
+template <typename T>
+void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, int64_t repeat,
+          const BrcbRepeatParams& p, loc where = loc::current()) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Brcb takes 16- or 32-bit elements");
+    const Instr in = vec(where);
+    check_repeat(repeat, where);
+    constexpr uint64_t EB = BLOCK_BYTES / sizeof(T);
+    const uint64_t blk = p.dstBlkStride ? p.dstBlkStride : 1;
+    const uint64_t n = 8 * static_cast<uint64_t>(repeat);
+    const T* x = src.rd(n, in);
+    const uint64_t last_block = repeat ? (repeat - 1) * p.dstRepStride + 7 * blk : 0;
+    T* z = dst.use(repeat ? (last_block + 1) * EB : 0, where);
+    const size_t s0 = src.byte_at(0), s1 = src.byte_at(n);
+    const size_t d0 = dst.byte_at(0), d1 = dst.byte_at(repeat ? (last_block + 1) * EB : 0);
+    if (repeat && s0 < d1 && d0 < s1) fail("Brcb with source and destination sharing UB", where);
+    std::vector<T> vals(x, x + n);
+    for (int64_t r = 0; r < repeat; ++r) {
+        for (uint64_t k = 0; k < 8; ++k) {
+            const uint64_t b = r * p.dstRepStride + k * blk;
+            ub_write(dst.byte_at(b * EB), BLOCK_BYTES, in);
+            for (uint64_t j = 0; j < EB; ++j) z[b * EB + j] = vals[r * 8 + k];
+        }
+    }
+}
+
+// WholeReduceSum/Max/Min: repeat r reduces its first `mask` elements (source blocks at
+// srcBlkStride, repeats at srcRepStride blocks) to dst[r * dstRepStride]: pairwise, in T's
+// precision, as ReduceSum. The source must be 32-byte aligned, the destination only
+// element-aligned. The strides take the 8-bit range of the repeat parameters (the
+// simulator's conservative reading). Max/Min are simulated with ReduceOrder::ORDER_ONLY_VALUE
+// (one value per repeat).
+template <typename T, typename C>
+void whole_reduce(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                  int32_t mask, int64_t repeat, int32_t dstRepStride, int32_t srcBlkStride,
+                  int32_t srcRepStride, const loc& where, C combine) {
+    const Instr in = vec(where);
+    check_repeat(repeat, where);
+    check_mask<T>(mask, where);
+    Strided<T> S{src, stride_field(srcBlkStride, 255, "srcBlkStride", where),
+                 stride_field(srcRepStride, 255, "srcRepStride", where)};
+    const uint64_t dstep = stride_field(dstRepStride, 255, "dstRepStride", where);
+    const T* x = S.data(repeat, mask, where);
+    T* z = dst.use(repeat ? (repeat - 1) * dstep + 1 : 0, where, sizeof(T));
+    std::vector<float> v(mask);
+    for (int64_t r = 0; r < repeat; ++r) {
+        for (int32_t e = 0; e < mask; ++e) {
+            S.read(r, e, in);
+            v[e] = static_cast<float>(x[S.index(r, e)]);
+        }
+        for (size_t n = v.size(); n > 1; n = (n + 1) / 2) {
+            for (size_t i = 0; i < n / 2; ++i)
+                v[i] = static_cast<float>(static_cast<T>(combine(v[2 * i], v[2 * i + 1])));
+            if (n % 2) v[n / 2] = v[n - 1];
+        }
+        ub_write(dst.byte_at(r * dstep), sizeof(T), in);
+        z[r * dstep] = static_cast<T>(v[0]);
+        v.assign(mask, 0.0f);
+    }
+    (void)name;
+}
+template <typename T>
+void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t mask,
+                    int64_t repeat, int32_t dstRepStride, int32_t srcBlkStride,
+                    int32_t srcRepStride, loc where = loc::current()) {
+    whole_reduce("WholeReduceSum", dst, src, mask, repeat, dstRepStride, srcBlkStride,
+                 srcRepStride, where, [](float l, float r) { return l + r; });
+}
+#define GK_SIM_WHOLE_REDUCE(NAME, COMBINE)                                                   \
+    template <typename T>                                                                    \
+    void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t mask,            \
+              int64_t repeat, int32_t dstRepStride, int32_t srcBlkStride,                    \
+              int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX,      \
+              loc where = loc::current()) {                                                  \
+        if (order != ReduceOrder::ORDER_ONLY_VALUE)                                          \
+            fail(#NAME " is simulated with ReduceOrder::ORDER_ONLY_VALUE only", where);      \
+        whole_reduce(#NAME, dst, src, mask, repeat, dstRepStride, srcBlkStride,              \
+                     srcRepStride, where, [](float l, float r) { return COMBINE; });         \
+    }
+GK_SIM_WHOLE_REDUCE(WholeReduceMax, (std::isnan(l) || l > r ? l : r))
+GK_SIM_WHOLE_REDUCE(WholeReduceMin, (std::isnan(l) || l < r ? l : r))
+#undef GK_SIM_WHOLE_REDUCE
 
 }  // namespace AscendC
 
@@ -630,19 +1229,37 @@ inline std::string run_core(KernelCall call, uint8_t** args, const char* name, i
     core.ub.assign(ub_bytes, 0xA5);
     g_core = &core;
     g_barrier = bar;
+    // this thread's shadow of the UB is reused; numbers up to `base` count as complete
+    if (g_seq > 0xF0000000u) {
+        g_shadow.clear();
+        g_seq = 0;
+    }
+    core.base = g_seq;
+    for (auto& row : core.known)
+        for (auto& k : row) k = core.base;
     std::string error;
     try {
         call(args);
+        for (int e = 0; e < NEVENTS && error.empty(); ++e)
+            for (int i = 0; i < EVENT_IDS; ++i)
+                if (core.events[e][i].pending) {
+                    error = std::string(name) + ": line " +
+                            std::to_string(core.events[e][i].line) + ": SetFlag<HardEvent::" +
+                            EVENT_INFO[e].name + "> has no WaitFlag before the kernel ends";
+                    break;
+                }
     } catch (const std::exception& e) {
         error = e.what();
         if (bar != nullptr) bar->arrive_and_drop();  // the others must not wait for us
     }
     g_core = nullptr;
     g_barrier = nullptr;
+    core.lines = {};
     return error;
 }
 
-// Run `blocks` cores of a kernel and add up their GM traffic. Cores run one after another,
+// Run `blocks` cores of a kernel and add up their counters: GM bytes read, written, scalar
+// UB/GM accesses, syncs, vector instructions. Cores run one after another,
 // or (a SuperKernel: `threads`) as threads with a real barrier for SyncAll.
 inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blocks,
                   uint64_t ub_bytes, uint64_t* counters, char* err, int32_t errlen,
@@ -671,6 +1288,9 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         }
         counters[0] += cores[b].gm_read;
         counters[1] += cores[b].gm_written;
+        counters[2] += cores[b].scalar_ops;
+        counters[3] += cores[b].syncs;
+        counters[4] += cores[b].vector_ops;
     }
     return 0;
 }

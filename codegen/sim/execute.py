@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.codegen.ascendc import Rendered
-from graphkernel.codegen.sim.runner import SimulatorError, build, launch
+from graphkernel.codegen.sim.runner import Counts, SimulatorError, build, launch
 from graphkernel.codegen.targets import TargetSpec
 from graphkernel.ir import DType
 
@@ -46,9 +46,16 @@ def sim_source(r: Rendered) -> str:
 class Launch:
     outputs: list[np.ndarray]
     block_dim: int
-    gm_read: int
-    gm_written: int
+    counts: Counts
     tiling: dict[str, int]
+
+    @property
+    def gm_read(self) -> int:
+        return self.counts.gm_read
+
+    @property
+    def gm_written(self) -> int:
+        return self.counts.gm_written
 
 
 @dataclass
@@ -117,10 +124,10 @@ class SimLibrary:
         return raw, int(block.value), fields
 
     def run_super(self, name: str, external: dict[int, np.ndarray], spec: TargetSpec
-                  ) -> tuple[dict[int, np.ndarray], int, int, int]:
+                  ) -> tuple[dict[int, np.ndarray], int, Counts]:
         """Launch a SuperKernel once. ``external`` maps id(value) of each external input
-        buffer to its array; returns (id(value) -> array for every buffer, blockDim, GM bytes
-        read, written)."""
+        buffer to its array; returns (id(value) -> array for every buffer, blockDim, what the
+        launch did)."""
         from graphkernel.codegen.superkernel import buffers
 
         sr = self.supers[name]
@@ -140,11 +147,11 @@ class SimLibrary:
             block = max(block, b)
         ordered = [arrays[id(v)] for v in bufs]
         if block == 0:
-            return arrays, 0, 0, 0
-        read, written = launch(self.lib, name, [*ordered, np.zeros(32, np.uint8),
-                                                np.frombuffer(bytes(tiling), np.uint8).copy()],
-                               block, spec.ub_bytes)
-        return arrays, block, read, written
+            return arrays, 0, Counts(0, 0, 0, 0, 0)
+        counts = launch(self.lib, name, [*ordered, np.zeros(32, np.uint8),
+                                         np.frombuffer(bytes(tiling), np.uint8).copy()],
+                        block, spec.ub_bytes)
+        return arrays, block, counts
 
     def run(self, name: str, inputs: Sequence[np.ndarray], spec: TargetSpec) -> Launch:
         r = self.kernels[name]
@@ -165,10 +172,9 @@ class SimLibrary:
         outs = [np.zeros(tuple(symbolic.evaluate(d, env) for d in io.shape),
                          _np_dtype(io.dtype)) for io in s.outputs]
         if block == 0:
-            return Launch(outs, 0, 0, 0, fields)
+            return Launch(outs, 0, Counts(0, 0, 0, 0, 0), fields)
         tiling = np.frombuffer(raw, dtype=np.uint8).copy()
         workspace = np.zeros(32, np.uint8)
-        read, written = launch(self.lib, name, [*ins, *outs, workspace, tiling], block,
-                               spec.ub_bytes)
+        counts = launch(self.lib, name, [*ins, *outs, workspace, tiling], block, spec.ub_bytes)
         # the tiling bytes the kernel unpacks are an argument, not data traffic
-        return Launch(outs, block, read, written, fields)
+        return Launch(outs, block, counts, fields)

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,16 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 
 class SimulatorError(CodegenError):
     """A kernel broke a rule of the hardware model (reported with kernel name and line)."""
+
+
+class Counts(NamedTuple):
+    """What a launch did, added up over its cores."""
+
+    gm_read: int      # GM bytes read
+    gm_written: int   # GM bytes written
+    scalar: int       # scalar-pipe GetValue/SetValue of UB or GM
+    syncs: int        # SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
+    vector: int       # vector instructions issued
 
 
 def cache_dir() -> Path:
@@ -67,9 +78,8 @@ def build(sources: Sequence[str]) -> ctypes.CDLL:
 
 
 def launch(lib: ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray], blocks: int,
-           ub_bytes: int) -> tuple[int, int]:
-    """Run ``blocks`` cores of ``kernel`` over the given GM buffers (written in place).
-    Returns (GM bytes read, GM bytes written)."""
+           ub_bytes: int) -> Counts:
+    """Run ``blocks`` cores of ``kernel`` over the given GM buffers (written in place)."""
     fn = getattr(lib, f"gk_sim_launch_{kernel}", None)
     if fn is None:
         raise SimulatorError(f"no kernel {kernel!r} in the library")
@@ -78,11 +88,11 @@ def launch(lib: ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray], blocks:
         if a is not b and a.base is not b:
             raise SimulatorError("GM buffers must be C-contiguous arrays")
     ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-    counters = (ctypes.c_uint64 * 2)()
+    counters = (ctypes.c_uint64 * len(Counts._fields))()
     err = ctypes.create_string_buffer(1024)
     fn.restype = ctypes.c_int32
     rc = fn(ptrs, ctypes.c_int32(blocks), ctypes.c_uint64(ub_bytes), counters, err,
             ctypes.c_int32(len(err)))
     if rc != 0:
         raise SimulatorError(err.value.decode(errors="replace"))
-    return int(counters[0]), int(counters[1])
+    return Counts(*(int(c) for c in counters))

@@ -44,3 +44,30 @@ def test_fusion_lowers_the_modeled_time_and_the_report_names_the_target():
     b3 = graphkernel.compile(g, "--target=ascend910b3", env={}).report.extra
     assert b3["target"] == "ascend910b3"
     assert b["cost_model"].startswith("A cost model")
+
+
+def test_scalar_accesses_and_syncs_are_counted_and_costed():
+    """A product along rows is walked by the scalar unit (rows x cols GetValue, a SetValue per
+    row) between a V->S / MTE2->S sync and an S->V sync: the simulator counts them, the cost
+    model prices them by the target's cycles; a sum along rows stays on the vector unit."""
+    import numpy as np
+
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.codegen.cost import pipe_us
+
+    spec = load("ascend910b")
+    assert pipe_us(1000, 10, 4, spec) == pytest.approx(
+        (1000 * spec.scalar_cycles + 10 * spec.sync_cycles) / (4 * spec.clock_ghz * 1e3))
+    stats = {}
+    for op in ("ReduceProd", "ReduceSum"):
+        g = Graph()
+        x = g.add_input("x", TensorType((8, 16), "float32"))
+        e = g.add_node("Exp", [x]).output
+        g.set_outputs([g.add_node(op, [e], {"axis": [1], "keep_dims": True}).output])
+        res = graphkernel.compile(g, env={})
+        feeds = {"x": np.random.default_rng(0).uniform(-0.1, 0.1, (8, 16)).astype(np.float32)}
+        _, backend = run_sim(res, feeds)
+        (stats[op],) = backend.stats.values()
+    prod, total = stats["ReduceProd"], stats["ReduceSum"]
+    assert prod.scalar >= 8 * 16 + 8 and prod.syncs >= 2 and prod.pipe_us > 0
+    assert total.scalar == 0 and total.pipe_us == 0

@@ -90,8 +90,8 @@ def run_add_exp(n: int, cores: int, tile: int):
     per_core = -(-n // cores)
     per_core = -(-per_core // 8) * 8  # each core starts 32-byte aligned in GM
     tiling = np.array([n, per_core, tile], np.uint32)
-    read, written = launch(build([ADD_EXP]), "add_exp", [x, y, z, tiling], cores, UB)
-    return x, y, z, read, written
+    counts = launch(build([ADD_EXP]), "add_exp", [x, y, z, tiling], cores, UB)
+    return x, y, z, counts.gm_read, counts.gm_written
 
 
 @pytest.mark.parametrize("n,cores,tile", [(4096, 48, 512), (1000, 8, 64), (37, 48, 64),
