@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,14 @@ def temp_pass():
     yield add
     for name in added:
         registry.PASSES.pop(name, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``sim`` and ``e2e`` tests are ``slow`` too, and ``sim`` tests need g++."""
+    no_gpp = pytest.mark.skip(reason="needs g++ (the simulator compiles kernels with it)")
+    have_gpp = shutil.which("g++") is not None
+    for item in items:
+        if item.get_closest_marker("sim") or item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("sim") and not have_gpp:
+            item.add_marker(no_gpp)

@@ -17,6 +17,8 @@ from graphkernel.bisect import bisect, bisect_external, verify
 from graphkernel.cli import main
 from graphkernel.registry import PassResult
 
+pytestmark = pytest.mark.e2e  # bisect runs, scripts and the simulator
+
 
 def adds_graph(n: int = 10) -> Graph:
     g = Graph("adds")

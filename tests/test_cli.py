@@ -65,6 +65,7 @@ def test_bad_input_exits_2_with_one_message(argv, message, capsys):
     assert message in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.e2e
 def test_bad_graph_file_via_subprocess(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "graphkernel/1", "inputs": [],
@@ -83,6 +84,7 @@ def test_wrong_input_shape_exits_2(tmp_path, capsys):
     assert "input 'x': expected float32[batch,16,128]" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_every_command_has_help():
     for cmd in ("info", "run", "ops"):
         r = subprocess.run([sys.executable, "-m", "graphkernel.cli", cmd, "--help"],

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from graphkernel.cli import main
+
+pytestmark = pytest.mark.e2e  # the CLI in a subprocess
 
 EX = "examples/layernorm_residual.json"
 

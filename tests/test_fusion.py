@@ -167,6 +167,7 @@ def test_cluster_dump(tmp_path):
     assert "sm_max (ReduceMax)" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(6))
 def test_fuzzer_seed_set(chunk):
     """300 random graphs, 50 per chunk: validate, acyclic, limits, same outputs."""

@@ -16,6 +16,8 @@ from graphkernel import registry  # noqa: E402
 from graphkernel.frontends.fx import ATEN  # noqa: E402
 from graphkernel.registry import PassResult, register_pass  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # torch.compile and torch.export
+
 R = torch.Generator().manual_seed(0)
 
 

@@ -20,6 +20,7 @@ from graphkernel.interpreter import Interpreter, random_inputs  # noqa: E402
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
 
+@pytest.mark.slow
 def test_node_conformance_at_least_95_percent():
     res = run_conformance()
     failed = [f"{c.name}: {c.reason}" for c in res.cases if c.status == "failed"]
@@ -27,6 +28,7 @@ def test_node_conformance_at_least_95_percent():
     assert res.pass_rate >= 0.95, "\n".join(failed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(LIGHT, "*.onnx"))),
                          ids=lambda p: os.path.basename(p))
 def test_light_models_import_and_validate(path):
@@ -67,6 +69,7 @@ def randomized(name: str, seed: int = 0):
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "squeezenet"])
 def test_cnn_matches_onnx_reference(name):
     m = randomized(name)

@@ -21,6 +21,8 @@ from graphkernel import progress
 from graphkernel.cli import main
 from graphkernel.frontends import load_model
 
+pytestmark = pytest.mark.e2e  # the CLI on a pseudo-terminal
+
 EX = "examples/layernorm_residual.json"
 
 

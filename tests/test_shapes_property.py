@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from graphkernel import Graph, TensorType, symbolic
 from graphkernel.interpreter import Interpreter
+
+pytestmark = pytest.mark.slow  # property tests
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.load_profile("ci")

@@ -12,6 +12,8 @@ import graphkernel
 from graphkernel.cli import main
 from graphkernel.frontends import load_model
 
+pytestmark = pytest.mark.e2e  # reports drawn and opened in Chromium
+
 onnx = pytest.importorskip("onnx")
 
 

@@ -15,6 +15,8 @@ from graphkernel.fileio import load_npz
 from graphkernel.frontends import load_model
 from graphkernel.interpreter import Interpreter
 
+pytestmark = pytest.mark.e2e  # torch.compile of whole models
+
 ZOO = Path(__file__).resolve().parent.parent / "examples" / "models"
 NAMES = sorted(p.stem for p in ZOO.glob("*.json"))
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.fuzz.generator import check_sim
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
 
 def test_fuzzed_graphs_run_through_generated_kernels_match():

@@ -6,7 +6,6 @@ they are split off and their vector epilogues generated."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from graphkernel.codegen.sim.execute import SimLibrary
 from graphkernel.frontends import load_model
 from graphkernel.interpreter import random_inputs
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -3,14 +3,12 @@ broken kernels are caught with the documented errors naming kernel and line."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from graphkernel.codegen.sim.runner import SimulatorError, build, launch
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 UB = 196_608
 
 # z = exp(x) + y over n floats: tiles of TILE elements, double-buffered queues, the tile loop

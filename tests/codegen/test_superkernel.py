@@ -3,8 +3,6 @@ same outputs as separate launches (cores run as threads with a real barrier)."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -15,7 +13,7 @@ from graphkernel.codegen.backend import SimBackend, render_all, render_supers, s
 from graphkernel.codegen.sim.execute import SimLibrary
 from graphkernel.interpreter import Interpreter
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 FLAGS = "--opt_level=2 --enable_super_kernel --composite_op_limit_size=2"
 
 

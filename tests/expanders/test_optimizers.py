@@ -51,6 +51,7 @@ def tensors():
             "grad": rng.standard_normal(N).astype(np.float32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_apply_momentum_is_sgd_with_momentum(tensors, nesterov):
     lr, mom = f32(0.1, 0.9)
