@@ -91,21 +91,6 @@ def barriers(members: Sequence[Node]) -> list[bool]:
     return out
 
 
-def split_at(groups: list[Group], missing: set[str]) -> list[Group]:
-    """Groups without the kernels in ``missing`` (fallen back): a gap splits a group."""
-    out: list[Group] = []
-    for g in groups:
-        run: list[Node] = []
-        for k in [*g.members, None]:
-            if k is not None and k.name not in missing:
-                run.append(k)
-                continue
-            if len(run) > 1:
-                out.append(Group(f"superkernel_{len(out) + 1}", run, barriers(run)))
-            run = []
-    return out
-
-
 def buffers(group: Group) -> tuple[list[Value], list[list[int]]]:
     """The SuperKernel's GM buffers (external inputs, then every member's outputs) and, per
     member, the buffer index of each of its inputs and outputs."""

@@ -91,10 +91,6 @@ def bias_add_grad(b, dy, *, data_format):
     return b.reduce_sum(dy, [i for i in range(dy.type.rank) if i != c])
 
 
-def _softmax_axes(node):
-    return softmax_axes(node.inputs[0].type.rank, node.attrs["axis"])
-
-
 @expander("SoftmaxGrad")
 def softmax_grad(b, y, dy, *, axis):
     axes = list(softmax_axes(y.type.rank, axis))

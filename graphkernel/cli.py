@@ -619,9 +619,5 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
                                                           line))
 
 
-def _entry() -> None:  # pragma: no cover
-    sys.exit(main())
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -148,12 +148,6 @@ class TensorType:
     def nbytes(self) -> Dim:
         return symbolic.mul(self.numel, self.dtype.itemsize)
 
-    def with_shape(self, shape: Sequence[Dim]) -> TensorType:
-        return TensorType(tuple(shape), self.dtype)
-
-    def with_dtype(self, dtype: DType) -> TensorType:
-        return TensorType(self.shape, dtype)
-
     def concrete(self, env: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(symbolic.evaluate(d, env) for d in self.shape)
 

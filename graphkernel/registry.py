@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphkernel.errors import FlagError, did_you_mean
-
 STAGES = ("preprocess", "expand", "simplify", "cluster", "split", "postfusion", "codegen")
 
 
@@ -96,13 +94,6 @@ def register_pass(name: str, stage: str, level: int = 1, order: float = 50.0,
         return fn
 
     return deco
-
-
-def get_pass(name: str) -> PassInfo:
-    if name not in PASSES:
-        raise FlagError(f"unknown pass {name!r}" + did_you_mean(name, PASSES)
-                        + "; run `graphkernel passes` to list them all")
-    return PASSES[name]
 
 
 def _register_in(table: dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:

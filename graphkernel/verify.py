@@ -13,7 +13,7 @@ value is (near) zero do not explode the figure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -188,8 +188,3 @@ def compare_outputs(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]
         rep.outputs.append(compare(a, e, dt, names[i]))
     return rep
 
-
-def compare_named(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]
-                  ) -> AccuracyReport:
-    names = list(expected)
-    return compare_outputs([actual[n] for n in names], [expected[n] for n in names], names)

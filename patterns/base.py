@@ -79,10 +79,6 @@ def first_failure(conditions: Sequence[Condition]) -> str | None:
     return None
 
 
-def kind_name(k: OpKind) -> str:
-    return k.name
-
-
 def all_patterns() -> list[Pattern]:
     return sorted(PATTERNS.values(), key=lambda p: p.order)
 
