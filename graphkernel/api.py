@@ -49,7 +49,8 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     """Run the pass pipeline on a graph (or a model file) under the effective flags.
 
     The input graph is not modified. ``out_dir`` also receives ``report.json``; ``dump_dir``
-    replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps.
+    replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps and, with
+    ``keep_codegen_project``, of the kernel project (``kernels/`` and its manifest).
     """
     if isinstance(graph_or_path, Graph):
         graph = graph_or_path.copy()
@@ -70,4 +71,9 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     if pm.dumper is not None:
         pm.dumper.write_json("report.json", report.to_dict())
         result.dumps = list(pm.dumper.written)
+    if cfg.keep_codegen_project:  # AutoFuse's codegen_compile_debug: kernels kept with dumps
+        from graphkernel.codegen.backend import write_project
+
+        keep = dump_dir if dump_dir is not None else cfg.debug_dir
+        result.dumps += write_project(result, keep, result.dumps)
     return result

@@ -69,8 +69,6 @@ class FlagValues(BaseModel):
     broadcast_fuse_depth: int = Field(6, ge=1)
     enable_recompute_fusion: bool | None = None
     enable_parallel_fusion: bool | None = None
-    enable_stitch_fusion: bool | None = None
-    enable_horizontal_fusion: bool | None = None
     enable_single_node_fusion: bool = False
     enable_super_kernel: bool | None = None
     super_kernel_scope: list[str] = []
@@ -119,13 +117,8 @@ SPECS: dict[str, FlagSpec] = {
     "broadcast_fuse_depth": FlagSpec("int", "size limit of elemwise_broadcast_bwd patterns"),
     "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers",
                                         level=2),
-    "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels", level=3),
-    "enable_stitch_fusion": FlagSpec("bool", "join reduce + consumer across parallel axes "
-                                             "(no effect yet: no stitch pass in this build)",
-                                     level=3),
-    "enable_horizontal_fusion": FlagSpec("bool", "horizontal fusion of kernels sharing inputs "
-                                                 "(no effect yet: parallel_fusion is switched "
-                                                 "by enable_parallel_fusion)", level=3),
+    "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels sharing inputs "
+                                               "(horizontal fusion)", level=3),
     "enable_single_node_fusion": FlagSpec("bool", "a lone vector op still becomes a kernel"),
     "enable_super_kernel": FlagSpec("bool", "merge kernels of a scope into one launch",
                                     level=3),
@@ -135,6 +128,8 @@ SPECS: dict[str, FlagSpec] = {
     "disable_fallback": FlagSpec("bool", "a cluster codegen cannot handle is an error"),
     "dump_as_text": FlagSpec("bool", "dump IR after every pass, cluster report and kernels"),
     "debug_dir": FlagSpec("str", "where dumps go"),
+    "keep_codegen_project": FlagSpec("bool", "also write the kernel project (kernels/, "
+                                             "manifest.json) into the dump folder"),
     "bisect_limit": FlagSpec("int", "run only the first N rewrite applications (-1: all)"),
     "print_bisect": FlagSpec("bool", "print BISECT: running|NOT running (N) lines"),
     "bisect_pass": FlagSpec("str", "number (and limit) only this pass's applications; the other "
@@ -147,7 +142,9 @@ SPECS: dict[str, FlagSpec] = {
     "autofuse_disable_pass": FlagSpec("list", "AutoFuse: disable reduce/concat/slice/gather/"
                                               "transpose fusions"),
     "max_fusion_size": FlagSpec("int", "AutoFuse: -> composite_op_limit_size (0: no fusion)"),
-    "codegen_compile_debug": FlagSpec("bool", "AutoFuse: keep generated projects and dumps"),
+    "codegen_compile_debug": FlagSpec("bool", "AutoFuse: -> keep_codegen_project"),
+    # MindSpore graph-kernel names
+    "enable_horizontal_fusion": FlagSpec("bool", "MindSpore: -> enable_parallel_fusion"),
     "skip_node_names_cfg": FlagSpec("str", "AutoFuse: .ini with [ByNodeName]/[ByNodeType] "
                                            "sections of nodes never fused"),
 }
@@ -165,7 +162,7 @@ AUTOFUSE_PATTERNS: dict[str, tuple[str, ...]] = {
 # accepted for compatibility, with a warning that they have no effect.
 COMPAT_NO_EFFECT = frozenset({
     "online_tuning", "kernel_generator", "enable_cce_lib", "enable_cce_lib_ops",
-    "enable_cce_lib_ops_only", "disable_cce_lib_ops", "enable_debug_mode",
+    "enable_cce_lib_ops_only", "enable_stitch_fusion", "disable_cce_lib_ops", "enable_debug_mode",
     "enable_lite_conv_tuning", "enable_vectorization", "enable_dynamic_batch",
     "enable_csr_fusion", "enable_auto_tensor_inplace", "parallel_ops_level",
     "recompute_increment_threshold", "recompute_peak_threshold", "enable_parallel_op_combine",
@@ -522,6 +519,8 @@ def _convert(it: FlagItem, spec: FlagSpec,
         return [("composite_op_limit_size", val)]
     if key == "codegen_compile_debug":
         return [("keep_codegen_project", val)]
+    if key == "enable_horizontal_fusion":
+        return [("enable_parallel_fusion", val)]
     if key in ("autofuse_enable_pass", "autofuse_disable_pass"):
         pats: list[str] = []
         for v in val:

@@ -273,3 +273,29 @@ def test_other_enable_disable_lists_follow_precedence_too(tmp_path, keys, name):
     flags, path, env = _sources(tmp_path, "file", "env", name, keys)
     c = cfg(flags, config=path, env=env)
     assert getattr(c, keys[0]) == [] and getattr(c, keys[1]) == [name]
+
+
+def test_mindspore_flag_names_switch_what_they_name(tmp_path):
+    """enable_horizontal_fusion is MindSpore's name for the parallel (horizontal) fusion pass;
+    enable_stitch_fusion is accepted with a warning that it does nothing here."""
+    c = cfg("--opt_level=3 --enable_horizontal_fusion=false")
+    assert c.enable_parallel_fusion is False and c.origin("enable_parallel_fusion") == "explicit"
+    on = {d.slot.name for d in plan(c) if d.on}
+    assert "parallel_fusion" not in on
+    assert "parallel_fusion" in {d.slot.name for d in plan(cfg("--opt_level=3")) if d.on}
+    with pytest.warns(UserWarning, match="enable_stitch_fusion is accepted for compatibility"):
+        cfg("--enable_stitch_fusion=true")
+
+
+def test_keep_codegen_project_writes_the_kernel_project_with_the_dumps(tmp_path):
+    from graphkernel.api import compile as gk_compile
+
+    keep = tmp_path / "dumps"
+    gk_compile("examples/layernorm_residual.json",
+               f"--codegen_compile_debug --debug_dir={keep}", env=NOENV)
+    manifest = json.loads((keep / "manifest.json").read_text())
+    sources = sorted(p.name for p in (keep / "kernels").glob("*.cpp"))
+    assert manifest["kernels"] and sources
+    assert {k["name"] + ".cpp" for k in manifest["kernels"]} <= set(sources)
+    gk_compile("examples/layernorm_residual.json", f"--debug_dir={tmp_path / 'none'}", env=NOENV)
+    assert not (tmp_path / "none").exists()
