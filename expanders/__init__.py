@@ -1,4 +1,6 @@
-"""Expanders: one module per composite op family; importing registers them all."""
+"""Expanders: the rules that write a composite op (GeLU, LayerNorm, Softmax, Adam…) in basic
+ops, one module per op family, each registered under the op it expands. Importing this
+package registers them all; the ``expand`` pass applies them."""
 
 from graphkernel.expanders import (  # noqa: F401
     activations,

@@ -11,7 +11,7 @@ from typing import Any
 from graphkernel.dump import Dumper
 from graphkernel.flags import Config, resolve
 from graphkernel.ir import Graph
-from graphkernel.pipeline import PassManager, RunReport, name_checker, plan
+from graphkernel.pipeline import PassManager, RunReport, name_checker, plan, report_count
 
 
 @dataclass
@@ -63,8 +63,6 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
                      cfg.dump_as_text else None)
     report = pm.run(graph)
     result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
-    from graphkernel.bisect import report_count
-
     report_count(report.bisect_applications)
     if out_dir is not None:
         result.write_report(out_dir)

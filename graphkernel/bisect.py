@@ -31,6 +31,7 @@ import numpy as np
 from graphkernel.errors import ExecutionError, GraphKernelError
 from graphkernel.interpreter import Interpreter, random_inputs
 from graphkernel.ir import Graph
+from graphkernel.pipeline import COUNT_ENV
 from graphkernel.verify import AccuracyReport, compare, tolerance
 
 BACKENDS = ("reference", "sim")
@@ -497,9 +498,6 @@ def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence
 
 
 # ----------------------------------------------------------- external driver
-COUNT_ENV = "GRAPHKERNEL_BISECT_COUNT_FILE"
-
-
 @dataclass
 class ExternalResult:
     found: bool
@@ -566,14 +564,6 @@ def bisect_external(cmd: Sequence[str], max_n: int | None = None,
         out.culprit_line = next((ln for ln in text.splitlines()
                                  if ln.startswith(f"BISECT: running ({hi}) ")), "")
     return out
-
-
-def report_count(applications: int) -> None:
-    """Called by compile(): when a driver asked for it, append this compile's count."""
-    path = os.environ.get(COUNT_ENV)
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{applications}\n")
 
 
 def _main_external(argv: Sequence[str]) -> int:  # pragma: no cover - thin CLI wrapper

@@ -1,4 +1,4 @@
-"""The graph IR: DType, TensorType, Value, Node, Graph.
+"""The graph IR: Value, Node, Graph (DType and TensorType, from tensor_types, are re-exported).
 
 One ``Graph`` type flows through every part of graphkernel. A graph owns its
 nodes (kept in topological order whenever it is observed), its inputs and its
@@ -20,139 +20,15 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from graphkernel import symbolic
-from graphkernel.errors import GraphError, ShapeError
-from graphkernel.symbolic import Dim, Shape
-
-
-class DType(StrEnum):
-    """Element types graphkernel models; numpy carries each (bf16 via ml_dtypes)."""
-
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-    float32 = "float32"
-    float64 = "float64"
-    int8 = "int8"
-    int16 = "int16"
-    int32 = "int32"
-    int64 = "int64"
-    uint8 = "uint8"
-    bool = "bool"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def np(self) -> np.dtype:
-        return _NP_OF[self]
-
-    @property
-    def itemsize(self) -> int:
-        return self.np.itemsize
-
-    @property
-    def is_float(self) -> bool:
-        return self in _FLOATS
-
-    @property
-    def is_int(self) -> bool:
-        return self in _INTS
-
-    @property
-    def is_low_precision(self) -> bool:
-        return self in (DType.float16, DType.bfloat16)
-
-    @classmethod
-    def parse(cls, value: Any) -> DType:
-        """Accept a DType, a numpy dtype, or a name/alias such as 'fp16' or 'half'."""
-        if isinstance(value, DType):
-            return value
-        if isinstance(value, str):
-            key = value.strip().lower()
-            if key in _ALIASES:
-                return _ALIASES[key]
-            from graphkernel.errors import did_you_mean
-
-            raise ShapeError(
-                f"unknown dtype {value!r}; accepted: {', '.join(d.value for d in DType)}"
-                + did_you_mean(key, [d.value for d in DType])
-            )
-        try:
-            npd = np.dtype(value)
-        except TypeError:
-            raise ShapeError(f"unknown dtype {value!r}") from None
-        found = _BY_NP.get(npd)
-        if found is not None:
-            return found
-        raise ShapeError(
-            f"numpy dtype {npd} is not supported; accepted: {', '.join(d.value for d in DType)}"
-        )
-
-
-_NP_OF = {
-    DType.float16: np.dtype(np.float16),
-    DType.bfloat16: np.dtype(ml_dtypes.bfloat16),
-    DType.float32: np.dtype(np.float32),
-    DType.float64: np.dtype(np.float64),
-    DType.int8: np.dtype(np.int8),
-    DType.int16: np.dtype(np.int16),
-    DType.int32: np.dtype(np.int32),
-    DType.int64: np.dtype(np.int64),
-    DType.uint8: np.dtype(np.uint8),
-    DType.bool: np.dtype(np.bool_),
-}
-_BY_NP = {n: d for d, n in _NP_OF.items()}
-_FLOATS = {DType.float16, DType.bfloat16, DType.float32, DType.float64}
-_INTS = {DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8}
-_ALIASES: dict[str, DType] = {d.value: d for d in DType}
-_ALIASES.update(
-    fp16=DType.float16, half=DType.float16, bf16=DType.bfloat16, fp32=DType.float32,
-    float=DType.float32, fp64=DType.float64, double=DType.float64, int=DType.int32,
-    long=DType.int64, bool_=DType.bool, boolean=DType.bool,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class TensorType:
-    """A tensor's shape (ints or symbolic dims) and element type."""
-
-    shape: Shape
-    dtype: DType
-    _numel: Dim = field(init=False, repr=False, compare=False, hash=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(symbolic.canon(d) for d in self.shape))
-        object.__setattr__(self, "dtype", DType.parse(self.dtype))
-        object.__setattr__(self, "_numel", symbolic.numel(self.shape))
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> Dim:
-        return self._numel
-
-    @property
-    def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
-
-    @property
-    def nbytes(self) -> Dim:
-        return symbolic.mul(self.numel, self.dtype.itemsize)
-
-    def concrete(self, env: Mapping[str, int]) -> tuple[int, ...]:
-        return tuple(symbolic.evaluate(d, env) for d in self.shape)
-
-    def __str__(self) -> str:
-        return f"{self.dtype.value}{symbolic.format_shape(self.shape)}"
+from graphkernel import ops
+from graphkernel.errors import GraphError
+from graphkernel.symbolic import Dim, Shape  # noqa: F401 - Dim re-exported
+from graphkernel.tensor_types import DType, TensorType
+from graphkernel.textir import format_graph
 
 
 class Value:
@@ -339,9 +215,7 @@ class Graph:
         ``out_types`` skips inference (used by loaders that already know the types;
         ``validate()`` re-checks them).
         """
-        from graphkernel import ops as _ops
-
-        opdef = _ops.get(op)
+        opdef = ops.get(op)
         if name is None:
             nname = self.fresh_name(opdef.name.lower())
         elif name in self._node_names:
@@ -515,12 +389,10 @@ class Graph:
 
     def remove_dead(self, keep_side_effects: bool = True) -> int:
         """Erase nodes whose results are unused (in-place ops are kept: they write parameters)."""
-        from graphkernel import ops as _ops
-
         live_out = {id(v) for v in self.outputs}
         removed = 0
         for node in reversed(self.nodes):
-            if keep_side_effects and node.op != "GraphKernel" and _ops.get(node.op).writes:
+            if keep_side_effects and node.op != "GraphKernel" and ops.get(node.op).writes:
                 continue
             if any(v.uses or id(v) in live_out for v in node.outputs):
                 continue
@@ -570,8 +442,6 @@ class Graph:
     # -------------------------------------------------------------- validation
     def validate(self) -> None:
         """Check acyclicity, use-lists, names and types; raise GraphError saying how to fix it."""
-        from graphkernel import ops as _ops
-
         self._check_use_lists()
         self.toposort()
         seen: set[int] = {id(v) for v in self.inputs}
@@ -593,7 +463,7 @@ class Graph:
                 if v.producer is not node or v.index != i:
                     raise GraphError(f"{where}: output {i} '%{v.name}' has the wrong producer")
                 seen.add(id(v))
-            opdef = _ops.get(node.op)
+            opdef = ops.get(node.op)
             opdef.check_arity(len(node.inputs), where=where)
             expect = opdef.infer_types([v.type for v in node.inputs], node.attrs, where=where)
             got = [v.type for v in node.outputs]
@@ -675,6 +545,4 @@ class Graph:
         return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def __str__(self) -> str:
-        from graphkernel.textir import format_graph
-
         return format_graph(self)

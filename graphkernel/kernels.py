@@ -7,8 +7,37 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphkernel import ops
-from graphkernel.ir import Graph, Node, Value
-from graphkernel.ops import OpKind
+from graphkernel.errors import OpError, ShapeError
+from graphkernel.interpreter import Interpreter
+from graphkernel.ir import Graph, Node, TensorType, Value
+from graphkernel.ops import Attrs, OpKind
+
+
+# The op a fused cluster becomes: a node holding its members as a subgraph. It is defined
+# here, above the IR, because its attribute is a Graph and its reference runs one.
+class GraphKernelAttrs(Attrs):
+    subgraph: Graph
+    pattern: str = ""
+
+
+def _gk_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    sub: Graph = attrs["subgraph"]
+    if len(ins) != len(sub.inputs):
+        raise OpError(f"takes {len(sub.inputs)} inputs (its subgraph's), got {len(ins)}")
+    for i, (t, v) in enumerate(zip(ins, sub.inputs, strict=True)):
+        if t != v.type:
+            raise ShapeError(f"input {i} type {t} differs from the subgraph input {v.type}")
+    return [v.type for v in sub.outputs]
+
+
+def _gk_ref(xs, attrs, ctx):
+    sub: Graph = attrs["subgraph"]
+    feeds = {v.name: x for v, x in zip(sub.inputs, xs, strict=True)}
+    return tuple(Interpreter(sub).run(feeds))
+
+
+ops.register(ops.OpDef("GraphKernel", OpKind.OPAQUE, (0, None), _gk_infer, _gk_ref,
+                       attrs=GraphKernelAttrs, category="fused"))
 
 
 def pattern_of(label: str) -> str:

@@ -2,7 +2,8 @@
 
 An OpDef holds the op's kind (for fusion), arity, attribute schema (a pydantic
 model), shape+dtype inference and a numpy reference. The op families live in
-``graphkernel/opdefs/``; importing this module registers all of them.
+``graphkernel/opdefs/`` and register themselves when imported, which ``import graphkernel``
+does (the registry itself imports none of them).
 
 Reference contract: ``reference(inputs, attrs, ctx) -> array | tuple of arrays``.
 Floating inputs arrive already widened to the compute precision (float32 for
@@ -21,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphkernel.errors import OpError, ShapeError, did_you_mean
-from graphkernel.ir import DType, TensorType
+from graphkernel.tensor_types import DType, TensorType
 
 
 class OpKind(IntEnum):
@@ -184,7 +185,3 @@ def normalize_axes(axes: Sequence[int], rank: int) -> list[int]:
     if len(set(out)) != len(out):
         raise ShapeError(f"axes {list(axes)} repeat an axis")
     return out
-
-
-# Registers every op family; must stay at the bottom (the families use the helpers above).
-from graphkernel import opdefs as _opdefs  # noqa: E402,F401

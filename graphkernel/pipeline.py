@@ -14,6 +14,7 @@ slot per run. Selectors in ``enable_pass``/``disable_pass``:
 from __future__ import annotations
 
 import gc
+import os
 import re
 import sys
 import time
@@ -258,6 +259,19 @@ class BisectCounter:
             verb = "running" if ok else "NOT running"
             self.printer(f"BISECT: {verb} ({self.count}) {pass_name} on {description}")
         return ok
+
+
+# `graphkernel bisect run -- CMD` learns how many rewrites each compile of CMD numbered through
+# this file (one count per line); the child's compiles append to it.
+COUNT_ENV = "GRAPHKERNEL_BISECT_COUNT_FILE"
+
+
+def report_count(applications: int) -> None:
+    """Called by compile(): when a bisect driver asked for it, append this compile's count."""
+    path = os.environ.get(COUNT_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{applications}\n")
 
 
 class PassContext:

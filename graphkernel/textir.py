@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphkernel.ir import DType, Graph, Node, TensorType
+from graphkernel.tensor_types import DType, TensorType
+
+if TYPE_CHECKING:  # the IR prints itself through this module
+    from graphkernel.ir import Graph, Node
 
 
 def format_attr(value: Any) -> str:
@@ -16,8 +19,6 @@ def format_attr(value: Any) -> str:
             items = ", ".join(repr(x.item()) for x in value.reshape(-1))
             return f"{dt}{list(value.shape)}[{items}]"
         return f"{dt}{list(value.shape)}"
-    if isinstance(value, Graph):
-        return f"<subgraph {value.name}: {len(value)} nodes>"
     if isinstance(value, DType):
         return value.value
     if isinstance(value, TensorType):

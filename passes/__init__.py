@@ -1,4 +1,7 @@
-"""The passes of the pipeline; importing this package registers every one of them."""
+"""The passes of the pipeline, one module each, registered with their stage and level
+(``graphkernel.registry.register_pass``): expansion, simplification, clustering, the split into
+GraphKernel nodes, post-fusion rewrites and code generation. Importing this package registers
+every one of them; ``graphkernel passes`` lists them in pipeline order."""
 
 from graphkernel.passes import (  # noqa: F401
     arith_simplify,

@@ -1,4 +1,7 @@
-"""Frontends: graphkernel's own JSON/YAML format, ONNX, and (with torch) FX."""
+"""Frontends: models in, graphs out, and back. graphkernel's own JSON/YAML format
+(``json_format``), ONNX import and export (``onnx``, ``onnx_export``, with the conformance
+runner ``onnx_conformance``) and, with torch installed, FX graphs from torch.compile and
+torch.export (``fx``). ``load_model`` picks the reader by file type."""
 
 from __future__ import annotations
 

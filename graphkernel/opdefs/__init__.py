@@ -1,4 +1,7 @@
-"""Op families; importing this package registers every basic and composite op."""
+"""Op definitions, one module per family (elementwise, arithmetic, reduce, shape, nn, norms,
+activations, losses, grads, optimizers, misc): each op's kind, arity, attribute schema, shape
+inference and numpy reference, registered in ``graphkernel.ops``. Importing this package
+registers every basic and composite op (``import graphkernel`` does)."""
 
 from graphkernel.opdefs import (  # noqa: F401
     activations,

@@ -9,10 +9,10 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.opdefs.composite import composite, elementwise, elementwise_infer
 from graphkernel.opdefs.reduce import ReduceAttrs, reduce_axes, reduced_shape
 from graphkernel.ops import Attrs, OpKind, check_dtype, normalize_axis
+from graphkernel.tensor_types import TensorType
 
 C = "arithmetic"
 

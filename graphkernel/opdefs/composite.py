@@ -9,8 +9,8 @@ import numpy as np
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.ops import Attrs, NoAttrs, OpDef, OpKind, check_dtype, register
+from graphkernel.tensor_types import TensorType
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 

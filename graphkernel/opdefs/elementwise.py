@@ -9,8 +9,8 @@ import numpy as np
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import DType, TensorType
 from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
+from graphkernel.tensor_types import DType, TensorType
 
 
 def _vectorize(fn: Callable[[float], float]) -> Callable[[np.ndarray], np.ndarray]:

@@ -7,12 +7,12 @@ import math
 import numpy as np
 
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.opdefs.activations import GeLUAttrs, SoftplusAttrs
 from graphkernel.opdefs.arithmetic import BiasAddAttrs, channel_axis
 from graphkernel.opdefs.composite import composite, elementwise, erf, sigmoid
 from graphkernel.opdefs.norms import LayerNormAttrs, SoftmaxAttrs, ln_axes, softmax_axes
 from graphkernel.ops import OpKind, check_dtype
+from graphkernel.tensor_types import TensorType
 
 G = "grad"
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)

@@ -6,9 +6,9 @@ from typing import Literal
 
 import numpy as np
 
-from graphkernel.ir import TensorType
 from graphkernel.opdefs.composite import composite, elementwise, elementwise_infer
 from graphkernel.ops import Attrs, OpKind
+from graphkernel.tensor_types import TensorType
 
 L = "loss"
 

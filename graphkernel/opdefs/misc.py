@@ -1,4 +1,5 @@
-"""Constant, Assign, Opaque (externally implemented) and GraphKernel (a fused subgraph)."""
+"""Constant, Assign and Opaque (externally implemented). GraphKernel, the op holding a fused
+subgraph, is defined with the IR it holds, in graphkernel/kernels.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 import numpy as np
 from pydantic import field_validator
 
-from graphkernel.errors import ExecutionError, OpError, ShapeError, did_you_mean
-from graphkernel.ir import DType, Graph, TensorType
+from graphkernel.errors import ExecutionError, ShapeError, did_you_mean
 from graphkernel.ops import Attrs, OpDef, OpKind, register
+from graphkernel.tensor_types import DType, TensorType
 
 
 class ConstantAttrs(Attrs):
@@ -109,31 +110,3 @@ def _opaque_ref(xs, attrs, ctx):
 
 register(OpDef("Opaque", OpKind.OPAQUE, (0, None), lambda ins, a: list(a["out_types"]),
                _opaque_ref, attrs=OpaqueAttrs, category="opaque"))
-
-
-# ------------------------------------------------------------- GraphKernel
-class GraphKernelAttrs(Attrs):
-    subgraph: Graph
-    pattern: str = ""
-
-
-def _gk_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
-    sub: Graph = attrs["subgraph"]
-    if len(ins) != len(sub.inputs):
-        raise OpError(f"takes {len(sub.inputs)} inputs (its subgraph's), got {len(ins)}")
-    for i, (t, v) in enumerate(zip(ins, sub.inputs, strict=True)):
-        if t != v.type:
-            raise ShapeError(f"input {i} type {t} differs from the subgraph input {v.type}")
-    return [v.type for v in sub.outputs]
-
-
-def _gk_ref(xs, attrs, ctx):
-    from graphkernel.interpreter import Interpreter
-
-    sub: Graph = attrs["subgraph"]
-    feeds = {v.name: x for v, x in zip(sub.inputs, xs, strict=True)}
-    return tuple(Interpreter(sub).run(feeds))
-
-
-register(OpDef("GraphKernel", OpKind.OPAQUE, (0, None), _gk_infer, _gk_ref,
-               attrs=GraphKernelAttrs, category="fused"))

@@ -8,8 +8,8 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
+from graphkernel.tensor_types import TensorType
 
 
 class MatMulAttrs(Attrs):

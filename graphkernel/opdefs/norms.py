@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.opdefs.composite import composite
 from graphkernel.ops import Attrs, OpKind, check_dtype, normalize_axes, normalize_axis
+from graphkernel.tensor_types import TensorType
 
 N = "norm"
 

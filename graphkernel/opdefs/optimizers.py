@@ -12,9 +12,9 @@ from pydantic import BaseModel
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import TensorType
 from graphkernel.opdefs.composite import composite, elementwise
 from graphkernel.ops import Attrs, NoAttrs, check_dtype
+from graphkernel.tensor_types import TensorType
 
 O = "optimizer"  # noqa: E741
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.errors import ShapeError
-from graphkernel.ir import DType, TensorType
 from graphkernel.ops import (
     Attrs,
     OpDef,
@@ -15,6 +14,7 @@ from graphkernel.ops import (
     normalize_axis,
     register,
 )
+from graphkernel.tensor_types import DType, TensorType
 
 
 class ReduceAttrs(Attrs):

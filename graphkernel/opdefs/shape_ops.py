@@ -8,7 +8,6 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ir import DType, TensorType
 from graphkernel.ops import (
     Attrs,
     OpDef,
@@ -19,6 +18,7 @@ from graphkernel.ops import (
     register,
 )
 from graphkernel.symbolic import Dim
+from graphkernel.tensor_types import DType, TensorType
 
 INT_MAX = 2**63 - 1
 

@@ -1,0 +1,97 @@
+"""The module graph has no cycles: every import, at module level or inside a function, points
+down the layers (tensor types -> op registry -> op definitions -> IR -> passes -> entry
+points), so a module can be read and tested without the ones above it."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def package_dirs() -> dict[str, Path]:
+    """graphkernel's packages and where they live in the source tree (pyproject's map)."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {name: ROOT / name.replace(".", "/") for name in cfg["packages"]}
+    dirs |= {name: ROOT / d for name, d in cfg.get("package-dir", {}).items()}
+    return dirs
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg, d in package_dirs().items():
+        for f in d.glob("*.py"):
+            found[pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"] = f
+    return found
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of import nodes under ``if TYPE_CHECKING:`` (they never run)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for n in ast.walk(node)}
+    return skip
+
+
+def import_graph() -> nx.DiGraph:
+    mods = modules()
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    g = nx.DiGraph()
+    g.add_nodes_from(mods)
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_only(tree)
+        package = mod if path.stem == "__init__" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{up}.{base}" if base else up
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                target = owner(name)
+                # the package __init__ runs before any of its modules: importing a module
+                # from it is the package's own business, not an edge back
+                if target and target != mod and not (mod == "graphkernel" and
+                                                     target.startswith("graphkernel.")):
+                    g.add_edge(mod, target)
+    return g
+
+
+def test_the_scan_sees_the_modules_and_their_imports():
+    g = import_graph()
+    assert len(g) > 80 and g.has_edge("graphkernel.ir", "graphkernel.ops")
+    assert g.has_edge("graphkernel.passes.split", "graphkernel.kernels")
+
+
+def test_no_import_cycles():
+    g = import_graph()
+    cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_bisect_and_verify_are_modules():
+    import types
+
+    import graphkernel
+
+    assert isinstance(graphkernel.bisect, types.ModuleType)
+    assert isinstance(graphkernel.verify, types.ModuleType)
+    assert callable(graphkernel.bisect.bisect) and callable(graphkernel.bisect.verify)
