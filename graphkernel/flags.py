@@ -540,7 +540,6 @@ def _convert(it: FlagItem, spec: FlagSpec,
 
 # keys of the Config that no flag names: only an AutoFuse key sets them (shown by `flags`)
 SET_THROUGH = {"enable_fusion_pattern": "autofuse_enable_pass",
-               "keep_codegen_project": "codegen_compile_debug",
                "skip_node_names": "skip_node_names_cfg", "skip_node_types": "skip_node_names_cfg"}
 
 ENABLE_DISABLE = (("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),

@@ -180,9 +180,10 @@ def test_every_key_flags_shows_can_be_set_by_a_flag():
     d = cfg("").to_dict()
     assert all(k in SPECS or d[k]["set_through"] in SPECS for k in d)
     c = cfg("--autofuse_enable_pass=concat --codegen_compile_debug")
-    for key in ("enable_fusion_pattern", "keep_codegen_project"):
-        assert c.to_dict()[key]["set_through"] == SET_THROUGH[key]
-        assert c.value(key) and c.origin(key) == "explicit"
+    key = "enable_fusion_pattern"
+    assert c.to_dict()[key]["set_through"] == SET_THROUGH[key]
+    assert c.value(key) and c.origin(key) == "explicit"
+    assert c.value("keep_codegen_project") and c.origin("keep_codegen_project") == "explicit"
 
 
 def test_parse_items_keep_their_origin():
