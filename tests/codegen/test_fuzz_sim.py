@@ -83,3 +83,16 @@ def test_op_between_two_broadcasts(opt_level):
     m = g.add_node("Minimum", [x, r]).output
     g.set_outputs([g.add_node("BroadcastTo", [m], {"shape": [2, 6]}).output])
     _sim_matches(g, f"--opt_level={opt_level} --disable_fusion_pattern=isolate_reshape")
+
+
+def test_long_run_command_line(capsys):
+    from tests.fuzz.generator import main
+
+    assert main(["--sim", "--opt-level", "0,0", "--seeds", "0:3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3].split()[:3] == ["opt_level", "graphs", "passed"]
+    assert out[-1].split()[:3] == ["0", "3", "3"]
+    for bad in (["--opt-level", "4"], ["--seeds", "3"]):
+        with pytest.raises(SystemExit) as e:
+            main(["--sim", *bad])
+        assert e.value.code == 2

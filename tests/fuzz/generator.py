@@ -608,23 +608,32 @@ def _seed_range(text: str) -> range:
     try:
         a, b = (int(x) for x in text.split(":"))
     except ValueError:
-        raise SystemExit(f"--seeds {text!r}: expected a range a:b, e.g. 0:2000") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a range a:b, e.g. 0:2000") from None
     return range(a, b)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or any(not 0 <= x <= 3 for x in levels):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0..3 or a comma list, e.g. 1,3")
+    return levels
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="differential fuzzing of the pipeline")
-    ap.add_argument("--seeds", default="0:300", help="range a:b")
+    ap.add_argument("--seeds", type=_seed_range, default=range(0, 300), help="range a:b")
     ap.add_argument("--sim", action="store_true",
                     help="run the compiled graphs through their generated kernels (simulator)")
-    ap.add_argument("--opt-level", default=None,
+    ap.add_argument("--opt-level", type=_levels, default=None,
                     help="0..3, or a comma list (default: seed %% 4)")
     ap.add_argument("--chunk", type=int, default=40, help="graphs per simulator library")
     args = ap.parse_args(argv)
-    seeds = _seed_range(args.seeds)
+    seeds = args.seeds
     if args.sim:
-        levels: list[int | None] = ([None] if args.opt_level is None else
-                                    [int(x) for x in args.opt_level.split(",")])
+        levels: list[int | None] = [None] if args.opt_level is None else args.opt_level
         rows = []
         for level in levels:
             t0 = time.perf_counter()
