@@ -317,8 +317,13 @@ class _Planner:
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
+        cat_outs = {id(n.outputs[0]) for n in concats}
+        for n in steps:  # a Concat's blocks go straight to its output; nothing computes on them
+            if any(id(self.owner(x)) in cat_outs for x in n.inputs):
+                raise Unsupported(f"{n.op} reads the result of a Concat (a Concat is only "
+                                  "stored)", node=n)
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
-        sliced |= {id(n.outputs[0]) for n in concats}
+        sliced |= cat_outs
         N = max((v.type.numel for v in self._all_values()
                  if id(self.owner(v)) not in sliced), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
@@ -340,6 +345,9 @@ class _Planner:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
+            if o.kind == FULL and not o.pieces and not _eq(o.value.type.numel, N):
+                raise Unsupported(f"output {o.value.name} is smaller than the loop space "
+                                  "(a source of a broadcast, stored as it is)")
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
@@ -629,6 +637,9 @@ class _Planner:
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)
+                if kind[id(out)] == FULL and not full_space:  # (a loaded broadcast's source)
+                    raise Unsupported(f"{n.op} computes a value smaller than the loop space "
+                                      "from a full-size one", node=n)
         for n in self.concats:  # operands read only to be stored (a slice of an input)
             for x in n.inputs:
                 o = self.owner(x)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,8 +63,34 @@ class Judgement:
     rmse: list[float] = field(default_factory=list)  # compiled vs reference
     rmse_base: list[float] = field(default_factory=list)  # unoptimized vs reference
 
+    sim_error: str = ""  # the simulator rejected a kernel (backend sim): always bad
+    change: str = ""  # what moved, on the output furthest out of tolerance
+
     def short(self) -> str:
-        return f"{'mismatch' if self.bad else 'ok'} (cos {self.cosine:.4f})"
+        return f"{'mismatch' if self.bad else 'ok'} ({self.change})"
+
+
+def _change(name: str, actual: np.ndarray, expected: np.ndarray, dtype: Any) -> tuple[float, str]:
+    """(excess, text): the element furthest out of tolerance (|a - e| / (atol + rtol |e|)) and
+    a line naming its error and tolerance, e.g. ``max abs 3.1e-2 > tol 1e-3 on output y``."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if a.shape != e.shape:
+        return math.inf, f"shape {list(a.shape)} != {list(e.shape)} on output {name}"
+    if not a.size:
+        return 0.0, f"empty output {name}"
+    rtol, atol = tolerance(dtype)
+    ok = np.isfinite(a) & np.isfinite(e)
+    if not ok.all() and (np.isfinite(a) != np.isfinite(e)).any():
+        k = int(np.sum(np.isfinite(a) != np.isfinite(e)))
+        return math.inf, f"{k} NaN/Inf differ on output {name}"
+    err = np.abs(np.where(ok, a, 0.0) - np.where(ok, e, 0.0))
+    tol = atol + rtol * np.abs(np.where(ok, e, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):  # exact dtypes: tolerance 0
+        ratio = np.where(tol > 0, err / np.where(tol > 0, tol, 1.0), np.where(err > 0, np.inf, 0))
+    i = int(np.argmax(ratio))
+    rel = float(ratio.flat[i])
+    sign = ">" if rel > 1 else "<="
+    return rel, f"max abs {err.flat[i]:.2g} {sign} tol {tol.flat[i]:.2g} on output {name}"
 
 
 class Observer:
@@ -117,8 +145,10 @@ class Evaluator:
         rep = AccuracyReport()
         bad, reasons, worst = False, [], 1.0
         rmses = []
+        change = (-1.0, "no outputs")
         for v, o, b, r, eb in zip(self.graph.outputs, outs, self.base, self.ref, self.base_err,
                                   strict=True):
+            change = max(change, _change(v.name, o, b, v.dtype), key=lambda c: c[0])
             m = compare(o, b, v.dtype, name=v.name)
             rep.outputs.append(m)
             e = _rmse(o, r)
@@ -136,7 +166,24 @@ class Evaluator:
                     bad = True
                     reasons.append(f"{v.name}: RMSE {e:.3g} vs the unoptimized run's "
                                    f"{eb:.3g} (reference {self.reference_dtype})")
-        return Judgement(bad, "; ".join(reasons), worst, rep, rmses, list(self.base_err))
+        return Judgement(bad, "; ".join(reasons), worst, rep, rmses, list(self.base_err),
+                         change=change[1])
+
+    def sim_failure(self, e: Exception) -> Judgement:
+        """A kernel the simulator rejected: as bad as a mismatch, and localised the same way."""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Judgement(True, f"simulator error: {first}", 0.0, AccuracyReport(),
+                         sim_error=str(e), change=f"simulator error: {first[:120]}")
+
+    def evaluate(self, res: Any, interpret: Sequence[str] = ()) -> Judgement:
+        """Run and judge a compiled graph; a simulator error is a bad judgement."""
+        from graphkernel.codegen.sim.runner import SimulatorError
+
+        try:
+            outs = self.execute(res, interpret)
+        except SimulatorError as e:
+            return self.sim_failure(e)
+        return self.judge(outs)
 
     def execute(self, res: Any, interpret: Sequence[str] = ()) -> list[np.ndarray]:
         """Run a compiled graph: op by op, or its kernels' generated code in the simulator
@@ -154,8 +201,7 @@ class Evaluator:
         self.evaluations += 1
         self.observer.evaluation(f"compile + run with {extra or 'the given flags'}")
         res = self.compile(extra)
-        outs = self.execute(res)
-        self._memo[extra] = (self.judge(outs), res)
+        self._memo[extra] = (self.evaluate(res), res)
         return self._memo[extra]
 
 
@@ -185,8 +231,11 @@ class BisectResult:
     without_it: str = ""
     flags: str = ""  # a flag string that avoids the problem (verified)
     kernel: str = ""  # kernel level (backend sim): the kernel whose generated code is wrong
-    repro: str = ""
-    repro_reproduces: bool = False
+    repro: str = ""  # always written when there is a mismatch (see write_repro)
+    repro_reproduces: bool = False  # re-checked from the written files
+    repro_kind: str = ""  # "cut subgraph" or "whole model"
+    replay: str = ""  # the command that replays the reproducer
+    repro_note: str = ""
     steps: list[str] = field(default_factory=list)
     message: str = ""
 
@@ -199,7 +248,8 @@ class BisectResult:
         if not self.mismatch:
             return f"no mismatch ({self.message}); {self.evaluations} evaluation(s)"
         lines = [
-            f"culprit: the generated code of kernel {self.kernel} (codegen, {self.index})"
+            f"culprit: the generated code of kernel {self.kernel} (codegen, {self.index}), "
+            f"kernel {self.application} of {self.applications_in_pass}"
             if self.kernel else
             f"culprit: pass {self.pass_label} ({self.stage}, {self.index}), application "
             f"{self.application} of {self.applications_in_pass}",
@@ -210,8 +260,11 @@ class BisectResult:
             "no single flag avoids it (see the steps)",
         ]
         if self.repro:
-            lines.append(f"reproducer: {self.repro} (reproduces: "
-                         f"{'yes' if self.repro_reproduces else 'no'})")
+            lines.append(f"reproducer ({self.repro_kind}): {self.repro} (re-checked: "
+                         f"{'reproduces' if self.repro_reproduces else 'does NOT reproduce'})")
+            if self.repro_note:
+                lines.append(f"  {self.repro_note}")
+            lines.append(f"replay it: {self.replay}")
         lines.append(f"{self.evaluations} evaluations")
         return "\n".join(lines)
 
@@ -231,8 +284,11 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
            repro_dir: str | os.PathLike | None = None,
            log: Callable[[str], None] | None = None,
            env: Mapping[str, str] | None = None,
-           observer: Observer | None = None) -> BisectResult:
-    """Find the pass and the single rewrite that break accuracy under ``flags``."""
+           observer: Observer | None = None,
+           plugins: Sequence[str] = ()) -> BisectResult:
+    """Find the pass and the single rewrite that break accuracy under ``flags``; write a
+    reproducer into ``repro_dir`` (a new temporary folder when not given). ``plugins``: the
+    plugin files the replay command must load."""
     if isinstance(graph_or_path, Graph):
         graph = graph_or_path
     else:
@@ -248,6 +304,8 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
         res.message = f"the compiled graph matches within noise, {j.short()}"
         return res
     res.mismatch = True
+    out_dir = Path(repro_dir) if repro_dir is not None else Path(
+        tempfile.mkdtemp(prefix="graphkernel-bisect-"))
     changed = [p for p in full.report.passes if p.ran and p.rewrites > 0]
     est = 4 + math.ceil(math.log2(max(full.report.bisect_applications, 1)))
     step = [1]
@@ -260,13 +318,14 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
 
     say(f"[step 1/~{est}] user flags -> {j.short()}")
     res.steps.append(f"[step 1/~{est}] user flags -> {j.short()}")
-    if backend == "sim" and _search_kernels(ev, full, record, res, flags, repro_dir):
+    if backend == "sim" and _search_kernels(ev, full, record, res, flags, out_dir, plugins):
         res.evaluations = ev.evaluations
         return res
     found = _search_global(ev, full, record) or _search_pass_level(ev, full, changed, record)
     if found is None:
         res.evaluations = ev.evaluations
         res.message = "no single rewrite explains the mismatch (see the steps)"
+        _reproduce(ev, res, flags, out_dir, plugins)
         return res
     rec, app, j_with, j_without, n_in_pass, total = found
     label, name = rec.label, rec.name
@@ -286,13 +345,13 @@ def bisect(graph_or_path: Graph | str | os.PathLike, inputs: Mapping[str, np.nda
     if name == "recompute":
         options.append("--enable_recompute_fusion=false")
     options.append(f"--disable_pass={label}")
-    _conclude(ev, res, flags, options, record, repro_dir, recorded=options[-1])
+    _conclude(ev, res, flags, options, record, out_dir, plugins, recorded=options[-1])
     res.evaluations = ev.evaluations
     return res
 
 
 def _conclude(ev: Evaluator, res: BisectResult, flags: str, options: Sequence[str], record,
-              repro_dir: str | os.PathLike | None, recorded: str = "") -> None:
+              out_dir: Path, plugins: Sequence[str], recorded: str = "") -> None:
     """The first of ``options`` (finest first) checked to avoid the mismatch becomes the
     suggested flag string; then the reproducer. ``recorded``: an option already shown."""
     for opt in options:
@@ -302,13 +361,27 @@ def _conclude(ev: Evaluator, res: BisectResult, flags: str, options: Sequence[st
         if not jj.bad:
             res.flags = f"{flags} {opt}".strip()
             break
-    if repro_dir is not None and res.origin:
-        res.repro, res.repro_reproduces = write_repro(ev.graph, ev.inputs, res.origin, flags,
-                                                      Path(repro_dir), ev.backend)
+    _reproduce(ev, res, flags, out_dir, plugins)
+
+
+def _reproduce(ev: Evaluator, res: BisectResult, flags: str, out_dir: Path,
+               plugins: Sequence[str]) -> None:
+    fix = res.flags[len(flags):].strip() if res.flags else ""
+    culprit = ""
+    if res.kernel:
+        culprit = f"kernel {res.kernel}'s generated code ({res.index})"
+    elif res.pass_name:
+        culprit = (f"application {res.application} of {res.applications_in_pass} of pass "
+                   f"{res.pass_name}: --bisect_pass={res.pass_name} "
+                   f"--bisect_limit={res.application - 1} avoids it")
+    r = write_repro(ev.graph, ev.inputs, res.origin, flags, out_dir, ev.backend, fix, culprit,
+                    plugins)
+    res.repro, res.repro_reproduces, res.repro_kind = r.path, r.reproduces, r.kind
+    res.replay, res.repro_note = r.replay, r.note
 
 
 def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
-                    repro_dir: str | os.PathLike | None) -> bool:
+                    out_dir: Path, plugins: Sequence[str]) -> bool:
     """Kernel level (backend sim): if the compiled graph is right when every kernel runs op
     by op, a kernel's generated code is wrong. Halve the set of kernels run through their
     generated code until one remains. Fills ``res`` and returns True when found."""
@@ -317,7 +390,7 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
     def judge(interpret: Sequence[str], what: str) -> Judgement:
         ev.evaluations += 1
         ev.observer.evaluation(what)
-        jj = ev.judge(ev.execute(full, interpret))
+        jj = ev.evaluate(full, interpret)
         record(what, jj)
         return jj
 
@@ -341,6 +414,7 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
     res.stage, res.index = "codegen", next((p.index for p in full.report.passes
                                             if p.name == "codegen"), "")
     res.kernel = culprit
+    res.application, res.applications_in_pass = kernels.index(culprit) + 1, len(kernels)
     res.description = (f"generated code of kernel {culprit} ({node.attrs['pattern']}: "
                        f"{', '.join(m.op for m in node.subgraph.nodes if m.op != 'Constant')})")
     res.origin = list(node.origin)
@@ -348,14 +422,15 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
     options = [f"--disable_fusion_pattern={p}"
                for p in dict.fromkeys(node.attrs["pattern"].replace("/", "+").split("+"))
                if p and p != "epilogue" and p != "single_node"]
-    if repro_dir is not None and res.origin:
-        skip = Path(repro_dir) / "skip_nodes.ini"
+    if res.origin:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        skip = out_dir / "skip_nodes.ini"
         from graphkernel.fileio import atomic_write_text
 
         atomic_write_text(skip, "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
         options.append(f"--skip_node_names_cfg={skip}")
     options.append("--disable_pass=codegen")
-    _conclude(ev, res, flags, options, record, repro_dir)
+    _conclude(ev, res, flags, options, record, out_dir, plugins)
     return True
 
 
@@ -460,27 +535,77 @@ def _neighbourhood(graph: Graph, names: set[str]) -> Graph | None:
     return sub
 
 
-def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence[str],
-                flags: str, out_dir: Path, backend: str = "reference") -> tuple[str, bool]:
-    """Save the culprit's neighbourhood with the inputs that reach it, grown one hop at a time
-    until it reproduces the mismatch on its own (at worst: the whole graph)."""
-    from graphkernel.fileio import save_npz
+MAX_HOPS = 6  # neighbourhood growth before the whole model is the reproducer
+
+
+@dataclass
+class Repro:
+    """A reproducer as written and re-checked from its files."""
+
+    kind: str  # "cut subgraph" or "whole model"
+    path: str
+    reproduces: bool
+    replay: str  # the command that replays it (exit 1: the mismatch is there)
+    note: str = ""  # whole model: the flags that fix it and the culprit application
+
+
+def replay_command(path: Path, inputs: Path, flags: str, backend: str,
+                   plugins: Sequence[str] = ()) -> str:
+    """The verify command that replays a reproducer (exit 1 when it still mismatches)."""
+    cmd = ["graphkernel", "verify", str(path), "--inputs", str(inputs)]
+    if flags:
+        cmd.append(f"--flags={flags}")
+    if backend != "reference":
+        cmd += ["--backend", backend]
+    for p in plugins:
+        cmd += ["--plugin", str(p)]
+    return shlex.join(cmd)
+
+
+def _bad(graph: Graph, feeds: Mapping[str, np.ndarray], flags: str, backend: str) -> bool:
+    try:
+        return Evaluator(graph, feeds, flags, backend).run()[0].bad
+    except GraphKernelError:  # the cut does not compile or run on its own: not a reproducer
+        return False
+
+
+def _write_checked(graph: Graph, feeds: Mapping[str, np.ndarray], flags: str, backend: str,
+                   out_dir: Path) -> tuple[Path, Path, Graph, dict[str, np.ndarray], bool]:
+    """Write a graph and its inputs, load both back, and judge the loaded copy (what a
+    replay sees, so a mismatch lost in writing is not reported as reproduced)."""
+    from graphkernel.fileio import load_npz, save_npz
+    from graphkernel.frontends import load_model
     from graphkernel.frontends.json_format import save_graph
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path, inputs = out_dir / "repro.json", out_dir / "repro_inputs.npz"
+    save_graph(graph, path)
+    save_npz(inputs, feeds)
+    loaded, loaded_feeds = load_model(path), load_npz(inputs)
+    return path, inputs, loaded, loaded_feeds, _bad(loaded, loaded_feeds, flags, backend)
+
+
+def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence[str],
+                flags: str, out_dir: Path, backend: str = "reference", fix: str = "",
+                culprit: str = "", plugins: Sequence[str] = ()) -> Repro:
+    """Write a reproducer and re-check it from its files: the culprit's neighbourhood (its
+    nodes, grown one hop at a time, up to MAX_HOPS) with the values that reach it, the first
+    that still mismatches on its own; else the whole model, with ``fix`` (a flag string that
+    avoids the mismatch, re-checked too) and ``culprit`` (which application) in the note."""
     names = set(origin)
-    for _ in range(len(graph) + 1):
+    for _ in range(MAX_HOPS if names else 0):
         sub = _neighbourhood(graph, names)
-        if sub is None:
-            return "", False
+        if sub is None or len(sub) >= len(graph):
+            break
         probe = graph.copy()
         probe.set_outputs([probe.value(v.name) for v in sub.inputs])
         feeds = dict(zip([v.name for v in sub.inputs], Interpreter(probe).run(inputs),
                          strict=True)) if sub.inputs else {}
-        try:
-            reproduces = Evaluator(sub, feeds, flags, backend).run()[0].bad
-        except GraphKernelError:
-            reproduces = False
-        if reproduces:
+        if _bad(sub, feeds, flags, backend):
+            path, ins, *_, ok = _write_checked(sub, feeds, flags, backend, out_dir)
+            if ok:
+                return Repro("cut subgraph", str(path), True,
+                             replay_command(path, ins, flags, backend, plugins))
             break
         grown = set(names)
         for n in graph.nodes:
@@ -490,14 +615,21 @@ def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence
         if grown == names:
             break
         names = grown
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "repro.json"
-    save_graph(sub, path)
-    save_npz(out_dir / "repro_inputs.npz", feeds)
-    return str(path), reproduces
+    path, ins, loaded, feeds, ok = _write_checked(graph, dict(inputs), flags, backend, out_dir)
+    note = []
+    if fix:
+        fixed = not _bad(loaded, feeds, f"{flags} {fix}".strip(), backend)
+        note.append(f"{fix!r} {'avoids it' if fixed else 'does NOT avoid it'} (re-checked)")
+    if culprit:
+        note.append(culprit)
+    return Repro("whole model", str(path), ok, replay_command(path, ins, flags, backend, plugins),
+                 "; ".join(note))
 
 
 # ----------------------------------------------------------- external driver
+STDERR_LINES = 12  # of a failing child's stderr, shown and kept
+
+
 @dataclass
 class ExternalResult:
     found: bool
@@ -506,16 +638,39 @@ class ExternalResult:
     runs: int = 0
     culprit_line: str = ""
     message: str = ""
+    stderr: list[str] = field(default_factory=list)  # last lines of the last failing run
+    nothing_wrong: bool = False  # the program succeeded with every rewrite on
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
 
 
 def _child(cmd: Sequence[str], limit: int | None, base_flags: str, count_file: str,
-           ) -> tuple[int, str]:
+           ) -> tuple[int, str, list[str]]:
+    """Run the program once; (exit code, stdout + stderr, the last lines of stderr)."""
     env = dict(os.environ)
     extra = " --print_bisect" + (f" --bisect_limit={limit}" if limit is not None else "")
     env["AUTOFUSE_FLAGS"] = f"{base_flags}{extra}".strip()
     env[COUNT_ENV] = count_file
     p = subprocess.run(list(cmd), env=env, capture_output=True, text=True)
-    return p.returncode, p.stderr + p.stdout
+    tail = [ln for ln in p.stderr.splitlines() if not ln.startswith("BISECT: ")]
+    return p.returncode, p.stderr + p.stdout, tail[-STDERR_LINES:]
+
+
+def check_command(cmd: Sequence[str]) -> str | None:
+    """Why ``cmd`` cannot be run (missing, not executable), or None."""
+    prog = cmd[0]
+    if os.sep in prog or (os.altsep and os.altsep in prog):
+        if not os.path.isfile(prog):
+            return f"{prog}: no such file"
+        if not os.access(prog, os.X_OK):
+            return f"{prog}: not executable (chmod +x it, or run it through its interpreter)"
+        return None
+    if shutil.which(prog) is None:
+        return f"{prog}: command not found on PATH"
+    return None
 
 
 def bisect_external(cmd: Sequence[str], max_n: int | None = None,
@@ -526,53 +681,67 @@ def bisect_external(cmd: Sequence[str], max_n: int | None = None,
     out = ExternalResult(False)
     with tempfile.TemporaryDirectory() as tmp:
         counts = os.path.join(tmp, "counts")
-        rc, _ = _child(cmd, None, base, counts)
+        rc, _, tail = _child(cmd, None, base, counts)
         out.runs += 1
         if rc == 0:
-            out.message = "the program succeeds with graphkernel's rewrites on: nothing to bisect"
+            out.nothing_wrong = True
+            out.message = "the program succeeds with graphkernel's rewrites on"
             return out
+        out.stderr = tail
         try:
             seen = [int(x) for x in Path(counts).read_text().split()]
         except (FileNotFoundError, ValueError):
             seen = []
         upper = max_n if max_n is not None else max(seen, default=0)
         if not seen and max_n is None:
-            out.message = ("the program compiled nothing with graphkernel (no application "
-                           "count was reported); pass --max N to bisect anyway")
+            out.message = (f"the program failed (exit {rc}) but compiled nothing with "
+                           "graphkernel (no application count was reported); pass --max N to "
+                           "bisect anyway")
             return out
         out.upper = upper
-        rc0, _ = _child(cmd, 0, base, counts)
+        rc0, _, tail0 = _child(cmd, 0, base, counts)
         out.runs += 1
         say(f"[run {out.runs}] bisect_limit=0 -> {'good' if rc0 == 0 else 'bad'}")
         if rc0 != 0:
-            out.message = "the program fails even with every rewrite refused: not graphkernel's"
+            out.stderr = tail0
+            out.message = (f"the program fails (exit {rc0}) even with every rewrite refused: "
+                           "not graphkernel's")
             return out
         lo, hi = 0, upper
-        text = ""
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            rc, _ = _child(cmd, mid, base, counts)
+            rc, _, tail = _child(cmd, mid, base, counts)
             out.runs += 1
             say(f"[run {out.runs}] bisect_limit={mid} -> {'good' if rc == 0 else 'bad'}")
             if rc == 0:
                 lo = mid
             else:
                 hi = mid
-        rc, text = _child(cmd, hi, base, counts)
+                out.stderr = tail
+        rc, text, tail = _child(cmd, hi, base, counts)
         out.runs += 1
+        if rc == 0:  # the program is not deterministic in its verdict
+            out.message = (f"bisect_limit={hi} failed once and then succeeded: the program's "
+                           "verdict is not repeatable")
+            return out
+        out.stderr = tail
         out.found, out.limit = True, hi
         out.culprit_line = next((ln for ln in text.splitlines()
                                  if ln.startswith(f"BISECT: running ({hi}) ")), "")
     return out
 
 
-def _main_external(argv: Sequence[str]) -> int:  # pragma: no cover - thin CLI wrapper
+def _main_external(argv: Sequence[str]) -> int:
+    """``graphkernel bisect run [--max N] [--report OUT.json] -- CMD ARGS...``: exit 0 when
+    a culprit was found, 1 when it could not bisect (the reason is printed), 2 when the
+    command cannot be run."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="graphkernel bisect run",
                                  description="Bisect a program that uses graphkernel by its "
                                              "exit code (0 = good).")
     ap.add_argument("--max", type=int, default=None, help="upper bound of applications")
+    ap.add_argument("--report", metavar="OUT.json", help="write the result as JSON")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -580,10 +749,20 @@ def _main_external(argv: Sequence[str]) -> int:  # pragma: no cover - thin CLI w
         print("graphkernel: error: give the program after --, e.g. "
               "graphkernel bisect run -- python train.py", file=sys.stderr)
         return 2
+    if (why := check_command(cmd)) is not None:
+        print(f"graphkernel: error: bisect run: {why}", file=sys.stderr)
+        return 2
     r = bisect_external(cmd, args.max, log=print)
+    if r.stderr:
+        print(f"last lines of the failing run's stderr ({len(r.stderr)}):")
+        print("\n".join(f"  | {ln}" for ln in r.stderr))
+    if args.report:
+        from graphkernel.dump import Dumper
+
+        Dumper(Path(args.report).parent).write_json(Path(args.report).name, r.to_dict())
     if not r.found:
-        print(r.message)
-        return 0
+        print(("nothing to bisect: " if r.nothing_wrong else "could not bisect: ") + r.message)
+        return 0 if r.nothing_wrong else 1
     print(f"first bad application: {r.limit} of {r.upper} ({r.runs} runs)")
     if r.culprit_line:
         print(r.culprit_line)
@@ -591,4 +770,3 @@ def _main_external(argv: Sequence[str]) -> int:  # pragma: no cover - thin CLI w
         if m:
             print(f'avoid it with: AUTOFUSE_FLAGS="--disable_pass={m.group(1)}"')
     return 0
-

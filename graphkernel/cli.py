@@ -421,10 +421,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from graphkernel.dump import Dumper
 
     g = _load(args.model)
+    plugins = [str(Path(p).resolve()) for p in getattr(args, "plugin", None) or []]
     with progress.task("bisect") as t:
         res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
                          args.repro_dir, log=lambda line: progress.write(line, sys.stdout),
-                         observer=_observer(t))
+                         observer=_observer(t), plugins=plugins)
     if args.json:
         _emit_json(args, res.to_dict())
     else:
@@ -552,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", choices=["auto", "float64", "float32"], default="auto",
                    help="precision of the reference run (auto: float32 for fp16/bf16 graphs)")
     s.add_argument("--report", metavar="OUT.json", help="write the result as JSON")
-    s.add_argument("--repro-dir", metavar="DIR", help="write a minimal reproducer here")
+    s.add_argument("--repro-dir", metavar="DIR",
+                   help="write the reproducer here (default: a new temporary folder)")
     s.add_argument("--json", action="store_true",
                    help="print the result as JSON (the steps go to stderr)")
     s.set_defaults(fn=cmd_bisect)
@@ -584,7 +586,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:2] == ["bisect", "run"]:
         from graphkernel.bisect import _main_external
 
-        return _main_external(argv[2:])
+        try:
+            return _main_external(argv[2:])
+        except GraphKernelError as e:  # e.g. a --report path that cannot be written
+            print(f"graphkernel: error: {e}", file=sys.stderr)
+            return e.exit_code
     parser = build_parser()
     args = parser.parse_args(_bind_flag_values(argv))
     progress.auto(quiet=args.quiet)

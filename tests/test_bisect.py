@@ -4,6 +4,7 @@ suggested flags fix them; noise is never blamed; the search stays logarithmic.""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -254,6 +255,20 @@ def test_external_driver_on_a_script(tmp_path):
     assert 'AUTOFUSE_FLAGS="--disable_pass=swap_add_sub"' in cli.stdout
 
 
+def layers_graph() -> Graph:
+    rng = np.random.default_rng(0)
+    g = Graph("kl")
+    h = g.add_input("x", TensorType((16, 32), "float32"))
+    for i in range(6):  # six layers: each vector epilogue is its own kernel
+        w = g.const((rng.standard_normal((32, 32)) / 6).astype(np.float32))
+        b = g.const(rng.standard_normal(32).astype(np.float32))
+        mm = g.add_node("MatMul", [h, w], name=f"mm{i}").output
+        h = g.add_node("Tanh", [g.add_node("Add", [mm, b], name=f"bias{i}").output],
+                       name=f"act{i}").output
+    g.set_outputs([h])
+    return g
+
+
 def test_kernel_level_finds_a_miscompiled_kernel(tmp_path):
     """A test hook corrupts one kernel's generated code (its Add becomes Sub); the reference
     backend sees nothing wrong, --backend sim bisection names that kernel."""
@@ -265,16 +280,7 @@ def test_kernel_level_finds_a_miscompiled_kernel(tmp_path):
         pytest.skip("needs g++")
     from graphkernel.codegen import backend as cg
 
-    rng = np.random.default_rng(0)
-    g = Graph("kl")
-    h = g.add_input("x", TensorType((16, 32), "float32"))
-    for i in range(6):  # six layers: each vector epilogue is its own kernel
-        w = g.const((rng.standard_normal((32, 32)) / 6).astype(np.float32))
-        b = g.const(rng.standard_normal(32).astype(np.float32))
-        mm = g.add_node("MatMul", [h, w], name=f"mm{i}").output
-        h = g.add_node("Tanh", [g.add_node("Add", [mm, b], name=f"bias{i}").output],
-                       name=f"act{i}").output
-    g.set_outputs([h])
+    g = layers_graph()
     compiled = graphkernel.compile(g, "--opt_level=2", env={}).graph
     kernels = [k for k in compiled.nodes if k.op == "GraphKernel"]
     target = next(k for k in kernels if "bias3" in k.origin)
@@ -297,3 +303,138 @@ def test_kernel_level_finds_a_miscompiled_kernel(tmp_path):
     assert res.evaluations <= math.ceil(math.log2(len(kernels))) + 5, res.steps
     assert res.flags, res.steps  # a flag string verified to avoid it
     print(res.summary())
+
+
+def test_simulator_error_is_localised_to_the_kernel(tmp_path):
+    """A kernel that reads past its input (a test hook shifts its load by one row) is a
+    simulator error, not a crash: --backend sim bisection names the kernel and the rule."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    from graphkernel.codegen import backend as cg
+
+    g = layers_graph()
+    compiled = graphkernel.compile(g, "--opt_level=2", env={}).graph
+    target = next(k for k in compiled.nodes if k.op == "GraphKernel" and "bias4" in k.origin)
+
+    def overrun(name, files):
+        if name.startswith(f"gk_{target.name}_"):
+            files = {f: t.replace("gi0[r0 * t_.L + c0]", "gi0[r0 * t_.L + c0 + t_.L]")
+                     for f, t in files.items()}
+        return files
+
+    cg.CORRUPT.append(overrun)
+    try:
+        j = verify(g, "--opt_level=2", backend="sim")
+        res = bisect(g, flags="--opt_level=2", backend="sim", repro_dir=tmp_path)
+    finally:
+        cg.CORRUPT.remove(overrun)
+    assert j.bad and "out of bounds" in j.sim_error, j.reason
+    assert res.mismatch and res.kernel == target.name, res.summary()
+    assert res.pass_name == "codegen" and "bias4" in res.origin
+    assert "simulator error" in res.with_it and "out of bounds" in res.with_it
+    assert res.without_it.startswith("ok")
+    assert res.repro_reproduces and res.replay.startswith("graphkernel verify ")
+
+
+def _scale_plugin(path) -> str:
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+
+        from graphkernel.registry import PassResult, register_pass
+
+
+        @register_pass("scale_one_add", stage="simplify", level=2, order=37)
+        def scale_one_add(graph, ctx):
+            \"\"\"Scale the second operand of the 5th Add by 1.02 (wrong on purpose).\"\"\"
+            adds = [n for n in graph.nodes if n.op == "Add"]
+            if len(adds) < 5:
+                return PassResult(False, 0)
+            node = adds[4]
+            x = node.inputs[1]
+            if x.producer is not None and x.producer.name.startswith("scaled_"):
+                return PassResult(False, 0)
+            if not ctx.should_apply(f"{node.name} (scale an operand by 1.02)", [node]):
+                return PassResult(False, 0)
+            k = graph.const(np.asarray(1.02, dtype=x.dtype.np))
+            mul = graph.add_node("Mul", [x, k], name=graph.fresh_name(f"scaled_{node.name}"),
+                                 origin=node.origin)
+            graph.replace_input(node, 1, mul.output)
+            return PassResult(True, 1)
+    """))
+    return str(path)
+
+
+def test_subtle_fault_in_a_transformer_gives_a_reproducer_that_replays(tmp_path, capsys):
+    """One Add of GPT-2 off by 2 %: bisect names it, and the reproducer it writes (a cut
+    subgraph if one still mismatches, else the whole model) replays the mismatch through the
+    printed command, and the fixing flags avoid it."""
+    import shlex
+
+    plugin = _scale_plugin(tmp_path / "scale.py")
+    out = tmp_path / "repro"
+    try:
+        assert main(["bisect", "examples/models/gpt2.json", "--plugin", plugin, "--repro-dir",
+                     str(out), "--report", str(tmp_path / "r.json")]) == 0
+    finally:
+        registry.PASSES.pop("scale_one_add", None)
+    text = capsys.readouterr().out
+    import json
+
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["pass_name"] == "scale_one_add" and rep["repro_reproduces"], text
+    assert rep["repro_kind"] in ("cut subgraph", "whole model")
+    assert f"reproducer ({rep['repro_kind']})" in text and "replay it: " in text
+    # probe lines say what moved, not an unchanging cosine
+    assert re.search(r"-> mismatch \(max abs [0-9.e-]+ > tol [0-9.e-]+ on output \w+", text)
+    assert re.search(r"-> ok \(max abs [0-9.e-]+ <= tol", text)
+    if rep["repro_kind"] == "whole model":
+        assert "'--disable_pass=scale_one_add' avoids it (re-checked)" in rep["repro_note"]
+        assert "--bisect_pass=scale_one_add --bisect_limit=0" in rep["repro_note"]
+    cmd = shlex.split(rep["replay"])
+    assert cmd[:2] == ["graphkernel", "verify"] and plugin in cmd
+    replay = [sys.executable, "-m", "graphkernel.cli", *cmd[1:]]
+    r = subprocess.run(replay, capture_output=True, text=True)
+    assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout + r.stderr
+    fixed = subprocess.run([*replay, "--flags=--disable_pass=scale_one_add"],
+                           capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_bisect_run_missing_or_non_executable_command_is_exit_2(tmp_path, capsys):
+    assert main(["bisect", "run", "--", "/no/such/cmd"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "/no/such/cmd: no such file" in err
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/sh\nexit 1\n")
+    assert main(["bisect", "run", "--", str(script)]) == 2
+    assert "not executable" in capsys.readouterr().err
+    assert main(["bisect", "run", "--", "no-such-program-here"]) == 2
+    assert "not found on PATH" in capsys.readouterr().err
+
+
+def test_bisect_run_that_cannot_bisect_is_exit_1_with_the_childs_stderr(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import graphkernel
+        from graphkernel import Graph, TensorType
+        g = Graph("g")
+        x = g.add_input("x", TensorType((4, 4), "float32"))
+        g.set_outputs([g.add_node("Exp", [g.add_node("Neg", [x]).output]).output])
+        graphkernel.compile(g)
+        print("loss went NaN at step 3", file=sys.stderr)
+        sys.exit(1)                                # fails whatever graphkernel does
+    """))
+    rc = main(["bisect", "run", "--report", str(tmp_path / "r.json"), "--",
+               sys.executable, str(script)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "could not bisect: the program fails (exit 1) even with every rewrite refused" in out
+    assert "  | loss went NaN at step 3" in out
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["stderr"] == ["loss went NaN at step 3"]

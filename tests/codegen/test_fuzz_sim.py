@@ -1,14 +1,96 @@
-"""The fuzzer's graphs through code generation and the simulator (120 seeds, one library)."""
+"""The fuzzer's graphs through code generation and the simulator: a seed set at every opt
+level (one simulator library per 40 graphs), and the graphs the fuzzer found wrong."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from tests.fuzz.generator import check_sim
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.bisect import Evaluator
+from tests.fuzz.generator import KINDS, check_sim, classify_sim_error, table
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
+CI_SEEDS = range(0, 100)  # per opt level; longer runs: python -m tests.fuzz.generator --sim
 
-def test_fuzzed_graphs_run_through_generated_kernels_match():
-    problems = check_sim(range(0, 120))
-    assert not problems, problems
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3])
+def test_fuzzed_graphs_run_through_generated_kernels_match(opt_level):
+    fails = check_sim(CI_SEEDS, opt_level, max_ops=12)
+    assert not fails, table([(str(opt_level), len(CI_SEEDS), fails)]) + "\n" + "\n".join(
+        f.line() for f in fails.values())
+
+
+def test_failures_are_sorted_by_kind():
+    assert classify_sim_error("k: line 9: GM access [8, 16) is out of bounds of a buffer of 8 "
+                              "elements") == "sim: out of bounds"
+    assert classify_sim_error("k: line 3: vector read of UB written by the scalar pipe (S) "
+                              "with no sync") == "sim: sync"
+    assert classify_sim_error("k: the tiling function found no tile that fits the Unified "
+                              "Buffer") == "sim: budget"
+    assert classify_sim_error("k: line 4: misaligned") == "sim: other rule"
+    assert table([("3", 10, {})]).splitlines()[1].split() == ["3", "10", "10"] + ["0"] * len(KINDS)
+
+
+def _sim_matches(g: Graph, flags: str) -> None:
+    feeds = {v.name: np.random.default_rng(0).standard_normal(tuple(v.shape)).astype(np.float32)
+             for v in g.inputs}
+    ev = Evaluator(g, feeds, flags, backend="sim")
+    j, _ = ev.run()
+    assert not j.bad, j.reason
+
+
+@pytest.mark.parametrize("opt_level", [1, 2, 3])
+def test_concat_of_one_element_operands_read_by_an_op(opt_level):
+    """Concat([1], [1]) then an op on its result: a Concat is only stored by the generator,
+    so such a kernel is unfused (it raised a KeyError while lowering)."""
+    g = Graph("cat1")
+    a, b = (g.add_input(n, TensorType((1,), "float32")) for n in "ab")
+    c = g.add_input("c", TensorType((2,), "float32"))
+    cat = g.add_node("Concat", [a, b], {"axis": 0}).output
+    g.set_outputs([g.add_node("Maximum", [c, cat]).output])
+    graphkernel.compile(g, f"--opt_level={opt_level}", env={})
+    _sim_matches(g, f"--opt_level={opt_level}")
+
+
+@pytest.mark.parametrize("opt_level", [1, 2, 3])
+def test_broadcast_source_that_is_also_an_output(opt_level):
+    """A view of an input that a kernel broadcasts and also returns: it is smaller than the
+    loop space, so storing it over the loop's rows wrote past its end."""
+    g = Graph("bsrc")
+    x = g.add_input("x", TensorType((4, 40), "float32"))
+    k = g.add_input("k", TensorType((2, 1, 1, 40), "float32"))
+    e = g.add_node("ExpandDims", [x], {"axis": [1]}).output
+    bc = g.add_node("BroadcastTo", [e], {"shape": [2, 4, 3, 40]}).output
+    g.set_outputs([e, g.add_node("Minimum", [bc, k]).output])
+    _sim_matches(g, f"--opt_level={opt_level} --enable_single_node_fusion")
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_op_between_two_broadcasts(opt_level):
+    """BroadcastTo, a reshape of it, an op on [6], BroadcastTo to [2, 6]: the op computes a
+    value smaller than the loop space from a full-size one, which the generator cannot place
+    in the loop (it gave wrong numbers); the kernel is split instead."""
+    g = Graph("bb")
+    s = g.add_input("s", TensorType((2, 1), "float32"))
+    x = g.add_input("x", TensorType((6,), "float32"))
+    b1 = g.add_node("BroadcastTo", [s], {"shape": [2, 3]}).output
+    r = g.add_node("Reshape", [b1], {"shape": [6]}).output
+    m = g.add_node("Minimum", [x, r]).output
+    g.set_outputs([g.add_node("BroadcastTo", [m], {"shape": [2, 6]}).output])
+    _sim_matches(g, f"--opt_level={opt_level} --disable_fusion_pattern=isolate_reshape")
+
+
+def test_long_run_command_line(capsys):
+    from tests.fuzz.generator import main
+
+    assert main(["--sim", "--opt-level", "0,0", "--seeds", "0:3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3].split()[:3] == ["opt_level", "graphs", "passed"]
+    assert out[-1].split()[:3] == ["0", "3", "3"]
+    for bad in (["--opt-level", "4"], ["--seeds", "3"]):
+        with pytest.raises(SystemExit) as e:
+            main(["--sim", *bad])
+        assert e.value.code == 2
