@@ -214,11 +214,11 @@ def test_dynamic_batch_dim_becomes_a_symbolic_dim(monkeypatch):
     seen = []
     orig = gt.compile_fx
 
-    def spy(gm, example_inputs, options=None):
+    def spy(gm, example_inputs, *a, **k):
         from graphkernel.frontends.fx import import_fx
 
         seen.append(import_fx(gm, example_inputs).inputs)
-        return orig(gm, example_inputs, options)
+        return orig(gm, example_inputs, *a, **k)
 
     monkeypatch.setattr(gt, "compile_fx", spy)
     m = Block().eval()

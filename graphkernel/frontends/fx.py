@@ -13,6 +13,7 @@ import logging
 import operator
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -503,12 +504,19 @@ def _like(c: Ctx):
 
 
 # ---------------------------------------------------------------- fallback
-def _encode(a: Any, inputs: list[Any]) -> Any:
+def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     if isinstance(a, torch.fx.Node):
+        v = env[a]
+        if isinstance(v, int):
+            return v  # a size that is known
+        if not isinstance(v, Value):
+            raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
+                                "runs through torch cannot take a symbolic size (mark fewer "
+                                "dims dynamic)")
         inputs.append(a)
         return {"in": len(inputs) - 1}
     if isinstance(a, list | tuple):
-        return [_encode(x, inputs) for x in a]
+        return [_encode(x, inputs, env) for x in a]
     if isinstance(a, torch.dtype):
         return {"dtype": str(a).replace("torch.", "")}
     if isinstance(a, torch.device | torch.layout | torch.memory_format):
@@ -554,8 +562,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
         _LOGGED.add(target)
         log.warning("Fallback %s: %s", target, reason)
     inputs: list[Any] = []
-    spec = {"target": target, "args": _encode(list(node.args), inputs),
-            "kwargs": {k: _encode(v, inputs) for k, v in node.kwargs.items()}}
+    spec = {"target": target, "args": _encode(list(node.args), inputs, env),
+            "kwargs": {k: _encode(v, inputs, env) for k, v in node.kwargs.items()}}
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -565,33 +573,66 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
     n = g.add_node("Opaque", [env[i] for i in inputs],
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target},
                    name=g.fresh_name(node.name))
-    return n.outputs[0] if not isinstance(val, list | tuple) else list(n.outputs)
+    if not isinstance(val, list | tuple):
+        return n.outputs[0]
+    outs = iter(n.outputs)  # outputs the op does not produce (None in its schema) stay None
+    return [None if v is None else next(outs) for v in vals]
 
 
 # ------------------------------------------------------------------ import
-def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
-              name: str = "fx_graph", extras: list | None = None) -> Graph:
-    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs).
+@dataclass
+class FxImport:
+    """An imported FX graph and how its call signature maps onto the Graph.
 
-    AOT autograd's forward graph may also return sizes (SymInts saved for the backward) and
-    Nones: with ``extras`` given they are left out of the graph's outputs and listed there as
-    (position, size or None); without it a size output is an error."""
+    ``inputs`` has one entry per FX placeholder: the index of the graph input it feeds, or
+    the symbolic dim it carries (a SymInt argument), or None (an argument graphkernel does not
+    need). ``outputs`` has one entry per FX output: ``("value", i)`` (graph output i),
+    ``("dim", d)`` (a size, evaluated once the symbols are bound) or ``("none", None)``
+    (AOT autograd's None gradients)."""
+
+    graph: Graph
+    inputs: list[int | str | None] = field(default_factory=list)
+    outputs: list[tuple[str, Any]] = field(default_factory=list)
+    fallbacks: dict[str, str] = field(default_factory=dict)  # ATen op -> why it is Opaque
+
+
+def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
+              name: str = "fx_graph") -> Graph:
+    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs)."""
+    return import_fx_module(gm, example_inputs, name).graph
+
+
+def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
+                     name: str = "fx_graph",
+                     constants: dict[int, np.ndarray] | None = None) -> FxImport:
+    """Import an ATen-level ``torch.fx.GraphModule`` with its call signature; the
+    placeholders numbered in ``constants`` become Constant nodes (frozen parameters)."""
     if torch is None:
         raise FrontendError("importing FX graphs needs torch: pip install 'graphkernel[torch]'")
     g = Graph(name)
+    res = FxImport(g)
     env: dict[Any, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
-    for n, ex in zip(placeholders, examples, strict=False):
+    constants = constants or {}
+    for i, (n, ex) in enumerate(zip(placeholders, examples, strict=False)):
+        if i in constants:
+            env[n] = g.add_node("Constant", [], {"value": constants[i]},
+                                name=g.fresh_name(n.name)).output
+            res.inputs.append(None)
+            continue
         if isinstance(ex, torch.Tensor):
             t = TensorType(tuple(_dim(d) for d in ex.shape), torch_dtype(ex.dtype, n.name))
         else:
             t = meta_type(n, n.name)
         if t is None:
-            env[n] = _dim(n.meta.get("val", ex))  # a SymInt size argument
+            val = n.meta.get("val", ex)
+            env[n] = _dim(val) if isinstance(val, int | torch.SymInt) else val
+            res.inputs.append(env[n] if isinstance(env[n], str) else None)
             continue
         env[n] = g.add_input(n.name, t)
-    outputs: list[Value] = []
+        res.inputs.append(len(g.inputs) - 1)
+    flat: list[Any] = []
     for n in gm.graph.nodes:
         if n.op in ("placeholder",):
             continue
@@ -600,13 +641,7 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
                                 name=g.fresh_name(n.name)).output
             continue
         if n.op == "output":
-            flat = n.args[0] if isinstance(n.args[0], list | tuple) else [n.args[0]]
-            for i, a in enumerate(flat):
-                v = env[a] if a in env else a
-                if extras is not None and (v is None or isinstance(v, int | str)):
-                    extras.append((i, v))
-                elif v is not None:
-                    outputs.append(v)
+            flat = list(n.args[0]) if isinstance(n.args[0], list | tuple) else [n.args[0]]
             continue
         if n.target is operator.getitem:
             env[n] = env[n.args[0]][n.args[1]]
@@ -629,14 +664,22 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
                 for node in reversed(g.nodes[mark:]):
                     if not any(v.uses for v in node.outputs):
                         g.erase_node(node)
+        res.fallbacks.setdefault(str(n.target), reason)
         env[n] = _opaque(g, n, env, reason)
-    final = []
-    for v in outputs:
-        if not isinstance(v, Value):
+    final: list[Value] = []
+    for a in flat:
+        v = env[a] if isinstance(a, torch.fx.Node) else a
+        if v is None:
+            res.outputs.append(("none", None))
+        elif isinstance(v, int | str) and not isinstance(v, bool):
+            res.outputs.append(("dim", v))
+        elif not isinstance(v, Value):
             raise FrontendError(f"graph output {v!r} is not a tensor")
-        if v.is_input or any(v is o for o in final):
-            v = g.add_node("Identity", [v], name=g.fresh_name(f"{v.name}_out")).output
-        final.append(v)
+        else:
+            if v.is_input or any(v is o for o in final):
+                v = g.add_node("Identity", [v], name=g.fresh_name(f"{v.name}_out")).output
+            res.outputs.append(("value", len(final)))
+            final.append(v)
     g.set_outputs(final)
     g.remove_dead()
-    return g
+    return res
