@@ -100,6 +100,9 @@ CASES = {
     "tril_triu": (lambda x: torch.tril(x, 1) + torch.triu(x, -1) * 2, (X,)),
     "causal_mask": (lambda x: x.masked_fill(torch.ones(3, 8, dtype=torch.bool).triu(1),
                                             float("-inf")).softmax(-1), (X,)),
+    "index_put": (lambda x, y: x.index_put((torch.tensor([0, 2, -3]),), y, accumulate=True)
+                  + x.index_put((torch.tensor([1]),), torch.tensor(5.0)), (X, Y)),
+    "true_divide": (lambda x, p: torch.true_divide(x, p), (X, P)),
     "repeat": (lambda x: x[:1].repeat(2, 1, 3), (X,)),
     "bitwise_not": (lambda x: (~(x > 0)).float() + (~(x * 3).int()), (X,)),
     "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=1) + x.norm(p=1, dim=0).sum()

@@ -175,10 +175,11 @@ def _unary(c: Ctx):
     return c.emit(op, [x])
 
 
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Maximum",
-           "minimum": "Minimum", "pow": "Pow", "atan2": "Atan2", "remainder": "FloorMod",
-           "fmod": "Mod", "eq": "Equal", "ne": "NotEqual", "gt": "Greater", "ge": "GreaterEqual",
-           "lt": "Less", "le": "LessEqual", "logical_and": "LogicalAnd",
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "true_divide": "Div",
+           "maximum": "Maximum", "minimum": "Minimum", "pow": "Pow", "atan2": "Atan2",
+           "remainder": "FloorMod", "fmod": "Mod", "eq": "Equal", "ne": "NotEqual",
+           "gt": "Greater", "ge": "GreaterEqual", "lt": "Less", "le": "LessEqual",
+           "logical_and": "LogicalAnd",
            "logical_or": "LogicalOr", "bitwise_and": "BitwiseAnd", "bitwise_or": "BitwiseOr"}
 _COMPARE = {"Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual"}
 
@@ -599,6 +600,27 @@ def _scatter(c: Ctx):
                   {"axis": dim, "reduction": "add" if reduce else "none"})
 
 
+@aten("aten.index_put.default")
+def _index_put(c: Ctx):
+    # x[idx] = values (or += with accumulate) along axis 0, as a ScatterElements whose
+    # indices repeat each row index over the trailing axes; embedding's backward is one
+    x, idx, values = c.arg(0), c.arg(1), c.arg(2)
+    accumulate = c.argkw(3, "accumulate", False)
+    if len(idx) != 1 or idx[0] is None or idx[0].dtype == DType.bool or idx[0].type.rank != 1:
+        raise Unmapped("index_put with anything but one 1-D index tensor on the first axis")
+    rows = idx[0]
+    shape = [rows.shape[0], *x.shape[1:]]
+    if not isinstance(values, Value):
+        values = c.const(values, x.dtype)
+    values = c.cast(values, x.dtype)
+    if tuple(values.shape) != tuple(shape):
+        values = c.emit("BroadcastTo", [values], {"shape": shape})
+    rows = c.emit("Reshape", [rows], {"shape": [shape[0]] + [1] * (x.type.rank - 1)})
+    rows = c.emit("BroadcastTo", [rows], {"shape": shape})
+    return c.emit("ScatterElements", [x, rows, values],
+                  {"axis": 0, "reduction": "add" if accumulate else "none"})
+
+
 @aten("aten.cumsum.default")
 def _cumsum(c: Ctx):
     x = c.cast(c.arg(0), c.out_type.dtype)
@@ -842,6 +864,16 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
 
 
 # ------------------------------------------------------------------ import
+# ATen ops left to torch on purpose, with the reason the log gives
+UNMAPPED_WHY = {
+    "aten.convolution_backward.default": "no graphkernel op computes a convolution's input "
+    "and weight gradients (a transposed and a correlating convolution); it runs through torch",
+    "aten.sort.default": "no sort op: data-dependent permutations run through torch",
+    "aten.sort.stable": "no sort op: data-dependent permutations run through torch",
+    "aten.nonzero.default": "the output size depends on the data",
+}
+
+
 @dataclass
 class FxImport:
     """An imported FX graph and how its call signature maps onto the Graph.
@@ -915,7 +947,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
             continue
         handler = ATEN.get(str(n.target))
-        reason = f"no mapping for {n.target}"
+        reason = UNMAPPED_WHY.get(str(n.target), f"no mapping for {n.target}")
         if handler is not None:
             mark = len(g)
             try:
