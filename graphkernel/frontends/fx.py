@@ -606,15 +606,19 @@ def _index_put(c: Ctx):
     # indices repeat each row index over the trailing axes; embedding's backward is one
     x, idx, values = c.arg(0), c.arg(1), c.arg(2)
     accumulate = c.argkw(3, "accumulate", False)
-    if len(idx) != 1 or idx[0] is None or idx[0].dtype == DType.bool or idx[0].type.rank != 1:
-        raise Unmapped("index_put with anything but one 1-D index tensor on the first axis")
+    if len(idx) != 1 or idx[0] is None or idx[0].dtype == DType.bool:
+        raise Unmapped("index_put with anything but one index tensor on the first axis")
     rows = idx[0]
-    shape = [rows.shape[0], *x.shape[1:]]
     if not isinstance(values, Value):
         values = c.const(values, x.dtype)
     values = c.cast(values, x.dtype)
-    if tuple(values.shape) != tuple(shape):
-        values = c.emit("BroadcastTo", [values], {"shape": shape})
+    full = [*rows.shape, *x.shape[1:]]
+    if tuple(values.shape) != tuple(full):
+        values = c.emit("BroadcastTo", [values], {"shape": full})
+    if rows.type.rank != 1:  # several index axes: one row per index, in order
+        rows = c.emit("Reshape", [rows], {"shape": [-1]})
+        values = c.emit("Reshape", [values], {"shape": [-1, *x.shape[1:]]})
+    shape = [rows.shape[0], *x.shape[1:]]
     rows = c.emit("Reshape", [rows], {"shape": [shape[0]] + [1] * (x.type.rank - 1)})
     rows = c.emit("BroadcastTo", [rows], {"shape": shape})
     return c.emit("ScatterElements", [x, rows, values],
