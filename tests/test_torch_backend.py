@@ -170,32 +170,29 @@ def test_every_graph_dumps_to_its_own_folder_with_an_index(tmp_path):
 
 
 def test_static_shapes_recompile_and_the_count_says_so():
-    m = Net().eval()
-    c = torch.compile(m, backend="graphkernel")
+    c = torch.compile(torch.nn.Linear(4, 3), backend="graphkernel")
     with torch.no_grad():
         for n in (4, 6):
-            c(_ids(2, n))
+            c(torch.rand(n, 4))
     s = gt.stats()
     assert s["graphs"] == 2 and s["recompiles"] == 1
 
 
 class Attention(torch.nn.Module):
-    """Causal self-attention whose mask and positions are built from the sequence length
-    (symbolic arange bounds, SymInt arguments)."""
+    """Causal single-head self-attention whose positions and mask are built from the sequence
+    length (symbolic arange bounds, SymInt arguments)."""
 
     def __init__(self):
         super().__init__()
         self.emb = torch.nn.Embedding(20, 16)
         self.pos = torch.nn.Embedding(32, 16)
-        self.qkv = torch.nn.Linear(16, 48)
 
     def forward(self, ids):
-        b, n = ids.shape
+        n = ids.shape[1]
         h = self.emb(ids) + self.pos(torch.arange(n))
-        q, k, v = self.qkv(h).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
         mask = torch.ones(n, n, dtype=torch.bool).tril()
-        att = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
-        return (att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, 16).cumsum(1)
+        att = (h @ h.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+        return (att.softmax(-1) @ h).cumsum(1)
 
 
 def test_dynamic_shapes_serve_three_sequence_lengths_with_one_compile(monkeypatch):
