@@ -341,10 +341,12 @@ def _freezable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
 
     def compiler(role):
         def fn(graph_module, inputs):
-            return compile_fx(graph_module, inputs, options, role, frozen)
+            # boxed: AOT autograd hands the arguments as one list it may free early
+            return make_boxed_func(compile_fx(graph_module, inputs, options, role, frozen))
         return fn
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
