@@ -64,6 +64,29 @@ def builders():
                               decoder_start_token_id=0, **common)
         return Hidden(WhisperEncoder(cfg).eval(), "input_features")
 
+    def vision(cfg_cls, model_cls, size=32, pooler=False, **kw):
+        def build():
+            torch.manual_seed(SEED)
+            cfg = cfg_cls(image_size=size, num_channels=3, **kw, **common)
+            # (ConvNeXt has no switch for its pooler; its last hidden state does not use it)
+            model = model_cls(cfg) if pooler else model_cls(cfg, add_pooling_layer=False)
+            return Hidden(model.eval(), "pixel_values")
+        return build, lambda: (torch.rand(2, 3, size, size, generator=g),)
+
+    def wav2vec2():
+        torch.manual_seed(SEED)
+        cfg = T.Wav2Vec2Config(hidden_size=H, num_hidden_layers=LAYERS,
+                               num_attention_heads=HEADS, intermediate_size=FF,
+                               conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                               num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                               vocab_size=VOCAB, **common)
+        return Hidden(T.Wav2Vec2Model(cfg).eval(), "input_values")
+
+    decoder = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+                   num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
+                   max_position_embeddings=64)
+    encoder = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+                   intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
     g = torch.Generator().manual_seed(SEED)
     return {
         "gpt2": text(T.GPT2Config, T.GPT2Model, n_layer=LAYERS, n_embd=H, n_head=HEADS,
@@ -82,6 +105,19 @@ def builders():
                            d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB),
         "vit": (vit, lambda: (torch.rand(2, 3, 32, 32, generator=g),)),
         "whisper_encoder": (whisper, lambda: (torch.rand(2, 16, 64, generator=g),)),
+        "mistral": text(T.MistralConfig, T.MistralModel, sliding_window=8, **decoder),
+        "gemma": text(T.GemmaConfig, T.GemmaModel, head_dim=H // HEADS, **decoder),
+        "falcon": text(T.FalconConfig, T.FalconModel, num_hidden_layers=LAYERS, hidden_size=H,
+                       num_attention_heads=HEADS, vocab_size=VOCAB),
+        "bloom": text(T.BloomConfig, T.BloomModel, n_layer=LAYERS, hidden_size=H, n_head=HEADS,
+                      vocab_size=VOCAB),
+        "albert": text(T.AlbertConfig, T.AlbertModel, embedding_size=32, **encoder),
+        "electra": text(T.ElectraConfig, T.ElectraModel, embedding_size=32, **encoder),
+        "deit": vision(T.DeiTConfig, T.DeiTModel, hidden_size=H, num_hidden_layers=LAYERS,
+                       num_attention_heads=HEADS, intermediate_size=FF, patch_size=8),
+        "convnext": vision(T.ConvNextConfig, T.ConvNextModel, hidden_sizes=[16, 32],
+                           depths=[1, 1], num_stages=2, patch_size=4, pooler=True),
+        "wav2vec2": (wav2vec2, lambda: (torch.rand(2, 400, generator=g) * 2 - 1,)),
     }
 
 

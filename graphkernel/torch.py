@@ -5,100 +5,369 @@ decompositions), imports it, runs the pass pipeline under the effective flags
 (``AUTOFUSE_FLAGS`` or ``options={"flags": ...}``) and returns a callable that runs on the
 CPU: fused kernels through the numpy interpreter (or, with ``options={"backend": "sim"}``,
 through their generated Ascend C in the CPU simulator), unmapped ATen ops through torch.
-With ``dump_as_text`` each compiled graph gets its own folder ``autofused_<n>`` under the
-debug directory (report, flags, per-pass IR).
+
+Options (``torch.compile(..., options={...})``):
+
+- ``flags``: a flag string or mapping, as for ``graphkernel compile``.
+- ``backend``: ``reference`` (default) or ``sim``.
+- ``freeze``: parameters and buffers become constants, like Inductor's ``freezing``. By
+  default (``None``) this happens when the graph is compiled with grad disabled; ``True``
+  also freezes the ones that do not require grad when grad is enabled; ``False`` never
+  freezes. A frozen graph checks its tensors' version counters on every call and compiles
+  again when one was written (an optimizer step, ``load_state_dict``).
+
+Each compiled graph logs one line on the ``graphkernel.torch`` logger (enable it with
+``GRAPHKERNEL_LOG=info`` or ``TORCH_LOGS=graphkernel``); ``stats()`` sums them up with
+Dynamo's graph breaks and recompiles. With ``dump_as_text`` each graph gets its own folder
+``autofused_<n>`` under the debug directory (flags, per-pass IR, report) and the debug
+directory gets an ``index.json`` listing them.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from graphkernel.errors import ExecutionError
 
+log = logging.getLogger("graphkernel.torch")
 _COUNTER = itertools.count(1)
+OPTIONS = ("flags", "backend", "freeze")
+LAUNCH_KINDS = ("vector", "cube", "mix", "extern", "opaque")
 
 
-def _runner(graph, compiled, compute_dtype: str | None = None,
-            kernel_runner: Any = None, extras: Sequence[tuple[int, Any]] = ()
-            ) -> Callable[..., tuple]:
-    """The compiled graph as a function of the FX graph's inputs; ``extras`` are the outputs
-    that are not tensors (position, size or None), put back in their places."""
+# ------------------------------------------------------------------ logging
+def configure_logging(env: Mapping[str, str] | None = None) -> int | None:
+    """Attach a stderr handler to ``graphkernel.torch`` when ``GRAPHKERNEL_LOG`` names a level
+    (``info``, ``debug``, ``warning``) or ``TORCH_LOGS`` names ``graphkernel`` (``+graphkernel``
+    for debug, ``-graphkernel`` for errors only, as TORCH_LOGS spells levels). Returns the
+    level set, or None when neither asks for it."""
+    env = os.environ if env is None else env
+    level = None
+    want = env.get("GRAPHKERNEL_LOG", "").strip().upper()
+    if want:
+        level = logging.getLevelName(want)
+        if not isinstance(level, int):
+            raise ExecutionError(f"GRAPHKERNEL_LOG={env['GRAPHKERNEL_LOG']!r} is not a level "
+                                 "(accepted: debug, info, warning, error)")
+    for item in env.get("TORCH_LOGS", "").replace(" ", "").split(","):
+        if item.lstrip("+-") == "graphkernel":
+            level = {"+": logging.DEBUG, "-": logging.ERROR}.get(item[0], logging.INFO)
+    if level is None:
+        return None
+    log.setLevel(level)
+    if not any(getattr(h, "_graphkernel", False) for h in log.handlers):
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("[graphkernel] %(message)s"))
+        h._graphkernel = True  # type: ignore[attr-defined]
+        log.addHandler(h)
+    return level
+
+
+# -------------------------------------------------------------------- stats
+@dataclass
+class GraphSummary:
+    """What the backend did with one ATen graph."""
+
+    name: str
+    role: str  # inference, forward or backward
+    aten_ops: int
+    ops_in: int  # graphkernel ops after import
+    launches: dict[str, int]
+    fallbacks: dict[str, str]  # ATen op -> why it runs through torch
+    codegen_fallbacks: int
+    frozen: int  # parameters and buffers inlined as constants
+    recompile: bool
+    seconds: float
+    dump_dir: str | None = None
+
+    def line(self) -> str:
+        kinds = ", ".join(f"{k} {self.launches.get(k, 0)}" for k in LAUNCH_KINDS)
+        fb = "; ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())) or "none"
+        frozen = f", {self.frozen} frozen tensors" if self.frozen else ""
+        again = ", recompile" if self.recompile else ""
+        return (f"{self.name} ({self.role}{frozen}{again}): {self.aten_ops} ATen ops -> "
+                f"{self.ops_in} ops -> {sum(self.launches.values())} launches ({kinds}); "
+                f"ATen fallbacks: {fb}; codegen fallbacks: {self.codegen_fallbacks}; "
+                f"{self.seconds:.2f} s")
+
+
+@dataclass
+class _Stats:
+    graphs: list[GraphSummary] = field(default_factory=list)
+    refreezes: int = 0
+    index: dict[str, list[dict]] = field(default_factory=dict)  # debug dir -> entries
+
+
+_STATS = _Stats()
+
+
+def stats() -> dict[str, Any]:
+    """Totals over the graphs compiled since the last ``reset_stats()``: graphs, recompiles,
+    Dynamo's graph breaks, launches by kind, ATen fallbacks with their reasons."""
+    from torch._dynamo.utils import counters
+
+    launches: Counter = Counter()
+    fallbacks: dict[str, str] = {}
+    for s in _STATS.graphs:
+        launches.update(s.launches)
+        fallbacks.update(s.fallbacks)
+    return {"graphs": len(_STATS.graphs),
+            "recompiles": sum(s.recompile for s in _STATS.graphs if s.role != "backward"),
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "refreezes": _STATS.refreezes,
+            "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
+            "fallbacks": fallbacks,
+            "per_graph": [asdict(s) for s in _STATS.graphs]}
+
+
+def reset_stats() -> None:
+    """Forget the graphs counted so far (Dynamo's counters are reset by torch._dynamo.reset)."""
+    _STATS.graphs.clear()
+    _STATS.refreezes = 0
+
+
+def launch_counts(graph) -> dict[str, int]:
+    """Launches of a compiled graph by kind (see ``graphkernel.traffic.launch_kind``)."""
+    from graphkernel.traffic import launches
+
+    out = dict.fromkeys(LAUNCH_KINDS, 0)
+    for entry in launches(graph):
+        out[entry["kind"]] += 1
+    return out
+
+
+def _recompile() -> bool:
+    from torch._guards import CompileContext
+
+    cid = CompileContext.current_compile_id()
+    return bool(cid is not None and getattr(cid, "frame_compile_id", 0))
+
+
+# ------------------------------------------------------------------- runner
+def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]:
+    """The compiled graph as a callable with the FX graph's signature."""
     from graphkernel import symbolic
     from graphkernel.frontends.fx import to_numpy, to_torch
     from graphkernel.interpreter import Interpreter
 
-    names = [v.name for v in graph.inputs]
+    names = [v.name for v in imported.graph.inputs]
+    plain = [(i, d) for i, d in enumerate(imported.inputs)
+             if isinstance(d, str) and d.isidentifier()]
 
-    def run(*args: Any) -> tuple:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        feeds = {n: to_numpy(t) for n, t in zip(names, tensors, strict=True)}
-        outs = [to_torch(o) for o in Interpreter(compiled, compute_dtype, kernel_runner)
-                .run(feeds)]
-        if not extras:
-            return tuple(outs)
-        dims: dict[str, int] = {}  # this call's value of every symbolic dim
-        for v, t in zip(graph.inputs, tensors, strict=True):
-            for d, actual in zip(v.type.shape, t.shape, strict=True):
-                symbolic.bind(d, int(actual), dims)
-        for i, d in extras:
-            outs.insert(i, None if d is None else symbolic.evaluate(d, dims))
-        return tuple(outs)
+    def run(*args: Any) -> Any:
+        feeds, symbols = {}, {}
+        for spec, a in zip(imported.inputs, args, strict=False):
+            if isinstance(spec, int) and not isinstance(spec, bool):
+                feeds[names[spec]] = to_numpy(a)
+        for i, d in plain:  # SymInt arguments bind their symbols directly
+            symbols[d] = int(args[i])
+        interp = Interpreter(compiled, None, kernel_runner, symbols)
+        outs = interp.run(feeds)
+        result = []
+        for kind, x in imported.outputs:
+            if kind == "value":
+                result.append(to_torch(outs[x]))
+            elif kind == "dim":
+                result.append(symbolic.evaluate(x, interp.env))
+            else:
+                result.append(None)
+        return tuple(result)
 
     return run
 
 
-def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-               options: dict[str, Any] | None = None) -> Callable[..., tuple]:
-    """Compile an ATen-level FX graph; returns a callable taking the same inputs."""
-    import graphkernel
+def _dump_dir(flags: Any, env: Mapping[str, str], sub: str) -> str | None:
+    """This graph's own dump folder under ``debug_dir`` (None when not dumping)."""
     from graphkernel.api import load_config
-    from graphkernel.frontends.fx import import_fx
 
+    cfg = load_config(flags, env=env)
+    return os.path.join(cfg.debug_dir, sub) if cfg.dump_as_text else None
+
+
+def _write_index(top: str, entry: dict) -> None:
+    from graphkernel.dump import Dumper
+
+    entries = _STATS.index.setdefault(os.path.abspath(top), [])
+    entries.append(entry)
+    Dumper(top).write_json("index.json", {"graphs": entries})
+
+
+def _frozen_here(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None
+                 ) -> dict[int, torch.Tensor]:
+    """The frozen tensors by placeholder of an AOT graph. AOT keeps Dynamo's inputs in order
+    (parameters first in a backward graph do not occur: backward graphs freeze nothing); when
+    it changed them (duplicates, synthetic bases), nothing is frozen."""
+    if not frozen:
+        return {}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = {}
+    for i, t in frozen.items():
+        val = phs[i].meta.get("val") if i < len(phs) else None
+        if val is None or tuple(val.shape) != tuple(t.shape) or val.dtype != t.dtype:
+            log.info("parameters not frozen: AOT autograd rearranged the graph's inputs")
+            return {}
+        out[i] = t
+    return out
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+               options: dict[str, Any] | None = None, role: str = "inference",
+               frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
+    """Compile an ATen-level FX graph; returns a callable taking the same inputs.
+
+    ``frozen`` maps placeholder indices to the tensors inlined as constants; the callable
+    checks their version counters on every call and compiles again when one moved."""
+    import graphkernel
+    from graphkernel.frontends.fx import import_fx_module, to_numpy
+
+    t0 = time.perf_counter()
     options = dict(options or {})
-    backend = options.pop("backend", "reference")
+    backend = options.get("backend", "reference")
     if backend not in ("reference", "sim"):
         raise ExecutionError(f"unknown backend {backend!r} (accepted: reference, sim)")
+    frozen = _frozen_here(gm, frozen) if role != "backward" else {}
     n = next(_COUNTER)
+    name = f"autofused_{n}"
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # graph constants are real tensors; read them as such
-        extras: list = []  # sizes AOT autograd saves for the backward, Nones
-        g = import_fx(gm, example_inputs, name=f"autofused_{n}", extras=extras)
-    flags = options.pop("flags", None)
+        consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
+        imported = import_fx_module(gm, example_inputs, name=name, constants=consts)
+    g = imported.graph
     env = dict(os.environ)
-    cfg = load_config(flags if flags is not None else "", env=env)
-    own = os.path.join(cfg.debug_dir, f"autofused_{n}")  # this graph's dumps, apart
-    res = graphkernel.compile(g, flags if flags is not None else "", env=env,
-                              log=lambda m: None, dump_dir=own)
-    if res.config.dump_as_text:
+    flags = options.get("flags") or ""
+    dump_dir = _dump_dir(flags, env, name)
+    res = graphkernel.compile(g, flags, env=env, log=lambda m: None, dump_dir=dump_dir)
+    if dump_dir is not None:
         from graphkernel.dump import Dumper
 
-        Dumper(own).write_text("graph.txt", str(res.graph))
+        Dumper(dump_dir).write_text("graph.txt", str(res.graph))
+    summary = GraphSummary(
+        name, role, sum(1 for x in gm.graph.nodes if x.op == "call_function"), len(g),
+        launch_counts(res.graph), dict(imported.fallbacks),
+        len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
+        round(time.perf_counter() - t0, 3), dump_dir)
+    _STATS.graphs.append(summary)
+    log.info("%s", summary.line())
+    if dump_dir is not None:
+        _write_index(os.path.dirname(dump_dir), asdict(summary) | {"dir": name})
+    runner = None
     if backend == "sim":  # fused kernels run through their generated code
         from graphkernel.codegen.backend import SimBackend
 
-        return _runner(g, res.graph, kernel_runner=SimBackend.for_result(res), extras=extras)
-    return _runner(g, res.graph, extras=extras)
+        runner = SimBackend.for_result(res)
+    run = _runner(imported, res.graph, runner)
+    if not frozen:
+        return run
+    state = {"key": _versions(frozen.values()), "run": run}
+
+    def guarded(*args: Any) -> Any:
+        if _versions(args[i] for i in frozen) != state["key"]:
+            _STATS.refreezes += 1
+            log.info("%s: frozen parameters were written since they were inlined; compiling "
+                     "again", name)
+            live = {i: args[i] for i in frozen}
+            state["run"] = compile_fx(gm, example_inputs, options, role, live)
+            state["key"] = _versions(live.values())
+        return state["run"](*args)
+
+    return guarded
+
+
+def _versions(tensors) -> list[tuple[int, int]]:
+    return [(t.data_ptr(), t._version) for t in tensors]
+
+
+# ------------------------------------------------------------------ freezing
+_VIEWS = frozenset({"view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
+                    "squeeze", "narrow", "select", "__getitem__", "getitem", "as_strided",
+                    "unflatten", "flatten", "split", "chunk", "view_as", "expand_as",
+                    "contiguous", "detach"})
+
+
+def _mutated(node: torch.fx.Node) -> bool:
+    """Whether Dynamo's graph writes into ``node`` (or a view of it) in place."""
+    import operator
+
+    work, seen = [node], set()
+    while work:
+        n = work.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            target = u.target if isinstance(u.target, str) else getattr(u.target, "__name__", "")
+            if u.target is operator.setitem or (target.endswith("_") and
+                                                 not target.startswith("_")):
+                if u.args and u.args[0] is n:
+                    return True
+            if target in _VIEWS or u.target is operator.getitem:
+                work.append(u)
+    return False
+
+
+def _freezable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+               freeze: bool | None) -> list[int]:
+    """Indices of the placeholders that are module parameters or buffers to inline."""
+    if freeze is False:
+        return []
+    grad = torch.is_grad_enabled()
+    if grad and freeze is None:
+        return []
+    out = []
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (n, ex) in enumerate(zip(phs, example_inputs, strict=False)):
+        arg = n.meta.get("grapharg")
+        source = arg.source.name if arg is not None and arg.source is not None else ""
+        source = source() if callable(source) else str(source)
+        if not isinstance(ex, torch.Tensor) or not ("._parameters[" in source
+                                                    or "._buffers[" in source):
+            continue
+        if (grad and ex.requires_grad) or _mutated(n):
+            continue
+        out.append(i)
+    return out
+
+
+def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compiler(role):
+        def fn(graph_module, inputs):
+            # boxed: AOT autograd hands the arguments as one list it may free early
+            return make_boxed_func(compile_fx(graph_module, inputs, options, role, frozen))
+        return fn
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        inference_compiler=compiler("inference"),
+                        decompositions=core_aten_decompositions())(gm, example_inputs)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The ``torch.compile`` backend (registered as "graphkernel")."""
-    from torch._decomp import core_aten_decompositions
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    def fw(graph_module, inputs):
-        # boxed: AOT autograd hands the arguments as one list it may free early
-        return make_boxed_func(compile_fx(graph_module, inputs, options))
-
-    return aot_autograd(fw_compiler=fw, decompositions=core_aten_decompositions())(
-        gm, example_inputs)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ExecutionError(f"unknown graphkernel option(s) {', '.join(unknown)} "
+                             f"(accepted: {', '.join(OPTIONS)})")
+    freeze = options.get("freeze")
+    if freeze not in (None, True, False):
+        raise ExecutionError(f"option freeze={freeze!r} (accepted: True, False, None)")
+    configure_logging()
+    frozen = {i: example_inputs[i] for i in _freezable(gm, example_inputs, freeze)}
+    return _aot(gm, example_inputs, options, frozen)
 
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):

@@ -11,9 +11,24 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
-from graphkernel.ir import Graph, Value
+from graphkernel.ir import Graph, Node, Value
 
 VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
+CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
+
+
+def launch_kind(node: Node) -> str:
+    """How a launch runs: ``cube`` (a matrix product alone), ``mix`` (a product with fused
+    vector work), ``opaque`` (an op run by another framework), else ``vector`` (a fused
+    kernel or a vector op alone). ``extern`` (a vendor operator) has no op yet."""
+    if node.op == "GraphKernel":
+        body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in VIEWS]
+        if any(op in CUBE_OPS for op in body):
+            return "mix" if any(op not in CUBE_OPS for op in body) else "cube"
+        return "vector"
+    if node.op in CUBE_OPS:
+        return "cube"
+    return "opaque" if node.op == "Opaque" else "vector"
 
 
 def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
@@ -33,7 +48,8 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
         if n.op == "Constant" or n.op in VIEWS:
             continue
         r, w = _io_bytes(list(n.inputs), list(n.outputs))
-        entry = {"name": n.name, "op": n.op, "bytes_read": r, "bytes_written": w,
+        entry = {"name": n.name, "op": n.op, "kind": launch_kind(n), "bytes_read": r,
+                 "bytes_written": w,
                  "ops": len(n.subgraph.nodes) if n.op == "GraphKernel" else 1}
         if n.op == "GraphKernel":
             entry["pattern"] = n.attrs["pattern"]

@@ -13,6 +13,7 @@ import logging
 import operator
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -174,10 +175,11 @@ def _unary(c: Ctx):
     return c.emit(op, [x])
 
 
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Maximum",
-           "minimum": "Minimum", "pow": "Pow", "atan2": "Atan2", "remainder": "FloorMod",
-           "fmod": "Mod", "eq": "Equal", "ne": "NotEqual", "gt": "Greater", "ge": "GreaterEqual",
-           "lt": "Less", "le": "LessEqual", "logical_and": "LogicalAnd",
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "true_divide": "Div",
+           "maximum": "Maximum", "minimum": "Minimum", "pow": "Pow", "atan2": "Atan2",
+           "remainder": "FloorMod", "fmod": "Mod", "eq": "Equal", "ne": "NotEqual",
+           "gt": "Greater", "ge": "GreaterEqual", "lt": "Less", "le": "LessEqual",
+           "logical_and": "LogicalAnd",
            "logical_or": "LogicalOr", "bitwise_and": "BitwiseAnd", "bitwise_or": "BitwiseOr"}
 _COMPARE = {"Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual"}
 
@@ -399,7 +401,17 @@ def _squeeze(c: Ctx):
 def _slice(c: Ctx):
     x = c.arg(0)
     dim, start, end, step = c.arg(1, 0), c.arg(2), c.arg(3), c.arg(4, 1)
+    dim %= x.type.rank
     start = 0 if start is None else start
+    n = c.out_type.shape[dim]
+    if isinstance(start, str) or isinstance(end, str):
+        if n == x.shape[dim] and start == 0 and step == 1:
+            return c.emit("Identity", [x])  # the whole axis, up to its symbolic size
+        if isinstance(start, str) or step != 1 or (isinstance(start, int) and start < 0):
+            raise Unmapped("slice with a symbolic start or stride")
+        # x[start:s] of a longer axis: the rows a symbolic-length range picks
+        idx = c.emit("Range", [], {"start": start, "length": n, "dtype": DType.int64})
+        return c.emit("Gather", [x, idx], {"axis": dim})
     end = INT64_MAX if end is None else min(end, INT64_MAX)
     return c.emit("StridedSlice", [x], {"begin": [start], "end": [end], "strides": [step],
                                         "axes": [dim]})
@@ -442,21 +454,62 @@ def _embedding(c: Ctx):
     return c.emit("Gather", [c.arg(0), c.arg(1)], {"axis": 0})
 
 
+_LAYOUT_KEEPING = ("Identity", "BroadcastTo", "Reshape")
+
+
+def _untransposed(c: Ctx, v: Value) -> Value | None:
+    """``v`` rebuilt without a swap of its last two axes, when it is such a swap (a weight's
+    ``t()``, a key's ``transpose(-1, -2)``), possibly behind copies, expands and reshapes of the
+    leading axes; the matmul then reads the source with its transpose flag set instead."""
+    chain = []
+    while v.producer is not None and v.producer.op in _LAYOUT_KEEPING:
+        src = v.producer.inputs[0]
+        if v.producer.op != "Identity" and (src.type.rank < 2 or
+                                             tuple(src.shape[-2:]) != tuple(v.shape[-2:])):
+            return None
+        chain.append(v.producer)
+        v = src
+    p = v.producer
+    if p is None or p.op != "Transpose":
+        return None
+    r = len(p.attrs["perm"])
+    if r < 2 or list(p.attrs["perm"]) != [*range(r - 2), r - 1, r - 2]:
+        return None
+    out = p.inputs[0]
+    for node in reversed(chain):
+        if node.op == "Identity":
+            continue
+        shape = list(node.attrs["shape"])
+        shape[-2:] = shape[-1], shape[-2]
+        out = c.emit(node.op, [out], {"shape": shape})
+    return out
+
+
+def _matmul(c: Ctx, op: str, a: Value, b: Value) -> Value:
+    attrs = {}
+    for key, v in (("transpose_a", a), ("transpose_b", b)):
+        src = _untransposed(c, v)
+        if src is not None:
+            attrs[key] = True
+            a, b = (src, b) if key == "transpose_a" else (a, src)
+    return c.emit(op, [a, b], attrs)
+
+
 @aten("aten.mm.default")
 def _mm(c: Ctx):
-    return c.emit("MatMul", [c.arg(0), c.arg(1)])
+    return _matmul(c, "MatMul", c.arg(0), c.arg(1))
 
 
 @aten("aten.bmm.default")
 def _bmm(c: Ctx):
-    return c.emit("BatchMatMul", [c.arg(0), c.arg(1)])
+    return _matmul(c, "BatchMatMul", c.arg(0), c.arg(1))
 
 
 @aten("aten.addmm.default")
 def _addmm(c: Ctx):
     bias, a, b = c.arg(0), c.arg(1), c.arg(2)
     beta, alpha = c.kw("beta", 1), c.kw("alpha", 1)
-    y = c.emit("MatMul", [a, b])
+    y = _matmul(c, "MatMul", a, b)
     if alpha != 1:
         y = c.emit("Mul", [y, c.const(alpha, y.dtype)])
     if beta != 1:
@@ -467,19 +520,27 @@ def _addmm(c: Ctx):
 @aten("aten.convolution.default")
 def _conv(c: Ctx):
     x, w, b, stride, pad, dil, transposed, _, groups = (c.arg(i) for i in range(9))
-    if transposed or x.type.rank != 4:
-        raise Unmapped("only 2-D, non-transposed convolution is modeled")
+    if transposed or x.type.rank not in (3, 4):
+        raise Unmapped("only 1-D and 2-D non-transposed convolutions are modeled")
+    one_d = x.type.rank == 3
+    if one_d:  # a 1-D convolution is a 2-D one over a height of 1
+        x = c.emit("ExpandDims", [x], {"axis": [2]})
+        w = c.emit("ExpandDims", [w], {"axis": [2]})
+        stride, pad, dil = [1, *stride], [0, *pad], [1, *dil]
     ins = [x, w] + ([b] if b is not None else [])
-    return c.emit("Conv2D", ins, {"strides": list(stride), "dilations": list(dil),
-                                  "pads": [pad[0], pad[1], pad[0], pad[1]], "group": groups})
+    y = c.emit("Conv2D", ins, {"strides": list(stride), "dilations": list(dil),
+                               "pads": [pad[0], pad[1], pad[0], pad[1]], "group": groups})
+    return c.emit("Squeeze", [y], {"axis": [2]}) if one_d else y
 
 
 @aten("aten.full.default", "aten.scalar_tensor.default")
 def _full(c: Ctx):
     t = c.out_type
-    if not t.is_static:
-        raise Unmapped("symbolic shape")
     value = c.arg(1) if "full" in str(c.node.target) else c.arg(0)
+    if isinstance(value, Value | str):
+        raise Unmapped("a fill value computed at run time")
+    if not t.is_static:  # one scalar broadcast to the symbolic shape
+        return c.emit("BroadcastTo", [c.const(value, t.dtype)], {"shape": list(t.shape)})
     return c.const(np.full(t.shape, value), t.dtype)
 
 
@@ -487,11 +548,15 @@ def _full(c: Ctx):
 def _arange(c: Ctx):
     t = c.out_type
     args = [c.arg(i) for i in range(len(c.node.args))]
-    if not t.is_static or not all(isinstance(a, int | float) for a in args):
-        raise Unmapped("arange with symbolic bounds")
     start, end, step = (0, args[0], 1) if len(args) == 1 else \
         (args[0], args[1], args[2] if len(args) > 2 else 1)
-    return c.const(np.arange(start, end, step), t.dtype)
+    if t.is_static and all(isinstance(a, int | float) for a in (start, end, step)):
+        return c.const(np.arange(start, end, step), t.dtype)
+    if not all(isinstance(a, int | float) for a in (start, step)):
+        raise Unmapped("arange with a symbolic start or step")
+    # the length is the output's (symbolic) size, which torch derived from the bounds
+    return c.emit("Range", [], {"start": start, "delta": step, "length": t.shape[0],
+                                "dtype": t.dtype})
 
 
 @aten("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
@@ -502,13 +567,244 @@ def _like(c: Ctx):
     return c.emit("BroadcastTo", [c.const(value, t.dtype)], {"shape": list(x.shape)})
 
 
+# --------------------------------------------------------- index-driven ops
+@aten("aten.gather.default")
+def _gather(c: Ctx):
+    return c.emit("GatherElements", [c.arg(0), c.arg(2)], {"axis": c.arg(1)})
+
+
+@aten("aten.index_select.default")
+def _index_select(c: Ctx):
+    return c.emit("Gather", [c.arg(0), c.arg(2)], {"axis": c.arg(1)})
+
+
+@aten("aten.index.Tensor")
+def _index(c: Ctx):
+    x, idx = c.arg(0), c.arg(1)
+    used = [i for i, v in enumerate(idx) if v is not None]
+    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
+        raise Unmapped("indexing with several index tensors or a mask")
+    return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+
+
+@aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
+      "aten.scatter.reduce", "aten.scatter.value_reduce")
+def _scatter(c: Ctx):
+    x, dim, idx, src = c.arg(0), c.arg(1), c.arg(2), c.arg(3)
+    reduce = c.argkw(4, "reduce") or ("add" if "scatter_add" in str(c.node.target) else None)
+    if reduce not in (None, "add", "sum"):
+        raise Unmapped(f"scatter with reduce={reduce!r}")
+    if not isinstance(src, Value):  # scatter.value: one scalar for every index
+        src = c.emit("BroadcastTo", [c.const(src, x.dtype)], {"shape": list(idx.shape)})
+    return c.emit("ScatterElements", [x, idx, c.cast(src, x.dtype)],
+                  {"axis": dim, "reduction": "add" if reduce else "none"})
+
+
+@aten("aten.index_put.default")
+def _index_put(c: Ctx):
+    # x[idx] = values (or += with accumulate) along axis 0, as a ScatterElements whose
+    # indices repeat each row index over the trailing axes; embedding's backward is one
+    x, idx, values = c.arg(0), c.arg(1), c.arg(2)
+    accumulate = c.argkw(3, "accumulate", False)
+    if len(idx) != 1 or idx[0] is None or idx[0].dtype == DType.bool:
+        raise Unmapped("index_put with anything but one index tensor on the first axis")
+    rows = idx[0]
+    if not isinstance(values, Value):
+        values = c.const(values, x.dtype)
+    values = c.cast(values, x.dtype)
+    full = [*rows.shape, *x.shape[1:]]
+    if tuple(values.shape) != tuple(full):
+        values = c.emit("BroadcastTo", [values], {"shape": full})
+    if rows.type.rank != 1:  # several index axes: one row per index, in order
+        rows = c.emit("Reshape", [rows], {"shape": [-1]})
+        values = c.emit("Reshape", [values], {"shape": [-1, *x.shape[1:]]})
+    shape = [rows.shape[0], *x.shape[1:]]
+    rows = c.emit("Reshape", [rows], {"shape": [shape[0]] + [1] * (x.type.rank - 1)})
+    rows = c.emit("BroadcastTo", [rows], {"shape": shape})
+    return c.emit("ScatterElements", [x, rows, values],
+                  {"axis": 0, "reduction": "add" if accumulate else "none"})
+
+
+@aten("aten.cumsum.default")
+def _cumsum(c: Ctx):
+    x = c.cast(c.arg(0), c.out_type.dtype)
+    return c.emit("CumSum", [x], {"axis": c.arg(1)})
+
+
+@aten("aten.any.default", "aten.any.dim", "aten.any.dims", "aten.all.default",
+      "aten.all.dim", "aten.all.dims")
+def _any_all(c: Ctx):
+    # any: the max of x != 0 over the axes; all: the min
+    name = str(c.node.target)
+    x = c.cast(c.arg(0), DType.bool)
+    axes = None if name.endswith(".default") else _dims(c, 1)
+    keep = bool(c.argkw(2, "keepdim", False))
+    op = "ReduceMax" if ".any." in name else "ReduceMin"
+    return c.emit(op, [x], {"axis": axes or None, "keep_dims": keep})
+
+
+@aten("aten.argmax.default", "aten.argmin.default")
+def _argmax(c: Ctx):
+    x, dim, keep = c.arg(0), c.argkw(1, "dim"), bool(c.argkw(2, "keepdim", False))
+    if dim is None:  # over the flattened tensor
+        x, dim = c.emit("Reshape", [x], {"shape": [-1]}), 0
+        if keep:
+            raise Unmapped("argmax over every dim with keepdim")
+    op = "ArgMax" if "argmax" in str(c.node.target) else "ArgMin"
+    return c.emit(op, [x], {"axis": dim, "keep_dims": keep, "dtype": DType.int64})
+
+
+@aten("aten.topk.default")
+def _topk(c: Ctx):
+    x, k, dim = c.arg(0), c.arg(1), c.argkw(2, "dim", -1)
+    largest, ordered = c.argkw(3, "largest", True), c.argkw(4, "sorted", True)
+    if not isinstance(k, int):
+        raise Unmapped("topk with a symbolic k")
+    del ordered  # TopK always returns its values sorted, which unsorted allows
+    return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest)})
+
+
+@aten("aten.tril.default", "aten.triu.default")
+def _tril(c: Ctx):
+    # keep x[..., i, j] where j - i <= k (tril) or j - i >= k (triu)
+    x, k = c.arg(0), c.arg(1, 0)
+    rows, cols = x.shape[-2], x.shape[-1]
+
+    def seq(n):
+        if isinstance(n, int):
+            return c.const(np.arange(n), DType.int64)
+        return c.emit("Range", [], {"length": n, "dtype": DType.int64})
+
+    i = c.emit("ExpandDims", [seq(rows)], {"axis": [1]})
+    diff = c.emit("Sub", [seq(cols), i])  # [rows, cols]: j - i
+    op = "LessEqual" if "tril" in str(c.node.target) else "GreaterEqual"
+    keep = c.emit(op, [diff, c.const(k, DType.int64)])
+    return c.emit("Select", [keep, x, c.const(0, x.dtype)])
+
+
+@aten("aten.repeat.default")
+def _repeat(c: Ctx):
+    return c.emit("Tile", [c.arg(0)], {"multiples": list(c.arg(1))})
+
+
+@aten("aten.bitwise_not.default")
+def _bitwise_not(c: Ctx):
+    x = c.arg(0)
+    if x.dtype == DType.bool:
+        return c.emit("LogicalNot", [x])
+    return c.emit("Sub", [c.emit("Neg", [x]), c.const(1, x.dtype)])  # ~x = -x - 1
+
+
+@aten("aten.linalg_vector_norm.default")
+def _vector_norm(c: Ctx):
+    x, ordv = c.arg(0), c.arg(1, 2)
+    axes, keep = _dims(c, 2), bool(c.argkw(3, "keepdim", False))
+    x = c.cast(x, c.out_type.dtype)
+    attrs = {"axis": axes or None, "keep_dims": keep}
+    if ordv == 2:
+        return c.emit("Sqrt", [c.emit("ReduceSum", [c.emit("Mul", [x, x])], attrs)])
+    if ordv == 1:
+        return c.emit("ReduceSum", [c.emit("Abs", [x])], attrs)
+    if ordv == float("inf"):
+        return c.emit("ReduceMax", [c.emit("Abs", [x])], attrs)
+    raise Unmapped(f"vector norm of order {ordv}")
+
+
+@aten("aten.native_group_norm.default")
+def _group_norm(c: Ctx):
+    # LayerNorm over each group's [C/G, *spatial] block, then the per-channel affine
+    x, w, b, n, ch, _, groups, eps = (c.arg(i) for i in range(8))
+    grouped = c.emit("Reshape", [x], {"shape": [n, groups, -1]})
+    ones = c.const(np.ones(1), x.dtype)
+    zeros = c.const(np.zeros(1), x.dtype)
+    y, mean, var = c.emit_multi("LayerNorm", [grouped, c.emit("BroadcastTo", [ones], {
+        "shape": [grouped.shape[2]]}), c.emit("BroadcastTo", [zeros], {
+            "shape": [grouped.shape[2]]})], {"begin_norm_axis": 2, "begin_params_axis": 2,
+                                             "epsilon": float(eps)})
+    y = c.emit("Reshape", [y], {"shape": list(x.shape)})
+    per_channel = [ch] + [1] * (x.type.rank - 2)
+    if w is not None:
+        y = c.emit("Mul", [y, c.emit("Reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = c.emit("Add", [y, c.emit("Reshape", [b], {"shape": per_channel})])
+    rstd = c.emit("Rsqrt", [c.emit("Add", [var, c.const(eps, var.dtype)])])
+    sq = {"axis": [2]}
+    return [y, c.emit("Squeeze", [mean], sq), c.emit("Squeeze", [rstd], sq)]
+
+
+@aten("aten.slice_scatter.default")
+def _slice_scatter(c: Ctx):
+    # the input with src in place of x[start:end] along dim: a Concat of the three parts
+    x, src = c.arg(0), c.arg(1)
+    dim, start, end, step = (c.argkw(i, k, d) for i, k, d in
+                             ((2, "dim", 0), (3, "start", None), (4, "end", None),
+                              (5, "step", 1)))
+    dim %= x.type.rank
+    size = x.shape[dim]
+    if step != 1 or not isinstance(size, int) or isinstance(start, str) or \
+            isinstance(end, str):
+        raise Unmapped("slice_scatter with a stride or a symbolic size")
+    start, end, _ = slice(start, end).indices(size)
+    end = max(start, end)
+    parts = []
+    if start > 0:
+        parts.append(c.emit("StridedSlice", [x], {"begin": [0], "end": [start], "axes": [dim]}))
+    parts.append(c.cast(src, x.dtype))
+    if end < size:
+        parts.append(c.emit("StridedSlice", [x], {"begin": [end], "end": [size],
+                                                  "axes": [dim]}))
+    return parts[0] if len(parts) == 1 else c.emit("Concat", parts, {"axis": dim})
+
+
+@aten("aten.copy.default")
+def _copy(c: Ctx):
+    # copy(dst, src) is src in dst's dtype and shape (functionalized in-place copy)
+    dst, src = c.arg(0), c.arg(1)
+    v = c.cast(src, dst.dtype) if isinstance(src, Value) else c.const(src, dst.dtype)
+    if tuple(v.shape) == tuple(dst.shape):
+        return c.emit("Identity", [v])
+    return c.emit("BroadcastTo", [v], {"shape": list(dst.shape)})
+
+
+@aten("aten.new_empty_strided.default", "aten.empty_strided.default",
+      "aten.empty.memory_format", "aten.new_zeros.default", "aten.new_ones.default",
+      "aten.new_full.default")
+def _new_filled(c: Ctx):
+    # empty memory may hold anything: zeros are as good as any content
+    t = c.out_type
+    name = str(c.node.target)
+    value = 1 if "ones" in name else c.arg(2) if "new_full" in name else 0
+    if isinstance(value, Value | str):
+        raise Unmapped("a fill value computed at run time")
+    if t.is_static:
+        return c.const(np.full(t.shape, value), t.dtype)
+    return c.emit("BroadcastTo", [c.const(value, t.dtype)], {"shape": list(t.shape)})
+
+
+@aten("aten.native_dropout.default")
+def _dropout(c: Ctx):
+    x, p, train = c.arg(0), c.arg(1), c.arg(2)
+    if train and p > 0:
+        raise Unmapped("dropout draws random numbers: it runs through torch so that the "
+                       "random stream is torch's")
+    mask = c.emit("BroadcastTo", [c.const(True, DType.bool)], {"shape": list(x.shape)})
+    return [c.emit("Identity", [x]), mask]
+
+
 # ---------------------------------------------------------------- fallback
-def _encode(a: Any, inputs: list[Any]) -> Any:
+def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     if isinstance(a, torch.fx.Node):
+        v = env[a]
+        if isinstance(v, int):
+            return v  # a size that is known
+        if not isinstance(v, Value):
+            raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
+                                "runs through torch cannot take a symbolic size (mark fewer "
+                                "dims dynamic)")
         inputs.append(a)
         return {"in": len(inputs) - 1}
     if isinstance(a, list | tuple):
-        return [_encode(x, inputs) for x in a]
+        return [_encode(x, inputs, env) for x in a]
     if isinstance(a, torch.dtype):
         return {"dtype": str(a).replace("torch.", "")}
     if isinstance(a, torch.device | torch.layout | torch.memory_format):
@@ -554,8 +850,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
         _LOGGED.add(target)
         log.warning("Fallback %s: %s", target, reason)
     inputs: list[Any] = []
-    spec = {"target": target, "args": _encode(list(node.args), inputs),
-            "kwargs": {k: _encode(v, inputs) for k, v in node.kwargs.items()}}
+    spec = {"target": target, "args": _encode(list(node.args), inputs, env),
+            "kwargs": {k: _encode(v, inputs, env) for k, v in node.kwargs.items()}}
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -565,33 +861,76 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
     n = g.add_node("Opaque", [env[i] for i in inputs],
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target},
                    name=g.fresh_name(node.name))
-    return n.outputs[0] if not isinstance(val, list | tuple) else list(n.outputs)
+    if not isinstance(val, list | tuple):
+        return n.outputs[0]
+    outs = iter(n.outputs)  # outputs the op does not produce (None in its schema) stay None
+    return [None if v is None else next(outs) for v in vals]
 
 
 # ------------------------------------------------------------------ import
-def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
-              name: str = "fx_graph", extras: list | None = None) -> Graph:
-    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs).
+# ATen ops left to torch on purpose, with the reason the log gives
+UNMAPPED_WHY = {
+    "aten.convolution_backward.default": "no graphkernel op computes a convolution's input "
+    "and weight gradients (a transposed and a correlating convolution); it runs through torch",
+    "aten.sort.default": "no sort op: data-dependent permutations run through torch",
+    "aten.sort.stable": "no sort op: data-dependent permutations run through torch",
+    "aten.nonzero.default": "the output size depends on the data",
+}
 
-    AOT autograd's forward graph may also return sizes (SymInts saved for the backward) and
-    Nones: with ``extras`` given they are left out of the graph's outputs and listed there as
-    (position, size or None); without it a size output is an error."""
+
+@dataclass
+class FxImport:
+    """An imported FX graph and how its call signature maps onto the Graph.
+
+    ``inputs`` has one entry per FX placeholder: the index of the graph input it feeds, or
+    the symbolic dim it carries (a SymInt argument), or None (an argument graphkernel does not
+    need). ``outputs`` has one entry per FX output: ``("value", i)`` (graph output i),
+    ``("dim", d)`` (a size, evaluated once the symbols are bound) or ``("none", None)``
+    (AOT autograd's None gradients)."""
+
+    graph: Graph
+    inputs: list[int | str | None] = field(default_factory=list)
+    outputs: list[tuple[str, Any]] = field(default_factory=list)
+    fallbacks: dict[str, str] = field(default_factory=dict)  # ATen op -> why it is Opaque
+
+
+def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
+              name: str = "fx_graph") -> Graph:
+    """Import an ATen-level ``torch.fx.GraphModule`` (placeholders become graph inputs)."""
+    return import_fx_module(gm, example_inputs, name).graph
+
+
+def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
+                     name: str = "fx_graph",
+                     constants: dict[int, np.ndarray] | None = None) -> FxImport:
+    """Import an ATen-level ``torch.fx.GraphModule`` with its call signature; the
+    placeholders numbered in ``constants`` become Constant nodes (frozen parameters)."""
     if torch is None:
         raise FrontendError("importing FX graphs needs torch: pip install 'graphkernel[torch]'")
     g = Graph(name)
+    res = FxImport(g)
     env: dict[Any, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
-    for n, ex in zip(placeholders, examples, strict=False):
+    constants = constants or {}
+    for i, (n, ex) in enumerate(zip(placeholders, examples, strict=False)):
+        if i in constants:
+            env[n] = g.add_node("Constant", [], {"value": constants[i]},
+                                name=g.fresh_name(n.name)).output
+            res.inputs.append(None)
+            continue
         if isinstance(ex, torch.Tensor):
             t = TensorType(tuple(_dim(d) for d in ex.shape), torch_dtype(ex.dtype, n.name))
         else:
             t = meta_type(n, n.name)
         if t is None:
-            env[n] = _dim(n.meta.get("val", ex))  # a SymInt size argument
+            val = n.meta.get("val", ex)
+            env[n] = _dim(val) if isinstance(val, int | torch.SymInt) else val
+            res.inputs.append(env[n] if isinstance(env[n], str) else None)
             continue
         env[n] = g.add_input(n.name, t)
-    outputs: list[Value] = []
+        res.inputs.append(len(g.inputs) - 1)
+    flat: list[Any] = []
     for n in gm.graph.nodes:
         if n.op in ("placeholder",):
             continue
@@ -600,13 +939,7 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
                                 name=g.fresh_name(n.name)).output
             continue
         if n.op == "output":
-            flat = n.args[0] if isinstance(n.args[0], list | tuple) else [n.args[0]]
-            for i, a in enumerate(flat):
-                v = env[a] if a in env else a
-                if extras is not None and (v is None or isinstance(v, int | str)):
-                    extras.append((i, v))
-                elif v is not None:
-                    outputs.append(v)
+            flat = list(n.args[0]) if isinstance(n.args[0], list | tuple) else [n.args[0]]
             continue
         if n.target is operator.getitem:
             env[n] = env[n.args[0]][n.args[1]]
@@ -618,7 +951,7 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
             env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
             continue
         handler = ATEN.get(str(n.target))
-        reason = f"no mapping for {n.target}"
+        reason = UNMAPPED_WHY.get(str(n.target), f"no mapping for {n.target}")
         if handler is not None:
             mark = len(g)
             try:
@@ -629,14 +962,22 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
                 for node in reversed(g.nodes[mark:]):
                     if not any(v.uses for v in node.outputs):
                         g.erase_node(node)
+        res.fallbacks.setdefault(str(n.target), reason)
         env[n] = _opaque(g, n, env, reason)
-    final = []
-    for v in outputs:
-        if not isinstance(v, Value):
+    final: list[Value] = []
+    for a in flat:
+        v = env[a] if isinstance(a, torch.fx.Node) else a
+        if v is None:
+            res.outputs.append(("none", None))
+        elif isinstance(v, int | str) and not isinstance(v, bool):
+            res.outputs.append(("dim", v))
+        elif not isinstance(v, Value):
             raise FrontendError(f"graph output {v!r} is not a tensor")
-        if v.is_input or any(v is o for o in final):
-            v = g.add_node("Identity", [v], name=g.fresh_name(f"{v.name}_out")).output
-        final.append(v)
+        else:
+            if v.is_input or any(v is o for o in final):
+                v = g.add_node("Identity", [v], name=g.fresh_name(f"{v.name}_out")).output
+            res.outputs.append(("value", len(final)))
+            final.append(v)
     g.set_outputs(final)
     g.remove_dead()
-    return g
+    return res

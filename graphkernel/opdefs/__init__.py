@@ -8,6 +8,7 @@ from graphkernel.opdefs import (  # noqa: F401
     arithmetic,
     elementwise,
     grads,
+    indexing,
     losses,
     misc,
     nn,

@@ -1,0 +1,209 @@
+"""The torch.compile backend's behaviour around the graphs: freezing, training graphs,
+logging and statistics, per-graph dumps, dynamic shapes."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import graphkernel.torch as gt  # noqa: E402
+from graphkernel.errors import ExecutionError  # noqa: E402
+
+R = torch.Generator().manual_seed(1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    gt.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class Net(torch.nn.Module):
+    """Embedding, LayerNorm, two Linears (their weights are transposed for the MatMul) and a
+    parameter the output does not use (its gradient is None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 16)
+        self.ln = torch.nn.LayerNorm(16)
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 16)
+        self.unused = torch.nn.Parameter(torch.ones(3))
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, ids):
+        h = self.ln(self.emb(ids))
+        return h + self.fc2(F.gelu(self.fc1(h))) * self.scale
+
+
+def _ids(*shape):
+    return torch.randint(0, 20, shape, generator=R)
+
+
+def _compiled_graphs(monkeypatch) -> list:
+    """Capture the graphs the backend compiled (after the pipeline)."""
+    seen = []
+    orig = gt._runner
+
+    def spy(imported, compiled, runner=None):
+        seen.append(compiled)
+        return orig(imported, compiled, runner)
+
+    monkeypatch.setattr(gt, "_runner", spy)
+    return seen
+
+
+def test_no_grad_freezes_parameters_and_folds_weight_transposes(monkeypatch):
+    graphs = _compiled_graphs(monkeypatch)
+    m = Net().eval()
+    ids = _ids(2, 7)
+    c = torch.compile(m, backend="graphkernel")
+    with torch.no_grad():
+        torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    (g,) = graphs
+    s = gt.stats()["per_graph"][0]
+    assert s["role"] == "inference" and s["frozen"] == 8  # 7 parameters used + the buffer
+    assert len(g.inputs) == 1  # the ids only
+    ops = {n.op for n in g.nodes} | {m.op for n in g.nodes if n.op == "GraphKernel"
+                                     for m in n.subgraph.nodes}
+    assert "Transpose" not in ops  # fc weights: folded into MatMul's flag or the constant
+
+
+def test_frozen_graph_compiles_again_when_a_weight_is_written():
+    m = Net().eval()
+    ids = _ids(2, 5)
+    c = torch.compile(m, backend="graphkernel")
+    with torch.no_grad():
+        c(ids)
+        m.fc2.bias.add_(1.0)  # an optimizer step would do this
+        torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+        c(ids)
+    assert gt.stats()["refreezes"] == 1
+
+
+def test_freeze_false_keeps_parameters_as_inputs():
+    m = Net().eval()
+    c = torch.compile(m, backend="graphkernel", options={"freeze": False})
+    with torch.no_grad():
+        c(_ids(2, 5))
+    assert gt.stats()["per_graph"][0]["frozen"] == 0
+    with pytest.raises(Exception, match="freeze='yes'"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(m, backend="graphkernel", options={"freeze": "yes"})(_ids(2, 5))
+
+
+def _grads(model, fn, ids):
+    model.zero_grad(set_to_none=True)
+    fn(ids).pow(2).mean().backward()
+    return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_training_graph_returns_the_gradients_eager_does():
+    m = Net()
+    ids = _ids(3, 6)
+    want = _grads(m, m, ids)
+    got = _grads(m, torch.compile(m, backend="graphkernel"), ids)
+    assert got.keys() == want.keys() and got["unused"] is None and want["unused"] is None
+    for k in want:
+        if want[k] is not None:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+    roles = [s["role"] for s in gt.stats()["per_graph"]]
+    assert roles == ["forward", "backward"]
+    assert gt.stats()["per_graph"][0]["frozen"] == 0  # parameters stay inputs with grad on
+    assert gt.stats()["fallbacks"] == {}  # embedding's backward is mapped too
+
+
+def test_one_summary_line_per_graph_and_graph_breaks_counted(caplog):
+    m = Net().eval()
+
+    def broken(ids):
+        y = m(ids)
+        print("graph break")  # noqa: T201 - forces Dynamo to split the graph
+        return y.sum(-1)
+
+    with caplog.at_level(logging.INFO, logger="graphkernel.torch"), torch.no_grad():
+        torch.compile(broken, backend="graphkernel")(_ids(2, 4))
+    lines = [r.getMessage() for r in caplog.records if r.name == "graphkernel.torch"]
+    assert len(lines) == 2 and all("launches (vector" in x and "ATen fallbacks: none" in x
+                                   for x in lines)
+    s = gt.stats()
+    assert s["graphs"] == 2 and s["graph_breaks"] >= 1 and s["recompiles"] == 0
+    assert sum(s["launches"].values()) == sum(sum(g["launches"].values())
+                                              for g in s["per_graph"])
+
+
+def test_logging_is_switched_on_by_the_environment():
+    assert gt.configure_logging({}) is None
+    assert gt.configure_logging({"GRAPHKERNEL_LOG": "info"}) == logging.INFO
+    assert gt.configure_logging({"TORCH_LOGS": "dynamo,+graphkernel"}) == logging.DEBUG
+    assert gt.configure_logging({"TORCH_LOGS": "-graphkernel"}) == logging.ERROR
+    with pytest.raises(ExecutionError, match="GRAPHKERNEL_LOG='loud' is not a level"):
+        gt.configure_logging({"GRAPHKERNEL_LOG": "loud"})
+    logging.getLogger("graphkernel.torch").setLevel(logging.NOTSET)
+
+
+def test_every_graph_dumps_to_its_own_folder_with_an_index(tmp_path):
+    m = Net().eval()
+
+    def broken(ids):
+        y = m(ids)
+        print("graph break")  # noqa: T201
+        return m(ids + 1) + y
+
+    opts = {"flags": f"--opt_level=1 --dump_as_text --debug_dir={tmp_path}"}
+    with torch.no_grad():
+        torch.compile(broken, backend="graphkernel", options=opts)(_ids(2, 4) % 19)
+    index = json.loads((tmp_path / "index.json").read_text())["graphs"]
+    assert len(index) == 2 and len({e["dir"] for e in index}) == 2
+    for e in index:
+        assert (tmp_path / e["dir"] / "report.json").exists()
+        assert (tmp_path / e["dir"] / "graph.txt").exists()
+    assert not (tmp_path / "report.json").exists()  # nothing overwritten at the top
+
+
+def test_static_shapes_recompile_and_the_count_says_so():
+    c = torch.compile(torch.nn.Linear(4, 3), backend="graphkernel")
+    with torch.no_grad():
+        for n in (4, 6):
+            c(torch.rand(n, 4))
+    s = gt.stats()
+    assert s["graphs"] == 2 and s["recompiles"] == 1
+
+
+class Attention(torch.nn.Module):
+    """Causal single-head self-attention whose positions and mask are built from the sequence
+    length (symbolic arange bounds, SymInt arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 16)
+        self.pos = torch.nn.Embedding(32, 16)
+
+    def forward(self, ids):
+        n = ids.shape[1]
+        h = self.emb(ids) + self.pos(torch.arange(n))
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        att = (h @ h.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+        return (att.softmax(-1) @ h).cumsum(1)
+
+
+def test_dynamic_shapes_serve_three_sequence_lengths_with_one_compile(monkeypatch):
+    graphs = _compiled_graphs(monkeypatch)
+    m = Attention().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for b, n in ((2, 5), (2, 9), (3, 17)):
+            ids = _ids(b, n)
+            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    (g,) = graphs
+    assert all(isinstance(d, str) for d in g.inputs[0].type.shape)  # batch and sequence
