@@ -14,6 +14,8 @@ import torch.nn.functional as F  # noqa: E402
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel.errors import ExecutionError  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # torch.compile of modules
+
 R = torch.Generator().manual_seed(1)
 
 

@@ -5,14 +5,12 @@ would cut or misread."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from graphkernel.codegen.sim.runner import SimulatorError, build, launch
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 UB = 196_608
 N = 512  # floats of the one GM buffer every kernel here takes
 
