@@ -348,10 +348,10 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
                for p in dict.fromkeys(node.attrs["pattern"].replace("/", "+").split("+"))
                if p and p != "epilogue" and p != "single_node"]
     if repro_dir is not None and res.origin:
-        skip = Path(repro_dir) / "skip_nodes.ini"
-        from graphkernel.fileio import atomic_write_text
+        from graphkernel.outputs import Folder
 
-        atomic_write_text(skip, "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
+        skip = Folder(repro_dir).write_text("skip_nodes.ini",
+                                            "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
         options.append(f"--skip_node_names_cfg={skip}")
     options.append("--disable_pass=codegen")
     _conclude(ev, res, flags, options, record, repro_dir)
@@ -465,6 +465,7 @@ def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence
     until it reproduces the mismatch on its own (at worst: the whole graph)."""
     from graphkernel.fileio import save_npz
     from graphkernel.frontends.json_format import save_graph
+    from graphkernel.outputs import Folder
 
     names = set(origin)
     for _ in range(len(graph) + 1):
@@ -489,10 +490,10 @@ def write_repro(graph: Graph, inputs: Mapping[str, np.ndarray], origin: Sequence
         if grown == names:
             break
         names = grown
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "repro.json"
+    folder = Folder(out_dir)
+    path = folder.path("repro.json")
     save_graph(sub, path)
-    save_npz(out_dir / "repro_inputs.npz", feeds)
+    save_npz(folder.path("repro_inputs.npz"), feeds)
     return str(path), reproduces
 
 
