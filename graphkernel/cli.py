@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import outputs, progress
-from graphkernel.errors import ExecutionError, GraphKernelError, PluginError, printable
+from graphkernel.errors import ExecutionError, GraphKernelError, PluginError, printable, shown
 from graphkernel.ir import Graph
 from graphkernel.registry import counted
 
@@ -63,7 +63,7 @@ def _parse_dims(text: str | None) -> dict[str, int]:
     for item in text.split(","):
         key, _, val = (p.strip() for p in item.partition("="))
         if not limits.SYMBOL.fullmatch(key) or not re.fullmatch(r"[0-9]{1,18}", val):
-            raise ExecutionError(f"--dims item {item!r} is malformed; expected NAME=INT, "
+            raise ExecutionError(f"--dims item '{shown(item)}' is malformed; expected NAME=INT, "
                                  "e.g. --dims s0=8,batch=2")
         if int(val) > limits.MAX_DIM:
             raise ExecutionError(f"--dims {key}={val}: above the limit of {limits.MAX_DIM}")

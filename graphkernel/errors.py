@@ -86,3 +86,10 @@ def printable(text: str) -> str:
         return text
     return "".join(c if c.isprintable() or c in "\n\t" else
                    c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: printable, and cut to ``limit`` characters (a
+    5,000-digit value is named by its start and its length, not echoed whole)."""
+    text = printable(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
