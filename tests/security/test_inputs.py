@@ -39,10 +39,13 @@ BAD_MODELS = [
     ("no_outputs.json", graph_doc(outputs=[]), "the graph has no outputs"),
     ("keep_dims_string.json", graph_doc(nodes=[
         {"name": "n", "op": "ReduceSum", "inputs": ["x"], "outputs": ["y"],
-         "attrs": {"axes": [0], "keep_dims": "yes"}}]), "keep_dims: expected bool, got 'yes'"),
+         "attrs": {"axis": [0], "keep_dims": "yes"}}]), "keep_dims: expected bool, got 'yes'"),
     ("keep_dims_int.json", graph_doc(nodes=[
         {"name": "n", "op": "ReduceSum", "inputs": ["x"], "outputs": ["y"],
-         "attrs": {"axes": [0], "keep_dims": 1}}]), "keep_dims: expected bool"),
+         "attrs": {"axis": [0], "keep_dims": 1}}]), "keep_dims: expected bool"),
+    ("axis_string.json", graph_doc(nodes=[
+        {"name": "n", "op": "ReduceSum", "inputs": ["x"], "outputs": ["y"],
+         "attrs": {"axis": "a"}}]), "attrs.axis: expected list[int] | None, got 'a'"),
     ("bomb.yaml", ALIAS_BOMB, "an alias bomb is refused"),
     ("python_tag.yaml", "!!python/object/apply:os.system ['touch pwned']\n", "python_tag.yaml"),
     ("empty.json", "", "empty.json"),
@@ -138,3 +141,26 @@ def test_bad_dims_values(cli, in_tmp, dims, words):
     f = write_json(in_tmp / "m.json", graph_doc(inputs=_input(["batch"])))
     line = cli.error("run", f, "--dims", dims)
     assert words in line and len(line) < 600, line
+
+
+@needs_onnx
+def test_onnx_external_data_outside_the_model_folder_is_refused(cli, in_tmp):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    (in_tmp / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    (in_tmp / "models").mkdir()
+    w = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in [("location", "../secret.bin"), ("length", "16")]:
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "xy"]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", io[:1],
+                              io[1:], initializer=[w])
+    path = in_tmp / "models" / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())
+    line = cli.error("info", path)
+    assert "points outside the directory" in line
