@@ -121,3 +121,10 @@ def test_write_file_replaces_a_file_whole(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="No space left on device"):
         outputs.write_file(target, b"new contents")
     assert target.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["f.txt"]
+
+
+def test_with_json_a_refused_output_path_leaves_stdout_empty(cli, in_tmp):
+    model = write_json(in_tmp / "m.json", graph_doc())
+    (in_tmp / "plain.txt").write_text("a file")
+    rc, out, err = cli("compile", model, "--json", "-o", "plain.txt")
+    assert rc == 2 and out == "" and "-o/--out plain.txt: is a file, not a folder" in err
