@@ -22,6 +22,14 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
 FIELDS = ["name", "inputs", "nodes", "outputs", "format", "data_file"]
+# random bytes, and the shapes of hostile files random bytes rarely hit: deep nesting, a
+# hostile prefix on random text
+NESTED = st.integers(1, 100_000).map(lambda n: b"[" * n + b"]" * n) | st.integers(
+    1, 50_000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n)
+BYTES = st.binary(max_size=300) | NESTED
+HOSTILE = st.sampled_from(["../", "/", "..", "\x00", "\x1b[2J", "\u202e", "../../"])
+NAMES = st.text(min_size=1, max_size=40) | st.builds(str.__add__, HOSTILE,
+                                                     st.text(min_size=0, max_size=20))
 
 
 def _load(data: bytes) -> None:
@@ -35,7 +43,7 @@ def _load(data: bytes) -> None:
 
 
 @FAST
-@given(st.binary(max_size=300))
+@given(BYTES)
 def test_random_bytes_load_or_give_a_graphkernel_error(data):
     _load(data)
 
@@ -56,15 +64,12 @@ def test_any_value_in_a_node_or_type_loads_or_gives_a_graphkernel_error(where, v
 
 
 @FAST
-@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+@given(BYTES | st.text(max_size=200).map(str.encode))
 def test_the_cli_answers_random_bytes_without_a_traceback(cli, tmp_path, data):
     path = tmp_path / "m.json"
     path.write_bytes(data)
     rc, _, err = cli("info", path)
     assert rc in (0, 2) and "\x1b" not in err
-
-
-NAMES = st.text(min_size=1, max_size=40)
 
 
 @FAST
