@@ -15,8 +15,8 @@ from graphkernel import progress
 from graphkernel.codegen import cost, targets
 from graphkernel.codegen.ascendc import Rendered, render
 from graphkernel.codegen.schedule import Schedule
-from graphkernel.fileio import atomic_write_text
 from graphkernel.ir import Graph, Node
+from graphkernel.outputs import Folder
 
 # Test hook: (kernel name, files) -> files, applied after rendering (a deliberate miscompile).
 CORRUPT: list[Callable[[str, dict[str, str]], dict[str, str]]] = []
@@ -182,25 +182,24 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
     run into the folder can remove what it does not write again (graphkernel.outdir)."""
     from graphkernel.outdir import MANIFEST, listed
 
-    out = Path(out_dir)
-    kdir = out / "kernels"
+    out = Folder(out_dir)  # every file name is checked safe and inside out_dir
     rendered = render_all(schedules(result))
     written = []
     for r in rendered:
         for fname, text in sorted(r.files.items()):
-            written.append(atomic_write_text(kdir / fname, text))
+            written.append(out.write_text(f"kernels/{fname}", text))
     supers = render_supers(result, rendered)
     for sr in supers:
         head = "#define GK_NO_ENTRY\n" + "".join(
             f'#include "{r.name}.cpp"\n' for r in sr.members) + "#undef GK_NO_ENTRY\n"
-        written.append(atomic_write_text(kdir / f"{sr.name}.cpp", head + sr.source))
+        written.append(out.write_text(f"kernels/{sr.name}.cpp", head + sr.source))
     cmake = CMAKE.format(
         soc=result.config.target,
         kernels="\n".join([f"  {r.name}.cpp" for r in rendered]
                           + [f"  {sr.name}.cpp" for sr in supers]),
         tilings="\n".join(f"  {f}" for r in rendered for f in sorted(r.files)
                            if f.endswith("_tiling.cpp")))
-    written.append(atomic_write_text(kdir / "CMakeLists.txt", cmake))
+    written.append(out.write_text("kernels/CMakeLists.txt", cmake))
     graph = result.graph
     manifest = {
         "format": "graphkernel-kernels/1",
@@ -217,8 +216,8 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
                            "block_dim": "max of the sub-kernels' blockDim"}
                           for sr in supers],
         "fallbacks": result.report.extra.get("fallbacks", []),
-        "files": listed(out, [*also, *written, out / MANIFEST]),
+        "files": listed(out.root, [*also, *written, out.path(MANIFEST)]),
     }
-    written.append(atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2,
-                                                                 default=str) + "\n"))
+    written.append(out.write_text(MANIFEST, json.dumps(manifest, indent=2,
+                                                       default=str) + "\n"))
     return written

@@ -423,11 +423,10 @@ def _search_kernels(ev: Evaluator, full, record, res: BisectResult, flags: str,
                for p in dict.fromkeys(node.attrs["pattern"].replace("/", "+").split("+"))
                if p and p != "epilogue" and p != "single_node"]
     if res.origin:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        skip = out_dir / "skip_nodes.ini"
-        from graphkernel.fileio import atomic_write_text
+        from graphkernel.outputs import Folder
 
-        atomic_write_text(skip, "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
+        skip = Folder(out_dir).write_text("skip_nodes.ini",
+                                            "[ByNodeName]\n" + "\n".join(res.origin) + "\n")
         options.append(f"--skip_node_names_cfg={skip}")
     options.append("--disable_pass=codegen")
     _conclude(ev, res, flags, options, record, out_dir, plugins)
@@ -576,9 +575,10 @@ def _write_checked(graph: Graph, feeds: Mapping[str, np.ndarray], flags: str, ba
     from graphkernel.fileio import load_npz, save_npz
     from graphkernel.frontends import load_model
     from graphkernel.frontends.json_format import save_graph
+    from graphkernel.outputs import Folder
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path, inputs = out_dir / "repro.json", out_dir / "repro_inputs.npz"
+    folder = Folder(out_dir)
+    path, inputs = folder.path("repro.json"), folder.path("repro_inputs.npz")
     save_graph(graph, path)
     save_npz(inputs, feeds)
     loaded, loaded_feeds = load_model(path), load_npz(inputs)

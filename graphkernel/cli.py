@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -17,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import progress
-from graphkernel.errors import ExecutionError, GraphKernelError
+from graphkernel import outputs, progress
+from graphkernel.errors import ExecutionError, GraphKernelError, PluginError, printable, shown
 from graphkernel.ir import Graph
 from graphkernel.registry import counted
 
@@ -54,15 +55,19 @@ def _emit_json(args: argparse.Namespace, obj: Any) -> None:
 
 
 def _parse_dims(text: str | None) -> dict[str, int]:
+    from graphkernel import limits
+
     dims: dict[str, int] = {}
     if not text:
         return dims
     for item in text.split(","):
-        key, _, val = item.partition("=")
-        if not key.strip() or not val.strip().isdigit():
-            raise ExecutionError(f"--dims item {item!r} is malformed; expected NAME=INT, "
+        key, _, val = (p.strip() for p in item.partition("="))
+        if not limits.SYMBOL.fullmatch(key) or not re.fullmatch(r"[0-9]{1,18}", val):
+            raise ExecutionError(f"--dims item '{shown(item)}' is malformed; expected NAME=INT, "
                                  "e.g. --dims s0=8,batch=2")
-        dims[key.strip()] = int(val)
+        if int(val) > limits.MAX_DIM:
+            raise ExecutionError(f"--dims {key}={val}: above the limit of {limits.MAX_DIM}")
+        dims[key] = int(val)
     return dims
 
 
@@ -306,39 +311,44 @@ def _say_written(args: argparse.Namespace, written: list[Path]) -> None:
 
 
 def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
-    """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files. A reused
-    -o folder loses the files its previous manifest lists that this run did not write again
-    (nothing else in it is touched)."""
-    from graphkernel.dump import Dumper
+    """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files: all of
+    them, or (when one fails) none. A reused -o folder then loses the files its previous
+    manifest lists that this run did not write again (nothing else in it is touched)."""
+    from graphkernel.dump import to_json
     from graphkernel.outdir import previous_outputs, remove_stale
 
     written: list[Path] = []
     previous = previous_outputs(args.out) if args.out else []
-    if args.export_onnx:
-        from graphkernel.frontends.onnx_export import export_onnx
+    notes: list[str] = []
+    with outputs.transaction():
+        if args.export_onnx:
+            from graphkernel.frontends.onnx_export import export_onnx
 
-        written.append(Path(export_onnx(res.graph, args.export_onnx)))
-    if args.html:
-        from graphkernel.html_report import write_html
+            written.append(Path(export_onnx(res.graph, args.export_onnx)))
+        if args.html:
+            from graphkernel.html_report import write_html
 
-        notes: list[str] = []
-        written.append(Path(write_html(res, args.html, notes)))
-        for note in notes:
-            progress.write(f"graphkernel: note: {note}")
-    if not args.out:
-        return written
-    from graphkernel.codegen.backend import write_project
-    from graphkernel.frontends.json_format import save_graph
+            written.append(Path(write_html(res, args.html, notes)))
+        if args.out:
+            from graphkernel.codegen.backend import write_project
+            from graphkernel.frontends.json_format import save_graph
 
-    out = Path(args.out)
-    written += save_graph(res.graph, out / f"{g.name}.compiled.json")
-    written.append(Dumper(out).write_json("report.json", res.report.to_dict()))
-    project = write_project(res, out, [*written, *res.dumps])
-    removed = remove_stale(out, previous, [*written, *project, *res.dumps])
-    if removed:
-        progress.write(f"graphkernel: note: removed {len(removed)} files of the previous run "
-                       f"from {out} (listed in its manifest.json; nothing else was touched)")
-    return written + project
+            # names from the model never become paths: the graph's name is sanitized and
+            # every file is checked to stay inside -o
+            folder = outputs.Folder(args.out)
+            written += save_graph(res.graph, folder.path(
+                outputs.file_name(g.name) + ".compiled.json"))
+            written.append(folder.write_text("report.json", to_json(res.report.to_dict())))
+            written += write_project(res, args.out, [*written, *res.dumps])
+    for note in notes:
+        progress.write(f"graphkernel: note: {note}")
+    if args.out:
+        removed = remove_stale(args.out, previous, [*written, *res.dumps])
+        if removed:
+            progress.write(f"graphkernel: note: removed {len(removed)} files of the previous "
+                           f"run from {args.out} (listed in its manifest.json; nothing else was "
+                           "touched)")
+    return written
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -361,13 +371,34 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _load_plugins(args: argparse.Namespace) -> None:
-    """Import --plugin files: they register their own passes/expanders/patterns."""
+    """Run --plugin files: a plugin is code, and runs as code; it registers its own passes,
+    expanders and patterns. Its failure is reported as the plugin's (exit 1); a name it takes
+    twice is a RegistrationError naming both registrations (exit 2)."""
     import runpy
+    import traceback
 
+    from graphkernel import registry
+
+    loaded: set[Path] = set()
     for path in getattr(args, "plugin", None) or []:
-        if not Path(path).is_file():
+        p = Path(path)
+        if not p.is_file():
             raise ExecutionError(f"--plugin {path}: no such file")
-        runpy.run_path(path, run_name=f"graphkernel_plugin_{Path(path).stem}")
+        if p.resolve() in loaded:
+            continue  # the same file given twice
+        loaded.add(p.resolve())
+        registry.PLUGIN_FILES.add(str(p))
+        try:
+            runpy.run_path(str(p), run_name=f"graphkernel_plugin_{p.stem}")
+        except GraphKernelError:
+            raise
+        except Exception as e:
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(p)]
+            at = f" at {p}:{frames[-1].lineno}" if frames else ""
+            if isinstance(e, SyntaxError):
+                at, e = f" at {p}:{e.lineno}", SyntaxError(e.msg)
+            raise PluginError(f"--plugin {path}: the plugin failed while loading{at}: "
+                              f"{type(e).__name__}: {e}") from None
 
 
 def _inputs(args: argparse.Namespace, g: Graph):
@@ -418,7 +449,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from graphkernel.bisect import bisect as run_bisect
-    from graphkernel.dump import Dumper
+    from graphkernel.dump import to_json
 
     g = _load(args.model)
     plugins = [str(Path(p).resolve()) for p in getattr(args, "plugin", None) or []]
@@ -431,7 +462,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     else:
         print(res.summary())
     if args.report:
-        Dumper(Path(args.report).parent).write_json(Path(args.report).name, res.to_dict())
+        outputs.write_file(args.report, to_json(res.to_dict()).encode())
     return 0
 
 
@@ -581,6 +612,24 @@ def _bind_flag_values(argv: list[str]) -> list[str]:
     return out
 
 
+# The output paths each command takes: (argument dest, option as the user writes it, kind).
+# main() checks every one before any work, so a bad path costs nothing and writes nothing.
+OUTPUTS: dict[str, list[tuple[str, str, str]]] = {
+    "run": [("out", "--out", "file")],
+    "compile": [("out", "-o/--out", "dir"), ("export_onnx", "--export-onnx", "file"),
+                ("html", "--html", "file")],
+    "bisect": [("report", "--report", "file"), ("repro_dir", "--repro-dir", "dir")],
+}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path the command was given is writable (OutputError, exit 2, if not)."""
+    for dest, option, kind in OUTPUTS.get(args.command, []):
+        value = getattr(args, dest, None)
+        if value is not None:
+            (outputs.check_dir if kind == "dir" else outputs.check_file)(value, option)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["bisect", "run"]:
@@ -602,11 +651,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(), quiet_stdout:
             warnings.showwarning = _show_warning
+            check_outputs(args)
             _load_plugins(args)
             return int(args.fn(args) or 0)
     except GraphKernelError as e:
-        print(f"graphkernel: error: {e}", file=sys.stderr)
+        print(f"graphkernel: error: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
+    except MemoryError:
+        print("graphkernel: error: out of memory (the model's tensors do not fit; give "
+              "smaller sizes for its symbolic dims with --dims)", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     finally:
@@ -619,7 +673,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from graphkernel.flags import FlagWarning
 
     if issubclass(category, FlagWarning):
-        progress.write(f"graphkernel: warning: {message}")
+        progress.write(f"graphkernel: warning: {printable(str(message))}")
     else:
         (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno,
                                                           line))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from graphkernel.fileio import atomic_write_text
+from graphkernel.outputs import Folder
 
 
 def to_json(obj: Any) -> str:
@@ -14,14 +14,17 @@ def to_json(obj: Any) -> str:
 
 
 class Dumper:
-    """Writes into one directory; every file appears whole or not at all."""
+    """Writes into one directory; every file appears whole or not at all. Dumps are written
+    at once, outside any transaction, so that they outlive the failure they help explain."""
 
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        self.folder = Folder(self.dir, immediate=True)
         self.written: list[Path] = []
 
     def write_text(self, name: str, text: str) -> Path:
-        path = atomic_write_text(self.dir / name, text if text.endswith("\n") else text + "\n")
+        """Write ``name`` (a safe file name: see ``outputs.file_name``) in the directory."""
+        path = self.folder.write_text(name, text if text.endswith("\n") else text + "\n")
         self.written.append(path)
         return path
 

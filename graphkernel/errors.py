@@ -52,6 +52,21 @@ class ExecutionError(GraphKernelError):
     """Running a graph failed: missing inputs, wrong input shapes or dtypes."""
 
 
+class OutputError(GraphKernelError):
+    """An output path cannot be written, or a write would leave the folder the user gave."""
+
+
+class RegistrationError(GraphKernelError, ValueError):
+    """Two registrations claim one pass, expander or pattern name."""
+
+
+class PluginError(GraphKernelError):
+    """Code registered from outside graphkernel (a plugin) failed: the plugin's bug, reported
+    with its file, the pass and the exception."""
+
+    exit_code = 1
+
+
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ``"; did you mean 'a' or 'b'?"`` for the closest choices, or ``""``."""
     pool = list(choices)
@@ -62,3 +77,19 @@ def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
     if not close:
         return ""
     return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, NUL, bidirectional
+    overrides; not newline and tab) written as an escape (``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else
+                   c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: printable, and cut to ``limit`` characters (a
+    5,000-digit value is named by its start and its length, not echoed whole)."""
+    text = printable(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -21,7 +21,6 @@ a default that depends on ``opt_level`` reads ``default@opt2``.
 from __future__ import annotations
 
 import configparser
-import json
 import os
 import re
 import warnings
@@ -30,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from graphkernel import limits
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
+from graphkernel.fileio import DocumentError, read_bounded, read_document
 
 
 class FlagWarning(UserWarning):
@@ -183,19 +183,37 @@ class FlagItem:
 
 def parse_flag_string(text: str, origin: str) -> list[FlagItem]:
     """Split ``"--a=1 --b;--c=x,y"`` into items. Separators: whitespace and ``;``."""
+    if len(text) > limits.MAX_FLAG_STRING:
+        raise FlagError(f"{origin}: the flag string is {len(text):,} characters long, above the "
+                        f"limit of {limits.MAX_FLAG_STRING:,}")
     items = []
     for token in re.split(r"[\s;]+", text.strip()):
         if not token:
             continue
         if not token.startswith("--"):
-            raise FlagError(f"{origin}: malformed flag {token!r}: expected --key=value or --key")
+            raise FlagError(f"{origin}: malformed flag {_short(token)!r}: expected --key=value "
+                            "or --key")
         body = token[2:]
         key, eq, value = body.partition("=")
-        if not _KEY.match(key):
-            raise FlagError(f"{origin}: malformed flag key {key!r} in {token!r}: keys are "
-                            "lowercase letters, digits and '_'")
+        if not _KEY.fullmatch(key):
+            raise FlagError(f"{origin}: malformed flag key {_short(key)!r} in {_short(token)!r}: "
+                            "keys are lowercase letters, digits and '_'")
+        _check_length(key, value, origin)
         items.append(FlagItem(key, value if eq else None, origin))
     return items
+
+
+def _short(text: str, n: int = 60) -> str:
+    """A long value cut for a message (the message names it; it need not repeat it whole)."""
+    return text if len(text) <= n else text[:n] + f"...({len(text):,} characters)"
+
+
+def _check_length(key: str, value: Any, origin: str) -> None:
+    parts = value if isinstance(value, list) else [value]
+    size = sum(len(str(p)) for p in parts if p is not None)
+    if size > limits.MAX_FLAG_VALUE:
+        raise FlagError(f"{origin}: --{key}: the value is {size:,} characters long, above the "
+                        f"limit of {limits.MAX_FLAG_VALUE:,}")
 
 
 def parse_bool(key: str, raw: str | None, origin: str) -> bool:
@@ -211,8 +229,10 @@ def parse_bool(key: str, raw: str | None, origin: str) -> bool:
 
 
 def parse_int(key: str, raw: str | None, origin: str) -> int:
-    if raw is None or not re.fullmatch(r"\s*[+-]?\d+\s*", raw):
-        raise FlagError(f"{origin}: --{key}={raw if raw is not None else ''}: not an integer")
+    digits = limits.MAX_INT_DIGITS
+    if raw is None or not re.fullmatch(rf"\s*[+-]?[0-9]{{1,{digits}}}\s*", raw):
+        raise FlagError(f"{origin}: --{key}={_short(raw) if raw is not None else ''}: not an "
+                        f"integer (at most {digits} digits)")
     return int(raw)
 
 
@@ -234,16 +254,16 @@ def read_config_file(path: str | os.PathLike, origin: str) -> list[FlagItem]:
     """A JSON or YAML mapping of flag names (without --) to values."""
     p = Path(path)
     try:
-        text = p.read_text()
+        doc = read_document(p, limits.MAX_FLAGS_FILE_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{origin}: config file {str(p)!r} does not exist") from None
     except OSError as e:
-        raise ConfigError(f"{origin}: config file {str(p)!r} cannot be read: {e}") from None
-    try:
-        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                          f"{str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{origin}: config file {str(p)!r} cannot be read: "
+                          f"{e.strerror or e}") from None
+    except DocumentError as e:
+        what = f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}" if e.syntax \
+            else "refused"
+        raise ConfigError(f"{p}{e.pos}: {what}: {e.detail}") from None
     if doc is None:
         return []
     if not isinstance(doc, dict):
@@ -260,8 +280,9 @@ def read_config_file(path: str | os.PathLike, origin: str) -> list[FlagItem]:
         elif isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
             raw = [str(v) for v in value]
         else:
-            raise ConfigError(f"{p}: key {key!r}: value {value!r} must be a string, number, "
-                              "boolean or list")
+            raise ConfigError(f"{p}: key {key!r}: value {_short(repr(value))} must be a string, "
+                              "number, boolean or list")
+        _check_length(key, raw, src)
         items.append(FlagItem(key, raw, src))
     return items
 
@@ -271,10 +292,12 @@ def read_skip_file(path: str, origin: str) -> tuple[list[str], list[str]]:
     cp = configparser.ConfigParser(allow_no_value=True, delimiters=("=",))
     cp.optionxform = str  # node names are case-sensitive
     try:
-        with open(path) as f:
-            cp.read_file(f)
+        cp.read_string(read_bounded(path, limits.MAX_FLAGS_FILE_BYTES).decode(), path)
     except FileNotFoundError:
         raise FlagError(f"{origin}: --skip_node_names_cfg={path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FlagError(f"{origin}: --skip_node_names_cfg={path}: cannot be read: "
+                        f"{getattr(e, 'strerror', None) or e}") from None
     except configparser.Error as e:
         raise FlagError(f"{origin}: {path}: malformed skip list ({e.message.splitlines()[0]}); "
                         "expected [ByNodeName] and [ByNodeType] sections, one name per line"
@@ -396,6 +419,8 @@ def resolve(flags: str | Mapping[str, Any] | None = None,
     if isinstance(flags, Mapping):
         explicit = [FlagItem(str(k).lstrip("-"), _mapping_value(v), "explicit")
                     for k, v in flags.items()]
+        for it in explicit:
+            _check_length(it.key, it.value, it.origin)
     else:
         explicit = parse_flag_string(flags or "", "explicit")
     # --path=FILE items (anywhere) load with file precedence
@@ -535,7 +560,19 @@ def _convert(it: FlagItem, spec: FlagSpec,
     if key == "skip_node_names_cfg":
         names, types = read_skip_file(val, origin)
         return [("skip_node_names", names), ("skip_node_types", types)]
+    if key == "debug_dir" and origin.startswith("file "):
+        _check_file_debug_dir(val, origin)
     return [(key, val)]
+
+
+def _check_file_debug_dir(path: str, origin: str) -> None:
+    """A flags file is data: it may not choose a place to write outside the current folder
+    (the user's own --flags and environment may)."""
+    p = Path(path)
+    if p.is_absolute() or ".." in p.parts or "\0" in path:
+        raise FlagError(f"{origin}: --debug_dir={path}: a flags file may only name a folder "
+                        "inside the current one (a relative path without '..'); give other "
+                        "places with --flags or AUTOFUSE_FLAGS")
 
 
 # keys of the Config that no flag names: only an AutoFuse key sets them (shown by `flags`)

@@ -23,8 +23,8 @@ from typing import Any
 import networkx as nx
 from jinja2 import Environment, StrictUndefined
 
-from graphkernel.fileio import atomic_write_text
 from graphkernel.ir import Graph
+from graphkernel.outputs import write_file
 
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
            "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
@@ -389,5 +389,5 @@ def render(res: Any, notes: list[str] | None = None) -> str:
 
 def write_html(res: Any, path: str | os.PathLike, notes: list[str] | None = None) -> str:
     """Write the page; terminal notes (graphviz missing, graph too large) go to ``notes``."""
-    atomic_write_text(path, render(res, notes))
+    write_file(path, render(res, notes).encode())
     return str(path)

@@ -95,7 +95,7 @@ class OpDef:
         except ValidationError as e:
             first = e.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            msg = first["msg"]
+            msg = first["msg"].removeprefix("Value error, ")
             if first["type"] == "extra_forbidden":
                 msg = ("unknown attribute" + did_you_mean(str(first["loc"][0]), self._fields)
                        + f" (accepted: {', '.join(self._fields)})")

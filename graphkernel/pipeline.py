@@ -24,9 +24,10 @@ from typing import Any
 
 from graphkernel import ops, progress, registry
 from graphkernel.dump import Dumper
-from graphkernel.errors import FlagError, GraphKernelError, did_you_mean
+from graphkernel.errors import FlagError, GraphKernelError, PluginError, did_you_mean
 from graphkernel.flags import Config, rank
 from graphkernel.ir import Graph, Node
+from graphkernel.outputs import check_dir, file_name
 from graphkernel.registry import STAGES, PassInfo, PassResult
 
 
@@ -358,6 +359,8 @@ class PassManager:
         self.check_each_pass = check_each_pass or CHECK_EACH_PASS
         dump_to = dump_dir if dump_dir is not None else (cfg.debug_dir if cfg.dump_as_text
                                                          else None)
+        if dump_to is not None:
+            check_dir(dump_to, "--debug_dir")  # before any pass runs
         self.dumper = Dumper(dump_to) if dump_to is not None else None
 
     def run(self, graph: Graph) -> RunReport:
@@ -411,18 +414,15 @@ class PassManager:
         t0 = time.perf_counter()
         try:
             result = s.info.fn(graph, ctx)
-        except GraphKernelError:
-            raise
         except Exception as e:
-            before = ", ".join(ran[-5:]) or "none"
-            raise PassFailure(f"pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e} "
-                              f"(passes run before it: {before}); this is a bug in "
-                              "graphkernel: rerun with --disable_pass="
-                              f"{s.label} to work around it") from e
+            err = _pass_error(s, e, ran)
+            if err is e:
+                raise
+            raise err from e
         rec.seconds = time.perf_counter() - t0
         if not isinstance(result, PassResult):
-            raise PassFailure(f"pass {s.label} returned {type(result).__name__}, "
-                              "expected PassResult")
+            raise _blame(s, f"pass {s.label} returned {type(result).__name__}, expected "
+                            "PassResult")
         rec.changed = result.modified
         rec.rewrites = max(result.rewrites, ctx.rewrites)
         rec.notes = ctx.notes + result.notes
@@ -434,9 +434,48 @@ class PassManager:
             try:
                 graph.validate()
             except GraphKernelError as e:
-                raise PassFailure(f"pass {s.label} left an invalid graph: {e}") from None
+                raise _blame(s, f"pass {s.label} left an invalid graph: {e}") from None
         if self.dumper and result.modified:
-            self.dumper.write_text(f"{seq:04d}_{s.stage}_{s.name}.txt", str(graph))
+            self.dumper.write_text(file_name(f"{seq:04d}_{s.stage}_{s.name}") + ".txt",
+                                   str(graph))
+
+
+def _plugin_frame(tb: Any) -> str | None:
+    """``file:line`` of the innermost traceback frame in plugin code, if any."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename in registry.PLUGIN_FILES:
+            found = f"{code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def _pass_error(s: PassSlot, e: Exception, ran: list[str]) -> GraphKernelError:
+    """What a pass's exception becomes: a plugin's failure (exit 1) when plugin code raised
+    it or the pass is a plugin's; graphkernel's own input errors as they are; anything else
+    a bug in graphkernel (exit 3)."""
+    at = _plugin_frame(e.__traceback__)
+    if s.info.plugin or (at is not None and not isinstance(e, GraphKernelError)):
+        origin = s.info.source.rpartition(":")[0] if s.info.plugin else at.rpartition(":")[0]
+        return PluginError(
+            f"plugin {origin}: pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e}"
+            + (f" (raised at {at})" if at else "")
+            + f"; the plugin's code failed, not graphkernel's: fix the plugin or rerun with "
+              f"--disable_pass={s.label}")
+    if isinstance(e, GraphKernelError):
+        return e
+    before = ", ".join(ran[-5:]) or "none"
+    return PassFailure(f"pass {s.label} ({s.stage}) failed: {type(e).__name__}: {e} "
+                       f"(passes run before it: {before}); this is a bug in graphkernel: "
+                       f"rerun with --disable_pass={s.label} to work around it")
+
+
+def _blame(s: PassSlot, message: str) -> GraphKernelError:
+    """A pass broke the pipeline's contract: the plugin's fault when it is a plugin's."""
+    if s.info.plugin:
+        return PluginError(f"plugin {s.info.source.rpartition(':')[0]}: {message}")
+    return PassFailure(message)
 
 
 # Tests switch this on so that every pass's output is validated and a broken

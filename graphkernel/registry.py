@@ -16,13 +16,20 @@ Third-party code registers its own passes the same way graphkernel does::
 
 Importing the module that holds it (before ``graphkernel.compile``) is enough:
 the pass then appears in ``graphkernel passes`` and can be selected by flags.
+
+Each registration records where it was made. Code registered from outside graphkernel
+is a plugin: a name it takes twice is a ``RegistrationError`` naming both places, and an
+exception it raises while running is reported as the plugin's (``PluginError``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from graphkernel.errors import RegistrationError
 
 STAGES = ("preprocess", "expand", "simplify", "cluster", "split", "postfusion", "codegen")
 
@@ -60,6 +67,7 @@ class PassInfo:
     doc: str
     fn: PassFn
     extra_runs: tuple[tuple[str, float], ...] = ()
+    source: str = ""  # where it was registered: "file:line"
 
     @property
     def summary(self) -> str:
@@ -68,10 +76,43 @@ class PassInfo:
         end = para.find(". ")
         return para if end < 0 else para[:end + 1]
 
+    @property
+    def plugin(self) -> bool:
+        """Registered by code outside graphkernel."""
+        return is_plugin(self.fn)
+
 
 PASSES: dict[str, PassInfo] = {}
 EXPANDERS: dict[str, Any] = {}
 PATTERNS: dict[str, Any] = {}
+# Where each expander/pattern was registered ("file:line"), for duplicate-name errors.
+_SOURCES: dict[tuple[str, str], str] = {}
+# Source files of plugin code: an exception raised in one of them is the plugin's.
+PLUGIN_FILES: set[str] = set()
+
+
+def is_plugin(obj: Any) -> bool:
+    """Code from outside the graphkernel package (a --plugin file, the user's module)."""
+    module = getattr(obj, "__module__", None) or ""
+    return not (module == "graphkernel" or module.startswith("graphkernel."))
+
+
+def source_of(obj: Any) -> str:
+    """``file:line`` where ``obj`` (a function or class) is defined."""
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (OSError, TypeError):
+        return getattr(obj, "__module__", None) or repr(obj)
+
+
+def _note_source(obj: Any) -> str:
+    where = source_of(obj)
+    if is_plugin(obj):
+        PLUGIN_FILES.add(where.rpartition(":")[0])
+    return where
 
 
 def register_pass(name: str, stage: str, level: int = 1, order: float = 50.0,
@@ -84,13 +125,16 @@ def register_pass(name: str, stage: str, level: int = 1, order: float = 50.0,
     ``("enable_recompute_fusion", 2)`` that turns the pass on or off explicitly.
     """
     if stage not in STAGES:
-        raise ValueError(f"pass {name!r}: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+        raise RegistrationError(f"pass {name!r}: unknown stage {stage!r} (stages: "
+                                f"{', '.join(STAGES)})")
 
     def deco(fn: PassFn) -> PassFn:
+        where = _note_source(fn)
         if name in PASSES:
-            raise ValueError(f"pass {name!r} is registered twice")
+            raise RegistrationError(f"pass {name!r} is registered twice: by {PASSES[name].source} "
+                                    f"and by {where}; give one of them another name")
         PASSES[name] = PassInfo(name, stage, level, order, required, feature,
-                                fn.__doc__ or "", fn, extra_runs)
+                                fn.__doc__ or "", fn, extra_runs, where)
         return fn
 
     return deco
@@ -98,9 +142,13 @@ def register_pass(name: str, stage: str, level: int = 1, order: float = 50.0,
 
 def _register_in(table: dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:
     def deco(obj: Any) -> Any:
+        where = _note_source(obj)
         if name in table:
-            raise ValueError(f"{kind} {name!r} is registered twice")
+            first = _SOURCES.get((kind, name), source_of(table[name]))
+            raise RegistrationError(f"{kind} {name!r} is registered twice: by {first} and by "
+                                    f"{where}; give one of them another name")
         table[name] = obj
+        _SOURCES[(kind, name)] = where
         return obj
 
     return deco

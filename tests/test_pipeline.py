@@ -8,7 +8,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType, registry
 from graphkernel.api import load_config
-from graphkernel.errors import FlagError
+from graphkernel.errors import FlagError, OutputError, PluginError
 from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.pipeline import PassFailure, PassManager, build_pipeline, decide, plan
 from graphkernel.registry import PassResult
@@ -185,7 +185,7 @@ def test_failing_run_leaves_no_partial_file(tmp_path, monkeypatch):
         return real(src, dst)
 
     monkeypatch.setattr(fileio.os, "replace", flaky_replace)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match="disk full"):
         graphkernel.compile(graph_with_rewrites(), f"--dump_as_text --debug_dir={tmp_path}",
                             env=NOENV)
     leftovers = [p.name for p in tmp_path.iterdir()]
@@ -216,18 +216,36 @@ def test_broken_pass_is_named(temp_pass):
         return PassResult(True, 1)
 
     cfg = load_config("", env=NOENV)
-    with pytest.raises(PassFailure, match="pass break_uses left an invalid graph"):
+    # registered from outside graphkernel: a plugin's pass, so the plugin is blamed
+    with pytest.raises(PluginError, match=r"plugin .*test_pipeline\.py: pass break_uses left an "
+                                          "invalid graph"):
         PassManager(cfg, check_each_pass=True, log=lambda m: None).run(graph_with_rewrites())
 
 
-def test_crashing_pass_reports_context(temp_pass):
+def test_crashing_plugin_pass_is_reported_as_the_plugins(temp_pass):
     @temp_pass("crash", stage="simplify", level=1, order=96)
     def crash(graph, ctx):
         raise KeyError("boom")
 
-    with pytest.raises(PassFailure, match=r"pass crash \(simplify\) failed: KeyError.*passes run "
-                                          r"before it: .*--disable_pass=crash"):
+    with pytest.raises(PluginError, match=r"plugin .*test_pipeline\.py: pass crash \(simplify\) "
+                                          r"failed: KeyError: 'boom' \(raised at .*test_pipeline"
+                                          r"\.py:\d+\).*--disable_pass=crash") as info:
         graphkernel.compile(graph_with_rewrites(), "", env=NOENV, log=lambda m: None)
+    assert info.value.exit_code == 1 and "bug in graphkernel" not in str(info.value)
+
+
+def test_crashing_builtin_pass_is_a_bug_in_graphkernel(monkeypatch):
+    # a pass defined in a graphkernel module (as the built-in passes are)
+    ns = {"__name__": "graphkernel.passes.crash_demo"}
+    exec(compile("def crash(graph, ctx):\n    return {}['boom']\n",
+                 "graphkernel/passes/crash_demo.py", "exec"), ns)
+    monkeypatch.setitem(registry.PASSES, "crash_demo", registry.PassInfo(
+        "crash_demo", "simplify", 1, 96, False, None, "", ns["crash"]))
+    with pytest.raises(PassFailure, match=r"pass crash_demo \(simplify\) failed: KeyError.*passes "
+                                          r"run before it: .*bug in graphkernel.*"
+                                          "--disable_pass=crash_demo") as info:
+        graphkernel.compile(graph_with_rewrites(), "", env=NOENV, log=lambda m: None)
+    assert info.value.exit_code == 3
 
 
 def test_report_records_each_pass():

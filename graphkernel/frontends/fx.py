@@ -20,7 +20,6 @@ import numpy as np
 
 from graphkernel.errors import FrontendError, GraphKernelError
 from graphkernel.ir import DType, Graph, TensorType, Value
-from graphkernel.opdefs.misc import register_opaque_impl
 
 log = logging.getLogger("graphkernel.fx")
 _LOGGED: set[str] = set()
@@ -812,36 +811,6 @@ def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     if isinstance(a, bool | int | float | str) or a is None:
         return a
     raise Unmapped(f"argument of type {type(a).__name__}")
-
-
-def _decode(a: Any, xs: list[Any]) -> Any:
-    if isinstance(a, dict) and "in" in a:
-        return xs[a["in"]]
-    if isinstance(a, dict) and "dtype" in a:
-        return getattr(torch, a["dtype"])
-    if isinstance(a, list):
-        return [_decode(x, xs) for x in a]
-    return a
-
-
-def _aten_executor(spec: dict[str, Any]):
-    op = torch.ops
-    for part in spec["target"].split("."):
-        op = getattr(op, part)
-
-    def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-        ts = [to_torch(x) for x in xs]
-        args = _decode(spec["args"], ts)
-        kwargs = {k: _decode(v, ts) for k, v in spec["kwargs"].items()}
-        out = op(*args, **kwargs)
-        outs = out if isinstance(out, list | tuple) else [out]
-        return [to_numpy(o) for o in outs if o is not None]
-
-    return run
-
-
-if torch is not None:
-    register_opaque_impl("aten", _aten_executor)
 
 
 def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:

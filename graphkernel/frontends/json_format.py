@@ -4,29 +4,59 @@ See docs/graph-format.md. The file is validated with pydantic; every error names
 the file and the JSON path of the offending field. Constants with more than
 ``INLINE_LIMIT`` elements go to a side ``.npz`` file named in ``data_file``.
 Saving is atomic, and save -> load -> save reproduces the file exactly.
+
+A graph file is data from someone else: it is read within the bounds of
+``graphkernel.limits`` (size, nesting, YAML aliases, names, dims), its attribute
+values must have exactly the types the op declares, and its ``data_file`` is a
+file next to it, never a path elsewhere.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
 import os
+import typing
 import zipfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from graphkernel import ops
+from graphkernel import limits, ops
 from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
-from graphkernel.fileio import atomic_write_bytes
+from graphkernel.fileio import DocumentError, read_document
 from graphkernel.ir import DType, Graph, TensorType
+from graphkernel.outputs import write_file
 
 FORMAT = "graphkernel/1"
 INLINE_LIMIT = 64
+
+
+def _check(problem: typing.Callable[[Any], str | None]) -> BeforeValidator:
+    """A pydantic check of the raw value against one of graphkernel.limits' rules."""
+
+    def check(v: Any) -> Any:
+        if (p := problem(v)) is not None:
+            raise ValueError(p)
+        return v
+
+    return BeforeValidator(check)
+
+
+def _static_dim_problem(d: Any) -> str | None:
+    if isinstance(d, str):
+        return f"dim {d!r}: a constant's dims are ints"
+    return limits.dim_problem(d)
+
+
+Name = Annotated[str, _check(limits.name_problem)]
+Dim = Annotated[int | str, _check(limits.dim_problem)]
+StaticDim = Annotated[int, _check(_static_dim_problem)]
 
 
 class _Model(BaseModel):
@@ -34,43 +64,43 @@ class _Model(BaseModel):
 
 
 class InputSpec(_Model):
-    name: str = Field(min_length=1)
-    shape: list[int | str]
+    name: Name
+    shape: list[Dim]
     dtype: str
     mutable: bool = False
 
 
 class ConstSpec(_Model):
-    name: str = Field(min_length=1)
-    shape: list[int]
+    name: Name
+    shape: list[StaticDim]
     dtype: str
     data: list[Any] | None = None
     key: str | None = None  # entry in the side .npz file
 
 
 class OutputSpec(_Model):
-    name: str = Field(min_length=1)
-    shape: list[int | str]
+    name: Name
+    shape: list[Dim]
     dtype: str
 
 
 class NodeSpec(_Model):
-    name: str = Field(min_length=1)
+    name: Name
     op: str
     inputs: list[str] = []
-    outputs: list[str | OutputSpec]
+    outputs: list[Name | OutputSpec]
     attrs: dict[str, Any] = {}
-    origin: list[str] | None = None
+    origin: list[Name] | None = None
 
 
 class GraphSpec(_Model):
     format: Literal["graphkernel/1"] = FORMAT
-    name: str = "graph"
+    name: Name = "graph"
     data_file: str | None = None
     inputs: list[InputSpec] = []
     constants: list[ConstSpec] = []
     nodes: list[NodeSpec] = []
-    outputs: list[str]
+    outputs: list[str] = Field(min_length=1)
 
 
 # --------------------------------------------------------------------- save
@@ -174,7 +204,7 @@ def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
                **{k: v for k, v in doc.items() if k not in ("format", "name")}}
         buf = io.BytesIO()
         np.savez(buf, **side)
-        atomic_write_bytes(data_path, buf.getvalue())
+        write_file(data_path, buf.getvalue())
         written.append(data_path)
     if path.suffix in (".yaml", ".yml"):
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
@@ -183,7 +213,7 @@ def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
     else:
         raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
                           "(accepted: .json, .yaml, .yml)")
-    atomic_write_bytes(path, text.encode())
+    write_file(path, text.encode())
     written.insert(0, path)
     return written
 
@@ -218,20 +248,30 @@ def _decode_attr(value: Any, where: str, base: Path | None,
                                data=data)
     if isinstance(value, dict) and set(value) == {"tensor"} and isinstance(value["tensor"], dict):
         t = value["tensor"]
-        dt = _dtype(t.get("dtype"), where + ".tensor.dtype")
+        unknown = set(t) - {"dtype", "shape", "data", "key"}
+        if unknown or not isinstance(t.get("dtype"), str):
+            raise FormatError(f"{where}.tensor: expected {{dtype, shape, data | key}} with a "
+                              f"dtype name, got {sorted(t)}")
+        shape = t.get("shape", [])
+        if not isinstance(shape, list) or any(_static_dim_problem(d) for d in shape):
+            raise FormatError(f"{where}.tensor.shape: expected a list of ints in "
+                              f"0..{limits.MAX_DIM}, got {shape!r}")
+        dt = _dtype(t["dtype"], where + ".tensor.dtype")
         if "key" in t:
-            if not data or t["key"] not in data:
+            if not isinstance(t["key"], str) or not data or t["key"] not in data:
                 raise FormatError(f"{where}.tensor.key: {t['key']!r} is not in the data file")
             arr = data[t["key"]]
             arr = arr.view(dt.np) if dt is DType.bfloat16 else arr.astype(dt.np, copy=False)
         else:
+            if not isinstance(t.get("data", []), list):
+                raise FormatError(f"{where}.tensor.data: expected a list of numbers")
             arr = np.array(_decode_scalars(t.get("data", []), dt, where + ".tensor"),
                            dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
         try:
-            return arr.reshape(t.get("shape", []))
+            return arr.reshape(shape)
         except ValueError:
             raise FormatError(f"{where}.tensor: {arr.size} values do not fill shape "
-                              f"{t.get('shape')}") from None
+                              f"{shape}") from None
     if isinstance(value, list):
         return [_decode_attr(v, f"{where}[{i}]", base, data) for i, v in enumerate(value)]
     return value
@@ -256,20 +296,16 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
         spec = GraphSpec.model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        if err["type"] == "too_short" and tuple(err["loc"]) == ("outputs",):
+            msg = "the graph has no outputs; list the values it returns"
         if err["loc"] and err["loc"][0] == "format":
             msg = f"unsupported format {doc.get('format')!r} (expected \"{FORMAT}\")"
         raise FormatError(f"{where}: {_loc(err['loc'])}: {msg}") from None
     if spec.data_file and data is None:
-        data_path = (base or Path(".")) / spec.data_file
-        try:
-            with np.load(data_path) as z:
-                data = {k: z[k] for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise FormatError(f"{where}: data_file {spec.data_file!r} cannot be read: "
-                              f"{e}") from None
+        data = _read_data_file(spec.data_file, base, where)
     g = Graph(spec.name)
     for i, inp in enumerate(spec.inputs):
         w = f"{where}: inputs[{i}]"
@@ -292,7 +328,9 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
             arr = np.array(vals, dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
         else:
             raise FormatError(f"{w}: needs 'data' (inline values) or 'key' (in the data file)")
-        n = int(np.prod(c.shape)) if c.shape else 1
+        n = math.prod(c.shape)
+        if (p := limits.numel_problem(tuple(c.shape))) is not None:
+            raise FormatError(f"{w}: {p}")
         if arr.size != n:
             raise FormatError(f"{w}: shape {c.shape} needs {n} values, got {arr.size}")
         try:
@@ -307,6 +345,7 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
                               + "; run `graphkernel ops` to list them all")
         inputs = [g.value(name) for name in ns.inputs]
         attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data) for k, v in ns.attrs.items()}
+        _check_attr_types(ops.get(ns.op), attrs, w)
         names = [o if isinstance(o, str) else o.name for o in ns.outputs]
         try:
             node = g.add_node(ns.op, inputs, attrs, name=ns.name, origin=ns.origin,
@@ -327,7 +366,68 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
             raise FormatError(f"{where}: outputs[{i}]: unknown value {name!r}"
                               + did_you_mean(name, g._values))
     g.set_outputs([g.value(n) for n in spec.outputs])
+    if len(g) == 0:
+        raise FormatError(f"{where}: the graph has no nodes and computes nothing; add nodes "
+                          "(or constants) that produce its outputs")
+    if not nested and (problem := limits.check_graph(g)) is not None:
+        raise FormatError(f"{where}: {problem}")
     return g
+
+
+def _read_data_file(name: str, base: Path | None, where: str) -> dict[str, np.ndarray]:
+    """The side .npz: a file next to the graph file (a name, never a path elsewhere)."""
+    if name in (".", "..") or os.path.basename(name) != name or "\\" in name \
+            or limits.name_problem(name) is not None:
+        raise FormatError(f"{where}: data_file {name!r} must be the name of a file next to the "
+                          "graph file (no folders, no '..')")
+    try:
+        with np.load((base or Path(".")) / name, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as e:
+        raise FormatError(f"{where}: data_file {name!r} cannot be read: {e}") from None
+
+
+# Annotation leaves whose values a file must give exactly (no "yes" for a bool, no 1.0 for an
+# int); attributes of other types (dtypes, tensors, subgraphs) have their own checks.
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is Literal:
+        return [str]
+    args = typing.get_args(annotation)
+    return [leaf for a in args for leaf in _leaves(a)] if args else [annotation]
+
+
+@functools.cache
+def _strict_adapter(annotation: Any) -> TypeAdapter | None:
+    if not all(leaf in _PLAIN for leaf in _leaves(annotation)):
+        return None
+    return TypeAdapter(annotation, config=ConfigDict(strict=True))
+
+
+def _check_attr_types(opdef: Any, attrs: dict[str, Any], where: str) -> None:
+    """A file's attribute values have exactly their declared types; a string where an int or
+    a symbol is accepted (a shape entry) is a symbolic dim and must be a valid one."""
+    fields = opdef.attrs.model_fields
+    for key, value in attrs.items():
+        if key not in fields:
+            continue  # an unknown attribute: the op's own check names it
+        annotation = fields[key].annotation
+        adapter = _strict_adapter(annotation)
+        if adapter is None:
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            text = str(annotation).replace("typing.", "")
+            text = getattr(annotation, "__name__", text) if "[" not in text else text
+            raise FormatError(f"{where}.attrs.{key}: expected {text}, got {value!r}") from None
+        leaves = _leaves(annotation)
+        if int in leaves and str in leaves:
+            for d in value if isinstance(value, list) else [value]:
+                if isinstance(d, str) and (p := limits.dim_problem(d)) is not None:
+                    raise FormatError(f"{where}.attrs.{key}: {p}")
 
 
 def _dependency_order(spec: GraphSpec, where: str, g: Graph) -> list[tuple[int, NodeSpec]]:
@@ -385,20 +485,13 @@ def load_graph(path: str | os.PathLike) -> Graph:
     """Load a .json/.yaml/.yml graph file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        doc = read_document(path, limits.MAX_GRAPH_FILE_BYTES)
     except FileNotFoundError:
         raise FormatError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: cannot be read: {e}") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            doc = yaml.safe_load(text)
-        else:
-            doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        pos = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise FormatError(f"{path}{pos}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    except OSError as e:
+        raise FormatError(f"{path}: cannot be read: {e.strerror or e}") from None
+    except DocumentError as e:
+        kind = ("invalid YAML" if path.suffix != ".json" else "invalid JSON") if e.syntax \
+            else "refused"
+        raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
     return graph_from_dict(doc, where=str(path), base=path.parent)

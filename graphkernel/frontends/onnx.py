@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import symbolic
+from graphkernel import limits, symbolic
 from graphkernel.errors import FrontendError, GraphKernelError
 from graphkernel.ir import DType, Graph, TensorType, Value
-from graphkernel.opdefs.misc import register_opaque_impl
 
 try:
     import onnx
@@ -896,45 +895,30 @@ def _opaque(g: Graph, node: Any, nname: str, ins: list[Value | None], opsets: di
 
 
 def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
+    """Import an .onnx file. It is data from someone else: an empty file, a model without
+    nodes or outputs, and names or dims outside ``graphkernel.limits`` are errors."""
     _require_onnx()
     path = Path(path)
     try:
-        model = onnx.load(str(path))
+        empty = path.stat().st_size == 0
+        model = None if empty else onnx.load(str(path))
     except FileNotFoundError:
         raise FrontendError(f"{path}: no such file") from None
     except Exception as e:
         raise FrontendError(f"{path}: not a readable ONNX model: {e}") from None
+    if empty:
+        raise FrontendError(f"{path}: the file is empty (0 bytes), not an ONNX model")
+    if not model.graph.node or not model.graph.output:
+        missing = "nodes" if model.graph.output else "outputs"
+        raise FrontendError(f"{path}: the model has no {missing}; an ONNX model needs a graph "
+                            "with nodes and outputs")
     try:
-        return import_onnx(model, name=kw.pop("name", path.stem), **kw)
+        g = import_onnx(model, name=kw.pop("name", path.stem), **kw)
     except GraphKernelError as e:
         raise type(e)(f"{path}: {e}") from None
-
-
-# ------------------------------------------------------- Opaque execution
-_EVALUATORS: dict[str, Any] = {}
-
-
-def _onnx_executor(spec: dict[str, Any]):
-    _require_onnx()
-    from onnx.reference import ReferenceEvaluator
-
-    key = spec["node"]
-    if key not in _EVALUATORS:
-        node = onnx.NodeProto()
-        node.ParseFromString(base64.b64decode(spec["node"]))
-        opsets = {("" if k == "ai.onnx" else k): v for k, v in spec["opsets"].items()}
-        _EVALUATORS[key] = (node, ReferenceEvaluator(node, opsets=opsets))
-    node, ev = _EVALUATORS[key]
-    names = [i for i in node.input if i]
-
-    def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-        res = ev.run(None, dict(zip(names, xs, strict=True)))
-        return [np.asarray(r) for r, o in zip(res, node.output, strict=False) if o]
-
-    return run
-
-
-register_opaque_impl("onnx", _onnx_executor)
+    if (problem := limits.check_graph(g)) is not None:
+        raise FrontendError(f"{path}: {problem}")
+    return g
 
 
 def static_input_names(model: Any) -> list[str]:

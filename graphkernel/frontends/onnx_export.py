@@ -112,8 +112,8 @@ def to_onnx(graph: Graph) -> Any:
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike) -> str:
-    from graphkernel.fileio import atomic_write_bytes
+    from graphkernel.outputs import write_file
 
     model = to_onnx(graph)
-    atomic_write_bytes(path, model.SerializeToString())
+    write_file(path, model.SerializeToString())
     return str(path)

@@ -1,0 +1,138 @@
+"""The documented bounds on what a model or flags file may hold, and their checks.
+
+A model file and a flags file come from other people: they are data, read within these
+limits, and every breach is one clear error (exit status 2) that names the item and the
+limit. docs/security.md lists them for users; this module is the single place they live.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+# Files
+MAX_GRAPH_FILE_BYTES = 256 * 2**20  # a .json/.yaml graph (large constants live in its .npz)
+MAX_FLAGS_FILE_BYTES = 2**20  # a JSON/YAML flags file, an AutoFuse skip list
+MAX_DEPTH = 64  # nesting of lists/objects in a JSON/YAML document
+MAX_YAML_ALIASES = 1000  # `*alias` references in one YAML document
+MAX_YAML_VALUES = 1_000_000  # values in a YAML document that uses aliases, aliases expanded
+
+# Tensors
+MAX_DIM = 2**31 - 1  # a static dim (Ascend tiling arithmetic is 32-bit)
+MAX_NUMEL = 2**40  # elements of one statically shaped tensor
+
+# Flags
+MAX_FLAG_STRING = 64 * 2**10  # one flag string (--flags, AUTOFUSE_FLAGS, ...)
+MAX_FLAG_VALUE = 4096  # one flag's value
+MAX_INT_DIGITS = 18  # an integer flag value, a --dims size
+
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DIGITS = re.compile(r"[0-9]+")
+# Unicode categories a name may not contain: controls (terminal escapes, NUL), format
+# characters (bidirectional overrides, zero-width joiners), surrogates, line separators.
+_BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a graph, node, value or kernel, or None when it can."""
+    if not isinstance(name, str):
+        return f"a name must be a string, got {type(name).__name__}"
+    if not name:
+        return "a name must not be empty"
+    for ch in name:
+        if unicodedata.category(ch) in _BAD_CATEGORIES:
+            return (f"name {name!r} contains the control character U+{ord(ch):04X}; names "
+                    "may hold any printable characters")
+    return None
+
+
+def dim_problem(dim: Any) -> str | None:
+    """Why ``dim`` is not a valid dim of a file's tensor type, or None when it is.
+
+    A dim is an int in 0..MAX_DIM, or a symbolic dim: a symbol ``[A-Za-z_][A-Za-z0-9_]*``
+    or a product of an integer and symbols (``"4*s0"``)."""
+    if isinstance(dim, bool) or not isinstance(dim, int | str):
+        return f"dim {dim!r} must be an int or a symbol such as 'batch'"
+    if isinstance(dim, int):
+        if not 0 <= dim <= MAX_DIM:
+            return f"dim {dim} is outside 0..{MAX_DIM}"
+        return None
+    parts = dim.replace(" ", "").split("*")
+    for part in parts:
+        if _DIGITS.fullmatch(part):
+            if len(part) > MAX_INT_DIGITS or int(part) > MAX_DIM:
+                return f"dim {dim!r}: factor {part} is above {MAX_DIM}"
+        elif not SYMBOL.fullmatch(part):
+            return (f"dim {dim!r} is not a symbol ([A-Za-z_][A-Za-z0-9_]*, such as 'batch') "
+                    "or a product of an integer and symbols ('4*s0')")
+    return None
+
+
+def numel_problem(shape: tuple[Any, ...]) -> str | None:
+    """Why a static shape holds too many elements, or None."""
+    n = 1
+    for d in shape:
+        if not isinstance(d, int):
+            return None
+        n *= d
+    if n > MAX_NUMEL:
+        return f"shape {list(shape)} holds {n:,} elements, above the limit of {MAX_NUMEL:,}"
+    return None
+
+
+def check_graph(graph: Any) -> str | None:
+    """The first problem with a loaded graph's names and types (subgraphs included):
+    a name with control characters, a dim out of bounds, a tensor too large."""
+    if (p := name_problem(graph.name)) is not None:
+        return f"graph name: {p}"
+    for v in graph.inputs:
+        if (p := _value_problem(v)) is not None:
+            return f"input {v.name!r}: {p}"
+    for n in graph.nodes:
+        if (p := name_problem(n.name)) is not None:
+            return f"node name: {p}"
+        for o in n.origin:
+            if (p := name_problem(o)) is not None:
+                return f"node {n.name!r}: origin: {p}"
+        for v in n.outputs:
+            if (p := _value_problem(v)) is not None:
+                return f"node {n.name!r}: output {v.name!r}: {p}"
+        sub = n.attrs.get("subgraph") if n.op == "GraphKernel" else None
+        if sub is not None and (p := check_graph(sub)) is not None:
+            return f"node {n.name!r}: subgraph: {p}"
+    return None
+
+
+def _value_problem(v: Any) -> str | None:
+    if (p := name_problem(v.name)) is not None:
+        return p
+    for d in v.type.shape:
+        if (p := dim_problem(d)) is not None:
+            return p
+    return numel_problem(v.type.shape)
+
+
+def check_document(doc: Any, max_depth: int = MAX_DEPTH,
+                   max_values: int | None = None) -> str | None:
+    """Walk a parsed JSON/YAML document without recursion: too deep, or (with
+    ``max_values``) too many values once YAML aliases are expanded."""
+    stack = [(doc, 1)]
+    count = 0
+    while stack:
+        obj, depth = stack.pop()
+        count += 1
+        if max_values is not None and count > max_values:
+            return (f"the document expands to more than {max_values:,} values (YAML aliases "
+                    "repeat their target; an alias bomb is refused)")
+        if isinstance(obj, dict):
+            children: Any = obj.values()
+        elif isinstance(obj, list):
+            children = obj
+        else:
+            continue
+        if depth > max_depth:
+            return f"lists and objects are nested more than {max_depth} deep"
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list)
+                     or max_values is not None)
+    return None
