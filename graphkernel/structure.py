@@ -89,3 +89,18 @@ def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
             outs.append((v.type, id(v) in outputs, uses))
         parts.append((n.op, attrs_key(n.attrs), tuple(ins), tuple(outs)))
     return tuple(parts)
+
+
+def body_signature(sub: Graph) -> tuple:
+    """The structure of a kernel body without its names: its inputs' types, its nodes in
+    order (op, attributes, inputs by position, output types) and its outputs by position.
+    Bodies with equal signatures get the same schedule, tiling and code but for names."""
+    where: dict[int, tuple[int, int]] = {id(v): (-1, i) for i, v in enumerate(sub.inputs)}
+    parts = []
+    for j, n in enumerate(sub.nodes):
+        parts.append((n.op, attrs_key(n.attrs), tuple(where[id(v)] for v in n.inputs),
+                      tuple(v.type for v in n.outputs)))
+        for k, v in enumerate(n.outputs):
+            where[id(v)] = (j, k)
+    return (tuple((v.type, v.mutable) for v in sub.inputs), tuple(parts),
+            tuple(where[id(v)] for v in sub.outputs))
