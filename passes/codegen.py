@@ -10,6 +10,7 @@ CodegenError under ``disable_fallback``. The schedules are kept for rendering
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -58,17 +59,51 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     return s
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """A body the generator refused, for its equal bodies: the error's class and message and
+    the position of the node it stumbled on in the body."""
+
+    error: type[Unsupported]
+    message: str
+    at: int | None
+
+
 def check_once(kernel: Node, spec: targets.TargetSpec, key: tuple,
-               done: dict[tuple, Schedule]) -> Schedule:
+               done: dict[tuple, Schedule | _Refused]) -> Schedule:
     """``check``, planning each distinct body once: a kernel whose body has the signature
-    ``key`` of one checked before gets that schedule carried over to it (``done``: signature
-    -> schedule). A body that failed is checked again per kernel (its reasons name nodes)."""
+    ``key`` of one checked before gets that schedule carried over to it, or that refusal
+    (``done``: signature -> schedule or refusal). A refusal whose reason names a node or
+    value is not carried over (the next kernel is checked itself, to name its own)."""
     first = done.get(key)
+    if isinstance(first, _Refused):
+        bad = None if first.at is None else kernel.subgraph.nodes[first.at]
+        raise first.error(first.message, node=bad)
     if first is not None and (s := rebind(first, kernel)) is not None:
         return s
-    s = check(kernel, spec)
+    try:
+        s = check(kernel, spec)
+    except Unsupported as e:
+        refused = _refusal(kernel, e) if key not in done else None
+        if refused is not None:
+            done[key] = refused
+        raise
     done.setdefault(key, s)
     return s
+
+
+def _refusal(kernel: Node, e: Unsupported) -> _Refused | None:
+    """``e`` as a refusal of ``kernel``'s body, or None when it names something of it."""
+    body = kernel.subgraph.nodes
+    msg = str(e)
+    names = [kernel.name, *(n.name for n in body), *(v.name for v in kernel.subgraph.inputs),
+             *(v.name for n in body for v in n.outputs)]
+    if any(name in msg for name in names):
+        return None
+    at = next((i for i, n in enumerate(body) if n is e.node), None)
+    if e.node is not None and at is None:
+        return None
+    return _Refused(type(e), msg, at)
 
 
 def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node]:
@@ -198,7 +233,7 @@ def codegen(graph, ctx) -> PassResult:
     work = deque(n for n in graph.nodes if n.op == "GraphKernel")
     depth = {id(k): 0 for k in work}
     phased: list[dict] = ctx.report_extra.setdefault("phases", [])
-    done: dict[tuple, Schedule] = {}  # body signature -> its schedule
+    done: dict[tuple, Schedule | _Refused] = {}  # body signature -> its schedule
     signature: dict[str, tuple] = {}  # scheduled kernel -> its body's signature
     with ctx.task("kernels", len(work)) as shown:
         while work:

@@ -107,3 +107,32 @@ def test_every_instance_runs_the_shared_code_correctly(compiled):
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert len(backend.stats) == 6 and len({st.name for st in backend.stats.values()}) == 2
+
+
+def test_refusals_carried_over_as_checking_each_kernel_gives(monkeypatch):
+    """Equal matmul-epilogue kernels the generator refuses: the refusal is decided once and
+    the fallbacks (reasons, actions, the kernels they leave) are those of checking each."""
+    from graphkernel.passes import codegen as codegen_pass
+
+    def layers() -> Graph:
+        g = Graph("mm")
+        x = g.add_input("x", TensorType((32, 64), "float32"))
+        w = g.const(np.full((64, 64), 0.01, np.float32))
+        for i in range(3):
+            h = g.add_node("MatMul", [x, w], name=f"l{i}.mm").output
+            h = g.add_node("Add", [h, g.const(np.float32(1.0))], name=f"l{i}.add").output
+            x = g.add_node("Tanh", [h], name=f"l{i}.tanh").output
+        g.set_outputs([x])
+        return g
+
+    checks = []
+    real = codegen_pass.check
+    monkeypatch.setattr(codegen_pass, "check", lambda k, s: checks.append(k.name) or real(k, s))
+    once = graphkernel.compile(layers(), "--opt_level=2", env={})
+    n_once = len(checks)
+    monkeypatch.setattr(codegen_pass, "_refusal", lambda kernel, e: None)
+    monkeypatch.setattr(codegen_pass, "rebind", lambda s, kernel: None)
+    each = graphkernel.compile(layers(), "--opt_level=2", env={})
+    assert once.report.extra["fallbacks"] and len(checks) - n_once > n_once
+    assert once.report.extra["fallbacks"] == each.report.extra["fallbacks"]
+    assert str(once.graph) == str(each.graph)
