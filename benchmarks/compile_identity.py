@@ -12,10 +12,11 @@ manifest.json and the kernel sources; then:
   writes are listed, not counted as differences);
 - every kernel instance (a GraphKernel node of the compiled graph) must have the same manifest
   entry and the same source files. A manifest of format 2 lists each distinct kernel once and
-  maps instances to it: an instance's entry is rebuilt from its instance record and its shared
-  kernel, and its old source files are compared with the shared ones after renaming the
-  instance's own kernel symbol to the shared symbol and dropping ``//`` comments (the only
-  places node names appear). The first instance of a shared kernel must match byte for byte.
+  maps instances to it: an instance's entry is rebuilt from its instance record (its own
+  fields) and its shared kernel (the rest), and its old source files are compared with the
+  shared ones after renaming the instance's own kernel symbol to the shared symbol and
+  dropping ``//`` comments (the only places node names appear). The first instance of a
+  shared kernel must match byte for byte.
 
 Prints one line per compile and the totals; exits 1 on any difference.
 """
@@ -122,11 +123,9 @@ def instances(out: Path) -> dict[str, tuple[dict, str, dict[str, str]]]:
     out_map = {}
     for inst in m["instances"]:
         k = kernels[inst["kernel"]]
-        shared = {f: v for f, v in k.items() if f not in ("instances", "nodes", "inputs",
-                                                          "outputs")}
-        entry = {**shared, "node": inst["node"], "inputs": inst["inputs"],
-                 "outputs": inst["outputs"], "notes": inst["notes"]}
-        out_map[inst["node"]] = (entry, k["name"], files(k))
+        own = {f: v for f, v in inst.items() if f != "kernel"}  # the instance's own fields
+        shared = {f: v for f, v in k.items() if f not in own and f != "instances"}
+        out_map[inst["node"]] = (shared | own, k["name"], files(k))
     return out_map
 
 

@@ -197,7 +197,7 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
     everything of this run in ``out_dir`` (these files and ``also``, the others written
     there), so the next run into the folder can remove what it does not write again
     (graphkernel.outdir)."""
-    from graphkernel.outdir import MANIFEST, listed
+    from graphkernel.outdir import FORMAT, MANIFEST, listed
 
     out = Path(out_dir)
     kdir = out / "kernels"
@@ -233,7 +233,7 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
                           "outputs": [io_entry(io) for io in s.outputs],
                           "notes": list(s.notes)} | _binding(graph, node))
     manifest = {
-        "format": "graphkernel-kernels/2",
+        "format": FORMAT,
         "target": result.config.target,
         "graph": graph.name,
         # the graph's own inputs and outputs, under the model's names
