@@ -24,9 +24,10 @@ from graphkernel.ops import OpKind
 
 
 def array_digest(a: np.ndarray) -> bytes:
-    """A digest of an array's bytes (no copy of a contiguous array)."""
-    data = a.data if a.flags.c_contiguous else a.tobytes()
-    return hashlib.sha1(data).digest()
+    """A digest of an array's bytes (no copy of a contiguous array; as bytes, since not
+    every dtype, float16 for one, can be handed over as a typed buffer)."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return hashlib.sha1(flat.view(np.uint8)).digest()
 
 
 def attr_key(v: Any) -> Any:
