@@ -39,9 +39,12 @@ def shared_kernels(result: Any) -> dict[str, str]:
 
 def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None = None
                ) -> list[Rendered]:
-    """Every schedule rendered, but for the kernels in ``shared`` (they run another's code)."""
+    """Every schedule rendered, but for the kernels in ``shared`` (they run another's code;
+    each is rendered too while a CORRUPT hook is installed, so that one instance can be
+    miscompiled on its own)."""
     out = []
-    todo = [name for name in sorted(scheds) if not (shared and name in shared)]
+    skip = set(shared or ()) if not CORRUPT else set()
+    todo = [name for name in sorted(scheds) if name not in skip]
     with progress.task("generating kernels", len(todo)) as shown:
         for name in todo:
             shown.describe(name)
@@ -100,7 +103,7 @@ class SimBackend:
         rendered = render_all(scheds, shared)
         self.lib = library or SimLibrary(rendered)
         by_node = {r.schedule.node: r for r in rendered}
-        by_node.update({k: by_node[o] for k, o in (shared or {}).items()})
+        by_node.update({k: by_node[o] for k, o in (shared or {}).items() if k not in by_node})
         self.rendered = {k: r for k, r in by_node.items() if k not in self.interpret}
         self.stats: dict[str, KernelStats] = {}
         self.unscheduled: list[str] = []
@@ -226,7 +229,7 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
     instances = []
     for node in sorted(scheds):
         s = scheds[node]
-        symbol = code[shared.get(node, node)]
+        symbol = code[node if node in code else shared[node]]
         runs[symbol].append(node)
         instances.append({"node": node, "kernel": symbol,
                           "inputs": [io_entry(io) for io in s.inputs],
