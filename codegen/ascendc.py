@@ -111,8 +111,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     }
     manifest = {
         "name": s.name, "node": s.node,
-        "inputs": [_io_entry(io) for io in s.inputs],
-        "outputs": [_io_entry(io) for io in s.outputs],
+        "inputs": [io_entry(io) for io in s.inputs],
+        "outputs": [io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
                        "blocks": symbolic.canon(s.batch),
                        "whole_rows": s.reduce and not s.row_chunks,
@@ -149,6 +149,7 @@ def _pitch(io, refs: dict[str, str]) -> str:
     return c_dim(p, refs)
 
 
-def _io_entry(io) -> dict[str, Any]:
+def io_entry(io) -> dict[str, Any]:
+    """A kernel input or output as the manifest lists it."""
     return {"name": io.value.name, "dtype": str(io.dtype), "shape": list(io.shape),
             "layout": io.kind}

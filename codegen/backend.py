@@ -13,7 +13,7 @@ import numpy as np
 
 from graphkernel import progress
 from graphkernel.codegen import cost, targets
-from graphkernel.codegen.ascendc import Rendered, render
+from graphkernel.codegen.ascendc import Rendered, io_entry, render
 from graphkernel.codegen.schedule import Schedule
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
@@ -29,10 +29,24 @@ def schedules(result: Any) -> dict[str, Schedule]:
     return {k: s for k, s in scheds.items() if k in names}
 
 
-def render_all(scheds: Mapping[str, Schedule]) -> list[Rendered]:
+def shared_kernels(result: Any) -> dict[str, str]:
+    """Kernels of ``result.graph`` that run another kernel's code (an equal body): kernel ->
+    the kernel whose code it runs (the codegen pass's ``codegen_shared``)."""
+    scheds = schedules(result)
+    return {k: o for k, o in result.analyses.get("codegen_shared", {}).items()
+            if k in scheds and o in scheds}
+
+
+def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None = None
+               ) -> list[Rendered]:
+    """Every schedule rendered, but for the kernels in ``shared`` (they run another's code;
+    each is rendered too while a CORRUPT hook is installed, so that one instance can be
+    miscompiled on its own)."""
     out = []
-    with progress.task("generating kernels", len(scheds)) as shown:
-        for name in sorted(scheds):
+    skip = set(shared or ()) if not CORRUPT else set()
+    todo = [name for name in sorted(scheds) if name not in skip]
+    with progress.task("generating kernels", len(todo)) as shown:
+        for name in todo:
             shown.describe(name)
             r = render(scheds[name])
             for hook in CORRUPT:
@@ -76,25 +90,29 @@ class SimBackend:
     """Runs a compiled graph's GraphKernel nodes through their generated code."""
 
     def __init__(self, graph: Graph, scheds: Mapping[str, Schedule], target: str = "ascend910b",
-                 interpret: Sequence[str] = (), library: Any = None):
+                 interpret: Sequence[str] = (), library: Any = None,
+                 shared: Mapping[str, str] | None = None):
         from graphkernel.codegen.sim.execute import SimLibrary
 
         self.graph = graph
         self.spec = targets.load(target)
         self.interpret = set(interpret)  # kernels run by the interpreter instead (bisection)
         # every kernel is built (one library whatever `interpret` is, so bisection's runs
-        # share it); a library built for many graphs at once may be passed in
-        rendered = render_all(scheds)
+        # share it); a library built for many graphs at once may be passed in. A kernel in
+        # `shared` runs the code of the kernel it maps to (an equal body): built once.
+        rendered = render_all(scheds, shared)
         self.lib = library or SimLibrary(rendered)
-        self.rendered = {r.schedule.node: r for r in rendered
-                         if r.schedule.node not in self.interpret}
+        by_node = {r.schedule.node: r for r in rendered}
+        by_node.update({k: by_node[o] for k, o in (shared or {}).items() if k not in by_node})
+        self.rendered = {k: r for k, r in by_node.items() if k not in self.interpret}
         self.stats: dict[str, KernelStats] = {}
         self.unscheduled: list[str] = []
 
     @classmethod
     def for_result(cls, result: Any, interpret: Sequence[str] = (), library: Any = None
                    ) -> SimBackend:
-        return cls(result.graph, schedules(result), result.config.target, interpret, library)
+        return cls(result.graph, schedules(result), result.config.target, interpret, library,
+                   shared_kernels(result))
 
     def __call__(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         r = self.rendered.get(node.name)
@@ -177,13 +195,17 @@ def _binding(graph: Graph, node: str) -> dict[str, Any]:
 def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] = ()
                   ) -> list[Path]:
     """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and, last,
-    ``manifest.json`` for every generated kernel. The manifest's ``files`` lists everything of
-    this run in ``out_dir`` (these files and ``also``, the others written there), so the next
-    run into the folder can remove what it does not write again (graphkernel.outdir)."""
-    from graphkernel.outdir import MANIFEST, listed
+    ``manifest.json`` for every distinct generated kernel (kernels of equal bodies share one;
+    the manifest maps every kernel instance to its code). The manifest's ``files`` lists
+    everything of this run in ``out_dir`` (these files and ``also``, the others written
+    there), so the next run into the folder can remove what it does not write again
+    (graphkernel.outdir)."""
+    from graphkernel.outdir import FORMAT, MANIFEST, listed
 
     out = Folder(out_dir)  # every file name is checked safe and inside out_dir
-    rendered = render_all(schedules(result))
+    scheds = schedules(result)
+    shared = shared_kernels(result)
+    rendered = render_all(scheds, shared)
     written = []
     for r in rendered:
         for fname, text in sorted(r.files.items()):
@@ -201,14 +223,28 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
                            if f.endswith("_tiling.cpp")))
     written.append(out.write_text("kernels/CMakeLists.txt", cmake))
     graph = result.graph
+    code = {r.schedule.node: r.name for r in rendered}
+    runs: dict[str, list[str]] = {r.name: [] for r in rendered}
+    instances = []
+    for node in sorted(scheds):
+        s = scheds[node]
+        symbol = code[node if node in code else shared[node]]
+        runs[symbol].append(node)
+        instances.append({"node": node, "kernel": symbol,
+                          "inputs": [io_entry(io) for io in s.inputs],
+                          "outputs": [io_entry(io) for io in s.outputs],
+                          "notes": list(s.notes)} | _binding(graph, node))
     manifest = {
-        "format": "graphkernel-kernels/1",
+        "format": FORMAT,
         "target": result.config.target,
         "graph": graph.name,
         # the graph's own inputs and outputs, under the model's names
         "inputs": [_value_entry(v.name, v) for v in graph.inputs],
         "outputs": [_value_entry(name, v) for name, v in graph.named_outputs()],
-        "kernels": [r.manifest | _binding(graph, r.schedule.node) for r in rendered],
+        # each distinct kernel as its first instance's, and the instances that run it
+        "kernels": [r.manifest | _binding(graph, r.schedule.node) | {"instances": runs[r.name]}
+                    for r in rendered],
+        "instances": instances,
         "super_kernels": [{"name": sr.name, "kernels": [r.name for r in sr.members],
                            "barrier_before": [r.name for r, b in zip(
                                sr.members, sr.group.barriers, strict=True) if b],

@@ -360,20 +360,7 @@ class _Planner:
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
                          batch=self.batch)
-        for io in ins:
-            if io.kind == PARTIAL and io.local is not io.value and not any(
-                    _eq(st, 0) for st in io.strides):
-                continue  # a slice: strided rows, each read once
-            if io.kind == PARTIAL:
-                sched.notes.append(f"input {io.index} ({io.value.name}) is broadcast over outer "
-                                   "axes: its rows are re-read for every row that uses them")
-            elif io.kind == ROW:
-                sched.notes.append(f"input {io.index} ({io.value.name}) is a broadcast row: each "
-                                   "core reads it once (once per column tile when rows are "
-                                   "split)")
-            elif io.kind == COL and not reduces:
-                sched.notes.append(f"input {io.index} ({io.value.name}) holds one value per row: "
-                                   "re-read for each column tile when rows are split")
+        sched.notes = io_notes(ins, bool(reduces))
         return sched
 
     def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...]
@@ -670,6 +657,26 @@ class _Planner:
             k = FULL  # a loaded tile stored back (a broadcast or slice materialised)
         outer, strides, base = self.partial.get(id(o), ((), (), 0)) if is_input else ((), (), 0)
         return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o)
+
+
+def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
+    """Why inputs are read more than once (shown with the kernel): broadcasts re-read per
+    row or per column tile."""
+    notes: list[str] = []
+    for io in ins:
+        if io.kind == PARTIAL and io.local is not io.value and not any(
+                _eq(st, 0) for st in io.strides):
+            continue  # a slice: strided rows, each read once
+        if io.kind == PARTIAL:
+            notes.append(f"input {io.index} ({io.value.name}) is broadcast over outer axes: "
+                         "its rows are re-read for every row that uses them")
+        elif io.kind == ROW:
+            notes.append(f"input {io.index} ({io.value.name}) is a broadcast row: each "
+                         "core reads it once (once per column tile when rows are split)")
+        elif io.kind == COL and not reduces:
+            notes.append(f"input {io.index} ({io.value.name}) holds one value per row: "
+                         "re-read for each column tile when rows are split")
+    return notes
 
 
 def _join(kinds: list[str]) -> str:

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,6 +187,8 @@ class Area:
     # edges crossing the area's boundary; they change only when this area merges
     _in_edges: list[tuple[Value, Node]] | None = field(default=None, repr=False)
     _out_edges: list[tuple[Value, Node]] | None = field(default=None, repr=False)
+    # how a node is named in the area's name (default: its own name)
+    _label: Callable[[Node], str] | None = field(default=None, repr=False)
 
     @property
     def ops(self) -> int:
@@ -203,8 +205,8 @@ class Area:
     @property
     def name(self) -> str:
         if self._name is None:
-            dom = self.dominant
-            self._name = dom.name if self.ops == 1 else f"{dom.name}(+{self.ops - 1})"
+            dom = self._label(self.dominant) if self._label else self.dominant.name
+            self._name = dom if self.ops == 1 else f"{dom}(+{self.ops - 1})"
         return self._name
 
 
@@ -224,7 +226,7 @@ class SplitModel:
     """Areas of one convex region and the checks every pattern shares."""
 
     def __init__(self, graph: Graph, region: list[Node], cfg: Config, ctx: Any,
-                 attempts: list[Attempt]) -> None:
+                 attempts: list[Attempt], label: Callable[[Node], str] | None = None) -> None:
         self.graph = graph
         self.cfg = cfg
         self.ctx = ctx
@@ -245,7 +247,7 @@ class SplitModel:
         self._seen: set[tuple] = set()  # rejections already recorded
         self._bytes: dict[int, int] = {}
         self._area: dict[int, Area] = {  # id(node) -> its area
-            id(n): Area([n], 1 << i) for i, n in enumerate(region)}
+            id(n): Area([n], 1 << i, _label=label) for i, n in enumerate(region)}
 
     # ------------------------------------------------------------ structure
     def areas(self) -> list[Area]:

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 MANIFEST = "manifest.json"
-FORMAT = "graphkernel-kernels/1"
+FORMAT = "graphkernel-kernels/2"  # what write_project writes (format 1: one entry per kernel)
+KNOWN_FORMATS = ("graphkernel-kernels/1", FORMAT)
 
 
 def listed(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> list[str]:
@@ -37,7 +38,7 @@ def previous_outputs(folder: str | os.PathLike) -> list[Path]:
         doc = json.loads((root / MANIFEST).read_text())
     except (OSError, ValueError):
         return []
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in KNOWN_FORMATS:
         return []
     names = doc.get("files")
     if not isinstance(names, list):  # a manifest from before the file list: its kernel sources

@@ -9,10 +9,14 @@ CodegenError under ``disable_fallback``. The schedules are kept for rendering
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
+
 import networkx as nx
 
 from graphkernel.codegen import targets
 from graphkernel.codegen.ascendc import c_dim, shape_refs
+from graphkernel.codegen.instance import rebind
 from graphkernel.codegen.lower import lower
 from graphkernel.codegen.phases import split_phases, split_whole_reduction
 from graphkernel.codegen.schedule import CUBE_OPS, NeedsPhases, Schedule, Unsupported, plan
@@ -22,6 +26,7 @@ from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
 from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.structure import body_signature
 
 
 def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
@@ -52,6 +57,53 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
                       f"{spec.ub_bytes}, and it cannot be walked in chunks: {e}", node=e.node
                       ) from None
     return s
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A body the generator refused, for its equal bodies: the error's class and message and
+    the position of the node it stumbled on in the body."""
+
+    error: type[Unsupported]
+    message: str
+    at: int | None
+
+
+def check_once(kernel: Node, spec: targets.TargetSpec, key: tuple,
+               done: dict[tuple, Schedule | _Refused]) -> Schedule:
+    """``check``, planning each distinct body once: a kernel whose body has the signature
+    ``key`` of one checked before gets that schedule carried over to it, or that refusal
+    (``done``: signature -> schedule or refusal). A refusal whose reason names a node or
+    value is not carried over (the next kernel is checked itself, to name its own)."""
+    first = done.get(key)
+    if isinstance(first, _Refused):
+        bad = None if first.at is None else kernel.subgraph.nodes[first.at]
+        raise first.error(first.message, node=bad)
+    if first is not None and (s := rebind(first, kernel)) is not None:
+        return s
+    try:
+        s = check(kernel, spec)
+    except Unsupported as e:
+        refused = _refusal(kernel, e) if key not in done else None
+        if refused is not None:
+            done[key] = refused
+        raise
+    done.setdefault(key, s)
+    return s
+
+
+def _refusal(kernel: Node, e: Unsupported) -> _Refused | None:
+    """``e`` as a refusal of ``kernel``'s body, or None when it names something of it."""
+    body = kernel.subgraph.nodes
+    msg = str(e)
+    names = [kernel.name, *(n.name for n in body), *(v.name for v in kernel.subgraph.inputs),
+             *(v.name for n in body for v in n.outputs)]
+    if any(name in msg for name in names):
+        return None
+    at = next((i for i, n in enumerate(body) if n is e.node), None)
+    if e.node is not None and at is None:
+        return None
+    return _Refused(type(e), msg, at)
 
 
 def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node]:
@@ -152,6 +204,24 @@ def _super_kernels(graph, ctx, spec, scheds) -> None:
                 "overhead saved")
 
 
+def _shared(scheds: dict[str, Schedule], signature: dict[str, tuple], live: set[str], ctx
+            ) -> dict[str, str]:
+    """Kernels whose code is another's (equal bodies): kernel -> the first scheduled kernel
+    of its body, kept as ``ctx.analyses["codegen_shared"]``; rendering and the simulator
+    generate each body once. SuperKernel members keep their own code (a SuperKernel source
+    includes its members' sources)."""
+    grouped = {k.name for g in ctx.analyses.get("super_kernels", []) for k in g.members}
+    first: dict[tuple, str] = {}
+    shared = {}
+    for name in scheds:  # in scheduling order: the first of each body owns the code
+        if name in live and name not in grouped:
+            owner = first.setdefault(signature[name], name)
+            if owner != name:
+                shared[name] = owner
+    ctx.analyses["codegen_shared"] = shared
+    return shared
+
+
 @register_pass("codegen", stage="codegen", level=1, order=50)
 def codegen(graph, ctx) -> PassResult:
     """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
@@ -160,19 +230,23 @@ def codegen(graph, ctx) -> PassResult:
     scheds: dict[str, Schedule] = ctx.analyses.setdefault("codegen", {})
     fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
     changed = 0
-    work = [n for n in graph.nodes if n.op == "GraphKernel"]
+    work = deque(n for n in graph.nodes if n.op == "GraphKernel")
     depth = {id(k): 0 for k in work}
     phased: list[dict] = ctx.report_extra.setdefault("phases", [])
+    done: dict[tuple, Schedule | _Refused] = {}  # body signature -> its schedule
+    signature: dict[str, tuple] = {}  # scheduled kernel -> its body's signature
     with ctx.task("kernels", len(work)) as shown:
         while work:
-            k = work.pop(0)
+            k = work.popleft()
             shown.advance(k.name)
             parts: list[Node] = []
             try:
-                s = check(k, spec)
+                key = body_signature(k.subgraph)
+                s = check_once(k, spec, key, done)
                 parts = _two_stages(graph, k, s, spec, ctx) if depth[id(k)] < 3 else []
                 if not parts:
                     scheds[k.name] = s
+                    signature[k.name] = key
                     continue
             except NeedsPhases as e:
                 reason, bad = str(e), e.node
@@ -183,7 +257,7 @@ def codegen(graph, ctx) -> PassResult:
                 changed += 1
                 for p in parts:
                     depth[id(p)] = depth[id(k)] + 1
-                work = parts + work
+                work.extendleft(reversed(parts))
                 shown.add_total(len(parts))
                 continue
             if ctx.flags.disable_fallback:
@@ -197,7 +271,7 @@ def codegen(graph, ctx) -> PassResult:
             parts = _split_around(graph, k, index if depth[id(k)] < 3 else None, ctx)
             for p in parts:
                 depth[id(p)] = depth[id(k)] + 1
-            work = parts + work
+            work.extendleft(reversed(parts))
             shown.add_total(len(parts))
             action = (f"split around {bad.op}; retried as {', '.join(p.name for p in parts)}"
                       if parts else "unfused")
@@ -215,8 +289,10 @@ def codegen(graph, ctx) -> PassResult:
     if "super_kernel_scopes" in ctx.analyses:
         _super_kernels(graph, ctx, spec, scheds)
     live = {n.name for n in graph.nodes if n.op == "GraphKernel"}
+    shared = _shared(scheds, signature, live, ctx)
     ctx.report_extra["codegen"] = {
         "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
+        "distinct_kernels": len(live & set(scheds)) - len(shared),
         # why a kernel's GM traffic may exceed inputs-once + outputs-once, per kernel
         "traffic_notes": {k: s.notes for k, s in scheds.items() if k in live and s.notes}}
     summary = [f"{counted(len(scheds), 'kernel')} scheduled"]

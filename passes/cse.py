@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
 from graphkernel import ops
-from graphkernel.ir import DType, Graph, Node
+from graphkernel.ir import Node
 from graphkernel.passes.rewrite import merge_origin, replace_with
 from graphkernel.registry import PassResult, register_pass
+from graphkernel.structure import attrs_key
 
 _NEVER = {"Assign", "Opaque"}  # side effects, or external code we cannot compare
 
 
-def _attr_key(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return ("array", DType.parse(v.dtype).value, v.shape, v.tobytes())
-    if isinstance(v, Graph):
-        return ("graph", str(v))
-    if isinstance(v, list | tuple):
-        return tuple(_attr_key(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
-    return v
-
-
 def node_key(node: Node) -> tuple:
-    return (node.op, tuple(id(v) for v in node.inputs),
-            tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())))
+    return (node.op, tuple(id(v) for v in node.inputs), attrs_key(node.attrs))
 
 
 @register_pass("cse", stage="simplify", level=2, order=30)

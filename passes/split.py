@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
 from graphkernel import pipeline, traffic
 from graphkernel.codegen import cost
 from graphkernel.codegen.targets import load as load_target
@@ -10,6 +13,7 @@ from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_op
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.structure import region_signature
 from graphkernel.traffic import VIEWS
 
 
@@ -72,10 +76,105 @@ def becomes_kernel(area: Area, cfg: Config) -> bool:
     return cfg.enable_single_node_fusion and n.op not in MATMUL_OPS
 
 
+@dataclass
+class Decisions:
+    """What the split model did on a region, by position in the region: the rewrites it asked
+    for, the attempts it recorded and the kernels it formed. Area names in the strings are
+    tokens that ``names`` turns into the names of any region of the same signature."""
+
+    applies: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    attempts: list[tuple[str, list[str], tuple[int, ...], int, str, str]] = field(
+        default_factory=list)
+    kernels: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    complete: bool = True  # every rewrite was allowed (a refused one may not be replayed)
+
+
+class Template(str):
+    """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
+
+
+_TOKEN = re.compile("\x00(\\d+)\x00")
+
+
+def _token(index: dict[int, int]):
+    """Name a region's node by its position (a token no user name contains)."""
+    return lambda n: f"\x00{index[id(n)]}\x00"
+
+
+def _text(s: str) -> str:
+    """A string with tokens as a Template (made once, filled in for every region)."""
+    if "\x00" not in s:
+        return s
+    parts = _TOKEN.split(s)
+    return Template("".join(f"{{{x}}}" if i % 2 else x.replace("{", "{{").replace("}", "}}")
+                            for i, x in enumerate(parts)))
+
+
+def _named(text: str, names: list[str]) -> str:
+    return text.format(*names) if type(text) is Template else text
+
+
+class _Recorder:
+    """The pass context as the split model sees it: each rewrite it asks for is recorded
+    (with tokens) and asked of the real context with the region's names."""
+
+    def __init__(self, ctx, names: list[str], index: dict[int, int], dec: Decisions) -> None:
+        self.ctx, self.names, self.index, self.dec = ctx, names, index, dec
+
+    def should_apply(self, description: str, nodes=()) -> bool:
+        nodes = list(nodes)
+        text = _text(description)
+        self.dec.applies.append((text, tuple(self.index[id(n)] for n in nodes)))
+        ok = self.ctx.should_apply(_named(text, self.names), nodes)
+        self.dec.complete &= ok
+        return ok
+
+
+def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
+           tokens: bool) -> Decisions:
+    """Run the split model on ``region``; its rewrites are asked of ``ctx`` as they happen.
+    With ``tokens``, area names are tokens (replayable on another region)."""
+    index = {id(n): i for i, n in enumerate(region)}
+    names = [n.name for n in region]
+    by_name = {n: i for i, n in enumerate(names)}
+    dec = Decisions()
+    attempts: list[Attempt] = []
+    model = SplitModel(graph, region, cfg, _Recorder(ctx, names, index, dec), attempts,
+                       label=_token(index) if tokens else None)
+    for p in patterns:
+        run_pattern(model, p)
+    dec.attempts = [(a.pattern, [_text(x) for x in a.areas], tuple(by_name[n] for n in a.nodes),
+                     a.score, a.verdict, _text(a.reason)) for a in attempts]
+    dec.kernels = [(tuple(index[id(n)] for n in area.nodes),
+                    "+".join(dict.fromkeys(area.patterns)) or "single_node")
+                   for area in model.areas() if becomes_kernel(area, cfg)]
+    return dec
+
+
+def replay(dec: Decisions, region: list, ctx, attempts: list[Attempt], ask: bool) -> None:
+    """Record ``dec``'s attempts for ``region`` (and, with ``ask``, ask its rewrites)."""
+    names = [n.name for n in region]
+    if ask:
+        for desc, idx in dec.applies:
+            ctx.should_apply(_named(desc, names), [region[i] for i in idx])
+    for pattern, areas, idx, score, verdict, reason in dec.attempts:
+        attempts.append(Attempt(pattern, [_named(a, names) for a in areas],
+                                [names[i] for i in idx], score, verdict,
+                                _named(reason, names)))
+
+
+def replayable(cfg: Config, patterns: list[Pattern]) -> bool:
+    """Decisions are reused when every rewrite is allowed anyway (no bisect limit) and every
+    pattern is graphkernel's own (a plugin's may read anything, names included)."""
+    return cfg.bisect_limit < 0 and all(
+        p.fn.__module__.startswith("graphkernel.patterns.") for p in patterns)
+
+
 @register_pass("split", stage="split", level=1, order=10)
 def split(graph, ctx) -> PassResult:
     """Rewrite each group of fused nodes -> one GraphKernel node, by the split model: the
-    patterns run one at a time in a fixed order over each region's areas."""
+    patterns run one at a time in a fixed order over each region's areas. Regions of equal
+    structure (repeated layers) are decided once; the others replay the decisions."""
     info = ctx.analyses.get("cluster")
     if info is None:
         return PassResult(False, 0, ["no candidate regions: the cluster pass did not run"])
@@ -86,20 +185,26 @@ def split(graph, ctx) -> PassResult:
     patterns, off = enabled_patterns(cfg)
     for name, why in off.items():
         attempts.append(Attempt(name, [], [], 0, "rejected", why))
+    memo: dict[tuple, Decisions] | None = {} if replayable(cfg, patterns) else None
     built = 0
     for region in info.regions:
         region = [n for n in region if n.graph is graph]
         if not region:
             continue
-        model = SplitModel(graph, region, cfg, ctx, attempts)
-        for p in patterns:
-            run_pattern(model, p)
-        for area in model.areas():
-            if becomes_kernel(area, cfg):
-                label = "+".join(dict.fromkeys(area.patterns)) or "single_node"
-                build_kernel(graph, area.nodes,
-                             next_kernel_name(ctx.analyses, area.nodes, label), label)
-                built += 1
+        key = region_signature(region, {id(v) for v in graph.outputs}) \
+            if memo is not None else None
+        dec = memo.get(key) if memo is not None else None
+        if dec is None:  # decide (asking each rewrite as it happens)
+            dec = decide(graph, region, cfg, ctx, patterns, tokens=memo is not None)
+            if memo is not None and dec.complete:
+                memo[key] = dec
+            replay(dec, region, ctx, attempts, ask=False)
+        else:
+            replay(dec, region, ctx, attempts, ask=True)
+        for idx, label in dec.kernels:
+            nodes = [region[i] for i in idx]
+            build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, label), label)
+            built += 1
     fused = sum(1 for a in attempts if a.verdict == "fused")
     refused = counted(len(attempts) - fused, "candidate")
     return PassResult(built > 0, fused, [f"{counted(built, 'kernel')} from "

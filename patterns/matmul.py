@@ -31,7 +31,7 @@ def matmul_depth(model, a):
         why = f"a BatchMatMul fuses only into an ELEMWISE consumer, not {user.op}"
     return fuse_if(model, "matmul_depth", [a, cons[0]], [
         need(lambda: not external and not model.is_output(a),
-             lambda: f"{mm.name} is used outside the kernel"),
+             lambda: f"{a.name} is used outside the kernel"),  # a = just the matmul
         need(lambda: ok, lambda: why),
         need(lambda: model.kind(cons[0]) <= OpKind.BROADCAST,
              lambda: f"kind mismatch: consumer {cons[0].name} is {model.kind(cons[0]).name}"),

@@ -88,8 +88,8 @@ def test_compiled_json_onnx_and_manifest_keep_input_and_output_names(tmp_path, l
     manifest = json.loads((out / "manifest.json").read_text())
     assert [v["name"] for v in manifest["inputs"]] == ["hidden"]
     assert [v["name"] for v in manifest["outputs"]] == ["logits", "probs"]
-    written = {w for k in manifest["kernels"] for w in k["writes"]}
-    read = {r for k in manifest["kernels"] for r in k["reads"]}
+    written = {w for k in manifest["instances"] for w in k["writes"]}
+    read = {r for k in manifest["instances"] for r in k["reads"]}
     assert {"logits", "probs"} <= written and "hidden" in read
     onnx = pytest.importorskip("onnx")
     model = onnx.load(tmp_path / "fused.onnx")

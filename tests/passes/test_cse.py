@@ -31,3 +31,17 @@ def test_does_not_merge_assign_or_opaque():
     g.set_outputs([v])
     h, res = apply_pass("cse", g)
     assert res.rewrites == 0 and h.has_node("u2")
+
+
+def test_merges_equal_constants_of_every_dtype_only():
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 3), "float16"))
+    w = np.arange(6, dtype=np.float16).reshape(2, 3)
+    c1, c2 = g.const(w, name="c1"), g.const(w.copy(), name="c2")
+    c3 = g.const(np.asfortranarray(w), name="c3")  # the same values, laid out otherwise
+    c4 = g.const(w + np.float16(1), name="c4")
+    outs = [g.add_node("Mul", [x, c], name=f"m{i}").output for i, c in enumerate((c1, c2, c3, c4))]
+    g.set_outputs([g.add_node("AddN", outs, name="sum").output])
+    h, res = apply_pass("cse", g)
+    assert [n.name for n in h.nodes if n.op == "Constant"] == ["c1", "c4"]
+    assert_same_results(g, h)

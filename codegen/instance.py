@@ -1,0 +1,81 @@
+"""One schedule for kernels of equal bodies: plan and lower a body once, then carry the
+schedule over to every other kernel whose body has the same structure (``body_signature``:
+ops, attributes, types and edges by position, no names).
+
+The planner decides from structure alone; names reach a schedule only through its kernel's
+node name, its C symbol and the value names in its notes. So the schedule of a second kernel
+is the first one's with every node and value replaced by the one at the same position in its
+own body, and those names redone. ``lowered`` is left to be computed when it is rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from graphkernel.codegen.decompose import decompose
+from graphkernel.codegen.schedule import (
+    REDUCE_OPS,
+    KernelIO,
+    Schedule,
+    io_notes,
+    kernel_symbol,
+)
+from graphkernel.ir import Graph, Node
+
+
+def body_of(s: Schedule) -> Graph | None:
+    """The (decomposed) body whose nodes and values ``s`` refers to."""
+    for io in s.inputs:
+        return io.value.graph
+    return s.steps[0].graph if s.steps else None
+
+
+def rebind(s: Schedule, kernel: Node) -> Schedule | None:
+    """``s`` (a schedule of a kernel whose body has the same signature as ``kernel``'s) as
+    ``kernel``'s own schedule; None when the bodies do not line up node for node."""
+    src = body_of(s)
+    own, _ = decompose(kernel.subgraph)
+    if src is None or len(src.inputs) != len(own.inputs) or len(src) != len(own):
+        return None
+    obj: dict[int, object] = {}
+    for a, b in zip(src.inputs, own.inputs, strict=True):
+        obj[id(a)] = b
+    for a, b in zip(src.nodes, own.nodes, strict=True):
+        if a.op != b.op or len(a.outputs) != len(b.outputs):
+            return None
+        obj[id(a)] = b
+        for va, vb in zip(a.outputs, b.outputs, strict=True):
+            obj[id(va)] = vb
+    variant = None
+    if s.variant is not None:  # planned over a body of its own
+        variant = rebind(s.variant, kernel)
+        if variant is None:
+            return None
+    try:
+        moved = _moved(s, obj, kernel_symbol(kernel), kernel.name)
+    except KeyError:  # the schedule refers to something outside its body
+        return None
+    if variant is not None:
+        variant.name = f"{moved.name}_rc"
+    moved.variant = variant
+    return moved
+
+
+def _moved(s: Schedule, obj: dict[int, object], name: str, node: str) -> Schedule:
+    def m(x):
+        return obj[id(x)]
+
+    def io(x: KernelIO) -> KernelIO:
+        return replace(x, value=m(x.value), local=None if x.local is None else m(x.local),
+                       pieces=tuple((m(v), b, p) for v, b, p in x.pieces))
+
+    inputs = [io(x) for x in s.inputs]
+    return replace(
+        s, node=node, name=name, inputs=inputs, outputs=[io(x) for x in s.outputs],
+        steps=[m(n) for n in s.steps],
+        kind={id(obj[k]): v for k, v in s.kind.items()},
+        root={id(obj[k]): m(v) for k, v in s.root.items()},
+        scalars={id(obj[k]): v for k, v in s.scalars.items()},
+        final={id(obj[k]) for k in s.final},
+        notes=io_notes(inputs, any(n.op in REDUCE_OPS for n in s.steps)),
+        lowered=None, variant=None)

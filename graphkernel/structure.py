@@ -1,0 +1,107 @@
+"""Structural keys: what a piece of graph computes, without its names.
+
+Two pieces with equal keys are interchangeable for the pass that made the key, so that pass
+can decide once and reuse the decision (the split pass for its regions):
+
+- ``attr_key``: a hashable form of an attribute value (an array by dtype, shape and digest).
+- ``region_signature``: everything the split model and the built-in fusion patterns read of
+  a region: its nodes in order (op, attributes, output types), every edge by position inside
+  the region, and what lies outside only as far as the patterns look (the types of outside
+  inputs, which outside node uses what, graph outputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphkernel import ops
+from graphkernel.ir import DType, Graph, Node
+from graphkernel.ops import OpKind
+
+
+def array_digest(a: np.ndarray) -> bytes:
+    """A digest of an array's bytes (no copy of a contiguous array; as bytes, since not
+    every dtype, float16 for one, can be handed over as a typed buffer)."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return hashlib.sha1(flat.view(np.uint8)).digest()
+
+
+def attr_key(v: Any) -> Any:
+    """A hashable, comparable form of an attribute value: equal keys, equal values (arrays
+    are keyed by dtype, shape and a SHA-1 digest of their bytes)."""
+    if isinstance(v, np.ndarray):
+        return ("array", DType.parse(v.dtype).value, v.shape, array_digest(v))
+    if isinstance(v, Graph):
+        return ("graph", str(v))
+    if isinstance(v, list | tuple):
+        return tuple(attr_key(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, attr_key(x)) for k, x in v.items()))
+    return v
+
+
+def attrs_key(attrs: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, attr_key(v)) for k, v in attrs.items()))
+
+
+def _scalar_const(v) -> bool:
+    p = v.producer
+    return p is not None and p.op == "Constant" and p.attrs["value"].size == 1
+
+
+def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
+    """The structure of ``region`` (nodes in topological order) as the split model sees it;
+    ``outputs`` holds id() of the graph's outputs. Outside nodes and values are numbered in
+    the order they are met, so which outside node reads which value is kept."""
+    index = {id(n): i for i, n in enumerate(region)}
+    outside: dict[int, int] = {}
+
+    def ext(x: object) -> int:
+        return outside.setdefault(id(x), len(outside))
+
+    def beyond(u: Node) -> Any:
+        """An outside user as matmul_depth sees it: its op and, through reshape views with a
+        single user, the node they lead to."""
+        if ops.get(u.op).kind != OpKind.RESHAPE or not u.outputs:
+            return u.op
+        users = u.outputs[0].users
+        if len(users) != 1:
+            return (u.op, len(users))
+        w = users[0]
+        j = index.get(id(w))
+        return (u.op, 1, j if j is not None else beyond(w))
+
+    parts = []
+    for n in region:
+        ins = []
+        for v in n.inputs:
+            p = v.producer
+            j = index.get(id(p)) if p is not None else None
+            ins.append((j, v.index) if j is not None else
+                       (-1, ext(v), v.type, _scalar_const(v)))
+        outs = []
+        for v in n.outputs:
+            uses = tuple((j, k) if (j := index.get(id(u))) is not None else
+                         (-1, ext(u), k, beyond(u)) for u, k in v.uses)
+            outs.append((v.type, id(v) in outputs, uses))
+        parts.append((n.op, attrs_key(n.attrs), tuple(ins), tuple(outs)))
+    return tuple(parts)
+
+
+def body_signature(sub: Graph) -> tuple:
+    """The structure of a kernel body without its names: its inputs' types, its nodes in
+    order (op, attributes, inputs by position, output types) and its outputs by position.
+    Bodies with equal signatures get the same schedule, tiling and code but for names."""
+    where: dict[int, tuple[int, int]] = {id(v): (-1, i) for i, v in enumerate(sub.inputs)}
+    parts = []
+    for j, n in enumerate(sub.nodes):
+        parts.append((n.op, attrs_key(n.attrs), tuple(where[id(v)] for v in n.inputs),
+                      tuple(v.type for v in n.outputs)))
+        for k, v in enumerate(n.outputs):
+            where[id(v)] = (j, k)
+    return (tuple((v.type, v.mutable) for v in sub.inputs), tuple(parts),
+            tuple(where[id(v)] for v in sub.outputs))

@@ -1,0 +1,138 @@
+"""Kernels of equal bodies are planned, rendered and built once: the schedule carried over to
+an equal kernel must be the one planning that kernel gives, the kernel project must list every
+instance against its shared code, and the simulator must run every instance correctly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen import targets
+from graphkernel.codegen.ascendc import render
+from graphkernel.codegen.backend import run_sim, schedules, shared_kernels, write_project
+from graphkernel.interpreter import Interpreter
+from graphkernel.passes.codegen import check
+from graphkernel.structure import body_signature
+
+
+def chains(n: int) -> Graph:
+    """``n`` equal chains (scale, bias, tanh, a row sum; a softmax-like row normalisation),
+    each reading its own input, with names of their own."""
+    g = Graph("chains")
+    outs = []
+    for i in range(n):
+        x = g.add_input(f"x{i}", TensorType((16, 64), "float32"))
+        h = g.add_node("Mul", [x, g.const(np.float32(0.5))], name=f"c{i}.scale").output
+        h = g.add_node("Add", [h, g.const(np.full(64, 0.25, np.float32))], name=f"c{i}.bias").output
+        h = g.add_node("Tanh", [h], name=f"c{i}.tanh").output
+        s = g.add_node("ReduceSum", [h], {"axis": [1], "keep_dims": True}, name=f"c{i}.sum").output
+        outs.append(g.add_node("Div", [h, s], name=f"c{i}.norm").output)
+    g.set_outputs(outs)
+    return g
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return graphkernel.compile(chains(3), "--opt_level=2", env={})
+
+
+def test_equal_bodies_share_one_kernel(compiled):
+    kernels = [n for n in compiled.graph.nodes if n.op == "GraphKernel"]
+    bodies: dict[tuple, list[str]] = {}
+    for k in kernels:
+        bodies.setdefault(body_signature(k.subgraph), []).append(k.name)
+    assert len(kernels) == 6 and sorted(map(len, bodies.values())) == [3, 3]
+    # each body's first kernel keeps its code, the others run it
+    want = {name: names[0] for names in bodies.values() for name in names[1:]}
+    assert shared_kernels(compiled) == want
+    assert compiled.report.extra["codegen"]["distinct_kernels"] == 2
+    assert compiled.report.extra["codegen"]["kernels"] == 6
+
+
+def test_carried_over_schedule_is_the_planned_one(compiled):
+    """Rendering a kernel's carried-over schedule gives, byte for byte, what planning the
+    kernel afresh gives (its own names, symbol and notes included)."""
+    spec = targets.load("ascend910b")
+    scheds = schedules(compiled)
+    for name, owner in shared_kernels(compiled).items():
+        node = compiled.graph.node(name)
+        mine, fresh = render(scheds[name]), render(check(node, spec))
+        assert mine.files == fresh.files
+        assert mine.manifest == fresh.manifest
+        assert scheds[name].name != scheds[owner].name
+
+
+def test_body_signature_ignores_names_not_values():
+    a, b = chains(1), chains(1)
+    b.rename_value(b.inputs[0], "renamed")
+    b.rename_value(b.node("c0.tanh").output, "renamed_too")
+    sig = [body_signature(g) for g in (a, b)]
+    assert sig[0] == sig[1]
+    c = chains(1)
+    bias = c.node("c0.bias").inputs[1].producer
+    bias.attrs["value"] = np.full(64, 0.5, np.float32)  # another constant: another body
+    assert body_signature(c) != sig[0]
+
+
+def test_project_lists_every_instance_against_shared_code(compiled, tmp_path):
+    write_project(compiled, tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["format"] == "graphkernel-kernels/2"
+    names = sorted(n.name for n in compiled.graph.nodes if n.op == "GraphKernel")
+    shared = shared_kernels(compiled)
+    assert len(m["kernels"]) == 2
+    assert sorted(n for k in m["kernels"] for n in k["instances"]) == names
+    assert [i["node"] for i in m["instances"]] == names
+    symbol = {i["node"]: i["kernel"] for i in m["instances"]}
+    assert all(symbol[k] == symbol[o] for k, o in shared.items())
+    assert sorted(p.name for p in (tmp_path / "kernels").glob("*.cpp")) == sorted(
+        f"{k['name']}{end}" for k in m["kernels"] for end in (".cpp", "_tiling.cpp"))
+    for inst in m["instances"]:  # each instance's own buffers, by its own value names
+        sub = compiled.graph.node(inst["node"]).subgraph
+        assert [io["name"] for io in inst["inputs"]] == [v.name for v in sub.inputs]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_every_instance_runs_the_shared_code_correctly(compiled):
+    rng = np.random.default_rng(1)
+    feeds = {v.name: rng.standard_normal((16, 64)).astype(np.float32)
+             for v in compiled.graph.inputs}
+    got, backend = run_sim(compiled, feeds)
+    want = Interpreter(chains(3)).run(feeds)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert len(backend.stats) == 6 and len({st.name for st in backend.stats.values()}) == 2
+
+
+def test_refusals_carried_over_as_checking_each_kernel_gives(monkeypatch):
+    """Equal matmul-epilogue kernels the generator refuses: the refusal is decided once and
+    the fallbacks (reasons, actions, the kernels they leave) are those of checking each."""
+    from graphkernel.passes import codegen as codegen_pass
+
+    def layers() -> Graph:
+        g = Graph("mm")
+        x = g.add_input("x", TensorType((32, 64), "float32"))
+        w = g.const(np.full((64, 64), 0.01, np.float32))
+        for i in range(3):
+            h = g.add_node("MatMul", [x, w], name=f"l{i}.mm").output
+            h = g.add_node("Add", [h, g.const(np.float32(1.0))], name=f"l{i}.add").output
+            x = g.add_node("Tanh", [h], name=f"l{i}.tanh").output
+        g.set_outputs([x])
+        return g
+
+    checks = []
+    real = codegen_pass.check
+    monkeypatch.setattr(codegen_pass, "check", lambda k, s: checks.append(k.name) or real(k, s))
+    once = graphkernel.compile(layers(), "--opt_level=2", env={})
+    n_once = len(checks)
+    monkeypatch.setattr(codegen_pass, "_refusal", lambda kernel, e: None)
+    monkeypatch.setattr(codegen_pass, "rebind", lambda s, kernel: None)
+    each = graphkernel.compile(layers(), "--opt_level=2", env={})
+    assert once.report.extra["fallbacks"] and len(checks) - n_once > n_once
+    assert once.report.extra["fallbacks"] == each.report.extra["fallbacks"]
+    assert str(once.graph) == str(each.graph)
