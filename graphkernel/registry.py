@@ -1,6 +1,8 @@
-"""Registries of passes, expanders and fusion patterns, filled by decorators on import.
+"""Registries of passes, expanders and fusion patterns, filled on import.
 
-Third-party code registers its own passes the same way graphkernel does::
+graphkernel's own passes are registered from one table, ``graphkernel.passes.PIPELINE``
+(``register_steps``). Third-party code registers a pass with a decorator, placing it by its
+stage and ``order`` among the table's rows::
 
     from graphkernel.registry import register_pass, PassResult
 
@@ -25,7 +27,7 @@ exception it raises while running is reported as the plugin's (``PluginError``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +140,36 @@ def register_pass(name: str, stage: str, level: int = 1, order: float = 50.0,
         return fn
 
     return deco
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of a pipeline table: ``fn`` (a pass; its name is the function's) runs in
+    ``stage`` at ``order`` from ``level`` on; ``feature`` names the flag that switches it
+    whatever the level; a ``required`` pass cannot be turned off."""
+
+    stage: str
+    order: float
+    fn: PassFn
+    level: int
+    feature: str | None = None
+    required: bool = False
+
+
+def register_steps(steps: Sequence[Step]) -> None:
+    """Register the passes of a pipeline table. A function listed in several rows is one
+    pass run several times: its first row places it, the others are its extra runs."""
+    firsts: dict[PassFn, Step] = {}
+    extra: dict[PassFn, list[tuple[str, float]]] = {}
+    for st in steps:
+        if st.fn in firsts:
+            extra[st.fn].append((st.stage, st.order))
+        else:
+            firsts[st.fn], extra[st.fn] = st, []
+    for fn, st in firsts.items():
+        feature = (st.feature, st.level) if st.feature else None
+        register_pass(fn.__name__, st.stage, st.level, st.order, st.required, feature,
+                      tuple(extra[fn]))(fn)
 
 
 def _register_in(table: dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:

@@ -1,9 +1,9 @@
-"""The passes of the pipeline, one module each, registered with their stage and level
-(``graphkernel.registry.register_pass``): expansion, simplification, clustering, the split into
-GraphKernel nodes, post-fusion rewrites and code generation. Importing this package registers
-every one of them; ``graphkernel passes`` lists them in pipeline order."""
+"""The passes of the pipeline, one module each: expansion, simplification, clustering, the split
+into GraphKernel nodes, post-fusion rewrites and code generation. ``PIPELINE`` below is the
+whole pipeline in the order it runs; importing this package registers it
+(``graphkernel passes`` shows it with what is on at each level and why)."""
 
-from graphkernel.passes import (  # noqa: F401
+from graphkernel.passes import (
     arith_simplify,
     axis_normalize,
     cast_elim,
@@ -22,3 +22,32 @@ from graphkernel.passes import (  # noqa: F401
     transpose_elim,
     validate,
 )
+from graphkernel.registry import Step, register_steps
+
+# Read top to bottom. ``order`` places a plugin's pass among these (a plugin registered with
+# stage="simplify", order=55 runs between transpose_elim and cast_elim); ``level`` is the
+# lowest opt_level that runs the pass; ``feature`` is the flag that switches it whatever the
+# level. A pass listed twice runs twice (selected as dce:1, dce:2).
+PIPELINE = (
+    #    stage        order  pass                                level
+    Step("preprocess", 0, validate.validate, 0, required=True),
+    Step("preprocess", 10, axis_normalize.axis_normalize, 1),
+    Step("expand", 10, expand.expand, 1),
+    Step("expand", 90, dce.dce, 1),
+    Step("simplify", 10, constant_fold.constant_fold, 2),
+    Step("simplify", 20, arith_simplify.arith_simplify, 2),
+    Step("simplify", 30, cse.cse, 2),
+    Step("simplify", 40, reshape_elim.reshape_elim, 2),
+    Step("simplify", 50, transpose_elim.transpose_elim, 2),
+    Step("simplify", 60, cast_elim.cast_elim, 2),
+    Step("simplify", 90, dce.dce, 1),
+    Step("cluster", 10, cluster.cluster, 1),
+    Step("split", 10, split.split, 1),
+    Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
+    Step("postfusion", 10, parallel_fusion.parallel_fusion, 3, feature="enable_parallel_fusion"),
+    Step("postfusion", 30, promote_precision.promote_precision, 2),
+    Step("postfusion", 50, super_kernel.super_kernel, 3, feature="enable_super_kernel"),
+    Step("codegen", 50, codegen.codegen, 1),
+)
+
+register_steps(PIPELINE)

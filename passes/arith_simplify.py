@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.passes.rewrite import add_like, replace_with, splat
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 Rewrite = Callable[[Graph, Node], Value | None]
 
@@ -104,7 +104,6 @@ for _r in RULES:
     RULES_BY_OP.setdefault(_r.op, []).append(_r)
 
 
-@register_pass("arith_simplify", stage="simplify", level=2, order=20)
 def arith_simplify(graph, ctx) -> PassResult:
     """Rewrite by the numbered rules in RULES (x*1 -> x, -(-x) -> x, x+(-y) -> x-y …)."""
     counts: dict[str, int] = {}

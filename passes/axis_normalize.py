@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.ir import Node
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 _REDUCE = {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}
 _INT_AXIS = {"ArgMax", "ArgMin", "Concat", "Split", "Gather", "CumSum"}
@@ -39,7 +39,6 @@ def normalized(node: Node) -> dict[str, Any] | None:
     return a if a != node.attrs else None
 
 
-@register_pass("axis_normalize", stage="preprocess", level=1, order=10)
 def axis_normalize(graph, ctx) -> PassResult:
     """Rewrite negative axes to positive, sort reduce axes, make implicit axes explicit."""
     changed = 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphkernel.ir import DType
 from graphkernel.passes.rewrite import replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 
 def removable_round_trip(src: DType, mid: DType) -> bool:
@@ -31,7 +31,6 @@ def removable_round_trip(src: DType, mid: DType) -> bool:
 
 
 
-@register_pass("cast_elim", stage="simplify", level=2, order=60)
 def cast_elim(graph, ctx) -> PassResult:
     """Rewrite Cast(x, x.dtype) -> x and Cast(Cast(x, A), x.dtype) -> x."""
     changed = 0

@@ -9,7 +9,7 @@ from graphkernel.codegen import cost
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
 from graphkernel.ir import Node
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 
 
 @dataclass
@@ -19,7 +19,6 @@ class ClusterInfo:
     fusable: set[int] = field(default_factory=set)
 
 
-@register_pass("cluster", stage="cluster", level=1, order=10)
 def cluster(graph, ctx) -> PassResult:
     """Mark nodes the cluster-op lists, skip lists and dtypes allow, and group them into
     convex regions (no path between two nodes of a region leaves it); never rewrites."""

@@ -25,7 +25,7 @@ from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 from graphkernel.structure import body_signature
 
 
@@ -222,7 +222,6 @@ def _shared(scheds: dict[str, Schedule], signature: dict[str, tuple], live: set[
     return shared
 
 
-@register_pass("codegen", stage="codegen", level=1, order=50)
 def codegen(graph, ctx) -> PassResult:
     """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
     the reason)."""

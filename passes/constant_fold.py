@@ -5,7 +5,7 @@ from __future__ import annotations
 from graphkernel.interpreter import Interpreter
 from graphkernel.ir import Graph, Node
 from graphkernel.passes.rewrite import const_array, replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 _NEVER = {"Constant", "Opaque", "Assign", "GraphKernel"}
 GROWTH_LIMIT = 1 << 16  # bytes a fold may add beyond its inputs (no huge broadcasts)
@@ -32,7 +32,6 @@ def evaluate(node: Node) -> list:
     return Interpreter(g).run({})
 
 
-@register_pass("constant_fold", stage="simplify", level=2, order=10)
 def constant_fold(graph, ctx) -> PassResult:
     """Rewrite op(constants...) -> Constant when the result is not much larger than its inputs."""
     folded = 0

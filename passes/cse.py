@@ -5,7 +5,7 @@ from __future__ import annotations
 from graphkernel import ops
 from graphkernel.ir import Node
 from graphkernel.passes.rewrite import merge_origin, replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 from graphkernel.structure import attrs_key
 
 _NEVER = {"Assign", "Opaque"}  # side effects, or external code we cannot compare
@@ -15,7 +15,6 @@ def node_key(node: Node) -> tuple:
     return (node.op, tuple(id(v) for v in node.inputs), attrs_key(node.attrs))
 
 
-@register_pass("cse", stage="simplify", level=2, order=30)
 def cse(graph, ctx) -> PassResult:
     """Rewrite a node -> an earlier identical node (same op, inputs and attributes)."""
     seen: dict[tuple, Node] = {}

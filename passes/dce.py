@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from graphkernel import ops
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 
-@register_pass("dce", stage="simplify", level=1, order=90, extra_runs=(("expand", 90),))
 def dce(graph, ctx) -> PassResult:
     """Remove node -> nothing when no output is used and it writes no parameter."""
     outputs = {id(v) for v in graph.outputs}

@@ -6,7 +6,7 @@ from graphkernel import ops, registry
 from graphkernel.expanders.base import expand_node
 from graphkernel.flags import Config
 from graphkernel.passes.rewrite import replace_with
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 
 
 def default_expand_ops() -> list[str]:
@@ -22,7 +22,6 @@ def expand_list(cfg: Config) -> set[str]:
     return (set(default_expand_ops()) | set(cfg.enable_expand_ops)) - set(cfg.disable_expand_ops)
 
 
-@register_pass("expand", stage="expand", level=1, order=10)
 def expand(graph, ctx) -> PassResult:
     """Rewrite composite op -> its basic-op expansion, for ops on the expand list.
 

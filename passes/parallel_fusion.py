@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import merge_parallel, next_kernel_name
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 
 
 def reaches(graph: Graph, src: Node, dst: Node, order: dict[int, int]) -> bool:
@@ -26,8 +26,6 @@ def _ops(k: Node) -> int:
     return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
 
 
-@register_pass("parallel_fusion", stage="postfusion", level=3, order=10,
-               feature=("enable_parallel_fusion", 3))
 def parallel_fusion(graph, ctx) -> PassResult:
     """Rewrite two kernels that share an input and do not depend on each other -> one kernel
     launching both (nvFuser's horizontal mode), within composite_op_limit_size."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.ir import DType, Graph, Node, Value
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 LOW = (DType.float16, DType.bfloat16)
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D"})  # the cube unit takes fp16 as it is
@@ -71,7 +71,6 @@ def _promote(kernel: Node) -> Graph | None:
     return new
 
 
-@register_pass("promote_precision", stage="postfusion", level=2, order=30)
 def promote_precision(graph, ctx) -> PassResult:
     """Inside each kernel, compute fp16/bf16 in fp32 and round only at the kernel's outputs
     (what the generated code does; AutoFuse's accuracy guarantee). enable_low_precision keeps

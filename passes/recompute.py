@@ -6,7 +6,7 @@ from graphkernel import ops
 from graphkernel.fusion import nbytes
 from graphkernel.kernels import inline_producer, kernel_body
 from graphkernel.ops import OpKind
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 MAX_OPS = 8          # a producer worth recomputing is a short elementwise/broadcast chain
 MAX_INPUT_RATIO = 0.5  # ... whose inputs are at most half the size of the value it produces
@@ -36,8 +36,6 @@ def gain(producer, value, consumers) -> int:
     return write + len(consumers) * (v_bytes - in_bytes)
 
 
-@register_pass("recompute", stage="split", level=2, order=20,
-               feature=("enable_recompute_fusion", 2))
 def recompute(graph, ctx) -> PassResult:
     """Rewrite kernel(value of cheap producer P) -> kernel(P recomputed inside) when P is a
     short elementwise/broadcast chain whose inputs are much smaller than its output (a

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from graphkernel.passes.rewrite import add_like, replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 RESHAPES = {"Reshape", "ExpandDims", "Squeeze"}  # row-major views: only the shape changes
 
 
-@register_pass("reshape_elim", stage="simplify", level=2, order=40)
 def reshape_elim(graph, ctx) -> PassResult:
     """Rewrite reshape(x) -> x when shapes match; reshape(reshape(x)) -> reshape(x)."""
     changed = 0

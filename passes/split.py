@@ -12,7 +12,7 @@ from graphkernel.flags import Config
 from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 from graphkernel.structure import region_signature
 from graphkernel.traffic import VIEWS
 
@@ -170,7 +170,6 @@ def replayable(cfg: Config, patterns: list[Pattern]) -> bool:
         p.fn.__module__.startswith("graphkernel.patterns.") for p in patterns)
 
 
-@register_pass("split", stage="split", level=1, order=10)
 def split(graph, ctx) -> PassResult:
     """Rewrite each group of fused nodes -> one GraphKernel node, by the split model: the
     patterns run one at a time in a fixed order over each region's areas. Regions of equal

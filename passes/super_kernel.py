@@ -4,11 +4,9 @@ from the kernels it could generate, and renders each group as one launch)."""
 from __future__ import annotations
 
 from graphkernel.codegen.superkernel import form_groups
-from graphkernel.registry import PassResult, counted, register_pass
+from graphkernel.registry import PassResult, counted
 
 
-@register_pass("super_kernel", stage="postfusion", level=3, order=50,
-               feature=("enable_super_kernel", 3))
 def super_kernel(graph, ctx) -> PassResult:
     """Merge consecutive statically shaped kernels of a scope (super_kernel_scope: node-name
     prefixes or globs; every run of kernels when none is given) into one SuperKernel launch,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from graphkernel.passes.rewrite import add_like, replace_with
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 
-@register_pass("transpose_elim", stage="simplify", level=2, order=50)
 def transpose_elim(graph, ctx) -> PassResult:
     """Rewrite T(T(x, p1), p2) -> T(x, p1[p2]) and T(x, identity) -> x."""
     changed = 0

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from graphkernel.registry import PassResult, register_pass
+from graphkernel.registry import PassResult
 
 
-@register_pass("validate", stage="preprocess", level=0, order=0, required=True)
 def validate(graph, ctx) -> PassResult:
     """Check types, shapes, acyclicity and use-lists; never rewrites."""
     graph.validate()
