@@ -24,7 +24,7 @@ CORRUPT: list[Callable[[str, dict[str, str]], dict[str, str]]] = []
 
 def schedules(result: Any) -> dict[str, Schedule]:
     """The codegen pass's schedules of the kernels still in ``result.graph``."""
-    scheds = result.analyses.get("codegen", {})
+    scheds = result.analyses.codegen
     names = {n.name for n in result.graph.nodes if n.op == "GraphKernel"}
     return {k: s for k, s in scheds.items() if k in names}
 
@@ -33,7 +33,7 @@ def shared_kernels(result: Any) -> dict[str, str]:
     """Kernels of ``result.graph`` that run another kernel's code (an equal body): kernel ->
     the kernel whose code it runs (the codegen pass's ``codegen_shared``)."""
     scheds = schedules(result)
-    return {k: o for k, o in result.analyses.get("codegen_shared", {}).items()
+    return {k: o for k, o in result.analyses.codegen_shared.items()
             if k in scheds and o in scheds}
 
 
@@ -64,7 +64,7 @@ def render_supers(result: Any, rendered: Sequence[Rendered]) -> list[Any]:
 
     by_node = {r.schedule.node: r for r in rendered}
     out = []
-    for g in result.analyses.get("super_kernels", []):
+    for g in result.analyses.super_kernels:
         subs = [by_node[k.name] for k in g.members]
         out.append(SuperRendered(symbol(g, subs), g, subs, render_super(g, subs)))
     return out

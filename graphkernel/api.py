@@ -11,7 +11,7 @@ from typing import Any
 from graphkernel.dump import Dumper
 from graphkernel.flags import Config, resolve
 from graphkernel.ir import Graph
-from graphkernel.pipeline import PassManager, RunReport, name_checker, plan, report_count
+from graphkernel.pipeline import Analyses, PassManager, RunReport, name_checker, plan, report_count
 
 
 @dataclass
@@ -21,7 +21,7 @@ class CompileResult:
     graph: Graph
     report: RunReport
     config: Config
-    analyses: dict[str, Any] = field(default_factory=dict)
+    analyses: Analyses = field(default_factory=Analyses)
     applications: list[Any] = field(default_factory=list)  # every numbered rewrite
     dumps: list[Path] = field(default_factory=list)  # files written by dump_as_text
 

@@ -13,8 +13,8 @@ def _matches(name: str, query: str) -> bool:
 
 
 def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
-    attempts = res.analyses.get("fusion_attempts", [])
-    info = res.analyses.get("cluster")
+    attempts = res.analyses.fusion_attempts
+    info = res.analyses.cluster
     reasons = dict(info.reasons) if info is not None else {}
     kernels = [{"name": n.name, "pattern": n.attrs["pattern"], "origin": list(n.origin),
                 "nodes": [m.name for m in n.subgraph.nodes if m.op != "Constant"]}

@@ -57,10 +57,10 @@ def kernel_name(nodes: Sequence[Node], counter: int, pattern: str) -> str:
     return f"{pattern_of(pattern)}_{first.lower()}_{counter}"
 
 
-def next_kernel_name(analyses: dict[str, Any], nodes: Sequence[Node], pattern: str) -> str:
-    """``kernel_name`` with the compile's running kernel counter (kept in ``analyses``)."""
-    analyses["kernel_counter"] = analyses.get("kernel_counter", 0) + 1
-    return kernel_name(nodes, analyses["kernel_counter"], pattern)
+def next_kernel_name(analyses: Any, nodes: Sequence[Node], pattern: str) -> str:
+    """``kernel_name`` with the compile's running kernel counter (``Analyses.kernel_counter``)."""
+    analyses.kernel_counter += 1
+    return kernel_name(nodes, analyses.kernel_counter, pattern)
 
 
 def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -> Node:

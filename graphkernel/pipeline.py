@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphkernel import ops, progress, registry
 from graphkernel.dump import Dumper
@@ -29,6 +29,12 @@ from graphkernel.flags import Config, rank
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import check_dir, file_name
 from graphkernel.registry import STAGES, PassInfo, PassResult
+
+if TYPE_CHECKING:  # the analyses' types belong to the passes that compute them
+    from graphkernel.codegen.schedule import Schedule
+    from graphkernel.codegen.superkernel import Group
+    from graphkernel.fusion import Attempt
+    from graphkernel.passes.cluster import ClusterInfo
 
 
 class PassFailure(GraphKernelError):
@@ -275,6 +281,26 @@ def report_count(applications: int) -> None:
             f.write(f"{applications}\n")
 
 
+@dataclass
+class Analyses:
+    """What a pass hands to later passes and to the caller (``CompileResult.analyses``), each
+    field named for what it holds and written by one pass. ``invalidate`` resets fields to
+    their empty value: a pass that recomputes an analysis starts from nothing."""
+
+    cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
+    fusion_attempts: list[Attempt] = field(default_factory=list)  # split: every candidate
+    kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
+    super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run
+    super_kernels: list[Group] = field(default_factory=list)  # codegen: SuperKernel groups
+    codegen: dict[str, Schedule] = field(default_factory=dict)  # codegen: kernel -> schedule
+    codegen_shared: dict[str, str] = field(default_factory=dict)  # kernel -> first of its body
+
+    def invalidate(self, *names: str) -> None:
+        fresh = Analyses()
+        for name in names:
+            setattr(self, name, getattr(fresh, name))
+
+
 class PassContext:
     """What a pass may use: the flags, the target, a logger, and the bisect counter."""
 
@@ -287,8 +313,7 @@ class PassContext:
         self.current_pass = ""
         self.rewrites = 0
         self.notes: list[str] = []
-        # analyses one pass hands to a later one (e.g. cluster regions for split)
-        self.analyses: dict[str, Any] = {}
+        self.analyses = Analyses()
         # top-level report entries a pass contributes (e.g. GM-traffic figures)
         self.report_extra: dict[str, Any] = {}
         self.dumper: Dumper | None = None
@@ -357,6 +382,9 @@ class PassManager:
         self.decisions = plan(cfg, self.slots)
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.check_each_pass = check_each_pass or CHECK_EACH_PASS
+        # called with (graph, ctx) after the last pass (final report figures); this
+        # manager's own list, starting from the pipeline table's
+        self.finish_hooks: list[Callable[[Graph, PassContext], None]] = list(registry.FINISH)
         dump_to = dump_dir if dump_dir is not None else (cfg.debug_dir if cfg.dump_as_text
                                                          else None)
         if dump_to is not None:
@@ -399,7 +427,7 @@ class PassManager:
                     shown.advance()
         report.seconds = time.perf_counter() - t_start
         report.nodes_after = len(graph)
-        for hook in FINISH_HOOKS:
+        for hook in self.finish_hooks:
             hook(graph, ctx)
         report.extra.update(ctx.report_extra)
         report.bisect_applications = bisect.count
@@ -481,6 +509,3 @@ def _blame(s: PassSlot, message: str) -> GraphKernelError:
 # Tests switch this on so that every pass's output is validated and a broken
 # invariant names the pass that broke it.
 CHECK_EACH_PASS = False
-
-# Called with (graph, ctx) after the last pass, to add final figures to the report.
-FINISH_HOOKS: list[Callable[[Graph, PassContext], None]] = []

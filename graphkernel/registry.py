@@ -87,6 +87,7 @@ class PassInfo:
 PASSES: dict[str, PassInfo] = {}
 EXPANDERS: dict[str, Any] = {}
 PATTERNS: dict[str, Any] = {}
+FINISH: list[Callable[[Any, Any], None]] = []  # after the last pass (register_steps)
 # Where each expander/pattern was registered ("file:line"), for duplicate-name errors.
 _SOURCES: dict[tuple[str, str], str] = {}
 # Source files of plugin code: an exception raised in one of them is the plugin's.
@@ -156,9 +157,12 @@ class Step:
     required: bool = False
 
 
-def register_steps(steps: Sequence[Step]) -> None:
+def register_steps(steps: Sequence[Step], finish: Sequence[Callable[[Any, Any], None]] = ()
+                   ) -> None:
     """Register the passes of a pipeline table. A function listed in several rows is one
-    pass run several times: its first row places it, the others are its extra runs."""
+    pass run several times: its first row places it, the others are its extra runs.
+    ``finish`` are called with (graph, ctx) after the last pass of every run."""
+    FINISH.extend(finish)
     firsts: dict[PassFn, Step] = {}
     extra: dict[PassFn, list[tuple[str, float]]] = {}
     for st in steps:

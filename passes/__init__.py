@@ -50,4 +50,5 @@ PIPELINE = (
     Step("codegen", 50, codegen.codegen, 1),
 )
 
-register_steps(PIPELINE)
+# after the last pass: the final GM-traffic figures of the report
+register_steps(PIPELINE, finish=(split.traffic_summary,))

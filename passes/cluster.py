@@ -32,7 +32,7 @@ def cluster(graph, ctx) -> PassResult:
         elif n.op != "Constant":
             reasons[n.name] = why
     regions = form_regions(graph, fusable)
-    ctx.analyses["cluster"] = ClusterInfo(regions, reasons, fusable)
+    ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable)
     total, count, entries = traffic.summary(graph)
     spec = load_target(ctx.flags.target)
     vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}

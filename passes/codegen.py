@@ -4,7 +4,7 @@ A kernel the generator cannot handle falls back: when cube ops (MatMul, Conv2D) 
 they are split off and the vector epilogue is retried as its own kernel; otherwise the kernel
 is unfused. Each fallback is reported (``fallbacks`` in the report) with the reason, or is a
 CodegenError under ``disable_fallback``. The schedules are kept for rendering
-(``ctx.analyses["codegen"]``).
+(``ctx.analyses.codegen``).
 """
 
 from __future__ import annotations
@@ -184,12 +184,12 @@ def _super_kernels(graph, ctx, spec, scheds) -> None:
     """The SuperKernel groups over the kernels that were generated."""
     live = {n.name for n in graph.nodes if n.op == "GraphKernel"} & set(scheds)
     groups = []
-    for g in form_groups(graph, ctx.analyses["super_kernel_scopes"], live):
+    for g in form_groups(graph, ctx.analyses.super_kernel_scopes, live):
         names = [k.name for k in g.members]
         if ctx.should_apply(f"{g.name}: one launch for {', '.join(names)}", g.members):
             g.name = f"superkernel_{len(groups) + 1}"
             groups.append(g)
-    ctx.analyses["super_kernels"] = groups
+    ctx.analyses.super_kernels = groups
     saved = sum(g.launches_saved for g in groups)
     ctx.report_extra["super_kernels"] = [
         {"name": g.name, "kernels": [k.name for k in g.members],
@@ -207,10 +207,10 @@ def _super_kernels(graph, ctx, spec, scheds) -> None:
 def _shared(scheds: dict[str, Schedule], signature: dict[str, tuple], live: set[str], ctx
             ) -> dict[str, str]:
     """Kernels whose code is another's (equal bodies): kernel -> the first scheduled kernel
-    of its body, kept as ``ctx.analyses["codegen_shared"]``; rendering and the simulator
+    of its body, kept as ``ctx.analyses.codegen_shared``; rendering and the simulator
     generate each body once. SuperKernel members keep their own code (a SuperKernel source
     includes its members' sources)."""
-    grouped = {k.name for g in ctx.analyses.get("super_kernels", []) for k in g.members}
+    grouped = {k.name for g in ctx.analyses.super_kernels for k in g.members}
     first: dict[tuple, str] = {}
     shared = {}
     for name in scheds:  # in scheduling order: the first of each body owns the code
@@ -218,7 +218,7 @@ def _shared(scheds: dict[str, Schedule], signature: dict[str, tuple], live: set[
             owner = first.setdefault(signature[name], name)
             if owner != name:
                 shared[name] = owner
-    ctx.analyses["codegen_shared"] = shared
+    ctx.analyses.codegen_shared = shared
     return shared
 
 
@@ -226,7 +226,8 @@ def codegen(graph, ctx) -> PassResult:
     """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
     the reason)."""
     spec = targets.load(ctx.flags.target)
-    scheds: dict[str, Schedule] = ctx.analyses.setdefault("codegen", {})
+    ctx.analyses.invalidate("codegen", "codegen_shared", "super_kernels")  # recomputed here
+    scheds: dict[str, Schedule] = ctx.analyses.codegen
     fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
     changed = 0
     work = deque(n for n in graph.nodes if n.op == "GraphKernel")
@@ -285,7 +286,7 @@ def codegen(graph, ctx) -> PassResult:
                                           "per phase (a multi-phase reduction)")
     if changed:
         graph.remove_dead()  # scalar constants the split kernels copied inside
-    if "super_kernel_scopes" in ctx.analyses:
+    if ctx.analyses.super_kernel_scopes is not None:
         _super_kernels(graph, ctx, spec, scheds)
     live = {n.name for n in graph.nodes if n.op == "GraphKernel"}
     shared = _shared(scheds, signature, live, ctx)

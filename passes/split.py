@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from graphkernel import pipeline, traffic
+from graphkernel import traffic
 from graphkernel.codegen import cost
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.flags import Config
@@ -174,11 +174,12 @@ def split(graph, ctx) -> PassResult:
     """Rewrite each group of fused nodes -> one GraphKernel node, by the split model: the
     patterns run one at a time in a fixed order over each region's areas. Regions of equal
     structure (repeated layers) are decided once; the others replay the decisions."""
-    info = ctx.analyses.get("cluster")
+    info = ctx.analyses.cluster
     if info is None:
         return PassResult(False, 0, ["no candidate regions: the cluster pass did not run"])
     cfg = ctx.flags
-    attempts: list[Attempt] = ctx.analyses.setdefault("fusion_attempts", [])
+    ctx.analyses.invalidate("fusion_attempts")  # this run's candidates only
+    attempts: list[Attempt] = ctx.analyses.fusion_attempts
     if cfg.composite_op_limit_size == 0:
         return PassResult(False, 0, ["fusion off: composite_op_limit_size=0"])
     patterns, off = enabled_patterns(cfg)
@@ -210,7 +211,7 @@ def split(graph, ctx) -> PassResult:
                                          f"{counted(fused, 'fusion')} ({refused} refused)"])
 
 
-def _finish(graph, ctx) -> None:
+def traffic_summary(graph, ctx) -> None:
     """Final GM-traffic figures and, with dump_as_text, the cluster report."""
     total, count, kernels = traffic.summary(graph)
     extra = ctx.report_extra
@@ -227,7 +228,7 @@ def _finish(graph, ctx) -> None:
                  kernels=[k for k in kernels if k["op"] == "GraphKernel"],
                  modeled_us_fused=round(fused_us, 3), target=spec.name,
                  cost_model=cost.__doc__.strip().splitlines()[0])
-    attempts = ctx.analyses.get("fusion_attempts", [])
+    attempts = ctx.analyses.fusion_attempts
     extra["fusion_decisions"] = {"fused": sum(a.verdict == "fused" for a in attempts),
                                  "refused": sum(a.verdict != "fused" for a in attempts)}
     if ctx.dumper is not None:
@@ -240,5 +241,3 @@ def _finish(graph, ctx) -> None:
                 lines += [f"    {m}" for m in members]
         ctx.dumper.write_text("graph_kernel_cluster.txt", "\n".join(lines) or "(no kernels)")
 
-
-pipeline.FINISH_HOOKS.append(_finish)

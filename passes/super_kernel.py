@@ -12,7 +12,7 @@ def super_kernel(graph, ctx) -> PassResult:
     prefixes or globs; every run of kernels when none is given) into one SuperKernel launch,
     with an all-core barrier only between dependent kernels."""
     scopes = list(ctx.flags.super_kernel_scope)
-    ctx.analyses["super_kernel_scopes"] = scopes
+    ctx.analyses.super_kernel_scopes = scopes
     groups = form_groups(graph, scopes)
     n = sum(len(g.members) for g in groups)
     return PassResult(False, 0, [f"{counted(len(groups), 'candidate SuperKernel')} over "

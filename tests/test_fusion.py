@@ -94,17 +94,17 @@ def test_cluster_lists_skip_lists_and_dtypes(tmp_path):
     g = load_model("examples/layernorm_residual.json")
     res = compiled(g, "--opt_level=2 --disable_cluster_ops=Rsqrt")
     assert "Rsqrt" in launches(res)
-    info = res.analyses["cluster"]
+    info = res.analyses.cluster
     assert info.reasons["ln_rstd"] == "op Rsqrt not in the cluster list"
     ini = tmp_path / "skip.ini"
     ini.write_text("[ByNodeName]\nresidual_add\n")
     res = compiled(g, f"--opt_level=2 --skip_node_names_cfg={ini}")
-    assert res.analyses["cluster"].reasons["residual_add"].startswith("node in skip list")
+    assert res.analyses.cluster.reasons["residual_add"].startswith("node in skip list")
     g64 = Graph()
     x = g64.add_input("x", TensorType((4,), "float64"))
     g64.set_outputs([g64.add_node("Neg", [g64.add_node("Exp", [x]).output]).output])
     res = compiled(g64)
-    assert "dtype float64 not supported" in next(iter(res.analyses["cluster"].reasons.values()))
+    assert "dtype float64 not supported" in next(iter(res.analyses.cluster.reasons.values()))
 
 
 def test_single_node_fusion():

@@ -42,7 +42,7 @@ def decisions(res):
     kernels = [(n.name, n.attrs["pattern"], n.origin, str(n.subgraph))
                for n in res.graph.nodes if n.op == "GraphKernel"]
     attempts = [(a.pattern, a.areas, a.nodes, a.score, a.verdict, a.reason)
-                for a in res.analyses["fusion_attempts"]]
+                for a in res.analyses.fusion_attempts]
     applied = [(a.pass_name, a.description, a.origin) for a in res.applications]
     return kernels, attempts, applied
 
@@ -56,7 +56,7 @@ def test_replayed_regions_decide_as_fresh_ones(variant, level, monkeypatch):
     monkeypatch.setattr(split_pass, "decide", lambda *a, **k: calls.append(1) or decide(*a, **k))
     flags = f"--opt_level={level} --disable_pass=codegen"
     replayed = graphkernel.compile(g, flags, env={})
-    n_regions = len(replayed.analyses["cluster"].regions)
+    n_regions = len(replayed.analyses.cluster.regions)
     assert len(calls) < n_regions  # equal layers were decided once
     fresh_calls = len(calls)
     calls.clear()
@@ -71,7 +71,7 @@ def test_replayed_regions_decide_as_fresh_ones(variant, level, monkeypatch):
 def layers_signatures(g: Graph) -> set:
     res = graphkernel.compile(g, "--opt_level=1 --disable_pass=split,codegen", env={})
     outs = {id(v) for v in res.graph.outputs}
-    return {region_signature(r, outs) for r in res.analyses["cluster"].regions}
+    return {region_signature(r, outs) for r in res.analyses.cluster.regions}
 
 
 def test_signature_sees_what_patterns_read():

@@ -45,7 +45,7 @@ def compiled():
 
 def test_scope_becomes_one_launch_with_barriers_only_at_dependencies(compiled):
     res, supers, _ = compiled
-    (group,) = res.analyses["super_kernels"]
+    (group,) = res.analyses.super_kernels
     kernels = [n for n in res.graph.nodes if n.op == "GraphKernel"]
     assert group.members == kernels and len(kernels) >= 5
     written_since: set[int] = set()
@@ -94,13 +94,13 @@ def test_superkernel_outputs_equal_separate_launches(compiled):
 def test_scope_patterns_select_kernels_and_dynamic_shapes_do_not_qualify():
     g = two_chains()
     res = graphkernel.compile(g, f"{FLAGS} --super_kernel_scope=a1*,a2*", env={})
-    (group,) = res.analyses["super_kernels"]
+    (group,) = res.analyses.super_kernels
     assert all(any(o.startswith(("a1", "a2")) for o in k.origin) for k in group.members)
     dyn = Graph("dyn")
     x = dyn.add_input("x", TensorType(("b", 96), "float32"))
     h = dyn.add_node("Exp", [dyn.add_node("Mul", [x, dyn.const(np.float32(2))]).output]).output
     dyn.set_outputs([dyn.add_node("Sqrt", [dyn.add_node("Abs", [h]).output]).output])
-    assert graphkernel.compile(dyn, FLAGS, env={}).analyses["super_kernels"] == []
+    assert graphkernel.compile(dyn, FLAGS, env={}).analyses.super_kernels == []
 
 
 def test_compile_writes_the_superkernel_source(tmp_path):

@@ -49,7 +49,7 @@ def kernels(res) -> list[set[str]]:
 
 
 def attempts(res, pattern: str, verdict: str | None = None):
-    return [a for a in res.analyses.get("fusion_attempts", [])
+    return [a for a in res.analyses.fusion_attempts
             if a.pattern == pattern and (verdict is None or a.verdict == verdict)]
 
 

@@ -125,7 +125,7 @@ def test_disabling_removes_exactly_its_fusions():
         f"pattern disabled by flag --disable_fusion_pattern={FWD_D}"]
     off_all = fuse(chain(), "--disable_fusion_pattern=elemwise_broadcast*")
     assert not any(a.pattern.startswith("elemwise_broadcast") and a.verdict == "fused"
-                   for a in off_all.analyses["fusion_attempts"])
+                   for a in off_all.analyses.fusion_attempts)
 
 
 def test_bwd_width_needs_consumers_of_equal_compute_size():

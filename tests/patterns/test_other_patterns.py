@@ -62,7 +62,7 @@ def test_extended_patterns_run_at_level_3_only():
     res2 = fuse(g, "--opt_level=2")
     assert not attempts(res2, "transpose", "fused")
     assert any(a.reason == "pattern level 3 > opt_level 2"
-               for a in res2.analyses["fusion_attempts"] if a.pattern == "transpose")
+               for a in res2.analyses.fusion_attempts if a.pattern == "transpose")
     res3 = fuse(g, "--opt_level=3")
     assert attempts(res3, "transpose", "fused")
     assert attempts(fuse(g, "--opt_level=2 --autofuse_enable_pass=transpose"), "transpose",
@@ -77,5 +77,5 @@ def test_composite_op_limit_size():
         v = b.op("Exp", v, name=f"e{i}")
     res = fuse(b.out(v), "--composite_op_limit_size=4")
     assert all(len(k) <= 4 for k in kernels(res))
-    assert any("size limit" in a.reason for a in res.analyses["fusion_attempts"])
+    assert any("size limit" in a.reason for a in res.analyses.fusion_attempts)
     assert kernels(fuse(b.out(v), "--max_fusion_size=0")) == []  # AutoFuse: 0 disables fusion
