@@ -17,9 +17,9 @@ import math
 from typing import Any
 
 from graphkernel.codegen.targets import TargetSpec
+from graphkernel.codegen.traffic import VIEWS
 from graphkernel.fusion import numel
 from graphkernel.ir import Graph, Node
-from graphkernel.traffic import VIEWS
 
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
@@ -49,7 +49,7 @@ def pipe_us(scalar: int, syncs: int, blocks: int, spec: TargetSpec) -> float:
 
 
 def model(graph: Graph, spec: TargetSpec, launches: list[dict[str, Any]]) -> float:
-    """Total modeled microseconds of ``launches`` (from graphkernel.traffic.launches), each
+    """Total modeled microseconds of ``launches`` (from graphkernel.codegen.traffic.launches), each
     entry gaining its own ``modeled_us``."""
     by_name = {n.name: n for n in graph.nodes}
     total = 0.0

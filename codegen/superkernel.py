@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphkernel import symbolic
+from graphkernel.codegen.traffic import VIEWS
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.traffic import VIEWS
 
 
 @dataclass

@@ -136,8 +136,8 @@ def reset_stats() -> None:
 
 
 def launch_counts(graph) -> dict[str, int]:
-    """Launches of a compiled graph by kind (see ``graphkernel.traffic.launch_kind``)."""
-    from graphkernel.traffic import launches
+    """Launches of a compiled graph by kind (see ``graphkernel.codegen.traffic.launch_kind``)."""
+    from graphkernel.codegen.traffic import launches
 
     out = dict.fromkeys(LAUNCH_KINDS, 0)
     for entry in launches(graph):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphkernel import traffic
-from graphkernel.codegen import cost
+from graphkernel.codegen import cost, traffic
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
 from graphkernel.ir import Node

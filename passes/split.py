@@ -5,16 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from graphkernel import traffic
-from graphkernel.codegen import cost
+from graphkernel.codegen import cost, traffic
 from graphkernel.codegen.targets import load as load_target
+from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
 from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted
 from graphkernel.structure import region_signature
-from graphkernel.traffic import VIEWS
 
 
 def selected(name: str, selectors: list[str]) -> str | None:
