@@ -5,6 +5,7 @@ points), so a module can be read and tested without the ones above it."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -95,3 +96,12 @@ def test_bisect_and_verify_are_modules():
     assert isinstance(graphkernel.bisect, types.ModuleType)
     assert isinstance(graphkernel.verify, types.ModuleType)
     assert callable(graphkernel.bisect.bisect) and callable(graphkernel.bisect.verify)
+
+
+def test_architecture_doc_names_files_that_exist():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"\b((?:graphkernel|passes|codegen|expanders|patterns)"
+                           r"/[\w/]*\.(?:py|h|yaml))", text))
+    assert len(named) > 20, named
+    missing = sorted(f for f in named if not (ROOT / f).exists())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
