@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no progress display and no per-pass lines")
     common.add_argument("-v", "--verbose", action="store_true",
                         help="per-node detail (every expansion, fallback, recompute ...)")
+    common.add_argument("--jobs", type=_positive_int, metavar="N",
+                        help="g++ runs at once when building simulator kernels (default 1, "
+                             "or GRAPHKERNEL_JOBS); results do not depend on it")
 
     def command(name: str, **kw: Any) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
@@ -649,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) \
         else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), quiet_stdout:
+        with warnings.catch_warnings(), quiet_stdout, _jobs(args.jobs):
             warnings.showwarning = _show_warning
             check_outputs(args)
             _load_plugins(args)
@@ -665,6 +669,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         progress.enable(False)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"{printable(text[:20])!r}: expected a whole number "
+                                         "from 1 to 1024")
+    return int(text)
+
+
+@contextlib.contextmanager
+def _jobs(n: int | None) -> Iterator[None]:
+    """``--jobs N`` for this command only (the simulator reads GRAPHKERNEL_JOBS)."""
+    if n is None:
+        yield
+        return
+    before = os.environ.get("GRAPHKERNEL_JOBS")
+    os.environ["GRAPHKERNEL_JOBS"] = str(n)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["GRAPHKERNEL_JOBS"]
+        else:
+            os.environ["GRAPHKERNEL_JOBS"] = before
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

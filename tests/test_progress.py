@@ -95,9 +95,18 @@ def test_simulator_runs_and_builds_are_shown(shown, tmp_path, monkeypatch):
     assert "running kernels in the simulator [" in buf.getvalue()
     # a build that takes a while shows its elapsed time while g++ runs
     buf = shown("line")
-    monkeypatch.setattr(runner.subprocess, "run",
-                        lambda *a, **k: time.sleep(1.2) or subprocess.CompletedProcess(a, 1, "",
-                                                                                        "no"))
+
+    class SlowFailingCompiler:  # g++ that takes 1.2 s and fails
+        returncode = 1
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def communicate(self):
+            time.sleep(1.2)
+            return "", "no"
+
+    monkeypatch.setattr(runner.subprocess, "Popen", SlowFailingCompiler)
     monkeypatch.setenv("GRAPHKERNEL_SIM_CACHE", str(tmp_path))
     with pytest.raises(runner.SimulatorError):
         runner.build(["// a source never built before"])

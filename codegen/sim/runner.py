@@ -1,7 +1,8 @@
 """Compile Ascend C kernels against the CPU simulator header with g++ and run them.
 
-Many kernels go into one shared library per build (compiles are the slow part), cached by
-a hash of the sources, the header and the compiler flags. A kernel source must define
+Many kernels go into one shared library per build (compiles are the slow part), split into
+parts built by parallel g++ runs when there are many (``--jobs``), each part cached by a hash
+of its sources, the header and the compiler flags. A kernel source must define
 ``gk_sim_call_<name>(uint8_t** args)`` and expand ``GK_SIM_LAUNCHER(<name>, <nargs>)``.
 """
 
@@ -48,36 +49,85 @@ def cache_dir() -> Path:
     return d
 
 
-def build(sources: Sequence[str]) -> ctypes.CDLL:
-    """One shared library holding every kernel in ``sources``."""
+MIN_PER_PART = 8  # kernels per g++ run below which splitting a build costs more than it saves
+
+
+def default_jobs() -> int:
+    """g++ runs at once: ``GRAPHKERNEL_JOBS`` (``--jobs``), else 1. Not the core count: each
+    part compiles the simulator header again, and on the 2-core machine measured
+    (benchmarks/sim_build_jobs.py) two parts cost more than they saved."""
+    raw = os.environ.get("GRAPHKERNEL_JOBS", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+class Library:
+    """Kernels compiled into one or more shared libraries (parts built in parallel); a symbol
+    is looked up in each part. The kernels' results do not depend on how they were split."""
+
+    def __init__(self, parts: Sequence[ctypes.CDLL]) -> None:
+        self.parts = list(parts)
+
+    def __getattr__(self, symbol: str):
+        for lib in self.parts:
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                return fn
+        raise AttributeError(symbol)
+
+
+def _unit(sources: Sequence[str]) -> str:
+    # each source numbered from its own line 1, so errors name lines of the kernel's file
+    return "\n".join(['#define GK_SIM 1', '#include "ascendc_sim.h"', "using namespace AscendC;",
+                      *(f'#line 1\n{src}' for src in sources)])
+
+
+def build(sources: Sequence[str], jobs: int | None = None) -> Library:
+    """Every kernel in ``sources``, compiled by up to ``jobs`` g++ runs at once (one part per
+    run, at least MIN_PER_PART kernels each); each part cached by the hash of its source, the
+    header and the compiler flags."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise SimulatorError("the CPU simulator needs a C++ compiler (g++): apt-get install g++")
+    jobs = max(1, jobs if jobs is not None else default_jobs())
+    n_parts = max(1, min(jobs, len(sources) // MIN_PER_PART))
+    parts = [list(sources[i::n_parts]) for i in range(n_parts)]  # the same split for any run
     header = (HEADER_DIR / "ascendc_sim.h").read_text()
-    # each source numbered from its own line 1, so errors name lines of the kernel's file
-    text = "\n".join(['#define GK_SIM 1', '#include "ascendc_sim.h"', "using namespace AscendC;",
-                      *(f'#line 1\n{src}' for src in sources)])
-    key = hashlib.sha256("\0".join([header, text, " ".join(CXX_FLAGS)]).encode()).hexdigest()
-    if key in _LIBS:
-        return _LIBS[key]
-    lib = cache_dir() / f"k_{key[:24]}.so"
-    if not lib.exists():
-        src = cache_dir() / f"k_{key[:24]}.cpp"
-        src.write_text(text)
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    units = [_unit(p) for p in parts]
+    keys = [hashlib.sha256("\0".join([header, u, " ".join(CXX_FLAGS)]).encode()).hexdigest()
+            for u in units]
+    todo = [(k, u) for k, u in zip(keys, units, strict=True)
+            if k not in _LIBS and not (cache_dir() / f"k_{k[:24]}.so").exists()]
+    if todo:
         n = len(sources)
+        split = f" in {len(todo)} parallel parts" if len(todo) > 1 else ""
         with progress.ticking("simulator build", f"g++ compiling {n} kernel source"
-                              f"{'s' if n != 1 else ''} (cached by content for the next run)"):
-            r = subprocess.run([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o", str(tmp)],
-                               capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SimulatorError("kernel source does not compile:\n" + r.stderr[-4000:])
-        os.replace(tmp, lib)
-    _LIBS[key] = ctypes.CDLL(str(lib))
-    return _LIBS[key]
+                              f"{'s' if n != 1 else ''}{split} (cached by content for the "
+                              "next run)"):
+            running = []
+            for key, unit in todo:
+                src = cache_dir() / f"k_{key[:24]}.cpp"
+                src.write_text(unit)
+                tmp = (cache_dir() / f"k_{key[:24]}.so").with_suffix(f".{os.getpid()}.tmp")
+                proc = subprocess.Popen([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o",
+                                         str(tmp)], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)
+                running.append((key, tmp, proc))
+            errors = []
+            for key, tmp, proc in running:
+                _, err = proc.communicate()
+                if proc.returncode != 0:
+                    errors.append(err)
+                else:
+                    os.replace(tmp, cache_dir() / f"k_{key[:24]}.so")
+        if errors:
+            raise SimulatorError("kernel source does not compile:\n" + errors[0][-4000:])
+    for key in keys:
+        if key not in _LIBS:
+            _LIBS[key] = ctypes.CDLL(str(cache_dir() / f"k_{key[:24]}.so"))
+    return Library([_LIBS[k] for k in keys])
 
 
-def launch(lib: ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray], blocks: int,
+def launch(lib: Library | ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray], blocks: int,
            ub_bytes: int) -> Counts:
     """Run ``blocks`` cores of ``kernel`` over the given GM buffers (written in place)."""
     fn = getattr(lib, f"gk_sim_launch_{kernel}", None)

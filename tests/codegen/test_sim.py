@@ -146,3 +146,23 @@ def test_broken_kernels_are_caught_with_kernel_and_line(name):
                      if ln.strip() == body.strip().splitlines()[-1].strip())
     if name != "pad_limits":  # a call spread over two lines reports the first or the last
         assert line == offending, (line, offending)
+
+
+def test_a_build_split_into_parallel_parts_runs_the_same_kernels():
+    """Sixteen kernels, built by one g++ run or by two in parallel (``--jobs``): every kernel
+    is found and computes the same thing."""
+    sources = [ADD_EXP.replace("add_exp", f"add_exp_{i}").replace("AddExp", f"AddExp{i}")
+               for i in range(16)]
+    one, two = build(sources, jobs=1), build(sources, jobs=2)
+    assert len(one.parts) == 1 and len(two.parts) == 2
+    x = np.linspace(-1, 1, 256, dtype=np.float32)
+    y = np.linspace(2, 0, 256, dtype=np.float32)
+    tiling = np.array([256, 256, 64], np.uint32)
+    for i in (0, 7, 15):
+        outs = []
+        for lib in (one, two):
+            z = np.zeros(256, np.float32)
+            launch(lib, f"add_exp_{i}", [x, y, z, tiling], 1, UB)
+            outs.append(z)
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_allclose(outs[0], np.exp(x) + y, rtol=1e-6)
