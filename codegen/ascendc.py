@@ -5,6 +5,7 @@ the actual input shapes), plus a manifest entry describing it."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from graphkernel.codegen.schedule import (
     Unsupported,
     comment_text,
 )
+from graphkernel.codegen.targets import Target
 from graphkernel.codegen.tiling import align_elems, budget
 from graphkernel.ir import Dim
 
@@ -83,8 +85,12 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
+    tg = s.target
     ctx = {
         "s": s, "low": low, "ub": ub, "align": align, "node_comment": comment,
+        # the target's facts, written into the code as numbers (template constants)
+        "blk": tg.block_bytes, "rep": tg.repeat_bytes, "bpr": tg.blocks_per_repeat,
+        "mr": tg.max_repeats, "brcb_reps": _brcb_repeats(tg),
         "M": c_dim(s.M, refs), "L": c_dim(s.L, refs), "batch": c_dim(s.batch, refs),
         "M_doc": (symbolic.canon(s.M) if _eq1(s.batch) else
                   f"{symbolic.canon(s.batch)} blocks of {symbolic.canon(s.M)}"),
@@ -130,6 +136,15 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "notes": list(s.notes),
     }
     return Rendered(s, low, files, manifest)
+
+
+def _brcb_repeats(tg: Target) -> int:
+    """Repeats per Brcb instruction: at most max_repeats, and few enough that the next
+    instruction's first row still starts a UB block for a 16-bit compute type (Brcb spreads
+    one element per block, blocks_per_repeat elements per repeat)."""
+    rows_per_block = tg.block_elems(2)
+    k = math.lcm(tg.blocks_per_repeat, rows_per_block) // tg.blocks_per_repeat
+    return tg.max_repeats // k * k
 
 
 def _eq1(d: Dim) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphkernel.codegen.targets import TargetSpec
+from graphkernel.codegen.targets import Target
 from graphkernel.codegen.traffic import VIEWS
 from graphkernel.fusion import numel
 from graphkernel.ir import Graph, Node
@@ -24,7 +24,7 @@ from graphkernel.ir import Graph, Node
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
-def _repeats(node: Node, spec: TargetSpec) -> int:
+def _repeats(node: Node, spec: Target) -> int:
     if node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque":
         return 0
     out = node.outputs[0]
@@ -32,7 +32,7 @@ def _repeats(node: Node, spec: TargetSpec) -> int:
     return math.ceil(numel(out) * itemsize / spec.repeat_bytes)
 
 
-def launch_us(node: Node, spec: TargetSpec, gm_bytes: int) -> float:
+def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
     """Modeled time of one launch in microseconds."""
     members = [m for m in node.subgraph.nodes] if node.op == "GraphKernel" else [node]
     repeats = sum(_repeats(m, spec) for m in members)
@@ -41,14 +41,14 @@ def launch_us(node: Node, spec: TargetSpec, gm_bytes: int) -> float:
     return max(vector_s, memory_s) * 1e6 + spec.launch_overhead_us
 
 
-def pipe_us(scalar: int, syncs: int, blocks: int, spec: TargetSpec) -> float:
+def pipe_us(scalar: int, syncs: int, blocks: int, spec: Target) -> float:
     """Modeled microseconds of a launch's scalar UB accesses and pipe syncs (counted over all
     its cores by the simulator), spread over the ``blocks`` cores that ran them."""
     cycles = scalar * spec.scalar_cycles + syncs * spec.sync_cycles
     return cycles / (max(blocks, 1) * spec.clock_ghz * 1e9) * 1e6
 
 
-def model(graph: Graph, spec: TargetSpec, launches: list[dict[str, Any]]) -> float:
+def model(graph: Graph, spec: Target, launches: list[dict[str, Any]]) -> float:
     """Total modeled microseconds of ``launches`` (from graphkernel.codegen.traffic.launches), each
     entry gaining its own ``modeled_us``."""
     by_name = {n.name: n for n in graph.nodes}

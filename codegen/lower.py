@@ -4,7 +4,7 @@ Inside a kernel every float value is held in UB in the schedule's compute type `
 (fp16/bf16 are cast on load and on store), or fp16 for a kernel whose body is all fp16 (not
 promoted: opt_level 1 or enable_low_precision). Scalar operands are written ``CT(...)``.
 A tile holds ``rows`` rows of ``cols`` columns; a FULL buffer has a row pitch of ``t_.ctp``
-elements (32-byte aligned), so ``X[i * t_.ctp]`` is row i. Buffers are reused once their
+elements (a whole number of UB blocks), so ``X[i * t_.ctp]`` is row i. Buffers are reused once their
 value is dead (a linear scan over the steps), so the UB budget counts peak live buffers.
 """
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import symbolic
+from graphkernel.codegen import targets
 from graphkernel.codegen.decompose import decompose
 from graphkernel.ir import Dim, DType, Node, Value
 
@@ -107,6 +108,8 @@ class Schedule:
     compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
     variant: Schedule | None = field(default=None, repr=False)  # chosen at run time (tiling
     #   key 1) when this schedule's whole rows do not fit the UB: the row_chunks variant
+    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+                                   repr=False, compare=False)  # the facts the code obeys
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -688,13 +691,18 @@ def _join(kinds: list[str]) -> str:
     return ks.pop()
 
 
-def plan(kernel: Node, row_chunks: bool = False) -> Schedule:
-    """The schedule of a GraphKernel node, or Unsupported with the reason. ``row_chunks``:
-    the variant for rows too long for UB (trailing reductions accumulated chunk by chunk)."""
+def plan(kernel: Node, row_chunks: bool = False, target: targets.Target | None = None
+         ) -> Schedule:
+    """The schedule of a GraphKernel node for ``target`` (the default target if None), or
+    Unsupported with the reason. ``row_chunks``: the variant for rows too long for UB
+    (trailing reductions accumulated chunk by chunk)."""
     planner = _Planner(kernel, row_chunks)
     try:
-        return planner.plan()
+        s = planner.plan()
     except Unsupported as e:
         if e.node is not None:
             e.node = planner.origin.get(id(e.node), e.node)
         raise
+    if target is not None:
+        s.target = target
+    return s

@@ -1,4 +1,10 @@
-"""Target specs (codegen/targets/*.yaml), selected by the ``target`` flag."""
+"""Target specs (codegen/targets/*.yaml), selected by the ``target`` flag.
+
+Every hardware fact the code generator, tiling, cost model and simulator driver use is read
+from the target's file through one ``Target``: the UB's size and alignment block, the vector
+repeat, the repeats one instruction may issue, the core count, and the cost model's
+parameters. The list of targets is the list of files.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,26 @@ import functools
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from graphkernel.errors import ConfigError, did_you_mean
 
 TARGET_DIR = Path(__file__).resolve().parent / "targets"
+DEFAULT = "ascend910b"
 
 
-class TargetSpec(BaseModel):
+class Target(BaseModel):
+    """One target's facts. The vector unit reads and writes UB in ``ub_align_bytes`` blocks
+    (a DataBlock); one repeat of a vector instruction covers ``repeat_bytes``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     aiv_cores: int = Field(ge=1)
     ub_bytes: int = Field(ge=1024)
-    ub_align_bytes: int = Field(ge=1)
+    ub_align_bytes: int = Field(ge=4)
     repeat_bytes: int = Field(ge=32)
-    max_repeats: int = Field(ge=1)
+    max_repeats: int = Field(ge=2)
     hbm_gbps: float = Field(gt=0)
     launch_overhead_us: float = Field(ge=0)
     clock_ghz: float = Field(gt=0)
@@ -29,19 +39,66 @@ class TargetSpec(BaseModel):
     scalar_cycles: float = Field(ge=0)
     sync_cycles: float = Field(ge=0)
 
+    @model_validator(mode="after")
+    def _whole_blocks(self) -> Target:
+        for field in ("ub_align_bytes", "repeat_bytes"):
+            n = getattr(self, field)
+            if n & (n - 1):
+                raise ValueError(f"{field} must be a power of two, got {n}")
+        if self.repeat_bytes % self.ub_align_bytes or self.ub_bytes % self.ub_align_bytes:
+            raise ValueError(f"repeat_bytes ({self.repeat_bytes}) and ub_bytes "
+                             f"({self.ub_bytes}) must be whole ub_align_bytes "
+                             f"({self.ub_align_bytes}) blocks")
+        return self
+
+    @property
+    def block_bytes(self) -> int:
+        """The UB block: operands start on one, DataCopy moves whole ones."""
+        return self.ub_align_bytes
+
+    @property
+    def blocks_per_repeat(self) -> int:
+        return self.repeat_bytes // self.ub_align_bytes
+
+    def block_elems(self, itemsize: int) -> int:
+        """Elements of ``itemsize`` bytes in one block."""
+        return self.ub_align_bytes // itemsize
+
+    def repeat_elems(self, itemsize: int) -> int:
+        """Elements of ``itemsize`` bytes in one repeat."""
+        return self.repeat_bytes // itemsize
+
 
 def available() -> list[str]:
+    """The targets: the names of the spec files present."""
     return sorted(p.stem for p in TARGET_DIR.glob("*.yaml"))
 
 
 @functools.cache
-def load(name: str) -> TargetSpec:
+def load(name: str) -> Target:
+    """The named target, validated; a missing or malformed spec file is a ConfigError."""
     path = TARGET_DIR / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"unknown target {name!r}" + did_you_mean(name, available())
                           + f" (available: {', '.join(available())})")
+    return parse(path)
+
+
+def parse(path: Path) -> Target:
+    """A target spec file, validated (its ``name`` must be its file name)."""
     try:
-        return TargetSpec.model_validate(yaml.safe_load(path.read_text()))
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a target spec is a mapping of facts (name, aiv_cores, "
+                          f"ub_bytes, ...), got {type(data).__name__}")
+    try:
+        spec = Target.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        raise ConfigError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        where = ".".join(map(str, err["loc"]))
+        raise ConfigError(f"{path}: {where + ': ' if where else ''}{err['msg']}") from None
+    if spec.name != path.stem:
+        raise ConfigError(f"{path}: name {spec.name!r} is not the file's name {path.stem!r}")
+    return spec

@@ -1,12 +1,13 @@
 """Tiling: the UB budget of a scheduled kernel, as the host tiling function solves it.
 
 A kernel's UB use is linear in its tile: ``A*rt*ctp + B*ctp + C*rt + D`` bytes for ``rt``
-rows of ``ctp`` columns (``ctp`` rounded up so every row is 32-byte aligned), the constants
+rows of ``ctp`` columns (``ctp`` rounded up so every row starts on a UB block), the constants
 counted from its buffers: two per queue (double buffering) for each loaded or stored tile,
 the peak number of live scratch tiles after buffer reuse, scratch rows and columns. The
 generated ``<name>_tiling.cpp`` solves it at run time from the actual shapes (rows per tile,
 or columns per tile when a row does not fit; the split over cores); ``fits`` answers the
-compile-time question for static shapes.
+compile-time question for static shapes. Block and repeat sizes come from the schedule's
+target (``Schedule.target``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ class UBBudget:
 def budget(s: Schedule, low: Lowered) -> UBBudget:
     A = B = C = 0
     cs = s.compute.itemsize  # one element of a compute buffer
-    D = 64  # the reduce result block, and slack
+    blk = s.target.block_bytes
+    D = 2 * blk  # the reduce result block, and slack
     for io in s.inputs:
         size = io.dtype.itemsize
         if io.kind in (FULL, PARTIAL):
             A += 2 * size
         elif io.kind == COL:
             C += 2 * size
-            D += 2 * 32
+            D += 2 * blk
         elif io.kind == ROW:
             B += cs + (size if io.dtype != s.compute else 0)
     for io in s.outputs:
@@ -49,32 +51,31 @@ def budget(s: Schedule, low: Lowered) -> UBBudget:
             A += 2 * io.dtype.itemsize * max(1, len(io.pieces))
         elif io.kind == COL:
             C += 2 * io.dtype.itemsize
-            D += 2 * 32
+            D += 2 * blk
     A += cs * low.pools["wf"] + (4 if low.scalar_tmp else 0) + (2 if low.half_tmp else 0)
     A += low.pools["wm"]  # bit masks: rt * ctp / 8 bytes each, counted as one byte/element
     C += cs * low.pools["wc"] + cs  # + the column scratch tc0
-    D += 32 * (low.pools["wc"] + 1)
+    D += blk * (low.pools["wc"] + 1)
     B += cs * low.pools["wr"] + 2 * cs + (cs if s.reduce else 0)  # + two scratch rows (+ reduce
     #                                                                  work)
-    if s.row_chunks:  # one value each, and the row outputs' 32-byte queues
-        D += 32 * len(low.accumulators) + sum(64 for io in s.outputs if io.kind == COL)
+    if s.row_chunks:  # one block each, and the row outputs' one-block queues (two deep)
+        D += blk * len(low.accumulators) + sum(2 * blk for io in s.outputs if io.kind == COL)
         C -= sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == COL)
     else:
         B += cs * len(low.accumulators)
     B += sum(2 * io.dtype.itemsize for io in s.outputs if io.kind == ROW)
-    if low.row_blocks:  # btb: a 32-byte block per row, in whole Brcb repeats of 8 rows
-        C += 32
-        D += 256
+    if low.row_blocks:  # btb: a block per row, in whole Brcb repeats (a block per row each)
+        C += blk
+        D += s.target.repeat_bytes
     return UBBudget(A, B, C, D)
 
 
 def align_elems(s: Schedule) -> int:
-    """Elements per row-pitch step: 32 bytes of the narrowest type, or whole 256-byte repeats
-    of the compute type when Compare is used."""
+    """Elements per row-pitch step: a UB block of the narrowest type loaded or stored, or
+    whole repeats of the compute type when Compare is used."""
     if s.masks:
-        return 256 // s.compute.itemsize
-    sizes = {io.dtype.itemsize for io in (*s.inputs, *s.outputs)}
-    return 32 if 1 in sizes else 16 if 2 in sizes else 8
+        return s.target.repeat_elems(s.compute.itemsize)
+    return s.target.block_elems(min(io.dtype.itemsize for io in (*s.inputs, *s.outputs)))
 
 
 def row_bytes(s: Schedule, low: Lowered) -> int | None:

@@ -32,6 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphkernel import limits
+from graphkernel.codegen.targets import DEFAULT as DEFAULT_TARGET
+from graphkernel.codegen.targets import available as available_targets
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
 from graphkernel.fileio import DocumentError, read_bounded, read_document
 
@@ -42,7 +44,7 @@ class FlagWarning(UserWarning):
 
 ENV_VARS = ("AUTOFUSE_DFX_FLAGS", "AUTOFUSE_FLAGS")
 MS_ENV_VAR = "MS_DEV_GRAPH_KERNEL_FLAGS"
-TARGETS = ("ascend910b", "ascend910b3", "ascend910_93", "ascend950")
+TARGETS = tuple(available_targets())  # the spec files in codegen/targets/
 _KEY = re.compile(r"^[a-z0-9_]+$")
 
 
@@ -73,7 +75,7 @@ class FlagValues(BaseModel):
     enable_super_kernel: bool | None = None
     super_kernel_scope: list[str] = []
     enable_low_precision: bool = False
-    target: str = "ascend910b"
+    target: str = DEFAULT_TARGET
     disable_fallback: bool = False
     dump_as_text: bool = False
     debug_dir: str = "./graph_kernel_dump"

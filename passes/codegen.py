@@ -29,9 +29,9 @@ from graphkernel.registry import PassResult, counted
 from graphkernel.structure import body_signature
 
 
-def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
+def check(kernel: Node, spec: targets.Target) -> Schedule:
     """Plan and lower a kernel, and check what can be checked before run time."""
-    s = plan(kernel)
+    s = plan(kernel, target=spec)
     low = lower(s)
     refs = shape_refs(s)
     for d in (s.M, s.L, s.batch, *(io.value.type.numel for io in (*s.inputs, *s.outputs))):
@@ -39,7 +39,7 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
     need = row_bytes(s, low) if s.reduce else None
     if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant
         try:
-            v = plan(kernel, row_chunks=True)
+            v = plan(kernel, row_chunks=True, target=spec)
             lower(v)
         except Unsupported:
             return s  # whole rows only; the tiling function reports a row too long for the UB
@@ -48,7 +48,7 @@ def check(kernel: Node, spec: targets.TargetSpec) -> Schedule:
         return s
     if need is not None and need > spec.ub_bytes:
         try:  # the variant that walks each row in chunks
-            s = plan(kernel, row_chunks=True)
+            s = plan(kernel, row_chunks=True, target=spec)
             lower(s)
             return s
         except Unsupported as e:
@@ -69,7 +69,7 @@ class _Refused:
     at: int | None
 
 
-def check_once(kernel: Node, spec: targets.TargetSpec, key: tuple,
+def check_once(kernel: Node, spec: targets.Target, key: tuple,
                done: dict[tuple, Schedule | _Refused]) -> Schedule:
     """``check``, planning each distinct body once: a kernel whose body has the signature
     ``key`` of one checked before gets that schedule carried over to it, or that refusal

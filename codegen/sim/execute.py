@@ -12,7 +12,7 @@ import numpy as np
 
 from graphkernel.codegen.ascendc import Rendered
 from graphkernel.codegen.sim.runner import Counts, SimulatorError, build, launch
-from graphkernel.codegen.targets import TargetSpec
+from graphkernel.codegen.targets import Target
 from graphkernel.ir import DType
 
 _NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16),
@@ -94,7 +94,7 @@ class SimLibrary:
         srcs += [super_sim_source(sr) for sr in self.supers.values()]
         self.lib = build(srcs) if srcs else None
 
-    def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: TargetSpec
+    def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: Target
                ) -> tuple[bytes, int, dict[str, int]]:
         lib = self.lib
         size = getattr(lib, f"{name}_tiling_size")
@@ -123,7 +123,7 @@ class SimLibrary:
                       "nBatch": int(head[7])}
         return raw, int(block.value), fields
 
-    def run_super(self, name: str, external: dict[int, np.ndarray], spec: TargetSpec
+    def run_super(self, name: str, external: dict[int, np.ndarray], spec: Target
                   ) -> tuple[dict[int, np.ndarray], int, Counts]:
         """Launch a SuperKernel once. ``external`` maps id(value) of each external input
         buffer to its array; returns (id(value) -> array for every buffer, blockDim, what the
@@ -153,7 +153,7 @@ class SimLibrary:
                         block, spec.ub_bytes)
         return arrays, block, counts
 
-    def run(self, name: str, inputs: Sequence[np.ndarray], spec: TargetSpec) -> Launch:
+    def run(self, name: str, inputs: Sequence[np.ndarray], spec: Target) -> Launch:
         r = self.kernels[name]
         s = r.schedule
         if len(inputs) != len(s.inputs):
