@@ -13,39 +13,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from graphkernel.codegen.instructions import BITS, INSTRUCTIONS, REDUCE_OPS, Instruction
 from graphkernel.codegen.schedule import (
-    BINARY_OPS,
-    BITS,
-    BITWISE_OPS,
-    CLASSIFY_OPS,
     COL,
-    COMPARE_OPS,
     FULL,
-    LOGICAL_OPS,
     PARTIAL,
-    REDUCE_OPS,
-    ROUND_OPS,
     ROW,
     SCALAR,
-    TMP_UNARY_OPS,
-    UNARY_OPS,
     Schedule,
     Unsupported,
     comment_text,
 )
 from graphkernel.ir import DType, Node, Value
 
-SCALAR_FN = {"Exp": "std::exp({})", "Log": "std::log({})", "Abs": "std::fabs({})",
-             "Sqrt": "std::sqrt({})", "Rsqrt": "(1.0f / std::sqrt({}))",
-             "Reciprocal": "(1.0f / {})", "Relu": "std::fmax({}, 0.0f)", "Neg": "(-{})",
-             "Erf": "std::erf({})", "Erfc": "std::erfc({})", "Tanh": "std::tanh({})",
-             "Sin": "std::sin({})", "Cos": "std::cos({})", "Tan": "std::tan({})",
-             "Asin": "std::asin({})", "Acos": "std::acos({})", "Atan": "std::atan({})",
-             "Sigmoid": "(1.0f / (1.0f + std::exp(-{})))"}
-SCALAR_BIN = {"Add": "({} + {})", "Sub": "({} - {})", "Mul": "({} * {})", "Div": "({} / {})",
-              "Maximum": "std::fmax({}, {})", "Minimum": "std::fmin({}, {})",
-              "Pow": "std::pow({}, {})"}
-COMMUTATIVE_SCALAR = {"Add": "Adds", "Mul": "Muls", "Maximum": "Maxs", "Minimum": "Mins"}
 C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t",
           DType.bool: "uint8_t", BITS: "int32_t"}
 
@@ -63,6 +43,8 @@ class Ref:
     kind: str
     expr: str          # a LocalTensor<float> name, or a float expression for SCALAR
     const: float | None = None
+    store: str = ""    # where it lives: a scratch pool ("wf", "wc", "wr", "wm": bit masks),
+    #                    "xi" a tile loaded from GM, "sv" a scalar computed in the tile loop
 
     def row(self, i: str = "i") -> str:
         return f"{self.expr}[{i} * t_.ctp]" if self.kind == FULL else self.expr
@@ -71,12 +53,8 @@ class Ref:
         return {FULL: "n", ROW: "t_.ctp", COL: "rows"}[self.kind]
 
 
-COL_REDUCE = {"ReduceSum": ("Add", "0.0f"), "ReduceMax": ("Max", "-INFINITY"),
-              "ReduceMin": ("Min", "INFINITY"), "ReduceProd": ("Mul", "1.0f")}
-# the kernel template's op codes for its whole-row forms (ColOp, RowReduce)
-ROW_OP = {"Add": "OP_ADD", "Sub": "OP_SUB", "Mul": "OP_MUL", "Div": "OP_DIV",
-          "Maximum": "OP_MAX", "Minimum": "OP_MIN", "ReduceSum": "OP_ADD",
-          "ReduceMax": "OP_MAX", "ReduceMin": "OP_MIN"}
+# the scratch pool of each kind of buffer a step may need (a mask is a bit mask of a tile)
+POOLS = {FULL: "wf", COL: "wc", ROW: "wr", "mask": "wm"}
 
 
 def sync(src: str, dst: str) -> str:
@@ -119,17 +97,23 @@ class Lowerer:
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
-        pool = {FULL: "wf", COL: "wc", ROW: "wr", "mask": "wm"}[kind]
+        pool = POOLS[kind]
         if self.free[pool]:
             return self.free[pool].pop()
         name = f"{pool}{self.count[pool]}"
         self.count[pool] += 1
         return name
 
+    def held(self, kind: str, name: str) -> Ref:
+        """A Ref to a buffer ``alloc(kind)`` gave (a mask is a FULL value)."""
+        return Ref(FULL if kind == "mask" else kind, name, store=POOLS[kind])
+
+    def scratch(self, kind: str) -> Ref:
+        return self.held(kind, self.alloc(kind))
+
     def release(self, ref: Ref) -> None:
-        pool = ref.expr[:2]
-        if pool in self.free and ref.expr not in self.free[pool]:
-            self.free[pool].append(ref.expr)
+        if ref.store in self.free and ref.expr not in self.free[ref.store]:
+            self.free[ref.store].append(ref.expr)
 
     def ref(self, v: Value) -> Ref:
         return self.refs[id(self.s.storage(v))]
@@ -145,22 +129,22 @@ class Lowerer:
             if io.dtype == BITS:  # raw words, used in place
                 if io.kind not in (FULL, PARTIAL):
                     raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})")
-                self.refs[id(v)] = Ref(FULL, f"xi{io.index}")
+                self.refs[id(v)] = Ref(FULL, f"xi{io.index}", store="xi")
             elif io.kind in (FULL, PARTIAL):
                 if lowp:
                     buf = self.alloc(FULL)
                     self.prologue.append(f"Cast({buf}, xi{io.index}, RoundMode::CAST_NONE, n);")
-                    self.refs[id(v)] = Ref(FULL, buf)
+                    self.refs[id(v)] = self.held(FULL, buf)
                 else:
-                    self.refs[id(v)] = Ref(FULL, f"xi{io.index}")
+                    self.refs[id(v)] = Ref(FULL, f"xi{io.index}", store="xi")
             elif io.kind == COL:
                 if lowp:
                     buf = self.alloc(COL)
                     self.prologue.append(
                         f"Cast({buf}, xi{io.index}, RoundMode::CAST_NONE, rows);")
-                    self.refs[id(v)] = Ref(COL, buf)
+                    self.refs[id(v)] = self.held(COL, buf)
                 else:
-                    self.refs[id(v)] = Ref(COL, f"xi{io.index}")
+                    self.refs[id(v)] = Ref(COL, f"xi{io.index}", store="xi")
             elif io.kind == ROW:
                 self.refs[id(v)] = Ref(ROW, f"ri{io.index}")
             else:
@@ -178,28 +162,29 @@ class Lowerer:
             # operands dead after this step: their buffers may become dst (in place), never a
             # scratch of the step itself (that would overwrite an operand before it is read)
             dead = self._dead(n, k, last)
-            inplace_ok = n.op not in ("Pow", "Sign")  # they read x after writing dst
+            rule = INSTRUCTIONS[n.op]
+            inplace_ok = rule.in_place
             if inplace_ok:
                 for r in dead:
                     self.release(r)
             if kind == SCALAR:
-                dst = Ref(SCALAR, f"sv{self.nscalar}")
+                dst = Ref(SCALAR, f"sv{self.nscalar}", store="sv")
                 self.nscalar += 1
-            elif n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks):
+            elif rule.form == "reduce" and (s.col_reduce or s.row_chunks):
                 dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
-                self.accumulators.append((dst.expr, COL_REDUCE[n.op][1]))
-            elif n.op in COMPARE_OPS or n.op in CLASSIFY_OPS:
-                dst = Ref(FULL, self.alloc("mask"))
+                self.accumulators.append((dst.expr, rule.identity))
+            elif rule.makes_mask:
+                dst = self.scratch("mask")
             elif id(out) in direct:
                 dst = Ref(kind, f"yo{direct[id(out)]}")
             else:
-                dst = Ref(kind, self.alloc(kind))
+                dst = self.scratch(kind)
             self.refs[id(out)] = dst
             for r in dead:
-                if r.expr[:2] in self.free and r.expr in self.free[r.expr[:2]]:
-                    self.free[r.expr[:2]].remove(r.expr)
+                if r.store in self.free and r.expr in self.free[r.store]:
+                    self.free[r.store].remove(r.expr)
             self.body = self.final if id(n) in s.final else self.tile_body
-            if id(n) in s.final and any(r.expr.startswith("sv") for r in operands):
+            if id(n) in s.final and any(r.store == "sv" for r in operands):
                 raise Unsupported("a scalar computed in the tile loop used after it")
             self.body.append(f"// {n.op} {comment_text(n.name)}")
             self._emit(n, dst, operands)
@@ -216,8 +201,9 @@ class Lowerer:
         """Outputs whose producing step can write straight into the output queue tensor."""
         s, out = self.s, {}
         produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
-                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks))
-                    and n.op != "ReduceProd"}  # the scalar unit writes it, not the vector's
+                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks
+                                                     # a product: the scalar unit writes it
+                                                     or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
             if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
@@ -266,7 +252,7 @@ class Lowerer:
             w = f"yo{io.index}.ReinterpretCast<int16_t>()"
             x = f"{src.expr}.ReinterpretCast<int16_t>()"
             out.append(f"Or({w}, {x}, {x}, 2 * n);")
-        elif io.dtype == DType.bool and src.expr.startswith("wm"):  # a mask: 1.0 where set
+        elif io.dtype == DType.bool and src.store == "wm":  # a mask: 1.0 where set
             t = self.alloc(FULL)
             out += [f"Duplicate({t}, CT(1.0f), n);",
                     f"Select({t}, {src.expr}, {t}, CT(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);",
@@ -280,138 +266,139 @@ class Lowerer:
 
     # ------------------------------------------------------------- ops
     def _emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
-        op, b = n.op, self.body
+        """One step: its instruction table entry, lowered by the rule of its form."""
+        rule = INSTRUCTIONS.get(n.op)
+        if rule is None:
+            raise Unsupported(f"{n.op} not supported by codegen")
         if dst.kind == SCALAR:
-            if op in SCALAR_FN:
-                expr = SCALAR_FN[op].format(a[0].expr)
-            elif op in SCALAR_BIN:
-                expr = SCALAR_BIN[op].format(a[0].expr, a[1].expr)
-            elif op == "BroadcastTo":
-                expr = a[0].expr
-            elif op in ("Floor", "Ceil", "Trunc"):
-                expr = f"std::{op.lower()}({a[0].expr})"
-            elif op == "Round":
-                expr = f"std::nearbyint({a[0].expr})"
-            elif op == "Cast":
-                expr = f"(float)({C_TYPE[n.outputs[0].dtype]})({a[0].expr})"
-            else:
-                raise Unsupported(f"{op} of scalars")
-            b.append(f"float {dst.expr} = {expr};")
+            if rule.scalar is None:
+                raise Unsupported(f"{n.op} of scalars")
+            expr = rule.scalar.format(*(r.expr for r in a), t=C_TYPE[n.outputs[0].dtype])
+            self.body.append(f"float {dst.expr} = {expr};")
             return
-        if op in REDUCE_OPS and dst.kind == ROW:  # over the rows: accumulate this tile's rows
+        getattr(self, f"_{rule.form}")(rule, n, dst, a)
+        if rule.barrier:
+            self.body.append("PipeBarrier<PIPE_V>();")
+
+    # ------------------------------------------------------------- the forms
+    def _reduce(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        b, x = self.body, a[0]
+        if dst.kind == ROW:  # over the rows: accumulate this tile's rows
             b.append(f"for (uint32_t i = 0; i < rows; ++i) "
-                     f"{COL_REDUCE[op][0]}({dst.expr}, {dst.expr}, {a[0].row()}, cols);")
-        elif op in REDUCE_OPS and self.s.row_chunks:  # this chunk of the row, into the total:
+                     f"{rule.accumulate}({dst.expr}, {dst.expr}, {x.row()}, cols);")
+        elif self.s.row_chunks:  # this chunk of the row, into the total:
             # one scalar combination per chunk, between syncs with the vector unit
-            if REDUCE_OPS[op] is not None:
-                b.append(f"{REDUCE_OPS[op]}(red, {a[0].row('0')}, rw, cols);")
-            b += self._to_scalar(a[0])
-            if REDUCE_OPS[op] is None:
-                b.append(self._product(a[0].row('0'), "red", "0"))
+            if rule.api is not None:
+                b.append(f"{rule.api}(red, {x.row('0')}, rw, cols);")
+            b += self._to_scalar(x)
+            if rule.api is None:
+                b.append(self._product(x.row('0'), "red", "0"))
             b.append("{")
             b.append(f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);")
-            comb = {"ReduceSum": "l + r", "ReduceMax": "(std::isnan(l) || l > r) ? l : r",
-                    "ReduceMin": "(std::isnan(l) || l < r) ? l : r", "ReduceProd": "l * r"}[op]
-            b.append(f"    {dst.expr}.SetValue(0, CT({comb}));")
+            b.append(f"    {dst.expr}.SetValue(0, CT({rule.fold}));")
             b.append("}")
             b.append(sync("S", "V"))
-        elif op in REDUCE_OPS and REDUCE_OPS[op] is None:  # a product: no instruction; the
-            # scalar unit multiplies along each row, synced once before and once after
-            b += self._to_scalar(a[0])
+        elif rule.api is None:  # a product: no instruction; the scalar unit multiplies along
+            # each row, synced once before and once after
+            b += self._to_scalar(x)
             b.append("for (uint32_t i = 0; i < rows; ++i) "
-                     + self._product(a[0].row(), dst.expr, "i"))
+                     + self._product(x.row(), dst.expr, "i"))
             b.append(sync("S", "V"))
-        elif op in REDUCE_OPS:  # whole rows to one value each, on the vector unit
+        else:  # whole rows to one value each, on the vector unit
             self.row_blocks = True
-            b.append(f"RowReduce<{ROW_OP[op]}>({dst.expr}, {a[0].expr}, rows, cols);")
-        elif op == "BroadcastTo":
-            self._broadcast(dst, a[0])
-        elif op in UNARY_OPS or op in TMP_UNARY_OPS:
-            self._unary(op, dst, a[0])
-        elif op in ROUND_OPS:
-            b.append(f"Cast({dst.expr}, {self._as(a[0], dst.kind)}, RoundMode::{ROUND_OPS[op]}, "
-                     f"{dst.count()});")
-        elif op == "Cast":  # to fp16/bf16 and back: the rounding the graph asks for
-            self.half_tmp = True
-            t = C_TYPE[n.outputs[0].dtype]
-            src = self._as(a[0], dst.kind)
-            b.append(f"Cast(hh.ReinterpretCast<{t}>(), {src}, RoundMode::CAST_RINT, "
-                     f"{dst.count()});")
-            b.append(f"Cast({dst.expr}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, "
-                     f"{dst.count()});")
-        elif op == "Pow":
-            self._pow(dst, a[0], a[1])
-        elif op in COMPARE_OPS:
-            x, tx = self._full(a[0])
-            y, ty = self._full(a[1])
-            b.append(f"Compare({dst.expr}, {x}, {y}, CMPMODE::{COMPARE_OPS[op]}, n);")
-            self._release_tmp(tx + ty)
-        elif op in BITWISE_OPS and n.outputs[0].dtype == BITS:
-            self._bitwise(BITWISE_OPS[op], dst, a)
-        elif op in LOGICAL_OPS or op in BITWISE_OPS:  # bools as fp32 0/1: and = product, or
-            #                                            = max, not = 1 - x
-            xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
-            if op == "LogicalNot":
-                b += [f"Muls({dst.expr}, {xs[0]}, CT(-1.0f), n);",
-                      f"Adds({dst.expr}, {dst.expr}, CT(1.0f), n);"]
-            else:
-                api = "Mul" if op in ("LogicalAnd", "BitwiseAnd") else "Max"
-                b.append(f"{api}({dst.expr}, {xs[0]}, {xs[1]}, n);")
-            self._release_tmp([t for ts in tmps for t in ts])
-        elif op in CLASSIFY_OPS:
-            x, tx = self._full(a[0])
-            if op == "IsNan":  # NaN is the one value unequal to itself
-                b.append(f"Compare({dst.expr}, {x}, {x}, CMPMODE::NE, n);")
-                self._release_tmp(tx)
-                return
-            t, u = self.alloc(FULL), self.alloc(FULL)
-            if op == "IsInf":
-                b += [f"Abs({t}, {x}, n);", f"Duplicate({u}, CT(INFINITY), n);"]
-            else:  # finite: x - x is 0 (NaN for NaN and +-inf)
-                b += [f"Sub({t}, {x}, {x}, n);", f"Duplicate({u}, CT(0.0f), n);"]
-            b.append(f"Compare({dst.expr}, {t}, {u}, CMPMODE::EQ, n);")
-            self._release_tmp(tx + [Ref(FULL, t), Ref(FULL, u)])
-        elif op == "Select":
-            cond, held = a[0].expr, []
-            if not cond.startswith("wm"):  # a bool held as 0/1: its mask is "!= 0"
-                c, tc = self._full(a[0])
-                cond, z = self.alloc("mask"), self.alloc(FULL)
-                b += [f"Duplicate({z}, CT(0.0f), n);",
-                      f"Compare({cond}, {c}, {z}, CMPMODE::NE, n);"]
-                held = tc + [Ref(FULL, z), Ref(FULL, cond)]
-            x, tx = self._full(a[1])
-            if a[2].kind == SCALAR:
-                b.append(f"Select({dst.expr}, {cond}, {x}, CT({a[2].expr}), "
-                         "SELMODE::VSEL_TENSOR_SCALAR_MODE, n);")
-                self._release_tmp(tx + held)
-            else:
-                y, ty = self._full(a[2])
-                b.append(f"Select({dst.expr}, {cond}, {x}, {y}, "
-                         "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);")
-                self._release_tmp(tx + ty + held)
-        elif op == "Sign":  # 1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)
-            x, tx = self._full(a[0])
-            m, t = self.alloc("mask"), self.alloc(FULL)
-            b += [f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::LT, n);",
-                  f"Duplicate({t}, CT(-1.0f), n);",
-                  f"Select({dst.expr}, {m}, {t}, {x}, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);",
-                  f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::GT, n);",
-                  f"Duplicate({t}, CT(1.0f), n);",
-                  f"Select({dst.expr}, {m}, {t}, {dst.expr}, "
-                  "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);"]
-            self._release_tmp(tx + [Ref(FULL, m), Ref(FULL, t)])
-        elif op in BINARY_OPS:
-            self._binary(op, dst, a[0], a[1])
-        else:
-            raise Unsupported(f"{op} not supported by codegen")
-        b.append("PipeBarrier<PIPE_V>();")
+            b.append(f"RowReduce<{rule.row_op}>({dst.expr}, {x.expr}, rows, cols);")
 
-    def _bitwise(self, api: str, dst: Ref, a: list[Ref]) -> None:
+    def _round(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        self.body.append(f"{rule.api}({dst.expr}, {self._as(a[0], dst.kind)}, "
+                         f"RoundMode::{rule.mode}, {dst.count()});")
+
+    def _cast(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        self.half_tmp = True
+        t, k = C_TYPE[n.outputs[0].dtype], dst.count()
+        src = self._as(a[0], dst.kind)
+        self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {src}, RoundMode::CAST_RINT, {k});",
+                      f"Cast({dst.expr}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, {k});"]
+
+    def _compare(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        x, tx = self._full(a[0])
+        y, ty = self._full(a[1])
+        self.body.append(f"Compare({dst.expr}, {x}, {y}, CMPMODE::{rule.mode}, n);")
+        self._release_tmp(tx + ty)
+
+    def _logical(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """bools as fp32 0/1: and = product, or = max, not = 1 - x."""
+        xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
+        if rule.api is None:  # LogicalNot
+            self.body += [f"Muls({dst.expr}, {xs[0]}, CT(-1.0f), n);",
+                          f"Adds({dst.expr}, {dst.expr}, CT(1.0f), n);"]
+        else:
+            self.body.append(f"{rule.api}({dst.expr}, {xs[0]}, {xs[1]}, n);")
+        self._release_tmp([t for ts in tmps for t in ts])
+
+    def _bitwise(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        if n.outputs[0].dtype != BITS:  # on bools: the logical form
+            self._logical(INSTRUCTIONS[{"And": "LogicalAnd", "Or": "LogicalOr"}[rule.api]],
+                          n, dst, a)
+        else:
+            self._words(rule.api, dst, a)
+
+    def _classify(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        b = self.body
+        x, tx = self._full(a[0])
+        if n.op == "IsNan":  # NaN is the one value unequal to itself
+            b.append(f"Compare({dst.expr}, {x}, {x}, CMPMODE::{rule.mode}, n);")
+            self._release_tmp(tx)
+            return
+        tr, ur = self.scratch(FULL), self.scratch(FULL)
+        t, u = tr.expr, ur.expr
+        if n.op == "IsInf":
+            b += [f"Abs({t}, {x}, n);", f"Duplicate({u}, CT(INFINITY), n);"]
+        else:  # finite: x - x is 0 (NaN for NaN and +-inf)
+            b += [f"Sub({t}, {x}, {x}, n);", f"Duplicate({u}, CT(0.0f), n);"]
+        b.append(f"Compare({dst.expr}, {t}, {u}, CMPMODE::{rule.mode}, n);")
+        self._release_tmp(tx + [tr, ur])
+
+    def _select(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        b = self.body
+        cond, held = a[0].expr, []
+        if a[0].store != "wm":  # a bool held as 0/1: its mask is "!= 0"
+            c, tc = self._full(a[0])
+            m, z = self.scratch("mask"), self.scratch(FULL)
+            cond = m.expr
+            b += [f"Duplicate({z.expr}, CT(0.0f), n);",
+                  f"Compare({cond}, {c}, {z.expr}, CMPMODE::NE, n);"]
+            held = tc + [z, m]
+        x, tx = self._full(a[1])
+        if a[2].kind == SCALAR:
+            b.append(f"Select({dst.expr}, {cond}, {x}, CT({a[2].expr}), "
+                     "SELMODE::VSEL_TENSOR_SCALAR_MODE, n);")
+            self._release_tmp(tx + held)
+        else:
+            y, ty = self._full(a[2])
+            b.append(f"Select({dst.expr}, {cond}, {x}, {y}, "
+                     "SELMODE::VSEL_TENSOR_TENSOR_MODE, n);")
+            self._release_tmp(tx + ty + held)
+
+    def _sign(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)."""
+        x, tx = self._full(a[0])
+        mr, tr = self.scratch("mask"), self.scratch(FULL)
+        m, t = mr.expr, tr.expr
+        self.body += [
+            f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::LT, n);",
+            f"Duplicate({t}, CT(-1.0f), n);",
+            f"Select({dst.expr}, {m}, {t}, {x}, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);",
+            f"Duplicate({t}, CT(0.0f), n);", f"Compare({m}, {x}, {t}, CMPMODE::GT, n);",
+            f"Duplicate({t}, CT(1.0f), n);",
+            f"Select({dst.expr}, {m}, {t}, {dst.expr}, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);"]
+        self._release_tmp(tx + [mr, tr])
+
+    def _words(self, api: str, dst: Ref, a: list[Ref]) -> None:
         """int32 words as twice as many int16 (And/Or take 16-bit integers; bits are bits)."""
         words, tmps = [], []
         for r in a:
             if r.kind == SCALAR and r.const is not None:
-                t = Ref(FULL, self.alloc(FULL))
+                t = self.scratch(FULL)
                 self.body.append(f"Duplicate({t.expr}.ReinterpretCast<int32_t>(), "
                                  f"(int32_t){int(r.const)}, n);")
                 tmps.append(t)
@@ -433,45 +420,50 @@ class Lowerer:
     def _to_scalar(src: Ref) -> list[str]:
         """Syncs before the scalar unit reads UB: the vector unit's results, and a loaded tile
         (the queue hands it to the vector unit only)."""
-        return [sync("V", "S")] + ([sync("MTE2", "S")] if src.expr.startswith("xi") else [])
+        return [sync("V", "S")] + ([sync("MTE2", "S")] if src.store == "xi" else [])
 
     def _numeric(self, x: Ref) -> tuple[str, list[Ref]]:
         """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
-        if not x.expr.startswith("wm"):
+        if x.store != "wm":
             return self._full(x)
-        t = self.alloc(FULL)
+        r = self.scratch(FULL)
+        t = r.expr
         self.body += [f"Duplicate({t}, CT(1.0f), n);",
                       f"Select({t}, {x.expr}, {t}, CT(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);"]
-        return t, [Ref(FULL, t)]
+        return t, [r]
 
     def _full(self, x: Ref) -> tuple[str, list[Ref]]:
         """x as a whole tile (materialised into a scratch tile unless it is one)."""
         if x.kind == FULL:
             return x.expr, []
-        t = Ref(FULL, self.alloc(FULL))
-        self._broadcast(t, x)
+        t = self.scratch(FULL)
+        self._spread(t, x)
         return t.expr, [t]
 
     def _release_tmp(self, refs: list[Ref]) -> None:
         for r in refs:
             self.release(r)
 
-    def _unary(self, op: str, dst: Ref, x: Ref) -> None:
-        src = self._as(x, dst.kind)
-        if op == "Neg":
+    def _unary(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        src = self._as(a[0], dst.kind)
+        if rule.api is None:  # Neg
             self.body.append(f"Muls({dst.expr}, {src}, CT(-1.0f), {dst.count()});")
-        elif op in TMP_UNARY_OPS:
+        elif rule.scratch == "ht":
             self.scalar_tmp = True
-            self.body.append(f"{TMP_UNARY_OPS[op]}({dst.expr}, {src}, ht, {dst.count()});")
+            self.body.append(f"{rule.api}({dst.expr}, {src}, ht, {dst.count()});")
         else:
-            self.body.append(f"{UNARY_OPS[op]}({dst.expr}, {src}, {dst.count()});")
+            self.body.append(f"{rule.api}({dst.expr}, {src}, {dst.count()});")
 
     def _as(self, x: Ref, kind: str) -> str:
         if x.kind != kind:
             raise Unsupported(f"a {x.kind} operand where a {kind} one is needed")
         return x.expr
 
-    def _broadcast(self, dst: Ref, x: Ref) -> None:
+    def _broadcast(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        self._spread(dst, a[0])
+
+    def _spread(self, dst: Ref, x: Ref) -> None:
+        """x (a scalar, a row or a column) over every element of dst."""
         b = self.body
         if x.kind == SCALAR:
             b.append(f"Duplicate({dst.expr}, CT({x.expr}), {dst.count()});")
@@ -484,7 +476,8 @@ class Lowerer:
         else:
             raise Unsupported(f"BroadcastTo from {x.kind} to {dst.kind}")
 
-    def _pow(self, dst: Ref, x: Ref, e: Ref) -> None:
+    def _pow(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+        x, e = a
         if e.const is None:  # the high-level Power, on whole tiles
             xs, tx = self._full(x)
             es, te = self._full(e)
@@ -513,12 +506,13 @@ class Lowerer:
             self.scalar_tmp = True
             b.append(f"Power({d}, {src}, CT({flt(c)}), ht, {n});")
 
-    def _scalar_form(self, op: str, x: str, s: Ref | str, x_first: bool, n: str,
+    def _scalar_form(self, rule: Instruction, x: str, s: Ref | str, x_first: bool, n: str,
                      dst: str) -> list[str] | None:
         sv = s.expr if isinstance(s, Ref) else s
         const = s.const if isinstance(s, Ref) else None
-        if op in COMMUTATIVE_SCALAR:
-            return [f"{COMMUTATIVE_SCALAR[op]}({dst}, {x}, CT({sv}), {n});"]
+        op = rule.op
+        if rule.scalar_api is not None:  # commutative: one tensor-with-scalar call
+            return [f"{rule.scalar_api}({dst}, {x}, CT({sv}), {n});"]
         if op == "Sub":
             return ([f"Adds({dst}, {x}, CT(-({sv})), {n});"] if x_first else
                     [f"Muls({dst}, {x}, CT(-1.0f), {n});", f"Adds({dst}, {dst}, CT({sv}), {n});"])
@@ -530,15 +524,15 @@ class Lowerer:
                 return [f"Reciprocal({dst}, {x}, {n});"]
         return None
 
-    def _binary(self, op: str, dst: Ref, a: Ref, b: Ref) -> None:
-        api, body = BINARY_OPS[op], self.body
+    def _binary(self, rule: Instruction, n: Node, dst: Ref, ab: list[Ref]) -> None:
+        (a, b), op, api, body = ab, rule.op, rule.api, self.body
         kinds = (a.kind, b.kind)
         if a.kind == b.kind == dst.kind:
             body.append(f"{api}({dst.expr}, {a.expr}, {b.expr}, {dst.count()});")
             return
         if SCALAR in kinds and dst.kind in kinds:
             x, s, x_first = (a, b, True) if b.kind == SCALAR else (b, a, False)
-            form = self._scalar_form(op, x.expr, s, x_first, dst.count(), dst.expr)
+            form = self._scalar_form(rule, x.expr, s, x_first, dst.count(), dst.expr)
             if form is None:
                 tmp = {FULL: "tf", ROW: "tr0", COL: "tc0"}[dst.kind]
                 if tmp == "tf":  # a row of the scalar, then row by row
@@ -556,11 +550,11 @@ class Lowerer:
             return
         if dst.kind != FULL:
             raise Unsupported(f"{op} of {a.kind} and {b.kind} values")
-        if COL in kinds and FULL in kinds and op in ROW_OP:  # each row against its value:
+        if COL in kinds and FULL in kinds and rule.row_op:  # each row against its value:
             # the column spread by Brcb, then strided whole-tile instructions
             self.row_blocks = True
             x, c = (a, b) if b.kind == COL else (b, a)
-            body.append(f"ColOp<{ROW_OP[op]}, {'false' if x is a else 'true'}>({dst.expr}, "
+            body.append(f"ColOp<{rule.row_op}, {'false' if x is a else 'true'}>({dst.expr}, "
                         f"{x.expr}, {c.expr}, rows);")
             return
         if COL in kinds and ROW in kinds:  # the column across the rows, then row by row

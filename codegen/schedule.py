@@ -29,31 +29,19 @@ import numpy as np
 from graphkernel import symbolic
 from graphkernel.codegen import targets
 from graphkernel.codegen.decompose import decompose
+from graphkernel.codegen.instructions import (
+    BITS,
+    BITWISE_OPS,
+    FLOATS,
+    INSTRUCTIONS,
+    MASK_OPS,
+    REDUCE_OPS,
+)
 from graphkernel.ir import Dim, DType, Node, Value
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
-REDUCE_OPS = {"ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "ReduceMin": "ReduceMin",
-              "ReduceProd": None}  # no instruction: a product along the row, element by element
-UNARY_OPS = {"Exp": "Exp", "Log": "Ln", "Abs": "Abs", "Sqrt": "Sqrt", "Rsqrt": "Rsqrt",
-             "Reciprocal": "Reciprocal", "Relu": "Relu", "Neg": None}
-ROUND_OPS = {"Floor": "CAST_FLOOR", "Ceil": "CAST_CEIL", "Trunc": "CAST_TRUNC",
-             "Round": "CAST_RINT"}  # Cast fp32 -> fp32 to an integral value
-# the high-level math library: each needs a scratch buffer
-TMP_UNARY_OPS = {op: op for op in ("Erf", "Erfc", "Tanh", "Sigmoid", "Sin", "Cos", "Tan", "Asin",
-                                   "Acos", "Atan")}
-BINARY_OPS = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Maximum": "Max",
-              "Minimum": "Min", "Pow": None}
-COMPARE_OPS = {"Greater": "GT", "GreaterEqual": "GE", "Less": "LT", "LessEqual": "LE",
-               "Equal": "EQ", "NotEqual": "NE"}  # a bit mask, consumed by Select
-CLASSIFY_OPS = ("IsNan", "IsInf", "IsFinite")  # masks, too
-LOGICAL_OPS = ("LogicalAnd", "LogicalOr", "LogicalNot")  # on bools held as fp32 0/1
-MASK_OPS = frozenset({*COMPARE_OPS, *CLASSIFY_OPS, "Select", "Sign"})  # whole 64-element tiles
-# on bools: LogicalAnd/LogicalOr; on int32: the And/Or instructions over the bits (int16 view)
-BITWISE_OPS = {"BitwiseAnd": "And", "BitwiseOr": "Or"}
-BITS = DType.int32   # integer data: carried as raw 4-byte words, only through BITWISE_OPS
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
-FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16})
 
 
 class Unsupported(Exception):
@@ -314,9 +302,7 @@ class _Planner:
             elif n.op in CUBE_OPS:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code",
                                   node=n)
-            elif (n.op in UNARY_OPS or n.op in TMP_UNARY_OPS or n.op in BINARY_OPS
-                  or n.op in REDUCE_OPS or n.op in ROUND_OPS or n.op == "Cast"
-                  or n.op in MASK_OPS or n.op in LOGICAL_OPS or n.op in BITWISE_OPS):
+            elif n.op in INSTRUCTIONS:  # (BroadcastTo is an entry too, taken above)
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
@@ -427,10 +413,12 @@ class _Planner:
         kernel outputs (they are raw words in UB: no arithmetic, no broadcast)."""
         for n in self.sub.nodes:
             ints = [v for v in (*n.inputs, *n.outputs) if v.dtype == BITS]
-            if ints and n.op not in BITWISE_OPS and n.op not in VIEW_OPS and n.op != "Constant":
+            rule = INSTRUCTIONS.get(n.op)
+            if ints and n.op not in VIEW_OPS and n.op != "Constant" and (
+                    rule is None or BITS not in rule.dtypes):
                 raise Unsupported(f"{n.op} of int32 data (integers are generated in "
                                   "BitwiseAnd/BitwiseOr only)", node=n)
-            if n.op in BITWISE_OPS and n.outputs[0].dtype not in (BITS, DType.bool):
+            if n.op in BITWISE_OPS and n.outputs[0].dtype not in rule.dtypes:
                 raise Unsupported(f"{n.op} of {n.outputs[0].dtype} data", node=n)
 
     def _all_values(self):
