@@ -7,8 +7,8 @@
   cycle through the rest of the graph. Built in one topological sweep with
   Python-int bitsets of region ids.
 - ``SplitModel`` holds a region's areas (sets of nodes that will become one kernel)
-  and a reachability table (one bitset per node, over the region's nodes), so a
-  cycle check is a few ANDs.
+  and a reachability table (one bitset per node, over the region's nodes, following
+  paths through the whole graph), so a cycle check is a few ANDs.
 """
 
 from __future__ import annotations
@@ -130,7 +130,10 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
         return r
 
     for n in nodes:
-        preds = [v.producer for v in n.inputs if v.producer is not None]
+        # distinct producers: ``remaining`` counts distinct users, so Sub(x, x) must free
+        # x's bitsets once, not twice (else a later user of x sees no ancestors)
+        preds = list({id(v.producer): v.producer for v in n.inputs
+                      if v.producer is not None}.values())
         a_in = 0
         l_in = 0
         for p in preds:
@@ -234,15 +237,24 @@ class SplitModel:
         self.index = {id(n): i for i, n in enumerate(region)}
         self.nodes = region
         self.outputs = {id(v) for v in graph.outputs}
-        # reachability: reach[i] = bitset of region nodes reachable from node i (itself too)
-        reach = [0] * len(region)
-        for i in range(len(region) - 1, -1, -1):
-            r = 1 << i
-            for u in region[i].users:
-                j = self.index.get(id(u))
-                if j is not None:
-                    r |= reach[j]
-            reach[i] = r
+        # reachability over every path, outside the region too: reach[id(n)] = bitset of
+        # region nodes reachable from n (itself included). A path between two region nodes
+        # runs through nodes topologically between them, so the sweep covers that span only.
+        # Convex regions never route a path outside, but the cycle check must not depend on
+        # that: a merge that makes the graph cyclic is refused whatever the region.
+        order = graph.nodes
+        pos = {id(n): i for i, n in enumerate(order)}
+        lo = min((pos[id(n)] for n in region), default=0)
+        hi = max((pos[id(n)] for n in region), default=-1)
+        reach: dict[int, int] = {}
+        for k in range(hi, lo - 1, -1):
+            n = order[k]
+            i = self.index.get(id(n))
+            r = 0 if i is None else 1 << i
+            for u in n.users:
+                r |= reach.get(id(u), 0)
+            if r:
+                reach[id(n)] = r
         self.reach = reach
         self._seen: set[tuple] = set()  # rejections already recorded
         self._bytes: dict[int, int] = {}
@@ -330,7 +342,8 @@ class SplitModel:
 
     # ------------------------------------------------------------- checks
     def creates_cycle(self, areas: Iterable[Area]) -> bool:
-        """Fusing ``areas`` is cyclic iff a path leaves the union and comes back."""
+        """Fusing ``areas`` is cyclic iff a path leaves the union (through the region or the
+        rest of the graph) and comes back."""
         union = 0
         group = list(areas)
         for a in group:
@@ -339,9 +352,9 @@ class SplitModel:
             for n in a.nodes:
                 for u in n.users:
                     j = self.index.get(id(u))
-                    if j is None or (union >> j) & 1:
+                    if j is not None and (union >> j) & 1:
                         continue
-                    if self.reach[j] & union:
+                    if self.reach.get(id(u), 0) & union:
                         return True
         return False
 
@@ -396,7 +409,8 @@ class SplitModel:
         if limit is not None and total > limit:
             return record("rejected", f"size limit: {total} ops > {pattern} limit {limit}")
         if self.creates_cycle(areas):
-            return record("rejected", "cycle: another path connects these areas")
+            return record("rejected", "cycle: a path between these areas leaves them "
+                                       "(the kernel would feed itself)")
         if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names),
                                      [n for a in areas for n in a.nodes]):
             return record("rejected", "refused by bisect_limit")

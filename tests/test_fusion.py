@@ -90,6 +90,49 @@ def test_regions_are_convex():
     assert sorted(sorted(n.name for n in r) for r in regions) == [["a"], ["c"]]
 
 
+def _reads_twice_then_excluded_reduce() -> Graph:
+    """Fuzz seed 236's shape: ``a`` is read twice by one node (Sub(a, a)) and also feeds an
+    excluded ReduceSum whose result comes back through a fusable Div."""
+    g = Graph()
+    x = g.add_input("x", TensorType((1, 8), "float32"))
+    a = g.add_node("Neg", [x], name="a").output
+    s = g.add_node("Sub", [a, a], name="s").output
+    t = g.add_node("ReduceSum", [a], {"axis": [1], "keep_dims": True}, name="t").output
+    d = g.add_node("Div", [t, g.const(np.float32(8.0))], name="d").output
+    g.set_outputs([g.add_node("Sub", [d, s], name="out").output])
+    return g
+
+
+def test_regions_stay_convex_when_a_node_reads_one_value_twice():
+    g = _reads_twice_then_excluded_reduce()
+    fusable = {id(g.node(n)) for n in ("a", "s", "d", "out")}
+    regions = sorted(sorted(n.name for n in r) for r in form_regions(g, fusable))
+    # a -> t (outside) -> d: a and d must not share a region
+    assert regions == [["a", "s"], ["d", "out"]]
+    res = compiled(g, "--opt_level=2 --disable_cluster_ops=ReduceSum")
+    res.graph.validate()
+    assert "ReduceSum" in launches(res)
+
+
+def test_split_refuses_a_merge_that_would_make_the_graph_cyclic():
+    from graphkernel.flags import resolve
+    from graphkernel.fusion import SplitModel
+
+    class Ctx:
+        def should_apply(self, what, nodes) -> bool:
+            return True
+
+    g = _reads_twice_then_excluded_reduce()
+    # a region that is not convex: the check must not rely on the regions being convex
+    region = [g.node(n) for n in ("a", "s", "d", "out")]
+    attempts: list = []
+    model = SplitModel(g, region, resolve("--opt_level=2", env={}), Ctx(), attempts)
+    assert not model.try_fuse("p", [model.area(g.node("a")), model.area(g.node("d"))])
+    assert attempts[-1].verdict == "rejected"
+    assert attempts[-1].reason.startswith("cycle: a path between these areas leaves them")
+    assert model.try_fuse("p", [model.area(g.node("a")), model.area(g.node("s"))])
+
+
 def test_cluster_lists_skip_lists_and_dtypes(tmp_path):
     g = load_model("examples/layernorm_residual.json")
     res = compiled(g, "--opt_level=2 --disable_cluster_ops=Rsqrt")
