@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from graphkernel.codegen import targets
+from graphkernel.codegen.accumulate import widen_reductions
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.instance import rebind
 from graphkernel.codegen.lower import lower
@@ -231,6 +232,12 @@ def codegen(graph, ctx) -> PassResult:
     fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
     changed = 0
     work = deque(n for n in graph.nodes if n.op == "GraphKernel")
+    widened = 0
+    for k in work:  # sums and products accumulate in fp32 (codegen/accumulate.py)
+        body = widen_reductions(k)
+        if body is not None:
+            k.attrs["subgraph"] = body
+            widened += 1
     depth = {id(k): 0 for k in work}
     phased: list[dict] = ctx.report_extra.setdefault("phases", [])
     done: dict[tuple, Schedule | _Refused] = {}  # body signature -> its schedule
@@ -298,4 +305,7 @@ def codegen(graph, ctx) -> PassResult:
     summary = [f"{counted(len(scheds), 'kernel')} scheduled"]
     summary += [counted(len(fallbacks), "fallback")] if fallbacks else []
     summary += [f"{len(phased)} run in phases or stages"] if phased else []
-    return PassResult(changed > 0, changed, summary=", ".join(summary))
+    summary += [f"{counted(widened, 'kernel')} accumulating fp16/bf16 in fp32"] if widened \
+        else []
+    return PassResult(changed > 0 or widened > 0, changed + widened,
+                      summary=", ".join(summary))
