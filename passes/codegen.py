@@ -224,8 +224,8 @@ def _shared(scheds: dict[str, Schedule], signature: dict[str, tuple], live: set[
 
 
 def codegen(graph, ctx) -> PassResult:
-    """Schedule, tile and check every GraphKernel; unfuse what cannot be generated (with
-    the reason)."""
+    """Widen fp16/bf16 sums and products to fp32 accumulation; schedule, tile and check
+    every GraphKernel; unfuse what cannot be generated (with the reason)."""
     spec = targets.load(ctx.flags.target)
     ctx.analyses.invalidate("codegen", "codegen_shared", "super_kernels")  # recomputed here
     scheds: dict[str, Schedule] = ctx.analyses.codegen
