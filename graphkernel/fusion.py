@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,7 +229,12 @@ class SplitModel:
     """Areas of one convex region and the checks every pattern shares."""
 
     def __init__(self, graph: Graph, region: list[Node], cfg: Config, ctx: Any,
-                 attempts: list[Attempt], label: Callable[[Node], str] | None = None) -> None:
+                 attempts: list[Attempt], label: Callable[[Node], str] | None = None,
+                 order: Sequence[Node] | None = None,
+                 position: dict[int, int] | None = None) -> None:
+        """``order``/``position``: a topological order of ``graph`` and each node's place in
+        it (computed here when not given; the split pass computes them once for every
+        region)."""
         self.graph = graph
         self.cfg = cfg
         self.ctx = ctx
@@ -241,9 +246,13 @@ class SplitModel:
         # region nodes reachable from n (itself included). A path between two region nodes
         # runs through nodes topologically between them, so the sweep covers that span only.
         # Convex regions never route a path outside, but the cycle check must not depend on
-        # that: a merge that makes the graph cyclic is refused whatever the region.
-        order = graph.nodes
-        pos = {id(n): i for i, n in enumerate(order)}
+        # that: a merge that makes the graph cyclic is refused whatever the region. (Paths
+        # through kernels the split pass built from earlier regions are not in the order;
+        # the graph's own toposort still rejects a cycle through one.)
+        if order is None or position is None:
+            order = graph.nodes
+            position = {id(n): i for i, n in enumerate(order)}
+        pos = position
         lo = min((pos[id(n)] for n in region), default=0)
         hi = max((pos[id(n)] for n in region), default=-1)
         reach: dict[int, int] = {}

@@ -130,16 +130,19 @@ class _Recorder:
 
 
 def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
-           tokens: bool) -> Decisions:
+           tokens: bool, order: list | None = None,
+           position: dict[int, int] | None = None) -> Decisions:
     """Run the split model on ``region``; its rewrites are asked of ``ctx`` as they happen.
-    With ``tokens``, area names are tokens (replayable on another region)."""
+    With ``tokens``, area names are tokens (replayable on another region). ``order`` and
+    ``position``: the graph's topological order before the pass, for the cycle check."""
     index = {id(n): i for i, n in enumerate(region)}
     names = [n.name for n in region]
     by_name = {n: i for i, n in enumerate(names)}
     dec = Decisions()
     attempts: list[Attempt] = []
     model = SplitModel(graph, region, cfg, _Recorder(ctx, names, index, dec), attempts,
-                       label=_token(index) if tokens else None)
+                       label=_token(index) if tokens else None, order=order,
+                       position=position)
     for p in patterns:
         run_pattern(model, p)
     dec.attempts = [(a.pattern, [_text(x) for x in a.areas], tuple(by_name[n] for n in a.nodes),
@@ -186,6 +189,8 @@ def split(graph, ctx) -> PassResult:
         attempts.append(Attempt(name, [], [], 0, "rejected", why))
     memo: dict[tuple, Decisions] | None = {} if replayable(cfg, patterns) else None
     built = 0
+    order = graph.nodes  # once: every region's cycle check sweeps its span of this order
+    position = {id(n): i for i, n in enumerate(order)}
     for region in info.regions:
         region = [n for n in region if n.graph is graph]
         if not region:
@@ -194,7 +199,8 @@ def split(graph, ctx) -> PassResult:
             if memo is not None else None
         dec = memo.get(key) if memo is not None else None
         if dec is None:  # decide (asking each rewrite as it happens)
-            dec = decide(graph, region, cfg, ctx, patterns, tokens=memo is not None)
+            dec = decide(graph, region, cfg, ctx, patterns, tokens=memo is not None,
+                         order=order, position=position)
             if memo is not None and dec.complete:
                 memo[key] = dec
             replay(dec, region, ctx, attempts, ask=False)
