@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 
 from graphkernel import symbolic
+from graphkernel.codegen.buffers import BufferPlan, plan
 from graphkernel.codegen.lower import C_TYPE, Lowered, lower
 from graphkernel.codegen.schedule import (
     COL,
@@ -23,7 +24,7 @@ from graphkernel.codegen.schedule import (
     comment_text,
 )
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.tiling import align_elems, budget
+from graphkernel.codegen.tiling import align_elems
 from graphkernel.ir import Dim
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -41,6 +42,8 @@ class Rendered:
     lowered: Lowered
     files: dict[str, str]         # file name -> text
     manifest: dict[str, Any]
+    plan: BufferPlan              # the kernel's UB buffers
+    variant: Rendered | None = None  # the rows-in-chunks variant (tiling key 1), if any
 
     @property
     def name(self) -> str:
@@ -77,7 +80,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     files (its class is included by the kernel, its tiling function called by the kernel's)."""
     var = render(s.variant, node_comment) if s.variant is not None else None
     low = lower(s)
-    ub = budget(s, low)
+    bplan = plan(s, low)
+    ub = bplan.budget()
     refs = shape_refs(s)
     align = align_elems(s)
     comment = comment_text(node_comment or s.node)
@@ -87,7 +91,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     tg = s.target
     ctx = {
-        "s": s, "low": low, "ub": ub, "align": align, "node_comment": comment,
+        "s": s, "low": low, "plan": bplan, "ub": ub, "align": align, "node_comment": comment,
         # the target's facts, written into the code as numbers (template constants)
         "blk": tg.block_bytes, "rep": tg.repeat_bytes, "bpr": tg.blocks_per_repeat,
         "mr": tg.max_repeats, "brcb_reps": _brcb_repeats(tg),
@@ -127,15 +131,16 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                           "nBatch"],
         "tiling_keys": {"0": "whole rows per tile",
                         **({"1": f"rows walked in chunks ({var.name})"} if var else {})},
-        "ub_bytes": {"per_tile_element": ub.A, "per_column": ub.B, "per_row": ub.C,
-                     "fixed": ub.D},
+        "ub_bytes": {"per_tile_element": ub.tile, "per_column": ub.col, "per_row": ub.row,
+                     "fixed": ub.fixed},
+        "buffers": bplan.describe(),
         "block_dim": "min(cores, M * nColTiles); each core a contiguous run of units (computed "
                      "by the tiling function)",
         "tiling_function": f"{s.name}_tiling",
         "sources": sorted(files),
         "notes": list(s.notes),
     }
-    return Rendered(s, low, files, manifest)
+    return Rendered(s, low, files, manifest, bplan, var)
 
 
 def _brcb_repeats(tg: Target) -> int:

@@ -78,7 +78,7 @@ def test_the_generated_code_follows_the_target_facts():
     assert "8 * 254" in src and "8 * 100" in wsrc   # Brcb: blocks per repeat, even repeats
     assert "(bytes + 63) / 64 * 64" in wsrc and "512 / sizeof(CT)" in wsrc
     low, wlow = lower(s), lower(wide)
-    assert budget(wide, wlow).D > budget(s, low).D
+    assert budget(wide, wlow).fixed > budget(s, low).fixed
     assert (align_elems(s), align_elems(wide)) == (8, 16)  # fp32 elements per UB block
 
 
