@@ -83,6 +83,7 @@ class KernelStats:
     syncs: int = 0       # SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     vector: int = 0      # vector instructions issued
     pipe_us: float = 0.0  # the cost model's time for the scalar accesses and syncs
+    ub_peak: int = 0     # the most UB one core reserved (within the buffer plan's bound)
     tiling: dict[str, int] = field(default_factory=dict)
 
 
@@ -134,6 +135,7 @@ class SimBackend:
         st.scalar += c.scalar
         st.syncs += c.syncs
         st.vector += c.vector
+        st.ub_peak = max(st.ub_peak, c.ub_peak)
         st.pipe_us += cost.pipe_us(c.scalar, c.syncs, launch.block_dim, self.spec)
         st.ideal += sum(np.asarray(a).size * io.dtype.itemsize
                         for a, io in zip(args, r.schedule.inputs, strict=True))

@@ -1291,6 +1291,7 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         counters[2] += cores[b].scalar_ops;
         counters[3] += cores[b].syncs;
         counters[4] += cores[b].vector_ops;
+        if (cores[b].ub_used > counters[5]) counters[5] = cores[b].ub_used;
     }
     return 0;
 }

@@ -80,6 +80,20 @@ def super_sim_source(sr: SuperRendered) -> str:
     ])
 
 
+def check_plan(r: Rendered, fields: dict[str, int], counts: Counts) -> None:
+    """The UB the launch reserved stays within the buffer plan's bound for the tile the host
+    tiling chose: the budget the tiling solved is the budget the kernel used."""
+    if not fields or not counts.ub_peak:
+        return
+    chosen = r.variant if fields["key"] == 1 and r.variant is not None else r
+    bound = chosen.plan.budget().bytes(fields["rt"], fields["ctp"])
+    if counts.ub_peak > bound:
+        raise SimulatorError(
+            f"{chosen.name}: InitBuffer reserved {counts.ub_peak} bytes of UB, the buffer plan "
+            f"allows {bound} for a tile of {fields['rt']} rows x {fields['ctp']} columns "
+            f"(a buffer the plan does not count: {[b.name for b in chosen.plan.buffers]})")
+
+
 class SimLibrary:
     """Kernels (and SuperKernels over them) compiled together: one g++ run, cached by
     content."""
@@ -147,7 +161,7 @@ class SimLibrary:
             block = max(block, b)
         ordered = [arrays[id(v)] for v in bufs]
         if block == 0:
-            return arrays, 0, Counts(0, 0, 0, 0, 0)
+            return arrays, 0, Counts(0, 0, 0, 0, 0, 0)
         counts = launch(self.lib, name, [*ordered, np.zeros(32, np.uint8),
                                          np.frombuffer(bytes(tiling), np.uint8).copy()],
                         block, spec.ub_bytes)
@@ -172,9 +186,10 @@ class SimLibrary:
         outs = [np.zeros(tuple(symbolic.evaluate(d, env) for d in io.shape),
                          _np_dtype(io.dtype)) for io in s.outputs]
         if block == 0:
-            return Launch(outs, 0, Counts(0, 0, 0, 0, 0), fields)
+            return Launch(outs, 0, Counts(0, 0, 0, 0, 0, 0), fields)
         tiling = np.frombuffer(raw, dtype=np.uint8).copy()
         workspace = np.zeros(32, np.uint8)
         counts = launch(self.lib, name, [*ins, *outs, workspace, tiling], block, spec.ub_bytes)
+        check_plan(r, fields, counts)
         # the tiling bytes the kernel unpacks are an argument, not data traffic
         return Launch(outs, block, counts, fields)

@@ -40,6 +40,7 @@ class Counts(NamedTuple):
     scalar: int       # scalar-pipe GetValue/SetValue of UB or GM
     syncs: int        # SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     vector: int       # vector instructions issued
+    ub_peak: int = 0  # the most UB bytes one core reserved with InitBuffer
 
 
 def cache_dir() -> Path:
