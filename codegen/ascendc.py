@@ -13,10 +13,12 @@ from typing import Any
 import jinja2
 
 from graphkernel import symbolic
+from graphkernel.codegen import barriers
 from graphkernel.codegen.buffers import BufferPlan, plan
 from graphkernel.codegen.lower import C_TYPE, Lowered, lower
 from graphkernel.codegen.schedule import (
     COL,
+    FULL,
     PARTIAL,
     ROW,
     Schedule,
@@ -90,8 +92,12 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     tg = s.target
+    names = [b.local for b in bplan.scratch] + tile_tensors(s)
     ctx = {
-        "s": s, "low": low, "plan": bplan, "ub": ub, "align": align, "node_comment": comment,
+        "s": s, "low": low, "plan": bplan, "ub": ub,
+        "compute_lines": barriers.place(low.prologue + low.body + low.epilogue, names),
+        "finish_lines": barriers.place(low.final + low.final_epilogue, names),
+        "align": align, "node_comment": comment,
         # the target's facts, written into the code as numbers (template constants)
         "blk": tg.block_bytes, "rep": tg.repeat_bytes, "bpr": tg.blocks_per_repeat,
         "mr": tg.max_repeats, "brcb_reps": _brcb_repeats(tg),
@@ -141,6 +147,15 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "notes": list(s.notes),
     }
     return Rendered(s, low, files, manifest, bplan, var)
+
+
+def tile_tensors(s: Schedule) -> list[str]:
+    """The LocalTensor names Compute takes from the queues: input and output tiles."""
+    names = [f"xi{io.index}" for io in s.inputs if io.kind in (FULL, PARTIAL, COL)]
+    for io in s.outputs:
+        names += ([f"yc{io.index}_{k}" for k in range(len(io.pieces))] if io.pieces else
+                  [f"yo{io.index}"])
+    return names
 
 
 def _brcb_repeats(tg: Target) -> int:

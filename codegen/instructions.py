@@ -39,7 +39,6 @@ class Instruction:
     accumulate: str | None = None  # a reduction's combining call over the rows
     fold: str | None = None      # a reduction's scalar combination of totals l and r
     mask: bool = False           # makes or reads bit masks: whole-repeat tiles
-    barrier: bool = True         # a PipeBarrier<PIPE_V> follows the call
     in_place: bool = True        # the result may take a dead operand's buffer (False: the
     #                              form reads an operand after writing the result)
 
@@ -113,7 +112,7 @@ TABLE: tuple[Instruction, ...] = (
     _compare("Greater", "GT"), _compare("GreaterEqual", "GE"), _compare("Less", "LT"),
     _compare("LessEqual", "LE"), _compare("Equal", "EQ"), _compare("NotEqual", "NE"),
     # NaN is the one value unequal to itself: one Compare, read as a mask by what follows
-    Instruction("IsNan", "classify", "Compare", 1, mode="NE", mask=True, barrier=False),
+    Instruction("IsNan", "classify", "Compare", 1, mode="NE", mask=True),
     Instruction("IsInf", "classify", "Compare", 1, mode="EQ", mask=True),
     Instruction("IsFinite", "classify", "Compare", 1, mode="EQ", mask=True),
     # bools held as fp32 0/1: and = product, or = max, not = 1 - x

@@ -276,9 +276,7 @@ class Lowerer:
             expr = rule.scalar.format(*(r.expr for r in a), t=C_TYPE[n.outputs[0].dtype])
             self.body.append(f"float {dst.expr} = {expr};")
             return
-        getattr(self, f"_{rule.form}")(rule, n, dst, a)
-        if rule.barrier:
-            self.body.append("PipeBarrier<PIPE_V>();")
+        getattr(self, f"_{rule.form}")(rule, n, dst, a)  # barriers: codegen/barriers.py
 
     # ------------------------------------------------------------- the forms
     def _reduce(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
@@ -536,13 +534,12 @@ class Lowerer:
             if form is None:
                 tmp = {FULL: "tf", ROW: "tr0", COL: "tc0"}[dst.kind]
                 if tmp == "tf":  # a row of the scalar, then row by row
-                    body += [f"Duplicate(tr0, CT({s.expr}), t_.ctp);", "PipeBarrier<PIPE_V>();"]
+                    body.append(f"Duplicate(tr0, CT({s.expr}), t_.ctp);")
                     args = (x.row(), "tr0") if x_first else ("tr0", x.row())
                     body.append(f"for (uint32_t i = 0; i < rows; ++i) "
                                 f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")
                     return
-                body += [f"Duplicate({tmp}, CT({s.expr}), {dst.count()});",
-                         "PipeBarrier<PIPE_V>();"]
+                body.append(f"Duplicate({tmp}, CT({s.expr}), {dst.count()});")
                 args = (x.expr, tmp) if x_first else (tmp, x.expr)
                 body.append(f"{api}({dst.expr}, {args[0]}, {args[1]}, {dst.count()});")
             else:
@@ -560,7 +557,7 @@ class Lowerer:
         if COL in kinds and ROW in kinds:  # the column across the rows, then row by row
             self.row_blocks = True
             c, r = (a, b) if a.kind == COL else (b, a)
-            body += [f"ColCopy({dst.expr}, {c.expr}, rows);", "PipeBarrier<PIPE_V>();"]
+            body.append(f"ColCopy({dst.expr}, {c.expr}, rows);")
             args = (dst.row(), r.expr) if a is c else (r.expr, dst.row())
             body.append(f"for (uint32_t i = 0; i < rows; ++i) "
                         f"{api}({dst.row()}, {args[0]}, {args[1]}, cols);")

@@ -188,6 +188,7 @@ inline uint32_t line_of(uint32_t seq) {
     return seq > c.base && seq - c.base <= c.lines.size() ? c.lines[seq - c.base - 1] : 0;
 }
 inline std::string sync_hint(int src, int dst) {
+    if (src == PIPE_V && dst == PIPE_V) return "PipeBarrier<PIPE_V>";
     for (const auto& e : EVENT_INFO)
         if (e.src == src && e.dst == dst)
             return std::string("SetFlag/WaitFlag<HardEvent::") + e.name +
@@ -195,12 +196,18 @@ inline std::string sync_hint(int src, int dst) {
     return "PipeBarrier<PIPE_ALL>";
 }
 
+// Whether pipe p's accesses need a sync after pipe w's to the same bytes: always across
+// pipes; on one pipe only for the vector unit, whose instructions may overlap unless a
+// PipeBarrier<PIPE_V> separates two that touch the same buffer (the scalar and copy pipes
+// complete their instructions in order).
+inline bool needs_sync(int w, int p) { return w != p || p == PIPE_V; }
+
 // The access of UB byte b by the instruction `in` comes after the last write of b, unless
-// that write was by another pipe with nothing ordering `in` after it.
+// that write was by a pipe `in` must sync with and nothing orders `in` after it.
 inline void after_write(size_t b, const Instr& in, const char* verb) {
     const UbShadow& sh = g_shadow;
     const int p = in.pipe, w = sh.wpipe[b];
-    if (w != p && g_core->known[p][w] < sh.wseq[b] && !((sh.grant[b] >> p) & 1u))
+    if (needs_sync(w, p) && g_core->known[p][w] < sh.wseq[b] && !((sh.grant[b] >> p) & 1u))
         fail(std::string(pipe_name(p)) + verb + std::to_string(b) + " that " + pipe_name(w) +
                  " wrote at line " + std::to_string(line_of(sh.wseq[b])) +
                  ", with no sync in between (" + sync_hint(w, p) + ")",
@@ -225,7 +232,7 @@ inline void ub_write(size_t b0, size_t len, const Instr& in) {
         after_write(b, in, " overwrites UB byte ");
         for (int k = 0; k < NREADERS; ++k) {
             const int q = READERS[k];
-            if (q != p && c.known[p][q] < sh.rseq[k][b])
+            if (needs_sync(q, p) && c.known[p][q] < sh.rseq[k][b] && sh.rseq[k][b] != in.seq)
                 fail(std::string(pipe_name(p)) + " overwrites UB byte " + std::to_string(b) +
                          " that " + pipe_name(q) + " reads at line " +
                          std::to_string(line_of(sh.rseq[k][b])) +

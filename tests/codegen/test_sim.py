@@ -50,6 +50,7 @@ private:
         LocalTensor<float> b = iny_.DeQue<float>();
         LocalTensor<float> c = out_.AllocTensor<float>();
         Exp(c, a, cnt);
+        PipeBarrier<PIPE_V>();  // Add reads what Exp wrote
         Add(c, c, b, cnt);
         out_.EnQue(c);
         inx_.FreeTensor(a); iny_.FreeTensor(b);

@@ -65,6 +65,7 @@ FIXED |= {
     # an id held by AllocEventID, used twice, then released
     "alloc_event_id": "    TEventID e = pipe.AllocEventID<HardEvent::V_S>();\n"
                       "    for (int i = 0; i < 2; ++i) {\n"
+                      "        PipeBarrier<PIPE_V>();  // after the last round's Duplicate\n"
                       "        Duplicate(t, 2.0f, 8);\n"
                       "        SetFlag<HardEvent::V_S>(e); WaitFlag<HardEvent::V_S>(e);\n"
                       "        volatile float v = t.GetValue(0);\n    }\n"
@@ -73,8 +74,27 @@ FIXED |= {
     "chained_events": f"    Duplicate(t, 2.0f, 8);\n{sync('V_S')}\n{sync('S_MTE3')}\n"
                       "    DataCopy(g, t, 8);",
 }
+# two vector instructions on the same bytes: PipeBarrier<PIPE_V> (or the V_V event pair)
+VRACES = {
+    "v_then_v": ("Duplicate(t, 2.0f, 8);", "Adds(t[8], t, 1.0f, 8);",
+                 "PIPE_V reads UB byte 0 that PIPE_V wrote"),
+    "v_read_then_v_write": ("Adds(t[8], t, 1.0f, 8);", "Duplicate(t, 2.0f, 8);",
+                            "PIPE_V overwrites UB byte 0 that PIPE_V reads"),
+    "v_write_then_v_write": ("Duplicate(t, 2.0f, 8);", "Duplicate(t, 3.0f, 8);",
+                             "PIPE_V overwrites UB byte 0 that PIPE_V wrote"),
+}
+FIXED |= {f"{n}_barrier_v": f"    {a}\n    PipeBarrier<PIPE_V>();\n    {b}"
+          for n, (a, b, _) in VRACES.items()}
+FIXED |= {f"{n}_event": f"    {a}\n{sync('V_V')}\n    {b}" for n, (a, b, _) in VRACES.items()}
+FIXED |= {  # an instruction reading and writing the same bytes; disjoint bytes need nothing
+    "v_in_place": "    Duplicate(t, 2.0f, 8);\n    PipeBarrier<PIPE_V>();\n"
+                  "    Adds(t, t, 1.0f, 8);",
+    "v_disjoint": "    Duplicate(t, 2.0f, 8);\n    Duplicate(t[8], 3.0f, 8);\n"
+                  "    Adds(t[16], t[24], 1.0f, 8);",
+}
 # name: (body whose last line is the offending call, the message)
 BROKEN = {f"race_{n}": (f"    {a}\n    {b}", msg) for n, (a, b, msg, _) in RACES.items()}
+BROKEN |= {f"race_{n}": (f"    {a}\n    {b}", msg) for n, (a, b, msg) in VRACES.items()}
 BROKEN |= {
     # PipeBarrier<PIPE_V> orders vector instructions only: the scalar read still races
     "barrier_v_is_not_v_to_s": ("    Duplicate(t, 2.0f, 8);\n    PipeBarrier<PIPE_V>();\n"
@@ -173,6 +193,12 @@ def test_a_race_names_the_line_of_the_earlier_access_and_the_event_that_fixes_it
     first_line = next(i for i, ln in enumerate(src, 1) if ln.strip() == first)
     assert f"at line {first_line}," in str(e.value)
     assert f"SetFlag/WaitFlag<HardEvent::{event}>" in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(VRACES))
+def test_a_vector_race_asks_for_a_vector_barrier(lib, name):
+    with pytest.raises(SimulatorError, match=r"no sync in between \(PipeBarrier<PIPE_V>\)"):
+        run(lib, f"race_{name}")
 
 
 @pytest.mark.parametrize("name", sorted(FIXED))
