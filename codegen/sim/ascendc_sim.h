@@ -113,7 +113,9 @@ struct Core {
     int32_t block_idx = 0;
     int32_t block_num = 1;
     std::vector<uint8_t> ub;
-    size_t ub_used = 0;
+    size_t ub_used = 0;           // UB the live TPipe has reserved
+    size_t ub_peak = 0;           // the most any TPipe of this core reserved
+    int live_pipes = 0;           // TPipes constructed and not yet destroyed
     uint64_t gm_read = 0;
     uint64_t gm_written = 0;
     uint64_t scalar_ops = 0;   // GetValue/SetValue (scalar pipe) of UB or GM
@@ -516,7 +518,9 @@ public:
             if (b->state == BufState::FREE) {
                 b->state = BufState::ALLOCATED;
                 b->gen += 1;
-                if constexpr (que_producer(P) >= 0)
+                // a refill after this queue's own previous tile (not the first fill, which
+                // may follow another kernel's use of the bytes)
+                if (que_producer(P) >= 0 && b->gen > 1)
                     ub_reclaim(b->offset, b->bytes, que_producer(P), que_consumer(P));
                 return LocalTensor<T>(b.get(), b->gen);
             }
@@ -581,9 +585,24 @@ private:
 
 class TPipe {
 public:
-    TPipe() {
-        if (g_core != nullptr) g_core->pipe = this;
+    // A kernel's TPipe takes the UB from its start: a SuperKernel's next sub-kernel reuses the
+    // bytes the previous one used (the pipe checks then see any access the seam leaves
+    // unordered). One TPipe at a time.
+    TPipe(loc where = loc::current()) {
+        if (g_core == nullptr) return;
+        if (g_core->live_pipes > 0) fail("a second TPipe while another is alive", where);
+        ++g_core->live_pipes;
+        g_core->ub_used = 0;
+        g_core->pipe = this;
     }
+    ~TPipe() {
+        if (g_core != nullptr && g_core->pipe == this) {
+            --g_core->live_pipes;
+            g_core->pipe = nullptr;
+        }
+    }
+    TPipe(const TPipe&) = delete;
+    TPipe& operator=(const TPipe&) = delete;
     template <QuePosition P, int32_t D>
     void InitBuffer(TQue<P, D>& q, int32_t num, uint32_t bytes, loc where = loc::current()) {
         if (num <= 0) fail("InitBuffer with " + std::to_string(num) + " buffers", where);
@@ -638,6 +657,7 @@ private:
                  " bytes in all, the Unified Buffer has " + std::to_string(g_core->ub.size()),
                  where);
         g_core->ub_used = off + need;
+        g_core->ub_peak = std::max(g_core->ub_peak, g_core->ub_used);
         g_shadow.grow(off + need);
         return off;
     }
@@ -1298,7 +1318,7 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         counters[2] += cores[b].scalar_ops;
         counters[3] += cores[b].syncs;
         counters[4] += cores[b].vector_ops;
-        if (cores[b].ub_used > counters[5]) counters[5] = cores[b].ub_used;
+        if (cores[b].ub_peak > counters[5]) counters[5] = cores[b].ub_peak;
     }
     return 0;
 }

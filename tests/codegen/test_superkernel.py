@@ -91,6 +91,24 @@ def test_superkernel_outputs_equal_separate_launches(compiled):
     assert counts.syncs >= (len(sr.group.members) - 1) * block  # a barrier per core and seam
 
 
+def test_the_seam_barrier_is_what_orders_the_reused_unified_buffer(compiled):
+    """Each sub-kernel's TPipe takes the UB from its start; without the PIPE_ALL seam the
+    next kernel's first copy in would overwrite bytes the previous kernel's pipes may still
+    be using, and the simulator says so."""
+    from graphkernel.codegen.sim.execute import SuperRendered
+    from graphkernel.codegen.sim.runner import SimulatorError
+
+    res, supers, _ = compiled
+    (sr,) = supers
+    name = sr.name + "_noseam"
+    cut = SuperRendered(name, sr.group, sr.members, sr.source.replace(
+        "    PipeBarrier<PIPE_ALL>();\n", "").replace(sr.name, name))
+    lib = SimLibrary(sr.members, [cut])
+    x = np.ones((64, 96), np.float32)
+    with pytest.raises(SimulatorError, match=r"overwrites UB byte \d+ that PIPE_\w+ (reads|wrote)"):
+        lib.run_super(name, {id(res.graph.inputs[0]): x}, targets.load("ascend910b"))
+
+
 def test_scope_patterns_select_kernels_and_dynamic_shapes_do_not_qualify():
     g = two_chains()
     res = graphkernel.compile(g, f"{FLAGS} --super_kernel_scope=a1*,a2*", env={})
