@@ -567,6 +567,7 @@ class _Planner:
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
+        guessed: set[int] = set()  # rows/columns placed by shape alone, and what they compute
         views = self.views
         for vid, view in views.items():
             v = next(x for x in self._all_values() if id(x) == vid)
@@ -584,6 +585,8 @@ class _Planner:
             for v in n.inputs:
                 o = self.owner(v)
                 if id(o) in kind:
+                    if full_space and id(o) in guessed:
+                        self._check_placed(n, v, kind[id(o)], S, L)
                     continue
                 if not full_space:  # placed against a full-size value it broadcasts to
                     c = self._compact_input(v, N, L)
@@ -591,6 +594,8 @@ class _Planner:
                         raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
                                           "value) in the loop space", node=n)
                     kind[id(o)] = c
+                    if c in (ROW, COL):
+                        guessed.add(id(o))
                     continue
                 c = self._classify(v, S, L)
                 if c is None:
@@ -615,6 +620,9 @@ class _Planner:
                 kind[id(out)] = FULL
             else:
                 kind[id(out)] = _join(srcs)
+                if kind[id(out)] in (ROW, COL) and any(id(self.owner(v)) in guessed
+                                                       for v in n.inputs):
+                    guessed.add(id(out))
                 if kind[id(out)] == FULL and not full_space:  # (a loaded broadcast's source)
                     raise Unsupported(f"{n.op} computes a value smaller than the loop space "
                                       "from a full-size one", node=n)
@@ -637,6 +645,16 @@ class _Planner:
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
         return kind
+
+    def _check_placed(self, n: Node, v: Value, placed: str, S, L: Dim) -> None:
+        """A row or column computed from kernel inputs placed by shape alone (against the
+        first full-size value they broadcast to) is held in that layout; a use through a view
+        that reads it the other way (ExpandDims(x, 1) broadcast along rows where x is held as
+        a row) cannot be generated from that storage."""
+        c = self._classify(v, S, L)
+        if c is not None and {c[0], placed} == {ROW, COL}:
+            raise Unsupported(f"{n.op} reads {v.name} as a {c[0]}, but it is held as a "
+                              f"{placed}", node=n)
 
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool) -> KernelIO:
         local = self.loaded[id(v)] if is_input else v

@@ -134,10 +134,16 @@ def launch(lib: Library | ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray
     fn = getattr(lib, f"gk_sim_launch_{kernel}", None)
     if fn is None:
         raise SimulatorError(f"no kernel {kernel!r} in the library")
-    arrays = [np.ascontiguousarray(b) if b.ndim else b.reshape(1) for b in buffers]
-    for a, b in zip(arrays, buffers, strict=True):
-        if a is not b and a.base is not b:
-            raise SimulatorError("GM buffers must be C-contiguous arrays")
+    # The kernel gets each buffer's own memory and writes its outputs there: a buffer must
+    # be one C-contiguous block, as a device allocation is (the host copies a strided array
+    # into one before the launch, as it would before copying it to the device). Tested on
+    # the array itself: a 0-d view (a Squeeze of an input) is one element, so contiguous,
+    # and is passed as [1], a view of the same memory.
+    for i, b in enumerate(buffers):
+        if not b.flags.c_contiguous:
+            raise SimulatorError(f"{kernel}: GM buffer {i} (shape {list(b.shape)}, strides "
+                                 f"{list(b.strides)}) must be a C-contiguous array")
+    arrays = [b if b.ndim else b.reshape(1) for b in buffers]
     ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     counters = (ctypes.c_uint64 * len(Counts._fields))()
     err = ctypes.create_string_buffer(1024)

@@ -133,3 +133,66 @@ def test_long_run_command_line(capsys):
         with pytest.raises(SystemExit) as e:
             main(["--sim", *bad])
         assert e.value.code == 2
+
+
+def _squeezed_scalar() -> Graph:
+    """Fuzz seed 761: a [1, 1] input squeezed to [] outside the kernels (it also feeds a
+    Reshape and a Transpose) and read by a kernel as a 0-d GM buffer."""
+    g = Graph("sq")
+    x = g.add_input("x", TensorType((1, 1), "float32"))
+    s = g.add_node("Squeeze", [x], {"axis": [1]}).output
+    s0 = g.add_node("Squeeze", [s], {"axis": [0]}).output
+    t = g.add_node("Transpose", [g.add_node("Reshape", [s0], {"shape": [1]}).output],
+                   {"perm": [0]}).output
+    f = g.add_node("Floor", [g.add_node("BroadcastTo", [t], {"shape": [2, 2, 2]}).output]).output
+    g.set_outputs([g.add_node("Sub", [f, s0]).output])
+    return g
+
+
+@pytest.mark.parametrize("flags", [
+    "--opt_level=1", "--opt_level=1 --enable_single_node_fusion --enable_parallel_fusion"])
+def test_a_kernel_input_squeezed_to_a_scalar(flags):
+    """The interpreter hands the kernel a 0-d view of the input; the launch took it for a
+    copy ("GM buffers must be C-contiguous arrays"). It is one contiguous element."""
+    g = _squeezed_scalar()
+    res = graphkernel.compile(g, flags, env={})
+    ks = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert any(v.producer is not None and v.producer.op == "Squeeze" and v.type.rank == 0
+               for k in ks for v in k.inputs)  # the 0-d view reaches a kernel
+    _sim_matches(g, flags)
+
+
+def _row_held_as_column() -> Graph:
+    """Fuzz seed 895: Maximum of two [2] inputs, ExpandDims to [2, 1], BroadcastTo [2, 2],
+    flattened and used with a [4] input: each value repeated (1 1 2 2)."""
+    g = Graph("rc")
+    a, c = (g.add_input(n, TensorType((2,), "float32")) for n in "ac")
+    b = g.add_input("b", TensorType((4,), "float32"))
+    m = g.add_node("Maximum", [a, c]).output
+    e = g.add_node("ExpandDims", [m], {"axis": [1]}).output
+    bt = g.add_node("BroadcastTo", [e], {"shape": [2, 2]}).output
+    r = g.add_node("Reshape", [bt], {"shape": [-1]}).output
+    g.set_outputs([g.add_node("Maximum", [b, r]).output])
+    return g
+
+
+def test_a_compact_value_read_the_other_way_is_refused():
+    """The [2] inputs were placed as a row of the [2, 2] loop space (by shape), but the
+    broadcast reads their Maximum as a column: the kernel gave 1 2 1 2. The schedule
+    refuses a use that does not match the layout a compact value is held in."""
+    from graphkernel.codegen.schedule import Unsupported, plan
+    from graphkernel.kernels import build_kernel
+
+    g = _row_held_as_column()
+    k = build_kernel(g, list(g.nodes), "one", "test")
+    with pytest.raises(Unsupported, match="reads expanddims as a col, but it is held "
+                       "as a row") as e:
+        plan(k)
+    assert e.value.node is not None and e.value.node.op == "BroadcastTo"
+
+
+@pytest.mark.parametrize("flags", ["--opt_level=1", "--opt_level=3",
+                                   "--opt_level=1 --enable_single_node_fusion",
+                                   "--opt_level=2 --enable_low_precision"])
+def test_a_broadcast_column_flattened_matches(flags):
+    _sim_matches(_row_held_as_column(), flags)

@@ -101,6 +101,20 @@ def test_hand_written_kernel_matches_numpy_with_ideal_traffic(n, cores, tile):
     assert (read, written) == (2 * 4 * n, 4 * n)  # every byte in once, out once
 
 
+def test_gm_buffers_are_the_arrays_own_memory():
+    """A 0-d view (a Squeeze of a [1, 1] array) is one contiguous element: the kernel reads
+    and writes it in place; a strided array is refused, naming the kernel and the buffer."""
+    lib = build([ADD_EXP])
+    xs, ys, zs = (np.full((1, 1), v, np.float32) for v in (0.5, 2.0, 0.0))
+    x, y, z = (a.squeeze() for a in (xs, ys, zs))  # views: their base is the [1, 1] array
+    launch(lib, "add_exp", [x, y, z, np.array([1, 8, 64], np.uint32)], 1, UB)
+    np.testing.assert_allclose(zs, np.exp(0.5) + 2.0, rtol=1e-6)  # written through the view
+    strided = np.zeros(128, np.float32)[::2]
+    with pytest.raises(SimulatorError, match=r"add_exp: GM buffer 1 .* must be a C-contiguous"):
+        launch(lib, "add_exp", [np.zeros(64, np.float32), strided, np.zeros(64, np.float32),
+                                np.array([64, 64, 64], np.uint32)], 1, UB)
+
+
 def broken(body: str, name: str) -> str:
     return (f'extern "C" __global__ __aicore__ void {name}(GM_ADDR x) {{\n'
             f"    GlobalTensor<float> g; g.SetGlobalBuffer((__gm__ float*)x, 64);\n"
