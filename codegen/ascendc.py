@@ -91,6 +91,12 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
+    scatter = {io.index: [(c_dim(d, refs), c_dim(st, refs))  # outputs stored through a map
+                          for d, st in zip(io.outer, io.strides, strict=True)]
+               for io in s.outputs if io.outer}
+    opitch = {io.index: _pitch(io, refs) for io in s.outputs if io.outer}
+    gather = {io.index: (c_dim(io.block_rows, refs), [c_dim(r, refs) for _, r in io.gather])
+              for io in s.inputs if io.gather}
     tg = s.target
     names = [b.local for b in bplan.scratch] + tile_tensors(s)
     ctx = {
@@ -107,7 +113,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "L_doc": symbolic.canon(s.L),
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
-        "partial": partial, "pitch": pitch,
+        "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
+        "gather": gather,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
                    for io in s.outputs},
         "late": {io.index for io in s.outputs  # stored once a reduction completes

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from graphkernel.codegen import views
 from graphkernel.codegen.decompose import decompose
 from graphkernel.codegen.schedule import (
     REDUCE_OPS,
     KernelIO,
     Schedule,
+    elementwise,
     io_notes,
     kernel_symbol,
 )
@@ -35,6 +37,7 @@ def rebind(s: Schedule, kernel: Node) -> Schedule | None:
     ``kernel``'s own schedule; None when the bodies do not line up node for node."""
     src = body_of(s)
     own, _ = decompose(kernel.subgraph)
+    own, _ = views.sink_concats(own, elementwise)
     if src is None or len(src.inputs) != len(own.inputs) or len(src) != len(own):
         return None
     obj: dict[int, object] = {}

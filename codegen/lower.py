@@ -18,6 +18,7 @@ from graphkernel.codegen.schedule import (
     COL,
     FULL,
     PARTIAL,
+    PIECE,
     ROW,
     SCALAR,
     Schedule,
@@ -123,7 +124,7 @@ class Lowerer:
         s = self.s
         for io in s.inputs:
             v = s.storage(io.local)
-            if id(v) in self.refs:
+            if id(v) in self.refs or io.kind == PIECE:  # a piece: in its Concat's tile
                 continue
             lowp = io.dtype != s.compute
             if io.dtype == BITS:  # raw words, used in place

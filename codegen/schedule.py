@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.codegen import targets
+from graphkernel.codegen import targets, views
 from graphkernel.codegen.decompose import decompose
 from graphkernel.codegen.instructions import (
     BITS,
@@ -40,6 +40,7 @@ from graphkernel.codegen.instructions import (
 from graphkernel.ir import Dim, DType, Node, Value
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
+PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
@@ -66,9 +67,15 @@ class KernelIO:
     strides: tuple[Dim, ...] = ()  # PARTIAL: the input's element stride per outer dim (0: bcast)
     base: int = 0                  # PARTIAL: element offset of the first row (a slice's start)
     local: Value | None = None     # the value holding the loaded tile (an input or its slice)
+    #                                an output with ``outer``: its rows are stored through the
+    #                                map (outer, strides, base) of a view of a computed value
     # an output that is a Concat: each operand (a full tile) stored to its block of the output,
     # (operand, element offset of its first row, element distance between its rows in GM)
     pieces: tuple[tuple[Value, Dim, Dim], ...] = ()
+    # an input whose tile is a Concat of kernel inputs (this one first): per operand, its
+    # input index and its rows per block of ``block_rows`` rows of the Concat (rows of L)
+    gather: tuple[tuple[int, Dim], ...] = ()
+    block_rows: Dim = 1
 
 
 @dataclass
@@ -263,12 +270,20 @@ class _Planner:
         self.row_chunks = row_chunks
         # composite ops rewritten into basic ones; origin maps nodes back for the fallback
         self.sub, self.origin = decompose(kernel.subgraph)
+        # ops every operand of a Concat ends with run once after it (on one loaded tile)
+        self.sub, moved = views.sink_concats(self.sub, elementwise)
+        self.moved = {k: self.origin.get(id(n), n) for k, n in moved.items()}
         self.root: dict[int, Value] = {}
         self.scalars: dict[int, float] = {}
         self.views: dict[int, View] = {}       # id(value loaded from GM) -> its view
         self.loaded: dict[int, Value] = {}     # id(kernel input) -> the value loaded from it
         self.partial: dict[int, tuple] = {}
         self.concats: list[Node] = []
+        self.gathers: list[Node] = []  # Concats of kernel inputs loaded into one tile
+        self.shown: dict[int, Node] = {}  # id(view of a computed value) -> the view node
+        # id(kernel output) -> (shape, strides): where the elements of a computed value of that
+        # shape land in the output's buffer (the output is a chain of views of it)
+        self.store_maps: dict[int, tuple[tuple[Dim, ...], tuple[Dim, ...]]] = {}
 
     def owner(self, v: Value) -> Value:
         return follow(self.root, v)
@@ -289,12 +304,15 @@ class _Planner:
             if n.op == "Constant":  # an integer keeps every bit (int32 exceeds fp32's 24)
                 c = np.asarray(n.attrs["value"]).reshape(-1)[0]
                 self.scalars[id(n.outputs[0])] = int(c) if n.outputs[0].dtype == BITS else float(c)
-            elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)):
+            elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)) or (
+                    n.op == "Concat" and len(n.inputs) == 1):  # (a Concat of one: itself)
                 self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
             elif n.op in ("Slice", "StridedSlice", "Transpose"):
                 self._slice(n)  # a strided view of a kernel input
             elif n.op == "BroadcastTo":
                 steps.append(n)  # an alias, or materialised when its source is compact
+            elif n.op == "Concat" and self._gather(n):
+                pass  # loaded piece by piece into one tile
             elif n.op == "Concat":  # stored operand by operand into the output's blocks
                 if any(tuple(x.shape) != tuple(n.inputs[0].shape) for x in n.inputs):
                     raise Unsupported("Concat of operands of different shapes", node=n)
@@ -306,6 +324,7 @@ class _Planner:
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
+        self._place_stores(steps)
         cat_outs = {id(n.outputs[0]) for n in concats}
         for n in steps:  # a Concat's blocks go straight to its output; nothing computes on them
             if any(id(self.owner(x)) in cat_outs for x in n.inputs):
@@ -326,9 +345,10 @@ class _Planner:
             raise Unsupported(f"row length {L} does not divide the element count {N}")
         kind = self._layouts(steps, N, L)
         ins = [self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
+        self._gather_io(ins, L)
         cat = {id(n.outputs[0]): n for n in concats}
         outs = [self._concat_io(i, v, cat[id(self.owner(v))], kind, N, L)  # (or its Cast)
-                if id(self.owner(v)) in cat else self._io(i, v, kind, False)
+                if id(self.owner(v)) in cat else self._io(i, v, kind, False, L)
                 for i, v in enumerate(sub.outputs)]
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
@@ -376,7 +396,16 @@ class _Planner:
         return final
 
     def _slice(self, n: Node) -> None:
+        if n.op == "Transpose":  # placed where it is stored, or loaded strided (_place_stores)
+            self.shown[id(n.outputs[0])] = n
+            return
+        self._strided(n)
+
+    def _strided(self, n: Node) -> None:
+        """A slice or transpose of a kernel input read by a step: a strided load."""
         src = self.owner(n.inputs[0])
+        if id(src) in self.shown:
+            raise Unsupported(f"{n.op} of a Transpose of a computed value", node=n)
         if not any(src is v for v in self.sub.inputs):
             raise Unsupported(f"{n.op} of a computed value (slices and transposes are generated "
                               "as strided loads of kernel inputs)", node=n)
@@ -397,6 +426,120 @@ class _Planner:
             self.views[id(out)] = slice_view(n)
         self.loaded[id(src)] = out
         del self.views[id(src)]
+
+    def _gather(self, n: Node) -> bool:
+        """A Concat of kernel inputs (each read only by it) of different shapes, or used inside
+        the kernel: its tile is loaded piece by piece, each row from its operand's buffer."""
+        srcs = [self.owner(x) for x in n.inputs]
+        if not all(any(o is v for v in self.sub.inputs) and self.loaded[id(o)] is o
+                   and _single_use_chain(x, o) for x, o in zip(n.inputs, srcs, strict=True)):
+            return False
+        if len({id(o) for o in srcs}) != len(srcs) or not n.outputs[0].dtype.is_float or len(
+                {o.dtype for o in srcs}) != 1:
+            return False
+        out = n.outputs[0]
+        same = all(tuple(x.shape) == tuple(n.inputs[0].shape) for x in n.inputs)
+        if same and not out.users:
+            return False  # stored operand by operand (no tile of the whole Concat needed)
+        for o in srcs:
+            self.loaded[id(o)] = out
+            del self.views[id(o)]
+        self.views[id(out)] = View.contiguous(tuple(out.shape))
+        self.gathers.append(n)
+        return True
+
+    def _gather_rows(self) -> set | None:
+        """Row lengths under which every row of a loaded Concat comes from one operand."""
+        out = None
+        for n in self.gathers:
+            shape = tuple(n.outputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            ok = {symbolic.canon(symbolic.numel(shape[k:])) for k in range(a + 1, len(shape) + 1)}
+            out = ok if out is None else out & ok
+        return out
+
+    def _gather_io(self, ins: list[KernelIO], L: Dim) -> None:
+        """The first operand's input loads the Concat's tile; the others are its pieces."""
+        index = {id(io.value): io for io in ins}
+        for n in self.gathers:
+            shape = tuple(n.outputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            k = _trailing_split(shape, L)
+            if k is None or k <= a:
+                raise Unsupported(f"Concat along axis {a}: rows of {L} cross its operands",
+                                  node=n)
+            rows = []
+            for x in n.inputs:
+                r = symbolic.div(symbolic.numel(tuple(x.shape)[a:]), L)
+                if r is None:
+                    raise Unsupported(f"Concat: rows of {L} do not divide an operand", node=n)
+                rows.append((index[id(self.owner(x))].index, r))
+            first = index[id(self.owner(n.inputs[0]))]
+            first.gather, first.block_rows = tuple(rows), symbolic.div(
+                symbolic.numel(shape[a:]), L)
+            for x in n.inputs[1:]:
+                index[id(self.owner(x))].kind = PIECE
+
+    def _place_stores(self, steps: list[Node]) -> None:
+        """Transposes of computed values that only reach kernel outputs: each such output is
+        stored through the map of the view chain (the rows of the computed value go straight
+        to their places in the output), and the transpose shares the computed value's tile."""
+        if not self.shown:
+            return
+        for n in [*steps, *self.concats]:
+            for x in n.inputs:
+                t = self.shown.get(id(self.owner(x)))
+                if t is None:
+                    continue
+                if any(self.owner(t.inputs[0]) is v for v in self.sub.inputs):
+                    del self.shown[id(t.outputs[0])]
+                    self._strided(t)  # a transpose of an input read by a step
+                    continue
+                raise Unsupported(f"Transpose of a computed value read by {n.op} (a view "
+                                  "of a computed value is generated where it is stored: "
+                                  "a kernel output)", node=t)
+        for v in self.sub.outputs:
+            if id(self.owner(v)) in self.shown:
+                self.store_maps[id(v)] = self._store_map(v)
+        for vid, t in self.shown.items():
+            self.root[vid] = self.owner(t.inputs[0])
+
+    def _store_map(self, v: Value) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+        """(shape, strides): the map of output ``v`` over a contiguous reshape of the computed
+        value it shows (walked back through the views while the map stays affine)."""
+        def is_view(n: Node) -> bool:
+            return id(n.outputs[0]) in self.root or id(n.outputs[0]) in self.shown
+
+        cur, strides = v, views.contiguous(tuple(v.shape))
+        while cur.producer is not None and is_view(cur.producer):
+            got = views.step_back(cur.producer, strides)
+            if got is None:
+                break
+            strides, cur = got, cur.producer.inputs[0]
+        x = cur  # below the map: reshapes of the computed value only (it stays contiguous)
+        while x.producer is not None and is_view(x.producer):
+            if x.producer.op == "Transpose":
+                raise Unsupported(f"output {v.name}: its chain of views of a computed value "
+                                  "has no affine map (a reshape merges transposed axes)",
+                                  node=x.producer)
+            x = x.producer.inputs[0]
+        shape = tuple(cur.shape)
+        if shape and not _eq(shape[-1], 1) and not _eq(strides[-1], 1):
+            t = next(t for t in self.shown.values())
+            raise Unsupported("Transpose of a computed value that moves its last axis (the "
+                              "reference documents no in-UB transpose; rows must stay "
+                              "contiguous)", node=t)
+        return shape, strides
+
+    def _store_rows(self) -> set | None:
+        """Row lengths under which every output stored through a map keeps its rows
+        contiguous in GM (None: no such output)."""
+        out = None
+        for shape, strides in self.store_maps.values():
+            ok = {symbolic.canon(symbolic.numel(shape[k:])) for k in range(len(shape) + 1)
+                  if classify(shape, shape, symbolic.numel(shape[k:]), View(0, strides))}
+            out = ok if out is None else out & ok
+        return out
 
     def _compute_type(self) -> DType:
         """fp16 when the body states fp16 for every float value (promote_precision did not
@@ -486,6 +629,9 @@ class _Planner:
             return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
         return None
 
+    def kind_of(self, kind: dict[int, str], v: Value) -> str | None:
+        return kind.get(id(self.owner(v)))
+
     def _needs_rows(self, v: Value, N: Dim) -> bool:
         """Whether a use of v constrains the row split (it is not a plain full tile)."""
         if id(v) in self.scalars or _eq(v.type.numel, 1):
@@ -541,6 +687,9 @@ class _Planner:
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
+        for rows in (self._store_rows(), self._gather_rows()):
+            if rows is not None:  # rows contiguous in stored maps, rows of one Concat operand
+                candidates = rows if candidates is None else candidates & rows
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block
             shape = n.inputs[0].shape
             a = n.attrs["axis"] % len(shape)
@@ -656,8 +805,21 @@ class _Planner:
             raise Unsupported(f"{n.op} reads {v.name} as a {c[0]}, but it is held as a "
                               f"{placed}", node=n)
 
-    def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool) -> KernelIO:
+    def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool, L: Dim = 1
+            ) -> KernelIO:
         local = self.loaded[id(v)] if is_input else v
+        if not is_input and id(v) in self.store_maps:
+            shape, strides = self.store_maps[id(v)]
+            c = classify(shape, shape, L, View(0, strides))
+            if c is None:
+                raise Unsupported(f"output {v.name} (a transpose of a computed value): rows of "
+                                  f"{L} are not contiguous in it")
+            if self.kind_of(kind, v) != FULL:
+                raise Unsupported(f"output {v.name}: a transpose of a value smaller than the "
+                                  "loop space")
+            if c[0] == PARTIAL:
+                return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), c[1], c[2], c[3],
+                                self.owner(v))
         o = self.owner(local)
         k = kind.get(id(o))
         if k is None:
@@ -688,6 +850,29 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
     return notes
 
 
+SINKABLE_FORMS = frozenset({"unary", "binary", "round", "pow", "sign"})
+
+
+def elementwise(n: Node) -> bool:
+    """An elementwise op on floats that may run after a Concat instead of on its pieces."""
+    rule = INSTRUCTIONS.get(n.op)
+    return (rule is not None and rule.form in SINKABLE_FORMS and n.op not in REDUCE_OPS
+            and all(v.dtype.is_float for v in (*n.inputs, *n.outputs)))
+
+
+def _single_use_chain(v: Value, src: Value) -> bool:
+    """Whether ``v`` is ``src`` seen through views (widening casts, reshapes), each value on
+    the way read once."""
+    while True:
+        if len(v.uses) != 1:
+            return False
+        if v is src:
+            return True
+        if v.producer is None:
+            return False
+        v = v.producer.inputs[0]
+
+
 def _join(kinds: list[str]) -> str:
     ks = set(kinds) - {SCALAR}
     if not ks:
@@ -707,7 +892,7 @@ def plan(kernel: Node, row_chunks: bool = False, target: targets.Target | None =
         s = planner.plan()
     except Unsupported as e:
         if e.node is not None:
-            e.node = planner.origin.get(id(e.node), e.node)
+            e.node = planner.moved.get(id(e.node)) or planner.origin.get(id(e.node), e.node)
         raise
     if target is not None:
         s.target = target

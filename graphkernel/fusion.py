@@ -30,7 +30,8 @@ DEFAULT_CLUSTER_OPS = frozenset(
         "Cast", "Select", "BroadcastTo", "ReduceSum", "ReduceMax", "ReduceMin",
         "ReduceProd", "ElemAny", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice",
         "StridedSlice"})
-# AutoFuse's extended fusions: these ops join the list at opt_level 3, or with their pattern
+# AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
+# gather 3), or with their pattern enabled
 EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})  # fused only through matmul_depth
 # the vector unit has no float64 and limited int64
@@ -41,11 +42,14 @@ INJECTIVE, BROADCAST = "INJECTIVE", "BROADCAST"
 
 def cluster_ops(cfg: Config) -> frozenset[str]:
     """The effective cluster-op list: ``*_only`` replaces it; else default + enable - disable
-    (Concat/Gather from opt_level 3 or when their extended pattern is enabled)."""
+    (Concat/Gather from their extended pattern's level, or when it is enabled)."""
     if cfg.enable_cluster_ops_only:
         return frozenset(cfg.enable_cluster_ops_only)
+    from graphkernel.registry import PATTERNS
+
     extended = {op for op, pat in EXTENDED_CLUSTER_OPS.items()
-                if cfg.opt_level >= 3 or pat in cfg.enable_fusion_pattern
+                if cfg.opt_level >= (PATTERNS[pat].level if pat in PATTERNS else 3)
+                or pat in cfg.enable_fusion_pattern
                 or pat in cfg.enable_fusion_pattern_only}
     return frozenset((DEFAULT_CLUSTER_OPS | extended | set(cfg.enable_cluster_ops))
                      - set(cfg.disable_cluster_ops))

@@ -54,19 +54,48 @@ def test_matmul_depth_takes_a_single_add_or_cast():
         reasons(res, "matmul_depth")
 
 
-def test_extended_patterns_run_at_level_3_only():
+def test_gather_pattern_runs_at_level_3_only():
     b = G()
-    x = b.input("x", (4, 8))
-    t = b.op("Transpose", b.op("Exp", x, name="e"), name="t", perm=[1, 0])
-    g = b.out(b.op("Neg", t, name="n"))
+    x, i = b.input("x", (4, 8)), b.const([0, 2, 1], "int32")
+    g = b.out(b.op("Gather", b.op("Exp", x, name="e"), i, name="ga", axis=0))
     res2 = fuse(g, "--opt_level=2")
-    assert not attempts(res2, "transpose", "fused")
+    assert not attempts(res2, "gather", "fused")
     assert any(a.reason == "pattern level 3 > opt_level 2"
-               for a in res2.analyses.fusion_attempts if a.pattern == "transpose")
-    res3 = fuse(g, "--opt_level=3")
-    assert attempts(res3, "transpose", "fused")
-    assert attempts(fuse(g, "--opt_level=2 --autofuse_enable_pass=transpose"), "transpose",
-                    "fused")
+               for a in res2.analyses.fusion_attempts if a.pattern == "gather")
+    assert attempts(fuse(g, "--opt_level=3"), "gather", "fused")
+    assert attempts(fuse(g, "--opt_level=2 --autofuse_enable_pass=gather"), "gather", "fused")
+
+
+def test_concat_pattern_runs_at_level_2_where_the_generator_takes_it():
+    """Pieces of different shapes are pulled in only when one op ends every operand (it runs
+    once after the Concat); otherwise explain says why."""
+    for second, fused in (("Exp", True), ("Neg", False)):
+        b = G()
+        x, y = b.input("x", (4, 8)), b.input("y", (2, 8))
+        c = b.op("Concat", b.op("Exp", x, name="e"), b.op(second, y, name="m"), name="c",
+                 axis=0)
+        g = b.out(c)
+        res = fuse(g, "--opt_level=2")
+        assert bool(attempts(res, "concat", "fused")) == fused
+        if not fused:
+            assert any("not computed by the same elementwise ops" in a.reason
+                       for a in res.analyses.fusion_attempts if a.pattern == "concat")
+    assert not attempts(fuse(g, "--opt_level=1"), "concat", "fused")
+
+
+def test_transpose_pattern_runs_at_level_2_unless_the_last_axis_moves():
+    """The code generator stores the rows of a transposed computed value; a transpose of the
+    last axis it cannot generate, so the pattern refuses it and says why."""
+    for perm, fused in (([1, 0, 2], True), ([0, 2, 1], False)):
+        b = G()
+        x = b.input("x", (4, 8, 16))
+        g = b.out(b.op("Transpose", b.op("Exp", x, name="e"), name="t", perm=perm))
+        res = fuse(g, "--opt_level=2")
+        assert bool(attempts(res, "transpose", "fused")) == fused
+        if not fused:
+            assert any("moves the last axis" in a.reason for a in res.analyses.fusion_attempts
+                       if a.pattern == "transpose")
+    assert not attempts(fuse(g, "--opt_level=1"), "transpose", "fused")
 
 
 def test_composite_op_limit_size():

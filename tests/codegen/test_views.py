@@ -1,0 +1,130 @@
+"""Views of computed values inside generated kernels (transposes, reshapes, concats), each
+case one kernel with no fallback, run in the simulator against the op-by-op run; and the
+index maps of codegen/views.py against numpy's own strides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel.codegen import views
+from graphkernel.codegen.schedule import Unsupported, plan
+from graphkernel.explain import explain
+from graphkernel.kernels import build_kernel
+from tests.codegen.cases import Case, _g, compile_cases
+from tests.codegen.test_codegen import check_case
+
+
+def _n(g):
+    return lambda op, ins, **a: g.add_node(op, ins, a).output
+
+
+def view_cases() -> list[Case]:
+    cases = []
+
+    def add(case_id, g, *outs, flags="--opt_level=3", dims=None):
+        g.set_outputs(list(outs))
+        cases.append(Case(case_id, g, flags, dims=dims or [{}]))
+
+    # ShuffleNet's channel shuffle after a BatchNorm and Relu: Reshape -> Transpose -> Reshape
+    for lvl in (2, 3):
+        g, v = _g(f"shuffle{lvl}", {"x": (2, 12, 5, 7), "s": (12, 1, 1), "b": (12, 1, 1)})
+        n = _n(g)
+        y = n("Relu", [n("Add", [n("Mul", [v["x"], v["s"]]), v["b"]])])
+        t = n("Transpose", [n("Reshape", [y], shape=[2, 3, 4, 5, 7])], perm=[0, 2, 1, 3, 4])
+        add(f"channel-shuffle-opt{lvl}", g, n("Reshape", [t], shape=[2, 12, 5, 7]),
+            flags=f"--opt_level={lvl}")
+    # attention's head merge of a computed value: [B, H, S, D] -> [B, S, H, D] -> [B, S, H*D]
+    for dt in ("float32", "float16"):
+        g, v = _g(f"merge_{dt}", {"x": ("b", 4, 16, 8)}, dt)
+        n = _n(g)
+        t = n("Transpose", [n("Mul", [n("Exp", [v["x"]]), v["x"]])], perm=[0, 2, 1, 3])
+        add(f"head-merge-{dt}", g, n("Reshape", [t], shape=["b", 16, 32]),
+            dims=[{"b": 1}, {"b": 3}])
+    # DenseNet/Inception: a Concat of three inputs of different channel counts, loaded piece
+    # by piece into one tile, then a per-channel BatchNorm and Relu; the Concat is stored too
+    for dt, shapes in (("float32", ((2, 8, 5, 7), (2, 4, 5, 7), (2, 3, 5, 7))),
+                       ("float16", ((1, 40, 6, 6), (1, 12, 6, 6), (1, 5, 6, 6))),
+                       ("float32", (("b", 8, 33), ("b", 3, 33), ("b", 1, 33)))):
+        ins = {f"x{k}": sh for k, sh in enumerate(shapes)}
+        c = sum(sh[1] for sh in shapes)
+        g, v = _g(f"concat3_{dt}", {**ins, "s": (c, 1, 1) if len(shapes[0]) == 4 else (c, 1)},
+                  dt)
+        n = _n(g)
+        cat = n("Concat", [v[k] for k in ins], axis=1)
+        y = n("Relu", [n("Mul", [cat, v["s"]])])
+        tag = "x".join(map(str, shapes[0]))
+        add(f"concat-3-channel-counts-{tag}-{dt}", g, y, cat,
+            dims=[{"b": 1}, {"b": 5}] if "b" in shapes[0] else None)
+    # Inception: every branch ends with the same ops (x + 0.1, Relu) before the Concat; they
+    # run once after it, on the tile loaded piece by piece
+    g, v = _g("concat_sunk", {"a": (1, 3, 6, 10), "b": (1, 5, 6, 10), "c": (1, 8, 6, 10)})
+    n = _n(g)
+    pieces = [n("Relu", [n("Add", [v[k], g.const(np.float32(0.1))])]) for k in "abc"]
+    add("concat-of-branches-ending-alike", g, n("Concat", pieces, axis=1), flags="--opt_level=2")
+    return cases
+
+
+CASES = view_cases()
+
+
+@pytest.fixture(scope="module")
+def library():
+    return compile_cases(CASES)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_view_of_a_computed_value_is_fused_into_one_kernel(case, library):
+    runs = check_case(case, library)
+    ex = case.result.report.extra
+    assert not ex.get("fallbacks"), ex["fallbacks"]
+    assert ex["kernels_fused"] == 1, "the whole graph is one kernel"
+    assert all(len(b.stats) == 1 for b in runs)
+
+
+def test_a_transpose_of_the_last_axis_of_a_computed_value_is_refused_naming_why():
+    """explain shows the pattern's refusal; a kernel built anyway falls back with the
+    schedule's reason (no in-UB transpose of the last axis)."""
+    g, v = _g("last", {"x": (8, 16)})
+    n = _n(g)
+    g.set_outputs([n("Transpose", [n("Exp", [v["x"]])], perm=[1, 0])])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    rows = explain(res, None)["candidates"]
+    assert any(r["pattern"] == "transpose" and r["verdict"] != "fused"
+               and "moves the last axis" in r["reason"] for r in rows), rows
+    kernel = g.copy()
+    node = build_kernel(kernel, list(kernel.nodes), "k", "test")
+    with pytest.raises(Unsupported, match="moves its last axis"):
+        plan(node)
+
+
+@pytest.mark.parametrize("shape,perm,to", [
+    ((2, 12, 5, 7), None, (2, 3, 4, 5, 7)),
+    ((2, 3, 4, 5, 7), (0, 2, 1, 3, 4), (2, 12, 35)),
+    ((4, 16, 8), (1, 0, 2), (16, 32)),
+    ((1, 6, 1, 4), (2, 1, 0, 3), (6, 4)),
+])
+def test_index_maps_place_every_element_where_numpy_puts_it(shape, perm, to):
+    """A value viewed through a transpose and a reshape and stored contiguously: the map over
+    the value says where each element lands; numpy's result says where it must."""
+    x = np.arange(int(np.prod(shape))).reshape(shape)
+    t = x.transpose(perm) if perm else x
+    out = np.ascontiguousarray(t).reshape(to)
+    strides = views.contiguous(tuple(to))
+    strides = views.reshape_map(tuple(t.shape), tuple(to), strides)
+    if perm:  # back through the transpose: input axis perm[k] has the output's axis k stride
+        back = [0] * len(perm)
+        for k, p in enumerate(perm):
+            back[p] = strides[k]
+        strides = tuple(back)
+    flat = out.reshape(-1)
+    for idx in np.ndindex(*shape):
+        assert flat[sum(i * s for i, s in zip(idx, strides, strict=True))] == x[idx]
+
+
+def test_a_reshape_that_merges_axes_the_map_keeps_apart_has_no_map():
+    # [3, 4] transposed to [4, 3] then flattened: no affine map over a [12] source
+    assert views.reshape_map((12,), (4, 3), (1, 4)) is None
+    assert views.reshape_map((12,), (4, 3), (3, 1)) == (1,)
