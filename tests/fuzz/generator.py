@@ -6,8 +6,8 @@ binaries, reductions over random axes, reshapes, transposes, slices, casts, sele
 composite ops, matmuls, multi-consumer values and several outputs; and the shapes code
 generation finds hard: reshapes of broadcasts, chains of BroadcastTo, concats of one-element
 and mixed-length operands, independent kernels sharing an input (horizontal fusion), fp16
-reductions long enough to be split (row chunks, two stages, phases), symbolic dims and chains
-of views.
+reductions long enough to be split (row chunks, two stages, phases), symbolic dims, chains
+of views, and views of computed values (transposes, channel shuffles, concats).
 
     python -m tests.fuzz.generator --seeds 0:1000                 # compiled vs original graph
     python -m tests.fuzz.generator --sim --opt-level 3 --seeds 0:2000   # generated kernels
@@ -358,6 +358,55 @@ class Gen:
         w = self.const_like(flat, (flat.shape[-1], self.r.choice(DIMS)))
         return self.node("MatMul", [flat, w])
 
+    def computed_views(self) -> Value | None:
+        """Views of computed values (drawn from a random stream of their own and joined as one
+        more output, so every seed's other ops are the ones it always had): a transpose of a
+        computed value keeping its last axis, a channel shuffle (Reshape -> Transpose ->
+        Reshape), a Concat of pieces of different lengths ending with one shared op, or of
+        new inputs, followed by elementwise ops."""
+        r = random.Random(self.seed * 7919 + 1)
+        if r.random() < 0.6:
+            return None
+        ins = [v for v in self.g.inputs if v.dtype.is_float and v.type.rank >= 2]
+        if not ins:
+            return None
+        x = r.choice(ins)
+        n = lambda op, vs, **a: self.g.add_node(op, vs, a).outputs[0]  # noqa: E731
+        y = n(r.choice(["Exp", "Neg", "Abs", "Tanh"]), [x])
+        kind = r.choice(["transpose", "shuffle", "concat_sunk", "concat_inputs"])
+        shape = list(x.shape)
+        if kind == "transpose":
+            perm = list(range(len(shape) - 1))
+            r.shuffle(perm)
+            return n("Mul", [n("Transpose", [y], perm=perm + [len(shape) - 1]), n("Sigmoid", [
+                n("Transpose", [x], perm=perm + [len(shape) - 1])])])
+        if kind == "shuffle":
+            c = next((i for i, d in enumerate(shape[:-1]) if _static(d) and d % 2 == 0
+                      and d > 2), None)
+            if c is None:
+                return n("Neg", [y])
+            split = shape[:c] + [2, shape[c] // 2] + shape[c + 1:]
+            split = [d if _static(d) else -1 for d in split]
+            t = n("Transpose", [n("Reshape", [y], shape=split)],
+                  perm=list(range(c)) + [c + 1, c] + list(range(c + 2, len(split))))
+            return n("Reshape", [t], shape=[d if _static(d) else -1 for d in shape])
+        axes = [i for i, d in enumerate(shape) if _static(d)]
+        if not axes:
+            return n("Neg", [y])
+        ax = r.choice(axes)
+        parts = []
+        for _ in range(r.randint(2, 3)):
+            part = list(shape)
+            part[ax] = r.choice([1, 2, 3, 5])
+            parts.append(self.g.add_input(f"in{len(self.g.inputs)}",
+                                          TensorType(tuple(part), x.dtype)))
+        if kind == "concat_sunk":
+            op = r.choice(["Exp", "Neg", "Abs"])
+            parts = [n(op, [p]) for p in parts]
+        cat = n("Concat", parts, axis=ax)
+        return n("Add", [n("Relu", [cat]), n("Exp", [cat])]) if r.random() < 0.5 else \
+            n("Tanh", [cat])
+
     def build(self) -> Graph:
         n_in = self.r.randint(1, 3)
         base: tuple[Any, ...] = self.shape()
@@ -387,7 +436,8 @@ class Gen:
         outs += [v for v in self.outputs if all(v is not o for o in outs)]
         unused = [v for v in self.values if not v.uses and all(v is not o for o in outs)]
         outs += self.r.sample(unused, min(len(unused), self.r.randint(0, 2)))
-        self.g.set_outputs(outs)
+        extra = self.computed_views()
+        self.g.set_outputs(outs + ([extra] if extra is not None else []))
         self.g.remove_dead()
         self.g.validate()
         return self.g
