@@ -118,6 +118,27 @@ def _same_scalar(vals: list[Value]) -> bool:
                for v, c in zip(vals, consts, strict=True))
 
 
+def _shared_op(pieces: list[Value]) -> list[list[Value]] | None:
+    """When every piece is the result of one op (same attributes, distinct nodes) whose
+    operands are pieces of their own shape or one shared scalar: the operand columns that
+    are pieces (one Concat each after the op moves past it); else None."""
+    ms = [v.producer for v in pieces]
+    m0 = ms[0]
+    if any(m is None or m.op != m0.op or m.attrs != m0.attrs or len(m.inputs) != len(m0.inputs)
+           for m in ms) or len({id(m) for m in ms}) != len(ms):
+        return None
+    cols = []
+    for j in range(len(m0.inputs)):
+        col = [m.inputs[j] for m in ms]
+        if _same_scalar(col):
+            continue
+        if not all(tuple(v.shape) == tuple(x.shape) and v.dtype == col[0].dtype
+                   for v, x in zip(col, pieces, strict=True)):
+            return None
+        cols.append(col)
+    return cols
+
+
 def sinkable(n: Node, elementwise) -> bool:
     """A Concat whose operands are all results of one elementwise op (same attributes), each
     read only by the Concat, with operands of the piece's own shape or one shared scalar:
@@ -127,21 +148,10 @@ def sinkable(n: Node, elementwise) -> bool:
     ms = [x.producer for x in n.inputs]
     if any(m is None or len(m.outputs) != 1 or not elementwise(m) for m in ms):
         return False
-    m0 = ms[0]
-    if any(m.op != m0.op or m.attrs != m0.attrs or len(m.inputs) != len(m0.inputs)
-           for m in ms) or len({id(m) for m in ms}) != len(ms):
-        return False
     graph_outs = {id(v) for v in n.graph.outputs}
     if any(len(x.uses) != 1 or id(x) in graph_outs for x in n.inputs):
         return False
-    for j in range(len(m0.inputs)):
-        col = [m.inputs[j] for m in ms]
-        if _same_scalar(col):
-            continue
-        if not all(tuple(v.shape) == tuple(x.shape) and v.dtype == col[0].dtype
-                   for v, x in zip(col, n.inputs, strict=True)):
-            return False
-    return True
+    return _shared_op(list(n.inputs)) is not None
 
 
 def sink_concats(sub: Graph, elementwise) -> tuple[Graph, dict[int, Node]]:
@@ -187,17 +197,5 @@ def sinks_to_inputs(pieces: list[Value], inside, elementwise) -> bool:
     if any(m is None or not inside(m) or len(m.outputs) != 1 or not elementwise(m)
            or len(v.uses) != 1 for m, v in zip(ms, pieces, strict=True)):
         return False
-    m0 = ms[0]
-    if any(m.op != m0.op or m.attrs != m0.attrs or len(m.inputs) != len(m0.inputs)
-           for m in ms) or len({id(m) for m in ms}) != len(ms):
-        return False
-    for j in range(len(m0.inputs)):
-        col = [m.inputs[j] for m in ms]
-        if _same_scalar(col):
-            continue
-        if not all(tuple(v.shape) == tuple(x.shape) and v.dtype == col[0].dtype
-                   for v, x in zip(col, pieces, strict=True)):
-            return False
-        if not sinks_to_inputs(col, inside, elementwise):
-            return False
-    return True
+    cols = _shared_op(pieces)
+    return cols is not None and all(sinks_to_inputs(c, inside, elementwise) for c in cols)
