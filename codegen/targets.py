@@ -2,8 +2,9 @@
 
 Every hardware fact the code generator, tiling, cost model and simulator driver use is read
 from the target's file through one ``Target``: the UB's size and alignment block, the vector
-repeat, the repeats one instruction may issue, the core count, and the cost model's
-parameters. The list of targets is the list of files.
+repeat, the repeats one instruction may issue, the core counts, the cube unit's buffers
+(L1, L0A/L0B/L0C) and alignments, and the cost model's parameters. The list of targets is
+the list of files.
 """
 
 from __future__ import annotations
@@ -32,16 +33,29 @@ class Target(BaseModel):
     ub_align_bytes: int = Field(ge=4)
     repeat_bytes: int = Field(ge=32)
     max_repeats: int = Field(ge=2)
+    # the cube unit (Matmul kernels): per AI Cube core
+    aic_cores: int = Field(ge=1)
+    l1_bytes: int = Field(ge=1024)
+    l0a_bytes: int = Field(ge=1024)
+    l0b_bytes: int = Field(ge=1024)
+    l0c_bytes: int = Field(ge=1024)
+    l1_align_bytes: int = Field(ge=1)
+    l0ab_align_bytes: int = Field(ge=1)
+    l0c_align_bytes: int = Field(ge=1)
+    cube_fractal: int = Field(ge=1)
+    cube_k_bytes: int = Field(ge=1)
     hbm_gbps: float = Field(gt=0)
     launch_overhead_us: float = Field(ge=0)
     clock_ghz: float = Field(gt=0)
     repeats_per_cycle: float = Field(gt=0)
     scalar_cycles: float = Field(ge=0)
     sync_cycles: float = Field(ge=0)
+    cube_tflops: float = Field(gt=0)  # fp16, all AIC together: an estimate
 
     @model_validator(mode="after")
     def _whole_blocks(self) -> Target:
-        for field in ("ub_align_bytes", "repeat_bytes"):
+        for field in ("ub_align_bytes", "repeat_bytes", "l1_align_bytes", "l0ab_align_bytes",
+                      "l0c_align_bytes", "cube_fractal", "cube_k_bytes"):
             n = getattr(self, field)
             if n & (n - 1):
                 raise ValueError(f"{field} must be a power of two, got {n}")
@@ -67,6 +81,11 @@ class Target(BaseModel):
     def repeat_elems(self, itemsize: int) -> int:
         """Elements of ``itemsize`` bytes in one repeat."""
         return self.repeat_bytes // itemsize
+
+    def cube_k_align(self, itemsize: int) -> int:
+        """Elements a base tile's K is a multiple of for operands of ``itemsize`` bytes:
+        the fractal side, and whole ``cube_k_bytes`` (int8: 32)."""
+        return max(self.cube_fractal, self.cube_k_bytes // itemsize)
 
 
 def available() -> list[str]:
