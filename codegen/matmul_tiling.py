@@ -244,6 +244,13 @@ def _fit_l1(sh: _Shape, sm: int, sn: int, bm: int, bn: int, bk: int, spec: Targe
     return da, db, order
 
 
+def gm_bytes(t: CubeTiling, a_bytes: int, b_bytes: int) -> int:
+    """GM bytes of A, B and the bias the cores of tiling ``t`` read (the model above)."""
+    sh = _Shape(t.M, t.N, t.Ka, t.batch, a_bytes, b_bytes, 0, bool(t.isBias))
+    return t.batch * _all_reads(sh, t.singleCoreM, t.singleCoreN, t.baseM, t.baseN, t.baseK,
+                                t.depthA1, t.depthB1, t.iterateOrder)
+
+
 def l1_bytes(t: CubeTiling, a_bytes: int, b_bytes: int) -> int:
     """L1 bytes a tiling uses: its A and B base tiles and the bias row."""
     return (t.depthA1 * t.baseM * t.baseK * a_bytes + t.depthB1 * t.baseK * t.baseN * b_bytes

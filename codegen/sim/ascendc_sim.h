@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -121,6 +122,11 @@ struct Core {
     uint64_t scalar_ops = 0;   // GetValue/SetValue (scalar pipe) of UB or GM
     uint64_t syncs = 0;        // SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     uint64_t vector_ops = 0;   // vector instructions issued
+    // the Matmul API (matmul_sim.h): GM bytes per operand (A, B, bias read; C written), the
+    // object in use (none after End) and the system workspace
+    uint64_t mm_bytes[4] = {};
+    const void* mm_active = nullptr;
+    uint8_t* sys_workspace = nullptr;
     // Instructions are numbered in program order (a sequence shared by all pipes).
     // known[d][s]: pipe d's next instruction is ordered after pipe s's instructions up to
     // this number (through events and barriers). Everything before `base` (earlier cores
@@ -284,7 +290,7 @@ inline void SyncAll(loc where = loc::current()) {
 inline void ICachePreLoad(int64_t) {}
 
 enum class QuePosition { VECIN, VECOUT, VECCALC };
-enum class TPosition { VECIN, VECOUT, VECCALC };
+enum class TPosition { VECIN, VECOUT, VECCALC, GM, TSCM };
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
 enum class ReduceOrder { ORDER_VALUE_INDEX, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
 
@@ -484,6 +490,8 @@ public:
     }
     BufRec* rec() const { return rec_; }
     uint64_t gen() const { return gen_; }
+    // Bytes of the buffer from this view on.
+    size_t bytes_left() const { return rec_ ? rec_->bytes - elem_off_ * sizeof(T) : 0; }
 
 private:
     T& use_elem(uint64_t i, const loc& where) const {
@@ -1319,10 +1327,13 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         counters[3] += cores[b].syncs;
         counters[4] += cores[b].vector_ops;
         if (cores[b].ub_peak > counters[5]) counters[5] = cores[b].ub_peak;
+        for (int k = 0; k < 4; ++k) counters[6 + k] += cores[b].mm_bytes[k];
     }
     return 0;
 }
 }  // namespace AscendC
+
+#include "matmul_sim.h"
 
 // The runner's entries: a kernel source defines gk_sim_call_<KERNEL>(uint8_t** args).
 #define GK_SIM_LAUNCHER_ENTRY(KERNEL, THREADS)                                                \

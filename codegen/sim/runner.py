@@ -24,6 +24,7 @@ from graphkernel import progress
 from graphkernel.errors import CodegenError
 
 HEADER_DIR = Path(__file__).resolve().parent
+HEADERS = ("ascendc_sim.h", "matmul_sim.h")  # the first includes the second
 CXX_FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-pthread"]
 _LIBS: dict[str, ctypes.CDLL] = {}
 
@@ -41,6 +42,10 @@ class Counts(NamedTuple):
     syncs: int        # SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     vector: int       # vector instructions issued
     ub_peak: int = 0  # the most UB bytes one core reserved with InitBuffer
+    mm_a: int = 0     # GM bytes the Matmul API read of A
+    mm_b: int = 0     # ... of B
+    mm_bias: int = 0  # ... of the bias
+    mm_c: int = 0     # GM bytes it wrote of C (IterateAll)
 
 
 def cache_dir() -> Path:
@@ -92,7 +97,7 @@ def build(sources: Sequence[str], jobs: int | None = None) -> Library:
     jobs = max(1, jobs if jobs is not None else default_jobs())
     n_parts = max(1, min(jobs, len(sources) // MIN_PER_PART))
     parts = [list(sources[i::n_parts]) for i in range(n_parts)]  # the same split for any run
-    header = (HEADER_DIR / "ascendc_sim.h").read_text()
+    header = "".join((HEADER_DIR / h).read_text() for h in HEADERS)
     units = [_unit(p) for p in parts]
     keys = [hashlib.sha256("\0".join([header, u, " ".join(CXX_FLAGS)]).encode()).hexdigest()
             for u in units]

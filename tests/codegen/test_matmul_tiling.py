@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from graphkernel.codegen import targets
-from graphkernel.codegen.matmul_tiling import NoTiling, tile, violations
+from graphkernel.codegen.matmul_tiling import NoTiling, gm_bytes, tile, violations
 
 SPEC = targets.load("ascend910b")
 SHAPES = [(1, 1, 1), (1, 4096, 11008), (17, 33, 65), (64, 64, 64), (128, 768, 768),
@@ -61,7 +61,7 @@ def test_every_tiling_of_the_sweep_satisfies_the_constraints(dtype):
         assert t.usedCoreNum == min(SPEC.aic_cores, batch * t.coresM * t.coresN)
         assert t.split_bytes == batch * (M * K * t.coresN + K * N * t.coresM) * size
         assert t.gm_bytes >= t.split_bytes >= batch * (M * K + K * N) * size
-        assert t.gm_bytes == batch * _walk(t, size, size), (M, N, K, batch)
+        assert t.gm_bytes == batch * _walk(t, size, size) == gm_bytes(t, size, size)
 
 
 def test_int8_base_k_is_whole_32_element_fractals():

@@ -1,0 +1,358 @@
+// graphkernel's clean-room model of the Matmul high-level API subset its generator emits.
+//
+// Written from the documented semantics (the project's Matmul reference), not from vendor
+// code. Included by ascendc_sim.h. What it models:
+//   - REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling) registers an object with a
+//     TCubeTiling, which is checked against the A2 cube core's limits: fractal-aligned base
+//     sizes, baseM*baseK*sizeof(A) <= L0A/2, baseK*baseN*sizeof(B) <= L0B/2 (double
+//     buffered), baseM*baseN*4 <= L0C, the L1 depths (and the bias row) within L1, K not
+//     split over cores;
+//   - SetTensorA/SetTensorB (isTrans only where the MatmulType declares it), SetBias (fp32)
+//     or DisableBias, SetTail, then IterateAll(gmC) or `while (Iterate()) GetTensorC(ub)`,
+//     and End. Batches are the kernel's loop: new tensors per batch element, End once;
+//   - products of fp16/bf16 (or fp32) accumulated in fp32, int8 in int32, the bias added in
+//     the accumulator, converted to C's type on the way out (round to nearest);
+//   - operands in GM, row-major (ND) with the row pitches of the tiling's whole problem: A
+//     [M, Ka] (transposed: [Ka, M]), B [Kb, N] (transposed: [N, Kb]), C [M, N];
+//   - the L1: a panel (a base tile row of A, baseM x K, or column of B, K x baseN) stays
+//     resident while depthA1 / ceil(K / baseK) (resp. depthB1) panels fit, least recently
+//     used out first; a panel that does not fit is streamed, read once per base tile. Base
+//     tiles are walked M inside N (iterateOrder 0) or N inside M (1), the outer operand's
+//     panel loaded first. GM bytes are counted per operand (codegen/matmul_tiling.py models
+//     the same rule);
+//   - GetTensorC(ub) writes one baseM x baseN tile into UB, row-major with a row pitch of
+//     baseN (a tail tile fills its top-left corner, the rest is zero). The API synchronises
+//     its own transfer (FixPipe out of L0C, and on A2 the hop through the GM workspace)
+//     before returning, so the tile counts as written by the vector pipe: the vector unit
+//     may read it at once, and the buffer's reuse is ordered as for any vector write (a
+//     VECOUT queue's AllocTensor).
+// Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
+// than a base tile, any call after End, a second object used while another has not called
+// End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
+// SetTail or the offsets) are errors naming the kernel and the line.
+#pragma once
+
+// The tiling fields the generated kernels read (TCubeTiling's names; the host fills them by
+// name, so the order here is the simulator's own).
+struct TCubeTiling {
+    int32_t usedCoreNum, M, N, Ka, Kb, singleCoreM, singleCoreN, singleCoreK;
+    int32_t baseM, baseN, baseK, depthA1, depthB1, stepM, stepN, stepKa, stepKb;
+    int32_t isBias, iterateOrder, transLength;
+};
+
+namespace matmul {
+using namespace AscendC;
+
+enum class CubeFormat { ND, NZ, ND_ALIGN };
+
+// The A2 cube core's buffers (the device the simulator models, as for the UB).
+constexpr uint64_t L1_BYTES = 512 * 1024;
+constexpr uint64_t L0A_BYTES = 64 * 1024;
+constexpr uint64_t L0B_BYTES = 64 * 1024;
+constexpr uint64_t L0C_BYTES = 128 * 1024;
+constexpr int32_t FRACTAL = 16;
+constexpr int32_t K_BYTES = 32;
+
+template <TPosition POS, CubeFormat FMT, typename T, bool TRANS = false>
+struct MatmulType {
+    using type = T;
+    static constexpr TPosition pos = POS;
+    static constexpr CubeFormat format = FMT;
+    static constexpr bool isTrans = TRANS;
+};
+
+struct MatmulSimCfg {};  // the default configuration (the only one modelled)
+
+template <class A_TYPE, class B_TYPE, class C_TYPE, class BIAS_TYPE,
+          class CFG = MatmulSimCfg>
+class Matmul {
+    using TA = typename A_TYPE::type;
+    using TB = typename B_TYPE::type;
+    using TC = typename C_TYPE::type;
+    using TBias = typename BIAS_TYPE::type;
+    using Acc = std::conditional_t<std::is_integral_v<TA>, int32_t, float>;
+    static_assert(std::is_same_v<TA, TB>, "A and B have one element type");
+    static_assert(A_TYPE::pos == TPosition::GM && B_TYPE::pos == TPosition::GM,
+                  "the simulator models A and B in GM");
+
+public:
+    void sim_register(TPipe* pipe, uint8_t* workspace, const TCubeTiling* tiling,
+                      loc where = loc::current()) {
+        if (pipe == nullptr) fail("REGIST_MATMUL_OBJ without a TPipe", where);
+        if (workspace == nullptr)
+            fail("REGIST_MATMUL_OBJ with no system workspace (SetSysWorkspace(workspace) "
+                 "first)", where);
+        if (tiling == nullptr) fail("REGIST_MATMUL_OBJ without a TCubeTiling", where);
+        t_ = *tiling;
+        check_tiling(where);
+        registered_ = true;
+        tail_m_ = t_.singleCoreM;
+        tail_n_ = t_.singleCoreN;
+        tail_k_ = t_.singleCoreK;
+    }
+    void SetTensorA(const GlobalTensor<TA>& g, bool trans = false, loc where = loc::current()) {
+        claim("SetTensorA", where);
+        if (trans && !A_TYPE::isTrans)
+            fail("SetTensorA(..., true) on an A whose MatmulType does not declare isTrans",
+                 where);
+        a_ = g;
+        trans_a_ = trans;
+        has_a_ = true;
+        restart();
+    }
+    void SetTensorB(const GlobalTensor<TB>& g, bool trans = false, loc where = loc::current()) {
+        claim("SetTensorB", where);
+        if (trans && !B_TYPE::isTrans)
+            fail("SetTensorB(..., true) on a B whose MatmulType does not declare isTrans",
+                 where);
+        b_ = g;
+        trans_b_ = trans;
+        has_b_ = true;
+        restart();
+    }
+    void SetBias(const GlobalTensor<TBias>& g, loc where = loc::current()) {
+        claim("SetBias", where);
+        static_assert(std::is_same_v<TBias, float> || std::is_same_v<TBias, int32_t>,
+                      "the bias is accumulated in L0C: fp32 (int32 for int8)");
+        if (!t_.isBias) fail("SetBias with a tiling whose isBias is 0", where);
+        bias_ = g;
+        has_bias_ = true;
+        restart();
+    }
+    void DisableBias(loc where = loc::current()) {
+        claim("DisableBias", where);
+        has_bias_ = false;
+    }
+    void SetTail(int32_t tailM = -1, int32_t tailN = -1, int32_t tailK = -1,
+                 loc where = loc::current()) {
+        claim("SetTail", where);
+        const int32_t m = tailM < 0 ? t_.singleCoreM : tailM;
+        const int32_t n = tailN < 0 ? t_.singleCoreN : tailN;
+        const int32_t k = tailK < 0 ? t_.singleCoreK : tailK;
+        if (m < 1 || n < 1 || k < 1 || m > t_.singleCoreM || n > t_.singleCoreN ||
+            k > t_.singleCoreK)
+            fail("SetTail(" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                 std::to_string(k) + ") outside the single-core block " +
+                 std::to_string(t_.singleCoreM) + " x " + std::to_string(t_.singleCoreN) +
+                 " x " + std::to_string(t_.singleCoreK), where);
+        tail_m_ = m;
+        tail_n_ = n;
+        tail_k_ = k;
+        restart();
+    }
+    // Every base tile of the block to GM (C's row pitch: the tiling's N).
+    void IterateAll(const GlobalTensor<TC>& c, uint8_t enAtomic = 0, loc where = loc::current()) {
+        claim("IterateAll", where);
+        ready(where);
+        if (enAtomic) fail("IterateAll with atomic accumulation is not modelled", where);
+        const int32_t tiles = tiles_m() * tiles_n();
+        std::vector<Acc> acc;
+        for (int32_t i = 0; i < tiles; ++i) {
+            auto [m0, n0, rows, cols] = tile_at(i);
+            compute(m0, n0, rows, cols, acc, where);
+            for (int32_t r = 0; r < rows; ++r) {
+                const uint64_t off = static_cast<uint64_t>(m0 + r) * t_.N + n0;
+                c.check(off, cols, where);
+                for (int32_t q = 0; q < cols; ++q)
+                    c.addr()[off + q] = convert(acc[r * cols + q]);
+            }
+            const uint64_t bytes = static_cast<uint64_t>(rows) * cols * sizeof(TC);
+            g_core->gm_written += bytes;
+            g_core->mm_bytes[3] += bytes;
+        }
+        next_ = tiles;
+    }
+    // The next base tile (false when the block is done); GetTensorC then moves it to UB.
+    bool Iterate(bool enPartialSum = false, loc where = loc::current()) {
+        claim("Iterate", where);
+        ready(where);
+        if (enPartialSum) fail("Iterate with partial sums is not modelled", where);
+        if (next_ >= tiles_m() * tiles_n()) return false;
+        auto [m0, n0, rows, cols] = tile_at(next_++);
+        compute(m0, n0, rows, cols, cur_, where);
+        cur_rows_ = rows;
+        cur_cols_ = cols;
+        have_tile_ = true;
+        return true;
+    }
+    void GetTensorC(const LocalTensor<TC>& ub, uint8_t enAtomic = 0, bool enSequentialWrite = false,
+                    loc where = loc::current()) {
+        claim("GetTensorC", where);
+        if (!have_tile_) fail("GetTensorC without a base tile (Iterate() first)", where);
+        if (enAtomic) fail("GetTensorC with atomic accumulation is not modelled", where);
+        const uint64_t n = static_cast<uint64_t>(t_.baseM) * t_.baseN;
+        if (ub.bytes_left() < n * sizeof(TC))
+            fail("GetTensorC into a UB tensor of " + std::to_string(ub.bytes_left()) +
+                 " bytes: a base tile of " + std::to_string(t_.baseM) + " x " +
+                 std::to_string(t_.baseN) + " needs " + std::to_string(n * sizeof(TC)), where);
+        const Instr in = issue(PIPE_V, where);
+        TC* dst = ub.wr(n, in);
+        for (uint64_t i = 0; i < n; ++i) dst[i] = TC(0);
+        for (int32_t r = 0; r < cur_rows_; ++r)
+            for (int32_t q = 0; q < cur_cols_; ++q)
+                dst[r * t_.baseN + q] = convert(cur_[r * cur_cols_ + q]);
+        have_tile_ = false;
+    }
+    void End(loc where = loc::current()) {
+        claim("End", where);
+        ended_ = true;
+        g_core->mm_active = nullptr;
+    }
+
+private:
+    void check_tiling(const loc& where) const {
+        const TCubeTiling& t = t_;
+        auto bad = [&](const std::string& what) { fail("TCubeTiling: " + what, where); };
+        const int32_t ka = std::max<int32_t>(FRACTAL, K_BYTES / sizeof(TA));
+        if (t.baseM <= 0 || t.baseN <= 0 || t.baseK <= 0 || t.baseM % FRACTAL ||
+            t.baseN % FRACTAL)
+            bad("baseM " + std::to_string(t.baseM) + " / baseN " + std::to_string(t.baseN) +
+                " are not positive multiples of the 16-element fractal");
+        if (t.baseK % ka)
+            bad("baseK " + std::to_string(t.baseK) + " is not a multiple of " +
+                std::to_string(ka) + " for " + std::to_string(sizeof(TA)) + "-byte operands");
+        const uint64_t a = static_cast<uint64_t>(t.baseM) * t.baseK * sizeof(TA);
+        const uint64_t b = static_cast<uint64_t>(t.baseK) * t.baseN * sizeof(TB);
+        const uint64_t c = static_cast<uint64_t>(t.baseM) * t.baseN * 4;
+        if (a > L0A_BYTES / 2)
+            bad("baseM*baseK*sizeof(A) = " + std::to_string(a) + " bytes exceeds half of L0A (" +
+                std::to_string(L0A_BYTES / 2) + ", double buffered)");
+        if (b > L0B_BYTES / 2)
+            bad("baseK*baseN*sizeof(B) = " + std::to_string(b) + " bytes exceeds half of L0B (" +
+                std::to_string(L0B_BYTES / 2) + ", double buffered)");
+        if (c > L0C_BYTES)
+            bad("baseM*baseN*4 = " + std::to_string(c) + " bytes overflows L0C (" +
+                std::to_string(L0C_BYTES) + ")");
+        if (t.depthA1 < 1 || t.depthB1 < 1) bad("depthA1 and depthB1 must be at least 1");
+        const uint64_t l1 = a * t.depthA1 + b * t.depthB1 + (t.isBias ? t.baseN * 4ull : 0);
+        if (l1 > L1_BYTES)
+            bad("depthA1/depthB1 base tiles need " + std::to_string(l1) +
+                " bytes of L1, which has " + std::to_string(L1_BYTES));
+        if (t.Ka != t.Kb || t.singleCoreK != t.Ka)
+            bad("K is split (Ka " + std::to_string(t.Ka) + ", Kb " + std::to_string(t.Kb) +
+                ", singleCoreK " + std::to_string(t.singleCoreK) + ")");
+        if (t.singleCoreM < 1 || t.singleCoreN < 1 || t.singleCoreM > t.M ||
+            t.singleCoreN > t.N)
+            bad("the single-core block " + std::to_string(t.singleCoreM) + " x " +
+                std::to_string(t.singleCoreN) + " is not inside M x N");
+        if (t.iterateOrder != 0 && t.iterateOrder != 1) bad("iterateOrder must be 0 or 1");
+        if (t.usedCoreNum < 1 || t.usedCoreNum < g_core->block_num)
+            bad("usedCoreNum " + std::to_string(t.usedCoreNum) + " is below the launch's " +
+                std::to_string(g_core->block_num) + " blocks");
+    }
+    // A call on this object: refused after End and while another object is in use.
+    void claim(const char* what, const loc& where) {
+        if (!registered_)
+            fail(std::string(what) + " on a Matmul object not registered (REGIST_MATMUL_OBJ)",
+                 where);
+        if (ended_) fail(std::string(what) + " after End()", where);
+        if (g_core->mm_active != nullptr && g_core->mm_active != this)
+            fail(std::string(what) + " on a second Matmul object while another has not "
+                 "called End()", where);
+        g_core->mm_active = this;
+    }
+    void ready(const loc& where) const {
+        if (!has_a_ || !has_b_) fail("Iterate before SetTensorA and SetTensorB", where);
+    }
+    void restart() {
+        next_ = 0;
+        have_tile_ = false;
+        held_a_.clear();
+        held_b_.clear();
+    }
+    int32_t tiles_m() const { return (tail_m_ + t_.baseM - 1) / t_.baseM; }
+    int32_t tiles_n() const { return (tail_n_ + t_.baseN - 1) / t_.baseN; }
+    std::tuple<int32_t, int32_t, int32_t, int32_t> tile_at(int32_t i) const {
+        const int32_t m = t_.iterateOrder == 0 ? i % tiles_m() : i / tiles_n();
+        const int32_t n = t_.iterateOrder == 0 ? i / tiles_m() : i % tiles_n();
+        const int32_t m0 = m * t_.baseM, n0 = n * t_.baseN;
+        return {m0, n0, std::min(t_.baseM, tail_m_ - m0), std::min(t_.baseN, tail_n_ - n0)};
+    }
+    // A panel load through L1: counted unless resident (least recently used out first).
+    bool load(std::vector<int32_t>& held, int32_t key, int32_t depth) {
+        const int32_t kt = (t_.singleCoreK + t_.baseK - 1) / t_.baseK;
+        const size_t cap = static_cast<size_t>(depth / kt);
+        auto it = std::find(held.begin(), held.end(), key);
+        if (it != held.end()) {
+            held.erase(it);
+            held.push_back(key);
+            return false;
+        }
+        if (cap > 0) {
+            held.push_back(key);
+            if (held.size() > cap) held.erase(held.begin());
+        }
+        return true;
+    }
+    void load_a(int32_t m0, int32_t rows, const loc& where) {
+        if (!load(held_a_, m0, t_.depthA1)) return;
+        for (int32_t r = 0; r < rows; ++r)
+            for (int32_t k = 0; k < tail_k_; ++k) a_.check(a_at(m0 + r, k), 1, where);
+        const uint64_t bytes = static_cast<uint64_t>(rows) * tail_k_ * sizeof(TA);
+        g_core->gm_read += bytes;
+        g_core->mm_bytes[0] += bytes;
+    }
+    void load_b(int32_t n0, int32_t cols, const loc& where) {
+        if (!load(held_b_, n0, t_.depthB1)) return;
+        for (int32_t q = 0; q < cols; ++q)
+            for (int32_t k = 0; k < tail_k_; ++k) b_.check(b_at(k, n0 + q), 1, where);
+        uint64_t bytes = static_cast<uint64_t>(cols) * tail_k_ * sizeof(TB);
+        g_core->gm_read += bytes;
+        g_core->mm_bytes[1] += bytes;
+        if (has_bias_) {  // the bias row comes with B's panel
+            bias_.check(n0, cols, where);
+            g_core->gm_read += cols * sizeof(TBias);
+            g_core->mm_bytes[2] += cols * sizeof(TBias);
+        }
+    }
+    uint64_t a_at(int64_t m, int64_t k) const {
+        return trans_a_ ? k * t_.M + m : m * t_.Ka + k;
+    }
+    uint64_t b_at(int64_t k, int64_t n) const {
+        return trans_b_ ? n * t_.Kb + k : k * t_.N + n;
+    }
+    void compute(int32_t m0, int32_t n0, int32_t rows, int32_t cols, std::vector<Acc>& acc,
+                 const loc& where) {
+        if (t_.iterateOrder == 0) {
+            load_b(n0, cols, where);
+            load_a(m0, rows, where);
+        } else {
+            load_a(m0, rows, where);
+            load_b(n0, cols, where);
+        }
+        acc.assign(static_cast<size_t>(rows) * cols, Acc(0));
+        const TA* a = a_.addr();
+        const TB* b = b_.addr();
+        for (int32_t r = 0; r < rows; ++r)
+            for (int32_t q = 0; q < cols; ++q) {
+                Acc s = has_bias_ ? Acc(bias_.addr()[n0 + q]) : Acc(0);
+                for (int32_t k = 0; k < tail_k_; ++k)
+                    s += Acc(a[a_at(m0 + r, k)]) * Acc(b[b_at(k, n0 + q)]);
+                acc[r * cols + q] = s;
+            }
+    }
+    static TC convert(Acc v) { return TC(v); }
+
+    TCubeTiling t_{};
+    bool registered_ = false, ended_ = false;
+    GlobalTensor<TA> a_;
+    GlobalTensor<TB> b_;
+    GlobalTensor<TBias> bias_;
+    bool has_a_ = false, has_b_ = false, has_bias_ = false, trans_a_ = false, trans_b_ = false;
+    int32_t tail_m_ = 0, tail_n_ = 0, tail_k_ = 0;
+    int32_t next_ = 0;
+    std::vector<int32_t> held_a_, held_b_;
+    std::vector<Acc> cur_;
+    int32_t cur_rows_ = 0, cur_cols_ = 0;
+    bool have_tile_ = false;
+};
+}  // namespace matmul
+
+namespace AscendC {
+// The system workspace the Matmul API needs (the kernel's workspace argument).
+inline void SetSysWorkspace(GM_ADDR workspace) { g_core->sys_workspace = workspace; }
+inline GM_ADDR GetSysWorkSpacePtr() { return g_core->sys_workspace; }
+}  // namespace AscendC
+
+#define REGIST_MATMUL_OBJ(pipe, workspace, mm, tiling) \
+    (mm).sim_register((pipe), (workspace), (tiling))
