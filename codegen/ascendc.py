@@ -40,8 +40,8 @@ def _env() -> jinja2.Environment:
 
 @dataclass
 class Rendered:
-    schedule: Schedule
-    lowered: Lowered
+    schedule: Schedule  # or a MatmulSchedule (a cube kernel: no lowering)
+    lowered: Lowered | None
     files: dict[str, str]         # file name -> text
     manifest: dict[str, Any]
     plan: BufferPlan              # the kernel's UB buffers
@@ -79,7 +79,14 @@ def c_dim(d: Dim, refs: dict[str, str]) -> str:
 
 def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     """The kernel's files; a schedule with a run-time variant also carries the variant's
-    files (its class is included by the kernel, its tiling function called by the kernel's)."""
+    files (its class is included by the kernel, its tiling function called by the kernel's).
+    A cube kernel is rendered on the Matmul API (codegen/matmul_render.py)."""
+    from graphkernel.codegen.matmul_schedule import MatmulSchedule
+
+    if isinstance(s, MatmulSchedule):
+        from graphkernel.codegen.matmul_render import render_matmul
+
+        return render_matmul(s, node_comment)
     var = render(s.variant, node_comment) if s.variant is not None else None
     low = lower(s)
     bplan = plan(s, low)
@@ -133,7 +140,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         **(var.files if var else {}),
     }
     manifest = {
-        "name": s.name, "node": s.node,
+        "name": s.name, "node": s.node, "kind": "vector",
         "inputs": [io_entry(io) for io in s.inputs],
         "outputs": [io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),

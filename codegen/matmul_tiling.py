@@ -22,15 +22,19 @@ loop, the A panels are read once when all of the core's fit L1, else once per N 
 once per base tile. ``gm_bytes`` counts exactly that (the simulator's Matmul counts its
 loads by the same rule). The split and the base tiles minimise modeled time
 (``max(traffic / HBM, flops / cube throughput)`` over the cores used, a core drawing at
-most ``1 / aic_cores`` of the HBM bandwidth), then traffic.
+most ``1 / aic_cores`` of the HBM bandwidth; times within 0.1 us count as equal), then
+traffic, then the most cores busy, then the largest base tile.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from graphkernel.codegen.targets import Target
 from graphkernel.errors import CodegenError
+
+TIME_STEPS = 10  # the search's resolution of modeled time: 0.1 us (a twentieth of a launch)
 
 
 class NoTiling(CodegenError):
@@ -115,12 +119,11 @@ def panel_reads(sm: int, sn: int, K: int, bm: int, bn: int, bk: int, depth_a: in
     if order == 0:  # N outer, M inner
         rb = b_once if cap_b >= 1 else tm * b_once
         ra = a_once if cap_a >= tm and cap_b >= 1 else tn * a_once
-        rbias = sn * 4 if cap_b >= 1 else tm * sn * 4
     else:
         ra = a_once if cap_a >= 1 else tn * a_once
         rb = b_once if cap_b >= tn and cap_a >= 1 else tm * b_once
-        rbias = tm * sn * 4
-    return ra + rb + (rbias if bias else 0)
+    rbias = rb // (K * b) * 4 if bias else 0  # the fp32 bias row comes with each B panel
+    return ra + rb + rbias
 
 
 def _all_reads(sh: _Shape, sm: int, sn: int, bm: int, bn: int, bk: int, depth_a: int,
@@ -195,7 +198,9 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
                 per_core = waves * moved / blocks * spec.aic_cores
                 memory_us = max(moved, per_core) / (spec.hbm_gbps * 1e3)
                 us = max(compute_us, memory_us)
-                key = (round(us, 6), reads, -used, -bm * bn)  # then more cores busy
+                # times within one step (TIME_STEPS per us) are equal: a gain below it
+                # does not justify more GM bytes
+                key = (math.floor(us * TIME_STEPS), reads, -used, -bm * bn)
                 if best is None or key < best[0]:
                     best = (key, cm, cn, sm, sn, bm, bn, bk, depth_a, depth_b, order, reads,
                             used, us)

@@ -23,8 +23,8 @@ def launch_kind(node: Node) -> str:
     kernel or a vector op alone). ``extern`` (a vendor operator) has no op yet."""
     if node.op == "GraphKernel":
         body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in VIEWS]
-        if any(op in CUBE_OPS for op in body):
-            return "mix" if any(op not in CUBE_OPS for op in body) else "cube"
+        if any(op in CUBE_OPS for op in body):  # (operand transposes fold into isTrans)
+            return "mix" if any(op not in CUBE_OPS | {"Transpose"} for op in body) else "cube"
         return "vector"
     if node.op in CUBE_OPS:
         return "cube"

@@ -19,6 +19,13 @@ from graphkernel.codegen.accumulate import widen_reductions
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.instance import rebind
 from graphkernel.codegen.lower import lower
+from graphkernel.codegen.matmul_schedule import (
+    MATMUL_OPS,
+    MatmulSchedule,
+    is_matmul_kernel,
+    plan_matmul,
+    swaps_last_two,
+)
 from graphkernel.codegen.phases import split_phases, split_whole_reduction
 from graphkernel.codegen.schedule import CUBE_OPS, NeedsPhases, Schedule, Unsupported, plan
 from graphkernel.codegen.superkernel import form_groups
@@ -30,8 +37,16 @@ from graphkernel.registry import PassResult, counted
 from graphkernel.structure import body_signature
 
 
-def check(kernel: Node, spec: targets.Target) -> Schedule:
-    """Plan and lower a kernel, and check what can be checked before run time."""
+def check(kernel: Node, spec: targets.Target) -> Schedule | MatmulSchedule:
+    """Plan and lower a kernel, and check what can be checked before run time. A kernel
+    holding a matrix product is planned as a cube kernel (codegen/matmul_schedule.py)."""
+    if is_matmul_kernel(kernel):
+        s = plan_matmul(kernel, spec)
+        refs = shape_refs(s)
+        for d in (s.M, s.N, s.K, *s.batch, *s.a_strides, *s.b_strides,
+                  *(io.value.type.numel for io in s.inputs)):
+            c_dim(d, refs)
+        return s
     s = plan(kernel, target=spec)
     low = lower(s)
     refs = shape_refs(s)
@@ -80,7 +95,7 @@ def check_once(kernel: Node, spec: targets.Target, key: tuple,
     if isinstance(first, _Refused):
         bad = None if first.at is None else kernel.subgraph.nodes[first.at]
         raise first.error(first.message, node=bad)
-    if first is not None and (s := rebind(first, kernel)) is not None:
+    if isinstance(first, Schedule) and (s := rebind(first, kernel)) is not None:
         return s
     try:
         s = check(kernel, spec)
@@ -132,6 +147,10 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
     groups = [[by_id[i] for i in sorted(c, key=order.__getitem__)]  # in the kernel's order
               for c in nx.weakly_connected_components(dag.subgraph(keep))]
     built = []
+    if cube and len(out) < len([n for n in nodes if n.op != "Constant"]):
+        # each matrix product, with what feeds only it, is retried as a cube kernel
+        for c in _cube_groups(dag, out, by_id, order):
+            built.append(build_kernel(graph, c, _namer(ctx, kernel)(c), "cube"))
     for group in groups:
         ids = {id(n) for n in group}
         convex = not any(ids & up and ids & down for up, down in around)
@@ -142,6 +161,38 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         built.append(build_kernel(graph, group, _namer(ctx, kernel)(group),
                                   f"{kernel.attrs['pattern']}/split"))
     return built
+
+
+def _cube_groups(dag: nx.DiGraph, out: set[int], by_id: dict, order: dict
+                 ) -> list[list[Node]]:
+    """The matrix products among ``out`` (nodes split off a kernel), each with the nodes of
+    ``out`` that feed it and no other product: the cube kernels to retry."""
+    mms = [i for i in out if by_id[i].op in MATMUL_OPS]
+    reach = {i: {j for j in nx.descendants(dag, i) if by_id[j].op in MATMUL_OPS}
+             for i in out if i not in mms}
+    groups = []
+    for m in sorted(mms, key=order.__getitem__):
+        ids = {m} | {i for i, r in reach.items() if r == {m} and by_id[i].op not in CUBE_OPS}
+        groups.append([by_id[i] for i in sorted(ids, key=order.__getitem__)])
+    return groups
+
+
+def _wrap_matmuls(graph: Graph, ctx) -> int:
+    """Each MatMul/BatchMatMul left outside the kernels becomes a cube kernel, with the
+    transposes of its operands' last two axes that feed only it (folded into isTrans)."""
+    wrapped = 0
+    for n in list(graph.nodes):
+        if n.op not in MATMUL_OPS or not ctx.should_apply(f"{n.name}: a cube kernel", [n]):
+            continue
+        group = [n]
+        for v in n.inputs:
+            while (v.producer is not None and v.producer.op == "Transpose"
+                   and len(v.users) == 1 and swaps_last_two(v.producer)):
+                group.insert(0, v.producer)
+                v = v.producer.inputs[0]
+        build_kernel(graph, group, next_kernel_name(ctx.analyses, group, "cube"), "cube")
+        wrapped += 1
+    return wrapped
 
 
 def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
@@ -183,7 +234,8 @@ def _namer(ctx, kernel: Node):
 
 def _super_kernels(graph, ctx, spec, scheds) -> None:
     """The SuperKernel groups over the kernels that were generated."""
-    live = {n.name for n in graph.nodes if n.op == "GraphKernel"} & set(scheds)
+    live = {n.name for n in graph.nodes if n.op == "GraphKernel"} & {
+        k for k, s in scheds.items() if isinstance(s, Schedule)}  # vector kernels only
     groups = []
     for g in form_groups(graph, ctx.analyses.super_kernel_scopes, live):
         names = [k.name for k in g.members]
@@ -231,6 +283,7 @@ def codegen(graph, ctx) -> PassResult:
     scheds: dict[str, Schedule] = ctx.analyses.codegen
     fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
     changed = 0
+    wrapped = _wrap_matmuls(graph, ctx)
     work = deque(n for n in graph.nodes if n.op == "GraphKernel")
     widened = 0
     for k in work:  # sums and products accumulate in fp32 (codegen/accumulate.py)
@@ -307,5 +360,6 @@ def codegen(graph, ctx) -> PassResult:
     summary += [f"{len(phased)} run in phases or stages"] if phased else []
     summary += [f"{counted(widened, 'kernel')} accumulating fp16/bf16 in fp32"] if widened \
         else []
-    return PassResult(changed > 0 or widened > 0, changed + widened,
+    summary += [f"{counted(wrapped, 'matrix product')} as cube kernels"] if wrapped else []
+    return PassResult(changed > 0 or widened > 0 or wrapped > 0, changed + widened + wrapped,
                       summary=", ".join(summary))

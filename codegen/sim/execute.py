@@ -19,6 +19,16 @@ _NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16),
        DType.bool: np.dtype(np.bool_)}
 
 
+# TCubeTiling's fields in the simulator's order (codegen/sim/matmul_sim.h)
+CUBE_FIELDS = ("usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN",
+               "singleCoreK", "baseM", "baseN", "baseK", "depthA1", "depthB1", "stepM", "stepN",
+               "stepKa", "stepKb", "isBias", "iterateOrder", "transLength")
+
+
+def _is_cube(r: Rendered) -> bool:
+    return getattr(r.schedule, "kernel_kind", "vector") != "vector"
+
+
 def _np_dtype(dt: DType) -> np.dtype:
     return _NP.get(dt) or dt.np
 
@@ -111,6 +121,8 @@ class SimLibrary:
     def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: Target
                ) -> tuple[bytes, int, dict[str, int]]:
         lib = self.lib
+        cube = name in self.kernels and _is_cube(self.kernels[name])
+        cores = spec.aic_cores if cube else spec.aiv_cores  # a cube kernel: one per AIC
         size = getattr(lib, f"{name}_tiling_size")
         size.restype = ctypes.c_uint32
         n = size()
@@ -121,12 +133,15 @@ class SimLibrary:
         ws = ctypes.c_uint64()
         fn = getattr(lib, f"{name}_tiling")
         fn.restype = ctypes.c_int32
-        rc = fn(arr, ctypes.c_uint32(spec.aiv_cores), ctypes.c_uint64(spec.ub_bytes), out,
+        rc = fn(arr, ctypes.c_uint32(cores), ctypes.c_uint64(spec.ub_bytes), out,
                 ctypes.byref(block), ctypes.byref(ws))
         if rc != 0:
             raise SimulatorError(f"{name}: the tiling function found no tile that fits the "
                                  f"Unified Buffer for shapes {[list(s) for s in shapes]}")
         raw = bytes(out)
+        if cube:  # the TCubeTiling at the struct's start
+            return raw, int(block.value), dict(zip(CUBE_FIELDS, np.frombuffer(
+                raw[:4 * len(CUBE_FIELDS)], dtype=np.int32).tolist(), strict=True))
         head = np.frombuffer(raw[:64], dtype=np.uint64) if n >= 64 else None
         fields = {}
         if head is not None:

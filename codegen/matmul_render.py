@@ -1,0 +1,66 @@
+"""Render a cube kernel (codegen/matmul_schedule.py) as Ascend C on the Matmul API:
+``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp`` (the host tiling, with the tiler of
+``templates/cube_tiler.inc``) and a manifest entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from graphkernel import symbolic
+from graphkernel.codegen.lower import C_TYPE
+from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
+from graphkernel.codegen.schedule import comment_text
+from graphkernel.ir import DType
+
+TILER = (Path(__file__).resolve().parent / "templates" / "cube_tiler.inc").read_text()
+DT_ENUM = {DType.float16: "DataType::DT_FLOAT16", DType.bfloat16: "DataType::DT_BF16",
+           DType.float32: "DataType::DT_FLOAT"}
+
+
+def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
+    from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs
+
+    refs = shape_refs(s)
+    cd = lambda d: c_dim(d, refs)  # noqa: E731
+    batch = [(cd(d), cd(a), cd(b)) for d, a, b in zip(s.batch, s.a_strides, s.b_strides,
+                                                      strict=True)]
+    ins = s.inputs
+    ctx = {
+        "s": s, "node_comment": comment_text(node_comment or s.node),
+        "ctype": C_TYPE[s.dtype], "size": s.dtype.itemsize, "dt_enum": DT_ENUM[s.dtype],
+        "M": cd(s.M), "N": cd(s.N), "K": cd(s.K), "batch": batch, "max_axes": MAX_BATCH_AXES,
+        "na": cd(ins[s.a].value.type.numel), "nb": cd(ins[s.b].value.type.numel),
+        "target": s.target, "tiler": TILER,
+        "batch_doc": f"[{', '.join(map(str, map(symbolic.canon, s.batch)))}]" if s.batch
+        else "",
+        "doc": ", ".join(x for x in ("A stored transposed" if s.trans_a else "",
+                                     "B stored transposed" if s.trans_b else "") if x)
+        or "both operands row-major",
+        "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
+                               for io in ins),
+    }
+    env = _env()
+    files = {
+        f"{s.name}.cpp": env.get_template("matmul.cpp.j2").render(ctx),
+        f"{s.name}_tiling.h": env.get_template("matmul_tiling.h.j2").render(ctx),
+        f"{s.name}_tiling.cpp": env.get_template("matmul_tiling.cpp.j2").render(ctx),
+    }
+    t = s.tiling
+    manifest: dict[str, Any] = {
+        "name": s.name, "node": s.node, "kind": s.kernel_kind,
+        "inputs": [io_entry(io) for io in ins],
+        "outputs": [io_entry(io) for io in s.outputs],
+        "matmul": {"M": symbolic.canon(s.M), "N": symbolic.canon(s.N),
+                   "K": symbolic.canon(s.K), "batch": [symbolic.canon(d) for d in s.batch],
+                   "a": s.a, "b": s.b, "trans_a": s.trans_a, "trans_b": s.trans_b},
+        "tiling_fields": ["cube (TCubeTiling)", "M", "N", "K", "coresM", "coresN", "nBatch",
+                          "na", "nb", "nc", "nDims", "bd", "sa", "sb"],
+        "cube_tiling": t.fields() if t is not None else None,
+        "block_dim": "the cube cores the tiling uses (usedCoreNum): min(cube cores, batch x "
+                     "coresM x coresN)",
+        "tiling_function": f"{s.name}_tiling",
+        "sources": sorted(files),
+        "notes": list(s.notes),
+    }
+    return Rendered(s, None, files, manifest)

@@ -1,0 +1,169 @@
+"""Schedule a cube kernel: one MatMul/BatchMatMul on the Matmul high-level API.
+
+A cube kernel's body is one MatMul or BatchMatMul whose operands are kernel inputs, each
+possibly through Transposes of its last two axes: a transpose is folded into the operand's
+``isTrans`` (the operand is read transposed in place, never materialised). Batch axes
+(BatchMatMul) broadcast as numpy does: each output batch element reads its A and B at
+per-axis strides that are 0 where an operand's axis is 1 or missing (grouped-query
+attention's shared K/V heads). The tiling (codegen/matmul_tiling.py, and the same search in
+the generated host function for the actual shapes) splits each batch element's ``M × N``
+over the cube cores; a core takes blocks ``batch × coresM × coresN`` round robin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel import symbolic
+from graphkernel.codegen import targets
+from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
+from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
+from graphkernel.ir import Dim, DType, Node, Value
+
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})
+CUBE_DTYPES = (DType.float16, DType.bfloat16, DType.float32)
+MAX_BATCH_AXES = 8
+
+
+@dataclass
+class MatmulSchedule:
+    """A cube kernel: which inputs are A and B, how they are read, the batch layout, and the
+    tiling of the compile-time shapes (None when a dim is symbolic: the host function
+    computes it from the actual shapes)."""
+
+    node: str
+    name: str
+    inputs: list[KernelIO]
+    outputs: list[KernelIO]
+    matmul: Node
+    a: int                      # the input index of A
+    b: int                      # ... of B
+    trans_a: bool               # A is stored [..., K, M]
+    trans_b: bool               # B is stored [..., N, K]
+    M: Dim
+    N: Dim
+    K: Dim
+    batch: tuple[Dim, ...]      # the output's batch dims
+    a_strides: tuple[Dim, ...]  # A's element stride per output batch dim (0: broadcast)
+    b_strides: tuple[Dim, ...]
+    dtype: DType                # A, B and C
+    tiling: CubeTiling | None   # for static shapes (None: decided at run time only)
+    notes: list[str] = field(default_factory=list)
+    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+                                   repr=False, compare=False)
+    kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
+    variant: None = None        # no run-time variant
+    reduce: bool = False        # (the vector schedule's question: never a reduction here)
+    L: Dim = 1
+
+
+def is_matmul_kernel(kernel: Node) -> bool:
+    """Whether the kernel's body holds a MatMul or BatchMatMul (planned by this module)."""
+    return any(n.op in MATMUL_OPS for n in kernel.subgraph.nodes)
+
+
+def swaps_last_two(n: Node) -> bool:
+    """A Transpose that swaps the last two axes and keeps the others."""
+    perm = list(n.attrs.get("perm") or [])
+    r = len(perm)
+    return r >= 2 and perm == [*range(r - 2), r - 1, r - 2]
+
+
+def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bool]:
+    """The kernel input an operand reads and whether it is read transposed: Transposes of
+    the last two axes fold into ``isTrans``; anything else is refused."""
+    while v.producer is not None:
+        p = v.producer
+        if p.op == "Transpose" and swaps_last_two(p) and len(v.users) == 1:
+            seen.add(id(p))
+            v, trans = p.inputs[0], not trans
+            continue
+        raise Unsupported(f"{mm.op} operand computed by {p.op} inside its kernel (a cube "
+                          "kernel reads its operands from GM, transposes of the last two "
+                          "axes folded into isTrans)", node=mm)
+    return v, trans
+
+
+def _batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Element strides of an operand per output batch dim (0 where broadcast)."""
+    own = shape[:-2]
+    inner: Dim = symbolic.numel(shape[-2:])
+    strides: list[Dim] = []
+    for k in range(len(out_batch)):
+        j = len(own) - len(out_batch) + k
+        if j < 0 or symbolic.canon(own[j]) == symbolic.canon(1):
+            strides.append(0)
+        else:
+            strides.append(symbolic.mul(inner, symbolic.numel(own[j + 1:])))
+    return tuple(strides)
+
+
+def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
+    """The cube kernel of ``kernel``, or Unsupported naming what is outside the model."""
+    body = kernel.subgraph
+    mms = [n for n in body.nodes if n.op in MATMUL_OPS]
+    mm = mms[0]
+    if len(mms) > 1:
+        raise Unsupported(f"{len(mms)} matrix products in one kernel (a cube kernel runs one)",
+                          node=mms[1])
+    seen = {id(mm)}
+    src_a, ta = _operand(mm.inputs[0], bool(mm.attrs.get("transpose_a")), mm, seen)
+    src_b, tb = _operand(mm.inputs[1], bool(mm.attrs.get("transpose_b")), mm, seen)
+    others = [n for n in body.nodes if id(n) not in seen and n.op != "Constant"]
+    if others:
+        raise Unsupported(f"{mm.op} with {others[0].op} in its kernel: the epilogue is not "
+                          "generated on the Matmul API yet", node=mm)
+    if list(body.outputs) != [mm.outputs[0]]:
+        raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
+    dt = mm.outputs[0].dtype
+    if dt not in CUBE_DTYPES:
+        raise Unsupported(f"{mm.op} of {dt.value}: the cube kernels take float16, bfloat16 "
+                          "and float32 (int8 products are int32, the IR's MatMul keeps int8)",
+                          node=mm)
+    out = mm.outputs[0].type.shape
+    M, N = out[-2], out[-1]
+    sa, sb = src_a.type.shape, src_b.type.shape
+    K = sa[-2] if ta else sa[-1]
+    batch = tuple(out[:-2])
+    if len(batch) > MAX_BATCH_AXES:
+        raise Unsupported(f"{mm.op} with {len(batch)} batch axes (at most {MAX_BATCH_AXES})",
+                          node=mm)
+    ins = list(body.inputs)
+    name = kernel_symbol(kernel)
+    inputs = [KernelIO(i, v, FULL, v.dtype, tuple(v.type.shape)) for i, v in enumerate(ins)]
+    outputs = [KernelIO(0, mm.outputs[0], FULL, dt, tuple(out))]
+    dims = [*out, K]
+    static = all(symbolic.is_static(d) for d in dims)
+    t = None
+    if static:
+        size = dt.itemsize
+        nb = int(symbolic.numel(batch)) if batch else 1
+        try:
+            t = tile(int(M), int(N), int(K), size, size, size, spec, batch=nb)
+        except NoTiling as e:
+            raise Unsupported(str(e), node=mm) from None
+    s = MatmulSchedule(
+        node=kernel.name, name=name, inputs=inputs, outputs=outputs, matmul=mm,
+        a=ins.index(src_a), b=ins.index(src_b), trans_a=ta, trans_b=tb, M=M, N=N, K=K,
+        batch=batch, a_strides=_batch_strides(sa, batch), b_strides=_batch_strides(sb, batch),
+        dtype=dt, tiling=t, target=spec)
+    s.notes = notes(s)
+    return s
+
+
+def notes(s: MatmulSchedule) -> list[str]:
+    """Why a cube kernel reads more than its inputs once (shown with the kernel)."""
+    t = s.tiling
+    if t is None:
+        return ["a cube kernel: A is read once per core column of the split and B once per "
+                "core row (the split is chosen at run time)"]
+    out = []
+    if t.coresN > 1 or t.coresM > 1:
+        out.append(f"a cube kernel split {t.coresM} x {t.coresN} over the cube cores: A is "
+                   f"read {t.coresN} times, B {t.coresM} times")
+    if t.gm_bytes > t.split_bytes:
+        out.append(f"operand panels that do not fit L1 are re-read per base tile "
+                   f"({t.gm_bytes - t.split_bytes} bytes more)")
+    if any(symbolic.canon(x) == symbolic.canon(0) for x in (*s.a_strides, *s.b_strides)):
+        out.append("a broadcast batch operand is read once per output batch element")
+    return out
