@@ -26,7 +26,17 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
     batch = [(cd(d), cd(a), cd(b)) for d, a, b in zip(s.batch, s.a_strides, s.b_strides,
                                                       strict=True)]
     ins = s.inputs
+    epi = s.epilogue
+    epi_inputs = epi.inputs if epi is not None else []
+    tile_inputs = [i for i in epi_inputs if i.layout in ("tile", "row")]  # at batch strides
     ctx = {
+        "epi": epi, "epi_inputs": epi_inputs, "tile_inputs": tile_inputs,
+        "tile_strides": [(i.index, [cd(st) for st in i.strides]) for i in tile_inputs],
+        "epi_sizes": [(i.index, cd(ins[i.index].value.type.numel)) for i in epi_inputs],
+        "itype": {io.index: C_TYPE[io.dtype] for io in ins if io.dtype in C_TYPE},
+        "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs if io.dtype in C_TYPE},
+        "c_size": s.c_bytes, "ub_elem": s.ub_per_elem, "ub_reserved": s.ub_reserved,
+        "blk": s.target.block_bytes,
         "s": s, "node_comment": comment_text(node_comment or s.node),
         "ctype": C_TYPE[s.dtype], "size": s.dtype.itemsize, "dt_enum": DT_ENUM[s.dtype],
         "M": cd(s.M), "N": cd(s.N), "K": cd(s.K), "batch": batch, "max_axes": MAX_BATCH_AXES,
@@ -42,7 +52,8 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
     }
     env = _env()
     files = {
-        f"{s.name}.cpp": env.get_template("matmul.cpp.j2").render(ctx),
+        f"{s.name}.cpp": env.get_template("matmul_mix.cpp.j2" if epi is not None
+                                          else "matmul.cpp.j2").render(ctx),
         f"{s.name}_tiling.h": env.get_template("matmul_tiling.h.j2").render(ctx),
         f"{s.name}_tiling.cpp": env.get_template("matmul_tiling.cpp.j2").render(ctx),
     }

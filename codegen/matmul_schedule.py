@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
+from graphkernel.codegen import matmul_epilogue as epilogue
 from graphkernel.codegen import targets
+from graphkernel.codegen.matmul_epilogue import Epilogue
 from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
@@ -51,10 +53,26 @@ class MatmulSchedule:
     notes: list[str] = field(default_factory=list)
     target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
                                    repr=False, compare=False)
+    epilogue: Epilogue | None = None  # a MIX kernel's vector work on each base tile
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
     variant: None = None        # no run-time variant
     reduce: bool = False        # (the vector schedule's question: never a reduction here)
     L: Dim = 1
+
+    @property
+    def c_bytes(self) -> int:
+        """C's element size as the Matmul API delivers it: fp32 tiles into UB for a MIX
+        kernel (the epilogue computes in fp32), the product's type to GM otherwise."""
+        return 4 if self.epilogue is not None else self.dtype.itemsize
+
+    @property
+    def ub_per_elem(self) -> int:
+        return self.epilogue.ub_per_elem() if self.epilogue is not None else self.c_bytes
+
+    @property
+    def ub_reserved(self) -> int:
+        e = self.epilogue
+        return e.ub_reserved(self.target.block_bytes) if e is not None else 0
 
 
 def is_matmul_kernel(kernel: Node) -> bool:
@@ -84,7 +102,7 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
     return v, trans
 
 
-def _batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
+def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """Element strides of an operand per output batch dim (0 where broadcast)."""
     own = shape[:-2]
     inner: Dim = symbolic.numel(shape[-2:])
@@ -109,12 +127,7 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     seen = {id(mm)}
     src_a, ta = _operand(mm.inputs[0], bool(mm.attrs.get("transpose_a")), mm, seen)
     src_b, tb = _operand(mm.inputs[1], bool(mm.attrs.get("transpose_b")), mm, seen)
-    others = [n for n in body.nodes if id(n) not in seen and n.op != "Constant"]
-    if others:
-        raise Unsupported(f"{mm.op} with {others[0].op} in its kernel: the epilogue is not "
-                          "generated on the Matmul API yet", node=mm)
-    if list(body.outputs) != [mm.outputs[0]]:
-        raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
+    steps = [n for n in body.nodes if id(n) not in seen and n.op != "Constant"]
     dt = mm.outputs[0].dtype
     if dt not in CUBE_DTYPES:
         raise Unsupported(f"{mm.op} of {dt.value}: the cube kernels take float16, bfloat16 "
@@ -129,24 +142,28 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         raise Unsupported(f"{mm.op} with {len(batch)} batch axes (at most {MAX_BATCH_AXES})",
                           node=mm)
     ins = list(body.inputs)
+    outs = list(body.outputs)
+    epi = None
+    if steps:  # a MIX kernel: the epilogue on each base tile (codegen/matmul_epilogue.py)
+        epi = epilogue.build(mm.outputs[0], batch, M, N, ins, outs, steps)
+    elif outs != [mm.outputs[0]]:
+        raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
     name = kernel_symbol(kernel)
     inputs = [KernelIO(i, v, FULL, v.dtype, tuple(v.type.shape)) for i, v in enumerate(ins)]
-    outputs = [KernelIO(0, mm.outputs[0], FULL, dt, tuple(out))]
-    dims = [*out, K]
-    static = all(symbolic.is_static(d) for d in dims)
-    t = None
-    if static:
-        size = dt.itemsize
-        nb = int(symbolic.numel(batch)) if batch else 1
-        try:
-            t = tile(int(M), int(N), int(K), size, size, size, spec, batch=nb)
-        except NoTiling as e:
-            raise Unsupported(str(e), node=mm) from None
+    outputs = [KernelIO(j, v, FULL, v.dtype, tuple(v.type.shape)) for j, v in enumerate(outs)]
     s = MatmulSchedule(
         node=kernel.name, name=name, inputs=inputs, outputs=outputs, matmul=mm,
         a=ins.index(src_a), b=ins.index(src_b), trans_a=ta, trans_b=tb, M=M, N=N, K=K,
-        batch=batch, a_strides=_batch_strides(sa, batch), b_strides=_batch_strides(sb, batch),
-        dtype=dt, tiling=t, target=spec)
+        batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
+        dtype=dt, tiling=None, target=spec, epilogue=epi,
+        kernel_kind="mix" if epi is not None else "cube")
+    if all(symbolic.is_static(d) for d in (*out, K)):
+        nb = int(symbolic.numel(batch)) if batch else 1
+        try:
+            s.tiling = tile(int(M), int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
+                            batch=nb, ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem)
+        except NoTiling as e:
+            raise Unsupported(str(e), node=mm) from None
     s.notes = notes(s)
     return s
 
@@ -166,4 +183,13 @@ def notes(s: MatmulSchedule) -> list[str]:
                    f"({t.gm_bytes - t.split_bytes} bytes more)")
     if any(symbolic.canon(x) == symbolic.canon(0) for x in (*s.a_strides, *s.b_strides)):
         out.append("a broadcast batch operand is read once per output batch element")
+    for i in s.epilogue.inputs if s.epilogue is not None else ():
+        name = s.inputs[i.index].value.name
+        if i.layout == "row":
+            out.append(f"epilogue input {i.index} ({name}) is a row: read once per base tile")
+        elif i.layout == "scalar":
+            out.append(f"epilogue input {i.index} ({name}) is one value: read once per core")
+        elif any(symbolic.canon(x) == symbolic.canon(0) for x in i.strides):
+            out.append(f"epilogue input {i.index} ({name}) is broadcast over batch axes: read "
+                       "once per output batch element")
     return out

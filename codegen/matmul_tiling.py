@@ -22,7 +22,7 @@ loop, the A panels are read once when all of the core's fit L1, else once per N 
 once per base tile. ``gm_bytes`` counts exactly that (the simulator's Matmul counts its
 loads by the same rule). The split and the base tiles minimise modeled time
 (``max(traffic / HBM, flops / cube throughput)`` over the cores used, a core drawing at
-most ``1 / aic_cores`` of the HBM bandwidth; times within 0.1 us count as equal), then
+most ``1 / aic_cores`` of the HBM bandwidth; times within 0.5 us count as equal), then
 traffic, then the most cores busy, then the largest base tile.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from graphkernel.codegen.targets import Target
 from graphkernel.errors import CodegenError
 
-TIME_STEPS = 10  # the search's resolution of modeled time: 0.1 us (a twentieth of a launch)
+TIME_STEPS = 2  # the search's resolution of modeled time: 0.5 us (a quarter of a launch)
 
 
 class NoTiling(CodegenError):
@@ -108,6 +108,7 @@ class _Shape:
     b: int      # itemsize of B
     c: int      # itemsize of C in UB
     bias: bool
+    u: int      # UB bytes per C tile element (the C tile and the epilogue's tiles)
 
 
 def panel_reads(sm: int, sn: int, K: int, bm: int, bn: int, bk: int, depth_a: int,
@@ -149,7 +150,7 @@ def _base_candidates(sh: _Shape, sm: int, sn: int, spec: Target) -> list[tuple[i
     out = []
     for bm in _sizes(sm, f):
         for bn in _sizes(sn, f):
-            if bm * bn * 4 > spec.l0c_bytes or bm * bn * sh.c > spec.ub_bytes:
+            if bm * bn * 4 > spec.l0c_bytes or bm * bn * sh.u > spec.ub_bytes:
                 continue
             kmax = min(spec.l0a_bytes // 2 // (bm * sh.a), spec.l0b_bytes // 2 // (bn * sh.b))
             bk = min(kmax // ka * ka, _up(sh.K, ka))
@@ -159,14 +160,18 @@ def _base_candidates(sh: _Shape, sm: int, sn: int, spec: Target) -> list[tuple[i
 
 
 def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec: Target,
-         batch: int = 1, bias: bool = False, ub_reserved: int = 0) -> CubeTiling:
+         batch: int = 1, bias: bool = False, ub_reserved: int = 0,
+         ub_per_elem: int | None = None) -> CubeTiling:
     """The tiling of a ``[batch ×] M × N × K`` product with operands of ``a_bytes`` /
-    ``b_bytes`` per element and C tiles of ``c_bytes`` per element in UB; ``ub_reserved``:
-    UB bytes the epilogue needs beside the C tile. Raises NoTiling when nothing fits."""
+    ``b_bytes`` per element and C of ``c_bytes`` per element; ``ub_per_elem``: UB bytes per
+    C tile element (a MIX kernel's C tile and epilogue tiles; default ``c_bytes``),
+    ``ub_reserved``: UB bytes the epilogue needs besides. Raises NoTiling when nothing
+    fits."""
     for what, v in (("M", M), ("N", N), ("K", K), ("batch", batch)):
         if v < 1:
             raise NoTiling(f"a matmul of {what} = {v}: every extent must be at least 1")
-    sh = _Shape(M, N, K, batch, a_bytes, b_bytes, c_bytes, bias)
+    per = ub_per_elem or c_bytes
+    sh = _Shape(M, N, K, batch, a_bytes, b_bytes, c_bytes, bias, per)
     f = spec.cube_fractal
     ub = spec.ub_bytes - ub_reserved
     flops_per_us = spec.cube_tflops * 1e6 / spec.aic_cores  # one cube core
@@ -183,7 +188,7 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
             used = min(spec.aic_cores, blocks)
             waves = _cdiv(blocks, used)
             for bm, bn, bk in _base_candidates(sh, sm, sn, spec):
-                if bm * bn * c_bytes > ub:
+                if bm * bn * per > ub:
                     continue
                 t = _fit_l1(sh, sm, sn, bm, bn, bk, spec)
                 if t is None:
@@ -251,7 +256,7 @@ def _fit_l1(sh: _Shape, sm: int, sn: int, bm: int, bn: int, bk: int, spec: Targe
 
 def gm_bytes(t: CubeTiling, a_bytes: int, b_bytes: int) -> int:
     """GM bytes of A, B and the bias the cores of tiling ``t`` read (the model above)."""
-    sh = _Shape(t.M, t.N, t.Ka, t.batch, a_bytes, b_bytes, 0, bool(t.isBias))
+    sh = _Shape(t.M, t.N, t.Ka, t.batch, a_bytes, b_bytes, 0, bool(t.isBias), 0)
     return t.batch * _all_reads(sh, t.singleCoreM, t.singleCoreN, t.baseM, t.baseN, t.baseK,
                                 t.depthA1, t.depthB1, t.iterateOrder)
 
@@ -263,7 +268,7 @@ def l1_bytes(t: CubeTiling, a_bytes: int, b_bytes: int) -> int:
 
 
 def violations(t: CubeTiling, a_bytes: int, b_bytes: int, c_bytes: int, spec: Target,
-               ub_reserved: int = 0) -> list[str]:
+               ub_reserved: int = 0, ub_per_elem: int | None = None) -> list[str]:
     """Every constraint of the reference a tiling breaks (empty: a valid tiling)."""
     f, ka = spec.cube_fractal, spec.cube_k_align(min(a_bytes, b_bytes))
     bad = []
@@ -279,7 +284,7 @@ def violations(t: CubeTiling, a_bytes: int, b_bytes: int, c_bytes: int, spec: Ta
         bad.append("baseM·baseN·4 exceeds L0C")
     if l1_bytes(t, a_bytes, b_bytes) > spec.l1_bytes:
         bad.append("depthA1/depthB1 base tiles exceed L1")
-    if t.transLength + ub_reserved > spec.ub_bytes:
+    if t.baseM * t.baseN * (ub_per_elem or c_bytes) + ub_reserved > spec.ub_bytes:
         bad.append("the C tile and the epilogue exceed UB")
     if t.usedCoreNum > spec.aic_cores or t.coresM * t.coresN > spec.aic_cores:
         bad.append("more cores than the target's AIC")

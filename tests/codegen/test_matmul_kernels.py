@@ -148,3 +148,128 @@ def test_feeds_are_exact_for_integers_in_the_product():
     (got,), _ = run_sim(case.result, feeds, library=lib)
     np.testing.assert_array_equal(got, (feeds["a"].astype(np.float32) @ feeds["b"].astype(
         np.float32)).astype(np.float16))
+
+
+# ------------------------------------------------------------------ MIX kernels
+def _mix(name: str, a_shape, b_shape, epilogue, dtype="float16", op="MatMul", tb=False):
+    """A product and ``epilogue(graph, node, product)`` as one kernel, built directly (the
+    generator's own test, whatever the fusion patterns would form)."""
+    from graphkernel.kernels import build_kernel
+
+    g = Graph(name)
+    a = g.add_input("a", TensorType(a_shape, dtype))
+    b = g.add_input("b", TensorType(b_shape, dtype))
+
+    def node(op_, ins, **attrs):
+        return g.add_node(op_, ins, attrs).output
+
+    g.set_outputs(list(epilogue(g, node, node(op, [a, b], transpose_b=tb))))
+    fused = g.copy()
+    k = build_kernel(fused, [n for n in fused.nodes if n.op != "Constant"], "k", "test")
+    return g, fused, k
+
+
+def _inp(g, name, shape, dtype="float16"):
+    return g.add_input(name, TensorType(shape, dtype))
+
+
+MIX = {
+    "bias": lambda g, n, y: [n("Add", [y, _inp(g, "bias", (70,))])],
+    "bias_fp32_row": lambda g, n, y: [n("Cast", [n("Add", [n("Cast", [y], dtype="float32"),
+                                                           _inp(g, "bias", (70,), "float32")
+                                                           ])], dtype="float16")],
+    "scale_mask": lambda g, n, y: [n("Add", [n("Mul", [y, g.add_node(
+        "Constant", [], {"value": np.array(0.125, np.float16)}).output]),
+        _inp(g, "mask", (1, 1, 40, 40))])],
+    "gelu": lambda g, n, y: [n("Mul", [y, n("Sigmoid", [n("Mul", [y, g.add_node(
+        "Constant", [], {"value": np.array(1.702, np.float16)}).output])])])],
+    "silu_two_outputs": lambda g, n, y: [y, n("Mul", [y, n("Sigmoid", [y])])],
+    "relu_residual": lambda g, n, y: [n("Add", [n("Maximum", [y, g.add_node(
+        "Constant", [], {"value": np.array(0.0, np.float16)}).output]),
+        _inp(g, "r", (50, 70))])],
+    "cast_out": lambda g, n, y: [n("Cast", [y], dtype="float32")],
+    "sub_div_pow": lambda g, n, y: [n("Div", [n("Pow", [n("Sub", [y, _inp(g, "r", (50, 70))]),
+                                                        g.add_node("Constant", [], {
+                                                            "value": np.array(2.0, np.float16)
+                                                        }).output]), _inp(g, "d", (1,))])],
+}
+SHAPES = {"scale_mask": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True)}
+
+
+@pytest.fixture(scope="module")
+def mix_library():
+    from graphkernel.codegen.backend import render_all
+    from graphkernel.codegen.sim.execute import SimLibrary
+    from graphkernel.passes.codegen import check
+
+    built = {}
+    for name, epi in MIX.items():
+        a, b, op, tb = SHAPES.get(name, ((50, 90), (90, 70), "MatMul", False))
+        g, fused, k = _mix(name, a, b, epi, op=op, tb=tb)
+        built[name] = (g, fused, k, check(k, SPEC))
+    lib = SimLibrary(render_all({v[2].name + n: v[3] for n, v in built.items()}))
+    return built, lib
+
+
+@pytest.mark.parametrize("name", MIX)
+def test_mix_kernels_match_the_interpreter(name, mix_library):
+    from graphkernel.codegen.backend import SimBackend
+    from graphkernel.interpreter import Interpreter
+
+    built, lib = mix_library
+    g, fused, k, s = built[name]
+    assert isinstance(s, MatmulSchedule) and s.kernel_kind == "mix"
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal([int(d) for d in v.shape]).astype(v.dtype.np)
+             for v in g.inputs}
+    if "d" in feeds:
+        feeds["d"] = np.abs(feeds["d"]) + 1
+    backend = SimBackend(fused, {k.name: s}, library=lib)
+    got = Interpreter(fused, kernel_runner=backend).run(feeds)
+    assert not backend.unscheduled
+    judged = Evaluator(g, feeds).judge(got)
+    assert not judged.bad, f"{name}: {judged.reason}"
+    (st,) = backend.stats.values()
+    assert st.gm_written == sum(o.nbytes for o in got)  # each output tile written once
+    # the product's operands as the tiler models them; a tile input once (a broadcast one
+    # once per batch element), a row once per tile, a scalar once per core
+    t = s.tiling
+    layout = {fused.inputs[i.index].name: i.layout for i in s.epilogue.inputs}
+    once = sum(feeds[v].nbytes for v, lay in layout.items() if lay == "tile")
+    once += sum(feeds[v].nbytes * st.block_dim for v, lay in layout.items() if lay == "scalar")
+    if name == "scale_mask":  # the [1, 1, 40, 40] mask under each of 2 x 3 batch elements
+        once *= 6
+    if "row" in layout.values():  # 70 columns: one row per tile of each core
+        assert st.gm_read > t.gm_bytes + once
+    else:
+        assert st.gm_read == t.gm_bytes + once
+
+
+def test_mix_kernel_code_runs_the_epilogue_on_each_tile(mix_library):
+    from graphkernel.codegen.backend import render_all
+
+    built, _ = mix_library
+    s = built["gelu"][3]
+    (r,) = render_all({"k": s})
+    text = r.files[f"{s.name}.cpp"]
+    assert "while" not in text and "mm.Iterate()" in text and "mm.GetTensorC(c);" in text
+    assert "Sigmoid(" in text and "IterateAll" not in text and "ASCENDC_CUBE_ONLY" not in text
+    assert r.manifest["kind"] == "mix"
+    assert s.tiling.baseM * s.tiling.baseN * s.ub_per_elem <= SPEC.ub_bytes
+
+
+def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
+    """A reduction after the product is not an epilogue on tiles: the kernel is split into
+    a cube kernel and a vector kernel, with the reason."""
+    g = Graph("mm_reduce")
+    a = g.add_input("a", TensorType((32, 64), "float16"))
+    b = g.add_input("b", TensorType((64, 48), "float16"))
+    y = g.add_node("MatMul", [a, b], {}).output
+    g.set_outputs([g.add_node("ReduceSum", [y], {"axis": [1], "keep_dims": True}).output])
+    from graphkernel.kernels import build_kernel
+    from graphkernel.passes.codegen import check
+
+    fused = g.copy()
+    k = build_kernel(fused, [n for n in fused.nodes if n.op != "Constant"], "k", "test")
+    with pytest.raises(Exception, match="ReduceSum in a matmul epilogue"):
+        check(k, SPEC)

@@ -1,0 +1,305 @@
+"""The vector epilogue of a MIX kernel: elementwise work on each base tile of a product.
+
+A MIX kernel's body is a matrix product (codegen/matmul_schedule.py) and elementwise ops on
+its result. The kernel iterates the product's base tiles into UB (``Iterate`` /
+``GetTensorC``, fp32: the product is not rounded before the epilogue), runs the epilogue on
+the tile and writes each output tile once. Everything in UB is fp32 (accuracy.md: rounding
+only at the kernel's boundary); fp16/bf16 inputs are cast on load, outputs on store.
+
+Values on a tile (``baseM × baseN``, row pitch ``baseN``):
+
+- ``tile``: the product, an input of the product's extent (a residual, a mask; its leading
+  axes may broadcast: stride 0), or a computed value;
+- ``row``: an input of ``N`` elements (a bias row), applied row by row;
+- ``scalar``: a constant or a one-element input.
+
+Each op is one call of the vector instruction table (codegen/instructions.py): ``unary``
+rules over the tile, ``binary`` rules tile∘tile, tile∘row (one call per row) and tile∘scalar
+(the scalar form where it is exact, else the scalar spread by ``Duplicate``), a ``Pow`` by a
+small constant exponent as products, a ``Cast`` to fp32 as an alias and to fp16/bf16 as the
+rounding it asks for. Views that keep the last axis are aliases. Anything else is refused
+(the kernel is then split into a cube kernel and a vector one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel import symbolic
+from graphkernel.codegen.instructions import INSTRUCTIONS
+from graphkernel.codegen.lower import C_TYPE, flt
+from graphkernel.codegen.schedule import VIEW_OPS, Unsupported
+from graphkernel.ir import Dim, DType, Node, Value
+
+TILE, ROW, SCALAR = "tile", "row", "scalar"
+FLOAT_TYPES = (DType.float16, DType.bfloat16, DType.float32)
+
+
+@dataclass
+class EpilogueInput:
+    index: int                   # the kernel input
+    layout: str                  # tile, row or scalar
+    dtype: DType
+    strides: tuple[Dim, ...] = ()  # tile, row: element stride per output batch axis (0:
+    #                                broadcast)
+
+
+@dataclass
+class EpilogueOutput:
+    index: int
+    dtype: DType
+    expr: str                    # the fp32 tile holding it
+
+
+@dataclass
+class Epilogue:
+    inputs: list[EpilogueInput]
+    outputs: list[EpilogueOutput]
+    body: list[str]              # C++ statements per tile (after the loads)
+    tiles: int                   # fp32 scratch tiles (the pool)
+    ht: bool = False             # the math library's scratch tile
+    hh: bool = False             # the 16-bit scratch of a rounding Cast
+    ops: list[str] = field(default_factory=list)
+
+    def ub_per_elem(self) -> int:
+        """UB bytes per tile element: the C tile, the pool, the loaded and stored tiles
+        (one buffer each) and their fp32 copies, the scratches."""
+        n = 4 + 4 * self.tiles + (4 if self.ht else 0) + (2 if self.hh else 0)
+        for i in self.inputs:
+            if i.layout == TILE:
+                n += i.dtype.itemsize + (4 if i.dtype != DType.float32 else 0)
+        return n + sum(o.dtype.itemsize for o in self.outputs)
+
+    def ub_reserved(self, block: int) -> int:
+        """UB bytes besides the tiles: the rows (at most 256 columns, raw and fp32)."""
+        rows = [i for i in self.inputs if i.layout == ROW]
+        return sum(256 * (i.dtype.itemsize + 4) for i in rows) + 4 * block
+
+
+@dataclass
+class _Ref:
+    kind: str
+    expr: str
+    const: float | None = None
+
+
+def _natural_strides(batch: tuple[Dim, ...], M: Dim, N: Dim) -> tuple[Dim, ...]:
+    out: list[Dim] = []
+    inner = symbolic.mul(M, N)
+    for k in range(len(batch)):
+        out.append(symbolic.mul(inner, symbolic.numel(batch[k + 1:])))
+    return tuple(out)
+
+
+def _eq(a: Dim, b: Dim) -> bool:
+    return symbolic.canon(a) == symbolic.canon(b)
+
+
+class _Builder:
+    def __init__(self, product: Value, batch, M, N, ins: list[Value], outs: list[Value],
+                 steps: list[Node]):
+        self.product, self.batch, self.M, self.N = product, batch, M, N
+        self.numel = symbolic.numel(product.type.shape)
+        self.ins, self.outs, self.steps = ins, outs, steps
+        self.refs: dict[int, _Ref] = {id(product): _Ref(TILE, "c")}
+        self.body: list[str] = []
+        self.free: list[str] = []
+        self.tiles = 0
+        self.ht = self.hh = False
+        self.inputs: list[EpilogueInput] = []
+        self.last_use: dict[int, int] = {}
+        for k, n in enumerate(steps):
+            for v in n.inputs:
+                self.last_use[id(v)] = k
+        self.keep = {id(v) for v in outs}
+
+    # ---------------------------------------------------------- values
+    def input_ref(self, v: Value, user: Node) -> _Ref:
+        i = self.ins.index(v)
+        shape = tuple(v.type.shape)
+        if v.dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{user.op} reads {v.dtype.value} input {v.name} in a matmul "
+                              "epilogue (float inputs only)", node=user)
+        if _eq(symbolic.numel(shape), 1):
+            self.inputs.append(EpilogueInput(i, SCALAR, v.dtype))
+            return _Ref(SCALAR, f"s{i}")
+        from graphkernel.codegen.matmul_schedule import batch_strides
+
+        if shape and _eq(shape[-1], self.N) and (len(shape) == 1 or _eq(shape[-2], 1)) \
+                and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
+            self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.batch)))
+            return _Ref(ROW, f"r{i}")
+        if shape and _eq(shape[-1], self.N) and _eq(symbolic.numel(shape), self.numel):
+            strides = _natural_strides(self.batch, self.M, self.N)  # the product's layout
+        elif len(shape) >= 2 and _eq(shape[-1], self.N) and _eq(shape[-2], self.M) \
+                and self._broadcasts(shape[:-2]):
+            strides = batch_strides(shape, self.batch)
+        else:
+            raise Unsupported(f"{user.op} reads {v.name} of shape "
+                              f"{symbolic.format_shape(shape)} in a matmul epilogue (a tile of "
+                              "the product, a row of N, or a scalar)", node=user)
+        self.inputs.append(EpilogueInput(i, TILE, v.dtype, strides))
+        return _Ref(TILE, f"x{i}")
+
+    def ref(self, v: Value, user: Node) -> _Ref:
+        if id(v) in self.refs:
+            return self.refs[id(v)]
+        p = v.producer
+        if p is not None and p.op == "Constant":
+            c = float(p.attrs["value"].reshape(-1)[0])
+            r = _Ref(SCALAR, f"CT({flt(c)})", c)
+        elif v in self.ins:
+            r = self.input_ref(v, user)
+        else:
+            raise Unsupported(f"{user.op} reads {v.name}, not computed on the tile", node=user)
+        self.refs[id(v)] = r
+        return r
+
+    def alloc(self) -> str:
+        if self.free:
+            return self.free.pop()
+        self.tiles += 1
+        return f"w{self.tiles - 1}"
+
+    def release(self, k: int, n: Node) -> None:
+        """Return to the pool the tiles whose last reader is step ``k``."""
+        for v in n.inputs:
+            r = self.refs.get(id(v))
+            if (r is not None and r.kind == TILE and r.expr.startswith("w")
+                    and self.last_use.get(id(v)) == k and id(v) not in self.keep
+                    and r.expr not in self.free and not self._aliased(r.expr, k)):
+                self.free.append(r.expr)
+
+    def _aliased(self, expr: str, k: int) -> bool:
+        """Another value read after step ``k`` (or kept) shares the tile ``expr``."""
+        for vid, r in self.refs.items():
+            if r.expr == expr and (self.last_use.get(vid, -1) > k or vid in self.keep):
+                return True
+        return False
+
+    def _broadcasts(self, lead: tuple[Dim, ...]) -> bool:
+        """Leading axes that broadcast into the product's batch axes."""
+        b = self.batch
+        return len(lead) <= len(b) and all(
+            _eq(d, 1) or _eq(d, e) for d, e in zip(lead, b[len(b) - len(lead):], strict=True))
+
+    # ------------------------------------------------------------- ops
+    def step(self, k: int, n: Node) -> None:
+        out = n.outputs[0]
+        if n.op in VIEW_OPS:
+            src = self.ref(n.inputs[0], n)
+            if src.kind == TILE and not (out.type.shape and _eq(out.type.shape[-1], self.N)):
+                raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
+                                  "epilogue", node=n)
+            self.refs[id(out)] = src
+            return
+        rule = INSTRUCTIONS.get(n.op)
+        a = [self.ref(v, n) for v in n.inputs]
+        if rule is None or rule.form not in ("unary", "binary", "pow", "cast"):
+            raise Unsupported(f"{n.op} in a matmul epilogue (elementwise ops of the "
+                              "instruction table only)", node=n)
+        if all(r.kind == SCALAR for r in a):
+            if rule.scalar is None:
+                raise Unsupported(f"{n.op} of scalars in a matmul epilogue", node=n)
+            t = C_TYPE.get(out.dtype, "float")
+            expr = rule.scalar.format(*(r.expr for r in a), t=t)
+            self.refs[id(out)] = _Ref(SCALAR, f"CT({expr})")
+            return
+        if n.op == "Cast":
+            self._cast(k, n, a[0])
+            return
+        if any(r.kind == ROW for r in a) and not any(r.kind == TILE for r in a):
+            raise Unsupported(f"{n.op} of a row alone in a matmul epilogue", node=n)
+        dst = self.alloc()
+        getattr(self, f"_{rule.form}")(rule, n, dst, a)
+        self.body.append("PipeBarrier<PIPE_V>();")
+        self.refs[id(out)] = _Ref(TILE, dst)
+        self.release(k, n)
+
+    def _unary(self, rule, n, dst, a) -> None:
+        (x,) = a
+        if rule.api is None:  # Neg
+            self.body.append(f"Muls({dst}, {x.expr}, CT(-1.0f), n);")
+        elif rule.scratch == "ht":
+            self.ht = True
+            self.body.append(f"{rule.api}({dst}, {x.expr}, ht, n);")
+        else:
+            self.body.append(f"{rule.api}({dst}, {x.expr}, n);")
+
+    def _binary(self, rule, n, dst, a) -> None:
+        x, y = a
+        b = self.body
+        if x.kind == TILE and y.kind == TILE:
+            b.append(f"{rule.api}({dst}, {x.expr}, {y.expr}, n);")
+        elif ROW in (x.kind, y.kind):
+            tx = x.expr + "[i * bN]" if x.kind == TILE else x.expr
+            ty = y.expr + "[i * bN]" if y.kind == TILE else y.expr
+            if SCALAR in (x.kind, y.kind):
+                raise Unsupported(f"{n.op} of a row and a scalar in a matmul epilogue", node=n)
+            b.append(f"for (uint32_t i = 0; i < rows; ++i) {rule.api}({dst}[i * bN], {tx}, "
+                     f"{ty}, bN);")
+        else:  # a tile and a scalar
+            tile, s = (x, y) if x.kind == TILE else (y, x)
+            if rule.scalar_api is not None:
+                b.append(f"{rule.scalar_api}({dst}, {tile.expr}, {s.expr}, n);")
+            elif n.op == "Sub" and tile is x:  # x - s = x + (-s), exact
+                b.append(f"Adds({dst}, {x.expr}, CT(-({s.expr})), n);")
+            else:  # the scalar spread over a tile, then the tile form
+                b.append(f"Duplicate({dst}, {s.expr}, n);")
+                b.append("PipeBarrier<PIPE_V>();")
+                args = (dst, tile.expr) if tile is y else (tile.expr, dst)
+                b.append(f"{rule.api}({dst}, {args[0]}, {args[1]}, n);")
+
+    def _pow(self, rule, n, dst, a) -> None:
+        x, e = a
+        if x.kind != TILE or e.const is None:
+            raise Unsupported("Pow with a tensor exponent in a matmul epilogue", node=n)
+        c = e.const
+        if c == 0.5:
+            self.body.append(f"Sqrt({dst}, {x.expr}, n);")
+        elif c == int(c) and 1 <= c <= 4:
+            self.body.append(f"Muls({dst}, {x.expr}, CT(1.0f), n);")
+            for _ in range(int(c) - 1):
+                self.body += ["PipeBarrier<PIPE_V>();", f"Mul({dst}, {dst}, {x.expr}, n);"]
+        else:
+            raise Unsupported(f"Pow by {c} in a matmul epilogue", node=n)
+
+    def _cast(self, k: int, n: Node, x: _Ref) -> None:
+        out = n.outputs[0]
+        if out.dtype not in FLOAT_TYPES:
+            raise Unsupported(f"Cast to {out.dtype.value} in a matmul epilogue", node=n)
+        only_stored = not out.users and id(out) in self.keep
+        if out.dtype == DType.float32 or only_stored or x.kind != TILE:
+            self.refs[id(out)] = x  # fp32 in UB already; a stored value rounds on store
+            return
+        dst = self.alloc()  # the rounding the graph asks for, through a 16-bit scratch
+        self.hh = True
+        t = C_TYPE[out.dtype]
+        self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {x.expr}, RoundMode::CAST_RINT, n);",
+                      "PipeBarrier<PIPE_V>();",
+                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, n);",
+                      "PipeBarrier<PIPE_V>();"]
+        self.refs[id(out)] = _Ref(TILE, dst)
+        self.release(k, n)
+
+
+def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
+          steps: list[Node]) -> Epilogue:
+    """The epilogue of the ``steps`` (in order) on the product's tiles; ``ins`` the kernel's
+    inputs (by index), ``outs`` its outputs."""
+    b = _Builder(product, batch, M, N, ins, outs, steps)
+    for k, n in enumerate(steps):
+        b.step(k, n)
+    outputs = []
+    for j, v in enumerate(outs):
+        r = b.refs.get(id(v))
+        if r is None or r.kind != TILE:
+            raise Unsupported(f"output {v.name} of a matmul kernel is not a tile of the "
+                              "product", node=v.producer)
+        if v.dtype not in FLOAT_TYPES or not _eq(symbolic.numel(v.type.shape), b.numel):
+            raise Unsupported(f"output {v.name} of a matmul kernel: {v.dtype.value} "
+                              f"{symbolic.format_shape(v.type.shape)}", node=v.producer)
+        outputs.append(EpilogueOutput(j, v.dtype, r.expr))
+    seen: set[int] = set()
+    uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]
+    return Epilogue(uniq, outputs, b.body, b.tiles, b.ht, b.hh, [n.op for n in steps])
