@@ -60,6 +60,8 @@ class Epilogue:
     ht: bool = False             # the math library's scratch tile
     hh: bool = False             # the 16-bit scratch of a rounding Cast
     ops: list[str] = field(default_factory=list)
+    batch: tuple[Dim, ...] = ()  # the batch axes the inputs' strides run over: the
+    #                              product's, or a view's that splits or merges them
 
     def ub_per_elem(self) -> int:
         """UB bytes per tile element: the C tile, the pool, the loaded and stored tiles
@@ -102,6 +104,7 @@ class _Builder:
         self.numel = symbolic.numel(product.type.shape)
         self.ins, self.outs, self.steps = ins, outs, steps
         self.refs: dict[int, _Ref] = {id(product): _Ref(TILE, "c")}
+        self.ebatch: tuple[Dim, ...] = tuple(batch)  # see Epilogue.batch
         self.body: list[str] = []
         self.free: list[str] = []
         self.tiles = 0
@@ -127,13 +130,13 @@ class _Builder:
 
         if shape and _eq(shape[-1], self.N) and (len(shape) == 1 or _eq(shape[-2], 1)) \
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
-            self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.batch)))
+            self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.ebatch)))
             return _Ref(ROW, f"r{i}")
         if shape and _eq(shape[-1], self.N) and _eq(symbolic.numel(shape), self.numel):
-            strides = _natural_strides(self.batch, self.M, self.N)  # the product's layout
+            strides = _natural_strides(self.ebatch, self.M, self.N)  # the product's layout
         elif len(shape) >= 2 and _eq(shape[-1], self.N) and _eq(shape[-2], self.M) \
                 and self._broadcasts(shape[:-2]):
-            strides = batch_strides(shape, self.batch)
+            strides = batch_strides(shape, self.ebatch)
         else:
             raise Unsupported(f"{user.op} reads {v.name} of shape "
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (a tile of "
@@ -179,7 +182,7 @@ class _Builder:
 
     def _broadcasts(self, lead: tuple[Dim, ...]) -> bool:
         """Leading axes that broadcast into the product's batch axes."""
-        b = self.batch
+        b = self.ebatch
         return len(lead) <= len(b) and all(
             _eq(d, 1) or _eq(d, e) for d, e in zip(lead, b[len(b) - len(lead):], strict=True))
 
@@ -188,9 +191,16 @@ class _Builder:
         out = n.outputs[0]
         if n.op in VIEW_OPS:
             src = self.ref(n.inputs[0], n)
-            if src.kind == TILE and not (out.type.shape and _eq(out.type.shape[-1], self.N)):
+            shape = tuple(out.type.shape)
+            if src.kind == TILE and not (shape and _eq(shape[-1], self.N)):
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
+            if (src.kind == TILE and len(shape) >= 2 and _eq(shape[-2], self.M)
+                    and shape[:-2] != self.ebatch):  # batch axes split or merged
+                if self.inputs:
+                    raise Unsupported(f"{n.op} regroups the batch axes after an input is read "
+                                      "in a matmul epilogue", node=n)
+                self.ebatch = shape[:-2]
             self.refs[id(out)] = src
             return
         rule = INSTRUCTIONS.get(n.op)
@@ -302,4 +312,5 @@ def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
         outputs.append(EpilogueOutput(j, v.dtype, r.expr))
     seen: set[int] = set()
     uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]
-    return Epilogue(uniq, outputs, b.body, b.tiles, b.ht, b.hh, [n.op for n in steps])
+    return Epilogue(uniq, outputs, b.body, b.tiles, b.ht, b.hh, [n.op for n in steps],
+                    b.ebatch)

@@ -31,6 +31,7 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
     tile_inputs = [i for i in epi_inputs if i.layout in ("tile", "row")]  # at batch strides
     ctx = {
         "epi": epi, "epi_inputs": epi_inputs, "tile_inputs": tile_inputs,
+        "ebatch": [cd(d) for d in epi.batch] if epi is not None else [],
         "tile_strides": [(i.index, [cd(st) for st in i.strides]) for i in tile_inputs],
         "epi_sizes": [(i.index, cd(ins[i.index].value.type.numel)) for i in epi_inputs],
         "itype": {io.index: C_TYPE[io.dtype] for io in ins if io.dtype in C_TYPE},

@@ -146,6 +146,9 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     epi = None
     if steps:  # a MIX kernel: the epilogue on each base tile (codegen/matmul_epilogue.py)
         epi = epilogue.build(mm.outputs[0], batch, M, N, ins, outs, steps)
+        if len(epi.batch) > MAX_BATCH_AXES:
+            raise Unsupported(f"{mm.op}'s epilogue over {len(epi.batch)} batch axes (at most "
+                              f"{MAX_BATCH_AXES})", node=mm)
     elif outs != [mm.outputs[0]]:
         raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
     name = kernel_symbol(kernel)

@@ -43,8 +43,11 @@ def check(kernel: Node, spec: targets.Target) -> Schedule | MatmulSchedule:
     if is_matmul_kernel(kernel):
         s = plan_matmul(kernel, spec)
         refs = shape_refs(s)
+        epi = s.epilogue
         for d in (s.M, s.N, s.K, *s.batch, *s.a_strides, *s.b_strides,
-                  *(io.value.type.numel for io in s.inputs)):
+                  *(io.value.type.numel for io in s.inputs),
+                  *(epi.batch if epi else ()), *(st for i in (epi.inputs if epi else ())
+                                                  for st in i.strides)):
             c_dim(d, refs)
         return s
     s = plan(kernel, target=spec)

@@ -1,4 +1,4 @@
-"""matmul_depth: epilogue fusion of a matmul with its single consumer."""
+"""matmul_depth: epilogue fusion of a matmul with the elementwise work on its result."""
 
 from __future__ import annotations
 
@@ -6,33 +6,46 @@ from graphkernel import ops
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
+MATMULS = ("MatMul", "BatchMatMul")
+EPILOGUE_KINDS = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)
+
+
+def _epilogue_area(a) -> bool:
+    """One MatMul/BatchMatMul, and besides it only elementwise work and views (the epilogue
+    fused so far) or Transposes (of its operands, folded into isTrans)."""
+    mms = [n for n in a.nodes if n.op in MATMULS]
+    return len(mms) == 1 and all(
+        n.op in MATMULS or n.op == "Transpose" or ops.get(n.op).kind in EPILOGUE_KINDS
+        for n in a.nodes)
+
 
 @pattern("matmul_depth", order=100, direction="bwd", mode="depth")
 def matmul_depth(model, a):
-    """A MatMul fuses with a single Add or Cast consumer; a BatchMatMul with a single
-    ELEMWISE consumer (the codegen may decline it, leaving it unfused with a reason).
-    Reshape views between the matmul and that consumer are looked through."""
-    if a.ops != 1 or a.nodes[0].op not in ("MatMul", "BatchMatMul"):
+    """A matmul area (a MatMul or BatchMatMul, alone or with the epilogue fused so far) fuses
+    with its consumer areas when every one is elementwise or broadcast: the bias, scale,
+    mask, activation, residual add or cast run on each tile of the product in one MIX kernel
+    (the codegen may decline an epilogue outside its model: the kernel is then split into a
+    cube kernel and a vector one, with the reason). Applied again to the merged area, it
+    takes the epilogue's next consumer."""
+    if not _epilogue_area(a):
         return None
-    mm = a.nodes[0]
-    users = mm.outputs[0].users
-    cons, external = model.consumers(a)
-    if len(users) != 1 or len(cons) != 1:
+    cons, _ = model.consumers(a)
+    if not cons:
         return None
-    user = users[0]
-    # reshape views between the matmul and its epilogue are free: look through them
-    while ops.get(user.op).kind == OpKind.RESHAPE and len(user.outputs[0].users) == 1:
-        user = user.outputs[0].users[0]
-    if mm.op == "MatMul":
-        ok = user.op in ("Add", "Cast")
-        why = f"a MatMul fuses only into an Add or Cast consumer, not {user.op}"
-    else:
-        ok = ops.get(user.op).kind == OpKind.ELEMWISE
-        why = f"a BatchMatMul fuses only into an ELEMWISE consumer, not {user.op}"
-    return fuse_if(model, "matmul_depth", [a, cons[0]], [
-        need(lambda: not external and not model.is_output(a),
-             lambda: f"{a.name} is used outside the kernel"),  # a = just the matmul
-        need(lambda: ok, lambda: why),
-        need(lambda: model.kind(cons[0]) <= OpKind.BROADCAST,
-             lambda: f"kind mismatch: consumer {cons[0].name} is {model.kind(cons[0]).name}"),
-    ])
+    last = next(n for n in a.nodes if n.op in MATMULS).outputs[0].type.shape[-1]
+    return fuse_if(model, "matmul_depth", [a, *cons],
+                   [cond for c in cons for cond in _epilogue_conditions(model, c, last)])
+
+
+def _epilogue_conditions(model, c, last) -> list:
+    """A consumer area the epilogue may take: elementwise or broadcast work only, its views
+    keeping the product's last axis (the epilogue runs on tiles of the product's rows)."""
+    views = [n for n in c.nodes if ops.get(n.op).kind == OpKind.RESHAPE]
+    return [
+        need(lambda: model.kind(c) <= OpKind.BROADCAST,
+             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
+        need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
+             lambda: f"consumer {c.name} holds more than elementwise work"),
+        need(lambda: all(v.outputs[0].type.shape[-1:] == (last,) for v in views),
+             lambda: f"consumer {c.name} views the product with another last axis"),
+    ]

@@ -40,7 +40,7 @@ def test_elemany_addn():
     assert any("any" in k for k in kernels(res))
 
 
-def test_matmul_depth_takes_a_single_add_or_cast():
+def test_matmul_depth_grows_the_epilogue_and_stops_at_a_reduction():
     b = G()
     x = b.input("x", (4, 8))
     w = b.const([[0.5] * 3] * 8)
@@ -48,10 +48,17 @@ def test_matmul_depth_takes_a_single_add_or_cast():
     res = fuse(b.out(b.op("Add", mm, b.const([1.0, 2.0, 3.0]), name="bias")),
                "--enable_fusion_pattern_only=matmul_depth")
     assert kernels(res) == [{"mm", "bias"}]
+    # the product read by two consumers (x * exp(x), SiLU's shape), then a residual add
     mm2 = b.op("MatMul", x, w, name="mm2")
-    res = fuse(b.out(b.op("Exp", mm2, name="ex")), "--enable_fusion_pattern_only=matmul_depth")
-    assert "a MatMul fuses only into an Add or Cast consumer, not Exp" in \
-        reasons(res, "matmul_depth")
+    act = b.op("Mul", mm2, b.op("Exp", mm2, name="e"), name="act")
+    res = fuse(b.out(b.op("Add", act, b.input("r", (4, 3)), name="res")),
+               "--enable_fusion_pattern_only=matmul_depth")
+    assert kernels(res) == [{"mm2", "e", "act", "res"}]
+    mm3 = b.op("MatMul", x, w, name="mm3")
+    res = fuse(b.out(b.op("ReduceSum", b.op("Exp", mm3, name="ex"), name="sum", axis=[1])),
+               "--enable_fusion_pattern_only=matmul_depth")
+    assert kernels(res) == [{"mm3", "ex"}]
+    assert "kind mismatch: consumer sum is REDUCE" in reasons(res, "matmul_depth")
 
 
 def test_gather_pattern_runs_at_level_3_only():
