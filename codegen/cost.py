@@ -1,9 +1,12 @@
 """A cost model of kernel launches on a target: a *model*, not a measurement.
 
-Per launch: max(GM bytes / HBM bandwidth, vector work / vector throughput) + the launch
-overhead. Vector work counts 256-byte repeats over every op's output (fp16/bf16 are computed
-in fp32 inside kernels), spread over all AIV cores. Matmul and convolution work on the cube
-unit is not modeled: those launches cost their GM traffic and the launch overhead.
+Per launch: max(GM bytes / HBM bandwidth, vector work / vector throughput, cube work / cube
+throughput) + the launch overhead. Vector work counts 256-byte repeats over every op's output
+(fp16/bf16 are computed in fp32 inside kernels), spread over all AIV cores. Cube work counts
+a MatMul/BatchMatMul's 2·M·N·K flops per batch element at the target's ``cube_tflops`` (an
+estimate for fp16/bf16 over all AIC; fp32 operands at half the rate); in a MIX launch the
+cube and the vector work overlap, so the slower of the two counts. Convolutions are not
+modeled on the cube unit: they cost their GM traffic and the launch overhead.
 
 A generated kernel's scalar UB accesses (GetValue/SetValue) and pipe syncs (event pairs,
 PipeBarrier<PIPE_ALL>) are counted by the simulator; ``pipe_us`` turns those counts into the
@@ -18,18 +21,37 @@ from typing import Any
 
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.traffic import VIEWS
-from graphkernel.fusion import numel
+from graphkernel.fusion import SYMBOL_SIZE, numel
 from graphkernel.ir import Graph, Node
 
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
 def _repeats(node: Node, spec: Target) -> int:
-    if node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque":
+    if (node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque"
+            or node.op == "Transpose" and _feeds_a_product(node)):
         return 0
     out = node.outputs[0]
     itemsize = 4 if out.dtype.is_float else out.dtype.itemsize
     return math.ceil(numel(out) * itemsize / spec.repeat_bytes)
+
+
+def _feeds_a_product(node: Node) -> bool:
+    """A Transpose read only by a MatMul/BatchMatMul: folded into its isTrans, no work."""
+    users = [u for v in node.outputs for u in v.users]
+    return bool(users) and all(u.op in ("MatMul", "BatchMatMul") for u in users)
+
+
+def cube_flops(node: Node) -> float:
+    """fp16-equivalent cube flops of a MatMul/BatchMatMul (fp32 operands count twice: the
+    cube runs them at half rate); 0 for any other op. Symbolic dims count as SYMBOL_SIZE."""
+    if node.op not in ("MatMul", "BatchMatMul"):
+        return 0.0
+    a = node.inputs[0].type
+    k = a.shape[-2] if node.attrs.get("transpose_a") else a.shape[-1]
+    k = k if isinstance(k, int) else SYMBOL_SIZE
+    rate = 2 if a.dtype.itemsize >= 4 else 1
+    return 2.0 * numel(node.outputs[0]) * k * rate
 
 
 def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
@@ -38,7 +60,8 @@ def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
     repeats = sum(_repeats(m, spec) for m in members)
     vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
     memory_s = gm_bytes / (spec.hbm_gbps * 1e9)
-    return max(vector_s, memory_s) * 1e6 + spec.launch_overhead_us
+    cube_s = sum(cube_flops(m) for m in members) / (spec.cube_tflops * 1e12)
+    return max(vector_s, memory_s, cube_s) * 1e6 + spec.launch_overhead_us
 
 
 def pipe_us(scalar: int, syncs: int, blocks: int, spec: Target) -> float:
@@ -59,3 +82,12 @@ def model(graph: Graph, spec: Target, launches: list[dict[str, Any]]) -> float:
         entry["modeled_us"] = round(us, 3)
         total += us
     return total
+
+
+def by_kind(launches: list[dict[str, Any]]) -> dict[str, float]:
+    """Modeled microseconds per kernel kind (vector, cube, mix, opaque) of ``launches`` that
+    went through ``model``."""
+    out: dict[str, float] = {}
+    for entry in launches:
+        out[entry["kind"]] = round(out.get(entry["kind"], 0.0) + entry["modeled_us"], 3)
+    return out

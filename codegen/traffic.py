@@ -59,18 +59,32 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
     return out
 
 
-def ideal(graph: Graph, fusable: set[int]) -> tuple[int, int]:
+def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] = frozenset()
+          ) -> tuple[int, int]:
     """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
     every size limit and pattern rule: the lower bound fusion can reach.
 
     Regions are the cluster pass's convex regions: a group whose members are connected only
     through a path that leaves it (DenseNet's concats, joined across convolutions) could
-    never be one kernel, so it is not one region."""
+    never be one kernel, so it is not one region. A matrix product among ``products`` whose
+    every user is in one region that does not also feed it joins that region (a product and
+    its epilogue are one MIX kernel)."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
     total, count = 0, 0
-    for members in form_regions(graph, fusable):
+    regions = [list(m) for m in form_regions(graph, fusable)]
+    where = {id(n): k for k, members in enumerate(regions) for n in members}
+    joined: set[int] = set()
+    for n in graph.nodes:
+        if id(n) not in products:
+            continue
+        homes = {where.get(id(u)) for v in n.outputs for u in v.users}
+        feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
+        if len(homes) == 1 and None not in homes and not homes & feeders:
+            regions[homes.pop()].append(n)
+            joined.add(id(n))
+    for members in regions:
         ids = {id(n) for n in members}
         ins = [v for n in members for v in n.inputs
                if v.producer is None or id(v.producer) not in ids]
@@ -84,7 +98,7 @@ def ideal(graph: Graph, fusable: set[int]) -> tuple[int, int]:
         total += r + w
         count += 1
     for n in graph.nodes:
-        if id(n) in fusable or n.op == "Constant" or n.op in VIEWS:
+        if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in VIEWS:
             continue
         r, w = _io_bytes(list(n.inputs), list(n.outputs))
         total += r + w

@@ -356,6 +356,9 @@ def codegen(graph, ctx) -> PassResult:
     ctx.report_extra["codegen"] = {
         "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
         "distinct_kernels": len(live & set(scheds)) - len(shared),
+        # each generated kernel's kind: vector (AIV only), cube (the Matmul API alone), mix
+        "kinds": {k: getattr(s, "kernel_kind", "vector") for k, s in scheds.items()
+                  if k in live},
         # why a kernel's GM traffic may exceed inputs-once + outputs-once, per kernel
         "traffic_notes": {k: s.notes for k, s in scheds.items() if k in live and s.notes}}
     summary = [f"{counted(len(scheds), 'kernel')} scheduled"]

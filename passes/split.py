@@ -224,14 +224,15 @@ def traffic_summary(graph, ctx) -> None:
     fused_us = cost.model(graph, spec, kernels)
     if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
         allowed = cluster_ops(ctx.flags)
-        vector = {id(n) for n in graph.nodes if fusable_reason(n, allowed, ctx.flags) is None
-                  and n.op not in MATMUL_OPS}
-        ideal_bytes, ideal_count = traffic.ideal(graph, vector)
+        ok = {id(n) for n in graph.nodes if fusable_reason(n, allowed, ctx.flags) is None}
+        vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in MATMUL_OPS}
+        ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector)
         extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,
                      kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))
     extra.update(gm_bytes_fused=total, kernels_fused=count, traffic_model=traffic.NOTE,
                  kernels=[k for k in kernels if k["op"] == "GraphKernel"],
-                 modeled_us_fused=round(fused_us, 3), target=spec.name,
+                 modeled_us_fused=round(fused_us, 3), modeled_us_by_kind=cost.by_kind(kernels),
+                 target=spec.name,
                  cost_model=cost.__doc__.strip().splitlines()[0])
     attempts = ctx.analyses.fusion_attempts
     extra["fusion_decisions"] = {"fused": sum(a.verdict == "fused" for a in attempts),

@@ -71,3 +71,23 @@ def test_scalar_accesses_and_syncs_are_counted_and_costed():
     prod, total = stats["ReduceProd"], stats["ReduceSum"]
     assert prod.scalar >= 8 * 16 + 8 and prod.syncs >= 2 and prod.pipe_us > 0
     assert total.scalar == 0 and total.pipe_us == 0
+
+
+def test_the_cube_unit_prices_a_product_and_its_epilogue_is_one_kernel():
+    """A compute-bound product costs its flops at the target's cube throughput (fp32 at half
+    rate); with its bias it is one MIX launch, and the ideal counts it as one kernel."""
+    spec = load("ascend910b")
+    for dtype, rate in (("float16", 1), ("float32", 2)):
+        g = Graph()
+        a = g.add_input("a", TensorType((2048, 2048), dtype))
+        b = g.add_input("b", TensorType((2048, 2048), dtype))
+        y = g.add_node("MatMul", [a, b], name="mm").output
+        g.set_outputs([g.add_node("Add", [y, g.add_input("bias", TensorType((2048,), dtype))],
+                                  name="bias_add").output])
+        ex = graphkernel.compile(g, "", env={}).report.extra
+        (k,) = ex["kernels"]
+        assert k["kind"] == "mix" and ex["kernels_ideal"] == 1 == ex["kernels_fused"]
+        cube_us = 2 * 2048 ** 3 * rate / (spec.cube_tflops * 1e12) * 1e6
+        assert k["modeled_us"] == pytest.approx(cube_us + spec.launch_overhead_us, abs=1e-3)
+        assert ex["modeled_us_by_kind"] == {"mix": k["modeled_us"]}
+        assert ex["codegen"]["kinds"] == {k["name"]: "mix"}
