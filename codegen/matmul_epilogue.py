@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
+from graphkernel.codegen.buffers import ROWVEC, Buffer, BufferPlan, Linear
+from graphkernel.codegen.buffers import TILE as BTILE
 from graphkernel.codegen.instructions import INSTRUCTIONS
 from graphkernel.codegen.lower import C_TYPE, flt
 from graphkernel.codegen.schedule import VIEW_OPS, Unsupported
@@ -63,19 +65,40 @@ class Epilogue:
     batch: tuple[Dim, ...] = ()  # the batch axes the inputs' strides run over: the
     #                              product's, or a view's that splits or merges them
 
-    def ub_per_elem(self) -> int:
-        """UB bytes per tile element: the C tile, the pool, the loaded and stored tiles
-        (one buffer each) and their fp32 copies, the scratches."""
-        n = 4 + 4 * self.tiles + (4 if self.ht else 0) + (2 if self.hh else 0)
-        for i in self.inputs:
-            if i.layout == TILE:
-                n += i.dtype.itemsize + (4 if i.dtype != DType.float32 else 0)
-        return n + sum(o.dtype.itemsize for o in self.outputs)
+    def plan(self, itype: dict[int, str], otype: dict[int, str], block: int) -> BufferPlan:
+        """The kernel's UB buffers (codegen/buffers.py's records) for a base tile of ``rt =
+        baseM`` rows of ``ctp = baseN`` columns: the C tile, the pool, the scratches, the
+        loaded tiles and rows (one slot each) and their fp32 copies, the stored tiles; a
+        block of slack. The tiling's UB bound and the simulator's check both read it."""
+        out: list[Buffer] = []
 
-    def ub_reserved(self, block: int) -> int:
-        """UB bytes besides the tiles: the rows (at most 256 columns, raw and fp32)."""
-        rows = [i for i in self.inputs if i.layout == ROW]
-        return sum(256 * (i.dtype.itemsize + 4) for i in rows) + 4 * block
+        def buf(name, role, pos, ctype, size, row=False, local=""):
+            shape, lin = (ROWVEC, Linear(col=size)) if row else (BTILE, Linear(tile=size))
+            init = f"{'bN' if row else 'n'} * sizeof({ctype})"
+            out.append(Buffer(name, role, pos, 1, ctype, shape, lin, init, local))
+
+        buf("bc", "the product's base tile (fp32, from GetTensorC)", "VECCALC", "float", 4,
+            local="c")
+        for k in range(self.tiles):
+            buf(f"bw{k}", "a tile of an intermediate value", "VECCALC", "float", 4, local=f"w{k}")
+        if self.ht:
+            buf("bht", "the high-level ops' temporary space", "VECCALC", "uint8_t", 4,
+                local="ht")
+        if self.hh:
+            buf("bhh", "a rounding cast's 16-bit temporary", "VECCALC", "uint8_t", 2,
+                local="hh")
+        for i in self.inputs:
+            if i.layout == SCALAR:
+                continue
+            row, ct = i.layout == ROW, itype[i.index]
+            buf(f"qi{i.index}", f"input {i.index} ({i.layout})", "VECIN", ct, i.dtype.itemsize,
+                row)
+            if ct != "float":
+                buf(f"bx{i.index}", f"input {i.index} in fp32", "VECCALC", "float", 4, row)
+        for o in self.outputs:
+            buf(f"qo{o.index}", f"output {o.index} tiles", "VECOUT", otype[o.index],
+                o.dtype.itemsize)
+        return BufferPlan(tuple(out), Linear(fixed=block), "float")
 
 
 @dataclass

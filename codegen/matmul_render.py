@@ -74,5 +74,6 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
         "tiling_function": f"{s.name}_tiling",
         "sources": sorted(files),
         "notes": list(s.notes),
+        "buffers": s.plan.describe(),
     }
-    return Rendered(s, None, files, manifest)
+    return Rendered(s, None, files, manifest, s.plan)

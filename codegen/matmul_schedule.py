@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from graphkernel import symbolic
 from graphkernel.codegen import matmul_epilogue as epilogue
 from graphkernel.codegen import targets
+from graphkernel.codegen.buffers import BufferPlan, Linear
+from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.matmul_epilogue import Epilogue
 from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
@@ -66,13 +68,26 @@ class MatmulSchedule:
         return 4 if self.epilogue is not None else self.dtype.itemsize
 
     @property
+    def plan(self) -> BufferPlan:
+        """The kernel's UB buffers: none for a cube kernel (C goes straight to GM), the
+        epilogue's for a MIX kernel."""
+        e = self.epilogue
+        if e is None:
+            return BufferPlan((), Linear(), "float")
+        types = {io.index: C_TYPE[io.dtype] for io in self.inputs if io.dtype in C_TYPE}
+        otypes = {io.index: C_TYPE[io.dtype] for io in self.outputs if io.dtype in C_TYPE}
+        return e.plan(types, otypes, self.target.block_bytes)
+
+    @property
     def ub_per_elem(self) -> int:
-        return self.epilogue.ub_per_elem() if self.epilogue is not None else self.c_bytes
+        """UB bytes per element of a base tile (the tiling's bound)."""
+        return self.plan.budget().tile if self.epilogue is not None else self.c_bytes
 
     @property
     def ub_reserved(self) -> int:
-        e = self.epilogue
-        return e.ub_reserved(self.target.block_bytes) if e is not None else 0
+        """UB bytes besides: rows at their widest base tile (256 columns) and the slack."""
+        b = self.plan.budget()
+        return b.col * 256 + b.row * 256 + b.fixed
 
 
 def is_matmul_kernel(kernel: Node) -> bool:

@@ -95,12 +95,16 @@ def check_plan(r: Rendered, fields: dict[str, int], counts: Counts) -> None:
     tiling chose: the budget the tiling solved is the budget the kernel used."""
     if not fields or not counts.ub_peak:
         return
-    chosen = r.variant if fields["key"] == 1 and r.variant is not None else r
-    bound = chosen.plan.budget().bytes(fields["rt"], fields["ctp"])
+    if _is_cube(r):  # a base tile: baseM rows of baseN columns
+        chosen, rt, ctp = r, fields["baseM"], fields["baseN"]
+    else:
+        chosen = r.variant if fields["key"] == 1 and r.variant is not None else r
+        rt, ctp = fields["rt"], fields["ctp"]
+    bound = chosen.plan.budget().bytes(rt, ctp)
     if counts.ub_peak > bound:
         raise SimulatorError(
             f"{chosen.name}: InitBuffer reserved {counts.ub_peak} bytes of UB, the buffer plan "
-            f"allows {bound} for a tile of {fields['rt']} rows x {fields['ctp']} columns "
+            f"allows {bound} for a tile of {rt} rows x {ctp} columns "
             f"(a buffer the plan does not count: {[b.name for b in chosen.plan.buffers]})")
 
 
