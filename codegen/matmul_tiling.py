@@ -22,7 +22,7 @@ loop, the A panels are read once when all of the core's fit L1, else once per N 
 once per base tile. ``gm_bytes`` counts exactly that (the simulator's Matmul counts its
 loads by the same rule). The split and the base tiles minimise modeled time
 (``max(traffic / HBM, flops / cube throughput)`` over the cores used, a core drawing at
-most ``1 / aic_cores`` of the HBM bandwidth; times within 0.5 us count as equal), then
+most ``1 / aic_cores`` of the HBM bandwidth; times within 1 us count as equal), then
 traffic, then the most cores busy, then the largest base tile.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from graphkernel.codegen.targets import Target
 from graphkernel.errors import CodegenError
 
-TIME_STEPS = 2  # the search's resolution of modeled time: 0.5 us (a quarter of a launch)
+TIME_STEPS = 1  # the search's resolution of modeled time: 1 us (half a launch's overhead)
 
 
 class NoTiling(CodegenError):
