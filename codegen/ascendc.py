@@ -79,14 +79,7 @@ def c_dim(d: Dim, refs: dict[str, str]) -> str:
 
 def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     """The kernel's files; a schedule with a run-time variant also carries the variant's
-    files (its class is included by the kernel, its tiling function called by the kernel's).
-    A cube kernel is rendered on the Matmul API (codegen/matmul_render.py)."""
-    from graphkernel.codegen.matmul_schedule import MatmulSchedule
-
-    if isinstance(s, MatmulSchedule):
-        from graphkernel.codegen.matmul_render import render_matmul
-
-        return render_matmul(s, node_comment)
+    files (its class is included by the kernel, its tiling function called by the kernel's)."""
     var = render(s.variant, node_comment) if s.variant is not None else None
     low = lower(s)
     bplan = plan(s, low)

@@ -14,6 +14,8 @@ import numpy as np
 from graphkernel import progress
 from graphkernel.codegen import cost, targets
 from graphkernel.codegen.ascendc import Rendered, io_entry, render
+from graphkernel.codegen.matmul_render import render_matmul
+from graphkernel.codegen.matmul_schedule import MatmulSchedule
 from graphkernel.codegen.schedule import Schedule
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
@@ -48,7 +50,8 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
     with progress.task("generating kernels", len(todo)) as shown:
         for name in todo:
             shown.describe(name)
-            r = render(scheds[name])
+            s = scheds[name]  # a cube or MIX kernel is rendered on the Matmul API
+            r = render_matmul(s) if isinstance(s, MatmulSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))
             out.append(r)

@@ -108,6 +108,20 @@ class _Ref:
     const: float | None = None
 
 
+def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Element strides of an operand per output batch dim (0 where broadcast)."""
+    own = shape[:-2]
+    inner: Dim = symbolic.numel(shape[-2:])
+    strides: list[Dim] = []
+    for k in range(len(out_batch)):
+        j = len(own) - len(out_batch) + k
+        if j < 0 or symbolic.canon(own[j]) == symbolic.canon(1):
+            strides.append(0)
+        else:
+            strides.append(symbolic.mul(inner, symbolic.numel(own[j + 1:])))
+    return tuple(strides)
+
+
 def _natural_strides(batch: tuple[Dim, ...], M: Dim, N: Dim) -> tuple[Dim, ...]:
     out: list[Dim] = []
     inner = symbolic.mul(M, N)
@@ -149,8 +163,6 @@ class _Builder:
         if _eq(symbolic.numel(shape), 1):
             self.inputs.append(EpilogueInput(i, SCALAR, v.dtype))
             return _Ref(SCALAR, f"s{i}")
-        from graphkernel.codegen.matmul_schedule import batch_strides
-
         if shape and _eq(shape[-1], self.N) and (len(shape) == 1 or _eq(shape[-2], 1)) \
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
             self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.ebatch)))

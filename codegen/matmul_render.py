@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from graphkernel import symbolic
+from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs
 from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
 from graphkernel.codegen.schedule import comment_text
@@ -18,9 +19,8 @@ DT_ENUM = {DType.float16: "DataType::DT_FLOAT16", DType.bfloat16: "DataType::DT_
            DType.float32: "DataType::DT_FLOAT"}
 
 
-def render_matmul(s: MatmulSchedule, node_comment: str | None = None):
-    from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs
-
+def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendered:
+    """The kernel's files and manifest entry (its buffer plan: none for a cube kernel)."""
     refs = shape_refs(s)
     cd = lambda d: c_dim(d, refs)  # noqa: E731
     batch = [(cd(d), cd(a), cd(b)) for d, a, b in zip(s.batch, s.a_strides, s.b_strides,

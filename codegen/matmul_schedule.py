@@ -19,7 +19,7 @@ from graphkernel.codegen import matmul_epilogue as epilogue
 from graphkernel.codegen import targets
 from graphkernel.codegen.buffers import BufferPlan, Linear
 from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.matmul_epilogue import Epilogue
+from graphkernel.codegen.matmul_epilogue import Epilogue, batch_strides
 from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
@@ -115,20 +115,6 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
                           "kernel reads its operands from GM, transposes of the last two "
                           "axes folded into isTrans)", node=mm)
     return v, trans
-
-
-def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
-    """Element strides of an operand per output batch dim (0 where broadcast)."""
-    own = shape[:-2]
-    inner: Dim = symbolic.numel(shape[-2:])
-    strides: list[Dim] = []
-    for k in range(len(out_batch)):
-        j = len(own) - len(out_batch) + k
-        if j < 0 or symbolic.canon(own[j]) == symbolic.canon(1):
-            strides.append(0)
-        else:
-            strides.append(symbolic.mul(inner, symbolic.numel(own[j + 1:])))
-    return tuple(strides)
 
 
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:

@@ -134,10 +134,13 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         return []
     out: set[int] = set()
     cube = nodes[bad].op in CUBE_OPS
+    product = nodes[bad].op in MATMUL_OPS  # retried as cube kernels, feeders as vector ones
     for n in reversed(nodes):
         users = [u for v in n.outputs for u in v.users]
+        only_feeds = n.op != "Constant" and users and all(id(u) in out for u in users)
         if n is nodes[bad] or (cube and n.op in CUBE_OPS) or (
-                cube and n.op != "Constant" and users and all(id(u) in out for u in users)):
+                cube and only_feeds and (not product or n.op == "Transpose"
+                                         and swaps_last_two(n))):
             out.add(id(n))
     dag = nx.DiGraph()  # the kernel's nodes and edges
     dag.add_nodes_from(id(n) for n in nodes)
@@ -150,8 +153,9 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
     groups = [[by_id[i] for i in sorted(c, key=order.__getitem__)]  # in the kernel's order
               for c in nx.weakly_connected_components(dag.subgraph(keep))]
     built = []
-    if cube and len(out) < len([n for n in nodes if n.op != "Constant"]):
-        # each matrix product, with what feeds only it, is retried as a cube kernel
+    if product and len(out) < len([n for n in nodes if n.op != "Constant"]):
+        # each matrix product, with the transposes folded into it, is retried as a cube
+        # kernel; what else fed it is a vector kernel of its own (above)
         for c in _cube_groups(dag, out, by_id, order):
             built.append(build_kernel(graph, c, _namer(ctx, kernel)(c), "cube"))
     for group in groups:
@@ -169,7 +173,8 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
 def _cube_groups(dag: nx.DiGraph, out: set[int], by_id: dict, order: dict
                  ) -> list[list[Node]]:
     """The matrix products among ``out`` (nodes split off a kernel), each with the nodes of
-    ``out`` that feed it and no other product: the cube kernels to retry."""
+    ``out`` (its operands' last-two-axes transposes) that feed it and no other product: the
+    cube kernels to retry."""
     mms = [i for i in out if by_id[i].op in MATMUL_OPS]
     reach = {i: {j for j in nx.descendants(dag, i) if by_id[j].op in MATMUL_OPS}
              for i in out if i not in mms}

@@ -46,7 +46,9 @@ def test_every_model_kernel_is_generated_and_matches(compiled):
     kernels = 0
     for name, (g, res) in models.items():
         for fb in res.report.extra.get("fallbacks", []):
-            assert "cube op" in fb["reason"], (name, fb)
+            # what is left: a product whose operand is computed inside its kernel (grouped
+            # K/V heads repeated by a view), split into a cube kernel and a vector one
+            assert fb["reason"].startswith("BatchMatMul operand computed by"), (name, fb)
             assert fb["action"].startswith("split around"), (name, fb)
         feeds = random_inputs(g, 0, {d: 3 for v in g.inputs for d in v.shape
                                      if isinstance(d, str)})
