@@ -23,9 +23,9 @@
 //   - GetTensorC(ub) writes one baseM x baseN tile into UB, row-major with a row pitch of
 //     baseN (a tail tile fills its top-left corner, the rest is zero). The API synchronises
 //     its own transfer (FixPipe out of L0C, and on A2 the hop through the GM workspace)
-//     before returning, so the tile counts as written by the vector pipe: the vector unit
-//     may read it at once, and the buffer's reuse is ordered as for any vector write (a
-//     VECOUT queue's AllocTensor).
+//     before returning, so the tile counts as written by the vector pipe and complete: the
+//     vector unit may read it at once (no PipeBarrier<PIPE_V>), and the buffer's reuse is
+//     ordered as for any vector write (a VECOUT queue's AllocTensor).
 // Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
 // than a base tile, any call after End, a second object used while another has not called
 // End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
@@ -191,6 +191,9 @@ public:
         for (int32_t r = 0; r < cur_rows_; ++r)
             for (int32_t q = 0; q < cur_cols_; ++q)
                 dst[r * t_.baseN + q] = convert(cur_[r * cur_cols_ + q]);
+        // the API returns once the tile is in UB: the vector unit's next instruction is
+        // ordered after this write (no PipeBarrier<PIPE_V> needed to read it)
+        g_core->known[PIPE_V][PIPE_V] = in.seq;
         have_tile_ = false;
     }
     void End(loc where = loc::current()) {
