@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphkernel import ops
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import OpKind
 
 VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
+EPILOGUE = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)  # what a MIX kernel runs
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
@@ -67,8 +70,8 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     Regions are the cluster pass's convex regions: a group whose members are connected only
     through a path that leaves it (DenseNet's concats, joined across convolutions) could
     never be one kernel, so it is not one region. A matrix product among ``products`` whose
-    every user is in one region that does not also feed it joins that region (a product and
-    its epilogue are one MIX kernel)."""
+    every user is in one region of elementwise work that does not also feed it joins that
+    region (a product and its epilogue are one MIX kernel; a reduction is no epilogue)."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
@@ -81,7 +84,8 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
             continue
         homes = {where.get(id(u)) for v in n.outputs for u in v.users}
         feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
-        if len(homes) == 1 and None not in homes and not homes & feeders:
+        if len(homes) == 1 and None not in homes and not homes & feeders and all(
+                ops.get(m.op).kind in EPILOGUE for m in regions[next(iter(homes))]):
             regions[homes.pop()].append(n)
             joined.add(id(n))
     for members in regions:
