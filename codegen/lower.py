@@ -13,7 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from graphkernel.codegen.instructions import BITS, INSTRUCTIONS, REDUCE_OPS, Instruction
+from graphkernel.codegen.instructions import (
+    BITS,
+    INSTRUCTIONS,
+    REDUCE_OPS,
+    Instruction,
+    unary_line,
+)
 from graphkernel.codegen.schedule import (
     COL,
     FULL,
@@ -444,14 +450,8 @@ class Lowerer:
             self.release(r)
 
     def _unary(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
-        src = self._as(a[0], dst.kind)
-        if rule.api is None:  # Neg
-            self.body.append(f"Muls({dst.expr}, {src}, CT(-1.0f), {dst.count()});")
-        elif rule.scratch == "ht":
-            self.scalar_tmp = True
-            self.body.append(f"{rule.api}({dst.expr}, {src}, ht, {dst.count()});")
-        else:
-            self.body.append(f"{rule.api}({dst.expr}, {src}, {dst.count()});")
+        self.scalar_tmp |= rule.api is not None and rule.scratch == "ht"
+        self.body.append(unary_line(rule, dst.expr, self._as(a[0], dst.kind), dst.count()))
 
     def _as(self, x: Ref, kind: str) -> str:
         if x.kind != kind:

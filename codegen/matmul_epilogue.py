@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import ROWVEC, Buffer, BufferPlan, Linear
 from graphkernel.codegen.buffers import TILE as BTILE
-from graphkernel.codegen.instructions import INSTRUCTIONS
+from graphkernel.codegen.instructions import INSTRUCTIONS, unary_line
 from graphkernel.codegen.lower import C_TYPE, flt
 from graphkernel.codegen.schedule import VIEW_OPS, Unsupported
 from graphkernel.ir import Dim, DType, Node, Value
@@ -263,13 +263,8 @@ class _Builder:
 
     def _unary(self, rule, n, dst, a) -> None:
         (x,) = a
-        if rule.api is None:  # Neg
-            self.body.append(f"Muls({dst}, {x.expr}, CT(-1.0f), n);")
-        elif rule.scratch == "ht":
-            self.ht = True
-            self.body.append(f"{rule.api}({dst}, {x.expr}, ht, n);")
-        else:
-            self.body.append(f"{rule.api}({dst}, {x.expr}, n);")
+        self.ht |= rule.api is not None and rule.scratch == "ht"
+        self.body.append(unary_line(rule, dst, x.expr, "n"))
 
     def _binary(self, rule, n, dst, a) -> None:
         x, y = a
