@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
+from graphkernel.codegen import barriers
 from graphkernel.codegen.buffers import ROWVEC, Buffer, BufferPlan, Linear
 from graphkernel.codegen.buffers import TILE as BTILE
 from graphkernel.codegen.instructions import INSTRUCTIONS, unary_line
@@ -257,7 +258,6 @@ class _Builder:
             raise Unsupported(f"{n.op} of a row alone in a matmul epilogue", node=n)
         dst = self.alloc()
         getattr(self, f"_{rule.form}")(rule, n, dst, a)
-        self.body.append("PipeBarrier<PIPE_V>();")
         self.refs[id(out)] = _Ref(TILE, dst)
         self.release(k, n)
 
@@ -286,7 +286,6 @@ class _Builder:
                 b.append(f"Adds({dst}, {x.expr}, CT(-({s.expr})), n);")
             else:  # the scalar spread over a tile, then the tile form
                 b.append(f"Duplicate({dst}, {s.expr}, n);")
-                b.append("PipeBarrier<PIPE_V>();")
                 args = (dst, tile.expr) if tile is y else (tile.expr, dst)
                 b.append(f"{rule.api}({dst}, {args[0]}, {args[1]}, n);")
 
@@ -300,7 +299,7 @@ class _Builder:
         elif c == int(c) and 1 <= c <= 4:
             self.body.append(f"Muls({dst}, {x.expr}, CT(1.0f), n);")
             for _ in range(int(c) - 1):
-                self.body += ["PipeBarrier<PIPE_V>();", f"Mul({dst}, {dst}, {x.expr}, n);"]
+                self.body.append(f"Mul({dst}, {dst}, {x.expr}, n);")
         else:
             raise Unsupported(f"Pow by {c} in a matmul epilogue", node=n)
 
@@ -316,9 +315,7 @@ class _Builder:
         self.hh = True
         t = C_TYPE[out.dtype]
         self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {x.expr}, RoundMode::CAST_RINT, n);",
-                      "PipeBarrier<PIPE_V>();",
-                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, n);",
-                      "PipeBarrier<PIPE_V>();"]
+                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, n);"]
         self.refs[id(out)] = _Ref(TILE, dst)
         self.release(k, n)
 
@@ -342,5 +339,10 @@ def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
         outputs.append(EpilogueOutput(j, v.dtype, r.expr))
     seen: set[int] = set()
     uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]
-    return Epilogue(uniq, outputs, b.body, b.tiles, b.ht, b.hh, [n.op for n in steps],
+    # the vector barriers, placed by the rule every vector kernel uses (codegen/barriers.py)
+    names = ["c", "hh", *(f"w{k}" for k in range(b.tiles)),
+             *(f"{'x' if i.layout == TILE else 'r'}{i.index}" for i in uniq
+               if i.layout != SCALAR)]
+    body = barriers.place(b.body, names)
+    return Epilogue(uniq, outputs, body, b.tiles, b.ht, b.hh, [n.op for n in steps],
                     b.ebatch)
