@@ -67,6 +67,20 @@ def _involution(op: str) -> Rewrite:
     return rw
 
 
+def _concat_parts(g: Graph, n: Node) -> Value | None:
+    """Concat without its empty parts (a part of size 0 along the axis adds nothing, as the
+    empty cache a decoder concatenates its first keys to); of a single part, that part."""
+    axis = n.attrs["axis"] % n.outputs[0].type.rank
+    parts = [v for v in n.inputs if v.shape[axis] != 0]
+    if len(parts) == len(n.inputs) and len(parts) > 1:
+        return None
+    if len(parts) == 1 and parts[0].type == n.outputs[0].type:
+        return parts[0]
+    if not parts or len(parts) == len(n.inputs):
+        return None
+    return add_like(g, n, "Concat", parts, dict(n.attrs))
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -98,6 +112,7 @@ RULES: list[Rule] = [
     Rule(13, "sub_neg", "Sub", _fold_neg("Sub", "Add")),            # x-(-y) -> x+y
     Rule(14, "broadcast_identity", "BroadcastTo",                   # BroadcastTo(x, x.shape)
          lambda g, n: n.inputs[0] if n.inputs[0].type == n.outputs[0].type else None),  # -> x
+    Rule(15, "concat_parts", "Concat", _concat_parts),  # cat([x]) -> x; cat drops empty parts
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -42,7 +42,24 @@ CASES = {
     12: (lambda g, x, y: op(g, "Add", x, op(g, "Neg", y)), ["Sub"]),
     13: (lambda g, x, y: op(g, "Sub", x, op(g, "Neg", y)), ["Add"]),
     14: (lambda g, x, y: op(g, "Exp", op(g, "BroadcastTo", x, shape=[3, 4])), ["Exp"]),
+    15: (lambda g, x, y: op(g, "Exp", op(g, "Concat", x, axis=0)), ["Exp"]),
 }
+
+
+def test_rule_15_drops_empty_parts():
+    """cat(empty, x, y) -> cat(x, y); cat(x, empty) -> x (a decoder's first cache update)."""
+    g = build(lambda g, x, y: op(g, "Concat", g.const(np.zeros((3, 0), np.float32)), x, y,
+                                 axis=-1))
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert "rule 15 concat_parts: 1" in res.notes
+    assert ops_of(h) == ["Concat"] and len(h.outputs[0].producer.inputs) == 2
+    assert_same_results(g, h)
+    g = build(lambda g, x, y: op(g, "Concat", x, g.const(np.zeros((0, 4), np.float32)), axis=0))
+    h, _ = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert ops_of(h) == []
+    assert_same_results(g, h)
 
 
 @pytest.mark.parametrize("number", sorted(CASES))
@@ -77,6 +94,7 @@ def test_every_rule_is_tested():
     lambda g, x, y: op(g, "Div", c(g, 1.0), x),                # 1 / x is not x
     lambda g, x, y: op(g, "Exp", op(g, "Log", x)),             # exp(log x): NaN for x < 0
     lambda g, x, y: op(g, "Mul", x, c(g, 0.0)),                # x * 0: NaN/Inf stay NaN
+    lambda g, x, y: op(g, "Concat", x, y, axis=0),             # two non-empty parts stay
 ])
 def test_non_rewrites(expr):
     g = build(expr)
