@@ -88,6 +88,7 @@ class GraphSummary:
     recompile: bool
     seconds: float
     dump_dir: str | None = None
+    symbols: list[str] = field(default_factory=list)  # symbolic dims of the graph's inputs
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} {self.launches.get(k, 0)}" for k in LAUNCH_KINDS)
@@ -227,7 +228,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     ``frozen`` maps placeholder indices to the tensors inlined as constants; the callable
     checks their version counters on every call and compiles again when one moved."""
     import graphkernel
-    from graphkernel.frontends.fx import import_fx_module, to_numpy
+    from graphkernel.frontends.fx import import_fx_module, specialize_unmodelled, to_numpy
 
     t0 = time.perf_counter()
     options = dict(options or {})
@@ -239,6 +240,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     name = f"autofused_{n}"
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    fixed = specialize_unmodelled(gm)
+    if fixed:
+        log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot keep "
+                 "symbolic); Dynamo recompiles when they change", name, ", ".join(fixed))
     with unset_fake_temporarily():  # graph constants are real tensors; read them as such
         consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
         imported = import_fx_module(gm, example_inputs, name=name, constants=consts)
@@ -255,7 +260,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         name, role, sum(1 for x in gm.graph.nodes if x.op == "call_function"), len(g),
         launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
-        round(time.perf_counter() - t0, 3), dump_dir)
+        round(time.perf_counter() - t0, 3), dump_dir,
+        sorted({str(d) for v in g.inputs for d in v.type.shape if isinstance(d, str)}))
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:

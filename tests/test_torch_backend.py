@@ -209,3 +209,38 @@ def test_dynamic_shapes_serve_three_sequence_lengths_with_one_compile(monkeypatc
     assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
     (g,) = graphs
     assert all(isinstance(d, str) for d in g.inputs[0].type.shape)  # batch and sequence
+
+
+class ConvRepeat(torch.nn.Module):
+    """A strided convolution (its output side is (side - 4)//2 + 1: not a product of
+    symbols) and a repeat by the batch size (BLOOM repeats its alibi slopes so)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 4, stride=2)
+        self.bias = torch.nn.Parameter(torch.rand(2, 1, 1, generator=R))
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2)                                  # [B, 4, L]
+        r = self.bias.repeat(x.shape[0], 2, 1).reshape(x.shape[0], 4, 1)
+        return y * r
+
+
+def test_dynamic_shapes_specialise_only_what_graphkernel_cannot_keep(monkeypatch):
+    """The image side is specialised (with a guard: a new side compiles again), the batch
+    stays symbolic and serves three batch sizes with one compile."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = ConvRepeat().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = torch.rand(b, 3, 12, 12, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+        s = gt.stats()
+        assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+        (g,) = graphs
+        assert isinstance(g.inputs[0].type.shape[0], str)  # batch
+        assert g.inputs[0].type.shape[2:] == (12, 12)       # the side, specialised
+        x = torch.rand(2, 3, 16, 16, generator=R)
+        torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    assert gt.stats()["graphs"] == 2

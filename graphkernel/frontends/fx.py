@@ -59,13 +59,19 @@ def to_torch(a: np.ndarray) -> Any:
     return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
 
 
+_MONOMIAL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\*[A-Za-z0-9_]+)*|\d+(\*[A-Za-z_][A-Za-z0-9_]*)+")
+# ops whose spatial sizes graphkernel models only as static numbers (opdefs/nn.py)
+_STATIC_SPATIAL = {"aten.convolution.default"}
+
+
 def _dim(d: Any) -> int | str:
     """A size from a FakeTensor: an int, or a SymInt that is a product of symbols."""
     if isinstance(d, int):
         return d
     text = str(d).replace(" ", "")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\*[A-Za-z0-9_]+)*|\d+(\*[A-Za-z_][A-Za-z0-9_]*)+",
-                        text):
+    if text.isdigit():  # a symbol specialised to its value (see specialize_unmodelled)
+        return int(text)
+    if not _MONOMIAL.fullmatch(text):
         raise FrontendError(f"symbolic size {d} is not a product of symbols; graphkernel "
                             "models sizes such as 's0' or '4*s0' (mark fewer dims dynamic)")
     return text
@@ -683,7 +689,23 @@ def _tril(c: Ctx):
 
 @aten("aten.repeat.default")
 def _repeat(c: Ctx):
-    return c.emit("Tile", [c.arg(0)], {"multiples": list(c.arg(1))})
+    x, reps = c.arg(0), list(c.arg(1))
+    if all(isinstance(r, int) for r in reps):
+        return c.emit("Tile", [x], {"multiples": reps})
+    # a symbolic count (BLOOM repeats its alibi slopes by the batch): tiling an axis r times
+    # is a new axis in front of it broadcast to r, then merged with it
+    shape = [1] * (len(reps) - x.type.rank) + list(x.shape)
+    split, wide = [], []
+    for r, d in zip(reps, shape, strict=True):
+        split += [1, d] if isinstance(r, str) else [d]
+        wide += [r, d] if isinstance(r, str) else [d]
+    x = c.emit("Reshape", [x], {"shape": split})
+    x = c.emit("BroadcastTo", [x], {"shape": wide})
+    merged = [o if isinstance(r, str) else d
+              for r, d, o in zip(reps, shape, c.out_type.shape, strict=True)]
+    x = c.emit("Reshape", [x], {"shape": merged})
+    rest = [1 if isinstance(r, str) else r for r in reps]
+    return x if all(r == 1 for r in rest) else c.emit("Tile", [x], {"multiples": rest})
 
 
 @aten("aten.bitwise_not.default")
@@ -861,6 +883,56 @@ class FxImport:
     inputs: list[int | str | None] = field(default_factory=list)
     outputs: list[tuple[str, Any]] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)  # ATen op -> why it is Opaque
+
+
+def specialize_unmodelled(gm: Any) -> list[str]:
+    """Specialise (with a guard, as Inductor does for sizes it cannot keep symbolic) every
+    symbol that graphkernel cannot carry: one that takes part in a size that is not a product
+    of symbols (a convolution's output length ``(s0 - 4)//4``) or in a convolution's spatial
+    sizes. Dynamo then recompiles only when such a size changes; the others stay symbolic.
+    Returns the specialised symbols (for the log)."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    def syms(v: Any) -> list[Any]:
+        if isinstance(v, torch.SymInt):
+            return [v]
+        shape = getattr(v, "shape", None)
+        return [d for d in shape if isinstance(d, torch.SymInt)] if shape is not None else []
+
+    def scan() -> tuple[dict[str, Any], set[str], set[str]]:
+        """(symbol -> a SymInt that is exactly it, symbols of sizes that are not products of
+        symbols, symbols of convolutions' spatial sizes), with the guards so far applied."""
+        free: dict[str, Any] = {}
+        odd: set[str] = set()
+        spatial: set[str] = set()
+        for n in gm.graph.nodes:
+            for d in syms(n.meta.get("val")):
+                expr = d.node.expr
+                names = {str(x) for x in expr.free_symbols}
+                if len(names) == 1 and str(expr) in names:
+                    free.setdefault(str(expr), d)
+                text = str(d).replace(" ", "")
+                if not text.isdigit() and not _MONOMIAL.fullmatch(text):
+                    odd |= names
+            if n.op == "call_function" and str(n.target) in _STATIC_SPATIAL and n.args:
+                x = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
+                for d in (tuple(x.shape)[2:] if x is not None else ()):
+                    if isinstance(d, torch.SymInt):
+                        spatial |= {str(s) for s in d.node.expr.free_symbols}
+        return free, odd, spatial
+
+    done: list[str] = []
+    # convolutions' spatial sizes first: with them fixed, a size such as s0*s1**2 (batch
+    # times a squared image side) is a product again and the batch can stay symbolic
+    for pick in (lambda odd, spatial: spatial, lambda odd, spatial: odd):
+        while True:
+            free, odd, spatial = scan()
+            todo = sorted(n for n in pick(odd, spatial) if n in free and n not in done)
+            if not todo:
+                break
+            guard_int(free[todo[0]])
+            done.append(todo[0])
+    return done
 
 
 def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,

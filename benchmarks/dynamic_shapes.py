@@ -1,0 +1,113 @@
+"""Dynamic shapes through torch.compile over the model zoo: one compile, three input sizes.
+
+    python benchmarks/dynamic_shapes.py [model ...]
+
+Each zoo model is compiled once with ``torch.compile(model, backend="graphkernel",
+dynamic=True)`` (inference, no grad) and called with three input sizes: three sequence
+lengths for the text and audio models, three batch sizes for the vision models and Whisper's
+encoder (their configs fix the image size and the number of frames). A row prints the graphs
+graphkernel compiled, Dynamo's recompiles, which input dims stayed symbolic, whether every
+call matched eager (accuracy.md: fp32 against eager fp32) and the seconds of the first call
+and of the two later ones (which must not compile again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from graphkernel import progress  # noqa: E402
+
+TEXT_LENGTHS = (8, 16, 24)
+AUDIO_LENGTHS = (400, 480, 560)
+BATCHES = (2, 3, 4)  # not 1: Dynamo specialises a size-1 dim even with dynamic=True
+
+
+def sizes(name: str, example) -> list[tuple]:
+    """Three argument tuples for ``name``, varying what the model's config leaves free."""
+    import torch
+
+    (x,) = example
+    g = torch.Generator().manual_seed(1)
+    if x.dtype == torch.int64:  # token ids: vary the sequence length
+        return [(torch.randint(0, int(x.max()) + 1, (2, n), generator=g),) for n in TEXT_LENGTHS]
+    if name == "wav2vec2":  # raw audio: vary the number of samples
+        return [(torch.rand(2, n, generator=g) * 2 - 1,) for n in AUDIO_LENGTHS]
+    return [(torch.rand(b, *x.shape[1:], generator=g),) for b in BATCHES]
+
+
+def measure(model, calls) -> dict:
+    import torch
+
+    import graphkernel.torch as gt
+
+    torch._dynamo.reset()
+    gt.reset_stats()
+    compiled = torch.compile(model, backend="graphkernel", dynamic=True)
+    ok, seconds = True, []
+    with torch.no_grad():
+        for args in calls:
+            want = model(*args)
+            t0 = time.perf_counter()
+            got = compiled(*args)
+            seconds.append(time.perf_counter() - t0)
+            try:
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+            except AssertionError:
+                ok = False
+    s = gt.stats()
+    symbolic = sorted({d for g in s["per_graph"] for d in g.get("symbols", [])})
+    return {"graphs": s["graphs"], "recompiles": s["recompiles"], "symbolic": symbolic,
+            "fallbacks": s["fallbacks"], "ok": ok, "first": seconds[0],
+            "later": sum(seconds[1:])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
+    a = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    from export_models import builders
+
+    zoo = builders()
+    unknown = sorted(set(a.models) - set(zoo))
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
+              file=sys.stderr)
+        return 2
+    zoo = {k: v for k, v in zoo.items() if not a.models or k in a.models}
+    progress.auto()
+    print("torch.compile(dynamic=True), inference: one compile serving three input sizes")
+    print(f"{'model':<16} {'sizes':<22} {'graphs':>6} {'recompiles':>10} "
+          f"{'symbolic dims':<18} {'eager':<6} {'first s':>8} {'later s':>8}")
+    short = []
+    with progress.task("models", len(zoo)) as shown:
+        for name, (build, inputs) in zoo.items():
+            shown.describe(name)
+            calls = sizes(name, inputs())
+            r = measure(build(), calls)
+            axis = 0 if calls[0][0].shape[0] != calls[1][0].shape[0] else 1
+            label = ("batch " if axis == 0 else "length ") + ", ".join(
+                str(c[0].shape[axis]) for c in calls)
+            if r["graphs"] != 1 or r["recompiles"] or not r["ok"] or r["fallbacks"]:
+                short.append(name)
+            progress.write(
+                f"{name:<16} {label:<22} {r['graphs']:>6} "
+                f"{r['recompiles']:>10} {','.join(r['symbolic']) or '-':<18} "
+                f"{'match' if r['ok'] else 'DIFF':<6} {r['first']:>8.2f} {r['later']:>8.2f}",
+                sys.stdout)
+            shown.advance()
+    print("one compile, three sizes, matching eager: "
+          + ("every model" if not short else "not on " + ", ".join(short)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
