@@ -1,0 +1,101 @@
+"""A training step through torch.compile over the model zoo: gradients against eager.
+
+    python benchmarks/zoo_training.py [model ...]
+
+Each zoo model (eval mode, so dropout draws nothing on either side) runs one step of
+``model(x).pow(2).mean().backward()`` eagerly and through ``torch.compile(model,
+backend="graphkernel")``; a row prints the graphs compiled (forward and backward), launches
+by kind over both, the ATen ops left to torch (Opaque) with their reasons, the seconds of
+the compiled step, and whether every parameter's gradient matches eager (accuracy.md:
+rtol 1e-3, atol 1e-5 for fp32 gradients, the same None pattern).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from graphkernel import progress  # noqa: E402
+
+KINDS = ("vector", "cube", "mix", "extern", "opaque")
+
+
+def step(model, args) -> tuple[dict, dict, float, bool]:
+    """(stats, mismatching parameters, seconds of the compiled step, grads match)."""
+    import torch
+
+    import graphkernel.torch as gt
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        fn(*args).pow(2).mean().backward()
+        return {k: p.grad for k, p in model.named_parameters()}
+
+    torch._dynamo.reset()
+    gt.reset_stats()
+    want = grads(model)
+    t0 = time.perf_counter()
+    got = grads(torch.compile(model, backend="graphkernel"))
+    seconds = time.perf_counter() - t0
+    bad = {}
+    for k, g in want.items():
+        if (g is None) != (got[k] is None):
+            bad[k] = "None on one side"
+        elif g is not None:
+            try:
+                torch.testing.assert_close(got[k], g, rtol=1e-3, atol=1e-5)
+            except AssertionError:
+                bad[k] = f"max |diff| {float((got[k] - g).abs().max()):.3g}"
+    return gt.stats(), bad, seconds, not bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
+    a = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    import logging
+
+    logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
+    from export_models import builders
+
+    zoo = builders()
+    unknown = sorted(set(a.models) - set(zoo))
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
+              file=sys.stderr)
+        return 2
+    zoo = {k: v for k, v in zoo.items() if not a.models or k in a.models}
+    progress.auto()
+    print("torch.compile training step (forward + backward graphs): gradients against eager")
+    print(f"{'model':<16} {'graphs':>6} | " + " ".join(f"{k:>6}" for k in KINDS)
+          + f" | {'step s':>7}  grads")
+    wrong, opaque = [], {}
+    with progress.task("models", len(zoo)) as shown:
+        for name, (build, inputs) in zoo.items():
+            shown.describe(name)
+            s, bad, seconds, ok = step(build(), inputs())
+            if not ok:
+                wrong.append(f"{name} ({'; '.join(f'{k}: {v}' for k, v in bad.items())})")
+            for k, v in s["fallbacks"].items():
+                opaque.setdefault(f"{k}: {v}", []).append(name)
+            progress.write(f"{name:<16} {s['graphs']:>6} | "
+                           + " ".join(f"{s['launches'][k]:>6}" for k in KINDS)
+                           + f" | {seconds:>7.2f}  {'match' if ok else 'DIFF'}", sys.stdout)
+            shown.advance()
+    print("gradients match eager: " + ("every model" if not wrong else "not on "
+                                       + ", ".join(wrong)))
+    print("ATen ops left to torch: " + ("none" if not opaque else "; ".join(
+        f"{k} ({', '.join(v)})" for k, v in sorted(opaque.items()))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Sink elementwise work below a Concat: cat(f(x1, c1), f(x2, c2)) -> f(cat(x1, x2), cat(c1, c2)).
+
+Inception's and DenseNet's branches each end with their own BatchNorm + ReLU (the same ops,
+per-channel constants of their own) before the channel Concat. As written, each branch's
+elementwise chain is a kernel and the Concat copies their results once more; after the
+rewrite, the Concat gathers the branches' raw results and one elementwise chain runs on the
+whole tile, with the branches' constants concatenated along the same axis. Exact: every
+element goes through the same operations with the same operands.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import OpKind, get
+from graphkernel.passes.rewrite import add_like, const_array, replace_with
+from graphkernel.registry import PassResult
+
+
+def _piece_op(graph: Graph, v: Value) -> Node | None:
+    """The elementwise node producing ``v`` when only the Concat reads it."""
+    p = v.producer
+    if p is None or p.op == "Constant" or get(p.op).kind != OpKind.ELEMWISE:
+        return None
+    if len(v.uses) != 1 or len(p.outputs) != 1 or any(o is v for o in graph.outputs):
+        return None
+    return p
+
+
+def _operand_roles(n: Node) -> tuple[int, ...] | None:
+    """Per operand of ``n``: -1 for its one non-constant operand (of ``n``'s output shape, so
+    the Concat can take it in ``n``'s place), else its position; None when it has not
+    exactly one such operand."""
+    out = tuple(n.outputs[0].shape)
+    variable = [i for i, x in enumerate(n.inputs) if const_array(x) is None]
+    if len(variable) != 1 or tuple(n.inputs[variable[0]].shape) != out:
+        return None
+    return tuple(-1 if i == variable[0] else i for i in range(len(n.inputs)))
+
+
+def _joined_constant(pieces: list[Node], pos: int, axis: int) -> np.ndarray | None:
+    """The constants at operand ``pos`` of ``pieces``, each broadcast to its piece's extent
+    along ``axis`` (and to a common extent along the others), concatenated along ``axis``."""
+    arrays, rank = [], pieces[0].outputs[0].type.rank
+    for n in pieces:
+        c = const_array(n.inputs[pos])
+        arrays.append(c.reshape((1,) * (rank - c.ndim) + c.shape))
+    if len({a.dtype for a in arrays}) != 1:
+        return None
+    common = [max(a.shape[d] for a in arrays) for d in range(rank)]
+    out = []
+    for a, n in zip(arrays, pieces, strict=True):
+        shape = list(common)
+        shape[axis] = n.outputs[0].shape[axis]
+        try:
+            out.append(np.broadcast_to(a, shape))
+        except ValueError:
+            return None
+    joined = np.concatenate(out, axis=axis)
+    if all(np.array_equal(a, arrays[0]) for a in arrays) and arrays[0].shape[axis] == 1:
+        return arrays[0]  # one constant shared by every piece (a ReLU's 0): keep it small
+    return joined
+
+
+def _sink(graph: Graph, concat: Node) -> Value | None:
+    """The rewritten Concat's replacement, or None when its operands do not qualify."""
+    axis = concat.attrs["axis"] % concat.outputs[0].type.rank
+    pieces = [_piece_op(graph, v) for v in concat.inputs]
+    if len(pieces) < 2 or any(p is None for p in pieces):
+        return None
+    first = pieces[0]
+    roles = _operand_roles(first)
+    if roles is None or any(not isinstance(p.outputs[0].shape[axis], int) for p in pieces):
+        return None
+    if any(p.op != first.op or p.attrs != first.attrs or _operand_roles(p) != roles
+           or p.outputs[0].dtype != first.outputs[0].dtype for p in pieces):
+        return None
+    operands: list[Value] = []
+    for pos, role in enumerate(roles):
+        if role == -1:
+            operands.append(add_like(graph, concat, "Concat",
+                                     [p.inputs[pos] for p in pieces], dict(concat.attrs)))
+            continue
+        joined = _joined_constant(pieces, pos, axis)
+        if joined is None:
+            return None
+        operands.append(graph.const(np.ascontiguousarray(joined),
+                                    name=graph.fresh_name(f"{concat.name}_c"),
+                                    origin=first.inputs[pos].producer.origin))
+    return add_like(graph, first, first.op, operands, dict(first.attrs))
+
+
+def concat_sink(graph, ctx) -> PassResult:
+    """Rewrite cat(f(x1, c1), f(x2, c2)) -> f(cat(x1, x2), cat(c1, c2)) for an elementwise
+    f whose constants broadcast along the Concat's axis; repeated, a whole BatchNorm + ReLU
+    chain per branch sinks below the Concat."""
+    changed = 0
+    work = [n for n in graph.nodes if n.op == "Concat"]
+    while work:
+        node = work.pop()
+        if node.graph is None:
+            continue
+        mark = len(graph)
+        new = _sink(graph, node)
+        if new is None:
+            for extra in reversed(graph.nodes[mark:]):
+                graph.erase_node(extra)
+            continue
+        if not ctx.should_apply(f"sink {new.producer.op} below {node.name}", [node]):
+            for extra in reversed(graph.nodes[mark:]):
+                graph.erase_node(extra)
+            continue
+        pieces = [v.producer for v in node.inputs]
+        replace_with(graph, node, new)
+        for p in pieces:
+            if p.graph is not None and not any(v.uses for v in p.outputs) \
+                    and not any(o is p.outputs[0] for o in graph.outputs):
+                graph.erase_node(p)
+        changed += 1
+        inner = next(v.producer for v in new.producer.inputs
+                     if v.producer is not None and v.producer.op == "Concat")
+        work.append(inner)  # the next op of the chains may sink too
+    return PassResult(changed > 0, changed)
