@@ -7,12 +7,17 @@ Each zoo model (eval mode, so dropout draws nothing on either side) runs one ste
 backend="graphkernel")``; a row prints the graphs compiled (forward and backward), launches
 by kind over both, the ATen ops left to torch (Opaque) with their reasons, the seconds of
 the compiled step, and whether every parameter's gradient matches eager (accuracy.md:
-rtol 1e-3, atol 1e-5 for fp32 gradients, the same None pattern).
+rtol 1e-3, atol 1e-5 for fp32 gradients, the same None pattern). Where that check fails,
+the judge is accuracy.md's: a float64 copy of the model gives the reference, and graphkernel's
+gradient is wrong only when its RMSE against it is more than twice eager fp32's own (an
+ill-conditioned gradient, such as DeiT's class token through two LayerNorms, is noise in
+eager fp32 too).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 import warnings
@@ -40,11 +45,12 @@ def step(model, args) -> tuple[dict, dict, float, bool]:
 
     torch._dynamo.reset()
     gt.reset_stats()
+    exact = copy.deepcopy(model).double()  # before any step: the same weights in float64
     want = grads(model)
     t0 = time.perf_counter()
     got = grads(torch.compile(model, backend="graphkernel"))
     seconds = time.perf_counter() - t0
-    bad = {}
+    bad, ref = {}, None
     for k, g in want.items():
         if (g is None) != (got[k] is None):
             bad[k] = "None on one side"
@@ -52,7 +58,15 @@ def step(model, args) -> tuple[dict, dict, float, bool]:
             try:
                 torch.testing.assert_close(got[k], g, rtol=1e-3, atol=1e-5)
             except AssertionError:
-                bad[k] = f"max |diff| {float((got[k] - g).abs().max()):.3g}"
+                if ref is None:
+                    exact.zero_grad(set_to_none=True)
+                    exact(*(a.double() if a.is_floating_point() else a for a in args)
+                          ).pow(2).mean().backward()
+                    ref = {n: p.grad for n, p in exact.named_parameters()}
+                ours, theirs = (float((x.double() - ref[k]).pow(2).mean().sqrt())
+                                for x in (got[k], g))
+                if ours > 2 * theirs:
+                    bad[k] = f"RMSE vs float64 {ours:.3g}, eager fp32's {theirs:.3g}"
     return gt.stats(), bad, seconds, not bad
 
 
