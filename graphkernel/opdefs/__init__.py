@@ -1,11 +1,12 @@
 """Op definitions, one module per family (elementwise, arithmetic, reduce, shape, nn, norms,
-activations, losses, grads, optimizers, misc): each op's kind, arity, attribute schema, shape
-inference and numpy reference, registered in ``graphkernel.ops``. Importing this package
-registers every basic and composite op (``import graphkernel`` does)."""
+activations, attention, losses, grads, optimizers, misc): each op's kind, arity, attribute
+schema, shape inference and numpy reference, registered in ``graphkernel.ops``. Importing
+this package registers every basic and composite op (``import graphkernel`` does)."""
 
 from graphkernel.opdefs import (  # noqa: F401
     activations,
     arithmetic,
+    attention,
     elementwise,
     grads,
     indexing,

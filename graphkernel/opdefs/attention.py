@@ -1,0 +1,181 @@
+"""FusedAttention: scaled dot-product attention as one op, the contract of the vendor's fused
+attention operator (CANN's FlashAttentionScore, ``torch_npu.npu_fusion_attention``).
+
+``out = Softmax(Mask(scale * (pse + Q·Kᵀ), atten_mask)) · V`` — the form the operator
+documents (pse_type 1; inference, so no dropout). Q, K, V are read in one of the documented
+layouts (``BSH``, ``SBH``, ``BSND``, ``BNSD``; H = N·D) and the output has the query's layout.
+K/V may have fewer heads than Q (N2 dividing N1: grouped-query attention, each K/V head
+shared by N1/N2 query heads). The mask is at most one of: ``atten_mask`` (bool/uint8, 1 =
+masked out) in the shapes [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]; ``pse`` (a float
+bias added before the scale) in [B,N1,S1,S2] or [1,N1,S1,S2]. Limits: D a multiple of 16 and
+at most 512, N1 at most 256, fp16/bf16/fp32 operands.
+
+The numpy reference accumulates both products in fp32 and takes the softmax in fp32; the
+result is rounded once to the inputs' type. A row whose every key is masked out has no
+defined softmax; the reference writes zeros there. The simulator checks the extern launch
+against this reference.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from graphkernel.errors import ShapeError
+from graphkernel.ops import Attrs, OpDef, OpKind, register
+from graphkernel.tensor_types import DType, TensorType
+
+LAYOUTS = ("BSH", "SBH", "BSND", "BNSD")
+DTYPES = (DType.float16, DType.bfloat16, DType.float32)
+MASK_DTYPES = (DType.bool, DType.uint8)
+MAX_HEAD_SIZE = 512
+MAX_HEADS = 256
+HEAD_ALIGN = 16
+
+
+class FusedAttentionAttrs(Attrs):
+    layout: Literal["BSH", "SBH", "BSND", "BNSD"] = "BNSD"
+    head_num: int = Field(ge=1, le=MAX_HEADS)  # N1, the query's heads
+    scale: float = 1.0
+    mask: Literal["none", "atten_mask", "pse"] = "none"
+
+
+def split_dims(t: TensorType, layout: str, heads: int | None, head_size=None) -> tuple:
+    """(B, N, S, D) of an operand in ``layout``; for BSH/SBH the heads come from ``heads`` or
+    from ``head_size`` (H = N·D)."""
+    want = 3 if layout in ("BSH", "SBH") else 4
+    if t.rank != want:
+        raise ShapeError(f"layout {layout} takes rank-{want} operands, got {t}")
+    if layout == "BSND":
+        b, s, n, d = t.shape
+    elif layout == "BNSD":
+        b, n, s, d = t.shape
+    else:
+        b, s, h = t.shape if layout == "BSH" else (t.shape[1], t.shape[0], t.shape[2])
+        if not isinstance(h, int):
+            raise ShapeError(f"layout {layout}: the hidden size H must be static, got {h!r}")
+        if heads is None:
+            if head_size is None or h % head_size:
+                raise ShapeError(f"hidden size {h} of K/V is not a multiple of the head "
+                                 f"size {head_size}")
+            heads = h // head_size
+        if h % heads:
+            raise ShapeError(f"hidden size {h} is not a multiple of head_num {heads}")
+        n, d = heads, h // heads
+    return b, n, s, d
+
+
+def limits(dtype: DType, n1, n2, d) -> str | None:
+    """Why the operator cannot take these operands (its documented limits), or None."""
+    if dtype not in DTYPES:
+        return (f"dtype {dtype.value} (the fused attention operator takes "
+                f"{', '.join(t.value for t in DTYPES)})")
+    if not isinstance(d, int) or d % HEAD_ALIGN or d > MAX_HEAD_SIZE:
+        return f"head size D={d} (the operator needs a multiple of {HEAD_ALIGN}, at most " \
+               f"{MAX_HEAD_SIZE})"
+    if not isinstance(n1, int) or n1 > MAX_HEADS:
+        return f"{n1} query heads (the operator takes at most {MAX_HEADS})"
+    if not isinstance(n2, int) or n1 % n2:
+        return f"{n2} K/V heads do not divide the {n1} query heads"
+    return None
+
+
+def mask_shapes(kind: str, b, n1, s1, s2) -> list[tuple]:
+    """The documented shapes of a mask of ``kind`` for these dims."""
+    if kind == "atten_mask":
+        return [(b, n1, s1, s2), (b, 1, s1, s2), (1, 1, s1, s2), (s1, s2)]
+    return [(b, n1, s1, s2), (1, n1, s1, s2)]
+
+
+def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    q, k, v = ins[:3]
+    layout, n1 = attrs["layout"], attrs["head_num"]
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ShapeError(f"q, k, v dtypes differ ({q.dtype.value}, {k.dtype.value}, "
+                         f"{v.dtype.value})")
+    if k.shape != v.shape:
+        raise ShapeError(f"k and v shapes differ ({k} vs {v})")
+    b, nq, s1, d = split_dims(q, layout, n1)
+    if nq != n1:
+        raise ShapeError(f"q has {nq} heads, head_num says {n1}")
+    bk, n2, s2, dk = split_dims(k, layout, None, head_size=d)
+    if bk != b or dk != d:
+        raise ShapeError(f"k {k} does not match q {q} in batch or head size (layout {layout})")
+    why = limits(q.dtype, n1, n2, d)
+    if why is not None:
+        raise ShapeError(f"unsupported {why}")
+    want = 3 + (attrs["mask"] != "none")
+    if len(ins) != want:
+        raise ShapeError(f"mask={attrs['mask']} takes {want} inputs, got {len(ins)}")
+    if attrs["mask"] != "none":
+        m = ins[3]
+        ok = MASK_DTYPES if attrs["mask"] == "atten_mask" else DTYPES
+        if m.dtype not in ok:
+            raise ShapeError(f"{attrs['mask']} of dtype {m.dtype.value} (accepted: "
+                             f"{', '.join(t.value for t in ok)})")
+        shapes = mask_shapes(attrs["mask"], b, n1, s1, s2)
+        if tuple(m.shape) not in shapes:
+            raise ShapeError(f"{attrs['mask']} of shape {list(m.shape)} (accepted: "
+                             f"{' or '.join(str(list(s)) for s in shapes)})")
+    return [TensorType(q.shape, q.dtype)]
+
+
+def to_bnsd(x: np.ndarray, layout: str, head_size: int) -> np.ndarray:
+    """An operand in ``layout`` as [B, N, S, D]."""
+    if layout == "BNSD":
+        return x
+    if layout == "BSND":
+        return x.transpose(0, 2, 1, 3)
+    if layout == "SBH":
+        x = x.transpose(1, 0, 2)
+    b, s, h = x.shape
+    return x.reshape(b, s, h // head_size, head_size).transpose(0, 2, 1, 3)
+
+
+def from_bnsd(x: np.ndarray, layout: str) -> np.ndarray:
+    """[B, N, S, D] in ``layout``."""
+    if layout == "BNSD":
+        return x
+    x = x.transpose(0, 2, 1, 3)  # B S N D
+    if layout == "BSND":
+        return x
+    b, s, n, d = x.shape
+    x = x.reshape(b, s, n * d)
+    return x if layout == "BSH" else x.transpose(1, 0, 2)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+              attrs: dict) -> np.ndarray:
+    """The operator's result in fp32 (the caller rounds it to the inputs' type)."""
+    layout, n1 = attrs["layout"], attrs["head_num"]
+    d = q.shape[-1] if layout in ("BSND", "BNSD") else q.shape[-1] // n1
+    qh, kh, vh = (to_bnsd(np.asarray(x, np.float32), layout, d) for x in (q, k, v))
+    group = n1 // kh.shape[1]  # query heads per K/V head
+    kh, vh = np.repeat(kh, group, axis=1), np.repeat(vh, group, axis=1)
+    s = np.matmul(qh, np.swapaxes(kh, -1, -2), dtype=np.float32)
+    if attrs["mask"] == "pse":
+        s = s + mask.astype(np.float32)
+    s = s * np.float32(attrs["scale"])
+    keep = None
+    if attrs["mask"] == "atten_mask":
+        keep = ~mask.astype(bool)
+        s = np.where(keep, s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(top), top, 0), dtype=np.float32)
+    total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)  # all masked: zeros
+    out = np.matmul(p, vh, dtype=np.float32)
+    return from_bnsd(out, layout)
+
+
+def _reference(xs, attrs, ctx):
+    mask = xs[3] if len(xs) > 3 else None
+    return attention(xs[0], xs[1], xs[2], mask, attrs).astype(ctx.out_dtypes[0])
+
+
+register(OpDef("FusedAttention", OpKind.OPAQUE, (3, 4), _infer, _reference,
+               attrs=FusedAttentionAttrs, category="nn",
+               doc="softmax(mask(scale*(pse + Q·Kᵀ))) · V in one launch (the vendor's fused "
+                   "attention operator)"))
