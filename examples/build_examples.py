@@ -3,8 +3,9 @@
     python examples/build_examples.py
 
 Each example is a block transformer and MLP models are made of, written in basic
-ops: an MLP block with bias + GeLU (erf form), a residual Add + LayerNorm, and
-an attention-score softmax with a scale and an additive mask.
+ops: an MLP block with bias + GeLU (erf form), a residual Add + LayerNorm, an
+attention-score softmax with a scale and an additive mask, and a whole attention
+(head split, scores, causal mask, softmax, ·V, head merge).
 """
 
 from __future__ import annotations
@@ -84,8 +85,36 @@ def attention_softmax() -> Graph:
     return g
 
 
+def attention() -> Graph:
+    """o = merge(softmax(split(q) @ split(k)^T * scale + causal) @ split(v)) in float16, q, k, v
+    as [batch, seq, heads * dim]; the causal mask is where(masked, lowest, 0)."""
+    g = Graph("attention")
+    heads, seq, dim = 4, 32, 16
+    lowest = np.finfo(np.float16).min
+    split = []
+    for name in ("q", "k", "v"):
+        x = g.add_input(name, TensorType(("batch", seq, heads * dim), "float16"))
+        x = g.add_node("Reshape", [x], {"shape": ["batch", seq, heads, dim]},
+                       name=f"{name}_heads").output
+        split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]},
+                                name=f"{name}_split").output)
+    masked = g.add_input("masked", TensorType((seq, seq), "bool"))
+    s = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Mul", [s, g.const(np.float16(1 / math.sqrt(dim)), name="scale")],
+                   name="qk_scale").output
+    bias = g.add_node("Select", [masked, g.const(lowest, "float16", name="lowest"),
+                                 g.const(np.float16(0), name="zero")], name="causal").output
+    s = g.add_node("Add", [s, bias], name="mask_add").output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
+    o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}, name="merge").output
+    o = g.add_node("Reshape", [o], {"shape": ["batch", seq, heads * dim]}, name="out").output
+    g.set_outputs([o])
+    return g
+
+
 if __name__ == "__main__":
-    for build in (mlp_gelu, layernorm_residual, attention_softmax):
+    for build in (mlp_gelu, layernorm_residual, attention_softmax, attention):
         graph = build()
         graph.validate()
         for path in save_graph(graph, HERE / f"{graph.name}.json"):

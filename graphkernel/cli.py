@@ -359,7 +359,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     g = _load(args.model)
     res = gk_compile(g, args.flags or "", args.config)
     d = explain(res, args.node)
-    if args.node and not (d["candidates"] or d["not_fusable"] or d["kernels"]):
+    if args.node and not (d["candidates"] or d["not_fusable"] or d["kernels"]
+                          or d["attention"]):
         from graphkernel.errors import GraphError, did_you_mean
 
         raise GraphError(f"no node {args.node!r} took part in fusion"

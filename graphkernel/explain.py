@@ -19,6 +19,7 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
     kernels = [{"name": n.name, "pattern": n.attrs["pattern"], "origin": list(n.origin),
                 "nodes": [m.name for m in n.subgraph.nodes if m.op != "Constant"]}
                for n in res.graph.nodes if n.op == "GraphKernel"]
+    attention = [asdict(a) for a in res.analyses.attention]
     rows = [asdict(a) for a in attempts if a.areas]
     disabled = [asdict(a) for a in attempts if not a.areas]
     if node is not None:
@@ -26,9 +27,11 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
         reasons = {k: v for k, v in reasons.items() if _matches(k, node)}
         kernels = [k for k in kernels if any(_matches(n, node) for n in k["nodes"])
                    or node in k["origin"]]
+        attention = [a for a in attention if any(_matches(n, node) for n in a["nodes"])
+                     or a["op"] == node]
     rows.sort(key=lambda r: (-r["score"], r["verdict"] != "fused"))
     return {"node": node, "candidates": rows, "not_fusable": reasons, "kernels": kernels,
-            "patterns_off": disabled}
+            "patterns_off": disabled, "attention": attention}
 
 
 def format_explain(d: dict[str, Any], limit: int = 40) -> str:
@@ -52,6 +55,13 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
         lines.append(f"not fusable{who}:")
         for name, why in list(d["not_fusable"].items())[:limit]:
             lines.append(f"  {name}: {why}")
+    if d.get("attention"):
+        lines.append(f"attention{who} (one fused attention launch each):")
+        for a in d["attention"]:
+            if a["verdict"] == "fused":
+                lines.append(f"  FUSED    {a['product']} -> {a['op']}: {a['reason']}")
+            else:
+                lines.append(f"  refused  {a['product']}  -- {a['reason']}")
     for p in d["patterns_off"]:
         lines.append(f"pattern {p['pattern']}: {p['reason']}")
     return "\n".join(lines)

@@ -282,12 +282,24 @@ def report_count(applications: int) -> None:
 
 
 @dataclass
+class AttentionMatch:
+    """One attention candidate (a softmax between two products) and what became of it."""
+
+    product: str  # the Q·Kᵀ product (or the ·V product when refused before finding it)
+    nodes: list[str]  # the pattern's nodes
+    verdict: str  # "fused" or "refused"
+    reason: str  # when fused: layout, heads and mask; when refused: why
+    op: str = ""  # the FusedAttention node made
+
+
+@dataclass
 class Analyses:
     """What a pass hands to later passes and to the caller (``CompileResult.analyses``), each
     field named for what it holds and written by one pass. ``invalidate`` resets fields to
     their empty value: a pass that recomputes an analysis starts from nothing."""
 
     cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
+    attention: list[AttentionMatch] = field(default_factory=list)  # attention: candidates
     fusion_attempts: list[Attempt] = field(default_factory=list)  # split: every candidate
     kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
     super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run

@@ -5,6 +5,7 @@ whole pipeline in the order it runs; importing this package registers it
 
 from graphkernel.passes import (
     arith_simplify,
+    attention,
     axis_normalize,
     cast_elim,
     cluster,
@@ -42,6 +43,7 @@ PIPELINE = (
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 55, concat_sink.concat_sink, 2),
     Step("simplify", 60, cast_elim.cast_elim, 2),
+    Step("simplify", 70, attention.attention, 2),
     Step("simplify", 90, dce.dce, 1),
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),

@@ -1,0 +1,444 @@
+"""Recognise scaled dot-product attention and rewrite it into one FusedAttention op (the
+vendor's fused attention operator, launched as an extern kernel).
+
+The pattern, as the frontends and the Softmax expander leave it::
+
+    S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes
+    S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
+    S = S + M                     optional mask (either side)
+    P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
+    O = BatchMatMul(P, V)
+
+with reshape views anywhere between (batch and heads merged into one axis and split again).
+Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
+(``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
+or BSND) rather than materialised; K/V repeated for grouped-query attention
+(``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``) are read with their N2 heads; the
+head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
+operator takes one layout for Q, K, V and the output, so the layout is the best all four
+allow (BNSD when any of them is not a head split/merge).
+
+Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
+exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — becomes the boolean
+``atten_mask`` (1 = masked out); any other additive mask becomes ``pse``, divided by the
+scale (the operator computes ``scale * (pse + Q·Kᵀ)``). Mask shapes the operator does not
+document ([B,1,1,S2] key-padding masks, for one) are refused rather than broadcast.
+
+Every candidate (a softmax between two products) is recorded in ``analyses.attention``
+with its verdict; ``graphkernel explain`` shows the reasons of the refused ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphkernel import symbolic
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.passes.rewrite import const_array, splat
+from graphkernel.pipeline import AttentionMatch
+from graphkernel.registry import PassResult, counted
+
+VIEWS = ("Reshape", "ExpandDims", "Squeeze")
+LOWEST = -65504.0  # a mask value at or below this masks out (exp underflows to 0 in fp32)
+HEAD_SPLIT = [0, 2, 1, 3]
+LAYOUTS = ("BNSD", "BSND", "BSH")  # in the order of what they need absorbed
+
+
+class Refused(Exception):
+    """A candidate the operator cannot take, with the reason."""
+
+
+@dataclass
+class _Operand:
+    """One of Q, K, V: its [B, N, S, D] value and what each layout reads."""
+
+    bnsd: Value
+    reads: dict[str, Value] = field(default_factory=dict)  # layout -> value read
+
+    @property
+    def best(self) -> int:
+        return max(LAYOUTS.index(k) for k in self.reads)
+
+
+@dataclass
+class _Match:
+    pv: Node
+    qk: Node
+    nodes: list[Node]  # every node the operator replaces (the pattern's inside)
+    q: Value
+    k: Value
+    v: Value
+    scale: float = 1.0
+    mask: Value | None = None
+    scores_rank: int = 4  # the rank the mask is added at ([B, N, S1, S2] or [B·N, S1, S2])
+
+
+def _producer(v: Value, *ops: str) -> Node | None:
+    p = v.producer
+    return p if p is not None and p.op in ops else None
+
+
+def _views(v: Value, seen: list[Node]) -> Value:
+    """``v`` seen through reshape views (and a Concat of one input, an identity), recording
+    the nodes walked in ``seen``."""
+    while (p := v.producer) is not None and (
+            p.op in VIEWS or p.op == "Identity" or p.op == "Concat" and len(p.inputs) == 1):
+        seen.append(p)
+        v = p.inputs[0]
+    return v
+
+
+def _cast(v: Value, seen: list[Node]) -> Value:
+    """``v`` seen through one Cast (the Softmax expander's fp32 round trip)."""
+    p = _producer(v, "Cast")
+    if p is not None:
+        seen.append(p)
+        return p.inputs[0]
+    return v
+
+
+def _last_axis(node: Node) -> bool:
+    rank = node.inputs[0].type.rank
+    return list(node.attrs["axis"]) == [rank - 1] and node.attrs["keep_dims"]
+
+
+def _softmax(p: Value, seen: list[Node]) -> Value | None:
+    """The input of the expanded softmax producing ``p``, or None."""
+    p = _cast(p, seen)
+    div = _producer(p, "Div")
+    if div is None:
+        return None
+    e, total = div.inputs
+    rsum = _producer(total, "ReduceSum")
+    exp = _producer(e, "Exp")
+    if rsum is None or exp is None or rsum.inputs[0] is not e or not _last_axis(rsum):
+        return None
+    sub = _producer(exp.inputs[0], "Sub")
+    if sub is None:
+        return None
+    inner: list[Node] = []
+    x = _cast(sub.inputs[0], inner)
+    rmax = _producer(_cast(sub.inputs[1], inner), "ReduceMax")
+    if rmax is None or rmax.inputs[0] is not x or not _last_axis(rmax):
+        return None
+    seen += [div, rsum, exp, sub, *inner, rmax]
+    return x
+
+
+def _scores(x: Value, seen: list[Node]) -> tuple[Node, float, Node | None] | None:
+    """(the Q·Kᵀ product, the scale, the Add of the mask) behind the softmax input ``x``."""
+    x = _views(x, seen)
+    add = _producer(x, "Add")
+    if add is not None:
+        for side in add.inputs:
+            probe: list[Node] = []
+            found = _scaled(side, probe)
+            if found is not None:
+                seen += [add, *probe]
+                return found[0], found[1], add
+        return None
+    found = _scaled(x, seen)
+    return None if found is None else (found[0], found[1], None)
+
+
+def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
+    """(product, scale) of ``x`` = product · c, c · product, product / c or the product."""
+    x = _views(x, seen)
+    op = _producer(x, "Mul", "Div")
+    scale = 1.0
+    if op is not None:
+        a, b = op.inputs
+        sides = [(a, b)] if op.op == "Div" else [(a, b), (b, a)]
+        for s, c in sides:
+            f = splat(c)
+            if f is not None and f != 0:
+                scale = 1.0 / f if op.op == "Div" else f
+                seen.append(op)
+                x = _views(s, seen)
+                break
+        else:
+            return None
+    qk = _producer(x, "BatchMatMul")
+    if qk is None or qk.attrs["transpose_a"]:
+        return None
+    return qk, scale
+
+
+def _match(pv: Node) -> _Match | None:
+    """The attention pattern ending at the product ``pv`` (P·V), or None when the product is
+    not one. Raises Refused for a pattern the operator cannot take (dropout)."""
+    if pv.attrs["transpose_a"] or pv.attrs["transpose_b"]:
+        return None
+    inside: list[Node] = [pv]
+    p = _views(pv.inputs[0], inside)
+    drop = _producer(p, "Opaque", "Mul")
+    if drop is not None:
+        label = str(drop.attrs.get("label", "")) + str(drop.attrs.get("spec", ""))
+        probe: list[Node] = []
+        if any(_softmax(_views(v, probe), probe) is not None for v in drop.inputs):
+            if drop.op == "Opaque" and "dropout" not in label.lower():
+                return None
+            raise Refused("dropout between the softmax and ·V (training): the operator is "
+                          "used for inference only (keep_prob 1)")
+    x = _softmax(p, inside)
+    if x is None:
+        return None
+    found = _scores(x, inside)
+    if found is None:
+        return None
+    qk, scale, add = found
+    inside.append(qk)
+    mask, rank = None, 4
+    if add is not None:
+        mask = next(v for v in add.inputs if not any(v is o for n in inside for o in n.outputs))
+        rank = add.outputs[0].type.rank
+    q, k = qk.inputs
+    fold = _producer(q, "Mul")  # the scale folded into Q
+    if fold is not None and len(q.users) == 1:
+        for s, c in ((0, 1), (1, 0)):
+            f = splat(fold.inputs[c])
+            if f is not None and fold.inputs[s].type == q.type:
+                scale *= f
+                q = fold.inputs[s]
+                inside.append(fold)
+                break
+    if not qk.attrs["transpose_b"]:
+        t = _producer(k, "Transpose")
+        rank = k.type.rank
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        if t is None or list(t.attrs["perm"]) != swap:
+            return None  # not Q·Kᵀ
+        k = t.inputs[0]
+        if len(t.outputs[0].users) == 1:
+            inside.append(t)
+    return _Match(pv, qk, inside, q, k, pv.inputs[1], scale, mask, rank)
+
+
+def _same(a, b) -> bool:
+    return symbolic.canon(a) == symbolic.canon(b)
+
+
+def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
+    """Q, K or V (an operand of a product, [B·N, S, D] or [B, N, S, D]) as its [B, N, S, D]
+    value and the layouts it can be read in; the second item is how many times each head
+    is repeated (grouped-query K/V: N1/N2)."""
+    seen: list[Node] = []
+    base = _views(v, seen)
+    repeat = 1
+    bt = _producer(base, "BroadcastTo")
+    if bt is not None and bt.outputs[0].type.rank == 5:  # [B, N2, r, S, D] of [B, N2, S, D]
+        b, n2, r, s, d = bt.outputs[0].type.shape
+        src = _views(bt.inputs[0], seen)
+        if tuple(src.type.shape) == (b, n2, s, d) and isinstance(r, int):
+            base, repeat = src, r
+    if base.type.rank != 4:
+        raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
+                      "[B, N, S, D] (batch and heads cannot be told apart)")
+    b, n, s, d = base.type.shape
+    heads = symbolic.mul(n, repeat)
+    shape = tuple(v.type.shape)
+    if not (len(shape) == 4 and _same(shape[1], heads) and (shape[0], *shape[2:]) == (b, s, d)
+            or len(shape) == 3 and _same(shape[0], symbolic.mul(b, heads))
+            and shape[1:] == (s, d)):
+        raise Refused(f"operand {v.name} of shape {list(shape)} is not a view of "
+                      f"{base.name} {list(base.type.shape)} with its heads repeated")
+    op = _Operand(base, {"BNSD": base})
+    t = _producer(base, "Transpose")
+    if t is not None and list(t.attrs["perm"]) == HEAD_SPLIT:
+        bsnd = t.inputs[0]
+        op.reads["BSND"] = bsnd
+        r = _producer(bsnd, "Reshape")
+        src = r.inputs[0] if r is not None else None
+        if src is not None and src.type.rank == 3 and src.type.shape[:2] == (b, s) and \
+                _same(src.type.shape[2], symbolic.mul(n, d)):
+            op.reads["BSH"] = src
+    return op, repeat
+
+
+def _output(pv: Node, b, n, s, d) -> _Operand:
+    """The product ``pv``'s result as [B, N, S1, D] and, when its only use is a head merge,
+    the value each layout would replace."""
+    out = pv.outputs[0]
+    op = _Operand(out, {"BNSD": out})
+    users = out.users
+    while len(users) == 1 and users[0].op in VIEWS and users[0].outputs[0].type.rank == 4:
+        out = users[0].outputs[0]
+        users = out.users
+    if tuple(out.type.shape) != (b, n, s, d):
+        return op
+    if len(users) == 1 and users[0].op == "Transpose" and \
+            list(users[0].attrs["perm"]) == HEAD_SPLIT and \
+            not any(o is out for o in pv.graph.outputs):
+        op.reads["BSND"] = op.reads["BSH"] = users[0].outputs[0]
+    return op
+
+
+def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple) -> tuple[str, Value | None]:
+    """The mask as the operator takes it: (kind, value), new nodes added to ``graph``."""
+    if m.mask is None:
+        return "none", None
+    b, n1, s1, s2 = shape4
+    mv = m.mask
+    if m.scores_rank == 3 and mv.type.rank == 3 and mv.type.shape[0] != 1:
+        raise Refused(f"mask {mv.name} {list(mv.type.shape)} varies over the merged batch "
+                      "and head axis")
+    cond, arr = _boolean(mv)
+    origin = node.origin
+    if cond is not None or arr is not None:
+        shape = tuple(cond.type.shape if cond is not None else arr.shape)
+        rank = len(shape)
+        full = (1,) * (4 - rank) + shape if rank < 4 else shape
+        documented = mask_shapes("atten_mask", b, n1, s1, s2)
+        want = full if full in documented else shape if shape in documented else None
+        if want is None:
+            raise Refused(f"mask {mv.name} of shape {list(shape)}: the operator's atten_mask "
+                          f"takes {' or '.join(str(list(x)) for x in documented)}")
+        if arr is not None:
+            return "atten_mask", graph.const(arr.reshape(want), DType.bool, origin=origin)
+        if want != shape:
+            cond = graph.add_node("Reshape", [cond], {"shape": list(want)},
+                                  name=graph.fresh_name(f"{node.name}/mask"),
+                                  origin=origin).outputs[0]
+        return "atten_mask", cond
+    shape = tuple(mv.type.shape)
+    full = (1,) * (4 - len(shape)) + shape
+    documented = mask_shapes("pse", b, n1, s1, s2)
+    if full not in documented:
+        raise Refused(f"mask {mv.name} of shape {list(shape)}: the operator's pse takes "
+                      f"{' or '.join(str(list(x)) for x in documented)}")
+    if mv.dtype != m.q.dtype:
+        raise Refused(f"mask {mv.name} is {mv.dtype.value}, the operands "
+                      f"{m.q.dtype.value}")
+    arr = const_array(mv)
+    if arr is not None:  # pse enters before the scale: pse = mask / scale
+        return "pse", graph.const((arr.astype(np.float64) / m.scale).reshape(full),
+                                  mv.dtype, origin=origin)
+    pse = mv
+    if m.scale != 1.0:
+        c = graph.const(1.0 / m.scale, mv.dtype, origin=origin)
+        pse = graph.add_node("Mul", [mv, c], name=graph.fresh_name(f"{node.name}/pse"),
+                             origin=origin).outputs[0]
+    if full != shape:
+        pse = graph.add_node("Reshape", [pse], {"shape": list(full)},
+                             name=graph.fresh_name(f"{node.name}/pse_view"),
+                             origin=origin).outputs[0]
+    return "pse", pse
+
+
+def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
+    """A mask whose values are only 0 and minus infinity: (the condition of a Select that
+    makes it, None) or (None, its constant as bools, True = masked out); else (None, None)."""
+    arr = const_array(mv)
+    if arr is not None:
+        a = arr.astype(np.float64)
+        if np.all((a == 0) | (a <= LOWEST)) and np.any(a != 0):
+            return None, a != 0
+        return None, None
+    sel = _producer(mv, "Select")
+    if sel is None:
+        return None, None
+    cond, yes, no = sel.inputs
+    fy, fn = splat(yes), splat(no)
+    if fy is None or fn is None or cond.dtype is not DType.bool:
+        return None, None
+    if fy <= LOWEST and fn == 0:
+        return cond, None
+    if fy == 0 and fn <= LOWEST:
+        graph = mv.graph
+        neg = graph.add_node("LogicalNot", [cond], name=graph.fresh_name(f"{sel.name}/not"),
+                             origin=sel.origin).outputs[0]
+        return neg, None
+    return None, None
+
+
+def _used_outside(m: _Match) -> Node | None:
+    """A node of the pattern whose result is read outside it (or is a graph output)."""
+    ids = {id(n) for n in m.nodes}
+    outputs = {id(v) for v in m.pv.graph.outputs}
+    for n in m.nodes:
+        if n is m.pv:
+            continue
+        for v in n.outputs:
+            if id(v) in outputs or any(id(u) not in ids for u in v.users):
+                return n
+    return None
+
+
+def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
+    """Check the match against the operator's limits and replace it; the record says how."""
+    bad = _used_outside(m)
+    if bad is not None:
+        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
+                      "probabilities kept for the backward)")
+    q, _ = _heads(m.q)
+    k, rep_k = _heads(m.k)
+    v, rep_v = _heads(m.v)
+    b, n1, s1, d = q.bnsd.type.shape
+    _, n2, s2, dk = k.bnsd.type.shape
+    if rep_k != rep_v or tuple(k.bnsd.type.shape) != tuple(v.bnsd.type.shape) or dk != d:
+        raise Refused("K and V differ in heads, sequence or head size")
+    if isinstance(n2, int) and isinstance(rep_k, int) and n2 * rep_k != n1:
+        raise Refused(f"K/V heads {n2} repeated {rep_k} times do not give the {n1} query heads")
+    why = limits(q.bnsd.dtype, n1, n2, d)
+    if why is not None:
+        raise Refused(f"unsupported {why}")
+    if not isinstance(m.scale, float) or not np.isfinite(m.scale):
+        raise Refused(f"scale {m.scale} is not a finite number")
+    out = _output(m.pv, b, n1, s1, d)
+    layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+    kind, mask = _mask(graph, m, m.pv, (b, n1, s1, s2))
+    ins = [q.reads[layout], k.reads[layout], v.reads[layout]] + ([mask] if mask else [])
+    name = graph.fresh_name(f"attention_{m.qk.name}")
+    origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
+    fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
+                                               "scale": m.scale, "mask": kind},
+                        name=name, origin=origin).outputs[0]
+    target = out.reads[layout]
+    if target.type != fa.type:
+        fa = graph.add_node("Reshape", [fa], {"shape": list(target.type.shape)},
+                            name=graph.fresh_name(f"{name}/view"), origin=origin).outputs[0]
+    graph.replace_all_uses(target, fa)
+    return AttentionMatch(m.qk.name, [n.name for n in m.nodes], "fused",
+                          f"layout {layout}, {n1} heads" + (f" ({n2} K/V heads)" if n2 != n1
+                                                            else "") + f", mask {kind}", name)
+
+
+def attention(graph, ctx) -> PassResult:
+    """Rewrite Q·Kᵀ -> scale -> mask -> softmax -> ·V (and the head split/merge around it)
+    -> one FusedAttention op, the vendor's fused attention operator as an extern kernel."""
+    found: list[AttentionMatch] = ctx.analyses.attention
+    fused = 0
+    for pv in list(graph.nodes):
+        if pv.graph is None or pv.op != "BatchMatMul":
+            continue
+        try:
+            m = _match(pv)
+            if m is None:
+                continue
+        except Refused as e:
+            found.append(AttentionMatch(pv.name, [pv.name], "refused", str(e)))
+            continue
+        names = [n.name for n in m.nodes]
+        if not ctx.should_apply(f"attention {m.qk.name} .. {pv.name}", m.nodes):
+            continue
+        before = set(map(id, graph.nodes))
+        try:
+            rec = _rewrite(graph, m, ctx)
+        except Refused as e:
+            added = [n for n in graph.nodes if id(n) not in before]
+            for n in reversed(added):  # a mask node made before the refusal
+                if not any(v.users for v in n.outputs):
+                    graph.erase_node(n)
+            found.append(AttentionMatch(m.qk.name, names, "refused", str(e)))
+            ctx.log(f"attention at {m.qk.name} refused: {e}")
+            continue
+        found.append(rec)
+        fused += 1
+    if fused:
+        graph.remove_dead()
+    refused = sum(a.verdict == "refused" for a in found)
+    return PassResult(fused > 0, fused, [f"{counted(fused, 'attention')} as one launch"
+                                         + (f" ({refused} refused)" if refused else "")])

@@ -1,0 +1,185 @@
+"""The attention pass: Q·Kᵀ -> scale -> mask -> softmax -> ·V (with the head split/merge
+around it) becomes one FusedAttention op; what it refuses, it says why."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.explain import explain, format_explain
+from graphkernel.frontends import load_model
+from graphkernel.interpreter import Interpreter, random_inputs
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "attention.json"
+
+
+def _compile(g, flags: str = "--opt_level=2 --disable_pass=codegen"):
+    res = graphkernel.compile(g, flags, env={})
+    res.graph.validate()
+    return res
+
+
+def _fused(res) -> list:
+    return [n for n in res.graph.nodes if n.op == "FusedAttention"]
+
+
+def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
+               name="attn") -> Graph:
+    """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask]) · split(v)), q/k/v as
+    [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any."""
+    g = Graph(name)
+    split = []
+    for n in "qkv":
+        x = g.add_input(n, TensorType((2, seq, heads * dim), dtype))
+        x = g.add_node("Reshape", [x], {"shape": [2, seq, heads, dim]}).output
+        split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
+    s = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Div", [s, g.const(math.sqrt(dim), dtype)]).output
+    if mask is not None:
+        s = g.add_node("Add", [s, g.add_input("mask", TensorType(mask, dtype))]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
+    o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
+    o = g.add_node("Reshape", [o], {"shape": [2, seq, heads * dim]}).output
+    g.set_outputs([o, p] if probs_out else [o])
+    return g
+
+
+def test_example_becomes_one_bsh_launch_equal_to_torch():
+    torch = pytest.importorskip("torch")
+    g = load_model(EXAMPLE)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask"}
+    # the head split/merge transposes, the softmax and both products are gone
+    left = {n.op for n in res.graph.nodes}
+    assert not left & {"Transpose", "BatchMatMul", "Exp", "ReduceMax", "Select"}, left
+    feeds = random_inputs(g, dims={"batch": 2})
+    feeds["masked"] = np.triu(np.ones((32, 32), bool), 1)
+    (got,) = Interpreter(res.graph).run(feeds)
+    t = [torch.from_numpy(feeds[n].astype(np.float64)).view(2, 32, 4, 16).transpose(1, 2)
+         for n in "qkv"]
+    want = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True)
+    want = want.transpose(1, 2).reshape(2, 32, 64).numpy()
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    (before,) = Interpreter(g).run(feeds)
+    np.testing.assert_allclose(got.astype(np.float64), before.astype(np.float64),
+                               rtol=2e-3, atol=2e-3)
+
+
+def test_disable_pass_gives_back_the_old_graph():
+    g = load_model(EXAMPLE)
+    on = _compile(g, "--opt_level=2")
+    off = _compile(g, "--opt_level=2 --disable_pass=attention")
+    assert _fused(on) and not _fused(off) and not off.analyses.attention
+    assert off.report.extra["kernels_fused"] > on.report.extra["kernels_fused"]
+    forced = _compile(g, "--opt_level=1 --enable_pass=attention --disable_pass=codegen")
+    assert len(_fused(forced)) == 1
+
+
+def test_pse_mask_is_divided_by_the_scale():
+    g = _attention(mask=(1, 4, 8, 8))
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse" and fa.attrs["scale"] == pytest.approx(0.25)
+    feeds = random_inputs(g, seed=3)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("graph,reason", [
+    (lambda: _attention(probs_out=True), r"probs.* is also used outside the attention"),
+    (lambda: _attention(dim=20), r"head size D=20 .*multiple of 16"),
+    (lambda: _attention(mask=(2, 1, 1, 8)), r"mask mask of shape \[2, 1, 1, 8\].*pse takes"),
+    (lambda: _attention(dtype="float64"), r"dtype float64"),
+])
+def test_refusals_say_why(graph, reason):
+    g = graph()
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused"
+    assert rec.product == "qk"
+    assert re.search(reason, rec.reason), rec.reason
+    text = format_explain(explain(res, "qk"))
+    assert "refused  qk" in text and rec.reason in text
+    feeds = random_inputs(g)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_before_the_values_is_refused():
+    g = _attention()
+    pv = next(n for n in g.nodes if n.name == "pv")
+    p = pv.inputs[0]
+    drop = g.add_node("Opaque", [p], {
+        "impl": "python", "fn": lambda x: (x,), "out_types": [p.type],
+        "label": "aten.native_dropout.default"}).output
+    g.replace_input(pv, 0, drop)
+    g.toposort()
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused" and "dropout" in rec.reason
+
+
+def test_grouped_query_kv_is_read_with_its_own_heads():
+    g = Graph("gqa")
+    q = g.add_input("q", TensorType((2, 4, 8, 16), "float32"))
+    kv = []
+    for n in "kv":
+        x = g.add_input(n, TensorType((2, 2, 8, 16), "float32"))
+        x = g.add_node("ExpandDims", [x], {"axis": [2]}).output
+        x = g.add_node("BroadcastTo", [x], {"shape": [2, 2, 2, 8, 16]}).output
+        kv.append(g.add_node("Reshape", [x], {"shape": [8, 8, 16]}).output)
+    q3 = g.add_node("Reshape", [q], {"shape": [8, 8, 16]}).output
+    s = g.add_node("BatchMatMul", [q3, kv[0]], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Mul", [g.const(0.25), s]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}).output
+    o = g.add_node("BatchMatMul", [p, kv[1]]).output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, 4, 8, 16]}).output])
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BNSD" and fa.inputs[1].type.shape == (2, 2, 8, 16)
+    assert not [n for n in res.graph.nodes if n.op == "BroadcastTo"]
+    feeds = random_inputs(g)
+    np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
+                               Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_torch_attention_module_with_head_split_and_merge():
+    torch = pytest.importorskip("torch")
+    import graphkernel.torch as gt
+
+    class Attention(torch.nn.Module):
+        def __init__(self, heads=4, dim=16):
+            super().__init__()
+            self.h, self.d = heads, dim
+            self.qkv = torch.nn.Linear(heads * dim, 3 * heads * dim)
+
+        def forward(self, x, causal):
+            b, n, _ = x.shape
+            q, k, v = (t.view(b, n, self.h, self.d).transpose(1, 2)
+                       for t in self.qkv(x).split(self.h * self.d, dim=-1))
+            bias = torch.where(causal, torch.finfo(x.dtype).min, 0.0)
+            w = torch.softmax(q @ k.transpose(-1, -2) * self.d ** -0.5 + bias, dim=-1)
+            return (w @ v).transpose(1, 2).reshape(b, n, self.h * self.d)
+
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(2, 8, 64)
+    causal = torch.ones(8, 8, dtype=torch.bool).triu(1)
+    g = gt.export_graph(model, (x, causal), name="attention")
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSH" and fa.attrs["mask"] == "atten_mask"
+    got = Interpreter(res.graph).run([x.numpy(), causal.numpy()])[0]
+    with torch.no_grad():
+        want = model(x, causal).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
