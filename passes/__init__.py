@@ -43,8 +43,8 @@ PIPELINE = (
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 55, concat_sink.concat_sink, 2),
     Step("simplify", 60, cast_elim.cast_elim, 2),
-    Step("simplify", 70, attention.attention, 2),
     Step("simplify", 90, dce.dce, 1),
+    Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

@@ -13,7 +13,8 @@ with reshape views anywhere between (batch and heads merged into one axis and sp
 Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
 (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
 or BSND) rather than materialised; K/V repeated for grouped-query attention
-(``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``) are read with their N2 heads; the
+(``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
+multi-query) are read with their N2 heads; the
 head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
 operator takes one layout for Q, K, V and the output, so the layout is the best all four
 allow (BNSD when any of them is not a head split/merge).
@@ -53,9 +54,10 @@ class Refused(Exception):
 
 @dataclass
 class _Operand:
-    """One of Q, K, V: its [B, N, S, D] value and what each layout reads."""
+    """One of Q, K, V (or the output): its [B, N, S, D] dims and the value each layout reads
+    (BNSD may be missing: K seen only as a [B, S, N, D] value transposed straight to Kᵀ)."""
 
-    bnsd: Value
+    shape: tuple
     reads: dict[str, Value] = field(default_factory=dict)  # layout -> value read
 
     @property
@@ -72,6 +74,7 @@ class _Match:
     k: Value
     v: Value
     scale: float = 1.0
+    k_bsnd: bool = False  # k is [B, S, N, D] (its head split and Kᵀ were one Transpose)
     mask: Value | None = None
     scores_rank: int = 4  # the rank the mask is added at ([B, N, S1, S2] or [B·N, S1, S2])
 
@@ -205,16 +208,18 @@ def _match(pv: Node) -> _Match | None:
                 q = fold.inputs[s]
                 inside.append(fold)
                 break
-    if not qk.attrs["transpose_b"]:
-        t = _producer(k, "Transpose")
-        rank = k.type.rank
-        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
-        if t is None or list(t.attrs["perm"]) != swap:
+    k_bsnd = False
+    if not qk.attrs["transpose_b"]:  # Kᵀ by a Transpose of K's last two axes (views after)
+        t = _producer(_views(k, []), "Transpose")
+        rank = t.inputs[0].type.rank if t is not None else 0
+        perm = list(t.attrs["perm"]) if t is not None else []
+        if perm == [0, 2, 3, 1]:  # [B, S, N, D] -> [B, N, D, S]: head split and Kᵀ at once
+            k_bsnd = True
+        elif perm != [*range(rank - 2), rank - 1, rank - 2]:
             return None  # not Q·Kᵀ
-        k = t.inputs[0]
-        if len(t.outputs[0].users) == 1:
-            inside.append(t)
-    return _Match(pv, qk, inside, q, k, pv.inputs[1], scale, mask, rank)
+        k = t.inputs[0]  # what it no longer needs dies with the rewrite
+    return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, mask=mask,
+                  scores_rank=rank, k_bsnd=k_bsnd)
 
 
 def _same(a, b) -> bool:
@@ -234,6 +239,11 @@ def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
         src = _views(bt.inputs[0], seen)
         if tuple(src.type.shape) == (b, n2, s, d) and isinstance(r, int):
             base, repeat = src, r
+    elif bt is not None and bt.outputs[0].type.rank == 4:  # [B, N, S, D] of [B, 1, S, D]
+        b, r, s, d = bt.outputs[0].type.shape
+        src = _views(bt.inputs[0], seen)
+        if tuple(src.type.shape) == (b, 1, s, d) and isinstance(r, int):
+            base, repeat = src, r
     if base.type.rank != 4:
         raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
                       "[B, N, S, D] (batch and heads cannot be told apart)")
@@ -245,24 +255,37 @@ def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
             and shape[1:] == (s, d)):
         raise Refused(f"operand {v.name} of shape {list(shape)} is not a view of "
                       f"{base.name} {list(base.type.shape)} with its heads repeated")
-    op = _Operand(base, {"BNSD": base})
+    op = _Operand((b, n, s, d), {"BNSD": base})
     t = _producer(base, "Transpose")
     if t is not None and list(t.attrs["perm"]) == HEAD_SPLIT:
-        bsnd = t.inputs[0]
-        op.reads["BSND"] = bsnd
-        r = _producer(bsnd, "Reshape")
-        src = r.inputs[0] if r is not None else None
-        if src is not None and src.type.rank == 3 and src.type.shape[:2] == (b, s) and \
-                _same(src.type.shape[2], symbolic.mul(n, d)):
-            op.reads["BSH"] = src
+        _split_reads(op, t.inputs[0])
     return op, repeat
+
+
+def _split_reads(op: _Operand, bsnd: Value) -> None:
+    """Add the reads of a head split: its [B, S, N, D] value and the [B, S, H] it views."""
+    b, n, s, d = op.shape
+    op.reads["BSND"] = bsnd
+    r = _producer(bsnd, "Reshape")
+    src = r.inputs[0] if r is not None else None
+    if src is not None and src.type.rank == 3 and src.type.shape[:2] == (b, s) and \
+            _same(src.type.shape[2], symbolic.mul(n, d)):
+        op.reads["BSH"] = src
+
+
+def _bsnd(v: Value) -> tuple[_Operand, int]:
+    """K given as its [B, S, N, D] value."""
+    b, s, n, d = v.type.shape
+    op = _Operand((b, n, s, d))
+    _split_reads(op, v)
+    return op, 1
 
 
 def _output(pv: Node, b, n, s, d) -> _Operand:
     """The product ``pv``'s result as [B, N, S1, D] and, when its only use is a head merge,
     the value each layout would replace."""
     out = pv.outputs[0]
-    op = _Operand(out, {"BNSD": out})
+    op = _Operand((b, n, s, d), {"BNSD": out})
     users = out.users
     while len(users) == 1 and users[0].op in VIEWS and users[0].outputs[0].type.rank == 4:
         out = users[0].outputs[0]
@@ -292,7 +315,7 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple) -> tuple[str, Valu
         rank = len(shape)
         full = (1,) * (4 - rank) + shape if rank < 4 else shape
         documented = mask_shapes("atten_mask", b, n1, s1, s2)
-        want = full if full in documented else shape if shape in documented else None
+        want = shape if shape in documented else full if full in documented else None
         if want is None:
             raise Refused(f"mask {mv.name} of shape {list(shape)}: the operator's atten_mask "
                           f"takes {' or '.join(str(list(x)) for x in documented)}")
@@ -374,15 +397,15 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")
     q, _ = _heads(m.q)
-    k, rep_k = _heads(m.k)
+    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k)
     v, rep_v = _heads(m.v)
-    b, n1, s1, d = q.bnsd.type.shape
-    _, n2, s2, dk = k.bnsd.type.shape
-    if rep_k != rep_v or tuple(k.bnsd.type.shape) != tuple(v.bnsd.type.shape) or dk != d:
+    b, n1, s1, d = q.shape
+    _, n2, s2, dk = k.shape
+    if rep_k != rep_v or k.shape != v.shape or dk != d:
         raise Refused("K and V differ in heads, sequence or head size")
     if isinstance(n2, int) and isinstance(rep_k, int) and n2 * rep_k != n1:
         raise Refused(f"K/V heads {n2} repeated {rep_k} times do not give the {n1} query heads")
-    why = limits(q.bnsd.dtype, n1, n2, d)
+    why = limits(m.q.dtype, n1, n2, d)
     if why is not None:
         raise Refused(f"unsupported {why}")
     if not isinstance(m.scale, float) or not np.isfinite(m.scale):
@@ -390,9 +413,13 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     out = _output(m.pv, b, n1, s1, d)
     layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
     kind, mask = _mask(graph, m, m.pv, (b, n1, s1, s2))
-    ins = [q.reads[layout], k.reads[layout], v.reads[layout]] + ([mask] if mask else [])
     name = graph.fresh_name(f"attention_{m.qk.name}")
     origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
+    if layout not in k.reads:  # K only as [B, S, N, D]: its head split, as the graph had it
+        k.reads[layout] = graph.add_node("Transpose", [k.reads["BSND"]], {"perm": HEAD_SPLIT},
+                                         name=graph.fresh_name(f"{name}/k"),
+                                         origin=origin).outputs[0]
+    ins = [q.reads[layout], k.reads[layout], v.reads[layout]] + ([mask] if mask else [])
     fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
                                                "scale": m.scale, "mask": kind},
                         name=name, origin=origin).outputs[0]

@@ -129,14 +129,18 @@ def test_dropout_before_the_values_is_refused():
     assert rec.verdict == "refused" and "dropout" in rec.reason
 
 
-def test_grouped_query_kv_is_read_with_its_own_heads():
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_grouped_query_kv_is_read_with_its_own_heads(kv_heads):
     g = Graph("gqa")
     q = g.add_input("q", TensorType((2, 4, 8, 16), "float32"))
     kv = []
     for n in "kv":
-        x = g.add_input(n, TensorType((2, 2, 8, 16), "float32"))
-        x = g.add_node("ExpandDims", [x], {"axis": [2]}).output
-        x = g.add_node("BroadcastTo", [x], {"shape": [2, 2, 2, 8, 16]}).output
+        x = g.add_input(n, TensorType((2, kv_heads, 8, 16), "float32"))
+        if kv_heads == 1:  # multi-query: the one head broadcast to all four
+            x = g.add_node("BroadcastTo", [x], {"shape": [2, 4, 8, 16]}).output
+        else:
+            x = g.add_node("ExpandDims", [x], {"axis": [2]}).output
+            x = g.add_node("BroadcastTo", [x], {"shape": [2, 2, 2, 8, 16]}).output
         kv.append(g.add_node("Reshape", [x], {"shape": [8, 8, 16]}).output)
     q3 = g.add_node("Reshape", [q], {"shape": [8, 8, 16]}).output
     s = g.add_node("BatchMatMul", [q3, kv[0]], {"transpose_b": True}, name="qk").output
@@ -146,7 +150,7 @@ def test_grouped_query_kv_is_read_with_its_own_heads():
     g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, 4, 8, 16]}).output])
     res = _compile(g)
     (fa,) = _fused(res)
-    assert fa.attrs["layout"] == "BNSD" and fa.inputs[1].type.shape == (2, 2, 8, 16)
+    assert fa.attrs["layout"] == "BNSD" and fa.inputs[1].type.shape == (2, kv_heads, 8, 16)
     assert not [n for n in res.graph.nodes if n.op == "BroadcastTo"]
     feeds = random_inputs(g)
     np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
