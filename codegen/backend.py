@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import progress
-from graphkernel.codegen import cost, targets
+from graphkernel.codegen import cost, extern, targets
 from graphkernel.codegen.ascendc import Rendered, io_entry, render
 from graphkernel.codegen.matmul_render import render_matmul
 from graphkernel.codegen.matmul_schedule import MatmulSchedule
@@ -149,7 +149,9 @@ class SimBackend:
 
 def run_sim(result: Any, feeds: Any, interpret: Sequence[str] = (), library: Any = None
             ) -> tuple[list[np.ndarray], SimBackend]:
-    """Run a compiled graph with its kernels in the simulator."""
+    """Run a compiled graph with its kernels in the simulator; ops outside kernels (extern
+    operators included: an extern kernel is checked against its reference) run through
+    their numpy reference."""
     from graphkernel.interpreter import Interpreter
 
     backend = SimBackend.for_result(result, interpret, library)
@@ -256,6 +258,9 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
                            "tiling": "each sub-kernel's tiling struct in order, 8-byte aligned",
                            "block_dim": "max of the sub-kernels' blockDim"}
                           for sr in supers],
+        # vendor operators the graph calls as they are (codegen/extern.py): not generated
+        "externs": [extern.call(n) | _binding(graph, n.name) for n in graph.nodes
+                    if extern.is_extern(n)],
         "fallbacks": result.report.extra.get("fallbacks", []),
         "files": listed(out.root, [*also, *written, out.path(MANIFEST)]),
     }

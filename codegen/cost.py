@@ -5,7 +5,9 @@ throughput) + the launch overhead. Vector work counts 256-byte repeats over ever
 (fp16/bf16 are computed in fp32 inside kernels), spread over all AIV cores. Cube work counts
 a MatMul/BatchMatMul's 2·M·N·K flops per batch element at the target's ``cube_tflops`` (an
 estimate for fp16/bf16 over all AIC; fp32 operands at half the rate); in a MIX launch the
-cube and the vector work overlap, so the slower of the two counts. Convolutions are not
+cube and the vector work overlap, so the slower of the two counts. An extern fused attention
+counts its two products as cube work and its softmax (five passes over the fp32 scores) as
+vector work, overlapped likewise. Convolutions are not
 modeled on the cube unit: they cost their GM traffic and the launch overhead.
 
 A generated kernel's scalar UB accesses (GetValue/SetValue) and pipe syncs (event pairs,
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from graphkernel.codegen import extern
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.traffic import VIEWS
 from graphkernel.fusion import SYMBOL_SIZE, numel
@@ -28,6 +31,8 @@ CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
 def _repeats(node: Node, spec: Target) -> int:
+    if extern.is_extern(node):
+        return extern.vector_repeats(node, spec.repeat_bytes)
     if (node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque"
             or node.op == "Transpose" and _feeds_a_product(node)):
         return 0
@@ -44,7 +49,10 @@ def _feeds_a_product(node: Node) -> bool:
 
 def cube_flops(node: Node) -> float:
     """fp16-equivalent cube flops of a MatMul/BatchMatMul (fp32 operands count twice: the
-    cube runs them at half rate); 0 for any other op. Symbolic dims count as SYMBOL_SIZE."""
+    cube runs them at half rate); an extern attention's two products; 0 for any other op.
+    Symbolic dims count as SYMBOL_SIZE."""
+    if extern.is_extern(node):
+        return extern.cube_flops(node)
     if node.op not in ("MatMul", "BatchMatMul"):
         return 0.0
     a = node.inputs[0].type
@@ -85,7 +93,7 @@ def model(graph: Graph, spec: Target, launches: list[dict[str, Any]]) -> float:
 
 
 def by_kind(launches: list[dict[str, Any]]) -> dict[str, float]:
-    """Modeled microseconds per kernel kind (vector, cube, mix, opaque) of ``launches`` that
+    """Modeled microseconds per kernel kind (vector, cube, mix, extern, opaque) of ``launches`` that
     went through ``model``."""
     out: dict[str, float] = {}
     for entry in launches:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel import ops
+from graphkernel.codegen.extern import is_extern
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import OpKind
@@ -22,8 +23,9 @@ CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 def launch_kind(node: Node) -> str:
     """How a launch runs: ``cube`` (a matrix product alone), ``mix`` (a product with fused
-    vector work), ``opaque`` (an op run by another framework), else ``vector`` (a fused
-    kernel or a vector op alone). ``extern`` (a vendor operator) has no op yet."""
+    vector work), ``extern`` (a vendor operator called as it is: codegen/extern.py),
+    ``opaque`` (an op run by another framework), else ``vector`` (a fused kernel or a
+    vector op alone)."""
     if node.op == "GraphKernel":
         body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in VIEWS]
         if any(op in CUBE_OPS for op in body):  # (operand transposes fold into isTrans)
@@ -31,6 +33,8 @@ def launch_kind(node: Node) -> str:
         return "vector"
     if node.op in CUBE_OPS:
         return "cube"
+    if is_extern(node):  # reads its operands once and writes its result once
+        return "extern"
     return "opaque" if node.op == "Opaque" else "vector"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from graphkernel.codegen import cost, traffic
+from graphkernel.codegen import cost, extern, traffic
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
@@ -231,6 +231,9 @@ def traffic_summary(graph, ctx) -> None:
                      kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))
     extra.update(gm_bytes_fused=total, kernels_fused=count, traffic_model=traffic.NOTE,
                  kernels=[k for k in kernels if k["op"] == "GraphKernel"],
+                 # vendor operators called as they are: the call a device build makes
+                 externs=[k | extern.call(graph.node(k["name"])) for k in kernels
+                          if k["kind"] == "extern"],
                  modeled_us_fused=round(fused_us, 3), modeled_us_by_kind=cost.by_kind(kernels),
                  target=spec.name,
                  cost_model=cost.__doc__.strip().splitlines()[0])

@@ -37,6 +37,9 @@ def test_zoo_model_compiles_at_every_level_and_matches_eager(name):
         res.graph.validate()
         got = Interpreter(res.graph).run(feeds)[0]
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5, err_msg=f"level {level}")
+        # from level 2, each of the two layers' attention is one fused attention launch
+        fused = [n for n in res.graph.nodes if n.op == "FusedAttention"]
+        assert len(fused) == (2 if level >= 2 else 0), (level, res.analyses.attention)
         kernels.append(res.report.extra["kernels_fused"])
     assert kernels[2] < kernels[0]  # fusion reduced the launches
 
@@ -72,6 +75,9 @@ def test_torch_compile_on_every_zoo_model_matches_eager_without_opaque_ops():
         s = gt.stats()
         assert s["graphs"] == 1 and s["fallbacks"] == {}, (name, s["fallbacks"])
         assert s["launches"]["opaque"] == 0, name
+        if name in ("gpt2", "bert", "llama", "qwen2", "t5_encoder", "vit", "whisper_encoder",
+                    "mistral", "falcon"):  # one extern attention per layer, none refused
+            assert s["launches"]["extern"] == 2, (name, s["launches"])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])

@@ -1,0 +1,73 @@
+"""Extern kernels: vendor operators the compiled graph calls as they are, not generated.
+
+Today one: ``FusedAttention`` is CANN's FlashAttentionScore, exposed to PyTorch as
+``torch_npu.npu_fusion_attention(query, key, value, head_num, input_layout, pse=None,
+padding_mask=None, atten_mask=None, scale=1., keep_prob=1., pre_tockens=2147483647,
+next_tockens=2147483647, ..., sparse_mode=0)``. ``call`` describes the call a device build
+makes (the operator, its arguments, which graph value is which operand); the code generator
+does not generate it, and the simulator checks it against the op's numpy reference
+(graphkernel/opdefs/attention.py). The cost model prices its two products on the cube unit
+and its softmax on the vector unit (``cube_flops``, ``vector_repeats``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from graphkernel.fusion import SYMBOL_SIZE
+from graphkernel.ir import Node
+from graphkernel.opdefs.attention import split_dims
+
+OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention"}
+ACLNN = {"FusedAttention": "aclnnFlashAttentionScore"}
+SOFTMAX_PASSES = 5  # max, subtract, exp, sum, divide over every score
+
+
+def is_extern(node: Node) -> bool:
+    return node.op in OPERATORS
+
+
+def _int(d) -> int:
+    return d if isinstance(d, int) else SYMBOL_SIZE
+
+
+def _dims(node: Node) -> tuple[int, int, int, int, int, int]:
+    """(B, N1, N2, S1, S2, D) of a FusedAttention, symbols as SYMBOL_SIZE."""
+    layout, n1 = node.attrs["layout"], node.attrs["head_num"]
+    b, _, s1, d = split_dims(node.inputs[0].type, layout, n1)
+    _, n2, s2, _ = split_dims(node.inputs[1].type, layout, None, head_size=d)
+    return _int(b), n1, _int(n2), _int(s1), _int(s2), _int(d)
+
+
+def call(node: Node) -> dict[str, Any]:
+    """The vendor call a device build makes for ``node``: operator, arguments, operands."""
+    a = node.attrs
+    _, n1, n2, *_ = _dims(node)
+    roles = ["query", "key", "value"] + ([a["mask"]] if a["mask"] != "none" else [])
+    return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
+            "aclnn": ACLNN[node.op],
+            "arguments": {"head_num": n1, "input_layout": a["layout"], "scale": a["scale"],
+                          "keep_prob": 1.0, "pre_tockens": 2147483647,
+                          "next_tockens": 2147483647, "sparse_mode": 0,
+                          # informational: the operator reads N2 from the key's shape
+                          "kv_head_num": n2},
+            "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),
+                          "shape": list(v.type.shape)} for r, v in zip(roles, node.inputs,
+                                                                       strict=True)],
+            "result": {"value": node.outputs[0].name, "dtype": str(node.outputs[0].dtype),
+                       "shape": list(node.outputs[0].type.shape), "layout": a["layout"]}}
+
+
+def cube_flops(node: Node) -> float:
+    """fp16-equivalent cube flops of the two products (Q·Kᵀ and P·V, 2·S1·S2·D each per
+    head; fp32 operands count twice, as the cube runs them at half rate)."""
+    b, n1, _, s1, s2, d = _dims(node)
+    rate = 2 if node.inputs[0].dtype.itemsize >= 4 else 1
+    return 2 * 2.0 * b * n1 * s1 * s2 * d * rate
+
+
+def vector_repeats(node: Node, repeat_bytes: int) -> int:
+    """The softmax's vector repeats: its passes over every fp32 score."""
+    b, n1, _, s1, s2, _ = _dims(node)
+    return SOFTMAX_PASSES * math.ceil(b * n1 * s1 * s2 * 4 / repeat_bytes)
