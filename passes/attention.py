@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphkernel import symbolic
+from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
 from graphkernel.passes.rewrite import const_array, splat
@@ -184,8 +185,11 @@ def _match(pv: Node) -> _Match | None:
         if any(_softmax(_views(v, probe), probe) is not None for v in drop.inputs):
             if drop.op == "Opaque" and "dropout" not in label.lower():
                 return None
-            raise Refused("dropout between the softmax and ·V (training): the operator is "
-                          "used for inference only (keep_prob 1)")
+            if drop.op == "Opaque":
+                raise Refused("dropout between the softmax and ·V (training): the operator "
+                              "is used for inference only (keep_prob 1)")
+            raise Refused(f"the probabilities are multiplied ({drop.name}) before ·V "
+                          "(dropout, a head mask): the operator has no such input")
     x = _softmax(p, inside)
     if x is None:
         return None
@@ -360,7 +364,7 @@ def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
         if np.all((a == 0) | (a <= LOWEST)) and np.any(a != 0):
             return None, a != 0
         return None, None
-    sel = _producer(mv, "Select")
+    sel = _producer(_cast(mv, []), "Select")  # (cast to the scores' type, maybe)
     if sel is None:
         return None, None
     cond, yes, no = sel.inputs
@@ -420,9 +424,12 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                                          name=graph.fresh_name(f"{name}/k"),
                                          origin=origin).outputs[0]
     ins = [q.reads[layout], k.reads[layout], v.reads[layout]] + ([mask] if mask else [])
-    fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
-                                               "scale": m.scale, "mask": kind},
-                        name=name, origin=origin).outputs[0]
+    try:
+        fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
+                                                   "scale": m.scale, "mask": kind},
+                            name=name, origin=origin).outputs[0]
+    except GraphKernelError as e:  # a limit the checks above do not know of
+        raise Refused(f"the operator does not take it: {e}") from None
     target = out.reads[layout]
     if target.type != fa.type:
         fa = graph.add_node("Reshape", [fa], {"shape": list(target.type.shape)},

@@ -187,3 +187,27 @@ def test_torch_attention_module_with_head_split_and_merge():
     with torch.no_grad():
         want = model(x, causal).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_fp16_with_a_cast_causal_mask():
+    torch = pytest.importorskip("torch")
+    import graphkernel.torch as gt
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, causal):
+            bias = torch.where(causal, -torch.inf, 0.0).to(q.dtype)  # fp32 -> fp16 Cast
+            w = torch.softmax(q @ k.transpose(-1, -2) * 0.25 + bias, dim=-1)
+            return w @ v
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, dtype=torch.float16) for _ in range(3))
+    causal = torch.ones(8, 8, dtype=torch.bool).triu(1)
+    g = gt.export_graph(Attention(), (q, k, v, causal), name="attention")
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "atten_mask" and fa.inputs[3].dtype.value == "bool"
+    got = Interpreter(res.graph).run([x.numpy() for x in (q, k, v, causal)])[0]
+    t = [x.double() for x in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True).numpy()
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
