@@ -17,7 +17,7 @@ from typing import Any
 
 from graphkernel.fusion import SYMBOL_SIZE
 from graphkernel.ir import Node
-from graphkernel.opdefs.attention import split_dims
+from graphkernel.opdefs.attention import mask_kinds, split_dims
 
 OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention"}
 ACLNN = {"FusedAttention": "aclnnFlashAttentionScore"}
@@ -44,7 +44,7 @@ def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
     a = node.attrs
     _, n1, n2, *_ = _dims(node)
-    roles = ["query", "key", "value"] + ([a["mask"]] if a["mask"] != "none" else [])
+    roles = ["query", "key", "value", *mask_kinds(a["mask"])]
     return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
             "aclnn": ACLNN[node.op],
             "arguments": {"head_num": n1, "input_layout": a["layout"], "scale": a["scale"],

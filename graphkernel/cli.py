@@ -296,9 +296,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if len(ex["kernels"]) > 20:
             print(f"  ... {len(ex['kernels']) - 20} more kernels in report.json")
         for e in ex.get("externs", []):
-            args = e["arguments"]
-            print(f"  {e['name']:<44} extern {e['operator']} ({args['input_layout']}, "
-                  f"head_num {args['head_num']})  {e['bytes_read'] + e['bytes_written']:,} B")
+            call = e["arguments"]
+            print(f"  {e['name']:<44} extern {e['operator']} ({call['input_layout']}, "
+                  f"head_num {call['head_num']})  {e['bytes_read'] + e['bytes_written']:,} B")
     if res.config.dump_as_text:
         print(f"dumps in {res.config.debug_dir}")
     _say_written(args, written)

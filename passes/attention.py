@@ -5,7 +5,7 @@ The pattern, as the frontends and the Softmax expander leave it::
 
     S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
-    S = S + M                     optional mask (either side)
+    S = S + M                     optional masks (either side; two: a bias, then a mask)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
     O = BatchMatMul(P, V)
 
@@ -76,8 +76,9 @@ class _Match:
     v: Value
     scale: float = 1.0
     k_bsnd: bool = False  # k is [B, S, N, D] (its head split and Kᵀ were one Transpose)
-    mask: Value | None = None
-    scores_rank: int = 4  # the rank the mask is added at ([B, N, S1, S2] or [B·N, S1, S2])
+    # each additive mask and the rank of the scores it is added to ([B, N, S1, S2] or
+    # [B·N, S1, S2])
+    masks: list[tuple[Value, int]] = field(default_factory=list)
 
 
 def _producer(v: Value, *ops: str) -> Node | None:
@@ -132,20 +133,22 @@ def _softmax(p: Value, seen: list[Node]) -> Value | None:
     return x
 
 
-def _scores(x: Value, seen: list[Node]) -> tuple[Node, float, Node | None] | None:
-    """(the Q·Kᵀ product, the scale, the Add of the mask) behind the softmax input ``x``."""
+def _scores(x: Value, seen: list[Node], depth: int = 0
+            ) -> tuple[Node, float, list[tuple[Value, int]]] | None:
+    """(the Q·Kᵀ product, the scale, the masks added to it: (value, rank of the sum)) behind
+    the softmax input ``x``; at most two masks (a bias such as ALiBi, then a mask)."""
     x = _views(x, seen)
     add = _producer(x, "Add")
-    if add is not None:
-        for side in add.inputs:
+    if add is not None and depth < 2:
+        for side, other in ((0, 1), (1, 0)):
             probe: list[Node] = []
-            found = _scaled(side, probe)
+            found = _scores(add.inputs[side], probe, depth + 1)
             if found is not None:
                 seen += [add, *probe]
-                return found[0], found[1], add
-        return None
+                rank = add.outputs[0].type.rank
+                return found[0], found[1], [*found[2], (add.inputs[other], rank)]
     found = _scaled(x, seen)
-    return None if found is None else (found[0], found[1], None)
+    return None if found is None else (found[0], found[1], [])
 
 
 def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
@@ -196,12 +199,8 @@ def _match(pv: Node) -> _Match | None:
     found = _scores(x, inside)
     if found is None:
         return None
-    qk, scale, add = found
+    qk, scale, masks = found
     inside.append(qk)
-    mask, rank = None, 4
-    if add is not None:
-        mask = next(v for v in add.inputs if not any(v is o for n in inside for o in n.outputs))
-        rank = add.outputs[0].type.rank
     q, k = qk.inputs
     fold = _producer(q, "Mul")  # the scale folded into Q
     if fold is not None and len(q.users) == 1:
@@ -222,8 +221,8 @@ def _match(pv: Node) -> _Match | None:
         elif perm != [*range(rank - 2), rank - 1, rank - 2]:
             return None  # not Q·Kᵀ
         k = t.inputs[0]  # what it no longer needs dies with the rewrite
-    return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, mask=mask,
-                  scores_rank=rank, k_bsnd=k_bsnd)
+    return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
+                  k_bsnd=k_bsnd)
 
 
 def _same(a, b) -> bool:
@@ -303,17 +302,34 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
     return op
 
 
-def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple) -> tuple[str, Value | None]:
-    """The mask as the operator takes it: (kind, value), new nodes added to ``graph``."""
-    if m.mask is None:
-        return "none", None
+def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple) -> tuple[str, list[Value]]:
+    """The masks as the operator takes them: (the op's mask attr, the inputs in order)."""
+    got: dict[str, Value] = {}
+    for mv, rank in m.masks:
+        kind, value = _mask(graph, m, node, shape4, mv, rank)
+        if kind in got:
+            raise Refused(f"two masks map to {kind} ({got[kind].name}, {mv.name}): the "
+                          "operator takes one")
+        got[kind] = value
+    kinds = [k for k in ("pse", "atten_mask") if k in got]
+    return "_and_".join(kinds) or "none", [got[k] for k in kinds]
+
+
+def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: int
+          ) -> tuple[str, Value]:
+    """One mask as the operator takes it: (kind, value), new nodes added to ``graph``."""
     b, n1, s1, s2 = shape4
-    mv = m.mask
-    if m.scores_rank == 3 and mv.type.rank == 3 and mv.type.shape[0] != 1:
-        raise Refused(f"mask {mv.name} {list(mv.type.shape)} varies over the merged batch "
-                      "and head axis")
-    cond, arr = _boolean(mv)
     origin = node.origin
+    if rank == 3 and mv.type.rank == 3 and mv.type.shape[0] != 1:  # over the merged B·N
+        if not _same(mv.type.shape[0], symbolic.mul(b, n1)):
+            raise Refused(f"mask {mv.name} {list(mv.type.shape)} varies over the merged batch "
+                          "and head axis, not as [B·N, S1, S2]")
+        split = [b, n1, *mv.type.shape[1:]]
+        arr = const_array(mv)
+        mv = graph.const(arr.reshape(split), origin=origin) if arr is not None else \
+            graph.add_node("Reshape", [mv], {"shape": split}, origin=origin,
+                           name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+    cond, arr = _boolean(mv)
     if cond is not None or arr is not None:
         shape = tuple(cond.type.shape if cond is not None else arr.shape)
         rank = len(shape)
@@ -416,14 +432,14 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         raise Refused(f"scale {m.scale} is not a finite number")
     out = _output(m.pv, b, n1, s1, d)
     layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
-    kind, mask = _mask(graph, m, m.pv, (b, n1, s1, s2))
+    kind, masks = _masks(graph, m, m.pv, (b, n1, s1, s2))
     name = graph.fresh_name(f"attention_{m.qk.name}")
     origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
     if layout not in k.reads:  # K only as [B, S, N, D]: its head split, as the graph had it
         k.reads[layout] = graph.add_node("Transpose", [k.reads["BSND"]], {"perm": HEAD_SPLIT},
                                          name=graph.fresh_name(f"{name}/k"),
                                          origin=origin).outputs[0]
-    ins = [q.reads[layout], k.reads[layout], v.reads[layout]] + ([mask] if mask else [])
+    ins = [q.reads[layout], k.reads[layout], v.reads[layout], *masks]
     try:
         fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
                                                    "scale": m.scale, "mask": kind},

@@ -118,3 +118,14 @@ def test_int_operands_are_refused():
     x = np.zeros((1, 1, 4, 16), np.int32)
     with pytest.raises(ShapeError, match="dtype int32"):
         run_op("FusedAttention", [x, x, x], {"head_num": 1})
+
+
+def test_pse_and_atten_mask_together(rng):
+    q, k, v = (rng.standard_normal((B, N1, s, D)).astype(np.float32) for s in (S1, S2, S2))
+    bias = rng.standard_normal((B, N1, S1, S2)).astype(np.float32)
+    masked = np.triu(np.ones((S1, S2), bool), 1)
+    scale = 0.25
+    want = _sdpa(q, k, v, mask=np.where(masked, -np.inf, bias), scale=scale)
+    got = run_op("FusedAttention", [q, k, v, bias / np.float32(scale), masked],
+                 {"head_num": N1, "mask": "pse_and_atten_mask", "scale": scale})
+    assert_close(got, want.astype(np.float32))

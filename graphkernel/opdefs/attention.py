@@ -5,9 +5,10 @@ attention operator (CANN's FlashAttentionScore, ``torch_npu.npu_fusion_attention
 documents (pse_type 1; inference, so no dropout). Q, K, V are read in one of the documented
 layouts (``BSH``, ``SBH``, ``BSND``, ``BNSD``; H = N·D) and the output has the query's layout.
 K/V may have fewer heads than Q (N2 dividing N1: grouped-query attention, each K/V head
-shared by N1/N2 query heads). The mask is at most one of: ``atten_mask`` (bool/uint8, 1 =
-masked out) in the shapes [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]; ``pse`` (a float
-bias added before the scale) in [B,N1,S1,S2] or [1,N1,S1,S2]. Limits: D a multiple of 16 and
+shared by N1/N2 query heads). The masks (``mask``: none, one or both, inputs in this order
+after Q, K, V): ``pse`` (a float bias added before the scale) in [B,N1,S1,S2] or
+[1,N1,S1,S2]; ``atten_mask`` (bool/uint8, 1 = masked out) in [B,N1,S1,S2], [B,1,S1,S2],
+[1,1,S1,S2] or [S1,S2]. Limits: D a multiple of 16 and
 at most 512, N1 at most 256, fp16/bf16/fp32 operands.
 
 The numpy reference accumulates both products in fp32 and takes the softmax in fp32; the
@@ -39,7 +40,13 @@ class FusedAttentionAttrs(Attrs):
     layout: Literal["BSH", "SBH", "BSND", "BNSD"] = "BNSD"
     head_num: int = Field(ge=1, le=MAX_HEADS)  # N1, the query's heads
     scale: float = 1.0
-    mask: Literal["none", "atten_mask", "pse"] = "none"
+    mask: Literal["none", "atten_mask", "pse", "pse_and_atten_mask"] = "none"
+
+
+def mask_kinds(mask: str) -> list[str]:
+    """The mask inputs ``mask`` names, in input order."""
+    return {"none": [], "atten_mask": ["atten_mask"], "pse": ["pse"],
+            "pse_and_atten_mask": ["pse", "atten_mask"]}[mask]
 
 
 def split_dims(t: TensorType, layout: str, heads: int | None, head_size=None) -> tuple:
@@ -106,18 +113,17 @@ def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     why = limits(q.dtype, n1, n2, d)
     if why is not None:
         raise ShapeError(f"unsupported {why}")
-    want = 3 + (attrs["mask"] != "none")
-    if len(ins) != want:
-        raise ShapeError(f"mask={attrs['mask']} takes {want} inputs, got {len(ins)}")
-    if attrs["mask"] != "none":
-        m = ins[3]
-        ok = MASK_DTYPES if attrs["mask"] == "atten_mask" else DTYPES
+    kinds = mask_kinds(attrs["mask"])
+    if len(ins) != 3 + len(kinds):
+        raise ShapeError(f"mask={attrs['mask']} takes {3 + len(kinds)} inputs, got {len(ins)}")
+    for kind, m in zip(kinds, ins[3:], strict=True):
+        ok = MASK_DTYPES if kind == "atten_mask" else DTYPES
         if m.dtype not in ok:
-            raise ShapeError(f"{attrs['mask']} of dtype {m.dtype.value} (accepted: "
+            raise ShapeError(f"{kind} of dtype {m.dtype.value} (accepted: "
                              f"{', '.join(t.value for t in ok)})")
-        shapes = mask_shapes(attrs["mask"], b, n1, s1, s2)
+        shapes = mask_shapes(kind, b, n1, s1, s2)
         if tuple(m.shape) not in shapes:
-            raise ShapeError(f"{attrs['mask']} of shape {list(m.shape)} (accepted: "
+            raise ShapeError(f"{kind} of shape {list(m.shape)} (accepted: "
                              f"{' or '.join(str(list(s)) for s in shapes)})")
     return [TensorType(q.shape, q.dtype)]
 
@@ -146,7 +152,7 @@ def from_bnsd(x: np.ndarray, layout: str) -> np.ndarray:
     return x if layout == "BSH" else x.transpose(1, 0, 2)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masks: dict[str, np.ndarray],
               attrs: dict) -> np.ndarray:
     """The operator's result in fp32 (the caller rounds it to the inputs' type)."""
     layout, n1 = attrs["layout"], attrs["head_num"]
@@ -155,12 +161,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     group = n1 // kh.shape[1]  # query heads per K/V head
     kh, vh = np.repeat(kh, group, axis=1), np.repeat(vh, group, axis=1)
     s = np.matmul(qh, np.swapaxes(kh, -1, -2), dtype=np.float32)
-    if attrs["mask"] == "pse":
-        s = s + mask.astype(np.float32)
+    if "pse" in masks:
+        s = s + masks["pse"].astype(np.float32)
     s = s * np.float32(attrs["scale"])
-    keep = None
-    if attrs["mask"] == "atten_mask":
-        keep = ~mask.astype(bool)
+    if "atten_mask" in masks:
+        keep = ~masks["atten_mask"].astype(bool)
         s = np.where(keep, s, -np.inf)
     top = np.max(s, axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(top), top, 0), dtype=np.float32)
@@ -171,11 +176,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
 
 
 def _reference(xs, attrs, ctx):
-    mask = xs[3] if len(xs) > 3 else None
-    return attention(xs[0], xs[1], xs[2], mask, attrs).astype(ctx.out_dtypes[0])
+    masks = dict(zip(mask_kinds(attrs["mask"]), xs[3:], strict=True))
+    return attention(xs[0], xs[1], xs[2], masks, attrs).astype(ctx.out_dtypes[0])
 
 
-register(OpDef("FusedAttention", OpKind.OPAQUE, (3, 4), _infer, _reference,
+register(OpDef("FusedAttention", OpKind.OPAQUE, (3, 5), _infer, _reference,
                attrs=FusedAttentionAttrs, category="nn",
                doc="softmax(mask(scale*(pse + Q·Kᵀ))) · V in one launch (the vendor's fused "
                    "attention operator)"))

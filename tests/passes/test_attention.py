@@ -30,9 +30,10 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               name="attn") -> Graph:
-    """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask]) · split(v)), q/k/v as
-    [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any."""
+               causal=False, name="attn") -> Graph:
+    """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
+    q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
+    ``causal`` adds a constant 0 / -inf causal mask."""
     g = Graph(name)
     split = []
     for n in "qkv":
@@ -43,6 +44,9 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
     s = g.add_node("Div", [s, g.const(math.sqrt(dim), dtype)]).output
     if mask is not None:
         s = g.add_node("Add", [s, g.add_input("mask", TensorType(mask, dtype))]).output
+    if causal:
+        low = np.triu(np.full((seq, seq), -np.inf, dtype), 1)
+        s = g.add_node("Add", [g.const(low), s]).output
     p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
     o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
     o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
@@ -83,11 +87,13 @@ def test_disable_pass_gives_back_the_old_graph():
     assert len(_fused(forced)) == 1
 
 
-def test_pse_mask_is_divided_by_the_scale():
-    g = _attention(mask=(1, 4, 8, 8))
+@pytest.mark.parametrize("causal", [False, True])
+def test_pse_mask_is_divided_by_the_scale(causal):
+    g = _attention(mask=(1, 4, 8, 8), causal=causal)
     res = _compile(g)
     (fa,) = _fused(res)
-    assert fa.attrs["mask"] == "pse" and fa.attrs["scale"] == pytest.approx(0.25)
+    assert fa.attrs["mask"] == ("pse_and_atten_mask" if causal else "pse")
+    assert fa.attrs["scale"] == pytest.approx(0.25)
     feeds = random_inputs(g, seed=3)
     for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
