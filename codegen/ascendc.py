@@ -104,9 +104,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "compute_lines": barriers.place(low.prologue + low.body + low.epilogue, names),
         "finish_lines": barriers.place(low.final + low.final_epilogue, names),
         "align": align, "node_comment": comment,
-        # the target's facts, written into the code as numbers (template constants)
-        "blk": tg.block_bytes, "rep": tg.repeat_bytes, "bpr": tg.blocks_per_repeat,
-        "mr": tg.max_repeats, "brcb_reps": _brcb_repeats(tg),
+        **target_facts(tg),
         "M": c_dim(s.M, refs), "L": c_dim(s.L, refs), "batch": c_dim(s.batch, refs),
         "M_doc": (symbolic.canon(s.M) if _eq1(s.batch) else
                   f"{symbolic.canon(s.batch)} blocks of {symbolic.canon(s.M)}"),
@@ -163,6 +161,12 @@ def tile_tensors(s: Schedule) -> list[str]:
         names += ([f"yc{io.index}_{k}" for k in range(len(io.pieces))] if io.pieces else
                   [f"yo{io.index}"])
     return names
+
+
+def target_facts(tg: Target) -> dict[str, int]:
+    """The target's facts the templates write into the code as numbers (constants)."""
+    return {"blk": tg.block_bytes, "rep": tg.repeat_bytes, "bpr": tg.blocks_per_repeat,
+            "mr": tg.max_repeats, "brcb_reps": _brcb_repeats(tg)}
 
 
 def _brcb_repeats(tg: Target) -> int:

@@ -26,7 +26,8 @@ HELPERS = {"RowReduce": frozenset({"tb", "rw"}), "ColOp": frozenset({"tb"}),
 NOT_VECTOR = frozenset({"Sync", "PipeBarrier"})
 
 _LOOP = re.compile(r"for \(([^()]*)\) (.*)$")
-_CALL = re.compile(r"(\w+)(?:<[^()]*>)?\((.*)\);$")
+# (a helper may be called on an object: a MIX kernel's ``R.RowReduce<...>(...)``)
+_CALL = re.compile(r"(\w+\.)?(\w+)(?:<[^()]*>)?\((.*)\);$")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -58,9 +59,10 @@ def access(line: str, buffers: frozenset[str]
     loop = _LOOP.match(text)
     body = loop.group(2) if loop else text
     call = _CALL.match(body)
-    if call is None or call.group(1) in NOT_VECTOR:
-        return None
-    name, args = call.group(1), split_args(call.group(2))
+    if call is None or call.group(2) in NOT_VECTOR or (call.group(1)
+                                                       and call.group(2) not in HELPERS):
+        return None  # (a method of a tensor, SetValue/GetValue, is the scalar unit's)
+    name, args = call.group(2), split_args(call.group(3))
     bufs = [_buffer(a, buffers) for a in args]
     written = {b for b in bufs[:1] if b} | {b for b in bufs if b in WORK}
     written |= HELPERS.get(name, frozenset())

@@ -11,7 +11,15 @@ Values on a tile (``baseM × baseN``, row pitch ``baseN``):
 - ``tile``: the product, an input of the product's extent (a residual, a mask; its leading
   axes may broadcast: stride 0), or a computed value;
 - ``row``: an input of ``N`` elements (a bias row), applied row by row;
-- ``scalar``: a constant or a one-element input.
+- ``scalar``: a constant or a one-element input;
+- ``col``: a value per row of the tile (``baseM`` fp32), computed by a reduction along N.
+
+A reduction along N (ReduceSum/ReduceMax/ReduceMin of the product's last axis: LayerNorm,
+RMSNorm, softmax) needs each row whole in the tile: such an epilogue sets ``rows`` and the
+schedule tiles with ``singleCoreN = N`` and ``baseN >= N`` (codegen/matmul_tiling.py), so a
+base tile holds ``rows`` complete rows. The reductions and the per-row operations are the
+whole-row forms the vector kernels use (``RowReduce``, ``ColOp``, ``ColCopy`` of
+templates/row_forms.j2, called on the kernel's ``R`` object).
 
 Each op is one call of the vector instruction table (codegen/instructions.py): ``unary``
 rules over the tile, ``binary`` rules tile∘tile, tile∘row (one call per row) and tile∘scalar
@@ -27,14 +35,16 @@ from dataclasses import dataclass, field
 
 from graphkernel import symbolic
 from graphkernel.codegen import barriers
-from graphkernel.codegen.buffers import ROWVEC, Buffer, BufferPlan, Linear
+from graphkernel.codegen.buffers import COLUMN, ROWVEC, Buffer, BufferPlan, Linear
 from graphkernel.codegen.buffers import TILE as BTILE
-from graphkernel.codegen.instructions import INSTRUCTIONS, unary_line
+from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, unary_line
 from graphkernel.codegen.lower import C_TYPE, flt
 from graphkernel.codegen.schedule import VIEW_OPS, Unsupported
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.opdefs.reduce import reduce_axes
 
-TILE, ROW, SCALAR = "tile", "row", "scalar"
+TILE, ROW, SCALAR, COL = "tile", "row", "scalar", "col"
+COUNT = {TILE: "n", COL: "rows"}  # the element count of a value's calls
 FLOAT_TYPES = (DType.float16, DType.bfloat16, DType.float32)
 
 
@@ -65,12 +75,17 @@ class Epilogue:
     ops: list[str] = field(default_factory=list)
     batch: tuple[Dim, ...] = ()  # the batch axes the inputs' strides run over: the
     #                              product's, or a view's that splits or merges them
+    cols: int = 0                # fp32 scratch columns (a value per row of the tile)
+    rows: bool = False           # reduces along N: a base tile must hold whole rows
 
-    def plan(self, itype: dict[int, str], otype: dict[int, str], block: int) -> BufferPlan:
+    def plan(self, itype: dict[int, str], otype: dict[int, str], block: int,
+             repeat: int = 256) -> BufferPlan:
         """The kernel's UB buffers (codegen/buffers.py's records) for a base tile of ``rt =
         baseM`` rows of ``ctp = baseN`` columns: the C tile, the pool, the scratches, the
-        loaded tiles and rows (one slot each) and their fp32 copies, the stored tiles; a
-        block of slack. The tiling's UB bound and the simulator's check both read it."""
+        loaded tiles and rows (one slot each) and their fp32 copies, the stored tiles, and
+        for a reduction along N the columns, a block per row (``btb``) and a reduction's work
+        row (``brw``); a block of slack. The tiling's UB bound and the simulator's check both
+        read it."""
         out: list[Buffer] = []
 
         def buf(name, role, pos, ctype, size, row=False, local=""):
@@ -99,6 +114,15 @@ class Epilogue:
         for o in self.outputs:
             buf(f"qo{o.index}", f"output {o.index} tiles", "VECOUT", otype[o.index],
                 o.dtype.itemsize)
+        for k in range(self.cols):  # baseM fp32 values: a multiple of 16, whole blocks
+            out.append(Buffer(f"bwc{k}", "a value per row of the tile", "VECCALC", 1, "float",
+                              COLUMN, Linear(row=4), "bM * sizeof(float)", f"wc{k}"))
+        if self.rows:
+            per = repeat // block  # Brcb's blocks per repeat: whole repeats of row blocks
+            out.append(Buffer("btb", "a block per row (Brcb spreads, row-reduce gathers)",
+                              "VECCALC", 1, "float", COLUMN, Linear(row=block, fixed=repeat),
+                              f"(bM + {per - 1}) / {per} * {repeat}"))
+            buf("brw", "a reduction's work row", "VECCALC", "float", 4, row=True)
         return BufferPlan(tuple(out), Linear(fixed=block), "float")
 
 
@@ -107,6 +131,17 @@ class _Ref:
     kind: str
     expr: str
     const: float | None = None
+
+
+ROW_REDUCTIONS = ("ReduceSum", "ReduceMax", "ReduceMin")  # the whole-row forms (RowReduce)
+
+
+def reduces_along(n: Node, last: Dim) -> bool:
+    """``n`` is a reduction the epilogue runs: a sum, maximum or minimum of the last axis
+    alone of a value whose last axis is ``last`` (the product's N)."""
+    shape = tuple(n.inputs[0].type.shape) if n.inputs else ()
+    return (n.op in ROW_REDUCTIONS and bool(shape) and _eq(shape[-1], last)
+            and reduce_axes(len(shape), n.attrs.get("axis")) == [len(shape) - 1])
 
 
 def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
@@ -145,7 +180,10 @@ class _Builder:
         self.ebatch: tuple[Dim, ...] = tuple(batch)  # see Epilogue.batch
         self.body: list[str] = []
         self.free: list[str] = []
+        self.free_cols: list[str] = []
         self.tiles = 0
+        self.cols = 0
+        self.shapes: dict[int, tuple[Dim, ...]] = {}  # a column's shape (per-row checks)
         self.ht = self.hh = False
         self.inputs: list[EpilogueInput] = []
         self.last_use: dict[int, int] = {}
@@ -194,20 +232,26 @@ class _Builder:
         self.refs[id(v)] = r
         return r
 
-    def alloc(self) -> str:
+    def alloc(self, kind: str = TILE) -> str:
+        if kind == COL:
+            if self.free_cols:
+                return self.free_cols.pop()
+            self.cols += 1
+            return f"wc{self.cols - 1}"
         if self.free:
             return self.free.pop()
         self.tiles += 1
         return f"w{self.tiles - 1}"
 
     def release(self, k: int, n: Node) -> None:
-        """Return to the pool the tiles whose last reader is step ``k``."""
+        """Return to their pools the tiles and columns whose last reader is step ``k``."""
         for v in n.inputs:
             r = self.refs.get(id(v))
-            if (r is not None and r.kind == TILE and r.expr.startswith("w")
+            pool = {TILE: self.free, COL: self.free_cols}.get(r.kind) if r else None
+            if (pool is not None and r.expr.startswith("w")
                     and self.last_use.get(id(v)) == k and id(v) not in self.keep
-                    and r.expr not in self.free and not self._aliased(r.expr, k)):
-                self.free.append(r.expr)
+                    and r.expr not in pool and not self._aliased(r.expr, k)):
+                pool.append(r.expr)
 
     def _aliased(self, expr: str, k: int) -> bool:
         """Another value read after step ``k`` (or kept) shares the tile ``expr``."""
@@ -228,6 +272,10 @@ class _Builder:
         if n.op in VIEW_OPS:
             src = self.ref(n.inputs[0], n)
             shape = tuple(out.type.shape)
+            if src.kind == COL:  # a view of a value per row: the same column
+                self.shapes[id(out)] = shape
+                self.refs[id(out)] = src
+                return
             if src.kind == TILE and not (shape and _eq(shape[-1], self.N)):
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
@@ -241,9 +289,19 @@ class _Builder:
             return
         rule = INSTRUCTIONS.get(n.op)
         a = [self.ref(v, n) for v in n.inputs]
+        if n.op in REDUCE_OPS:
+            self._reduce(k, n, rule, a[0])
+            return
+        if n.op == "BroadcastTo" and a[0].kind == COL:  # a value per row across the row
+            self._per_row(n, a[0], tuple(out.type.shape))
+            dst = self.alloc()
+            self.body.append(f"R.ColCopy({dst}, {a[0].expr}, rows);")
+            self.refs[id(out)] = _Ref(TILE, dst)
+            self.release(k, n)
+            return
         if rule is None or rule.form not in ("unary", "binary", "pow", "cast"):
             raise Unsupported(f"{n.op} in a matmul epilogue (elementwise ops of the "
-                              "instruction table only)", node=n)
+                              "instruction table and reductions along N only)", node=n)
         if all(r.kind == SCALAR for r in a):
             if rule.scalar is None:
                 raise Unsupported(f"{n.op} of scalars in a matmul epilogue", node=n)
@@ -256,50 +314,92 @@ class _Builder:
             return
         if any(r.kind == ROW for r in a) and not any(r.kind == TILE for r in a):
             raise Unsupported(f"{n.op} of a row alone in a matmul epilogue", node=n)
-        dst = self.alloc()
-        getattr(self, f"_{rule.form}")(rule, n, dst, a)
-        self.refs[id(out)] = _Ref(TILE, dst)
+        kind = TILE if any(r.kind in (TILE, ROW) for r in a) else COL
+        if kind == COL:
+            self.shapes[id(out)] = tuple(out.type.shape)
+        for v, r in zip(n.inputs, a, strict=True):
+            if r.kind == COL and kind == TILE:
+                self._per_row(n, r, tuple(out.type.shape), v)
+        dst = self.alloc(kind)
+        getattr(self, f"_{rule.form}")(rule, n, _Ref(kind, dst), a)
+        self.refs[id(out)] = _Ref(kind, dst)
         self.release(k, n)
 
-    def _unary(self, rule, n, dst, a) -> None:
+    def _reduce(self, k: int, n: Node, rule, x: _Ref) -> None:
+        """A reduction of the tile's rows (the product's last axis only) to a column."""
+        shape = tuple(n.inputs[0].type.shape)
+        if x.kind != TILE or not reduces_along(n, self.N):
+            axes = reduce_axes(len(shape), n.attrs.get("axis"))
+            what = "a product" if rule.api is None else \
+                f"axes {axes} of {symbolic.format_shape(shape)}"
+            raise Unsupported(f"{n.op} over {what} in a matmul epilogue (a sum, maximum or "
+                              f"minimum along N = {symbolic.canon(self.N)} only)", node=n)
+        dst = self.alloc(COL)
+        self.body.append(f"R.RowReduce<R.{rule.row_op}>({dst}, {x.expr}, rows, cols);")
+        out = n.outputs[0]
+        self.refs[id(out)] = _Ref(COL, dst)
+        self.shapes[id(out)] = tuple(out.type.shape)
+        self.release(k, n)
+
+    def _per_row(self, n: Node, col: _Ref, shape: tuple, v: Value | None = None) -> None:
+        """A column meets the tile of ``shape``: it must hold one value per row of it (the
+        shape with a last axis of 1), or numpy would broadcast it otherwise."""
+        cs = self.shapes.get(id(v)) if v is not None else None
+        if cs is None:
+            cs = next((s for vid, s in self.shapes.items() if self.refs[vid] is col), None)
+        if cs is None or len(cs) != len(shape) or not _eq(cs[-1], 1) or any(
+                not _eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):
+            raise Unsupported(f"{n.op} broadcasts a reduced value of shape "
+                              f"{symbolic.format_shape(cs or ())} over "
+                              f"{symbolic.format_shape(shape)} in a matmul epilogue (one value "
+                              "per row only)", node=n)
+
+    def _unary(self, rule, n, dst: _Ref, a) -> None:
         (x,) = a
         self.ht |= rule.api is not None and rule.scratch == "ht"
-        self.body.append(unary_line(rule, dst, x.expr, "n"))
+        self.body.append(unary_line(rule, dst.expr, x.expr, COUNT[dst.kind]))
 
-    def _binary(self, rule, n, dst, a) -> None:
+    def _binary(self, rule, n, dst: _Ref, a) -> None:
         x, y = a
-        b = self.body
-        if x.kind == TILE and y.kind == TILE:
-            b.append(f"{rule.api}({dst}, {x.expr}, {y.expr}, n);")
+        b, d, cnt = self.body, dst.expr, COUNT[dst.kind]
+        if x.kind == y.kind:  # tile with tile, column with column
+            b.append(f"{rule.api}({d}, {x.expr}, {y.expr}, {cnt});")
+        elif COL in (x.kind, y.kind) and dst.kind == TILE:  # each row against its value
+            if ROW in (x.kind, y.kind) or rule.row_op is None:
+                raise Unsupported(f"{n.op} of {x.kind} and {y.kind} values in a matmul "
+                                  "epilogue", node=n)
+            tile, col = (x, y) if y.kind == COL else (y, x)
+            first = "true" if col is x else "false"
+            b.append(f"R.ColOp<R.{rule.row_op}, {first}>({d}, {tile.expr}, {col.expr}, rows);")
         elif ROW in (x.kind, y.kind):
             tx = x.expr + "[i * bN]" if x.kind == TILE else x.expr
             ty = y.expr + "[i * bN]" if y.kind == TILE else y.expr
             if SCALAR in (x.kind, y.kind):
                 raise Unsupported(f"{n.op} of a row and a scalar in a matmul epilogue", node=n)
-            b.append(f"for (uint32_t i = 0; i < rows; ++i) {rule.api}({dst}[i * bN], {tx}, "
+            b.append(f"for (uint32_t i = 0; i < rows; ++i) {rule.api}({d}[i * bN], {tx}, "
                      f"{ty}, bN);")
-        else:  # a tile and a scalar
-            tile, s = (x, y) if x.kind == TILE else (y, x)
+        else:  # a tile (or a column) and a scalar
+            v, s = (x, y) if y.kind == SCALAR else (y, x)
             if rule.scalar_api is not None:
-                b.append(f"{rule.scalar_api}({dst}, {tile.expr}, {s.expr}, n);")
-            elif n.op == "Sub" and tile is x:  # x - s = x + (-s), exact
-                b.append(f"Adds({dst}, {x.expr}, CT(-({s.expr})), n);")
-            else:  # the scalar spread over a tile, then the tile form
-                b.append(f"Duplicate({dst}, {s.expr}, n);")
-                args = (dst, tile.expr) if tile is y else (tile.expr, dst)
-                b.append(f"{rule.api}({dst}, {args[0]}, {args[1]}, n);")
+                b.append(f"{rule.scalar_api}({d}, {v.expr}, {s.expr}, {cnt});")
+            elif n.op == "Sub" and v is x:  # x - s = x + (-s), exact
+                b.append(f"Adds({d}, {x.expr}, CT(-({s.expr})), {cnt});")
+            else:  # the scalar spread over the value, then the two-operand form
+                b.append(f"Duplicate({d}, {s.expr}, {cnt});")
+                args = (d, v.expr) if v is y else (v.expr, d)
+                b.append(f"{rule.api}({d}, {args[0]}, {args[1]}, {cnt});")
 
-    def _pow(self, rule, n, dst, a) -> None:
+    def _pow(self, rule, n, dst: _Ref, a) -> None:
         x, e = a
-        if x.kind != TILE or e.const is None:
+        if x.kind not in (TILE, COL) or e.const is None:
             raise Unsupported("Pow with a tensor exponent in a matmul epilogue", node=n)
-        c = e.const
+        c, d, cnt = e.const, dst.expr, COUNT[dst.kind]
         if c == 0.5:
-            self.body.append(f"Sqrt({dst}, {x.expr}, n);")
+            self.body.append(f"Sqrt({d}, {x.expr}, {cnt});")
         elif c == int(c) and 1 <= c <= 4:
-            self.body.append(f"Muls({dst}, {x.expr}, CT(1.0f), n);")
+            self.body.append(f"Muls({d}, {x.expr}, CT(1.0f), {cnt});")
             for _ in range(int(c) - 1):
-                self.body.append(f"Mul({dst}, {dst}, {x.expr}, n);")
+                self.body.append(f"Mul({d}, {d}, {x.expr}, {cnt});")
         else:
             raise Unsupported(f"Pow by {c} in a matmul epilogue", node=n)
 
@@ -308,15 +408,17 @@ class _Builder:
         if out.dtype not in FLOAT_TYPES:
             raise Unsupported(f"Cast to {out.dtype.value} in a matmul epilogue", node=n)
         only_stored = not out.users and id(out) in self.keep
-        if out.dtype == DType.float32 or only_stored or x.kind != TILE:
+        if x.kind == COL:
+            self.shapes[id(out)] = tuple(out.type.shape)
+        if out.dtype == DType.float32 or only_stored or x.kind not in (TILE, COL):
             self.refs[id(out)] = x  # fp32 in UB already; a stored value rounds on store
             return
-        dst = self.alloc()  # the rounding the graph asks for, through a 16-bit scratch
+        dst = self.alloc(x.kind)  # the rounding the graph asks for, through a 16-bit scratch
         self.hh = True
-        t = C_TYPE[out.dtype]
-        self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {x.expr}, RoundMode::CAST_RINT, n);",
-                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, n);"]
-        self.refs[id(out)] = _Ref(TILE, dst)
+        t, cnt = C_TYPE[out.dtype], COUNT[x.kind]
+        self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {x.expr}, RoundMode::CAST_RINT, {cnt});",
+                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, {cnt});"]
+        self.refs[id(out)] = _Ref(x.kind, dst)
         self.release(k, n)
 
 
@@ -341,8 +443,9 @@ def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
     uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]
     # the vector barriers, placed by the rule every vector kernel uses (codegen/barriers.py)
     names = ["c", "hh", *(f"w{k}" for k in range(b.tiles)),
+             *(f"wc{k}" for k in range(b.cols)),
              *(f"{'x' if i.layout == TILE else 'r'}{i.index}" for i in uniq
                if i.layout != SCALAR)]
     body = barriers.place(b.body, names)
     return Epilogue(uniq, outputs, body, b.tiles, b.ht, b.hh, [n.op for n in steps],
-                    b.ebatch)
+                    b.ebatch, b.cols, b.cols > 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs
+from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs, target_facts
 from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
 from graphkernel.codegen.schedule import comment_text
@@ -37,7 +37,7 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
         "itype": {io.index: C_TYPE[io.dtype] for io in ins if io.dtype in C_TYPE},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs if io.dtype in C_TYPE},
         "c_size": s.c_bytes, "ub_elem": s.ub_per_elem, "ub_reserved": s.ub_reserved,
-        "blk": s.target.block_bytes,
+        **target_facts(s.target), "row_reduce": True,
         "s": s, "node_comment": comment_text(node_comment or s.node),
         "ctype": C_TYPE[s.dtype], "size": s.dtype.itemsize, "dt_enum": DT_ENUM[s.dtype],
         "M": cd(s.M), "N": cd(s.N), "K": cd(s.K), "batch": batch, "max_axes": MAX_BATCH_AXES,

@@ -76,7 +76,7 @@ class MatmulSchedule:
             return BufferPlan((), Linear(), "float")
         types = {io.index: C_TYPE[io.dtype] for io in self.inputs if io.dtype in C_TYPE}
         otypes = {io.index: C_TYPE[io.dtype] for io in self.outputs if io.dtype in C_TYPE}
-        return e.plan(types, otypes, self.target.block_bytes)
+        return e.plan(types, otypes, self.target.block_bytes, self.target.repeat_bytes)
 
     @property
     def ub_per_elem(self) -> int:
@@ -84,10 +84,21 @@ class MatmulSchedule:
         return self.plan.budget().tile if self.epilogue is not None else self.c_bytes
 
     @property
+    def whole_rows(self) -> bool:
+        """The epilogue reduces along N: one core and one base tile hold each row whole."""
+        return self.epilogue is not None and self.epilogue.rows
+
+    @property
     def ub_reserved(self) -> int:
-        """UB bytes besides: rows at their widest base tile (256 columns) and the slack."""
+        """UB bytes besides: rows at their widest base tile (256 columns, or N rounded up to
+        the fractal when a tile holds whole rows), columns at 256 rows, and the slack."""
         b = self.plan.budget()
-        return b.col * 256 + b.row * 256 + b.fixed
+        width = _up(int(self.N), self.target.cube_fractal) if self.whole_rows else 256
+        return b.col * width + b.row * 256 + b.fixed
+
+
+def _up(x: int, a: int) -> int:
+    return -(-x // a) * a
 
 
 def is_matmul_kernel(kernel: Node) -> bool:
@@ -150,6 +161,9 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         if len(epi.batch) > MAX_BATCH_AXES:
             raise Unsupported(f"{mm.op}'s epilogue over {len(epi.batch)} batch axes (at most "
                               f"{MAX_BATCH_AXES})", node=mm)
+        if epi.rows and not symbolic.is_static(N):  # the row's UB must be known to fit
+            raise Unsupported(f"{mm.op}'s epilogue reduces along a symbolic N = "
+                              f"{symbolic.canon(N)} (a tile must hold whole rows)", node=mm)
     elif outs != [mm.outputs[0]]:
         raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
     name = kernel_symbol(kernel)
@@ -165,7 +179,14 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         nb = int(symbolic.numel(batch)) if batch else 1
         try:
             s.tiling = tile(int(M), int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
-                            batch=nb, ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem)
+                            batch=nb, ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem,
+                            whole_rows=s.whole_rows)
+        except NoTiling as e:
+            raise Unsupported(str(e), node=mm) from None
+    elif s.whole_rows and symbolic.is_static(K):  # M at run time: do the rows fit at all?
+        try:
+            tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
+                 ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem, whole_rows=True)
         except NoTiling as e:
             raise Unsupported(str(e), node=mm) from None
     s.notes = notes(s)

@@ -12,6 +12,13 @@ Constraints (the reference's, checked again by the simulator):
 - ``depthA1·baseM·baseK·sizeof(A) + depthB1·baseK·baseN·sizeof(B) (+ a bias row) ≤ L1``;
 - the C tile moved to UB (``transLength`` bytes) plus the epilogue's UB bytes ≤ UB.
 
+An epilogue that reduces along N (a LayerNorm, RMSNorm or softmax after the product) needs
+whole rows in a base tile: ``whole_rows`` keeps N in one core (``coresN = 1``, the cores
+split M only) and takes ``baseN`` = N rounded up to the fractal (past the 256 the other
+tilings stop at). L0B and L0C then bound the row: with ``baseK`` at least the fractal,
+``16·baseN·sizeof(B) ≤ L0B / 2`` (N ≤ 1024 for fp16, 512 for fp32 on a 64 KiB L0B) and
+``16·baseN·4 ≤ L0C``; a longer row has no tiling (the kernel is then split).
+
 GM traffic. Splitting the problem ``cores_m × cores_n`` ways reads A ``cores_n`` times and
 B ``cores_m`` times (``M·K·cores_n + K·N·cores_m`` elements: ``split_bytes``). Inside a
 core, L1 holds ``depthA1`` base tiles of A and ``depthB1`` of B: a *panel* is one base tile
@@ -144,12 +151,13 @@ def _sizes(extent: int, f: int) -> list[int]:
     return sorted(out | {top})
 
 
-def _base_candidates(sh: _Shape, sm: int, sn: int, spec: Target) -> list[tuple[int, int, int]]:
+def _base_candidates(sh: _Shape, sm: int, sn: int, spec: Target, whole_rows: bool = False
+                     ) -> list[tuple[int, int, int]]:
     f = spec.cube_fractal
     ka = spec.cube_k_align(min(sh.a, sh.b))
     out = []
     for bm in _sizes(sm, f):
-        for bn in _sizes(sn, f):
+        for bn in [_up(sn, f)] if whole_rows else _sizes(sn, f):
             if bm * bn * 4 > spec.l0c_bytes or bm * bn * sh.u > spec.ub_bytes:
                 continue
             kmax = min(spec.l0a_bytes // 2 // (bm * sh.a), spec.l0b_bytes // 2 // (bn * sh.b))
@@ -161,12 +169,12 @@ def _base_candidates(sh: _Shape, sm: int, sn: int, spec: Target) -> list[tuple[i
 
 def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec: Target,
          batch: int = 1, bias: bool = False, ub_reserved: int = 0,
-         ub_per_elem: int | None = None) -> CubeTiling:
+         ub_per_elem: int | None = None, whole_rows: bool = False) -> CubeTiling:
     """The tiling of a ``[batch ×] M × N × K`` product with operands of ``a_bytes`` /
     ``b_bytes`` per element and C of ``c_bytes`` per element; ``ub_per_elem``: UB bytes per
     C tile element (a MIX kernel's C tile and epilogue tiles; default ``c_bytes``),
-    ``ub_reserved``: UB bytes the epilogue needs besides. Raises NoTiling when nothing
-    fits."""
+    ``ub_reserved``: UB bytes the epilogue needs besides; ``whole_rows``: a base tile holds
+    whole rows (see the module docstring). Raises NoTiling when nothing fits."""
     for what, v in (("M", M), ("N", N), ("K", K), ("batch", batch)):
         if v < 1:
             raise NoTiling(f"a matmul of {what} = {v}: every extent must be at least 1")
@@ -179,7 +187,7 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
     best = None
     mblocks, nblocks = _cdiv(M, f), _cdiv(N, f)
     for cm in range(1, min(spec.aic_cores, mblocks) + 1):
-        for cn in range(1, min(spec.aic_cores // cm, nblocks) + 1):
+        for cn in range(1, 1 + (1 if whole_rows else min(spec.aic_cores // cm, nblocks))):
             sm, sn = block_rows(M, cm, f), block_rows(N, cn, f)
             cm_used, cn_used = _cdiv(M, sm), _cdiv(N, sn)
             if (cm_used, cn_used) != (cm, cn):
@@ -187,7 +195,7 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
             blocks = batch * cm * cn
             used = min(spec.aic_cores, blocks)
             waves = _cdiv(blocks, used)
-            for bm, bn, bk in _base_candidates(sh, sm, sn, spec):
+            for bm, bn, bk in _base_candidates(sh, sm, sn, spec, whole_rows):
                 if bm * bn * per > ub:
                     continue
                 t = _fit_l1(sh, sm, sn, bm, bn, bk, spec)
@@ -209,6 +217,13 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
                 if best is None or key < best[0]:
                     best = (key, cm, cn, sm, sn, bm, bn, bk, depth_a, depth_b, order, reads,
                             used, us)
+    if best is None and whole_rows:
+        raise NoTiling(f"no base tile holds whole rows of N = {N} ({a_bytes}-byte operands, a "
+                       f"reduction along N in the epilogue) on the target {spec.name}: baseN "
+                       f"{_up(N, f)} with baseM and baseK at least {f} needs L0B "
+                       f"{2 * f * _up(N, f) * b_bytes} of {spec.l0b_bytes}, L0C "
+                       f"{f * _up(N, f) * 4} of {spec.l0c_bytes} and UB "
+                       f"{f * _up(N, f) * per + ub_reserved} of {spec.ub_bytes} bytes")
     if best is None:
         raise NoTiling(f"no base tile of a {M}x{N}x{K} matmul ({a_bytes}-byte operands) fits "
                        f"the target {spec.name}: L0A {spec.l0a_bytes}, L0B {spec.l0b_bytes}, "
@@ -252,6 +267,13 @@ def _fit_l1(sh: _Shape, sm: int, sn: int, bm: int, bn: int, bk: int, spec: Targe
         return None
     reads, order, da, db = min(options)
     return da, db, order
+
+
+def row_limit(a_bytes: int, b_bytes: int, spec: Target) -> int:
+    """The longest row (N) a base tile can hold whole: ``baseN`` with baseM and baseK at
+    their least within L0B and L0C (the epilogue's UB is checked by the tiling itself)."""
+    f, ka = spec.cube_fractal, spec.cube_k_align(min(a_bytes, b_bytes))
+    return min(spec.l0b_bytes // 2 // (ka * b_bytes), spec.l0c_bytes // (f * 4)) // f * f
 
 
 def gm_bytes(t: CubeTiling, a_bytes: int, b_bytes: int) -> int:

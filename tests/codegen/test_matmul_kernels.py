@@ -195,8 +195,52 @@ MIX = {
 }
 MIX["regrouped_mask"] = lambda g, n, y: [n("Add", [n("Reshape", [y], shape=[2, 4, 40, 40]),
                                                    _inp(g, "mask", (2, 1, 40, 40))])]
+
+
+def _c(g, value, dtype="float16"):
+    return g.add_node("Constant", [], {"value": np.array(value, dtype)}).output
+
+
+def _layernorm(g, n, s, dtype, affine=True):
+    """LayerNorm along the last axis (70) as the expander leaves it: mean, variance, rsqrt,
+    then the scale and shift rows."""
+    mean = n("Div", [n("ReduceSum", [s], axis=[-1], keep_dims=True), _c(g, 70.0, dtype)])
+    d = n("Sub", [s, mean])
+    var = n("Div", [n("ReduceSum", [n("Mul", [d, d])], axis=[-1], keep_dims=True),
+                    _c(g, 70.0, dtype)])
+    y = n("Mul", [d, n("Rsqrt", [n("Add", [var, _c(g, 1e-5, dtype)])])])
+    return n("Add", [n("Mul", [y, _inp(g, "gamma", (70,), dtype)]),
+                     _inp(g, "beta", (70,), dtype)]) if affine else y
+
+
+def _rmsnorm(g, n, y):
+    """LLaMA's: x * rsqrt(mean(x^2) + eps) * weight, in fp32."""
+    ms = n("Div", [n("ReduceSum", [n("Pow", [y, _c(g, 2.0, "float32")])], axis=[-1],
+                     keep_dims=True), _c(g, 70.0, "float32")])
+    inv = n("Rsqrt", [n("Add", [ms, _c(g, 1e-6, "float32")])])
+    return [n("Mul", [n("Mul", [y, inv]), _inp(g, "w", (70,), "float32")])]
+
+
+def _softmax(g, n, y):
+    """Attention scores: scale, mask, then softmax along the keys (expanded)."""
+    x = n("Add", [n("Mul", [y, _c(g, 0.125)]), _inp(g, "mask", (1, 1, 40, 40))])
+    e = n("Exp", [n("Sub", [x, n("ReduceMax", [x], axis=[-1], keep_dims=True)])])
+    return [n("Div", [e, n("ReduceSum", [e], axis=[-1], keep_dims=True)])]
+
+
+# epilogues that reduce along N: a base tile holds whole rows
+MIX["layernorm_two_outputs"] = lambda g, n, y: [  # GPT-2: the residual sum, normalised
+    s := n("Add", [y, _inp(g, "r", (50, 70))]), _layernorm(g, n, s, "float16")]
+MIX["bias_residual_layernorm_fp32"] = lambda g, n, y: [_layernorm(  # BERT's
+    g, n, n("Add", [n("Add", [y, _inp(g, "bias", (70,), "float32")]),
+                    _inp(g, "r", (300, 70), "float32")]), "float32")]
+MIX["rmsnorm_fp32"] = _rmsnorm
+MIX["scale_mask_softmax"] = _softmax
 SHAPES = {"scale_mask": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
-          "regrouped_mask": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True)}
+          "regrouped_mask": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
+          "scale_mask_softmax": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
+          "bias_residual_layernorm_fp32": ((300, 90), (90, 70), "MatMul", False)}
+DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32"}
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +252,7 @@ def mix_library():
     built = {}
     for name, epi in MIX.items():
         a, b, op, tb = SHAPES.get(name, ((50, 90), (90, 70), "MatMul", False))
-        g, fused, k = _mix(name, a, b, epi, op=op, tb=tb)
+        g, fused, k = _mix(name, a, b, epi, DTYPES.get(name, "float16"), op=op, tb=tb)
         built[name] = (g, fused, k, check(k, SPEC))
     lib = SimLibrary(render_all({v[2].name + n: v[3] for n, v in built.items()}))
     return built, lib
@@ -260,9 +304,58 @@ def test_mix_kernel_code_runs_the_epilogue_on_each_tile(mix_library):
     assert s.tiling.baseM * s.tiling.baseN * s.ub_per_elem <= SPEC.ub_bytes
 
 
+def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
+    """An epilogue reducing along N tiles with N in one core and one base tile (the cores
+    split M); its reductions and per-row operations are the vector kernels' row forms."""
+    from graphkernel.codegen.backend import render_all
+
+    built, lib = mix_library
+    for name in ("layernorm_two_outputs", "bias_residual_layernorm_fp32", "rmsnorm_fp32",
+                 "scale_mask_softmax"):
+        s = built[name][3]
+        t = s.tiling
+        assert s.whole_rows and t.coresN == 1 and t.singleCoreN == t.N <= t.baseN, name
+        _, block, fields = lib.tiling(s.name, [io.shape for io in s.inputs], SPEC)
+        assert fields == {f: getattr(t, f) for f in CUBE_FIELDS}, name  # the host's tiler
+        assert block == t.usedCoreNum
+        assert t.baseN < t.N + 16 and [b.name for b in s.plan.buffers if b.name.startswith(
+            ("bwc", "btb", "brw"))][-2:] == ["btb", "brw"], name
+    assert built["bias_residual_layernorm_fp32"][3].tiling.coresM > 1  # M split over cores
+    s = built["layernorm_two_outputs"][3]
+    (r,) = render_all({"k": s})
+    text = r.files[f"{s.name}.cpp"]
+    assert "R.RowReduce<R.OP_ADD>(wc" in text and "R.ColOp<R.OP_SUB, false>(" in text
+    assert "__aicore__ inline void RowReduce(" in text  # the vector kernels' own form
+    assert not built["gelu"][3].whole_rows and "RowReduce" not in render_all(
+        {"k": built["gelu"][3]})[0].files[f"{built['gelu'][3].name}.cpp"]
+
+
+def test_rows_too_long_for_a_tile_split_the_kernel_with_the_reason():
+    """fp32 rows of 600: baseN 608 needs more than half of L0B at the least baseK, so the
+    codegen declines the MIX kernel naming the limits; the pass splits it into the cube
+    kernel and the normalisation's vector kernel, as without the fusion."""
+    g, fused, k = _mix("long_rows", (50, 90), (90, 600), lambda g, n, y: [_layernorm(
+        g, n, n("Add", [y, _inp(g, "r", (50, 600), "float32")]), "float32", affine=False)],
+        "float32")
+    from graphkernel.codegen.schedule import Unsupported
+    from graphkernel.passes.codegen import check
+
+    with pytest.raises(Unsupported, match=r"no base tile holds whole rows of N = 600 .*L0B "
+                                          r"77824 of 65536") as e:
+        check(k, SPEC)
+    assert e.value.node.op == "MatMul"
+    res = graphkernel.compile(fused, "", env={})
+    (fb,) = res.report.extra["fallbacks"]
+    assert "no base tile holds whole rows" in fb["reason"]
+    assert fb["action"].startswith("split around MatMul")
+    kinds = sorted(res.report.extra["codegen"]["kinds"].values())
+    assert kinds == ["cube", "vector"]
+
+
 def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
-    """A reduction after the product is not an epilogue on tiles: the kernel is split into
-    a cube kernel and a vector kernel, with the reason."""
+    """A reduction after the product that is not broadcast back writes a value per row, not
+    tiles of the product: the kernel is split into a cube kernel and a vector kernel, with
+    the reason."""
     g = Graph("mm_reduce")
     a = g.add_input("a", TensorType((32, 64), "float16"))
     b = g.add_input("b", TensorType((64, 48), "float16"))
@@ -273,5 +366,5 @@ def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
 
     fused = g.copy()
     k = build_kernel(fused, [n for n in fused.nodes if n.op != "Constant"], "k", "test")
-    with pytest.raises(Exception, match="ReduceSum in a matmul epilogue"):
+    with pytest.raises(Exception, match="is not a tile of the product"):
         check(k, SPEC)
