@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkernel import ops
+from graphkernel import ops, symbolic
 from graphkernel.codegen.extern import is_extern
+from graphkernel.codegen.matmul_epilogue import reduces_along
+from graphkernel.codegen.matmul_tiling import row_limit
+from graphkernel.codegen.targets import Target
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import OpKind
@@ -66,16 +69,20 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
     return out
 
 
-def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] = frozenset()
-          ) -> tuple[int, int]:
+def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] = frozenset(),
+          spec: Target | None = None) -> tuple[int, int]:
     """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
     every size limit and pattern rule: the lower bound fusion can reach.
 
     Regions are the cluster pass's convex regions: a group whose members are connected only
     through a path that leaves it (DenseNet's concats, joined across convolutions) could
     never be one kernel, so it is not one region. A matrix product among ``products`` whose
-    every user is in one region of elementwise work that does not also feed it joins that
-    region (a product and its epilogue are one MIX kernel; a reduction is no epilogue)."""
+    every user is in one region that does not also feed it joins that region (a product and
+    its epilogue are one MIX kernel) when the region is what a MIX epilogue runs: elementwise
+    work, or also reductions along the product's last axis N when the region writes rows of
+    the product only (a reduction broadcast back: LayerNorm, RMSNorm, softmax) and a base
+    tile holds whole rows of N (static, within the ``spec`` target's L0B/L0C; any N without
+    a target). Any other reduction is no epilogue."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
@@ -88,8 +95,8 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
             continue
         homes = {where.get(id(u)) for v in n.outputs for u in v.users}
         feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
-        if len(homes) == 1 and None not in homes and not homes & feeders and all(
-                ops.get(m.op).kind in EPILOGUE for m in regions[next(iter(homes))]):
+        if len(homes) == 1 and None not in homes and not homes & feeders and \
+                _epilogue_of(n, regions[next(iter(homes))], outputs, spec):
             regions[homes.pop()].append(n)
             joined.add(id(n))
     for members in regions:
@@ -112,6 +119,24 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
         total += r + w
         count += 1
     return total, count
+
+
+def _epilogue_of(product: Node, members: list[Node], outputs: set[int],
+                 spec: Target | None) -> bool:
+    """Whether a MIX kernel runs region ``members`` as the epilogue of ``product``."""
+    if all(ops.get(m.op).kind in EPILOGUE for m in members):
+        return True
+    out = product.outputs[0]
+    last, whole = out.type.shape[-1], symbolic.canon(out.type.numel)
+    ids = {id(m) for m in members}
+    if not all(ops.get(m.op).kind in EPILOGUE or reduces_along(m, last) for m in members):
+        return False
+    if not symbolic.is_static(last) or (
+            spec is not None and int(last) > row_limit(out.dtype.itemsize,
+                                                       out.dtype.itemsize, spec)):
+        return False
+    return all(symbolic.canon(v.type.numel) == whole for m in members for v in m.outputs
+               if id(v) in outputs or any(id(u) not in ids for u in v.users))
 
 
 def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:

@@ -36,7 +36,7 @@ def cluster(graph, ctx) -> PassResult:
     spec = load_target(ctx.flags.target)
     vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}
     products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
-    ideal_bytes, ideal_count = traffic.ideal(graph, vector, products)
+    ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec)
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
                             gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
                             modeled_us_unfused=round(cost.model(graph, spec, entries), 3))

@@ -226,7 +226,7 @@ def traffic_summary(graph, ctx) -> None:
         allowed = cluster_ops(ctx.flags)
         ok = {id(n) for n in graph.nodes if fusable_reason(n, allowed, ctx.flags) is None}
         vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in MATMUL_OPS}
-        ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector)
+        ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector, spec)
         extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,
                      kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))
     extra.update(gm_bytes_fused=total, kernels_fused=count, traffic_model=traffic.NOTE,

@@ -1,51 +1,117 @@
-"""matmul_depth: epilogue fusion of a matmul with the elementwise work on its result."""
+"""matmul_depth: epilogue fusion of a matmul with the work on its result."""
 
 from __future__ import annotations
 
-from graphkernel import ops
+from functools import lru_cache
+
+from graphkernel import ops, symbolic
+from graphkernel.codegen import targets
+from graphkernel.codegen.matmul_epilogue import ROW_REDUCTIONS, reduces_along
+from graphkernel.codegen.matmul_tiling import row_limit
 from graphkernel.ops import OpKind
-from graphkernel.patterns.base import fuse_if, need, pattern
+from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 
 MATMULS = ("MatMul", "BatchMatMul")
 EPILOGUE_KINDS = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)
 
 
 def _epilogue_area(a) -> bool:
-    """One MatMul/BatchMatMul, and besides it only elementwise work and views (the epilogue
-    fused so far) or Transposes (of its operands, folded into isTrans)."""
+    """One MatMul/BatchMatMul, and besides it only elementwise work, views and reductions
+    along N (the epilogue fused so far) or Transposes (of its operands, folded into
+    isTrans)."""
     mms = [n for n in a.nodes if n.op in MATMULS]
     return len(mms) == 1 and all(
-        n.op in MATMULS or n.op == "Transpose" or ops.get(n.op).kind in EPILOGUE_KINDS
-        for n in a.nodes)
+        n.op in MATMULS or n.op == "Transpose" or n.op in ROW_REDUCTIONS
+        or ops.get(n.op).kind in EPILOGUE_KINDS for n in a.nodes)
 
 
 @pattern("matmul_depth", order=100, direction="bwd", mode="depth")
 def matmul_depth(model, a):
     """A matmul area (a MatMul or BatchMatMul, alone or with the epilogue fused so far) fuses
     with its consumer areas when every one is elementwise or broadcast: the bias, scale,
-    mask, activation, residual add or cast run on each tile of the product in one MIX kernel
-    (the codegen may decline an epilogue outside its model: the kernel is then split into a
-    cube kernel and a vector one, with the reason). Applied again to the merged area, it
-    takes the epilogue's next consumer."""
+    mask, activation, residual add or cast run on each tile of the product in one MIX
+    kernel. A consumer that reduces along the product's last axis N and broadcasts back
+    (LayerNorm, RMSNorm, softmax: ReduceSum/ReduceMax/ReduceMin of that axis only) joins too
+    when a base tile can hold whole rows of N (static, within L0B/L0C); then the consumers
+    it cannot take (the next product reading the residual sum) stay outside and read the
+    values they need, which the kernel writes as further outputs. Such a region is taken
+    whole, with the bias and residual the vector patterns (which run first) put into it:
+    the product's epilogue wins over the normalisation's vector kernel explicitly, not by
+    pattern order. The codegen may still decline (the kernel is then split into a cube
+    kernel and a vector one, with the reason). Applied again to the merged area, it takes
+    the epilogue's next consumer."""
     if not _epilogue_area(a):
         return None
     cons, _ = model.consumers(a)
     if not cons:
         return None
-    last = next(n for n in a.nodes if n.op in MATMULS).outputs[0].type.shape[-1]
+    mm = next(n for n in a.nodes if n.op in MATMULS)
+    last = mm.outputs[0].type.shape[-1]
+    why = {id(c): first_failure(_epilogue_conditions(model, c, last, mm)) for c in cons}
+    if any(why[id(c)] is None and _reduces(c) for c in cons):
+        # a row reduction joins; what the epilogue cannot take reads the kernel's outputs
+        for c in cons:
+            if why[id(c)] is not None:
+                model.reject("matmul_depth", [a, c], f"left outside: {why[id(c)]}")
+        cons = [c for c in cons if why[id(c)] is None]
     return fuse_if(model, "matmul_depth", [a, *cons],
-                   [cond for c in cons for cond in _epilogue_conditions(model, c, last)])
+                   [cond for c in cons for cond in _epilogue_conditions(model, c, last, mm)])
 
 
-def _epilogue_conditions(model, c, last) -> list:
-    """A consumer area the epilogue may take: elementwise or broadcast work only, its views
-    keeping the product's last axis (the epilogue runs on tiles of the product's rows)."""
+def _reduces(c) -> bool:
+    return any(n.op in ROW_REDUCTIONS for n in c.nodes)
+
+
+@lru_cache(maxsize=8)
+def _target(name: str) -> targets.Target:
+    return targets.load(name)
+
+
+def _epilogue_conditions(model, c, last, mm) -> list:
+    """A consumer area the epilogue may take: elementwise or broadcast work, its views
+    keeping the product's last axis (the epilogue runs on tiles of the product's rows), or
+    also reductions along that axis (with views of the reduced values) when whole rows of it
+    fit a base tile."""
     views = [n for n in c.nodes if ops.get(n.op).kind == OpKind.RESHAPE]
+    reds = [n for n in c.nodes if n.op in ROW_REDUCTIONS]
+    if not reds:
+        return [
+            need(lambda: model.kind(c) <= OpKind.BROADCAST,
+                 lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
+            need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
+                 lambda: f"consumer {c.name} holds more than elementwise work"),
+            need(lambda: all(v.outputs[0].type.shape[-1:] == (last,) for v in views),
+                 lambda: f"consumer {c.name} views the product with another last axis"),
+        ]
+    spec = _target(model.cfg.target)
+    whole = symbolic.numel(mm.outputs[0].type.shape)
+    size = mm.inputs[1].dtype.itemsize
+    limit = row_limit(mm.inputs[0].dtype.itemsize, size, spec)
     return [
-        need(lambda: model.kind(c) <= OpKind.BROADCAST,
-             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
-        need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
-             lambda: f"consumer {c.name} holds more than elementwise work"),
-        need(lambda: all(v.outputs[0].type.shape[-1:] == (last,) for v in views),
+        need(lambda: all(n.op in ROW_REDUCTIONS or ops.get(n.op).kind in EPILOGUE_KINDS
+                         for n in c.nodes),
+             lambda: f"consumer {c.name} holds more than elementwise work and reductions "
+                     "along N"),
+        need(lambda: all(reduces_along(n, last) for n in reds),
+             lambda: f"consumer {c.name} reduces other axes than the product's last "
+                     f"({symbolic.canon(last)})"),
+        need(lambda: all(v.outputs[0].type.shape[-1:] in ((last,), (1,)) for v in views),
              lambda: f"consumer {c.name} views the product with another last axis"),
+        need(lambda: all(_eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
+             lambda: f"consumer {c.name} writes reduced values (only rows of the product "
+                     "leave a MIX kernel: a reduction along N is broadcast back)"),
+        need(lambda: symbolic.is_static(last) and int(last) <= limit,
+             lambda: f"consumer {c.name} reduces rows of N = {symbolic.canon(last)}: a base "
+                     f"tile holds whole rows of at most {limit} ({size}-byte operands, "
+                     f"target {spec.name})"),
     ]
+
+
+def _eq(a, b) -> bool:
+    return symbolic.canon(a) == symbolic.canon(b)
+
+
+def _leaving(model, c) -> list:
+    """The values of area ``c`` read outside it (or graph outputs)."""
+    return [v for n in c.nodes for v in n.outputs
+            if id(v) in model.outputs or any(model.area(u) is not c for u in v.users)]

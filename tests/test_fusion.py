@@ -181,11 +181,41 @@ def test_traffic_report_keys(tmp_path):
     for key in ("gm_bytes_unfused", "gm_bytes_fused", "gm_bytes_ideal", "kernels_unfused",
                 "kernels_fused", "kernels"):
         assert key in ex
-    assert ex["kernels_unfused"] == 8 and ex["kernels_fused"] == 2
+    # the scores product, scale, mask and softmax: one MIX kernel, as the ideal counts
+    assert ex["kernels_unfused"] == 8 and ex["kernels_fused"] == ex["kernels_ideal"] == 1
     assert ex["gm_bytes_fused"] < ex["gm_bytes_unfused"]
     assert ex["gm_bytes_fused"] <= 1.10 * ex["gm_bytes_ideal"]
     k = ex["kernels"][0]
     assert {"name", "bytes_read", "bytes_written", "ops", "pattern"} <= set(k)
+
+
+def _product_then(n: int, dtype: str, tail: str) -> Graph:
+    """x·w + r, then a LayerNorm (``tail="norm"``) or a bare sum of the rows (``"sum"``)."""
+    g = Graph("pn")
+    x = g.add_input("x", TensorType((32, 16), dtype))
+    y = g.add_node("MatMul", [x, g.add_input("w", TensorType((16, n), dtype))]).output
+    s = g.add_node("Add", [y, g.add_input("r", TensorType((32, n), dtype))]).output
+    if tail == "norm":
+        gb = [g.add_input(k, TensorType((n,), dtype)) for k in ("gamma", "beta")]
+        out = g.add_node("LayerNorm", [s, *gb], {"begin_norm_axis": -1,
+                                                 "begin_params_axis": -1}).outputs[0]
+    else:
+        out = g.add_node("ReduceSum", [s], {"axis": [-1]}).output
+    g.set_outputs([out])
+    return g
+
+
+@pytest.mark.parametrize("n, dtype, tail, ideal", [
+    (64, "float32", "norm", 1),    # the norm is the product's epilogue: one MIX kernel
+    (600, "float32", "norm", 2),   # no base tile holds fp32 rows of 600: two kernels
+    (600, "float16", "norm", 1),   # fp16 rows of 600 fit
+    (64, "float32", "sum", 2),     # a sum not broadcast back writes a column: no epilogue
+])
+def test_the_ideal_joins_a_product_and_a_row_reduction_the_generator_takes(n, dtype, tail,
+                                                                           ideal):
+    ex = compiled(_product_then(n, dtype, tail), "").report.extra
+    assert ex["kernels_ideal"] == ideal
+    assert ex["kernels_fused"] >= ideal and ex["gm_bytes_fused"] >= ex["gm_bytes_ideal"]
 
 
 def test_explain_cli_names_documented_reasons(capsys):
@@ -198,7 +228,9 @@ def test_explain_cli_names_documented_reasons(capsys):
                                                            reverse=True)
     assert main(["explain", "examples/attention_softmax.json", "--node", "sm_max"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"reduce_bwd_reducemax_\d+ +\[reduce_bwd", out)
+    # the softmax joined the scores product's epilogue (its kernel names every pattern)
+    assert re.search(r"_batchmatmul_\d+ +\[elemwise_broadcast_fwd_depth\+matmul_depth\+"
+                     r"reduce_bwd", out)
     assert main(["explain", "examples/attention_softmax.json", "--node", "nope"]) == 2
 
 
@@ -206,7 +238,8 @@ def test_cluster_dump(tmp_path):
     graphkernel.compile(load_model("examples/attention_softmax.json"),
                         f"--dump_as_text --debug_dir={tmp_path}", env={})
     text = (tmp_path / "graph_kernel_cluster.txt").read_text()
-    assert re.search(r"reduce_bwd_reducemax_\d+ +pattern=reduce_bwd", text)
+    assert re.search(r"_batchmatmul_\d+ +pattern=elemwise_broadcast_fwd_depth\+matmul_depth"
+                     r"\+reduce_bwd", text)
     assert "sm_max (ReduceMax)" in text
 
 

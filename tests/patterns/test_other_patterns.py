@@ -58,7 +58,65 @@ def test_matmul_depth_grows_the_epilogue_and_stops_at_a_reduction():
     res = fuse(b.out(b.op("ReduceSum", b.op("Exp", mm3, name="ex"), name="sum", axis=[1])),
                "--enable_fusion_pattern_only=matmul_depth")
     assert kernels(res) == [{"mm3", "ex"}]
-    assert "kind mismatch: consumer sum is REDUCE" in reasons(res, "matmul_depth")
+    assert any("consumer sum writes reduced values" in r for r in reasons(res, "matmul_depth"))
+
+
+def _norm_after_product(b, n=3, dtype="float32", axis=-1, gpt2=False, bias=True):
+    """x·w (+ bias) + residual, then a LayerNorm along ``axis``, read by a second product;
+    with ``gpt2`` the residual sum is read by it instead (the next layer's residual)."""
+    x = b.input("x", (4, 8), dtype)
+    mm = b.op("MatMul", x, b.input("w", (8, n), dtype), name="mm")
+    if bias:
+        mm = b.op("Add", mm, b.input("bias", (n,), dtype), name="bias")
+    s = b.op("Add", mm, b.input("r", (4, n), dtype), name="res")
+    mean = b.op("Div", b.op("ReduceSum", s, name="sum", axis=[axis], keep_dims=True),
+                b.const(float(n), dtype), name="mean")
+    d = b.op("Sub", s, mean, name="d")
+    var = b.op("ReduceSum", b.op("Mul", d, d, name="sq"), name="var", axis=[axis],
+               keep_dims=True)
+    y = b.op("Mul", d, b.op("Rsqrt", b.op("Add", var, b.const(1e-5, dtype), name="eps"),
+                             name="inv"), name="y")
+    return b.out(y, b.op("MatMul", s if gpt2 else y, b.input("w2", (n, 5), dtype),
+                         name="next"))
+
+
+NORM = {"mm", "bias", "res", "sum", "mean", "d", "sq", "var", "eps", "inv", "y"}
+
+
+def test_matmul_depth_takes_a_row_reduction_whatever_the_vector_patterns_did():
+    """LayerNorm after a product, a residual add between (BERT's shape): the vector patterns,
+    which run first, push the residual add into the normalisation; the product's epilogue
+    takes that region whole, so the result is the same without them. With a bias, or with the
+    residual sum read by the next product too (GPT-2's), the kernel is the same (and writes
+    the sum as well)."""
+    full = fuse(_norm_after_product(G(), bias=False))
+    assert kernels(full) == [NORM - {"bias"}]
+    pushed = attempts(full, "elemwise_broadcast_bwd_width", "fused")
+    assert pushed and "res" in pushed[0].nodes and "sum" in pushed[0].nodes
+    took = attempts(full, "matmul_depth", "fused")
+    assert [a.areas[0] for a in took] == ["mm"] and set(took[0].nodes) == NORM - {"bias"}
+    assert kernels(fuse(_norm_after_product(G()))) == [NORM]
+    gpt2 = fuse(_norm_after_product(G(), gpt2=True))
+    assert kernels(gpt2) == [NORM]
+    (k,) = [n for n in gpt2.graph.nodes if n.op == "GraphKernel"]
+    assert len(k.outputs) == 2
+    # without the reduce patterns the bias and residual join the product first: the same
+    for off in ("reduce_fwd_depth,reduce_fwd_width", "elemwise_broadcast_fwd_depth,"
+                "elemwise_broadcast_fwd_width,reduce_fwd_depth,reduce_fwd_width"):
+        assert kernels(fuse(_norm_after_product(G()), f"--disable_fusion_pattern={off}")) \
+            == [NORM], off
+
+
+def test_matmul_depth_refuses_rows_it_cannot_hold_or_other_axes():
+    res = fuse(_norm_after_product(G(), n=600))  # the epilogue stops before the norm
+    assert kernels(res) == [{"mm", "bias", "res"}, NORM - {"mm", "bias", "res"}]
+    assert any("a base tile holds whole rows of at most 512 (4-byte operands" in r
+               for r in reasons(res, "matmul_depth"))
+    fp16 = fuse(_norm_after_product(G(), n=600, dtype="float16"))
+    assert len(kernels(fp16)) == 1 and NORM <= kernels(fp16)[0]  # 2-byte: rows up to 1024
+    res = fuse(_norm_after_product(G(), axis=0))
+    assert any("reduces other axes than the product's last (3)" in r
+               for r in reasons(res, "matmul_depth"))
 
 
 def test_gather_pattern_runs_at_level_3_only():
