@@ -74,9 +74,8 @@ class MatmulSchedule:
         e = self.epilogue
         if e is None:
             return BufferPlan((), Linear(), "float")
-        types = {io.index: C_TYPE[io.dtype] for io in self.inputs if io.dtype in C_TYPE}
-        otypes = {io.index: C_TYPE[io.dtype] for io in self.outputs if io.dtype in C_TYPE}
-        return e.plan(types, otypes, self.target.block_bytes, self.target.repeat_bytes)
+        return _plan(e, [io.dtype for io in self.inputs], [io.dtype for io in self.outputs],
+                     self.target)
 
     @property
     def ub_per_elem(self) -> int:
@@ -92,13 +91,67 @@ class MatmulSchedule:
     def ub_reserved(self) -> int:
         """UB bytes besides: rows at their widest base tile (256 columns, or N rounded up to
         the fractal when a tile holds whole rows), columns at 256 rows, and the slack."""
-        b = self.plan.budget()
-        width = _up(int(self.N), self.target.cube_fractal) if self.whole_rows else 256
-        return b.col * width + b.row * 256 + b.fixed
+        return _reserved(self.plan.budget(), self.N, self.whole_rows, self.target)
+
+
+def _plan(e: Epilogue, ins: list[DType], outs: list[DType], spec: targets.Target
+          ) -> BufferPlan:
+    types = {i: C_TYPE[d] for i, d in enumerate(ins) if d in C_TYPE}
+    otypes = {j: C_TYPE[d] for j, d in enumerate(outs) if d in C_TYPE}
+    return e.plan(types, otypes, spec.block_bytes, spec.repeat_bytes)
+
+
+def _reserved(b: Linear, N: Dim, whole_rows: bool, spec: targets.Target) -> int:
+    width = _up(int(N), spec.cube_fractal) if whole_rows else 256
+    return b.col * width + b.row * 256 + b.fixed
 
 
 def _up(x: int, a: int) -> int:
     return -(-x // a) * a
+
+
+def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
+                       spec: targets.Target) -> str | None:
+    """Why the epilogue of product ``mm`` made of ``members`` (in order; ``leaving``: the
+    values read outside them) cannot hold whole rows in a base tile, or None when it can or
+    needs no whole rows: the epilogue built as the generator builds it, its buffer plan and
+    the tiling at the fewest rows (the fusion asks this before it joins a reduction)."""
+    ids = {id(n) for n in members}
+    seen = {id(mm)}
+    for v in mm.inputs:  # transposes of an operand fold into isTrans (as in _operand)
+        while v.producer is not None and id(v.producer) in ids:
+            p = v.producer
+            if not (p.op == "Transpose" and swaps_last_two(p) and len(v.users) == 1):
+                return f"{mm.op} operand computed by {p.op} inside its kernel"
+            seen.add(id(p))
+            v = p.inputs[0]
+    steps = [n for n in members if id(n) not in seen and n.op != "Constant"]
+    ins: list[Value] = []
+    for n in members:
+        for v in n.inputs:
+            p = v.producer
+            if (p is None or id(p) not in ids) and v not in ins and not (
+                    p is not None and p.op == "Constant" and p.attrs["value"].size == 1):
+                ins.append(v)
+    out = mm.outputs[0].type.shape
+    M, N, K = out[-2], out[-1], mm.inputs[0].type.shape[-1]
+    if mm.attrs.get("transpose_a"):
+        K = mm.inputs[0].type.shape[-2]
+    try:
+        epi = epilogue.build(mm.outputs[0], tuple(out[:-2]), M, N, ins, leaving, steps)
+    except Unsupported as e:
+        return str(e)
+    if not epi.rows or not symbolic.is_static(N) or not symbolic.is_static(K):
+        return None
+    plan = _plan(epi, [v.dtype for v in ins], [v.dtype for v in leaving], spec)
+    b = plan.budget()
+    dt = mm.outputs[0].dtype
+    try:
+        tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, 4, spec,
+             ub_reserved=_reserved(b, N, True, spec), ub_per_elem=b.tile, whole_rows=True)
+    except NoTiling as e:
+        return str(e)
+    return None
 
 
 def is_matmul_kernel(kernel: Node) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 from graphkernel import ops, symbolic
 from graphkernel.codegen.extern import is_extern
 from graphkernel.codegen.matmul_epilogue import reduces_along
-from graphkernel.codegen.matmul_tiling import row_limit
+from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.codegen.targets import Target
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
@@ -81,8 +81,9 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     its epilogue are one MIX kernel) when the region is what a MIX epilogue runs: elementwise
     work, or also reductions along the product's last axis N when the region writes rows of
     the product only (a reduction broadcast back: LayerNorm, RMSNorm, softmax) and a base
-    tile holds whole rows of N (static, within the ``spec`` target's L0B/L0C; any N without
-    a target). Any other reduction is no epilogue."""
+    tile holds whole rows of N (N static; on the ``spec`` target, as the generator's own
+    epilogue, buffer plan and tiler find: the one size limit kept, since beyond it the
+    generator cannot fuse at all). Any other reduction is no epilogue."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
@@ -128,15 +129,17 @@ def _epilogue_of(product: Node, members: list[Node], outputs: set[int],
         return True
     out = product.outputs[0]
     last, whole = out.type.shape[-1], symbolic.canon(out.type.numel)
-    ids = {id(m) for m in members}
+    ids = {id(m) for m in members} | {id(product)}
     if not all(ops.get(m.op).kind in EPILOGUE or reduces_along(m, last) for m in members):
         return False
-    if not symbolic.is_static(last) or (
-            spec is not None and int(last) > row_limit(out.dtype.itemsize,
-                                                       out.dtype.itemsize, spec)):
+    leaving = [v for m in members for v in m.outputs
+               if id(v) in outputs or any(id(u) not in ids for u in v.users)]
+    if not symbolic.is_static(last) or any(symbolic.canon(v.type.numel) != whole
+                                           for v in leaving):
         return False
-    return all(symbolic.canon(v.type.numel) == whole for m in members for v in m.outputs
-               if id(v) in outputs or any(id(u) not in ids for u in v.users))
+    # the generator's own epilogue, buffer plan and tiler: can a base tile hold the rows?
+    return spec is None or whole_rows_refusal(product, [product, *members], leaving,
+                                              spec) is None
 
 
 def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:

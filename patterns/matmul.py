@@ -7,6 +7,7 @@ from functools import lru_cache
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
 from graphkernel.codegen.matmul_epilogue import ROW_REDUCTIONS, reduces_along
+from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.codegen.matmul_tiling import row_limit
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
@@ -32,14 +33,15 @@ def matmul_depth(model, a):
     mask, activation, residual add or cast run on each tile of the product in one MIX
     kernel. A consumer that reduces along the product's last axis N and broadcasts back
     (LayerNorm, RMSNorm, softmax: ReduceSum/ReduceMax/ReduceMin of that axis only) joins too
-    when a base tile can hold whole rows of N (static, within L0B/L0C); then the consumers
+    when a base tile can hold whole rows of N: N static and within L0B/L0C, and the code
+    generator's own epilogue, buffer plan and tiler fit the rows in UB; then the consumers
     it cannot take (the next product reading the residual sum) stay outside and read the
     values they need, which the kernel writes as further outputs. Such a region is taken
     whole, with the bias and residual the vector patterns (which run first) put into it:
     the product's epilogue wins over the normalisation's vector kernel explicitly, not by
-    pattern order. The codegen may still decline (the kernel is then split into a cube
-    kernel and a vector one, with the reason). Applied again to the merged area, it takes
-    the epilogue's next consumer."""
+    pattern order. The codegen may still decline what later passes change (the kernel is
+    then split into a cube kernel and a vector one, with the reason). Applied again to the
+    merged area, it takes the epilogue's next consumer."""
     if not _epilogue_area(a):
         return None
     cons, _ = model.consumers(a)
@@ -48,7 +50,12 @@ def matmul_depth(model, a):
     mm = next(n for n in a.nodes if n.op in MATMULS)
     last = mm.outputs[0].type.shape[-1]
     why = {id(c): first_failure(_epilogue_conditions(model, c, last, mm)) for c in cons}
-    if any(why[id(c)] is None and _reduces(c) for c in cons):
+    rows = [c for c in cons if why[id(c)] is None and _reduces(c)]
+    if rows and (no := _generator_refuses(model, a, [c for c in cons if why[id(c)] is None],
+                                          mm)):
+        model.reject("matmul_depth", [a, *rows], no)
+        return None
+    if rows:
         # a row reduction joins; what the epilogue cannot take reads the kernel's outputs
         for c in cons:
             if why[id(c)] is not None:
@@ -56,6 +63,17 @@ def matmul_depth(model, a):
         cons = [c for c in cons if why[id(c)] is None]
     return fuse_if(model, "matmul_depth", [a, *cons],
                    [cond for c in cons for cond in _epilogue_conditions(model, c, last, mm)])
+
+
+def _generator_refuses(model, a, cons, mm) -> str | None:
+    """Why the code generator cannot run ``a`` with ``cons`` as one MIX kernel holding whole
+    rows (its own epilogue builder, buffer plan and tiler decide), or None."""
+    members = sorted([n for x in (a, *cons) for n in x.nodes], key=lambda n: model.index[id(n)])
+    ids = {id(n) for n in members}
+    leaving = [v for n in members for v in n.outputs
+               if id(v) in model.outputs or any(id(u) not in ids for u in v.users)]
+    why = whole_rows_refusal(mm, members, leaving, _target(model.cfg.target))
+    return None if why is None else f"the code generator cannot hold the rows: {why}"
 
 
 def _reduces(c) -> bool:
