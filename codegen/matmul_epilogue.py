@@ -293,7 +293,7 @@ class _Builder:
             self._reduce(k, n, rule, a[0])
             return
         if n.op == "BroadcastTo" and a[0].kind == COL:  # a value per row across the row
-            self._per_row(n, a[0], tuple(out.type.shape))
+            self._per_row(n, n.inputs[0], tuple(out.type.shape))
             dst = self.alloc()
             self.body.append(f"R.ColCopy({dst}, {a[0].expr}, rows);")
             self.refs[id(out)] = _Ref(TILE, dst)
@@ -319,7 +319,7 @@ class _Builder:
             self.shapes[id(out)] = tuple(out.type.shape)
         for v, r in zip(n.inputs, a, strict=True):
             if r.kind == COL and kind == TILE:
-                self._per_row(n, r, tuple(out.type.shape), v)
+                self._per_row(n, v, tuple(out.type.shape))
         dst = self.alloc(kind)
         getattr(self, f"_{rule.form}")(rule, n, _Ref(kind, dst), a)
         self.refs[id(out)] = _Ref(kind, dst)
@@ -341,12 +341,10 @@ class _Builder:
         self.shapes[id(out)] = tuple(out.type.shape)
         self.release(k, n)
 
-    def _per_row(self, n: Node, col: _Ref, shape: tuple, v: Value | None = None) -> None:
-        """A column meets the tile of ``shape``: it must hold one value per row of it (the
+    def _per_row(self, n: Node, v: Value, shape: tuple) -> None:
+        """Column ``v`` meets the tile of ``shape``: it must hold one value per row of it (the
         shape with a last axis of 1), or numpy would broadcast it otherwise."""
-        cs = self.shapes.get(id(v)) if v is not None else None
-        if cs is None:
-            cs = next((s for vid, s in self.shapes.items() if self.refs[vid] is col), None)
+        cs = self.shapes.get(id(v))
         if cs is None or len(cs) != len(shape) or not _eq(cs[-1], 1) or any(
                 not _eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):
             raise Unsupported(f"{n.op} broadcasts a reduced value of shape "

@@ -368,3 +368,16 @@ def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
     k = build_kernel(fused, [n for n in fused.nodes if n.op != "Constant"], "k", "test")
     with pytest.raises(Exception, match="is not a tile of the product"):
         check(k, SPEC)
+
+
+def test_a_reduced_value_broadcast_along_the_other_axis_is_refused():
+    """A sum of rows kept as [M] and subtracted from the [M, M] product broadcasts along the
+    rows (numpy aligns it with N): not a value per row, so the epilogue refuses it."""
+    from graphkernel.codegen.schedule import Unsupported
+    from graphkernel.passes.codegen import check
+
+    g, fused, k = _mix("col_as_row", (70, 90), (90, 70), lambda g, n, y: [
+        n("Sub", [y, n("ReduceSum", [y], axis=[-1])])])
+    with pytest.raises(Unsupported, match=r"broadcasts a reduced value of shape \[70\] over "
+                                          r"\[70,70\]"):
+        check(k, SPEC)
