@@ -202,15 +202,16 @@ def _c(g, value, dtype="float16"):
 
 
 def _layernorm(g, n, s, dtype, affine=True):
-    """LayerNorm along the last axis (70) as the expander leaves it: mean, variance, rsqrt,
-    then the scale and shift rows."""
-    mean = n("Div", [n("ReduceSum", [s], axis=[-1], keep_dims=True), _c(g, 70.0, dtype)])
+    """LayerNorm along the last axis as the expander leaves it: mean, variance, rsqrt, then
+    the scale and shift rows."""
+    width = int(s.type.shape[-1])
+    mean = n("Div", [n("ReduceSum", [s], axis=[-1], keep_dims=True), _c(g, width, dtype)])
     d = n("Sub", [s, mean])
     var = n("Div", [n("ReduceSum", [n("Mul", [d, d])], axis=[-1], keep_dims=True),
-                    _c(g, 70.0, dtype)])
+                    _c(g, width, dtype)])
     y = n("Mul", [d, n("Rsqrt", [n("Add", [var, _c(g, 1e-5, dtype)])])])
-    return n("Add", [n("Mul", [y, _inp(g, "gamma", (70,), dtype)]),
-                     _inp(g, "beta", (70,), dtype)]) if affine else y
+    return n("Add", [n("Mul", [y, _inp(g, "gamma", (width,), dtype)]),
+                     _inp(g, "beta", (width,), dtype)]) if affine else y
 
 
 def _rmsnorm(g, n, y):
@@ -330,18 +331,21 @@ def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
         {"k": built["gelu"][3]})[0].files[f"{built['gelu'][3].name}.cpp"]
 
 
-def test_rows_too_long_for_a_tile_split_the_kernel_with_the_reason():
-    """fp32 rows of 600: baseN 608 needs more than half of L0B at the least baseK, so the
-    codegen declines the MIX kernel naming the limits; the pass splits it into the cube
-    kernel and the normalisation's vector kernel, as without the fusion."""
-    g, fused, k = _mix("long_rows", (50, 90), (90, 600), lambda g, n, y: [_layernorm(
-        g, n, n("Add", [y, _inp(g, "r", (50, 600), "float32")]), "float32", affine=False)],
-        "float32")
+@pytest.mark.parametrize("n, dtype, limit", [
+    (600, "float32", r"L0B 77824 of 65536"),  # baseN 608 at baseK 16: past half of L0B
+    (768, "float16", r"UB \d+ of 196608"),    # within L0B; 16 rows of the epilogue: past UB
+])
+def test_rows_too_long_for_a_tile_split_the_kernel_with_the_reason(n, dtype, limit):
+    """Rows the MIX kernel cannot hold: the codegen declines naming the limit, and the pass
+    splits the kernel into the cube kernel and the normalisation's vector kernel, as without
+    the fusion (the fusion itself asks first; this is the codegen's own check)."""
+    g, fused, k = _mix("long_rows", (50, 90), (90, n), lambda g, nd, y: [_layernorm(
+        g, nd, nd("Add", [y, _inp(g, "r", (50, n), dtype)]), dtype, affine=False)], dtype)
     from graphkernel.codegen.schedule import Unsupported
     from graphkernel.passes.codegen import check
 
-    with pytest.raises(Unsupported, match=r"no base tile holds whole rows of N = 600 .*L0B "
-                                          r"77824 of 65536") as e:
+    with pytest.raises(Unsupported, match=rf"no base tile holds whole rows of N = {n} .*"
+                                          + limit) as e:
         check(k, SPEC)
     assert e.value.node.op == "MatMul"
     res = graphkernel.compile(fused, "", env={})
