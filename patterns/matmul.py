@@ -36,7 +36,9 @@ def matmul_depth(model, a):
     when a base tile can hold whole rows of N: N static and within L0B/L0C, and the code
     generator's own epilogue, buffer plan and tiler fit the rows in UB; then the consumers
     it cannot take (the next product reading the residual sum) stay outside and read the
-    values they need, which the kernel writes as further outputs. Such a region is taken
+    values they need, which the kernel writes as further outputs (when joining every one it
+    can take would close a cycle, the reductions join first and each other consumer only if
+    it closes none). Such a region is taken
     whole, with the bias and residual the vector patterns (which run first) put into it:
     the product's epilogue wins over the normalisation's vector kernel explicitly, not by
     pattern order. The codegen may still decline what later passes change (the kernel is
@@ -61,6 +63,17 @@ def matmul_depth(model, a):
             if why[id(c)] is not None:
                 model.reject("matmul_depth", [a, c], f"left outside: {why[id(c)]}")
         cons = [c for c in cons if why[id(c)] is None]
+        if model.creates_cycle([a, *cons]):  # greedily, the reductions first
+            kept: list = []
+            for c in rows + [c for c in cons if c not in rows]:
+                if model.creates_cycle([a, *kept, c]):
+                    model.reject("matmul_depth", [a, c], "left outside: joined with the "
+                                 "others it would close a cycle")
+                else:
+                    kept.append(c)
+            if not kept:
+                return None
+            cons = kept
     return fuse_if(model, "matmul_depth", [a, *cons],
                    [cond for c in cons for cond in _epilogue_conditions(model, c, last, mm)])
 

@@ -179,3 +179,25 @@ def test_composite_op_limit_size():
     assert all(len(k) <= 4 for k in kernels(res))
     assert any("size limit" in a.reason for a in res.analyses.fusion_attempts)
     assert kernels(fuse(b.out(v), "--max_fusion_size=0")) == []  # AutoFuse: 0 disables fusion
+
+
+def test_matmul_depth_takes_the_reductions_that_close_no_cycle():
+    """GPT-2's last layer: the residual sum feeds this layer's norm and, through the MLP, the
+    final norm's residual add. Joining both would close a cycle through the MLP's product, so
+    the first norm joins and the other is left outside, with the reason."""
+    b = G()
+    x = b.input("x", (4, 8))
+    s = b.op("Add", b.op("MatMul", x, b.input("w", (8, 16)), name="mm"), b.input("r", (4, 16)),
+             name="res")
+
+    def norm(v, tag):
+        mean = b.op("ReduceMax", v, name=f"{tag}_max", axis=[-1], keep_dims=True)
+        return b.op("Exp", b.op("Sub", v, mean, name=f"{tag}_sub"), name=f"{tag}_exp")
+
+    y1 = norm(s, "n1")
+    z = b.op("MatMul", y1, b.input("w2", (16, 16)), name="mlp")
+    res = fuse(b.out(norm(b.op("Add", s, z, name="res2"), "n2")))
+    first = next(k for k in kernels(res) if "mm" in k)
+    assert {"mm", "res", "n1_max", "n1_sub", "n1_exp"} == first
+    assert any(r.startswith("left outside: joined with the others it would close a cycle")
+               for r in reasons(res, "matmul_depth"))
