@@ -178,6 +178,7 @@ class _Builder:
         self.ins, self.outs, self.steps = ins, outs, steps
         self.refs: dict[int, _Ref] = {id(product): _Ref(TILE, "c")}
         self.ebatch: tuple[Dim, ...] = tuple(batch)  # see Epilogue.batch
+        self.regrouped: Node | None = None  # a view regrouping them after an input was read
         self.body: list[str] = []
         self.free: list[str] = []
         self.free_cols: list[str] = []
@@ -202,6 +203,10 @@ class _Builder:
         if _eq(symbolic.numel(shape), 1):
             self.inputs.append(EpilogueInput(i, SCALAR, v.dtype))
             return _Ref(SCALAR, f"s{i}")
+        if self.regrouped is not None:
+            raise Unsupported(f"{self.regrouped.op} regroups the batch axes after an input is "
+                              "read and before another in a matmul epilogue",
+                              node=self.regrouped)
         if shape and _eq(shape[-1], self.N) and (len(shape) == 1 or _eq(shape[-2], 1)) \
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
             self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.ebatch)))
@@ -281,10 +286,10 @@ class _Builder:
                                   "epilogue", node=n)
             if (src.kind == TILE and len(shape) >= 2 and _eq(shape[-2], self.M)
                     and shape[:-2] != self.ebatch):  # batch axes split or merged
-                if self.inputs:
-                    raise Unsupported(f"{n.op} regroups the batch axes after an input is read "
-                                      "in a matmul epilogue", node=n)
-                self.ebatch = shape[:-2]
+                if self.inputs:  # read over ebatch: no input may be read in this grouping
+                    self.regrouped = self.regrouped or n  # (a value only stored is fine)
+                else:
+                    self.ebatch = shape[:-2]
             self.refs[id(out)] = src
             return
         rule = INSTRUCTIONS.get(n.op)

@@ -237,9 +237,13 @@ MIX["bias_residual_layernorm_fp32"] = lambda g, n, y: [_layernorm(  # BERT's
                     _inp(g, "r", (300, 70), "float32")]), "float32")]
 MIX["rmsnorm_fp32"] = _rmsnorm
 MIX["scale_mask_softmax"] = _softmax
+MIX["regrouped_softmax"] = lambda g, n, y: [  # GPT-2's export: heads merged back after
+    n("Reshape", [_softmax(g, n, n("Reshape", [y], shape=[2, 4, 40, 40]))[0]],
+      shape=[8, 40, 40])]
 SHAPES = {"scale_mask": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
           "regrouped_mask": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "scale_mask_softmax": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
+          "regrouped_softmax": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "bias_residual_layernorm_fp32": ((300, 90), (90, 70), "MatMul", False)}
 DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32"}
 
@@ -312,7 +316,7 @@ def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
 
     built, lib = mix_library
     for name in ("layernorm_two_outputs", "bias_residual_layernorm_fp32", "rmsnorm_fp32",
-                 "scale_mask_softmax"):
+                 "scale_mask_softmax", "regrouped_softmax"):
         s = built[name][3]
         t = s.tiling
         assert s.whole_rows and t.coresN == 1 and t.singleCoreN == t.N <= t.baseN, name
