@@ -95,7 +95,8 @@ def test_html_report_too_large_to_draw_says_why(tmp_path, capsys, monkeypatch):
     dom, console = _chromium(page, tmp_path)
     assert console == [] and "more than 5: shown as a list" in dom
     check = _selfcheck(dom)
-    assert check["kernels"] == check["drawn"] == check["charted"] == 2
+    # one kernel: the scores product with its scale, mask and softmax (a MIX kernel)
+    assert check["kernels"] == check["drawn"] == check["charted"] == 1
 
 
 def test_builtin_layout_keeps_edges_downward_and_nodes_apart():
