@@ -184,7 +184,7 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
     ub = spec.ub_bytes - ub_reserved
     flops_per_us = spec.cube_tflops * 1e6 / spec.aic_cores  # one cube core
     fp32 = 2 if max(a_bytes, b_bytes) >= 4 else 1  # fp32 operands: half the fp16 rate
-    best = None
+    found: list[tuple] = []  # (tie-break key, choice fields ..., modeled us)
     mblocks, nblocks = _cdiv(M, f), _cdiv(N, f)
     for cm in range(1, min(spec.aic_cores, mblocks) + 1):
         for cn in range(1, 1 + (1 if whole_rows else min(spec.aic_cores // cm, nblocks))):
@@ -211,12 +211,13 @@ def tile(M: int, N: int, K: int, a_bytes: int, b_bytes: int, c_bytes: int, spec:
                 per_core = waves * moved / blocks * spec.aic_cores
                 memory_us = max(moved, per_core) / (spec.hbm_gbps * 1e3)
                 us = max(compute_us, memory_us)
-                # times within one step (TIME_STEPS per us) are equal: a gain below it
-                # does not justify more GM bytes
-                key = (math.floor(us * TIME_STEPS), reads, -used, -bm * bn)
-                if best is None or key < best[0]:
-                    best = (key, cm, cn, sm, sn, bm, bn, bk, depth_a, depth_b, order, reads,
-                            used, us)
+                found.append(((reads, -used, -bm * bn), cm, cn, sm, sn, bm, bn, bk, depth_a,
+                              depth_b, order, reads, used, us))
+    # times within one step (1 / TIME_STEPS us) of the fastest are equal: a gain below it
+    # does not justify more GM bytes; among them the fewest reads, then the most cores
+    fastest = min((c[-1] for c in found), default=0.0)
+    best = min((c for c in found if c[-1] <= fastest + 1 / TIME_STEPS),
+               key=lambda c: c[0], default=None)
     if best is None and whole_rows:
         raise NoTiling(f"no base tile holds whole rows of N = {N} ({a_bytes}-byte operands, a "
                        f"reduction along N in the epilogue) on the target {spec.name}: baseN "
