@@ -410,6 +410,26 @@ def _used_outside(m: _Match) -> Node | None:
     return None
 
 
+def _unscaled(graph: Graph, r: Value, origin: tuple) -> tuple[Value, float]:
+    """Q as read in its layout with a constant factor taken out of it: views of x·c (Whisper
+    scales Q right after its projection, before the head split) give the same views of x
+    and c, which joins the operator's scale. Only where nothing else reads x·c."""
+    seen: list[Node] = []
+    base = _views(r, seen)
+    mul = _producer(base, "Mul")
+    if mul is None or len(base.users) != 1 or any(o is base for o in graph.outputs):
+        return r, 1.0  # x·c is read elsewhere too: keep it (correct either way, not cheaper)
+    for x, c in (mul.inputs, reversed(mul.inputs)):
+        f = splat(c)
+        if f is not None and np.isfinite(f) and f != 0 and x.type == base.type:
+            if x.type == r.type:
+                return x, f
+            return graph.add_node("Reshape", [x], {"shape": list(r.type.shape)},
+                                  name=graph.fresh_name(f"{x.name}/q"),
+                                  origin=origin).outputs[0], f
+    return r, 1.0
+
+
 def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     """Check the match against the operator's limits and replace it; the record says how."""
     bad = _used_outside(m)
@@ -432,9 +452,11 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         raise Refused(f"scale {m.scale} is not a finite number")
     out = _output(m.pv, b, n1, s1, d)
     layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+    origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
+    q.reads[layout], factor = _unscaled(graph, q.reads[layout], origin)
+    m.scale *= factor
     kind, masks = _masks(graph, m, m.pv, (b, n1, s1, s2))
     name = graph.fresh_name(f"attention_{m.qk.name}")
-    origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
     if layout not in k.reads:  # K only as [B, S, N, D]: its head split, as the graph had it
         k.reads[layout] = graph.add_node("Transpose", [k.reads["BSND"]], {"perm": HEAD_SPLIT},
                                          name=graph.fresh_name(f"{name}/k"),

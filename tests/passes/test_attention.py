@@ -30,7 +30,7 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               causal=False, name="attn") -> Graph:
+               causal=False, name="attn", q_scale=None) -> Graph:
     """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
     q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
     ``causal`` adds a constant 0 / -inf causal mask."""
@@ -38,6 +38,8 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
     split = []
     for n in "qkv":
         x = g.add_input(n, TensorType((2, seq, heads * dim), dtype))
+        if n == "q" and q_scale is not None:
+            x = g.add_node("Mul", [x, g.const(q_scale, dtype)]).output
         x = g.add_node("Reshape", [x], {"shape": [2, seq, heads, dim]}).output
         split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
     s = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
@@ -217,3 +219,17 @@ def test_torch_fp16_with_a_cast_causal_mask():
     want = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True).numpy()
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+
+def test_a_query_scaled_before_its_head_split_folds_into_the_scale():
+    """Whisper multiplies Q by a constant right after its projection, before the head split:
+    the factor joins the operator's scale and the Mul (a launch of its own) is gone."""
+    g = _attention(dim=16, q_scale=0.5)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["scale"] == pytest.approx(0.5 / 4)
+    assert "Mul" not in {n.op for n in res.graph.nodes}
+    feeds = random_inputs(g)
+    np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
+                               Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-5)
