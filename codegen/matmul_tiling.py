@@ -35,7 +35,6 @@ traffic, then the most cores busy, then the largest base tile.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from graphkernel.codegen.targets import Target
