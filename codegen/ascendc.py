@@ -136,7 +136,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "outputs": [io_entry(io) for io in s.outputs],
         "loop_space": {"rows": symbolic.canon(s.M), "row_length": symbolic.canon(s.L),
                        "blocks": symbolic.canon(s.batch),
-                       "whole_rows": s.reduce and not s.row_chunks,
+                       "whole_rows": s.whole_rows and not s.row_chunks,
                        "whole_columns": s.col_reduce, "row_chunks": s.row_chunks},
         "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim", "key",
                           "nBatch"],

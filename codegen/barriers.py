@@ -21,7 +21,7 @@ BARRIER = "PipeBarrier<PIPE_V>();"
 WORK = frozenset({"rw", "ht"})
 # the kernel class's own helpers and the buffers they use inside (codegen/templates)
 HELPERS = {"RowReduce": frozenset({"tb", "rw"}), "ColOp": frozenset({"tb"}),
-           "ColCopy": frozenset({"tb"})}
+           "ColCopy": frozenset({"tb"}), "ColsCopy": frozenset()}
 # calls that are not vector instructions
 NOT_VECTOR = frozenset({"Sync", "PipeBarrier"})
 

@@ -82,6 +82,7 @@ class Lowered:
     final_epilogue: list[str] = field(default_factory=list)  # stores of the row outputs
     accumulators: list[tuple[str, str]] = field(default_factory=list)  # (buffer, identity)
     row_blocks: bool = False       # the whole-row forms (Brcb, the row-reduce gather) need btb
+    col_copies: bool = False       # a Concat of columns copies pieces with ColsCopy
 
 
 class Lowerer:
@@ -101,6 +102,7 @@ class Lowerer:
         self.final_epilogue: list[str] = []
         self.accumulators: list[tuple[str, str]] = []
         self.row_blocks = False
+        self.col_copies = False
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
@@ -133,6 +135,11 @@ class Lowerer:
             if id(v) in self.refs or io.kind == PIECE:  # a piece: in its Concat's tile
                 continue
             lowp = io.dtype != s.compute
+            if io.columns and any(io.columns[0] * size % s.target.ub_align_bytes
+                                  for size in (io.dtype.itemsize, s.compute.itemsize)):
+                raise Unsupported(f"input {io.value.name} read at column {io.columns[0]}, "
+                                  f"which does not start on a {s.target.ub_align_bytes}-byte "
+                                  "UB block")
             if io.dtype == BITS:  # raw words, used in place
                 if io.kind not in (FULL, PARTIAL):
                     raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})")
@@ -169,18 +176,18 @@ class Lowerer:
             # operands dead after this step: their buffers may become dst (in place), never a
             # scratch of the step itself (that would overwrite an operand before it is read)
             dead = self._dead(n, k, last)
-            rule = INSTRUCTIONS[n.op]
-            inplace_ok = rule.in_place
+            rule = INSTRUCTIONS.get(n.op)  # (none for a Concat of columns: never in place)
+            inplace_ok = rule is not None and rule.in_place
             if inplace_ok:
                 for r in dead:
                     self.release(r)
             if kind == SCALAR:
                 dst = Ref(SCALAR, f"sv{self.nscalar}", store="sv")
                 self.nscalar += 1
-            elif rule.form == "reduce" and (s.col_reduce or s.row_chunks):
+            elif rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks):
                 dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
                 self.accumulators.append((dst.expr, rule.identity))
-            elif rule.makes_mask:
+            elif rule is not None and rule.makes_mask:
                 dst = self.scratch("mask")
             elif id(out) in direct:
                 dst = Ref(kind, f"yo{direct[id(out)]}")
@@ -202,7 +209,8 @@ class Lowerer:
             self._store(io, direct)
         return Lowered(self.tile_body, self.prologue, self.epilogue, dict(self.count),
                        self.scalar_tmp, self.half_tmp, {v: j for v, j in direct.items()},
-                       self.final, self.final_epilogue, self.accumulators, self.row_blocks)
+                       self.final, self.final_epilogue, self.accumulators, self.row_blocks,
+                       self.col_copies)
 
     def _direct_outputs(self) -> dict[int, int]:
         """Outputs whose producing step can write straight into the output queue tensor."""
@@ -274,6 +282,9 @@ class Lowerer:
     # ------------------------------------------------------------- ops
     def _emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """One step: its instruction table entry, lowered by the rule of its form."""
+        if n.op == "Concat":
+            self._column_concat(n, dst, a)
+            return
         rule = INSTRUCTIONS.get(n.op)
         if rule is None:
             raise Unsupported(f"{n.op} not supported by codegen")
@@ -284,6 +295,26 @@ class Lowerer:
             self.body.append(f"float {dst.expr} = {expr};")
             return
         getattr(self, f"_{rule.form}")(rule, n, dst, a)  # barriers: codegen/barriers.py
+
+    def _column_concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Concat along the last axis of column values: each piece's columns copied to its
+        own columns of every row of dst (one masked copy per row strip). Both ends of a copy
+        must start on a UB block."""
+        s = self.s
+        base = s.cols.get(id(n.outputs[0]), (0, 0, 0))[0]
+        size = s.compute.itemsize
+        blk = s.target.ub_align_bytes
+        at = base
+        for x, r in zip(n.inputs, a, strict=True):
+            off, width, _ = s.cols[id(x)]
+            if (off * size) % blk or (at * size) % blk:
+                raise Unsupported(f"Concat of slices of the last axis: a piece at column "
+                                  f"{off if (off * size) % blk else at} does not start on a "
+                                  f"{blk}-byte UB block", node=n)
+            self.body.append(f"ColsCopy({dst.expr}[{at}], {self._as(r, FULL)}[{off}], rows, "
+                             f"{width});")
+            at += width
+        self.col_copies = True
 
     # ------------------------------------------------------------- the forms
     def _reduce(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:

@@ -42,6 +42,8 @@ from graphkernel.ir import Dim, DType, Node, Value
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
+# between a stored broadcast and its output: views, and the cast rounding the stored value
+STORE_VIEWS = VIEW_OPS | {"Cast"}
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
@@ -76,6 +78,13 @@ class KernelIO:
     # input index and its rows per block of ``block_rows`` rows of the Concat (rows of L)
     gather: tuple[tuple[int, Dim], ...] = ()
     block_rows: Dim = 1
+    # an output that is a broadcast of a value over new outer axes (grouped-query attention's
+    # repeat of k/v heads): (extent, element stride) per such axis; the tile is stored once
+    # per copy, at the copy's offset
+    copies: tuple[tuple[int, int], ...] = ()
+    # an input read by steps on columns of rows (Schedule.cols): (first column, width) of the
+    # tile its rows are loaded to (a partial rotary embedding's cos and sin)
+    columns: tuple[int, int] | None = None
 
 
 @dataclass
@@ -105,6 +114,17 @@ class Schedule:
     #   key 1) when this schedule's whole rows do not fit the UB: the row_chunks variant
     target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
                                    repr=False, compare=False)  # the facts the code obeys
+    # id(value) -> (first column, width, row): a value that is a run of columns of each row
+    # of the loop space (a slice of the last axis, ops on such slices, a Concat of them
+    # narrower than the row). It sits in a full tile at that column offset (the slice shares
+    # its source's tile); only those columns of each row are meaningful.
+    cols: dict[int, tuple[int, Dim, Dim]] = field(default_factory=dict)
+
+    @property
+    def whole_rows(self) -> bool:
+        """Tiles hold whole rows: a step reduces each row, or reads columns of a row at an
+        offset (a slice of the last axis)."""
+        return self.reduce or bool(self.cols)
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -265,9 +285,13 @@ def slice_view(n: Node) -> View:
 
 
 class _Planner:
-    def __init__(self, kernel: Node, row_chunks: bool = False):
+    def __init__(self, kernel: Node, row_chunks: bool = False, stored_broadcasts: bool = False):
         self.kernel = kernel
         self.row_chunks = row_chunks
+        # BroadcastTos that only reach outputs are stored once per copy (else materialised)
+        self.stored_broadcasts = stored_broadcasts
+        self.bstores: dict[int, Node] = {}  # id(BroadcastTo output) -> the node
+        self.copies: dict[int, tuple[tuple[int, int], ...]] = {}  # id(output) -> its copies
         # composite ops rewritten into basic ones; origin maps nodes back for the fallback
         self.sub, self.origin = decompose(kernel.subgraph)
         # ops every operand of a Concat ends with run once after it (on one loaded tile)
@@ -284,6 +308,11 @@ class _Planner:
         # id(kernel output) -> (shape, strides): where the elements of a computed value of that
         # shape land in the output's buffer (the output is a chain of views of it)
         self.store_maps: dict[int, tuple[tuple[Dim, ...], tuple[Dim, ...]]] = {}
+        # column values (Schedule.cols), the slices that start them and the Concats of them
+        self.cols: dict[int, tuple[int, Dim, Dim]] = {}
+        self.colslices: list[Node] = []
+        self.colcats: list[Node] = []
+        self.colinputs: dict[int, tuple[int, Dim, Dim]] = {}  # id(kernel input) -> its columns
 
     def owner(self, v: Value) -> Value:
         return follow(self.root, v)
@@ -307,13 +336,23 @@ class _Planner:
             elif n.op in VIEW_OPS or (n.op == "Cast" and self._cast_is_view(n)) or (
                     n.op == "Concat" and len(n.inputs) == 1):  # (a Concat of one: itself)
                 self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
+                self._column_alias(n)
+            elif self._column_view(n):
+                self._colslice(n)  # a view of a tile's rows at a column offset
             elif n.op in ("Slice", "StridedSlice", "Transpose"):
                 self._slice(n)  # a strided view of a kernel input
+            elif n.op == "BroadcastTo" and self._stored_broadcast(n):
+                self.root[id(n.outputs[0])] = self.owner(n.inputs[0])
+                self.bstores[id(n.outputs[0])] = n
             elif n.op == "BroadcastTo":
+                self._no_columns(n)
                 steps.append(n)  # an alias, or materialised when its source is compact
+            elif n.op == "Concat" and self._colcat(n):
+                steps.append(n)  # column pieces copied into one tile
             elif n.op == "Concat" and self._gather(n):
                 pass  # loaded piece by piece into one tile
             elif n.op == "Concat":  # stored operand by operand into the output's blocks
+                self._no_columns(n)
                 if any(tuple(x.shape) != tuple(n.inputs[0].shape) for x in n.inputs):
                     raise Unsupported("Concat of operands of different shapes", node=n)
                 concats.append(n)
@@ -321,10 +360,16 @@ class _Planner:
                 raise Unsupported(f"{n.op} is a cube op; the generator emits vector code",
                                   node=n)
             elif n.op in INSTRUCTIONS:  # (BroadcastTo is an entry too, taken above)
+                self._column_step(n)
                 steps.append(n)  # a Cast here rounds to fp16/bf16 and back (UB stays fp32)
             else:
                 raise Unsupported(f"{n.op} not supported by codegen", node=n)
         self._place_stores(steps)
+        self._place_broadcast_stores()
+        for v in sub.outputs:
+            if id(v) in self.cols:
+                raise Unsupported(f"output {v.name} is a slice of the last axis of a computed "
+                                  "value (stored only as part of a Concat spanning the row)")
         cat_outs = {id(n.outputs[0]) for n in concats}
         for n in steps:  # a Concat's blocks go straight to its output; nothing computes on them
             if any(id(self.owner(x)) in cat_outs for x in n.inputs):
@@ -332,14 +377,18 @@ class _Planner:
                                   "stored)", node=n)
         sliced = {id(v) for v in sub.inputs if self.loaded[id(v)] is not v}
         sliced |= cat_outs
+        copied = self._copied_values()
         N = max((v.type.numel for v in self._all_values()
-                 if id(self.owner(v)) not in sliced), key=_size)
+                 if id(self.owner(v)) not in sliced and id(v) not in copied), key=_size)
         reduces = [n for n in steps if n.op in REDUCE_OPS]
         if concats and reduces:
             raise Unsupported("Concat in a kernel that reduces", node=concats[0])
         self.col_reduce = False
         self.batch: Dim = 1
         L = self._row_length(steps, reduces, N)
+        if any(not _eq(row, L) for _, _, row in self.cols.values()):
+            raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
+                              "(columns are sliced from whole rows)", node=self.colslices[0])
         M = symbolic.div(N, L)
         if M is None:
             raise Unsupported(f"row length {L} does not divide the element count {N}")
@@ -354,7 +403,8 @@ class _Planner:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
-            if o.kind == FULL and not o.pieces and not _eq(o.value.type.numel, N):
+            total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
+            if o.kind == FULL and not o.pieces and not _eq(o.value.type.numel, total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
                                   "(a source of a broadcast, stored as it is)")
         if self.row_chunks and (not reduces or self.col_reduce):
@@ -368,7 +418,7 @@ class _Planner:
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
-                         batch=self.batch)
+                         batch=self.batch, cols=self.cols)
         sched.notes = io_notes(ins, bool(reduces))
         return sched
 
@@ -395,7 +445,94 @@ class _Planner:
                 late.add(id(self.owner(n.outputs[0])))
         return final
 
+    def _column_view(self, n: Node) -> bool:
+        """A slice of the last axis is a view at a column offset of its source's tile (rather
+        than a strided load) when its source is computed in the kernel, is itself such a
+        view, or is a kernel input read through more than this one view."""
+        if views.column_slice(n) is None:
+            return False
+        v = n.inputs[0]
+        while True:
+            if id(v) in self.cols or len(v.uses) != 1:
+                return True
+            if v.producer is None or v.producer.op == "Constant":
+                return False  # a kernel input read only through this slice: a strided load
+            if id(v) not in self.root:  # (views and free casts share their source's tile)
+                return True
+            v = v.producer.inputs[0]
+
+    def _colslice(self, n: Node) -> None:
+        src, out = n.inputs[0], n.outputs[0]
+        off, width = views.column_slice(n)
+        base, row = 0, src.shape[-1]
+        if id(src) in self.cols:  # a slice of a slice: offsets add up
+            base, _, row = self.cols[id(src)]
+        self.root[id(out)] = self.owner(src)
+        self.cols[id(out)] = (base + off, width, row)
+        self.colslices.append(n)
+
+    def _column_alias(self, n: Node) -> None:
+        """A view of a column value keeps its columns when it keeps the last axis."""
+        x, out = n.inputs[0], n.outputs[0]
+        if id(x) not in self.cols:
+            return
+        if not out.shape or not _eq(out.shape[-1], x.shape[-1]):
+            raise Unsupported(f"{n.op} of a slice of the last axis that regroups that axis",
+                              node=n)
+        self.cols[id(out)] = self.cols[id(x)]
+
+    def _no_columns(self, n: Node) -> None:
+        x = next((x for x in n.inputs if id(x) in self.cols), None)
+        if x is not None:
+            raise Unsupported(f"{n.op} reads {x.name}, a slice of the last axis (read by "
+                              "elementwise ops and Concats along that axis only)", node=n)
+
+    def _column_step(self, n: Node) -> None:
+        """An elementwise op on column values (with scalars) gives a column value at the same
+        columns, computed over whole tiles (the other columns of its tile are not used)."""
+        got = {self.cols[id(x)] for x in n.inputs if id(x) in self.cols}
+        if not got:
+            return
+        rule = INSTRUCTIONS.get(n.op)
+        if rule is None or rule.form not in SINKABLE_FORMS or len(n.outputs) != 1:
+            self._no_columns(n)
+        others = [x for x in n.inputs if id(x) not in self.cols
+                  and not _eq(x.type.numel, 1)]
+        if len(got) > 1:
+            raise Unsupported(f"{n.op} reads columns of rows at different offsets", node=n)
+        col = got.pop()
+        for x in others:  # a kernel input of the slice's width: loaded to those columns
+            o = self.owner(x)
+            if not any(o is v for v in self.sub.inputs) or self.loaded[id(o)] is not o or \
+                    not _eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
+                raise Unsupported(f"{n.op} reads a slice of the last axis with {x.name}, which "
+                                  "is not a kernel input of the slice's width", node=n)
+            self.colinputs[id(o)] = col
+        self.cols[id(n.outputs[0])] = col
+
+    def _colcat(self, n: Node) -> bool:
+        """A Concat along the last axis of column values of one row: each piece is copied to
+        its columns of one tile (rotary embedding's ``cat(-x2, x1)``). The result is a full
+        value when it spans the row, else a column value at column 0."""
+        out = n.outputs[0]
+        if not any(id(x) in self.cols for x in n.inputs):
+            return False
+        if n.attrs["axis"] % len(out.shape) != len(out.shape) - 1:
+            self._no_columns(n)
+        rows = {symbolic.canon(self.cols[id(x)][2]) for x in n.inputs if id(x) in self.cols}
+        if any(id(x) not in self.cols for x in n.inputs) or len(rows) != 1:
+            raise Unsupported("Concat of a slice of the last axis with a value that is not one "
+                              "(the pieces must be columns of rows of one length)", node=n)
+        row = self.cols[id(n.inputs[0])][2]
+        if not out.dtype.is_float:
+            raise Unsupported(f"Concat of {out.dtype} data", node=n)
+        if not _eq(out.shape[-1], row):
+            self.cols[id(out)] = (0, out.shape[-1], row)
+        self.colcats.append(n)
+        return True
+
     def _slice(self, n: Node) -> None:
+        self._no_columns(n)
         if n.op == "Transpose":  # placed where it is stored, or loaded strided (_place_stores)
             self.shown[id(n.outputs[0])] = n
             return
@@ -486,7 +623,7 @@ class _Planner:
         to their places in the output), and the transpose shares the computed value's tile."""
         if not self.shown:
             return
-        for n in [*steps, *self.concats]:
+        for n in [*steps, *self.concats, *self.colslices]:
             for x in n.inputs:
                 t = self.shown.get(id(self.owner(x)))
                 if t is None:
@@ -504,20 +641,77 @@ class _Planner:
         for vid, t in self.shown.items():
             self.root[vid] = self.owner(t.inputs[0])
 
+    def _stored_broadcast(self, n: Node) -> bool:
+        """A BroadcastTo over new outer axes whose result only reaches kernel outputs through
+        views: stored once per copy from the tile of its source (a few copies: at most 8)."""
+        if not self.stored_broadcasts:
+            return False
+        src, out = n.inputs[0], n.outputs[0]
+        shape, pad = tuple(out.shape), len(out.shape) - len(src.shape)
+        sshape = (1,) * pad + tuple(src.shape)
+        new = [k for k in range(len(shape)) if _eq(sshape[k], 1) and not _eq(shape[k], 1)]
+        if not new or any(not isinstance(shape[k], int) for k in new) or int(
+                np.prod([shape[k] for k in new])) > 8 or new[-1] == len(shape) - 1:
+            return False
+        v, outs = out, {id(o) for o in self.sub.outputs}
+        while len(v.uses) == 1 and v.uses[0][0].op in STORE_VIEWS:
+            v = v.uses[0][0].outputs[0]
+        return not v.uses and id(v) in outs
+
+    def _place_broadcast_stores(self) -> None:
+        for v in self.sub.outputs:
+            x = v
+            while x.producer is not None and id(x) not in self.bstores and (
+                    x.producer.op in STORE_VIEWS):
+                x = x.producer.inputs[0]
+            if id(x) in self.bstores:
+                self.store_maps[id(v)] = self._store_map(v)
+
+    def _copied_values(self) -> set[int]:
+        """The values a stored broadcast shows (larger than the loop space)."""
+        out: set[int] = set()
+        for vid, n in self.bstores.items():
+            v = n.outputs[0]
+            out.add(vid)
+            while len(v.uses) == 1 and v.uses[0][0].op in STORE_VIEWS:
+                v = v.uses[0][0].outputs[0]
+                out.add(id(v))
+        return out
+
     def _store_map(self, v: Value) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
         """(shape, strides): the map of output ``v`` over a contiguous reshape of the computed
-        value it shows (walked back through the views while the map stays affine)."""
+        value it shows (walked back through the views while the map stays affine). A stored
+        broadcast on the way adds copies (``self.copies``)."""
         def is_view(n: Node) -> bool:
             return id(n.outputs[0]) in self.root or id(n.outputs[0]) in self.shown
 
         cur, strides = v, views.contiguous(tuple(v.shape))
+        copies: list[tuple[int, int]] = []
         while cur.producer is not None and is_view(cur.producer):
+            if id(cur) in self.bstores:  # new axes: copies; the source's axes keep strides
+                src = cur.producer.inputs[0]
+                pad = len(cur.shape) - len(src.shape)
+                sshape = (1,) * pad + tuple(src.shape)
+                new = [k for k in range(len(cur.shape))
+                       if _eq(sshape[k], 1) and not _eq(cur.shape[k], 1)]
+                if any(not isinstance(strides[k], int) for k in new):
+                    raise Unsupported(f"output {v.name}: a broadcast copy at a symbolic offset",
+                                      node=cur.producer)
+                copies += [(int(cur.shape[k]), int(strides[k])) for k in new]
+                strides = tuple(0 if k in new else strides[k] for k in range(pad, len(sshape)))
+                cur = src
+                continue
             got = views.step_back(cur.producer, strides)
             if got is None:
                 break
             strides, cur = got, cur.producer.inputs[0]
+        if copies:
+            self.copies[id(v)] = tuple(copies)
         x = cur  # below the map: reshapes of the computed value only (it stays contiguous)
         while x.producer is not None and is_view(x.producer):
+            if id(x) in self.bstores:
+                raise Unsupported(f"output {v.name}: a broadcast whose copies have no affine "
+                                  "map (a reshape merges a copied axis)", node=x.producer)
             if x.producer.op == "Transpose":
                 raise Unsupported(f"output {v.name}: its chain of views of a computed value "
                                   "has no affine map (a reshape merges transposed axes)",
@@ -525,7 +719,7 @@ class _Planner:
             x = x.producer.inputs[0]
         shape = tuple(cur.shape)
         if shape and not _eq(shape[-1], 1) and not _eq(strides[-1], 1):
-            t = next(t for t in self.shown.values())
+            t = next(iter(self.shown.values()), None)
             raise Unsupported("Transpose of a computed value that moves its last axis (the "
                               "reference documents no in-UB transpose; rows must stay "
                               "contiguous)", node=t)
@@ -675,19 +869,21 @@ class _Planner:
             if not _eq(n.outputs[0].type.numel, N):
                 continue
             for v in n.inputs:
-                if not self._needs_rows(v, N):
+                if id(v) in self.cols or not self._needs_rows(v, N):
                     continue
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
         stored = {id(n.outputs[0]) for n in self.concats}  # stored by blocks, not rows
         for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
-            if id(self.owner(v)) not in stored and self._needs_rows(v, N):
+            if id(self.owner(v)) not in stored and id(v) not in self.store_maps and \
+                    self._needs_rows(v, N):
                 S = v.shape
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
-        for rows in (self._store_rows(), self._gather_rows()):
+        col_rows = {symbolic.canon(row) for _, _, row in self.cols.values()} or None
+        for rows in (self._store_rows(), self._gather_rows(), col_rows):
             if rows is not None:  # rows contiguous in stored maps, rows of one Concat operand
                 candidates = rows if candidates is None else candidates & rows
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block
@@ -719,6 +915,8 @@ class _Planner:
         guessed: set[int] = set()  # rows/columns placed by shape alone, and what they compute
         views = self.views
         for vid, view in views.items():
+            if vid in self.colinputs:
+                continue  # placed by the steps on columns that read it
             v = next(x for x in self._all_values() if id(x) == vid)
             if _eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
                 kind[vid] = FULL
@@ -729,6 +927,9 @@ class _Planner:
             kind[c] = SCALAR
         for n in steps:
             out = n.outputs[0]
+            if any(id(v) in self.cols for v in n.inputs):
+                self._column_layouts(n, kind, N, L)
+                continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else out.shape
             full_space = _eq(symbolic.numel(S), N)
             for v in n.inputs:
@@ -795,6 +996,51 @@ class _Planner:
                     self.partial[id(o)] = (c[1], c[2], c[3])
         return kind
 
+    def _column_layouts(self, n: Node, kind: dict[int, str], N: Dim, L: Dim) -> None:
+        """A step on column values: their tiles are full tiles of the loop space (the source
+        of a slice, loaded or computed); its result is one too (or a full value, for a
+        Concat spanning the row)."""
+        for v in n.inputs:
+            o = self.owner(v)
+            if id(o) in self.colinputs:  # rows of its own width, broadcast over outer axes
+                self._column_input(n, v, o, kind)
+                continue
+            if id(o) in kind:
+                continue
+            c = self._classify(o, tuple(o.shape), L) if _eq(o.type.numel, N) else None
+            if c is None or c[0] not in (FULL, PARTIAL):
+                raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
+                                  "that is not a full tile) in the loop space", node=n)
+            kind[id(o)] = c[0]
+            if c[0] == PARTIAL:
+                self.partial[id(o)] = (c[1], c[2], c[3])
+        out = n.outputs[0]
+        if id(out) not in self.cols and not _eq(out.type.numel, N):
+            raise Unsupported(f"{n.op} of slices of the last axis smaller than the loop space",
+                              node=n)
+        kind[id(out)] = FULL
+
+    def _column_input(self, n: Node, v: Value, o: Value, kind: dict[int, str]) -> None:
+        """A kernel input read with columns of rows: each row of the loop space loads the
+        input's row it broadcasts to (a PARTIAL map over the outer axes), at the columns."""
+        S = tuple(n.outputs[0].shape)
+        vs = tuple(v.shape)
+        if len(vs) > len(S) or tuple(v.shape) != tuple(o.shape):
+            raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
+                              "axis", node=n)
+        vs = (1,) * (len(S) - len(vs)) + vs
+        if any(not (_eq(a, b) or _eq(a, 1)) for a, b in zip(vs, S, strict=True)):
+            raise Unsupported(f"{n.op}: {v.name} does not broadcast to a slice of the last "
+                              "axis", node=n)
+        strides = views.contiguous(vs)
+        outer = tuple(0 if _eq(a, 1) and not _eq(b, 1) else st
+                      for a, b, st in zip(vs[:-1], S[:-1], strides[:-1], strict=True))
+        got = (S[:-1], outer, 0)
+        if kind.get(id(o)) not in (None, PARTIAL) or self.partial.get(id(o), got) != got:
+            raise Unsupported(f"{v.name} is read both as columns of rows and otherwise", node=n)
+        kind[id(o)] = PARTIAL
+        self.partial[id(o)] = got
+
     def _check_placed(self, n: Node, v: Value, placed: str, S, L: Dim) -> None:
         """A row or column computed from kernel inputs placed by shape alone (against the
         first full-size value they broadcast to) is held in that layout; a use through a view
@@ -819,7 +1065,7 @@ class _Planner:
                                   "loop space")
             if c[0] == PARTIAL:
                 return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), c[1], c[2], c[3],
-                                self.owner(v))
+                                self.owner(v), copies=self.copies.get(id(v), ()))
         o = self.owner(local)
         k = kind.get(id(o))
         if k is None:
@@ -827,7 +1073,15 @@ class _Planner:
         if not is_input and k == PARTIAL:
             k = FULL  # a loaded tile stored back (a broadcast or slice materialised)
         outer, strides, base = self.partial.get(id(o), ((), (), 0)) if is_input else ((), (), 0)
-        return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o)
+        copies = () if is_input else self.copies.get(id(v), ())
+        col = self.colinputs.get(id(o)) if is_input else None
+        if col is not None:
+            return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
+                            columns=(col[0], col[1]))
+        if copies and k != FULL:
+            raise Unsupported(f"output {v.name}: copies of a {k} value")
+        return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
+                        copies=copies)
 
 
 def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
@@ -893,7 +1147,17 @@ def plan(kernel: Node, row_chunks: bool = False, target: targets.Target | None =
     except Unsupported as e:
         if e.node is not None:
             e.node = planner.moved.get(id(e.node)) or planner.origin.get(id(e.node), e.node)
-        raise
+        # a broadcast materialised in UB makes its source compact; stored once per copy
+        # instead, the source is the loop space (grouped-query attention's k/v repeat)
+        if not any(n.op == "BroadcastTo" for n in kernel.subgraph.nodes):
+            raise
+        planner = _Planner(kernel, row_chunks, stored_broadcasts=True)
+        try:
+            s = planner.plan()
+        except Unsupported:
+            raise e from None
+        if not planner.bstores:
+            raise
     if target is not None:
         s.target = target
     return s

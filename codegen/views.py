@@ -104,6 +104,81 @@ def through_views(v: Value, source: Value, is_view) -> tuple[Dim, ...] | None:
     return strides
 
 
+def column_slice(n: Node) -> tuple[int, int] | None:
+    """(first column, width) when ``n`` is a Slice/StridedSlice that keeps every axis but the
+    last whole and takes a run of consecutive columns of a static last axis (rotary
+    embedding's halves): a view of each row at a column offset. None otherwise."""
+    if n.op not in ("Slice", "StridedSlice") or not n.inputs[0].shape:
+        return None
+    src, out = tuple(n.inputs[0].shape), tuple(n.outputs[0].shape)
+    last = len(src) - 1
+    if not isinstance(src[last], int) or any(not _eq(a, b) for a, b in zip(src[:last],
+                                                                            out[:last])):
+        return None
+    if n.op == "Slice":
+        return n.attrs["begin"][last], out[last]
+    a = n.attrs
+    axes = a["axes"] if a["axes"] is not None else list(range(len(a["begin"])))
+    steps = a["strides"] or [1] * len(a["begin"])
+    start = 0
+    for b, e, st, ax in zip(a["begin"], a["end"], steps, axes, strict=True):
+        ax %= len(src)
+        if ax != last:
+            if st != 1 and not _eq(src[ax], 1):
+                return None
+            continue
+        if st != 1:
+            return None
+        start = slice(b, e, st).indices(src[last])[0]
+    return start, out[last]
+
+
+def column_source(v: Value, elementwise, unit: int = 1, depth: int = 0) -> Value | None:
+    """The value whose columns ``v`` shows: ``v`` is a slice of the last axis (of a slice...)
+    of it, a Concat of such pieces along the last axis, or elementwise ops on them with other
+    operands of their own width (``-x[..., h:]``, ``x[..., :r] * cos``). None otherwise, or
+    when a slice starts at a column that is not a multiple of ``unit``."""
+    n = v.producer
+    if n is None or depth > 64:
+        return None
+    if column_slice(n) is not None:
+        while v.producer is not None and column_slice(v.producer) is not None:
+            if column_slice(v.producer)[0] % unit:
+                return None
+            v = v.producer.inputs[0]
+        return v
+    if n.op == "Concat" and column_concat(n, elementwise, unit, depth + 1):
+        return column_source(n.inputs[0], elementwise, unit, depth + 1)
+    if not elementwise(n) or len(n.outputs) != 1:
+        return None
+    srcs = [column_source(x, elementwise, unit, depth + 1) for x in n.inputs
+            if not _eq(x.type.numel, 1)]
+    found = [s for s in srcs if s is not None]
+    if not found or len({symbolic.canon(s.shape[-1]) for s in found}) != 1:
+        return None
+    return found[0]
+
+
+def column_concat(n: Node, elementwise, unit: int = 1, depth: int = 0) -> bool:
+    """A Concat along the last axis whose operands all show columns of values with rows of
+    one length (rotary embedding's ``cat(-x[..., h:], x[..., :h])``): the code generator
+    copies each piece to its columns of one tile. ``unit``: every piece starts at a multiple
+    of it, in the Concat and where it is sliced from (the UB block, in elements)."""
+    if n.op != "Concat" or not n.outputs[0].shape:
+        return False
+    rank = len(n.outputs[0].shape)
+    if n.attrs["axis"] % rank != rank - 1:
+        return False
+    at = 0
+    for x in n.inputs:
+        if not isinstance(x.shape[-1], int) or at % unit:
+            return False
+        at += x.shape[-1]
+    srcs = [column_source(x, elementwise, unit, depth) for x in n.inputs]
+    return all(s is not None for s in srcs) and len(
+        {symbolic.canon(s.shape[-1]) for s in srcs}) == 1
+
+
 def _same_scalar(vals: list[Value]) -> bool:
     """One scalar for every piece: the same value, or equal one-element constants."""
     if not all(_eq(v.type.numel, 1) for v in vals):

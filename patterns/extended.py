@@ -28,30 +28,62 @@ def concat(model, a):
     pulled in only where the code generator takes the result: operands of one shape (stored
     operand by operand), or one op every operand ends with (run once after the Concat)."""
     if not _single(a, "Concat"):
-        return None
+        return _column_slices(model, a)
     node = a.nodes[0]
-    prods = [p for p in model.producer_areas(a)
-             if model.kind(p) <= OpKind.SLICE and model.only_consumer_is(p, a)]
+    columns = _columns(node, model.cfg)
+    prods = [p for p in model.producer_areas(a) if model.only_consumer_is(p, a) and (
+        model.kind(p) <= OpKind.SLICE or (columns and _row_work(p, model.cfg)))]
+    cons, _ = model.consumers(a)
+    # a Concat of column pieces is an ordinary tile to the code generator: its elementwise
+    # consumer joins with the pieces (no other pattern takes a producer of kind CONCAT)
+    tail = cons if prods and len(cons) == 1 and model.kind(cons[0]) <= OpKind.BROADCAST and \
+        columns else []
     if prods:
-        got = fuse_if(model, "concat", [a] + prods, [need(
-            lambda: _generated(node, prods),
+        got = fuse_if(model, "concat", [a] + prods + tail, [need(
+            lambda: _generated(node, prods, model.cfg),
             lambda: f"{a.name}: operands of different shapes not computed by the same "
                     "elementwise ops, or one value read through two views (the code generator "
                     "loads each input once; a Concat of kernel inputs piece by piece, after "
                     "moving the ops every operand shares past it)")])
         if got is not None:
             return got
-    cons, _ = model.consumers(a)
     if len(cons) == 1 and model.kind(cons[0]) <= OpKind.BROADCAST:
         return fuse_if(model, "concat", [cons[0], a], [])
     return None
 
 
-def _generated(node, prods) -> bool:
+def _column_slices(model, a):
+    """An area of rotary-like row work takes the slices of the last axis only it reads (the
+    rotated part of a partial rotary embedding, sliced again into halves)."""
+    from graphkernel.codegen.views import column_slice
+
+    if not _row_work(a, model.cfg):
+        return None
+    prods = [p for p in model.producer_areas(a) if model.only_consumer_is(p, a)
+             and all(column_slice(n) is not None for n in p.nodes)]
+    return fuse_if(model, "concat", [a] + prods, []) if prods else None
+
+
+def _columns(node, cfg) -> bool:
+    """A Concat of column pieces the code generator copies into one tile: every piece on a
+    UB block of the type kernels compute in (fp32 from opt_level 2, where promote_precision
+    widens fp16/bf16 inside kernels, unless enable_low_precision)."""
+    from graphkernel.codegen.schedule import elementwise
+    from graphkernel.codegen.targets import load
+    from graphkernel.codegen.views import column_concat
+
+    wide = cfg.opt_level >= 2 and not cfg.enable_low_precision
+    size = 4 if wide else node.outputs[0].dtype.itemsize
+    return column_concat(node, elementwise, load(cfg.target).ub_align_bytes // size)
+
+
+def _generated(node, prods, cfg) -> bool:
     """Whether the code generator takes ``node`` (a Concat) with ``prods`` pulled in."""
     from graphkernel.codegen.schedule import elementwise
     from graphkernel.codegen.views import sinks_to_inputs
 
+    if _columns(node, cfg):
+        return True  # pieces of rows copied to their columns (a value read through slices)
     mine = {id(n) for p in prods for n in p.nodes}
     views: dict[int, int] = {}  # an outside value -> the slices/transposes reading it
     for p in prods:
@@ -73,14 +105,27 @@ def gather(model, a):
         else None
 
 
+VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
+
+
+def _private_sources(a) -> bool:
+    """Every value an area of views reads from outside is read by nothing else: in a kernel
+    with its consumer it is one strided load (the head split before rotary embedding)."""
+    mine = {id(n) for n in a.nodes}
+    return all(len(x.uses) == 1 for n in a.nodes for x in n.inputs
+               if x.producer is None or id(x.producer) not in mine)
+
+
 @pattern("transpose", order=112, direction="fwd", mode="width", level=2)
 def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
     when the last axis stays last: the code generator moves rows of a transposed value
     (strided loads and stores); it has no in-UB transpose."""
-    if not _single(a, "Transpose"):
+    moved = [n for n in a.nodes if n.op not in VIEWS]
+    if len(moved) != 1 or moved[0].op != "Transpose" or (
+            a.ops > 1 and not _private_sources(a)):
         return None
-    perm = list(a.nodes[0].attrs["perm"])
+    perm = list(moved[0].attrs["perm"])
     keeps_last = [need(lambda: perm[-1] == len(perm) - 1,
                        lambda: f"{a.name} moves the last axis (the code generator moves rows "
                                "of a transposed value; it has no in-UB transpose)")]
@@ -89,6 +134,18 @@ def transpose(model, a):
     if prods:
         return fuse_if(model, "transpose", [a] + prods, keeps_last)
     cons, external = model.consumers(a)
-    if len(cons) == 1 and not external and model.kind(cons[0]) <= OpKind.BROADCAST:
+    if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
+                                            or _row_work(cons[0], model.cfg)):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)
     return None
+
+
+def _row_work(a, cfg) -> bool:
+    """An area of elementwise work, slices of the last axis and Concats of them (rotary
+    embedding): the code generator reads a transposed input of it as a strided load."""
+    from graphkernel import ops
+    from graphkernel.codegen.views import column_slice
+
+    return any(n.op == "Concat" for n in a.nodes) and all(
+        ops.get(n.op).kind <= OpKind.BROADCAST or column_slice(n) is not None
+        or (n.op == "Concat" and _columns(n, cfg)) for n in a.nodes)

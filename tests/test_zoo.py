@@ -55,24 +55,30 @@ def _builders():
     return builders()
 
 
-def test_torch_compile_on_every_zoo_model_matches_eager_without_opaque_ops():
+def _compiled_matches_eager(name: str, build, inputs) -> dict:
+    """torch.compile of a zoo model with the graphkernel backend against eager; the backend's
+    stats."""
     import torch
 
     import graphkernel.torch as gt
 
+    torch._dynamo.reset()
+    gt.reset_stats()
+    model, args = build(), inputs()
+    with torch.no_grad():
+        want = model(*args)
+        got = torch.compile(model, backend="graphkernel")(*args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5, msg=name)
+    return gt.stats()
+
+
+def test_torch_compile_on_every_zoo_model_matches_eager_without_opaque_ops():
     warnings.simplefilter("ignore")
     zoo = _builders()
     assert {"mistral", "gemma", "falcon", "bloom", "albert", "electra", "deit", "convnext",
             "wav2vec2"} <= set(zoo)
     for name, (build, inputs) in zoo.items():
-        torch._dynamo.reset()
-        gt.reset_stats()
-        model, args = build(), inputs()
-        with torch.no_grad():
-            want = model(*args)
-            got = torch.compile(model, backend="graphkernel")(*args)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5, msg=name)
-        s = gt.stats()
+        s = _compiled_matches_eager(name, build, inputs)
         assert s["graphs"] == 1 and s["fallbacks"] == {}, (name, s["fallbacks"])
         assert s["launches"]["opaque"] == 0, name
         if name in ("gpt2", "bert", "llama", "qwen2", "t5_encoder", "vit", "whisper_encoder",
@@ -106,3 +112,24 @@ def test_training_step_gradients_match_eager(name):
     s = gt.stats()
     assert [g["role"] for g in s["per_graph"]] == ["forward", "backward"]
     assert s["fallbacks"] == {}
+
+
+def test_llama_rotary_embedding_runs_with_its_head_split_in_one_kernel_per_tensor():
+    """LLaMA's q and k: the head split (Reshape, Transpose) and the rotary embedding
+    ``x*cos + cat(-x2, x1)*sin`` are one generated kernel each; torch.compile through them
+    matches eager."""
+    import graphkernel.torch as gt
+
+    warnings.simplefilter("ignore")
+    build, inputs = _builders()["llama"]
+    s = _compiled_matches_eager("llama", build, inputs)
+    assert [g["codegen_fallbacks"] for g in s["per_graph"]] == [0]
+    res = graphkernel.compile(gt.export_graph(build(), inputs(), name="llama"),
+                              "--opt_level=2", env={})
+    assert not res.report.extra["fallbacks"]
+    rotary = [sorted({m.op for m in n.subgraph.nodes}) for n in res.graph.nodes
+              if n.op == "GraphKernel" and any(m.op == "Concat" for m in n.subgraph.nodes)]
+    layers = sum(n.op == "Softmax" for n in gt.export_graph(build(), inputs()).nodes)
+    assert len(rotary) == 2 * layers, rotary  # q and k of every layer
+    for ops in rotary:
+        assert {"Reshape", "Transpose", "StridedSlice", "Neg", "Concat", "Mul", "Add"} <= set(ops)

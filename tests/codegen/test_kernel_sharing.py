@@ -137,3 +137,27 @@ def test_refusals_carried_over_as_checking_each_kernel_gives(monkeypatch):
     assert once.report.extra["fallbacks"] and len(checks) - n_once > n_once
     assert once.report.extra["fallbacks"] == each.report.extra["fallbacks"]
     assert str(once.graph) == str(each.graph)
+
+
+def test_carried_over_schedule_keeps_columns_of_rows():
+    """Two equal rotary embeddings (slices of the last axis put back by a Concat): the
+    second kernel's schedule, carried over, renders as planning it afresh does."""
+    g = Graph("rotary2")
+    cos, sin = (g.add_input(n, TensorType((1, 1, 16, 16), "float32")) for n in ("cos", "sin"))
+    outs = []
+    for i in range(2):
+        x = g.add_input(f"x{i}", TensorType((2, 4, 16, 16), "float32"))
+        h = [g.add_node("StridedSlice", [x], {"begin": [b], "end": [e], "strides": [1],
+                                              "axes": [3]}).output for b, e in ((0, 8), (8, 16))]
+        rot = g.add_node("Concat", [g.add_node("Neg", [h[1]]).output, h[0]], {"axis": -1})
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, cos]).output, g.add_node(
+            "Mul", [rot.output, sin]).output]).output)
+    g.set_outputs(outs)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra["fallbacks"]
+    scheds = schedules(res)
+    shared = shared_kernels(res)
+    assert len(shared) == 1
+    for name in shared:
+        mine = render(scheds[name])
+        assert mine.files == render(check(res.graph.node(name), targets.load("ascend910b"))).files

@@ -9,6 +9,7 @@ import pytest
 
 import graphkernel
 from graphkernel.codegen import views
+from graphkernel.codegen.lower import lower
 from graphkernel.codegen.schedule import Unsupported, plan
 from graphkernel.explain import explain
 from graphkernel.kernels import build_kernel
@@ -63,6 +64,61 @@ def view_cases() -> list[Case]:
     n = _n(g)
     pieces = [n("Relu", [n("Add", [v[k], g.const(np.float32(0.1))])]) for k in "abc"]
     add("concat-of-branches-ending-alike", g, n("Concat", pieces, axis=1), flags="--opt_level=2")
+    cases += rotary_cases()
+    return cases
+
+
+def rotary(name: str, dt: str = "float32", heads: int = 4, rot: int = 16, d: int = 16,
+           repeat: int = 1, split: bool = True, batch="2"):
+    """LLaMA's rotary embedding of q or k: the head split of a projection ``[B*S, H*D]``
+    (Reshape, Transpose to ``[B, H, S, D]``), then ``x*cos + rotate_half(x)*sin`` over the
+    first ``rot`` columns (the rest passed through, concatenated back), with
+    ``rotate_half(x) = cat(-x[..., h:], x[..., :h])``; ``repeat``: grouped-query attention's
+    repeat of the k heads after it. ``split=False``: x is ``[B, H, S, D]`` already."""
+    S = 16
+    B = int(batch) if batch.isdigit() else batch
+    x_shape = (2 * S, heads * d) if split else (B, heads, S, d)
+    g, v = _g(name, {"x": x_shape, "cos": (1, 1, S, rot), "sin": (1, 1, S, rot)}, dt)
+    n = _n(g)
+
+    def cols(x, a, b):
+        return n("StridedSlice", [x], begin=[a], end=[b], strides=[1], axes=[3])
+
+    x = v["x"]
+    if split:
+        x = n("Transpose", [n("Reshape", [x], shape=[2, S, heads, d])], perm=[0, 2, 1, 3])
+    xr = x if rot == d else cols(x, 0, rot)
+    half = rot // 2
+    rotated = n("Concat", [n("Neg", [cols(xr, half, 2**62)]), cols(xr, 0, half)], axis=-1)
+    y = n("Add", [n("Mul", [xr, v["cos"]]), n("Mul", [rotated, v["sin"]])])
+    if rot != d:
+        y = n("Concat", [y, cols(x, rot, 2**62)], axis=-1)
+    if repeat > 1:
+        y = n("BroadcastTo", [n("ExpandDims", [y], axis=[2])], shape=[2, heads, repeat, S, d])
+        y = n("Reshape", [y], shape=[2 * heads * repeat, S, d])
+    g.set_outputs([y])
+    return g
+
+
+def rotary_cases() -> list[Case]:
+    cases = []
+    for dt in ("float32", "float16"):
+        cases.append(Case(f"rotary-full-{dt}", rotary(f"rot_{dt}", dt), "--opt_level=2"))
+        cases.append(Case(f"rotary-partial-{dt}", rotary(f"rotp_{dt}", dt, rot=32, d=64),
+                          "--opt_level=2"))
+        cases.append(Case(f"rotary-gqa-repeat-{dt}", rotary(f"rotk_{dt}", dt, heads=2,
+                                                            repeat=3 if dt == "float16" else 2),
+                          "--opt_level=3"))
+    # v: the head split and the repeat of its heads, no computing step at all
+    g, v = _g("v_repeat", {"x": (32, 32)})
+    n = _n(g)
+    t = n("Transpose", [n("Reshape", [v["x"]], shape=[2, 16, 2, 16])], perm=[0, 2, 1, 3])
+    t = n("BroadcastTo", [n("ExpandDims", [t], axis=[2])], shape=[2, 2, 2, 16, 16])
+    g.set_outputs([n("Reshape", [t], shape=[8, 16, 16])])
+    cases.append(Case("gqa-head-split-and-repeat", g, "--opt_level=2"))
+    cases.append(Case("rotary-no-head-split-symbolic-batch",
+                      rotary("rot_b", split=False, batch="b"), "--opt_level=2",
+                      dims=[{"b": 1}, {"b": 3}]))
     return cases
 
 
@@ -128,3 +184,31 @@ def test_a_reshape_that_merges_axes_the_map_keeps_apart_has_no_map():
     # [3, 4] transposed to [4, 3] then flattened: no affine map over a [12] source
     assert views.reshape_map((12,), (4, 3), (1, 4)) is None
     assert views.reshape_map((12,), (4, 3), (3, 1)) == (1,)
+
+
+@pytest.mark.parametrize("attrs,op,want", [
+    ({"begin": [0], "end": [8], "strides": [1], "axes": [3]}, "StridedSlice", (0, 8)),
+    ({"begin": [8], "end": [2**62], "strides": [1], "axes": [-1]}, "StridedSlice", (8, 8)),
+    ({"begin": [0, 4], "end": [2**62, 12], "strides": [1, 1], "axes": [0, 3]}, "StridedSlice",
+     (4, 8)),
+    ({"begin": [0, 0, 0, 2], "size": [-1, -1, -1, 6]}, "Slice", (2, 6)),
+    ({"begin": [0], "end": [8], "strides": [2], "axes": [3]}, "StridedSlice", None),
+    ({"begin": [1], "end": [3], "strides": [1], "axes": [2]}, "StridedSlice", None),
+])
+def test_a_slice_of_the_last_axis_is_a_run_of_columns(attrs, op, want):
+    g, v = _g("cols", {"x": (2, 3, 4, 16)})
+    node = g.add_node(op, [v["x"]], attrs)
+    assert views.column_slice(node) == want
+
+
+def test_a_concat_of_columns_off_the_ub_block_is_left_unfused_naming_why():
+    """Halves of 4 fp32 columns start 16 bytes into a row: the pattern leaves the Concat's
+    producers out, and a kernel built anyway falls back naming the UB block."""
+    g = rotary("rot_narrow", rot=8, d=8)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not any(n.op == "GraphKernel" and {"Neg", "Concat"} <= {m.op for m in n.subgraph.nodes}
+                   for n in res.graph.nodes)
+    kernel = g.copy()
+    node = build_kernel(kernel, list(kernel.nodes), "k", "test")
+    with pytest.raises(Unsupported, match="does not start on a 32-byte UB block"):
+        lower(plan(node))

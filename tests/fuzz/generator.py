@@ -363,7 +363,9 @@ class Gen:
         more output, so every seed's other ops are the ones it always had): a transpose of a
         computed value keeping its last axis, a channel shuffle (Reshape -> Transpose ->
         Reshape), a Concat of pieces of different lengths ending with one shared op, or of
-        new inputs, followed by elementwise ops."""
+        new inputs, followed by elementwise ops, or a computed value rotated as rotary
+        embedding does: sliced in two along the last axis, one piece negated, concatenated
+        back the other way round (of the first columns only, the rest passed through)."""
         r = random.Random(self.seed * 7919 + 1)
         if r.random() < 0.6:
             return None
@@ -373,8 +375,10 @@ class Gen:
         x = r.choice(ins)
         n = lambda op, vs, **a: self.g.add_node(op, vs, a).outputs[0]  # noqa: E731
         y = n(r.choice(["Exp", "Neg", "Abs", "Tanh"]), [x])
-        kind = r.choice(["transpose", "shuffle", "concat_sunk", "concat_inputs"])
+        kind = r.choice(["transpose", "shuffle", "concat_sunk", "concat_inputs", "rotate"])
         shape = list(x.shape)
+        if kind == "rotate":
+            return self._rotate(r, x)
         if kind == "transpose":
             perm = list(range(len(shape) - 1))
             r.shuffle(perm)
@@ -406,6 +410,30 @@ class Gen:
         cat = n("Concat", parts, axis=ax)
         return n("Add", [n("Relu", [cat]), n("Exp", [cat])]) if r.random() < 0.5 else \
             n("Tanh", [cat])
+
+    def _rotate(self, r: random.Random, x: Value) -> Value:
+        """``y*z + cat(-y[..., c:w], y[..., :c], y[..., w:]) * z`` for ``y = op(z)`` and a
+        new input ``z`` of x's leading axes and a last axis of 16 to 32 (rotary embedding's
+        ``rotate_half`` over the first ``w`` columns): cut points mostly on 8 columns (a UB
+        block of fp32, what the code generator copies), sometimes anywhere."""
+        n = lambda op, vs, **a: self.g.add_node(op, vs, a).outputs[0]  # noqa: E731
+        d = r.choice([16, 24, 32])
+        z = self.g.add_input(f"in{len(self.g.inputs)}",
+                             TensorType(tuple(x.shape[:-1]) + (d,), x.dtype))
+        y = n(r.choice(["Exp", "Neg", "Tanh"]), [z])
+        aligned = r.random() < 0.7
+        w = d if r.random() < 0.6 else r.choice(range(8, d, 8)) if aligned else \
+            r.randint(2, d - 1)
+        c = r.choice(range(8, w, 8)) if aligned and w >= 16 else r.randint(1, w - 1)
+
+        def cols(a: int, b: int) -> Value:
+            return n("StridedSlice", [y], begin=[a], end=[b], strides=[1], axes=[-1])
+
+        pieces = [n(r.choice(["Neg", "Abs"]), [cols(c, w)]), cols(0, c)]
+        if w < d:
+            pieces.append(cols(w, d))
+        rot = n("Concat", pieces, axis=-1)
+        return n("Add", [n("Mul", [y, z]), n("Mul", [rot, z])])
 
     def build(self) -> Graph:
         n_in = self.r.randint(1, 3)
