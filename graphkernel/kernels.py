@@ -156,6 +156,21 @@ def inline_producer(graph: Graph, consumer: Node, producer: Node, value: Value) 
 
 def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
     """One kernel computing two independent kernels side by side (shared inputs read once)."""
+    new, inputs = parallel_body(first, second, name)
+    pattern = f"parallel({first.attrs['pattern']}|{second.attrs['pattern']})"
+    k = graph.add_node("GraphKernel", inputs, {"subgraph": new, "pattern": pattern},
+                       name=graph.fresh_name(name), origin=tuple(dict.fromkeys(first.origin
+                                                                               + second.origin)))
+    olds = list(first.outputs) + list(second.outputs)
+    for old, nv in zip(olds, k.outputs, strict=True):
+        graph.replace_all_uses(old, nv)
+    graph.erase_node(first)
+    graph.erase_node(second)
+    return k
+
+
+def parallel_body(first: Node, second: Node, name: str) -> tuple[Graph, list[Value]]:
+    """The body of ``first`` and ``second`` side by side, and the outer values it reads."""
     new = Graph(name)
     params: dict[int, Value] = {}
     inputs: list[Value] = []
@@ -171,16 +186,7 @@ def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
             new.clone_node(n, vmap, rename=new.fresh_name)
         outs += [vmap[id(v)] for v in k.subgraph.outputs]
     new.set_outputs(outs)
-    pattern = f"parallel({first.attrs['pattern']}|{second.attrs['pattern']})"
-    k = graph.add_node("GraphKernel", inputs, {"subgraph": new, "pattern": pattern},
-                       name=graph.fresh_name(name), origin=tuple(dict.fromkeys(first.origin
-                                                                               + second.origin)))
-    olds = list(first.outputs) + list(second.outputs)
-    for old, nv in zip(olds, k.outputs, strict=True):
-        graph.replace_all_uses(old, nv)
-    graph.erase_node(first)
-    graph.erase_node(second)
-    return k
+    return new, inputs
 
 
 def unfuse(graph: Graph, kernel: Node) -> list[Node]:

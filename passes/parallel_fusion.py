@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphkernel.ir import Graph, Node
-from graphkernel.kernels import merge_parallel, next_kernel_name
+from graphkernel.kernels import merge_parallel, next_kernel_name, parallel_body
 from graphkernel.registry import PassResult, counted
 
 
@@ -26,9 +26,37 @@ def _ops(k: Node) -> int:
     return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
 
 
+def _scheduled(k: Node) -> bool:
+    """Whether the code generator schedules kernel ``k`` (a reduction needing several passes
+    over its rows counts: it becomes phase kernels, not a fallback)."""
+    from graphkernel.codegen.schedule import NeedsPhases, Unsupported, plan
+
+    try:
+        plan(k)
+    except NeedsPhases:
+        return True
+    except Unsupported:
+        return False
+    return True
+
+
+def refused_together(a: Node, b: Node) -> bool:
+    """The code generator schedules ``a`` and ``b`` each, but not side by side: their loop
+    spaces differ in a way one kernel cannot hold (q's and k's rotary embedding when k has
+    fewer heads). Joining them would only be split again by the fallback."""
+    if not (_scheduled(a) and _scheduled(b)):
+        return False  # a product's kernel, or one already refused: as before
+    body, ins = parallel_body(a, b, "probe")
+    probe = Graph("probe")
+    k = probe.add_node("GraphKernel", [probe.add_input(v.name, v.type) for v in ins],
+                       {"subgraph": body, "pattern": "parallel"})
+    return not _scheduled(k)
+
+
 def parallel_fusion(graph, ctx) -> PassResult:
     """Rewrite two kernels that share an input and do not depend on each other -> one kernel
-    launching both (nvFuser's horizontal mode), within composite_op_limit_size."""
+    launching both (nvFuser's horizontal mode), within composite_op_limit_size, unless the
+    code generator schedules each but not both together."""
     limit = ctx.flags.composite_op_limit_size
     merged = 0
     changed = True
@@ -43,7 +71,7 @@ def parallel_fusion(graph, ctx) -> PassResult:
                     a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
                     if _ops(a) + _ops(b) > limit:
                         continue
-                    if reaches(graph, a, b, order):
+                    if reaches(graph, a, b, order) or refused_together(a, b):
                         continue
                     if not ctx.should_apply(f"{a.name} | {b.name}", [a, b]):
                         continue

@@ -66,7 +66,7 @@ def test_parallel_fusion_launches_independent_kernels_sharing_an_input_together(
     x = g.add_input("x", TensorType((64, 256), "float32"))
     s1 = g.add_node("ReduceSum", [g.add_node("Exp", [x], name="e").output], {"axis": [1]},
                     name="s1").output
-    s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x], name="n").output], {"axis": [0]},
+    s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x], name="n").output], {"axis": [1]},
                     name="s2").output
     g.set_outputs([s1, s2])
     two = fusion(g, "--opt_level=2")
@@ -76,6 +76,21 @@ def test_parallel_fusion_launches_independent_kernels_sharing_an_input_together(
     assert kernels(one)[0].attrs["pattern"].startswith("parallel(")
     assert one.report.extra["gm_bytes_fused"] < two.report.extra["gm_bytes_fused"]
     assert len(kernels(fusion(g, "--opt_level=2 --enable_parallel_fusion"))) == 1
+
+
+def test_parallel_fusion_leaves_apart_kernels_the_code_generator_cannot_join():
+    """A reduction of the rows and one of the columns have no common loop space (nor q's
+    and k's rotary embedding when k has fewer heads): joined, the code generator would split
+    them again, so they stay two launches and nothing falls back."""
+    g = Graph("apart")
+    x = g.add_input("x", TensorType((64, 256), "float32"))
+    s1 = g.add_node("ReduceSum", [g.add_node("Exp", [x]).output], {"axis": [1]}).output
+    s2 = g.add_node("ReduceMax", [g.add_node("Neg", [x]).output], {"axis": [0]}).output
+    g.set_outputs([s1, s2])
+    res = graphkernel.compile(g, "--opt_level=3", env={})
+    assert len(kernels(res)) == 2
+    assert not res.report.extra["fallbacks"]
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(res))
 
 
 def test_parallel_fusion_never_merges_dependent_kernels():
