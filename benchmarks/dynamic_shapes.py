@@ -74,15 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    from export_models import builders
+    from export_models import select
 
-    zoo = builders()
-    unknown = sorted(set(a.models) - set(zoo))
-    if unknown:
-        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
-              file=sys.stderr)
+    zoo = select(a.models)
+    if zoo is None:
         return 2
-    zoo = {k: v for k, v in zoo.items() if not a.models or k in a.models}
     progress.auto()
     print("torch.compile(dynamic=True), inference: one compile serving three input sizes")
     print(f"{'model':<16} {'sizes':<22} {'graphs':>6} {'recompiles':>10} "

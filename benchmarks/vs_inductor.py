@@ -179,15 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
-    from export_models import builders
+    from export_models import select
 
-    zoo = builders()
-    unknown = sorted(set(a.models) - set(zoo))
-    if unknown:
-        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
-              file=sys.stderr)
+    zoo = select(a.models)
+    if zoo is None:
         return 2
-    zoo = {k: v for k, v in zoo.items() if not a.models or k in a.models}
     progress.auto()  # on a terminal: which model
     warm_up()
     compiled_table(zoo)

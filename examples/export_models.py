@@ -121,6 +121,18 @@ def builders():
     }
 
 
+def select(names) -> dict | None:
+    """The zoo's builders named in ``names`` (every one when empty), in zoo order; None, after
+    printing what is accepted, when a name is not in the zoo (the benchmarks exit 2)."""
+    zoo = builders()
+    unknown = sorted(set(names) - set(zoo))
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
+              file=sys.stderr)
+        return None
+    return {k: v for k, v in zoo.items() if not names or k in names}
+
+
 def export_all(names=None) -> list[Path]:
     import torch
 
