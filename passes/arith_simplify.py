@@ -72,8 +72,6 @@ def _concat_parts(g: Graph, n: Node) -> Value | None:
     empty cache a decoder concatenates its first keys to); of a single part, that part."""
     axis = n.attrs["axis"] % n.outputs[0].type.rank
     parts = [v for v in n.inputs if v.shape[axis] != 0]
-    if len(parts) == len(n.inputs) and len(parts) > 1:
-        return None
     if len(parts) == 1 and parts[0].type == n.outputs[0].type:
         return parts[0]
     if not parts or len(parts) == len(n.inputs):

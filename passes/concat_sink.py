@@ -48,6 +48,8 @@ def _joined_constant(pieces: list[Node], pos: int, axis: int) -> np.ndarray | No
         arrays.append(c.reshape((1,) * (rank - c.ndim) + c.shape))
     if len({a.dtype for a in arrays}) != 1:
         return None
+    if arrays[0].shape[axis] == 1 and all(np.array_equal(a, arrays[0]) for a in arrays):
+        return arrays[0]  # one constant shared by every piece (a ReLU's 0): keep it small
     common = [max(a.shape[d] for a in arrays) for d in range(rank)]
     out = []
     for a, n in zip(arrays, pieces, strict=True):
@@ -57,10 +59,7 @@ def _joined_constant(pieces: list[Node], pos: int, axis: int) -> np.ndarray | No
             out.append(np.broadcast_to(a, shape))
         except ValueError:
             return None
-    joined = np.concatenate(out, axis=axis)
-    if all(np.array_equal(a, arrays[0]) for a in arrays) and arrays[0].shape[axis] == 1:
-        return arrays[0]  # one constant shared by every piece (a ReLU's 0): keep it small
-    return joined
+    return np.concatenate(out, axis=axis)
 
 
 def _sink(graph: Graph, concat: Node) -> Value | None:
@@ -103,12 +102,9 @@ def concat_sink(graph, ctx) -> PassResult:
             continue
         mark = len(graph)
         new = _sink(graph, node)
-        if new is None:
-            for extra in reversed(graph.nodes[mark:]):
-                graph.erase_node(extra)
-            continue
-        if not ctx.should_apply(f"sink {new.producer.op} below {node.name}", [node]):
-            for extra in reversed(graph.nodes[mark:]):
+        if new is None or not ctx.should_apply(f"sink {new.producer.op} below {node.name}",
+                                               [node]):
+            for extra in reversed(graph.nodes[mark:]):  # what a refused rewrite added
                 graph.erase_node(extra)
             continue
         pieces = [v.producer for v in node.inputs]

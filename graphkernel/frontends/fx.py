@@ -922,17 +922,16 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         return free, odd, spatial
 
     done: list[str] = []
-    # convolutions' spatial sizes first: with them fixed, a size such as s0*s1**2 (batch
-    # times a squared image side) is a product again and the batch can stay symbolic
-    for pick in (lambda odd, spatial: spatial, lambda odd, spatial: odd):
-        while True:
-            free, odd, spatial = scan()
-            todo = sorted(n for n in pick(odd, spatial) if n in free and n not in done)
-            if not todo:
-                break
-            guard_int(free[todo[0]])
-            done.append(todo[0])
-    return done
+    while True:  # one symbol at a time, scanning again: a guard may make other sizes products
+        free, odd, spatial = scan()
+        # convolutions' spatial sizes first: with them fixed, a size such as s0*s1**2 (batch
+        # times a squared image side) is a product again and the batch can stay symbolic
+        todo = sorted((spatial & free.keys()) - set(done)) or sorted((odd & free.keys())
+                                                                     - set(done))
+        if not todo:
+            return done
+        guard_int(free[todo[0]])
+        done.append(todo[0])
 
 
 def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
