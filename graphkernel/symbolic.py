@@ -4,6 +4,13 @@ A symbolic dim is a string: a symbol (``"s0"``) or a product of an integer
 coefficient and symbols (``"4*s0*s1"``). Monomials are closed under the
 operations shape inference needs most (flatten, split into factors, concat of
 equal symbols); anything else raises ``ShapeError`` naming the dims involved.
+
+A symbol may be *derived* from another: ``s0__m10_d5`` is ``floor((s0 - 10) / 5)`` and
+``s0__p1_d1`` is ``s0 + 1`` (the sizes a convolution, a pooling window or a slice from
+the end make of a symbolic length). Its name says how to compute it from its base, so it
+needs no table: ``evaluate`` computes it when the base is bound, and elsewhere it is a
+symbol like any other. Derived symbols compose (``floor((floor((x+a)/d) + b)/e)`` is
+``floor((x + a + b*d)/(d*e))``), so their base is always a plain symbol.
 """
 
 from __future__ import annotations
@@ -56,6 +63,58 @@ def _parse_other(d: Dim) -> Monomial:
                 "of an integer and symbols ('4*s0*s1')"
             )
     return coef, tuple(sorted(syms))
+
+
+_DERIVED = re.compile(r"^(?P<base>[A-Za-z_][A-Za-z0-9_]*?)__(?P<sign>[pm])(?P<add>\d+)"
+                      r"_d(?P<div>[1-9]\d*)$")
+
+
+def derived(d: str) -> tuple[str, int, int] | None:
+    """(base, a, d) of a derived symbol ``floor((base + a) / d)``; None for a plain one."""
+    m = _DERIVED.match(d)
+    if m is None:
+        return None
+    add = int(m["add"]) * (-1 if m["sign"] == "m" else 1)
+    return m["base"], add, int(m["div"])
+
+
+def floor_affine(d: Dim, add: int, div: int = 1) -> Dim:
+    """``floor((d + add) / div)``: an int for a static dim, a derived symbol for a symbol;
+    ``ShapeError`` for a product (``2*s0 + 1`` is not a dim graphkernel can name)."""
+    if div < 1:
+        raise ShapeError(f"cannot divide a dim by {div}")
+    if type(d) is int:
+        if d + add < 0:
+            raise ShapeError(f"dim {d} {'+' if add >= 0 else '-'} {abs(add)} is negative")
+        return (d + add) // div
+    coef, syms = parse_dim(d)
+    if coef != 1 or len(syms) != 1:
+        raise ShapeError(f"cannot express floor(({d} {'+' if add >= 0 else '-'} {abs(add)})"
+                         f" / {div}): only a single symbol can be offset or divided")
+    base, a0, d0 = derived(syms[0]) or (syms[0], 0, 1)
+    total_add, total_div = a0 + add * d0, d0 * div  # floor((floor((x+a0)/d0)+add)/div)
+    if total_div == 1 and total_add == 0:
+        return base
+    sign = "p" if total_add >= 0 else "m"
+    return f"{base}__{sign}{abs(total_add)}_d{total_div}"
+
+
+def pretty(d: Dim) -> str:
+    """A dim as a user reads it: ``s0__m5_d5`` -> ``(s0-5)//5``, ``s0__p1_d1`` -> ``s0+1``."""
+    if type(d) is int:
+        return str(d)
+    coef, syms = parse_dim(d)
+    parts = [str(coef)] if coef != 1 else []
+    for s in syms:
+        got = derived(s)
+        if got is None:
+            parts.append(s)
+            continue
+        base, a, dv = got
+        term = f"{base}{'+' if a >= 0 else '-'}{abs(a)}" if a else base
+        parts.append(f"({term})" if dv == 1 and (parts or len(syms) > 1) else
+                     term if dv == 1 else f"({term})//{dv}")
+    return "*".join(parts)
 
 
 def make_dim(coef: int, syms: Sequence[str]) -> Dim:
@@ -130,30 +189,45 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
         return d
     coef, syms = parse_dim(d)
     for s in syms:
-        if s not in env:
-            raise ShapeError(f"symbol {s!r} is not bound by any graph input")
-        coef *= env[s]
+        coef *= _symbol_value(s, env)
     return coef
+
+
+def _symbol_value(s: str, env: Mapping[str, int]) -> int:
+    if s in env:
+        return env[s]
+    got = derived(s)
+    if got is None:
+        raise ShapeError(f"symbol {s!r} is not bound by any graph input")
+    base, add, div = got
+    return (_symbol_value(base, env) + add) // div
 
 
 def bind(d: Dim, actual: int, env: dict[str, int]) -> bool:
     """Bind the free symbol of ``d`` so that it evaluates to ``actual``.
 
-    Returns False when the dim cannot equal ``actual`` under ``env``.
+    Returns False when the dim cannot equal ``actual`` under ``env``. A derived symbol whose
+    base is bound is known; one whose base is free binds the base when it is ``base + a``,
+    else binds under its own name (``evaluate`` looks names up before computing them).
     """
     coef, syms = parse_dim(d)
-    free = [s for s in syms if s not in env]
-    known = coef
+    free, known = [], coef
     for s in syms:
-        if s in env:
-            known *= env[s]
+        try:
+            known *= _symbol_value(s, env)
+        except ShapeError:
+            free.append(s)
     if not free:
         return known == actual
-    if len(set(free)) != 1 or len(free) != 1:
+    if len(free) != 1 or known == 0 or actual % known:
         return False
-    if known == 0 or actual % known:
-        return False
-    env[free[0]] = actual // known
+    value, got = actual // known, derived(free[0])
+    if got is not None and got[2] == 1:
+        if value - got[1] < 0:
+            return False
+        env[got[0]] = value - got[1]
+    else:
+        env[free[0]] = value
     return True
 
 

@@ -82,3 +82,34 @@ def test_symbolic_arithmetic():
     env: dict[str, int] = {}
     assert symbolic.bind("2*s", 6, env) and env == {"s": 3}
     assert not symbolic.bind("2*s", 7, {})
+
+
+@given(st.integers(0, 10_000), st.lists(st.tuples(st.integers(-20, 20), st.integers(1, 6)),
+                                        min_size=1, max_size=5))
+def test_derived_symbols_compute_the_chain_they_name(x, chain):
+    """A length through convolutions, pools and slices, floor((d + a) / k) step by step, is
+    one derived symbol that evaluates to the same integer (symbolic.py)."""
+    d: symbolic.Dim = "s0"
+    want = x + 1000  # long enough that no step goes negative
+    for a, k in chain:
+        d = symbolic.floor_affine(d, a, k)
+        want = (want + a) // k
+    assert symbolic.evaluate(d, {"s0": x + 1000}) == want
+    env: dict[str, int] = {}  # a derived symbol with a free base binds the base if it can
+    assert symbolic.bind(symbolic.mul(3, d), 3 * want, env)
+    assert symbolic.evaluate(d, env) == want
+
+
+def test_a_padded_convolution_and_a_slice_from_the_end_give_the_length_back():
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 4, 1, "L"), "float32"))
+    w = g.const(np.ones((4, 2, 1, 4), np.float32))
+    y = g.add_node("Conv2D", [x, w], {"pads": [0, 2, 0, 2], "group": 2}).output
+    assert y.type.shape[3] == "L__p1_d1" and symbolic.pretty(y.type.shape[3]) == "L+1"
+    z = g.add_node("StridedSlice", [y], {"begin": [0], "end": [-1], "axes": [3]}).output
+    assert z.type.shape == (2, 4, 1, "L")
+    s = g.add_node("Conv2D", [z, w],
+                   {"strides": [1, 3], "group": 2}).output
+    assert symbolic.pretty(s.type.shape[3]) == "(L-1)//3"
+    with pytest.raises(symbolic.ShapeError):
+        symbolic.floor_affine("2*L", 1)  # only one symbol can be offset

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import FrontendError, GraphKernelError
+from graphkernel import symbolic
+from graphkernel.errors import FrontendError, GraphKernelError, ShapeError
 from graphkernel.ir import DType, Graph, TensorType, Value
 
 log = logging.getLogger("graphkernel.fx")
@@ -65,16 +66,52 @@ _STATIC_SPATIAL = {"aten.convolution.default"}
 
 
 def _dim(d: Any) -> int | str:
-    """A size from a FakeTensor: an int, or a SymInt that is a product of symbols."""
+    """A size from a FakeTensor: an int, or a SymInt that is a product of symbols, some of
+    them derived (``floor((s0 - 10)/5)``: graphkernel/symbolic.py)."""
     if isinstance(d, int):
         return d
     text = str(d).replace(" ", "")
     if text.isdigit():  # a symbol specialised to its value (see specialize_unmodelled)
         return int(text)
-    if not _MONOMIAL.fullmatch(text):
-        raise FrontendError(f"symbolic size {d} is not a product of symbols; graphkernel "
-                            "models sizes such as 's0' or '4*s0' (mark fewer dims dynamic)")
-    return text
+    if _MONOMIAL.fullmatch(text):
+        return text
+    got = _sym_dim(d.node.expr)
+    if got is None:
+        raise FrontendError(f"symbolic size {d} is not a product of symbols and floor-divided "
+                            "offsets of one; graphkernel models sizes such as 's0', '4*s0' "
+                            "or '(s0 - 10)//5 + 1' (mark fewer dims dynamic)")
+    return got
+
+
+def _sym_dim(expr: Any) -> int | str | None:
+    """A sympy size expression as a graphkernel dim, or None when it is not one."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    try:
+        if isinstance(expr, sympy.Integer):
+            return int(expr)
+        if isinstance(expr, sympy.Symbol):
+            return str(expr)
+        if isinstance(expr, sympy.Add):
+            consts = [a for a in expr.args if isinstance(a, sympy.Integer)]
+            terms = [a for a in expr.args if not isinstance(a, sympy.Integer)]
+            inner = _sym_dim(terms[0]) if len(terms) == 1 else None
+            return None if inner is None else symbolic.floor_affine(inner, int(sum(consts)))
+        if isinstance(expr, FloorDiv) and isinstance(expr.args[1], sympy.Integer):
+            inner = _sym_dim(expr.args[0])
+            return None if inner is None else symbolic.floor_affine(inner, 0, int(expr.args[1]))
+        if isinstance(expr, sympy.Mul):
+            out: int | str = 1
+            for a in expr.args:
+                part = _sym_dim(a)
+                if part is None:
+                    return None
+                out = symbolic.mul(out, part)
+            return out
+    except ShapeError:
+        return None
+    return None
 
 
 def meta_type(node: Any, where: str) -> TensorType | None:
@@ -912,11 +949,14 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                 if len(names) == 1 and str(expr) in names:
                     free.setdefault(str(expr), d)
                 text = str(d).replace(" ", "")
-                if not text.isdigit() and not _MONOMIAL.fullmatch(text):
+                if not text.isdigit() and not _MONOMIAL.fullmatch(text) \
+                        and _sym_dim(expr) is None:
                     odd |= names
             if n.op == "call_function" and str(n.target) in _STATIC_SPATIAL and n.args:
                 x = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
-                for d in (tuple(x.shape)[2:] if x is not None else ()):
+                # 2-D and 3-D ones: a 1-D convolution's length is a derived symbol
+                sides = tuple(x.shape)[2:] if x is not None else ()
+                for d in (sides if len(sides) > 1 else ()):
                     if isinstance(d, torch.SymInt):
                         spatial |= {str(s) for s in d.node.expr.free_symbols}
         return free, odd, spatial

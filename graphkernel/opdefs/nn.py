@@ -69,7 +69,10 @@ class Conv2DAttrs(Attrs):
 
 def _window_out(size, k: int, s: int, p0: int, p1: int, d: int, ceil: bool = False) -> int:
     if not isinstance(size, int):
-        raise ShapeError("spatial dims must be static")
+        if ceil:
+            raise ShapeError(f"spatial dim {size!r} is symbolic: ceil mode needs it static")
+        # floor((size + p0 + p1 - d*(k-1) - 1) / s) + 1, as one derived symbol
+        return symbolic.floor_affine(size, p0 + p1 - d * (k - 1) - 1 + s, s)
     span = size + p0 + p1 - d * (k - 1) - 1
     if span < 0:
         raise ShapeError(f"window {k} (dilation {d}) is larger than the padded size "

@@ -221,7 +221,12 @@ def _strided_len(sl: slice, d: Dim, axis: int) -> Dim:
                  and (sl.stop is None or sl.stop >= INT_MAX // 2))
         if whole:
             return d
-        raise ShapeError(f"axis {axis} has symbolic size {d!r}; only the whole axis can be taken")
+        start = sl.start or 0
+        stop = 0 if sl.stop is None or sl.stop >= INT_MAX // 2 else sl.stop
+        if sl.step in (None, 1) and start >= 0 and stop <= 0:  # x[b:-e]: d - b - e elements
+            return symbolic.floor_affine(d, stop - start)
+        raise ShapeError(f"axis {axis} has symbolic size {d!r}; only the whole axis or "
+                         "x[b:-e] (b >= 0, step 1) can be taken")
     b = max(min(sl.start, INT_MAX), -INT_MAX) if sl.start is not None else None
     e = max(min(sl.stop, INT_MAX), -INT_MAX) if sl.stop is not None else None
     return len(range(*slice(b, e, sl.step).indices(d)))
