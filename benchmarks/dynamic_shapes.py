@@ -6,7 +6,9 @@ Each zoo model is compiled once with ``torch.compile(model, backend="graphkernel
 dynamic=True)`` (inference, no grad) and called with three input sizes: three sequence
 lengths for the text and audio models, three batch sizes for the vision models and Whisper's
 encoder (their configs fix the image size and the number of frames). A row prints the graphs
-graphkernel compiled, Dynamo's recompiles, which input dims stayed symbolic, whether every
+graphkernel compiled, Dynamo's recompiles, which input dims stayed symbolic, the launches of
+the compiled graphs and how many kernels the code generator could not generate for symbolic
+sizes (each falls back to one launch per op: "cg fallb"), whether every
 call matched eager (accuracy.md: fp32 against eager fp32) and the seconds of the first call
 and of the two later ones (which must not compile again).
 """
@@ -66,7 +68,8 @@ def measure(model, calls) -> dict:
     symbolic = sorted({d for g in s["per_graph"] for d in g.get("symbols", [])})
     return {"graphs": s["graphs"], "recompiles": s["recompiles"], "symbolic": symbolic,
             "fallbacks": s["fallbacks"], "ok": ok, "first": seconds[0],
-            "later": sum(seconds[1:])}
+            "later": sum(seconds[1:]), "launches": sum(s["launches"].values()),
+            "codegen_fallbacks": sum(g["codegen_fallbacks"] for g in s["per_graph"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     progress.auto()
     print("torch.compile(dynamic=True), inference: one compile serving three input sizes")
     print(f"{'model':<16} {'sizes':<22} {'graphs':>6} {'recompiles':>10} "
-          f"{'symbolic dims':<18} {'eager':<6} {'first s':>8} {'later s':>8}")
+          f"{'symbolic dims':<18} {'launches':>8} {'cg fallb':>8} {'eager':<6} {'first s':>8} "
+          f"{'later s':>8}")
     short = []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.write(
                 f"{name:<16} {label:<22} {r['graphs']:>6} "
                 f"{r['recompiles']:>10} {','.join(r['symbolic']) or '-':<18} "
+                f"{r['launches']:>8} {r['codegen_fallbacks']:>8} "
                 f"{'match' if r['ok'] else 'DIFF':<6} {r['first']:>8.2f} {r['later']:>8.2f}",
                 sys.stdout)
             shown.advance()

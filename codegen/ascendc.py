@@ -53,28 +53,76 @@ class Rendered:
 
 
 def shape_refs(s: Schedule) -> dict[str, str]:
-    """Each symbol -> the C expression of the input dim that carries it."""
-    refs: dict[str, str] = {}
+    """Each symbol -> the C expression of it from the host's ``shapes`` array: every input's
+    dims, then every output's (the framework knows both before a launch). A symbol is a dim
+    of its own, or a dim's quotient by its other factors once those are known
+    (``197*s0`` gives s0; ``s0*s1`` gives s1 once s0 is known)."""
+    dims: list[tuple[int, tuple[str, ...], str]] = []
     off = 0
-    for io in s.inputs:
+    for io in [*s.inputs, *s.outputs]:
         for a, d in enumerate(io.shape):
             if isinstance(d, str):
                 coef, syms = symbolic.parse_dim(d)
-                if coef == 1 and len(syms) == 1:
-                    refs.setdefault(syms[0], f"(uint64_t)shapes[{off + a}]")
+                dims.append((coef, syms, f"(uint64_t)shapes[{off + a}]"))
         off += len(io.shape)
+    # a product of symbols is also read whole where an input or output has it as a dim
+    refs: dict[str, str] = {}
+    for coef, syms, ref in dims:
+        if coef == 1 and len(syms) > 1:
+            refs.setdefault(symbolic.make_dim(1, syms), ref)
+    progress = True
+    while progress:
+        progress = False
+        for coef, syms, ref in dims:
+            free = [x for x in syms if _c_symbol(x, refs) is None]
+            if len(free) != 1 or syms.count(free[0]) != 1:
+                continue
+            known = [_c_symbol(x, refs) for x in syms if x != free[0]]
+            divisor = " * ".join([f"{coef}ull", *known]) if coef != 1 or known else None
+            refs[free[0]] = f"({ref} / ({divisor}))" if divisor else ref
+            progress = True
     return refs
+
+
+def shape_doc(s: Schedule) -> str:
+    """What the ``shapes`` array holds, for the tiling function's comment."""
+    return ", ".join([f"input {io.index}: {symbolic.format_shape(io.shape)}" for io in s.inputs]
+                     + [f"output {io.index}: {symbolic.format_shape(io.shape)}"
+                        for io in s.outputs])
 
 
 def c_dim(d: Dim, refs: dict[str, str]) -> str:
     coef, syms = symbolic.parse_dim(d)
+    whole = symbolic.make_dim(1, syms)
+    if len(syms) > 1 and isinstance(whole, str) and whole in refs:
+        return f"{coef}ull * {refs[whole]}"
     parts = [f"{coef}ull"]
     for sym in syms:
-        if sym not in refs:
-            raise Unsupported(f"symbol {sym} is not a whole dim of any input (the host tiling "
-                              "reads extents from the input shapes)")
-        parts.append(refs[sym])
+        ref = _c_symbol(sym, refs)
+        if ref is None:
+            raise Unsupported(f"symbol {symbolic.pretty(sym)} is not a whole dim of any input "
+                              "nor computed from one (the host tiling reads extents from the "
+                              "input shapes)")
+        parts.append(ref)
     return " * ".join(parts)
+
+
+def _c_symbol(sym: str, refs: dict[str, str]) -> str | None:
+    """The C expression of a symbol: an input dim that is it, or one computed from an input
+    dim of the same base. ``floor((x + a)/d)`` follows from ``y = floor((x + a2)/d2)`` when
+    d2 divides d and a - a2: it is ``floor((y + (a - a2)/d2) / (d/d2))`` (symbolic.py);
+    the plain base is ``(x, 0, 1)``."""
+    if sym in refs:
+        return refs[sym]
+    base, add, div = symbolic.derived(sym) or (sym, 0, 1)
+    for other, ref in refs.items():
+        obase, oadd, odiv = symbolic.derived(other) or (other, 0, 1)
+        if obase != base or div % odiv or (add - oadd) % odiv:
+            continue
+        # sizes are never negative here: C's truncating division is the floor
+        return (f"(uint64_t)(((int64_t){ref} + ({(add - oadd) // odiv}ll)) / "
+                f"{div // odiv}ll)")
+    return None
 
 
 def render(s: Schedule, node_comment: str | None = None) -> Rendered:
@@ -120,8 +168,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "ct": C_TYPE[s.compute], "variant": var.name if var else None,
         "ctype": {io.index: C_TYPE[io.dtype] for io in s.inputs},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs},
-        "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
-                               for io in s.inputs) or "none",
+        "shape_doc": shape_doc(s),
     }
     env = _env()
     files = {

@@ -118,7 +118,8 @@ class SimBackend:
         return cls(result.graph, schedules(result), result.config.target, interpret, library,
                    shared_kernels(result))
 
-    def __call__(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    def __call__(self, node: Node, args: list[np.ndarray],
+                 out_shapes: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
         r = self.rendered.get(node.name)
         if r is None:
             from graphkernel.interpreter import Interpreter
@@ -128,7 +129,7 @@ class SimBackend:
             sub = node.subgraph
             return Interpreter(sub).run({v.name: a for v, a in zip(sub.inputs, args,
                                                                    strict=True)})
-        launch = self.lib.run(r.name, args, self.spec)
+        launch = self.lib.run(r.name, args, self.spec, out_shapes)
         st = self.stats.setdefault(node.name, KernelStats(r.name, node.name))
         st.launches += 1
         st.block_dim = launch.block_dim
@@ -157,9 +158,10 @@ def run_sim(result: Any, feeds: Any, interpret: Sequence[str] = (), library: Any
     backend = SimBackend.for_result(result, interpret, library)
     launches = sum(1 for n in result.graph.nodes if n.op == "GraphKernel")
     with progress.task("running kernels in the simulator", launches) as shown:
-        def run_kernel(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+        def run_kernel(node: Node, args: list[np.ndarray],
+                       out_shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
             shown.describe(node.name)
-            out = backend(node, args)
+            out = backend(node, args, out_shapes)
             shown.advance()
             return out
 

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.ascendc import Rendered, _env, c_dim, io_entry, shape_refs, target_facts
+from graphkernel.codegen.ascendc import (
+    Rendered,
+    _env,
+    c_dim,
+    io_entry,
+    shape_doc,
+    shape_refs,
+    target_facts,
+)
 from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
 from graphkernel.codegen.schedule import comment_text
@@ -48,8 +56,7 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
         "doc": ", ".join(x for x in ("A stored transposed" if s.trans_a else "",
                                      "B stored transposed" if s.trans_b else "") if x)
         or "both operands row-major",
-        "shape_doc": ", ".join(f"input {io.index}: {symbolic.format_shape(io.shape)}"
-                               for io in ins),
+        "shape_doc": shape_doc(s),
     }
     env = _env()
     files = {

@@ -23,7 +23,8 @@ from graphkernel.ir import DType, Graph, Node, TensorType
 from graphkernel.ops import RefContext
 
 _BF16 = DType.bfloat16.np
-KernelRunner = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
+# (kernel node, its input arrays, its output shapes) -> its output arrays
+KernelRunner = Callable[[Node, list[np.ndarray], tuple[tuple[int, ...], ...]], list[np.ndarray]]
 
 
 class Interpreter:
@@ -134,7 +135,7 @@ class Interpreter:
         storage = tuple(self._storage(t.dtype) for t in out_types)
         if node.op == "GraphKernel":
             if self.kernel_runner is not None:
-                raw = self.kernel_runner(node, args)
+                raw = self.kernel_runner(node, args, shapes)
             else:
                 sub = Interpreter(node.subgraph, self.compute_dtype, self.kernel_runner,
                                   self.env)

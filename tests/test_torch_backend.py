@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import graphkernel.torch as gt  # noqa: E402
+from graphkernel import symbolic  # noqa: E402
 from graphkernel.errors import ExecutionError  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # torch.compile of modules
@@ -209,6 +210,44 @@ def test_dynamic_shapes_serve_three_sequence_lengths_with_one_compile(monkeypatc
     assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
     (g,) = graphs
     assert all(isinstance(d, str) for d in g.inputs[0].type.shape)  # batch and sequence
+
+
+class AudioFrontEnd(torch.nn.Module):
+    """Wav2Vec2's shape story in small: strided 1-D convolutions make the length
+    (L - 10)//5 + 1 and then (.. - 3)//2 + 1, a padded convolution makes it one longer and a
+    slice removes the extra frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(1, 8, 10, stride=5)
+        self.c2 = torch.nn.Conv1d(8, 8, 3, stride=2)
+        self.pos = torch.nn.Conv1d(8, 8, 4, padding=2, groups=2)
+        self.proj = torch.nn.Linear(8, 16)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.c2(torch.nn.functional.gelu(self.c1(x[:, None]))))
+        h = h + torch.nn.functional.gelu(self.pos(h)[:, :, :-1])
+        return self.proj(h.transpose(1, 2))
+
+
+def test_a_convolution_length_stays_symbolic(monkeypatch):
+    """An audio length through strided and padded 1-D convolutions is a derived symbol
+    (graphkernel/symbolic.py): one compile serves three lengths, and no kernel falls back."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = AudioFrontEnd().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (400, 480, 560):
+            x = torch.rand(2, n, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert all(g["codegen_fallbacks"] == 0 for g in s["per_graph"])
+    (g,) = graphs
+    length = g.inputs[0].type.shape[1]
+    assert isinstance(length, str)
+    frames = symbolic.floor_affine(symbolic.floor_affine(length, -10 + 5, 5), -3 + 2, 2)
+    assert frames in {d for v in g.outputs for d in v.type.shape}, g.outputs[0].type
 
 
 class ConvRepeat(torch.nn.Module):

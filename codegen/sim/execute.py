@@ -173,8 +173,8 @@ class SimLibrary:
             else:
                 arrays[id(v)] = np.zeros(tuple(int(d) for d in v.shape), _np_dtype(v.dtype))
         tiling, block = bytearray(), 0
-        for r, k, idx in zip(sr.members, sr.group.members, arg_index, strict=True):
-            shapes = [arrays[id(bufs[i])].shape for i in idx[:len(k.inputs)]]
+        for r, idx in zip(sr.members, arg_index, strict=True):
+            shapes = [arrays[id(bufs[i])].shape for i in idx]  # inputs, then outputs
             raw, b, _ = self.tiling(r.name, shapes, spec)
             tiling += raw + bytes(-len(raw) % 8)
             block = max(block, b)
@@ -186,7 +186,11 @@ class SimLibrary:
                         block, spec.ub_bytes)
         return arrays, block, counts
 
-    def run(self, name: str, inputs: Sequence[np.ndarray], spec: Target) -> Launch:
+    def run(self, name: str, inputs: Sequence[np.ndarray], spec: Target,
+            out_shapes: Sequence[Sequence[int]] | None = None) -> Launch:
+        """Launch a kernel. ``out_shapes``: its outputs' shapes, as the framework knows them
+        (needed when a symbol is no whole dim of an input: ``2*s0`` out of ``s0*s1``); by
+        default evaluated from the inputs' shapes."""
         r = self.kernels[name]
         s = r.schedule
         if len(inputs) != len(s.inputs):
@@ -195,15 +199,19 @@ class SimLibrary:
         for io, a in zip(s.inputs, inputs, strict=True):
             arr = np.asarray(a).astype(_np_dtype(io.dtype), copy=False)
             ins.append(arr if arr.flags.c_contiguous else arr.copy())  # keeps 0-d as 0-d
-        raw, block, fields = self.tiling(name, [a.shape for a in ins], spec)
-        env: dict[str, int] = {}
-        from graphkernel import symbolic
+        if out_shapes is None:
+            from graphkernel import symbolic
 
-        for io, a in zip(s.inputs, ins, strict=True):
-            for d, actual in zip(io.shape, a.shape, strict=True):
-                symbolic.bind(d, actual, env)
-        outs = [np.zeros(tuple(symbolic.evaluate(d, env) for d in io.shape),
-                         _np_dtype(io.dtype)) for io in s.outputs]
+            env: dict[str, int] = {}
+            for io, a in zip(s.inputs, ins, strict=True):
+                for d, actual in zip(io.shape, a.shape, strict=True):
+                    symbolic.bind(d, actual, env)
+            out_shapes = [tuple(symbolic.evaluate(d, env) for d in io.shape)
+                          for io in s.outputs]
+        outs = [np.zeros(tuple(shape), _np_dtype(io.dtype))
+                for shape, io in zip(out_shapes, s.outputs, strict=True)]
+        raw, block, fields = self.tiling(name, [*(a.shape for a in ins),
+                                                *(o.shape for o in outs)], spec)
         if block == 0:
             return Launch(outs, 0, Counts(0, 0, 0, 0, 0, 0), fields)
         tiling = np.frombuffer(raw, dtype=np.uint8).copy()

@@ -142,9 +142,9 @@ def _g(name: str, inputs: dict[str, tuple], dtype: str = "float32"):
 def pattern_cases() -> list[Case]:
     cases = []
 
-    def add(case_id, g, *outs, flags="--opt_level=2", dims=None):
+    def add(case_id, g, *outs, flags="--opt_level=2", dims=None, feeds_for=None):
         g.set_outputs(list(outs))
-        cases.append(Case(case_id, g, flags, dims=dims or [{}]))
+        cases.append(Case(case_id, g, flags, feeds_for, dims=dims or [{}]))
 
     g, v = _g("chain", {"x": (33, 70), "y": (33, 70)})
     n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
@@ -203,6 +203,25 @@ def pattern_cases() -> list[Case]:
         n("Mul", [n("ReduceSum", [e], axis=[1], keep_dims=True), g.const(np.float32(1e-4))]),
         n("ReduceMax", [v["x"]], axis=[1]), n("Neg", [e]),
         dims=[{"b": 3, "n": 50}, {"b": 5, "n": 70001}, {"b": 47, "n": 1000}])
+    # sizes the host reads back from derived symbols and products (symbolic.py): a length
+    # n + 1 sliced to n (a padded convolution's output), and a reduction along n read out of
+    # an input flattened to b*n (n as the quotient by b, another input's dim)
+    def symbolic_feeds(g):
+        def feeds(dims):
+            rng = np.random.default_rng(1)
+            return {v.name: rng.standard_normal(v.type.concrete(dims)).astype(np.float32)
+                    for v in g.inputs}
+        return feeds
+
+    g, v = _g("derived_length", {"x": (2, 16, "n__p1_d1")})
+    s = g.add_node("StridedSlice", [v["x"]], {"begin": [0], "end": [-1], "axes": [2]}).output
+    add("derived-length-slice", g, g.add_node("Tanh", [s]).output,
+        dims=[{"n": 7}, {"n": 40}, {"n": 1000}], feeds_for=symbolic_feeds(g))
+    g, v = _g("product_rows", {"y": ("b", 8), "x": ("b*n", 8)})  # b bound first
+    r = g.add_node("Reshape", [v["x"]], {"shape": ["b", "n", 8]}).output
+    r = g.add_node("ReduceSum", [r], {"axis": [1]}).output
+    add("product-dim-reduce", g, g.add_node("Add", [r, v["y"]]).output,
+        dims=[{"b": 3, "n": 5}, {"b": 4, "n": 33}], feeds_for=symbolic_feeds(g))
     for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
         for dt in ("float32", "float16"):
             g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)

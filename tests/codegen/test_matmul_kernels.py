@@ -112,7 +112,7 @@ def test_the_host_tiler_is_the_python_tiler(library):
     case = next(c for c in CASES if c.id == "symbolic_m")
     (s,) = schedules(case.result).values()
     for m in (1, 7, 16, 100, 333, 1024, 5000, 20000):
-        _, block, fields = library.tiling(s.name, [(m, 64), (64, 80)], SPEC)
+        _, block, fields = library.tiling(s.name, [(m, 64), (64, 80), (m, 80)], SPEC)
         t = tile(m, 80, 64, 2, 2, 2, SPEC)
         assert fields == {f: getattr(t, f) for f in CUBE_FIELDS}, m
         assert block == t.usedCoreNum
@@ -320,7 +320,7 @@ def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
         s = built[name][3]
         t = s.tiling
         assert s.whole_rows and t.coresN == 1 and t.singleCoreN == t.N <= t.baseN, name
-        _, block, fields = lib.tiling(s.name, [io.shape for io in s.inputs], SPEC)
+        _, block, fields = lib.tiling(s.name, [io.shape for io in [*s.inputs, *s.outputs]], SPEC)
         assert fields == {f: getattr(t, f) for f in CUBE_FIELDS}, name  # the host's tiler
         assert block == t.usedCoreNum
         assert t.baseN < t.N + 16 and [b.name for b in s.plan.buffers if b.name.startswith(

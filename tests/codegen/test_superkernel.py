@@ -74,8 +74,8 @@ def test_superkernel_outputs_equal_separate_launches(compiled):
     separate: dict[str, np.ndarray] = {}
     backend = SimBackend.for_result(res, library=lib)
 
-    def capture(node, args):
-        outs = backend(node, args)
+    def capture(node, args, out_shapes):
+        outs = backend(node, args, out_shapes)
         separate.update({v.name: o for v, o in zip(node.outputs, outs, strict=True)})
         return outs
 
