@@ -178,8 +178,8 @@ def test_backend_sim_runs_generated_kernels():
     x = rnd(2, 5, 32)
     launched = []
     orig = cg.SimBackend.__call__
-    cg.SimBackend.__call__ = lambda self, node, args: (launched.append(node.name),
-                                                       orig(self, node, args))[1]
+    cg.SimBackend.__call__ = lambda self, node, args, shapes: (launched.append(node.name),
+                                                               orig(self, node, args, shapes))[1]
     try:
         with torch.no_grad():
             got = torch.compile(m, backend="graphkernel", options={"backend": "sim"})(x)
