@@ -74,6 +74,8 @@ def derived(d: str) -> tuple[str, int, int] | None:
     m = _DERIVED.match(d)
     if m is None:
         return None
+    if len(m["add"]) > 12 or len(m["div"]) > 12:  # beyond any size: a plain name
+        return None
     add = int(m["add"]) * (-1 if m["sign"] == "m" else 1)
     return m["base"], add, int(m["div"])
 
