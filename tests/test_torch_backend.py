@@ -124,6 +124,36 @@ def test_training_graph_returns_the_gradients_eager_does():
     assert gt.stats()["fallbacks"] == {}  # embedding's backward is mapped too
 
 
+class ConvNet(torch.nn.Module):
+    """Convolutions whose backward is a convolution_backward (strided, padded, grouped,
+    dilated, depthwise, 1-D with weight normalisation) and a gather along a later axis,
+    whose backward is an index_put there."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1)
+        self.grouped = torch.nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=2, bias=False)
+        self.depthwise = torch.nn.Conv2d(6, 6, 7, padding=3, groups=6)
+        self.seq = torch.nn.utils.parametrizations.weight_norm(
+            torch.nn.Conv1d(6, 6, 4, padding=2, groups=3), dim=2)
+        self.register_buffer("pick", torch.tensor([3, 0, 2]))
+
+    def forward(self, x):
+        h = self.depthwise(self.grouped(self.stem(x)))
+        h = h[:, :, self.pick]  # [N, C, 3, W]
+        return self.seq(h.flatten(2))
+
+
+def test_convolution_and_weight_norm_gradients_are_mapped_and_match_eager():
+    m = ConvNet()
+    x = torch.randn(2, 4, 9, 8, generator=R)
+    want = _grads(m, m, x)
+    got = _grads(m, torch.compile(m, backend="graphkernel"), x)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert gt.stats()["fallbacks"] == {}  # no ATen op left to torch in either graph
+
+
 def test_one_summary_line_per_graph_and_graph_breaks_counted(caplog):
     m = Net().eval()
 

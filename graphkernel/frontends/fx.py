@@ -575,6 +575,105 @@ def _conv(c: Ctx):
     return c.emit("Squeeze", [y], {"axis": [2]}) if one_d else y
 
 
+def _regroup(c: Ctx, x: Value, split: list, perm: list[int], out: list) -> Value:
+    """x reshaped to ``split``, permuted by ``perm`` and merged to ``out``."""
+    y = c.emit("Transpose", [c.emit("Reshape", [x], {"shape": split})], {"perm": perm})
+    return c.emit("Reshape", [y], {"shape": out})
+
+
+def _zero_insert(c: Ctx, y: Value, s: tuple[int, int]) -> Value:
+    """[N, M, OH, OW] with s-1 zeros after every element along OH and OW: [N, M, OH*s, OW*s]
+    (a transposed convolution's input, built from Concats with zeros)."""
+    n, m, oh, ow = y.shape
+    for axis, (size, step) in enumerate(zip((oh, ow), s, strict=True)):
+        if step == 1:
+            continue
+        shape = list(y.shape)
+        part = c.emit("ExpandDims", [y], {"axis": [3 + axis]})
+        zeros_shape = [*shape[:3 + axis], step - 1, *shape[3 + axis:]]
+        zeros = c.emit("BroadcastTo", [c.const(0, y.dtype)], {"shape": zeros_shape})
+        both = c.emit("Concat", [part, zeros], {"axis": 3 + axis})
+        shape[2 + axis] = size * step
+        y = c.emit("Reshape", [both], {"shape": shape})
+    return y
+
+
+def _conv_input_grad(c: Ctx, gy: Value, w: Value, hw: tuple[int, int], s, p, d, g) -> Value:
+    """dL/dx of a convolution: the correlation of the zero-inserted gy with the flipped,
+    group-transposed weight (a transposed convolution written as a plain one)."""
+    m, cg, kh, kw = w.shape
+    wt = _regroup(c, w, [g, m // g, cg, kh, kw], [0, 2, 1, 3, 4], [g * cg, m // g, kh, kw])
+    wt = c.emit("StridedSlice", [wt], {"begin": [-1, -1], "end": [-kh - 1, -kw - 1],
+                                       "strides": [-1, -1], "axes": [2, 3]})
+    z = _zero_insert(c, gy, s)
+    pads, crop = [], []
+    for i, k in enumerate((kh, kw)):
+        lo = d[i] * (k - 1) - p[i]  # the window reaches this far before the first output
+        hi = hw[i] - z.shape[2 + i] + p[i]
+        crop.append((max(-lo, 0), z.shape[2 + i] - max(-hi, 0)))
+        pads.append((max(lo, 0), max(hi, 0)))
+    if any(b or e != z.shape[2 + i] for i, (b, e) in enumerate(crop)):
+        z = c.emit("StridedSlice", [z], {"begin": [b for b, _ in crop],
+                                         "end": [e for _, e in crop], "axes": [2, 3]})
+    return c.emit("Conv2D", [z, wt], {"strides": [1, 1], "dilations": list(d), "group": g,
+                                      "pads": [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]})
+
+
+def _conv_weight_grad(c: Ctx, gy: Value, x: Value, k: tuple[int, int], s, p, d, g) -> Value:
+    """dL/dw of a convolution: a convolution of x (channels as the batch, the batch as the
+    channels) by gy, striding by the dilation and dilating by the stride."""
+    n, ch = x.shape[:2]
+    m = gy.shape[1]
+    xt = _regroup(c, x, [n, g, ch // g, *x.shape[2:]], [2, 1, 0, 3, 4],
+                  [ch // g, g * n, *x.shape[2:]])
+    gt_ = _regroup(c, gy, [n, g, m // g, *gy.shape[2:]], [1, 2, 0, 3, 4], [m, n, *gy.shape[2:]])
+    dw = c.emit("Conv2D", [xt, gt_], {"strides": list(d), "dilations": list(s), "group": g,
+                                      "pads": [p[0], p[1], p[0], p[1]]})
+    if tuple(dw.shape[2:]) != tuple(k):  # the padded input may hold more windows than k
+        dw = c.emit("StridedSlice", [dw], {"begin": [0, 0], "end": list(k), "axes": [2, 3]})
+    return c.emit("Transpose", [dw], {"perm": [1, 0, 2, 3]})
+
+
+@aten("aten.convolution_backward.default")
+def _conv_backward(c: Ctx):
+    gy, x, w, _, stride, pad, dil, transposed, _, groups, mask = (c.arg(i) for i in range(11))
+    if transposed or x.type.rank not in (3, 4):
+        raise Unmapped("only 1-D and 2-D non-transposed convolutions are modeled")
+    if not (x.type.is_static and gy.type.is_static):
+        raise Unmapped("a convolution's gradient with symbolic sizes")
+    one_d = x.type.rank == 3
+    if one_d:  # as the forward: a 2-D convolution over a height of 1
+        gy, x, w = (c.emit("ExpandDims", [v], {"axis": [2]}) for v in (gy, x, w))
+        stride, pad, dil = [1, *stride], [0, *pad], [1, *dil]
+    stride, pad, dil = tuple(stride), tuple(pad), tuple(dil)
+    outs: list[Value | None] = [None, None, None]
+    if mask[0]:
+        outs[0] = _conv_input_grad(c, gy, w, tuple(x.shape[2:]), stride, pad, dil, groups)
+    if mask[1]:
+        outs[1] = _conv_weight_grad(c, gy, x, tuple(w.shape[2:]), stride, pad, dil, groups)
+    if one_d:
+        outs[:2] = [o if o is None else c.emit("Squeeze", [o], {"axis": [2]}) for o in outs[:2]]
+    if mask[2]:
+        outs[2] = c.emit("ReduceSum", [gy], {"axis": [0, 2, 3], "keep_dims": False})
+    return outs
+
+
+@aten("aten._weight_norm_interface_backward.default")
+def _weight_norm_backward(c: Ctx):
+    # w = v * g / |v| (the norm over every axis but dim): dg = sum(dw * v) / |v|,
+    # dv = g / |v| * (dw - v * sum(dw * v) / |v|^2)
+    dw, v, g, norms, dim = (c.arg(i) for i in range(5))
+    rank = v.type.rank
+    axes = [a for a in range(rank) if dim == -1 or a != dim % rank]
+    dot = c.emit("ReduceSum", [c.emit("Mul", [dw, v])], {"axis": axes, "keep_dims": True})
+    norms = c.emit("Reshape", [norms], {"shape": list(dot.shape)})
+    dg = c.emit("Div", [dot, norms])
+    corr = c.emit("Mul", [v, c.emit("Div", [dg, norms])])
+    scale = c.emit("Div", [c.emit("Reshape", [g], {"shape": list(dot.shape)}), norms])
+    dv = c.emit("Mul", [scale, c.emit("Sub", [dw, corr])])
+    return [dv, c.emit("Reshape", [dg], {"shape": list(g.shape)})]
+
+
 @aten("aten.full.default", "aten.scalar_tensor.default")
 def _full(c: Ctx):
     t = c.out_type
@@ -644,27 +743,30 @@ def _scatter(c: Ctx):
 
 @aten("aten.index_put.default")
 def _index_put(c: Ctx):
-    # x[idx] = values (or += with accumulate) along axis 0, as a ScatterElements whose
-    # indices repeat each row index over the trailing axes; embedding's backward is one
+    # x[..., idx, ...] = values (or += with accumulate) along the one indexed axis k, as a
+    # ScatterElements whose indices repeat each index over the other axes; embedding's
+    # backward is one (k = 0), a gather's along a later axis another
     x, idx, values = c.arg(0), c.arg(1), c.arg(2)
     accumulate = c.argkw(3, "accumulate", False)
-    if len(idx) != 1 or idx[0] is None or idx[0].dtype == DType.bool:
-        raise Unmapped("index_put with anything but one index tensor on the first axis")
-    rows = idx[0]
+    used = [i for i, v in enumerate(idx) if v is not None]
+    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
+        raise Unmapped("index_put with several index tensors or a mask")
+    k, rows = used[0], idx[used[0]]
+    before, after = list(x.shape[:k]), list(x.shape[k + 1:])
     if not isinstance(values, Value):
         values = c.const(values, x.dtype)
     values = c.cast(values, x.dtype)
-    full = [*rows.shape, *x.shape[1:]]
+    full = [*before, *rows.shape, *after]
     if tuple(values.shape) != tuple(full):
         values = c.emit("BroadcastTo", [values], {"shape": full})
-    if rows.type.rank != 1:  # several index axes: one row per index, in order
+    if rows.type.rank != 1:  # several index axes: one entry per index, in order
         rows = c.emit("Reshape", [rows], {"shape": [-1]})
-        values = c.emit("Reshape", [values], {"shape": [-1, *x.shape[1:]]})
-    shape = [rows.shape[0], *x.shape[1:]]
-    rows = c.emit("Reshape", [rows], {"shape": [shape[0]] + [1] * (x.type.rank - 1)})
+        values = c.emit("Reshape", [values], {"shape": [*before, rows.shape[0], *after]})
+    shape = [*before, rows.shape[0], *after]
+    rows = c.emit("Reshape", [rows], {"shape": [1] * k + [shape[k]] + [1] * len(after)})
     rows = c.emit("BroadcastTo", [rows], {"shape": shape})
     return c.emit("ScatterElements", [x, rows, values],
-                  {"axis": 0, "reduction": "add" if accumulate else "none"})
+                  {"axis": k, "reduction": "add" if accumulate else "none"})
 
 
 @aten("aten.cumsum.default")
@@ -898,8 +1000,6 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
 # ------------------------------------------------------------------ import
 # ATen ops left to torch on purpose, with the reason the log gives
 UNMAPPED_WHY = {
-    "aten.convolution_backward.default": "no graphkernel op computes a convolution's input "
-    "and weight gradients (a transposed and a correlating convolution); it runs through torch",
     "aten.sort.default": "no sort op: data-dependent permutations run through torch",
     "aten.sort.stable": "no sort op: data-dependent permutations run through torch",
     "aten.nonzero.default": "the output size depends on the data",
