@@ -612,6 +612,9 @@ class _Planner:
                     raise Unsupported(f"Concat: rows of {L} do not divide an operand", node=n)
                 rows.append((index[id(self.owner(x))].index, r))
             first = index[id(self.owner(n.inputs[0]))]
+            if first.kind != FULL:  # its rows are read by row index of the loop space
+                raise Unsupported(f"Concat loaded as a tile is a broadcast ({first.kind}) "
+                                  "value of the loop space", node=n)
             first.gather, first.block_rows = tuple(rows), symbolic.div(
                 symbolic.numel(shape[a:]), L)
             for x in n.inputs[1:]:

@@ -212,3 +212,18 @@ def test_a_concat_of_columns_off_the_ub_block_is_left_unfused_naming_why():
     node = build_kernel(kernel, list(kernel.nodes), "k", "test")
     with pytest.raises(Unsupported, match="does not start on a 32-byte UB block"):
         lower(plan(node))
+
+
+def test_a_concat_tile_broadcast_over_a_later_axis_is_refused():
+    """A Concat of inputs loaded piece by piece is read by row index of the loop space; when
+    a BroadcastTo after it makes the loop space larger than the Concat, its rows are not the
+    loop's rows (reading them so runs past the inputs' buffers), so the schedule refuses."""
+    g, v = _g("catb", {"a": (3, 3, 8, 4), "b": (3, 1, 8, 4)})
+    n = _n(g)
+    cat = n("ExpandDims", [n("Concat", [v["a"], v["b"]], axis=1)], axis=[4])
+    y = n("Reshape", [n("BroadcastTo", [cat], shape=[3, 4, 8, 4, 3])], shape=[3, 32, 4, 3])
+    g.set_outputs([n("Sigmoid", [y])])
+    kernel = g.copy()
+    node = build_kernel(kernel, list(kernel.nodes), "k", "test")
+    with pytest.raises(Unsupported, match="Concat loaded as a tile is a broadcast"):
+        plan(node)
