@@ -87,6 +87,7 @@ class KernelStats:
     vector: int = 0      # vector instructions issued
     pipe_us: float = 0.0  # the cost model's time for the scalar accesses and syncs
     ub_peak: int = 0     # the most UB one core reserved (within the buffer plan's bound)
+    input_reads: list[int] = field(default_factory=list)  # GM bytes read of each input
     tiling: dict[str, int] = field(default_factory=dict)
 
 
@@ -140,6 +141,9 @@ class SimBackend:
         st.syncs += c.syncs
         st.vector += c.vector
         st.ub_peak = max(st.ub_peak, c.ub_peak)
+        reads = c.reads[:len(args)] or (0,) * len(args)
+        st.input_reads = [a + b for a, b in zip(st.input_reads or [0] * len(args), reads,
+                                                 strict=True)]
         st.pipe_us += cost.pipe_us(c.scalar, c.syncs, launch.block_dim, self.spec)
         st.ideal += sum(np.asarray(a).size * io.dtype.itemsize
                         for a, io in zip(args, r.schedule.inputs, strict=True))

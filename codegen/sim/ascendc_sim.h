@@ -16,6 +16,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <source_location>
@@ -119,6 +120,11 @@ struct Core {
     int live_pipes = 0;           // TPipes constructed and not yet destroyed
     uint64_t gm_read = 0;
     uint64_t gm_written = 0;
+    // the launch's GM arguments (each one buffer of `arg_bytes` bytes) and the bytes read of
+    // each, so a read is counted against the input it reads
+    uint8_t** args = nullptr;
+    const uint64_t* arg_bytes = nullptr;
+    std::vector<uint64_t> arg_reads;
     uint64_t scalar_ops = 0;   // GetValue/SetValue (scalar pipe) of UB or GM
     uint64_t syncs = 0;        // SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     uint64_t vector_ops = 0;   // vector instructions issued
@@ -138,6 +144,18 @@ struct Core {
     void* pipe = nullptr;         // the TPipe constructed last (GetTPipePtr)
 };
 inline thread_local Core* g_core = nullptr;
+
+// GM bytes read at `at`: counted in all and against the argument whose buffer holds them.
+inline void count_read(const void* at, uint64_t bytes) {
+    Core& c = *g_core;
+    c.gm_read += bytes;
+    const uint8_t* p = static_cast<const uint8_t*>(at);
+    for (size_t i = 0; i < c.arg_reads.size(); ++i)
+        if (p >= c.args[i] && p < c.args[i] + c.arg_bytes[i]) {
+            c.arg_reads[i] += bytes;
+            return;
+        }
+}
 
 [[noreturn]] inline void fail(const std::string& what, const loc& where) {
     std::string k = g_core ? g_core->kernel : std::string("?");
@@ -411,7 +429,7 @@ public:
         check(i, 1, where);
         issue(PIPE_S, where);
         ++g_core->scalar_ops;
-        g_core->gm_read += sizeof(T);
+        count_read(addr() + i, sizeof(T));
         return addr()[i];
     }
 
@@ -682,7 +700,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
              " bytes is not a multiple of 32 (use DataCopyPad)", where);
     src.check(0, count, where);
     std::memcpy(dst.wr(count, in), src.addr(), count * sizeof(T));
-    g_core->gm_read += count * sizeof(T);
+    count_read(src.addr(), count * sizeof(T));
 }
 
 template <typename T>
@@ -746,7 +764,7 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
         T* r = out + first;
         for (size_t i = 0; i < aligned; ++i) r[i] = pad.paddingValue;
         std::memcpy(r + pad.leftPadding, src.addr() + b * gm_step, p.blockLen);
-        g_core->gm_read += p.blockLen;
+        count_read(src.addr() + b * gm_step, p.blockLen);
     }
 }
 
@@ -1255,10 +1273,13 @@ namespace AscendC {
 using KernelCall = void (*)(uint8_t**);
 
 // One core of a launch: its own Unified Buffer and counters; returns the error, or "".
-inline std::string run_core(KernelCall call, uint8_t** args, const char* name, int32_t b,
-                            int32_t blocks, uint64_t ub_bytes, Core& core,
-                            std::barrier<>* bar) {
+inline std::string run_core(KernelCall call, uint8_t** args, const uint64_t* arg_bytes,
+                            int32_t nargs, const char* name, int32_t b, int32_t blocks,
+                            uint64_t ub_bytes, Core& core, std::barrier<>* bar) {
     core.kernel = name;
+    core.args = args;
+    core.arg_bytes = arg_bytes;
+    core.arg_reads.assign(nargs, 0);
     core.block_idx = b;
     core.block_num = blocks;
     core.ub.assign(ub_bytes, 0xA5);
@@ -1293,12 +1314,19 @@ inline std::string run_core(KernelCall call, uint8_t** args, const char* name, i
     return error;
 }
 
-// Run `blocks` cores of a kernel and add up their counters: GM bytes read, written, scalar
-// UB/GM accesses, syncs, vector instructions. Cores run one after another,
-// or (a SuperKernel: `threads`) as threads with a real barrier for SyncAll.
-inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blocks,
-                  uint64_t ub_bytes, uint64_t* counters, char* err, int32_t errlen,
-                  bool threads) {
+// Run `blocks` cores of a kernel over its `nargs` GM arguments and add up their counters: GM
+// bytes read, written, scalar UB/GM accesses, syncs, vector instructions, ..., then the bytes
+// read of each argument (counters[NCOUNTERS + i]). Cores run one after another, or (a
+// SuperKernel: `threads`) as threads with a real barrier for SyncAll.
+constexpr int NCOUNTERS = 10;
+inline int launch(KernelCall call, const char* name, int32_t kernel_nargs, uint8_t** args,
+                  const uint64_t* arg_bytes, int32_t nargs, int32_t blocks, uint64_t ub_bytes,
+                  uint64_t* counters, char* err, int32_t errlen, bool threads) {
+    if (nargs != kernel_nargs) {
+        std::snprintf(err, errlen, "%s: the kernel takes %d GM arguments, %d given", name,
+                      kernel_nargs, nargs);
+        return 1;
+    }
     std::vector<Core> cores(blocks);
     std::vector<std::string> errors(blocks);
     if (threads) {
@@ -1306,12 +1334,14 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         std::vector<std::thread> pool;
         for (int32_t b = 0; b < blocks; ++b)
             pool.emplace_back([&, b] {
-                errors[b] = run_core(call, args, name, b, blocks, ub_bytes, cores[b], &bar);
+                errors[b] = run_core(call, args, arg_bytes, nargs, name, b, blocks, ub_bytes,
+                                     cores[b], &bar);
             });
         for (auto& t : pool) t.join();
     } else {
         for (int32_t b = 0; b < blocks; ++b) {
-            errors[b] = run_core(call, args, name, b, blocks, ub_bytes, cores[b], nullptr);
+            errors[b] = run_core(call, args, arg_bytes, nargs, name, b, blocks, ub_bytes,
+                                 cores[b], nullptr);
             if (!errors[b].empty()) break;
         }
     }
@@ -1328,6 +1358,7 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
         counters[4] += cores[b].vector_ops;
         if (cores[b].ub_peak > counters[5]) counters[5] = cores[b].ub_peak;
         for (int k = 0; k < 4; ++k) counters[6 + k] += cores[b].mm_bytes[k];
+        for (int32_t i = 0; i < nargs; ++i) counters[NCOUNTERS + i] += cores[b].arg_reads[i];
     }
     return 0;
 }
@@ -1335,13 +1366,15 @@ inline int launch(KernelCall call, const char* name, uint8_t** args, int32_t blo
 
 #include "matmul_sim.h"
 
-// The runner's entries: a kernel source defines gk_sim_call_<KERNEL>(uint8_t** args).
-#define GK_SIM_LAUNCHER_ENTRY(KERNEL, THREADS)                                                \
-    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, int32_t blocks, uint64_t ub_bytes,   \
+// The runner's entries: a kernel source defines gk_sim_call_<KERNEL>(uint8_t** args) over
+// NARGS GM arguments (each given with its size in bytes, for the per-argument read counts).
+#define GK_SIM_LAUNCHER_ENTRY(KERNEL, NARGS, THREADS)                                         \
+    extern "C" int gk_sim_launch_##KERNEL(uint8_t** args, const uint64_t* arg_bytes,          \
+                                          int32_t nargs, int32_t blocks, uint64_t ub_bytes,   \
                                           uint64_t* counters, char* err, int32_t errlen) {    \
-        return AscendC::launch(gk_sim_call_##KERNEL, #KERNEL, args, blocks, ub_bytes,         \
-                               counters, err, errlen, THREADS);                               \
+        return AscendC::launch(gk_sim_call_##KERNEL, #KERNEL, NARGS, args, arg_bytes, nargs,  \
+                               blocks, ub_bytes, counters, err, errlen, THREADS);             \
     }
-#define GK_SIM_LAUNCHER(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, false)
+#define GK_SIM_LAUNCHER(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, NARGS, false)
 // A SuperKernel's entry: every core a thread, SyncAll a real barrier among them.
-#define GK_SIM_LAUNCHER_SYNC(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, true)
+#define GK_SIM_LAUNCHER_SYNC(KERNEL, NARGS) GK_SIM_LAUNCHER_ENTRY(KERNEL, NARGS, true)

@@ -292,7 +292,7 @@ private:
         for (int32_t r = 0; r < rows; ++r)
             for (int32_t k = 0; k < tail_k_; ++k) a_.check(a_at(m0 + r, k), 1, where);
         const uint64_t bytes = static_cast<uint64_t>(rows) * tail_k_ * sizeof(TA);
-        g_core->gm_read += bytes;
+        count_read(a_.addr() + a_at(m0, 0), bytes);
         g_core->mm_bytes[0] += bytes;
     }
     void load_b(int32_t n0, int32_t cols, const loc& where) {
@@ -300,11 +300,11 @@ private:
         for (int32_t q = 0; q < cols; ++q)
             for (int32_t k = 0; k < tail_k_; ++k) b_.check(b_at(k, n0 + q), 1, where);
         uint64_t bytes = static_cast<uint64_t>(cols) * tail_k_ * sizeof(TB);
-        g_core->gm_read += bytes;
+        count_read(b_.addr() + b_at(0, n0), bytes);
         g_core->mm_bytes[1] += bytes;
         if (has_bias_) {  // the bias row comes with B's panel
             bias_.check(n0, cols, where);
-            g_core->gm_read += cols * sizeof(TBias);
+            count_read(bias_.addr() + n0, cols * sizeof(TBias));
             g_core->mm_bytes[2] += cols * sizeof(TBias);
         }
     }

@@ -46,6 +46,10 @@ class Counts(NamedTuple):
     mm_b: int = 0     # ... of B
     mm_bias: int = 0  # ... of the bias
     mm_c: int = 0     # GM bytes it wrote of C (IterateAll)
+    reads: tuple[int, ...] = ()  # GM bytes read of each buffer argument, in argument order
+
+
+N_COUNTERS = 10  # the counters before ``reads`` (the simulator's NCOUNTERS)
 
 
 def cache_dir() -> Path:
@@ -149,12 +153,15 @@ def launch(lib: Library | ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray
             raise SimulatorError(f"{kernel}: GM buffer {i} (shape {list(b.shape)}, strides "
                                  f"{list(b.strides)}) must be a C-contiguous array")
     arrays = [b if b.ndim else b.reshape(1) for b in buffers]
-    ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-    counters = (ctypes.c_uint64 * len(Counts._fields))()
+    n = len(arrays)
+    ptrs = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    sizes = (ctypes.c_uint64 * n)(*[a.nbytes for a in arrays])
+    counters = (ctypes.c_uint64 * (N_COUNTERS + n))()
     err = ctypes.create_string_buffer(1024)
     fn.restype = ctypes.c_int32
-    rc = fn(ptrs, ctypes.c_int32(blocks), ctypes.c_uint64(ub_bytes), counters, err,
-            ctypes.c_int32(len(err)))
+    rc = fn(ptrs, sizes, ctypes.c_int32(n), ctypes.c_int32(blocks), ctypes.c_uint64(ub_bytes),
+            counters, err, ctypes.c_int32(len(err)))
     if rc != 0:
         raise SimulatorError(err.value.decode(errors="replace"))
-    return Counts(*(int(c) for c in counters))
+    got = [int(c) for c in counters]
+    return Counts(*got[:N_COUNTERS], reads=tuple(got[N_COUNTERS:]))

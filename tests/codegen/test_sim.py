@@ -101,6 +101,20 @@ def test_hand_written_kernel_matches_numpy_with_ideal_traffic(n, cores, tile):
     assert (read, written) == (2 * 4 * n, 4 * n)  # every byte in once, out once
 
 
+def test_reads_are_counted_per_argument():
+    """Each GM argument's bytes read, in argument order: x and y once each, nothing of the
+    output (the tiling struct is copied by the entry, not through the GM API); a launch with
+    a different number of arguments than the kernel takes is refused."""
+    n = 1000
+    x, y, z = (np.ones(n, np.float32) for _ in range(3))
+    lib = build([ADD_EXP])
+    counts = launch(lib, "add_exp", [x, y, z, np.array([n, 128, 64], np.uint32)], 8, UB)
+    assert counts.reads == (4 * n, 4 * n, 0, 0)
+    assert sum(counts.reads) == counts.gm_read
+    with pytest.raises(SimulatorError, match="add_exp: the kernel takes 4 GM arguments, 3"):
+        launch(lib, "add_exp", [x, y, z], 1, UB)
+
+
 def test_gm_buffers_are_the_arrays_own_memory():
     """A 0-d view (a Squeeze of a [1, 1] array) is one contiguous element: the kernel reads
     and writes it in place; a strided array is refused, naming the kernel and the buffer."""
