@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 
 from graphkernel import symbolic
-from graphkernel.codegen import barriers
+from graphkernel.codegen import barriers, resident
 from graphkernel.codegen.buffers import BufferPlan, plan
 from graphkernel.codegen.lower import C_TYPE, Lowered, lower
 from graphkernel.codegen.schedule import (
@@ -139,6 +139,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
+    tpitch = {io.index: _table_pitch(io, s, refs) for io in s.inputs if io.table}
     scatter = {io.index: [(c_dim(d, refs), c_dim(st, refs))  # outputs stored through a map
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.outputs if io.outer}
@@ -160,6 +161,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
+        "tpitch": tpitch, "tiles_per_core": resident.TILES_PER_CORE,
         "gather": gather,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
                    for io in s.outputs},
@@ -240,6 +242,15 @@ def _pitch(io, refs: dict[str, str]) -> str:
         if symbolic.canon(io.strides[j]) != symbolic.canon(want) and io.outer[j] != 1:
             return "0"
     return c_dim(p, refs)
+
+
+def _table_pitch(io, s: Schedule, refs: dict[str, str]) -> str:
+    """The C expression of a resident table's row pitch in GM (a table of one row: its
+    width, so the copy's stride is 0)."""
+    _, pitch = resident.table_map(io)
+    if symbolic.canon(pitch) == 0:
+        pitch = io.columns[1] if io.columns else s.L
+    return c_dim(pitch, refs)
 
 
 def io_entry(io) -> dict[str, Any]:

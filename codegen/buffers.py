@@ -44,8 +44,8 @@ class Linear:
         return self.tile * rt * ctp + self.col * ctp + self.row * rt + self.fixed
 
 
-# what a buffer holds, by the shape of one slot
-TILE, COLUMN, ROWVEC, BLOCK = "tile", "column", "row", "block"
+# what a buffer holds, by the shape of one slot (TABLE: a resident table, rt + R rows)
+TILE, COLUMN, ROWVEC, BLOCK, TABLE = "tile", "column", "row", "block", "table"
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Buffer:
     position: str    # "VECIN" / "VECOUT" (a TQue) or "VECCALC" (a TBuf)
     depth: int       # slots: 2 for the double-buffered queues, 1 for scratch
     ctype: str       # the C element type of a slot
-    shape: str       # TILE (rt x ctp), COLUMN (rt, block-aligned), ROWVEC (ctp), BLOCK
+    shape: str       # TILE (rt x ctp), COLUMN (rt, block-aligned), ROWVEC (ctp), BLOCK, TABLE
     size: Linear     # bytes of one slot (the budget's bound)
     init: str        # the C expression of one slot's bytes in Init (reads the tiling t)
     local: str = ""  # the LocalTensor name Compute takes from a scratch buffer ("" = none)
@@ -124,7 +124,12 @@ def plan(s: Schedule, low: Lowered) -> BufferPlan:
 
     for io in s.inputs:
         t, i = C_TYPE[io.dtype], io.index
-        if io.kind in (FULL, PARTIAL):
+        if io.table:  # loaded once per core: one slot, rt + R rows (codegen/resident.py)
+            r, size = io.table, io.dtype.itemsize
+            out.append(Buffer(f"qt{i}", f"input {i}, a table of {r} rows (resident)", "VECIN",
+                              1, t, TABLE, Linear(tile=size, col=r * size),
+                              f"(t.rt + {r}) * t.ctp * sizeof({t})"))
+        elif io.kind in (FULL, PARTIAL):
             tile(f"qi{i}", f"input {i} tiles", "VECIN", 2, t, io.dtype.itemsize)
         elif io.kind == COL:
             column(f"qi{i}", f"input {i} (a value per row)", "VECIN", 2, t, io.dtype.itemsize)

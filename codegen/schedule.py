@@ -85,6 +85,10 @@ class KernelIO:
     # an input read by steps on columns of rows (Schedule.cols): (first column, width) of the
     # tile its rows are loaded to (a partial rotary embedding's cos and sin)
     columns: tuple[int, int] | None = None
+    # PARTIAL, broadcast over the leading axes only: the rows of its table (the same for
+    # every block of that many rows of the loop space), held resident in UB and loaded once
+    # per core (codegen/resident.py); 0: its rows are loaded with every tile
+    table: int = 0
 
 
 @dataclass
@@ -128,6 +132,12 @@ class Schedule:
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the resident tables (every one repeats over blocks of that many rows of
+        the loop space); 0 when no input is resident."""
+        return next((io.table for io in self.inputs if io.table), 0)
 
     def storage(self, v: Value) -> Value:
         return follow(self.root, v)
@@ -1095,7 +1105,11 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
         if io.kind == PARTIAL and io.local is not io.value and not any(
                 _eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
-        if io.kind == PARTIAL:
+        if io.table:
+            notes.append(f"input {io.index} ({io.value.name}) is a table of {io.table} rows "
+                         "broadcast over the leading axes: each core loads the rows it uses "
+                         "once and keeps them in UB")
+        elif io.kind == PARTIAL:
             notes.append(f"input {io.index} ({io.value.name}) is broadcast over outer axes: "
                          "its rows are re-read for every row that uses them")
         elif io.kind == ROW:

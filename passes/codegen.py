@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from graphkernel.codegen import targets
+from graphkernel.codegen import resident, targets
 from graphkernel.codegen.accumulate import widen_reductions
 from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.instance import rebind
@@ -75,6 +75,7 @@ def check(kernel: Node, spec: targets.Target) -> Schedule | MatmulSchedule:
             raise cls(f"a row of {s.L} elements needs {need} bytes of UB, the target has "
                       f"{spec.ub_bytes}, and it cannot be walked in chunks: {e}", node=e.node
                       ) from None
+    resident.choose(s, low)  # tables broadcast over the leading axes: loaded once per core
     return s
 
 

@@ -1,0 +1,93 @@
+"""Resident tables: an input broadcast over the leading axes of the loop space stays in UB.
+
+A PARTIAL input whose row map broadcasts over the leading outer axes and spans the others
+(rotary embedding's cos and sin [S, D] under x [B, N, S, D], with rows of D) is one table of
+R rows, the same for every block of R rows of the loop space. Loaded with every tile, each row
+of the loop space reads its table row from GM again. Held resident in UB instead (one slot of
+``rt + R`` rows, ``buffers.TABLE``), a core reads the table rows its tiles use once, before
+its first tile, and every tile reads its rows from that slot. The kernel then places its
+tiles so that a core's tiles share table rows (``kernel.cpp.j2``, ``tiling.cpp.j2``):
+
+- when a core's share of rows is at least a block, tiles are whole blocks (``rt`` a multiple
+  of R) and the slot holds the table ``rt / R`` times over;
+- else tiles lie inside a block and units go chunk by chunk (unit u is chunk ``u / blocks``
+  of block ``u % blocks``): a core's consecutive units read the same table rows. Tiles are
+  kept small enough that a core runs a few of them (``TILES_PER_CORE``), so its rows come
+  from few chunks.
+
+The traffic model is unchanged (it reads every input once); the simulator's count falls.
+The buffer plan counts the slot: when the plan with one row per tile does not fit the UB, or
+the table would take more than ``1 / UB_SHARE`` of it, the input stays loaded with every tile.
+Only kernels whose tiles hold whole rows (a reduction, slices of the last axis) with a static
+row length qualify; a kernel that may split rows keeps that freedom.
+"""
+
+from __future__ import annotations
+
+from graphkernel import symbolic
+from graphkernel.codegen.buffers import plan
+from graphkernel.codegen.lower import Lowered
+from graphkernel.codegen.schedule import PARTIAL, KernelIO, Schedule, io_notes
+from graphkernel.codegen.tiling import align_elems
+from graphkernel.ir import Dim
+
+MAX_BLOCK_COUNT = 4095  # DataCopyPad's blockCount: the most table rows one copy loads
+UB_SHARE = 4            # a table takes at most a quarter of the UB; the tiles keep the rest
+TILES_PER_CORE = 8      # tiles inside a block: at most about this many per core (tiling.cpp.j2)
+
+
+def _eq(a: Dim, b: Dim) -> bool:
+    return symbolic.canon(a) == symbolic.canon(b)
+
+
+def table_map(io: KernelIO) -> tuple[int, Dim] | None:
+    """(R, pitch): the table an input is, R rows ``pitch`` elements apart in GM from its
+    ``base``; None when it is not broadcast over leading outer axes only, or R is symbolic
+    or beyond one copy."""
+    if io.kind != PARTIAL or io.gather or not io.outer:
+        return None
+    ext, st = io.outer, io.strides
+    bcast = [i for i in range(len(ext)) if _eq(st[i], 0) and not _eq(ext[i], 1)]
+    if not bcast:
+        return None
+    k = bcast[-1] + 1  # the axes before k broadcast (or have one index), the rest span
+    if any(not _eq(st[i], 0) and not _eq(ext[i], 1) for i in range(k)):
+        return None
+    rest = ext[k:]
+    if not all(symbolic.is_static(d) for d in rest):
+        return None
+    rows = int(symbolic.canon(symbolic.numel(rest)))
+    if rows > MAX_BLOCK_COUNT:
+        return None
+    spans = [j for j in range(k, len(ext)) if not _eq(ext[j], 1)]
+    if not spans:  # one row
+        return rows, io.columns[1] if io.columns else 0
+    pitch = st[spans[-1]]
+    for j in spans:  # evenly spaced rows: one strided copy loads any run of them
+        if not _eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:]))):
+            return None
+    return rows, pitch
+
+
+def choose(s: Schedule, low: Lowered) -> None:
+    """Make the inputs of ``s`` that are tables of one row count resident, when the kernel's
+    tiles hold whole rows and the buffer plan with them fits the UB (else leave ``s``)."""
+    if s.col_reduce or s.row_chunks or not s.whole_rows or s.variant is not None or \
+            not symbolic.is_static(s.L):
+        return
+    maps = {io.index: table_map(io) for io in s.inputs}
+    rows = next((m[0] for m in maps.values() if m is not None), None)
+    if rows is None:
+        return
+    tables = [io for io in s.inputs if maps[io.index] and maps[io.index][0] == rows]
+    for io in tables:
+        io.table = rows
+    a = align_elems(s)
+    ctp = -(-int(symbolic.canon(s.L)) // a) * a
+    ub = s.target.ub_bytes
+    table_bytes = sum(rows * ctp * io.dtype.itemsize for io in tables)
+    if table_bytes * UB_SHARE > ub or plan(s, low).budget().bytes(1, ctp) > ub:
+        for io in tables:
+            io.table = 0
+        return
+    s.notes = io_notes(s.inputs, s.reduce)
