@@ -9,7 +9,7 @@ its first tile, and every tile reads its rows from that slot. The kernel then pl
 tiles so that a core's tiles share table rows (``kernel.cpp.j2``, ``tiling.cpp.j2``):
 
 - when a core's share of rows is at least a block, tiles are whole blocks (``rt`` a multiple
-  of R) and the slot holds the table ``rt / R`` times over;
+  of R) and the slot holds the table ``rt / R`` times over (repeated in UB, not read again);
 - else tiles lie inside a block and units go chunk by chunk (unit u is chunk ``u / blocks``
   of block ``u % blocks``): a core's consecutive units read the same table rows. Tiles are
   kept small enough that a core runs a few of them (``TILES_PER_CORE``), so its rows come

@@ -1,0 +1,146 @@
+"""Resident tables (codegen/resident.py): a rotary embedding's cos and sin [S, D], broadcast
+over the leading axes of x [B, N, S, D], are loaded once per core and kept in UB; the
+simulator counts each input's GM reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from graphkernel import Graph, TensorType
+from graphkernel.codegen import targets
+from graphkernel.codegen.ascendc import render
+from graphkernel.codegen.sim.execute import SimLibrary
+from graphkernel.codegen.sim.runner import SimulatorError
+from graphkernel.kernels import build_kernel
+from graphkernel.passes.codegen import check
+
+SPEC = targets.load("ascend910b")
+
+
+def _op(g, op, ins, **a):
+    return g.add_node(op, ins, a).output
+
+
+def rotary_kernel(x_shape: tuple[int, ...], table: tuple[int, ...], dtype: str = "float32"):
+    """y = x * cos + cat(-x2, x1) * sin, the halves x1, x2 of x's last axis (one kernel)."""
+    g = Graph("rotary")
+    x = g.add_input("x", TensorType(x_shape, dtype))
+    cos = g.add_input("cos", TensorType(table, dtype))
+    sin = g.add_input("sin", TensorType(table, dtype))
+    h = x_shape[-1] // 2
+    last = len(x_shape) - 1
+    x1 = _op(g, "StridedSlice", [x], begin=[0], end=[h], strides=[1], axes=[last])
+    x2 = _op(g, "StridedSlice", [x], begin=[h], end=[2 * h], strides=[1], axes=[last])
+    rot = _op(g, "Concat", [_op(g, "Neg", [x2]), x1], axis=last)
+    g.set_outputs([_op(g, "Add", [_op(g, "Mul", [x, cos]), _op(g, "Mul", [rot, sin])])])
+    k = build_kernel(g, [n for n in g.nodes if n.op != "Constant"], "rotary", "test")
+    return k, check(k, SPEC)
+
+
+def reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    h = x.shape[-1] // 2
+    x32, c32, s32 = (a.astype(np.float32) for a in (x, cos, sin))
+    rot = np.concatenate([-x32[..., h:], x32[..., :h]], axis=-1)
+    return x32 * c32 + rot * s32
+
+
+def run(x_shape, table, dtype="float32", seed=0, edit=None):
+    _, s = rotary_kernel(x_shape, table, dtype)
+    r = render(s)
+    if edit is not None:
+        r = dataclasses.replace(r, files={k: edit(v) if k == f"{s.name}.cpp" else v
+                                          for k, v in r.files.items()})
+    rng = np.random.default_rng(seed)
+    feeds = [rng.standard_normal(shape).astype(dtype) for shape in (x_shape, table, table)]
+    launch = SimLibrary([r]).run(r.name, feeds, SPEC)
+    return s, r, feeds, launch
+
+
+def table_rows_loaded(fields: dict[str, int], rows: int) -> int:
+    """Table rows the cores load, by the placement resident.py documents: a core's whole
+    blocks take the table once; chunks of blocks (unit u: chunk u / blocks of block
+    u % blocks) take the chunks its units span."""
+    n_outer, rt = fields["M"] // rows, fields["rt"]
+    base, extra = divmod(fields["units"], fields["blockDim"])
+    total = 0
+    for b in range(fields["blockDim"]):
+        first = b * base + min(b, extra)
+        last = first + base + (1 if b < extra else 0)
+        if rt >= rows:
+            total += rows
+        else:
+            total += min(rows, ((last - 1) // n_outer + 1) * rt) - first // n_outer * rt
+    return total
+
+
+@pytest.mark.parametrize("x_shape,table,dtype", [
+    ((2, 4, 16, 16), (16, 16), "float32"),      # a core's share is less than a block
+    ((16, 8, 8, 32), (1, 1, 8, 32), "float32"),  # shares of several whole blocks
+    ((3, 5, 24, 64), (24, 64), "float16"),
+], ids=["chunks", "whole-blocks", "fp16"])
+def test_tables_are_read_once_per_core_and_the_result_matches(x_shape, table, dtype):
+    s, r, (x, cos, sin), launch = run(x_shape, table, dtype)
+    rows = x_shape[-2]
+    assert [io.table for io in s.inputs] == [0, rows, rows]
+    assert [b.name for b in r.plan.buffers if b.shape == "table"] == ["qt1", "qt2"]
+    got = launch.outputs[0].astype(np.float32)
+    tol = 1e-6 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(got, reference(x, cos, sin), rtol=tol, atol=tol)
+    reads = launch.counts.reads
+    row_bytes = x_shape[-1] * x.itemsize
+    m = int(np.prod(x_shape[:-1]))
+    assert reads[0] == x.nbytes  # x: every row once
+    for i in (1, 2):  # each core its table rows once, far fewer than a row per row
+        assert reads[i] == table_rows_loaded(launch.tiling, rows) * row_bytes
+        assert reads[i] <= launch.block_dim * cos.nbytes
+        assert reads[i] < m * row_bytes
+    assert sum(reads) == launch.counts.gm_read
+
+
+def test_whole_blocks_repeat_the_table_in_ub_not_from_gm():
+    """Tiles of several blocks read the table repeated in UB: each core reads it from GM
+    exactly once."""
+    _, _, (_, cos, _), launch = run((16, 8, 8, 32), (1, 1, 8, 32))
+    assert launch.tiling["rt"] > 8 and launch.tiling["rt"] % 8 == 0
+    assert launch.counts.reads[1] == launch.block_dim * cos.nbytes
+
+
+def test_the_repeat_needs_its_vector_barrier():
+    """The copies that repeat a table in UB read what the copy before wrote (four blocks per
+    core: the second copy reads the first's): without the barrier after each copy the
+    simulator's pipe model refuses the kernel."""
+    copy = "Or(x[have * words], x, x, (int32_t)(n * words));"
+
+    def drop(src: str) -> str:
+        assert f"{copy}\n                PipeBarrier<PIPE_V>();" in src
+        return src.replace(f"{copy}\n                PipeBarrier<PIPE_V>();", copy)
+
+    shape, table = (24, 8, 8, 32), (8, 32)
+    _, _, (x, cos, sin), launch = run(shape, table)
+    assert launch.tiling["rt"] == 4 * 8
+    np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6, atol=1e-6)
+    with pytest.raises(SimulatorError, match="PipeBarrier<PIPE_V>"):
+        run(shape, table, edit=drop)
+
+
+def test_a_table_too_large_for_the_ub_keeps_the_per_tile_load():
+    """A table beyond a quarter of the UB (512 rows of 32 fp32: 64 KiB) is loaded with every
+    tile as before, and the kernel still matches."""
+    s, r, (x, cos, sin), launch = run((2, 2, 512, 32), (512, 32))
+    assert all(io.table == 0 for io in s.inputs)
+    assert not any(b.shape == "table" for b in r.plan.buffers)
+    assert [io.kind for io in s.inputs][1:] == ["partial", "partial"]
+    assert {"qi1", "qi2"} <= {b.name for b in r.plan.buffers if b.is_queue and b.depth == 2}
+    np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6, atol=1e-6)
+    assert launch.counts.reads[1] == 2 * 2 * 512 * 32 * 4  # a table row for every row
+
+
+def test_a_resident_table_is_described_with_the_kernel():
+    _, s = rotary_kernel((2, 4, 16, 16), (16, 16))
+    r = render(s)
+    assert any("table of 16 rows" in n and "once" in n for n in r.manifest["notes"])
+    assert {"name": "qt1", "position": "VECIN", "depth": 1}.items() <= next(
+        b for b in r.manifest["buffers"] if b["name"] == "qt1").items()
