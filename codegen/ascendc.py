@@ -194,8 +194,10 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "ub_bytes": {"per_tile_element": ub.tile, "per_column": ub.col, "per_row": ub.row,
                      "fixed": ub.fixed},
         "buffers": bplan.describe(),
-        "block_dim": "min(cores, M * nColTiles); each core a contiguous run of units (computed "
-                     "by the tiling function)",
+        "block_dim": ("min(cores, units); units are blocks of the resident tables' rows, or "
+                      "chunks of blocks (codegen/resident.py)" if s.table_rows else
+                      "min(cores, M * nColTiles); each core a contiguous run of units "
+                      "(computed by the tiling function)"),
         "tiling_function": f"{s.name}_tiling",
         "sources": sorted(files),
         "notes": list(s.notes),

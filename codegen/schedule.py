@@ -10,7 +10,8 @@ is held in UB in one of the compact layouts of that matrix:
 - ``ROW``     one row of ``L`` (broadcast over the rows; a bias),
 - ``COL``     one value per row (a last-axis reduction, a per-channel scale),
 - ``SCALAR``  one value (a scalar constant or a one-element input),
-- ``PARTIAL`` an input broadcast over some outer axes only; loaded row by row into a full tile.
+- ``PARTIAL`` an input broadcast over some outer axes only; loaded row by row into a full tile
+  (or, broadcast over the leading axes only, held resident as a table: codegen/resident.py).
 
 Views (Reshape, ExpandDims, Squeeze, Identity) do not move data: a view's value shares its
 source's storage. The schedule refuses, with a reason, anything outside this model (the

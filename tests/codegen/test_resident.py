@@ -144,3 +144,22 @@ def test_a_resident_table_is_described_with_the_kernel():
     assert any("table of 16 rows" in n and "once" in n for n in r.manifest["notes"])
     assert {"name": "qt1", "position": "VECIN", "depth": 1}.items() <= next(
         b for b in r.manifest["buffers"] if b["name"] == "qt1").items()
+
+
+def test_a_symbolic_batch_keeps_the_table_resident():
+    """Leading axes may be symbolic (R, the table's rows, is static): one kernel serves a
+    batch of 1 (chunks of blocks) and of 50 (whole blocks), reading each table at most once
+    per core."""
+    _, s = rotary_kernel(("b", 4, 16, 16), (16, 16))
+    assert [io.table for io in s.inputs] == [0, 16, 16]
+    r = render(s)
+    lib = SimLibrary([r])
+    for b in (1, 50):
+        rng = np.random.default_rng(b)
+        x, cos, sin = (rng.standard_normal(shape).astype(np.float32)
+                       for shape in ((b, 4, 16, 16), (16, 16), (16, 16)))
+        launch = lib.run(r.name, [x, cos, sin], SPEC)
+        np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6,
+                                   atol=1e-6)
+        assert launch.counts.reads[1] == table_rows_loaded(launch.tiling, 16) * 16 * 4
+        assert launch.counts.reads[1] <= launch.block_dim * cos.nbytes
