@@ -1,0 +1,170 @@
+"""Elementwise work on attention heads, rebuilt in the layout the heads arrive in.
+
+Rotary embedding is computed on Q and K after their head split: ``x`` ([B, S, N, D], the
+projection's output seen by heads) is transposed to [B, N, S, D], then rotated (slices of
+the last axis, a Concat of them, products with cos/sin tables of shape [1, 1, S, D]). The
+same computation on ``x`` itself, with the tables seen as [1, S, 1, D], gives the rotated
+value in [B, S, N, D] — the layout the fused attention operator reads without a transpose —
+and the head split's Transpose disappears with it (the attention pass then needs no
+Transpose for V nor a head merge on the output either).
+
+``bsnd_builder`` finds such a region behind a [B, N, S, D] value and returns what rebuilds
+it; the attention pass calls it only once it has picked BSND.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from graphkernel import ops
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import OpKind
+from graphkernel.passes.rewrite import const_array
+
+HEAD_SPLIT = (0, 2, 1, 3)  # [B, S, N, D] <-> [B, N, S, D] (its own inverse)
+LAYOUT_ATTRS = frozenset({"axis", "axes", "perm", "shape", "begin", "end", "size"})
+MAX_NODES = 64  # a rotary embedding is about ten ops; a larger region is not this pattern
+
+
+def _head_split_source(v: Value) -> Value | None:
+    """x when ``v`` is Transpose(x, [0, 2, 1, 3]), or a Reshape that is one (one head, or a
+    sequence of one: the swapped axes move no element), else None."""
+    p = v.producer
+    if p is None or v.type.rank != 4:
+        return None
+    if p.op == "Transpose" and tuple(p.attrs["perm"]) == HEAD_SPLIT:
+        return p.inputs[0]
+    shape = tuple(v.type.shape)
+    if p.op == "Reshape" and 1 in shape[1:3] and \
+            tuple(p.inputs[0].type.shape) == tuple(shape[a] for a in HEAD_SPLIT):
+        return p.inputs[0]
+    return None
+
+
+def _movable(n: Node) -> bool:
+    """An op whose result in the other layout is the same op on the other layout's inputs
+    (with its axis renamed): elementwise ops without axis attributes, a StridedSlice listing
+    its axes, a Concat."""
+    if len(n.outputs) != 1 or n.outputs[0].type.rank != 4:
+        return False
+    if n.op == "StridedSlice":
+        return n.attrs["axes"] is not None
+    if n.op == "Concat":
+        return True
+    return ops.get(n.op).kind == OpKind.ELEMWISE and not (LAYOUT_ATTRS & set(n.attrs))
+
+
+def _leaf_ok(v: Value) -> bool:
+    """A value read by the region that is not computed in it: a head split (read before its
+    Transpose), a scalar, or a value of rank <= 4 whose axes 1 and 2 (once padded to rank 4)
+    are not both longer than 1 (swapping them is a reshape), or a constant."""
+    if _head_split_source(v) is not None or v.type.rank == 0:
+        return True
+    if v.type.rank > 4:
+        return False
+    full = (1,) * (4 - v.type.rank) + tuple(v.type.shape)
+    return full[1] == 1 or full[2] == 1 or const_array(v) is not None
+
+
+def _reads_split(v: Value, memo: dict[int, bool], depth: int = 0) -> bool:
+    """Whether ``v`` is computed by movable ops from a head split."""
+    if id(v) not in memo:
+        p = v.producer
+        memo[id(v)] = _head_split_source(v) is not None or (
+            p is not None and depth < MAX_NODES and _movable(p)
+            and any(_reads_split(x, memo, depth + 1) for x in p.inputs))
+    return memo[id(v)]
+
+
+def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
+    """The nodes computing ``base`` from head splits and small operands, in graph order;
+    None when ``base`` is not such a value, reads no head split, or a value computed in the
+    region is also read outside it (the region would then be computed twice)."""
+    found: dict[int, Node] = {}
+    work = [base]
+    memo: dict[int, bool] = {}
+    if not _reads_split(base, memo):
+        return None
+    while work:
+        v = work.pop()
+        p = v.producer
+        if p is None or id(p) in found:
+            continue
+        if not _movable(p):
+            return None
+        found[id(p)] = p
+        if len(found) > MAX_NODES:
+            return None
+        for x in p.inputs:
+            if _head_split_source(x) is None and _reads_split(x, memo):
+                work.append(x)  # computed from a head split: rebuilt too
+            elif not _leaf_ok(x):
+                return None
+    for n in found.values():
+        for out in n.outputs:
+            readers = out.users if out is not base else []
+            if any(id(u) not in found for u in readers):
+                return None
+    if any(id(u) not in outside_ok and id(u) not in found for u in base.users):
+        return None
+    order = {id(n): k for k, n in enumerate(base.graph.nodes)}
+    return sorted(found.values(), key=lambda n: order[id(n)])
+
+
+def _leaf(graph: Graph, v: Value, origin: tuple) -> Value:
+    """Leaf ``v`` as the region reads it in [B, S, N, D]."""
+    src = _head_split_source(v)
+    if src is not None:
+        return src
+    if v.type.rank == 0:
+        return v
+    full = (1,) * (4 - v.type.rank) + tuple(v.type.shape)
+    want = [full[a] for a in HEAD_SPLIT]
+    arr = const_array(v)
+    if arr is not None and full[1] != 1 and full[2] != 1:
+        return graph.const(np.ascontiguousarray(arr.reshape(full).transpose(HEAD_SPLIT)),
+                           v.dtype, origin=origin)
+    return graph.add_node("Reshape", [v], {"shape": want}, origin=origin,
+                          name=graph.fresh_name(f"{v.name}/bsnd")).outputs[0]
+
+
+def _attrs(n: Node) -> dict:
+    """``n``'s attributes with its axes named in [B, S, N, D]."""
+    attrs = dict(n.attrs)
+    if n.op == "StridedSlice":
+        attrs["axes"] = [HEAD_SPLIT[a % 4] for a in n.attrs["axes"]]
+    elif n.op == "Concat":
+        attrs["axis"] = HEAD_SPLIT[n.attrs["axis"] % 4]
+    return attrs
+
+
+def bsnd_builder(base: Value, outside_ok: set[int]
+                 ) -> Callable[[list[Value]], Value] | None:
+    """What builds ``base`` (a [B, N, S, D] value computed elementwise from head splits)
+    again in [B, S, N, D], or None when ``base`` is not such a value. ``outside_ok``: ids of
+    the nodes besides the region that may read ``base`` (they stop reading it once the
+    attention reads the rebuilt value). The builder appends the [B, S, N, D] values it reads
+    in place of the head splits to the list it is given."""
+    if base.type.rank != 4:
+        return None
+    nodes = _region(base, outside_ok)
+    if nodes is None:
+        return None
+
+    def build(sources: list[Value]) -> Value:
+        graph = base.graph
+        new: dict[int, Value] = {}
+        for n in nodes:
+            ins = []
+            for x in n.inputs:
+                ins.append(new[id(x)] if id(x) in new else _leaf(graph, x, n.origin))
+                if _head_split_source(x) is not None:
+                    sources.append(ins[-1])
+            out = graph.add_node(n.op, ins, _attrs(n), origin=n.origin,
+                                 name=graph.fresh_name(f"{n.name}/bsnd")).outputs[0]
+            new[id(n.outputs[0])] = out
+        return new[id(base)]
+
+    return build
