@@ -248,10 +248,10 @@ def _same(a, b) -> bool:
     return symbolic.canon(a) == symbolic.canon(b)
 
 
-def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
+def _heads(v: Value, inside: frozenset[int] = frozenset()) -> tuple[_Operand, int]:
     """Q, K or V (an operand of a product, [B·N, S, D] or [B, N, S, D]) as its [B, N, S, D]
     value and the layouts it can be read in; the second item is how many times each head
-    is repeated (grouped-query K/V: N1/N2)."""
+    is repeated (grouped-query K/V: N1/N2). ``inside``: ids of the pattern's nodes."""
     seen: list[Node] = []
     base = _views(v, seen)
     repeat = 1
@@ -284,7 +284,7 @@ def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
     if t is not None and list(t.attrs["perm"]) == HEAD_SPLIT:
         _split_reads(op, t.inputs[0])
     else:
-        build = bsnd_builder(base, {id(x) for x in seen})
+        build = bsnd_builder(base, {id(x) for x in seen} | inside)
         if build is not None:
             op.builds["BSND"] = build
     return op, repeat
@@ -483,9 +483,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     if bad is not None:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")
-    q, _ = _heads(m.q)
-    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k)
-    v, rep_v = _heads(m.v)
+    inside = frozenset(map(id, m.nodes))
+    q, _ = _heads(m.q, inside)
+    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k, inside)
+    v, rep_v = _heads(m.v, inside)
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k != rep_v or k.shape != v.shape or dk != d:

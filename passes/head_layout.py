@@ -81,7 +81,8 @@ def _reads_split(v: Value, memo: dict[int, bool], depth: int = 0) -> bool:
 def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
     """The nodes computing ``base`` from head splits and small operands, in graph order;
     None when ``base`` is not such a value, reads no head split, or a value computed in the
-    region is also read outside it (the region would then be computed twice)."""
+    region is also read outside it or is a graph output (the region would then be computed
+    twice)."""
     found: dict[int, Node] = {}
     work = [base]
     memo: dict[int, bool] = {}
@@ -102,8 +103,11 @@ def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
                 work.append(x)  # computed from a head split: rebuilt too
             elif not _leaf_ok(x):
                 return None
+    outputs = {id(v) for v in base.graph.outputs}
     for n in found.values():
         for out in n.outputs:
+            if id(out) in outputs:
+                return None
             readers = out.users if out is not base else []
             if any(id(u) not in found for u in readers):
                 return None
