@@ -34,7 +34,6 @@ with its verdict; ``graphkernel explain`` shows the reasons of the refused ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,8 +42,8 @@ from graphkernel import symbolic
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
-from graphkernel.passes.head_layout import bsnd_builder
-from graphkernel.passes.qkv_split import sliced_source, split_parts
+from graphkernel.passes.head_layout import Rebuild, bsnd_builder
+from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
 from graphkernel.pipeline import AttentionMatch
 from graphkernel.registry import PassResult, counted
@@ -68,8 +67,9 @@ class _Operand:
     reads: dict[str, Value] = field(default_factory=dict)  # layout -> value read
     # layout -> what builds the value read, made only when that layout is picked (elementwise
     # work on a head split, such as rotary embedding, computed again in BSND)
-    builds: dict[str, Callable[[list[Value]], Value]] = field(default_factory=dict)
+    builds: dict[str, Rebuild] = field(default_factory=dict)
     sources: list[Value] = field(default_factory=list)  # the head splits a build reads
+    built: Built | None = None  # what was built, when something was
 
     @property
     def best(self) -> int:
@@ -79,6 +79,7 @@ class _Operand:
         """The value read in ``layout``, built now when it is to be built."""
         if layout not in self.reads:
             self.reads[layout] = self.builds[layout](self.sources)
+            self.built = Built(self.builds[layout], self.reads[layout], self.sources[0])
             notes.append(f"{what}'s elementwise work on its head split computed in {layout} "
                          "(no head transpose)")
         return self.reads[layout]
@@ -525,7 +526,8 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                             name=graph.fresh_name(f"{name}/view"), origin=origin).outputs[0]
     graph.replace_all_uses(target, fa)
     read = [*ins[:3], *q.sources, *k.sources, *v.sources]
-    m.notes += split_parts(graph, [s for s in map(sliced_source, read) if s is not None])
+    m.notes += split_parts(graph, [s for s in map(sliced_source, read) if s is not None],
+                           [x.built for x in (q, k, v) if x.built is not None])
     return AttentionMatch(m.qk.name, [n.name for n in m.nodes], "fused",
                           f"layout {layout}, {n1} heads" + (f" ({n2} K/V heads)" if n2 != n1
                                                             else "") + f", mask {kind}"

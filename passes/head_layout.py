@@ -9,12 +9,14 @@ and the head split's Transpose disappears with it (the attention pass then needs
 Transpose for V nor a head merge on the output either).
 
 ``bsnd_builder`` finds such a region behind a [B, N, S, D] value and returns what rebuilds
-it; the attention pass calls it only once it has picked BSND.
+it; the attention pass calls it only once it has picked BSND. Q's and K's regions, when they
+are the same work on every head (rotary: the tables do not vary over heads), can be built
+once on the whole projection the heads are sliced from (see ``qkv_split``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -144,31 +146,75 @@ def _attrs(n: Node) -> dict:
     return attrs
 
 
-def bsnd_builder(base: Value, outside_ok: set[int]
-                 ) -> Callable[[list[Value]], Value] | None:
-    """What builds ``base`` (a [B, N, S, D] value computed elementwise from head splits)
-    again in [B, S, N, D], or None when ``base`` is not such a value. ``outside_ok``: ids of
-    the nodes besides the region that may read ``base`` (they stop reading it once the
-    attention reads the rebuilt value). The builder appends the [B, S, N, D] values it reads
-    in place of the head splits to the list it is given."""
-    if base.type.rank != 4:
-        return None
-    nodes = _region(base, outside_ok)
-    if nodes is None:
-        return None
+@dataclass
+class Rebuild:
+    """The region computing ``base`` ([B, N, S, D]) from head splits, to be computed again
+    in [B, S, N, D]."""
 
-    def build(sources: list[Value]) -> Value:
-        graph = base.graph
+    base: Value
+    nodes: list[Node]
+
+    def __call__(self, sources: list[Value], on: Value | None = None) -> Value:
+        """Build the region in [B, S, N, D]; the [B, S, N, D] values read in place of the
+        head splits are appended to ``sources``. ``on``: a [B, S, N', D] value read in place
+        of the head split instead (the same work on other heads: ``per_head`` regions)."""
+        graph = self.base.graph
         new: dict[int, Value] = {}
-        for n in nodes:
+        for n in self.nodes:
             ins = []
             for x in n.inputs:
-                ins.append(new[id(x)] if id(x) in new else _leaf(graph, x, n.origin))
-                if _head_split_source(x) is not None:
+                if id(x) in new:
+                    ins.append(new[id(x)])
+                    continue
+                split = _head_split_source(x) is not None
+                ins.append(on if split and on is not None else _leaf(graph, x, n.origin))
+                if split:
                     sources.append(ins[-1])
             out = graph.add_node(n.op, ins, _attrs(n), origin=n.origin,
                                  name=graph.fresh_name(f"{n.name}/bsnd")).outputs[0]
             new[id(n.outputs[0])] = out
-        return new[id(base)]
+        return new[id(self.base)]
 
-    return build
+    def _leaves(self) -> list[tuple[int, int, Value]]:
+        """(node, input) positions and values of the inputs not computed in the region."""
+        inside = {id(v) for n in self.nodes for v in n.outputs}
+        return [(k, i, x) for k, n in enumerate(self.nodes) for i, x in enumerate(n.inputs)
+                if id(x) not in inside]
+
+    def per_head(self) -> bool:
+        """Whether the region reads one head split and does the same to every head: every
+        other value it reads is the same for all heads (extent 1 on the head axis)."""
+        leaves = [x for _, _, x in self._leaves()]
+        splits = {id(_head_split_source(x)) for x in leaves if _head_split_source(x) is not None}
+        return len(splits) == 1 and all(
+            _head_split_source(x) is not None or x.type.rank < 3
+            or x.type.shape[x.type.rank - 3] == 1 for x in leaves)
+
+    def same_work(self, other: Rebuild) -> bool:
+        """Whether ``other`` is the same ops on the same values but for its head split."""
+        if len(self.nodes) != len(other.nodes) or any(
+                a.op != b.op or a.attrs != b.attrs or len(a.inputs) != len(b.inputs)
+                for a, b in zip(self.nodes, other.nodes, strict=True)):
+            return False
+        pos = {id(v): k for k, n in enumerate(self.nodes) for v in n.outputs}
+        opos = {id(v): k for k, n in enumerate(other.nodes) for v in n.outputs}
+        for a, b in zip(self.nodes, other.nodes, strict=True):
+            for x, y in zip(a.inputs, b.inputs, strict=True):
+                if id(x) in pos or id(y) in opos:
+                    if pos.get(id(x)) != opos.get(id(y)):
+                        return False
+                elif (_head_split_source(x) is None) != (_head_split_source(y) is None) or (
+                        _head_split_source(x) is None and x is not y):
+                    return False
+        return True
+
+
+def bsnd_builder(base: Value, outside_ok: set[int]) -> Rebuild | None:
+    """What builds ``base`` (a [B, N, S, D] value computed elementwise from head splits)
+    again in [B, S, N, D], or None when ``base`` is not such a value. ``outside_ok``: ids of
+    the nodes besides the region that may read ``base`` (they stop reading it once the
+    attention reads the rebuilt value)."""
+    if base.type.rank != 4:
+        return None
+    nodes = _region(base, outside_ok)
+    return Rebuild(base, nodes) if nodes is not None else None

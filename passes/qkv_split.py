@@ -3,12 +3,20 @@
 A fused QKV projection (Falcon's ``query_key_value``, BLOOM's) is cut into Q, K and V by
 slices of one axis of its result — an axis other than the last, so no consumer kernel can
 read a slice as columns of its rows. Each slice left for the attention operator to read is
-a launch that copies its part; one Split writes all the parts in one launch.
+a launch that copies its part; one Split writes all the parts in one launch. When Q and K
+are then rotated alike (the same per-head work), the rotation runs once on the whole value
+before the Split, ``Select(heads of Q and K, rotated, value)`` keeping V's heads exactly as
+they were: one kernel instead of one per operand.
 """
 
 from __future__ import annotations
 
-from graphkernel.ir import Graph, Node, Value
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.passes.head_layout import Rebuild
 
 VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Identity")
 
@@ -26,6 +34,16 @@ def _part(n: Node) -> tuple[int, int, int] | None:
     return (axis, start, stop) if stop > start else None
 
 
+@dataclass
+class Built:
+    """An operand's elementwise work rebuilt in BSND: what built it, the value it made, and
+    the [B, S, N, D] value it read in place of the head split."""
+
+    work: Rebuild
+    value: Value
+    source: Value
+
+
 def sliced_source(v: Value) -> Node | None:
     """The StridedSlice ``v`` shows (through views), else None."""
     while v.producer is not None and v.producer.op in VIEWS:
@@ -33,10 +51,13 @@ def sliced_source(v: Value) -> Node | None:
     return v.producer if v.producer is not None and v.producer.op == "StridedSlice" else None
 
 
-def split_parts(graph: Graph, slices: list[Node]) -> list[str]:
+def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[str]:
     """Replace the slices of each value whose every reader is a slice of one axis (not the
     last) and that together tile that axis by one Split of it; ``slices`` are the slices the
-    attention operator reads. Returns a note per Split made."""
+    attention operator reads. When two or more parts are read by the same per-head work
+    (``built``: Q's and K's rotary embedding), that work runs once on the whole value before
+    the Split, a Select keeping the other parts' heads as they were. Returns a note per Split
+    made."""
     notes = []
     done: set[int] = set()
     for s in slices:
@@ -56,12 +77,44 @@ def split_parts(graph: Graph, slices: list[Node]) -> list[str]:
         if bounds[0][0] != 0 or bounds[-1][1] != x.shape[axis] or any(
                 a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False)):
             continue  # the slices overlap or leave a gap: not one Split
-        node = graph.add_node("Split", [x], {"axis": axis, "sizes": [b - a for a, b in bounds]},
-                              name=graph.fresh_name(f"{x.name}/split"),
-                              origin=tuple(dict.fromkeys(o for n in readers for o in n.origin)))
+        origin = tuple(dict.fromkeys(o for n in readers for o in n.origin))
+        works = {id(readers[k]): b for k in order for b in built
+                 if sliced_source(b.source) is readers[k] and b.source is readers[k].outputs[0]}
+        whole, note = _together(graph, x, axis, [readers[k] for k in order], works, origin)
+        node = graph.add_node("Split", [whole], {"axis": axis,
+                                                 "sizes": [b - a for a, b in bounds]},
+                              name=graph.fresh_name(f"{x.name}/split"), origin=origin)
         for k, out in zip(order, node.outputs, strict=True):
-            graph.replace_all_uses(readers[k].outputs[0], out)
-            graph.erase_node(readers[k])
+            done_by = works.get(id(readers[k])) if note else None
+            graph.replace_all_uses(done_by.value if done_by else readers[k].outputs[0], out)
+        for r in readers:
+            if not r.outputs[0].uses:
+                graph.erase_node(r)
         notes.append(f"{', '.join(readers[k].name for k in order)} of {x.name} made one "
-                     f"Split along axis {axis}")
+                     f"Split along axis {axis}" + note)
     return notes
+
+
+def _together(graph: Graph, x: Value, axis: int, parts: list[Node], works: dict[int, Built],
+              origin: tuple) -> tuple[Value, str]:
+    """(the value to split, a note): ``x`` itself, or — when two or more parts are read by
+    the same per-head work — Select(heads of those parts, the work on all of x, x)."""
+    done = list(works.values())
+    first = done[0].work if done else None
+    if len(done) < 2 or x.type.rank != 4 or axis != 2 or not first.per_head() or not all(
+            first.same_work(b.work) for b in done[1:]):
+        return x, ""
+    if not isinstance(x.shape[3], int):
+        return x, ""
+    # [1, 1, heads, D]: whole rows (a kernel's rows are the D elements of a head)
+    mine = np.zeros((1, 1, x.shape[axis], x.shape[3]), bool)
+    at = 0
+    for p in parts:
+        width = p.outputs[0].shape[axis]
+        mine[0, 0, at:at + width, :] = id(p) in works
+        at += width
+    work = first([], on=x)
+    whole = graph.add_node("Select", [graph.const(mine, DType.bool, origin=origin), work, x],
+                           name=graph.fresh_name(f"{x.name}/heads"), origin=origin).outputs[0]
+    names = ", ".join(p.name for p in parts if id(p) in works)
+    return whole, f"; the work on {names} done once on all of {x.name} before it"

@@ -269,9 +269,9 @@ def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
     assert "is computed" in res.analyses.attention[0].reason
 
 
-def _rotary(g, x, seq, dim):
+def _rotary(g, x, seq, dim, base=0.1):
     """x·cos + cat(-x2, x1)·sin with constant [1, 1, seq, dim] tables."""
-    ang = np.arange(seq)[:, None] * np.linspace(0.1, 1.0, dim)[None, :]
+    ang = np.arange(seq)[:, None] * np.linspace(base, 1.0, dim)[None, :]
     cos, sin = (g.const(f(ang).astype(np.float32).reshape(1, 1, seq, dim)) for f in (np.cos,
                                                                                     np.sin))
     half = dim // 2
@@ -282,7 +282,8 @@ def _rotary(g, x, seq, dim):
                               g.add_node("Mul", [rot, sin]).output]).output
 
 
-def _fused_qkv(heads=4, kv_heads=4, seq=8, dim=16, rotary=True, unused=0) -> Graph:
+def _fused_qkv(heads=4, kv_heads=4, seq=8, dim=16, rotary=True, unused=0,
+               k_base=0.1) -> Graph:
     """One projection [2, seq, (heads + 2·kv_heads + unused)·dim] seen as [2, seq, heads,
     dim] and sliced into Q, K, V along the head axis (Falcon's layout); rotary on Q and K."""
     g = Graph("qkv")
@@ -294,7 +295,7 @@ def _fused_qkv(heads=4, kv_heads=4, seq=8, dim=16, rotary=True, unused=0) -> Gra
     for k, (a, b) in enumerate(bounds):
         t = g.add_node("StridedSlice", [x], {"begin": [a], "end": [b], "axes": [2]}).output
         t = g.add_node("Transpose", [t], {"perm": [0, 2, 1, 3]}).output
-        parts.append(_rotary(g, t, seq, dim) if rotary and k < 2 else t)
+        parts.append(_rotary(g, t, seq, dim, (0.1, k_base)[k]) if rotary and k < 2 else t)
     q, k, v = parts
     if kv_heads != heads:
         k, v = (g.add_node("BroadcastTo", [t], {"shape": [2, heads, seq, dim]}).output
@@ -313,20 +314,37 @@ def test_rotary_q_and_k_are_computed_in_bsnd_and_the_slices_become_one_split(kv_
     """Rotary embedding after the head split is rebuilt on the [B, S, N, D] value (its tables
     seen as [1, S, 1, D]), so the operator reads BSND: no Transpose is left (no head split of
     V, no head merge). Q, K and V, slices of one projection along the head axis, are one
-    Split. Explain says both."""
+    Split; Q's and K's rotary, the same work on every head, runs once on the projection
+    before it (a Select keeps V's heads): one kernel and the Split. Explain says it all."""
     g = _fused_qkv(kv_heads=kv_heads)
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs["layout"] == "BSND"
     ops = [m.op for n in res.graph.nodes
            for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
-    assert "Transpose" not in ops and "Concat" in ops  # (rotary kept, in BSND)
-    assert ops.count("Split") == 1
+    assert "Transpose" not in ops and ops.count("Concat") == 1  # one rotary, in BSND
+    assert ops.count("Split") == 1 and ops.count("Select") == 1
     split = next(n for n in res.graph.nodes if n.op == "Split")
     assert split.attrs["sizes"] == [4, kv_heads, kv_heads] and split.attrs["axis"] == 2
     (rec,) = res.analyses.attention
     assert "Q's elementwise work on its head split computed in BSND" in rec.reason
     assert "K's elementwise work" in rec.reason and "one Split along axis 2" in rec.reason
+    assert "done once on all of" in rec.reason
+    assert sum(n.op in ("GraphKernel", "Split") for n in res.graph.nodes) == 2
+    _same_results(g, res)
+
+
+def test_q_and_k_rotary_with_different_tables_run_apart():
+    """K rotated by other tables than Q: not the same work, so no shared kernel (the Split
+    still takes the slices)."""
+    g = _fused_qkv(k_base=0.2)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    ops = [m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
+    assert ops.count("Concat") == 2 and "Select" not in ops and ops.count("Split") == 1
+    assert "done once" not in res.analyses.attention[0].reason
     _same_results(g, res)
 
 
