@@ -183,12 +183,20 @@ class Rebuild:
 
     def per_head(self) -> bool:
         """Whether the region reads one head split and does the same to every head: every
-        other value it reads is the same for all heads (extent 1 on the head axis)."""
+        other value it reads is the same for all heads (extent 1 on the head axis), no op
+        slices or joins along the head axis, and the result has the head split's shape (so
+        it can be computed on more heads and selected from head by head)."""
         leaves = [x for _, _, x in self._leaves()]
-        splits = {id(_head_split_source(x)) for x in leaves if _head_split_source(x) is not None}
-        return len(splits) == 1 and all(
-            _head_split_source(x) is not None or x.type.rank < 3
-            or x.type.shape[x.type.rank - 3] == 1 for x in leaves)
+        splits = {id(x): x for x in leaves if _head_split_source(x) is not None}
+        if len(splits) != 1 or next(iter(splits.values())).type != self.base.type:
+            return False
+        for n in self.nodes:
+            axes = n.attrs["axes"] if n.op == "StridedSlice" else [n.attrs["axis"]] \
+                if n.op == "Concat" else []
+            if any(a % 4 == 1 for a in axes):
+                return False
+        return all(_head_split_source(x) is not None or x.type.rank < 3
+                   or x.type.shape[x.type.rank - 3] == 1 for x in leaves)
 
     def same_work(self, other: Rebuild) -> bool:
         """Whether ``other`` is the same ops on the same values but for its head split."""

@@ -365,3 +365,22 @@ def test_slices_that_do_not_tile_the_axis_stay_slices():
     g = _fused_qkv(rotary=False, unused=1)  # the last head is read by no one
     res = _compile(g)
     assert len(_fused(res)) == 1 and "Split" not in [n.op for n in res.graph.nodes]
+
+
+def test_work_that_differs_by_head_is_not_done_on_all_heads():
+    """Q and K scaled by one table varying over the heads ([1, N, S, D]): the same ops on the
+    same values, but not the same for every head, so never run on V's heads' positions."""
+    g = _fused_qkv(rotary=False)
+    table = g.const(np.random.default_rng(1).standard_normal((1, 4, 8, 16)).astype(np.float32))
+    qk = g.node("qk")
+    for i in range(2):
+        scaled = g.add_node("Mul", [qk.inputs[i], table]).output
+        g.replace_input(qk, i, scaled)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    ops = [m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
+    assert "Select" not in ops and ops.count("Split") == 1
+    assert "done once" not in res.analyses.attention[0].reason
+    _same_results(g, res)
