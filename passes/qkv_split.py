@@ -78,8 +78,7 @@ def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[st
                 a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False)):
             continue  # the slices overlap or leave a gap: not one Split
         origin = tuple(dict.fromkeys(o for n in readers for o in n.origin))
-        works = {id(readers[k]): b for k in order for b in built
-                 if sliced_source(b.source) is readers[k] and b.source is readers[k].outputs[0]}
+        works = {id(r): b for r in readers for b in built if b.source is r.outputs[0]}
         whole, note = _together(graph, x, axis, [readers[k] for k in order], works, origin)
         node = graph.add_node("Split", [whole], {"axis": axis,
                                                  "sizes": [b - a for a, b in bounds]},
@@ -101,10 +100,8 @@ def _together(graph: Graph, x: Value, axis: int, parts: list[Node], works: dict[
     the same per-head work — Select(heads of those parts, the work on all of x, x)."""
     done = list(works.values())
     first = done[0].work if done else None
-    if len(done) < 2 or x.type.rank != 4 or axis != 2 or not first.per_head() or not all(
-            first.same_work(b.work) for b in done[1:]):
-        return x, ""
-    if not isinstance(x.shape[3], int):
+    if len(done) < 2 or x.type.rank != 4 or axis != 2 or not isinstance(x.shape[3], int) \
+            or not first.per_head() or not all(first.same_work(b.work) for b in done[1:]):
         return x, ""
     # [1, 1, heads, D]: whole rows (a kernel's rows are the D elements of a head)
     mine = np.zeros((1, 1, x.shape[axis], x.shape[3]), bool)
