@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.passes.rewrite import add_like, replace_with, splat
+from graphkernel.passes.rewrite import add_like, const_array, replace_with, splat
 from graphkernel.registry import PassResult
 
 Rewrite = Callable[[Graph, Node], Value | None]
@@ -79,6 +81,32 @@ def _concat_parts(g: Graph, n: Node) -> Value | None:
     return add_like(g, n, "Concat", parts, dict(n.attrs))
 
 
+def _gather_slice(g: Graph, n: Node) -> Value | None:
+    """Gather(x, [a, a+k, …, a+(m-1)k]) along an axis of static length d, every index in
+    [-d, d), k > 0 (or one index) -> StridedSlice(x, a:a+m·k:k) — a view of x (strided)
+    rather than a gather. A scalar index drops the axis as Gather does: a Squeeze after.
+    Fused-QKV projections are split this way (Falcon's ``qkv[..., -2, :]`` for K)."""
+    x, idx = n.inputs
+    arr = const_array(idx)
+    axis = n.attrs["axis"] % x.type.rank
+    d = x.shape[axis]
+    if arr is None or arr.ndim > 1 or arr.size == 0 or not isinstance(d, int) or \
+            arr.dtype.kind not in "iu":
+        return None
+    flat = arr.reshape(-1).astype(np.int64)
+    if np.any(flat < -d) or np.any(flat >= d):
+        return None  # out of range: Gather's error, which a slice would clamp away
+    flat = np.where(flat < 0, flat + d, flat)
+    step = int(flat[1] - flat[0]) if flat.size > 1 else 1
+    if step <= 0 or np.any(np.diff(flat) != step):
+        return None
+    start = int(flat[0])
+    sl = add_like(g, n, "StridedSlice", [x], {"begin": [start],
+                                                "end": [start + step * (flat.size - 1) + 1],
+                                                "strides": [step], "axes": [axis]})
+    return sl if arr.ndim == 1 else add_like(g, n, "Squeeze", [sl], {"axis": [axis]})
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -111,6 +139,7 @@ RULES: list[Rule] = [
     Rule(14, "broadcast_identity", "BroadcastTo",                   # BroadcastTo(x, x.shape)
          lambda g, n: n.inputs[0] if n.inputs[0].type == n.outputs[0].type else None),  # -> x
     Rule(15, "concat_parts", "Concat", _concat_parts),  # cat([x]) -> x; cat drops empty parts
+    Rule(16, "gather_slice", "Gather", _gather_slice),  # x[[a, a+k, …]] -> x[a::k] (a view)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

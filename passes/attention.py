@@ -22,8 +22,11 @@ allow (BNSD when any of them is not a head split/merge).
 Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — becomes the boolean
 ``atten_mask`` (1 = masked out); any other additive mask becomes ``pse``, divided by the
-scale (the operator computes ``scale * (pse + Q·Kᵀ)``). Mask shapes the operator does not
-document ([B,1,1,S2] key-padding masks, for one) are refused rather than broadcast.
+scale (the operator computes ``scale * (pse + Q·Kᵀ)``). A constant pse in a shape the
+operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
+vary over the batch, else [B,N,S1,S2] (BLOOM's ALiBi bias arrives as [B·N, 1, S2]). Other
+masks in shapes the operator does not document ([B,1,1,S2] key-padding masks, for one) are
+refused rather than broadcast.
 
 Every candidate (a softmax between two products) is recorded in ``analyses.attention``
 with its verdict; ``graphkernel explain`` shows the reasons of the refused ones.
@@ -39,6 +42,8 @@ from graphkernel import symbolic
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.passes.head_layout import Rebuild, bsnd_builder
+from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
 from graphkernel.pipeline import AttentionMatch
 from graphkernel.registry import PassResult, counted
@@ -60,10 +65,24 @@ class _Operand:
 
     shape: tuple
     reads: dict[str, Value] = field(default_factory=dict)  # layout -> value read
+    # layout -> what builds the value read, made only when that layout is picked (elementwise
+    # work on a head split, such as rotary embedding, computed again in BSND)
+    builds: dict[str, Rebuild] = field(default_factory=dict)
+    sources: list[Value] = field(default_factory=list)  # the head splits a build reads
+    built: Built | None = None  # what was built, when something was
 
     @property
     def best(self) -> int:
-        return max(LAYOUTS.index(k) for k in self.reads)
+        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds))
+
+    def read(self, layout: str, what: str, notes: list[str]) -> Value:
+        """The value read in ``layout``, built now when it is to be built."""
+        if layout not in self.reads:
+            self.reads[layout] = self.builds[layout](self.sources)
+            self.built = Built(self.builds[layout], self.reads[layout], self.sources[0])
+            notes.append(f"{what}'s elementwise work on its head split computed in {layout} "
+                         "(no head transpose)")
+        return self.reads[layout]
 
 
 @dataclass
@@ -79,6 +98,7 @@ class _Match:
     # each additive mask and the rank of the scores it is added to ([B, N, S1, S2] or
     # [B·N, S1, S2])
     masks: list[tuple[Value, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was done beyond the plain rewrite
 
 
 def _producer(v: Value, *ops: str) -> Node | None:
@@ -229,10 +249,10 @@ def _same(a, b) -> bool:
     return symbolic.canon(a) == symbolic.canon(b)
 
 
-def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
+def _heads(v: Value, inside: frozenset[int] = frozenset()) -> tuple[_Operand, int]:
     """Q, K or V (an operand of a product, [B·N, S, D] or [B, N, S, D]) as its [B, N, S, D]
     value and the layouts it can be read in; the second item is how many times each head
-    is repeated (grouped-query K/V: N1/N2)."""
+    is repeated (grouped-query K/V: N1/N2). ``inside``: ids of the pattern's nodes."""
     seen: list[Node] = []
     base = _views(v, seen)
     repeat = 1
@@ -242,11 +262,13 @@ def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
         src = _views(bt.inputs[0], seen)
         if tuple(src.type.shape) == (b, n2, s, d) and isinstance(r, int):
             base, repeat = src, r
+            seen.append(bt)
     elif bt is not None and bt.outputs[0].type.rank == 4:  # [B, N, S, D] of [B, 1, S, D]
         b, r, s, d = bt.outputs[0].type.shape
         src = _views(bt.inputs[0], seen)
         if tuple(src.type.shape) == (b, 1, s, d) and isinstance(r, int):
             base, repeat = src, r
+            seen.append(bt)
     if base.type.rank != 4:
         raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
                       "[B, N, S, D] (batch and heads cannot be told apart)")
@@ -262,6 +284,10 @@ def _heads(v: Value, heads: int | None = None) -> tuple[_Operand, int]:
     t = _producer(base, "Transpose")
     if t is not None and list(t.attrs["perm"]) == HEAD_SPLIT:
         _split_reads(op, t.inputs[0])
+    else:
+        build = bsnd_builder(base, {id(x) for x in seen} | inside)
+        if build is not None:
+            op.builds["BSND"] = build
     return op, repeat
 
 
@@ -348,17 +374,18 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
         return "atten_mask", cond
     shape = tuple(mv.type.shape)
     full = (1,) * (4 - len(shape)) + shape
-    documented = mask_shapes("pse", b, n1, s1, s2)
-    if full not in documented:
-        raise Refused(f"mask {mv.name} of shape {list(shape)}: the operator's pse takes "
-                      f"{' or '.join(str(list(x)) for x in documented)}")
+    want = _pse_shape(mv, full, (b, n1, s1, s2))
     if mv.dtype != m.q.dtype:
         raise Refused(f"mask {mv.name} is {mv.dtype.value}, the operands "
                       f"{m.q.dtype.value}")
+    if want != full:
+        m.notes.append(f"pse {mv.name} {list(shape)} broadcast to {list(want)} (a shape the "
+                       "operator takes)")
     arr = const_array(mv)
     if arr is not None:  # pse enters before the scale: pse = mask / scale
-        return "pse", graph.const((arr.astype(np.float64) / m.scale).reshape(full),
-                                  mv.dtype, origin=origin)
+        arr = arr.astype(np.float64).reshape(full)
+        arr = np.broadcast_to(arr[:1] if want[0] == 1 else arr, want) / m.scale
+        return "pse", graph.const(np.ascontiguousarray(arr), mv.dtype, origin=origin)
     pse = mv
     if m.scale != 1.0:
         c = graph.const(1.0 / m.scale, mv.dtype, origin=origin)
@@ -369,6 +396,27 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
                              name=graph.fresh_name(f"{node.name}/pse_view"),
                              origin=origin).outputs[0]
     return "pse", pse
+
+
+def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
+    """The documented pse shape a bias of 4-d shape ``full`` is given as: itself when
+    documented, else, for a constant, the smallest documented shape it broadcasts to —
+    [1, N, S1, S2] when its values do not vary over the batch (ALiBi's [B·N, 1, S2]), else
+    [B, N, S1, S2]. A computed bias in another shape is refused (growing it would be a
+    launch writing B·N·S1·S2 values)."""
+    b, n1, s1, s2 = shape4
+    documented = mask_shapes("pse", b, n1, s1, s2)
+    if full in documented:
+        return full
+    arr = const_array(mv)
+    fits = all(_same(x, 1) or _same(x, y) for x, y in zip(full, shape4, strict=True))
+    if arr is None or not fits or not all(isinstance(x, int) for x in shape4[1:]):
+        raise Refused(f"mask {mv.name} of shape {list(mv.type.shape)}: the operator's pse "
+                      f"takes {' or '.join(str(list(x)) for x in documented)} (a constant "
+                      "bias that broadcasts to them is grown to one; this one "
+                      + ("is computed)" if arr is None else "does not broadcast)"))
+    same_batches = full[0] == 1 or bool(np.all(arr.reshape(full) == arr.reshape(full)[:1]))
+    return (1, n1, s1, s2) if same_batches else (b, n1, s1, s2)
 
 
 def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
@@ -436,9 +484,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     if bad is not None:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")
-    q, _ = _heads(m.q)
-    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k)
-    v, rep_v = _heads(m.v)
+    inside = frozenset(map(id, m.nodes))
+    q, _ = _heads(m.q, inside)
+    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k, inside)
+    v, rep_v = _heads(m.v, inside)
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k != rep_v or k.shape != v.shape or dk != d:
@@ -453,7 +502,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     out = _output(m.pv, b, n1, s1, d)
     layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
     origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
-    q.reads[layout], factor = _unscaled(graph, q.reads[layout], origin)
+    q.reads[layout], factor = _unscaled(graph, q.read(layout, "Q", m.notes), origin)
+    for what, x in (("K", k), ("V", v)):
+        if layout in x.builds:
+            x.read(layout, what, m.notes)
     m.scale *= factor
     kind, masks = _masks(graph, m, m.pv, (b, n1, s1, s2))
     name = graph.fresh_name(f"attention_{m.qk.name}")
@@ -473,9 +525,13 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         fa = graph.add_node("Reshape", [fa], {"shape": list(target.type.shape)},
                             name=graph.fresh_name(f"{name}/view"), origin=origin).outputs[0]
     graph.replace_all_uses(target, fa)
+    read = [*ins[:3], *q.sources, *k.sources, *v.sources]
+    m.notes += split_parts(graph, [s for s in map(sliced_source, read) if s is not None],
+                           [x.built for x in (q, k, v) if x.built is not None])
     return AttentionMatch(m.qk.name, [n.name for n in m.nodes], "fused",
                           f"layout {layout}, {n1} heads" + (f" ({n2} K/V heads)" if n2 != n1
-                                                            else "") + f", mask {kind}", name)
+                                                            else "") + f", mask {kind}"
+                          + "".join(f"; {x}" for x in m.notes), name)
 
 
 def attention(graph, ctx) -> PassResult:

@@ -43,7 +43,45 @@ CASES = {
     13: (lambda g, x, y: op(g, "Sub", x, op(g, "Neg", y)), ["Add"]),
     14: (lambda g, x, y: op(g, "Exp", op(g, "BroadcastTo", x, shape=[3, 4])), ["Exp"]),
     15: (lambda g, x, y: op(g, "Exp", op(g, "Concat", x, axis=0)), ["Exp"]),
+    16: (lambda g, x, y: op(g, "Gather", x, idx(g, [0, 2]), axis=1), ["StridedSlice"]),
 }
+
+
+def idx(g, values):
+    return g.const(np.array(values, np.int64))
+
+
+@pytest.mark.parametrize("values, axis, want", [
+    ([-2], 0, (1, 2, 1)),            # Falcon's qkv[..., [-2], :]: one index, negative
+    ([1, 2, 3], 1, (1, 4, 1)),       # consecutive
+    ([3, 1], 1, None),               # decreasing: a negative step (kept a Gather)
+    ([0, 1, 3], 1, None),            # uneven steps
+    ([4], 1, None),                  # out of range: Gather's error is kept
+    ([[0, 1]], 1, None),             # 2-D indices
+])
+def test_rule_16_gather_slice(values, axis, want):
+    g = build(lambda g, x, y: op(g, "Gather", x, idx(g, values), axis=axis))
+    if want is None:
+        h, res = apply_pass("arith_simplify", g)
+        assert not res.modified and ops_of(h) == ["Gather"]
+        return
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert "rule 16 gather_slice: 1" in res.notes
+    sl = h.outputs[0].producer
+    assert sl.op == "StridedSlice" and (sl.attrs["begin"][0], sl.attrs["end"][0],
+                                        sl.attrs["strides"][0]) == want
+    assert_same_results(g, h)
+
+
+def test_rule_16_scalar_index_drops_the_axis():
+    """x[..., -1, :] as a Gather of a 0-d index: a slice, then a Squeeze of the axis."""
+    g = build(lambda g, x, y: op(g, "Gather", x, g.const(np.array(-1, np.int64)), axis=0))
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert "rule 16 gather_slice: 1" in res.notes
+    assert ops_of(h) == ["StridedSlice", "Squeeze"] and h.outputs[0].shape == (4,)
+    assert_same_results(g, h)
 
 
 def test_rule_15_drops_empty_parts():

@@ -233,3 +233,154 @@ def test_a_query_scaled_before_its_head_split_folds_into_the_scale():
     feeds = random_inputs(g)
     np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
                                Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def _same_results(g, res, seed=5):
+    feeds = random_inputs(g, seed=seed)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b.astype(np.float64), a.astype(np.float64),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_a_constant_bias_grows_to_a_documented_pse_shape(per_batch):
+    """A constant bias of shape [B, N, 1, S2] (ALiBi's, by key position only) is no pse shape
+    the operator documents; it is broadcast to [1, N, S1, S2] when equal across the batch,
+    else to [B, N, S1, S2], and explain says so."""
+    rng = np.random.default_rng(0)
+    bias = rng.standard_normal((1 if not per_batch else 2, 4, 1, 8)).astype(np.float32)
+    bias = np.broadcast_to(bias, (2, 4, 1, 8)).copy()
+    g = _attention()
+    s = g.node("probs").inputs[0]
+    add = g.add_node("Add", [s, g.const(bias)], name="alibi")
+    g.replace_input(g.node("probs"), 0, add.output)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse"
+    assert fa.inputs[3].shape == ((2 if per_batch else 1), 4, 8, 8)
+    (rec,) = [a for a in res.analyses.attention if a.verdict == "fused"]
+    assert "broadcast to" in rec.reason and "[2, 4, 1, 8]" in rec.reason
+    _same_results(g, res)
+
+
+def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
+    res = _compile(_attention(mask=(2, 4, 1, 8)))
+    assert not _fused(res)
+    assert "is computed" in res.analyses.attention[0].reason
+
+
+def _rotary(g, x, seq, dim, base=0.1):
+    """x·cos + cat(-x2, x1)·sin with constant [1, 1, seq, dim] tables."""
+    ang = np.arange(seq)[:, None] * np.linspace(base, 1.0, dim)[None, :]
+    cos, sin = (g.const(f(ang).astype(np.float32).reshape(1, 1, seq, dim)) for f in (np.cos,
+                                                                                    np.sin))
+    half = dim // 2
+    x1 = g.add_node("StridedSlice", [x], {"begin": [0], "end": [half], "axes": [3]}).output
+    x2 = g.add_node("StridedSlice", [x], {"begin": [half], "end": [dim], "axes": [3]}).output
+    rot = g.add_node("Concat", [g.add_node("Neg", [x2]).output, x1], {"axis": -1}).output
+    return g.add_node("Add", [g.add_node("Mul", [x, cos]).output,
+                              g.add_node("Mul", [rot, sin]).output]).output
+
+
+def _fused_qkv(heads=4, kv_heads=4, seq=8, dim=16, rotary=True, unused=0,
+               k_base=0.1) -> Graph:
+    """One projection [2, seq, (heads + 2·kv_heads + unused)·dim] seen as [2, seq, heads,
+    dim] and sliced into Q, K, V along the head axis (Falcon's layout); rotary on Q and K."""
+    g = Graph("qkv")
+    total = heads + 2 * kv_heads + unused
+    x = g.add_input("qkv", TensorType((2, seq, total * dim), "float32"))
+    x = g.add_node("Reshape", [x], {"shape": [2, seq, total, dim]}).output
+    bounds = [(0, heads), (heads, heads + kv_heads), (heads + kv_heads, heads + 2 * kv_heads)]
+    parts = []
+    for k, (a, b) in enumerate(bounds):
+        t = g.add_node("StridedSlice", [x], {"begin": [a], "end": [b], "axes": [2]}).output
+        t = g.add_node("Transpose", [t], {"perm": [0, 2, 1, 3]}).output
+        parts.append(_rotary(g, t, seq, dim, (0.1, k_base)[k]) if rotary and k < 2 else t)
+    q, k, v = parts
+    if kv_heads != heads:
+        k, v = (g.add_node("BroadcastTo", [t], {"shape": [2, heads, seq, dim]}).output
+                for t in (k, v))
+    s = g.add_node("BatchMatMul", [q, k], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Div", [s, g.const(math.sqrt(dim), "float32")]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, v], name="pv").output
+    o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, seq, heads * dim]}).output])
+    return g
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_rotary_q_and_k_are_computed_in_bsnd_and_the_slices_become_one_split(kv_heads):
+    """Rotary embedding after the head split is rebuilt on the [B, S, N, D] value (its tables
+    seen as [1, S, 1, D]), so the operator reads BSND: no Transpose is left (no head split of
+    V, no head merge). Q, K and V, slices of one projection along the head axis, are one
+    Split; Q's and K's rotary, the same work on every head, runs once on the projection
+    before it (a Select keeps V's heads): one kernel and the Split. Explain says it all."""
+    g = _fused_qkv(kv_heads=kv_heads)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    ops = [m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
+    assert "Transpose" not in ops and ops.count("Concat") == 1  # one rotary, in BSND
+    assert ops.count("Split") == 1 and ops.count("Select") == 1
+    split = next(n for n in res.graph.nodes if n.op == "Split")
+    assert split.attrs["sizes"] == [4, kv_heads, kv_heads] and split.attrs["axis"] == 2
+    (rec,) = res.analyses.attention
+    assert "Q's elementwise work on its head split computed in BSND" in rec.reason
+    assert "K's elementwise work" in rec.reason and "one Split along axis 2" in rec.reason
+    assert "done once on all of" in rec.reason
+    assert sum(n.op in ("GraphKernel", "Split") for n in res.graph.nodes) == 2
+    _same_results(g, res)
+
+
+def test_q_and_k_rotary_with_different_tables_run_apart():
+    """K rotated by other tables than Q: not the same work, so no shared kernel (the Split
+    still takes the slices)."""
+    g = _fused_qkv(k_base=0.2)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    ops = [m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
+    assert ops.count("Concat") == 2 and "Select" not in ops and ops.count("Split") == 1
+    assert "done once" not in res.analyses.attention[0].reason
+    _same_results(g, res)
+
+
+def test_rotary_read_elsewhere_too_stays_in_bnsd():
+    """A rotated Q that is also a graph output would be computed twice: kept as it is."""
+    g = _fused_qkv()
+    q = g.node("qk").inputs[0]
+    g.set_outputs([*g.outputs, q])
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BNSD"
+    _same_results(g, res)
+
+
+def test_slices_that_do_not_tile_the_axis_stay_slices():
+    """Q and K sliced from one value whose remaining heads are unused: no Split (a Split
+    writes every part)."""
+    g = _fused_qkv(rotary=False, unused=1)  # the last head is read by no one
+    res = _compile(g)
+    assert len(_fused(res)) == 1 and "Split" not in [n.op for n in res.graph.nodes]
+
+
+def test_work_that_differs_by_head_is_not_done_on_all_heads():
+    """Q and K scaled by one table varying over the heads ([1, N, S, D]): the same ops on the
+    same values, but not the same for every head, so never run on V's heads' positions."""
+    g = _fused_qkv(rotary=False)
+    table = g.const(np.random.default_rng(1).standard_normal((1, 4, 8, 16)).astype(np.float32))
+    qk = g.node("qk")
+    for i in range(2):
+        scaled = g.add_node("Mul", [qk.inputs[i], table]).output
+        g.replace_input(qk, i, scaled)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    ops = [m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])]
+    assert "Select" not in ops and ops.count("Split") == 1
+    assert "done once" not in res.analyses.attention[0].reason
+    _same_results(g, res)

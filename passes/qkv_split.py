@@ -1,0 +1,117 @@
+"""Q, K and V sliced from one fused projection: the slices become one Split.
+
+A fused QKV projection (Falcon's ``query_key_value``, BLOOM's) is cut into Q, K and V by
+slices of one axis of its result — an axis other than the last, so no consumer kernel can
+read a slice as columns of its rows. Each slice left for the attention operator to read is
+a launch that copies its part; one Split writes all the parts in one launch. When Q and K
+are then rotated alike (the same per-head work), the rotation runs once on the whole value
+before the Split, ``Select(heads of Q and K, rotated, value)`` keeping V's heads exactly as
+they were: one kernel instead of one per operand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.passes.head_layout import Rebuild
+
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Identity")
+
+
+def _part(n: Node) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of a StridedSlice of one static axis with step 1, else None."""
+    if n.op != "StridedSlice" or n.attrs["axes"] is None or len(n.attrs["axes"]) != 1:
+        return None
+    x = n.inputs[0]
+    axis = n.attrs["axes"][0] % x.type.rank
+    d = x.shape[axis]
+    if (n.attrs["strides"] or [1])[0] != 1 or not isinstance(d, int):
+        return None
+    start, stop, _ = slice(n.attrs["begin"][0], n.attrs["end"][0]).indices(d)
+    return (axis, start, stop) if stop > start else None
+
+
+@dataclass
+class Built:
+    """An operand's elementwise work rebuilt in BSND: what built it, the value it made, and
+    the [B, S, N, D] value it read in place of the head split."""
+
+    work: Rebuild
+    value: Value
+    source: Value
+
+
+def sliced_source(v: Value) -> Node | None:
+    """The StridedSlice ``v`` shows (through views), else None."""
+    while v.producer is not None and v.producer.op in VIEWS:
+        v = v.producer.inputs[0]
+    return v.producer if v.producer is not None and v.producer.op == "StridedSlice" else None
+
+
+def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[str]:
+    """Replace the slices of each value whose every reader is a slice of one axis (not the
+    last) and that together tile that axis by one Split of it; ``slices`` are the slices the
+    attention operator reads. When two or more parts are read by the same per-head work
+    (``built``: Q's and K's rotary embedding), that work runs once on the whole value before
+    the Split, a Select keeping the other parts' heads as they were. Returns a note per Split
+    made."""
+    notes = []
+    done: set[int] = set()
+    for s in slices:
+        x = s.inputs[0]
+        if id(x) in done or s.graph is None or any(o is x for o in graph.outputs):
+            continue
+        done.add(id(x))
+        readers = list(dict.fromkeys(x.users))
+        parts = [_part(n) for n in readers]
+        if len(readers) < 2 or None in parts or len({p[0] for p in parts}) != 1:
+            continue
+        axis = parts[0][0]
+        if axis == x.type.rank - 1:
+            continue
+        order = sorted(range(len(readers)), key=lambda k: parts[k][1])
+        bounds = [parts[k][1:] for k in order]
+        if bounds[0][0] != 0 or bounds[-1][1] != x.shape[axis] or any(
+                a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False)):
+            continue  # the slices overlap or leave a gap: not one Split
+        origin = tuple(dict.fromkeys(o for n in readers for o in n.origin))
+        works = {id(r): b for r in readers for b in built if b.source is r.outputs[0]}
+        whole, note = _together(graph, x, axis, [readers[k] for k in order], works, origin)
+        node = graph.add_node("Split", [whole], {"axis": axis,
+                                                 "sizes": [b - a for a, b in bounds]},
+                              name=graph.fresh_name(f"{x.name}/split"), origin=origin)
+        for k, out in zip(order, node.outputs, strict=True):
+            done_by = works.get(id(readers[k])) if note else None
+            graph.replace_all_uses(done_by.value if done_by else readers[k].outputs[0], out)
+        for r in readers:
+            if not r.outputs[0].uses:
+                graph.erase_node(r)
+        notes.append(f"{', '.join(readers[k].name for k in order)} of {x.name} made one "
+                     f"Split along axis {axis}" + note)
+    return notes
+
+
+def _together(graph: Graph, x: Value, axis: int, parts: list[Node], works: dict[int, Built],
+              origin: tuple) -> tuple[Value, str]:
+    """(the value to split, a note): ``x`` itself, or — when two or more parts are read by
+    the same per-head work — Select(heads of those parts, the work on all of x, x)."""
+    done = list(works.values())
+    first = done[0].work if done else None
+    if len(done) < 2 or x.type.rank != 4 or axis != 2 or not isinstance(x.shape[3], int) \
+            or not first.per_head() or not all(first.same_work(b.work) for b in done[1:]):
+        return x, ""
+    # [1, 1, heads, D]: whole rows (a kernel's rows are the D elements of a head)
+    mine = np.zeros((1, 1, x.shape[axis], x.shape[3]), bool)
+    at = 0
+    for p in parts:
+        width = p.outputs[0].shape[axis]
+        mine[0, 0, at:at + width, :] = id(p) in works
+        at += width
+    work = first([], on=x)
+    whole = graph.add_node("Select", [graph.const(mine, DType.bool, origin=origin), work, x],
+                           name=graph.fresh_name(f"{x.name}/heads"), origin=origin).outputs[0]
+    names = ", ".join(p.name for p in parts if id(p) in works)
+    return whole, f"; the work on {names} done once on all of {x.name} before it"
