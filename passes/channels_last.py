@@ -49,7 +49,12 @@ def _compose(inner: Node, outer_perm) -> list[int]:
 
 
 def _elementwise(n: Node) -> bool:
-    return n.op != "Constant" and len(n.outputs) == 1 and get(n.op).kind == OpKind.ELEMWISE
+    """An elementwise op a transpose passes through: one result, no parameter written, no
+    attribute naming a layout (BiasAdd's data_format picks its channel axis)."""
+    if n.op == "Constant" or len(n.outputs) != 1:
+        return False
+    d = get(n.op)
+    return d.kind == OpKind.ELEMWISE and not d.writes and "data_format" not in n.attrs
 
 
 # ------------------------------------------------------------------ moves

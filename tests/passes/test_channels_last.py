@@ -157,3 +157,17 @@ def test_bisect_can_refuse_the_rewrite():
     assert conv_of(res.graph).attrs["data_format"] == "NCHW"
     assert [(c.conv, c.layout, c.reason) for c in res.analyses.layouts] == [
         ("dwconv", "NCHW", "bisect refused the rewrite")]
+
+
+def test_a_transpose_does_not_pass_a_layout_bound_op():
+    """BiasAdd(NCHW) adds along axis 1 whatever the data is: moving a transpose through it
+    would add the bias along another axis. The convolution then gains nothing."""
+    g = Graph("t")
+    h0 = g.add_input("h", TensorType((2, 6, 5, 8), "float32"))
+    y = depthwise(g, op(g, "Transpose", op(g, "Exp", h0), perm=TO_NCHW))
+    bias = g.const(RNG.standard_normal(8).astype(np.float32))
+    y = op(g, "BiasAdd", y, bias, data_format="NCHW")
+    g.set_outputs([op(g, "Transpose", y, perm=TO_NHWC)])
+    h, res = apply_pass("channels_last", g)
+    assert conv_of(h).attrs["data_format"] == "NCHW"
+    assert_same_results(g, h)
