@@ -10,7 +10,8 @@ ExpandDims) and the output transposes move down (through Squeeze, StridedSlice a
 elementwise ops whose other operands are transposed alike or constants) until they meet
 their inverse and cancel. The group switches to NHWC when the graph then holds fewer live
 Transposes; the choice and its reason are recorded for every convolution next to a permute
-(``analyses.layouts``, shown by explain). Exact: a transpose only moves data.
+(``analyses.layouts``, shown by explain). Exact: a transpose only moves data, and the
+convolution sums the same products.
 """
 
 from __future__ import annotations
