@@ -20,6 +20,7 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
                 "nodes": [m.name for m in n.subgraph.nodes if m.op != "Constant"]}
                for n in res.graph.nodes if n.op == "GraphKernel"]
     attention = [asdict(a) for a in res.analyses.attention]
+    layouts = [asdict(c) for c in res.analyses.layouts]
     rows = [asdict(a) for a in attempts if a.areas]
     disabled = [asdict(a) for a in attempts if not a.areas]
     if node is not None:
@@ -29,9 +30,10 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
                    or node in k["origin"]]
         attention = [a for a in attention if any(_matches(n, node) for n in a["nodes"])
                      or a["op"] == node]
+        layouts = [c for c in layouts if _matches(c["conv"], node)]
     rows.sort(key=lambda r: (-r["score"], r["verdict"] != "fused"))
     return {"node": node, "candidates": rows, "not_fusable": reasons, "kernels": kernels,
-            "patterns_off": disabled, "attention": attention}
+            "patterns_off": disabled, "attention": attention, "layouts": layouts}
 
 
 def format_explain(d: dict[str, Any], limit: int = 40) -> str:
@@ -62,6 +64,10 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
                 lines.append(f"  FUSED    {a['product']} -> {a['op']}: {a['reason']}")
             else:
                 lines.append(f"  refused  {a['product']}  -- {a['reason']}")
+    if d.get("layouts"):
+        lines.append(f"convolution layouts{who} (channels_last):")
+        for c in d["layouts"]:
+            lines.append(f"  {c['layout']}  {c['conv']}: {c['reason']}")
     for p in d["patterns_off"]:
         lines.append(f"pattern {p['pattern']}: {p['reason']}")
     return "\n".join(lines)

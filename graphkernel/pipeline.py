@@ -293,6 +293,15 @@ class AttentionMatch:
 
 
 @dataclass
+class LayoutChoice:
+    """The layout a convolution next to a layout permute runs in, and why."""
+
+    conv: str  # the convolution as the graph named it before the pass
+    layout: str  # "NHWC" (switched) or "NCHW" (kept)
+    reason: str
+
+
+@dataclass
 class Analyses:
     """What a pass hands to later passes and to the caller (``CompileResult.analyses``), each
     field named for what it holds and written by one pass. ``invalidate`` resets fields to
@@ -300,6 +309,7 @@ class Analyses:
 
     cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
     attention: list[AttentionMatch] = field(default_factory=list)  # attention: candidates
+    layouts: list[LayoutChoice] = field(default_factory=list)  # channels_last: conv layouts
     fusion_attempts: list[Attempt] = field(default_factory=list)  # split: every candidate
     kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
     super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run

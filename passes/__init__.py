@@ -8,6 +8,7 @@ from graphkernel.passes import (
     attention,
     axis_normalize,
     cast_elim,
+    channels_last,
     cluster,
     codegen,
     concat_sink,
@@ -27,7 +28,7 @@ from graphkernel.passes import (
 from graphkernel.registry import Step, register_steps
 
 # Read top to bottom. ``order`` places a plugin's pass among these (a plugin registered with
-# stage="simplify", order=52 runs between transpose_elim and concat_sink); ``level`` is the
+# stage="simplify", order=52 runs between transpose_elim and channels_last); ``level`` is the
 # lowest opt_level that runs the pass; ``feature`` is the flag that switches it whatever the
 # level. A pass listed twice runs twice (selected as dce:1, dce:2).
 PIPELINE = (
@@ -41,6 +42,7 @@ PIPELINE = (
     Step("simplify", 30, cse.cse, 2),
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
+    Step("simplify", 53, channels_last.channels_last, 2),
     Step("simplify", 55, concat_sink.concat_sink, 2),
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),

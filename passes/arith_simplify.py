@@ -107,6 +107,57 @@ def _gather_slice(g: Graph, n: Node) -> Value | None:
     return sl if arr.ndim == 1 else add_like(g, n, "Squeeze", [sl], {"axis": [axis]})
 
 
+def _sliced_conv(g: Graph, n: Node) -> tuple[Node, Node | None, int, int] | None:
+    """(convolution, the Squeeze between, its spatial axis 0 (H) or 1 (W), outputs dropped)
+    when ``n`` keeps the first outputs of a padded convolution (through an optional Squeeze)
+    along one spatial axis and only ``n`` reads them."""
+    a = n.attrs
+    if len(a["begin"]) != 1 or a["begin"][0] not in (0, None) or (a["strides"] or [1]) != [1]:
+        return None
+    x = n.inputs[0]
+    view = _producer(x, "Squeeze")
+    conv_out = view.inputs[0] if view is not None else x
+    conv = _producer(conv_out, "Conv2D")
+    if conv is None or view is not None and view.attrs["axis"] is None \
+            or any(len(v.uses) != 1 or any(o is v for o in g.outputs) for v in (x, conv_out)):
+        return None
+    axis = (a["axes"] or [0])[0] % x.type.rank
+    if view is not None:  # the Squeeze's input axis that the slice's axis is
+        gone = {g % conv_out.type.rank for g in view.attrs["axis"]}
+        axis = [i for i in range(conv_out.type.rank) if i not in gone][axis]
+    spatial = (2, 3) if conv.attrs["data_format"] == "NCHW" else (1, 2)
+    if axis not in spatial:
+        return None
+    end, length = a["end"][0], conv_out.shape[axis]
+    dropped = -end if end < 0 else length - end if isinstance(length, int) else 0
+    if dropped <= 0:
+        return None
+    return conv, view, spatial.index(axis), dropped
+
+
+def _slice_conv_padding(g: Graph, n: Node) -> Value | None:
+    """conv(x, pad end p)[..., :-m] -> conv(x, pad end p - m*stride): the dropped outputs
+    are the last m, whose windows are the only ones reading the last m*stride padded
+    positions (wav2vec2's positional convolution with an even kernel)."""
+    found = _sliced_conv(g, n)
+    if found is None:
+        return None
+    conv, view, sp, dropped = found
+    pads, stride = list(conv.attrs["pads"]), conv.attrs["strides"][sp]
+    if pads[2 + sp] < dropped * stride:
+        return None
+    pads[2 + sp] -= dropped * stride
+    mark = len(g)
+    new = add_like(g, conv, "Conv2D", list(conv.inputs), dict(conv.attrs) | {"pads": pads})
+    if view is not None:
+        new = add_like(g, view, "Squeeze", [new], dict(view.attrs))
+    if new.type != n.outputs[0].type:  # a length the shapes cannot show equal: leave it
+        for extra in reversed(g.nodes[mark:]):
+            g.erase_node(extra)
+        return None
+    return new
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -140,6 +191,8 @@ RULES: list[Rule] = [
          lambda g, n: n.inputs[0] if n.inputs[0].type == n.outputs[0].type else None),  # -> x
     Rule(15, "concat_parts", "Concat", _concat_parts),  # cat([x]) -> x; cat drops empty parts
     Rule(16, "gather_slice", "Gather", _gather_slice),  # x[[a, a+k, …]] -> x[a::k] (a view)
+    Rule(17, "slice_conv_padding", "StridedSlice",  # conv(x, pad p)[..., :-m]
+         _slice_conv_padding),                       # -> conv(x, pad p - m*stride)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

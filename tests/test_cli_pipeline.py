@@ -33,7 +33,8 @@ def test_passes_by_level():
                    "codegen"}
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
                          "promote_precision",
-                         "transpose_elim", "concat_sink", "cast_elim", "attention",
+                         "transpose_elim", "channels_last", "concat_sink", "cast_elim",
+                         "attention",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

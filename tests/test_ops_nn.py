@@ -51,6 +51,21 @@ def test_conv2d(stride, pads, dil, group, rng):
     assert_close(got, want.numpy().astype(np.float32))
 
 
+@pytest.mark.parametrize("stride,pads,group", [((1, 1), (0, 0, 0, 0), 1), ((2, 1), (1, 0, 2, 3), 2),
+                                               ((1, 1), (3, 3, 3, 3), 4)])
+def test_conv2d_nhwc_is_the_nchw_convolution_transposed(stride, pads, group, rng):
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 4 // group, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    attrs = {"strides": list(stride), "pads": list(pads), "group": group}
+    want = run_op("Conv2D", [x, w, bias], attrs)
+    got = run_op("Conv2D", [x.transpose(0, 2, 3, 1), w, bias], attrs | {"data_format": "NHWC"})
+    assert got.shape == want.shape[:1] + want.shape[2:] + want.shape[1:2]
+    assert_close(got, want.transpose(0, 2, 3, 1))
+    with pytest.raises(ShapeError, match="input channels 8 "):
+        run_op("Conv2D", [x, w], attrs | {"data_format": "NHWC"})  # C from the last axis: 8
+
+
 @pytest.mark.parametrize("ceil", [False, True])
 @pytest.mark.parametrize("k,s,p", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (2, 2), (0, 0, 0, 0)),
                                    ((3, 2), (2, 1), (0, 1, 0, 1))])

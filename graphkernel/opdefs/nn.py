@@ -1,6 +1,8 @@
-"""Opaque compute ops: MatMul, BatchMatMul, Conv2D, MaxPool, AvgPool (NCHW)."""
+"""Opaque compute ops: MatMul, BatchMatMul, Conv2D (NCHW or NHWC), MaxPool, AvgPool (NCHW)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -65,6 +67,14 @@ class Conv2DAttrs(Attrs):
     pads: list[int] = Field(default=[0, 0, 0, 0], min_length=4, max_length=4)  # t, l, b, r
     dilations: list[int] = Field(default=[1, 1], min_length=2, max_length=2)
     group: int = Field(default=1, ge=1)
+    # the layout of the input and the output; the weight is [M, C/group, kh, kw] in both
+    data_format: Literal["NCHW", "NHWC"] = "NCHW"
+
+
+# where N, C, H, W sit in a 4-D tensor of each layout
+LAYOUT_AXES = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
+NCHW_TO_NHWC = (0, 2, 3, 1)  # Transpose perm taking NCHW data to NHWC
+NHWC_TO_NCHW = (0, 3, 1, 2)
 
 
 def _window_out(size, k: int, s: int, p0: int, p1: int, d: int, ceil: bool = False) -> int:
@@ -86,12 +96,14 @@ def _window_out(size, k: int, s: int, p0: int, p1: int, d: int, ceil: bool = Fal
 def _conv_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x, w = ins[0], ins[1]
     check_dtype(x, "float")
+    fmt = attrs["data_format"]
     if x.rank != 4 or w.rank != 4:
-        raise ShapeError("Conv2D takes NCHW input and MCkk weights")
+        raise ShapeError(f"Conv2D takes {fmt} input and MCkk weights")
     if x.dtype != w.dtype:
         raise ShapeError(f"input dtypes differ ({x.dtype.value} vs {w.dtype.value})")
     g = attrs["group"]
-    c, m = x.shape[1], w.shape[0]
+    n_ax, c_ax, h_ax, w_ax = LAYOUT_AXES[fmt]
+    c, m = x.shape[c_ax], w.shape[0]
     if isinstance(c, int) and c != w.shape[1] * g:
         raise ShapeError(f"input channels {c} != weight channels {w.shape[1]} x group {g}")
     if isinstance(m, int) and m % g:
@@ -99,9 +111,12 @@ def _conv_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     if len(ins) == 3 and tuple(ins[2].shape) != (m,):
         raise ShapeError(f"bias shape {list(ins[2].shape)} must be [{m}]")
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
-    oh = _window_out(x.shape[2], w.shape[2], sh, pt, pb, dh)
-    ow = _window_out(x.shape[3], w.shape[3], sw, pl, pr, dw)
-    return [TensorType((x.shape[0], m, oh, ow), x.dtype)]
+    oh = _window_out(x.shape[h_ax], w.shape[2], sh, pt, pb, dh)
+    ow = _window_out(x.shape[w_ax], w.shape[3], sw, pl, pr, dw)
+    out = (x.shape[n_ax], m, oh, ow)  # NCHW
+    if fmt == "NHWC":
+        out = tuple(out[i] for i in NCHW_TO_NHWC)
+    return [TensorType(out, x.dtype)]
 
 
 def _windows(x: np.ndarray, k: tuple[int, int], s, d, pads, fill: float, extra=(0, 0)):
@@ -116,10 +131,13 @@ def _windows(x: np.ndarray, k: tuple[int, int], s, d, pads, fill: float, extra=(
 
 def _conv_ref(xs, attrs, ctx):
     x, w = xs[0], xs[1]
+    nhwc = attrs["data_format"] == "NHWC"
+    if nhwc:
+        x = x.transpose(NHWC_TO_NCHW)
     n, c = x.shape[:2]
     m, cg, kh, kw = w.shape
     g = attrs["group"]
-    oh, ow = ctx.out_shapes[0][2:]
+    oh, ow = (ctx.out_shapes[0][1:3] if nhwc else ctx.out_shapes[0][2:])
     win = _windows(x, (kh, kw), attrs["strides"], attrs["dilations"], attrs["pads"], 0.0)
     win = win[:, :, :oh, :ow]
     # im2col per group: [G, N*OH*OW, Cg*kh*kw] @ [G, Cg*kh*kw, M/G]
@@ -130,7 +148,7 @@ def _conv_ref(xs, attrs, ctx):
     out = out.reshape(g, n, oh, ow, m // g).transpose(1, 0, 4, 2, 3).reshape(n, m, oh, ow)
     if len(xs) == 3:
         out = out + xs[2].reshape(1, m, 1, 1)
-    return out
+    return np.ascontiguousarray(out.transpose(NCHW_TO_NHWC)) if nhwc else out
 
 
 register(OpDef("Conv2D", OpKind.OPAQUE, (2, 3), _conv_infer, _conv_ref, attrs=Conv2DAttrs,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from graphkernel import Graph, TensorType
+from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.passes.arith_simplify import RULES
 from tests.passes.conftest import apply_pass, assert_same_results, ops_of
 
@@ -100,6 +101,65 @@ def test_rule_15_drops_empty_parts():
     assert_same_results(g, h)
 
 
+def sliced_conv(length, pads=(0, 2, 0, 2), stride=1, end=-1, squeeze=True, fmt="NCHW"):
+    """x[1, 4, 1, length] -> Conv2D (kernel 1x4, group 2) -> [Squeeze] -> [..., :end] along
+    the conv's W, as wav2vec2's positional convolution."""
+    g = Graph("t")
+    shape = (1, 4, 1, length) if fmt == "NCHW" else (1, 1, length, 4)
+    x = g.add_input("x", TensorType(shape, "float32"))
+    w = g.const(np.random.default_rng(0).standard_normal((4, 2, 1, 4)).astype(np.float32))
+    y = op(g, "Conv2D", x, w, pads=list(pads), strides=[1, stride], group=2, data_format=fmt)
+    axis = 3 if fmt == "NCHW" else 2
+    if squeeze:
+        y = op(g, "Squeeze", y, axis=[1 if fmt == "NHWC" else 2])
+        axis -= 1
+    g.set_outputs([op(g, "StridedSlice", y, begin=[0], end=[end], axes=[axis])])
+    return g
+
+
+@pytest.mark.parametrize("length,kw", [
+    (10, {}), (10, {"squeeze": False}), (10, {"fmt": "NHWC"}),
+    (11, {"pads": (0, 3, 0, 4), "stride": 2, "end": -2}),  # 2 outputs, 2 x stride 2 of pad
+    (10, {"end": 10}),                                      # x[..., :10] of 11 outputs
+    ("n", {}),                                              # a symbolic length
+])
+def test_rule_17_slice_of_a_padded_conv_is_less_end_padding(length, kw):
+    g = sliced_conv(length, **kw)
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert "rule 17 slice_conv_padding: 1" in res.notes
+    assert "StridedSlice" not in ops_of(h)
+    conv = next(n for n in h.nodes if n.op == "Conv2D")
+    pads, stride = kw.get("pads", (0, 2, 0, 2)), kw.get("stride", 1)
+    dropped = -kw.get("end", -1) if kw.get("end", -1) < 0 else 1
+    assert conv.attrs["pads"][3] == pads[3] - dropped * stride
+    assert h.outputs[0].type == g.outputs[0].type
+    if isinstance(length, str):
+        feeds = random_inputs(g, 0, dims={"n": 13})
+        for a, b in zip(run_graph(g, feeds), run_graph(h, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)
+    else:
+        assert_same_results(g, h)
+
+
+@pytest.mark.parametrize("kw", [
+    {"pads": (0, 2, 0, 0)},              # no end padding: the slice drops real outputs
+    {"pads": (0, 2, 0, 1), "stride": 2, "end": -1, "squeeze": False},  # 1 < 1 x stride 2
+])
+def test_rule_17_keeps_a_slice_the_padding_cannot_absorb(kw):
+    h, res = apply_pass("arith_simplify", sliced_conv(10, **kw))
+    assert not any("rule 17" in n for n in res.notes)
+    assert "StridedSlice" in ops_of(h)
+
+
+def test_rule_17_keeps_a_conv_read_elsewhere():
+    g = sliced_conv(10)
+    conv = next(n for n in g.nodes if n.op == "Conv2D")
+    g.set_outputs([g.outputs[0], conv.outputs[0]])
+    h, res = apply_pass("arith_simplify", g)
+    assert not any("rule 17" in n for n in res.notes)
+
+
 @pytest.mark.parametrize("number", sorted(CASES))
 def test_rule(number):
     expr, remaining = CASES[number]
@@ -122,7 +182,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7}
+    assert {r.number for r in RULES} == set(CASES) | {7, 17}
 
 
 @pytest.mark.parametrize("expr", [
