@@ -313,3 +313,19 @@ def test_dynamic_shapes_specialise_only_what_graphkernel_cannot_keep(monkeypatch
         x = torch.rand(2, 3, 16, 16, generator=R)
         torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
     assert gt.stats()["graphs"] == 2
+
+
+def test_a_read_only_array_reaches_torch_as_a_writable_copy():
+    import warnings
+
+    import numpy as np
+
+    from graphkernel.frontends.fx import to_torch
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a.flags.writeable = False  # a graph constant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a non-writable array it would share
+        t = to_torch(a)
+    t.add_(1)
+    assert a[0, 0] == 0 and t[0, 0].item() == 1

@@ -56,8 +56,10 @@ def to_torch(a: np.ndarray) -> Any:
     a = np.asarray(a)
     if a.dtype == DType.bfloat16.np:
         return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
-    # (np.ascontiguousarray would turn a 0-d array into shape (1,))
-    return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
+    # (np.ascontiguousarray would turn a 0-d array into shape (1,)); a read-only array (a
+    # constant of the graph) is copied: torch may write the tensor it hands out
+    ok = a.flags.c_contiguous and a.flags.writeable
+    return torch.from_numpy(a if ok else a.copy())
 
 
 _MONOMIAL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\*[A-Za-z0-9_]+)*|\d+(\*[A-Za-z_][A-Za-z0-9_]*)+")
