@@ -186,6 +186,49 @@ def test_no_false_blame_for_fp32_inside_fp16_kernels():
     assert not res.mismatch and res.evaluations == 1  # ...and that is not a bug
 
 
+def floor_sin_graph() -> Graph:
+    """1.5 / Floor(Sin(x)) in fp16: Floor jumps at sin(x) = 1, Div has a pole at 0."""
+    g = Graph("floor_sin")
+    x = g.add_input("x", TensorType((4, 16), "float16"))
+    s = g.add_node("Sin", [x], name="sin").output
+    f = g.add_node("Floor", [s], name="floor").output
+    g.set_outputs([g.add_node("Div", [g.const(np.float16(1.5)), f], name="div").output])
+    return g
+
+
+def test_no_blame_for_inf_the_reference_has_too():
+    """fp16 rounds sin(1.576) = 0.99998 up to 1.0, so the op-by-op run gets 1.5 / 1; the
+    fused kernel computes in fp32 and gets 1.5 / 0 = Inf, as the float32 reference does."""
+    from graphkernel.interpreter import Interpreter
+
+    g = floor_sin_graph()
+    xs = np.full((4, 16), -0.5, np.float16)
+    xs[1, 3] = 1.576
+    feeds = {"x": xs}
+    compiled = graphkernel.compile(g, "--opt_level=2", env={}).graph
+    assert Interpreter(g).run(feeds)[0][1, 3] == 1.5
+    assert np.isinf(Interpreter(compiled).run(feeds)[0][1, 3])
+    assert np.isinf(Interpreter(g, "float32").run(feeds)[0][1, 3])
+    j = verify(g, "--opt_level=2", inputs=feeds)
+    assert not j.bad, j.reason
+    assert not verify(g, "--opt_level=2", inputs=feeds, backend="sim").bad
+
+
+def test_inf_the_reference_does_not_have_is_a_mismatch():
+    from graphkernel.bisect import Evaluator
+
+    g = floor_sin_graph()
+    feeds = {"x": np.full((4, 16), -0.5, np.float16)}  # Floor -1 everywhere: no pole
+    ev = Evaluator(g, feeds)
+    out = ev.base[0].copy()
+    out[2, 5] = np.inf
+    j = ev.judge([out])
+    assert j.bad and "1 NaN/Inf neither the unoptimized run nor the reference" in j.reason
+    out[2, 5] = -np.inf  # the reference's own Inf, with the wrong sign, is new as well
+    ev.ref[0][2, 5] = np.inf
+    assert ev.judge([out]).bad
+
+
 def test_verify_cli_exit_codes(tmp_path, capsys):
     plugin = tmp_path / "fault.py"
     plugin.write_text(open("examples/faulty_pass.py").read())
