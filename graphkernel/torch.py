@@ -84,7 +84,7 @@ class GraphSummary:
     launches: dict[str, int]
     fallbacks: dict[str, str]  # ATen op -> why it runs through torch
     codegen_fallbacks: int
-    frozen: int  # parameters and buffers inlined as constants
+    frozen: int  # parameters, buffers and module float attributes inlined as constants
     recompile: bool
     seconds: float
     dump_dir: str | None = None
@@ -274,7 +274,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     run = _runner(imported, res.graph, runner)
     if not frozen:
         return run
-    state = {"key": _versions(frozen.values()), "run": run}
+    with unset_fake_temporarily():
+        state = {"key": _versions(frozen.values()), "run": run}
 
     def guarded(*args: Any) -> Any:
         if _versions(args[i] for i in frozen) != state["key"]:
@@ -289,8 +290,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return guarded
 
 
-def _versions(tensors) -> list[tuple[int, int]]:
-    return [(t.data_ptr(), t._version) for t in tensors]
+def _versions(tensors) -> list[tuple]:
+    """What says a frozen tensor changed: its storage and version counter; a 0-d tensor's
+    value (Dynamo wraps a module's float attribute in a new tensor on every call)."""
+    return [(t.item(),) if t.dim() == 0 else (t.data_ptr(), t._version) for t in tensors]
 
 
 # ------------------------------------------------------------------ freezing
@@ -336,12 +339,22 @@ def _freezable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         source = arg.source.name if arg is not None and arg.source is not None else ""
         source = source() if callable(source) else str(source)
         if not isinstance(ex, torch.Tensor) or not ("._parameters[" in source
-                                                    or "._buffers[" in source):
+                                                    or "._buffers[" in source
+                                                    or _module_float(arg, source)):
             continue
         if (grad and ex.requires_grad) or _mutated(n):
             continue
         out.append(i)
     return out
+
+
+def _module_float(arg: Any, source: str) -> bool:
+    """Whether a placeholder is a float attribute of the module (a norm's epsilon, the
+    attention's scale) that Dynamo did not specialise (``specialize_float`` off: it passes
+    the float as a 0-d float64 tensor). Like a parameter it is the model's configuration:
+    inlined, the scale is a constant the attention pattern can take and the epsilon folds.
+    A float argument of ``forward`` (``L['temperature']``) stays an input."""
+    return bool(getattr(arg, "pass_arg_as_tensor", False)) and source.startswith("L['self']")
 
 
 def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):

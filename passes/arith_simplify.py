@@ -81,6 +81,17 @@ def _concat_parts(g: Graph, n: Node) -> Value | None:
     return add_like(g, n, "Concat", parts, dict(n.attrs))
 
 
+def _slice_whole(g: Graph, n: Node) -> Value | None:
+    """StridedSlice with step 1 on every axis it lists and its input's type -> the input:
+    every axis is taken whole. Dynamo writes ``x[:, :, :]`` of a symbolic axis as
+    ``slice(0, 2**63 - 1)``, which static shapes would have dropped while tracing; left in,
+    it hides a grouped-query K/V repeat from the attention pattern."""
+    x = n.inputs[0]
+    if any(s != 1 for s in n.attrs["strides"] or ()) or x.type != n.outputs[0].type:
+        return None
+    return x
+
+
 def _gather_slice(g: Graph, n: Node) -> Value | None:
     """Gather(x, [a, a+k, …, a+(m-1)k]) along an axis of static length d, every index in
     [-d, d), k > 0 (or one index) -> StridedSlice(x, a:a+m·k:k) — a view of x (strided)
@@ -193,6 +204,7 @@ RULES: list[Rule] = [
     Rule(16, "gather_slice", "Gather", _gather_slice),  # x[[a, a+k, …]] -> x[a::k] (a view)
     Rule(17, "slice_conv_padding", "StridedSlice",  # conv(x, pad p)[..., :-m]
          _slice_conv_padding),                       # -> conv(x, pad p - m*stride)
+    Rule(18, "slice_whole", "StridedSlice", _slice_whole),  # x[0:end≥d:1] -> x (d symbolic too)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

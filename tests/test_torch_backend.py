@@ -329,3 +329,62 @@ def test_a_read_only_array_reaches_torch_as_a_writable_copy():
         t = to_torch(a)
     t.add_(1)
     assert a[0, 0] == 0 and t[0, 0].item() == 1
+
+
+class ScaledAttention(torch.nn.Module):
+    """LLaMA's attention in small: two query heads sharing one K/V head (repeated by
+    ``k[:, :, None, :, :].expand(...)``), the scale a float attribute, a causal mask built
+    from the sequence length."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 32)
+        self.qkv = torch.nn.Linear(32, 64)
+        self.scaling = 16 ** -0.5
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).split([32, 16, 16], -1)
+        q = q.view(b, n, 2, 16).transpose(1, 2)
+        k, v = (t.view(b, n, 1, 16).transpose(1, 2)[:, :, None, :, :].expand(b, 1, 2, n, 16)
+                .reshape(b, 2, n, 16) for t in (k, v))
+        pos = torch.arange(n)
+        mask = torch.where(pos[None, :] <= pos[:, None], 0.0, torch.finfo(torch.float32).min)
+        att = (q @ k.transpose(-1, -2)) * self.scaling + mask
+        return (att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, 32)
+
+
+def _fused_attention(g) -> int:
+    return sum(n.op == "FusedAttention" for n in g.nodes)
+
+
+def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
+    """Dynamo passes the float attribute as a 0-d tensor and slices the symbolic axes whole:
+    the scale is inlined (a constant, as with static shapes) and the whole slices dropped,
+    so the attention pattern matches for every length."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = ScaledAttention().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 17):
+            ids = _ids(2, n)
+            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0
+    (g,) = graphs
+    assert isinstance(g.inputs[0].type.shape[1], str)
+    assert _fused_attention(g) == 1 and len(g.inputs) == 1  # the ids only: scale inlined
+
+
+def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):
+    graphs = _compiled_graphs(monkeypatch)
+    m = ScaledAttention().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    ids = _ids(2, 6)
+    with torch.no_grad():
+        c(ids)
+        c(ids)
+        assert gt.stats()["refreezes"] == 0  # the same value: no compile
+        m.scaling = 0.5
+        torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    assert gt.stats()["refreezes"] == 1 and len(graphs) == 2

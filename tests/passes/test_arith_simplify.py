@@ -45,6 +45,8 @@ CASES = {
     14: (lambda g, x, y: op(g, "Exp", op(g, "BroadcastTo", x, shape=[3, 4])), ["Exp"]),
     15: (lambda g, x, y: op(g, "Exp", op(g, "Concat", x, axis=0)), ["Exp"]),
     16: (lambda g, x, y: op(g, "Gather", x, idx(g, [0, 2]), axis=1), ["StridedSlice"]),
+    18: (lambda g, x, y: op(g, "Exp", op(g, "StridedSlice", x, begin=[0], end=[2**63 - 1],
+                                         strides=[1], axes=[1])), ["Exp"]),
 }
 
 
@@ -185,6 +187,18 @@ def test_every_rule_is_tested():
     assert {r.number for r in RULES} == set(CASES) | {7, 17}
 
 
+def test_rule_18_whole_slice_of_a_symbolic_axis():
+    """Dynamo's ``x[:, :s]`` of a symbolic axis: slice(0, 2**63 - 1) keeps all s rows."""
+    g = Graph()
+    x = g.add_input("x", TensorType(("s", 4), "float32"))
+    sl = op(g, "StridedSlice", x, begin=[0], end=[2**63 - 1], strides=[1], axes=[0])
+    g.set_outputs([op(g, "Exp", sl)])
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 18 slice_whole: 1" in res.notes
+    h.remove_dead()
+    assert ops_of(h) == ["Exp"] and h.nodes[0].inputs[0] is h.inputs[0]
+
+
 @pytest.mark.parametrize("expr", [
     lambda g, x, y: op(g, "Mul", x, c(g, 1.0, (2, 3, 4))),   # the 1 broadcasts x: keep
     lambda g, x, y: op(g, "Mul", x, g.const(np.array([1, 1, 1, 2], np.float32))),  # not a splat
@@ -193,6 +207,9 @@ def test_every_rule_is_tested():
     lambda g, x, y: op(g, "Exp", op(g, "Log", x)),             # exp(log x): NaN for x < 0
     lambda g, x, y: op(g, "Mul", x, c(g, 0.0)),                # x * 0: NaN/Inf stay NaN
     lambda g, x, y: op(g, "Concat", x, y, axis=0),             # two non-empty parts stay
+    lambda g, x, y: op(g, "StridedSlice", x, begin=[-1], end=[-5], strides=[-1],
+                       axes=[1]),                              # whole axis reversed
+    lambda g, x, y: op(g, "StridedSlice", x, begin=[1], end=[4], axes=[1]),  # a part
 ])
 def test_non_rewrites(expr):
     g = build(expr)
