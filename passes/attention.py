@@ -22,9 +22,10 @@ allow (BNSD when any of them is not a head split/merge).
 Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — becomes the boolean
 ``atten_mask`` (1 = masked out); any other additive mask becomes ``pse``, divided by the
-scale (the operator computes ``scale * (pse + Q·Kᵀ)``). A constant pse in a shape the
+scale (the operator computes ``scale * (pse + Q·Kᵀ)``). BLOOM's ALiBi bias arrives as
+[B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
-vary over the batch, else [B,N,S1,S2] (BLOOM's ALiBi bias arrives as [B·N, 1, S2]). Other
+vary over the batch, else [B,N,S1,S2]. Other
 masks in shapes the operator does not document ([B,1,1,S2] key-padding masks, for one) are
 refused rather than broadcast.
 
@@ -401,9 +402,9 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
 def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
     """The documented pse shape a bias of 4-d shape ``full`` is given as: itself when
     documented, else, for a constant, the smallest documented shape it broadcasts to —
-    [1, N, S1, S2] when its values do not vary over the batch (ALiBi's [B·N, 1, S2]), else
-    [B, N, S1, S2]. A computed bias in another shape is refused (growing it would be a
-    launch writing B·N·S1·S2 values)."""
+    [1, N, S1, S2] when its values do not vary over the batch, else [B, N, S1, S2]. A
+    computed bias in another shape is refused (growing it would be a launch writing
+    B·N·S1·S2 values)."""
     b, n1, s1, s2 = shape4
     documented = mask_shapes("pse", b, n1, s1, s2)
     if full in documented:

@@ -6,9 +6,9 @@ documents (pse_type 1; inference, so no dropout). Q, K, V are read in one of the
 layouts (``BSH``, ``SBH``, ``BSND``, ``BNSD``; H = N·D) and the output has the query's layout.
 K/V may have fewer heads than Q (N2 dividing N1: grouped-query attention, each K/V head
 shared by N1/N2 query heads). The masks (``mask``: none, one or both, inputs in this order
-after Q, K, V): ``pse`` (a float bias added before the scale) in [B,N1,S1,S2] or
-[1,N1,S1,S2]; ``atten_mask`` (bool/uint8, 1 = masked out) in [B,N1,S1,S2], [B,1,S1,S2],
-[1,1,S1,S2] or [S1,S2]. Limits: D a multiple of 16 and
+after Q, K, V): ``pse`` (a float bias added before the scale) in [B,N1,S1,S2], [B,N1,1,S2]
+(one row for every query: ALiBi) or [1,N1,S1,S2]; ``atten_mask`` (bool/uint8, 1 = masked
+out) in [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]. Limits: D a multiple of 16 and
 at most 512, N1 at most 256, fp16/bf16/fp32 operands.
 
 The numpy reference accumulates both products in fp32 and takes the softmax in fp32; the
@@ -93,7 +93,7 @@ def mask_shapes(kind: str, b, n1, s1, s2) -> list[tuple]:
     """The documented shapes of a mask of ``kind`` for these dims."""
     if kind == "atten_mask":
         return [(b, n1, s1, s2), (b, 1, s1, s2), (1, 1, s1, s2), (s1, s2)]
-    return [(b, n1, s1, s2), (1, n1, s1, s2)]
+    return [(b, n1, s1, s2), (b, n1, 1, s2), (1, n1, s1, s2)]
 
 
 def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:

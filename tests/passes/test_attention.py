@@ -242,14 +242,11 @@ def _same_results(g, res, seed=5):
                                    rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("per_batch", [False, True])
-def test_a_constant_bias_grows_to_a_documented_pse_shape(per_batch):
-    """A constant bias of shape [B, N, 1, S2] (ALiBi's, by key position only) is no pse shape
-    the operator documents; it is broadcast to [1, N, S1, S2] when equal across the batch,
-    else to [B, N, S1, S2], and explain says so."""
+def test_a_constant_bias_grows_to_a_documented_pse_shape():
+    """A constant bias of shape [1, N, 1, S2] is no pse shape the operator documents; it is
+    broadcast to [1, N, S1, S2] (equal across the batch), and explain says so."""
     rng = np.random.default_rng(0)
-    bias = rng.standard_normal((1 if not per_batch else 2, 4, 1, 8)).astype(np.float32)
-    bias = np.broadcast_to(bias, (2, 4, 1, 8)).copy()
+    bias = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
     g = _attention()
     s = g.node("probs").inputs[0]
     add = g.add_node("Add", [s, g.const(bias)], name="alibi")
@@ -257,14 +254,36 @@ def test_a_constant_bias_grows_to_a_documented_pse_shape(per_batch):
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs["mask"] == "pse"
-    assert fa.inputs[3].shape == ((2 if per_batch else 1), 4, 8, 8)
+    assert fa.inputs[3].shape == (1, 4, 8, 8)
     (rec,) = [a for a in res.analyses.attention if a.verdict == "fused"]
-    assert "broadcast to" in rec.reason and "[2, 4, 1, 8]" in rec.reason
+    assert "broadcast to" in rec.reason and "[1, 4, 1, 8]" in rec.reason
+    _same_results(g, res)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_an_alibi_bias_is_taken_as_b_n_1_s2(constant):
+    """ALiBi's bias, one row per batch and head for every query ([B, N, 1, S2]), is a pse
+    shape the operator documents (BN1Skv): taken as it is, constant or computed (with a
+    symbolic sequence length it is computed)."""
+    if constant:
+        rng = np.random.default_rng(0)
+        g = _attention()
+        s = g.node("probs").inputs[0]
+        bias = g.const(rng.standard_normal((2, 4, 1, 8)).astype(np.float32))
+        add = g.add_node("Add", [s, bias], name="alibi")
+        g.replace_input(g.node("probs"), 0, add.output)
+    else:
+        g = _attention(mask=(2, 4, 1, 8))
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse" and fa.inputs[3].shape == (2, 4, 1, 8)
+    (rec,) = [a for a in res.analyses.attention if a.verdict == "fused"]
+    assert "broadcast to" not in rec.reason
     _same_results(g, res)
 
 
 def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
-    res = _compile(_attention(mask=(2, 4, 1, 8)))
+    res = _compile(_attention(mask=(2, 1, 8, 8)))
     assert not _fused(res)
     assert "is computed" in res.analyses.attention[0].reason
 
