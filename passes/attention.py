@@ -43,6 +43,7 @@ from graphkernel import symbolic
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.passes.causal_mask import masks_later_keys
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
 from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
@@ -329,17 +330,19 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
     return op
 
 
-def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple) -> tuple[str, list[Value]]:
-    """The masks as the operator takes them: (the op's mask attr, the inputs in order)."""
-    got: dict[str, Value] = {}
+def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
+           ) -> tuple[str, list[Value], bool]:
+    """The masks as the operator takes them: (the op's mask attr, the inputs in order,
+    whether the causal mode replaces a boolean mask)."""
+    got: dict[str, Value | None] = {}
     for mv, rank in m.masks:
         kind, value = _mask(graph, m, node, shape4, mv, rank)
-        if kind in got:
-            raise Refused(f"two masks map to {kind} ({got[kind].name}, {mv.name}): the "
-                          "operator takes one")
+        if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
+            raise Refused(f"two masks map to the operator's atten_mask ({mv.name} and "
+                          "another): it takes one")
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
-    return "_and_".join(kinds) or "none", [got[k] for k in kinds]
+    return "_and_".join(kinds) or "none", [got[k] for k in kinds], "causal" in got
 
 
 def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: int
@@ -357,6 +360,10 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
             graph.add_node("Reshape", [mv], {"shape": split}, origin=origin,
                            name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
     cond, arr = _boolean(mv)
+    if cond is not None and masks_later_keys(cond, s1, s2):
+        m.notes.append(f"mask {mv.name} is causal (built from positions): the operator's "
+                       "causal mode, no mask input")
+        return "causal", None
     if cond is not None or arr is not None:
         shape = tuple(cond.type.shape if cond is not None else arr.shape)
         rank = len(shape)
@@ -508,16 +515,16 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         if layout in x.builds:
             x.read(layout, what, m.notes)
     m.scale *= factor
-    kind, masks = _masks(graph, m, m.pv, (b, n1, s1, s2))
+    kind, masks, causal = _masks(graph, m, m.pv, (b, n1, s1, s2))
     name = graph.fresh_name(f"attention_{m.qk.name}")
     if layout not in k.reads:  # K only as [B, S, N, D]: its head split, as the graph had it
         k.reads[layout] = graph.add_node("Transpose", [k.reads["BSND"]], {"perm": HEAD_SPLIT},
                                          name=graph.fresh_name(f"{name}/k"),
                                          origin=origin).outputs[0]
     ins = [q.reads[layout], k.reads[layout], v.reads[layout], *masks]
+    attrs = {"layout": layout, "head_num": n1, "scale": m.scale, "mask": kind}
     try:
-        fa = graph.add_node("FusedAttention", ins, {"layout": layout, "head_num": n1,
-                                                   "scale": m.scale, "mask": kind},
+        fa = graph.add_node("FusedAttention", ins, attrs | ({"causal": True} if causal else {}),
                             name=name, origin=origin).outputs[0]
     except GraphKernelError as e:  # a limit the checks above do not know of
         raise Refused(f"the operator does not take it: {e}") from None
@@ -532,6 +539,7 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     return AttentionMatch(m.qk.name, [n.name for n in m.nodes], "fused",
                           f"layout {layout}, {n1} heads" + (f" ({n2} K/V heads)" if n2 != n1
                                                             else "") + f", mask {kind}"
+                          + (" + causal" if causal else "")
                           + "".join(f"; {x}" for x in m.notes), name)
 
 

@@ -66,6 +66,24 @@ def test_causal_mask_as_uint8(rng):
     assert_close(got, want.astype(np.float16))
 
 
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_causal_mode_masks_later_keys(layout, rng):
+    """causal (the operator's sparse_mode 2): key j > query i is masked out, no mask input."""
+    q, k, v = (rng.standard_normal((B, N1, S1, D)).astype(np.float32) for _ in range(3))
+    t = [torch.from_numpy(x.astype(np.float64)) for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*t, is_causal=True).numpy()
+    got = run_op("FusedAttention", [_layout(x, layout) for x in (q, k, v)],
+                 {"layout": layout, "head_num": N1, "scale": D ** -0.5, "causal": True})
+    assert_close(got, _layout(want, layout).astype(np.float32))
+
+
+def test_causal_mode_takes_no_atten_mask():
+    x = np.zeros((1, 1, 4, 16), np.float32)
+    with pytest.raises(ShapeError, match="causal with mask=atten_mask"):
+        run_op("FusedAttention", [x, x, x, np.zeros((4, 4), bool)],
+               {"head_num": 1, "mask": "atten_mask", "causal": True})
+
+
 def test_pse_is_added_before_the_scale(rng):
     # the documented form: softmax(scale * (pse + Q·Kᵀ)); torch adds its mask after the
     # scale, so pse = mask / scale gives the same result

@@ -8,8 +8,11 @@ K/V may have fewer heads than Q (N2 dividing N1: grouped-query attention, each K
 shared by N1/N2 query heads). The masks (``mask``: none, one or both, inputs in this order
 after Q, K, V): ``pse`` (a float bias added before the scale) in [B,N1,S1,S2], [B,N1,1,S2]
 (one row for every query: ALiBi) or [1,N1,S1,S2]; ``atten_mask`` (bool/uint8, 1 = masked
-out) in [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]. Limits: D a multiple of 16 and
-at most 512, N1 at most 256, fp16/bf16/fp32 operands.
+out) in [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]. ``causal`` masks out every key
+after the query's position (key j > query i): the operator's sparse_mode 2 (leftUpCausal),
+which reads its own compressed 2048×2048 mask instead of a [.., S1, S2] one, so a causal
+mask built from a symbolic sequence length costs nothing; it excludes an ``atten_mask``
+input. Limits: D a multiple of 16 and at most 512, N1 at most 256, fp16/bf16/fp32 operands.
 
 The numpy reference accumulates both products in fp32 and takes the softmax in fp32; the
 result is rounded once to the inputs' type. A row whose every key is masked out has no
@@ -41,6 +44,7 @@ class FusedAttentionAttrs(Attrs):
     head_num: int = Field(ge=1, le=MAX_HEADS)  # N1, the query's heads
     scale: float = 1.0
     mask: Literal["none", "atten_mask", "pse", "pse_and_atten_mask"] = "none"
+    causal: bool = False  # key j > query i masked out (sparse_mode 2)
 
 
 def mask_kinds(mask: str) -> list[str]:
@@ -114,6 +118,9 @@ def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     if why is not None:
         raise ShapeError(f"unsupported {why}")
     kinds = mask_kinds(attrs["mask"])
+    if attrs.get("causal") and "atten_mask" in kinds:
+        raise ShapeError(f"causal with mask={attrs['mask']}: the causal mode is the "
+                         "operator's own atten_mask (accepted masks: none, pse)")
     if len(ins) != 3 + len(kinds):
         raise ShapeError(f"mask={attrs['mask']} takes {3 + len(kinds)} inputs, got {len(ins)}")
     for kind, m in zip(kinds, ins[3:], strict=True):
@@ -167,6 +174,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masks: dict[str, np.n
     if "atten_mask" in masks:
         keep = ~masks["atten_mask"].astype(bool)
         s = np.where(keep, s, -np.inf)
+    if attrs.get("causal"):
+        s1, s2 = s.shape[-2:]
+        s = np.where(np.arange(s2)[None, :] <= np.arange(s1)[:, None], s, -np.inf)
     top = np.max(s, axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(top), top, 0), dtype=np.float32)
     total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)

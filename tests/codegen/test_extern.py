@@ -94,3 +94,22 @@ def test_gpt2_layers_are_one_extern_each_next_to_generated_kernels():
                               "--opt_level=2 --disable_pass=attention", env={})
     assert "extern" not in [e["kind"] for e in launches(off.graph)]
     assert len(launches(off.graph)) - len(kinds) >= 2 * 5  # per layer, 6 launches became 1
+
+
+def test_the_causal_mode_is_sparse_mode_2_with_the_operators_own_mask():
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen import extern
+
+    g = Graph("causal")
+    q, k, v = (g.add_input(n, TensorType((2, "s", 4, 16), "float32")) for n in "qkv")
+    fa = g.add_node("FusedAttention", [q, k, v], {"layout": "BSND", "head_num": 4,
+                                                  "scale": 0.25, "causal": True})
+    g.set_outputs([fa.output])
+    c = extern.call(fa)
+    assert c["arguments"]["sparse_mode"] == 2
+    assert c["arguments"]["atten_mask"] == "compressed causal [2048, 2048]"
+    assert [o["role"] for o in c["operands"]] == ["query", "key", "value"]
+    feeds = random_inputs(g, dims={"s": 5})
+    sim, _ = run_sim(graphkernel.compile(g, "--opt_level=2", env={}), feeds)
+    np.testing.assert_allclose(sim[0], Interpreter(g, symbols={"s": 5}).run(feeds)[0],
+                               rtol=1e-6, atol=1e-6)

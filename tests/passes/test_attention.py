@@ -288,6 +288,67 @@ def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
     assert "is computed" in res.analyses.attention[0].reason
 
 
+def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=True) -> Graph:
+    """Attention over a symbolic length s whose mask is built from positions, as LLaMA
+    builds it: keep = cmp(arange(s)[None, :], arange(q_start, s + q_start)[:, None]) (the
+    operands swapped when not ``key_first``), then where(keep, 0, lowest) (where(keep,
+    lowest, 0) when not ``keep_on_true``)."""
+    g = Graph("causal")
+    split = []
+    for n in "qkv":
+        x = g.add_input(n, TensorType((2, "s", 64), "float32"))
+        x = g.add_node("Reshape", [x], {"shape": [2, "s", 4, 16]}).output
+        split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
+    sc = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
+    sc = g.add_node("Mul", [sc, g.const(np.float32(0.25))]).output
+    pos = [g.add_node("Range", [], {"start": st, "delta": 1, "length": "s"}).output
+           for st in (0, q_start)]
+    kpos = g.add_node("ExpandDims", [pos[0]], {"axis": [0]}).output
+    qpos = g.add_node("ExpandDims", [pos[1]], {"axis": [1]}).output
+    keep = g.add_node(cmp, [kpos, qpos] if key_first else [qpos, kpos], name="keep").output
+    low, zero = g.const(np.float32(np.finfo(np.float32).min)), g.const(np.float32(0))
+    m = g.add_node("Select", [keep, zero, low] if keep_on_true else [keep, low, zero],
+                   name="mask").output
+    sc = g.add_node("Add", [sc, m]).output
+    p = g.add_node("Softmax", [sc], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
+    o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, "s", 64]}).output])
+    return g
+
+
+@pytest.mark.parametrize("cmp, keep_on_true, key_first", [
+    ("LessEqual", True, True),       # LLaMA: keep key <= query
+    ("GreaterEqual", True, False),   # keep query >= key
+    ("Greater", False, True),        # mask key > query
+])
+def test_a_causal_mask_built_from_positions_is_the_causal_mode(cmp, keep_on_true, key_first):
+    """With a symbolic length the mask is computed from int64 positions; recognised as
+    key j > query i, it is the operator's causal mode and the mask's nodes are gone."""
+    g = _positions_causal(cmp, keep_on_true=keep_on_true, key_first=key_first)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["causal"] is True and fa.attrs["mask"] == "none" and len(fa.inputs) == 3
+    assert not {n.op for n in res.graph.nodes} & {"Range", "LessEqual", "Select"}
+    (rec,) = res.analyses.attention
+    assert "causal" in rec.reason
+    for n in (3, 8):
+        feeds = random_inputs(g, seed=n, dims={"s": n})
+        np.testing.assert_allclose(Interpreter(res.graph, symbols={"s": n}).run(feeds)[0],
+                                   Interpreter(g, symbols={"s": n}).run(feeds)[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cmp, q_start", [("Less", 0), ("LessEqual", 1)])
+def test_a_mask_that_is_not_causal_stays_an_atten_mask(cmp, q_start):
+    """key j < query i masks the diagonal too; positions from different starts are shifted:
+    neither is the causal mode, both stay a boolean atten_mask."""
+    g = _positions_causal(cmp, q_start)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert not fa.attrs.get("causal") and fa.attrs["mask"] == "atten_mask"
+
+
 def _rotary(g, x, seq, dim, base=0.1):
     """x·cos + cat(-x2, x1)·sin with constant [1, 1, seq, dim] tables."""
     ang = np.arange(seq)[:, None] * np.linspace(base, 1.0, dim)[None, :]
