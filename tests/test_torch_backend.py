@@ -361,7 +361,8 @@ def _fused_attention(g) -> int:
 def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     """Dynamo passes the float attribute as a 0-d tensor and slices the symbolic axes whole:
     the scale is inlined (a constant, as with static shapes) and the whole slices dropped,
-    so the attention pattern matches for every length."""
+    so the attention pattern matches for every length; the causal mask, computed from int64
+    positions, is the operator's causal mode, so no kernel falls back."""
     graphs = _compiled_graphs(monkeypatch)
     m = ScaledAttention().eval()
     c = torch.compile(m, backend="graphkernel", dynamic=True)
@@ -374,6 +375,9 @@ def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     (g,) = graphs
     assert isinstance(g.inputs[0].type.shape[1], str)
     assert _fused_attention(g) == 1 and len(g.inputs) == 1  # the ids only: scale inlined
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs.get("causal") and fa.attrs["mask"] == "none"
+    assert s["per_graph"][0]["codegen_fallbacks"] == 0
 
 
 def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):
@@ -388,3 +392,42 @@ def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):
         m.scaling = 0.5
         torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
     assert gt.stats()["refreezes"] == 1 and len(graphs) == 2
+
+
+class AlibiAttention(torch.nn.Module):
+    """BLOOM's attention in small: an ALiBi bias computed from the positions ([B·N, 1, S],
+    per head slope times key position), added by baddbmm with float alpha and beta."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 32)
+        self.qkv = torch.nn.Linear(32, 96)
+        self.register_buffer("slopes", torch.tensor([0.5, 0.25]))
+        self.inv_norm_factor = 16 ** -0.5
+        self.beta = 1.0
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, 2, 16).transpose(1, 2).reshape(b * 2, n, 16)
+                   for t in self.qkv(self.emb(ids)).split(32, -1))
+        alibi = (self.slopes[None, :, None] * torch.arange(n)[None, None, :])
+        alibi = alibi.expand(b, 2, n).reshape(b * 2, 1, n)
+        att = torch.baddbmm(alibi, q, k.transpose(1, 2), beta=self.beta,
+                            alpha=self.inv_norm_factor)
+        return (att.softmax(-1) @ v).view(b, 2, n, 16).transpose(1, 2).reshape(b, n, 32)
+
+
+def test_dynamic_shapes_take_a_computed_alibi_bias_as_pse(monkeypatch):
+    graphs = _compiled_graphs(monkeypatch)
+    m = AlibiAttention().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 17):
+            ids = _ids(2, n)
+            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    assert gt.stats()["graphs"] == 1
+    (g,) = graphs
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs["mask"] == "pse"
+    b, n = g.inputs[0].type.shape
+    assert tuple(fa.inputs[3].type.shape)[1:3] == (2, 1)  # [B, N, 1, S]
