@@ -522,10 +522,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                                          name=graph.fresh_name(f"{name}/k"),
                                          origin=origin).outputs[0]
     ins = [q.reads[layout], k.reads[layout], v.reads[layout], *masks]
-    attrs = {"layout": layout, "head_num": n1, "scale": m.scale, "mask": kind}
+    attrs = {"layout": layout, "head_num": n1, "scale": m.scale, "mask": kind,
+             "causal": causal}
     try:
-        fa = graph.add_node("FusedAttention", ins, attrs | ({"causal": True} if causal else {}),
-                            name=name, origin=origin).outputs[0]
+        fa = graph.add_node("FusedAttention", ins, attrs, name=name, origin=origin).outputs[0]
     except GraphKernelError as e:  # a limit the checks above do not know of
         raise Refused(f"the operator does not take it: {e}") from None
     target = out.reads[layout]

@@ -62,7 +62,8 @@ def test_example_becomes_one_bsh_launch_equal_to_torch():
     g = load_model(EXAMPLE)
     res = _compile(g)
     (fa,) = _fused(res)
-    assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask"}
+    assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask",
+                        "causal": False}
     # the head split/merge transposes, the softmax and both products are gone
     left = {n.op for n in res.graph.nodes}
     assert not left & {"Transpose", "BatchMatMul", "Exp", "ReduceMax", "Select"}, left
