@@ -45,14 +45,17 @@ def call(node: Node) -> dict[str, Any]:
     a = node.attrs
     _, n1, n2, *_ = _dims(node)
     roles = ["query", "key", "value", *mask_kinds(a["mask"])]
-    # causal: leftUpCausal, with the operator's compressed mask (bool [2048, 2048], 1 above
-    # the diagonal) as its atten_mask, a constant of the device build
+    # causal: leftUpCausal (sparse_mode 2), or with a window the band (sparse_mode 4: keys
+    # i - pre_tockens .. i + next_tockens), with the operator's compressed mask (bool
+    # [2048, 2048], 1 above the diagonal) as its atten_mask, a constant of the device build
     causal = {"atten_mask": "compressed causal [2048, 2048]"} if a.get("causal") else {}
+    window = a.get("window") or 0
+    sparse = 4 if window else 2 if causal else 0
     return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
             "aclnn": ACLNN[node.op],
             "arguments": {"head_num": n1, "input_layout": a["layout"], "scale": a["scale"],
-                          "keep_prob": 1.0, "pre_tockens": 2147483647,
-                          "next_tockens": 2147483647, "sparse_mode": 2 if causal else 0,
+                          "keep_prob": 1.0, "pre_tockens": window - 1 if window else 2147483647,
+                          "next_tockens": 0 if window else 2147483647, "sparse_mode": sparse,
                           # informational: the operator reads N2 from the key's shape
                           "kv_head_num": n2} | causal,
             "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),

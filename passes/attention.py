@@ -43,7 +43,7 @@ from graphkernel import symbolic
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
-from graphkernel.passes.causal_mask import masks_later_keys
+from graphkernel.passes.causal_mask import causal_band
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
 from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
@@ -331,10 +331,10 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
 
 
 def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
-           ) -> tuple[str, list[Value], bool]:
-    """The masks as the operator takes them: (the op's mask attr, the inputs in order,
-    whether the causal mode replaces a boolean mask)."""
-    got: dict[str, Value | None] = {}
+           ) -> tuple[str, list[Value], int | None]:
+    """The masks as the operator takes them: (the op's mask attr, the inputs in order, the
+    causal mode's window (0: none) when it replaces a boolean mask, else None)."""
+    got: dict[str, Value | int] = {}
     for mv, rank in m.masks:
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
@@ -342,11 +342,11 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
                           "another): it takes one")
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
-    return "_and_".join(kinds) or "none", [got[k] for k in kinds], "causal" in got
+    return "_and_".join(kinds) or "none", [got[k] for k in kinds], got.get("causal")
 
 
 def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: int
-          ) -> tuple[str, Value]:
+          ) -> tuple[str, Value | int]:
     """One mask as the operator takes it: (kind, value), new nodes added to ``graph``."""
     b, n1, s1, s2 = shape4
     origin = node.origin
@@ -360,10 +360,12 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
             graph.add_node("Reshape", [mv], {"shape": split}, origin=origin,
                            name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
     cond, arr = _boolean(mv)
-    if cond is not None and masks_later_keys(cond, s1, s2):
-        m.notes.append(f"mask {mv.name} is causal (built from positions): the operator's "
-                       "causal mode, no mask input")
-        return "causal", None
+    window = causal_band(cond, s1, s2) if cond is not None else None
+    if window is not None:
+        band = f" with a window of {window} keys" if window else ""
+        m.notes.append(f"mask {mv.name} is causal{band} (built from positions): the "
+                       "operator's causal mode, no mask input")
+        return "causal", window
     if cond is not None or arr is not None:
         shape = tuple(cond.type.shape if cond is not None else arr.shape)
         rank = len(shape)
@@ -523,7 +525,7 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                                          origin=origin).outputs[0]
     ins = [q.reads[layout], k.reads[layout], v.reads[layout], *masks]
     attrs = {"layout": layout, "head_num": n1, "scale": m.scale, "mask": kind,
-             "causal": causal}
+             "causal": causal is not None, "window": causal or 0}
     try:
         fa = graph.add_node("FusedAttention", ins, attrs, name=name, origin=origin).outputs[0]
     except GraphKernelError as e:  # a limit the checks above do not know of
@@ -539,7 +541,7 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     return AttentionMatch(m.qk.name, [n.name for n in m.nodes], "fused",
                           f"layout {layout}, {n1} heads" + (f" ({n2} K/V heads)" if n2 != n1
                                                             else "") + f", mask {kind}"
-                          + (" + causal" if causal else "")
+                          + (" + causal" if causal is not None else "")
                           + "".join(f"; {x}" for x in m.notes), name)
 
 

@@ -1,28 +1,42 @@
-"""Recognise a boolean attention mask that is the causal one, built from positions.
+"""Recognise a boolean attention mask that is the causal one (or a causal band), built
+from positions.
 
 A model that builds its causal mask from the sequence length (LLaMA's
-``arange(S)[None, :] <= arange(S)[:, None]``, through ``where(keep, 0, lowest)``) leaves a
-comparison of two position vectors: ``Range`` seen along the key axis (the last) and along
-the query axis (the one before). With a symbolic length the mask cannot be folded to a
-constant, and its int64 positions are data no vector kernel takes; the fused attention
-operator has a causal mode of its own (sparse_mode 2) that needs none of it.
+``arange(S)[None, :] <= arange(S)[:, None]``, through ``where(keep, 0, lowest)``; Mistral's
+sliding window adds ``& (arange(S)[None, :] > arange(S)[:, None] - w)``) leaves comparisons
+of position vectors: a ``Range`` seen along the key axis (the last) and along the query axis
+(the one before). With a symbolic length the mask cannot be folded to a constant, and its
+int64 positions are data no vector kernel takes; the fused attention operator has a causal
+mode of its own (sparse_mode 2; a band, sparse_mode 4) that needs none of it.
 
-``masks_later_keys(cond, s1, s2)`` says whether ``cond`` (True = masked out), seen as
-[.., S1, S2], is exactly ``key j > query i``: positions ``start + delta·k`` (the same start,
-delta > 0, so the comparison of positions is the comparison of indices) from Ranges of
-length S1 (queries) and S2 (keys), S1 = S2, compared with ``>``/``<`` or the negation of
-``<=``/``>=``; views and broadcasts that only add or repeat leading axes are seen through.
+``causal_band(cond, s1, s2)`` reads ``cond`` (True = masked out), seen as [.., S1, S2], as
+the set of key offsets ``d = j - i`` a query ``i`` keeps. Each comparison of positions
+``start + delta·k + c`` (the same start and delta > 0 on both sides; offsets ``c`` from
+adding or subtracting an integer constant need delta 1) keeps an interval of ``d``;
+``&`` intersects intervals, a negation complements a half-line, constant True keeps all.
+Views and broadcasts that only add or repeat leading axes are seen through. The mask is
+causal when the kept set is ``d <= 0``, a causal band of ``w`` keys when it is
+``-(w - 1) <= d <= 0``; requires S1 = S2 (then the operator's left-up and right-down
+alignments agree).
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from graphkernel import symbolic
-from graphkernel.ir import Value
+from graphkernel.ir import DType, Value
+from graphkernel.passes.rewrite import splat
 
 VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Identity")
+ANDS = ("BitwiseAnd", "LogicalAnd")
 # the comparison with its operands swapped: x op y == y SWAPPED[op] x
 SWAPPED = {"Greater": "Less", "Less": "Greater", "GreaterEqual": "LessEqual",
-           "LessEqual": "GreaterEqual"}
+           "LessEqual": "GreaterEqual", "Equal": "Equal"}
+INF = math.inf
+Interval = tuple[float, float]  # the offsets d = j - i kept, lo <= d <= hi (inclusive)
 
 
 def _same(a, b) -> bool:
@@ -45,15 +59,31 @@ def _varying(shape: tuple) -> list[int]:
     return [i - len(shape) for i, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
 
 
-def _position(v: Value) -> tuple[int, float, float, object] | None:
-    """(axis from the end, start, delta, length) when ``v`` is a Range seen through views
-    that only add unit axes; else None."""
+def _int_splat(v: Value) -> int | None:
+    f = splat(v)
+    return int(f) if f is not None and v.dtype.is_int and float(f).is_integer() else None
+
+
+def _position(v: Value) -> tuple[int, float, float, object, int] | None:
+    """(axis from the end, start, delta, length, offset) when ``v`` is a Range seen through
+    views that only add unit axes, plus or minus an integer constant; else None."""
     axes = _varying(tuple(v.shape))
     if len(axes) != 1:
         return None
-    axis = axes[0]
-    while (p := v.producer) is not None and p.op in VIEWS:
-        v = p.inputs[0]
+    axis, offset = axes[0], 0
+    while (p := v.producer) is not None and p.op in (*VIEWS, "Add", "Sub"):
+        if p.op in VIEWS:
+            v = p.inputs[0]
+        else:  # x + c, c + x, x - c
+            sides = [(0, 1), (1, 0)] if p.op == "Add" else [(0, 1)]
+            for s, c in sides:
+                k = _int_splat(p.inputs[c])
+                if k is not None and len(_varying(tuple(p.inputs[s].shape))) == 1:
+                    offset += k if p.op == "Add" else -k
+                    v = p.inputs[s]
+                    break
+            else:
+                return None
         if len(_varying(tuple(v.shape))) != 1:
             return None
     p = v.producer
@@ -62,27 +92,69 @@ def _position(v: Value) -> tuple[int, float, float, object] | None:
     start, delta = p.attrs["start"], p.attrs["delta"]
     if not isinstance(start, int | float) or not isinstance(delta, int | float) or delta <= 0:
         return None
-    return axis, start, delta, p.attrs["length"]
+    return axis, start, delta, p.attrs["length"], offset
 
 
-def masks_later_keys(cond: Value, s1, s2) -> bool:
-    """Whether ``cond`` [.., S1, S2] is True exactly where key j > query i (see above)."""
-    if not _same(s1, s2) or cond.type.rank < 2:
-        return False
-    v = _last_two_kept(cond)
-    negated = v.producer is not None and v.producer.op == "LogicalNot"
-    if negated:
-        v = _last_two_kept(v.producer.inputs[0])
-    cmp = v.producer
-    if cmp is None or cmp.op not in SWAPPED or not (_same(v.shape[-2], s1)
-                                                   and _same(v.shape[-1], s2)):
-        return False
-    x, y = (_position(u) for u in cmp.inputs)
+def _compared(op: str, c: int) -> Interval | None:
+    """The offsets d kept by ``d op c``."""
+    return {"Greater": (c + 1, INF), "GreaterEqual": (c, INF), "Less": (-INF, c - 1),
+            "LessEqual": (-INF, c), "Equal": (c, c)}.get(op)
+
+
+def _complement(iv: Interval | None) -> Interval | None:
+    """The offsets not in a half-line (a half-line again); None for anything else."""
+    if iv is None:
+        return None
+    lo, hi = iv
+    if lo == -INF and hi < INF:
+        return hi + 1, INF
+    if hi == INF and lo > -INF:
+        return -INF, lo - 1
+    return None
+
+
+def _interval(v: Value, s1, s2) -> Interval | None:
+    """The key offsets d where ``v`` [.., S1, S2] is True, when it is an interval."""
+    v = _last_two_kept(v)
+    p = v.producer
+    if p is None:
+        return None
+    if p.op == "Constant" and v.dtype is DType.bool:
+        arr = np.asarray(p.attrs["value"])
+        return (-INF, INF) if arr.size and bool(np.all(arr)) else None
+    if p.op == "LogicalNot":
+        return _complement(_interval(p.inputs[0], s1, s2))
+    if p.op in ANDS and v.dtype is DType.bool:
+        parts = [_interval(x, s1, s2) for x in p.inputs]
+        if any(x is None for x in parts):
+            return None
+        return max(a[0] for a in parts), min(a[1] for a in parts)
+    if p.op not in SWAPPED:
+        return None
+    x, y = (_position(u) for u in p.inputs)
     if x is None or y is None or x[1:3] != y[1:3]:
-        return False
-    op = cmp.op
+        return None
+    op = p.op
     if x[0] == -2 and y[0] == -1:  # query op key: read it as key SWAPPED[op] query
         x, y, op = y, x, SWAPPED[op]
     if (x[0], y[0]) != (-1, -2) or not (_same(x[3], s2) and _same(y[3], s1)):
-        return False
-    return op == ("LessEqual" if negated else "Greater")
+        return None
+    if (x[4] or y[4]) and x[2] != 1:
+        return None  # an offset in positions of step delta != 1 is no whole index offset
+    return _compared(op, y[4] - x[4])  # j + cx op i + cy  <=>  j - i op cy - cx
+
+
+def causal_band(cond: Value, s1, s2) -> int | None:
+    """0 when ``cond`` (True = masked out) masks exactly the keys after the query (causal);
+    w > 0 when it also masks all but the last w keys up to it (a causal band: a sliding
+    window); None otherwise."""
+    if not _same(s1, s2) or cond.type.rank < 2:
+        return None
+    v = _last_two_kept(cond)
+    if v.producer is not None and v.producer.op == "LogicalNot":
+        keep = _interval(v.producer.inputs[0], s1, s2)  # cond = not keep: any interval
+    else:
+        keep = _complement(_interval(cond, s1, s2))
+    if keep is None or keep[1] != 0 or keep[0] > 0:
+        return None
+    return 0 if keep[0] == -INF else int(1 - keep[0])

@@ -77,6 +77,19 @@ def test_causal_mode_masks_later_keys(layout, rng):
     assert_close(got, _layout(want, layout).astype(np.float32))
 
 
+def test_a_window_keeps_the_last_keys_up_to_the_query(rng):
+    """causal with window w: query i keeps keys i - w + 1 .. i (Mistral's sliding window;
+    the operator's band, sparse_mode 4, pre_tokens w - 1, next_tokens 0)."""
+    q, k, v = (rng.standard_normal((B, N1, S1, D)).astype(np.float32) for _ in range(3))
+    i, j = np.arange(S1)[:, None], np.arange(S1)[None, :]
+    want = _sdpa(q, k, v, mask=(j <= i) & (j > i - 3))
+    got = run_op("FusedAttention", [q, k, v],
+                 {"head_num": N1, "scale": D ** -0.5, "causal": True, "window": 3})
+    assert_close(got, want.astype(np.float32))
+    with pytest.raises(ShapeError, match="window=3 without causal"):
+        run_op("FusedAttention", [q, k, v], {"head_num": N1, "window": 3})
+
+
 def test_causal_mode_takes_no_atten_mask():
     x = np.zeros((1, 1, 4, 16), np.float32)
     with pytest.raises(ShapeError, match="causal with mask=atten_mask"):

@@ -12,7 +12,9 @@ out) in [B,N1,S1,S2], [B,1,S1,S2], [1,1,S1,S2] or [S1,S2]. ``causal`` masks out 
 after the query's position (key j > query i): the operator's sparse_mode 2 (leftUpCausal),
 which reads its own compressed 2048×2048 mask instead of a [.., S1, S2] one, so a causal
 mask built from a symbolic sequence length costs nothing; it excludes an ``atten_mask``
-input. Limits: D a multiple of 16 and at most 512, N1 at most 256, fp16/bf16/fp32 operands.
+input. ``window`` w > 0 keeps only the last w keys up to the query (a sliding window: keys
+j <= i - w masked too): the band mode, sparse_mode 4 with pre_tokens w - 1, next_tokens 0.
+Limits: D a multiple of 16 and at most 512, N1 at most 256, fp16/bf16/fp32 operands.
 
 The numpy reference accumulates both products in fp32 and takes the softmax in fp32; the
 result is rounded once to the inputs' type. A row whose every key is masked out has no
@@ -45,6 +47,7 @@ class FusedAttentionAttrs(Attrs):
     scale: float = 1.0
     mask: Literal["none", "atten_mask", "pse", "pse_and_atten_mask"] = "none"
     causal: bool = False  # key j > query i masked out (sparse_mode 2)
+    window: int = Field(default=0, ge=0)  # with causal, keys j <= i - window too (0: none)
 
 
 def mask_kinds(mask: str) -> list[str]:
@@ -118,6 +121,9 @@ def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     if why is not None:
         raise ShapeError(f"unsupported {why}")
     kinds = mask_kinds(attrs["mask"])
+    if attrs.get("window") and not attrs.get("causal"):
+        raise ShapeError(f"window={attrs['window']} without causal (a window is a band "
+                         "that ends at the query)")
     if attrs.get("causal") and "atten_mask" in kinds:
         raise ShapeError(f"causal with mask={attrs['mask']}: the causal mode is the "
                          "operator's own atten_mask (accepted masks: none, pse)")
@@ -176,7 +182,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masks: dict[str, np.n
         s = np.where(keep, s, -np.inf)
     if attrs.get("causal"):
         s1, s2 = s.shape[-2:]
-        s = np.where(np.arange(s2)[None, :] <= np.arange(s1)[:, None], s, -np.inf)
+        j, i = np.arange(s2)[None, :], np.arange(s1)[:, None]
+        keep = (j <= i) & ((j > i - attrs["window"]) if attrs.get("window") else True)
+        s = np.where(keep, s, -np.inf)
     top = np.max(s, axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(top), top, 0), dtype=np.float32)
     total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)

@@ -109,6 +109,9 @@ def test_the_causal_mode_is_sparse_mode_2_with_the_operators_own_mask():
     assert c["arguments"]["sparse_mode"] == 2
     assert c["arguments"]["atten_mask"] == "compressed causal [2048, 2048]"
     assert [o["role"] for o in c["operands"]] == ["query", "key", "value"]
+    fa.attrs["window"] = 4  # a band: keys i - 3 .. i
+    assert extern.call(fa)["arguments"] | {"scale": 0.25} == c["arguments"] | {
+        "sparse_mode": 4, "pre_tockens": 3, "next_tockens": 0}
     feeds = random_inputs(g, dims={"s": 5})
     sim, _ = run_sim(graphkernel.compile(g, "--opt_level=2", env={}), feeds)
     np.testing.assert_allclose(sim[0], Interpreter(g, symbols={"s": 5}).run(feeds)[0],

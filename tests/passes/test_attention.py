@@ -63,7 +63,7 @@ def test_example_becomes_one_bsh_launch_equal_to_torch():
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask",
-                        "causal": False}
+                        "causal": False, "window": 0}
     # the head split/merge transposes, the softmax and both products are gone
     left = {n.op for n in res.graph.nodes}
     assert not left & {"Transpose", "BatchMatMul", "Exp", "ReduceMax", "Select"}, left
@@ -289,11 +289,13 @@ def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
     assert "is computed" in res.analyses.attention[0].reason
 
 
-def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=True) -> Graph:
+def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=True,
+                      window=0) -> Graph:
     """Attention over a symbolic length s whose mask is built from positions, as LLaMA
     builds it: keep = cmp(arange(s)[None, :], arange(q_start, s + q_start)[:, None]) (the
     operands swapped when not ``key_first``), then where(keep, 0, lowest) (where(keep,
-    lowest, 0) when not ``keep_on_true``)."""
+    lowest, 0) when not ``keep_on_true``); ``window`` w ands Mistral's sliding window
+    ``arange(s)[None, :] > arange(s)[:, None] - w``."""
     g = Graph("causal")
     split = []
     for n in "qkv":
@@ -307,6 +309,10 @@ def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=T
     kpos = g.add_node("ExpandDims", [pos[0]], {"axis": [0]}).output
     qpos = g.add_node("ExpandDims", [pos[1]], {"axis": [1]}).output
     keep = g.add_node(cmp, [kpos, qpos] if key_first else [qpos, kpos], name="keep").output
+    if window:
+        low_q = g.add_node("Sub", [qpos, g.const(np.int64(window))]).output
+        near = g.add_node("Greater", [kpos, low_q]).output
+        keep = g.add_node("BitwiseAnd", [near, keep]).output
     low, zero = g.const(np.float32(np.finfo(np.float32).min)), g.const(np.float32(0))
     m = g.add_node("Select", [keep, zero, low] if keep_on_true else [keep, low, zero],
                    name="mask").output
@@ -338,6 +344,18 @@ def test_a_causal_mask_built_from_positions_is_the_causal_mode(cmp, keep_on_true
         np.testing.assert_allclose(Interpreter(res.graph, symbols={"s": n}).run(feeds)[0],
                                    Interpreter(g, symbols={"s": n}).run(feeds)[0],
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_a_sliding_window_built_from_positions_is_the_causal_band():
+    g = _positions_causal(window=3)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["causal"] is True and fa.attrs["window"] == 3 and len(fa.inputs) == 3
+    assert "window of 3 keys" in res.analyses.attention[0].reason
+    feeds = random_inputs(g, seed=1, dims={"s": 9})
+    np.testing.assert_allclose(Interpreter(res.graph, symbols={"s": 9}).run(feeds)[0],
+                               Interpreter(g, symbols={"s": 9}).run(feeds)[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cmp, q_start", [("Less", 0), ("LessEqual", 1)])
