@@ -249,7 +249,7 @@ def _pitch(io, refs: dict[str, str]) -> str:
 def _table_pitch(io, s: Schedule, refs: dict[str, str]) -> str:
     """The C expression of a resident table's row pitch in GM (a table of one row: its
     width, so the copy's stride is 0)."""
-    _, pitch = resident.table_map(io)
+    pitch = resident.table_map(io).pitch
     if symbolic.canon(pitch) == 0:
         pitch = io.columns[1] if io.columns else s.L
     return c_dim(pitch, refs)

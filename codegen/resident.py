@@ -24,6 +24,8 @@ row length qualify; a kernel that may split rows keeps that freedom.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import plan
 from graphkernel.codegen.lower import Lowered
@@ -40,33 +42,51 @@ def _eq(a: Dim, b: Dim) -> bool:
     return symbolic.canon(a) == symbolic.canon(b)
 
 
-def table_map(io: KernelIO) -> tuple[int, Dim] | None:
-    """(R, pitch): the table an input is, R rows ``pitch`` elements apart in GM from its
-    ``base``; None when it is not broadcast over leading outer axes only, or R is symbolic
-    or beyond one copy."""
+@dataclass(frozen=True)
+class TableMap:
+    """How a PARTIAL input's rows are a table: ``rows`` rows in GM, ``pitch`` elements apart
+    from its ``base``; each serves ``repeat`` consecutive rows of the loop space (the outer
+    axes after the table's, over which it is broadcast too)."""
+
+    rows: int
+    pitch: Dim
+    repeat: int = 1
+
+    @property
+    def block(self) -> int:
+        """Rows of the loop space one copy of the table serves (the table as held in UB)."""
+        return self.rows * self.repeat
+
+
+def table_map(io: KernelIO) -> TableMap | None:
+    """The table an input is: its outer axes broadcast (leading), then span (the table's
+    rows, evenly spaced in GM), then broadcast again (each row repeated for consecutive rows);
+    None for any other map, a symbolic or repeated part, or more rows than one copy loads."""
     if io.kind != PARTIAL or io.gather or not io.outer:
         return None
     ext, st = io.outer, io.strides
-    bcast = [i for i in range(len(ext)) if _eq(st[i], 0) and not _eq(ext[i], 1)]
+    live = [i for i in range(len(ext)) if not _eq(ext[i], 1)]
+    bcast = [i for i in live if _eq(st[i], 0)]
+    spans = [i for i in live if not _eq(st[i], 0)]
     if not bcast:
         return None
-    k = bcast[-1] + 1  # the axes before k broadcast (or have one index), the rest span
-    if any(not _eq(st[i], 0) and not _eq(ext[i], 1) for i in range(k)):
+    first = spans[0] if spans else len(ext)
+    last = spans[-1] if spans else len(ext) - 1
+    if any(first < i < last for i in bcast):  # broadcast between spanning axes
         return None
-    rest = ext[k:]
-    if not all(symbolic.is_static(d) for d in rest):
+    rows_d, repeat_d = symbolic.numel(ext[first:last + 1]), symbolic.numel(ext[last + 1:])
+    if not (symbolic.is_static(rows_d) and symbolic.is_static(repeat_d)):
         return None
-    rows = int(symbolic.canon(symbolic.numel(rest)))
+    rows, repeat = int(symbolic.canon(rows_d)), int(symbolic.canon(repeat_d))
     if rows > MAX_BLOCK_COUNT:
         return None
-    spans = [j for j in range(k, len(ext)) if not _eq(ext[j], 1)]
     if not spans:  # one row
-        return rows, io.columns[1] if io.columns else 0
-    pitch = st[spans[-1]]
+        return TableMap(rows, io.columns[1] if io.columns else 0, repeat)
+    pitch = st[last]
     for j in spans:  # evenly spaced rows: one strided copy loads any run of them
-        if not _eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:]))):
+        if not _eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:last + 1]))):
             return None
-    return rows, pitch
+    return TableMap(rows, pitch, repeat)
 
 
 def choose(s: Schedule, low: Lowered) -> None:
@@ -76,18 +96,18 @@ def choose(s: Schedule, low: Lowered) -> None:
             not symbolic.is_static(s.L):
         return
     maps = {io.index: table_map(io) for io in s.inputs}
-    rows = next((m[0] for m in maps.values() if m is not None), None)
+    rows = next((m.block for m in maps.values() if m is not None), None)
     if rows is None:
         return
-    tables = [io for io in s.inputs if maps[io.index] and maps[io.index][0] == rows]
+    tables = [io for io in s.inputs if maps[io.index] and maps[io.index].block == rows]
     for io in tables:
-        io.table = rows
+        io.table, io.table_repeat = rows, maps[io.index].repeat
     a = align_elems(s)
     ctp = -(-int(symbolic.canon(s.L)) // a) * a
     ub = s.target.ub_bytes
     table_bytes = sum(rows * ctp * io.dtype.itemsize for io in tables)
     if table_bytes * UB_SHARE > ub or plan(s, low).budget().bytes(1, ctp) > ub:
         for io in tables:
-            io.table = 0
+            io.table, io.table_repeat = 0, 1
         return
     s.notes = io_notes(s.inputs, s.reduce)

@@ -86,10 +86,12 @@ class KernelIO:
     # an input read by steps on columns of rows (Schedule.cols): (first column, width) of the
     # tile its rows are loaded to (a partial rotary embedding's cos and sin)
     columns: tuple[int, int] | None = None
-    # PARTIAL, broadcast over the leading axes only: the rows of its table (the same for
-    # every block of that many rows of the loop space), held resident in UB and loaded once
-    # per core (codegen/resident.py); 0: its rows are loaded with every tile
+    # PARTIAL, a table (broadcast over leading outer axes, and maybe over the axes after the
+    # table's too): the rows of the loop space one copy of it serves (the same for every block
+    # of that many rows), held resident in UB and loaded once per core (codegen/resident.py);
+    # 0: its rows are loaded with every tile
     table: int = 0
+    table_repeat: int = 1  # a table: consecutive rows of the loop space each GM row serves
 
 
 @dataclass
@@ -1106,7 +1108,13 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
         if io.kind == PARTIAL and io.local is not io.value and not any(
                 _eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
-        if io.table:
+        if io.table and io.table_repeat > 1:
+            notes.append(f"input {io.index} ({io.value.name}) is a table of "
+                         f"{io.table // io.table_repeat} rows, each serving "
+                         f"{io.table_repeat} consecutive rows, broadcast over the outer axes: "
+                         "each core loads the rows it uses once, repeats them in UB and "
+                         "keeps them there")
+        elif io.table:
             notes.append(f"input {io.index} ({io.value.name}) is a table of {io.table} rows "
                          "broadcast over the leading axes: each core loads the rows it uses "
                          "once and keeps them in UB")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from graphkernel import Graph, TensorType
-from graphkernel.codegen import targets
+from graphkernel.codegen import resident, targets
 from graphkernel.codegen.ascendc import render
 from graphkernel.codegen.sim.execute import SimLibrary
 from graphkernel.codegen.sim.runner import SimulatorError
@@ -59,10 +59,12 @@ def run(x_shape, table, dtype="float32", seed=0, edit=None):
     return s, r, feeds, launch
 
 
-def table_rows_loaded(fields: dict[str, int], rows: int) -> int:
-    """Table rows the cores load, by the placement resident.py documents: a core's whole
-    blocks take the table once; chunks of blocks (unit u: chunk u / blocks of block
-    u % blocks) take the chunks its units span."""
+def table_rows_loaded(fields: dict[str, int], rows: int, repeat: int = 1) -> int:
+    """Table rows the cores load from GM, by the placement resident.py documents: a core's
+    whole blocks (``rows`` rows of the loop space) take the table once; chunks of blocks
+    (unit u: chunk u / blocks of block u % blocks) take the chunks its units span. Each GM
+    row serves ``repeat`` consecutive rows of a block: a core loads the GM rows its span
+    touches."""
     n_outer, rt = fields["M"] // rows, fields["rt"]
     base, extra = divmod(fields["units"], fields["blockDim"])
     total = 0
@@ -70,9 +72,11 @@ def table_rows_loaded(fields: dict[str, int], rows: int) -> int:
         first = b * base + min(b, extra)
         last = first + base + (1 if b < extra else 0)
         if rt >= rows:
-            total += rows
+            total += rows // repeat
         else:
-            total += min(rows, ((last - 1) // n_outer + 1) * rt) - first // n_outer * rt
+            a = first // n_outer * rt
+            e = min(rows, ((last - 1) // n_outer + 1) * rt)
+            total += -(-e // repeat) - a // repeat
     return total
 
 
@@ -163,3 +167,110 @@ def test_a_symbolic_batch_keeps_the_table_resident():
                                    atol=1e-6)
         assert launch.counts.reads[1] == table_rows_loaded(launch.tiling, 16) * 16 * 4
         assert launch.counts.reads[1] <= launch.block_dim * cos.nbytes
+
+
+# Rotary embedding in BSND: x [B, S, N, D], cos and sin [1, S, 1, D] broadcast over the heads
+# N (a middle axis) as well as the batch: each table row serves N consecutive rows.
+@pytest.mark.parametrize("x_shape,table,repeat,dtype", [
+    ((2, 16, 4, 16), (1, 16, 1, 16), 4, "float32"),   # a core's share is less than a block
+    ((64, 8, 4, 32), (1, 8, 1, 32), 4, "float32"),    # shares of several whole blocks
+    ((48, 4, 64), (48, 1, 64), 4, "float16"),         # no leading axis: one block
+    ((5, 6, 3, 2, 32), (6, 1, 1, 32), 6, "float32"),  # two middle axes (6 consecutive rows)
+], ids=["chunks", "whole-blocks", "fp16-one-block", "two-middle-axes"])
+def test_a_table_broadcast_over_middle_axes_is_read_once_per_core(x_shape, table, repeat,
+                                                                   dtype):
+    s, r, (x, cos, sin), launch = run(x_shape, table, dtype)
+    rows = int(np.prod(table[:-1])) * repeat  # rows of the loop space one table copy serves
+    assert [io.table for io in s.inputs] == [0, rows, rows]
+    assert [io.table_repeat for io in s.inputs] == [1, repeat, repeat]
+    got = launch.outputs[0].astype(np.float32)
+    tol = 1e-6 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(got, reference(x, cos, sin), rtol=tol, atol=tol)
+    reads = launch.counts.reads
+    row_bytes = x_shape[-1] * x.itemsize
+    assert reads[0] == x.nbytes
+    for i in (1, 2):
+        assert reads[i] == table_rows_loaded(launch.tiling, rows, repeat) * row_bytes
+        assert reads[i] <= launch.block_dim * cos.nbytes  # at most the table once per core
+        assert reads[i] < int(np.prod(x_shape[:-1])) * row_bytes // 2
+    assert sum(reads) == launch.counts.gm_read
+
+
+def test_whole_blocks_of_a_middle_axis_table_read_it_once_per_core():
+    """Tiles of whole blocks: each core reads each table from GM exactly once, however many
+    rows and heads its tiles cover."""
+    _, _, (_, cos, sin), launch = run((64, 8, 4, 32), (1, 8, 1, 32))
+    assert launch.tiling["rt"] >= 8 * 4 and launch.tiling["rt"] % (8 * 4) == 0
+    assert launch.counts.reads[1] == launch.counts.reads[2] == launch.block_dim * cos.nbytes
+
+
+def test_the_spread_of_table_rows_needs_its_vector_barrier():
+    """Copying a table row to the rows after it runs in doubling runs (4 heads: row 0 to 1,
+    then rows 0-1 to 2-3): the second run reads what the first wrote, so without the barrier
+    after each run the simulator's pipe model refuses the kernel."""
+    copy = "(int32_t)(n * words));\n            PipeBarrier<PIPE_V>();"
+
+    def drop(src: str) -> str:
+        assert copy in src
+        return src.replace(copy, "(int32_t)(n * words));")
+
+    shape, table = (2, 16, 4, 16), (1, 16, 1, 16)
+    _, _, (x, cos, sin), launch = run(shape, table)
+    np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6, atol=1e-6)
+    with pytest.raises(SimulatorError, match="PipeBarrier<PIPE_V>"):
+        run(shape, table, edit=drop)
+
+
+def test_a_middle_axis_table_is_described_with_the_kernel():
+    _, s = rotary_kernel((2, 16, 4, 16), (1, 16, 1, 16))
+    r = render(s)
+    assert any("table of 16 rows, each serving 4 consecutive rows" in n
+               for n in r.manifest["notes"])
+    assert not any("re-read" in n for n in r.manifest["notes"])
+
+
+def test_a_broadcast_between_the_table_axes_keeps_the_per_tile_load():
+    """cos [1, S, 1, H, D] under x [B, S, N, H, D]: its rows are not one run of rows each
+    repeated, so they stay loaded with every tile (and the kernel still matches)."""
+    s, _, (x, cos, sin), launch = run((2, 4, 3, 2, 16), (1, 4, 1, 2, 16))
+    assert all(io.table == 0 for io in s.inputs)
+    assert resident.table_map(s.inputs[1]) is None
+    np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+def test_the_table_map_of_a_bsnd_rotary_table():
+    _, s = rotary_kernel((2, 16, 4, 16), (1, 16, 1, 16))
+    assert resident.table_map(s.inputs[1]) == resident.TableMap(rows=16, pitch=16, repeat=4)
+    assert resident.table_map(s.inputs[1]).block == 64
+    _, s = rotary_kernel((2, 4, 16, 16), (16, 16))
+    assert resident.table_map(s.inputs[1]) == resident.TableMap(rows=16, pitch=16, repeat=1)
+
+
+def test_a_symbolic_batch_keeps_a_middle_axis_table_resident():
+    """BSND with a symbolic batch (the heads and the table static): one kernel serves a batch
+    of 1 (chunks of the block) and of 200 (whole blocks), reading each table at most once per
+    core."""
+    _, s = rotary_kernel(("b", 16, 4, 16), (1, 16, 1, 16))
+    assert [io.table for io in s.inputs] == [0, 64, 64]
+    r = render(s)
+    lib = SimLibrary([r])
+    for b in (1, 200):
+        rng = np.random.default_rng(b)
+        x, cos, sin = (rng.standard_normal(shape).astype(np.float32)
+                       for shape in ((b, 16, 4, 16), (1, 16, 1, 16), (1, 16, 1, 16)))
+        launch = lib.run(r.name, [x, cos, sin], SPEC)
+        np.testing.assert_allclose(launch.outputs[0], reference(x, cos, sin), rtol=1e-6,
+                                   atol=1e-6)
+        for i in (1, 2):
+            assert launch.counts.reads[i] == table_rows_loaded(launch.tiling, 64, 4) * 16 * 4
+            assert launch.counts.reads[i] <= launch.block_dim * cos.nbytes
+        if b == 200:  # whole blocks: the table exactly once per core
+            assert launch.tiling["rt"] % 64 == 0
+            assert launch.counts.reads[1] == launch.block_dim * cos.nbytes
+
+
+def test_a_symbolic_head_count_keeps_the_per_tile_load():
+    """The heads a table row serves must be static (the copies in UB are counted at
+    generation): with symbolic heads the table is loaded with every tile."""
+    _, s = rotary_kernel((2, 16, "n", 16), (1, 16, 1, 16))
+    assert all(io.table == 0 for io in s.inputs)
