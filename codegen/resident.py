@@ -1,25 +1,32 @@
-"""Resident tables: an input broadcast over the leading axes of the loop space stays in UB.
+"""Resident tables: an input broadcast over outer axes of the loop space stays in UB.
 
-A PARTIAL input whose row map broadcasts over the leading outer axes and spans the others
-(rotary embedding's cos and sin [S, D] under x [B, N, S, D], with rows of D) is one table of
-R rows, the same for every block of R rows of the loop space. Loaded with every tile, each row
-of the loop space reads its table row from GM again. Held resident in UB instead (one slot of
-``rt + R`` rows, ``buffers.TABLE``), a core reads the table rows its tiles use once, before
-its first tile, and every tile reads its rows from that slot. The kernel then places its
-tiles so that a core's tiles share table rows (``kernel.cpp.j2``, ``tiling.cpp.j2``):
+A PARTIAL input whose row map broadcasts over the leading outer axes, spans the next ones
+and broadcasts over the rest (rotary embedding's cos and sin [S, D] under x [B, N, S, D], or
+[1, S, 1, D] under x [B, S, N, D]; rows of D) is one table, the same for every block of the
+loop space: R rows in GM, each serving ``repeat`` consecutive rows (the heads N in BSND, 1 in
+BNSD), a block of ``R * repeat`` rows. Loaded with every tile, each row of the loop space reads
+its table row from GM again. Held resident in UB instead (one slot of ``rt + block`` rows,
+``buffers.TABLE``), a core reads the table rows its tiles use once, before its first tile:
+one strided copy puts each at the first of its rows in the slot, and bitwise copies in UB
+fill the ``repeat - 1`` rows after it (``PipeBarrier<PIPE_V>`` after each doubling run).
+Every tile then reads its rows from the slot. The kernel places its tiles so that a core's
+tiles share table rows (``kernel.cpp.j2``, ``tiling.cpp.j2``):
 
 - when a core's share of rows is at least a block, tiles are whole blocks (``rt`` a multiple
-  of R) and the slot holds the table ``rt / R`` times over (repeated in UB, not read again);
+  of the block) and the slot holds the table ``rt / block`` times over (repeated in UB, not
+  read again);
 - else tiles lie inside a block and units go chunk by chunk (unit u is chunk ``u / blocks``
   of block ``u % blocks``): a core's consecutive units read the same table rows. Tiles are
   kept small enough that a core runs a few of them (``TILES_PER_CORE``), so its rows come
-  from few chunks.
+  from few chunks, and a chunk is whole groups of the rows sharing a table row, or a part of
+  one group, so it never straddles two table rows.
 
 The traffic model is unchanged (it reads every input once); the simulator's count falls.
 The buffer plan counts the slot: when the plan with one row per tile does not fit the UB, or
-the table would take more than ``1 / UB_SHARE`` of it, the input stays loaded with every tile.
-Only kernels whose tiles hold whole rows (a reduction, slices of the last axis) with a static
-row length qualify; a kernel that may split rows keeps that freedom.
+the table (as held, ``block`` rows) would take more than ``1 / UB_SHARE`` of it, the input
+stays loaded with every tile. Only kernels whose tiles hold whole rows (a reduction, slices
+of the last axis) with a static row length qualify; a kernel that may split rows keeps that
+freedom. R and ``repeat`` must be static; the leading axes may be symbolic.
 """
 
 from __future__ import annotations

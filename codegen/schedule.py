@@ -11,7 +11,8 @@ is held in UB in one of the compact layouts of that matrix:
 - ``COL``     one value per row (a last-axis reduction, a per-channel scale),
 - ``SCALAR``  one value (a scalar constant or a one-element input),
 - ``PARTIAL`` an input broadcast over some outer axes only; loaded row by row into a full tile
-  (or, broadcast over the leading axes only, held resident as a table: codegen/resident.py).
+  (or, a table broadcast over the leading axes and maybe the last ones, held resident:
+  codegen/resident.py).
 
 Views (Reshape, ExpandDims, Squeeze, Identity) do not move data: a view's value shares its
 source's storage. The schedule refuses, with a reason, anything outside this model (the
@@ -141,6 +142,12 @@ class Schedule:
         """Rows of the resident tables (every one repeats over blocks of that many rows of
         the loop space); 0 when no input is resident."""
         return next((io.table for io in self.inputs if io.table), 0)
+
+    @property
+    def table_group(self) -> int:
+        """Consecutive rows of the loop space that share a row of a resident table (the
+        largest over the tables; 1 when none repeats its rows)."""
+        return max((io.table_repeat for io in self.inputs if io.table), default=1)
 
     def storage(self, v: Value) -> Value:
         return follow(self.root, v)

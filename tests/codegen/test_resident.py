@@ -1,5 +1,6 @@
 """Resident tables (codegen/resident.py): a rotary embedding's cos and sin [S, D], broadcast
-over the leading axes of x [B, N, S, D], are loaded once per core and kept in UB; the
+over the leading axes of x [B, N, S, D], or [1, S, 1, D], broadcast over the batch and the
+heads of x [B, S, N, D] (a middle axis), are loaded once per core and kept in UB; the
 simulator counts each input's GM reads."""
 
 from __future__ import annotations
@@ -248,13 +249,13 @@ def test_the_table_map_of_a_bsnd_rotary_table():
 
 def test_a_symbolic_batch_keeps_a_middle_axis_table_resident():
     """BSND with a symbolic batch (the heads and the table static): one kernel serves a batch
-    of 1 (chunks of the block) and of 200 (whole blocks), reading each table at most once per
-    core."""
+    of 1 and 40 (chunks of the block) and of 200 (whole blocks), reading each table at most
+    once per core."""
     _, s = rotary_kernel(("b", 16, 4, 16), (1, 16, 1, 16))
     assert [io.table for io in s.inputs] == [0, 64, 64]
     r = render(s)
     lib = SimLibrary([r])
-    for b in (1, 200):
+    for b in (1, 40, 200):
         rng = np.random.default_rng(b)
         x, cos, sin = (rng.standard_normal(shape).astype(np.float32)
                        for shape in ((b, 16, 4, 16), (1, 16, 1, 16), (1, 16, 1, 16)))
@@ -264,6 +265,9 @@ def test_a_symbolic_batch_keeps_a_middle_axis_table_resident():
         for i in (1, 2):
             assert launch.counts.reads[i] == table_rows_loaded(launch.tiling, 64, 4) * 16 * 4
             assert launch.counts.reads[i] <= launch.block_dim * cos.nbytes
+        if b < 200:  # chunks of whole groups of 4 rows, or parts of one (40: 7 rows made 4)
+            rt = launch.tiling["rt"]
+            assert rt == {1: 2, 40: 4}[b]
         if b == 200:  # whole blocks: the table exactly once per core
             assert launch.tiling["rt"] % 64 == 0
             assert launch.counts.reads[1] == launch.block_dim * cos.nbytes
