@@ -278,3 +278,36 @@ def test_a_symbolic_head_count_keeps_the_per_tile_load():
     generation): with symbolic heads the table is loaded with every tile."""
     _, s = rotary_kernel((2, 16, "n", 16), (1, 16, 1, 16))
     assert all(io.table == 0 for io in s.inputs)
+
+
+def test_a_partial_rotary_in_bsnd_repeats_its_table_columns():
+    """Rotary over the first 32 of 64 columns (the rest passed through), x [B, S, N, D]:
+    cos and sin [1, S, 1, 32] are loaded into the first 32 columns of the slot's rows and
+    repeated for the heads; each core reads each table at most once."""
+    x_shape, table = (4, 16, 4, 64), (1, 16, 1, 32)
+    g = Graph("rotary_partial")
+    x = g.add_input("x", TensorType(x_shape, "float32"))
+    cos = g.add_input("cos", TensorType(table, "float32"))
+    sin = g.add_input("sin", TensorType(table, "float32"))
+
+    def cols(v, a, b):
+        return _op(g, "StridedSlice", [v], begin=[a], end=[b], strides=[1], axes=[3])
+
+    xr = cols(x, 0, 32)
+    rot = _op(g, "Concat", [_op(g, "Neg", [cols(xr, 16, 32)]), cols(xr, 0, 16)], axis=3)
+    y = _op(g, "Add", [_op(g, "Mul", [xr, cos]), _op(g, "Mul", [rot, sin])])
+    g.set_outputs([_op(g, "Concat", [y, cols(x, 32, 64)], axis=3)])
+    k = build_kernel(g, [n for n in g.nodes if n.op != "Constant"], "rotary_partial", "test")
+    s = check(k, SPEC)
+    assert [(io.table, io.table_repeat, io.columns) for io in s.inputs] == [
+        (0, 1, None), (64, 4, (0, 32)), (64, 4, (0, 32))]
+    r = render(s)
+    rng = np.random.default_rng(3)
+    feeds = [rng.standard_normal(shape).astype(np.float32) for shape in (x_shape, table, table)]
+    launch = SimLibrary([r]).run(r.name, feeds, SPEC)
+    xv, c, sn = feeds
+    want = np.concatenate([reference(xv[..., :32], c, sn), xv[..., 32:]], axis=-1)
+    np.testing.assert_allclose(launch.outputs[0], want, rtol=1e-6, atol=1e-6)
+    for i in (1, 2):
+        assert launch.counts.reads[i] == table_rows_loaded(launch.tiling, 64, 4) * 32 * 4
+        assert launch.counts.reads[i] <= launch.block_dim * c.nbytes
