@@ -358,6 +358,13 @@ def _fused_attention(g) -> int:
     return sum(n.op == "FusedAttention" for n in g.nodes)
 
 
+def _match_eager_at_three_lengths(c, m) -> None:
+    with torch.no_grad():
+        for n in (5, 9, 17):
+            ids = _ids(2, n)
+            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+
+
 def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     """Dynamo passes the float attribute as a 0-d tensor and slices the symbolic axes whole:
     the scale is inlined (a constant, as with static shapes) and the whole slices dropped,
@@ -366,10 +373,7 @@ def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     graphs = _compiled_graphs(monkeypatch)
     m = ScaledAttention().eval()
     c = torch.compile(m, backend="graphkernel", dynamic=True)
-    with torch.no_grad():
-        for n in (5, 9, 17):
-            ids = _ids(2, n)
-            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    _match_eager_at_three_lengths(c, m)
     s = gt.stats()
     assert s["graphs"] == 1 and s["recompiles"] == 0
     (g,) = graphs
@@ -421,10 +425,7 @@ def test_dynamic_shapes_take_a_computed_alibi_bias_as_pse(monkeypatch):
     graphs = _compiled_graphs(monkeypatch)
     m = AlibiAttention().eval()
     c = torch.compile(m, backend="graphkernel", dynamic=True)
-    with torch.no_grad():
-        for n in (5, 9, 17):
-            ids = _ids(2, n)
-            torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    _match_eager_at_three_lengths(c, m)
     assert gt.stats()["graphs"] == 1
     (g,) = graphs
     (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
