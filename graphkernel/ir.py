@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,7 @@ class Graph:
         self._seq = itertools.count(1)
         self._order_dirty = False
         self._name_counters: dict[str, itertools.count] = {}
+        self._recorders: list[list[Node]] = []  # open ``recording`` blocks
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -188,6 +190,17 @@ class Graph:
             cand = f"{base}_{next(counter)}"
             if cand not in self._node_names and cand not in self._values:
                 return cand
+
+    @contextmanager
+    def recording(self) -> Iterator[list[Node]]:
+        """The nodes added while the block runs, in the order they were added (for a rewrite
+        that may have to undo its additions: cheaper than comparing the whole graph)."""
+        added: list[Node] = []
+        self._recorders.append(added)
+        try:
+            yield added
+        finally:
+            self._recorders.remove(added)
 
     # ---------------------------------------------------------------- building
     def add_input(self, name: str, type: TensorType, mutable: bool = False) -> Value:
@@ -255,6 +268,8 @@ class Graph:
             self._values[vname] = out
         self._nodes[id(node)] = node
         self._node_names[nname] = node
+        for added in self._recorders:
+            added.append(node)
         return node
 
     def const(self, value: Any, dtype: DType | str | None = None, name: str | None = None,
@@ -536,6 +551,8 @@ class Graph:
             self._values[vname] = out
         self._nodes[id(node)] = node
         self._node_names[name] = node
+        for added in self._recorders:
+            added.append(node)
         return node
 
     def op_histogram(self) -> dict[str, int]:
