@@ -59,9 +59,10 @@ def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | No
     """Why ``node`` cannot join a fused kernel, or None when it can."""
     if node.op == "Constant":
         return "constant (an input of kernels, not a member)"
-    if node.name in cfg.skip_node_names or any(o in cfg.skip_node_names for o in node.origin):
+    skip_names, skip_types = cfg.skip_node_names, cfg.skip_node_types
+    if skip_names and (node.name in skip_names or any(o in skip_names for o in node.origin)):
         return "node in skip list (skip_node_names_cfg [ByNodeName])"
-    if node.op in cfg.skip_node_types:
+    if skip_types and node.op in skip_types:
         return "op type in skip list (skip_node_names_cfg [ByNodeType])"
     if node.op not in allowed and node.op not in MATMUL_OPS:
         return f"op {node.op} not in the cluster list"

@@ -101,6 +101,9 @@ class Node:
 
     @property
     def users(self) -> list[Node]:
+        """Distinct consumer nodes of all outputs, in the order their uses were recorded."""
+        if len(self.outputs) == 1:
+            return self.outputs[0].users
         seen: dict[int, Node] = {}
         for v in self.outputs:
             for u in v.users:
