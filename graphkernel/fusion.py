@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,14 @@ def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | No
 
 # ----------------------------------------------------------------------- sizes
 def numel(v: Value) -> int:
-    return int(symbolic.evaluate(v.type.numel, _Sym()))
+    n = v.type.numel
+    return n if type(n) is int else estimate(n)
+
+
+@functools.lru_cache(maxsize=4096)
+def estimate(d: symbolic.Dim) -> int:
+    """A dim's size with every symbol counted as ``SYMBOL_SIZE``."""
+    return int(symbolic.evaluate(d, _Sym()))
 
 
 def nbytes(v: Value) -> int:
@@ -207,7 +215,7 @@ class Area:
         """The node of highest kind (the largest iteration space among equals)."""
         if self._dominant is None:
             self._dominant = max(self.nodes, key=lambda n: (
-                ops.get(n.op).kind, symbolic.evaluate(elements(n), _Sym())))
+                ops.get(n.op).kind, estimate(elements(n))))
         return self._dominant
 
     @property
