@@ -419,28 +419,52 @@ class Graph:
         return removed
 
     def toposort(self) -> None:
-        """Re-sort nodes topologically, keeping the current order where it is already valid."""
+        """Re-sort nodes topologically, keeping the current order where it is already valid:
+        among the nodes whose producers are placed, the earliest in the current order goes
+        next."""
+        if self._in_order():  # what the sort would give: the order as it is
+            self._order_dirty = False
+            return
         nodes = list(self._nodes.values())
-        indeg = {id(n): 0 for n in nodes}
+        indeg: dict[Node, int] = {}  # (nodes hash by identity)
+        heap = []
         for n in nodes:
-            indeg[id(n)] = sum(1 for v in n.inputs if v.producer is not None)
-        heap = [(n._seq, id(n), n) for n in nodes if indeg[id(n)] == 0]
+            k = 0
+            for v in n.inputs:
+                if v.producer is not None:
+                    k += 1
+            indeg[n] = k
+            if not k:
+                heap.append((n._seq, id(n), n))
         heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
         order: list[Node] = []
         while heap:
-            _, _, n = heapq.heappop(heap)
+            n = pop(heap)[2]
             order.append(n)
             for v in n.outputs:
                 for u, _ in v.uses:
-                    indeg[id(u)] -= 1
-                    if indeg[id(u)] == 0:
-                        heapq.heappush(heap, (u._seq, id(u), u))
+                    k = indeg[u] - 1
+                    indeg[u] = k
+                    if not k:
+                        push(heap, (u._seq, id(u), u))
         if len(order) != len(nodes):
             raise GraphError(f"graph '{self.name}' has a cycle: " + self._describe_cycle())
         self._nodes = {id(n): n for n in order}
         for n in order:
             n._seq = next(self._seq)
         self._order_dirty = False
+
+    def _in_order(self) -> bool:
+        """Whether every node comes after the producers of its inputs, all of this graph (the
+        nodes are kept in ``_seq`` order)."""
+        for n in self._nodes.values():
+            seq = n._seq
+            for v in n.inputs:
+                p = v.producer
+                if p is not None and (p._seq >= seq or p.graph is not self):
+                    return False
+        return True
 
     def _describe_cycle(self) -> str:
         import networkx as nx
