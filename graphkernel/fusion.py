@@ -131,10 +131,11 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     parent: list[int] = []          # union-find over region ids
     members: list[int] = []         # bitmask of region ids in each root's class
     region_left: list[int] = []     # regions reaching this region through the outside
-    region_of: dict[int, int] = {}
-    anc: dict[int, int] = {}
-    left: dict[int, int] = {}
-    remaining = {id(n): len(n.users) for n in nodes}
+    # per node (nodes hash by identity): its region id, ``anc``, ``left``, users still to come
+    region_of: dict[Node, int] = {}
+    anc: dict[Node, int] = {}
+    left: dict[Node, int] = {}
+    remaining = {n: len(n.users) for n in nodes}
 
     def find(r: int) -> int:
         while parent[r] != r:
@@ -145,19 +146,18 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     for n in nodes:
         # distinct producers: ``remaining`` counts distinct users, so Sub(x, x) must free
         # x's bitsets once, not twice (else a later user of x sees no ancestors)
-        preds = list({id(v.producer): v.producer for v in n.inputs
-                      if v.producer is not None}.values())
+        preds = list(dict.fromkeys(v.producer for v in n.inputs if v.producer is not None))
         a_in = 0
         l_in = 0
         for p in preds:
-            a_in |= anc.get(id(p), 0)
-            l_in |= left.get(id(p), 0)
+            a_in |= anc.get(p, 0)
+            l_in |= left.get(p, 0)
         if id(n) in fusable:
             chosen = -1
             for p in preds:
-                if id(p) not in region_of:
+                if p not in region_of:
                     continue
-                r = find(region_of[id(p)])
+                r = find(region_of[p])
                 if r == chosen or members[r] & l_in:
                     continue
                 if chosen < 0:
@@ -172,22 +172,22 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
                 parent.append(chosen)
                 members.append(1 << chosen)
                 region_left.append(0)
-            region_of[id(n)] = chosen
-            anc[id(n)] = a_in | (1 << chosen)
-            left[id(n)] = l_in | (a_in & ~members[chosen])
-            region_left[chosen] |= left[id(n)]
+            region_of[n] = chosen
+            anc[n] = a_in | (1 << chosen)
+            left_n = left[n] = l_in | (a_in & ~members[chosen])
+            region_left[chosen] |= left_n
         else:
-            anc[id(n)] = a_in
-            left[id(n)] = l_in | a_in
+            anc[n] = a_in
+            left[n] = l_in | a_in
         for p in preds:  # free bitsets nobody will read again
-            remaining[id(p)] -= 1
-            if remaining[id(p)] <= 0:
-                anc.pop(id(p), None)
-                left.pop(id(p), None)
+            remaining[p] -= 1
+            if remaining[p] <= 0:
+                anc.pop(p, None)
+                left.pop(p, None)
     groups: dict[int, list[Node]] = {}
     for n in nodes:
-        if id(n) in region_of:
-            groups.setdefault(find(region_of[id(n)]), []).append(n)
+        if n in region_of:
+            groups.setdefault(find(region_of[n]), []).append(n)
     return list(groups.values())
 
 
