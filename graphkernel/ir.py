@@ -245,11 +245,12 @@ class Graph:
                 raise GraphError(
                     f"node '{nname}' ({op}): input {i} '%{v.name}' belongs to another graph"
                 )
-        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=f"node '{nname}' ({op})")
+        where = f"node '{nname}' ({op})"
+        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=where)
         in_types = [v.type for v in inputs]
-        opdef.check_arity(len(inputs), where=f"node '{nname}' ({op})")
+        opdef.check_arity(len(inputs), where=where)
         if out_types is None:
-            out_types = opdef.infer_types(in_types, norm_attrs, where=f"node '{nname}' ({op})")
+            out_types = opdef.infer_types(in_types, norm_attrs, where=where)
         origin_t = tuple(origin) if origin is not None else (nname,)
         node = Node(opdef.name, nname, norm_attrs, origin_t)
         node.graph = self
