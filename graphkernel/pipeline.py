@@ -401,14 +401,22 @@ def collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for a block. A graph is a web of node <-> value
     references; the collector would rescan all of it over and over while a large graph is
     copied, compiled or written out (15% of the time on large graphs) and free nothing.
-    Reference counting still frees what is dropped; a cycle left behind waits for the next
-    collection after the block."""
+    Reference counting still frees what is dropped.
+
+    What the block allocated is then promoted to the oldest generation (``freeze`` then
+    ``unfreeze``), where the next full collection looks at it, cycles left behind included:
+    re-enabled as it is, the collector would scan all of it as young objects at the next
+    allocation (2 of the 20 CPU seconds of a 100k-node compile). Skipped when the program
+    froze objects itself (``unfreeze`` would release them too)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
