@@ -58,7 +58,7 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
     for n in graph.nodes:
         if n.op == "Constant" or n.op in VIEWS:
             continue
-        r, w = _io_bytes(list(n.inputs), list(n.outputs))
+        r, w = _io_bytes(n.inputs, n.outputs)
         entry = {"name": n.name, "op": n.op, "kind": launch_kind(n), "bytes_read": r,
                  "bytes_written": w,
                  "ops": len(n.subgraph.nodes) if n.op == "GraphKernel" else 1}

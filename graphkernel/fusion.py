@@ -58,19 +58,29 @@ def cluster_ops(cfg: Config) -> frozenset[str]:
 
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
     """Why ``node`` cannot join a fused kernel, or None when it can."""
-    if node.op == "Constant":
-        return "constant (an input of kernels, not a member)"
+    return reason_checker(allowed, cfg)(node)
+
+
+def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str | None]:
+    """``fusable_reason`` for many nodes: the skip lists read from the flags once."""
     skip_names, skip_types = cfg.skip_node_names, cfg.skip_node_types
-    if skip_names and (node.name in skip_names or any(o in skip_names for o in node.origin)):
-        return "node in skip list (skip_node_names_cfg [ByNodeName])"
-    if skip_types and node.op in skip_types:
-        return "op type in skip list (skip_node_names_cfg [ByNodeType])"
-    if node.op not in allowed and node.op not in MATMUL_OPS:
-        return f"op {node.op} not in the cluster list"
-    for v in list(node.inputs) + list(node.outputs):
-        if v.dtype not in SUPPORTED_DTYPES:
-            return f"dtype {v.dtype.value} not supported by the vector unit"
-    return None
+
+    def reason(node: Node) -> str | None:
+        if node.op == "Constant":
+            return "constant (an input of kernels, not a member)"
+        if skip_names and (node.name in skip_names
+                           or any(o in skip_names for o in node.origin)):
+            return "node in skip list (skip_node_names_cfg [ByNodeName])"
+        if skip_types and node.op in skip_types:
+            return "op type in skip list (skip_node_names_cfg [ByNodeType])"
+        if node.op not in allowed and node.op not in MATMUL_OPS:
+            return f"op {node.op} not in the cluster list"
+        for v in (*node.inputs, *node.outputs):
+            if v.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {v.dtype.value} not supported by the vector unit"
+        return None
+
+    return reason
 
 
 # ----------------------------------------------------------------------- sizes
