@@ -10,6 +10,7 @@ through the small API below so that use-lists stay right:
   keeps its name through a replacement: see ``output_names``)
 - ``erase_node`` (refuses a node that still has users), ``remove_dead``
 - ``toposort`` (stable), ``validate`` (invariants, with fix-it messages)
+- ``recording`` (the nodes a block adds, for a rewrite that may undo them)
 
 A fused cluster is an ordinary ``Node`` with ``op == "GraphKernel"`` whose
 ``attrs["subgraph"]`` is a ``Graph``.
