@@ -19,6 +19,7 @@ from graphkernel.codegen.matmul_schedule import MatmulSchedule
 from graphkernel.codegen.schedule import Schedule
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
+from graphkernel.pipeline import collector_paused
 
 # Test hook: (kernel name, files) -> files, applied after rendering (a deliberate miscompile).
 CORRUPT: list[Callable[[str, dict[str, str]], dict[str, str]]] = []
@@ -213,6 +214,11 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
     everything of this run in ``out_dir`` (these files and ``also``, the others written
     there), so the next run into the folder can remove what it does not write again
     (graphkernel.outdir)."""
+    with collector_paused():
+        return _write_project(result, out_dir, also)
+
+
+def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path]) -> list[Path]:
     from graphkernel.outdir import FORMAT, MANIFEST, listed
 
     out = Folder(out_dir)  # every file name is checked safe and inside out_dir

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from graphkernel.codegen import views
 from graphkernel.codegen.decompose import decompose
+from graphkernel.codegen.matmul_schedule import MatmulSchedule, notes
 from graphkernel.codegen.schedule import (
     REDUCE_OPS,
     KernelIO,
@@ -61,6 +62,30 @@ def rebind(s: Schedule, kernel: Node) -> Schedule | None:
     if variant is not None:
         variant.name = f"{moved.name}_rc"
     moved.variant = variant
+    return moved
+
+
+def rebind_matmul(s: MatmulSchedule, kernel: Node) -> MatmulSchedule | None:
+    """``rebind`` for a cube or MIX kernel: planned over the body as it is (no decomposition),
+    its epilogue and tiling decided from structure alone, so only the body's values, the
+    product node, the names and the notes (which name inputs) change."""
+    src, own = s.matmul.graph, kernel.subgraph
+    if src is None or len(src.inputs) != len(own.inputs) or len(src) != len(own):
+        return None
+    obj: dict[int, object] = {id(a): b for a, b in zip(src.inputs, own.inputs, strict=True)}
+    for a, b in zip(src.nodes, own.nodes, strict=True):
+        if a.op != b.op or len(a.outputs) != len(b.outputs):
+            return None
+        obj[id(a)] = b
+        obj.update((id(va), vb) for va, vb in zip(a.outputs, b.outputs, strict=True))
+    try:
+        moved = replace(s, node=kernel.name, name=kernel_symbol(kernel),
+                        inputs=[replace(x, value=obj[id(x.value)]) for x in s.inputs],
+                        outputs=[replace(x, value=obj[id(x.value)]) for x in s.outputs],
+                        matmul=obj[id(s.matmul)])
+    except KeyError:  # the schedule refers to something outside its body
+        return None
+    moved.notes = notes(moved)
     return moved
 
 

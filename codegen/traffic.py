@@ -18,6 +18,7 @@ from graphkernel.codegen.targets import Target
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import OpKind
+from graphkernel.structure import region_signature
 
 VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 EPILOGUE = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)  # what a MIX kernel runs
@@ -57,7 +58,7 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
     for n in graph.nodes:
         if n.op == "Constant" or n.op in VIEWS:
             continue
-        r, w = _io_bytes(list(n.inputs), list(n.outputs))
+        r, w = _io_bytes(n.inputs, n.outputs)
         entry = {"name": n.name, "op": n.op, "kind": launch_kind(n), "bytes_read": r,
                  "bytes_written": w,
                  "ops": len(n.subgraph.nodes) if n.op == "GraphKernel" else 1}
@@ -91,13 +92,14 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     regions = [list(m) for m in form_regions(graph, fusable)]
     where = {id(n): k for k, members in enumerate(regions) for n in members}
     joined: set[int] = set()
+    verdicts: dict[tuple, bool] = {}  # the tiler's verdict per structure (repeated layers)
     for n in graph.nodes:
         if id(n) not in products:
             continue
         homes = {where.get(id(u)) for v in n.outputs for u in v.users}
         feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
         if len(homes) == 1 and None not in homes and not homes & feeders and \
-                _epilogue_of(n, regions[next(iter(homes))], outputs, spec):
+                _epilogue_of(n, regions[next(iter(homes))], outputs, spec, verdicts):
             regions[homes.pop()].append(n)
             joined.add(id(n))
     for members in regions:
@@ -123,8 +125,10 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
 
 
 def _epilogue_of(product: Node, members: list[Node], outputs: set[int],
-                 spec: Target | None) -> bool:
-    """Whether a MIX kernel runs region ``members`` as the epilogue of ``product``."""
+                 spec: Target | None, verdicts: dict[tuple, bool]) -> bool:
+    """Whether a MIX kernel runs region ``members`` as the epilogue of ``product``.
+    ``verdicts`` keeps the tiler's answer per region structure (``region_signature``: all
+    the epilogue, its buffer plan and the tiling read), so equal layers ask it once."""
     if all(ops.get(m.op).kind in EPILOGUE for m in members):
         return True
     out = product.outputs[0]
@@ -138,8 +142,12 @@ def _epilogue_of(product: Node, members: list[Node], outputs: set[int],
                                            for v in leaving):
         return False
     # the generator's own epilogue, buffer plan and tiler: can a base tile hold the rows?
-    return spec is None or whole_rows_refusal(product, [product, *members], leaving,
-                                              spec) is None
+    if spec is None:
+        return True
+    key = region_signature([product, *members], outputs)
+    if key not in verdicts:
+        verdicts[key] = whole_rows_refusal(product, [product, *members], leaving, spec) is None
+    return verdicts[key]
 
 
 def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:

@@ -11,7 +11,15 @@ from typing import Any
 from graphkernel.dump import Dumper
 from graphkernel.flags import Config, resolve
 from graphkernel.ir import Graph
-from graphkernel.pipeline import Analyses, PassManager, RunReport, name_checker, plan, report_count
+from graphkernel.pipeline import (
+    Analyses,
+    PassManager,
+    RunReport,
+    collector_paused,
+    name_checker,
+    plan,
+    report_count,
+)
 
 
 @dataclass
@@ -52,6 +60,15 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps and, with
     ``keep_codegen_project``, of the kernel project (``kernels/`` and its manifest).
     """
+    with collector_paused():
+        return _compile(graph_or_path, flags, config, target, env, log, out_dir, dump_dir)
+
+
+def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, Any] | None,
+             config: str | os.PathLike | None, target: str | None,
+             env: Mapping[str, str] | None, log: Callable[[str], None] | None,
+             out_dir: str | os.PathLike | None, dump_dir: str | os.PathLike | None
+             ) -> CompileResult:
     if isinstance(graph_or_path, Graph):
         graph = graph_or_path.copy()
     else:

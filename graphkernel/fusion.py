@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,23 +58,41 @@ def cluster_ops(cfg: Config) -> frozenset[str]:
 
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
     """Why ``node`` cannot join a fused kernel, or None when it can."""
-    if node.op == "Constant":
-        return "constant (an input of kernels, not a member)"
-    if node.name in cfg.skip_node_names or any(o in cfg.skip_node_names for o in node.origin):
-        return "node in skip list (skip_node_names_cfg [ByNodeName])"
-    if node.op in cfg.skip_node_types:
-        return "op type in skip list (skip_node_names_cfg [ByNodeType])"
-    if node.op not in allowed and node.op not in MATMUL_OPS:
-        return f"op {node.op} not in the cluster list"
-    for v in list(node.inputs) + list(node.outputs):
-        if v.dtype not in SUPPORTED_DTYPES:
-            return f"dtype {v.dtype.value} not supported by the vector unit"
-    return None
+    return reason_checker(allowed, cfg)(node)
+
+
+def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str | None]:
+    """``fusable_reason`` for many nodes: the skip lists read from the flags once."""
+    skip_names, skip_types = cfg.skip_node_names, cfg.skip_node_types
+
+    def reason(node: Node) -> str | None:
+        if node.op == "Constant":
+            return "constant (an input of kernels, not a member)"
+        if skip_names and (node.name in skip_names
+                           or any(o in skip_names for o in node.origin)):
+            return "node in skip list (skip_node_names_cfg [ByNodeName])"
+        if skip_types and node.op in skip_types:
+            return "op type in skip list (skip_node_names_cfg [ByNodeType])"
+        if node.op not in allowed and node.op not in MATMUL_OPS:
+            return f"op {node.op} not in the cluster list"
+        for v in (*node.inputs, *node.outputs):
+            if v.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {v.dtype.value} not supported by the vector unit"
+        return None
+
+    return reason
 
 
 # ----------------------------------------------------------------------- sizes
 def numel(v: Value) -> int:
-    return int(symbolic.evaluate(v.type.numel, _Sym()))
+    n = v.type.numel
+    return n if type(n) is int else estimate(n)
+
+
+@functools.lru_cache(maxsize=4096)
+def estimate(d: symbolic.Dim) -> int:
+    """A dim's size with every symbol counted as ``SYMBOL_SIZE``."""
+    return int(symbolic.evaluate(d, _Sym()))
 
 
 def nbytes(v: Value) -> int:
@@ -122,10 +141,11 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     parent: list[int] = []          # union-find over region ids
     members: list[int] = []         # bitmask of region ids in each root's class
     region_left: list[int] = []     # regions reaching this region through the outside
-    region_of: dict[int, int] = {}
-    anc: dict[int, int] = {}
-    left: dict[int, int] = {}
-    remaining = {id(n): len(n.users) for n in nodes}
+    # per node (nodes hash by identity): its region id, ``anc``, ``left``, users still to come
+    region_of: dict[Node, int] = {}
+    anc: dict[Node, int] = {}
+    left: dict[Node, int] = {}
+    remaining = {n: len(n.users) for n in nodes}
 
     def find(r: int) -> int:
         while parent[r] != r:
@@ -136,19 +156,18 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     for n in nodes:
         # distinct producers: ``remaining`` counts distinct users, so Sub(x, x) must free
         # x's bitsets once, not twice (else a later user of x sees no ancestors)
-        preds = list({id(v.producer): v.producer for v in n.inputs
-                      if v.producer is not None}.values())
+        preds = list(dict.fromkeys(v.producer for v in n.inputs if v.producer is not None))
         a_in = 0
         l_in = 0
         for p in preds:
-            a_in |= anc.get(id(p), 0)
-            l_in |= left.get(id(p), 0)
+            a_in |= anc.get(p, 0)
+            l_in |= left.get(p, 0)
         if id(n) in fusable:
             chosen = -1
             for p in preds:
-                if id(p) not in region_of:
+                if p not in region_of:
                     continue
-                r = find(region_of[id(p)])
+                r = find(region_of[p])
                 if r == chosen or members[r] & l_in:
                     continue
                 if chosen < 0:
@@ -163,22 +182,22 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
                 parent.append(chosen)
                 members.append(1 << chosen)
                 region_left.append(0)
-            region_of[id(n)] = chosen
-            anc[id(n)] = a_in | (1 << chosen)
-            left[id(n)] = l_in | (a_in & ~members[chosen])
-            region_left[chosen] |= left[id(n)]
+            region_of[n] = chosen
+            anc[n] = a_in | (1 << chosen)
+            left_n = left[n] = l_in | (a_in & ~members[chosen])
+            region_left[chosen] |= left_n
         else:
-            anc[id(n)] = a_in
-            left[id(n)] = l_in | a_in
+            anc[n] = a_in
+            left[n] = l_in | a_in
         for p in preds:  # free bitsets nobody will read again
-            remaining[id(p)] -= 1
-            if remaining[id(p)] <= 0:
-                anc.pop(id(p), None)
-                left.pop(id(p), None)
+            remaining[p] -= 1
+            if remaining[p] <= 0:
+                anc.pop(p, None)
+                left.pop(p, None)
     groups: dict[int, list[Node]] = {}
     for n in nodes:
-        if id(n) in region_of:
-            groups.setdefault(find(region_of[id(n)]), []).append(n)
+        if n in region_of:
+            groups.setdefault(find(region_of[n]), []).append(n)
     return list(groups.values())
 
 
@@ -206,7 +225,7 @@ class Area:
         """The node of highest kind (the largest iteration space among equals)."""
         if self._dominant is None:
             self._dominant = max(self.nodes, key=lambda n: (
-                ops.get(n.op).kind, symbolic.evaluate(elements(n), _Sym())))
+                ops.get(n.op).kind, estimate(elements(n))))
         return self._dominant
 
     @property

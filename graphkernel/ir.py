@@ -10,6 +10,7 @@ through the small API below so that use-lists stay right:
   keeps its name through a replacement: see ``output_names``)
 - ``erase_node`` (refuses a node that still has users), ``remove_dead``
 - ``toposort`` (stable), ``validate`` (invariants, with fix-it messages)
+- ``recording`` (the nodes a block adds, for a rewrite that may undo them)
 
 A fused cluster is an ordinary ``Node`` with ``op == "GraphKernel"`` whose
 ``attrs["subgraph"]`` is a ``Graph``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -100,6 +102,9 @@ class Node:
 
     @property
     def users(self) -> list[Node]:
+        """Distinct consumer nodes of all outputs, in the order their uses were recorded."""
+        if len(self.outputs) == 1:
+            return self.outputs[0].users
         seen: dict[int, Node] = {}
         for v in self.outputs:
             for u in v.users:
@@ -136,6 +141,7 @@ class Graph:
         self._seq = itertools.count(1)
         self._order_dirty = False
         self._name_counters: dict[str, itertools.count] = {}
+        self._recorders: list[list[Node]] = []  # open ``recording`` blocks
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -189,6 +195,17 @@ class Graph:
             if cand not in self._node_names and cand not in self._values:
                 return cand
 
+    @contextmanager
+    def recording(self) -> Iterator[list[Node]]:
+        """The nodes added while the block runs, in the order they were added (for a rewrite
+        that may have to undo its additions: cheaper than comparing the whole graph)."""
+        added: list[Node] = []
+        self._recorders.append(added)
+        try:
+            yield added
+        finally:
+            self._recorders.remove(added)
+
     # ---------------------------------------------------------------- building
     def add_input(self, name: str, type: TensorType, mutable: bool = False) -> Value:
         if name in self._values:
@@ -229,11 +246,12 @@ class Graph:
                 raise GraphError(
                     f"node '{nname}' ({op}): input {i} '%{v.name}' belongs to another graph"
                 )
-        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=f"node '{nname}' ({op})")
+        where = f"node '{nname}' ({op})"
+        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=where)
         in_types = [v.type for v in inputs]
-        opdef.check_arity(len(inputs), where=f"node '{nname}' ({op})")
+        opdef.check_arity(len(inputs), where=where)
         if out_types is None:
-            out_types = opdef.infer_types(in_types, norm_attrs, where=f"node '{nname}' ({op})")
+            out_types = opdef.infer_types(in_types, norm_attrs, where=where)
         origin_t = tuple(origin) if origin is not None else (nname,)
         node = Node(opdef.name, nname, norm_attrs, origin_t)
         node.graph = self
@@ -255,6 +273,8 @@ class Graph:
             self._values[vname] = out
         self._nodes[id(node)] = node
         self._node_names[nname] = node
+        for added in self._recorders:
+            added.append(node)
         return node
 
     def const(self, value: Any, dtype: DType | str | None = None, name: str | None = None,
@@ -401,28 +421,52 @@ class Graph:
         return removed
 
     def toposort(self) -> None:
-        """Re-sort nodes topologically, keeping the current order where it is already valid."""
+        """Re-sort nodes topologically, keeping the current order where it is already valid:
+        among the nodes whose producers are placed, the earliest in the current order goes
+        next."""
+        if self._in_order():  # what the sort would give: the order as it is
+            self._order_dirty = False
+            return
         nodes = list(self._nodes.values())
-        indeg = {id(n): 0 for n in nodes}
+        indeg: dict[Node, int] = {}  # (nodes hash by identity)
+        heap = []
         for n in nodes:
-            indeg[id(n)] = sum(1 for v in n.inputs if v.producer is not None)
-        heap = [(n._seq, id(n), n) for n in nodes if indeg[id(n)] == 0]
+            k = 0
+            for v in n.inputs:
+                if v.producer is not None:
+                    k += 1
+            indeg[n] = k
+            if not k:
+                heap.append((n._seq, id(n), n))
         heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
         order: list[Node] = []
         while heap:
-            _, _, n = heapq.heappop(heap)
+            n = pop(heap)[2]
             order.append(n)
             for v in n.outputs:
                 for u, _ in v.uses:
-                    indeg[id(u)] -= 1
-                    if indeg[id(u)] == 0:
-                        heapq.heappush(heap, (u._seq, id(u), u))
+                    k = indeg[u] - 1
+                    indeg[u] = k
+                    if not k:
+                        push(heap, (u._seq, id(u), u))
         if len(order) != len(nodes):
             raise GraphError(f"graph '{self.name}' has a cycle: " + self._describe_cycle())
         self._nodes = {id(n): n for n in order}
         for n in order:
             n._seq = next(self._seq)
         self._order_dirty = False
+
+    def _in_order(self) -> bool:
+        """Whether every node comes after the producers of its inputs, all of this graph (the
+        nodes are kept in ``_seq`` order)."""
+        for n in self._nodes.values():
+            seq = n._seq
+            for v in n.inputs:
+                p = v.producer
+                if p is not None and (p._seq >= seq or p.graph is not self):
+                    return False
+        return True
 
     def _describe_cycle(self) -> str:
         import networkx as nx
@@ -536,6 +580,8 @@ class Graph:
             self._values[vname] = out
         self._nodes[id(node)] = node
         self._node_names[name] = node
+        for added in self._recorders:
+            added.append(node)
         return node
 
     def op_histogram(self) -> dict[str, int]:

@@ -130,7 +130,15 @@ def canon(d: Dim) -> Dim:
     """The canonical spelling of a dim (``"s1*2*s0"`` -> ``"2*s0*s1"``)."""
     if type(d) is int and d >= 0:
         return d
+    if type(d) is str:
+        return _canon_str(d)
     coef, syms = parse_dim(d)
+    return make_dim(coef, syms)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canon_str(d: str) -> Dim:
+    coef, syms = _parse_str(d)
     return make_dim(coef, syms)
 
 
@@ -156,6 +164,14 @@ def numel(shape: Sequence[Dim]) -> Dim:
         for d in shape:
             n *= d
         return n
+    if all(type(d) is int or type(d) is str for d in shape):  # (True == 1 as a cache key)
+        return _symbolic_numel(tuple(shape))
+    return _symbolic_numel.__wrapped__(shape)  # raises for what is no dim
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbolic_numel(shape: Sequence[Dim]) -> Dim:
+    """``numel`` of a shape with a symbolic dim (few distinct ones per graph: cached)."""
     out: Dim = 1
     for d in shape:
         out = mul(out, d)

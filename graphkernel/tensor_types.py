@@ -35,7 +35,7 @@ class DType(StrEnum):
     bool = "bool"
 
     def __str__(self) -> str:
-        return self.value
+        return self._value_
 
     @property
     def np(self) -> np.dtype:
@@ -137,5 +137,5 @@ class TensorType:
     def concrete(self, env: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(symbolic.evaluate(d, env) for d in self.shape)
 
-    def __str__(self) -> str:
-        return f"{self.dtype.value}{symbolic.format_shape(self.shape)}"
+    def __str__(self) -> str:  # (_value_: the enum's plain attribute, not its property)
+        return f"{self.dtype._value_}{symbolic.format_shape(self.shape)}"

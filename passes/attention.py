@@ -563,13 +563,12 @@ def attention(graph, ctx) -> PassResult:
         names = [n.name for n in m.nodes]
         if not ctx.should_apply(f"attention {m.qk.name} .. {pv.name}", m.nodes):
             continue
-        before = set(map(id, graph.nodes))
         try:
-            rec = _rewrite(graph, m, ctx)
+            with graph.recording() as added:
+                rec = _rewrite(graph, m, ctx)
         except Refused as e:
-            added = [n for n in graph.nodes if id(n) not in before]
             for n in reversed(added):  # a mask node made before the refusal
-                if not any(v.users for v in n.outputs):
+                if n.graph is graph and not any(v.users for v in n.outputs):
                     graph.erase_node(n)
             found.append(AttentionMatch(m.qk.name, names, "refused", str(e)))
             ctx.log(f"attention at {m.qk.name} refused: {e}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, traffic
 from graphkernel.codegen.targets import load as load_target
-from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, fusable_reason
+from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, reason_checker
 from graphkernel.ir import Node
 from graphkernel.registry import PassResult, counted
 
@@ -21,11 +21,11 @@ class ClusterInfo:
 def cluster(graph, ctx) -> PassResult:
     """Mark nodes the cluster-op lists, skip lists and dtypes allow, and group them into
     convex regions (no path between two nodes of a region leaves it); never rewrites."""
-    allowed = cluster_ops(ctx.flags)
+    why_not = reason_checker(cluster_ops(ctx.flags), ctx.flags)
     reasons: dict[str, str] = {}
     fusable: set[int] = set()
     for n in graph.nodes:
-        why = fusable_reason(n, allowed, ctx.flags)
+        why = why_not(n)
         if why is None:
             fusable.add(id(n))
         elif n.op != "Constant":

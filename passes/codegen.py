@@ -17,7 +17,7 @@ import networkx as nx
 from graphkernel.codegen import resident, targets
 from graphkernel.codegen.accumulate import widen_reductions
 from graphkernel.codegen.ascendc import c_dim, shape_refs
-from graphkernel.codegen.instance import rebind
+from graphkernel.codegen.instance import rebind, rebind_matmul
 from graphkernel.codegen.lower import lower
 from graphkernel.codegen.matmul_schedule import (
     MATMUL_OPS,
@@ -100,6 +100,8 @@ def check_once(kernel: Node, spec: targets.Target, key: tuple,
         bad = None if first.at is None else kernel.subgraph.nodes[first.at]
         raise first.error(first.message, node=bad)
     if isinstance(first, Schedule) and (s := rebind(first, kernel)) is not None:
+        return s
+    if isinstance(first, MatmulSchedule) and (s := rebind_matmul(first, kernel)) is not None:
         return s
     try:
         s = check(kernel, spec)

@@ -9,7 +9,7 @@ from graphkernel.codegen import cost, extern, traffic
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
-from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, fusable_reason
+from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, reason_checker
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted
@@ -223,8 +223,8 @@ def traffic_summary(graph, ctx) -> None:
     spec = load_target(ctx.flags.target)
     fused_us = cost.model(graph, spec, kernels)
     if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
-        allowed = cluster_ops(ctx.flags)
-        ok = {id(n) for n in graph.nodes if fusable_reason(n, allowed, ctx.flags) is None}
+        why_not = reason_checker(cluster_ops(ctx.flags), ctx.flags)
+        ok = {id(n) for n in graph.nodes if why_not(n) is None}
         vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in MATMUL_OPS}
         ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector, spec)
         extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,

@@ -11,6 +11,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.cli import main
+from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.frontends import load_model
 from graphkernel.fusion import form_regions
 from graphkernel.interpreter import Interpreter, random_inputs
@@ -218,6 +219,30 @@ def test_the_ideal_joins_a_product_and_a_row_reduction_the_generator_takes(n, dt
     assert ex["kernels_ideal"] == ideal
     assert ex["kernels_fused"] == ideal and ex["gm_bytes_fused"] >= ex["gm_bytes_ideal"]
     assert not ex["fallbacks"]  # the fusion asked the generator: nothing to undo
+
+
+def test_the_ideal_asks_the_tiler_once_per_layer_structure(monkeypatch):
+    """Equal layers get the verdict of the first: two layers whose rows fit and two whose rows
+    do not count as each alone does, with one tiler question per structure."""
+    from graphkernel.codegen import traffic
+
+    asked = []
+    monkeypatch.setattr(traffic, "whole_rows_refusal", lambda mm, *a: asked.append(mm.name)
+                        or whole_rows_refusal(mm, *a))
+    g = Graph("layers")
+    outs = []
+    for i, n in enumerate((64, 600, 64, 600)):
+        x = g.add_input(f"x{i}", TensorType((32, 16), "float32"))
+        w = g.add_input(f"w{i}", TensorType((16, n), "float32"))
+        y = g.add_node("MatMul", [x, w], name=f"mm{i}").output
+        s = g.add_node("Add", [y, g.add_input(f"r{i}", TensorType((32, n), "float32"))]).output
+        gb = [g.add_input(f"{k}{i}", TensorType((n,), "float32")) for k in ("gamma", "beta")]
+        outs.append(g.add_node("LayerNorm", [s, *gb], {"begin_norm_axis": -1,
+                                                       "begin_params_axis": -1}).outputs[0])
+    g.set_outputs(outs)
+    ex = graphkernel.compile(g, "", env={}).report.extra
+    assert ex["kernels_ideal"] == 1 + 2 + 1 + 2
+    assert asked == ["mm0", "mm1"]
 
 
 def test_explain_cli_names_documented_reasons(capsys):

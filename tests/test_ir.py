@@ -59,6 +59,37 @@ def test_rewiring_to_a_later_producer_resorts_topologically():
     g.validate()
 
 
+def test_toposort_keeps_a_valid_order_and_still_finds_a_cycle_made_behind_its_back():
+    g = chain()
+    late = g.add_node("Sqrt", [g.inputs[0]], name="late").output
+    g.replace_input(g.node("b"), 0, late)  # b now reads a later node: re-sorted
+    g.add_node("Abs", [g.value("c")], name="d")
+    order = [n.name for n in g.nodes]
+    assert order == ["a", "late", "b", "c", "d"]
+    g.toposort()
+    assert [n.name for n in g.nodes] == order
+    # a use-list kept consistent by hand, bypassing replace_input (and its order flag)
+    a, c = g.node("a"), g.value("c")
+    a.inputs[0].uses.remove((a, 0))
+    a.inputs[0] = c
+    c.uses.append((a, 0))
+    with pytest.raises(GraphError, match="cycle"):
+        g.validate()
+
+
+def test_recording_lists_the_nodes_added_inside_the_block_only():
+    g = chain()
+    g.add_node("Abs", [g.inputs[0]], name="before")
+    with g.recording() as added:
+        n1 = g.add_node("Exp", [g.value("c")], name="n1")
+        with g.recording() as inner:
+            n2 = g.add_node("Neg", [n1.output], name="n2")
+        n3 = g.clone_node(n2, {id(n1.output): n1.output}, rename=lambda s: s + "_copy")
+    g.add_node("Abs", [g.inputs[0]], name="after")
+    assert added == [n1, n2, n3] and inner == [n2]
+    assert not g._recorders
+
+
 def test_cycle_is_reported_with_its_path():
     g = chain()
     g.replace_input(g.node("a"), 0, g.value("b"))

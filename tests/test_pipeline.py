@@ -263,3 +263,34 @@ def test_report_records_each_pass():
 def test_required_pass_cannot_be_disabled():
     with pytest.raises(FlagError, match="'validate' is required"):
         graphkernel.compile(graph_with_rewrites(), "--disable_pass=validate", env=NOENV)
+
+
+def test_collector_paused_promotes_what_it_allocated_and_keeps_a_users_freeze():
+    import gc
+    import weakref
+
+    from graphkernel.pipeline import collector_paused
+
+    class Cycle:
+        pass
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        c = Cycle()
+        c.me = c
+        alive = weakref.ref(c)
+        kept = [[i] for i in range(5000)]
+        del c
+    assert gc.isenabled() and gc.get_count()[0] < 100  # nothing left to scan as young
+    assert alive() is not None  # the cycle waits for a full collection
+    gc.collect()
+    assert alive() is None and len(kept) == 5000
+    gc.freeze()  # the program's own frozen objects stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_paused():
+            _ = [[i] for i in range(100)]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -161,3 +161,39 @@ def test_carried_over_schedule_keeps_columns_of_rows():
     for name in shared:
         mine = render(scheds[name])
         assert mine.files == render(check(res.graph.node(name), targets.load("ascend910b"))).files
+
+
+def test_carried_over_cube_schedule_is_the_planned_one(monkeypatch):
+    """Equal MIX kernels (a product and its epilogue, reading a bias row) are planned once:
+    each other instance's carried-over schedule renders as planning it afresh does."""
+    import graphkernel.passes.codegen as codegen_pass
+    from graphkernel.codegen.matmul_render import render_matmul
+    from graphkernel.codegen.matmul_schedule import MatmulSchedule, plan_matmul
+
+    planned = []
+    monkeypatch.setattr(codegen_pass, "plan_matmul",
+                        lambda k, spec: planned.append(k.name) or plan_matmul(k, spec))
+
+    g = Graph("products")
+    outs = []
+    for i in range(3):
+        x = g.add_input(f"x{i}", TensorType((32, 64), "float16"))
+        w = g.const(np.full((64, 48), 0.01 * (i + 1), np.float16), name=f"p{i}.w")
+        b = g.const(np.full(48, 0.5 + i, np.float16), name=f"p{i}.b")
+        h = g.add_node("MatMul", [x, w], name=f"p{i}.mm").output
+        h = g.add_node("Add", [h, b], name=f"p{i}.bias").output
+        outs.append(g.add_node("Tanh", [h], name=f"p{i}.act").output)
+    g.set_outputs(outs)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    spec = targets.load("ascend910b")
+    scheds = schedules(res)
+    shared = shared_kernels(res)
+    assert len(shared) == 2 and len(planned) == 1
+    for name, owner in shared.items():
+        mine = scheds[name]
+        assert isinstance(mine, MatmulSchedule) and mine.epilogue is not None
+        fresh = check(res.graph.node(name), spec)
+        assert render_matmul(mine).files == render_matmul(fresh).files
+        assert render_matmul(mine).manifest == render_matmul(fresh).manifest
+        assert mine.notes == fresh.notes and mine.name != scheds[owner].name
+        assert mine.matmul.graph is res.graph.node(name).subgraph

@@ -45,3 +45,28 @@ def test_merges_equal_constants_of_every_dtype_only():
     h, res = apply_pass("cse", g)
     assert [n.name for n in h.nodes if n.op == "Constant"] == ["c1", "c4"]
     assert_same_results(g, h)
+
+
+def test_constants_are_digested_only_when_their_samples_meet(monkeypatch):
+    """Equal constants merge and constants differing only inside (same first and last
+    elements) do not; a constant nothing else resembles is never digested."""
+    from graphkernel import structure
+
+    digested = []
+    digest = structure.array_digest
+    monkeypatch.setattr(structure, "array_digest", lambda a: digested.append(a.size) or digest(a))
+    g = Graph()
+    x = g.add_input("x", TensorType((64,), "float32"))
+    base = np.arange(64, dtype=np.float32)
+    inner = base.copy()
+    inner[30] = -1.0
+    lone = np.full(64, 7.0, np.float32)
+    vals = [g.const(a, name=n) for a, n in ((base, "w1"), (base.copy(), "w2"), (inner, "w3"),
+                                             (lone, "w4"))]
+    outs = [g.add_node("Add", [x, v], name=f"o{i}").output for i, v in enumerate(vals)]
+    g.set_outputs(outs)
+    h, res = apply_pass("cse", g)
+    assert res.rewrites == 2  # w2 -> w1 (then o1 -> o0); w3 differs inside, w4 is alone
+    assert sorted(n.name for n in h.nodes if n.op == "Constant") == ["w1", "w3", "w4"]
+    assert len(digested) == 3  # w1, w2 and w3, never w4
+    assert_same_results(g, h)
