@@ -403,8 +403,9 @@ def collector_paused() -> Iterator[None]:
     copied, compiled or written out (15% of the time on large graphs) and free nothing.
     Reference counting still frees what is dropped.
 
-    What the block allocated is then promoted to the oldest generation (``freeze`` then
-    ``unfreeze``), where the next full collection looks at it, cycles left behind included:
+    Then every tracked object — what the block allocated, and the program's own young objects
+    with it — is promoted to the oldest generation (``freeze`` then ``unfreeze``), where the
+    next full collection looks at it, cycles left behind included:
     re-enabled as it is, the collector would scan all of it as young objects at the next
     allocation (2 of the 20 CPU seconds of a 100k-node compile). Skipped when the program
     froze objects itself (``unfreeze`` would release them too)."""
