@@ -87,6 +87,15 @@ def test_strided_slice_matches_python_slicing(begin, end, stride, rng):
     assert_close(got, x[:, begin:end:stride])
 
 
+@pytest.mark.parametrize("begin", [0, 2, -2])
+def test_strided_slice_ending_at_zero_of_a_symbolic_axis_is_empty(begin, rng):
+    """x[b:0] takes nothing whatever the length: a stop of 0 is not "to the end"."""
+    attrs = {"begin": [begin], "end": [0], "strides": [1], "axes": [0]}
+    assert infer("StridedSlice", [("s", 3)], attrs) == [(0, 3)]
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    assert run_op("StridedSlice", [x], attrs).shape == (0, 3)
+
+
 def test_concat_and_split(rng):
     a = rng.standard_normal((2, 3)).astype(np.float32)
     b = rng.standard_normal((2, 5)).astype(np.float32)

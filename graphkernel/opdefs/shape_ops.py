@@ -221,6 +221,8 @@ def _strided_len(sl: slice, d: Dim, axis: int) -> Dim:
                  and (sl.stop is None or sl.stop >= INT_MAX // 2))
         if whole:
             return d
+        if sl.stop == 0 and (sl.step is None or sl.step > 0):
+            return 0  # x[b:0]: nothing, whatever d is (a stop of 0 is not "to the end")
         start = sl.start or 0
         stop = 0 if sl.stop is None or sl.stop >= INT_MAX // 2 else sl.stop
         if sl.step in (None, 1) and start >= 0 and stop <= 0:  # x[b:-e]: d - b - e elements

@@ -199,6 +199,18 @@ def test_rule_18_whole_slice_of_a_symbolic_axis():
     assert ops_of(h) == ["Exp"] and h.nodes[0].inputs[0] is h.inputs[0]
 
 
+def test_rule_18_keeps_an_empty_slice_of_a_symbolic_axis():
+    """x[0:0] of a symbolic axis is empty, not the whole axis: the slice stays."""
+    g = Graph()
+    x = g.add_input("x", TensorType(("s", 4), "float32"))
+    sl = op(g, "StridedSlice", x, begin=[0], end=[0], strides=[1], axes=[0])
+    g.set_outputs([op(g, "Exp", sl)])
+    h, res = apply_pass("arith_simplify", g)
+    assert "slice_whole" not in res.notes and "StridedSlice" in ops_of(h)
+    feeds = {"x": np.ones((5, 4), np.float32)}
+    assert run_graph(h, feeds)[0].shape == run_graph(g, feeds)[0].shape == (0, 4)
+
+
 @pytest.mark.parametrize("expr", [
     lambda g, x, y: op(g, "Mul", x, c(g, 1.0, (2, 3, 4))),   # the 1 broadcasts x: keep
     lambda g, x, y: op(g, "Mul", x, g.const(np.array([1, 1, 1, 2], np.float32))),  # not a splat
