@@ -338,7 +338,8 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
     for mv, rank in m.masks:
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
-            raise Refused(f"two masks map to the operator's atten_mask ({mv.name} and "
+            what = "pse" if kind == "pse" else "atten_mask"  # causal is its own atten_mask
+            raise Refused(f"two masks map to the operator's {what} ({mv.name} and "
                           "another): it takes one")
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]

@@ -483,3 +483,18 @@ def test_work_that_differs_by_head_is_not_done_on_all_heads():
     assert "Select" not in ops and ops.count("Split") == 1
     assert "done once" not in res.analyses.attention[0].reason
     _same_results(g, res)
+
+
+def test_two_biases_are_refused_as_two_pse():
+    """Two computed biases both map to pse: the refusal names pse, not the atten_mask."""
+    g = _attention(mask=(2, 4, 8, 8))
+    add = next(n for n in g.nodes if n.op == "Add")
+    extra = g.add_input("bias2", TensorType((2, 4, 8, 8), "float32"))
+    bias = g.add_node("Exp", [extra]).output  # computed, not a 0 / -inf mask
+    total = g.add_node("Add", [add.outputs[0], bias]).output
+    g.replace_input(next(n for n in g.nodes if n.op == "Softmax"), 0, total)
+    g.validate()
+    res = _compile(g)
+    assert not _fused(res)
+    reason = res.analyses.attention[0].reason
+    assert "two masks map to the operator's pse" in reason, reason
