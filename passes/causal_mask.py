@@ -12,7 +12,8 @@ mode of its own (sparse_mode 2; a band, sparse_mode 4) that needs none of it.
 ``causal_band(cond, s1, s2)`` reads ``cond`` (True = masked out), seen as [.., S1, S2], as
 the set of key offsets ``d = j - i`` a query ``i`` keeps. Each comparison of positions
 ``start + delta·k + c`` (the same start and delta > 0 on both sides; offsets ``c`` from
-adding or subtracting an integer constant need delta 1) keeps an interval of ``d``;
+adding or subtracting an integer constant need delta 1; int32/int64 positions, or whole ones
+in float64, which stay distinct for any length) keeps an interval of ``d``;
 ``&`` intersects intervals, a negation complements a half-line, constant True keeps all.
 Views and broadcasts that only add or repeat leading axes are seen through. The mask is
 causal when the kept set is ``d <= 0``, a causal band of ``w`` keys when it is
@@ -64,6 +65,16 @@ def _int_splat(v: Value) -> int | None:
     return int(f) if f is not None and v.dtype.is_int and float(f).is_integer() else None
 
 
+def _exact(dtype: DType, start: float, delta: float) -> bool:
+    """Positions ``start + delta·k`` of this type are distinct for any length a device holds:
+    integers of 32 bits or more (an int8 or int16 arange wraps at 128 or 32768 keys), or
+    whole numbers in float64 (exact to 2**53). float16 rounds 2049 to 2048 and float32
+    2**24 + 1 to 2**24, and a fractional step rounds too: two keys at one position."""
+    if dtype.is_int:
+        return dtype.itemsize >= 4
+    return dtype is DType.float64 and float(start).is_integer() and float(delta).is_integer()
+
+
 def _position(v: Value) -> tuple[int, float, float, object, int] | None:
     """(axis from the end, start, delta, length, offset) when ``v`` is a Range seen through
     views that only add unit axes, plus or minus an integer constant; else None."""
@@ -90,7 +101,8 @@ def _position(v: Value) -> tuple[int, float, float, object, int] | None:
     if p is None or p.op != "Range":
         return None
     start, delta = p.attrs["start"], p.attrs["delta"]
-    if not isinstance(start, int | float) or not isinstance(delta, int | float) or delta <= 0:
+    if not isinstance(start, int | float) or not isinstance(delta, int | float) or \
+            delta <= 0 or not _exact(p.outputs[0].dtype, start, delta):
         return None
     return axis, start, delta, p.attrs["length"], offset
 

@@ -290,22 +290,22 @@ def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
 
 
 def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=True,
-                      window=0) -> Graph:
+                      window=0, positions="int64", heads=4) -> Graph:
     """Attention over a symbolic length s whose mask is built from positions, as LLaMA
     builds it: keep = cmp(arange(s)[None, :], arange(q_start, s + q_start)[:, None]) (the
     operands swapped when not ``key_first``), then where(keep, 0, lowest) (where(keep,
     lowest, 0) when not ``keep_on_true``); ``window`` w ands Mistral's sliding window
-    ``arange(s)[None, :] > arange(s)[:, None] - w``."""
+    ``arange(s)[None, :] > arange(s)[:, None] - w``; ``positions``: the aranges' type."""
     g = Graph("causal")
     split = []
     for n in "qkv":
-        x = g.add_input(n, TensorType((2, "s", 64), "float32"))
-        x = g.add_node("Reshape", [x], {"shape": [2, "s", 4, 16]}).output
+        x = g.add_input(n, TensorType((2, "s", heads * 16), "float32"))
+        x = g.add_node("Reshape", [x], {"shape": [2, "s", heads, 16]}).output
         split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
     sc = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
     sc = g.add_node("Mul", [sc, g.const(np.float32(0.25))]).output
-    pos = [g.add_node("Range", [], {"start": st, "delta": 1, "length": "s"}).output
-           for st in (0, q_start)]
+    pos = [g.add_node("Range", [], {"start": st, "delta": 1, "length": "s",
+                                    "dtype": positions}).output for st in (0, q_start)]
     kpos = g.add_node("ExpandDims", [pos[0]], {"axis": [0]}).output
     qpos = g.add_node("ExpandDims", [pos[1]], {"axis": [1]}).output
     keep = g.add_node(cmp, [kpos, qpos] if key_first else [qpos, kpos], name="keep").output
@@ -320,7 +320,7 @@ def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=T
     p = g.add_node("Softmax", [sc], {"axis": -1}, name="probs").output
     o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
     o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
-    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, "s", 64]}).output])
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, "s", heads * 16]}).output])
     return g
 
 
@@ -355,6 +355,21 @@ def test_a_sliding_window_built_from_positions_is_the_causal_band():
     feeds = random_inputs(g, seed=1, dims={"s": 9})
     np.testing.assert_allclose(Interpreter(res.graph, symbols={"s": 9}).run(feeds)[0],
                                Interpreter(g, symbols={"s": 9}).run(feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("positions, n", [("float16", 2050), ("int8", 130)])
+def test_positions_that_collide_are_not_the_causal_mode(positions, n):
+    """fp16 positions round above 2048 (2049 -> 2048: key 2049 compares equal to query
+    2048 and is kept); int8 ones wrap at 128. Such a mask is not causal for every length:
+    it stays a mask."""
+    g = _positions_causal(positions=positions, heads=1)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert not fa.attrs["causal"] and fa.attrs["mask"] == "atten_mask"
+    feeds = random_inputs(g, seed=1, dims={"s": n})
+    np.testing.assert_allclose(Interpreter(res.graph, symbols={"s": n}).run(feeds)[0],
+                               Interpreter(g, symbols={"s": n}).run(feeds)[0],
                                rtol=1e-5, atol=1e-5)
 
 
