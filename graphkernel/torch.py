@@ -227,6 +227,38 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     ``frozen`` maps placeholder indices to the tensors inlined as constants; the callable
     checks their version counters on every call and compiles again when one moved."""
+    run, frozen, name = _compile_once(gm, example_inputs, options, role, frozen)
+    if not frozen:
+        return run
+    with _real_tensors():
+        state = {"key": _versions(frozen.values()), "run": run, "name": name}
+
+    def guarded(*args: Any) -> Any:
+        if _versions(args[i] for i in frozen) != state["key"]:
+            _STATS.refreezes += 1
+            log.info("%s: frozen parameters were written since they were inlined; compiling "
+                     "again", state["name"])
+            live = {i: args[i] for i in frozen}
+            state["run"], _, state["name"] = _compile_once(gm, example_inputs, options, role,
+                                                           live)
+            state["key"] = _versions(live.values())
+        return state["run"](*args)
+
+    return guarded
+
+
+def _real_tensors():
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  options: dict[str, Any] | None, role: str,
+                  frozen: dict[int, torch.Tensor] | None
+                  ) -> tuple[Callable[..., Any], dict[int, torch.Tensor], str]:
+    """One compile of ``gm`` with ``frozen``'s tensors (those that apply here) inlined: the
+    runner, the tensors it inlined and the compiled graph's name."""
     import graphkernel
     from graphkernel.frontends.fx import import_fx_module, specialize_unmodelled, to_numpy
 
@@ -238,13 +270,11 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     frozen = _frozen_here(gm, frozen) if role != "backward" else {}
     n = next(_COUNTER)
     name = f"autofused_{n}"
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     fixed = specialize_unmodelled(gm)
     if fixed:
         log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot keep "
                  "symbolic); Dynamo recompiles when they change", name, ", ".join(fixed))
-    with unset_fake_temporarily():  # graph constants are real tensors; read them as such
+    with _real_tensors():  # graph constants are real tensors; read them as such
         consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
         imported = import_fx_module(gm, example_inputs, name=name, constants=consts)
     g = imported.graph
@@ -272,28 +302,19 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
         runner = SimBackend.for_result(res)
     run = _runner(imported, res.graph, runner)
-    if not frozen:
-        return run
-    with unset_fake_temporarily():
-        state = {"key": _versions(frozen.values()), "run": run}
-
-    def guarded(*args: Any) -> Any:
-        if _versions(args[i] for i in frozen) != state["key"]:
-            _STATS.refreezes += 1
-            log.info("%s: frozen parameters were written since they were inlined; compiling "
-                     "again", name)
-            live = {i: args[i] for i in frozen}
-            state["run"] = compile_fx(gm, example_inputs, options, role, live)
-            state["key"] = _versions(live.values())
-        return state["run"](*args)
-
-    return guarded
+    return run, frozen, name
 
 
 def _versions(tensors) -> list[tuple]:
     """What says a frozen tensor changed: its storage and version counter; a 0-d tensor's
-    value (Dynamo wraps a module's float attribute in a new tensor on every call)."""
-    return [(t.item(),) if t.dim() == 0 else (t.data_ptr(), t._version) for t in tensors]
+    value (Dynamo wraps a module's float attribute in a new tensor on every call); a NaN
+    value is keyed by a name, since NaN never equals itself."""
+    return [_value_key(t.item()) if t.dim() == 0 else (t.data_ptr(), t._version)
+            for t in tensors]
+
+
+def _value_key(v: Any) -> tuple:
+    return ("nan",) if v != v else (v,)
 
 
 # ------------------------------------------------------------------ freezing

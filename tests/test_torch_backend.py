@@ -432,3 +432,25 @@ def test_dynamic_shapes_take_a_computed_alibi_bias_as_pse(monkeypatch):
     assert fa.attrs["mask"] == "pse"
     b, n = g.inputs[0].type.shape
     assert tuple(fa.inputs[3].type.shape)[1:3] == (2, 1)  # [B, N, 1, S]
+
+
+
+class NanBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("t", torch.tensor(float("nan")))  # 0-d: guarded by its value
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) + self.t
+
+
+def test_a_frozen_nan_scalar_does_not_compile_again_on_every_call(monkeypatch):
+    """NaN never equals itself: keyed by value, the guard compiled on every call, and the
+    compile's own guard again, until the recursion limit."""
+    graphs = _compiled_graphs(monkeypatch)
+    c = torch.compile(NanBuffer().eval(), backend="graphkernel")
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.isnan(c(torch.randn(2, 4))).all()
+    assert gt.stats()["refreezes"] == 0 and len(graphs) == 1
