@@ -151,6 +151,19 @@ class Graph:
             self.toposort()
         return list(self._nodes.values())
 
+    def in_order(self, nodes: Iterable[Node]) -> list[Node]:
+        """``nodes`` (nodes of this graph) in topological order, at the cost of sorting them
+        rather than the whole graph: the order they were added or last sorted in when it
+        puts each after those of them it reads, else the order once the graph is sorted (a
+        rewrite rewired them)."""
+        found = sorted(nodes, key=lambda n: n._seq)
+        ids = {id(n) for n in found}
+        if all(v.producer._seq < n._seq for n in found for v in n.inputs
+               if v.producer is not None and id(v.producer) in ids):
+            return found
+        self.toposort()
+        return sorted(found, key=lambda n: n._seq)
+
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
 

@@ -115,8 +115,7 @@ def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
                 return None
     if any(id(u) not in outside_ok and id(u) not in found for u in base.users):
         return None
-    order = {id(n): k for k, n in enumerate(base.graph.nodes)}
-    return sorted(found.values(), key=lambda n: order[id(n)])
+    return base.graph.in_order(found.values())
 
 
 def _leaf(graph: Graph, v: Value, origin: tuple) -> Value:

@@ -77,6 +77,15 @@ def test_toposort_keeps_a_valid_order_and_still_finds_a_cycle_made_behind_its_ba
         g.validate()
 
 
+def test_in_order_sorts_only_the_nodes_given_and_resorts_when_they_were_rewired():
+    g = chain()
+    late = g.add_node("Sqrt", [g.inputs[0]], name="late").output
+    g.replace_input(g.node("b"), 0, late)  # the graph's order needs mending, not a's and c's
+    assert [n.name for n in g.in_order([g.node("c"), g.node("a")])] == ["a", "c"]
+    assert [n.name for n in g.in_order([g.node("b"), late.producer])] == ["late", "b"]
+    assert [n.name for n in g.nodes] == ["a", "late", "b", "c"]
+
+
 def test_recording_lists_the_nodes_added_inside_the_block_only():
     g = chain()
     g.add_node("Abs", [g.inputs[0]], name="before")

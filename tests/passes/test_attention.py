@@ -423,6 +423,63 @@ def _fused_qkv(heads=4, kv_heads=4, seq=8, dim=16, rotary=True, unused=0,
     return g
 
 
+def _rotary_layers(layers: int, heads=2, seq=4, dim=16) -> Graph:
+    """``layers`` attention layers in a chain, each with rotary on Q and K."""
+    g = Graph("layers")
+    h = g.add_input("x", TensorType((2, seq, heads * dim), "float32"))
+    w = g.const(np.full((heads * dim, 3 * heads * dim), 0.01, np.float32))
+    for _ in range(layers):
+        x = g.add_node("Reshape", [h], {"shape": [2 * seq, heads * dim]}).output
+        x = g.add_node("MatMul", [x, w]).output
+        x = g.add_node("Reshape", [x], {"shape": [2, seq, 3 * heads, dim]}).output
+        parts = []
+        for k in range(3):
+            t = g.add_node("StridedSlice", [x], {"begin": [k * heads], "end": [(k + 1) * heads],
+                                                 "axes": [2]}).output
+            t = g.add_node("Transpose", [t], {"perm": [0, 2, 1, 3]}).output
+            parts.append(_rotary(g, t, seq, dim, 0.1 * (k + 1)) if k < 2 else t)
+        s = g.add_node("BatchMatMul", parts[:2], {"transpose_b": True}).output
+        s = g.add_node("Div", [s, g.const(math.sqrt(dim), "float32")]).output
+        p = g.add_node("Softmax", [s], {"axis": -1}).output
+        o = g.add_node("BatchMatMul", [p, parts[2]]).output
+        o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
+        h = g.add_node("Reshape", [o], {"shape": [2, seq, heads * dim]}).output
+    g.set_outputs([h])
+    return g
+
+
+def test_rotary_regions_are_ordered_without_listing_the_graph_each_time(monkeypatch):
+    """Each layer's rotary region is put in order by sorting its own nodes: the nodes the
+    pass lists or sorts grow with the layers, not with their square (it was the whole graph
+    for each of Q and K)."""
+    from tests.passes.conftest import apply_pass
+
+    listed = [0]
+    nodes, toposort = Graph.nodes.fget, Graph.toposort
+
+    def counted_nodes(self):
+        listed[0] += len(self)
+        return nodes(self)
+
+    def counted_toposort(self):
+        listed[0] += len(self)
+        return toposort(self)
+
+    def work(layers: int) -> int:
+        g, _ = apply_pass("expand", _rotary_layers(layers))
+        with monkeypatch.context() as m:
+            m.setattr(Graph, "nodes", property(counted_nodes))
+            m.setattr(Graph, "toposort", counted_toposort)
+            listed[0] = 0
+            out, _ = apply_pass("attention", g)
+            done = listed[0]
+        fused = [n for n in out.nodes if n.op == "FusedAttention"]
+        assert len(fused) == layers and all(n.attrs["layout"] == "BSND" for n in fused)
+        return done
+
+    assert work(10) < 8 * work(2)  # x5 the nodes; x14 when each region listed the graph
+
+
 @pytest.mark.parametrize("kv_heads", [4, 1])
 def test_rotary_q_and_k_are_computed_in_bsnd_and_the_slices_become_one_split(kv_heads):
     """Rotary embedding after the head split is rebuilt on the [B, S, N, D] value (its tables
