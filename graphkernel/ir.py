@@ -142,6 +142,7 @@ class Graph:
         self._order_dirty = False
         self._name_counters: dict[str, itertools.count] = {}
         self._recorders: list[list[Node]] = []  # open ``recording`` blocks
+        self._erased: list[Node] = []  # erased since the last ``release_erased``
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -419,6 +420,18 @@ class Graph:
         del self._nodes[id(node)]
         del self._node_names[node.name]
         node.graph = None
+        self._erased.append(node)
+
+    def release_erased(self) -> None:
+        """Let the nodes erased so far be freed as soon as nothing else holds them: a node
+        and its outputs refer to each other, a cycle only the cyclic collector would free
+        (and it is paused while a graph is compiled). Their outputs lose their producer.
+        Called between passes, so that within one a node erased stays what it was (and the
+        ids a pass keys its tables by are not given to new objects)."""
+        for node in self._erased:
+            for v in node.outputs:
+                v.producer = None
+        self._erased = []
 
     def remove_dead(self, keep_side_effects: bool = True) -> int:
         """Erase nodes whose results are unused (in-place ops are kept: they write parameters)."""

@@ -498,6 +498,7 @@ class PassManager:
         rec.summary = result.summary or (rec.notes[0] if len(rec.notes) == 1 else
                                          f"{len(rec.notes)} notes" if rec.notes else "")
         rec.nodes_after = len(graph)
+        graph.release_erased()
         ran.append(s.label)
         if self.check_each_pass and result.modified:
             try:

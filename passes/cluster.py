@@ -13,9 +13,14 @@ from graphkernel.registry import PassResult, counted
 
 @dataclass
 class ClusterInfo:
+    """The candidate regions, for the split pass (which empties ``regions`` once it has
+    consumed them: their nodes, replaced by kernels, are not kept alive by the compile
+    result; ``region_sizes`` stays), and why nodes are not fusable, for explain."""
+
     regions: list[list[Node]]
     reasons: dict[str, str] = field(default_factory=dict)  # node name -> why not fusable
     fusable: set[int] = field(default_factory=set)
+    region_sizes: list[int] = field(default_factory=list)  # nodes per region, in order
 
 
 def cluster(graph, ctx) -> PassResult:
@@ -31,7 +36,7 @@ def cluster(graph, ctx) -> PassResult:
         elif n.op != "Constant":
             reasons[n.name] = why
     regions = form_regions(graph, fusable)
-    ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable)
+    ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])
     total, count, entries = traffic.summary(graph)
     spec = load_target(ctx.flags.target)
     vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}

@@ -191,7 +191,8 @@ def split(graph, ctx) -> PassResult:
     built = 0
     order = graph.nodes  # once: every region's cycle check sweeps its span of this order
     position = {id(n): i for i, n in enumerate(order)}
-    for region in info.regions:
+    regions, info.regions = info.regions, []  # consumed: see ClusterInfo
+    for region in regions:
         region = [n for n in region if n.graph is graph]
         if not region:
             continue
