@@ -21,8 +21,8 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
                for n in res.graph.nodes if n.op == "GraphKernel"]
     attention = [asdict(a) for a in res.analyses.attention]
     layouts = [asdict(c) for c in res.analyses.layouts]
-    rows = [asdict(a) for a in attempts if a.areas]
-    disabled = [asdict(a) for a in attempts if not a.areas]
+    rows = [a.as_dict() for a in attempts if a.areas]
+    disabled = [a.as_dict() for a in attempts if not a.areas]
     if node is not None:
         rows = [r for r in rows if any(_matches(n, node) for n in r["nodes"])]
         reasons = {k: v for k, v in reasons.items() if _matches(k, node)}

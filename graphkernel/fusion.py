@@ -236,16 +236,67 @@ class Area:
         return self._name
 
 
-@dataclass
-class Attempt:
-    """One pattern attempt, for `graphkernel explain`."""
+class Template(str):
+    """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
 
-    pattern: str
-    areas: list[str]
-    nodes: list[str]
-    score: int
-    verdict: str  # fused | rejected
-    reason: str = ""
+
+def _spelled(text: str, names: Sequence[str]) -> str:
+    return text.format(*names) if type(text) is Template else text
+
+
+class Attempt:
+    """One pattern attempt, for `graphkernel explain`: ``pattern``, ``areas`` (names),
+    ``nodes`` (names), ``score``, ``verdict`` (fused | rejected), ``reason``.
+
+    A compile of a large graph records hundreds of thousands, most of them the decisions of
+    an earlier region of the same structure replayed (see the split pass): ``replayed``
+    keeps that region's texts (``Template``) and positions with this region's names, and
+    spells its areas, nodes and reason out when they are read."""
+
+    __slots__ = ("pattern", "_areas", "_nodes", "score", "verdict", "_reason", "_names")
+    FIELDS = ("pattern", "areas", "nodes", "score", "verdict", "reason")
+
+    def __init__(self, pattern: str, areas: list[str], nodes: list[str], score: int,
+                 verdict: str, reason: str = "") -> None:
+        self.pattern, self._areas, self._nodes = pattern, areas, nodes
+        self.score, self.verdict, self._reason = score, verdict, reason
+        self._names: Sequence[str] | None = None
+
+    @classmethod
+    def replayed(cls, pattern: str, areas: list[str], nodes: tuple[int, ...], score: int,
+                 verdict: str, reason: str, names: Sequence[str]) -> Attempt:
+        """An attempt whose ``areas`` and ``reason`` are texts naming nodes by position in
+        ``names`` and whose ``nodes`` are positions in it (shared, not copied)."""
+        a = cls(pattern, areas, nodes, score, verdict, reason)  # type: ignore[arg-type]
+        a._names = names
+        return a
+
+    @property
+    def areas(self) -> list[str]:
+        if self._names is None:
+            return self._areas
+        return [_spelled(x, self._names) for x in self._areas]
+
+    @property
+    def nodes(self) -> list[str]:
+        if self._names is None:
+            return self._nodes
+        return [self._names[i] for i in self._nodes]
+
+    @property
+    def reason(self) -> str:
+        return self._reason if self._names is None else _spelled(self._reason, self._names)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Attempt) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, mutable like a dataclass
+
+    def __repr__(self) -> str:
+        return "Attempt(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
 
 
 class SplitModel:

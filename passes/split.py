@@ -9,7 +9,15 @@ from graphkernel.codegen import cost, extern, traffic
 from graphkernel.codegen.targets import load as load_target
 from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
-from graphkernel.fusion import MATMUL_OPS, Area, Attempt, SplitModel, cluster_ops, reason_checker
+from graphkernel.fusion import (
+    MATMUL_OPS,
+    Area,
+    Attempt,
+    SplitModel,
+    Template,
+    cluster_ops,
+    reason_checker,
+)
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted
@@ -88,10 +96,6 @@ class Decisions:
     complete: bool = True  # every rewrite was allowed (a refused one may not be replayed)
 
 
-class Template(str):
-    """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
-
-
 _TOKEN = re.compile("\x00(\\d+)\x00")
 
 
@@ -160,9 +164,7 @@ def replay(dec: Decisions, region: list, ctx, attempts: list[Attempt], ask: bool
         for desc, idx in dec.applies:
             ctx.should_apply(_named(desc, names), [region[i] for i in idx])
     for pattern, areas, idx, score, verdict, reason in dec.attempts:
-        attempts.append(Attempt(pattern, [_named(a, names) for a in areas],
-                                [names[i] for i in idx], score, verdict,
-                                _named(reason, names)))
+        attempts.append(Attempt.replayed(pattern, areas, idx, score, verdict, reason, names))
 
 
 def replayable(cfg: Config, patterns: list[Pattern]) -> bool:
