@@ -142,7 +142,7 @@ class Graph:
         self._order_dirty = False
         self._name_counters: dict[str, itertools.count] = {}
         self._recorders: list[list[Node]] = []  # open ``recording`` blocks
-        self._erased: list[Node] = []  # erased since the last ``release_erased``
+        self._erased: list[Node] | None = None  # erased since the last ``release_erased``
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -420,6 +420,8 @@ class Graph:
         del self._nodes[id(node)]
         del self._node_names[node.name]
         node.graph = None
+        if self._erased is None:  # (made on demand: a kernel's body rarely erases)
+            self._erased = []
         self._erased.append(node)
 
     def release_erased(self) -> None:
@@ -428,10 +430,10 @@ class Graph:
         (and it is paused while a graph is compiled). Their outputs lose their producer.
         Called between passes, so that within one a node erased stays what it was (and the
         ids a pass keys its tables by are not given to new objects)."""
-        for node in self._erased:
+        for node in self._erased or ():
             for v in node.outputs:
                 v.producer = None
-        self._erased = []
+        self._erased = None
 
     def remove_dead(self, keep_side_effects: bool = True) -> int:
         """Erase nodes whose results are unused (in-place ops are kept: they write parameters)."""

@@ -86,6 +86,28 @@ def test_in_order_sorts_only_the_nodes_given_and_resorts_when_they_were_rewired(
     assert [n.name for n in g.nodes] == ["a", "late", "b", "c"]
 
 
+def test_erased_nodes_are_freed_once_released_without_the_cyclic_collector():
+    import gc
+
+    from graphkernel.ir import Node
+
+    def dead_nodes() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is Node and o.name == "dead")
+
+    g = chain()
+    gc.collect()
+    gc.disable()
+    try:
+        out = g.add_node("Abs", [g.inputs[0]], name="dead").output
+        g.erase_node(out.producer)
+        del out
+        assert dead_nodes() == 1  # erased, still held by its output: as it was in the pass
+        g.release_erased()
+        assert dead_nodes() == 0
+    finally:
+        gc.enable()
+
+
 def test_recording_lists_the_nodes_added_inside_the_block_only():
     g = chain()
     g.add_node("Abs", [g.inputs[0]], name="before")

@@ -294,3 +294,26 @@ def test_collector_paused_promotes_what_it_allocated_and_keeps_a_users_freeze():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_compile_leaves_no_erased_node_alive():
+    """Nodes the passes erase are freed as the compile goes (the cyclic collector is paused
+    meanwhile): none is left once it returns, the nodes replaced by kernels included."""
+    import gc
+
+    from graphkernel.ir import Node
+
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    y = g.add_node("Exp", [x]).output
+    y = g.add_node("Add", [y, g.add_node("Exp", [x]).output]).output  # cse erases one
+    y = g.add_node("Mul", [y, g.add_node("Tanh", [y]).output]).output
+    g.set_outputs([y])
+    gc.collect()
+    gc.disable()
+    try:
+        res = graphkernel.compile(g, "--opt_level=2 --disable_pass=codegen", env={})
+        assert any(n.op == "GraphKernel" for n in res.graph.nodes)
+        assert not [o for o in gc.get_objects() if type(o) is Node and o.graph is None]
+    finally:
+        gc.enable()
