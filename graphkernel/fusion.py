@@ -304,11 +304,11 @@ class SplitModel:
 
     def __init__(self, graph: Graph, region: list[Node], cfg: Config, ctx: Any,
                  attempts: list[Attempt], label: Callable[[Node], str] | None = None,
-                 order: Sequence[Node] | None = None,
+                 order: Sequence[Node | None] | None = None,
                  position: dict[int, int] | None = None) -> None:
         """``order``/``position``: a topological order of ``graph`` and each node's place in
         it (computed here when not given; the split pass computes them once for every
-        region)."""
+        region, and leaves None where it erased a node)."""
         self.graph = graph
         self.cfg = cfg
         self.ctx = ctx
@@ -332,6 +332,8 @@ class SplitModel:
         reach: dict[int, int] = {}
         for k in range(hi, lo - 1, -1):
             n = order[k]
+            if n is None:  # replaced by a kernel of the split pass (it had no users)
+                continue
             i = self.index.get(id(n))
             r = 0 if i is None else 1 << i
             for u in n.users:

@@ -429,7 +429,8 @@ class Graph:
         and its outputs refer to each other, a cycle only the cyclic collector would free
         (and it is paused while a graph is compiled). Their outputs lose their producer.
         Called between passes, so that within one a node erased stays what it was (and the
-        ids a pass keys its tables by are not given to new objects)."""
+        ids a pass keys its tables by are not given to new objects), or by a pass at a point
+        where nothing it keeps refers to the nodes it erased."""
         for node in self._erased or ():
             for v in node.outputs:
                 v.producer = None

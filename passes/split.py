@@ -194,7 +194,8 @@ def split(graph, ctx) -> PassResult:
     order = graph.nodes  # once: every region's cycle check sweeps its span of this order
     position = {id(n): i for i, n in enumerate(order)}
     regions, info.regions = info.regions, []  # consumed: see ClusterInfo
-    for region in regions:
+    for r, region in enumerate(regions):
+        regions[r] = []
         region = [n for n in region if n.graph is graph]
         if not region:
             continue
@@ -213,6 +214,12 @@ def split(graph, ctx) -> PassResult:
             nodes = [region[i] for i in idx]
             build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, label), label)
             built += 1
+            for n in nodes:  # gone: the sweeps of later regions skip their place
+                order[position[id(n)]] = None
+        # free the replaced nodes now rather than after the pass (their bodies' copies are
+        # as large): nothing of this pass keys a table by their ids any more (``position``
+        # is read for the nodes of regions, all alive)
+        graph.release_erased()
     fused = sum(1 for a in attempts if a.verdict == "fused")
     refused = counted(len(attempts) - fused, "candidate")
     return PassResult(built > 0, fused, [f"{counted(built, 'kernel')} from "
