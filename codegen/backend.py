@@ -3,7 +3,6 @@ simulator as the interpreter's ``backend="sim"``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import progress
+from graphkernel import json_text, progress
 from graphkernel.codegen import cost, extern, targets
 from graphkernel.codegen.ascendc import Rendered, io_entry, render
 from graphkernel.codegen.matmul_render import render_matmul
@@ -276,6 +275,6 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
         "fallbacks": result.report.extra.get("fallbacks", []),
         "files": listed(out.root, [*also, *written, out.path(MANIFEST)]),
     }
-    written.append(out.write_text(MANIFEST, json.dumps(manifest, indent=2,
-                                                       default=str) + "\n"))
+    written.append(out.write_text(MANIFEST, json_text.dumps(manifest, indent=2,
+                                                            default=str) + "\n"))
     return written

@@ -1,0 +1,47 @@
+"""json_text.dumps writes what json.dumps writes with an indent, character for character."""
+
+from __future__ import annotations
+
+import enum
+import json
+
+import numpy as np
+import pytest
+
+from graphkernel import json_text
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Name(str):
+    pass
+
+
+CASES = [
+    {},
+    [],
+    "plain",
+    {"a": [1, 2.5, -0.0, 1e300, float("nan"), float("inf"), -float("inf")], "b": {}, "c": []},
+    {"nested": [{"x": [[], {}, [None, True, False]], "y": "é ünïcode \u2603 \"q\" \\ \n\t"}]},
+    {7: "int key", 2.5: "float key", True: "t", False: "f", None: "n", "s": ("a", "tuple")},
+    {"np": [np.int64(7), np.float32(0.1), np.float64(0.25), np.bool_(True)], "path": Name("n")},
+    {"enum": Level.HIGH, "set": {1}},
+    [[[[1]]], [{"deep": [{"deeper": {}}]}]],
+]
+
+
+@pytest.mark.parametrize("indent", [1, 2, 4])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_same_text_as_the_standard_library(case, indent):
+    obj = CASES[case]
+    assert json_text.dumps(obj, indent=indent, default=str) == \
+        json.dumps(obj, indent=indent, default=str)
+
+
+def test_without_default_an_unknown_object_is_refused_as_json_does():
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        json_text.dumps({"x": object()})
+    with pytest.raises(TypeError, match="keys must be"):
+        json_text.dumps({(1, 2): 1})
