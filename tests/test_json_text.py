@@ -45,3 +45,9 @@ def test_without_default_an_unknown_object_is_refused_as_json_does():
         json_text.dumps({"x": object()})
     with pytest.raises(TypeError, match="keys must be"):
         json_text.dumps({(1, 2): 1})
+
+
+def test_pieces_joined_in_batches_give_the_same_text(monkeypatch):
+    monkeypatch.setattr(json_text, "BATCH", 3)
+    obj = {"rows": [{"k": i, "v": [i, {"w": str(i)}]} for i in range(50)], "end": []}
+    assert json_text.dumps(obj, indent=2) == json.dumps(obj, indent=2)
