@@ -53,6 +53,21 @@ def _scalar_const(v) -> bool:
     return p is not None and p.op == "Constant" and p.attrs["value"].size == 1
 
 
+def _beyond(u: Node, index: dict[int, int]) -> Any:
+    """An outside user as matmul_depth sees it: its op and, through reshape views with a
+    single user, the node they lead to (its position in the region, ``index``, if in it).
+    (A module function: a closure calling itself is a cycle, left for the cyclic collector,
+    with the region's index, by every call.)"""
+    if ops.get(u.op).kind != OpKind.RESHAPE or not u.outputs:
+        return u.op
+    users = u.outputs[0].users
+    if len(users) != 1:
+        return (u.op, len(users))
+    w = users[0]
+    j = index.get(id(w))
+    return (u.op, 1, j if j is not None else _beyond(w, index))
+
+
 def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
     """The structure of ``region`` (nodes in topological order) as the split model sees it;
     ``outputs`` holds id() of the graph's outputs. Outside nodes and values are numbered in
@@ -62,18 +77,6 @@ def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
 
     def ext(x: object) -> int:
         return outside.setdefault(id(x), len(outside))
-
-    def beyond(u: Node) -> Any:
-        """An outside user as matmul_depth sees it: its op and, through reshape views with a
-        single user, the node they lead to."""
-        if ops.get(u.op).kind != OpKind.RESHAPE or not u.outputs:
-            return u.op
-        users = u.outputs[0].users
-        if len(users) != 1:
-            return (u.op, len(users))
-        w = users[0]
-        j = index.get(id(w))
-        return (u.op, 1, j if j is not None else beyond(w))
 
     parts = []
     for n in region:
@@ -86,7 +89,7 @@ def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
         outs = []
         for v in n.outputs:
             uses = tuple((j, k) if (j := index.get(id(u))) is not None else
-                         (-1, ext(u), k, beyond(u)) for u, k in v.uses)
+                         (-1, ext(u), k, _beyond(u, index)) for u, k in v.uses)
             outs.append((v.type, id(v) in outputs, uses))
         parts.append((n.op, attrs_key(n.attrs), tuple(ins), tuple(outs)))
     return tuple(parts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkernel import ops
 from graphkernel.fusion import nbytes
-from graphkernel.kernels import inline_producer, kernel_body
+from graphkernel.kernels import inline_producer
 from graphkernel.ops import OpKind
 from graphkernel.registry import PassResult
 
@@ -12,9 +12,16 @@ MAX_OPS = 8          # a producer worth recomputing is a short elementwise/broad
 MAX_INPUT_RATIO = 0.5  # ... whose inputs are at most half the size of the value it produces
 
 
+def _members(node) -> list:
+    """The ops ``node`` computes but constants: its body's, or itself (no graph built for a
+    single node: this is asked of every node)."""
+    if node.op == "GraphKernel":
+        return [n for n in node.subgraph.nodes if n.op != "Constant"]
+    return [node] if node.op != "Constant" else []
+
+
 def cheap(node) -> bool:
-    body = kernel_body(node)
-    members = [n for n in body.nodes if n.op != "Constant"]
+    members = _members(node)
     if not members or len(members) > MAX_OPS:
         return False
     return all(ops.get(n.op).kind <= OpKind.BROADCAST and not ops.get(n.op).writes
@@ -54,7 +61,7 @@ def recompute(graph, ctx) -> PassResult:
             if saved <= 0:
                 continue
             limit = ctx.flags.composite_op_limit_size
-            size = _ops(kernel_body(producer))
+            size = len(_members(producer))
             if any(_ops(c.subgraph) + size > limit for c in consumers):
                 continue  # a consumer would exceed composite_op_limit_size
             names = ", ".join(c.name for c in consumers)

@@ -298,7 +298,8 @@ def test_collector_paused_promotes_what_it_allocated_and_keeps_a_users_freeze():
 
 def test_a_compile_leaves_no_erased_node_alive():
     """Nodes the passes erase are freed as the compile goes (the cyclic collector is paused
-    meanwhile): none is left once it returns, the nodes replaced by kernels included."""
+    meanwhile): none is left once it returns, the nodes replaced by kernels included, nor
+    any other cycle for the collector (a node outside every kernel included)."""
     import gc
 
     from graphkernel.ir import Node
@@ -308,6 +309,8 @@ def test_a_compile_leaves_no_erased_node_alive():
     y = g.add_node("Exp", [x]).output
     y = g.add_node("Add", [y, g.add_node("Exp", [x]).output]).output  # cse erases one
     y = g.add_node("Mul", [y, g.add_node("Tanh", [y]).output]).output
+    y = g.add_node("CumSum", [y], {"axis": 1}).output  # in no kernel
+    y = g.add_node("Exp", [y]).output
     g.set_outputs([y])
     gc.collect()
     gc.disable()
@@ -315,5 +318,6 @@ def test_a_compile_leaves_no_erased_node_alive():
         res = graphkernel.compile(g, "--opt_level=2 --disable_pass=codegen", env={})
         assert any(n.op == "GraphKernel" for n in res.graph.nodes)
         assert not [o for o in gc.get_objects() if type(o) is Node and o.graph is None]
+        assert gc.collect() == 0
     finally:
         gc.enable()
