@@ -16,7 +16,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 _INF = float("inf")
-BATCH = 65536  # pieces joined at once (after an element of a list)
+BATCH = 65536  # pieces joined at once (after an element of a list or a dict)
 
 
 def _float(o: float) -> str:
@@ -57,6 +57,22 @@ def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None
         done.append("".join(out))
         out.clear()
 
+    def container(open_: str, close: str, items, nl: str, keyed: bool) -> None:
+        """A list's elements or (``keyed``) a dict's items, one per indented line."""
+        inner = nl + step
+        sep = "," + inner
+        first = True
+        for x in items:
+            out.append((open_ + inner) if first else sep)
+            first = False
+            if keyed:
+                out.append(_quote(_key(x[0])) + ": ")
+                x = x[1]
+            value(x, inner)
+            if len(out) >= BATCH:
+                flush()
+        out.append(open_ + close if first else nl + close)
+
     def value(o: Any, nl: str) -> None:
         if isinstance(o, str):
             out.append(_quote(o))
@@ -71,36 +87,9 @@ def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None
         elif isinstance(o, float):
             out.append(_float(o))
         elif isinstance(o, (list, tuple)):
-            if not o:
-                out.append("[]")
-                return
-            inner = nl + step
-            out.append("[" + inner)
-            sep = "," + inner
-            first = True
-            for x in o:
-                if not first:
-                    out.append(sep)
-                first = False
-                value(x, inner)
-                if len(out) >= BATCH:
-                    flush()
-            out.append(nl + "]")
+            container("[", "]", o, nl, False)
         elif isinstance(o, dict):
-            if not o:
-                out.append("{}")
-                return
-            inner = nl + step
-            out.append("{" + inner)
-            sep = "," + inner
-            first = True
-            for k, x in o.items():
-                if not first:
-                    out.append(sep)
-                first = False
-                out.append(_quote(_key(k)) + ": ")
-                value(x, inner)
-            out.append(nl + "}")
+            container("{", "}", o.items(), nl, True)
         elif default is not None:
             value(default(o), nl)
         else:

@@ -49,7 +49,7 @@ class Counts(NamedTuple):
     reads: tuple[int, ...] = ()  # GM bytes read of each buffer argument, in argument order
 
 
-N_COUNTERS = 10  # the counters before ``reads`` (the simulator's NCOUNTERS)
+N_COUNTERS = len(Counts._fields) - 1  # the counters before ``reads`` (the simulator's NCOUNTERS)
 
 
 def cache_dir() -> Path:
