@@ -27,6 +27,7 @@ from graphkernel import ops, progress, registry
 from graphkernel.dump import Dumper
 from graphkernel.errors import FlagError, GraphKernelError, PluginError, did_you_mean
 from graphkernel.flags import Config, rank
+from graphkernel.fusion import AttemptLog
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import check_dir, file_name
 from graphkernel.registry import STAGES, PassInfo, PassResult
@@ -34,7 +35,6 @@ from graphkernel.registry import STAGES, PassInfo, PassResult
 if TYPE_CHECKING:  # the analyses' types belong to the passes that compute them
     from graphkernel.codegen.schedule import Schedule
     from graphkernel.codegen.superkernel import Group
-    from graphkernel.fusion import Attempt
     from graphkernel.passes.cluster import ClusterInfo
 
 
@@ -311,7 +311,7 @@ class Analyses:
     cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
     attention: list[AttentionMatch] = field(default_factory=list)  # attention: candidates
     layouts: list[LayoutChoice] = field(default_factory=list)  # channels_last: conv layouts
-    fusion_attempts: list[Attempt] = field(default_factory=list)  # split: every candidate
+    fusion_attempts: AttemptLog = field(default_factory=AttemptLog)  # split: every candidate
     kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
     super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run
     super_kernels: list[Group] = field(default_factory=list)  # codegen: SuperKernel groups

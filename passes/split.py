@@ -13,6 +13,7 @@ from graphkernel.fusion import (
     MATMUL_OPS,
     Area,
     Attempt,
+    AttemptLog,
     SplitModel,
     Template,
     cluster_ops,
@@ -94,6 +95,7 @@ class Decisions:
         default_factory=list)
     kernels: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     complete: bool = True  # every rewrite was allowed (a refused one may not be replayed)
+    fused: int = 0  # how many of ``attempts`` fused
 
 
 _TOKEN = re.compile("\x00(\\d+)\x00")
@@ -151,20 +153,20 @@ def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
         run_pattern(model, p)
     dec.attempts = [(a.pattern, [_text(x) for x in a.areas], tuple(by_name[n] for n in a.nodes),
                      a.score, a.verdict, _text(a.reason)) for a in attempts]
+    dec.fused = sum(a.verdict == "fused" for a in attempts)
     dec.kernels = [(tuple(index[id(n)] for n in area.nodes),
                     "+".join(dict.fromkeys(area.patterns)) or "single_node")
                    for area in model.areas() if becomes_kernel(area, cfg)]
     return dec
 
 
-def replay(dec: Decisions, region: list, ctx, attempts: list[Attempt], ask: bool) -> None:
+def replay(dec: Decisions, region: list, ctx, attempts: AttemptLog, ask: bool) -> None:
     """Record ``dec``'s attempts for ``region`` (and, with ``ask``, ask its rewrites)."""
     names = [n.name for n in region]
     if ask:
         for desc, idx in dec.applies:
             ctx.should_apply(_named(desc, names), [region[i] for i in idx])
-    for pattern, areas, idx, score, verdict, reason in dec.attempts:
-        attempts.append(Attempt.replayed(pattern, areas, idx, score, verdict, reason, names))
+    attempts.replay(dec.attempts, names, dec.fused)
 
 
 def replayable(cfg: Config, patterns: list[Pattern]) -> bool:
@@ -183,7 +185,7 @@ def split(graph, ctx) -> PassResult:
         return PassResult(False, 0, ["no candidate regions: the cluster pass did not run"])
     cfg = ctx.flags
     ctx.analyses.invalidate("fusion_attempts")  # this run's candidates only
-    attempts: list[Attempt] = ctx.analyses.fusion_attempts
+    attempts: AttemptLog = ctx.analyses.fusion_attempts
     if cfg.composite_op_limit_size == 0:
         return PassResult(False, 0, ["fusion off: composite_op_limit_size=0"])
     patterns, off = enabled_patterns(cfg)
@@ -220,7 +222,7 @@ def split(graph, ctx) -> PassResult:
         # as large): nothing of this pass keys a table by their ids any more (``position``
         # is read for the nodes of regions, all alive)
         graph.release_erased()
-    fused = sum(1 for a in attempts if a.verdict == "fused")
+    fused = attempts.fused
     refused = counted(len(attempts) - fused, "candidate")
     return PassResult(built > 0, fused, [f"{counted(built, 'kernel')} from "
                                          f"{counted(fused, 'fusion')} ({refused} refused)"])
@@ -248,8 +250,8 @@ def traffic_summary(graph, ctx) -> None:
                  target=spec.name,
                  cost_model=cost.__doc__.strip().splitlines()[0])
     attempts = ctx.analyses.fusion_attempts
-    extra["fusion_decisions"] = {"fused": sum(a.verdict == "fused" for a in attempts),
-                                 "refused": sum(a.verdict != "fused" for a in attempts)}
+    extra["fusion_decisions"] = {"fused": attempts.fused,
+                                 "refused": len(attempts) - attempts.fused}
     if ctx.dumper is not None:
         lines = []
         for n in graph.nodes:

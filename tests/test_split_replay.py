@@ -65,6 +65,15 @@ def test_replayed_regions_decide_as_fresh_ones(variant, level, monkeypatch):
     assert len(calls) == n_regions  # a bisect limit decides every region afresh
     assert decisions(replayed)[:2] == decisions(fresh)[:2]
     assert [a[1:] for a in decisions(replayed)[2]] == [a[1:] for a in decisions(fresh)[2]]
+    log = replayed.analyses.fusion_attempts  # replayed runs are made into attempts when read
+    every = list(log)
+    assert len(log) == len(every) == len(fresh.analyses.fusion_attempts)
+    assert log.fused == sum(a.verdict == "fused" for a in every) > 0
+    assert [log[i] for i in (0, len(every) // 2, -1)] == \
+        [every[0], every[len(every) // 2], every[-1]]
+    assert log[2:5] == every[2:5]
+    with pytest.raises(IndexError):
+        log[len(every)]
     if variant:  # the odd layer (and its neighbour) are decided apart from the others
         assert fresh_calls > len(layers_signatures(layers(5)))
 
