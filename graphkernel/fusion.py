@@ -241,7 +241,8 @@ class Template(str):
     """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
 
 
-def _spelled(text: str, names: Sequence[str]) -> str:
+def spelled(text: str, names: Sequence[str]) -> str:
+    """``text`` with the names of the nodes it names by position, when it is a ``Template``."""
     return text.format(*names) if type(text) is Template else text
 
 
@@ -276,7 +277,7 @@ class Attempt:
     def areas(self) -> list[str]:
         if self._names is None:
             return self._areas
-        return [_spelled(x, self._names) for x in self._areas]
+        return [spelled(x, self._names) for x in self._areas]
 
     @property
     def nodes(self) -> list[str]:
@@ -286,7 +287,7 @@ class Attempt:
 
     @property
     def reason(self) -> str:
-        return self._reason if self._names is None else _spelled(self._reason, self._names)
+        return self._reason if self._names is None else spelled(self._reason, self._names)
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.FIELDS}

@@ -18,6 +18,7 @@ from graphkernel.fusion import (
     Template,
     cluster_ops,
     reason_checker,
+    spelled,
 )
 from graphkernel.kernels import build_kernel, next_kernel_name
 from graphkernel.patterns.base import Pattern, all_patterns
@@ -115,10 +116,6 @@ def _text(s: str) -> str:
                             for i, x in enumerate(parts)))
 
 
-def _named(text: str, names: list[str]) -> str:
-    return text.format(*names) if type(text) is Template else text
-
-
 class _Recorder:
     """The pass context as the split model sees it: each rewrite it asks for is recorded
     (with tokens) and asked of the real context with the region's names."""
@@ -130,7 +127,7 @@ class _Recorder:
         nodes = list(nodes)
         text = _text(description)
         self.dec.applies.append((text, tuple(self.index[id(n)] for n in nodes)))
-        ok = self.ctx.should_apply(_named(text, self.names), nodes)
+        ok = self.ctx.should_apply(spelled(text, self.names), nodes)
         self.dec.complete &= ok
         return ok
 
@@ -164,8 +161,7 @@ def replay(dec: Decisions, region: list, ctx, attempts: AttemptLog, ask: bool) -
     """Record ``dec``'s attempts for ``region`` (and, with ``ask``, ask its rewrites)."""
     names = [n.name for n in region]
     if ask:
-        for desc, idx in dec.applies:
-            ctx.should_apply(_named(desc, names), [region[i] for i in idx])
+        ctx.replay_rewrites(dec.applies, region)
     attempts.replay(dec.attempts, names, dec.fused)
 
 

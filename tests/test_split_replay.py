@@ -65,6 +65,11 @@ def test_replayed_regions_decide_as_fresh_ones(variant, level, monkeypatch):
     assert len(calls) == n_regions  # a bisect limit decides every region afresh
     assert decisions(replayed)[:2] == decisions(fresh)[:2]
     assert [a[1:] for a in decisions(replayed)[2]] == [a[1:] for a in decisions(fresh)[2]]
+    apps = replayed.applications  # replayed rewrites are numbered as asked one by one
+    assert [(a.number, a.pass_name, a.applied) for a in apps] == \
+        [(a.number, a.pass_name, a.applied) for a in fresh.applications]
+    assert len(apps) == replayed.report.bisect_applications == apps[-1].number
+    assert apps[len(apps) // 2] == list(apps)[len(apps) // 2]
     log = replayed.analyses.fusion_attempts  # replayed runs are made into attempts when read
     every = list(log)
     assert len(log) == len(every) == len(fresh.analyses.fusion_attempts)
