@@ -90,3 +90,16 @@ def test_every_command_has_help():
         r = subprocess.run([sys.executable, "-m", "graphkernel.cli", cmd, "--help"],
                            capture_output=True, text=True)
         assert r.returncode == 0 and "usage: graphkernel" in r.stdout
+
+
+@pytest.mark.e2e
+def test_program_exits_without_walking_the_compiled_graph(tmp_path):
+    """The ``graphkernel`` program (``cli.run``) returns the command's exit status and leaves
+    every live object frozen, so the collections at interpreter exit skip them."""
+    code = ("import gc, sys; from graphkernel.cli import run; "
+            f"sys.argv = ['graphkernel', 'compile', {EX!r}, '-o', {str(tmp_path / 'o')!r}]; "
+            "status = run(); print(status, gc.get_freeze_count() > 1000)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-2:] == ["0", "True"]
+    assert (tmp_path / "o").is_dir()
