@@ -5,15 +5,19 @@
 Each size is compiled at opt_level 2 in a fresh process, so the peak memory printed is that
 size's own: the pass pipeline (codegen pass included), then the kernel project written to a
 temporary folder (``emit``: rendering every kernel, as ``graphkernel compile --out`` does).
-Prints wall and CPU seconds, nodes/s and peak RSS per size, and the growth of the time
-against N and N log N. ``--profile`` adds the seconds of every pass per size and the top
-functions (cProfile, a second run of the largest size).
+Prints wall and CPU seconds, nodes/s and peak RSS per size (until the project is written),
+and the growth of the time against N and N log N. ``gc s``, not part of the time: one full
+garbage collection right after, over everything then alive (the input graph as well as the
+compiled one) — what the program's next full collection costs, whenever its allocations
+trigger one (the ``graphkernel`` program itself exits without one). ``--profile`` adds the
+seconds of every pass per size and the top functions (cProfile, a second run of the largest size).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import math
@@ -44,13 +48,19 @@ def measure(target: int, emit: bool, profile: bool) -> dict:
         prof.enable()
     res = graphkernel.compile(g, "--opt_level=2", env={})
     w1 = time.perf_counter()
-    if emit:
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        if emit:
             write_project(res, tmp)
-            manifest = json.loads((Path(tmp) / "manifest.json").read_text())
-    w2, c2 = time.perf_counter(), time.process_time()
-    if prof:
-        prof.disable()
+        w2, c2 = time.perf_counter(), time.process_time()
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if prof:
+            prof.disable()
+        # not timed: one full collection over everything alive (the input graph and the
+        # compiled one), what the process's next full collection costs
+        g0 = time.perf_counter()
+        gc.collect()
+        gc_s = time.perf_counter() - g0
+        manifest = json.loads((Path(tmp) / "manifest.json").read_text()) if emit else None
     passes: dict[str, float] = {}
     for p in res.report.passes:
         if p.ran:
@@ -60,9 +70,9 @@ def measure(target: int, emit: bool, profile: bool) -> dict:
         "expanded": next(p.nodes_after for p in res.report.passes if p.name == "cluster"),
         "after": len(res.graph), "kernels": res.report.extra["kernels_fused"],
         "pipeline_s": w1 - w0, "emit_s": w2 - w1, "wall_s": w2 - w0, "cpu_s": c2 - c0,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": peak_mb, "gc_s": gc_s,
         "passes": passes,
-        "distinct": len(manifest["kernels"]) if emit else None,
+        "distinct": len(manifest["kernels"]) if manifest is not None else None,
     }
     if prof:
         buf = io.StringIO()
@@ -102,13 +112,13 @@ def main() -> int:
             shown.advance()
     print(f"{'target':>8} {'input':>8} {'expanded':>9} {'after':>7} {'kernels':>8} "
           f"{'distinct':>8} {'pipeline':>9} {'emit':>6} {'wall s':>7} {'cpu s':>6} "
-          f"{'nodes/s':>8} {'peak MB':>8}")
+          f"{'nodes/s':>8} {'peak MB':>8} {'gc s':>6}")
     for r in rows:
         distinct = "-" if r["distinct"] is None else r["distinct"]
         print(f"{r['target']:>8} {r['input']:>8} {r['expanded']:>9} {r['after']:>7} "
               f"{r['kernels']:>8} {distinct:>8} {r['pipeline_s']:>9.2f} {r['emit_s']:>6.2f} "
               f"{r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['expanded'] / r['wall_s']:>8.0f} "
-              f"{r['peak_mb']:>8.0f}")
+              f"{r['peak_mb']:>8.0f} {r['gc_s']:>6.2f}")
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         n0, n1 = a["expanded"], b["expanded"]
