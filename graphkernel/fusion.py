@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from graphkernel.flags import Config
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.elementwise import BINARY, UNARY
 from graphkernel.ops import OpKind
+from graphkernel.runlog import RunLog
 
 SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
 
@@ -301,56 +301,32 @@ class Attempt:
         return "Attempt(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
 
 
-class AttemptLog(Sequence[Attempt]):
+class AttemptLog(RunLog[Attempt]):
     """Every pattern attempt of a compile, in order (``Analyses.fusion_attempts``).
 
     A region that replays the decisions of an earlier region of the same structure adds
-    them as one entry (``replay``): those decisions and the region's names, the attempts
+    them as one run (``replay``): those decisions and the region's names, the attempts
     made from them only when read. A 100k-node graph records ~250,000 attempts, nearly all
     of them replayed; kept as objects they would be a tenth of the compile's live objects."""
 
     def __init__(self) -> None:
-        self._runs: list[tuple[Sequence[tuple], Sequence[str]] | Attempt] = []
-        self._len = 0
-        self._fused = 0
+        super().__init__()
+        self.fused = 0  # how many attempts fused (the others were refused)
 
     def append(self, attempt: Attempt) -> None:
-        self._runs.append(attempt)
-        self._len += 1
-        self._fused += attempt.verdict == "fused"
+        super().append(attempt)
+        self.fused += attempt.verdict == "fused"
 
     def replay(self, entries: Sequence[tuple], names: Sequence[str], fused: int) -> None:
         """Attempts ``Attempt.replayed(*entry, names)`` for each entry (``fused`` of them
         with the verdict "fused"), made when read."""
-        if entries:
-            self._runs.append((entries, names))
-            self._len += len(entries)
-            self._fused += fused
+        self._add_run((entries, names), len(entries))
+        self.fused += fused
 
-    @property
-    def fused(self) -> int:
-        """How many attempts fused (the others were refused)."""
-        return self._fused
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Attempt]:
-        for run in self._runs:
-            if type(run) is Attempt:
-                yield run
-            else:
-                entries, names = run
-                for entry in entries:
-                    yield Attempt.replayed(*entry, names)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return list(self)[i]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError("attempt index out of range")
-        return next(itertools.islice(self, i % n, None))
+    def _expand(self, run: tuple[Sequence[tuple], Sequence[str]]) -> Iterator[Attempt]:
+        entries, names = run
+        for entry in entries:
+            yield Attempt.replayed(*entry, names)
 
 
 class SplitModel:

@@ -14,7 +14,6 @@ slot per run. Selectors in ``enable_pass``/``disable_pass``:
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import re
 import sys
@@ -32,6 +31,7 @@ from graphkernel.fusion import AttemptLog, spelled
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import check_dir, file_name
 from graphkernel.registry import STAGES, PassInfo, PassResult
+from graphkernel.runlog import RunLog
 
 if TYPE_CHECKING:  # the analyses' types belong to the passes that compute them
     from graphkernel.codegen.schedule import Schedule
@@ -240,48 +240,23 @@ class Application:
     applied: bool
 
 
-class ApplicationLog(Sequence[Application]):
+class ApplicationLog(RunLog[Application]):
     """Every numbered rewrite of a compile, in order (``CompileResult.applications``).
 
     The rewrites of a region that replays the decisions of an earlier, equal region are one
-    entry (``BisectCounter.replay``): the numbers they took, the decided descriptions and
+    run (``BisectCounter.replay``): the numbers they took, the decided descriptions and
     node positions, the region's names and its nodes' origins; made into ``Application``
     records only when read (a 100k-node graph numbers ~140,000 rewrites, nearly all replayed)."""
 
-    def __init__(self) -> None:
-        self._runs: list[Application | tuple] = []
-        self._len = 0
-
-    def append(self, app: Application) -> None:
-        self._runs.append(app)
-        self._len += 1
-
     def replay(self, first: int, pass_name: str, entries: Sequence[tuple[str, tuple[int, ...]]],
                names: Sequence[str], origins: Sequence[tuple[str, ...]]) -> None:
-        if entries:
-            self._runs.append((first, pass_name, entries, names, origins))
-            self._len += len(entries)
+        self._add_run((first, pass_name, entries, names, origins), len(entries))
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Application]:
-        for run in self._runs:
-            if type(run) is Application:
-                yield run
-                continue
-            first, pass_name, entries, names, origins = run
-            for k, (text, idx) in enumerate(entries):
-                origin = list(dict.fromkeys(o for i in idx for o in origins[i]))
-                yield Application(first + k, pass_name, spelled(text, names), origin, True)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return list(self)[i]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError("application index out of range")
-        return next(itertools.islice(self, i % n, None))
+    def _expand(self, run: tuple) -> Iterator[Application]:
+        first, pass_name, entries, names, origins = run
+        for k, (text, idx) in enumerate(entries):
+            origin = list(dict.fromkeys(o for i in idx for o in origins[i]))
+            yield Application(first + k, pass_name, spelled(text, names), origin, True)
 
 
 class BisectCounter:
