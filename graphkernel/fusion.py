@@ -137,16 +137,35 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     with a path to n that leaves the region on the way. A node joins a producer's
     region only if that region is not in ``left`` of its inputs, and two producer
     regions merge only if neither reaches the other through the outside.
+
+    A region is named in these bitsets by any one of the ids merged into it (every test
+    reads them through ``members``, the ids of a class), so a node joining a producer's
+    region passes its producer's ``anc`` on unchanged. ``left`` is always within ``anc``;
+    past a node outside every region, each region above reaches on through the outside,
+    so there ``left`` is ``anc`` itself. Neither is copied where it does not change.
     """
     nodes = graph.nodes
     parent: list[int] = []          # union-find over region ids
     members: list[int] = []         # bitmask of region ids in each root's class
     region_left: list[int] = []     # regions reaching this region through the outside
-    # per node (nodes hash by identity): its region id, ``anc``, ``left``, users still to come
+    # per node (nodes hash by identity): its region id, ``anc``, ``left``
     region_of: dict[Node, int] = {}
     anc: dict[Node, int] = {}
     left: dict[Node, int] = {}
-    remaining = {n: len(n.users) for n in nodes}
+    # each node's distinct producers, and the position of each producer's last user: after
+    # that user nobody reads the producer's bitsets again, so they are freed
+    preds_of: list[Sequence[Node]] = []
+    last_user: dict[Node, int] = {}
+    for i, n in enumerate(nodes):
+        ins = n.inputs
+        if len(ins) == 1:
+            p = ins[0].producer
+            preds: Sequence[Node] = () if p is None else (p,)
+        else:  # distinct: Sub(x, x) reads x once
+            preds = list(dict.fromkeys(v.producer for v in ins if v.producer is not None))
+        preds_of.append(preds)
+        for p in preds:
+            last_user[p] = i
 
     def find(r: int) -> int:
         while parent[r] != r:
@@ -154,21 +173,29 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
             r = parent[r]
         return r
 
-    for n in nodes:
-        # distinct producers: ``remaining`` counts distinct users, so Sub(x, x) must free
-        # x's bitsets once, not twice (else a later user of x sees no ancestors)
-        preds = list(dict.fromkeys(v.producer for v in n.inputs if v.producer is not None))
-        a_in = 0
-        l_in = 0
-        for p in preds:
-            a_in |= anc.get(p, 0)
-            l_in |= left.get(p, 0)
-        if id(n) in fusable:
+    for i, n in enumerate(nodes):
+        preds = preds_of[i]
+        if len(preds) == 1:
+            a_in = anc.get(preds[0], 0)
+        else:
+            a_in = 0
+            for p in preds:
+                a_in |= anc.get(p, 0)
+        if id(n) not in fusable:
+            anc[n] = left[n] = a_in
+        else:
+            if len(preds) == 1:
+                l_in = left.get(preds[0], 0)
+            else:
+                l_in = 0
+                for p in preds:
+                    l_in |= left.get(p, 0)
             chosen = -1
             for p in preds:
-                if p not in region_of:
+                r = region_of.get(p)
+                if r is None:
                     continue
-                r = find(region_of[p])
+                r = find(r)
                 if r == chosen or members[r] & l_in:
                     continue
                 if chosen < 0:
@@ -183,16 +210,16 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
                 parent.append(chosen)
                 members.append(1 << chosen)
                 region_left.append(0)
+                anc[n] = a_in | members[chosen]
+            else:  # a_in already names the region (through the producer it joined)
+                anc[n] = a_in
             region_of[n] = chosen
-            anc[n] = a_in | (1 << chosen)
-            left_n = left[n] = l_in | (a_in & ~members[chosen])
+            # l_in holds no id of the chosen class (else it was not chosen), and is within
+            # a_in: what reaches n from outside its region is a_in without the region
+            left_n = left[n] = a_in & ~members[chosen]
             region_left[chosen] |= left_n
-        else:
-            anc[n] = a_in
-            left[n] = l_in | a_in
         for p in preds:  # free bitsets nobody will read again
-            remaining[p] -= 1
-            if remaining[p] <= 0:
+            if last_user[p] == i:
                 anc.pop(p, None)
                 left.pop(p, None)
     groups: dict[int, list[Node]] = {}
