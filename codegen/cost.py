@@ -23,18 +23,18 @@ from typing import Any
 
 from graphkernel.codegen import extern
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.traffic import VIEWS
+from graphkernel.codegen.traffic import VIEWS, launch_io
 from graphkernel.fusion import SYMBOL_SIZE, numel
 from graphkernel.ir import Graph, Node
 
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
+NO_VECTOR_WORK = frozenset({"Constant", "Opaque", *VIEWS, *CUBE_OPS})
 
 
 def _repeats(node: Node, spec: Target) -> int:
     if extern.is_extern(node):
         return extern.vector_repeats(node, spec.repeat_bytes)
-    if (node.op in ("Constant", *VIEWS) or node.op in CUBE_OPS or node.op == "Opaque"
-            or node.op == "Transpose" and _feeds_a_product(node)):
+    if node.op in NO_VECTOR_WORK or node.op == "Transpose" and _feeds_a_product(node):
         return 0
     out = node.outputs[0]
     itemsize = 4 if out.dtype.is_float else out.dtype.itemsize
@@ -64,11 +64,13 @@ def cube_flops(node: Node) -> float:
 
 def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
     """Modeled time of one launch in microseconds."""
-    members = [m for m in node.subgraph.nodes] if node.op == "GraphKernel" else [node]
-    repeats = sum(_repeats(m, spec) for m in members)
+    repeats, flops = 0, 0.0
+    for m in (node.subgraph.nodes if node.op == "GraphKernel" else (node,)):
+        repeats += _repeats(m, spec)
+        flops += cube_flops(m)
     vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
     memory_s = gm_bytes / (spec.hbm_gbps * 1e9)
-    cube_s = sum(cube_flops(m) for m in members) / (spec.cube_tflops * 1e12)
+    cube_s = flops / (spec.cube_tflops * 1e12)
     return max(vector_s, memory_s, cube_s) * 1e6 + spec.launch_overhead_us
 
 
@@ -82,14 +84,24 @@ def pipe_us(scalar: int, syncs: int, blocks: int, spec: Target) -> float:
 def model(graph: Graph, spec: Target, launches: list[dict[str, Any]]) -> float:
     """Total modeled microseconds of ``launches`` (from graphkernel.codegen.traffic.launches), each
     entry gaining its own ``modeled_us``."""
-    by_name = {n.name: n for n in graph.nodes}
     total = 0.0
     for entry in launches:
-        us = launch_us(by_name[entry["name"]], spec,
+        us = launch_us(graph.node(entry["name"]), spec,
                        entry["bytes_read"] + entry["bytes_written"])
         entry["modeled_us"] = round(us, 3)
         total += us
     return total
+
+
+def totals(graph: Graph, spec: Target) -> tuple[int, int, float]:
+    """(GM bytes, launches, modeled microseconds) of ``graph`` as it stands: the totals of
+    ``traffic.summary`` and ``model``, without an entry per launch."""
+    nbytes, count, us = 0, 0, 0.0
+    for node, read, written in launch_io(graph):
+        nbytes += read + written
+        count += 1
+        us += launch_us(node, spec, read + written)
+    return nbytes, count, us
 
 
 def by_kind(launches: list[dict[str, Any]]) -> dict[str, float]:

@@ -8,6 +8,7 @@ writes each output once. Symbolic dims count as ``SYMBOL_SIZE``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from graphkernel import ops, symbolic
@@ -43,22 +44,33 @@ def launch_kind(node: Node) -> str:
 
 
 def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
-    seen: set[int] = set()
-    read = 0
-    for v in inputs:
-        if id(v) not in seen:
-            seen.add(id(v))
-            read += nbytes(v)
+    if len(inputs) == 1:
+        read = nbytes(inputs[0])
+    else:
+        seen: set[int] = set()
+        read = 0
+        for v in inputs:
+            if id(v) not in seen:
+                seen.add(id(v))
+                read += nbytes(v)
+    if len(outputs) == 1:
+        return read, nbytes(outputs[0])
     return read, sum(nbytes(v) for v in outputs)
+
+
+def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
+    """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands."""
+    for n in graph.nodes:
+        if n.op == "Constant" or n.op in VIEWS:
+            continue
+        r, w = _io_bytes(n.inputs, n.outputs)
+        yield n, r, w
 
 
 def launches(graph: Graph) -> list[dict[str, Any]]:
     """One entry per kernel launch of ``graph`` as it stands."""
     out = []
-    for n in graph.nodes:
-        if n.op == "Constant" or n.op in VIEWS:
-            continue
-        r, w = _io_bytes(n.inputs, n.outputs)
+    for n, r, w in launch_io(graph):
         entry = {"name": n.name, "op": n.op, "kind": launch_kind(n), "bytes_read": r,
                  "bytes_written": w,
                  "ops": len(n.subgraph.nodes) if n.op == "GraphKernel" else 1}
@@ -89,36 +101,36 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
 
     outputs = {id(v) for v in graph.outputs}
     total, count = 0, 0
-    regions = [list(m) for m in form_regions(graph, fusable)]
+    nodes = graph.nodes
+    regions = form_regions(graph, fusable)
     where = {id(n): k for k, members in enumerate(regions) for n in members}
     joined: set[int] = set()
     verdicts: dict[tuple, bool] = {}  # the tiler's verdict per structure (repeated layers)
-    for n in graph.nodes:
+    for n in nodes:
         if id(n) not in products:
             continue
-        homes = {where.get(id(u)) for v in n.outputs for u in v.users}
+        homes = {where.get(id(u)) for v in n.outputs for u, _ in v.uses}
         feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
         if len(homes) == 1 and None not in homes and not homes & feeders and \
                 _epilogue_of(n, regions[next(iter(homes))], outputs, spec, verdicts):
             regions[homes.pop()].append(n)
             joined.add(id(n))
     for members in regions:
-        ids = {id(n) for n in members}
-        ins = [v for n in members for v in n.inputs
-               if v.producer is None or id(v.producer) not in ids]
-        ins = [v for v in ins if not (v.producer is not None and v.producer.op == "Constant"
-                                      and v.producer.attrs["value"].size == 1)]
-        outs = [v for n in members for v in n.outputs
-                if id(v) in outputs or any(id(u) not in ids for u in v.users)]
         if all(n.op in VIEWS for n in members):
             continue
+        ids = {id(n) for n in members}
+        ins = [v for n in members for v in n.inputs
+               if (p := v.producer) is None or id(p) not in ids and not (
+                   p.op == "Constant" and p.attrs["value"].size == 1)]
+        outs = [v for n in members for v in n.outputs
+                if id(v) in outputs or any(id(u) not in ids for u, _ in v.uses)]
         r, w = _io_bytes(ins, outs)
         total += r + w
         count += 1
-    for n in graph.nodes:
+    for n in nodes:
         if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in VIEWS:
             continue
-        r, w = _io_bytes(list(n.inputs), list(n.outputs))
+        r, w = _io_bytes(n.inputs, n.outputs)
         total += r + w
         count += 1
     return total, count
@@ -137,7 +149,7 @@ def _epilogue_of(product: Node, members: list[Node], outputs: set[int],
     if not all(ops.get(m.op).kind in EPILOGUE or reduces_along(m, last) for m in members):
         return False
     leaving = [v for m in members for v in m.outputs
-               if id(v) in outputs or any(id(u) not in ids for u in v.users)]
+               if id(v) in outputs or any(id(u) not in ids for u, _ in v.uses)]
     if not symbolic.is_static(last) or any(symbolic.canon(v.type.numel) != whole
                                            for v in leaving):
         return False

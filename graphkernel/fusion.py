@@ -97,7 +97,12 @@ def estimate(d: symbolic.Dim) -> int:
 
 
 def nbytes(v: Value) -> int:
-    return numel(v) * v.dtype.itemsize
+    t = v.type
+    n = t.numel
+    return (n if type(n) is int else estimate(n)) * ITEMSIZE[t.dtype]
+
+
+ITEMSIZE = {d: d.np.itemsize for d in DType}  # (read per value: DType.itemsize asks numpy)
 
 
 class _Sym(dict):

@@ -37,14 +37,13 @@ def cluster(graph, ctx) -> PassResult:
             reasons[n.name] = why
     regions = form_regions(graph, fusable)
     ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])
-    total, count, entries = traffic.summary(graph)
     spec = load_target(ctx.flags.target)
-    vector = {id(n) for n in graph.nodes if id(n) in fusable and n.op not in MATMUL_OPS}
+    total, count, us = cost.totals(graph, spec)
     products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
-    ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec)
+    ideal_bytes, ideal_count = traffic.ideal(graph, fusable - products, products, spec)
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
                             gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
-                            modeled_us_unfused=round(cost.model(graph, spec, entries), 3))
+                            modeled_us_unfused=round(us, 3))
     return PassResult(False, 0, [f"{counted(len(fusable), 'fusable node')} in "
                                  f"{counted(len(regions), 'region')}; "
                                  f"{counted(len(reasons), 'node')} not fusable"])
