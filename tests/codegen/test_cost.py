@@ -91,3 +91,19 @@ def test_the_cube_unit_prices_a_product_and_its_epilogue_is_one_kernel():
         assert k["modeled_us"] == pytest.approx(cube_us + spec.launch_overhead_us, abs=1e-3)
         assert ex["modeled_us_by_kind"] == {"mix": k["modeled_us"]}
         assert ex["codegen"]["kinds"] == {k["name"]: "mix"}
+
+
+@pytest.mark.parametrize("model", ["examples/attention_softmax.json", "examples/mlp_gelu.json",
+                                   "examples/layernorm_residual.json"])
+def test_totals_are_the_summary_and_the_model_summed(model):
+    """``totals`` (what the cluster pass reads) equals ``summary`` and ``model`` entry by
+    entry, fused or not, with symbolic dims and a product among the launches."""
+    from graphkernel.codegen import cost, traffic
+
+    spec = load("ascend910b")
+    g = load_model(model)
+    fused = graphkernel.compile(g, "--opt_level=2", env={}).graph
+    for graph in (g, fused):
+        total, count, entries = traffic.summary(graph)
+        assert cost.totals(graph, spec) == (total, count, cost.model(graph, spec, entries))
+        assert count == len(entries) > 0
