@@ -83,7 +83,8 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
 
 
 def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] = frozenset(),
-          spec: Target | None = None) -> tuple[int, int]:
+          spec: Target | None = None, regions: list[list[Node]] | None = None
+          ) -> tuple[int, int]:
     """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
     every size limit and pattern rule: the lower bound fusion can reach.
 
@@ -96,13 +97,16 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     the product only (a reduction broadcast back: LayerNorm, RMSNorm, softmax) and a base
     tile holds whole rows of N (N static; on the ``spec`` target, as the generator's own
     epilogue, buffer plan and tiler find: the one size limit kept, since beyond it the
-    generator cannot fuse at all). Any other reduction is no epilogue."""
+    generator cannot fuse at all). Any other reduction is no epilogue.
+
+    ``regions``: ``form_regions(graph, fusable)`` when the caller has it (its lists grow)."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
     total, count = 0, 0
     nodes = graph.nodes
-    regions = form_regions(graph, fusable)
+    if regions is None:
+        regions = form_regions(graph, fusable)
     where = {id(n): k for k, members in enumerate(regions) for n in members}
     joined: set[int] = set()
     verdicts: dict[tuple, bool] = {}  # the tiler's verdict per structure (repeated layers)

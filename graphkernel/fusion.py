@@ -5,7 +5,7 @@
 - ``form_regions`` groups fusable nodes into *convex* regions: no path between two
   nodes of a region ever leaves it, so fusing inside a region can never create a
   cycle through the rest of the graph. Built in one topological sweep with
-  Python-int bitsets of region ids.
+  Python-int bitsets of region ids (``regions_of``: one sweep for several sets).
 - ``SplitModel`` holds a region's areas (sets of nodes that will become one kernel)
   and a reachability table (one bitset per node, over the region's nodes, following
   paths through the whole graph), so a cycle check is a few ANDs.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphkernel import ops, symbolic
 from graphkernel.flags import Config
@@ -142,21 +142,34 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
     with a path to n that leaves the region on the way. A node joins a producer's
     region only if that region is not in ``left`` of its inputs, and two producer
     regions merge only if neither reaches the other through the outside.
+    """
+    return regions_of(graph, [fusable])[0]
 
-    A region is named in these bitsets by any one of the ids merged into it (every test
-    reads them through ``members``, the ids of a class), so a node joining a producer's
-    region passes its producer's ``anc`` on unchanged. ``left`` is always within ``anc``;
-    past a node outside every region, each region above reaches on through the outside,
-    so there ``left`` is ``anc`` itself. Neither is copied where it does not change.
+
+class _Sweep(NamedTuple):
+    """The state of ``form_regions`` for one set of fusable nodes."""
+
+    fusable: set[int]
+    parent: list[int]       # union-find over region ids
+    members: list[int]      # bitmask of region ids in each root's class
+    region_left: list[int]  # regions reaching each region through the outside
+    # per node (nodes hash by identity): its region id, ``anc``, ``left``
+    region_of: dict[Node, int]
+    anc: dict[Node, int]
+    left: dict[Node, int]
+
+
+def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]:
+    """``form_regions`` of each set of fusable nodes in ``sets``, in one sweep of the graph
+    (its order and each node's producers read once for all).
+
+    A region is named in the bitsets by any one of the ids merged into it (every test reads
+    them through ``members``, the ids of a class), so a node joining a producer's region
+    passes its producer's ``anc`` on unchanged. ``left`` is always within ``anc``; past a
+    node outside every region, each region above reaches on through the outside, so there
+    ``left`` is ``anc`` itself. Neither is copied where it does not change.
     """
     nodes = graph.nodes
-    parent: list[int] = []          # union-find over region ids
-    members: list[int] = []         # bitmask of region ids in each root's class
-    region_left: list[int] = []     # regions reaching this region through the outside
-    # per node (nodes hash by identity): its region id, ``anc``, ``left``
-    region_of: dict[Node, int] = {}
-    anc: dict[Node, int] = {}
-    left: dict[Node, int] = {}
     # each node's distinct producers, and the position of each producer's last user: after
     # that user nobody reads the producer's bitsets again, so they are freed
     preds_of: list[Sequence[Node]] = []
@@ -171,8 +184,9 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
         preds_of.append(preds)
         for p in preds:
             last_user[p] = i
+    sweeps = [_Sweep(fusable, [], [], [], {}, {}, {}) for fusable in sets]
 
-    def find(r: int) -> int:
+    def find(parent: list[int], r: int) -> int:
         while parent[r] != r:
             parent[r] = parent[parent[r]]
             r = parent[r]
@@ -180,16 +194,18 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
 
     for i, n in enumerate(nodes):
         preds = preds_of[i]
-        if len(preds) == 1:
-            a_in = anc.get(preds[0], 0)
-        else:
-            a_in = 0
-            for p in preds:
-                a_in |= anc.get(p, 0)
-        if id(n) not in fusable:
-            anc[n] = left[n] = a_in
-        else:
-            if len(preds) == 1:
+        single = len(preds) == 1
+        for fusable, parent, members, region_left, region_of, anc, left in sweeps:
+            if single:
+                a_in = anc.get(preds[0], 0)
+            else:
+                a_in = 0
+                for p in preds:
+                    a_in |= anc.get(p, 0)
+            if id(n) not in fusable:
+                anc[n] = left[n] = a_in
+                continue
+            if single:
                 l_in = left.get(preds[0], 0)
             else:
                 l_in = 0
@@ -200,7 +216,7 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
                 r = region_of.get(p)
                 if r is None:
                     continue
-                r = find(r)
+                r = find(parent, r)
                 if r == chosen or members[r] & l_in:
                     continue
                 if chosen < 0:
@@ -219,19 +235,24 @@ def form_regions(graph: Graph, fusable: set[int]) -> list[list[Node]]:
             else:  # a_in already names the region (through the producer it joined)
                 anc[n] = a_in
             region_of[n] = chosen
-            # l_in holds no id of the chosen class (else it was not chosen), and is within
+            # l_in holds no id of the chosen class (else it was not chosen) and is within
             # a_in: what reaches n from outside its region is a_in without the region
             left_n = left[n] = a_in & ~members[chosen]
             region_left[chosen] |= left_n
         for p in preds:  # free bitsets nobody will read again
             if last_user[p] == i:
-                anc.pop(p, None)
-                left.pop(p, None)
-    groups: dict[int, list[Node]] = {}
-    for n in nodes:
-        if n in region_of:
-            groups.setdefault(find(region_of[n]), []).append(n)
-    return list(groups.values())
+                for sweep in sweeps:
+                    sweep.anc.pop(p, None)
+                    sweep.left.pop(p, None)
+    out = []
+    for _, parent, _, _, region_of, _, _ in sweeps:
+        groups: dict[int, list[Node]] = {}
+        for n in nodes:
+            r = region_of.get(n)
+            if r is not None:
+                groups.setdefault(find(parent, r), []).append(n)
+        out.append(list(groups.values()))
+    return out
 
 
 # ------------------------------------------------------------------ split model

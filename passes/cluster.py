@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, traffic
 from graphkernel.codegen.targets import load as load_target
-from graphkernel.fusion import MATMUL_OPS, cluster_ops, form_regions, reason_checker
+from graphkernel.fusion import MATMUL_OPS, cluster_ops, reason_checker, regions_of
 from graphkernel.ir import Node
 from graphkernel.registry import PassResult, counted
 
@@ -35,12 +35,14 @@ def cluster(graph, ctx) -> PassResult:
             fusable.add(id(n))
         elif n.op != "Constant":
             reasons[n.name] = why
-    regions = form_regions(graph, fusable)
+    # the ideal's regions (matrix products apart: they join as epilogues) in the same sweep
+    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
+    vector = fusable - products
+    regions, vector_regions = regions_of(graph, [fusable, vector])
     ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])
     spec = load_target(ctx.flags.target)
     total, count, us = cost.totals(graph, spec)
-    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
-    ideal_bytes, ideal_count = traffic.ideal(graph, fusable - products, products, spec)
+    ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec, vector_regions)
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
                             gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
                             modeled_us_unfused=round(us, 3))

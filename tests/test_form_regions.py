@@ -1,6 +1,7 @@
 """form_regions on random DAGs: every region convex (checked by brute force over paths), every
 fusable node in exactly one region, each region in topological order, and the regions the
-same as a plain sweep of the same rule (bitsets rebuilt at every node, no sharing)."""
+same as a plain sweep of the same rule (bitsets rebuilt at every node, no sharing); regions_of
+sweeping several sets at once gives each set's own regions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import pytest
 
 from graphkernel import Graph, TensorType
-from graphkernel.fusion import form_regions
+from graphkernel.fusion import form_regions, regions_of
 
 
 def random_dag(seed: int, size: int) -> tuple[Graph, set[int]]:
@@ -128,3 +129,14 @@ def test_a_long_chain_is_one_region_and_a_detour_splits_it():
     regions = form_regions(g, fusable)
     assert [len(r) for r in regions] == [2000, 1]  # join reads c1999 through the detour too
     assert regions[1][0].name == "join"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_one_sweep_of_several_sets_gives_each_sets_regions(seed):
+    g, fusable = random_dag(seed, 60)
+    rng = random.Random(seed)
+    fewer = {i for i in fusable if rng.random() < 0.7}
+    other = {id(n) for n in g.nodes if rng.random() < 0.5}
+    for sets in ([fusable, fewer, other], [other, fusable], [set(), fusable]):
+        names = [[[n.name for n in r] for r in regions] for regions in regions_of(g, sets)]
+        assert names == [plain_regions(g, s) for s in sets]
