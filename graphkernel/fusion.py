@@ -151,23 +151,33 @@ class _Sweep(NamedTuple):
 
     fusable: set[int]
     parent: list[int]       # union-find over region ids
-    members: list[int]      # bitmask of region ids in each root's class
-    region_left: list[int]  # regions reaching each region through the outside
+    members: list[int]      # per root: the bit slots of its class
+    region_left: list[int]  # per root: the classes reaching it through the outside
     # per node (nodes hash by identity): its region id, ``anc``, ``left``
     region_of: dict[Node, int]
     anc: dict[Node, int]
     left: dict[Node, int]
+    live: dict[int, int]    # per root of an open class: its members whose bitsets are kept
+    slots: list[int]        # [slots in use, how many before the next renumbering]
 
 
 def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]:
     """``form_regions`` of each set of fusable nodes in ``sets``, in one sweep of the graph
     (its order and each node's producers read once for all).
 
-    A region is named in the bitsets by any one of the ids merged into it (every test reads
-    them through ``members``, the ids of a class), so a node joining a producer's region
-    passes its producer's ``anc`` on unchanged. ``left`` is always within ``anc``; past a
-    node outside every region, each region above reaches on through the outside, so there
-    ``left`` is ``anc`` itself. Neither is copied where it does not change.
+    Bitsets name classes of regions, never single regions: every test reads them through
+    ``members`` (the bit slots of a class), and merging two classes merges their slots. So
+    a node joining a producer's region passes its producer's ``anc`` on unchanged; ``left``
+    is always within ``anc``, and past a node outside every region each region above
+    reaches on through the outside: there ``left`` is ``anc`` itself.
+
+    Only *open* classes are ever tested: those with a member some later node reads (a node
+    joins, and merges, the classes of its producers only). A class closes for good when its
+    last such member is read, so its bit is dead weight in every bitset after; once the
+    slots in use reach twice the open classes and some (more while many bitsets are kept),
+    each open class gets one slot anew (``_renumber``) and the closed ones none. The bitsets
+    stay as wide as the graph's open classes, not as its count of regions. Only bitsets a
+    later node reads are kept (an absent one reads as 0).
     """
     nodes = graph.nodes
     # each node's distinct producers, and the position of each producer's last user: after
@@ -184,18 +194,14 @@ def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]
         preds_of.append(preds)
         for p in preds:
             last_user[p] = i
-    sweeps = [_Sweep(fusable, [], [], [], {}, {}, {}) for fusable in sets]
-
-    def find(parent: list[int], r: int) -> int:
-        while parent[r] != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
+    sweeps = [_Sweep(fusable, [], [], [], {}, {}, {}, {}, [0, RENUMBER_AT])
+              for fusable in sets]
 
     for i, n in enumerate(nodes):
         preds = preds_of[i]
         single = len(preds) == 1
-        for fusable, parent, members, region_left, region_of, anc, left in sweeps:
+        read_later = n in last_user
+        for fusable, parent, members, region_left, region_of, anc, left, live, slots in sweeps:
             if single:
                 a_in = anc.get(preds[0], 0)
             else:
@@ -203,7 +209,8 @@ def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]
                 for p in preds:
                     a_in |= anc.get(p, 0)
             if id(n) not in fusable:
-                anc[n] = left[n] = a_in
+                if read_later and a_in:  # (an absent bitset reads as 0)
+                    anc[n] = left[n] = a_in
                 continue
             if single:
                 l_in = left.get(preds[0], 0)
@@ -216,7 +223,7 @@ def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]
                 r = region_of.get(p)
                 if r is None:
                     continue
-                r = find(parent, r)
+                r = _find(parent, r)
                 if r == chosen or members[r] & l_in:
                     continue
                 if chosen < 0:
@@ -226,33 +233,86 @@ def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]
                     parent[r] = chosen
                     members[chosen] |= members[r]
                     region_left[chosen] |= region_left[r]
+                    live[chosen] += live.pop(r)
             if chosen < 0:
                 chosen = len(parent)
                 parent.append(chosen)
-                members.append(1 << chosen)
+                members.append(1 << slots[0])
+                slots[0] += 1
                 region_left.append(0)
-                anc[n] = a_in | members[chosen]
-            else:  # a_in already names the region (through the producer it joined)
-                anc[n] = a_in
+                live[chosen] = 0
+                a_in |= members[chosen]
             region_of[n] = chosen
-            # l_in holds no id of the chosen class (else it was not chosen) and is within
+            # l_in holds no slot of the chosen class (else it was not chosen), and is within
             # a_in: what reaches n from outside its region is a_in without the region
-            left_n = left[n] = a_in & ~members[chosen]
+            left_n = a_in & ~members[chosen]
             region_left[chosen] |= left_n
+            if read_later:
+                anc[n], left[n] = a_in, left_n
+                live[chosen] += 1
+            elif not live[chosen]:  # closed as soon as opened
+                del live[chosen]
         for p in preds:  # free bitsets nobody will read again
             if last_user[p] == i:
                 for sweep in sweeps:
                     sweep.anc.pop(p, None)
                     sweep.left.pop(p, None)
+                    r = sweep.region_of.get(p)
+                    if r is not None:
+                        r = _find(sweep.parent, r)
+                        sweep.live[r] -= 1
+                        if not sweep.live[r]:
+                            del sweep.live[r]
+        for sweep in sweeps:
+            if sweep.slots[0] >= sweep.slots[1]:
+                _renumber(sweep)
     out = []
-    for _, parent, _, _, region_of, _, _ in sweeps:
+    for sweep in sweeps:
         groups: dict[int, list[Node]] = {}
         for n in nodes:
-            r = region_of.get(n)
+            r = sweep.region_of.get(n)
             if r is not None:
-                groups.setdefault(find(parent, r), []).append(n)
+                groups.setdefault(_find(sweep.parent, r), []).append(n)
         out.append(list(groups.values()))
     return out
+
+
+RENUMBER_AT = 64  # slots in use before the first renumbering
+
+
+def _find(parent: list[int], r: int) -> int:
+    while parent[r] != r:
+        parent[r] = parent[parent[r]]
+        r = parent[r]
+    return r
+
+
+def _renumber(sweep: _Sweep) -> None:
+    """One bit slot per open class, none for closed ones, in every bitset still read."""
+    classes = [(r, sweep.members[r]) for r in sweep.live]
+    renamed: dict[int, int] = {0: 0}
+
+    def rename(bits: int) -> int:
+        out = renamed.get(bits)
+        if out is None:
+            out = 0
+            for k, (_, mask) in enumerate(classes):
+                if bits & mask:
+                    out |= 1 << k
+            renamed[bits] = out
+        return out
+
+    for table in (sweep.anc, sweep.left):
+        for n, bits in table.items():
+            table[n] = rename(bits)
+    for r, _ in classes:
+        sweep.region_left[r] = rename(sweep.region_left[r])
+    for k, (r, _) in enumerate(classes):
+        sweep.members[r] = 1 << k
+    sweep.slots[0] = len(classes)
+    # the next renumbering once as many slots again (and some) are taken, or more while
+    # many bitsets are kept (renumbering reads every one of them)
+    sweep.slots[1] = 2 * len(classes) + max(RENUMBER_AT, len(sweep.anc) // 8)
 
 
 # ------------------------------------------------------------------ split model

@@ -140,3 +140,22 @@ def test_one_sweep_of_several_sets_gives_each_sets_regions(seed):
     for sets in ([fusable, fewer, other], [other, fusable], [set(), fusable]):
         names = [[[n.name for n in r] for r in regions] for regions in regions_of(g, sets)]
         assert names == [plain_regions(g, s) for s in sets]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_renumbering_the_bit_slots_changes_no_region(seed, monkeypatch):
+    """Slots renumbered after (nearly) every new region: the regions stay the plain sweep's."""
+    from graphkernel import fusion
+
+    renumbered = []
+    renumber = fusion._renumber
+    monkeypatch.setattr(fusion, "RENUMBER_AT", 1)
+    monkeypatch.setattr(fusion, "_renumber", lambda sweep: renumbered.append(1) or
+                        renumber(sweep))
+    g, fusable = random_dag(100 + seed, 200)
+    rng = random.Random(seed)
+    fewer = {id(n) for n in g.nodes if id(n) in fusable and rng.random() < 0.6}
+    names = [[[n.name for n in r] for r in regions] for regions in
+             fusion.regions_of(g, [fusable, fewer])]
+    assert names == [plain_regions(g, fusable), plain_regions(g, fewer)]
+    assert len(renumbered) >= 5
