@@ -24,11 +24,12 @@ from typing import Any
 from graphkernel.codegen import extern
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.traffic import VIEWS, launch_io
-from graphkernel.fusion import SYMBOL_SIZE, numel
+from graphkernel.fusion import ITEMSIZE, SYMBOL_SIZE, numel
 from graphkernel.ir import Graph, Node
 
 CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 NO_VECTOR_WORK = frozenset({"Constant", "Opaque", *VIEWS, *CUBE_OPS})
+PRODUCTS = frozenset({"MatMul", "BatchMatMul"})  # what cube_flops counts, with externs
 
 
 def _repeats(node: Node, spec: Target) -> int:
@@ -37,7 +38,8 @@ def _repeats(node: Node, spec: Target) -> int:
     if node.op in NO_VECTOR_WORK or node.op == "Transpose" and _feeds_a_product(node):
         return 0
     out = node.outputs[0]
-    itemsize = 4 if out.dtype.is_float else out.dtype.itemsize
+    dtype = out.type.dtype
+    itemsize = 4 if dtype.is_float else ITEMSIZE[dtype]
     return math.ceil(numel(out) * itemsize / spec.repeat_bytes)
 
 
@@ -53,7 +55,7 @@ def cube_flops(node: Node) -> float:
     Symbolic dims count as SYMBOL_SIZE."""
     if extern.is_extern(node):
         return extern.cube_flops(node)
-    if node.op not in ("MatMul", "BatchMatMul"):
+    if node.op not in PRODUCTS:
         return 0.0
     a = node.inputs[0].type
     k = a.shape[-2] if node.attrs.get("transpose_a") else a.shape[-1]
@@ -67,7 +69,8 @@ def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
     repeats, flops = 0, 0.0
     for m in (node.subgraph.nodes if node.op == "GraphKernel" else (node,)):
         repeats += _repeats(m, spec)
-        flops += cube_flops(m)
+        if m.op in PRODUCTS or m.op in extern.OPERATORS:  # (no other op has cube work)
+            flops += cube_flops(m)
     vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
     memory_s = gm_bytes / (spec.hbm_gbps * 1e9)
     cube_s = flops / (spec.cube_tflops * 1e12)
