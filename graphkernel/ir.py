@@ -133,8 +133,9 @@ class Graph:
     def __init__(self, name: str = "graph") -> None:
         self.name = name
         self.inputs: list[Value] = []
-        self.outputs: list[Value] = []
+        self.outputs: list[Value] = []  # (changed only by set_outputs and replace_all_uses)
         self.output_names: list[str] = []
+        self._output_at: dict[int, list[int]] = {}  # id of an output value -> its positions
         self._nodes: dict[int, Node] = {}
         self._node_names: dict[str, Node] = {}
         self._values: dict[str, Value] = {}
@@ -194,6 +195,10 @@ class Graph:
 
     def has_value(self, name: str) -> bool:
         return name in self._values
+
+    def is_output(self, value: Value) -> bool:
+        """Whether ``value`` is one of the graph's outputs (at the cost of a dict look-up)."""
+        return id(value) in self._output_at
 
     @property
     def constants(self) -> list[Node]:
@@ -316,6 +321,7 @@ class Graph:
                              "output, distinct for distinct values")
         self.outputs = list(values)
         self.output_names = names
+        self._output_at = _positions(self.outputs)
 
     def named_outputs(self) -> list[tuple[str, Value]]:
         """(name, value) of every output, in order."""
@@ -377,14 +383,17 @@ class Graph:
         for node, idx in list(old.uses):
             self.replace_input(node, idx, new)
             count += 1
-        was_output = any(v is new for v in self.outputs)
-        for i, v in enumerate(self.outputs):
-            if v is old:
+        at = self._output_at.pop(id(old), None)
+        if at is not None:
+            if id(new) not in self._output_at and new.producer is not None:
+                if len(at) > 1:  # (outputs are replaced in order: old is still a later one)
+                    self._output_at[id(old)] = at[1:]
+                self._take_name(new, self.output_names[at[0]])
+                self._output_at.pop(id(old), None)
+            for i in at:
                 self.outputs[i] = new
-                count += 1
-                if not was_output and new.producer is not None:
-                    self._take_name(new, self.output_names[i])
-                    was_output = True
+            self._output_at[id(new)] = sorted(self._output_at.get(id(new), []) + at)
+            count += len(at)
         return count
 
     def _take_name(self, value: Value, name: str) -> None:
@@ -394,7 +403,7 @@ class Graph:
         if holder is value:
             return
         if holder is not None:
-            if holder.producer is None or any(o is holder for o in self.outputs):
+            if holder.producer is None or id(holder) in self._output_at:
                 return
             self.rename_value(holder, self.fresh_name(f"{name}_replaced"))
         self.rename_value(value, name)
@@ -408,7 +417,7 @@ class Graph:
                     f"cannot erase node '{node.name}': its output '%{v.name}' is still used by "
                     f"{users}; call replace_all_uses first"
                 )
-            if any(o is v for o in self.outputs):
+            if id(v) in self._output_at:
                 raise GraphError(
                     f"cannot erase node '{node.name}': '%{v.name}' is a graph output"
                 )
@@ -437,53 +446,83 @@ class Graph:
         self._erased = None
 
     def remove_dead(self, keep_side_effects: bool = True) -> int:
-        """Erase nodes whose results are unused (in-place ops are kept: they write parameters)."""
-        live_out = {id(v) for v in self.outputs}
-        removed = 0
-        for node in reversed(self.nodes):
+        """Erase nodes whose results are unused (in-place ops are kept: they write parameters).
+
+        Works back from the unused nodes to the producers they leave unused; only the nodes
+        kept are sorted (when the graph was out of order), not those erased."""
+        outputs = self._output_at
+
+        def dead(node: Node) -> bool:
             if keep_side_effects and node.op != "GraphKernel" and ops.get(node.op).writes:
-                continue
-            if any(v.uses or id(v) in live_out for v in node.outputs):
-                continue
+                return False
+            return not any(v.uses or id(v) in outputs for v in node.outputs)
+
+        todo = [n for n in self._nodes.values() if dead(n)]
+        removed = 0
+        while todo:
+            node = todo.pop()
+            if node.graph is not self:
+                continue  # (a producer can be queued by each of its users)
+            producers = [v.producer for v in node.inputs if v.producer is not None]
             self.erase_node(node)
             removed += 1
+            todo += [p for p in producers if p.graph is self and dead(p)]
+        if self._order_dirty:
+            self.toposort()
         return removed
 
     def toposort(self) -> None:
         """Re-sort nodes topologically, keeping the current order where it is already valid:
         among the nodes whose producers are placed, the earliest in the current order goes
-        next."""
+        next.
+
+        One walk through the current order: a node whose producers are all placed is placed
+        when reached; one still waiting for a producer is parked until its last producer is
+        placed, and then goes before the rest of the walk (it came earlier). A node placed
+        gets the next ``_seq``, so a producer is placed when its ``_seq`` is from this sort."""
         if self._in_order():  # what the sort would give: the order as it is
             self._order_dirty = False
             return
-        nodes = list(self._nodes.values())
-        indeg: dict[Node, int] = {}  # (nodes hash by identity)
-        heap = []
+        nodes = list(self._nodes.values())  # (in _seq order)
+        seqs = self._seq
+        start = next(seqs)
+        order: list[Node] = []
+        waiting: dict[int, list[Node]] = {}  # id of a producer not placed -> nodes parked on it
+        missing: dict[int, int] = {}  # id of a parked node -> its inputs not produced yet
+        parked: dict[int, Node] = {}  # old _seq of a parked node -> the node
+        ready: list[int] = []  # old _seqs of parked nodes whose producers are all placed: a heap
+        push, pop = heapq.heappush, heapq.heappop
+
+        def place(n: Node) -> None:
+            n._seq = next(seqs)
+            order.append(n)
+            for w in waiting.pop(id(n), ()) if waiting else ():
+                k = missing[id(w)] - 1
+                missing[id(w)] = k
+                if not k:
+                    push(ready, w._seq)
+
         for n in nodes:
+            while ready:
+                place(parked.pop(pop(ready)))
             k = 0
             for v in n.inputs:
-                if v.producer is not None:
+                p = v.producer
+                if p is not None and (p._seq < start or p.graph is not self):
                     k += 1
-            indeg[n] = k
-            if not k:
-                heap.append((n._seq, id(n), n))
-        heapq.heapify(heap)
-        push, pop = heapq.heappush, heapq.heappop
-        order: list[Node] = []
-        while heap:
-            n = pop(heap)[2]
-            order.append(n)
-            for v in n.outputs:
-                for u, _ in v.uses:
-                    k = indeg[u] - 1
-                    indeg[u] = k
-                    if not k:
-                        push(heap, (u._seq, id(u), u))
+                    waiting.setdefault(id(p), []).append(n)
+            if k:
+                missing[id(n)] = k
+                parked[n._seq] = n
+            else:
+                place(n)
+        while ready:
+            place(parked.pop(pop(ready)))
         if len(order) != len(nodes):
+            for n in nodes:  # (the order as it was)
+                n._seq = next(seqs)
             raise GraphError(f"graph '{self.name}' has a cycle: " + self._describe_cycle())
-        self._nodes = {id(n): n for n in order}
-        for n in order:
-            n._seq = next(self._seq)
+        self._nodes = dict(zip(map(id, order), order))
         self._order_dirty = False
 
     def _in_order(self) -> bool:
@@ -621,3 +660,11 @@ class Graph:
 
     def __str__(self) -> str:
         return format_graph(self)
+
+
+def _positions(values: list[Value]) -> dict[int, list[int]]:
+    """id of each value -> the positions it holds in ``values``, ascending."""
+    at: dict[int, list[int]] = {}
+    for i, v in enumerate(values):
+        at.setdefault(id(v), []).append(i)
+    return at

@@ -79,6 +79,10 @@ class OpDef:
     # input when that input is a mutable graph input (a parameter)
     writes: tuple[tuple[int, int], ...] = ()
     _fields: tuple[str, ...] = field(default=(), repr=False)
+    # inferred output types by (input types, attributes): most nodes of a graph repeat a few
+    # signatures, and a TensorType is immutable, so equal signatures share their result
+    _inferred: dict[tuple, tuple[TensorType, ...]] = field(default_factory=dict, repr=False,
+                                                           compare=False)
 
     def __post_init__(self) -> None:
         self._fields = tuple(self.attrs.model_fields)
@@ -110,12 +114,56 @@ class OpDef:
 
     def infer_types(self, in_types: Sequence[TensorType], attrs: dict[str, Any],
                     where: str = "") -> list[TensorType]:
+        """The output types of this op on inputs of ``in_types``; remembered for attributes
+        of plain values (an inference is a function of its types and attributes only)."""
+        frozen = _frozen_attrs(attrs)
+        key = None if frozen is None else (tuple(in_types), frozen)
+        if key is not None:
+            known = self._inferred.get(key)
+            if known is not None:
+                return list(known)
         try:
             out = self.infer(list(in_types), attrs)
         except ShapeError as e:
             ins = ", ".join(str(t) for t in in_types)
             raise ShapeError(f"{where or self.name}: {e} (inputs: {ins})") from None
+        if key is not None:
+            if len(self._inferred) >= _INFERRED_LIMIT:
+                self._inferred.clear()
+            self._inferred[key] = tuple(out)
         return list(out)
+
+
+_INFERRED_LIMIT = 4096  # signatures remembered per op (a bound for graphs of many shapes)
+_PLAIN = frozenset({type(None), bool, int, float, str, DType})
+
+
+def _frozen(v: Any) -> Any:
+    """``v`` as a dict key that only an equal value of the same type meets (``True`` and
+    ``1``, ``1`` and ``1.0`` differ), or ``_UNFROZEN`` for values other than plain scalars
+    and lists or tuples of them (arrays, subgraphs: never keyed)."""
+    cls = v.__class__
+    if cls in _PLAIN:
+        return (cls, v)
+    if cls is list or cls is tuple:
+        items = tuple(_frozen(x) for x in v)
+        return _UNFROZEN if _UNFROZEN in items else (cls, items)
+    return _UNFROZEN
+
+
+_UNFROZEN = object()
+
+
+def _frozen_attrs(attrs: dict[str, Any]) -> tuple | None:
+    """The attributes as a key (see ``_frozen``), or None when one cannot be keyed."""
+    items = []
+    for k, v in attrs.items():
+        cls = v.__class__
+        f = (cls, v) if cls in _PLAIN else _frozen(v)
+        if f is _UNFROZEN:
+            return None
+        items.append((k, f))
+    return tuple(items)
 
 
 _REGISTRY: dict[str, OpDef] = {}

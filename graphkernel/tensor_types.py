@@ -112,11 +112,31 @@ class TensorType:
     shape: Shape
     dtype: DType
     _numel: Dim = field(init=False, repr=False, compare=False, hash=False)
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(symbolic.canon(d) for d in self.shape))
-        object.__setattr__(self, "dtype", DType.parse(self.dtype))
-        object.__setattr__(self, "_numel", symbolic.numel(self.shape))
+        shape, numel = self.shape, 1
+        for d in shape:  # the common case, all dims static, without a call per dim
+            if type(d) is not int or d < 0:
+                shape = tuple(symbolic.canon(d) for d in shape)
+                numel = symbolic.numel(shape)
+                break
+            numel *= d
+        else:
+            if type(shape) is not tuple:
+                shape = tuple(shape)
+        dtype = self.dtype if type(self.dtype) is DType else DType.parse(self.dtype)
+        setattr_ = object.__setattr__
+        setattr_(self, "shape", shape)
+        setattr_(self, "dtype", dtype)
+        setattr_(self, "_numel", numel)
+        setattr_(self, "_hash", hash((shape, dtype)))
+
+    def __hash__(self) -> int:  # (kept: types are dict keys of every inference)
+        return self._hash
+
+    def __reduce__(self) -> tuple:  # rebuilt, not restored: a str's hash differs by process
+        return TensorType, (self.shape, self.dtype)
 
     @property
     def rank(self) -> int:

@@ -130,7 +130,7 @@ def _sliced_conv(g: Graph, n: Node) -> tuple[Node, Node | None, int, int] | None
     conv_out = view.inputs[0] if view is not None else x
     conv = _producer(conv_out, "Conv2D")
     if conv is None or view is not None and view.attrs["axis"] is None \
-            or any(len(v.uses) != 1 or any(o is v for o in g.outputs) for v in (x, conv_out)):
+            or any(len(v.uses) != 1 or g.is_output(v) for v in (x, conv_out)):
         return None
     axis = (a["axes"] or [0])[0] % x.type.rank
     if view is not None:  # the Squeeze's input axis that the slice's axis is

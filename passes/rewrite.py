@@ -34,8 +34,7 @@ def replace_with(graph: Graph, node: Node, new: Value | list[Value]) -> None:
     news = new if isinstance(new, list) else [new]
     for old, rep in zip(node.outputs, news, strict=True):
         graph.replace_all_uses(old, rep)
-    if not any(v.uses for v in node.outputs) and all(
-            not any(o is v for o in graph.outputs) for v in node.outputs):
+    if not any(v.uses or graph.is_output(v) for v in node.outputs):
         graph.erase_node(node)
 
 

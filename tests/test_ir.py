@@ -77,6 +77,57 @@ def test_toposort_keeps_a_valid_order_and_still_finds_a_cycle_made_behind_its_ba
         g.validate()
 
 
+def earliest_ready_order(g: Graph) -> list[str]:
+    """The order toposort promises, by its definition: repeatedly, of the nodes whose
+    producers are all placed, the one earliest in the current order."""
+    position = {id(n): i for i, n in enumerate(g._nodes.values())}
+    placed: set[int] = set()
+    left = list(g._nodes.values())
+    order = []
+    while left:
+        n = min((m for m in left if all(v.producer is None or id(v.producer) in placed
+                                         for v in m.inputs)), key=lambda m: position[id(m)])
+        placed.add(id(n))
+        left.remove(n)
+        order.append(n.name)
+    return order
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_toposort_places_the_earliest_ready_node_first_after_random_rewiring(seed):
+    rng = np.random.default_rng(seed)
+    g = Graph("random")
+    values = [g.add_input("x", F32), g.add_input("y", F32)]
+    for i in range(40):
+        if rng.random() < 0.5:
+            ins = [values[rng.integers(len(values))]]
+            op = "Exp"
+        else:
+            ins = [values[rng.integers(len(values))], values[rng.integers(len(values))]]
+            op = "Add"
+        values.append(g.add_node(op, ins, name=f"n{i}").output)
+    g.set_outputs(values[-3:])
+    nodes = list(g._nodes.values())
+    for _ in range(15):  # rewire an input to a later node, when that makes no cycle
+        a, b = sorted(rng.choice(len(nodes), 2, replace=False))
+        reader, late = nodes[a], nodes[b]
+        reached, todo = set(), [late]  # the nodes late reads, transitively
+        while todo:
+            n = todo.pop()
+            for v in n.inputs:
+                if v.producer is not None and id(v.producer) not in reached:
+                    reached.add(id(v.producer))
+                    todo.append(v.producer)
+        if id(reader) not in reached:
+            g.replace_input(reader, int(rng.integers(len(reader.inputs))), late.output)
+    want = earliest_ready_order(g)
+    g.toposort()
+    assert [n.name for n in g._nodes.values()] == want
+    seqs = [n._seq for n in g._nodes.values()]
+    assert seqs == sorted(seqs)
+    g.validate()
+
+
 def test_in_order_sorts_only_the_nodes_given_and_resorts_when_they_were_rewired():
     g = chain()
     late = g.add_node("Sqrt", [g.inputs[0]], name="late").output
