@@ -53,24 +53,31 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
             config: str | os.PathLike | None = None, target: str | None = None, *,
             env: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
             out_dir: str | os.PathLike | None = None,
-            dump_dir: str | os.PathLike | None = None) -> CompileResult:
+            dump_dir: str | os.PathLike | None = None, copy: bool = True) -> CompileResult:
     """Run the pass pipeline on a graph (or a model file) under the effective flags.
 
-    The input graph is not modified. ``out_dir`` also receives ``report.json``; ``dump_dir``
+    The input graph is not modified: the pipeline runs on a copy of it. With ``copy=False``
+    it runs on the graph itself, which the caller gives up (it becomes the result's graph,
+    or is left half-compiled when the compile fails): for a graph built only to be
+    compiled, it saves the copy's time and memory. ``out_dir`` also receives
+    ``report.json``; ``dump_dir``
     replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps and, with
     ``keep_codegen_project``, of the kernel project (``kernels/`` and its manifest).
     """
     with collector_paused():
-        return _compile(graph_or_path, flags, config, target, env, log, out_dir, dump_dir)
+        return _compile(graph_or_path, flags, config, target, env, log, out_dir, dump_dir,
+                        copy)
 
 
 def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, Any] | None,
              config: str | os.PathLike | None, target: str | None,
              env: Mapping[str, str] | None, log: Callable[[str], None] | None,
-             out_dir: str | os.PathLike | None, dump_dir: str | os.PathLike | None
-             ) -> CompileResult:
+             out_dir: str | os.PathLike | None, dump_dir: str | os.PathLike | None,
+             copy: bool) -> CompileResult:
     if isinstance(graph_or_path, Graph):
-        graph = graph_or_path.copy()
+        graph = graph_or_path.copy() if copy else graph_or_path
+        if graph is graph_or_path:
+            graph.settle()  # as the copy would be: the same compile
     else:
         from graphkernel.frontends import load_model
 

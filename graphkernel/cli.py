@@ -263,7 +263,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
-    res = gk_compile(g, flags, args.config, log=progress.write)
+    res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # (g: its name)
     rep = res.report
     written = _write_outputs(args, g, res)
     if args.json:

@@ -611,13 +611,56 @@ class Graph:
         vmap: dict[int, Value] = {}
         for v in self.inputs:
             vmap[id(v)] = g.add_input(v.name, v.type, v.mutable)
-        for n in self.nodes:
+        seqs, nodes, names, values = g._seq, g._nodes, g._node_names, g._values
+        for n in self.nodes:  # (clone_node without its checks and renaming: one per node)
             attrs = dict(n.attrs)
             if n.op == "GraphKernel":
                 attrs["subgraph"] = n.subgraph.copy()
-            g.clone_node(n, vmap, attrs=attrs)
+            new = Node(n.op, n.name, attrs, n.origin)
+            new.graph = g
+            new._seq = next(seqs)
+            ins, outs = new.inputs, new.outputs
+            for i, v in enumerate(n.inputs):
+                nv = vmap[id(v)]
+                ins.append(nv)
+                nv.uses.append((new, i))
+            for i, v in enumerate(n.outputs):
+                out = Value(v.name, v.type, new, i)
+                out.graph = g
+                outs.append(out)
+                values[v.name] = out
+                vmap[id(v)] = out
+            nodes[id(new)] = new
+            names[n.name] = new
         g.set_outputs([vmap[id(v)] for v in self.outputs], self.output_names)
         return g
+
+    def settle(self) -> None:
+        """Bring this graph's bookkeeping to the state of a fresh ``copy()`` of it, in place:
+        nodes sorted and numbered from 1, every use-list in node order, name tables in that
+        order, name counters restarted, subgraphs copied. A pass run on the graph then does
+        what it does on a copy (names it makes, users it visits first) without the copy's
+        new objects (``compile(..., copy=False)``)."""
+        nodes = self.nodes
+        self.release_erased()
+        values: dict[str, Value] = {}
+        for v in self.inputs:
+            v.uses = []
+            values[v.name] = v
+        names: dict[str, Node] = {}
+        seqs = itertools.count(1)
+        for n in nodes:
+            if n.op == "GraphKernel":
+                n.attrs = dict(n.attrs, subgraph=n.subgraph.copy())
+            n._seq = next(seqs)
+            for i, v in enumerate(n.inputs):
+                v.uses.append((n, i))
+            for v in n.outputs:  # (read only by later nodes: emptied before they are)
+                v.uses = []
+                values[v.name] = v
+            names[n.name] = n
+        self._values, self._node_names, self._seq = values, names, seqs
+        self._name_counters = {}
 
     def clone_node(self, n: Node, vmap: dict[int, Value],
                    rename: Callable[[str], str] | None = None,

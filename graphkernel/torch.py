@@ -277,21 +277,23 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     with _real_tensors():  # graph constants are real tensors; read them as such
         consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
         imported = import_fx_module(gm, example_inputs, name=name, constants=consts)
-    g = imported.graph
+    g = imported.graph  # built to be compiled: compiled in place (it keeps its inputs)
+    n_nodes = len(g)
+    symbols = sorted({str(d) for v in g.inputs for d in v.type.shape if isinstance(d, str)})
     env = dict(os.environ)
     flags = options.get("flags") or ""
     dump_dir = _dump_dir(flags, env, name)
-    res = graphkernel.compile(g, flags, env=env, log=lambda m: None, dump_dir=dump_dir)
+    res = graphkernel.compile(g, flags, env=env, log=lambda m: None, dump_dir=dump_dir,
+                              copy=False)
     if dump_dir is not None:
         from graphkernel.dump import Dumper
 
         Dumper(dump_dir).write_text("graph.txt", str(res.graph))
     summary = GraphSummary(
-        name, role, sum(1 for x in gm.graph.nodes if x.op == "call_function"), len(g),
+        name, role, sum(1 for x in gm.graph.nodes if x.op == "call_function"), n_nodes,
         launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
-        round(time.perf_counter() - t0, 3), dump_dir,
-        sorted({str(d) for v in g.inputs for d in v.type.shape if isinstance(d, str)}))
+        round(time.perf_counter() - t0, 3), dump_dir, symbols)
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:

@@ -255,3 +255,53 @@ def test_text_form_lists_one_line_per_node():
     text = str(chain())
     assert "a: %a: float32[2,3] = Exp(%x)" in text
     assert text.count("\n") == 5
+
+
+class CountingList(list):
+    """A list that counts the elements read by iterating over it."""
+
+    reads = 0
+
+    def __iter__(self):
+        for x in super().__iter__():
+            CountingList.reads += 1
+            yield x
+
+
+def test_erasing_and_replacing_outputs_does_not_scan_every_output():
+    """A training graph has an output per parameter: rewriting each of P outputs (replace,
+    erase, dead-node removal) must not read all P outputs each time (P * P reads)."""
+    P = 2000
+    g = Graph("many_outputs")
+    outs = []
+    for i in range(P):
+        w = g.add_input(f"w{i}", F32, mutable=True)
+        outs.append(g.add_node("Exp", [w], name=f"e{i}").output)
+    g.set_outputs(outs)
+    g.outputs = CountingList(g.outputs)
+    CountingList.reads = 0
+    for i, old in enumerate(outs):
+        new = g.add_node("Neg", [old.producer.inputs[0]], name=f"n{i}").output
+        assert g.replace_all_uses(old, new) == 1
+        g.erase_node(old.producer)
+        scratch = g.add_node("Abs", [new], name=f"a{i}")  # an unused node, erased
+        g.erase_node(scratch)
+    g.add_node("Sqrt", [g.inputs[0]], name="unused")
+    assert g.remove_dead() == 1
+    assert CountingList.reads < 4 * P
+    assert [v.name for v in g.outputs] == [f"e{i}" for i in range(P)]  # names kept
+    assert all(v.producer.op == "Neg" for v in g.outputs)
+    with pytest.raises(GraphError, match="graph output"):
+        g.erase_node(g.outputs[7].producer)
+    g.validate()
+
+
+def test_a_value_that_is_several_outputs_is_replaced_at_each_one():
+    g = chain()
+    c = g.value("c")
+    g.set_outputs([c, g.value("b"), c], names=["first", "b", "second"])
+    new = g.add_node("Abs", [g.inputs[0]], name="abs").output
+    assert g.replace_all_uses(c, new) == 2
+    assert g.outputs == [new, g.value("b"), new] and g.is_output(new) and not g.is_output(c)
+    g.erase_node(c.producer)
+    assert g.named_outputs() == [("first", new), ("b", g.value("b")), ("second", new)]

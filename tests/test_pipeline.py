@@ -326,3 +326,59 @@ def test_a_compile_leaves_no_erased_node_alive():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def graph_with_history() -> Graph:
+    """A graph whose bookkeeping a copy would not keep: a hole in a family of names (the
+    node ``n_1`` made and erased, so the name counter of ``n`` has moved past it), users
+    recorded out of node order, nodes out of order (a rewired input)."""
+    g = Graph("history")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    n = g.add_node("Mul", [x, g.const(-1.0)], name=g.fresh_name("n")).output  # x * -1
+    g.erase_node(g.add_node("Exp", [x], name=g.fresh_name("n")))  # n_1, erased
+    b = g.add_node("Exp", [x], name=g.fresh_name("n")).output  # n_2
+    late = g.add_node("Tanh", [x], name="late").output
+    t = g.add_node("Add", [b, n], name="t").output
+    g.replace_input(t.producer, 0, late)  # t reads a later node; x's users: Mul, Tanh, Exp
+    g.replace_input(t.producer, 0, b)
+    y = g.add_node("Sub", [t, g.add_node("Neg", [late], name="neg").output], name="y").output
+    g.set_outputs([y, n])
+    return g
+
+
+@pytest.mark.parametrize("flags, made", [("--opt_level=2 --disable_pass=codegen", "n_1"),
+                                         ("--opt_level=1", None)])
+def test_compile_without_a_copy_gives_the_compile_of_a_copy(flags, made):
+    from graphkernel.frontends.json_format import graph_to_dict
+
+    def outcome(res) -> tuple:
+        report = res.report.to_dict()
+        for p in report["passes"]:
+            p.pop("seconds", None)
+        report.pop("seconds", None)
+        return (str(res.graph), graph_to_dict(res.graph, nested=True),
+                [(a.pass_name, a.description) for a in res.applications], report)
+
+    copied = graphkernel.compile(graph_with_history(), flags, env=NOENV)
+    g = graph_with_history()
+    in_place = graphkernel.compile(g, flags, env=NOENV, copy=False)
+    assert in_place.graph is g
+    if made:  # the name the rewrite of n (x * -1 -> -x) takes in a copy
+        assert f"{made}: " in str(copied.graph)
+    assert outcome(in_place) == outcome(copied)
+
+
+def test_compile_leaves_its_input_untouched_by_default():
+    from graphkernel.frontends.json_format import graph_to_dict
+
+    g = graph_with_history()
+
+    def state(g: Graph) -> tuple:
+        return (str(g), graph_to_dict(g, nested=True), [n._seq for n in g._nodes.values()],
+                {v.name: [(u.name, i) for u, i in v.uses] for v in g._values.values()},
+                list(g._values), list(g._node_names), dict(g._name_counters).keys())
+
+    before = state(g)
+    res = graphkernel.compile(g, "--opt_level=2", env=NOENV)
+    assert res.graph is not g and len(res.graph) != len(g)
+    assert state(g) == before
