@@ -478,51 +478,52 @@ class Graph:
 
         One walk through the current order: a node whose producers are all placed is placed
         when reached; one still waiting for a producer is parked until its last producer is
-        placed, and then goes before the rest of the walk (it came earlier). A node placed
-        gets the next ``_seq``, so a producer is placed when its ``_seq`` is from this sort."""
-        if self._in_order():  # what the sort would give: the order as it is
-            self._order_dirty = False
-            return
-        nodes = list(self._nodes.values())  # (in _seq order)
-        seqs = self._seq
-        start = next(seqs)
+        placed, and then goes before the rest of the walk (it came earlier). So a producer
+        is placed when it came earlier in the walk and is not parked. (During the walk a
+        node's ``_seq`` is its position in the current order, which indexes the tables.)"""
+        nodes = list(self._nodes.values())
+        for i, n in enumerate(nodes):
+            n._seq = i
         order: list[Node] = []
-        waiting: dict[int, list[Node]] = {}  # id of a producer not placed -> nodes parked on it
-        missing: dict[int, int] = {}  # id of a parked node -> its inputs not produced yet
-        parked: dict[int, Node] = {}  # old _seq of a parked node -> the node
-        ready: list[int] = []  # old _seqs of parked nodes whose producers are all placed: a heap
+        place = order.append
+        missing = [0] * len(nodes)  # of a parked node: its inputs whose producer is not placed
+        waiting: dict[int, list[int]] = {}  # a producer not placed -> the nodes parked on it
+        ready: list[int] = []  # parked nodes whose producers are all placed (a heap)
         push, pop = heapq.heappush, heapq.heappop
-
-        def place(n: Node) -> None:
-            n._seq = next(seqs)
-            order.append(n)
-            for w in waiting.pop(id(n), ()) if waiting else ():
-                k = missing[id(w)] - 1
-                missing[id(w)] = k
-                if not k:
-                    push(ready, w._seq)
-
-        for n in nodes:
-            while ready:
-                place(parked.pop(pop(ready)))
+        for i, n in enumerate(nodes):
             k = 0
             for v in n.inputs:
                 p = v.producer
-                if p is not None and (p._seq < start or p.graph is not self):
-                    k += 1
-                    waiting.setdefault(id(p), []).append(n)
+                if p is not None:
+                    j = p._seq
+                    if j >= i or p.graph is not self or missing[j]:
+                        k += 1
+                        waiting.setdefault(j if p.graph is self else -1, []).append(i)
             if k:
-                missing[id(n)] = k
-                parked[n._seq] = n
-            else:
-                place(n)
-        while ready:
-            place(parked.pop(pop(ready)))
+                missing[i] = k
+                continue
+            place(n)
+            if waiting and i in waiting:  # parked nodes freed, earliest first, and so on
+                for w in waiting.pop(i):
+                    missing[w] -= 1
+                    if not missing[w]:
+                        push(ready, w)
+                while ready:
+                    w = pop(ready)
+                    place(nodes[w])
+                    for u in waiting.pop(w, ()):
+                        missing[u] -= 1
+                        if not missing[u]:
+                            push(ready, u)
+        seqs = self._seq
         if len(order) != len(nodes):
             for n in nodes:  # (the order as it was)
                 n._seq = next(seqs)
             raise GraphError(f"graph '{self.name}' has a cycle: " + self._describe_cycle())
-        self._nodes = dict(zip(map(id, order), order))
+        if any(a is not b for a, b in zip(order, nodes)):
+            self._nodes = dict(zip(map(id, order), order))
+        for n, seq in zip(order, seqs):
+            n._seq = seq
         self._order_dirty = False
 
     def _in_order(self) -> bool:

@@ -116,7 +116,7 @@ class OpDef:
                     where: str = "") -> list[TensorType]:
         """The output types of this op on inputs of ``in_types``; remembered for attributes
         of plain values (an inference is a function of its types and attributes only)."""
-        frozen = _frozen_attrs(attrs)
+        frozen = _frozen_attrs(attrs) if attrs else ()
         key = None if frozen is None else (tuple(in_types), frozen)
         if key is not None:
             known = self._inferred.get(key)

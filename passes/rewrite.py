@@ -22,6 +22,9 @@ def splat(v: Value) -> float | None:
     arr = const_array(v)
     if arr is None or arr.size == 0:
         return None
+    if arr.size == 1:  # (most constants: a scalar, read without an array made of it)
+        first = float(arr.reshape(-1)[0])
+        return None if first != first else first
     flat = arr.reshape(-1).astype(np.float64) if arr.dtype.kind != "b" else arr.reshape(-1)
     first = flat[0]
     if np.all(flat == first) and not (isinstance(first, float) and np.isnan(first)):
