@@ -526,17 +526,6 @@ class Graph:
             n._seq = seq
         self._order_dirty = False
 
-    def _in_order(self) -> bool:
-        """Whether every node comes after the producers of its inputs, all of this graph (the
-        nodes are kept in ``_seq`` order)."""
-        for n in self._nodes.values():
-            seq = n._seq
-            for v in n.inputs:
-                p = v.producer
-                if p is not None and (p._seq >= seq or p.graph is not self):
-                    return False
-        return True
-
     def _describe_cycle(self) -> str:
         import networkx as nx
 
@@ -594,9 +583,15 @@ class Graph:
     def _check_use_lists(self) -> None:
         """Every input edge is recorded in its value's use-list, and nothing else is."""
         values = list(self.inputs) + [v for n in self._nodes.values() for v in n.outputs]
+        many: dict[int, set[tuple[Node, int]]] = {}  # the uses of a value with many, as a set
         for node in self._nodes.values():
             for i, v in enumerate(node.inputs):
-                if (node, i) not in v.uses:
+                uses = v.uses
+                if len(uses) > 8:  # (a shared constant or input: no scan of its uses per use)
+                    uses = many.get(id(v))
+                    if uses is None:
+                        uses = many[id(v)] = set(v.uses)
+                if (node, i) not in uses:
                     raise GraphError(f"node '{node.name}' ({node.op}): use-list of '%{v.name}' "
                                      f"misses input {i}; mutate through Graph.replace_input")
         for v in values:

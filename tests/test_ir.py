@@ -305,3 +305,23 @@ def test_a_value_that_is_several_outputs_is_replaced_at_each_one():
     assert g.outputs == [new, g.value("b"), new] and g.is_output(new) and not g.is_output(c)
     g.erase_node(c.producer)
     assert g.named_outputs() == [("first", new), ("b", g.value("b")), ("second", new)]
+
+
+def test_validating_a_value_of_many_users_does_not_scan_its_uses_per_user():
+    class ScannedUses(list):
+        scanned = 0
+
+        def __contains__(self, item):
+            ScannedUses.scanned += len(self)
+            return super().__contains__(item)
+
+    g = Graph("fanout")
+    x = g.add_input("x", F32)
+    for _ in range(3000):
+        g.add_node("Exp", [x])
+    x.uses = ScannedUses(x.uses)
+    g.validate()
+    assert ScannedUses.scanned < 3 * 3000
+    x.uses.pop()
+    with pytest.raises(GraphError, match="misses input 0"):
+        g.validate()
