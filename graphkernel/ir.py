@@ -11,6 +11,8 @@ through the small API below so that use-lists stay right:
 - ``erase_node`` (refuses a node that still has users), ``remove_dead``
 - ``toposort`` (stable), ``validate`` (invariants, with fix-it messages)
 - ``recording`` (the nodes a block adds, for a rewrite that may undo them)
+- ``is_output`` (indexed: graph outputs change only through ``set_outputs`` and
+  ``replace_all_uses``), ``copy`` and ``settle`` (a copy's bookkeeping, in place)
 
 A fused cluster is an ordinary ``Node`` with ``op == "GraphKernel"`` whose
 ``attrs["subgraph"]`` is a ``Graph``.
@@ -579,6 +581,9 @@ class Graph:
         for v in self.outputs:
             if id(v) not in seen:
                 raise GraphError(f"graph output '%{v.name}' is not produced in graph '{self.name}'")
+        if self._output_at != _positions(self.outputs):
+            raise GraphError(f"graph '{self.name}': its outputs were changed in place; set them "
+                             "with set_outputs (or replace_all_uses), which keep their index")
 
     def _check_use_lists(self) -> None:
         """Every input edge is recorded in its value's use-list, and nothing else is."""

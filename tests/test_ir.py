@@ -325,3 +325,14 @@ def test_validating_a_value_of_many_users_does_not_scan_its_uses_per_user():
     x.uses.pop()
     with pytest.raises(GraphError, match="misses input 0"):
         g.validate()
+
+
+def test_validate_catches_outputs_changed_behind_the_graphs_back():
+    g = chain()
+    g.outputs.append(g.value("a"))
+    with pytest.raises(GraphError, match="outputs were changed in place; set them with "
+                                         "set_outputs"):
+        g.validate()
+    g.set_outputs(g.outputs[:1] + [g.value("a")])
+    g.validate()
+    assert g.is_output(g.value("a"))
