@@ -56,10 +56,10 @@ class Value:
         uses = self.uses
         if len(uses) <= 1:
             return [uses[0][0]] if uses else []
-        seen: dict[int, Node] = {}
-        for node, _ in uses:
-            seen.setdefault(id(node), node)
-        return list(seen.values())
+        if len(uses) == 2:
+            a, b = uses[0][0], uses[1][0]
+            return [a] if a is b else [a, b]
+        return list({id(node): node for node, _ in uses}.values())  # (a key keeps its place)
 
     @property
     def is_input(self) -> bool:
