@@ -540,7 +540,7 @@ def _neighbourhood(graph: Graph, names: set[str]) -> Graph | None:
                 vmap[id(v)] = sub.add_input(v.name, v.type)
         sub.clone_node(n, vmap)
     outs = [vmap[id(v)] for n in nodes for v in n.outputs
-            if any(id(u) not in ids for u in v.users) or any(v is o for o in graph.outputs)]
+            if any(id(u) not in ids for u in v.users) or graph.is_output(v)]
     sub.set_outputs(outs or [vmap[id(nodes[-1].outputs[0])]])
     return sub
 

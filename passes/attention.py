@@ -325,7 +325,7 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
         return op
     if len(users) == 1 and users[0].op == "Transpose" and \
             list(users[0].attrs["perm"]) == HEAD_SPLIT and \
-            not any(o is out for o in pv.graph.outputs):
+            not pv.graph.is_output(out):
         op.reads["BSND"] = op.reads["BSH"] = users[0].outputs[0]
     return op
 
@@ -476,7 +476,7 @@ def _unscaled(graph: Graph, r: Value, origin: tuple) -> tuple[Value, float]:
     seen: list[Node] = []
     base = _views(r, seen)
     mul = _producer(base, "Mul")
-    if mul is None or len(base.users) != 1 or any(o is base for o in graph.outputs):
+    if mul is None or len(base.users) != 1 or graph.is_output(base):
         return r, 1.0  # x·c is read elsewhere too: keep it (correct either way, not cheaper)
     for x, c in (mul.inputs, reversed(mul.inputs)):
         f = splat(c)

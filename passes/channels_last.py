@@ -140,7 +140,7 @@ def _settle(g: Graph, work: deque[tuple[Node, str]]) -> None:
             replace_with(g, user, new)
             _queue(work, new.producer, DOWN)
         if t.graph is not None and not t.outputs[0].uses \
-                and not any(o is t.outputs[0] for o in g.outputs):
+                and not g.is_output(t.outputs[0]):
             src = t.inputs[0].producer
             g.erase_node(t)
             _drop_dead(g, src)
@@ -158,7 +158,7 @@ def _drop_dead(g: Graph, node: Node | None) -> None:
     """Erase ``node`` and the producers it alone kept alive, once nothing reads it."""
     while node is not None and node.graph is not None and node.op != "Constant" \
             and not get(node.op).writes and not any(v.uses for v in node.outputs) \
-            and not any(o is v for v in node.outputs for o in g.outputs):
+            and not any(g.is_output(v) for v in node.outputs):
         ins = [v.producer for v in node.inputs]
         g.erase_node(node)
         node = ins[0] if len(ins) == 1 else None

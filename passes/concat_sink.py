@@ -23,7 +23,7 @@ def _piece_op(graph: Graph, v: Value) -> Node | None:
     p = v.producer
     if p is None or p.op == "Constant" or get(p.op).kind != OpKind.ELEMWISE:
         return None
-    if len(v.uses) != 1 or len(p.outputs) != 1 or any(o is v for o in graph.outputs):
+    if len(v.uses) != 1 or len(p.outputs) != 1 or graph.is_output(v):
         return None
     return p
 
@@ -111,7 +111,7 @@ def concat_sink(graph, ctx) -> PassResult:
         replace_with(graph, node, new)
         for p in pieces:
             if p.graph is not None and not any(v.uses for v in p.outputs) \
-                    and not any(o is p.outputs[0] for o in graph.outputs):
+                    and not graph.is_output(p.outputs[0]):
                 graph.erase_node(p)
         changed += 1
         inner = next(v.producer for v in new.producer.inputs

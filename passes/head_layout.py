@@ -105,10 +105,9 @@ def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
                 work.append(x)  # computed from a head split: rebuilt too
             elif not _leaf_ok(x):
                 return None
-    outputs = {id(v) for v in base.graph.outputs}
     for n in found.values():
         for out in n.outputs:
-            if id(out) in outputs:
+            if base.graph.is_output(out):
                 return None
             readers = out.users if out is not base else []
             if any(id(u) not in found for u in readers):

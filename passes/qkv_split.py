@@ -62,7 +62,7 @@ def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[st
     done: set[int] = set()
     for s in slices:
         x = s.inputs[0]
-        if id(x) in done or s.graph is None or any(o is x for o in graph.outputs):
+        if id(x) in done or s.graph is None or graph.is_output(x):
             continue
         done.add(id(x))
         readers = list(dict.fromkeys(x.users))

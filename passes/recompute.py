@@ -38,7 +38,7 @@ def gain(producer, value, consumers) -> int:
     v_bytes = nbytes(value)
     in_bytes = sum(nbytes(v) for v in producer.inputs)
     others = [u for u in value.users if u not in consumers] or \
-        any(value is o for o in value.graph.outputs)
+        value.graph.is_output(value)
     write = 0 if others else v_bytes
     return write + len(consumers) * (v_bytes - in_bytes)
 
@@ -74,7 +74,7 @@ def recompute(graph, ctx) -> PassResult:
                          f"saving {saved:,} GM bytes")
             done += 1
         if producer.graph is not None and not any(v.uses for v in producer.outputs) and \
-                not any(v is o for v in producer.outputs for o in graph.outputs):
+                not any(graph.is_output(v) for v in producer.outputs):
             graph.erase_node(producer)
     return PassResult(done > 0, done, notes, f"recomputed {done} producers inside their "
                       "consumer kernels" if done else "")

@@ -192,12 +192,15 @@ def split(graph, ctx) -> PassResult:
     order = graph.nodes  # once: every region's cycle check sweeps its span of this order
     position = {id(n): i for i, n in enumerate(order)}
     regions, info.regions = info.regions, []  # consumed: see ClusterInfo
+    # which of a region's values are graph outputs: building the kernels of other regions
+    # replaces their own values only
+    outputs = {id(v) for v in graph.outputs}
     for r, region in enumerate(regions):
         regions[r] = []
         region = [n for n in region if n.graph is graph]
         if not region:
             continue
-        key = region_signature(region, {id(v) for v in graph.outputs}) \
+        key = region_signature(region, outputs) \
             if memo is not None else None
         dec = memo.get(key) if memo is not None else None
         if dec is None:  # decide (asking each rewrite as it happens)
