@@ -100,21 +100,15 @@ def rebind(s: Schedule, kernel: Node) -> Schedule | None:
 
 def rebind_matmul(s: MatmulSchedule, kernel: Node) -> MatmulSchedule | None:
     """``rebind`` for a cube or MIX kernel: planned over the body as it is (no decomposition),
-    its epilogue and tiling decided from structure alone, so only the body's values, the
-    product node, the names and the notes (which name inputs) change."""
+    its epilogue and tiling decided from structure alone, so only the product node (the
+    inputs and outputs are the body's), the names and the notes (which name inputs) change."""
     src, own = s.matmul.graph, kernel.subgraph
     if src is None or len(src.inputs) != len(own.inputs) or len(src) != len(own):
         return None
     obj = _pairs(src, own)
     if obj is None:
         return None
-    try:
-        moved = copy_with(s, node=kernel.name, name=kernel_symbol(kernel),
-                          inputs=[copy_with(x, value=obj[id(x.value)]) for x in s.inputs],
-                          outputs=[copy_with(x, value=obj[id(x.value)]) for x in s.outputs],
-                          matmul=obj[id(s.matmul)])
-    except KeyError:  # the schedule refers to something outside its body
-        return None
+    moved = copy_with(s, node=kernel.name, name=kernel_symbol(kernel), matmul=obj[id(s.matmul)])
     moved.notes = notes(moved)
     return moved
 
