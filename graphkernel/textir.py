@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,29 +14,41 @@ if TYPE_CHECKING:  # the IR prints itself through this module
 
 # Attribute values printed by ``repr`` as they are (exact types: bool is an int, a DType a str)
 _PLAIN = frozenset({int, float, str})
+_TYPE_TEXTS: dict[tuple, str] = {}  # (shape, dtype name) -> the type as printed
+_TYPE_TEXTS_KEPT = 4096
 
 
-@functools.lru_cache(maxsize=4096)
 def type_text(t: TensorType) -> str:
-    """``str(t)``, remembered: a graph's values share a few types, each printed many times."""
-    return str(t)
+    """``str(t)``, remembered: a graph's values share a few types, each printed many times
+    (keyed by shape and dtype name: a tuple of them hashes and compares without a Python
+    call)."""
+    key = (t.shape, t.dtype._value_)
+    text = _TYPE_TEXTS.get(key)
+    if text is None:
+        if len(_TYPE_TEXTS) >= _TYPE_TEXTS_KEPT:
+            _TYPE_TEXTS.clear()
+        text = _TYPE_TEXTS[key] = str(t)
+    return text
 
 
 def format_attr(value: Any) -> str:
-    if type(value) in _PLAIN:
+    kind = type(value)  # the common exact types first
+    if kind in _PLAIN:
         return repr(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is list:
+        return "[" + ", ".join([format_attr(v) for v in value]) + "]"
     if isinstance(value, np.ndarray):
         dt = DType.parse(value.dtype).value
         if value.size <= 8:
-            items = ", ".join(repr(x.item()) for x in value.reshape(-1))
+            items = ", ".join([repr(x.item()) for x in value.reshape(-1)])
             return f"{dt}{list(value.shape)}[{items}]"
         return f"{dt}{list(value.shape)}"
     if isinstance(value, DType):
         return value.value
     if isinstance(value, TensorType):
         return str(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ", ".join([format_attr(v) for v in value]) + "]"
     if callable(value):
