@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import ops
-from graphkernel.ir import DType, Graph, Node
+from graphkernel.ir import Graph, Node
 from graphkernel.ops import OpKind
 
 # Arrays of at most this many bytes are keyed by their bytes themselves (scalar constants,
@@ -44,7 +44,7 @@ def attr_key(v: Any) -> Any:
         return v
     if isinstance(v, np.ndarray):
         data = v.tobytes() if v.nbytes <= SMALL_ARRAY_BYTES else array_digest(v)
-        return ("array", DType.parse(v.dtype).value, v.shape, data)
+        return ("array", v.dtype, v.shape, data)
     if isinstance(v, Graph):
         return ("graph", str(v))
     if isinstance(v, list | tuple):
@@ -119,14 +119,15 @@ def body_signature(sub: Graph) -> tuple:
     """The structure of a kernel body without its names: its inputs' types, its nodes in
     order (op, attributes, inputs by position, output types) and its outputs by position.
     Bodies with equal signatures get the same schedule, tiling and code but for names.
-    (Types enter as shape and dtype name, as in ``region_signature``.)"""
-    where: dict[int, tuple[int, int]] = {id(v): (-1, i) for i, v in enumerate(sub.inputs)}
+    (Values enter by number, in the order they are defined: inputs, then each node's
+    outputs; types as shape and dtype name, as in ``region_signature``.)"""
+    number = {id(v): i for i, v in enumerate(sub.inputs)}
     parts = []
-    for j, n in enumerate(sub.nodes):
+    for n in sub.nodes:
         outs = n.outputs
-        parts.append((n.op, attrs_key(n.attrs), tuple([where[id(v)] for v in n.inputs]),
+        parts.append((n.op, attrs_key(n.attrs), tuple([number[id(v)] for v in n.inputs]),
                       tuple([(v.type.shape, v.type.dtype._value_) for v in outs])))
-        for k, v in enumerate(outs):
-            where[id(v)] = (j, k)
+        for v in outs:
+            number[id(v)] = len(number)
     return (tuple([(v.type.shape, v.type.dtype._value_, v.mutable) for v in sub.inputs]),
-            tuple(parts), tuple([where[id(v)] for v in sub.outputs]))
+            tuple(parts), tuple([number[id(v)] for v in sub.outputs]))
