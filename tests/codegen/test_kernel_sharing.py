@@ -222,3 +222,23 @@ def test_copy_with_is_dataclass_replace(compiled):
 
     with pytest.raises(TypeError, match="positional init field"):
         copy_with(Keyword(1), a=2)
+
+
+def test_kernel_symbol_follows_the_body():
+    """The symbol hashes the body's text: another constant, another type or another name
+    gives another symbol, and the body as it was gives its symbol again."""
+    from graphkernel.codegen.schedule import kernel_symbol
+
+    res = graphkernel.compile(chains(2), "--opt_level=2", env={})
+    k, other = [n for n in res.graph.nodes if n.op == "GraphKernel"][:2]
+    first = kernel_symbol(k)
+    assert kernel_symbol(other) != first  # an equal body under other names
+    const = next(n for n in k.subgraph.nodes if n.op == "Constant")
+    value = const.attrs["value"]
+    const.attrs["value"] = value + np.float32(1)
+    assert kernel_symbol(k) != first
+    const.attrs["value"] = value
+    assert kernel_symbol(k) == first
+    x = k.subgraph.inputs[0]
+    x.type = TensorType(x.type.shape, "float16")
+    assert kernel_symbol(k) != first
