@@ -33,12 +33,12 @@ MAX_BATCH_AXES = 8
 class MatmulSchedule:
     """A cube kernel: which inputs are A and B, how they are read, the batch layout, and the
     tiling of the compile-time shapes (None when a dim is symbolic: the host function
-    computes it from the actual shapes)."""
+    computes it from the actual shapes). Its inputs and outputs are its body's, each read or
+    written whole (``inputs``, ``outputs``: made from the body when asked, so that the
+    thousands of kernels of a large model sharing one schedule keep no copies of them)."""
 
     node: str
     name: str
-    inputs: list[KernelIO]
-    outputs: list[KernelIO]
     matmul: Node
     a: int                      # the input index of A
     b: int                      # ... of B
@@ -60,6 +60,16 @@ class MatmulSchedule:
     variant: None = None        # no run-time variant
     reduce: bool = False        # (the vector schedule's question: never a reduction here)
     L: Dim = 1
+
+    @property
+    def inputs(self) -> list[KernelIO]:
+        return [KernelIO(i, v, FULL, v.dtype, tuple(v.type.shape))
+                for i, v in enumerate(self.matmul.graph.inputs)]
+
+    @property
+    def outputs(self) -> list[KernelIO]:
+        return [KernelIO(j, v, FULL, v.dtype, tuple(v.type.shape))
+                for j, v in enumerate(self.matmul.graph.outputs)]
 
     @property
     def c_bytes(self) -> int:
@@ -220,10 +230,8 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     elif outs != [mm.outputs[0]]:
         raise Unsupported(f"{mm.op}: a cube kernel's one output is the product", node=mm)
     name = kernel_symbol(kernel)
-    inputs = [KernelIO(i, v, FULL, v.dtype, tuple(v.type.shape)) for i, v in enumerate(ins)]
-    outputs = [KernelIO(j, v, FULL, v.dtype, tuple(v.type.shape)) for j, v in enumerate(outs)]
     s = MatmulSchedule(
-        node=kernel.name, name=name, inputs=inputs, outputs=outputs, matmul=mm,
+        node=kernel.name, name=name, matmul=mm,
         a=ins.index(src_a), b=ins.index(src_b), trans_a=ta, trans_b=tb, M=M, N=N, K=K,
         batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
         dtype=dt, tiling=None, target=spec, epilogue=epi,

@@ -40,6 +40,7 @@ from graphkernel.codegen.instructions import (
     REDUCE_OPS,
 )
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.textir import format_graph, type_text
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
@@ -192,8 +193,9 @@ def comment_text(text: str) -> str:
 def kernel_symbol(kernel: Node) -> str:
     """The kernel's C name: its sanitized node name plus a hash of its body, so kernels of
     different graphs can share one library and equal bodies share one symbol."""
-    body = str(kernel.subgraph) + "|" + ";".join(
-        f"{v.type}" for v in (*kernel.subgraph.inputs, *kernel.subgraph.outputs))
+    sub = kernel.subgraph
+    body = format_graph(sub) + "|" + ";".join([type_text(v.type)
+                                               for v in (*sub.inputs, *sub.outputs)])
     return f"{sanitize(kernel.name)}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
 
 

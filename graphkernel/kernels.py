@@ -80,8 +80,10 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
                 continue
             p = v.producer
             if p is not None and p.op == "Constant" and p.attrs["value"].size == 1:
-                vmap[id(v)] = sub.add_node("Constant", [], {"value": p.attrs["value"]},
-                                           name=sub.fresh_name(p.name), origin=p.origin).output
+                # a copy of the constant as it is (checked and typed when it was made), node
+                # and value under one fresh name
+                name_in = sub.fresh_name(p.name)
+                sub.clone_node(p, vmap, rename=lambda _, name_in=name_in: name_in)
             else:
                 vmap[id(v)] = sub.add_input(v.name, v.type)  # named after the value it binds
                 inputs.append(v)
@@ -89,7 +91,7 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
     for n in nodes:
         sub.clone_node(n, vmap)
         for old in n.outputs:
-            if id(old) in outputs_set or any(id(u) not in members for u in old.users):
+            if id(old) in outputs_set or any(id(u) not in members for u, _ in old.uses):
                 outs.append(old)
     sub.set_outputs([vmap[id(v)] for v in outs])
     origin = tuple(dict.fromkeys(o for n in nodes for o in n.origin))

@@ -19,8 +19,14 @@ from typing import Any
 import numpy as np
 
 from graphkernel import ops
-from graphkernel.ir import DType, Graph, Node
+from graphkernel.ir import Graph, Node
 from graphkernel.ops import OpKind
+
+# Arrays of at most this many bytes are keyed by their bytes themselves (scalar constants,
+# copied into every kernel that uses them): cheaper than a digest, and as exact
+SMALL_ARRAY_BYTES = 64
+# Attribute values that are their own key (exact types: a list or an array is not)
+_PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
 def array_digest(a: np.ndarray) -> bytes:
@@ -32,20 +38,27 @@ def array_digest(a: np.ndarray) -> bytes:
 
 def attr_key(v: Any) -> Any:
     """A hashable, comparable form of an attribute value: equal keys, equal values (arrays
-    are keyed by dtype, shape and a SHA-1 digest of their bytes)."""
+    are keyed by dtype, shape and their bytes: the bytes themselves for a small array, a
+    SHA-1 digest of them otherwise)."""
+    if type(v) in _PLAIN:
+        return v
     if isinstance(v, np.ndarray):
-        return ("array", DType.parse(v.dtype).value, v.shape, array_digest(v))
+        data = v.tobytes() if v.nbytes <= SMALL_ARRAY_BYTES else array_digest(v)
+        return ("array", v.dtype, v.shape, data)
     if isinstance(v, Graph):
         return ("graph", str(v))
     if isinstance(v, list | tuple):
-        return tuple(attr_key(x) for x in v)
+        return tuple([attr_key(x) for x in v])
     if isinstance(v, dict):
         return tuple(sorted((k, attr_key(x)) for k, x in v.items()))
     return v
 
 
 def attrs_key(attrs: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, attr_key(v)) for k, v in attrs.items()))
+    """``attr_key`` of every attribute, in name order."""
+    if not attrs:
+        return ()
+    return tuple([(k, attr_key(attrs[k])) for k in sorted(attrs)])
 
 
 def _scalar_const(v) -> bool:
@@ -71,26 +84,33 @@ def _beyond(u: Node, index: dict[int, int]) -> Any:
 def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
     """The structure of ``region`` (nodes in topological order) as the split model sees it;
     ``outputs`` holds id() of the graph's outputs. Outside nodes and values are numbered in
-    the order they are met, so which outside node reads which value is kept."""
+    the order they are met, so which outside node reads which value is kept. (Types enter
+    as shape and dtype name: tuples of them hash and compare without a Python call.)"""
     index = {id(n): i for i, n in enumerate(region)}
+    inside = index.get
     outside: dict[int, int] = {}
-
-    def ext(x: object) -> int:
-        return outside.setdefault(id(x), len(outside))
-
+    number = outside.setdefault  # an outside node or value: its number, given when first met
     parts = []
     for n in region:
         ins = []
         for v in n.inputs:
             p = v.producer
-            j = index.get(id(p)) if p is not None else None
-            ins.append((j, v.index) if j is not None else
-                       (-1, ext(v), v.type, _scalar_const(v)))
+            j = inside(id(p)) if p is not None else None
+            if j is not None:
+                ins.append((j, v.index))
+            else:
+                t = v.type
+                ins.append((-1, number(id(v), len(outside)), t.shape, t.dtype._value_,
+                            _scalar_const(v)))
         outs = []
         for v in n.outputs:
-            uses = tuple((j, k) if (j := index.get(id(u))) is not None else
-                         (-1, ext(u), k, _beyond(u, index)) for u, k in v.uses)
-            outs.append((v.type, id(v) in outputs, uses))
+            uses = []
+            for u, k in v.uses:
+                j = inside(id(u))
+                uses.append((j, k) if j is not None else
+                            (-1, number(id(u), len(outside)), k, _beyond(u, index)))
+            t = v.type
+            outs.append((t.shape, t.dtype._value_, id(v) in outputs, tuple(uses)))
         parts.append((n.op, attrs_key(n.attrs), tuple(ins), tuple(outs)))
     return tuple(parts)
 
@@ -98,13 +118,16 @@ def region_signature(region: Sequence[Node], outputs: set[int]) -> tuple:
 def body_signature(sub: Graph) -> tuple:
     """The structure of a kernel body without its names: its inputs' types, its nodes in
     order (op, attributes, inputs by position, output types) and its outputs by position.
-    Bodies with equal signatures get the same schedule, tiling and code but for names."""
-    where: dict[int, tuple[int, int]] = {id(v): (-1, i) for i, v in enumerate(sub.inputs)}
+    Bodies with equal signatures get the same schedule, tiling and code but for names.
+    (Values enter by number, in the order they are defined: inputs, then each node's
+    outputs; types as shape and dtype name, as in ``region_signature``.)"""
+    number = {id(v): i for i, v in enumerate(sub.inputs)}
     parts = []
-    for j, n in enumerate(sub.nodes):
-        parts.append((n.op, attrs_key(n.attrs), tuple(where[id(v)] for v in n.inputs),
-                      tuple(v.type for v in n.outputs)))
-        for k, v in enumerate(n.outputs):
-            where[id(v)] = (j, k)
-    return (tuple((v.type, v.mutable) for v in sub.inputs), tuple(parts),
-            tuple(where[id(v)] for v in sub.outputs))
+    for n in sub.nodes:
+        outs = n.outputs
+        parts.append((n.op, attrs_key(n.attrs), tuple([number[id(v)] for v in n.inputs]),
+                      tuple([(v.type.shape, v.type.dtype._value_) for v in outs])))
+        for v in outs:
+            number[id(v)] = len(number)
+    return (tuple([(v.type.shape, v.type.dtype._value_, v.mutable) for v in sub.inputs]),
+            tuple(parts), tuple([number[id(v)] for v in sub.outputs]))

@@ -29,6 +29,9 @@ CASES = [
     {"np": [np.int64(7), np.float32(0.1), np.float64(0.25), np.bool_(True)], "path": Name("n")},
     {"enum": Level.HIGH, "set": {1}},
     [[[[1]]], [{"deep": [{"deeper": {}}]}]],
+    # lists of strings and integers only (written at once) beside lists that only look so
+    {"shape": ["16*b", 64, -3, 10**30], "names": ["a", "é\n"], "lists": [[1, 2], ["x"], []],
+     "mixed": [1, True, Name("n"), Level.HIGH, "s", np.int64(2)], "tuple": ("a", 1)},
 ]
 
 

@@ -197,3 +197,48 @@ def test_carried_over_cube_schedule_is_the_planned_one(monkeypatch):
         assert render_matmul(mine).manifest == render_matmul(fresh).manifest
         assert mine.notes == fresh.notes and mine.name != scheds[owner].name
         assert mine.matmul.graph is res.graph.node(name).subgraph
+
+
+def test_copy_with_is_dataclass_replace(compiled):
+    """The carried-over schedules' copies: what ``dataclasses.replace`` gives, for every
+    field changed or kept."""
+    from dataclasses import dataclass, field, fields, replace
+
+    from graphkernel.codegen.instance import copy_with
+
+    s = next(iter(schedules(compiled).values()))
+    io, other = s.inputs[0], s.outputs[0].value
+    assert copy_with(io, value=other, base=3) == replace(io, value=other, base=3)
+    assert copy_with(io) == io and copy_with(io) is not io
+    moved = copy_with(s, name="renamed", notes=["n"])
+    assert moved == replace(s, name="renamed", notes=["n"])
+    assert all(getattr(moved, f.name) is getattr(s, f.name) for f in fields(s)
+               if f.name not in ("name", "notes"))
+
+    @dataclass
+    class Keyword:
+        a: int
+        b: int = field(default=0, kw_only=True)
+
+    with pytest.raises(TypeError, match="positional init field"):
+        copy_with(Keyword(1), a=2)
+
+
+def test_kernel_symbol_follows_the_body():
+    """The symbol hashes the body's text: another constant, another type or another name
+    gives another symbol, and the body as it was gives its symbol again."""
+    from graphkernel.codegen.schedule import kernel_symbol
+
+    res = graphkernel.compile(chains(2), "--opt_level=2", env={})
+    k, other = [n for n in res.graph.nodes if n.op == "GraphKernel"][:2]
+    first = kernel_symbol(k)
+    assert kernel_symbol(other) != first  # an equal body under other names
+    const = next(n for n in k.subgraph.nodes if n.op == "Constant")
+    value = const.attrs["value"]
+    const.attrs["value"] = value + np.float32(1)
+    assert kernel_symbol(k) != first
+    const.attrs["value"] = value
+    assert kernel_symbol(k) == first
+    x = k.subgraph.inputs[0]
+    x.type = TensorType(x.type.shape, "float16")
+    assert kernel_symbol(k) != first
