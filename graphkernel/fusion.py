@@ -161,6 +161,14 @@ class _Sweep(NamedTuple):
     slots: list[int]        # [slots in use, how many before the next renumbering]
 
 
+def _union(bitsets: dict[Node, int], nodes: Sequence[Node]) -> int:
+    """The bitsets of ``nodes`` or-ed together (an absent one reads as 0)."""
+    out = 0
+    for n in nodes:
+        out |= bitsets.get(n, 0)
+    return out
+
+
 def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]:
     """``form_regions`` of each set of fusable nodes in ``sets``, in one sweep of the graph
     (its order and each node's producers read once for all).
@@ -202,22 +210,12 @@ def regions_of(graph: Graph, sets: Sequence[set[int]]) -> list[list[list[Node]]]
         single = len(preds) == 1
         read_later = n in last_user
         for fusable, parent, members, region_left, region_of, anc, left, live, slots in sweeps:
-            if single:
-                a_in = anc.get(preds[0], 0)
-            else:
-                a_in = 0
-                for p in preds:
-                    a_in |= anc.get(p, 0)
+            a_in = anc.get(preds[0], 0) if single else _union(anc, preds)
             if id(n) not in fusable:
                 if read_later and a_in:  # (an absent bitset reads as 0)
                     anc[n] = left[n] = a_in
                 continue
-            if single:
-                l_in = left.get(preds[0], 0)
-            else:
-                l_in = 0
-                for p in preds:
-                    l_in |= left.get(p, 0)
+            l_in = left.get(preds[0], 0) if single else _union(left, preds)
             chosen = -1
             for p in preds:
                 r = region_of.get(p)
