@@ -612,27 +612,14 @@ class Graph:
         vmap: dict[int, Value] = {}
         for v in self.inputs:
             vmap[id(v)] = g.add_input(v.name, v.type, v.mutable)
-        seqs, nodes, names, values = g._seq, g._nodes, g._node_names, g._values
-        for n in self.nodes:  # (clone_node without its checks and renaming: one per node)
+        for n in self.nodes:  # (clone_node without its checks and renaming)
             attrs = dict(n.attrs)
             if n.op == "GraphKernel":
                 attrs["subgraph"] = n.subgraph.copy()
-            new = Node(n.op, n.name, attrs, n.origin)
-            new.graph = g
-            new._seq = next(seqs)
-            ins, outs = new.inputs, new.outputs
-            for i, v in enumerate(n.inputs):
-                nv = vmap[id(v)]
-                ins.append(nv)
-                nv.uses.append((new, i))
-            for i, v in enumerate(n.outputs):
-                out = Value(v.name, v.type, new, i)
-                out.graph = g
-                outs.append(out)
-                values[v.name] = out
+            new = g._add_raw(n.op, n.name, [vmap[id(v)] for v in n.inputs], attrs, n.origin,
+                             [(v.name, v.type) for v in n.outputs])
+            for v, out in zip(n.outputs, new.outputs):
                 vmap[id(v)] = out
-            nodes[id(new)] = new
-            names[n.name] = new
         g.set_outputs([vmap[id(v)] for v in self.outputs], self.output_names)
         return g
 
