@@ -428,11 +428,10 @@ class AttemptLog(RunLog[Attempt]):
         super().append(attempt)
         self.fused += attempt.verdict == "fused"
 
-    def replay(self, entries: Sequence[tuple], names: Sequence[str], fused: int) -> None:
-        """Attempts ``Attempt.replayed(*entry, names)`` for each entry (``fused`` of them
-        with the verdict "fused"), made when read."""
+    def replay(self, entries: Sequence[tuple], names: Sequence[str]) -> None:
+        """Attempts ``Attempt.replayed(*entry, names)`` for each entry, made when read."""
         self._add_run((entries, names), len(entries))
-        self.fused += fused
+        self.fused += sum(entry[4] == "fused" for entry in entries)  # (entry[4]: the verdict)
 
     def _expand(self, run: tuple[Sequence[tuple], Sequence[str]]) -> Iterator[Attempt]:
         entries, names = run

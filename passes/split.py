@@ -96,7 +96,6 @@ class Decisions:
         default_factory=list)
     kernels: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     complete: bool = True  # every rewrite was allowed (a refused one may not be replayed)
-    fused: int = 0  # how many of ``attempts`` fused
 
 
 _TOKEN = re.compile("\x00(\\d+)\x00")
@@ -150,7 +149,6 @@ def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
         run_pattern(model, p)
     dec.attempts = [(a.pattern, [_text(x) for x in a.areas], tuple(by_name[n] for n in a.nodes),
                      a.score, a.verdict, _text(a.reason)) for a in attempts]
-    dec.fused = sum(a.verdict == "fused" for a in attempts)
     dec.kernels = [(tuple(index[id(n)] for n in area.nodes),
                     "+".join(dict.fromkeys(area.patterns)) or "single_node")
                    for area in model.areas() if becomes_kernel(area, cfg)]
@@ -162,7 +160,7 @@ def replay(dec: Decisions, region: list, ctx, attempts: AttemptLog, ask: bool) -
     names = [n.name for n in region]
     if ask:
         ctx.replay_rewrites(dec.applies, region)
-    attempts.replay(dec.attempts, names, dec.fused)
+    attempts.replay(dec.attempts, names)
 
 
 def replayable(cfg: Config, patterns: list[Pattern]) -> bool:
