@@ -60,9 +60,9 @@ def compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str, 
     it runs on the graph itself, which the caller gives up (it becomes the result's graph,
     or is left half-compiled when the compile fails): for a graph built only to be
     compiled, it saves the copy's time and memory. ``out_dir`` also receives
-    ``report.json``; ``dump_dir``
-    replaces ``debug_dir`` as the folder of the ``dump_as_text`` dumps and, with
-    ``keep_codegen_project``, of the kernel project (``kernels/`` and its manifest).
+    ``report.json``; ``dump_dir`` replaces ``debug_dir`` as the folder of the
+    ``dump_as_text`` dumps and, with ``keep_codegen_project``, of the kernel project
+    (``kernels/`` and its manifest).
     """
     with collector_paused():
         return _compile(graph_or_path, flags, config, target, env, log, out_dir, dump_dir,
@@ -75,8 +75,10 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
              out_dir: str | os.PathLike | None, dump_dir: str | os.PathLike | None,
              copy: bool) -> CompileResult:
     if isinstance(graph_or_path, Graph):
-        graph = graph_or_path.copy() if copy else graph_or_path
-        if graph is graph_or_path:
+        if copy:
+            graph = graph_or_path.copy()
+        else:
+            graph = graph_or_path
             graph.settle()  # as the copy would be: the same compile
     else:
         from graphkernel.frontends import load_model

@@ -263,14 +263,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
-    res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # (g: its name)
+    res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # g becomes res.graph
     rep = res.report
-    written = _write_outputs(args, g, res)
+    written = _write_outputs(args, res)
     if args.json:
         _emit_json(args, rep.to_dict() | {"written": [str(w) for w in written]})
         _say_written(args, written)  # on stderr, as all human text with --json
         return 0
-    print(f"compiled {g.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
+    print(f"compiled {res.graph.name}: {rep.nodes_before} -> {rep.nodes_after} nodes in "
           f"{rep.seconds * 1e3:.1f} ms (opt_level {res.config.opt_level}, "
           f"{counted(rep.bisect_applications, 'rewrite')})")
     for p in [] if args.quiet else rep.passes:
@@ -316,7 +316,7 @@ def _say_written(args: argparse.Namespace, written: list[Path]) -> None:
               "CMakeLists.txt")
 
 
-def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
+def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
     """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files: all of
     them, or (when one fails) none. A reused -o folder then loses the files its previous
     manifest lists that this run did not write again (nothing else in it is touched)."""
@@ -343,7 +343,7 @@ def _write_outputs(args: argparse.Namespace, g: Graph, res: Any) -> list[Path]:
             # every file is checked to stay inside -o
             folder = outputs.Folder(args.out)
             written += save_graph(res.graph, folder.path(
-                outputs.file_name(g.name) + ".compiled.json"))
+                outputs.file_name(res.graph.name) + ".compiled.json"))
             written.append(folder.write_text("report.json", to_json(res.report.to_dict())))
             written += write_project(res, args.out, [*written, *res.dumps])
     for note in notes:
