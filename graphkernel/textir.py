@@ -37,7 +37,7 @@ def format_attr(value: Any) -> str:
         return repr(value)
     if kind is bool:
         return "true" if value else "false"
-    if kind is list:
+    if isinstance(value, list):
         return "[" + ", ".join([format_attr(v) for v in value]) + "]"
     if isinstance(value, np.ndarray):
         dt = DType.parse(value.dtype).value
@@ -49,8 +49,6 @@ def format_attr(value: Any) -> str:
         return value.value
     if isinstance(value, TensorType):
         return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join([format_attr(v) for v in value]) + "]"
     if callable(value):
         return "<callable>"
     return repr(value)
