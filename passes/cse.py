@@ -11,26 +11,8 @@ from graphkernel.structure import attrs_key
 _NEVER = {"Assign", "Opaque"}  # side effects, or external code we cannot compare
 
 
-_PLAIN = frozenset({type(None), bool, int, float, str, DType})  # attr_key(v) is v itself
-
-
 def node_key(node: Node) -> tuple:
-    return (node.op, tuple(map(id, node.inputs)), _attrs_key(node.attrs))
-
-
-def _attrs_key(attrs: dict) -> tuple:
-    """``attrs_key(attrs)``, made here for plain values and lists of them (most attributes)."""
-    items = []
-    for k, v in attrs.items():
-        cls = v.__class__
-        if cls in _PLAIN:
-            items.append((k, v))
-        elif (cls is list or cls is tuple) and all(x.__class__ in _PLAIN for x in v):
-            items.append((k, tuple(v)))
-        else:
-            return attrs_key(attrs)
-    items.sort()
-    return tuple(items)
+    return (node.op, tuple(map(id, node.inputs)), attrs_key(node.attrs))
 
 
 def sample_key(const: Node) -> tuple:
