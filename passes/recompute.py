@@ -28,10 +28,6 @@ def cheap(node) -> bool:
                for n in members)
 
 
-def _ops(body) -> int:
-    return sum(1 for n in body.nodes if n.op != "Constant")
-
-
 def gain(producer, value, consumers) -> int:
     """GM bytes saved: the value's write (when nobody else reads it) and one read per
     consumer, minus reading the producer's inputs once per consumer."""
@@ -62,7 +58,7 @@ def recompute(graph, ctx) -> PassResult:
                 continue
             limit = ctx.flags.composite_op_limit_size
             size = len(_members(producer))
-            if any(_ops(c.subgraph) + size > limit for c in consumers):
+            if any(len(_members(c)) + size > limit for c in consumers):
                 continue  # a consumer would exceed composite_op_limit_size
             names = ", ".join(c.name for c in consumers)
             if not ctx.should_apply(f"{producer.name} into {names}",
