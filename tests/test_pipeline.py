@@ -291,7 +291,9 @@ def test_collector_paused_promotes_what_it_allocated_and_keeps_a_users_freeze():
         frozen = gc.get_freeze_count()
         with collector_paused():
             _ = [[i] for i in range(100)]
-        assert gc.get_freeze_count() == frozen
+        # neither released (0) nor grown by the block's 101 lists; a frozen object that
+        # reference counting frees meanwhile leaves the count
+        assert frozen - 20 <= gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
