@@ -16,6 +16,7 @@ from graphkernel.cli import build_parser, main
 EX = "examples/mlp_gelu.json"
 
 
+@pytest.mark.e2e
 def test_version_and_python_dash_m(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
