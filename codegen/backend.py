@@ -39,11 +39,12 @@ def shared_kernels(result: Any) -> dict[str, str]:
             if k in scheds and o in scheds}
 
 
-def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None = None
-               ) -> list[Rendered]:
+def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None = None,
+               replaced: Mapping[str, Mapping[str, str]] | None = None) -> list[Rendered]:
     """Every schedule rendered, but for the kernels in ``shared`` (they run another's code;
     each is rendered too while a CORRUPT hook is installed, so that one instance can be
-    miscompiled on its own)."""
+    miscompiled on its own). ``replaced``: kernel -> files that replace generated ones (the
+    user's, checked by graphkernel.replacements)."""
     out = []
     skip = set(shared or ()) if not CORRUPT else set()
     todo = [name for name in sorted(scheds) if name not in skip]
@@ -54,6 +55,8 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
             r = render_matmul(s) if isinstance(s, MatmulSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))
+            if replaced and r.name in replaced:
+                r.files = {**r.files, **replaced[r.name]}
             out.append(r)
             shown.advance()
     return out
@@ -96,7 +99,8 @@ class SimBackend:
 
     def __init__(self, graph: Graph, scheds: Mapping[str, Schedule], target: str = "ascend910b",
                  interpret: Sequence[str] = (), library: Any = None,
-                 shared: Mapping[str, str] | None = None):
+                 shared: Mapping[str, str] | None = None,
+                 replaced: Mapping[str, Mapping[str, str]] | None = None):
         from graphkernel.codegen.sim.execute import SimLibrary
 
         self.graph = graph
@@ -105,7 +109,7 @@ class SimBackend:
         # every kernel is built (one library whatever `interpret` is, so bisection's runs
         # share it); a library built for many graphs at once may be passed in. A kernel in
         # `shared` runs the code of the kernel it maps to (an equal body): built once.
-        rendered = render_all(scheds, shared)
+        rendered = render_all(scheds, shared, replaced)
         self.lib = library or SimLibrary(rendered)
         by_node = {r.schedule.node: r for r in rendered}
         by_node.update({k: by_node[o] for k, o in (shared or {}).items() if k not in by_node})
@@ -117,7 +121,7 @@ class SimBackend:
     def for_result(cls, result: Any, interpret: Sequence[str] = (), library: Any = None
                    ) -> SimBackend:
         return cls(result.graph, schedules(result), result.config.target, interpret, library,
-                   shared_kernels(result))
+                   shared_kernels(result), getattr(result, "replacements", None))
 
     def __call__(self, node: Node, args: list[np.ndarray],
                  out_shapes: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
@@ -223,7 +227,7 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
     out = Folder(out_dir)  # every file name is checked safe and inside out_dir
     scheds = schedules(result)
     shared = shared_kernels(result)
-    rendered = render_all(scheds, shared)
+    rendered = render_all(scheds, shared, getattr(result, "replacements", None))
     written = []
     for r in rendered:
         for fname, text in sorted(r.files.items()):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphkernel import flag_effects
 from graphkernel.dump import Dumper
 from graphkernel.flags import Config, resolve
 from graphkernel.ir import Graph
@@ -32,6 +33,8 @@ class CompileResult:
     analyses: Analyses = field(default_factory=Analyses)
     applications: list[Any] = field(default_factory=list)  # every numbered rewrite
     dumps: list[Path] = field(default_factory=list)  # files written by dump_as_text
+    # kernel -> the user's files used in place of generated ones (replace_kernel), checked
+    replacements: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def write_report(self, directory: str | os.PathLike) -> Path:
         return Dumper(directory).write_json("report.json", self.report.to_dict())
@@ -45,7 +48,8 @@ def load_config(flags: str | Mapping[str, Any] | None = "", config: str | os.Pat
         explicit = (dict(flags) | {"target": target}) if isinstance(flags, Mapping) else \
             f"{flags or ''} --target={target}"
     cfg = resolve(explicit, config=config, env=env, name_check=name_checker())
-    plan(cfg)  # selector and required-pass errors surface here, with the flags
+    decisions = plan(cfg)  # selector and required-pass errors surface here, with the flags
+    flag_effects.warn(flag_effects.unused_flags(cfg, decisions))
     return cfg
 
 
@@ -85,9 +89,11 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
 
         graph = load_model(graph_or_path)
     cfg = load_config(flags, config, target, env)
+    flag_effects.warn(flag_effects.unmatched_selectors(graph, cfg))
     pm = PassManager(cfg, log=log, dump_dir=str(dump_dir) if dump_dir is not None and
                      cfg.dump_as_text else None)
     report = pm.run(graph)
+    _refusal_codes(report, pm.ctx.analyses)
     result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
     report_count(report.bisect_applications)
     if out_dir is not None:
@@ -95,9 +101,50 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
     if pm.dumper is not None:
         pm.dumper.write_json("report.json", report.to_dict())
         result.dumps = list(pm.dumper.written)
+    if cfg.replace_kernel:  # AutoFuse's replace_kernel: the user's kernels, once checked
+        from graphkernel.replacements import check_replacements
+
+        result.replacements = check_replacements(result, cfg.replace_kernel)
+    if cfg.dump_kernel_graphs:  # AutoFuse's subgraph_recover: each kernel as a graph file
+        result.dumps += write_kernel_graphs(result.graph, dump_dir if dump_dir is not None
+                                            else cfg.debug_dir)
     if cfg.keep_codegen_project:  # AutoFuse's codegen_compile_debug: kernels kept with dumps
         from graphkernel.codegen.backend import write_project
 
         keep = dump_dir if dump_dir is not None else cfg.debug_dir
         result.dumps += write_project(result, keep, result.dumps)
     return result
+
+
+def write_kernel_graphs(graph: Graph, folder: str | os.PathLike) -> list[Path]:
+    """Each kernel's body as a graph file ``folder/kernel_graphs/<kernel>.json``: a kernel on
+    its own, to run (``graphkernel run``), verify or bisect apart from its model."""
+    from graphkernel.frontends.json_format import save_graph
+    from graphkernel.outputs import Folder, file_name
+
+    out = Folder(folder, immediate=True)
+    written: list[Path] = []
+    for n in graph.nodes:
+        if n.op == "GraphKernel":
+            written += save_graph(n.subgraph, out.path("kernel_graphs",
+                                                       file_name(n.name) + ".json"))
+    return written
+
+
+def _refusal_codes(report: RunReport, analyses: Analyses) -> None:
+    """The refusals' stable codes in the report: each codegen fallback's, and how many
+    refusals of each code the compile made (fusion candidates, nodes no kernel may take,
+    fallbacks)."""
+    from graphkernel.refusals import CODEGEN, code
+
+    extra = report.extra
+    counts = analyses.fusion_attempts.refusal_codes()
+    info = analyses.cluster
+    for reason in (info.reasons.values() if info is not None else ()):
+        c = code(reason)
+        counts[c] = counts.get(c, 0) + 1
+    for f in extra.get("fallbacks", []):
+        f["code"] = CODEGEN.code
+        counts[CODEGEN.code] = counts.get(CODEGEN.code, 0) + 1
+    if counts:
+        extra["refusals"] = dict(sorted(counts.items()))

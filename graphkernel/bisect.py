@@ -694,6 +694,7 @@ def bisect_external(cmd: Sequence[str], max_n: int | None = None,
         counts = os.path.join(tmp, "counts")
         rc, _, tail = _child(cmd, None, base, counts)
         out.runs += 1
+        say(f"[run {out.runs}] every rewrite on -> {'good' if rc == 0 else 'bad'}")
         if rc == 0:
             out.nothing_wrong = True
             out.message = "the program succeeds with graphkernel's rewrites on"

@@ -27,9 +27,49 @@ from graphkernel.registry import counted
 
 
 def _load(path: str) -> Graph:
-    from graphkernel.frontends import load_model
+    from graphkernel.frontends import MODEL_SUFFIXES, load_model
 
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(q.name for q in p.iterdir() if q.suffix in MODEL_SUFFIXES)[:5]
+        inside = f" (in it: {', '.join(found)})" if found else ""
+        raise ExecutionError(f"{path}: is a folder; MODEL is one model file ("
+                             f"{', '.join(MODEL_SUFFIXES)}){inside}")
     return load_model(path)
+
+
+def _check_dims(g: Graph, dims: dict[str, int]) -> None:
+    """Every ``--dims`` name is a symbolic dim of the model (a typo is not silently
+    ignored)."""
+    from graphkernel import symbolic
+    from graphkernel.errors import did_you_mean
+
+    known = sorted({s for v in g.inputs for d in v.type.shape for s in symbolic.symbols(d)})
+    for name in dims:
+        if name not in known:
+            has = f"its symbolic dims: {', '.join(known)}" if known else \
+                "it has no symbolic dims"
+            raise ExecutionError(f"--dims {name}: the model has no symbolic dim {name!r}"
+                                 + did_you_mean(name, known) + f" ({has})")
+
+
+def _load_inputs(path: str) -> dict[str, np.ndarray]:
+    """An ``--inputs`` file: an .npz of arrays by input name (anything else is named as what
+    it is, not with numpy's advice about pickles)."""
+    from graphkernel.errors import FormatError
+    from graphkernel.fileio import load_npz
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        head = b"PK"  # let load_npz report a missing or unreadable file its own way
+    if not head.startswith(b"PK"):
+        what = "a single .npy array" if head.startswith(b"\x93NUMPY") else \
+            "empty" if not head else "not an .npz archive"
+        raise FormatError(f"{path}: {what}; --inputs takes an .npz of arrays named after the "
+                          "model's inputs: numpy.savez(path, x=array, ...)")
+    return load_npz(path)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -75,6 +115,8 @@ def _parse_dims(text: str | None) -> dict[str, int]:
 
 # ------------------------------------------------------------------- info
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.config:
+        _config(args)  # checked as every command checks it (info compiles nothing)
     g = _load(args.model)
     consts = g.constants
     const_bytes = sum(int(n.attrs["value"].nbytes) for n in consts)
@@ -114,38 +156,58 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from graphkernel.fileio import load_npz, save_npz
+    from graphkernel.fileio import save_npz
     from graphkernel.interpreter import Interpreter, random_inputs
 
     g = _load(args.model)
+    dims = _parse_dims(args.dims)
+    _check_dims(g, dims)
     if args.inputs:
-        feeds = load_npz(args.inputs)
+        if dims:
+            raise ExecutionError("--dims sizes the random inputs; with --inputs the sizes are "
+                                 "the arrays' own (give one or the other)")
+        feeds = _load_inputs(args.inputs)
         src = args.inputs
     else:
-        feeds = random_inputs(g, seed=args.seed, dims=_parse_dims(args.dims))
+        feeds = random_inputs(g, seed=args.seed, dims=dims)
         src = f"random (seed {args.seed})"
     if args.backend == "sim":
         from graphkernel.api import compile as gk_compile
         from graphkernel.codegen.backend import run_sim
 
-        res = gk_compile(g, args.flags or "", log=lambda m: None)
+        res = gk_compile(g, args.flags or "", args.config, log=lambda m: None)
         outs, be = run_sim(res, feeds)
-        print(f"ran {g.name} compiled ({counted(len(res.graph), 'node')}, "
-              f"{counted(len(be.stats), 'generated kernel')} in the CPU simulator) on {src} "
-              "inputs")
+        head = (f"ran {g.name} compiled ({counted(len(res.graph), 'node')}, "
+                f"{counted(len(be.stats), 'generated kernel')} in the CPU simulator) on {src} "
+                "inputs")
     else:
+        if args.flags or args.config:
+            raise ExecutionError("--flags and --config choose how a model is compiled; `run` "
+                                 "compiles only with --backend sim")
         outs = Interpreter(g, compute_dtype=args.compute_dtype).run(feeds)
-        print(f"ran {g.name} ({len(g)} nodes) on {src} inputs")
+        head = f"ran {g.name} ({len(g)} nodes) on {src} inputs"
     result = {}
+    rows = []
     for v, a in zip(g.outputs, outs, strict=True):
         result[v.name] = a
-        stats = "empty"
+        row: dict[str, Any] = {"name": v.name, "dtype": str(a.dtype), "shape": list(a.shape)}
         if a.size:
             f = a.astype(np.float64)
-            stats = f"min {np.nanmin(f):.6g}  max {np.nanmax(f):.6g}  mean {np.nanmean(f):.6g}"
-        print(f"  {v.name}: {a.dtype}{list(a.shape)}  {stats}")
+            row |= {"min": float(np.nanmin(f)), "max": float(np.nanmax(f)),
+                    "mean": float(np.nanmean(f))}
+        rows.append(row)
     if args.out:
         save_npz(args.out, result)
+    if args.json:
+        _emit_json(args, {"model": g.name, "backend": args.backend, "inputs": src,
+                          "outputs": rows, "wrote": args.out})
+        return 0
+    print(head)
+    for r in rows:
+        stats = f"min {r['min']:.6g}  max {r['max']:.6g}  mean {r['mean']:.6g}" \
+            if "min" in r else "empty"
+        print(f"  {r['name']}: {r['dtype']}{r['shape']}  {stats}")
+    if args.out:
         print(f"wrote {args.out}")
     return 0
 
@@ -153,6 +215,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------- ops
 def cmd_ops(args: argparse.Namespace) -> int:
     from graphkernel import ops, registry
+
+    if args.config:
+        _config(args)
     from graphkernel.passes.expand import default_expand_ops
 
     default = set(default_expand_ops())
@@ -195,13 +260,23 @@ def cmd_expand(args: argparse.Namespace) -> int:
     notes = rec.notes
     expanded = [n for n in notes if n.startswith("expanded")]
     kept = [n for n in notes if n.startswith("kept")]
+    before, after = _expand_counts(g, res)
     if args.json:
-        _emit_json(args, {"expanded": expanded, "kept": kept})
+        _emit_json(args, {"expanded": expanded, "kept": kept, "nodes_before": before,
+                          "nodes_after_expand": after})
         return 0
     for n in notes:
         print(f"expand: {n}")
-    print(f"{len(expanded)} expanded, {len(kept)} kept; {len(g)} -> {len(res.graph)} nodes")
+    print(f"{len(expanded)} expanded, {len(kept)} kept; {before} -> {after} nodes after "
+          "expansion")
     return 0
+
+
+def _expand_counts(g: Graph, res: Any) -> tuple[int, int]:
+    """Nodes before the expanders and right after the expand stage: what `expand` is about,
+    not what the rest of the pipeline makes of it."""
+    stage = [p for p in res.report.passes if p.ran and p.stage in ("preprocess", "expand")]
+    return res.report.nodes_before, stage[-1].nodes_after if stage else len(g)
 
 
 # ------------------------------------------------------------------ flags
@@ -215,6 +290,12 @@ def _config(args: argparse.Namespace):
 def cmd_flags(args: argparse.Namespace) -> int:
     from graphkernel.flags import format_value, markdown_table
 
+    if args.anchors:
+        return _anchor_table(args)
+    if args.from_string is not None:
+        args.text = args.from_string
+    if args.source is not None or args.text is not None:
+        return _translate(args)
     if args.markdown:
         print(markdown_table())
         return 0
@@ -227,10 +308,50 @@ def cmd_flags(args: argparse.Namespace) -> int:
     vwidth = max(24, *(len(format_value(e["value"])) for e in data.values()))
     print(f"{'flag':<{width}}  {'value':<{vwidth}}  origin")
     for key, entry in data.items():
-        via = f"  (set through --{entry['set_through']})" if "set_through" in entry else ""
-        print(f"{key:<{width}}  {format_value(entry['value']):<{vwidth}}  {entry['origin']}{via}")
+        print(f"{key:<{width}}  {format_value(entry['value']):<{vwidth}}  {entry['origin']}")
+        if "note" in entry:
+            print(f"{'':<{width}}  note: {entry['note']}")
     for note in cfg.overrides:
         print(f"note: {note}")
+    return 0
+
+
+def _anchor_table(args: argparse.Namespace) -> int:
+    """Every key AutoFuse or MindSpore parses, and what graphkernel does with it."""
+    from graphkernel.anchors import KEYS, groups_markdown, markdown_table
+
+    if args.markdown:
+        print(markdown_table())
+        print()
+        print(groups_markdown())
+        return 0
+    rows = [{"key": k.name, "anchors": list(k.anchors), "meaning": k.meaning,
+             "verdict": k.verdict, "graphkernel": k.graphkernel, "differs": k.differs}
+            for k in KEYS.values()]
+    if args.json:
+        _emit_json(args, rows)
+        return 0
+    width = max(len(r["key"]) for r in rows)
+    for r in rows:
+        what = r["verdict"] if r["verdict"] == "honoured" else \
+            f"{r['verdict']}: {r['graphkernel']}"
+        print(f"{r['key']:<{width}}  {'/'.join(r['anchors']):<18}  {what}")
+    return 0
+
+
+def _translate(args: argparse.Namespace) -> int:
+    """`flags --from ANCHOR [STRING]`: the string key by key, as the anchor and graphkernel
+    read it, and the effective graphkernel flags."""
+    from graphkernel.translate import format_translation, translate
+
+    if args.source is None:
+        raise ExecutionError("flags: a flag string needs --from autofuse or --from mindspore "
+                             "(the anchor whose string it is)")
+    t = translate(args.source, args.text)
+    if args.json:
+        _emit_json(args, t.to_dict())
+    else:
+        print(format_translation(t))
     return 0
 
 
@@ -248,10 +369,68 @@ def cmd_passes(args: argparse.Namespace) -> int:
         _emit_json(args, rows)
         return 0
     print(f"opt_level {cfg.opt_level}")
-    print(f"{'idx':<5} {'stage':<11} {'pass':<16} {'level':<9} {'on':<4} why")
+    w = {k: max(len(h), *(len(str(r[k])) for r in rows)) for k, h in
+         (("index", "idx"), ("stage", "stage"), ("name", "pass"), ("level", "level"))}
+    print(f"{'idx':<{w['index']}}  {'stage':<{w['stage']}}  {'pass':<{w['name']}}  "
+          f"{'level':<{w['level']}}  {'on':<3}  why")
     for r in rows:
-        print(f"{r['index']:<5} {r['stage']:<11} {r['name']:<16} {str(r['level']):<9} "
-              f"{'on' if r['on'] else 'off':<4} {r['reason']}")
+        print(f"{r['index']:<{w['index']}}  {r['stage']:<{w['stage']}}  {r['name']:<{w['name']}}  "
+              f"{str(r['level']):<{w['level']}}  {'on' if r['on'] else 'off':<3}  {r['reason']}")
+    return 0
+
+
+def cmd_patterns(args: argparse.Namespace) -> int:
+    """Every fusion pattern: order, level, direction and mode, what it fuses, and the
+    refusals its own rules give (every pattern also meets the common ones)."""
+    from graphkernel.patterns.base import all_patterns
+    from graphkernel.refusals import BY_CODE, COMMON
+    from graphkernel.refusals import markdown_table as codes_table
+
+    if args.codes:
+        if args.markdown:
+            print(codes_table())
+        elif args.json:
+            _emit_json(args, [{"code": r.code, "name": r.name, "meaning": r.meaning,
+                               "autofuse": r.autofuse} for r in BY_CODE.values()])
+        else:
+            for r in BY_CODE.values():
+                af = f" (AutoFuse {r.autofuse})" if r.autofuse else ""
+                print(f"{r.code}  {r.name:<17} {r.meaning}{af}")
+        return 0
+    from graphkernel.passes.split import enabled_patterns
+
+    cfg = _config(args)
+    _, off = enabled_patterns(cfg)
+    rows = [{"name": p.name, "order": p.order, "level": p.level, "direction": p.direction,
+             "mode": p.mode, "on": p.name not in off, "why_off": off.get(p.name, ""),
+             "fuses": p.doc, "refuses": [{"code": c, "name": BY_CODE[c].name}
+                                         for c in p.refuses],
+             "refuses_also": list(COMMON)} for p in all_patterns()]
+    if args.json:
+        _emit_json(args, rows)
+        return 0
+    if args.markdown:
+        print("| pattern | level | direction, mode | what it fuses | its refusals |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            codes = ", ".join(f"`{c['code']}` {c['name']}" for c in r["refuses"]) or "—"
+            print(f"| `{r['name']}` | {r['level']} | {r['direction']}, {r['mode']} | "
+                  f"{' '.join(r['fuses'].split())} | {codes} |")
+        return 0
+    import textwrap
+
+    print(f"fusion patterns in the order the split model runs them (opt_level "
+          f"{cfg.opt_level}); every one may also refuse with "
+          + ", ".join(f"{c} {BY_CODE[c].name}" for c in COMMON))
+    for r in rows:
+        state = "on" if r["on"] else f"off ({r['why_off']})"
+        print(f"\n{r['name']}  level {r['level']}, {r['direction']} {r['mode']}, {state}")
+        for line in textwrap.wrap(" ".join(r["fuses"].split()), 92):
+            print(f"    {line}")
+        if r["refuses"]:
+            print("    refuses: " + ", ".join(f"{c['code']} {c['name']}"
+                                             for c in r["refuses"]))
+    print("\nthe codes: graphkernel patterns --codes")
     return 0
 
 
@@ -300,6 +479,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
             call = e["arguments"]
             print(f"  {e['name']:<44} extern {e['operator']} ({call['input_layout']}, "
                   f"head_num {call['head_num']})  {e['bytes_read'] + e['bytes_written']:,} B")
+    for kernel, files in res.replacements.items():
+        print(f"replace_kernel: {kernel} uses {', '.join(sorted(files))} from "
+              f"{res.config.replace_kernel} (built and checked in the simulator)")
     if res.config.dump_as_text:
         print(f"dumps in {res.config.debug_dir}")
     _say_written(args, written)
@@ -409,9 +591,20 @@ def _load_plugins(args: argparse.Namespace) -> None:
 
 
 def _inputs(args: argparse.Namespace, g: Graph):
-    from graphkernel.fileio import load_npz
+    return _load_inputs(args.inputs) if getattr(args, "inputs", None) else None
 
-    return load_npz(args.inputs) if getattr(args, "inputs", None) else None
+
+def _with_config(args: argparse.Namespace) -> str:
+    """The command's flags with ``--config FILE`` as ``--path=FILE`` in front: the same file
+    precedence, for commands that compile many times from one flag string."""
+    flags = args.flags or ""
+    config = getattr(args, "config", None)
+    if not config:
+        return flags
+    if re.search(r"[\s;]", config):
+        raise ExecutionError(f"--config {config!r}: a flags file path with spaces or ';' cannot "
+                             "be passed on to verify and bisect (rename or link the file)")
+    return f"--path={config} {flags}".strip()
 
 
 def _observer(t: progress.Task):
@@ -435,7 +628,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     g = _load(args.model)
     with progress.task("verify") as t:
-        ev = Evaluator(g, _inputs(args, g), args.flags or "", args.backend,
+        ev = Evaluator(g, _inputs(args, g), _with_config(args), args.backend,
                        observer=_observer(t))
         j, _ = ev.run()
     if args.json:
@@ -446,7 +639,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
                           "outputs": j.report.to_dict()["outputs"]})
     else:
         for m in j.report.outputs:
-            print(m.line())
+            line = m.line()
+            if not j.bad and not m.passed:  # within noise of the reference: not a mismatch
+                line = line.replace(": MISMATCH  ", ": outside tolerance, within noise  ", 1)
+            print(line)
         print(("MISMATCH: " + j.reason) if j.bad else
               f"MATCH: compiled vs unoptimized within tolerance or within noise of the "
               f"{ev.reference_dtype} reference (worst cos vs the reference: compiled "
@@ -461,7 +657,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     g = _load(args.model)
     plugins = [str(Path(p).resolve()) for p in getattr(args, "plugin", None) or []]
     with progress.task("bisect") as t:
-        res = run_bisect(g, _inputs(args, g), args.flags or "", args.backend, args.reference,
+        res = run_bisect(g, _inputs(args, g), _with_config(args), args.backend, args.reference,
                          args.repro_dir, log=lambda line: progress.write(line, sys.stdout),
                          observer=_observer(t), plugins=plugins)
     if args.json:
@@ -479,6 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphkernel",
         description="Graph-kernel fusion compiler for Ascend NPUs. MODEL is a graphkernel "
                     ".json/.yaml graph or an .onnx model.")
+    p.add_argument("--version", action="version", version=f"graphkernel {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true",
@@ -496,6 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Show a model's size, op histogram, inputs and outputs.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file (info does not "
+                   "compile; the file is checked like every command's)")
     s.set_defaults(fn=cmd_info)
 
     s = command("run", help="run a model through the numpy interpreter",
@@ -509,9 +708,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every float value in this precision (a high-precision reference)")
     s.add_argument("--out", metavar="OUT.npz", help="write the outputs to this file")
     s.add_argument("--backend", choices=["reference", "sim"], default="reference",
-                   help="sim: compile (with --flags) and run the generated kernels in the "
-                        "CPU simulator")
+                   help="sim: compile (with --flags/--config) and run the generated kernels "
+                        "in the CPU simulator")
     s.add_argument("--flags", metavar="S", default="", help="flags for --backend sim")
+    s.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file (--backend sim)")
+    s.add_argument("--json", action="store_true", help="print the outputs' summary as JSON")
     s.set_defaults(fn=cmd_run)
 
     def flag_args(sp: argparse.ArgumentParser, config: bool = True) -> None:
@@ -530,6 +731,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--markdown", action="store_true",
                    help="print the table of every flag (type, default, meaning) as in the README")
+    s.add_argument("--from", dest="source", choices=["autofuse", "mindspore"],
+                   help="read STRING (default: the anchor's environment variables) as that "
+                        "anchor's flag string: per key honoured / mapped / no effect / how it "
+                        "differs, and the effective graphkernel flags")
+    s.add_argument("text", nargs="?", metavar="STRING", help="an AutoFuse or MindSpore flag "
+                                                             "string (with --from)")
+    s.add_argument("--from-string", dest="from_string", help=argparse.SUPPRESS)
+    s.add_argument("--anchors", action="store_true",
+                   help="every key AutoFuse or MindSpore parses and what graphkernel does "
+                        "with it")
     s.set_defaults(fn=cmd_flags)
 
     s = command("passes", help="the pass pipeline and why each pass is on or off",
@@ -539,6 +750,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--markdown", action="store_true",
                    help="print the table of every pass (level, what it does) as in the README")
     s.set_defaults(fn=cmd_passes)
+
+    s = command("patterns", help="every fusion pattern: level, what it fuses, its refusals",
+                description="List the fusion patterns in the order the split model runs "
+                            "them: level, direction and mode, what each fuses, the refusal "
+                            "codes its rules give, and whether it runs under the flags.")
+    flag_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--markdown", action="store_true", help="print a markdown table")
+    s.add_argument("--codes", action="store_true",
+                   help="the refusal codes instead (explain --json and report.json use them)")
+    s.set_defaults(fn=cmd_patterns)
 
     s = command("compile", help="run the pass pipeline on a model",
                        description="Run the pipeline; print a summary; write report.json, the "
@@ -575,7 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the unoptimized and the compiled graph on the same "
                                    "inputs and judge the difference (exit 0 match, 1 mismatch).")
     s.add_argument("model", metavar="MODEL")
-    flag_args(s, config=False)
+    flag_args(s)
     s.add_argument("--inputs", metavar="IN.npz")
     s.add_argument("--backend", choices=["reference", "sim"], default="reference")
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -588,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "`graphkernel bisect run [--max N] -- CMD ARGS...` bisects a "
                                    "program by its exit code.")
     s.add_argument("model", metavar="MODEL")
-    flag_args(s, config=False)
+    flag_args(s)
     s.add_argument("--inputs", metavar="IN.npz")
     s.add_argument("--backend", choices=["reference", "sim"], default="reference")
     s.add_argument("--reference", choices=["auto", "float64", "float32"], default="auto",
@@ -603,13 +825,26 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file (the ops are "
+                   "the same under any flags; checked like every command's)")
     s.set_defaults(fn=cmd_ops)
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("graphkernel")
+    except PackageNotFoundError:  # run from a source tree
+        return "(source tree)"
+
+
 def _bind_flag_values(argv: list[str]) -> list[str]:
     """``--flags "--opt_level=1"``: a value that itself starts with ``--`` would be taken
-    for an option by argparse, so bind it to ``--flags`` explicitly."""
+    for an option by argparse, so bind it to ``--flags`` explicitly. The same for the flag
+    string after ``flags --from ANCHOR`` (an argument that is not one of the command's own
+    options)."""
     out, i = [], 0
     while i < len(argv):
         a = argv[i]
@@ -618,8 +853,45 @@ def _bind_flag_values(argv: list[str]) -> list[str]:
             i += 2
             continue
         out.append(a)
+        if a == "--from" and i + 2 < len(argv) and argv[i + 2].startswith("--") and \
+                re.split(r"[=;\s]", argv[i + 2])[0] not in FLAGS_OPTIONS:
+            out += [argv[i + 1], f"--from-string={argv[i + 2]}"]
+            i += 3
+            continue
         i += 1
     return out
+
+
+# the options of `graphkernel flags` (anything else after --from ANCHOR is the flag string)
+FLAGS_OPTIONS = frozenset({"--flags", "--config", "--plugin", "--json", "--markdown", "--from",
+                           "--anchors", "--quiet", "--verbose", "--jobs", "--help"})
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argparse, but an unknown option gets the command's own usage and the closest of its
+    options (argparse would print the top-level usage and no suggestion)."""
+    from graphkernel.errors import did_you_mean
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sp = sub.choices[args.command]
+    options = [o for a in sp._actions for o in a.option_strings if o.startswith("--")]
+    bad = extra[0]
+    if bad.startswith("-"):
+        from graphkernel.anchors import KEYS
+        from graphkernel.flags import SPECS
+
+        name = bad.split("=", 1)[0]
+        msg = f"unknown option {name}" + did_you_mean(name, options)
+        if name[2:] in SPECS or name[2:] in KEYS:
+            msg += f"; {name} is a flag: give it inside --flags \"{bad}\""
+    else:
+        msg = f"unexpected argument {bad!r}"
+    sp.print_usage(sys.stderr)
+    sp.exit(2, f"{sp.prog}: error: {printable(msg)} (see graphkernel {args.command} --help)\n")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # The output paths each command takes: (argument dest, option as the user writes it, kind).
@@ -651,7 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"graphkernel: error: {e}", file=sys.stderr)
             return e.exit_code
     parser = build_parser()
-    args = parser.parse_args(_bind_flag_values(argv))
+    args = _parse(parser, _bind_flag_values(argv))
     progress.auto(quiet=args.quiet)
     # --json: stdout carries exactly one JSON document; whatever else the command, a plugin
     # or a library prints goes to stderr

@@ -1,4 +1,5 @@
-"""Why was (or wasn't) this fused? Candidate fusions ranked by score, with verdicts."""
+"""Why was (or wasn't) this fused? Candidate fusions ranked by score, with verdicts; every
+refusal with its stable code (graphkernel.refusals)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from graphkernel.api import CompileResult
+from graphkernel.refusals import CODEGEN, code
 
 
 def _matches(name: str, query: str) -> bool:
@@ -31,9 +33,26 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
         attention = [a for a in attention if any(_matches(n, node) for n in a["nodes"])
                      or a["op"] == node]
         layouts = [c for c in layouts if _matches(c["conv"], node)]
+    fallbacks = [f | {"code": CODEGEN.code} for f in res.report.extra.get("fallbacks", [])]
+    if node is not None:
+        fallbacks = [f for f in fallbacks if any(_matches(n, node) for n in f["nodes"])]
     rows.sort(key=lambda r: (-r["score"], r["verdict"] != "fused"))
-    return {"node": node, "candidates": rows, "not_fusable": reasons, "kernels": kernels,
-            "patterns_off": disabled, "attention": attention, "layouts": layouts}
+    return {"node": node, "candidates": rows, "not_fusable": reasons,
+            "not_fusable_codes": {k: code(v) for k, v in reasons.items()},
+            "kernels": kernels, "patterns_off": disabled, "attention": attention,
+            "layouts": layouts, "fallbacks": fallbacks,
+            "refusals": refusal_counts(rows + disabled, reasons, fallbacks)}
+
+
+def refusal_counts(rows: list[dict[str, Any]], reasons: dict[str, str],
+                   fallbacks: list[dict[str, Any]]) -> dict[str, int]:
+    """How many refusals of each code: fusion candidates (and patterns switched off), nodes no
+    kernel may take, kernels the code generator gave back."""
+    out: dict[str, int] = {}
+    for c in [r["code"] for r in rows if r["verdict"] != "fused"] + \
+            [code(v) for v in reasons.values()] + [f["code"] for f in fallbacks]:
+        out[c] = out.get(c, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def format_explain(d: dict[str, Any], limit: int = 40) -> str:
@@ -46,7 +65,7 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
     lines.append(f"candidate fusions{who}, by GM bytes saved:")
     for r in d["candidates"][:limit]:
         verdict = "FUSED   " if r["verdict"] == "fused" else "refused "
-        why = "" if r["verdict"] == "fused" else f"  -- {r['reason']}"
+        why = "" if r["verdict"] == "fused" else f"  -- {r['code']} {r['reason']}"
         lines.append(f"  {verdict}{r['score']:>12,d} B  {r['pattern']}: "
                      f"{' + '.join(r['areas'])}{why}")
     if len(d["candidates"]) > limit:
@@ -56,7 +75,7 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
     if d["not_fusable"]:
         lines.append(f"not fusable{who}:")
         for name, why in list(d["not_fusable"].items())[:limit]:
-            lines.append(f"  {name}: {why}")
+            lines.append(f"  {name}: {d['not_fusable_codes'][name]} {why}")
     if d.get("attention"):
         lines.append(f"attention{who} (one fused attention launch each):")
         for a in d["attention"]:
@@ -68,6 +87,11 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
         lines.append(f"convolution layouts{who} (channels_last):")
         for c in d["layouts"]:
             lines.append(f"  {c['layout']}  {c['conv']}: {c['reason']}")
+    for f in d.get("fallbacks", []):
+        lines.append(f"codegen fallback {f['kernel']}: {f['code']} {f['reason']}")
     for p in d["patterns_off"]:
-        lines.append(f"pattern {p['pattern']}: {p['reason']}")
+        lines.append(f"pattern {p['pattern']}: {p['code']} {p['reason']}")
+    if d.get("refusals"):
+        lines.append("refusals by code (graphkernel patterns --codes): " + ", ".join(
+            f"{c} x{n}" for c, n in d["refusals"].items()))
     return "\n".join(lines)

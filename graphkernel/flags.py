@@ -32,6 +32,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphkernel import limits
+from graphkernel.anchors import (
+    ALWAYS_PROMOTED,
+    ASCIR_OPS,
+    AUTOFUSE_GROUPS,
+    AUTOFUSE_VOCABULARY,
+    KEYS,
+    no_effect_keys,
+)
 from graphkernel.codegen.targets import DEFAULT as DEFAULT_TARGET
 from graphkernel.codegen.targets import available as available_targets
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
@@ -50,7 +58,8 @@ _KEY = re.compile(r"^[a-z0-9_]+$")
 
 class FlagValues(BaseModel):
     """Every flag with its type and range as given. ``None`` means "the opt_level default"
-    (``FlagSpec.level``); ``Config`` answers with the value in effect."""
+    (``FlagSpec.level``) or "the target's cap" (``FlagSpec.cap``); ``Config`` answers with
+    the value in effect."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -66,7 +75,9 @@ class FlagValues(BaseModel):
     disable_fusion_pattern: list[str] = []
     enable_fusion_pattern_only: list[str] = []
     enable_fusion_pattern: list[str] = []  # AutoFuse's autofuse_enable_pass lands here
-    composite_op_limit_size: int = Field(200, ge=0)
+    composite_op_limit_size: int | None = Field(None, ge=0)  # None: the target's cap
+    max_kernel_inputs: int | None = Field(None, ge=0)  # None: the target's cap
+    peak_memory_growth: int = Field(-1, ge=-1)
     reduce_fuse_depth: int = Field(10, ge=1)
     broadcast_fuse_depth: int = Field(6, ge=1)
     enable_recompute_fusion: bool | None = None
@@ -75,6 +86,9 @@ class FlagValues(BaseModel):
     enable_super_kernel: bool | None = None
     super_kernel_scope: list[str] = []
     enable_low_precision: bool = False
+    precision_blacklist: list[str] = []
+    precision_blacklist_kernels: list[str] = []  # AutoFuse's: whole kernels of listed ops
+    recompute_max_consumers: int = Field(-1, ge=-1)
     target: str = DEFAULT_TARGET
     disable_fallback: bool = False
     dump_as_text: bool = False
@@ -83,6 +97,8 @@ class FlagValues(BaseModel):
     bisect_pass: str = ""
     print_bisect: bool = False
     keep_codegen_project: bool = False
+    dump_kernel_graphs: bool = False
+    replace_kernel: str = ""
     skip_node_names: list[str] = []
     skip_node_types: list[str] = []
 
@@ -96,6 +112,7 @@ class FlagSpec:
     names: str = ""  # what a list names: pass | pattern | op | expand_op
     choices: tuple[str, ...] = ()
     level: int | None = None  # a bool whose default is "opt_level >= level"
+    cap: str = ""  # an int whose default is the target's fusion cap of this name
 
 
 SPECS: dict[str, FlagSpec] = {
@@ -114,7 +131,15 @@ SPECS: dict[str, FlagSpec] = {
     "disable_fusion_pattern": FlagSpec("list", "turn off fusion patterns (exact names, prefix*)",
                                        "pattern"),
     "enable_fusion_pattern_only": FlagSpec("list", "run only these fusion patterns", "pattern"),
-    "composite_op_limit_size": FlagSpec("int", "most ops in one fused kernel (0: no fusion)"),
+    "enable_fusion_pattern": FlagSpec("list", "run these fusion patterns whatever their level",
+                                      "pattern"),
+    "composite_op_limit_size": FlagSpec("int", "most ops in one fused kernel (0: no fusion)",
+                                        cap="ops"),
+    "max_kernel_inputs": FlagSpec("int", "most inputs of one fused kernel (0: no cap)",
+                                  cap="inputs"),
+    "peak_memory_growth": FlagSpec("int", "percent a fusion that keeps a tensor alive longer "
+                                          "may raise the estimated peak of live memory by (-1: "
+                                          "no guard, AutoFuse's default)"),
     "reduce_fuse_depth": FlagSpec("int", "size limit of reduce_fwd patterns"),
     "broadcast_fuse_depth": FlagSpec("int", "size limit of elemwise_broadcast_bwd patterns"),
     "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers",
@@ -126,50 +151,70 @@ SPECS: dict[str, FlagSpec] = {
                                     level=3),
     "super_kernel_scope": FlagSpec("list", "node-name prefixes or globs of SuperKernel scopes"),
     "enable_low_precision": FlagSpec("bool", "compute fp16/bf16 inside kernels"),
+    "precision_blacklist": FlagSpec("list", "ops that compute in fp16/bf16 while the rest of "
+                                            "their kernel is promoted to fp32 (all: every op)",
+                                    "precision_op"),
+    "precision_blacklist_kernels": FlagSpec("list", "a kernel whose ops are all listed stays "
+                                                    "in fp16/bf16 (all: every op)",
+                                            "precision_op"),
+    "recompute_max_consumers": FlagSpec("int", "recompute a producer into at most this many "
+                                               "consumer kernels (-1: any number)"),
     "target": FlagSpec("choice", "the Ascend target spec", choices=TARGETS),
     "disable_fallback": FlagSpec("bool", "a cluster codegen cannot handle is an error"),
+    "skip_node_names": FlagSpec("list", "nodes never fused (names, or names of your nodes "
+                                        "they came from)"),
+    "skip_node_types": FlagSpec("list", "ops never fused", "op"),
     "dump_as_text": FlagSpec("bool", "dump IR after every pass, cluster report and kernels"),
     "debug_dir": FlagSpec("str", "where dumps go"),
     "keep_codegen_project": FlagSpec("bool", "also write the kernel project (kernels/, "
                                              "manifest.json) into the dump folder"),
+    "dump_kernel_graphs": FlagSpec("bool", "write each kernel's body as a graph file "
+                                           "(debug_dir/kernel_graphs/, runnable with "
+                                           "`graphkernel run`)"),
+    "replace_kernel": FlagSpec("str", "a folder of hand-edited kernel/tiling sources that "
+                                      "replace the generated ones of the same file name, "
+                                      "each checked in the simulator first"),
     "bisect_limit": FlagSpec("int", "run only the first N rewrite applications (-1: all)"),
     "print_bisect": FlagSpec("bool", "print BISECT: running|NOT running (N) lines"),
     "bisect_pass": FlagSpec("str", "number (and limit) only this pass's applications; the other "
                                    "passes run in full (graphkernel bisect uses it)"),
     "path": FlagSpec("str", "a config file (JSON or YAML) read with file precedence"),
-    # AutoFuse compatibility, mapped onto the keys above
+    # the anchors' keys that map onto the keys above (anchors.KEYS says what each does there)
     "enable_autofuse": FlagSpec("bool", "AutoFuse: false -> opt_level 0"),
-    "autofuse_enable_pass": FlagSpec("list", "AutoFuse: enable reduce/concat/slice/gather/"
-                                             "transpose fusions"),
-    "autofuse_disable_pass": FlagSpec("list", "AutoFuse: disable reduce/concat/slice/gather/"
-                                              "transpose fusions"),
+    "autofuse_enable_pass": FlagSpec("list", "AutoFuse: turn on these extended fusions ("
+                                             + "/".join(AUTOFUSE_GROUPS) + ")", "autofuse"),
+    "autofuse_disable_pass": FlagSpec("list", "AutoFuse: turn off these extended fusions",
+                                      "autofuse"),
+    "autofuse_enhance_precision_blacklist": FlagSpec(
+        "list", "AutoFuse: a kernel whose ops are all listed stays in fp16/bf16 (AscIR names "
+                "such as Le, Sum accepted; all: every op) -> precision_blacklist_kernels",
+        "ascir_op"),
+    "recomputation_threshold": FlagSpec("int", "AutoFuse: 0..255 -> recompute_max_consumers"),
     "max_fusion_size": FlagSpec("int", "AutoFuse: -> composite_op_limit_size (0: no fusion)"),
     "codegen_compile_debug": FlagSpec("bool", "AutoFuse: -> keep_codegen_project"),
-    # MindSpore graph-kernel names
-    "enable_horizontal_fusion": FlagSpec("bool", "MindSpore: -> enable_parallel_fusion"),
+    "disable_lifting": FlagSpec("bool", "AutoFuse: -> enable_single_node_fusion"),
+    "subgraph_recover": FlagSpec("bool", "AutoFuse: -> dump_kernel_graphs"),
     "skip_node_names_cfg": FlagSpec("str", "AutoFuse: .ini with [ByNodeName]/[ByNodeType] "
                                            "sections of nodes never fused"),
+    "enable_horizontal_fusion": FlagSpec("bool", "MindSpore: -> enable_parallel_fusion"),
+    "disable_matmul_post_fusion": FlagSpec("bool", "MindSpore: -> disable_fusion_pattern="
+                                                   "matmul_depth"),
 }
 
-# AutoFuse's pass names and the fusion patterns they switch.
-AUTOFUSE_PATTERNS: dict[str, tuple[str, ...]] = {
-    "reduce": ("reduce_fwd_depth", "reduce_fwd_width"),
-    "concat": ("concat",),
-    "slice": ("slice",),
-    "gather": ("gather",),
-    "transpose": ("transpose",),
-}
+# Keys of MindSpore or AutoFuse that graphkernel does not model: accepted (their values
+# checked) with a warning that they have no effect (anchors.KEYS says why, key by key).
+COMPAT_NO_EFFECT = no_effect_keys()
 
-# Keys MindSpore's graph-kernel flags or AutoFuse accept that graphkernel does not model:
-# accepted for compatibility, with a warning that they have no effect.
-COMPAT_NO_EFFECT = frozenset({
-    "online_tuning", "kernel_generator", "enable_cce_lib", "enable_cce_lib_ops",
-    "enable_cce_lib_ops_only", "enable_stitch_fusion", "disable_cce_lib_ops", "enable_debug_mode",
-    "enable_lite_conv_tuning", "enable_vectorization", "enable_dynamic_batch",
-    "enable_csr_fusion", "enable_auto_tensor_inplace", "parallel_ops_level",
-    "recompute_increment_threshold", "recompute_peak_threshold", "enable_parallel_op_combine",
-    "dump_level",
-})
+# Fusion caps per target (AutoFuse's defaults: at most 8 inputs per fused kernel and 64 ops;
+# the same on every target graphkernel knows today). A target missing here takes DEFAULT_CAPS.
+DEFAULT_CAPS = {"inputs": 8, "ops": 64}
+TARGET_CAPS: dict[str, dict[str, int]] = {t: dict(DEFAULT_CAPS) for t in available_targets()}
+
+
+def target_cap(target: str, cap: str) -> int:
+    """The fusion cap ``cap`` (inputs | ops) of ``target``."""
+    return TARGET_CAPS.get(target, DEFAULT_CAPS)[cap]
+
 
 _TRUE = {"true", "on", "1"}
 _FALSE = {"false", "off", "0"}
@@ -337,19 +382,24 @@ class Config:
     item_origins: dict[str, dict[str, str]] = field(default_factory=dict)
     # enable/disable names settled by precedence (the lower source's entry was dropped)
     overrides: list[str] = field(default_factory=list)
+    # per key: how its value was reached when that is not plain (AutoFuse's semantics, ...)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def __getattr__(self, key: str) -> Any:
         if key.startswith("_") or key in ("values", "origins", "warnings", "item_origins",
-                                          "overrides"):
+                                          "overrides", "notes"):
             raise AttributeError(key)
         return self.value(key)
 
     def value(self, key: str) -> Any:
-        """The value in effect (an opt_level default resolved at this config's level)."""
+        """The value in effect (an opt_level default resolved at this config's level, a
+        target cap at its target)."""
         v = getattr(self.values, key)
         spec = SPECS.get(key)
         if v is None and spec is not None and spec.level is not None:
             return self.values.opt_level >= spec.level
+        if v is None and spec is not None and spec.cap:
+            return target_cap(self.values.target, spec.cap)
         return v
 
     def is_default(self, key: str) -> bool:
@@ -362,8 +412,11 @@ class Config:
         if key in self.origins:
             return self.origins[key]
         spec = SPECS.get(key)
-        return f"default@opt{self.values.opt_level}" if spec and spec.level is not None \
-            else "default"
+        if spec and spec.level is not None:
+            return f"default@opt{self.values.opt_level}"
+        if spec and spec.cap:
+            return f"default@{self.values.target}"
+        return "default"
 
     def item_origin(self, key: str, name: str) -> str:
         """Where one name of a list key came from."""
@@ -382,6 +435,7 @@ class Config:
         the flag that sets it)."""
         return {k: {"value": self.value(k), "origin": self.origin(k)}
                 | ({"set_through": SET_THROUGH[k]} if k in SET_THROUGH else {})
+                | ({"note": self.notes[k]} if k in self.notes else {})
                 for k in self.values.model_dump()}
 
 
@@ -451,21 +505,23 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
     notes: list[str] = []
     seen_in_source: dict[tuple[str, str], str] = {}
     for _level, items in levels:
-        for it in items:
+        for it in autofuse_semantics(items):
             if it.key == "path":
                 continue
             if it.key in COMPAT_NO_EFFECT:
-                msg = (f"{it.origin}: --{it.key} is accepted for compatibility with MindSpore/"
-                       "AutoFuse and has no effect in graphkernel")
+                check_no_effect(it)
+                msg = (f"{it.origin}: --{it.key} is accepted for compatibility with "
+                       f"{_anchor_names(it.key)} and has no effect in graphkernel: "
+                       f"{KEYS[it.key].graphkernel}")
                 notes.append(msg)
                 warnings.warn(msg, FlagWarning, stacklevel=3)
                 continue
             if it.key not in SPECS:
                 raise FlagError(f"{it.origin}: unknown flag --{it.key}"
-                                + did_you_mean(it.key, SPECS)
+                                + did_you_mean(it.key, [*SPECS, *COMPAT_NO_EFFECT])
                                 + "; run `graphkernel flags` to list every flag")
             spec = SPECS[it.key]
-            settings = _convert(it, spec, name_check)
+            settings = _convert(it, spec, name_check, notes)
             prev = next((seen_in_source[k, it.origin] for k, _ in settings
                          if (k, it.origin) in seen_in_source), None)
             if prev is not None and spec.kind != "list":
@@ -476,7 +532,8 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
             for key, val in settings:
                 if isinstance(val, list):
                     item_origins.setdefault(key, {}).update((v, it.origin) for v in val)
-                if spec.kind == "list" and isinstance(values.get(key), list):
+                if isinstance(val, list) and isinstance(values.get(key), list) and \
+                        it.key != "skip_node_names_cfg":  # (a file: given again, it replaces)
                     values[key] = values[key] + [v for v in val if v not in values[key]]
                     origins[key] = _join_origin(origins[key], it.origin)
                 else:
@@ -495,7 +552,77 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
     if fv.target not in TARGETS:
         raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, TARGETS)
                         + f" (accepted: {', '.join(TARGETS)})")
-    return Config(fv, origins, notes, item_origins, overrides)
+    return Config(fv, origins, notes, item_origins, overrides, _key_notes(item_origins))
+
+
+# ------------------------------------------------------------- the anchors' keys
+# the origin of what a string that speaks AutoFuse turns off without naming it
+IMPLIED = " (AutoFuse semantics: off unless listed in --autofuse_enable_pass)"
+
+
+def autofuse_semantics(items: list[FlagItem]) -> list[FlagItem]:
+    """``items`` and, for each flag string among them that uses AutoFuse's vocabulary
+    (``enable_autofuse``, ``autofuse_enable_pass``, ``autofuse_disable_pass``), AutoFuse's
+    rule that its extended fusions are off unless listed in ``autofuse_enable_pass``: one
+    more item turning off the others, from that string (tagged ``IMPLIED``, so that a name
+    the string itself enables another way wins over it)."""
+    by_origin: dict[str, list[FlagItem]] = {}
+    for it in items:
+        by_origin.setdefault(it.origin, []).append(it)
+    out = list(items)
+    for origin, its in by_origin.items():
+        if not any(it.key in AUTOFUSE_VOCABULARY for it in its):
+            continue
+        enabled: set[str] = set()
+        for it in its:
+            if it.key == "autofuse_enable_pass":
+                enabled.update(parse_list(it.key, it.value, origin))
+        off = [g for g, grp in AUTOFUSE_GROUPS.items()
+               if g not in enabled and (grp.patterns or grp.ops)]
+        if off:
+            out.append(FlagItem("autofuse_disable_pass", off, origin + IMPLIED))
+    return out
+
+
+def _key_notes(item_origins: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Per key, what AutoFuse's semantics put in it (for `graphkernel flags`)."""
+    notes = {}
+    for key, names in item_origins.items():
+        implied = {n for n, o in names.items() if o.endswith(IMPLIED)}
+        groups = [g for g, grp in AUTOFUSE_GROUPS.items()
+                  if implied & {*grp.patterns, *grp.ops}]
+        if groups:
+            notes[key] = (f"AutoFuse semantics: {', '.join(groups)} fusion off (the string "
+                          "uses AutoFuse's keys and does not list them in "
+                          "--autofuse_enable_pass)")
+    return notes
+
+
+def _anchor_names(key: str) -> str:
+    names = {"AUTOFUSE_FLAGS": "AutoFuse", "AUTOFUSE_DFX_FLAGS": "AutoFuse"}
+    return "/".join(dict.fromkeys(names.get(a, a) for a in KEYS[key].anchors))
+
+
+def check_no_effect(it: FlagItem) -> None:
+    """A no-effect key's value is still checked: a typo in it is an error, as anywhere."""
+    k = KEYS[it.key]
+    raw = ",".join(it.value) if isinstance(it.value, list) else it.value
+    if k.kind == "bool":
+        parse_bool(it.key, raw, it.origin)
+    elif k.kind == "int":
+        v = parse_int(it.key, raw, it.origin)
+        if (k.lo is not None and v < k.lo) or (k.hi is not None and v > k.hi) or \
+                (k.power_of_two and v & (v - 1)):
+            rng = f"{'' if k.lo is None else k.lo}..{'' if k.hi is None else k.hi}"
+            two = ", a power of two" if k.power_of_two else ""
+            raise FlagError(f"{it.origin}: --{it.key}={v}: out of range (accepted: {rng}{two})")
+    elif k.kind == "list":
+        parse_list(it.key, it.value, it.origin)
+    elif raw is None or raw == "":
+        raise FlagError(f"{it.origin}: --{it.key} needs a value")
+    elif k.kind == "choice" and raw not in k.choices:
+        raise FlagError(f"{it.origin}: --{it.key}={raw}: unknown value"
+                        + did_you_mean(raw, k.choices) + f" (accepted: {', '.join(k.choices)})")
 
 
 def _join_origin(a: str, b: str) -> str:
@@ -518,8 +645,8 @@ def _range_text(key: str) -> str:
     return ""
 
 
-def _convert(it: FlagItem, spec: FlagSpec,
-             name_check: NameCheck | None) -> list[tuple[str, Any]]:
+def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None,
+             notes: list[str]) -> list[tuple[str, Any]]:
     """The (FlagValues key, value) settings one flag makes: usually one, none for a flag that
     keeps the default, two for a skip file (names and types)."""
     key, raw, origin = it.key, it.value, it.origin
@@ -537,34 +664,85 @@ def _convert(it: FlagItem, spec: FlagSpec,
             raise FlagError(f"{origin}: --{key}={val}: unknown value"
                             + did_you_mean(val, spec.choices)
                             + f" (accepted: {', '.join(spec.choices)})")
-    # AutoFuse keys map onto graphkernel's own
+    # the anchors' keys map onto graphkernel's own
     if key == "enable_autofuse":  # true keeps the opt_level; false turns fusion off
         return [("opt_level", 0)] if not val else []
     if key == "max_fusion_size":
         if val < 0:
             raise FlagError(f"{origin}: --max_fusion_size={val}: must be >= 0")
         return [("composite_op_limit_size", val)]
-    if key == "codegen_compile_debug":
-        return [("keep_codegen_project", val)]
-    if key == "enable_horizontal_fusion":
-        return [("enable_parallel_fusion", val)]
+    if key == "recomputation_threshold":
+        if not 0 <= val <= 255:
+            raise FlagError(f"{origin}: --recomputation_threshold={val}: out of range "
+                            "(accepted: 0..255)")
+        return [("recompute_max_consumers", val)]
     if key in ("autofuse_enable_pass", "autofuse_disable_pass"):
-        pats: list[str] = []
-        for v in val:
-            if v not in AUTOFUSE_PATTERNS:
-                raise FlagError(f"{origin}: --{key}={v}: unknown AutoFuse pass"
-                                + did_you_mean(v, AUTOFUSE_PATTERNS)
-                                + f" (accepted: {', '.join(AUTOFUSE_PATTERNS)})")
-            pats += AUTOFUSE_PATTERNS[v]
-        # the names come from graphkernel's own table, not from the user: no registry check
-        return [("enable_fusion_pattern" if key == "autofuse_enable_pass"
-                 else "disable_fusion_pattern", pats)]
+        return _fusion_groups(it, val, notes)
+    if key in ("precision_blacklist", "precision_blacklist_kernels",
+               "autofuse_enhance_precision_blacklist"):
+        ops = _precision_ops(it, val, name_check)
+        return [("precision_blacklist" if key == "precision_blacklist"
+                 else "precision_blacklist_kernels", ops)]
+    mapped = {"codegen_compile_debug": "keep_codegen_project",
+              "enable_horizontal_fusion": "enable_parallel_fusion",
+              "disable_lifting": "enable_single_node_fusion",
+              "subgraph_recover": "dump_kernel_graphs"}
+    if key in mapped:
+        return [(mapped[key], val)]
+    if key == "disable_matmul_post_fusion":
+        return [("disable_fusion_pattern", ["matmul_depth"])] if val else []
     if key == "skip_node_names_cfg":
         names, types = read_skip_file(val, origin)
         return [("skip_node_names", names), ("skip_node_types", types)]
     if key == "debug_dir" and origin.startswith("file "):
         _check_file_debug_dir(val, origin)
+    if key == "replace_kernel" and origin.startswith("file "):
+        raise FlagError(f"{origin}: --replace_kernel={val}: a flags file may not choose code "
+                        "to build and run; give the folder with --flags or AUTOFUSE_DFX_FLAGS")
     return [(key, val)]
+
+
+def _fusion_groups(it: FlagItem, names: list[str], notes: list[str]) -> list[tuple[str, Any]]:
+    """AutoFuse's extended fusion names -> graphkernel's patterns (and, to turn a kind of
+    fusion off, its ops: AutoFuse does not lower them into fused graphs at all)."""
+    pats: list[str] = []
+    ops_off: list[str] = []
+    for v in names:
+        if v not in AUTOFUSE_GROUPS:
+            raise FlagError(f"{it.origin}: --{it.key}={v}: unknown AutoFuse pass"
+                            + did_you_mean(v, AUTOFUSE_GROUPS)
+                            + f" (accepted: {', '.join(AUTOFUSE_GROUPS)})")
+        group = AUTOFUSE_GROUPS[v]
+        pats += group.patterns
+        ops_off += group.ops
+        if not group.patterns and not it.origin.endswith(IMPLIED):
+            msg = f"{it.origin}: --{it.key}={v} has no effect in graphkernel: {group.note}"
+            notes.append(msg)
+            warnings.warn(msg, FlagWarning, stacklevel=4)
+    # the names come from graphkernel's own table, not from the user: no registry check
+    if it.key == "autofuse_enable_pass":  # (its ops too: a lower source may have left them out)
+        return [("enable_fusion_pattern", pats), ("enable_cluster_ops", ops_off)]
+    return [("disable_fusion_pattern", pats), ("disable_cluster_ops", ops_off)]
+
+
+def _precision_ops(it: FlagItem, names: list[str], name_check: NameCheck | None) -> list[str]:
+    """The op names of a precision blacklist (``all`` stays as it is; AutoFuse's AscIR names
+    are read as graphkernel's)."""
+    out = []
+    for name in names:
+        if name == "all":
+            out.append(name)
+            continue
+        if it.key == "autofuse_enhance_precision_blacklist":
+            name = ASCIR_OPS.get(name, name)
+        canon = name_check("op", name, f"{it.origin}: --{it.key}") if name_check else name
+        canon = canon or name
+        if canon in ALWAYS_PROMOTED:
+            raise FlagError(f"{it.origin}: --{it.key}={name}: {canon} always computes in fp32 "
+                            "(a low-precision sum or product loses digits; AutoFuse's rule "
+                            "too); remove it from the list")
+        out.append(canon)
+    return out
 
 
 def _check_file_debug_dir(path: str, origin: str) -> None:
@@ -577,9 +755,10 @@ def _check_file_debug_dir(path: str, origin: str) -> None:
                         "places with --flags or AUTOFUSE_FLAGS")
 
 
-# keys of the Config that no flag names: only an AutoFuse key sets them (shown by `flags`)
+# keys of the Config an anchor's key also sets (shown by `flags`)
 SET_THROUGH = {"enable_fusion_pattern": "autofuse_enable_pass",
-               "skip_node_names": "skip_node_names_cfg", "skip_node_types": "skip_node_names_cfg"}
+               "skip_node_names": "skip_node_names_cfg", "skip_node_types": "skip_node_names_cfg",
+               "precision_blacklist_kernels": "autofuse_enhance_precision_blacklist"}
 
 ENABLE_DISABLE = (("enable_pass", "disable_pass"), ("enable_expand_ops", "disable_expand_ops"),
                   ("enable_cluster_ops", "disable_cluster_ops"),
@@ -595,6 +774,12 @@ def _settle_conflicts(values: dict[str, Any], origins: dict[str, str],
     for en, dis in ENABLE_DISABLE:
         for name in sorted(set(values.get(en, [])) & set(values.get(dis, []))):
             o_en, o_dis = item_origins[en][name], item_origins[dis][name]
+            if rank(o_en) == rank(o_dis) and o_dis.endswith(IMPLIED) != o_en.endswith(IMPLIED):
+                # what a string names wins over what AutoFuse's semantics turn off for it
+                lose = dis if o_dis.endswith(IMPLIED) else en
+                values[lose] = [v for v in values[lose] if v != name]
+                del item_origins[lose][name]
+                continue
             if rank(o_en) == rank(o_dis):
                 raise FlagError(f"{name!r} is in both --{en} ({o_en}) and --{dis} ({o_dis}); "
                                 "remove it from one of them")
@@ -620,7 +805,8 @@ def format_value(value: Any) -> str:
 def markdown_table() -> str:
     """Every key a user can set, as the README's table: type, default, meaning."""
     names = {"pass": "pass selectors", "pattern": "pattern names", "op": "op names",
-             "expand_op": "op names"}
+             "expand_op": "op names", "precision_op": "op names", "ascir_op": "op names",
+             "autofuse": "AutoFuse pass names"}
     defaults = FlagValues().model_dump()
     rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
     for key, spec in SPECS.items():
@@ -629,6 +815,8 @@ def markdown_table() -> str:
             spec.kind + _range_text(key).replace(" (accepted: ", " ").rstrip(")")
         if spec.level is not None:
             default = f"on from opt_level {spec.level}"
+        elif spec.cap:
+            default = f"the target's cap ({DEFAULT_CAPS[spec.cap]})"
         elif key in defaults:
             default = format_value(defaults[key]).replace("[]", "(empty)")
         else:

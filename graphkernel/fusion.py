@@ -23,6 +23,7 @@ from graphkernel.flags import Config
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.elementwise import BINARY, UNARY
 from graphkernel.ops import OpKind
+from graphkernel.refusals import code as refusal_code
 from graphkernel.runlog import RunLog
 
 SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
@@ -313,6 +314,59 @@ def _renumber(sweep: _Sweep) -> None:
     sweep.slots[1] = 2 * len(classes) + max(RENUMBER_AT, len(sweep.anc) // 8)
 
 
+# ------------------------------------------------------------------ live memory
+class LiveProfile:
+    """How many bytes of intermediate values are alive at each place of a topological order
+    (a value lives from its producer to its last user; a graph output to the end; graph
+    inputs and constants live throughout and are left out). The peak-memory guard asks it
+    what a fusion does to the peak: the kernel runs where its last node ran, so a value an
+    earlier node of it read stays alive until then, while the values passed inside the
+    kernel are never written and those it passes on are written only then."""
+
+    def __init__(self, order: Sequence[Node | None], position: dict[int, int],
+                 outputs: set[int]) -> None:
+        end = len(order)
+        diff = [0] * (end + 1)
+        self.last: dict[int, int] = {}  # id(value) -> position of its last user
+        for k, n in enumerate(order):
+            if n is None or n.op == "Constant":
+                continue
+            for v in n.outputs:
+                last = end - 1 if id(v) in outputs else max(
+                    (position.get(id(u), k) for u in v.users), default=k)
+                self.last[id(v)] = last
+                b = nbytes(v)
+                diff[k] += b
+                diff[last + 1] -= b
+        live, run = [], 0
+        for d in diff[:end]:
+            run += d
+            live.append(run)
+        self.live = live
+        self.peak = max(live, default=0)
+        # per node (by id): (id(value), its last use, bytes) of each value it reads that has a
+        # producer (made when first asked)
+        self._reads: dict[int, tuple[tuple[int, int, int], ...]] = {}
+
+    def reads(self, n: Node) -> tuple[tuple[int, int, int], ...]:
+        r = self._reads.get(id(n))
+        if r is None:
+            r = self._reads[id(n)] = tuple(
+                (id(v), self.last[id(v)], nbytes(v)) for v in n.inputs
+                if v.producer is not None and id(v) in self.last)
+        return r
+
+    def peak_with(self, changes: list[tuple[int, int, int]]) -> int:
+        """The peak over the places ``changes`` touch, each (first, last, bytes) added to the
+        live bytes from ``first`` to ``last`` (inclusive)."""
+        cuts = sorted({p for a, b, _ in changes for p in (a, b + 1)})
+        best = 0
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            d = sum(x for a, b, x in changes if a <= lo and hi - 1 <= b)
+            best = max(best, max(self.live[lo:hi]) + d)
+        return best
+
+
 # ------------------------------------------------------------------ split model
 @dataclass
 class Area:
@@ -400,8 +454,13 @@ class Attempt:
     def reason(self) -> str:
         return self._reason if self._names is None else spelled(self._reason, self._names)
 
+    @property
+    def code(self) -> str:
+        """The refusal's stable code (graphkernel.refusals); "" for a fusion made."""
+        return "" if self.verdict == "fused" else refusal_code(self.reason)
+
     def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.FIELDS}
+        return {f: getattr(self, f) for f in self.FIELDS} | {"code": self.code}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Attempt) and self.as_dict() == other.as_dict()
@@ -433,6 +492,21 @@ class AttemptLog(RunLog[Attempt]):
         self._add_run((entries, names), len(entries))
         self.fused += sum(entry[4] == "fused" for entry in entries)  # (entry[4]: the verdict)
 
+    def refusal_codes(self) -> dict[str, int]:
+        """How many refused attempts of each code, without spelling out the replayed ones
+        (their reasons' templates carry the phrases the codes are read from)."""
+        out: dict[str, int] = {}
+        memo: dict[str, str] = {}
+        for is_run, item in self._runs:
+            reasons = [e[5] for e in item[0] if e[4] != "fused"] if is_run else \
+                [item.reason] if item.verdict != "fused" else []
+            for r in reasons:
+                c = memo.get(r)
+                if c is None:
+                    c = memo[r] = refusal_code(r)
+                out[c] = out.get(c, 0) + 1
+        return out
+
     def _expand(self, run: tuple[Sequence[tuple], Sequence[str]]) -> Iterator[Attempt]:
         entries, names = run
         for entry in entries:
@@ -445,10 +519,13 @@ class SplitModel:
     def __init__(self, graph: Graph, region: list[Node], cfg: Config, ctx: Any,
                  attempts: list[Attempt], label: Callable[[Node], str] | None = None,
                  order: Sequence[Node | None] | None = None,
-                 position: dict[int, int] | None = None) -> None:
+                 position: dict[int, int] | None = None,
+                 profile: LiveProfile | None = None) -> None:
         """``order``/``position``: a topological order of ``graph`` and each node's place in
         it (computed here when not given; the split pass computes them once for every
-        region, and leaves None where it erased a node)."""
+        region, and leaves None where it erased a node). ``profile``: the live bytes along
+        that order, for the peak-memory guard (made here when the guard is on and none is
+        given)."""
         self.graph = graph
         self.cfg = cfg
         self.ctx = ctx
@@ -467,6 +544,17 @@ class SplitModel:
             order = graph.nodes
             position = {id(n): i for i, n in enumerate(order)}
         pos = position
+        self.position = position
+        if profile is None and cfg.peak_memory_growth >= 0:
+            profile = LiveProfile(order, position, self.outputs)
+        self.profile = profile
+        # the guard's verdicts, by the areas' node positions: they depend on where the region
+        # lies, so the split pass checks them again before it replays this region's
+        # decisions on another one
+        self.guards: list[tuple[tuple[tuple[int, ...], ...], str | None]] = []
+        # far from the peak no fusion of this region can raise it enough: no guard to ask
+        self.guard_free = profile is None or guard_free(region, profile, position,
+                                                        cfg.peak_memory_growth)
         lo = min((pos[id(n)] for n in region), default=0)
         hi = max((pos[id(n)] for n in region), default=-1)
         reach: dict[int, int] = {}
@@ -633,9 +721,15 @@ class SplitModel:
             return record("rejected", f"size limit: {total} ops > composite_op_limit_size={cap}")
         if limit is not None and total > limit:
             return record("rejected", f"size limit: {total} ops > {pattern} limit {limit}")
+        max_inputs = self.cfg.max_kernel_inputs
+        if max_inputs and (n_in := len(kernel_inputs(areas))) > max_inputs:
+            return record("rejected", f"input limit: {n_in} inputs > max_kernel_inputs="
+                                      f"{max_inputs} (target {self.cfg.target})")
         if self.creates_cycle(areas):
             return record("rejected", "cycle: a path between these areas leaves them "
                                        "(the kernel would feed itself)")
+        if (grown := self.peak_growth(areas)) is not None:
+            return record("rejected", grown)
         if not self.ctx.should_apply(f"{pattern}: " + " + ".join(names),
                                      [n for a in areas for n in a.nodes]):
             return record("rejected", "refused by bisect_limit")
@@ -653,6 +747,17 @@ class SplitModel:
         target._in_edges = target._out_edges = None
         return record("fused", score=saved)
 
+    def peak_growth(self, areas: list[Area]) -> str | None:
+        """Why fusing ``areas`` raises the estimated peak of live memory by more than
+        ``peak_memory_growth`` percent, or None (see ``peak_refusal``)."""
+        if self.profile is None:
+            return None
+        groups = [a.nodes for a in areas]
+        reason = None if self.guard_free else peak_refusal(
+            groups, self.profile, self.position, self.outputs, self.cfg.peak_memory_growth)[0]
+        self.guards.append((tuple(tuple(self.index[id(n)] for n in g) for g in groups), reason))
+        return reason
+
     def reject(self, pattern: str, areas: list[Area], reason: str) -> bool:
         names = [a.name for a in areas]
         key = (pattern, tuple(names), reason)
@@ -661,6 +766,105 @@ class SplitModel:
             self.attempts.append(Attempt(pattern, names, [n.name for a in areas for n in a.nodes],
                                          self.score(areas), "rejected", reason))
         return False
+
+
+def guard_free(region: Sequence[Node], prof: LiveProfile, pos: dict[int, int],
+               growth: int) -> bool:
+    """Whether no fusion within ``region`` can raise the estimated peak by more than
+    ``growth`` percent: even every value its nodes read kept alive from its last use to the
+    region's last node stays within the bound. (A value a fusion keeps alive longer is one a
+    node of the region reads, kept until a later node of it.)"""
+    hi = max(pos[id(n)] for n in region)
+    kept: dict[int, tuple[int, int]] = {}  # id(value) -> (its last use, bytes), if before hi
+    for n in region:
+        for v in n.inputs:
+            p = v.producer
+            if p is not None and p.op != "Constant" and id(v) not in kept:
+                last = prof.last.get(id(v))
+                if last is not None and last < hi:
+                    kept[id(v)] = (last, nbytes(v))
+    bound = prof.peak + prof.peak * growth // 100
+    extra = 0
+    ends = sorted(kept.values())
+    for i, (last, b) in enumerate(ends):
+        extra += b  # alive from last + 1 on, with every value that ended earlier
+        stop = ends[i + 1][0] if i + 1 < len(ends) else hi
+        if stop > last and max(prof.live[last + 1:stop + 1]) + extra > bound:
+            return False
+    return True
+
+
+def guard_signature(region: Sequence[Node], prof: LiveProfile, pos: dict[int, int]) -> tuple:
+    """Everything the peak-memory guard reads about ``region``, relative to its first place:
+    two regions of equal structure and equal signature get the same verdicts for the same
+    fusions (the live bytes along the span, where each node is, when each value it reads and
+    writes is last used, where its outside users are)."""
+    lo = min(pos[id(n)] for n in region)
+    hi = max(pos[id(n)] for n in region)
+    where = tuple(pos[id(n)] - lo for n in region)
+    reads = tuple(last - lo for n in region for _, last, _ in prof.reads(n))
+    writes = tuple((prof.last.get(id(v), lo - 1) - lo,
+                    tuple(pos[id(u)] - lo if id(u) in pos else None for u in v.users))
+                   for n in region for v in n.outputs)
+    return prof.peak, tuple(prof.live[lo:hi + 1]), where, reads, writes
+
+
+def peak_refusal(groups: Sequence[Sequence[Node]], prof: LiveProfile, pos: dict[int, int],
+                 outputs: set[int], growth: int) -> tuple[str | None, bool]:
+    """Why fusing the node ``groups`` into one kernel raises the estimated peak of live memory
+    by more than ``growth`` percent (None if it does not), and whether it keeps any value
+    alive longer at all. The kernel runs where its last node ran: a value an earlier node read
+    from outside, and nothing later reads, stays alive until then; the values passed inside
+    are never written, and those leaving it are written only there."""
+    at = max(pos[id(n)] for g in groups for n in g)
+    late: dict[int, tuple[int, int]] = {}  # values read whose last use is before ``at``
+    for g in groups:
+        for n in g:
+            for vid, last, b in prof.reads(n):
+                if last < at:
+                    late[vid] = (last, b)
+    if not late:
+        return None, False
+    members = {id(n) for g in groups for n in g}
+    inner = {id(v) for g in groups for n in g for v in n.outputs}
+    changes = [(last + 1, at, b) for vid, (last, b) in late.items() if vid not in inner]
+    if not changes:
+        return None, False
+    allowed = prof.peak * growth // 100
+    kept = sum(b for _, _, b in changes)
+    first = min(a for a, _, _ in changes)
+    if max(prof.live[first:at + 1]) + kept - prof.peak <= allowed:
+        return None, True  # even all of it alive at the busiest place stays within the bound
+    for g in groups:
+        for n in g:
+            k = pos[id(n)]
+            for v in n.outputs:
+                last = prof.last.get(id(v))
+                if last is None or k >= at:
+                    continue
+                if id(v) not in outputs and all(id(u) in members for u in v.users):
+                    changes.append((k, last, -nbytes(v)))  # never written
+                elif all(pos.get(id(u), at) >= at for u in v.users if id(u) not in members):
+                    changes.append((k, at - 1, -nbytes(v)))  # written only at the kernel
+    grown = prof.peak_with(changes) - prof.peak
+    if grown <= allowed:
+        return None, True
+    return (f"peak memory: keeps {kept:,} B alive until the kernel runs, raising the "
+            f"estimated peak by {grown:,} B ({100 * grown / prof.peak:.0f}%) > "
+            f"peak_memory_growth={growth}%"), True
+
+
+def kernel_inputs(areas: Iterable[Area]) -> list[Value]:
+    """The values a kernel made of ``areas`` would read (scalar constants are copied in)."""
+    members = {id(n) for a in areas for n in a.nodes}
+    seen: dict[int, Value] = {}
+    for a in areas:
+        for n in a.nodes:
+            for v in n.inputs:
+                p = v.producer
+                if (p is None or id(p) not in members) and not is_scalar_const(v):
+                    seen.setdefault(id(v), v)
+    return list(seen.values())
 
 
 def _unique(items: Iterable[Area]) -> list[Area]:

@@ -25,6 +25,7 @@ from jinja2 import Environment, StrictUndefined
 
 from graphkernel.ir import Graph
 from graphkernel.outputs import write_file
+from graphkernel.refusals import BY_CODE, CODEGEN
 
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
            "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
@@ -44,6 +45,9 @@ font-size:13px;text-align:left}th{background:#f3f3f3}.num{text-align:right}
 #picture{max-height:80vh;overflow:auto;border:1px solid #ddd}
 #picture svg{height:auto}#chart svg{max-width:100%;height:auto}
 #kernels tr[data-cls]{cursor:pointer}
+.wide{max-width:100%;overflow-x:auto}
+#kernels{table-layout:fixed;width:100%}#kernels td{overflow-wrap:anywhere}
+#kernels col.k{width:22%}#kernels col.p{width:22%}#kernels col.n{width:7%}
 .hl rect,.hl polygon,.hl path,rect.hl,li.hl{stroke:#d00 !important;stroke-width:3px !important;
 outline:2px solid #d00}
 .note{color:#555;font-size:13px}
@@ -52,7 +56,8 @@ outline:2px solid #d00}
 <h2>Summary</h2>
 <table>
 <tr><th>kernel launches</th><td class="num">{{ kernels_unfused }} unfused</td>
-<td class="num"><span id="kernel-count">{{ kernels_fused }}</span> fused</td></tr>
+<td class="num"><span id="kernel-count">{{ kernels_fused }}</span> fused
+<span id="launch-kinds">({{ launch_kinds }})</span></td></tr>
 <tr><th>GM bytes</th><td class="num">{{ gm_unfused }} unfused</td>
 <td class="num">{{ gm_fused }} fused ({{ gm_ideal }} ideal, fused/ideal {{ ratio }})</td></tr>
 <tr><th>modeled time</th><td colspan="2">{{ modeled }}</td></tr>
@@ -66,16 +71,30 @@ outline:2px solid #d00}
 <p class="note" id="picture-note">{{ picture_note }}</p>
 <div id="picture">{{ picture | safe }}</div>
 <h2>Kernels</h2>
-<p class="note">Click a kernel to highlight its nodes in the picture.</p>
-<table id="kernels"><tr><th>kernel</th><th>pattern</th><th class="num">ops</th>
+<p class="note">Click a kernel to highlight its nodes in the picture. Calls of vendor
+operators (extern) are launches too; they are listed after the generated kernels.</p>
+<div class="wide"><table id="kernels"><colgroup><col class="k"><col class="p"><col class="n">
+<col class="n"><col class="n"><col></colgroup>
+<tr><th>kernel</th><th>pattern</th><th class="num">ops</th>
 <th class="num">GM bytes</th><th class="num">modeled us</th><th>your nodes</th></tr>
 {% for k in kernels %}<tr data-kernel="{{ k.name }}" data-cls="{{ k.cls }}">
 <td><span class="swatch" style="background:{{ k.color }}"></span>{{ k.name }}</td>
 <td>{{ k.pattern }}</td><td class="num">{{ k.ops }}</td><td class="num">{{ k.bytes }}</td>
-<td class="num">{{ k.us }}</td><td>{{ k.origin }}</td></tr>{% endfor %}
-</table>
+<td class="num">{{ k.us }}</td><td title="{{ k.origin_all }}">{{ k.origin }}</td></tr>
+{% endfor %}{% for x in externs %}<tr class="extern" data-extern="{{ x.name }}">
+<td>{{ x.name }}</td><td>extern {{ x.operator }}</td><td class="num">1</td>
+<td class="num">{{ x.bytes }}</td><td class="num">{{ x.us }}</td>
+<td title="{{ x.origin_all }}">{{ x.origin }}</td></tr>{% endfor %}
+</table></div>
 <h2>Fallbacks</h2>
 {% if fallbacks %}<ul>{% for f in fallbacks %}<li>{{ f }}</li>{% endfor %}</ul>
+{% else %}<p>none</p>{% endif %}
+<h2>Refusals by code</h2>
+{% if refusals %}<table id="refusals"><tr><th>code</th><th>refusal</th><th class="num">count</th>
+</tr>{% for r in refusals %}<tr><td>{{ r.code }}</td><td>{{ r.meaning }}</td>
+<td class="num">{{ r.count }}</td></tr>{% endfor %}</table>
+<p class="note">Each fusion candidate refused, node no kernel may take and codegen fallback,
+by its stable code (graphkernel patterns --codes).</p>
 {% else %}<p>none</p>{% endif %}
 <h2>Passes</h2>
 <table><tr><th>idx</th><th>stage</th><th>pass</th><th>ran</th><th class="num">ms</th>
@@ -110,6 +129,9 @@ outline:2px solid #d00}
   check.setAttribute("data-drawn", drawn);
   check.setAttribute("data-charted", charted);
   check.setAttribute("data-errors", window.gkErrors.length);
+  var table = document.getElementById("kernels");
+  check.setAttribute("data-overflow",
+                     table.getBoundingClientRect().right > window.innerWidth + 1 ? 1 : 0);
   check.textContent = rows.length + " kernels: " + drawn + " on the picture, " + charted +
     " in the chart" + (window.gkErrors.length ? "; script errors: " + window.gkErrors : "");
 })();
@@ -366,7 +388,12 @@ def render(res: Any, notes: list[str] | None = None) -> str:
         rows.append({"name": k.name, "pattern": k.attrs["pattern"], "color": colors[i],
                      "cls": f"k{i}", "ops": sum(1 for m in k.subgraph.nodes if m.op != "Constant"),
                      "gm": gm, "bytes": f"{gm:,}" if entry else "", "us_value": us or 0.0,
-                     "us": f"{us:.2f}" if us is not None else "", "origin": ", ".join(k.origin)})
+                     "us": f"{us:.2f}" if us is not None else ""} | _origin(k.origin))
+    origins = {n.name: n.origin for n in graph.nodes}
+    externs = [{"name": x["name"], "operator": x.get("operator", ""),
+                "bytes": f"{x.get('bytes_read', 0) + x.get('bytes_written', 0):,}",
+                "us": f"{x['modeled_us']:.2f}" if x.get("modeled_us") is not None else ""}
+               | _origin(origins.get(x["name"], ())) for x in ex.get("externs", [])]
     svg, picture_note, terminal_note = picture(graph, names, colors)
     if terminal_note is not None and notes is not None:
         notes.append(terminal_note)
@@ -382,9 +409,35 @@ def render(res: Any, notes: list[str] | None = None) -> str:
         if "modeled_us_fused" in ex else "not available",
         nodes_before=res.report.nodes_before, nodes_after=res.report.nodes_after,
         seconds=f"{res.report.seconds * 1e3:.1f}", chart=chart(rows), picture=svg,
-        picture_note=picture_note, kernels=rows,
-        fallbacks=[f"{f['nodes']}: {f['reason']}" for f in ex.get("fallbacks", [])],
+        picture_note=picture_note, kernels=rows, externs=externs,
+        launch_kinds=launch_kinds(graph),
+        fallbacks=[f"{f['nodes']}: {f.get('code', CODEGEN.code)} {f['reason']}"
+                   for f in ex.get("fallbacks", [])],
+        refusals=[{"code": c, "meaning": BY_CODE[c].meaning if c in BY_CODE else "", "count": n}
+                  for c, n in ex.get("refusals", {}).items()],
         passes=res.report.passes)
+
+
+MAX_ORIGIN = 12  # the user's nodes listed in a row (all of them in its tooltip)
+
+
+def _origin(names: Any) -> dict[str, str]:
+    names = list(names)
+    shown = ", ".join(names[:MAX_ORIGIN])
+    if len(names) > MAX_ORIGIN:
+        shown += f" … and {len(names) - MAX_ORIGIN} more"
+    return {"origin": shown, "origin_all": ", ".join(names)}
+
+
+def launch_kinds(graph: Graph) -> str:
+    """The fused graph's launches by kind (generated vector/cube/mix kernels, extern calls of
+    vendor operators, other ops)."""
+    from graphkernel.codegen.traffic import launches
+
+    kinds: dict[str, int] = {}
+    for k in launches(graph):
+        kinds[k["kind"]] = kinds.get(k["kind"], 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "none"
 
 
 def write_html(res: Any, path: str | os.PathLike, notes: list[str] | None = None) -> str:

@@ -95,10 +95,11 @@ class GraphSummary:
         fb = "; ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())) or "none"
         frozen = f", {self.frozen} frozen tensors" if self.frozen else ""
         again = ", recompile" if self.recompile else ""
+        dumps = f"; dumps in {self.dump_dir}" if self.dump_dir else ""
         return (f"{self.name} ({self.role}{frozen}{again}): {self.aten_ops} ATen ops -> "
                 f"{self.ops_in} ops -> {sum(self.launches.values())} launches ({kinds}); "
                 f"ATen fallbacks: {fb}; codegen fallbacks: {self.codegen_fallbacks}; "
-                f"{self.seconds:.2f} s")
+                f"{self.seconds:.2f} s{dumps}")
 
 
 @dataclass
@@ -187,19 +188,46 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
 
 
 def _dump_dir(flags: Any, env: Mapping[str, str], sub: str) -> str | None:
-    """This graph's own dump folder under ``debug_dir`` (None when not dumping)."""
+    """This graph's own dump folder under ``debug_dir`` (None when not dumping): ``sub``, or
+    ``sub_<pid>`` (and a count) when another process (or an earlier run) already has it, so
+    that no process overwrites another's dumps. The first one a process makes is logged with
+    a warning: the user asked for dumps and should find them."""
     from graphkernel.api import load_config
 
     cfg = load_config(flags, env=env)
-    return os.path.join(cfg.debug_dir, sub) if cfg.dump_as_text else None
+    if not cfg.dump_as_text:
+        return None
+    top = os.path.abspath(cfg.debug_dir)
+    os.makedirs(top, exist_ok=True)
+    for k in itertools.count():
+        name = sub if k == 0 else f"{sub}_{os.getpid()}" + (f"_{k}" if k > 1 else "")
+        path = os.path.join(top, name)
+        try:
+            os.mkdir(path)  # claimed: mkdir fails for every other taker
+            break
+        except FileExistsError:
+            continue
+    if not _STATS.index:
+        log.warning("graphkernel: dump_as_text: each compiled graph's dumps go to a folder "
+                    "under %s (index.json lists them); this one: %s", top, path)
+    return path
 
 
 def _write_index(top: str, entry: dict) -> None:
+    """``index.json`` of the dump folder: this process's graphs added to what other
+    processes listed there (each entry with its process id)."""
+    import json
+
     from graphkernel.dump import Dumper
 
     entries = _STATS.index.setdefault(os.path.abspath(top), [])
-    entries.append(entry)
-    Dumper(top).write_json("index.json", {"graphs": entries})
+    entries.append(entry | {"pid": os.getpid()})
+    try:
+        with open(os.path.join(top, "index.json")) as f:
+            others = [e for e in json.load(f).get("graphs", []) if e.get("pid") != os.getpid()]
+    except (OSError, ValueError, AttributeError):
+        others = []
+    Dumper(top).write_json("index.json", {"graphs": others + entries})
 
 
 def _frozen_here(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None
@@ -297,7 +325,8 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:
-        _write_index(os.path.dirname(dump_dir), asdict(summary) | {"dir": name})
+        _write_index(os.path.dirname(dump_dir), asdict(summary) |
+                     {"dir": os.path.basename(dump_dir)})
     runner = None
     if backend == "sim":  # fused kernels run through their generated code
         from graphkernel.codegen.backend import SimBackend
@@ -414,10 +443,28 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):
     """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level;
-    parameters and buffers become constants)."""
+    parameters and buffers become constants). A transformers model is exported with
+    ``use_cache=False`` (its KV cache output is not a tensor); a model torch.export cannot
+    trace is a FrontendError naming the model and torch's reason."""
+    from graphkernel.errors import FrontendError
     from graphkernel.frontends.fx import import_fx, to_numpy
 
-    ep = torch.export.export(model.eval(), tuple(example_inputs))
+    config = getattr(model, "config", None)
+    cached = getattr(config, "use_cache", None) is True
+    if cached:  # a KV cache object as an output is no tensor torch.export can return; an
+        # inference graph of one forward pass does not need it
+        log.info("export_graph: %s exported with use_cache=False (the KV cache is not part of "
+                 "one forward pass)", type(model).__name__)
+        config.use_cache = False
+    try:
+        ep = torch.export.export(model.eval(), tuple(example_inputs))
+    except Exception as e:  # torch.export's own error: one line naming the model
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FrontendError(f"export_graph({type(model).__name__}): torch.export cannot trace "
+                            f"the model: {first}") from None
+    finally:
+        if cached:
+            config.use_cache = True
     ep = ep.run_decompositions()
     g = import_fx(ep.graph_module, None, name=name)
     consts = {}

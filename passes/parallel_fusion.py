@@ -55,9 +55,10 @@ def refused_together(a: Node, b: Node) -> bool:
 
 def parallel_fusion(graph, ctx) -> PassResult:
     """Rewrite two kernels that share an input and do not depend on each other -> one kernel
-    launching both (nvFuser's horizontal mode), within composite_op_limit_size, unless the
-    code generator schedules each but not both together."""
+    launching both (nvFuser's horizontal mode), within composite_op_limit_size and
+    max_kernel_inputs, unless the code generator schedules each but not both together."""
     limit = ctx.flags.composite_op_limit_size
+    max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
     merged = 0
     changed = True
     while changed:
@@ -70,6 +71,8 @@ def parallel_fusion(graph, ctx) -> PassResult:
                 for j in range(i + 1, len(kernels)):
                     a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
                     if _ops(a) + _ops(b) > limit:
+                        continue
+                    if max_inputs and len({id(x) for x in (*a.inputs, *b.inputs)}) > max_inputs:
                         continue
                     if reaches(graph, a, b, order) or refused_together(a, b):
                         continue

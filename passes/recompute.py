@@ -39,10 +39,22 @@ def gain(producer, value, consumers) -> int:
     return write + len(consumers) * (v_bytes - in_bytes)
 
 
+def _too_many_inputs(producer, value, consumers, cap: int) -> bool:
+    """A consumer kernel that recomputes ``value`` reads the producer's inputs instead of it:
+    whether that takes one over the target's input cap (0: no cap)."""
+    if not cap:
+        return False
+    extra = [v for v in producer.inputs if v.producer is None or v.producer.op != "Constant"
+             or v.producer.attrs["value"].size != 1]
+    return any(len({id(v) for v in (*c.inputs, *extra) if v is not value}) > cap
+               for c in consumers)
+
+
 def recompute(graph, ctx) -> PassResult:
     """Rewrite kernel(value of cheap producer P) -> kernel(P recomputed inside) when P is a
     short elementwise/broadcast chain whose inputs are much smaller than its output (a
-    broadcast) and the GM bytes saved are positive."""
+    broadcast) and the GM bytes saved are positive, into at most recompute_max_consumers
+    kernels, none of them taken over composite_op_limit_size or max_kernel_inputs."""
     done = 0
     notes = []
     for producer in graph.nodes:
@@ -53,6 +65,9 @@ def recompute(graph, ctx) -> PassResult:
             consumers = [u for u in value.users if u.op == "GraphKernel" and u is not producer]
             if not consumers or in_bytes > MAX_INPUT_RATIO * nbytes(value):
                 continue
+            most = ctx.flags.recompute_max_consumers
+            if 0 <= most < len(consumers):
+                continue  # read by more kernels than recompute_max_consumers: materialized
             saved = gain(producer, value, consumers)
             if saved <= 0:
                 continue
@@ -60,6 +75,8 @@ def recompute(graph, ctx) -> PassResult:
             size = len(_members(producer))
             if any(len(_members(c)) + size > limit for c in consumers):
                 continue  # a consumer would exceed composite_op_limit_size
+            if _too_many_inputs(producer, value, consumers, ctx.flags.max_kernel_inputs):
+                continue  # a consumer would read more than max_kernel_inputs values
             names = ", ".join(c.name for c in consumers)
             if not ctx.should_apply(f"{producer.name} into {names}",
                                     [producer, *consumers]):

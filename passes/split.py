@@ -14,9 +14,13 @@ from graphkernel.fusion import (
     Area,
     Attempt,
     AttemptLog,
+    LiveProfile,
     SplitModel,
     Template,
     cluster_ops,
+    guard_free,
+    guard_signature,
+    peak_refusal,
     reason_checker,
     spelled,
 )
@@ -96,6 +100,10 @@ class Decisions:
         default_factory=list)
     kernels: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     complete: bool = True  # every rewrite was allowed (a refused one may not be replayed)
+    # the peak-memory guard's verdicts (areas by position, reason or None): they depend on
+    # where a region lies, and hold for another region only if they come out the same there
+    guards: list[tuple[tuple[tuple[int, ...], ...], str | None]] = field(default_factory=list)
+    guard_key: tuple | None = None  # what the guard read about the region (guard_signature)
 
 
 _TOKEN = re.compile("\x00(\\d+)\x00")
@@ -133,10 +141,12 @@ class _Recorder:
 
 def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
            tokens: bool, order: list | None = None,
-           position: dict[int, int] | None = None) -> Decisions:
+           position: dict[int, int] | None = None,
+           profile: LiveProfile | None = None) -> Decisions:
     """Run the split model on ``region``; its rewrites are asked of ``ctx`` as they happen.
     With ``tokens``, area names are tokens (replayable on another region). ``order`` and
-    ``position``: the graph's topological order before the pass, for the cycle check."""
+    ``position``: the graph's topological order before the pass, for the cycle check;
+    ``profile``: the live bytes along it, for the peak-memory guard."""
     index = {id(n): i for i, n in enumerate(region)}
     names = [n.name for n in region]
     by_name = {n: i for i, n in enumerate(names)}
@@ -144,15 +154,31 @@ def decide(graph, region: list, cfg: Config, ctx, patterns: list[Pattern],
     attempts: list[Attempt] = []
     model = SplitModel(graph, region, cfg, _Recorder(ctx, names, index, dec), attempts,
                        label=_token(index) if tokens else None, order=order,
-                       position=position)
+                       position=position, profile=profile)
     for p in patterns:
         run_pattern(model, p)
+    dec.guards = model.guards
+    if profile is not None:
+        dec.guard_key = guard_signature(region, profile, position)
     dec.attempts = [(a.pattern, [_text(x) for x in a.areas], tuple(by_name[n] for n in a.nodes),
                      a.score, a.verdict, _text(a.reason)) for a in attempts]
     dec.kernels = [(tuple(index[id(n)] for n in area.nodes),
                     "+".join(dict.fromkeys(area.patterns)) or "single_node")
                    for area in model.areas() if becomes_kernel(area, cfg)]
     return dec
+
+
+def guards_hold(dec: Decisions, region: list, profile: LiveProfile | None,
+                position: dict[int, int], outputs: set[int], cfg: Config) -> bool:
+    """Whether the peak-memory guard gives ``region`` the verdicts it gave the region ``dec``
+    was decided on (the same fusions asked, by position)."""
+    if profile is None or dec.guard_key == guard_signature(region, profile, position):
+        return True  # the guard reads the same figures here: the same verdicts
+    if guard_free(region, profile, position, cfg.peak_memory_growth):  # nothing refused here
+        return all(reason is None for _, reason in dec.guards)
+    return all(peak_refusal([[region[i] for i in g] for g in groups], profile, position,
+                            outputs, cfg.peak_memory_growth)[0] == reason
+               for groups, reason in dec.guards)
 
 
 def replay(dec: Decisions, region: list, ctx, attempts: AttemptLog, ask: bool) -> None:
@@ -193,6 +219,9 @@ def split(graph, ctx) -> PassResult:
     # which of a region's values are graph outputs: building the kernels of other regions
     # replaces their own values only
     outputs = {id(v) for v in graph.outputs}
+    # live bytes along the order before any kernel is built (the peak-memory guard's figures)
+    profile = LiveProfile(order, position, outputs) if cfg.peak_memory_growth >= 0 and \
+        regions else None
     for r, region in enumerate(regions):
         regions[r] = []
         region = [n for n in region if n.graph is graph]
@@ -201,10 +230,13 @@ def split(graph, ctx) -> PassResult:
         key = region_signature(region, outputs) \
             if memo is not None else None
         dec = memo.get(key) if memo is not None else None
+        if dec is not None and not guards_hold(dec, region, profile, position, outputs, cfg):
+            dec = None  # here the peak-memory guard decides otherwise: decide afresh
+            key = None
         if dec is None:  # decide (asking each rewrite as it happens)
             dec = decide(graph, region, cfg, ctx, patterns, tokens=memo is not None,
-                         order=order, position=position)
-            if memo is not None and dec.complete:
+                         order=order, position=position, profile=profile)
+            if memo is not None and key is not None and dec.complete:
                 memo[key] = dec
             replay(dec, region, ctx, attempts, ask=False)
         else:

@@ -26,12 +26,16 @@ class Pattern:
     level: int  # the opt_level from which it runs by default (extended fusions: 3)
     fn: PatternFn
     doc: str
+    # the refusal codes its own conditions give (graphkernel.refusals; every pattern may also
+    # meet refusals.COMMON: a cycle, a cap, a flag, bisection)
+    refuses: tuple[str, ...] = ()
 
 
-def pattern(name: str, order: int, direction: str, mode: str, level: int = 1):
+def pattern(name: str, order: int, direction: str, mode: str, level: int = 1,
+            refuses: tuple[str, ...] = ()):
     def deco(fn: PatternFn) -> PatternFn:
         register_pattern(name)(Pattern(name, order, direction, mode, level, fn,
-                                       (fn.__doc__ or "").strip()))
+                                       (fn.__doc__ or "").strip(), refuses))
         return fn
 
     return deco

@@ -23,7 +23,8 @@ def _fwd_conditions(model, a, p):
     ]
 
 
-@pattern("elemwise_broadcast_fwd_depth", order=20, direction="fwd", mode="depth")
+@pattern("elemwise_broadcast_fwd_depth", order=20, direction="fwd", mode="depth",
+         refuses=("GK202", "GK203", "GK204", "GK205"))
 def fwd_depth(model, a):
     """An ELEMWISE/BROADCAST area with one producer area pulls it in when the producer is
     <= BROADCAST, has this area as its only consumer, over an INJECTIVE edge, with the same
@@ -37,7 +38,8 @@ def fwd_depth(model, a):
                    _fwd_conditions(model, a, prods[0]))
 
 
-@pattern("elemwise_broadcast_fwd_width", order=30, direction="fwd", mode="width")
+@pattern("elemwise_broadcast_fwd_width", order=30, direction="fwd", mode="width",
+         refuses=("GK202", "GK203", "GK204", "GK205"))
 def fwd_width(model, a):
     """The same for all qualifying producers at once (with the cycle check)."""
     if model.kind(a) not in EB:
@@ -66,7 +68,8 @@ def _bwd_conditions(model, a, consumers, external):
     return conds
 
 
-@pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth")
+@pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
+         refuses=("GK202", "GK206", "GK207", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
     pushes itself into its single consumer (a REDUCE consumer only for an ELEMWISE area over
@@ -80,7 +83,8 @@ def bwd_depth(model, a):
                    _bwd_conditions(model, a, cons, external))
 
 
-@pattern("elemwise_broadcast_bwd_width", order=70, direction="bwd", mode="width")
+@pattern("elemwise_broadcast_bwd_width", order=70, direction="bwd", mode="width",
+         refuses=("GK202", "GK205", "GK206", "GK207", "GK302"))
 def bwd_width(model, a):
     """The same into all of its consumers or none; the consumers need equal compute sizes."""
     if model.kind(a) not in EB:

@@ -21,7 +21,8 @@ def _single(a, op: str) -> bool:
     return a.ops == 1 and a.nodes[0].op == op
 
 
-@pattern("concat", order=110, direction="fwd", mode="width", level=2)
+@pattern("concat", order=110, direction="fwd", mode="width", level=2,
+         refuses=("GK209",))
 def concat(model, a):
     """A Concat with elementwise/broadcast/slice producers, or an elementwise consumer (the
     Concat may also leave the kernel: its tile is stored as well as consumed). Producers are
@@ -116,7 +117,8 @@ def _private_sources(a) -> bool:
                if x.producer is None or id(x.producer) not in mine)
 
 
-@pattern("transpose", order=112, direction="fwd", mode="width", level=2)
+@pattern("transpose", order=112, direction="fwd", mode="width", level=2,
+         refuses=("GK209",))
 def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
     when the last axis stays last: the code generator moves rows of a transposed value

@@ -26,7 +26,8 @@ def _epilogue_area(a) -> bool:
         or ops.get(n.op).kind in EPILOGUE_KINDS for n in a.nodes)
 
 
-@pattern("matmul_depth", order=100, direction="bwd", mode="depth")
+@pattern("matmul_depth", order=100, direction="bwd", mode="depth",
+         refuses=("GK202", "GK209", "GK210", "GK211"))
 def matmul_depth(model, a):
     """A matmul area (a MatMul or BatchMatMul, alone or with the epilogue fused so far) fuses
     with its consumer areas when every one is elementwise or broadcast: the bias, scale,

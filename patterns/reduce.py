@@ -14,7 +14,8 @@ def _fwd_conditions(model, a, p):
                               "pulled into a reduce")
 
 
-@pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth")
+@pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth",
+         refuses=("GK202", "GK203", "GK204", "GK302"))
 def fwd_depth(model, a):
     """A REDUCE area with one producer area pulls it in when it is <= ELEMWISE, has this
     area as its only consumer and the edge is INJECTIVE, up to reduce_fuse_depth ops."""
@@ -27,7 +28,8 @@ def fwd_depth(model, a):
                    limit=model.cfg.reduce_fuse_depth)
 
 
-@pattern("reduce_fwd_width", order=50, direction="fwd", mode="width")
+@pattern("reduce_fwd_width", order=50, direction="fwd", mode="width",
+         refuses=("GK202", "GK203", "GK204", "GK302"))
 def fwd_width(model, a):
     """The same for all qualifying producers at once."""
     if model.kind(a) != OpKind.REDUCE:
@@ -47,7 +49,8 @@ def reduce_signatures(area) -> set[tuple]:
     return out
 
 
-@pattern("reduce_bwd", order=75, direction="bwd", mode="depth")
+@pattern("reduce_bwd", order=75, direction="bwd", mode="depth",
+         refuses=("GK202", "GK205", "GK207", "GK208"))
 def bwd(model, a):
     """A REDUCE area pushes itself into its single consumer area when both have the same
     compute size and reduce the same axes of the same shape: the row-wise normalizations

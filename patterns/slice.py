@@ -7,7 +7,8 @@ from graphkernel.ops import OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
 
-@pattern("slice", order=80, direction="bwd", mode="width")
+@pattern("slice", order=80, direction="bwd", mode="width",
+         refuses=("GK202", "GK204", "GK206", "GK207"))
 def slice_(model, a):
     """A Slice/StridedSlice node fuses into its ELEMWISE consumers over INJECTIVE edges."""
     if a.ops != 1 or a.nodes[0].op not in ("Slice", "StridedSlice"):

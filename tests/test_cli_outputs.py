@@ -45,12 +45,14 @@ def argv_for(command: str, tmp_path) -> list[str]:
         "expand": ["expand", "examples/mlp_gelu.json", *plugin],
         "verify": ["verify", "examples/mlp_gelu.json", *plugin],
         "bisect": ["bisect", "examples/mlp_gelu.json", *plugin],
+        "patterns": ["patterns", *plugin],
+        "run": ["run", "examples/mlp_gelu.json", "--out", str(tmp_path / "o.npz")],
     }[command]
 
 
 def test_every_json_command_is_covered():
     assert json_commands() == {"info", "ops", "flags", "passes", "compile", "explain", "expand",
-                               "verify", "bisect"}
+                               "verify", "bisect", "patterns", "run"}
 
 
 @pytest.mark.parametrize("command", sorted(json_commands()))
@@ -71,6 +73,8 @@ def test_json_output_is_exactly_one_document(command, tmp_path, capsys, monkeypa
         assert doc["match"] is True
     if command == "bisect":
         assert doc["mismatch"] is False
+    if command == "run":
+        assert doc["outputs"][0]["name"] == "gelu_half" and doc["wrote"].endswith("o.npz")
 
 
 def test_json_survives_non_finite_metrics(capsys):

@@ -71,7 +71,7 @@ def test_flags_shows_origins(capsys, tmp_path, monkeypatch):
     assert d["opt_level"] == {"value": 1, "origin": "explicit"}
     assert d["bisect_limit"] == {"value": 5, "origin": "env AUTOFUSE_FLAGS"}
     assert d["reduce_fuse_depth"]["origin"] == f"file {tmp_path / 'f.yaml'}"
-    assert d["composite_op_limit_size"] == {"value": 200, "origin": "default"}
+    assert d["composite_op_limit_size"] == {"value": 64, "origin": "default@ascend910b"}
 
 
 def test_bad_config_file_exits_2(tmp_path, capsys):

@@ -76,7 +76,7 @@ def test_html_report_in_headless_chromium(tmp_path, capsys, monkeypatch, drawer)
     assert console == []  # no errors, no messages at all
     check = _selfcheck(dom)
     assert check == {"kernels": len(kernels), "drawn": len(kernels),
-                     "charted": len(kernels), "errors": 0}
+                     "charted": len(kernels), "errors": 0, "overflow": 0}
     assert f'<span id="kernel-count">{compiled().report.extra["kernels_fused"]}</span>' in dom
     picture = dom[dom.index('id="picture"'):dom.index('<h2>Kernels</h2>')]
     assert "<svg" in picture and "graph output" in picture
