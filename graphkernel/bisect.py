@@ -592,7 +592,8 @@ def _write_checked(graph: Graph, feeds: Mapping[str, np.ndarray], flags: str, ba
     path, inputs = folder.path("repro.json"), folder.path("repro_inputs.npz")
     save_graph(graph, path)
     save_npz(inputs, feeds)
-    loaded, loaded_feeds = load_model(path), load_npz(inputs)
+    loaded = load_model(path)
+    loaded_feeds = load_npz(inputs, {v.name: v.type for v in loaded.inputs})
     return path, inputs, loaded, loaded_feeds, _bad(loaded, loaded_feeds, flags, backend)
 
 

@@ -114,12 +114,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from graphkernel.fileio import load_npz, save_npz
+    from graphkernel.fileio import load_npz, member_name, save_npz
     from graphkernel.interpreter import Interpreter, random_inputs
 
     g = _load(args.model)
     if args.inputs:
-        feeds = load_npz(args.inputs)
+        feeds = load_npz(args.inputs, {v.name: v.type for v in g.inputs})
         src = args.inputs
     else:
         feeds = random_inputs(g, seed=args.seed, dims=_parse_dims(args.dims))
@@ -146,6 +146,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  {v.name}: {a.dtype}{list(a.shape)}  {stats}")
     if args.out:
         save_npz(args.out, result)
+        renamed = {k: member_name(k) for k in result if member_name(k) != k}
+        for k, m in renamed.items():
+            print(f"note: output {k!r} is stored as {m!r} (a member name is a plain file name)")
         print(f"wrote {args.out}")
     return 0
 
@@ -411,7 +414,9 @@ def _load_plugins(args: argparse.Namespace) -> None:
 def _inputs(args: argparse.Namespace, g: Graph):
     from graphkernel.fileio import load_npz
 
-    return load_npz(args.inputs) if getattr(args, "inputs", None) else None
+    if not getattr(args, "inputs", None):
+        return None
+    return load_npz(args.inputs, {v.name: v.type for v in g.inputs})
 
 
 def _observer(t: progress.Task):

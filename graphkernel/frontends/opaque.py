@@ -180,17 +180,26 @@ def _onnx_node_problem(node: Any, opsets: dict[str, int]) -> str | None:
         return f"{node.op_type!r} is not an operator of ONNX domain {node.domain or 'ai.onnx'!r}"
     for attr in node.attribute:
         tensors = list(attr.tensors) + ([attr.t] if attr.HasField("t") else [])
-        if any(t.data_location == onnx.TensorProto.EXTERNAL or t.external_data
-               for t in tensors):
+        for sp in list(attr.sparse_tensors) + ([attr.sparse_tensor]
+                                               if attr.HasField("sparse_tensor") else []):
+            tensors += [sp.values, sp.indices]
+        if any(_external(t) for t in tensors):
             return f"attribute {attr.name!r} holds a tensor stored in an external file"
         for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-            if any(t.data_location == onnx.TensorProto.EXTERNAL or t.external_data
-                   for t in sub.initializer):
+            inits = list(sub.initializer) + [t for sp in sub.sparse_initializer
+                                             for t in (sp.values, sp.indices)]
+            if any(_external(t) for t in inits):
                 return f"a subgraph of attribute {attr.name!r} has external data"
             for inner in sub.node:
                 if (p := _onnx_node_problem(inner, opsets)) is not None:
                     return p
     return None
+
+
+def _external(t: Any) -> bool:
+    import onnx
+
+    return t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data) > 0
 
 
 def onnx_executor(spec: dict[str, Any]) -> Run:
