@@ -352,11 +352,19 @@ def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
     for note in notes:
         progress.write(f"graphkernel: note: {note}")
     if args.out:
-        removed = remove_stale(args.out, previous, [*written, *res.dumps])
-        if removed:
-            progress.write(f"graphkernel: note: removed {len(removed)} files of the previous "
-                           f"run from {args.out} (listed in its manifest.json; nothing else was "
-                           "touched)")
+        done = remove_stale(args.out, previous, [*written, *res.dumps])
+        if done.removed:
+            progress.write(f"graphkernel: note: removed {len(done.removed)} files of the "
+                           f"previous run from {args.out} (listed in its manifest.json; nothing "
+                           "else was touched)")
+        for p in done.changed:
+            progress.write(f"graphkernel: note: left {printable(str(p))}: a file of the previous "
+                           "run whose content changed since graphkernel wrote it")
+        if done.unrecorded:
+            progress.write(f"graphkernel: note: left {len(done.unrecorded)} files of the "
+                           f"previous run in {args.out}: its manifest.json records no digest "
+                           "of what was written (an older graphkernel), so they are not "
+                           "removed")
     return written
 
 

@@ -16,6 +16,7 @@ from graphkernel.errors import shown
 # Files
 MAX_GRAPH_FILE_BYTES = 256 * 2**20  # a .json/.yaml graph (large constants live in its .npz)
 MAX_ONNX_FILE_BYTES = 2**31  # an .onnx file (protobuf's own limit; large weights go outside)
+MAX_MANIFEST_BYTES = 256 * 2**20  # an output folder's manifest.json, read to clean it
 MAX_FLAGS_FILE_BYTES = 2**20  # a JSON/YAML flags file, an AutoFuse skip list
 MAX_DEPTH = 64  # nesting of lists/objects in a JSON/YAML document
 MAX_YAML_ALIASES = 1000  # `*alias` references in one YAML document
