@@ -29,6 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 from graphkernel import limits, ops
 from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
 from graphkernel.fileio import DocumentError, NpzError, NpzFile, read_document
+from graphkernel.frontends.opaque import file_problem as opaque_file_problem
 from graphkernel.ir import DType, Graph, TensorType
 from graphkernel.outputs import write_file
 
@@ -345,6 +346,8 @@ def _build(spec: GraphSpec, where: str, base: Path | None, nested: bool,
         inputs = [g.value(name) for name in ns.inputs]
         attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data) for k, v in ns.attrs.items()}
         _check_attr_types(ops.get(ns.op), attrs, w)
+        if ops.get(ns.op).name == "Opaque" and (p := opaque_file_problem(attrs)) is not None:
+            raise FormatError(f"{w}.attrs.spec: {p}")
         names = [o if isinstance(o, str) else o.name for o in ns.outputs]
         try:
             node = g.add_node(ns.op, inputs, attrs, name=ns.name, origin=ns.origin,
