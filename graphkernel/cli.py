@@ -264,6 +264,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     g = _load(args.model)
     flags = args.flags or ""
     cfg = _config(args)
+    if args.out:
+        from graphkernel.flags import confine_to
+
+        confine_to(cfg, args.out, "-o/--out")
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
     res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # g becomes res.graph
