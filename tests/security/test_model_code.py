@@ -278,3 +278,21 @@ def test_the_models_shipped_in_examples_name_only_reviewed_operators():
 
     for f in sorted((Path(__file__).parents[2] / "examples" / "models").glob("*.json")):
         load_model(f)  # bert's gather, whisper's convolution: reviewed
+
+
+@needs_torch
+def test_a_reproducer_of_an_in_process_graph_with_any_operator_is_still_written(tmp_path):
+    """A bisect reproducer is a file, which may not run the operator an in-process graph
+    named: the files are written, and the result says they do not replay (no exception)."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.bisect import write_repro
+
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    z = g.add_node("Opaque", [x], {"impl": "aten", "spec": {"target": "aten.zeros_like.default",
+                                                            "args": [{"in": 0}]},
+                                   "out_types": [TensorType((4, 8), "float32")]}).output
+    g.set_outputs([g.add_node("Exp", [g.add_node("Add", [x, z]).output]).output])
+    r = write_repro(g, {"x": np.ones((4, 8), np.float32)}, [], "", tmp_path)
+    assert (tmp_path / "repro.json").is_file() and (tmp_path / "repro_inputs.npz").is_file()
+    assert r.kind == "whole model" and not r.reproduces
