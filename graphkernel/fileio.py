@@ -225,7 +225,8 @@ class NpzFile:
 
     def _check_directory(self) -> None:
         """The archive's directory is read whole when it opens: refuse one above the limit."""
-        end = zipfile._EndRecData(self._f)  # None: no end record, ZipFile says so
+        find = getattr(zipfile, "_EndRecData", None)  # the reader zipfile itself uses
+        end = find(self._f) if find is not None else None  # None: ZipFile says what is wrong
         if end is not None and end[zipfile._ECD_SIZE] > limits.MAX_NPZ_DIRECTORY_BYTES:
             raise NpzError(f"its member directory is {end[zipfile._ECD_SIZE]:,} bytes, above "
                            f"the limit of {limits.MAX_NPZ_DIRECTORY_BYTES:,}")

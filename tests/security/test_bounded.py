@@ -72,6 +72,15 @@ def test_a_member_whose_directory_entry_lies_is_read_only_to_the_cap(tmp_path):
         z.read("c", 16)
 
 
+def test_an_archive_directory_above_its_limit_is_refused_before_it_is_read(cli, in_tmp,
+                                                                           monkeypatch):
+    _bomb(in_tmp / "d.npz", {f"m{i}": _npy(np.ones(1, np.float32)) for i in range(200)}
+          | {"c": _npy(np.ones(4, np.float32))})
+    monkeypatch.setattr(limits, "MAX_NPZ_DIRECTORY_BYTES", 1000)
+    line = cli.error("info", write_json(in_tmp / "m.json", _const_doc("d.npz")))
+    assert "its member directory is" in line and "above the limit of 1,000" in line
+
+
 def test_unused_members_are_never_read(cli, in_tmp, monkeypatch):
     _bomb(in_tmp / "d.npz", {"c": _npy(np.ones(4, np.float32)),
                              "unused": _npy(np.zeros(16 * 2**20, np.float32))})
