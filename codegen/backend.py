@@ -222,7 +222,7 @@ def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] =
 
 
 def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path]) -> list[Path]:
-    from graphkernel.outdir import FORMAT, MANIFEST, listed
+    from graphkernel.outdir import FORMAT, MANIFEST, file_entries
 
     out = Folder(out_dir)  # every file name is checked safe and inside out_dir
     scheds = schedules(result)
@@ -277,7 +277,7 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
         "externs": [extern.call(n) | _binding(graph, n.name) for n in graph.nodes
                     if extern.is_extern(n)],
         "fallbacks": result.report.extra.get("fallbacks", []),
-        "files": listed(out.root, [*also, *written, out.path(MANIFEST)]),
+        **file_entries(out.root, [*also, *written, out.path(MANIFEST)]),
     }
     written.append(out.write_text(MANIFEST, json_text.dumps(manifest, indent=2,
                                                             default=str) + "\n"))

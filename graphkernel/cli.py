@@ -53,14 +53,14 @@ def _check_dims(g: Graph, dims: dict[str, int]) -> None:
                                  + did_you_mean(name, known) + f" ({has})")
 
 
-def _load_inputs(path: str) -> dict[str, np.ndarray]:
-    """An ``--inputs`` file: an .npz of arrays by input name (anything else is named as what
-    it is, not with numpy's advice about pickles)."""
+def _load_inputs(path: str, g: Graph) -> dict[str, np.ndarray]:
+    """An ``--inputs`` file: an .npz of arrays by input name, each read within its input's
+    type (anything else is named as what it is, not with numpy's advice about pickles)."""
     from graphkernel.errors import FormatError
-    from graphkernel.fileio import load_npz
+    from graphkernel.fileio import load_npz, open_regular
 
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(6)
     except OSError:
         head = b"PK"  # let load_npz report a missing or unreadable file its own way
@@ -69,7 +69,7 @@ def _load_inputs(path: str) -> dict[str, np.ndarray]:
             "empty" if not head else "not an .npz archive"
         raise FormatError(f"{path}: {what}; --inputs takes an .npz of arrays named after the "
                           "model's inputs: numpy.savez(path, x=array, ...)")
-    return load_npz(path)
+    return load_npz(path, {v.name: v.type for v in g.inputs})
 
 
 def _jsonable(obj: Any) -> Any:
@@ -156,7 +156,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from graphkernel.fileio import save_npz
+    from graphkernel.fileio import member_name, save_npz
     from graphkernel.interpreter import Interpreter, random_inputs
 
     g = _load(args.model)
@@ -166,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if dims:
             raise ExecutionError("--dims sizes the random inputs; with --inputs the sizes are "
                                  "the arrays' own (give one or the other)")
-        feeds = _load_inputs(args.inputs)
+        feeds = _load_inputs(args.inputs, g)
         src = args.inputs
     else:
         feeds = random_inputs(g, seed=args.seed, dims=dims)
@@ -198,9 +198,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows.append(row)
     if args.out:
         save_npz(args.out, result)
+    renamed = {k: member_name(k) for k in result if member_name(k) != k} if args.out else {}
     if args.json:
         _emit_json(args, {"model": g.name, "backend": args.backend, "inputs": src,
-                          "outputs": rows, "wrote": args.out})
+                          "outputs": rows, "wrote": args.out, "renamed": renamed})
         return 0
     print(head)
     for r in rows:
@@ -208,6 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if "min" in r else "empty"
         print(f"  {r['name']}: {r['dtype']}{r['shape']}  {stats}")
     if args.out:
+        for k, m in renamed.items():
+            print(f"note: output {k!r} is stored as {m!r} (a member name is a plain file name)")
         print(f"wrote {args.out}")
     return 0
 
@@ -440,6 +443,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     g = _load(args.model)
     flags = args.flags or ""
     cfg = _config(args)
+    if args.out:
+        from graphkernel.flags import confine_to
+
+        confine_to(cfg, args.out, "-o/--out")
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
     res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # g becomes res.graph
@@ -531,11 +538,19 @@ def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
     for note in notes:
         progress.write(f"graphkernel: note: {note}")
     if args.out:
-        removed = remove_stale(args.out, previous, [*written, *res.dumps])
-        if removed:
-            progress.write(f"graphkernel: note: removed {len(removed)} files of the previous "
-                           f"run from {args.out} (listed in its manifest.json; nothing else was "
-                           "touched)")
+        done = remove_stale(args.out, previous, [*written, *res.dumps])
+        if done.removed:
+            progress.write(f"graphkernel: note: removed {len(done.removed)} files of the "
+                           f"previous run from {args.out} (listed in its manifest.json; nothing "
+                           "else was touched)")
+        for p in done.changed:
+            progress.write(f"graphkernel: note: left {printable(str(p))}: a file of the previous "
+                           "run whose content changed since graphkernel wrote it")
+        if done.unrecorded:
+            progress.write(f"graphkernel: note: left {len(done.unrecorded)} files of the "
+                           f"previous run in {args.out}: its manifest.json records no digest "
+                           "of what was written (an older graphkernel), so they are not "
+                           "removed")
     return written
 
 
@@ -591,7 +606,8 @@ def _load_plugins(args: argparse.Namespace) -> None:
 
 
 def _inputs(args: argparse.Namespace, g: Graph):
-    return _load_inputs(args.inputs) if getattr(args, "inputs", None) else None
+    return _load_inputs(args.inputs, g) if getattr(args, "inputs", None) else None
+
 
 
 def _with_config(args: argparse.Namespace) -> str:

@@ -3,20 +3,23 @@ compatibility names of the atomic writers (which live in ``graphkernel.outputs``
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import math
 import os
+import stat
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import yaml
 
 from graphkernel import limits
-from graphkernel.errors import ExecutionError, FormatError
-from graphkernel.outputs import write_file
+from graphkernel.errors import ExecutionError, FormatError, shown
+from graphkernel.outputs import file_name, write_file
 
 
 # ---------------------------------------------------------------- documents
@@ -33,14 +36,88 @@ class DocumentError(Exception):
         self.detail, self.syntax, self.pos = detail, syntax, pos
 
 
-def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of ``path``; past ``limit`` bytes it stops reading (``/dev/zero`` included)
-    and raises FileTooLarge."""
-    with open(path, "rb") as f:
+class NotRegularFile(OSError):
+    """A path names a FIFO, a device, a socket or a folder where a file is wanted (reading
+    one could block for ever or never end), or a symbolic link where links are refused."""
+
+
+def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file. Opening never blocks (a FIFO
+    is opened non-blocking, then refused); with ``follow_links=False`` a symbolic link as the
+    last component is refused too (a path a data file names is never a link)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_links and os.path.islink(path):
+            raise NotRegularFile(errno.ELOOP, "is a symbolic link; a path named by a data "
+                                 "file may not be a link", str(path)) from None
+        raise
+    return _regular(fd, str(path))
+
+
+def _regular(fd: int, shown: str) -> BinaryIO:
+    """``fd`` as a file object when it is a regular file; otherwise it is closed and refused."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)"
+                    if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode)
+                    or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise NotRegularFile(errno.EINVAL, f"is {kind}, not a regular file", shown)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike, limit: int, *, follow_links: bool = True) -> bytes:
+    """The bytes of the regular file ``path``; past ``limit`` bytes it stops reading and
+    raises FileTooLarge. A FIFO or device (``/dev/zero``) is refused without reading."""
+    with open_regular(path, follow_links=follow_links) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise FileTooLarge(f"larger than the {limit:,}-byte limit")
     return data
+
+
+def open_beneath(folder: str | os.PathLike, relative: str) -> BinaryIO:
+    """Open the regular file ``relative`` inside ``folder``, following no symbolic link on
+    the way: each folder is opened relative to the one before it with ``O_NOFOLLOW``, so a
+    link anywhere in the path (or swapped in meanwhile) is refused, as are '..', absolute
+    paths and non-regular files. For paths that a data file names."""
+    parts = relative.replace("\\", "/").split("/")
+    if not relative or os.path.isabs(relative) or "\0" in relative or \
+            any(p in ("", ".", "..") for p in parts):
+        raise NotRegularFile(errno.EINVAL, "must be a relative path inside the folder (no '..', "
+                             "no absolute path)", relative)
+    base = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotRegularFile(e.errno, f"{part!r} is not a folder (a symbolic link "
+                                         "is never followed)", relative) from None
+                raise
+            os.close(base)
+            base = nxt
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(parts[-1], flags, dir_fd=base)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise NotRegularFile(e.errno, "is a symbolic link; a path named by a data file "
+                                     "may not be a link", relative) from None
+            raise
+    finally:
+        os.close(base)
+    return _regular(fd, relative)
 
 
 class _LimitedLoader(yaml.SafeLoader):
@@ -78,7 +155,7 @@ def parse_document(data: bytes, yaml_syntax: bool) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DocumentError(f"not UTF-8 text (byte {e.start})", True) from None
-    max_values = None
+    max_values = max_chars = None
     try:
         if yaml_syntax:
             loader = _LimitedLoader(text)
@@ -86,7 +163,8 @@ def parse_document(data: bytes, yaml_syntax: bool) -> Any:
                 doc = loader.get_single_data()
             finally:
                 loader.dispose()
-            max_values = limits.MAX_YAML_VALUES if loader.aliases else None
+            if loader.aliases:
+                max_values, max_chars = limits.MAX_YAML_VALUES, limits.MAX_YAML_EXPANDED_CHARS
         else:
             doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -102,7 +180,7 @@ def parse_document(data: bytes, yaml_syntax: bool) -> Any:
     except ValueError as e:  # e.g. an integer literal of thousands of digits
         raise DocumentError(f"{fmt} value out of range: {str(e).splitlines()[0]}", True) \
             from None
-    problem = limits.check_document(doc, limits.MAX_DEPTH, max_values)
+    problem = limits.check_document(doc, limits.MAX_DEPTH, max_values, max_chars)
     if problem is not None:
         raise DocumentError(problem, False)
     return doc
@@ -116,25 +194,178 @@ def read_document(path: str | os.PathLike, max_bytes: int) -> Any:
 
 
 # --------------------------------------------------------------------- arrays
-def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+class NpzError(ValueError):
+    """An .npz archive, or one of its members, cannot be used; the message says why."""
+
+
+_NPY_HEADER_MAX = 65536 + 16  # magic, version, header length and a header of .npy format 1/2
+
+
+class NpzFile:
+    """An .npz archive read one member at a time, on request: a member is decompressed only
+    when asked for, and never past the bytes its caller allows (a declared shape and dtype),
+    so a small file that would inflate to gigabytes, or members nobody uses, cost nothing.
+    Arrays hold numbers or bools only (no objects, strings or structured records), and the
+    .npy header must agree with the bytes that follow it."""
+
+    def __init__(self, path: str | os.PathLike, *, follow_links: bool = True) -> None:
+        self.path = Path(path)
+        self._f = open_regular(path, follow_links=follow_links)
+        try:
+            self._check_directory()
+            self._zip = zipfile.ZipFile(self._f)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as e:
+            self._f.close()
+            raise NpzError(f"not an .npz archive ({e})") from None
+        except BaseException:
+            self._f.close()
+            raise
+        self._members = {i.filename[:-4]: i for i in self._zip.infolist()
+                         if i.filename.endswith(".npy")}
+
+    def _check_directory(self) -> None:
+        """The archive's directory is read whole when it opens: refuse one above the limit."""
+        find = getattr(zipfile, "_EndRecData", None)  # the reader zipfile itself uses
+        end = find(self._f) if find is not None else None  # None: ZipFile says what is wrong
+        if end is not None and end[zipfile._ECD_SIZE] > limits.MAX_NPZ_DIRECTORY_BYTES:
+            raise NpzError(f"its member directory is {end[zipfile._ECD_SIZE]:,} bytes, above "
+                           f"the limit of {limits.MAX_NPZ_DIRECTORY_BYTES:,}")
+        self._f.seek(0)
+
+    def __enter__(self) -> NpzFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._zip.close()
+        self._f.close()
+
+    def names(self) -> list[str]:
+        return list(self._members)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def read(self, key: str, max_bytes: int, dtype: np.dtype | None = None,
+             bits_of: np.dtype | None = None) -> np.ndarray:
+        """Member ``key`` as an array of at most ``max_bytes`` bytes (and of ``dtype``, when
+        given, in any byte order). ``bits_of``: a member holding raw 2-byte values (``|V2``,
+        as numpy saves bfloat16, or uint16) is viewed as that dtype. Raises NpzError naming
+        what is wrong."""
+        info = self._members.get(key)
+        if info is None:
+            raise NpzError(f"no array {key!r} in it")
+        cap = max_bytes + _NPY_HEADER_MAX
+        if info.file_size > cap:
+            raise NpzError(f"array {key!r} holds {info.file_size:,} bytes, more than the "
+                           f"{max_bytes:,} its declared shape and dtype need")
+        try:
+            with self._zip.open(info) as member:
+                data = member.read(cap + 1)
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+            raise NpzError(f"array {key!r} cannot be read ({e})") from None
+        if len(data) > cap:
+            raise NpzError(f"array {key!r} inflates past the {max_bytes:,} bytes its declared "
+                           "shape and dtype need")
+        return _parse_npy(key, data, max_bytes, dtype, bits_of)
+
+
+def _parse_npy(key: str, data: bytes, max_bytes: int, want: np.dtype | None,
+               bits_of: np.dtype | None = None) -> np.ndarray:
+    """The array in the bytes of a .npy member, checked before anything is allocated."""
+    buf = io.BytesIO(data)
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(buf)
+        if version == (1, 0):
+            shape, fortran, dt = fmt.read_array_header_1_0(buf)
+        elif version == (2, 0):
+            shape, fortran, dt = fmt.read_array_header_2_0(buf)
+        else:
+            raise ValueError(f".npy format version {version} is not accepted (1.0, 2.0)")
+    except ValueError as e:
+        raise NpzError(f"array {key!r} is not a .npy array ({str(e).splitlines()[0]})") from None
+    raw_bits = bits_of is not None and dt.itemsize == 2 and (dt.kind == "V" or dt == np.uint16)
+    if raw_bits and dt.kind == "V" and dt.fields is None and dt.subdtype is None:
+        dt = np.dtype(np.uint16)
+    if dt.hasobject or dt.fields is not None or dt.subdtype is not None or dt.kind in "OSUVMm":
+        raise NpzError(f"array {key!r} has dtype {dt}; an array of numbers or bools is "
+                       "accepted (no objects, strings, records or dates)")
+    if want is not None and dt.newbyteorder("=") != np.dtype(want).newbyteorder("="):
+        raise NpzError(f"array {key!r} holds {dt.name}, the graph declares {np.dtype(want).name}")
+    count = math.prod(shape)
+    nbytes = count * dt.itemsize
+    body = len(data) - buf.tell()
+    if nbytes > max_bytes:
+        raise NpzError(f"array {key!r}: shape {list(shape)} of {dt.name} is {nbytes:,} bytes, "
+                       f"more than the {max_bytes:,} its declared shape and dtype need")
+    if nbytes != body:
+        raise NpzError(f"array {key!r}: its header says shape {list(shape)} of {dt.name} "
+                       f"({nbytes:,} bytes), the member holds {body:,}")
+    arr = np.frombuffer(data, dtype=dt, count=count, offset=buf.tell())
+    arr = arr.reshape(shape, order="F" if fortran else "C")
+    arr = arr.astype(dt.newbyteorder("="), order="C")  # a writable native-order copy
+    return arr.view(bits_of) if raw_bits else arr
+
+
+def member_name(key: str) -> str:
+    """The .npz member (``<member>.npy``) an array named ``key`` is stored under: the name
+    itself when it is a plain file name, else ``outputs.file_name(key)`` (a value named
+    ``../../x`` must not become a zip member that an unzip tool writes outside its folder)."""
+    return file_name(key)
+
+
+def load_npz(path: str | os.PathLike,
+             types: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an inputs .npz. With ``types`` (input name -> TensorType) only the
+    members of those inputs are read (stored under the name or its ``member_name``), each
+    within the bytes its type allows (a symbolic shape: up to ``MAX_NUMEL`` elements); a
+    member naming no input is an error, and is never decompressed."""
     p = Path(path)
     try:
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        with NpzFile(p) as z:
+            if types is None:
+                return {k: z.read(k, _max_bytes(None)) for k in z.names()}
+            out, used = {}, set()
+            for name, t in types.items():
+                key = name if name in z else member_name(name)
+                if key in z:
+                    bits = t.dtype.np if t.dtype.value == "bfloat16" else None
+                    out[name] = z.read(key, _max_bytes(t), bits_of=bits)
+                    used.add(key)
+            extra = sorted(set(z.names()) - used)
     except FileNotFoundError:
         raise ExecutionError(f"{p}: no such inputs file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as e:
-        raise FormatError(f"{p}: not a readable .npz file ({e}); save inputs with "
+    except (OSError, NpzError, MemoryError) as e:
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise FormatError(f"{p}: not a readable .npz file ({detail}); save inputs with "
                           "numpy.savez(path, name=array, ...)") from None
+    if extra:
+        raise ExecutionError(f"{p}: unknown input(s) {', '.join(shown(e) for e in extra[:5])}"
+                             f"{', ...' if extra[5:] else ''} (inputs: {', '.join(types)})")
+    return out
+
+
+def _max_bytes(t: Any) -> int:
+    """The bytes an array of TensorType ``t`` may hold (any array without a type)."""
+    if t is None:
+        return limits.MAX_NUMEL * 8
+    n = 1
+    for d in t.shape:
+        n *= d if isinstance(d, int) else limits.MAX_NUMEL
+    return min(n, limits.MAX_NUMEL) * t.dtype.np.itemsize
 
 
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> Path:
-    """Write arrays as an .npz (what numpy.savez writes); any key is allowed, even one that
-    numpy.savez would take for its own parameter (``file``, ``allow_pickle``)."""
+    """Write arrays as an .npz (what numpy.savez writes), each under ``member_name(key)``:
+    any key is allowed, even one that numpy.savez would take for its own parameter
+    (``file``, ``allow_pickle``), and none becomes a path in the archive."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, value in arrays.items():
-            with zf.open(f"{key}.npy", "w", force_zip64=True) as f:
+            with zf.open(f"{member_name(key)}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
     return write_file(path, buf.getvalue())
 

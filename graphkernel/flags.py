@@ -334,12 +334,15 @@ def read_config_file(path: str | os.PathLike, origin: str) -> list[FlagItem]:
     return items
 
 
-def read_skip_file(path: str, origin: str) -> tuple[list[str], list[str]]:
-    """AutoFuse's skip list: an .ini with [ByNodeName] and [ByNodeType] sections."""
+def read_skip_file(path: str, origin: str, follow_links: bool = True
+                   ) -> tuple[list[str], list[str]]:
+    """AutoFuse's skip list: an .ini with [ByNodeName] and [ByNodeType] sections (a regular
+    file; with ``follow_links=False``, as for a list a flags file names, not a link)."""
     cp = configparser.ConfigParser(allow_no_value=True, delimiters=("=",))
     cp.optionxform = str  # node names are case-sensitive
     try:
-        cp.read_string(read_bounded(path, limits.MAX_FLAGS_FILE_BYTES).decode(), path)
+        cp.read_string(read_bounded(path, limits.MAX_FLAGS_FILE_BYTES,
+                                    follow_links=follow_links).decode(), path)
     except FileNotFoundError:
         raise FlagError(f"{origin}: --skip_node_names_cfg={path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -692,7 +695,9 @@ def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None,
     if key == "disable_matmul_post_fusion":
         return [("disable_fusion_pattern", ["matmul_depth"])] if val else []
     if key == "skip_node_names_cfg":
-        names, types = read_skip_file(val, origin)
+        from_file = origin.startswith("file ")
+        path = _file_beside(origin, val) if from_file else val
+        names, types = read_skip_file(path, origin, follow_links=not from_file)
         return [("skip_node_names", names), ("skip_node_types", types)]
     if key == "debug_dir" and origin.startswith("file "):
         _check_file_debug_dir(val, origin)
@@ -747,12 +752,40 @@ def _precision_ops(it: FlagItem, names: list[str], name_check: NameCheck | None)
 
 def _check_file_debug_dir(path: str, origin: str) -> None:
     """A flags file is data: it may not choose a place to write outside the current folder
-    (the user's own --flags and environment may)."""
+    (the user's own --flags and environment may): a folder below it, reached through no
+    symbolic link. ``compile -o DIR`` further confines it to DIR (``confine_to``)."""
     p = Path(path)
-    if p.is_absolute() or ".." in p.parts or "\0" in path:
+    if p.is_absolute() or ".." in p.parts or "\0" in path or not p.parts:
         raise FlagError(f"{origin}: --debug_dir={path}: a flags file may only name a folder "
-                        "inside the current one (a relative path without '..'); give other "
+                        "inside the current one (a relative path without '..', not '.'); give "
+                        "other places with --flags or AUTOFUSE_FLAGS")
+    for i in range(1, len(p.parts) + 1):
+        if Path(*p.parts[:i]).is_symlink():
+            raise FlagError(f"{origin}: --debug_dir={path}: {Path(*p.parts[:i])} is a symbolic "
+                            "link; a path named by a flags file may not go through one")
+
+
+def confine_to(cfg: Config, folder: str | os.PathLike, option: str) -> None:
+    """A ``debug_dir`` that came from a flags file must lie inside ``folder`` (the output
+    folder the user gave as ``option``): a flags file may not make graphkernel write
+    elsewhere. Paths from the user's own flags and environment are theirs to choose."""
+    origin = cfg.origin("debug_dir")
+    if not origin.startswith("file "):
+        return
+    root = os.path.realpath(folder)
+    target = os.path.realpath(cfg.debug_dir)
+    if os.path.commonpath([root, target]) != root:
+        raise FlagError(f"{origin}: --debug_dir={cfg.debug_dir}: a flags file may only name a "
+                        f"folder inside the output folder ({option} {folder}); give other "
                         "places with --flags or AUTOFUSE_FLAGS")
+
+
+def _file_beside(origin: str, name: str) -> str:
+    """A file a flags file names: a plain file name in the flags file's own folder."""
+    if name in (".", "..") or os.path.basename(name) != name or "\\" in name or "\0" in name:
+        raise FlagError(f"{origin}: --skip_node_names_cfg={name}: a flags file may only name a "
+                        "file next to it (a plain file name, no folders)")
+    return str(Path(origin.removeprefix("file ")).parent / name)
 
 
 # keys of the Config an anchor's key also sets (shown by `flags`)

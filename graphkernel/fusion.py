@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from graphkernel import ops, symbolic
+from graphkernel import limits, ops, symbolic
 from graphkernel.flags import Config
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.elementwise import BINARY, UNARY
@@ -93,8 +93,9 @@ def numel(v: Value) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def estimate(d: symbolic.Dim) -> int:
-    """A dim's size with every symbol counted as ``SYMBOL_SIZE``."""
-    return int(symbolic.evaluate(d, _Sym()))
+    """A dim's size with every symbol counted as ``SYMBOL_SIZE``, at most ``MAX_NUMEL`` (a
+    product of hundreds of symbols is "huge", not a number past a float's range)."""
+    return min(int(symbolic.evaluate(d, _Sym())), limits.MAX_NUMEL)
 
 
 def nbytes(v: Value) -> int:

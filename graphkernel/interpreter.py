@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import ops, symbolic
+from graphkernel import limits, ops, symbolic
 from graphkernel.errors import ExecutionError, GraphKernelError
 from graphkernel.ir import DType, Graph, Node, TensorType
 from graphkernel.ops import RefContext
@@ -188,6 +188,11 @@ def random_inputs(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = 
             for s in symbolic.symbols(d):
                 env.setdefault(s, (dims or {}).get(s, 4))
         shape = v.type.concrete(env)
+        if (problem := limits.numel_problem(shape)) is not None:
+            syms = sorted({s for d in v.type.shape for s in symbolic.symbols(d)})
+            bound = ", ".join(f"{s}={env[s]}" for s in syms[:4]) + (", ..." if syms[4:] else "")
+            raise ExecutionError(f"input {v.name!r}: with {bound}, its {problem}; give smaller "
+                                 "sizes for the symbolic dims with --dims")
         dt = v.type.dtype
         if dt.is_float:
             arr = rng.standard_normal(shape).astype(dt.np)

@@ -273,6 +273,9 @@ class Graph:
         opdef.check_arity(len(inputs), where=where)
         if out_types is None:
             out_types = opdef.infer_types(in_types, norm_attrs, where=where)
+        if output_names is not None and len(output_names) < len(out_types):
+            raise GraphError(f"{where}: the op has {len(out_types)} outputs, but "
+                             f"{len(output_names)} output names are given")
         origin_t = tuple(origin) if origin is not None else (nname,)
         node = Node(opdef.name, nname, norm_attrs, origin_t)
         node.graph = self

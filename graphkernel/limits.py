@@ -11,16 +11,24 @@ import re
 import unicodedata
 from typing import Any
 
+from graphkernel.errors import shown
+
 # Files
 MAX_GRAPH_FILE_BYTES = 256 * 2**20  # a .json/.yaml graph (large constants live in its .npz)
+MAX_ONNX_FILE_BYTES = 2**31  # an .onnx file (protobuf's own limit; large weights go outside)
+MAX_MANIFEST_BYTES = 256 * 2**20  # an output folder's manifest.json, read to clean it
 MAX_FLAGS_FILE_BYTES = 2**20  # a JSON/YAML flags file, an AutoFuse skip list
 MAX_DEPTH = 64  # nesting of lists/objects in a JSON/YAML document
 MAX_YAML_ALIASES = 1000  # `*alias` references in one YAML document
 MAX_YAML_VALUES = 1_000_000  # values in a YAML document that uses aliases, aliases expanded
+MAX_YAML_EXPANDED_CHARS = 16 * 2**20  # text of those values (and keys), aliases expanded
+MAX_NPZ_DIRECTORY_BYTES = 64 * 2**20  # the member directory of a .npz (read whole on opening)
 
 # Tensors
 MAX_DIM = 2**31 - 1  # a static dim (Ascend tiling arithmetic is 32-bit)
 MAX_NUMEL = 2**40  # elements of one statically shaped tensor
+MAX_RANK = 32  # dims of one tensor (numpy 1.x holds at most 32)
+MAX_DIM_FACTORS = 16  # factors of one symbolic dim ("4*s0*s1" has 3)
 
 # Flags
 MAX_FLAG_STRING = 64 * 2**10  # one flag string (--flags, AUTOFUSE_FLAGS, ...)
@@ -59,6 +67,9 @@ def dim_problem(dim: Any) -> str | None:
             return f"dim {dim} is outside 0..{MAX_DIM}"
         return None
     parts = dim.replace(" ", "").split("*")
+    if len(parts) > MAX_DIM_FACTORS:
+        return (f"dim {shown(dim)!r} is a product of {len(parts):,} factors, above the limit of "
+                f"{MAX_DIM_FACTORS}")
     for part in parts:
         if _DIGITS.fullmatch(part):
             if len(part) > MAX_INT_DIGITS or int(part) > MAX_DIM:
@@ -107,24 +118,35 @@ def check_graph(graph: Any) -> str | None:
 def _value_problem(v: Any) -> str | None:
     if (p := name_problem(v.name)) is not None:
         return p
+    if v.type.rank > MAX_RANK:
+        return f"rank {v.type.rank:,} is above the limit of {MAX_RANK} dims"
     for d in v.type.shape:
         if (p := dim_problem(d)) is not None:
             return p
     return numel_problem(v.type.shape)
 
 
-def check_document(doc: Any, max_depth: int = MAX_DEPTH,
-                   max_values: int | None = None) -> str | None:
-    """Walk a parsed JSON/YAML document without recursion: too deep, or (with
-    ``max_values``) too many values once YAML aliases are expanded."""
+def check_document(doc: Any, max_depth: int = MAX_DEPTH, max_values: int | None = None,
+                   max_chars: int | None = None) -> str | None:
+    """Walk a parsed JSON/YAML document without recursion: too deep, or (with ``max_values``
+    and ``max_chars``) too many values, or too much text in them, once YAML aliases are
+    expanded (an alias repeats its target: a short file can name a long string a million
+    times)."""
     stack = [(doc, 1)]
-    count = 0
+    count = chars = 0
     while stack:
         obj, depth = stack.pop()
         count += 1
         if max_values is not None and count > max_values:
             return (f"the document expands to more than {max_values:,} values (YAML aliases "
                     "repeat their target; an alias bomb is refused)")
+        if max_chars is not None:
+            chars += len(obj) if isinstance(obj, str) else 1
+            if isinstance(obj, dict):
+                chars += sum(len(k) if isinstance(k, str) else 1 for k in obj)
+            if chars > max_chars:
+                return (f"the document expands to more than {max_chars:,} characters of text "
+                        "(YAML aliases repeat their target; an alias bomb is refused)")
         if isinstance(obj, dict):
             children: Any = obj.values()
         elif isinstance(obj, list):

@@ -13,6 +13,7 @@ rounds every result to the op's declared output dtype (op-by-op semantics).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -221,11 +222,39 @@ def check_dtype(t: TensorType, cls: str, what: str = "input") -> None:
         raise ShapeError(f"{what} dtype {t.dtype.value} is not accepted (accepted: {accepted})")
 
 
+def check_scalar_fits(value: float | None, t: TensorType, what: str) -> None:
+    """An attribute value applied to ``t``'s elements (a fill value, a clamp bound) is a value
+    of an integer dtype: finite and within its range (``inf`` has no int32 value)."""
+    if value is None or not t.dtype.is_int:
+        return
+    info = np.iinfo(t.dtype.np)
+    if not (math.isfinite(value) and info.min <= value <= info.max):
+        raise ShapeError(f"{what} {value!r} is not a value of the input's dtype {t.dtype.value} "
+                         f"(accepted: a number in {info.min}..{info.max})")
+
+
 def normalize_axis(axis: int, rank: int) -> int:
-    if not -rank <= axis < max(rank, 1):
+    """``axis`` as an index in 0..rank-1. A 0-d tensor accepts axis 0 and -1 and both give 0,
+    as torch wraps a scalar's dim: a reduction over them reduces nothing. An op that needs a
+    real dim at ``axis`` uses ``dim_axis``."""
+    if not -max(rank, 1) <= axis < max(rank, 1):
         raise ShapeError(f"axis {axis} is out of range for rank {rank} "
-                         f"(accepted: {-rank}..{max(rank, 1) - 1})")
+                         f"(accepted: {-max(rank, 1)}..{max(rank, 1) - 1})")
     return axis % rank if rank else 0
+
+
+def dim_axis(axis: int, rank: int) -> int:
+    """``axis`` as the index of a dim the op reads (a concat, split or channel axis): a 0-d
+    input has none, which is an error naming the fix rather than an index past the shape."""
+    return dim_axes([axis], rank)[0]
+
+
+def dim_axes(axes: Sequence[int], rank: int) -> list[int]:
+    """``normalize_axes`` for axes that name dims the op reads (see ``dim_axis``)."""
+    if rank == 0 and axes:
+        raise ShapeError(f"a 0-d (scalar) input has no axis {axes[0]}; this op needs an input "
+                         "of rank >= 1 (reshape the scalar to [1])")
+    return normalize_axes(axes, rank)
 
 
 def normalize_axes(axes: Sequence[int], rank: int) -> list[int]:

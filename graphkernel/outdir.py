@@ -1,21 +1,43 @@
 """An output folder graphkernel owns what it wrote into: ``manifest.json`` lists every file of a
-run (paths relative to the folder), so a later run into the same folder removes exactly the
-previous run's files it does not write again, and never touches anything else.
+run (paths relative to the folder) with the SHA-256 digest of what was written, so a later run
+into the same folder removes exactly the previous run's files it does not write again, and
+never touches anything else.
 
-A manifest is data from disk: only plain relative paths that stay inside the folder (after
-symlinks) and name regular files are ever removed; anything else in it is ignored.
+A manifest is data from disk, and the folder may be shared with someone who can write in it:
+
+- the manifest is read within a size limit, as a regular file that is not a symbolic link;
+- only plain relative paths (no '..', no absolute path) with a recorded digest are removed;
+- each one is checked again when it is removed, through file descriptors: every folder on
+  the way is opened relative to the one before without following a symbolic link, the file
+  itself must be a regular file (not a link) whose content still has the recorded digest,
+  and it is unlinked relative to its open folder. A folder swapped for a link between the
+  check and the unlink is never followed; a file whose content changed is left alone and
+  named.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
-from collections.abc import Iterable
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
+
+from graphkernel import limits
+from graphkernel.fileio import read_bounded
+from graphkernel.outputs import digest_written
 
 MANIFEST = "manifest.json"
 FORMAT = "graphkernel-kernels/2"  # what write_project writes (format 1: one entry per kernel)
 KNOWN_FORMATS = ("graphkernel-kernels/1", FORMAT)
+
+# Called with (folder fd, file name) just before an unlink: a test's stand-in for another
+# user acting between graphkernel's check and its unlink.
+BEFORE_UNLINK: list[Callable[[int, str], None]] = []
 
 
 def listed(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> list[str]:
@@ -30,13 +52,46 @@ def listed(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> lis
     return sorted(out)
 
 
-def previous_outputs(folder: str | os.PathLike) -> list[Path]:
-    """The files the previous run listed in ``folder/manifest.json`` that are safe to remove
-    (inside the folder, regular files); [] when there is no readable graphkernel manifest."""
+def file_entries(folder: str | os.PathLike, files: Iterable[str | os.PathLike]
+                 ) -> dict[str, Any]:
+    """The manifest's ``files`` (see ``listed``) and ``digests``: the SHA-256 of what this
+    process wrote to each of them (the manifest itself, written last, has none)."""
+    names = listed(folder, files)
+    root = Path(folder)
+    digests = {}
+    for name in names:
+        d = digest_written(root / name)
+        if d is not None:
+            digests[name] = d
+    return {"files": names, "digests": digests}
+
+
+class Previous(NamedTuple):
+    """A file the previous run's manifest lists, with the digest it recorded (or None)."""
+
+    name: str
+    digest: str | None
+
+
+@dataclass
+class Cleanup:
+    """What ``remove_stale`` did: the files removed, and those left because their content
+    is no longer what graphkernel wrote (or no digest says what it wrote)."""
+
+    removed: list[Path] = field(default_factory=list)
+    changed: list[Path] = field(default_factory=list)
+    unrecorded: list[Path] = field(default_factory=list)
+
+
+def previous_outputs(folder: str | os.PathLike) -> list[Previous]:
+    """The files the previous run listed in ``folder/manifest.json`` that are candidates for
+    removal (plain relative paths inside the folder, regular files now); [] when there is no
+    readable graphkernel manifest. Each is checked again when it is removed."""
     root = Path(folder)
     try:
-        doc = json.loads((root / MANIFEST).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(read_bounded(root / MANIFEST, limits.MAX_MANIFEST_BYTES,
+                                      follow_links=False))
+    except (OSError, ValueError, RecursionError):
         return []
     if not isinstance(doc, dict) or doc.get("format") not in KNOWN_FORMATS:
         return []
@@ -45,38 +100,115 @@ def previous_outputs(folder: str | os.PathLike) -> list[Path]:
         names = [f"kernels/{s}" for k in doc.get("kernels", []) if isinstance(k, dict)
                  for s in k.get("sources", []) if isinstance(s, str)]
         names += ["kernels/CMakeLists.txt", MANIFEST] if names else []
-    top = root.resolve()
+    digests = doc.get("digests")
+    digests = digests if isinstance(digests, dict) else {}
     out = []
     for name in names:
         if not isinstance(name, str) or not _plain(name):
             continue
-        p = root / name
-        if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(top):
-            out.append(p)
+        d = digests.get(name)
+        try:
+            with _parent_fd(root, name) as (_, st):
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    continue
+        except OSError:
+            continue
+        out.append(Previous(name, d if isinstance(d, str) else None))
     return out
 
 
 def _plain(name: str) -> bool:
     """A relative path without '..', drive or backslash tricks."""
     pp = PurePosixPath(name)
-    return (bool(name) and "\\" not in name and not pp.is_absolute() and ":" not in name
-            and ".." not in pp.parts)
+    return (bool(name) and "\\" not in name and "\0" not in name and not pp.is_absolute()
+            and ":" not in name and all(p not in ("", ".", "..") for p in name.split("/")))
 
 
-def remove_stale(folder: str | os.PathLike, previous: Iterable[Path],
-                 written: Iterable[str | os.PathLike]) -> list[Path]:
+@contextlib.contextmanager
+def _parent_fd(root: Path, name: str):
+    """Yield (fd of the folder holding ``name``, lstat of the entry or None), reaching the
+    folder from ``root`` one component at a time without following a symbolic link."""
+    parts = name.split("/")
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                               dir_fd=fds[-1]))
+        try:
+            st = os.stat(parts[-1], dir_fd=fds[-1], follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        yield fds[-1], st
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _digest_at(dir_fd: int, entry: str, expect: os.stat_result) -> str | None:
+    """SHA-256 of the regular file ``entry`` in ``dir_fd`` if it is still the file
+    ``expect`` describes (opened without following a link), else None."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect.st_dev,
+                                                                      expect.st_ino):
+            return None
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest()
+
+
+def remove_stale(folder: str | os.PathLike, previous: Iterable[Previous],
+                 written: Iterable[str | os.PathLike]) -> Cleanup:
     """Remove the previous run's files this run did not write again (and folders they leave
-    empty); return what was removed."""
-    root = Path(folder).resolve()
-    keep = {Path(w).resolve() for w in written}
-    removed = []
-    for p in previous:
-        if p.resolve() in keep or not p.is_file():
+    empty), each re-checked at the moment it is removed (see the module docstring)."""
+    root = Path(folder)
+    keep = set(listed(root, written))
+    done = Cleanup()
+    for prev in previous:
+        if prev.name in keep or not _plain(prev.name):
             continue
-        p.unlink()
-        removed.append(p)
-        parent = p.parent.resolve()
-        while parent != root and parent.is_relative_to(root) and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
-    return removed
+        shown = root / prev.name
+        if prev.digest is None:
+            done.unrecorded.append(shown)
+            continue
+        entry = prev.name.rsplit("/", 1)[-1]
+        try:
+            with _parent_fd(root, prev.name) as (dir_fd, st):
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    continue
+                if _digest_at(dir_fd, entry, st) != prev.digest:
+                    done.changed.append(shown)
+                    continue
+                for hook in BEFORE_UNLINK:
+                    hook(dir_fd, entry)
+                now = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) \
+                        or not stat.S_ISREG(now.st_mode):
+                    done.changed.append(shown)
+                    continue
+                os.unlink(entry, dir_fd=dir_fd)
+        except OSError:
+            continue  # gone, or a folder on the way is no folder (a link): nothing to remove
+        done.removed.append(shown)
+        _remove_empty_parents(root, prev.name)
+    return done
+
+
+def _remove_empty_parents(root: Path, name: str) -> None:
+    """rmdir the folders of ``name`` below ``root`` that are now empty, deepest first, each
+    relative to its open parent (rmdir never follows a link and fails on a non-empty one)."""
+    parts = name.split("/")[:-1]
+    while parts:
+        try:
+            with _parent_fd(root, "/".join(parts)) as (dir_fd, st):
+                if st is None or not stat.S_ISDIR(st.st_mode):
+                    return
+                os.rmdir(parts[-1], dir_fd=dir_fd)
+        except OSError:  # not empty (or not there, or no folder): it stays
+            return
+        parts = parts[:-1]

@@ -156,6 +156,16 @@ def _make_dirs(folder: Path) -> list[Path]:
     return missing[::-1]
 
 
+# SHA-256 of what this process last wrote to each file (by real path): the output folder's
+# manifest records them, so a later run removes a file only while it still holds that.
+_DIGESTS: dict[str, str] = {}
+
+
+def digest_written(path: str | os.PathLike) -> str | None:
+    """The SHA-256 (hex) of the data this process last wrote to ``path``, or None."""
+    return _DIGESTS.get(os.path.realpath(path))
+
+
 def write_file(path: str | os.PathLike, data: bytes, *, immediate: bool = False) -> Path:
     """Write ``data`` to ``path`` whole or not at all: a temporary file in the same folder,
     renamed into place (at the end of the enclosing ``transaction``, if any)."""
@@ -172,6 +182,7 @@ def write_file(path: str | os.PathLike, data: bytes, *, immediate: bool = False)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        _DIGESTS[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
         if stage is not None:
             stage.pending.append((tmp, path))
         else:

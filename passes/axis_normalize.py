@@ -5,10 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.ir import Node
+from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.registry import PassResult
 
 _REDUCE = {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}
 _INT_AXIS = {"ArgMax", "ArgMin", "Concat", "Split", "Gather", "CumSum"}
+
+
+def _wrap(axis: int, rank: int) -> int:
+    """A checked axis as an index; a 0-d tensor's axes 0 and -1 are its one position, 0."""
+    return axis % rank if rank else 0
 
 
 def normalized(node: Node) -> dict[str, Any] | None:
@@ -16,9 +22,9 @@ def normalized(node: Node) -> dict[str, Any] | None:
     a = dict(node.attrs)
     rank = node.inputs[0].type.rank if node.inputs else 0
     if node.op in _REDUCE:
-        a["axis"] = sorted(x % rank for x in a["axis"]) if a["axis"] else list(range(rank))
+        a["axis"] = reduce_axes(rank, a["axis"])
     elif node.op in _INT_AXIS:
-        a["axis"] = a["axis"] % rank
+        a["axis"] = _wrap(a["axis"], rank)
     elif node.op == "OneHot":
         a["axis"] = a["axis"] % (rank + 1)
     elif node.op == "ExpandDims":
@@ -26,11 +32,11 @@ def normalized(node: Node) -> dict[str, Any] | None:
         a["axis"] = sorted(x % out_rank for x in a["axis"])
     elif node.op == "Squeeze":
         shape = node.inputs[0].type.shape
-        a["axis"] = (sorted(x % rank for x in a["axis"]) if a["axis"] is not None
-                     else [i for i, d in enumerate(shape) if d == 1])
+        a["axis"] = ([i for i, d in enumerate(shape) if d == 1] if a["axis"] is None
+                     else sorted(_wrap(x, rank) for x in a["axis"]) if rank else [])
     elif node.op == "StridedSlice":
         axes = a["axes"] if a["axes"] is not None else list(range(len(a["begin"])))
-        a["axes"] = [x % rank for x in axes]
+        a["axes"] = [_wrap(x, rank) for x in axes]
         a["strides"] = a["strides"] or [1] * len(a["begin"])
     elif node.op == "BroadcastTo":
         a["shape"] = list(node.outputs[0].type.shape)

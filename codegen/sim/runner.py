@@ -8,12 +8,14 @@ of its sources, the header and the compiler flags. A kernel source must define
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
+import secrets
 import shutil
+import stat
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -53,10 +55,110 @@ N_COUNTERS = len(Counts._fields) - 1  # the counters before ``reads`` (the simul
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("GRAPHKERNEL_SIM_CACHE",
-                            Path(tempfile.gettempdir()) / "graphkernel-sim-cache"))
-    d.mkdir(parents=True, exist_ok=True)
+    """The folder of built libraries: ``$GRAPHKERNEL_SIM_CACHE``, else ``graphkernel/sim``
+    in ``$XDG_CACHE_HOME`` or ``~/.cache``. graphkernel loads code from it, so it must be the
+    user's own: created with mode 0700, and an existing one must be a real folder (not a
+    link) owned by this user that nobody else can write (group and others: no access);
+    otherwise it is refused, never repaired or used."""
+    env = os.environ.get("GRAPHKERNEL_SIM_CACHE")
+    if env:
+        d = Path(env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+        d = base / "graphkernel" / "sim"
+    try:
+        if not os.path.lexists(d):
+            d.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+        st = os.lstat(d)
+    except OSError as e:
+        raise SimulatorError(f"the simulator cache folder {d} cannot be made: "
+                             f"{e.strerror or e}") from None
+    problem = _cache_problem(st)
+    if problem is not None:
+        raise SimulatorError(f"the simulator cache folder {d} {problem}; graphkernel builds and "
+                             "loads code there, so it must be a folder of your own that only "
+                             f"you can use (mode 0700): remove it, or `chmod 700 {d}` if it is "
+                             "yours, or set GRAPHKERNEL_SIM_CACHE to such a folder")
     return d
+
+
+def _cache_problem(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"is owned by user id {st.st_uid}, not by you ({os.geteuid()})"
+    if st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}: others can use it"
+    return None
+
+
+def _write_new(folder: Path, name: str, data: bytes) -> None:
+    """Write ``folder/name`` through a fresh temporary file (created exclusively, never
+    through a link) renamed into place: a planted link at ``name`` is replaced, not followed."""
+    tmp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _verified(folder: Path, key: str) -> int | None:
+    """An open descriptor of ``k_<key>.so`` when it is a regular file of this user (not a
+    link) whose SHA-256 equals the one recorded when it was built; None otherwise."""
+    so, record = folder / f"k_{key[:24]}.so", folder / f"k_{key[:24]}.so.sha256"
+    try:
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            want = f.read(65).decode("ascii", "replace").strip()
+        fd = os.open(so, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    h = hashlib.sha256()
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    if h.hexdigest() != want:
+        os.close(fd)
+        return None
+    return fd
+
+
+_PROC_NAMES: set[int] = set()  # descriptor numbers already used in a /proc path we loaded
+
+
+def _load(fd: int, path: Path) -> ctypes.CDLL:
+    """dlopen the very file ``fd`` was verified on (through /proc, so the file at ``path``
+    cannot be swapped between the check and the load), then close ``fd``. The loader takes
+    a name it loaded before for that library, so each load uses a descriptor number never
+    used in one before."""
+    held: list[int] = []
+    try:
+        n = fd
+        while n in _PROC_NAMES:
+            n = os.dup(fd)
+            held.append(n)
+        proc = f"/proc/self/fd/{n}"
+        if not os.path.exists(proc):
+            return ctypes.CDLL(str(path))
+        _PROC_NAMES.add(n)
+        return ctypes.CDLL(proc)
+    finally:
+        for h in held:
+            os.close(h)
+        os.close(fd)
 
 
 MIN_PER_PART = 8  # kernels per g++ run below which splitting a build costs more than it saves
@@ -105,36 +207,64 @@ def build(sources: Sequence[str], jobs: int | None = None) -> Library:
     units = [_unit(p) for p in parts]
     keys = [hashlib.sha256("\0".join([header, u, " ".join(CXX_FLAGS)]).encode()).hexdigest()
             for u in units]
-    todo = [(k, u) for k, u in zip(keys, units, strict=True)
-            if k not in _LIBS and not (cache_dir() / f"k_{k[:24]}.so").exists()]
-    if todo:
-        n = len(sources)
-        split = f" in {len(todo)} parallel parts" if len(todo) > 1 else ""
-        with progress.ticking("simulator build", f"g++ compiling {n} kernel source"
-                              f"{'s' if n != 1 else ''}{split} (cached by content for the "
-                              "next run)"):
-            running = []
-            for key, unit in todo:
-                src = cache_dir() / f"k_{key[:24]}.cpp"
-                src.write_text(unit)
-                tmp = (cache_dir() / f"k_{key[:24]}.so").with_suffix(f".{os.getpid()}.tmp")
-                proc = subprocess.Popen([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(src), "-o",
-                                         str(tmp)], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
-                running.append((key, tmp, proc))
-            errors = []
-            for key, tmp, proc in running:
-                _, err = proc.communicate()
-                if proc.returncode != 0:
-                    errors.append(err)
-                else:
-                    os.replace(tmp, cache_dir() / f"k_{key[:24]}.so")
-        if errors:
-            raise SimulatorError("kernel source does not compile:\n" + errors[0][-4000:])
-    for key in keys:
-        if key not in _LIBS:
-            _LIBS[key] = ctypes.CDLL(str(cache_dir() / f"k_{key[:24]}.so"))
+    folder = cache_dir()
+    ready: dict[str, int] = {}  # key -> a descriptor of its verified library
+    try:
+        for k in keys:
+            if k not in _LIBS and k not in ready and (fd := _verified(folder, k)) is not None:
+                ready[k] = fd
+        todo = [(k, u) for k, u in zip(keys, units, strict=True)
+                if k not in _LIBS and k not in ready]
+        if todo:
+            n = len(sources)
+            split = f" in {len(todo)} parallel parts" if len(todo) > 1 else ""
+            with progress.ticking("simulator build", f"g++ compiling {n} kernel source"
+                                  f"{'s' if n != 1 else ''}{split} (cached by content for the "
+                                  "next run)"):
+                ready.update(_compile(cxx, folder, todo))
+        for key in keys:
+            if key not in _LIBS:
+                _LIBS[key] = _load(ready.pop(key), folder / f"k_{key[:24]}.so")
+    finally:
+        for fd in ready.values():
+            os.close(fd)
     return Library([_LIBS[k] for k in keys])
+
+
+def _compile(cxx: str, folder: Path, todo: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """Build each (key, unit) with g++ into ``folder``: the source and the library are
+    written under fresh names and renamed into place, the library's SHA-256 is recorded
+    beside it, and the descriptor hashed is returned, so what is loaded is what was built."""
+    running = []
+    for key, unit in todo:
+        name = f"k_{key[:24]}"
+        _write_new(folder, f"{name}.cpp", unit.encode())
+        tmp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.so.tmp"
+        proc = subprocess.Popen([cxx, *CXX_FLAGS, f"-I{HEADER_DIR}", str(folder / f"{name}.cpp"),
+                                 "-o", str(tmp)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        running.append((key, tmp, proc))
+    built: dict[str, int] = {}
+    errors = []
+    for key, tmp, proc in running:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(err)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            continue
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+        built[key] = fd
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        os.replace(tmp, folder / f"k_{key[:24]}.so")
+        _write_new(folder, f"k_{key[:24]}.so.sha256", f"{h.hexdigest()}\n".encode())
+    if errors:
+        for fd in built.values():
+            os.close(fd)
+        raise SimulatorError("kernel source does not compile:\n" + errors[0][-4000:])
+    return built
 
 
 def launch(lib: Library | ctypes.CDLL, kernel: str, buffers: Sequence[np.ndarray], blocks: int,

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import typing
-import zipfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,7 +28,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from graphkernel import limits, ops
 from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
-from graphkernel.fileio import DocumentError, read_document
+from graphkernel.fileio import DocumentError, NpzError, NpzFile, read_document
+from graphkernel.frontends.opaque import file_problem as opaque_file_problem
 from graphkernel.ir import DType, Graph, TensorType
 from graphkernel.outputs import write_file
 
@@ -241,8 +241,7 @@ def _decode_scalars(data: list[Any], dtype: DType, where: str) -> list[Any]:
     return out
 
 
-def _decode_attr(value: Any, where: str, base: Path | None,
-                 data: dict[str, np.ndarray] | None) -> Any:
+def _decode_attr(value: Any, where: str, base: Path | None, data: NpzFile | None) -> Any:
     if isinstance(value, dict) and set(value) == {"graph"}:
         return graph_from_dict(value["graph"], where=where + ".graph", base=base, nested=True,
                                data=data)
@@ -256,12 +255,11 @@ def _decode_attr(value: Any, where: str, base: Path | None,
         if not isinstance(shape, list) or any(_static_dim_problem(d) for d in shape):
             raise FormatError(f"{where}.tensor.shape: expected a list of ints in "
                               f"0..{limits.MAX_DIM}, got {shape!r}")
+        if (p := limits.numel_problem(tuple(shape))) is not None:
+            raise FormatError(f"{where}.tensor.shape: {p}")
         dt = _dtype(t["dtype"], where + ".tensor.dtype")
         if "key" in t:
-            if not isinstance(t["key"], str) or not data or t["key"] not in data:
-                raise FormatError(f"{where}.tensor.key: {t['key']!r} is not in the data file")
-            arr = data[t["key"]]
-            arr = arr.view(dt.np) if dt is DType.bfloat16 else arr.astype(dt.np, copy=False)
+            arr = _data_array(data, t["key"], shape, dt, f"{where}.tensor.key")
         else:
             if not isinstance(t.get("data", []), list):
                 raise FormatError(f"{where}.tensor.data: expected a list of numbers")
@@ -285,7 +283,7 @@ def _dtype(name: Any, where: str) -> DType:
 
 
 def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
-                    nested: bool = False, data: dict[str, np.ndarray] | None = None) -> Graph:
+                    nested: bool = False, data: NpzFile | None = None) -> Graph:
     """Build a Graph from the file form; errors name ``where`` and the JSON path."""
     if not isinstance(doc, dict):
         raise FormatError(f"{where}: expected an object with 'format', 'inputs', 'nodes', "
@@ -305,7 +303,13 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
             msg = f"unsupported format {doc.get('format')!r} (expected \"{FORMAT}\")"
         raise FormatError(f"{where}: {_loc(err['loc'])}: {msg}") from None
     if spec.data_file and data is None:
-        data = _read_data_file(spec.data_file, base, where)
+        with _open_data_file(spec.data_file, base, where) as npz:
+            return _build(spec, where, base, nested, npz)
+    return _build(spec, where, base, nested, data)
+
+
+def _build(spec: GraphSpec, where: str, base: Path | None, nested: bool,
+           data: NpzFile | None) -> Graph:
     g = Graph(spec.name)
     for i, inp in enumerate(spec.inputs):
         w = f"{where}: inputs[{i}]"
@@ -317,20 +321,16 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
     for i, c in enumerate(spec.constants):
         w = f"{where}: constants[{i}] ('{c.name}')"
         dt = _dtype(c.dtype, w + ".dtype")
+        if (p := limits.numel_problem(tuple(c.shape))) is not None:
+            raise FormatError(f"{w}: {p}")
         if c.key is not None:
-            if not data or c.key not in data:
-                raise FormatError(f"{w}.key: {c.key!r} is not in the data file "
-                                  f"{spec.data_file!r}")
-            arr = data[c.key]
-            arr = arr.view(dt.np) if dt is DType.bfloat16 else arr.astype(dt.np, copy=False)
+            arr = _data_array(data, c.key, c.shape, dt, f"{w}.key")
         elif c.data is not None:
             vals = _decode_scalars(c.data, dt, w)
             arr = np.array(vals, dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
         else:
             raise FormatError(f"{w}: needs 'data' (inline values) or 'key' (in the data file)")
         n = math.prod(c.shape)
-        if (p := limits.numel_problem(tuple(c.shape))) is not None:
-            raise FormatError(f"{w}: {p}")
         if arr.size != n:
             raise FormatError(f"{w}: shape {c.shape} needs {n} values, got {arr.size}")
         try:
@@ -346,6 +346,8 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
         inputs = [g.value(name) for name in ns.inputs]
         attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data) for k, v in ns.attrs.items()}
         _check_attr_types(ops.get(ns.op), attrs, w)
+        if ops.get(ns.op).name == "Opaque" and (p := opaque_file_problem(attrs)) is not None:
+            raise FormatError(f"{w}.attrs.spec: {p}")
         names = [o if isinstance(o, str) else o.name for o in ns.outputs]
         try:
             node = g.add_node(ns.op, inputs, attrs, name=ns.name, origin=ns.origin,
@@ -374,17 +376,33 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
     return g
 
 
-def _read_data_file(name: str, base: Path | None, where: str) -> dict[str, np.ndarray]:
-    """The side .npz: a file next to the graph file (a name, never a path elsewhere)."""
+def _open_data_file(name: str, base: Path | None, where: str) -> NpzFile:
+    """The side .npz: a regular file next to the graph file (a name, never a path elsewhere,
+    and never a symbolic link), whose arrays are read when a constant names them."""
     if name in (".", "..") or os.path.basename(name) != name or "\\" in name \
             or limits.name_problem(name) is not None:
         raise FormatError(f"{where}: data_file {name!r} must be the name of a file next to the "
                           "graph file (no folders, no '..')")
     try:
-        with np.load((base or Path(".")) / name, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as e:
-        raise FormatError(f"{where}: data_file {name!r} cannot be read: {e}") from None
+        return NpzFile((base or Path(".")) / name, follow_links=False)
+    except (OSError, NpzError) as e:
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise FormatError(f"{where}: data_file {name!r} cannot be read: {detail}") from None
+
+
+def _data_array(data: NpzFile | None, key: Any, shape: list[int], dt: DType,
+                where: str) -> np.ndarray:
+    """The array ``key`` of the data file, read within the bytes that ``shape`` and ``dt``
+    need, in the declared dtype (bfloat16 is stored as its uint16 bits)."""
+    if not isinstance(key, str) or data is None or key not in data:
+        raise FormatError(f"{where}: {key!r} is not in the data file"
+                          + ("" if data is None else did_you_mean(str(key), data.names())))
+    stored = np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
+    try:
+        arr = data.read(key, math.prod(shape) * stored.itemsize, stored)
+    except NpzError as e:
+        raise FormatError(f"{where}: data file {data.path.name!r}: {e}") from None
+    return arr.view(dt.np) if dt is DType.bfloat16 else arr
 
 
 # Annotation leaves whose values a file must give exactly (no "yes" for a bool, no 1.0 for an

@@ -10,6 +10,7 @@ kept in ``graph_import_notes``. Initializers become constants.
 from __future__ import annotations
 
 import base64
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import numpy as np
 
 from graphkernel import limits, symbolic
 from graphkernel.errors import FrontendError, GraphKernelError
+from graphkernel.fileio import FileTooLarge, NotRegularFile, open_beneath, read_bounded
 from graphkernel.ir import DType, Graph, TensorType, Value
 
 try:
@@ -533,8 +535,8 @@ def _constant(c: NodeCtx):
         if key in c.attrs:
             val = c.attrs[key]
             if key == "value":
-                arr = numpy_helper.to_array(val)
                 onnx_dtype(val.data_type, c.name)
+                arr = tensor_array(val, f"node '{c.name}' (Constant): value")
             elif key.startswith("value_float"):
                 arr = np.asarray(val, dtype=np.float32)
             else:
@@ -547,9 +549,14 @@ def _constant(c: NodeCtx):
 def _constant_of_shape(c: NodeCtx):
     shape = _ints(c.static(0, "shape"))
     val = c.attr("value")
-    arr = numpy_helper.to_array(val).reshape(()) if val is not None else np.float32(0)
+    arr = np.float32(0)
     if val is not None:
         onnx_dtype(val.data_type, c.name)
+        arr = tensor_array(val, f"node '{c.name}' (ConstantOfShape): value")
+        if arr.size != 1:
+            raise BadModel(f"node '{c.name}' (ConstantOfShape): value holds {arr.size} "
+                           "elements; it must hold exactly one")
+        arr = arr.reshape(())
     scalar = c.constant(np.asarray(arr))
     return c.emit("BroadcastTo", [scalar], {"shape": shape})
 
@@ -799,13 +806,8 @@ def import_onnx(model: Any, name: str | None = None,
     unknown = [0]
     inits = {t.name: t for t in gp.initializer}
     for t in gp.initializer:
-        try:
-            arr = numpy_helper.to_array(t)
-            onnx_dtype(t.data_type, f"initializer '{t.name}'")
-        except FrontendError:
-            raise
-        except Exception as e:
-            raise FrontendError(f"initializer '{t.name}' cannot be read: {e}") from None
+        onnx_dtype(t.data_type, f"initializer '{t.name}'")
+        arr = tensor_array(t, f"initializer '{t.name}'")
         values[t.name] = g.add_node("Constant", [], {"value": arr}, name=g.fresh_name(t.name),
                                     output_names=[t.name]).output
     for vi in gp.input:
@@ -859,6 +861,8 @@ def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset
             if len(outs) < len([o for o in node.output if o]):
                 raise Unsupported(f"only {len(outs)} of the outputs are modeled")
             return outs
+        except BadModel:
+            raise
         except (Unsupported, GraphKernelError) as e:
             reason = str(e)
             _rollback(g, ctx.emitted)
@@ -896,18 +900,27 @@ def _opaque(g: Graph, node: Any, nname: str, ins: list[Value | None], opsets: di
 
 def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
     """Import an .onnx file. It is data from someone else: an empty file, a model without
-    nodes or outputs, and names or dims outside ``graphkernel.limits`` are errors."""
+    nodes or outputs, and names or dims outside ``graphkernel.limits`` are errors; external
+    data is read by ``load_external_data`` (inside the model's folder, no links, exactly the
+    declared size)."""
     _require_onnx()
     path = Path(path)
     try:
-        empty = path.stat().st_size == 0
-        model = None if empty else onnx.load(str(path))
+        data = read_bounded(path, limits.MAX_ONNX_FILE_BYTES)
     except FileNotFoundError:
         raise FrontendError(f"{path}: no such file") from None
+    except FileTooLarge as e:
+        raise FrontendError(f"{path}: {e}") from None
+    except OSError as e:
+        raise FrontendError(f"{path}: cannot be read: {e.strerror or e}") from None
+    if not data:
+        raise FrontendError(f"{path}: the file is empty (0 bytes), not an ONNX model")
+    try:
+        model = onnx.load_model_from_string(data)
     except Exception as e:
         raise FrontendError(f"{path}: not a readable ONNX model: {e}") from None
-    if empty:
-        raise FrontendError(f"{path}: the file is empty (0 bytes), not an ONNX model")
+    del data
+    load_external_data(model, path.parent, str(path))
     if not model.graph.node or not model.graph.output:
         missing = "nodes" if model.graph.output else "outputs"
         raise FrontendError(f"{path}: the model has no {missing}; an ONNX model needs a graph "
@@ -919,6 +932,134 @@ def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
     if (problem := limits.check_graph(g)) is not None:
         raise FrontendError(f"{path}: {problem}")
     return g
+
+
+class BadModel(FrontendError):
+    """The model itself is malformed (not merely beyond graphkernel's mapping): an error,
+    never a reason to import the node as an Opaque one."""
+
+
+def tensor_array(t: Any, where: str) -> np.ndarray:
+    """A TensorProto's values, after checking that its data fills its dims exactly (a raw
+    buffer short of them, or typed values of the wrong count, is a malformed model)."""
+    if _is_external(t):
+        raise BadModel(f"{where}: its data is in an external file; load the model from its "
+                       "file (graphkernel reads external data only from the model's folder)")
+    need = tensor_nbytes(t, where)
+    if t.HasField("raw_data") and len(t.raw_data) != need:
+        raise BadModel(f"{where}: raw data holds {len(t.raw_data):,} bytes, its dims "
+                       f"{list(t.dims)} need {need:,}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        raise BadModel(f"{where}: its data does not fill its dims {list(t.dims)} "
+                       f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if arr.shape != tuple(t.dims):
+        raise BadModel(f"{where}: its data has shape {list(arr.shape)}, its dims say "
+                       f"{list(t.dims)}")
+    return arr
+
+
+# ------------------------------------------------------------- external data
+def _tensors(graph: Any) -> Any:
+    """Every TensorProto of ``graph``: initializers, sparse initializers, node attributes,
+    and those of its subgraphs."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield from (sp.values, sp.indices)
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: Any) -> Any:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        for sp in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + \
+                list(attr.sparse_tensors):
+            yield from (sp.values, sp.indices)
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            yield from _tensors(sub)
+
+
+def _is_external(t: Any) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data) > 0
+
+
+def tensor_nbytes(t: Any, where: str) -> int:
+    """The bytes a tensor's dims and element type need (4-bit types are packed two to a
+    byte); a tensor of strings has no fixed size and is refused where a size is needed."""
+    if any(d < 0 for d in t.dims):
+        raise FrontendError(f"{where}: negative dims {list(t.dims)}")
+    n = 1
+    for d in t.dims:
+        n *= d
+    if (p := limits.numel_problem(tuple(t.dims))) is not None:
+        raise FrontendError(f"{where}: {p}")
+    packed = {getattr(onnx.TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1")
+              if hasattr(onnx.TensorProto, k)}
+    if t.data_type in packed:
+        return (n + 1) // 2
+    if t.data_type == onnx.TensorProto.STRING:
+        raise FrontendError(f"{where}: a tensor of strings has no fixed size")
+    try:
+        return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        raise FrontendError(f"{where}: unknown element type {t.data_type}") from None
+
+
+def load_external_data(model: Any, folder: Path, shown: str) -> None:
+    """Read every tensor's external data into the model: a relative path inside the model's
+    folder, opened without following any symbolic link; its ``length`` (when given) and the
+    bytes read both equal the size the tensor's dims and type declare; nothing else of the
+    file is read."""
+    tensors = list(_tensors(model.graph))
+    for f in model.functions:
+        for node in f.node:
+            tensors += list(_node_tensors(node))
+    for t in tensors:
+        if not _is_external(t):
+            continue
+        where = f"{shown}: tensor {t.name!r}: external data"
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        need = tensor_nbytes(t, f"{shown}: tensor {t.name!r}")
+        offset = _external_int(info, "offset", 0, where)
+        length = _external_int(info, "length", need, where)
+        if length != need:
+            raise FrontendError(f"{where}: length {length:,} differs from the {need:,} bytes its "
+                                f"dims {list(t.dims)} declare")
+        try:
+            with open_beneath(folder, location) as f:
+                size = os.fstat(f.fileno()).st_size
+                if offset + need > size:
+                    raise FrontendError(f"{where}: {location!r} holds {size:,} bytes, fewer "
+                                        f"than offset {offset:,} + {need:,} declared")
+                f.seek(offset)
+                raw = f.read(need)
+        except NotRegularFile as e:
+            raise FrontendError(f"{where}: location {location!r} {e.strerror} (it points "
+                                "outside the directory of the model or is not a plain file "
+                                "in it)") from None
+        except OSError as e:
+            raise FrontendError(f"{where}: {location!r} cannot be read: {e.strerror or e}"
+                                ) from None
+        if len(raw) != need:
+            raise FrontendError(f"{where}: {location!r} ended after {len(raw):,} of {need:,} "
+                                "bytes")
+        t.raw_data = raw
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+
+
+def _external_int(info: dict[str, str], key: str, default: int, where: str) -> int:
+    raw = info.get(key)
+    if raw is None:
+        return default
+    if not raw.isdigit() or len(raw) > limits.MAX_INT_DIGITS:
+        raise FrontendError(f"{where}: {key} {raw[:40]!r} is not a byte count")
+    return int(raw)
 
 
 def static_input_names(model: Any) -> list[str]:

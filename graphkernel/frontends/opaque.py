@@ -39,6 +39,67 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _ATEN_TARGET = re.compile(rf"({_IDENT})\.({_IDENT})\.({_IDENT})")
 # ATen operators that read or create the file their string argument names.
 ATEN_FILE_OPS = frozenset({"from_file"})
+
+# The ATen overloads a model FILE may name (``aten.<op>.<overload>``): functional (no argument
+# is written), returning tensors, each checking its indices and sizes against its inputs (an
+# index out of range raises). Nothing with ``unsafe``, no uninitialised results (``empty``),
+# no raw pointers or storage access, no file or random-number access. A graph the user's own
+# program builds (torch.compile, the Python API) is code and may run any operator.
+_REVIEWED = """
+    # elementwise math
+    abs.default acos.default acosh.default asin.default asinh.default atan.default
+    atanh.default atan2.default ceil.default cos.default cosh.default erf.default
+    erfc.default erfinv.default exp.default exp2.default expm1.default floor.default
+    frac.default lgamma.default digamma.default log.default log10.default log1p.default
+    log2.default neg.default reciprocal.default round.default round.decimals rsqrt.default
+    sigmoid.default sign.default sin.default sinh.default sqrt.default tan.default
+    tanh.default trunc.default isnan.default isinf.default isfinite.default
+    nan_to_num.default logit.default sgn.default signbit.default hypot.default
+    copysign.Tensor add.Tensor add.Scalar sub.Tensor sub.Scalar rsub.Tensor rsub.Scalar
+    mul.Tensor mul.Scalar div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode
+    true_divide.Tensor floor_divide.default pow.Tensor_Tensor pow.Tensor_Scalar pow.Scalar
+    remainder.Tensor remainder.Scalar fmod.Tensor fmod.Scalar maximum.default
+    minimum.default fmax.default fmin.default clamp.default clamp.Tensor clamp_min.default
+    clamp_max.default where.self where.ScalarSelf where.ScalarOther lerp.Scalar lerp.Tensor
+    addcmul.default addcdiv.default eq.Tensor eq.Scalar ne.Tensor ne.Scalar lt.Tensor
+    lt.Scalar le.Tensor le.Scalar gt.Tensor gt.Scalar ge.Tensor ge.Scalar
+    logical_and.default logical_or.default logical_not.default logical_xor.default
+    bitwise_and.Tensor bitwise_or.Tensor bitwise_xor.Tensor bitwise_not.default
+    bitwise_and.Scalar bitwise_or.Scalar bitwise_xor.Scalar
+    # activations
+    relu.default gelu.default silu.default mish.default elu.default leaky_relu.default
+    hardtanh.default hardsigmoid.default hardswish.default softplus.default celu.default
+    selu.default prelu.default glu.default threshold.default softmax.int log_softmax.int
+    _softmax.default _log_softmax.default
+    # reductions, scans, sorting
+    sum.default sum.dim_IntList mean.default mean.dim prod.default prod.dim_int amax.default
+    amin.default max.default max.dim min.default min.dim argmax.default argmin.default
+    cumsum.default cumprod.default logsumexp.default var.correction std.correction
+    var_mean.correction all.default all.dim any.default any.dim sort.default sort.stable
+    topk.default kthvalue.default median.default median.dim norm.ScalarOpt_dim
+    linalg_vector_norm.default count_nonzero.default
+    # indexing (each checks every index against its dim)
+    gather.default index_select.default index.Tensor take.default scatter.src scatter.value
+    scatter_add.default scatter_reduce.two index_add.default index_copy.default
+    index_fill.int_Scalar masked_fill.Scalar masked_fill.Tensor embedding.default
+    one_hot.default select_scatter.default slice_scatter.default
+    # shapes and copies
+    view.default reshape.default permute.default transpose.int t.default cat.default
+    stack.default split.Tensor split_with_sizes.default chunk.default unbind.int
+    slice.Tensor select.int squeeze.dim squeeze.dims unsqueeze.default expand.default
+    flip.default roll.default repeat.default tile.default constant_pad_nd.default
+    clone.default alias.default flatten.using_ints narrow.default tril.default triu.default
+    diagonal.default
+    # matrix products and networks
+    mm.default bmm.default addmm.default baddbmm.default matmul.default linear.default
+    dot.default convolution.default conv1d.default conv2d.default native_layer_norm.default
+    layer_norm.default group_norm.default native_group_norm.default
+    max_pool2d_with_indices.default avg_pool2d.default adaptive_avg_pool2d.default
+    _adaptive_avg_pool2d.default upsample_nearest2d.vec upsample_bilinear2d.vec
+    pixel_shuffle.default scaled_dot_product_attention.default
+"""
+FILE_ATEN_OVERLOADS = frozenset(f"aten.{w}" for line in _REVIEWED.splitlines()
+                                if not line.lstrip().startswith("#") for w in line.split())
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
            "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 
@@ -90,6 +151,24 @@ def check_aten_spec(spec: dict[str, Any]) -> str | None:
     for k, v in kwargs.items():
         if (p := _aten_arg_problem(v, f"spec.kwargs.{k}")) is not None:
             return p
+    return None
+
+
+def file_problem(attrs: dict[str, Any]) -> str | None:
+    """What a model file may not ask of an Opaque node with these attributes, or None: an
+    ``aten`` spec naming an overload outside ``FILE_ATEN_OVERLOADS``. (A file is data; the
+    same node built in-process runs whatever its program named.)"""
+    spec = attrs.get("spec")
+    if attrs.get("impl") != "aten" or not isinstance(spec, dict):
+        return None
+    if (p := check_aten_spec(spec)) is not None:
+        return p
+    target = spec["target"]
+    if not target.startswith("aten.") or target not in FILE_ATEN_OVERLOADS:
+        return (f"spec.target {target!r} is not one of the ATen operators a model file may "
+                "run (functional, bounds-checked operators graphkernel has reviewed: "
+                "graphkernel.frontends.opaque.FILE_ATEN_OVERLOADS, see docs/security.md); a "
+                "graph your own program builds (torch.compile, the Python API) may run any")
     return None
 
 
@@ -180,17 +259,26 @@ def _onnx_node_problem(node: Any, opsets: dict[str, int]) -> str | None:
         return f"{node.op_type!r} is not an operator of ONNX domain {node.domain or 'ai.onnx'!r}"
     for attr in node.attribute:
         tensors = list(attr.tensors) + ([attr.t] if attr.HasField("t") else [])
-        if any(t.data_location == onnx.TensorProto.EXTERNAL or t.external_data
-               for t in tensors):
+        for sp in list(attr.sparse_tensors) + ([attr.sparse_tensor]
+                                               if attr.HasField("sparse_tensor") else []):
+            tensors += [sp.values, sp.indices]
+        if any(_external(t) for t in tensors):
             return f"attribute {attr.name!r} holds a tensor stored in an external file"
         for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-            if any(t.data_location == onnx.TensorProto.EXTERNAL or t.external_data
-                   for t in sub.initializer):
+            inits = list(sub.initializer) + [t for sp in sub.sparse_initializer
+                                             for t in (sp.values, sp.indices)]
+            if any(_external(t) for t in inits):
                 return f"a subgraph of attribute {attr.name!r} has external data"
             for inner in sub.node:
                 if (p := _onnx_node_problem(inner, opsets)) is not None:
                     return p
     return None
+
+
+def _external(t: Any) -> bool:
+    import onnx
+
+    return t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data) > 0
 
 
 def onnx_executor(spec: dict[str, Any]) -> Run:

@@ -76,7 +76,8 @@ elementwise("HSwish", 1, lambda x: x * np.clip(x + 3, 0, 6) / 6, aliases=("HardS
 elementwise("HSigmoid", 1, lambda x: np.clip(x + 3, 0, 6) / 6, category=A)
 elementwise("HShrink", 1, lambda x, lambd: np.where(np.abs(x) > lambd, x, 0), LambdAttrs,
             category=A)
-elementwise("ClampScalar", 1, clamp, ClampAttrs, cls="numeric", category=A)
+elementwise("ClampScalar", 1, clamp, ClampAttrs, cls="numeric", category=A,
+            scalars=("min", "max"))
 elementwise("Cosh", 1, np.cosh, category=A)
 elementwise("Sinh", 1, np.sinh, category=A)
 elementwise("Acosh", 1, np.arccosh, aliases=("AcoshExt",), category=A)

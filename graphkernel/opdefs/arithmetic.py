@@ -9,9 +9,14 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.opdefs.composite import composite, elementwise, elementwise_infer
+from graphkernel.opdefs.composite import (
+    composite,
+    elementwise,
+    elementwise_infer,
+    scalar_attrs_fit,
+)
 from graphkernel.opdefs.reduce import ReduceAttrs, reduce_axes, reduced_shape
-from graphkernel.ops import Attrs, OpKind, check_dtype, normalize_axis
+from graphkernel.ops import Attrs, OpKind, check_dtype, dim_axis
 from graphkernel.tensor_types import TensorType
 
 C = "arithmetic"
@@ -22,6 +27,10 @@ class BiasAddAttrs(Attrs):
 
 
 def channel_axis(rank: int, data_format: str) -> int:
+    """The channel axis of a BiasAdd input; a 0-d input has none (a ShapeError)."""
+    if rank == 0:
+        raise ShapeError("a 0-d (scalar) input has no channel axis; the op needs an input of "
+                         "rank >= 1")
     return 1 if data_format == "NCHW" and rank >= 2 else rank - 1
 
 
@@ -104,7 +113,7 @@ class RepeatAttrs(Attrs):
 
 def _repeat_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x = ins[0]
-    ax = normalize_axis(attrs["axis"], x.rank)
+    ax = dim_axis(attrs["axis"], x.rank)
     shape = list(x.shape)
     shape[ax] = symbolic.mul(shape[ax], attrs["repeats"])
     return [TensorType(tuple(shape), x.dtype)]
@@ -127,5 +136,6 @@ composite("OnesLike", (1, 1), _like_infer, lambda xs, a, ctx: np.ones_like(xs[0]
           category=C, kind=OpKind.BROADCAST)
 composite("ZerosLike", (1, 1), _like_infer, lambda xs, a, ctx: np.zeros_like(xs[0]),
           category=C, kind=OpKind.BROADCAST)
-composite("FillV2", (1, 1), _like_infer, lambda xs, a, ctx: np.full_like(xs[0], a["value"]),
-          FillAttrs, category=C, kind=OpKind.BROADCAST)
+composite("FillV2", (1, 1), scalar_attrs_fit(_like_infer, "value"),
+          lambda xs, a, ctx: np.full_like(xs[0], a["value"]), FillAttrs, category=C,
+          kind=OpKind.BROADCAST)

@@ -9,7 +9,15 @@ import numpy as np
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ops import Attrs, NoAttrs, OpDef, OpKind, check_dtype, register
+from graphkernel.ops import (
+    Attrs,
+    NoAttrs,
+    OpDef,
+    OpKind,
+    check_dtype,
+    check_scalar_fits,
+    register,
+)
 from graphkernel.tensor_types import TensorType
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -38,6 +46,17 @@ def elementwise_infer(cls: str):
     return infer
 
 
+def scalar_attrs_fit(infer, *keys: str):
+    """``infer``, after checking that the attributes ``keys`` (a fill value, clamp bounds),
+    which become elements of the first input's dtype, are values of that dtype."""
+    def checked(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+        for k in keys:
+            check_scalar_fits(attrs[k], ins[0], f"attribute '{k}'")
+        return infer(ins, attrs)
+
+    return checked
+
+
 def composite(name: str, arity: tuple[int, int | None], infer, reference,
               attrs: type[Attrs] = NoAttrs, aliases: tuple[str, ...] = (), category: str = "",
               kind: OpKind = OpKind.ELEMWISE, writes: tuple[tuple[int, int], ...] = ()) -> OpDef:
@@ -46,7 +65,9 @@ def composite(name: str, arity: tuple[int, int | None], infer, reference,
 
 
 def elementwise(name: str, arity: int, fn: Callable, attrs: type[Attrs] = NoAttrs,
-                aliases: tuple[str, ...] = (), cls: str = "float", category: str = "") -> OpDef:
-    """A composite elementwise op: ``fn(*inputs, **attrs)`` is its reference."""
-    return composite(name, (arity, arity), elementwise_infer(cls),
+                aliases: tuple[str, ...] = (), cls: str = "float", category: str = "",
+                scalars: tuple[str, ...] = ()) -> OpDef:
+    """A composite elementwise op: ``fn(*inputs, **attrs)`` is its reference; ``scalars``
+    name attributes that must be values of the input's dtype (see ``scalar_attrs_fit``)."""
+    return composite(name, (arity, arity), scalar_attrs_fit(elementwise_infer(cls), *scalars),
                      lambda xs, a, ctx: fn(*xs, **a), attrs, aliases, category)

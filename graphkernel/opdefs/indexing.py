@@ -12,7 +12,7 @@ from pydantic import Field
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
 from graphkernel.ir import DType, TensorType
-from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, normalize_axis, register
+from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, dim_axis, normalize_axis, register
 
 
 # ------------------------------------------------------------------- Range
@@ -125,7 +125,7 @@ class TopKAttrs(Attrs):
 def _topk_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x = ins[0]
     check_dtype(x, "numeric")
-    axis = normalize_axis(attrs["axis"], x.rank)
+    axis = dim_axis(attrs["axis"], x.rank)
     d = x.shape[axis]
     if not isinstance(d, int):
         raise ShapeError("TopK needs a static size along its axis")

@@ -6,7 +6,7 @@ import numpy as np
 
 from graphkernel.errors import ShapeError
 from graphkernel.opdefs.composite import composite
-from graphkernel.ops import Attrs, OpKind, check_dtype, normalize_axes, normalize_axis
+from graphkernel.ops import Attrs, OpKind, check_dtype, dim_axis, normalize_axes, normalize_axis
 from graphkernel.tensor_types import TensorType
 
 N = "norm"
@@ -56,7 +56,7 @@ class RMSNormAttrs(Attrs):
 def _rms_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x, gamma = ins
     check_dtype(x, "float")
-    ax = normalize_axis(attrs["axis"], x.rank)
+    ax = dim_axis(attrs["axis"], x.rank)
     if gamma.dtype != x.dtype or gamma.shape != x.shape[ax:]:
         raise ShapeError(f"gamma {gamma} must be {x.dtype.value}{list(x.shape[ax:])}")
     rstd = TensorType(tuple(1 if i >= ax else d for i, d in enumerate(x.shape)), x.dtype)
@@ -80,7 +80,12 @@ class SoftmaxAttrs(Attrs):
 
 
 def softmax_axes(rank: int, axis: int | list[int]) -> tuple[int, ...]:
-    return tuple(sorted(normalize_axes(axis if isinstance(axis, list) else [axis], rank)))
+    """The normalized axes, sorted; a 0-d input has none (its axes 0 and -1 are itself, and
+    the softmax of one element is 1). An empty list names no axis and is an error."""
+    if axis == []:
+        raise ShapeError("axis [] names no axis to normalize over; give one or more axes")
+    axes = sorted(normalize_axes(axis if isinstance(axis, list) else [axis], rank))
+    return tuple(axes) if rank else ()
 
 
 def _softmax_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:

@@ -25,9 +25,12 @@ class ReduceAttrs(Attrs):
 
 
 def reduce_axes(rank: int, axis: list[int] | None) -> list[int]:
+    """The axes reduced, sorted and non-negative. A 0-d input has none to reduce: its axes 0
+    and -1 (torch's ``sum(x, dim=0)`` of a scalar) are accepted and reduce nothing."""
     if not axis:
         return list(range(rank))
-    return sorted(normalize_axes(axis, rank))
+    axes = sorted(normalize_axes(axis, rank))
+    return axes if rank else []
 
 
 def reduced_shape(t: TensorType, axes: list[int], keep_dims: bool) -> tuple:
@@ -90,6 +93,8 @@ def _arg_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 def _arg_ref(fn):
     def ref(xs, a, ctx):
         x = xs[0]
+        if x.ndim == 0:  # the one element is at index 0
+            return np.zeros((), ctx.out_dtypes[0])
         axis = a["axis"] % x.ndim
         if a["select_last_index"]:
             n = x.shape[axis]

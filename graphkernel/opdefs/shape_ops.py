@@ -13,6 +13,8 @@ from graphkernel.ops import (
     OpDef,
     OpKind,
     check_dtype,
+    dim_axes,
+    dim_axis,
     normalize_axes,
     normalize_axis,
     register,
@@ -107,6 +109,8 @@ def _squeeze_axes(x: TensorType, axis: list[int] | None) -> list[int]:
             raise ShapeError("squeeze without axes needs a static shape; give the axes")
         return [i for i, d in enumerate(x.shape) if d == 1]
     axes = normalize_axes(axis, x.rank)
+    if x.rank == 0:  # torch's squeeze(x, 0) of a scalar: nothing to squeeze
+        return []
     for a in axes:
         if x.shape[a] != 1:
             raise ShapeError(f"cannot squeeze axis {a} of size {x.shape[a]!r} (must be 1)")
@@ -206,7 +210,7 @@ def _strided_plan(x: TensorType, attrs: dict) -> list[slice]:
     axes = attrs["axes"] if attrs["axes"] is not None else list(range(len(begin)))
     if not len(begin) == len(end) == len(strides) == len(axes):
         raise ShapeError("begin, end, strides and axes must have the same length")
-    axes = normalize_axes(axes, x.rank)
+    axes = dim_axes(axes, x.rank)
     plan = [slice(None)] * x.rank
     for b, e, s, ax in zip(begin, end, strides, axes, strict=True):
         if s == 0:
@@ -260,7 +264,7 @@ class AxisAttrs(Attrs):
 
 def _concat_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     first = ins[0]
-    axis = normalize_axis(attrs["axis"], first.rank)
+    axis = dim_axis(attrs["axis"], first.rank)
     total: Dim = 0
     for t in ins:
         if t.dtype != first.dtype or t.rank != first.rank:
@@ -287,7 +291,7 @@ class SplitAttrs(Attrs):
 
 def _split_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x = ins[0]
-    axis = normalize_axis(attrs["axis"], x.rank)
+    axis = dim_axis(attrs["axis"], x.rank)
     sizes = attrs["sizes"]
     if any(s < 0 for s in sizes):
         raise ShapeError(f"split sizes {sizes} must be >= 0")
@@ -315,7 +319,7 @@ register(OpDef("Split", OpKind.SLICE, (1, 1), _split_infer, _split_ref, attrs=Sp
 def _gather_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     params, idx = ins
     check_dtype(idx, "int", "indices")
-    axis = normalize_axis(attrs["axis"], params.rank)
+    axis = dim_axis(attrs["axis"], params.rank)
     shape = params.shape[:axis] + idx.shape + params.shape[axis + 1:]
     return [TensorType(shape, params.dtype)]
 
@@ -376,6 +380,8 @@ def _cumsum_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 
 def _cumsum_ref(xs, a, ctx):
     x = xs[0]
+    if x.ndim == 0:  # the sum of the one element (none of it when exclusive)
+        return np.zeros_like(x) if a["exclusive"] else x.copy()
     axis = a["axis"] % x.ndim
     if a["reverse"]:
         x = np.flip(x, axis)

@@ -25,6 +25,22 @@ def test_the_limits_table_states_the_enforced_values():
     assert f"| {limits.MAX_FLAG_VALUE:,} characters |" in table
     assert f"| {limits.MAX_INT_DIGITS} digits |" in table
     assert f"at most {MAX_FILE_NAME} characters" in DOC
+    assert limits.MAX_ONNX_FILE_BYTES == 2**31 and "| an `.onnx` file | 2 GiB" in table
+    assert f"manifest.json` | {limits.MAX_MANIFEST_BYTES // 2**20} MiB" in table
+    assert f"{limits.MAX_YAML_EXPANDED_CHARS:,} characters of text" in table
+    assert f"directory | {limits.MAX_NPZ_DIRECTORY_BYTES // 2**20} MiB" in table
+    assert f"of at most {limits.MAX_DIM_FACTORS} factors" in table
+    assert f"| the rank of a tensor | {limits.MAX_RANK} dims |" in table
+
+
+def test_the_trust_model_is_stated_by_source():
+    head = DOC[:DOC.index("## Model files are data")]
+    for words in ["torch.compile", "the Python API", "**code**", "**data**", "a flags file",
+                  "a model file"]:
+        assert words in head, words
+    for words in ["FILE_ATEN_OVERLOADS", "functional", "uninitialised", "symbolic link",
+                  "SHA-256", "0700", "/proc/self/fd"]:
+        assert words in DOC, words
 
 
 def test_the_readme_says_what_each_bad_input_gets():

@@ -92,11 +92,21 @@ def test_a_broken_onnx_file_is_refused(cli, in_tmp, content):
 
 
 @pytest.mark.parametrize("option", ["--config", "--flags=--path="])
-def test_a_flags_file_that_never_ends_is_read_within_its_limit(cli, in_tmp, option):
+def test_a_flags_file_that_never_ends_is_refused_unread(cli, in_tmp, option):
     f = write_json(in_tmp / "m.json", graph_doc())
     args = [option, "/dev/zero"] if option == "--config" else [option + "/dev/zero"]
     line = cli.error("compile", f, *args)
-    assert f"larger than the {limits.MAX_FLAGS_FILE_BYTES:,}-byte limit" in line
+    assert "is a device, not a regular file" in line
+
+
+@pytest.mark.parametrize("option", ["--config", "--flags=--path="])
+def test_a_flags_file_above_its_limit_is_read_only_to_the_limit(cli, in_tmp, option,
+                                                               monkeypatch):
+    monkeypatch.setattr(limits, "MAX_FLAGS_FILE_BYTES", 1000)
+    f = write_json(in_tmp / "m.json", graph_doc())
+    (in_tmp / "big.yaml").write_text("opt_level: 2\n" + "# padding\n" * 200)
+    args = [option, "big.yaml"] if option == "--config" else [option + "big.yaml"]
+    assert "larger than the 1,000-byte limit" in cli.error("compile", f, *args)
 
 
 def test_a_flags_file_alias_bomb_is_refused(cli, in_tmp):

@@ -4,8 +4,11 @@ refused with exit 2 before anything it names is loaded, imported or called."""
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,11 +62,12 @@ def test_planted_shared_object_is_never_loaded(cli, in_tmp, planted_so):
              {"target": "aten.load_library.default", "args": [str(so)], "kwargs": {}}]
     for i, spec in enumerate(specs):
         f = write_json(in_tmp / f"m{i}.json", opaque_doc("aten", spec))
-        # the first two are refused when the file is loaded; the third names a plausible
-        # operator, so only running it (which resolves the name) refuses it
-        for command in ("run", "verify", "info", "compile")[:4 if i < 2 else 2]:
+        # all are refused when the file is loaded: the first two are no operator names, the
+        # third names no reviewed operator
+        for command in ("run", "verify", "info", "compile"):
             line = cli.error(command, f)
-            assert "is not an ATen operator" in line or "not an operator of aten" in line, line
+            assert ("is not an ATen operator" in line if i < 2 else
+                    "is not one of the ATen operators a model file may run" in line), line
         assert not marker.exists(), spec
     ctypes.CDLL(str(so))  # the planted object works: loading it does write the marker
     assert marker.exists()
@@ -78,34 +82,55 @@ def test_import_module_is_never_called(cli, in_tmp, planted_module):
     assert not planted_module.exists()
 
 
-@needs_torch
-@pytest.mark.parametrize("spec,message", [
-    # ATen operators that read, create or write the file their argument names
+# (spec, what the file's loader says, what the executor says when the same spec is built in
+# memory, where only the structural and tensor-operator checks apply)
+HOSTILE_SPECS = [
+    # ATen operators that read, create or write the file their string argument names
     ({"target": "aten.from_file.default", "args": ["MARKER", True, 16]},
-     "reads or writes files"),
-    ({"target": "aten.save.default", "args": [{"in": 0}, "MARKER"]}, "does not return tensors"),
+     "reads or writes files", "reads or writes files"),
+    ({"target": "aten.save.default", "args": [{"in": 0}, "MARKER"]}, "a model file may run",
+     "does not return tensors"),
     # an operator that prints its (escape-laden) argument to the terminal
-    ({"target": "aten._print.default", "args": ["\x1b[31mPWNED"]}, "does not return tensors"),
+    ({"target": "aten._print.default", "args": ["\x1b[31mPWNED"]}, "a model file may run",
+     "does not return tensors"),
     # attributes of torch.ops.aten that are not operators
-    ({"target": "aten.name.default", "args": []}, "aten.name is not an operator of aten"),
-    ({"target": "aten.__class__.mro", "args": []}, "is not an ATen operator overload"),
-    ({"target": "aten.add.overloads", "args": []}, "has no overload 'overloads'"),
-    ({"target": "torch.load.default", "args": ["MARKER"]}, "namespace 'torch' is not accepted"),
-    ({"target": "aten.add.Tensor", "args": [{"dtype": "load"}]}, "is not an argument"),
+    ({"target": "aten.name.default", "args": []}, "a model file may run",
+     "aten.name is not an operator of aten"),
+    ({"target": "aten.__class__.mro", "args": []}, "is not an ATen operator overload",
+     "is not an ATen operator overload"),
+    ({"target": "aten.add.overloads", "args": []}, "a model file may run",
+     "has no overload 'overloads'"),
+    ({"target": "torch.load.default", "args": ["MARKER"]}, "namespace 'torch' is not accepted",
+     "namespace 'torch' is not accepted"),
+    ({"target": "aten.add.Tensor", "args": [{"dtype": "load"}]}, "is not an argument",
+     "is not an argument"),
     ({"target": "aten.add.Tensor", "args": [{"in": 0}], "fn": "os.system"},
-     "unknown spec keys"),
-])
+     "unknown spec keys", "unknown spec keys"),
+]
+
+
+@needs_torch
+@pytest.mark.parametrize("spec,message,_", HOSTILE_SPECS)
 def test_aten_targets_other_than_tensor_operators_are_refused(cli, in_tmp, capsys, spec,
-                                                              message):
+                                                              message, _):
     marker = in_tmp / "marker"
     args = [str(marker) if a == "MARKER" else a for a in spec["args"]]
     f = write_json(in_tmp / "m.json", opaque_doc("aten", {**spec, "args": args,
                                                           "kwargs": spec.get("kwargs", {})}))
-    for command in ("run", "verify"):
+    for command in ("run", "verify", "info", "compile"):
         line = cli.error(command, f)
         assert message in line and "'op'" in line, line
     assert not marker.exists()
     assert "PWNED" not in capsys.readouterr().out
+
+
+@needs_torch
+@pytest.mark.parametrize("spec,_,message", HOSTILE_SPECS)
+def test_the_executor_refuses_them_in_memory_too(spec, _, message):
+    from graphkernel.frontends.opaque import aten_executor
+
+    with pytest.raises(GraphKernelError, match=re.escape(message)):
+        aten_executor({**spec, "kwargs": spec.get("kwargs", {})})
 
 
 def test_fn_from_a_file_is_refused(cli, in_tmp):
@@ -176,3 +201,98 @@ def test_onnx_tensors_never_point_at_files(cli, in_tmp):
     cond = helper.make_node("If", ["x"], ["y"], then_branch=sub, else_branch=sub)
     f = write_json(in_tmp / "if.json", opaque_doc("onnx", _onnx_spec(cond)))
     assert "external file" in cli.error("run", f)
+
+
+# ------------------------------------------------------- trust by source (aten)
+# What the issue's attacker named: an out-of-bounds heap write, an out-of-bounds read and
+# uninitialised memory. Run in a child process: were one of them executed, the child (not
+# the test run) would abort, and the test would fail on its exit status.
+MEMORY_HAZARDS = [
+    {"target": "aten._segment_reduce_backward.default",
+     "args": [{"in": 0}, {"in": 0}, {"in": 0}, "sum"],
+     "kwargs": {"lengths": [1000000, 1000000]}},
+    {"target": "aten.segment_reduce.default", "args": [{"in": 0}, "sum"],
+     "kwargs": {"lengths": [1000000], "unsafe": True}},
+    {"target": "aten.empty.memory_format", "args": [[4]], "kwargs": {}},
+    {"target": "aten.empty_like.default", "args": [{"in": 0}], "kwargs": {}},
+    {"target": "aten.as_strided.default", "args": [{"in": 0}, [4], [1000000]], "kwargs": {}},
+]
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", MEMORY_HAZARDS, ids=[s["target"] for s in MEMORY_HAZARDS])
+def test_a_model_file_cannot_name_an_unchecked_aten_operator(in_tmp, spec):
+    f = write_json(in_tmp / "m.json", opaque_doc("aten", spec))
+    proc = subprocess.run([sys.executable, "-c", "from graphkernel.cli import run; "
+                           "raise SystemExit(run())", "run", str(f), "--out", "o.npz"],
+                          capture_output=True, text=True, timeout=300, cwd=in_tmp)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("graphkernel: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "is not one of the ATen operators a model file may run" in errors[0]
+    assert not (in_tmp / "o.npz").exists()
+
+
+@needs_torch
+def test_a_graph_built_in_process_runs_any_aten_operator(tmp_path):
+    """The same node is code when the program builds it, data when a file holds it."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.frontends.json_format import save_graph
+    from graphkernel.frontends.opaque import FILE_ATEN_OVERLOADS
+
+    target = "aten.zeros_like.default"
+    assert target not in FILE_ATEN_OVERLOADS
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4,), "float32"))
+    y = g.add_node("Opaque", [x], {"impl": "aten", "spec": {"target": target,
+                                                            "args": [{"in": 0}]},
+                                   "out_types": [TensorType((4,), "float32")]}).output
+    g.set_outputs([g.add_node("Add", [x, y]).output])
+    xs = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_graph(g, [xs])[0], xs)
+    save_graph(g, tmp_path / "g.json")
+    with pytest.raises(GraphKernelError, match="not one of the ATen operators a model file"):
+        load_graph(tmp_path / "g.json")
+
+
+@needs_torch
+def test_every_reviewed_overload_is_a_functional_tensor_operator():
+    from graphkernel.frontends.opaque import FILE_ATEN_OVERLOADS, resolve_aten
+
+    assert len(FILE_ATEN_OVERLOADS) > 100
+    for target in sorted(FILE_ATEN_OVERLOADS):
+        op = resolve_aten(target)  # real, of namespace aten, returning tensors
+        schema = op._schema
+        written = [a.name for a in schema.arguments
+                   if a.alias_info is not None and a.alias_info.is_write]
+        assert not written, (target, written)  # functional: no argument is written
+        for bad in ("unsafe", "empty", "storage", "pointer", "from_file", "rand", "bernoulli",
+                    "segment"):
+            assert bad not in target and all(bad not in a.name for a in schema.arguments), \
+                (target, bad)
+
+
+@needs_torch
+def test_the_models_shipped_in_examples_name_only_reviewed_operators():
+    from graphkernel.frontends import load_model
+
+    for f in sorted((Path(__file__).parents[2] / "examples" / "models").glob("*.json")):
+        load_model(f)  # bert's gather, whisper's convolution: reviewed
+
+
+@needs_torch
+def test_a_reproducer_of_an_in_process_graph_with_any_operator_is_still_written(tmp_path):
+    """A bisect reproducer is a file, which may not run the operator an in-process graph
+    named: the files are written, and the result says they do not replay (no exception)."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.bisect import write_repro
+
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    z = g.add_node("Opaque", [x], {"impl": "aten", "spec": {"target": "aten.zeros_like.default",
+                                                            "args": [{"in": 0}]},
+                                   "out_types": [TensorType((4, 8), "float32")]}).output
+    g.set_outputs([g.add_node("Exp", [g.add_node("Add", [x, z]).output]).output])
+    r = write_repro(g, {"x": np.ones((4, 8), np.float32)}, [], "", tmp_path)
+    assert (tmp_path / "repro.json").is_file() and (tmp_path / "repro_inputs.npz").is_file()
+    assert r.kind == "whole model" and not r.reproduces

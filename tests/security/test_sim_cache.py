@@ -1,0 +1,154 @@
+"""The simulator's build cache holds code graphkernel loads, so another local user must not be
+able to plant it: the folder is the user's own (0700, owner checked, refused otherwise),
+files are written under fresh names and renamed (a planted link is replaced, not followed),
+and a library is loaded only when its content has the digest recorded when it was built.
+A second user is simulated with folders of the wrong mode or owner and files planted
+between graphkernel's steps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from graphkernel.codegen.sim import runner
+from graphkernel.codegen.sim.runner import SimulatorError
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+SOURCE = "extern \"C\" int gk_cache_probe() { return 42; }"
+
+PLANTED_C = r"""
+#include <cstdio>
+__attribute__((constructor)) static void planted() {
+    FILE* f = std::fopen(MARKER, "w");
+    if (f) { std::fputs("the planted constructor ran", f); std::fclose(f); }
+}
+extern "C" int gk_cache_probe() { return 666; }
+"""
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """No library loaded in this process yet; the cache where XDG_CACHE_HOME says."""
+    monkeypatch.setattr(runner, "_LIBS", {})
+    monkeypatch.delenv("GRAPHKERNEL_SIM_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "graphkernel" / "sim"
+
+
+def _no_compiler(monkeypatch):
+    def refuse(*a, **kw):
+        raise AssertionError("g++ must not run for a refused cache folder")
+
+    monkeypatch.setattr(runner.subprocess, "Popen", refuse)
+
+
+def _planted(tmp_path: Path) -> tuple[Path, Path]:
+    marker = tmp_path / "marker"
+    (tmp_path / "planted.cpp").write_text(PLANTED_C)
+    so = tmp_path / "planted.so"
+    subprocess.run(["g++", "-shared", "-fPIC", f'-DMARKER="{marker}"', str(tmp_path /
+                    "planted.cpp"), "-o", str(so)], check=True)
+    return so, marker
+
+
+def test_the_cache_is_a_private_folder_in_the_users_cache(fresh):
+    assert runner.cache_dir() == fresh
+    st = os.lstat(fresh)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+    assert st.st_uid == os.geteuid()
+
+
+def test_without_xdg_the_cache_is_under_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("GRAPHKERNEL_SIM_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert runner.cache_dir() == tmp_path / ".cache" / "graphkernel" / "sim"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o755, 0o770, 0o701])
+def test_a_folder_others_can_use_is_refused(fresh, monkeypatch, mode):
+    fresh.mkdir(parents=True)
+    fresh.chmod(mode)
+    _no_compiler(monkeypatch)
+    with pytest.raises(SimulatorError, match=rf"has mode {mode:04o}: others can use it"):
+        runner.build([SOURCE])
+
+
+def test_a_folder_of_another_user_is_refused(fresh, monkeypatch):
+    fresh.mkdir(parents=True, mode=0o700)
+    fresh.chmod(0o700)
+    if os.geteuid() == 0:  # a real second user
+        os.chown(fresh, 65534, 65534)
+    else:  # as this user, seen as someone else
+        uid = os.geteuid()
+        monkeypatch.setattr(runner.os, "geteuid", lambda: uid + 1)
+    _no_compiler(monkeypatch)
+    with pytest.raises(SimulatorError, match="is owned by user id .*, not by you"):
+        runner.build([SOURCE])
+
+
+def test_a_link_as_the_folder_is_refused(fresh, monkeypatch, tmp_path):
+    (tmp_path / "theirs").mkdir(mode=0o700)
+    fresh.parent.mkdir(parents=True)
+    fresh.symlink_to(tmp_path / "theirs")
+    _no_compiler(monkeypatch)
+    with pytest.raises(SimulatorError, match="is a symbolic link"):
+        runner.build([SOURCE])
+
+
+@needs_gxx
+@pytest.mark.sim
+def test_a_library_without_its_recorded_digest_is_never_loaded(fresh, tmp_path, monkeypatch):
+    lib = runner.build([SOURCE])
+    assert lib.gk_cache_probe() == 42
+    (so,) = fresh.glob("k_*.so")
+    planted, marker = _planted(tmp_path)
+    for record in ("deleted", "kept"):
+        monkeypatch.setattr(runner, "_LIBS", {})
+        shutil.copy(planted, so)  # its content differs from what was recorded, or no record
+        if record == "deleted":
+            (fresh / (so.name + ".sha256")).unlink()
+        lib = runner.build([SOURCE])
+        assert not marker.exists(), record
+        assert lib.gk_cache_probe() == 42  # rebuilt from the source
+
+
+@needs_gxx
+@pytest.mark.sim
+def test_the_library_loaded_is_the_one_checked(fresh, tmp_path, monkeypatch):
+    """A library swapped in after graphkernel checked its digest is not what it loads."""
+    runner.build([SOURCE])
+    (so,) = fresh.glob("k_*.so")
+    planted, marker = _planted(tmp_path)
+    monkeypatch.setattr(runner, "_LIBS", {})
+    checked = runner._verified
+
+    def check_then_swap(folder, key):
+        fd = checked(folder, key)
+        os.replace(shutil.copy(planted, tmp_path / "swap.so"), so)
+        return fd
+
+    monkeypatch.setattr(runner, "_verified", check_then_swap)
+    lib = runner.build([SOURCE])
+    assert lib.gk_cache_probe() == 42 and not marker.exists()
+
+
+@needs_gxx
+@pytest.mark.sim
+def test_a_planted_link_in_the_cache_is_replaced_not_followed(fresh, tmp_path):
+    runner.build([SOURCE])
+    (src,) = fresh.glob("k_*.cpp")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for name in (src.name, src.name[:-4] + ".so", src.name[:-4] + ".so.sha256"):
+        (fresh / name).unlink()
+        (fresh / name).symlink_to(victim)
+    runner._LIBS.clear()
+    assert runner.build([SOURCE]).gk_cache_probe() == 42
+    assert victim.read_text() == "keep"
+    assert not any(p.is_symlink() for p in fresh.iterdir())
