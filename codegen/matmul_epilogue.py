@@ -39,9 +39,11 @@ from graphkernel.codegen.buffers import COLUMN, ROWVEC, Buffer, BufferPlan, Line
 from graphkernel.codegen.buffers import TILE as BTILE
 from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, unary_line
 from graphkernel.codegen.lower import C_TYPE, flt
-from graphkernel.codegen.schedule import VIEW_OPS, Unsupported
+from graphkernel.codegen.schedule import Unsupported
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.opdefs.reduce import reduce_axes
+from graphkernel.ops import VIEW_OPS
+from graphkernel.symbolic import eq
 
 TILE, ROW, SCALAR, COL = "tile", "row", "scalar", "col"
 COUNT = {TILE: "n", COL: "rows"}  # the element count of a value's calls
@@ -140,7 +142,7 @@ def reduces_along(n: Node, last: Dim) -> bool:
     """``n`` is a reduction the epilogue runs: a sum, maximum or minimum of the last axis
     alone of a value whose last axis is ``last`` (the product's N)."""
     shape = tuple(n.inputs[0].type.shape) if n.inputs else ()
-    return (n.op in ROW_REDUCTIONS and bool(shape) and _eq(shape[-1], last)
+    return (n.op in ROW_REDUCTIONS and bool(shape) and eq(shape[-1], last)
             and reduce_axes(len(shape), n.attrs.get("axis")) == [len(shape) - 1])
 
 
@@ -165,9 +167,6 @@ def _natural_strides(batch: tuple[Dim, ...], M: Dim, N: Dim) -> tuple[Dim, ...]:
         out.append(symbolic.mul(inner, symbolic.numel(batch[k + 1:])))
     return tuple(out)
 
-
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
 
 
 class _Builder:
@@ -200,20 +199,20 @@ class _Builder:
         if v.dtype not in FLOAT_TYPES:
             raise Unsupported(f"{user.op} reads {v.dtype.value} input {v.name} in a matmul "
                               "epilogue (float inputs only)", node=user)
-        if _eq(symbolic.numel(shape), 1):
+        if eq(symbolic.numel(shape), 1):
             self.inputs.append(EpilogueInput(i, SCALAR, v.dtype))
             return _Ref(SCALAR, f"s{i}")
         if self.regrouped is not None:
             raise Unsupported(f"{self.regrouped.op} regroups the batch axes after an input is "
                               "read and before another in a matmul epilogue",
                               node=self.regrouped)
-        if shape and _eq(shape[-1], self.N) and (len(shape) == 1 or _eq(shape[-2], 1)) \
+        if shape and eq(shape[-1], self.N) and (len(shape) == 1 or eq(shape[-2], 1)) \
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
             self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.ebatch)))
             return _Ref(ROW, f"r{i}")
-        if shape and _eq(shape[-1], self.N) and _eq(symbolic.numel(shape), self.numel):
+        if shape and eq(shape[-1], self.N) and eq(symbolic.numel(shape), self.numel):
             strides = _natural_strides(self.ebatch, self.M, self.N)  # the product's layout
-        elif len(shape) >= 2 and _eq(shape[-1], self.N) and _eq(shape[-2], self.M) \
+        elif len(shape) >= 2 and eq(shape[-1], self.N) and eq(shape[-2], self.M) \
                 and self._broadcasts(shape[:-2]):
             strides = batch_strides(shape, self.ebatch)
         else:
@@ -269,7 +268,7 @@ class _Builder:
         """Leading axes that broadcast into the product's batch axes."""
         b = self.ebatch
         return len(lead) <= len(b) and all(
-            _eq(d, 1) or _eq(d, e) for d, e in zip(lead, b[len(b) - len(lead):], strict=True))
+            eq(d, 1) or eq(d, e) for d, e in zip(lead, b[len(b) - len(lead):], strict=True))
 
     # ------------------------------------------------------------- ops
     def step(self, k: int, n: Node) -> None:
@@ -281,10 +280,10 @@ class _Builder:
                 self.shapes[id(out)] = shape
                 self.refs[id(out)] = src
                 return
-            if src.kind == TILE and not (shape and _eq(shape[-1], self.N)):
+            if src.kind == TILE and not (shape and eq(shape[-1], self.N)):
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
-            if (src.kind == TILE and len(shape) >= 2 and _eq(shape[-2], self.M)
+            if (src.kind == TILE and len(shape) >= 2 and eq(shape[-2], self.M)
                     and shape[:-2] != self.ebatch):  # batch axes split or merged
                 if self.inputs:  # read over ebatch: no input may be read in this grouping
                     self.regrouped = self.regrouped or n  # (a value only stored is fine)
@@ -350,8 +349,8 @@ class _Builder:
         """Column ``v`` meets the tile of ``shape``: it must hold one value per row of it (the
         shape with a last axis of 1), or numpy would broadcast it otherwise."""
         cs = self.shapes.get(id(v))
-        if cs is None or len(cs) != len(shape) or not _eq(cs[-1], 1) or any(
-                not _eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):
+        if cs is None or len(cs) != len(shape) or not eq(cs[-1], 1) or any(
+                not eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):
             raise Unsupported(f"{n.op} broadcasts a reduced value of shape "
                               f"{symbolic.format_shape(cs or ())} over "
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (one value "
@@ -438,7 +437,7 @@ def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
         if r is None or r.kind != TILE:
             raise Unsupported(f"output {v.name} of a matmul kernel is not a tile of the "
                               "product", node=v.producer)
-        if v.dtype not in FLOAT_TYPES or not _eq(symbolic.numel(v.type.shape), b.numel):
+        if v.dtype not in FLOAT_TYPES or not eq(symbolic.numel(v.type.shape), b.numel):
             raise Unsupported(f"output {v.name} of a matmul kernel: {v.dtype.value} "
                               f"{symbolic.format_shape(v.type.shape)}", node=v.producer)
         outputs.append(EpilogueOutput(j, v.dtype, r.expr))

@@ -23,8 +23,8 @@ from graphkernel.codegen.matmul_epilogue import Epilogue, batch_strides
 from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.ops import PRODUCT_OPS
 
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})
 CUBE_DTYPES = (DType.float16, DType.bfloat16, DType.float32)
 MAX_BATCH_AXES = 8
 
@@ -166,7 +166,7 @@ def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
 
 def is_matmul_kernel(kernel: Node) -> bool:
     """Whether the kernel's body holds a MatMul or BatchMatMul (planned by this module)."""
-    return any(n.op in MATMUL_OPS for n in kernel.subgraph.nodes)
+    return any(n.op in PRODUCT_OPS for n in kernel.subgraph.nodes)
 
 
 def swaps_last_two(n: Node) -> bool:
@@ -194,7 +194,7 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     """The cube kernel of ``kernel``, or Unsupported naming what is outside the model."""
     body = kernel.subgraph
-    mms = [n for n in body.nodes if n.op in MATMUL_OPS]
+    mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
     mm = mms[0]
     if len(mms) > 1:
         raise Unsupported(f"{len(mms)} matrix products in one kernel (a cube kernel runs one)",

@@ -22,9 +22,10 @@ from collections.abc import Callable
 
 from graphkernel.builder import Builder
 from graphkernel.codegen.decompose import nonzero
-from graphkernel.codegen.schedule import REDUCE_OPS, VIEW_OPS
+from graphkernel.codegen.schedule import REDUCE_OPS
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import build_kernel, unfuse
+from graphkernel.ops import VIEW_OPS
 
 
 def phases(nodes: list[Node]) -> dict[int, int]:

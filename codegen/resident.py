@@ -39,14 +39,12 @@ from graphkernel.codegen.lower import Lowered
 from graphkernel.codegen.schedule import PARTIAL, KernelIO, Schedule, io_notes
 from graphkernel.codegen.tiling import align_elems
 from graphkernel.ir import Dim
+from graphkernel.symbolic import eq
 
 MAX_BLOCK_COUNT = 4095  # DataCopyPad's blockCount: the most table rows one copy loads
 UB_SHARE = 4            # a table takes at most a quarter of the UB; the tiles keep the rest
 TILES_PER_CORE = 8      # tiles inside a block: at most about this many per core (tiling.cpp.j2)
 
-
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,9 @@ def table_map(io: KernelIO) -> TableMap | None:
     if io.kind != PARTIAL or io.gather or not io.outer:
         return None
     ext, st = io.outer, io.strides
-    live = [i for i in range(len(ext)) if not _eq(ext[i], 1)]
-    bcast = [i for i in live if _eq(st[i], 0)]
-    spans = [i for i in live if not _eq(st[i], 0)]
+    live = [i for i in range(len(ext)) if not eq(ext[i], 1)]
+    bcast = [i for i in live if eq(st[i], 0)]
+    spans = [i for i in live if not eq(st[i], 0)]
     if not bcast:
         return None
     first = spans[0] if spans else len(ext)
@@ -91,7 +89,7 @@ def table_map(io: KernelIO) -> TableMap | None:
         return TableMap(rows, io.columns[1] if io.columns else 0, repeat)
     pitch = st[last]
     for j in spans:  # evenly spaced rows: one strided copy loads any run of them
-        if not _eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:last + 1]))):
+        if not eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:last + 1]))):
             return None
     return TableMap(rows, pitch, repeat)
 

@@ -40,14 +40,14 @@ from graphkernel.codegen.instructions import (
     REDUCE_OPS,
 )
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.ops import CUBE_OPS, VIEW_OPS
+from graphkernel.symbolic import eq
 from graphkernel.textir import format_graph, type_text
 
 FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
 PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
-VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 # between a stored broadcast and its output: views, and the cast rounding the stored value
 STORE_VIEWS = VIEW_OPS | {"Cast"}
-CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
 class Unsupported(Exception):
@@ -199,15 +199,12 @@ def kernel_symbol(kernel: Node) -> str:
     return f"{sanitize(kernel.name)}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
 
 
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
-
 
 def _trailing_split(shape: tuple[Dim, ...], L: Dim) -> int | None:
     """The axis k with prod(shape[k:]) == L (the outermost such), or None."""
     found = None
     for k in range(len(shape), -1, -1):
-        if _eq(symbolic.numel(shape[k:]), L):
+        if eq(symbolic.numel(shape[k:]), L):
             found = k
     return found
 
@@ -226,7 +223,7 @@ class View:
 
     def is_contiguous(self, shape: tuple[Dim, ...]) -> bool:
         want = View.contiguous(shape).strides
-        return self.base == 0 and all(_eq(a, b) or _eq(d, 1)
+        return self.base == 0 and all(eq(a, b) or eq(d, 1)
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
@@ -243,8 +240,8 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
     v = (1,) * pad + tuple(vshape)
     view = view or View.contiguous(tuple(vshape))
     strides = (0,) * pad + tuple(view.strides)
-    span = [_eq(a, b) for a, b in zip(v, S, strict=True)]
-    bcast = [_eq(a, 1) for a in v]
+    span = [eq(a, b) for a, b in zip(v, S, strict=True)]
+    bcast = [eq(a, 1) for a in v]
     if not all(s or b for s, b in zip(span, bcast, strict=True)):
         return None
     inner = "span" if all(span[k:]) else "bcast" if all(bcast[k:]) else None
@@ -254,7 +251,7 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
     if inner == "span":  # a row must be contiguous in GM
         run: Dim = 1
         for i in range(len(S) - 1, k - 1, -1):
-            if not _eq(v[i], 1) and not _eq(strides[i], run):
+            if not eq(v[i], 1) and not eq(strides[i], run):
                 return None
             run = symbolic.mul(run, v[i])
     contiguous = view.is_contiguous(tuple(vshape))
@@ -408,7 +405,7 @@ class _Planner:
         self.col_reduce = False
         self.batch: Dim = 1
         L = self._row_length(steps, reduces, N)
-        if any(not _eq(row, L) for _, _, row in self.cols.values()):
+        if any(not eq(row, L) for _, _, row in self.cols.values()):
             raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
                               "(columns are sliced from whole rows)", node=self.colslices[0])
         M = symbolic.div(N, L)
@@ -426,7 +423,7 @@ class _Planner:
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
             total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
-            if o.kind == FULL and not o.pieces and not _eq(o.value.type.numel, total):
+            if o.kind == FULL and not o.pieces and not eq(o.value.type.numel, total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
                                   "(a source of a broadcast, stored as it is)")
         if self.row_chunks and (not reduces or self.col_reduce):
@@ -498,7 +495,7 @@ class _Planner:
         x, out = n.inputs[0], n.outputs[0]
         if id(x) not in self.cols:
             return
-        if not out.shape or not _eq(out.shape[-1], x.shape[-1]):
+        if not out.shape or not eq(out.shape[-1], x.shape[-1]):
             raise Unsupported(f"{n.op} of a slice of the last axis that regroups that axis",
                               node=n)
         self.cols[id(out)] = self.cols[id(x)]
@@ -519,14 +516,14 @@ class _Planner:
         if rule is None or rule.form not in SINKABLE_FORMS or len(n.outputs) != 1:
             self._no_columns(n)
         others = [x for x in n.inputs if id(x) not in self.cols
-                  and not _eq(x.type.numel, 1)]
+                  and not eq(x.type.numel, 1)]
         if len(got) > 1:
             raise Unsupported(f"{n.op} reads columns of rows at different offsets", node=n)
         col = got.pop()
         for x in others:  # a kernel input of the slice's width: loaded to those columns
             o = self.owner(x)
             if not any(o is v for v in self.sub.inputs) or self.loaded[id(o)] is not o or \
-                    not _eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
+                    not eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
                 raise Unsupported(f"{n.op} reads a slice of the last axis with {x.name}, which "
                                   "is not a kernel input of the slice's width", node=n)
             self.colinputs[id(o)] = col
@@ -548,7 +545,7 @@ class _Planner:
         row = self.cols[id(n.inputs[0])][2]
         if not out.dtype.is_float:
             raise Unsupported(f"Concat of {out.dtype} data", node=n)
-        if not _eq(out.shape[-1], row):
+        if not eq(out.shape[-1], row):
             self.cols[id(out)] = (0, out.shape[-1], row)
         self.colcats.append(n)
         return True
@@ -674,7 +671,7 @@ class _Planner:
         src, out = n.inputs[0], n.outputs[0]
         shape, pad = tuple(out.shape), len(out.shape) - len(src.shape)
         sshape = (1,) * pad + tuple(src.shape)
-        new = [k for k in range(len(shape)) if _eq(sshape[k], 1) and not _eq(shape[k], 1)]
+        new = [k for k in range(len(shape)) if eq(sshape[k], 1) and not eq(shape[k], 1)]
         if not new or any(not isinstance(shape[k], int) for k in new) or int(
                 np.prod([shape[k] for k in new])) > 8 or new[-1] == len(shape) - 1:
             return False
@@ -718,7 +715,7 @@ class _Planner:
                 pad = len(cur.shape) - len(src.shape)
                 sshape = (1,) * pad + tuple(src.shape)
                 new = [k for k in range(len(cur.shape))
-                       if _eq(sshape[k], 1) and not _eq(cur.shape[k], 1)]
+                       if eq(sshape[k], 1) and not eq(cur.shape[k], 1)]
                 if any(not isinstance(strides[k], int) for k in new):
                     raise Unsupported(f"output {v.name}: a broadcast copy at a symbolic offset",
                                       node=cur.producer)
@@ -743,7 +740,7 @@ class _Planner:
                                   node=x.producer)
             x = x.producer.inputs[0]
         shape = tuple(cur.shape)
-        if shape and not _eq(shape[-1], 1) and not _eq(strides[-1], 1):
+        if shape and not eq(shape[-1], 1) and not eq(strides[-1], 1):
             t = next(iter(self.shown.values()), None)
             raise Unsupported("Transpose of a computed value that moves its last axis (the "
                               "reference documents no in-UB transpose; rows must stay "
@@ -820,13 +817,13 @@ class _Planner:
             raise Unsupported("a Concat used inside its kernel", node=n)
         shape = tuple(n.inputs[0].shape)
         if any(tuple(x.shape) != shape or kind.get(id(self.owner(x))) not in (FULL, PARTIAL)
-               or not _eq(x.type.numel, N) for x in n.inputs):
+               or not eq(x.type.numel, N) for x in n.inputs):
             raise Unsupported("Concat of values that are not full tiles of one shape", node=n)
         a = n.attrs["axis"] % len(shape)
         pre, blk = symbolic.numel(shape[:a]), symbolic.numel(shape[a:])
-        if _eq(pre, 1):
+        if eq(pre, 1):
             pitch = L  # one block per operand: its rows are consecutive
-        elif _eq(L, blk):
+        elif eq(L, blk):
             pitch = symbolic.mul(blk, len(n.inputs))
         else:
             raise Unsupported(f"Concat along axis {a}: rows of {L} are not its blocks of {blk}",
@@ -841,8 +838,8 @@ class _Planner:
             return None
         for f in self._all_values():
             full = tuple(f.shape)
-            if not _eq(f.type.numel, N) or len(full) < len(v.shape) or not all(
-                    d == 1 or _eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
+            if not eq(f.type.numel, N) or len(full) < len(v.shape) or not all(
+                    d == 1 or eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
                 continue
             c = self._classify(v, full, L)
             return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
@@ -853,10 +850,10 @@ class _Planner:
 
     def _needs_rows(self, v: Value, N: Dim) -> bool:
         """Whether a use of v constrains the row split (it is not a plain full tile)."""
-        if id(v) in self.scalars or _eq(v.type.numel, 1):
+        if id(v) in self.scalars or eq(v.type.numel, 1):
             return False
         view = self.views.get(id(self.owner(v)))
-        return not _eq(v.type.numel, N) or (view is not None and not view.is_contiguous(
+        return not eq(v.type.numel, N) or (view is not None and not view.is_contiguous(
             tuple(self.owner(v).shape)))
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
@@ -866,7 +863,7 @@ class _Planner:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
                 axes = list(range(len(shape))) if not axes else sorted(a % len(shape) for a in axes)
-                if not _eq(n.inputs[0].type.numel, N):
+                if not eq(n.inputs[0].type.numel, N):
                     raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
                                       node=n)
                 if axes == list(range(len(shape) - len(axes), len(shape))):
@@ -874,14 +871,14 @@ class _Planner:
                 elif axes == list(range(axes[0], axes[-1] + 1)):  # leading or middle: [B, R, L]
                     r, k = symbolic.numel(shape[axes[-1] + 1:]), "column"
                     b = symbolic.numel(shape[:axes[0]])
-                    if batches and not _eq(batches[0], b):
+                    if batches and not eq(batches[0], b):
                         raise Unsupported("reductions over different blocks of rows", node=n)
                     batches.append(b)
                     self.batch = b
                 else:  # several runs: the last one first, the others in a later phase
                     raise NeedsPhases(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
                                       "(one run of adjacent axes per pass)", node=n)
-                if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
+                if (L is not None and not eq(L, r)) or (kinds and k not in kinds):
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r
                 kinds.add(k)
@@ -891,7 +888,7 @@ class _Planner:
         candidates = None
         for n in steps:
             S = n.outputs[0].shape
-            if not _eq(n.outputs[0].type.numel, N):
+            if not eq(n.outputs[0].type.numel, N):
                 continue
             for v in n.inputs:
                 if id(v) in self.cols or not self._needs_rows(v, N):
@@ -914,7 +911,7 @@ class _Planner:
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block
             shape = n.inputs[0].shape
             a = n.attrs["axis"] % len(shape)
-            if not _eq(symbolic.numel(shape[:a]), 1):
+            if not eq(symbolic.numel(shape[:a]), 1):
                 blk = {symbolic.canon(symbolic.numel(shape[a:]))}
                 candidates = blk if candidates is None else candidates & blk
         if candidates is None:
@@ -925,7 +922,7 @@ class _Planner:
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
-            if not _eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
+            if not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
@@ -943,9 +940,9 @@ class _Planner:
             if vid in self.colinputs:
                 continue  # placed by the steps on columns that read it
             v = next(x for x in self._all_values() if id(x) == vid)
-            if _eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
+            if eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
                 kind[vid] = FULL
-            elif _eq(v.type.numel, 1):
+            elif eq(v.type.numel, 1):
                 kind[vid] = SCALAR
                 self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
@@ -956,7 +953,7 @@ class _Planner:
                 self._column_layouts(n, kind, N, L)
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else out.shape
-            full_space = _eq(symbolic.numel(S), N)
+            full_space = eq(symbolic.numel(S), N)
             for v in n.inputs:
                 o = self.owner(v)
                 if id(o) in kind:
@@ -980,7 +977,7 @@ class _Planner:
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
-            full_space = _eq(out.type.numel, N)
+            full_space = eq(out.type.numel, N)
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
@@ -1004,7 +1001,7 @@ class _Planner:
         for n in self.concats:  # operands read only to be stored (a slice of an input)
             for x in n.inputs:
                 o = self.owner(x)
-                if id(o) not in kind and _eq(x.type.numel, N):
+                if id(o) not in kind and eq(x.type.numel, N):
                     c = self._classify(x, tuple(x.shape), L)
                     if c is not None and c[0] in (FULL, PARTIAL):
                         kind[id(o)] = c[0]
@@ -1032,7 +1029,7 @@ class _Planner:
                 continue
             if id(o) in kind:
                 continue
-            c = self._classify(o, tuple(o.shape), L) if _eq(o.type.numel, N) else None
+            c = self._classify(o, tuple(o.shape), L) if eq(o.type.numel, N) else None
             if c is None or c[0] not in (FULL, PARTIAL):
                 raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
                                   "that is not a full tile) in the loop space", node=n)
@@ -1040,7 +1037,7 @@ class _Planner:
             if c[0] == PARTIAL:
                 self.partial[id(o)] = (c[1], c[2], c[3])
         out = n.outputs[0]
-        if id(out) not in self.cols and not _eq(out.type.numel, N):
+        if id(out) not in self.cols and not eq(out.type.numel, N):
             raise Unsupported(f"{n.op} of slices of the last axis smaller than the loop space",
                               node=n)
         kind[id(out)] = FULL
@@ -1054,11 +1051,11 @@ class _Planner:
             raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
                               "axis", node=n)
         vs = (1,) * (len(S) - len(vs)) + vs
-        if any(not (_eq(a, b) or _eq(a, 1)) for a, b in zip(vs, S, strict=True)):
+        if any(not (eq(a, b) or eq(a, 1)) for a, b in zip(vs, S, strict=True)):
             raise Unsupported(f"{n.op}: {v.name} does not broadcast to a slice of the last "
                               "axis", node=n)
         strides = views.contiguous(vs)
-        outer = tuple(0 if _eq(a, 1) and not _eq(b, 1) else st
+        outer = tuple(0 if eq(a, 1) and not eq(b, 1) else st
                       for a, b, st in zip(vs[:-1], S[:-1], strides[:-1], strict=True))
         got = (S[:-1], outer, 0)
         if kind.get(id(o)) not in (None, PARTIAL) or self.partial.get(id(o), got) != got:
@@ -1115,7 +1112,7 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
     notes: list[str] = []
     for io in ins:
         if io.kind == PARTIAL and io.local is not io.value and not any(
-                _eq(st, 0) for st in io.strides):
+                eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
         if io.table and io.table_repeat > 1:
             notes.append(f"input {io.index} ({io.value.name}) is a table of "

@@ -35,7 +35,7 @@ DEFAULT_CLUSTER_OPS = frozenset(
 # AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
 # gather 3), or with their pattern enabled
 EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})  # fused only through matmul_depth
+MATMUL_OPS = ops.PRODUCT_OPS  # fused only through matmul_depth
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
                               DType.uint8, DType.int16, DType.int32, DType.bool})

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, traffic
 from graphkernel.codegen.targets import load as load_target
-from graphkernel.fusion import MATMUL_OPS, cluster_ops, reason_checker, regions_of
+from graphkernel.fusion import cluster_ops, reason_checker, regions_of
 from graphkernel.ir import Node
+from graphkernel.ops import PRODUCT_OPS
 from graphkernel.registry import PassResult, counted
 
 
@@ -36,7 +37,7 @@ def cluster(graph, ctx) -> PassResult:
         elif n.op != "Constant":
             reasons[n.name] = why
     # the ideal's regions (matrix products apart: they join as epilogues) in the same sweep
-    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
+    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in PRODUCT_OPS}
     vector = fusable - products
     regions, vector_regions = regions_of(graph, [fusable, vector])
     ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])

@@ -20,19 +20,19 @@ from graphkernel.codegen.ascendc import c_dim, shape_refs
 from graphkernel.codegen.instance import rebind, rebind_matmul
 from graphkernel.codegen.lower import lower
 from graphkernel.codegen.matmul_schedule import (
-    MATMUL_OPS,
     MatmulSchedule,
     is_matmul_kernel,
     plan_matmul,
     swaps_last_two,
 )
 from graphkernel.codegen.phases import split_phases, split_whole_reduction
-from graphkernel.codegen.schedule import CUBE_OPS, NeedsPhases, Schedule, Unsupported, plan
+from graphkernel.codegen.schedule import NeedsPhases, Schedule, Unsupported, plan
 from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
+from graphkernel.ops import CUBE_OPS, PRODUCT_OPS, RESHAPE_OPS
 from graphkernel.registry import PassResult, counted
 from graphkernel.structure import body_signature
 
@@ -137,7 +137,7 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
         return []
     out: set[int] = set()
     cube = nodes[bad].op in CUBE_OPS
-    product = nodes[bad].op in MATMUL_OPS  # retried as cube kernels, feeders as vector ones
+    product = nodes[bad].op in PRODUCT_OPS  # retried as cube kernels, feeders as vector ones
     for n in reversed(nodes):
         users = [u for v in n.outputs for u in v.users]
         only_feeds = n.op != "Constant" and users and all(id(u) in out for u in users)
@@ -164,7 +164,7 @@ def _split_around(graph: Graph, kernel: Node, bad: int | None, ctx) -> list[Node
     for group in groups:
         ids = {id(n) for n in group}
         convex = not any(ids & up and ids & down for up, down in around)
-        computing = [n for n in group if n.op not in ("Reshape", "ExpandDims", "Squeeze")]
+        computing = [n for n in group if n.op not in RESHAPE_OPS]
         lone_ok = cube or ctx.flags.enable_single_node_fusion  # a cube op's epilogue stays one
         if not convex or not computing or (len(computing) < 2 and not lone_ok):
             continue
@@ -178,8 +178,8 @@ def _cube_groups(dag: nx.DiGraph, out: set[int], by_id: dict, order: dict
     """The matrix products among ``out`` (nodes split off a kernel), each with the nodes of
     ``out`` (its operands' last-two-axes transposes) that feed it and no other product: the
     cube kernels to retry."""
-    mms = [i for i in out if by_id[i].op in MATMUL_OPS]
-    reach = {i: {j for j in nx.descendants(dag, i) if by_id[j].op in MATMUL_OPS}
+    mms = [i for i in out if by_id[i].op in PRODUCT_OPS]
+    reach = {i: {j for j in nx.descendants(dag, i) if by_id[j].op in PRODUCT_OPS}
              for i in out if i not in mms}
     groups = []
     for m in sorted(mms, key=order.__getitem__):
@@ -193,7 +193,7 @@ def _wrap_matmuls(graph: Graph, ctx) -> int:
     transposes of its operands' last two axes that feed only it (folded into isTrans)."""
     wrapped = 0
     for n in list(graph.nodes):
-        if n.op not in MATMUL_OPS or not ctx.should_apply(f"{n.name}: a cube kernel", [n]):
+        if n.op not in PRODUCT_OPS or not ctx.should_apply(f"{n.name}: a cube kernel", [n]):
             continue
         group = [n]
         for v in n.inputs:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.ops import CUBE_OPS
 from graphkernel.registry import PassResult
 
 LOW = (DType.float16, DType.bfloat16)
-CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D"})  # the cube unit takes fp16 as it is
 
 
 def _promote(kernel: Node) -> Graph | None:
@@ -17,7 +17,7 @@ def _promote(kernel: Node) -> Graph | None:
     rounded back to their dtype; cube ops keep their operands' precision. None when no
     vector op inside computes in low precision."""
     sub = kernel.subgraph
-    if not any(v.dtype in LOW for n in sub.nodes if n.op not in ("Constant", *CUBE)
+    if not any(v.dtype in LOW for n in sub.nodes if n.op != "Constant" and n.op not in CUBE_OPS
                for v in n.outputs):
         return None
     outputs = {id(v) for v in sub.outputs}
@@ -44,7 +44,7 @@ def _promote(kernel: Node) -> Graph | None:
                                                   origin=n.origin).output
             continue
         ins = [vmap[id(v)] for v in n.inputs]
-        if n.op in CUBE:  # operands in their own precision
+        if n.op in CUBE_OPS:  # the cube unit takes fp16 as it is: in their own precision
             ins = [x if x.dtype == v.dtype else narrow.get(id(x)) or new.add_node(
                 "Cast", [x], {"dtype": v.dtype.value}).output
                 for x, v in zip(ins, n.inputs, strict=True)]

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, extern, traffic
 from graphkernel.codegen.targets import load as load_target
-from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
 from graphkernel.fusion import (
-    MATMUL_OPS,
     Area,
     Attempt,
     AttemptLog,
@@ -21,6 +19,7 @@ from graphkernel.fusion import (
     spelled,
 )
 from graphkernel.kernels import build_kernel, next_kernel_name
+from graphkernel.ops import PRODUCT_OPS, RESHAPE_OPS
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted
 from graphkernel.structure import region_signature
@@ -77,12 +76,12 @@ def run_pattern(model: SplitModel, p: Pattern) -> None:
 
 
 def becomes_kernel(area: Area, cfg: Config) -> bool:
-    if all(n.op in VIEWS for n in area.nodes):
+    if all(n.op in RESHAPE_OPS for n in area.nodes):
         return False  # reshape views need no launch
     if area.ops >= 2:
         return True
     n = area.nodes[0]
-    return cfg.enable_single_node_fusion and n.op not in MATMUL_OPS
+    return cfg.enable_single_node_fusion and n.op not in PRODUCT_OPS
 
 
 @dataclass
@@ -234,7 +233,7 @@ def traffic_summary(graph, ctx) -> None:
     if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
         why_not = reason_checker(cluster_ops(ctx.flags), ctx.flags)
         ok = {id(n) for n in graph.nodes if why_not(n) is None}
-        vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in MATMUL_OPS}
+        vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in PRODUCT_OPS}
         ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector, spec)
         extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,
                      kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))

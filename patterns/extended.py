@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphkernel.ops import OpKind
+from graphkernel.ops import VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
 
@@ -105,7 +105,6 @@ def gather(model, a):
         else None
 
 
-VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 
 
 def _private_sources(a) -> bool:
@@ -121,7 +120,7 @@ def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
     when the last axis stays last: the code generator moves rows of a transposed value
     (strided loads and stores); it has no in-UB transpose."""
-    moved = [n for n in a.nodes if n.op not in VIEWS]
+    moved = [n for n in a.nodes if n.op not in VIEW_OPS]
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
         return None

@@ -11,6 +11,7 @@ from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.codegen.matmul_tiling import row_limit
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
+from graphkernel.symbolic import eq
 
 MATMULS = ("MatMul", "BatchMatMul")
 EPILOGUE_KINDS = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)
@@ -128,7 +129,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                      f"({symbolic.canon(last)})"),
         need(lambda: all(v.outputs[0].type.shape[-1:] in ((last,), (1,)) for v in views),
              lambda: f"consumer {c.name} views the product with another last axis"),
-        need(lambda: all(_eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
+        need(lambda: all(eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
              lambda: f"consumer {c.name} writes reduced values (only rows of the product "
                      "leave a MIX kernel: a reduction along N is broadcast back)"),
         need(lambda: symbolic.is_static(last) and int(last) <= limit,
@@ -137,9 +138,6 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                      f"target {spec.name})"),
     ]
 
-
-def _eq(a, b) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
 
 
 def _leaving(model, c) -> list:
