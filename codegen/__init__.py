@@ -1,7 +1,9 @@
-"""The code generator: a GraphKernel node becomes an Ascend C kernel. ``schedule`` chooses the loop
-space and every value's layout, ``lower`` turns the steps into vector calls over a UB tile,
-``tiling`` sizes the tiles as the host tiling function will, ``ascendc`` renders the sources
-from ``templates/``, ``phases`` and ``superkernel`` split or merge kernels, ``traffic`` counts
-the GM bytes of every launch and ``cost`` models its time, ``targets`` reads the target files in
-``targets/``, and ``backend`` writes the kernel project or runs the kernels in the simulator
-(``sim/``)."""
+"""The code generator: a GraphKernel node becomes an Ascend C kernel. ``vector/`` holds the
+vector path (schedule, UB tiling, rendering of vector kernels) and ``cube/`` the cube path
+(matrix products on the Matmul API and MIX kernels); at this level sit what both share: the
+target facts (``targets``), the instruction table (``instructions``), the lowering
+(``lower``), the buffer plan (``buffers``), the vector barriers (``barriers``), rendering
+helpers (``render``), the GM traffic (``traffic``) and cost (``cost``) models, extern
+operators (``extern``), kernels sharing one body (``instance``), SuperKernels
+(``superkernel``), and ``backend``, which writes the kernel project or runs the kernels in the
+simulator (``sim/``)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphkernel.codegen.lower import C_TYPE, Lowered
-from graphkernel.codegen.schedule import COL, FULL, PARTIAL, ROW, Schedule
+from graphkernel.codegen.vector.schedule import COL, FULL, PARTIAL, ROW, Schedule
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def plan(s: Schedule, low: Lowered) -> BufferPlan:
 
     for io in s.inputs:
         t, i = C_TYPE[io.dtype], io.index
-        if io.table:  # loaded once per core: one slot, rt + R rows (codegen/resident.py)
+        if io.table:  # loaded once per core: one slot, rt + R rows (codegen/vector/resident.py)
             r, size = io.table, io.dtype.itemsize
             out.append(Buffer(f"qt{i}", f"input {i}, a table of {r} rows (resident)", "VECIN",
                               1, t, TABLE, Linear(tile=size, col=r * size),

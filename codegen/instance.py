@@ -15,10 +15,10 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from graphkernel.codegen import views
-from graphkernel.codegen.decompose import decompose
-from graphkernel.codegen.matmul_schedule import MatmulSchedule, notes
-from graphkernel.codegen.schedule import (
+from graphkernel.codegen.cube.schedule import MatmulSchedule, notes
+from graphkernel.codegen.vector import views
+from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.codegen.vector.schedule import (
     REDUCE_OPS,
     KernelIO,
     Schedule,

@@ -20,7 +20,7 @@ from graphkernel.codegen.instructions import (
     Instruction,
     unary_line,
 )
-from graphkernel.codegen.schedule import (
+from graphkernel.codegen.vector.schedule import (
     COL,
     FULL,
     PARTIAL,

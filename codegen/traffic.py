@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from graphkernel import ops, symbolic
+from graphkernel.codegen.cube.epilogue import reduces_along
+from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.extern import is_extern
-from graphkernel.codegen.matmul_epilogue import reduces_along
-from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.codegen.targets import Target
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value

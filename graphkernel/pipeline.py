@@ -34,8 +34,8 @@ from graphkernel.registry import STAGES, PassInfo, PassResult
 from graphkernel.runlog import RunLog
 
 if TYPE_CHECKING:  # the analyses' types belong to the passes that compute them
-    from graphkernel.codegen.schedule import Schedule
     from graphkernel.codegen.superkernel import Group
+    from graphkernel.codegen.vector.schedule import Schedule
     from graphkernel.passes.cluster import ClusterInfo
 
 

@@ -14,21 +14,22 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from graphkernel.codegen import resident, targets
+from graphkernel.codegen import targets
 from graphkernel.codegen.accumulate import widen_reductions
-from graphkernel.codegen.ascendc import c_dim, shape_refs
-from graphkernel.codegen.instance import rebind, rebind_matmul
-from graphkernel.codegen.lower import lower
-from graphkernel.codegen.matmul_schedule import (
+from graphkernel.codegen.cube.schedule import (
     MatmulSchedule,
     is_matmul_kernel,
     plan_matmul,
     swaps_last_two,
 )
-from graphkernel.codegen.phases import split_phases, split_whole_reduction
-from graphkernel.codegen.schedule import NeedsPhases, Schedule, Unsupported, plan
+from graphkernel.codegen.instance import rebind, rebind_matmul
+from graphkernel.codegen.lower import lower
 from graphkernel.codegen.superkernel import form_groups
-from graphkernel.codegen.tiling import row_bytes
+from graphkernel.codegen.vector import resident
+from graphkernel.codegen.vector.phases import split_phases, split_whole_reduction
+from graphkernel.codegen.vector.render import c_dim, shape_refs
+from graphkernel.codegen.vector.schedule import NeedsPhases, Schedule, Unsupported, plan
+from graphkernel.codegen.vector.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
@@ -39,7 +40,7 @@ from graphkernel.structure import body_signature
 
 def check(kernel: Node, spec: targets.Target) -> Schedule | MatmulSchedule:
     """Plan and lower a kernel, and check what can be checked before run time. A kernel
-    holding a matrix product is planned as a cube kernel (codegen/matmul_schedule.py)."""
+    holding a matrix product is planned as a cube kernel (codegen/cube/schedule.py)."""
     if is_matmul_kernel(kernel):
         s = plan_matmul(kernel, spec)
         refs = shape_refs(s)
@@ -208,7 +209,7 @@ def _wrap_matmuls(graph: Graph, ctx) -> int:
 
 def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
     """A kernel reducing everything to one value on one core, with work for every core: split
-    into per-core partial reductions and their combination (codegen/phases.py)."""
+    into per-core partial reductions and their combination (codegen/vector/phases.py)."""
     M, L = s.M, s.L
     if not (s.reduce and M == 1 and isinstance(L, int) and L >= spec.aiv_cores * 1024):
         return []
@@ -221,7 +222,7 @@ def _two_stages(graph: Graph, k: Node, s: Schedule, spec, ctx) -> list[Node]:
 
 
 def _in_phases(graph: Graph, k: Node, ctx, reason: str) -> list[Node]:
-    """Replace ``k`` by its phase kernels (codegen/phases.py)."""
+    """Replace ``k`` by its phase kernels (codegen/vector/phases.py)."""
     if not ctx.should_apply(f"{k.name}: in phases", [k]):
         return []
     return _report_split(ctx, k, split_phases(graph, k, _namer(ctx, k)), reason)

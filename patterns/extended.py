@@ -55,7 +55,7 @@ def concat(model, a):
 def _column_slices(model, a):
     """An area of rotary-like row work takes the slices of the last axis only it reads (the
     rotated part of a partial rotary embedding, sliced again into halves)."""
-    from graphkernel.codegen.views import column_slice
+    from graphkernel.codegen.vector.views import column_slice
 
     if not _row_work(a, model.cfg):
         return None
@@ -68,9 +68,9 @@ def _columns(node, cfg) -> bool:
     """A Concat of column pieces the code generator copies into one tile: every piece on a
     UB block of the type kernels compute in (fp32 from opt_level 2, where promote_precision
     widens fp16/bf16 inside kernels, unless enable_low_precision)."""
-    from graphkernel.codegen.schedule import elementwise
     from graphkernel.codegen.targets import load
-    from graphkernel.codegen.views import column_concat
+    from graphkernel.codegen.vector.schedule import elementwise
+    from graphkernel.codegen.vector.views import column_concat
 
     wide = cfg.opt_level >= 2 and not cfg.enable_low_precision
     size = 4 if wide else node.outputs[0].dtype.itemsize
@@ -79,8 +79,8 @@ def _columns(node, cfg) -> bool:
 
 def _generated(node, prods, cfg) -> bool:
     """Whether the code generator takes ``node`` (a Concat) with ``prods`` pulled in."""
-    from graphkernel.codegen.schedule import elementwise
-    from graphkernel.codegen.views import sinks_to_inputs
+    from graphkernel.codegen.vector.schedule import elementwise
+    from graphkernel.codegen.vector.views import sinks_to_inputs
 
     if _columns(node, cfg):
         return True  # pieces of rows copied to their columns (a value read through slices)
@@ -143,7 +143,7 @@ def _row_work(a, cfg) -> bool:
     """An area of elementwise work, slices of the last axis and Concats of them (rotary
     embedding): the code generator reads a transposed input of it as a strided load."""
     from graphkernel import ops
-    from graphkernel.codegen.views import column_slice
+    from graphkernel.codegen.vector.views import column_slice
 
     return any(n.op == "Concat" for n in a.nodes) and all(
         ops.get(n.op).kind <= OpKind.BROADCAST or column_slice(n) is not None

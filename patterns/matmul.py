@@ -6,9 +6,9 @@ from functools import lru_cache
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.matmul_epilogue import ROW_REDUCTIONS, reduces_along
-from graphkernel.codegen.matmul_schedule import whole_rows_refusal
-from graphkernel.codegen.matmul_tiling import row_limit
+from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, reduces_along
+from graphkernel.codegen.cube.schedule import whole_rows_refusal
+from graphkernel.codegen.cube.tiling import row_limit
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 from graphkernel.symbolic import eq

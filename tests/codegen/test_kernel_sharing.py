@@ -13,8 +13,8 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.ascendc import render
 from graphkernel.codegen.backend import run_sim, schedules, shared_kernels, write_project
+from graphkernel.codegen.vector.render import render
 from graphkernel.interpreter import Interpreter
 from graphkernel.passes.codegen import check
 from graphkernel.structure import body_signature
@@ -167,8 +167,8 @@ def test_carried_over_cube_schedule_is_the_planned_one(monkeypatch):
     """Equal MIX kernels (a product and its epilogue, reading a bias row) are planned once:
     each other instance's carried-over schedule renders as planning it afresh does."""
     import graphkernel.passes.codegen as codegen_pass
-    from graphkernel.codegen.matmul_render import render_matmul
-    from graphkernel.codegen.matmul_schedule import MatmulSchedule, plan_matmul
+    from graphkernel.codegen.cube.render import render_matmul
+    from graphkernel.codegen.cube.schedule import MatmulSchedule, plan_matmul
 
     planned = []
     monkeypatch.setattr(codegen_pass, "plan_matmul",
@@ -227,7 +227,7 @@ def test_copy_with_is_dataclass_replace(compiled):
 def test_kernel_symbol_follows_the_body():
     """The symbol hashes the body's text: another constant, another type or another name
     gives another symbol, and the body as it was gives its symbol again."""
-    from graphkernel.codegen.schedule import kernel_symbol
+    from graphkernel.codegen.vector.schedule import kernel_symbol
 
     res = graphkernel.compile(chains(2), "--opt_level=2", env={})
     k, other = [n for n in res.graph.nodes if n.op == "GraphKernel"][:2]

@@ -1,4 +1,4 @@
-"""Resident tables (codegen/resident.py): a rotary embedding's cos and sin [S, D], broadcast
+"""Resident tables (codegen/vector/resident.py): a rotary embedding's cos and sin [S, D], broadcast
 over the leading axes of x [B, N, S, D], or [1, S, 1, D], broadcast over the batch and the
 heads of x [B, S, N, D] (a middle axis), are loaded once per core and kept in UB; the
 simulator counts each input's GM reads."""
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from graphkernel import Graph, TensorType
-from graphkernel.codegen import resident, targets
-from graphkernel.codegen.ascendc import render
+from graphkernel.codegen import targets
 from graphkernel.codegen.sim.execute import SimLibrary
 from graphkernel.codegen.sim.runner import SimulatorError
+from graphkernel.codegen.vector import resident
+from graphkernel.codegen.vector.render import render
 from graphkernel.kernels import build_kernel
 from graphkernel.passes.codegen import check
 

@@ -8,9 +8,9 @@ import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.ascendc import render
 from graphkernel.codegen.lower import lower
-from graphkernel.codegen.tiling import align_elems, budget
+from graphkernel.codegen.vector.render import render
+from graphkernel.codegen.vector.tiling import align_elems, budget
 from graphkernel.errors import ConfigError
 from graphkernel.flags import TARGETS
 

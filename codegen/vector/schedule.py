@@ -12,7 +12,7 @@ is held in UB in one of the compact layouts of that matrix:
 - ``SCALAR``  one value (a scalar constant or a one-element input),
 - ``PARTIAL`` an input broadcast over some outer axes only; loaded row by row into a full tile
   (or, a table broadcast over the leading axes and maybe the last ones, held resident:
-  codegen/resident.py).
+  codegen/vector/resident.py).
 
 Views (Reshape, ExpandDims, Squeeze, Identity) do not move data: a view's value shares its
 source's storage. The schedule refuses, with a reason, anything outside this model (the
@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.codegen import targets, views
-from graphkernel.codegen.decompose import decompose
+from graphkernel.codegen import targets
 from graphkernel.codegen.instructions import (
     BITS,
     BITWISE_OPS,
@@ -39,6 +38,8 @@ from graphkernel.codegen.instructions import (
     MASK_OPS,
     REDUCE_OPS,
 )
+from graphkernel.codegen.vector import views
+from graphkernel.codegen.vector.decompose import decompose
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import CUBE_OPS, VIEW_OPS
 from graphkernel.symbolic import eq
@@ -90,7 +91,7 @@ class KernelIO:
     columns: tuple[int, int] | None = None
     # PARTIAL, a table (broadcast over leading outer axes, and maybe over the axes after the
     # table's too): the rows of the loop space one copy of it serves (the same for every block
-    # of that many rows), held resident in UB and loaded once per core (codegen/resident.py);
+    # of that many rows), held resident in UB and loaded once per core (codegen/vector/resident.py);
     # 0: its rows are loaded with every tile
     table: int = 0
     table_repeat: int = 1  # a table: consecutive rows of the loop space each GM row serves
@@ -166,7 +167,7 @@ class Schedule:
 class NeedsPhases(Unsupported):
     """A value depends on a reduction of its own rows that is accumulated across tiles (a
     second pass over the rows): the kernel runs as a sequence of phase kernels instead
-    (``codegen/phases.py``)."""
+    (``codegen/vector/phases.py``)."""
 
 
 def follow(root: dict[int, Value], v: Value) -> Value:

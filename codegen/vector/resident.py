@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import plan
 from graphkernel.codegen.lower import Lowered
-from graphkernel.codegen.schedule import PARTIAL, KernelIO, Schedule, io_notes
-from graphkernel.codegen.tiling import align_elems
+from graphkernel.codegen.vector.schedule import PARTIAL, KernelIO, Schedule, io_notes
+from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
 from graphkernel.symbolic import eq
 

@@ -5,7 +5,7 @@ possibly through Transposes of its last two axes: a transpose is folded into the
 ``isTrans`` (the operand is read transposed in place, never materialised). Batch axes
 (BatchMatMul) broadcast as numpy does: each output batch element reads its A and B at
 per-axis strides that are 0 where an operand's axis is 1 or missing (grouped-query
-attention's shared K/V heads). The tiling (codegen/matmul_tiling.py, and the same search in
+attention's shared K/V heads). The tiling (codegen/cube/tiling.py, and the same search in
 the generated host function for the actual shapes) splits each batch element's ``M × N``
 over the cube cores; a core takes blocks ``batch × coresM × coresN`` round robin.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
-from graphkernel.codegen import matmul_epilogue as epilogue
 from graphkernel.codegen import targets
 from graphkernel.codegen.buffers import BufferPlan, Linear
+from graphkernel.codegen.cube import epilogue
+from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
+from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.matmul_epilogue import Epilogue, batch_strides
-from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
-from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
+from graphkernel.codegen.vector.schedule import FULL, KernelIO, Unsupported, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import PRODUCT_OPS
 
@@ -219,7 +219,7 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     ins = list(body.inputs)
     outs = list(body.outputs)
     epi = None
-    if steps:  # a MIX kernel: the epilogue on each base tile (codegen/matmul_epilogue.py)
+    if steps:  # a MIX kernel: the epilogue on each base tile (codegen/cube/epilogue.py)
         epi = epilogue.build(mm.outputs[0], batch, M, N, ins, outs, steps)
         if len(epi.batch) > MAX_BATCH_AXES:
             raise Unsupported(f"{mm.op}'s epilogue over {len(epi.batch)} batch axes (at most "

@@ -1,6 +1,6 @@
 """The vector epilogue of a MIX kernel: elementwise work on each base tile of a product.
 
-A MIX kernel's body is a matrix product (codegen/matmul_schedule.py) and elementwise ops on
+A MIX kernel's body is a matrix product (codegen/cube/schedule.py) and elementwise ops on
 its result. The kernel iterates the product's base tiles into UB (``Iterate`` /
 ``GetTensorC``, fp32: the product is not rounded before the epilogue), runs the epilogue on
 the tile and writes each output tile once. Everything in UB is fp32 (accuracy.md: rounding
@@ -16,7 +16,7 @@ Values on a tile (``baseM × baseN``, row pitch ``baseN``):
 
 A reduction along N (ReduceSum/ReduceMax/ReduceMin of the product's last axis: LayerNorm,
 RMSNorm, softmax) needs each row whole in the tile: such an epilogue sets ``rows`` and the
-schedule tiles with ``singleCoreN = N`` and ``baseN >= N`` (codegen/matmul_tiling.py), so a
+schedule tiles with ``singleCoreN = N`` and ``baseN >= N`` (codegen/cube/tiling.py), so a
 base tile holds ``rows`` complete rows. The reductions and the per-row operations are the
 whole-row forms the vector kernels use (``RowReduce``, ``ColOp``, ``ColCopy`` of
 templates/row_forms.j2, called on the kernel's ``R`` object).
@@ -39,7 +39,7 @@ from graphkernel.codegen.buffers import COLUMN, ROWVEC, Buffer, BufferPlan, Line
 from graphkernel.codegen.buffers import TILE as BTILE
 from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, unary_line
 from graphkernel.codegen.lower import C_TYPE, flt
-from graphkernel.codegen.schedule import Unsupported
+from graphkernel.codegen.vector.schedule import Unsupported
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import VIEW_OPS

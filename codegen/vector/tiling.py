@@ -14,7 +14,7 @@ from __future__ import annotations
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import Linear, plan
 from graphkernel.codegen.lower import Lowered
-from graphkernel.codegen.schedule import Schedule
+from graphkernel.codegen.vector.schedule import Schedule
 
 
 def budget(s: Schedule, low: Lowered) -> Linear:

@@ -1,28 +1,28 @@
-"""Render a cube kernel (codegen/matmul_schedule.py) as Ascend C on the Matmul API:
+"""Render a cube kernel (codegen/cube/schedule.py) as Ascend C on the Matmul API:
 ``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp`` (the host tiling, with the tiler of
 ``templates/cube_tiler.inc``) and a manifest entry."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.ascendc import (
+from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES, MatmulSchedule
+from graphkernel.codegen.lower import C_TYPE
+from graphkernel.codegen.render import (
+    TEMPLATES,
     Rendered,
-    _env,
     c_dim,
+    env,
     io_entry,
     shape_doc,
     shape_refs,
     target_facts,
 )
-from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
-from graphkernel.codegen.schedule import comment_text
+from graphkernel.codegen.vector.schedule import comment_text
 from graphkernel.ir import DType
 
-TILER = (Path(__file__).resolve().parent / "templates" / "cube_tiler.inc").read_text()
+TILER = (TEMPLATES / "cube_tiler.inc").read_text()
 DT_ENUM = {DType.float16: "DataType::DT_FLOAT16", DType.bfloat16: "DataType::DT_BF16",
            DType.float32: "DataType::DT_FLOAT"}
 
@@ -58,12 +58,12 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
         or "both operands row-major",
         "shape_doc": shape_doc(s),
     }
-    env = _env()
+    jenv = env()
     files = {
-        f"{s.name}.cpp": env.get_template("matmul_mix.cpp.j2" if epi is not None
+        f"{s.name}.cpp": jenv.get_template("matmul_mix.cpp.j2" if epi is not None
                                           else "matmul.cpp.j2").render(ctx),
-        f"{s.name}_tiling.h": env.get_template("matmul_tiling.h.j2").render(ctx),
-        f"{s.name}_tiling.cpp": env.get_template("matmul_tiling.cpp.j2").render(ctx),
+        f"{s.name}_tiling.h": jenv.get_template("matmul_tiling.h.j2").render(ctx),
+        f"{s.name}_tiling.cpp": jenv.get_template("matmul_tiling.cpp.j2").render(ctx),
     }
     t = s.tiling
     manifest: dict[str, Any] = {
