@@ -14,9 +14,10 @@ import jinja2
 
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import BufferPlan
-from graphkernel.codegen.lower import Lowered
+from graphkernel.codegen.kernel_ir import KernelIR
+from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.vector.schedule import Schedule, Unsupported
+from graphkernel.codegen.vector.schedule import Schedule
 from graphkernel.ir import Dim
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -31,7 +32,7 @@ def env() -> jinja2.Environment:
 @dataclass
 class Rendered:
     schedule: Schedule  # or a MatmulSchedule (a cube kernel: no lowering)
-    lowered: Lowered | None
+    ir: KernelIR | None  # the kernel IR (None: a cube kernel, lowered by no engine)
     files: dict[str, str]         # file name -> text
     manifest: dict[str, Any]
     plan: BufferPlan              # the kernel's UB buffers

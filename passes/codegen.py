@@ -23,12 +23,13 @@ from graphkernel.codegen.cube.schedule import (
     swaps_last_two,
 )
 from graphkernel.codegen.instance import rebind, rebind_matmul
-from graphkernel.codegen.lower import lower
+from graphkernel.codegen.refusal import NeedsPhases, Unsupported
 from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.vector import resident
+from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.phases import split_phases, split_whole_reduction
 from graphkernel.codegen.vector.render import c_dim, shape_refs
-from graphkernel.codegen.vector.schedule import NeedsPhases, Schedule, Unsupported, plan
+from graphkernel.codegen.vector.schedule import Schedule, plan
 from graphkernel.codegen.vector.tiling import row_bytes
 from graphkernel.errors import CodegenError
 from graphkernel.ir import Graph, Node

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 from graphkernel import symbolic
 from graphkernel.codegen import barriers
-from graphkernel.codegen.buffers import COLUMN, ROWVEC, Buffer, BufferPlan, Linear
-from graphkernel.codegen.buffers import TILE as BTILE
+from graphkernel.codegen.buffers import Buffer, BufferPlan, Linear
 from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, unary_line
+from graphkernel.codegen.kernel_ir import Kind
 from graphkernel.codegen.lower import C_TYPE, flt
-from graphkernel.codegen.vector.schedule import Unsupported
+from graphkernel.codegen.refusal import Unsupported
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import VIEW_OPS
@@ -91,9 +91,11 @@ class Epilogue:
         out: list[Buffer] = []
 
         def buf(name, role, pos, ctype, size, row=False, local=""):
-            shape, lin = (ROWVEC, Linear(col=size)) if row else (BTILE, Linear(tile=size))
+            lin = Linear(col=size) if row else Linear(tile=size)
             init = f"{'bN' if row else 'n'} * sizeof({ctype})"
-            out.append(Buffer(name, role, pos, 1, ctype, shape, lin, init, local))
+            kind = {"VECIN": Kind.QUEUE_IN, "VECOUT": Kind.QUEUE_OUT}.get(
+                pos, Kind.ROW if row else Kind.TILE)
+            out.append(Buffer(name, role, kind, ctype, lin, init, 1, local))
 
         buf("bc", "the product's base tile (fp32, from GetTensorC)", "VECCALC", "float", 4,
             local="c")
@@ -117,12 +119,12 @@ class Epilogue:
             buf(f"qo{o.index}", f"output {o.index} tiles", "VECOUT", otype[o.index],
                 o.dtype.itemsize)
         for k in range(self.cols):  # baseM fp32 values: a multiple of 16, whole blocks
-            out.append(Buffer(f"bwc{k}", "a value per row of the tile", "VECCALC", 1, "float",
-                              COLUMN, Linear(row=4), "bM * sizeof(float)", f"wc{k}"))
+            out.append(Buffer(f"bwc{k}", "a value per row of the tile", Kind.COLUMN, "float",
+                              Linear(row=4), "bM * sizeof(float)", 1, f"wc{k}"))
         if self.rows:
             per = repeat // block  # Brcb's blocks per repeat: whole repeats of row blocks
             out.append(Buffer("btb", "a block per row (Brcb spreads, row-reduce gathers)",
-                              "VECCALC", 1, "float", COLUMN, Linear(row=block, fixed=repeat),
+                              Kind.BLOCKS, "float", Linear(row=block, fixed=repeat),
                               f"(bM + {per - 1}) / {per} * {repeat}"))
             buf("brw", "a reduction's work row", "VECCALC", "float", 4, row=True)
         return BufferPlan(tuple(out), Linear(fixed=block), "float")
@@ -448,6 +450,6 @@ def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
              *(f"wc{k}" for k in range(b.cols)),
              *(f"{'x' if i.layout == TILE else 'r'}{i.index}" for i in uniq
                if i.layout != SCALAR)]
-    body = barriers.place(b.body, names)
+    body = barriers.place_text(b.body, names)
     return Epilogue(uniq, outputs, body, b.tiles, b.ht, b.hh, [n.op for n in steps],
                     b.ebatch, b.cols, b.cols > 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 from graphkernel import symbolic
 from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES, MatmulSchedule
+from graphkernel.codegen.kernel_ir import comment_text
 from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.render import (
     TEMPLATES,
@@ -19,7 +20,6 @@ from graphkernel.codegen.render import (
     shape_refs,
     target_facts,
 )
-from graphkernel.codegen.vector.schedule import comment_text
 from graphkernel.ir import DType
 
 TILER = (TEMPLATES / "cube_tiler.inc").read_text()

@@ -21,7 +21,8 @@ from graphkernel.codegen.cube import epilogue
 from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
 from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.vector.schedule import FULL, KernelIO, Unsupported, kernel_symbol
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.vector.schedule import FULL, KernelIO, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import PRODUCT_OPS
 

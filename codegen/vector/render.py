@@ -7,7 +7,8 @@ from __future__ import annotations
 from graphkernel import symbolic
 from graphkernel.codegen import barriers
 from graphkernel.codegen.buffers import plan
-from graphkernel.codegen.lower import C_TYPE, lower
+from graphkernel.codegen.kernel_ir import ROW_FORMS, Instr, Kind, comment_text, text
+from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.render import (
     Rendered,
     c_dim,
@@ -18,7 +19,8 @@ from graphkernel.codegen.render import (
     target_facts,
 )
 from graphkernel.codegen.vector import resident
-from graphkernel.codegen.vector.schedule import COL, FULL, PARTIAL, ROW, Schedule, comment_text
+from graphkernel.codegen.vector.lower import lower
+from graphkernel.codegen.vector.schedule import COL, PARTIAL, ROW, Schedule
 from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
 
@@ -27,9 +29,10 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     """The kernel's files; a schedule with a run-time variant also carries the variant's
     files (its class is included by the kernel, its tiling function called by the kernel's)."""
     var = render(s.variant, node_comment) if s.variant is not None else None
-    low = lower(s)
-    bplan = plan(s, low)
+    ir = lower(s)
+    bplan = plan(ir, s.target.block_bytes)
     ub = bplan.budget()
+    loaded = [b.tensor for b in ir.buffers if b.kind in (Kind.QUEUE_IN, Kind.TABLE)]
     refs = shape_refs(s)
     align = align_elems(s)
     comment = comment_text(node_comment or s.node)
@@ -45,11 +48,11 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     gather = {io.index: (c_dim(io.block_rows, refs), [c_dim(r, refs) for _, r in io.gather])
               for io in s.inputs if io.gather}
     tg = s.target
-    names = [b.local for b in bplan.scratch] + tile_tensors(s)
     ctx = {
-        "s": s, "low": low, "plan": bplan, "ub": ub,
-        "compute_lines": barriers.place(low.prologue + low.body + low.epilogue, names),
-        "finish_lines": barriers.place(low.final + low.final_epilogue, names),
+        "s": s, "ir": ir, "plan": bplan, "ub": ub,
+        "row_blocks": ir.uses(*ROW_FORMS), "col_copies": ir.uses("ColsCopy"),
+        "compute_lines": _lines(ir.compute, loaded),
+        "finish_lines": _lines(ir.finish, loaded),
         "align": align, "node_comment": comment,
         **target_facts(tg),
         "M": c_dim(s.M, refs), "L": c_dim(s.L, refs), "batch": c_dim(s.batch, refs),
@@ -100,16 +103,12 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sources": sorted(files),
         "notes": list(s.notes),
     }
-    return Rendered(s, low, files, manifest, bplan, var)
+    return Rendered(s, ir, files, manifest, bplan, var)
 
 
-def tile_tensors(s: Schedule) -> list[str]:
-    """The LocalTensor names Compute takes from the queues: input and output tiles."""
-    names = [f"xi{io.index}" for io in s.inputs if io.kind in (FULL, PARTIAL, COL)]
-    for io in s.outputs:
-        names += ([f"yc{io.index}_{k}" for k in range(len(io.pieces))] if io.pieces else
-                  [f"yo{io.index}"])
-    return names
+def _lines(instrs: list[Instr], loaded: list[str]) -> list[str]:
+    """The instructions as Ascend C, with the syncs and vector barriers they need."""
+    return text(barriers.place(barriers.syncs(instrs, loaded)))
 
 
 def _eq1(d: Dim) -> bool:

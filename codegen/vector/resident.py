@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import plan
-from graphkernel.codegen.lower import Lowered
+from graphkernel.codegen.kernel_ir import KernelIR
 from graphkernel.codegen.vector.schedule import PARTIAL, KernelIO, Schedule, io_notes
 from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
@@ -94,7 +94,7 @@ def table_map(io: KernelIO) -> TableMap | None:
     return TableMap(rows, pitch, repeat)
 
 
-def choose(s: Schedule, low: Lowered) -> None:
+def choose(s: Schedule, ir: KernelIR) -> None:
     """Make the inputs of ``s`` that are tables of one row count resident, when the kernel's
     tiles hold whole rows and the buffer plan with them fits the UB (else leave ``s``)."""
     if s.col_reduce or s.row_chunks or not s.whole_rows or s.variant is not None or \
@@ -111,7 +111,7 @@ def choose(s: Schedule, low: Lowered) -> None:
     ctp = -(-int(symbolic.canon(s.L)) // a) * a
     ub = s.target.ub_bytes
     table_bytes = sum(rows * ctp * io.dtype.itemsize for io in tables)
-    if table_bytes * UB_SHARE > ub or plan(s, low).budget().bytes(1, ctp) > ub:
+    if table_bytes * UB_SHARE > ub or plan(ir, s.target.block_bytes).budget().bytes(1, ctp) > ub:
         for io in tables:
             io.table, io.table_repeat = 0, 1
         return

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -38,6 +37,8 @@ from graphkernel.codegen.instructions import (
     MASK_OPS,
     REDUCE_OPS,
 )
+from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
+from graphkernel.codegen.refusal import NeedsPhases, Unsupported
 from graphkernel.codegen.vector import views
 from graphkernel.codegen.vector.decompose import decompose
 from graphkernel.ir import Dim, DType, Node, Value
@@ -45,19 +46,8 @@ from graphkernel.ops import CUBE_OPS, VIEW_OPS
 from graphkernel.symbolic import eq
 from graphkernel.textir import format_graph, type_text
 
-FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
-PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
 # between a stored broadcast and its output: views, and the cast rounding the stored value
 STORE_VIEWS = VIEW_OPS | {"Cast"}
-
-
-class Unsupported(Exception):
-    """The generator cannot handle this kernel; the message is the reason shown to the user,
-    ``node`` the op of the kernel it stumbled on (the fallback splits the kernel around it)."""
-
-    def __init__(self, message: str, node: Node | None = None):
-        super().__init__(message)
-        self.node = node
 
 
 @dataclass
@@ -116,7 +106,6 @@ class Schedule:
     #                                of M rows (row r of block b is row b*M + r of the space)
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
-    lowered: Any = field(default=None, repr=False, compare=False)  # lower()'s result, kept
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
     compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
@@ -164,12 +153,6 @@ class Schedule:
         return any(io.dtype != DType.float32 for io in (*self.inputs, *self.outputs))
 
 
-class NeedsPhases(Unsupported):
-    """A value depends on a reduction of its own rows that is accumulated across tiles (a
-    second pass over the rows): the kernel runs as a sequence of phase kernels instead
-    (``codegen/vector/phases.py``)."""
-
-
 def follow(root: dict[int, Value], v: Value) -> Value:
     """The value whose UB storage ``v`` shares (through views and aliases), or ``v``."""
     while id(v) in root:
@@ -184,11 +167,6 @@ def sanitize(name: str) -> str:
     """A C identifier from a user-derived name: nothing but [A-Za-z0-9_], never a keyword."""
     s = _IDENT.sub("_", name)
     return "gk_" + s[:96]
-
-
-def comment_text(text: str) -> str:
-    """Text safe inside a C++ comment: names shown as they are, minus anything else."""
-    return re.sub(r"[^A-Za-z0-9_.:\-\[\], ]", "_", text)[:100]
 
 
 def kernel_symbol(kernel: Node) -> str:

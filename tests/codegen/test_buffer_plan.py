@@ -11,7 +11,7 @@ import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.buffers import Linear, plan
+from graphkernel.codegen.buffers import Linear
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.codegen.vector.render import render
 from graphkernel.kernels import build_kernel
@@ -107,7 +107,7 @@ def test_a_launch_uses_what_the_plan_bounds_and_not_much_less(name):
     feeds = {v.name: rng.standard_normal(tuple(v.shape)).astype(v.dtype.np) for v in g.inputs}
     Interpreter(g2, kernel_runner=backend).run(feeds)
     (st,) = backend.stats.values()
-    p = plan(s, render(s).lowered)
+    p = render(s).plan
     bound = p.budget().bytes(st.tiling["rt"], st.tiling["ctp"])
     # what the plan over-counts: its slack, a block per column buffer, the masks at 8x
     masks = sum(b.size.bytes(st.tiling["rt"], st.tiling["ctp"])

@@ -302,7 +302,7 @@ def test_enable_low_precision_kernels_compute_in_fp16():
     import graphkernel
     from graphkernel import Graph, TensorType
     from graphkernel.codegen.backend import render_all, schedules
-    from graphkernel.codegen.lower import lower
+    from graphkernel.codegen.vector.lower import lower
     from graphkernel.codegen.vector.tiling import budget
 
     g = Graph("lp")

@@ -345,7 +345,7 @@ def test_rows_too_long_for_a_tile_split_the_kernel_with_the_reason(n, dtype, lim
     the fusion (the fusion itself asks first; this is the codegen's own check)."""
     g, fused, k = _mix("long_rows", (50, 90), (90, n), lambda g, nd, y: [_layernorm(
         g, nd, nd("Add", [y, _inp(g, "r", (50, n), dtype)]), dtype, affine=False)], dtype)
-    from graphkernel.codegen.vector.schedule import Unsupported
+    from graphkernel.codegen.refusal import Unsupported
     from graphkernel.passes.codegen import check
 
     with pytest.raises(Unsupported, match=rf"no base tile holds whole rows of N = {n} .*"
@@ -381,7 +381,7 @@ def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
 def test_a_reduced_value_broadcast_along_the_other_axis_is_refused():
     """A sum of rows kept as [M] and subtracted from the [M, M] product broadcasts along the
     rows (numpy aligns it with N): not a value per row, so the epilogue refuses it."""
-    from graphkernel.codegen.vector.schedule import Unsupported
+    from graphkernel.codegen.refusal import Unsupported
     from graphkernel.passes.codegen import check
 
     g, fused, k = _mix("col_as_row", (70, 90), (90, 70), lambda g, n, y: [

@@ -8,7 +8,7 @@ import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.lower import lower
+from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.render import render
 from graphkernel.codegen.vector.tiling import align_elems, budget
 from graphkernel.errors import ConfigError

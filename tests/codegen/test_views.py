@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel.codegen.lower import lower
+from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector import views
-from graphkernel.codegen.vector.schedule import Unsupported, plan
+from graphkernel.codegen.vector.lower import lower
+from graphkernel.codegen.vector.schedule import plan
 from graphkernel.explain import explain
 from graphkernel.kernels import build_kernel
 from tests.codegen.cases import Case, _g, compile_cases
