@@ -137,13 +137,3 @@ def ops(*forms: str) -> frozenset[str]:
 REDUCE_OPS = ops("reduce")
 MASK_OPS = frozenset(i.op for i in TABLE if i.mask)  # whole repeats of elements per tile
 BITWISE_OPS = ops("bitwise")
-
-
-def unary_line(rule: Instruction, dst: str, src: str, count: str) -> str:
-    """The call computing a unary op into ``dst`` (Neg has no instruction: a multiply by -1;
-    the math library's ops take the ``ht`` scratch)."""
-    if rule.api is None:
-        return f"Muls({dst}, {src}, CT(-1.0f), {count});"
-    if rule.scratch == "ht":
-        return f"{rule.api}({dst}, {src}, ht, {count});"
-    return f"{rule.api}({dst}, {src}, {count});"

@@ -202,7 +202,8 @@ class KernelIR:
     """A lowered kernel: its buffers in ``InitBuffer`` order, the instructions of a tile
     (``compute``: the loaded tiles' casts, the steps, the stores) and of the end of a
     reduction accumulated across tiles (``finish``), the running reductions to start
-    (tensor, identity), and per output of a MIX epilogue its store (``stores``)."""
+    (tensor, identity), per output of a MIX epilogue its store (``stores``), the compute
+    type's C name and how many buffers each scratch pool took."""
 
     buffers: list[Buffer]
     compute: list[Instr]
@@ -210,6 +211,7 @@ class KernelIR:
     accumulators: list[tuple[str, str]] = field(default_factory=list)
     stores: dict[int, list[Instr]] = field(default_factory=dict)
     compute_type: str = "float"
+    pools: dict[str, int] = field(default_factory=dict)  # scratch pool -> buffers it took
 
     @property
     def calls(self) -> list[Call]:

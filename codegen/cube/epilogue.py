@@ -21,33 +21,38 @@ base tile holds ``rows`` complete rows. The reductions and the per-row operation
 whole-row forms the vector kernels use (``RowReduce``, ``ColOp``, ``ColCopy`` of
 templates/row_forms.j2, called on the kernel's ``R`` object).
 
-Each op is one call of the vector instruction table (codegen/instructions.py): ``unary``
-rules over the tile, ``binary`` rules tile∘tile, tile∘row (one call per row) and tile∘scalar
-(the scalar form where it is exact, else the scalar spread by ``Duplicate``), a ``Pow`` by a
-small constant exponent as products, a ``Cast`` to fp32 as an alias and to fp16/bf16 as the
-rounding it asks for. Views that keep the last axis are aliases. Anything else is refused
-(the kernel is then split into a cube kernel and a vector one).
+This module schedules the epilogue: it gives every value its layout on the tile (an input's
+record says how it is loaded: its batch strides), aliases views and free casts to the value
+they show, and refuses what the epilogue cannot run. The lowering engine
+(``codegen/cube/lower.py``, ``codegen/lower.py``) turns the steps into the kernel IR, each
+op by the rule of its form in the vector instruction table (codegen/instructions.py):
+``unary`` rules over the tile, ``binary`` rules tile∘tile, tile∘row (one call per row) and
+tile∘scalar (the scalar form where it is exact, else the scalar spread by ``Duplicate``), a
+``Pow`` by a small constant exponent as products, a ``Cast`` to fp32 as an alias and to
+fp16/bf16 as the rounding it asks for. Views that keep the last axis are aliases. Anything
+else is refused (the kernel is then split into a cube kernel and a vector one).
 """
+
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
-from graphkernel.codegen import barriers
-from graphkernel.codegen.buffers import Buffer, BufferPlan, Linear
-from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, unary_line
-from graphkernel.codegen.kernel_ir import Kind
-from graphkernel.codegen.lower import C_TYPE, flt
+from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS
+from graphkernel.codegen.kernel_ir import COL, FULL, ROW, SCALAR
 from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.vector.schedule import follow
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import VIEW_OPS
 from graphkernel.symbolic import eq
 
-TILE, ROW, SCALAR, COL = "tile", "row", "scalar", "col"
-COUNT = {TILE: "n", COL: "rows"}  # the element count of a value's calls
+# how an input sits on the tile (the kernel's template and notes use these words)
+TILE, ROW_IN, SCALAR_IN = "tile", "row", "scalar"
+LAYOUT = {TILE: FULL, ROW_IN: ROW, SCALAR_IN: SCALAR}  # as a layout of the loop space
 FLOAT_TYPES = (DType.float16, DType.bfloat16, DType.float32)
+EPILOGUE_FORMS = ("unary", "binary", "pow", "cast")  # elementwise forms a MIX epilogue runs
 
 
 @dataclass
@@ -58,83 +63,43 @@ class EpilogueInput:
     strides: tuple[Dim, ...] = ()  # tile, row: element stride per output batch axis (0:
     #                                broadcast)
 
+    @property
+    def tensor(self) -> str:
+        """The name the epilogue reads it by: an fp32 tile ``x``, a row ``r``, a scalar ``s``."""
+        return f"{self.layout[0] if self.layout != TILE else 'x'}{self.index}"
+
 
 @dataclass
 class EpilogueOutput:
     index: int
     dtype: DType
-    expr: str                    # the fp32 tile holding it
+    value: Value                 # the value the output stores (a tile of the product)
 
 
 @dataclass
 class Epilogue:
+    """A MIX kernel's vector work, scheduled on the product's base tiles: its inputs (in the
+    order first read), outputs, the computing steps in order (views and free casts are
+    aliases: ``root``), every value's layout, the constants read as scalars."""
+
+    product: Value
     inputs: list[EpilogueInput]
     outputs: list[EpilogueOutput]
-    body: list[str]              # C++ statements per tile (after the loads)
-    tiles: int                   # fp32 scratch tiles (the pool)
-    ht: bool = False             # the math library's scratch tile
-    hh: bool = False             # the 16-bit scratch of a rounding Cast
+    steps: list[Node]
+    layouts: dict[int, str]        # id(value, its storage) -> FULL, ROW, COL or SCALAR
+    root: dict[int, Value]         # id(view or free cast) -> the value it shows
+    scalars: dict[int, float]      # id(constant) -> its value
+    bound: dict[int, EpilogueInput] = field(default_factory=dict)  # id(input value) -> record
     ops: list[str] = field(default_factory=list)
     batch: tuple[Dim, ...] = ()  # the batch axes the inputs' strides run over: the
     #                              product's, or a view's that splits or merges them
-    cols: int = 0                # fp32 scratch columns (a value per row of the tile)
     rows: bool = False           # reduces along N: a base tile must hold whole rows
 
-    def plan(self, itype: dict[int, str], otype: dict[int, str], block: int,
-             repeat: int = 256) -> BufferPlan:
-        """The kernel's UB buffers (codegen/buffers.py's records) for a base tile of ``rt =
-        baseM`` rows of ``ctp = baseN`` columns: the C tile, the pool, the scratches, the
-        loaded tiles and rows (one slot each) and their fp32 copies, the stored tiles, and
-        for a reduction along N the columns, a block per row (``btb``) and a reduction's work
-        row (``brw``); a block of slack. The tiling's UB bound and the simulator's check both
-        read it."""
-        out: list[Buffer] = []
+    def storage(self, v: Value) -> Value:
+        return follow(self.root, v)
 
-        def buf(name, role, pos, ctype, size, row=False, local=""):
-            lin = Linear(col=size) if row else Linear(tile=size)
-            init = f"{'bN' if row else 'n'} * sizeof({ctype})"
-            kind = {"VECIN": Kind.QUEUE_IN, "VECOUT": Kind.QUEUE_OUT}.get(
-                pos, Kind.ROW if row else Kind.TILE)
-            out.append(Buffer(name, role, kind, ctype, lin, init, 1, local))
-
-        buf("bc", "the product's base tile (fp32, from GetTensorC)", "VECCALC", "float", 4,
-            local="c")
-        for k in range(self.tiles):
-            buf(f"bw{k}", "a tile of an intermediate value", "VECCALC", "float", 4, local=f"w{k}")
-        if self.ht:
-            buf("bht", "the high-level ops' temporary space", "VECCALC", "uint8_t", 4,
-                local="ht")
-        if self.hh:
-            buf("bhh", "a rounding cast's 16-bit temporary", "VECCALC", "uint8_t", 2,
-                local="hh")
-        for i in self.inputs:
-            if i.layout == SCALAR:
-                continue
-            row, ct = i.layout == ROW, itype[i.index]
-            buf(f"qi{i.index}", f"input {i.index} ({i.layout})", "VECIN", ct, i.dtype.itemsize,
-                row)
-            if ct != "float":
-                buf(f"bx{i.index}", f"input {i.index} in fp32", "VECCALC", "float", 4, row)
-        for o in self.outputs:
-            buf(f"qo{o.index}", f"output {o.index} tiles", "VECOUT", otype[o.index],
-                o.dtype.itemsize)
-        for k in range(self.cols):  # baseM fp32 values: a multiple of 16, whole blocks
-            out.append(Buffer(f"bwc{k}", "a value per row of the tile", Kind.COLUMN, "float",
-                              Linear(row=4), "bM * sizeof(float)", 1, f"wc{k}"))
-        if self.rows:
-            per = repeat // block  # Brcb's blocks per repeat: whole repeats of row blocks
-            out.append(Buffer("btb", "a block per row (Brcb spreads, row-reduce gathers)",
-                              Kind.BLOCKS, "float", Linear(row=block, fixed=repeat),
-                              f"(bM + {per - 1}) / {per} * {repeat}"))
-            buf("brw", "a reduction's work row", "VECCALC", "float", 4, row=True)
-        return BufferPlan(tuple(out), Linear(fixed=block), "float")
-
-
-@dataclass
-class _Ref:
-    kind: str
-    expr: str
-    const: float | None = None
+    def layout(self, v: Value) -> str:
+        return self.layouts[id(self.storage(v))]
 
 
 ROW_REDUCTIONS = ("ReduceSum", "ReduceMax", "ReduceMin")  # the whole-row forms (RowReduce)
@@ -170,48 +135,40 @@ def _natural_strides(batch: tuple[Dim, ...], M: Dim, N: Dim) -> tuple[Dim, ...]:
     return tuple(out)
 
 
-
-class _Builder:
+class _Scheduler:
     def __init__(self, product: Value, batch, M, N, ins: list[Value], outs: list[Value],
                  steps: list[Node]):
         self.product, self.batch, self.M, self.N = product, batch, M, N
         self.numel = symbolic.numel(product.type.shape)
         self.ins, self.outs, self.steps = ins, outs, steps
-        self.refs: dict[int, _Ref] = {id(product): _Ref(TILE, "c")}
+        self.kind: dict[int, str] = {id(product): FULL}  # id(value) -> its layout
+        self.root: dict[int, Value] = {}
+        self.scalars: dict[int, float] = {}
+        self.computing: list[Node] = []
         self.ebatch: tuple[Dim, ...] = tuple(batch)  # see Epilogue.batch
         self.regrouped: Node | None = None  # a view regrouping them after an input was read
-        self.body: list[str] = []
-        self.free: list[str] = []
-        self.free_cols: list[str] = []
-        self.tiles = 0
-        self.cols = 0
         self.shapes: dict[int, tuple[Dim, ...]] = {}  # a column's shape (per-row checks)
-        self.ht = self.hh = False
         self.inputs: list[EpilogueInput] = []
-        self.last_use: dict[int, int] = {}
-        for k, n in enumerate(steps):
-            for v in n.inputs:
-                self.last_use[id(v)] = k
+        self.bound: dict[int, EpilogueInput] = {}
         self.keep = {id(v) for v in outs}
 
     # ---------------------------------------------------------- values
-    def input_ref(self, v: Value, user: Node) -> _Ref:
+    def input_kind(self, v: Value, user: Node) -> str:
         i = self.ins.index(v)
         shape = tuple(v.type.shape)
         if v.dtype not in FLOAT_TYPES:
             raise Unsupported(f"{user.op} reads {v.dtype.value} input {v.name} in a matmul "
                               "epilogue (float inputs only)", node=user)
         if eq(symbolic.numel(shape), 1):
-            self.inputs.append(EpilogueInput(i, SCALAR, v.dtype))
-            return _Ref(SCALAR, f"s{i}")
+            return self._bind(v, EpilogueInput(i, SCALAR_IN, v.dtype))
         if self.regrouped is not None:
             raise Unsupported(f"{self.regrouped.op} regroups the batch axes after an input is "
                               "read and before another in a matmul epilogue",
                               node=self.regrouped)
         if shape and eq(shape[-1], self.N) and (len(shape) == 1 or eq(shape[-2], 1)) \
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
-            self.inputs.append(EpilogueInput(i, ROW, v.dtype, batch_strides(shape, self.ebatch)))
-            return _Ref(ROW, f"r{i}")
+            return self._bind(v, EpilogueInput(i, ROW_IN, v.dtype,
+                                               batch_strides(shape, self.ebatch)))
         if shape and eq(shape[-1], self.N) and eq(symbolic.numel(shape), self.numel):
             strides = _natural_strides(self.ebatch, self.M, self.N)  # the product's layout
         elif len(shape) >= 2 and eq(shape[-1], self.N) and eq(shape[-2], self.M) \
@@ -221,50 +178,35 @@ class _Builder:
             raise Unsupported(f"{user.op} reads {v.name} of shape "
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (a tile of "
                               "the product, a row of N, or a scalar)", node=user)
-        self.inputs.append(EpilogueInput(i, TILE, v.dtype, strides))
-        return _Ref(TILE, f"x{i}")
+        return self._bind(v, EpilogueInput(i, TILE, v.dtype, strides))
 
-    def ref(self, v: Value, user: Node) -> _Ref:
-        if id(v) in self.refs:
-            return self.refs[id(v)]
+    def _bind(self, v: Value, rec: EpilogueInput) -> str:
+        self.inputs.append(rec)
+        self.bound.setdefault(id(v), rec)
+        return LAYOUT[rec.layout]
+
+    def kind_of(self, v: Value, user: Node) -> str:
+        if id(v) in self.kind:
+            return self.kind[id(v)]
         p = v.producer
         if p is not None and p.op == "Constant":
-            c = float(p.attrs["value"].reshape(-1)[0])
-            r = _Ref(SCALAR, f"CT({flt(c)})", c)
+            self.scalars[id(v)] = float(p.attrs["value"].reshape(-1)[0])
+            k = SCALAR
         elif v in self.ins:
-            r = self.input_ref(v, user)
+            k = self.input_kind(v, user)
         else:
             raise Unsupported(f"{user.op} reads {v.name}, not computed on the tile", node=user)
-        self.refs[id(v)] = r
-        return r
+        self.kind[id(v)] = k
+        return k
 
-    def alloc(self, kind: str = TILE) -> str:
-        if kind == COL:
-            if self.free_cols:
-                return self.free_cols.pop()
-            self.cols += 1
-            return f"wc{self.cols - 1}"
-        if self.free:
-            return self.free.pop()
-        self.tiles += 1
-        return f"w{self.tiles - 1}"
+    def alias(self, out: Value, src: Value) -> None:
+        """``out`` shares the buffer of ``src`` (a view, a cast that rounds nothing)."""
+        self.root[id(out)] = follow(self.root, src)
+        self.kind[id(out)] = self.kind[id(src)]
 
-    def release(self, k: int, n: Node) -> None:
-        """Return to their pools the tiles and columns whose last reader is step ``k``."""
-        for v in n.inputs:
-            r = self.refs.get(id(v))
-            pool = {TILE: self.free, COL: self.free_cols}.get(r.kind) if r else None
-            if (pool is not None and r.expr.startswith("w")
-                    and self.last_use.get(id(v)) == k and id(v) not in self.keep
-                    and r.expr not in pool and not self._aliased(r.expr, k)):
-                pool.append(r.expr)
-
-    def _aliased(self, expr: str, k: int) -> bool:
-        """Another value read after step ``k`` (or kept) shares the tile ``expr``."""
-        for vid, r in self.refs.items():
-            if r.expr == expr and (self.last_use.get(vid, -1) > k or vid in self.keep):
-                return True
-        return False
+    def compute(self, n: Node, kind: str) -> None:
+        self.kind[id(n.outputs[0])] = kind
+        self.computing.append(n)
 
     def _broadcasts(self, lead: tuple[Dim, ...]) -> bool:
         """Leading axes that broadcast into the product's batch axes."""
@@ -273,79 +215,72 @@ class _Builder:
             eq(d, 1) or eq(d, e) for d, e in zip(lead, b[len(b) - len(lead):], strict=True))
 
     # ------------------------------------------------------------- ops
-    def step(self, k: int, n: Node) -> None:
+    def step(self, n: Node) -> None:
         out = n.outputs[0]
         if n.op in VIEW_OPS:
-            src = self.ref(n.inputs[0], n)
+            src = self.kind_of(n.inputs[0], n)
             shape = tuple(out.type.shape)
-            if src.kind == COL:  # a view of a value per row: the same column
+            if src == COL:  # a view of a value per row: the same column
                 self.shapes[id(out)] = shape
-                self.refs[id(out)] = src
+                self.alias(out, n.inputs[0])
                 return
-            if src.kind == TILE and not (shape and eq(shape[-1], self.N)):
+            if src == FULL and not (shape and eq(shape[-1], self.N)):
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
-            if (src.kind == TILE and len(shape) >= 2 and eq(shape[-2], self.M)
+            if (src == FULL and len(shape) >= 2 and eq(shape[-2], self.M)
                     and shape[:-2] != self.ebatch):  # batch axes split or merged
                 if self.inputs:  # read over ebatch: no input may be read in this grouping
                     self.regrouped = self.regrouped or n  # (a value only stored is fine)
                 else:
                     self.ebatch = shape[:-2]
-            self.refs[id(out)] = src
+            self.alias(out, n.inputs[0])
             return
         rule = INSTRUCTIONS.get(n.op)
-        a = [self.ref(v, n) for v in n.inputs]
+        a = [self.kind_of(v, n) for v in n.inputs]
         if n.op in REDUCE_OPS:
-            self._reduce(k, n, rule, a[0])
+            self._reduce(n, rule, a[0])
             return
-        if n.op == "BroadcastTo" and a[0].kind == COL:  # a value per row across the row
+        if n.op == "BroadcastTo" and a[0] == COL:  # a value per row across the row
             self._per_row(n, n.inputs[0], tuple(out.type.shape))
-            dst = self.alloc()
-            self.body.append(f"R.ColCopy({dst}, {a[0].expr}, rows);")
-            self.refs[id(out)] = _Ref(TILE, dst)
-            self.release(k, n)
+            self.compute(n, FULL)
             return
-        if rule is None or rule.form not in ("unary", "binary", "pow", "cast"):
+        if rule is None or rule.form not in EPILOGUE_FORMS:
             raise Unsupported(f"{n.op} in a matmul epilogue (elementwise ops of the "
                               "instruction table and reductions along N only)", node=n)
-        if all(r.kind == SCALAR for r in a):
+        if all(k == SCALAR for k in a):
             if rule.scalar is None:
                 raise Unsupported(f"{n.op} of scalars in a matmul epilogue", node=n)
-            t = C_TYPE.get(out.dtype, "float")
-            expr = rule.scalar.format(*(r.expr for r in a), t=t)
-            self.refs[id(out)] = _Ref(SCALAR, f"CT({expr})")
+            self.compute(n, SCALAR)
             return
         if n.op == "Cast":
-            self._cast(k, n, a[0])
+            self._cast(n, a[0])
             return
-        if any(r.kind == ROW for r in a) and not any(r.kind == TILE for r in a):
+        if ROW in a and FULL not in a:
             raise Unsupported(f"{n.op} of a row alone in a matmul epilogue", node=n)
-        kind = TILE if any(r.kind in (TILE, ROW) for r in a) else COL
+        kind = FULL if FULL in a or ROW in a else COL
         if kind == COL:
             self.shapes[id(out)] = tuple(out.type.shape)
-        for v, r in zip(n.inputs, a, strict=True):
-            if r.kind == COL and kind == TILE:
+        for v, k in zip(n.inputs, a, strict=True):
+            if k == COL and kind == FULL:
                 self._per_row(n, v, tuple(out.type.shape))
-        dst = self.alloc(kind)
-        getattr(self, f"_{rule.form}")(rule, n, _Ref(kind, dst), a)
-        self.refs[id(out)] = _Ref(kind, dst)
-        self.release(k, n)
+        if rule.form == "binary":
+            self._binary(rule, n, a, kind)
+        elif rule.form == "pow":
+            self._pow(n, a)
+        self.compute(n, kind)
 
-    def _reduce(self, k: int, n: Node, rule, x: _Ref) -> None:
+    def _reduce(self, n: Node, rule, x: str) -> None:
         """A reduction of the tile's rows (the product's last axis only) to a column."""
         shape = tuple(n.inputs[0].type.shape)
-        if x.kind != TILE or not reduces_along(n, self.N):
+        if x != FULL or not reduces_along(n, self.N):
             axes = reduce_axes(len(shape), n.attrs.get("axis"))
             what = "a product" if rule.api is None else \
                 f"axes {axes} of {symbolic.format_shape(shape)}"
             raise Unsupported(f"{n.op} over {what} in a matmul epilogue (a sum, maximum or "
                               f"minimum along N = {symbolic.canon(self.N)} only)", node=n)
-        dst = self.alloc(COL)
-        self.body.append(f"R.RowReduce<R.{rule.row_op}>({dst}, {x.expr}, rows, cols);")
         out = n.outputs[0]
-        self.refs[id(out)] = _Ref(COL, dst)
+        self.compute(n, COL)
         self.shapes[id(out)] = tuple(out.type.shape)
-        self.release(k, n)
 
     def _per_row(self, n: Node, v: Value, shape: tuple) -> None:
         """Column ``v`` meets the tile of ``shape``: it must hold one value per row of it (the
@@ -358,98 +293,64 @@ class _Builder:
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (one value "
                               "per row only)", node=n)
 
-    def _unary(self, rule, n, dst: _Ref, a) -> None:
-        (x,) = a
-        self.ht |= rule.api is not None and rule.scratch == "ht"
-        self.body.append(unary_line(rule, dst.expr, x.expr, COUNT[dst.kind]))
-
-    def _binary(self, rule, n, dst: _Ref, a) -> None:
+    def _binary(self, rule, n: Node, a: list[str], kind: str) -> None:
+        """What a binary op's operands may be on a tile."""
         x, y = a
-        b, d, cnt = self.body, dst.expr, COUNT[dst.kind]
-        if x.kind == y.kind:  # tile with tile, column with column
-            b.append(f"{rule.api}({d}, {x.expr}, {y.expr}, {cnt});")
-        elif COL in (x.kind, y.kind) and dst.kind == TILE:  # each row against its value
-            if ROW in (x.kind, y.kind) or rule.row_op is None:
-                raise Unsupported(f"{n.op} of {x.kind} and {y.kind} values in a matmul "
+        if x == y:
+            return
+        if COL in a and kind == FULL:  # each row against its value
+            if ROW in a or rule.row_op is None:
+                raise Unsupported(f"{n.op} of {_word(x)} and {_word(y)} values in a matmul "
                                   "epilogue", node=n)
-            tile, col = (x, y) if y.kind == COL else (y, x)
-            first = "true" if col is x else "false"
-            b.append(f"R.ColOp<R.{rule.row_op}, {first}>({d}, {tile.expr}, {col.expr}, rows);")
-        elif ROW in (x.kind, y.kind):
-            tx = x.expr + "[i * bN]" if x.kind == TILE else x.expr
-            ty = y.expr + "[i * bN]" if y.kind == TILE else y.expr
-            if SCALAR in (x.kind, y.kind):
-                raise Unsupported(f"{n.op} of a row and a scalar in a matmul epilogue", node=n)
-            b.append(f"for (uint32_t i = 0; i < rows; ++i) {rule.api}({d}[i * bN], {tx}, "
-                     f"{ty}, bN);")
-        else:  # a tile (or a column) and a scalar
-            v, s = (x, y) if y.kind == SCALAR else (y, x)
-            if rule.scalar_api is not None:
-                b.append(f"{rule.scalar_api}({d}, {v.expr}, {s.expr}, {cnt});")
-            elif n.op == "Sub" and v is x:  # x - s = x + (-s), exact
-                b.append(f"Adds({d}, {x.expr}, CT(-({s.expr})), {cnt});")
-            else:  # the scalar spread over the value, then the two-operand form
-                b.append(f"Duplicate({d}, {s.expr}, {cnt});")
-                args = (d, v.expr) if v is y else (v.expr, d)
-                b.append(f"{rule.api}({d}, {args[0]}, {args[1]}, {cnt});")
+        elif ROW in a and SCALAR in a:
+            raise Unsupported(f"{n.op} of a row and a scalar in a matmul epilogue", node=n)
 
-    def _pow(self, rule, n, dst: _Ref, a) -> None:
-        x, e = a
-        if x.kind not in (TILE, COL) or e.const is None:
+    def _pow(self, n: Node, a: list[str]) -> None:
+        """A power by a constant the epilogue writes as a root or a few products."""
+        c = self.scalars.get(id(follow(self.root, n.inputs[1])))
+        if a[0] not in (FULL, COL) or c is None:
             raise Unsupported("Pow with a tensor exponent in a matmul epilogue", node=n)
-        c, d, cnt = e.const, dst.expr, COUNT[dst.kind]
-        if c == 0.5:
-            self.body.append(f"Sqrt({d}, {x.expr}, {cnt});")
-        elif c == int(c) and 1 <= c <= 4:
-            self.body.append(f"Muls({d}, {x.expr}, CT(1.0f), {cnt});")
-            for _ in range(int(c) - 1):
-                self.body.append(f"Mul({d}, {d}, {x.expr}, {cnt});")
-        else:
+        if not (c == 0.5 or (c == int(c) and 1 <= c <= 4)):
             raise Unsupported(f"Pow by {c} in a matmul epilogue", node=n)
 
-    def _cast(self, k: int, n: Node, x: _Ref) -> None:
+    def _cast(self, n: Node, x: str) -> None:
         out = n.outputs[0]
         if out.dtype not in FLOAT_TYPES:
             raise Unsupported(f"Cast to {out.dtype.value} in a matmul epilogue", node=n)
         only_stored = not out.users and id(out) in self.keep
-        if x.kind == COL:
+        if x == COL:
             self.shapes[id(out)] = tuple(out.type.shape)
-        if out.dtype == DType.float32 or only_stored or x.kind not in (TILE, COL):
-            self.refs[id(out)] = x  # fp32 in UB already; a stored value rounds on store
+        if out.dtype == DType.float32 or only_stored or x not in (FULL, COL):
+            self.alias(out, n.inputs[0])  # fp32 in UB already; a stored value rounds on store
             return
-        dst = self.alloc(x.kind)  # the rounding the graph asks for, through a 16-bit scratch
-        self.hh = True
-        t, cnt = C_TYPE[out.dtype], COUNT[x.kind]
-        self.body += [f"Cast(hh.ReinterpretCast<{t}>(), {x.expr}, RoundMode::CAST_RINT, {cnt});",
-                      f"Cast({dst}, hh.ReinterpretCast<{t}>(), RoundMode::CAST_NONE, {cnt});"]
-        self.refs[id(out)] = _Ref(x.kind, dst)
-        self.release(k, n)
+        self.compute(n, x)  # the rounding the graph asks for, through a 16-bit scratch
 
 
-def build(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
-          steps: list[Node]) -> Epilogue:
+def _word(layout: str) -> str:
+    """A layout as the epilogue's messages name it."""
+    return {FULL: TILE}.get(layout, layout)
+
+
+def schedule(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
+             steps: list[Node]) -> Epilogue:
     """The epilogue of the ``steps`` (in order) on the product's tiles; ``ins`` the kernel's
-    inputs (by index), ``outs`` its outputs."""
-    b = _Builder(product, batch, M, N, ins, outs, steps)
-    for k, n in enumerate(steps):
-        b.step(k, n)
+    inputs (by index), ``outs`` its outputs; Unsupported for what it cannot run."""
+    b = _Scheduler(product, batch, M, N, ins, outs, steps)
+    for n in steps:
+        b.step(n)
     outputs = []
     for j, v in enumerate(outs):
-        r = b.refs.get(id(v))
-        if r is None or r.kind != TILE:
+        k = b.kind.get(id(v))
+        if k != FULL:
             raise Unsupported(f"output {v.name} of a matmul kernel is not a tile of the "
                               "product", node=v.producer)
         if v.dtype not in FLOAT_TYPES or not eq(symbolic.numel(v.type.shape), b.numel):
             raise Unsupported(f"output {v.name} of a matmul kernel: {v.dtype.value} "
                               f"{symbolic.format_shape(v.type.shape)}", node=v.producer)
-        outputs.append(EpilogueOutput(j, v.dtype, r.expr))
+        outputs.append(EpilogueOutput(j, v.dtype, v))
     seen: set[int] = set()
     uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]
-    # the vector barriers, placed by the rule every vector kernel uses (codegen/barriers.py)
-    names = ["c", "hh", *(f"w{k}" for k in range(b.tiles)),
-             *(f"wc{k}" for k in range(b.cols)),
-             *(f"{'x' if i.layout == TILE else 'r'}{i.index}" for i in uniq
-               if i.layout != SCALAR)]
-    body = barriers.place_text(b.body, names)
-    return Epilogue(uniq, outputs, body, b.tiles, b.ht, b.hh, [n.op for n in steps],
-                    b.ebatch, b.cols, b.cols > 0)
+    layouts = {vid: k for vid, k in b.kind.items() if vid not in b.root}
+    return Epilogue(product, uniq, outputs, b.computing, layouts, b.root, b.scalars, b.bound,
+                    [n.op for n in steps], b.ebatch,
+                    any(n.op in REDUCE_OPS for n in b.computing))

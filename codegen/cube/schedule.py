@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from graphkernel import symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.buffers import BufferPlan, Linear
+from graphkernel.codegen.buffers import NO_BUFFERS, BufferPlan, Linear, plan
 from graphkernel.codegen.cube import epilogue
 from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
+from graphkernel.codegen.cube.lower import lower
 from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
-from graphkernel.codegen.lower import C_TYPE
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import FULL, KernelIO, kernel_symbol
 from graphkernel.ir import Dim, DType, Node, Value
@@ -78,38 +78,27 @@ class MatmulSchedule:
         kernel (the epilogue computes in fp32), the product's type to GM otherwise."""
         return 4 if self.epilogue is not None else self.dtype.itemsize
 
-    @property
     def plan(self) -> BufferPlan:
-        """The kernel's UB buffers: none for a cube kernel (C goes straight to GM), the
-        epilogue's for a MIX kernel."""
+        """The kernel's UB buffers: none for a cube kernel (C goes straight to GM), its
+        epilogue's lowering's for a MIX kernel."""
         e = self.epilogue
-        if e is None:
-            return BufferPlan((), Linear(), "float")
-        return _plan(e, [io.dtype for io in self.inputs], [io.dtype for io in self.outputs],
-                     self.target)
+        return NO_BUFFERS if e is None else plan(lower(e, self.target),
+                                                 self.target.block_bytes)
 
-    @property
-    def ub_per_elem(self) -> int:
-        """UB bytes per element of a base tile (the tiling's bound)."""
-        return self.plan.budget().tile if self.epilogue is not None else self.c_bytes
+    def ub_per_elem(self, p: BufferPlan) -> int:
+        """UB bytes per element of a base tile under buffer plan ``p`` (the tiling's bound)."""
+        return p.budget().tile if self.epilogue is not None else self.c_bytes
 
     @property
     def whole_rows(self) -> bool:
         """The epilogue reduces along N: one core and one base tile hold each row whole."""
         return self.epilogue is not None and self.epilogue.rows
 
-    @property
-    def ub_reserved(self) -> int:
-        """UB bytes besides: rows at their widest base tile (256 columns, or N rounded up to
-        the fractal when a tile holds whole rows), columns at 256 rows, and the slack."""
-        return _reserved(self.plan.budget(), self.N, self.whole_rows, self.target)
-
-
-def _plan(e: Epilogue, ins: list[DType], outs: list[DType], spec: targets.Target
-          ) -> BufferPlan:
-    types = {i: C_TYPE[d] for i, d in enumerate(ins) if d in C_TYPE}
-    otypes = {j: C_TYPE[d] for j, d in enumerate(outs) if d in C_TYPE}
-    return e.plan(types, otypes, spec.block_bytes, spec.repeat_bytes)
+    def ub_reserved(self, p: BufferPlan) -> int:
+        """UB bytes besides, under buffer plan ``p``: rows at their widest base tile (256
+        columns, or N rounded up to the fractal when a tile holds whole rows), columns at 256
+        rows, and the slack."""
+        return _reserved(p.budget(), self.N, self.whole_rows, self.target)
 
 
 def _reserved(b: Linear, N: Dim, whole_rows: bool, spec: targets.Target) -> int:
@@ -149,13 +138,12 @@ def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
     if mm.attrs.get("transpose_a"):
         K = mm.inputs[0].type.shape[-2]
     try:
-        epi = epilogue.build(mm.outputs[0], tuple(out[:-2]), M, N, ins, leaving, steps)
+        epi = epilogue.schedule(mm.outputs[0], tuple(out[:-2]), M, N, ins, leaving, steps)
     except Unsupported as e:
         return str(e)
     if not epi.rows or not symbolic.is_static(N) or not symbolic.is_static(K):
         return None
-    plan = _plan(epi, [v.dtype for v in ins], [v.dtype for v in leaving], spec)
-    b = plan.budget()
+    b = plan(lower(epi, spec), spec.block_bytes).budget()
     dt = mm.outputs[0].dtype
     try:
         tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, 4, spec,
@@ -221,7 +209,7 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     outs = list(body.outputs)
     epi = None
     if steps:  # a MIX kernel: the epilogue on each base tile (codegen/cube/epilogue.py)
-        epi = epilogue.build(mm.outputs[0], batch, M, N, ins, outs, steps)
+        epi = epilogue.schedule(mm.outputs[0], batch, M, N, ins, outs, steps)
         if len(epi.batch) > MAX_BATCH_AXES:
             raise Unsupported(f"{mm.op}'s epilogue over {len(epi.batch)} batch axes (at most "
                               f"{MAX_BATCH_AXES})", node=mm)
@@ -237,18 +225,19 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
         dtype=dt, tiling=None, target=spec, epilogue=epi,
         kernel_kind="mix" if epi is not None else "cube")
+    p = s.plan()  # the tiling's UB bound: the epilogue's buffer plan
     if all(symbolic.is_static(d) for d in (*out, K)):
         nb = int(symbolic.numel(batch)) if batch else 1
         try:
             s.tiling = tile(int(M), int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
-                            batch=nb, ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem,
+                            batch=nb, ub_reserved=s.ub_reserved(p), ub_per_elem=s.ub_per_elem(p),
                             whole_rows=s.whole_rows)
         except NoTiling as e:
             raise Unsupported(str(e), node=mm) from None
     elif s.whole_rows and symbolic.is_static(K):  # M at run time: do the rows fit at all?
         try:
             tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
-                 ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem, whole_rows=True)
+                 ub_reserved=s.ub_reserved(p), ub_per_elem=s.ub_per_elem(p), whole_rows=True)
         except NoTiling as e:
             raise Unsupported(str(e), node=mm) from None
     s.notes = notes(s)

@@ -306,7 +306,7 @@ def test_mix_kernel_code_runs_the_epilogue_on_each_tile(mix_library):
     assert "while" not in text and "mm.Iterate()" in text and "mm.GetTensorC(c);" in text
     assert "Sigmoid(" in text and "IterateAll" not in text and "ASCENDC_CUBE_ONLY" not in text
     assert r.manifest["kind"] == "mix"
-    assert s.tiling.baseM * s.tiling.baseN * s.ub_per_elem <= SPEC.ub_bytes
+    assert s.tiling.baseM * s.tiling.baseN * s.ub_per_elem(s.plan()) <= SPEC.ub_bytes
 
 
 def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
@@ -323,7 +323,7 @@ def test_reductions_along_n_hold_whole_rows_in_a_tile(mix_library):
         _, block, fields = lib.tiling(s.name, [io.shape for io in [*s.inputs, *s.outputs]], SPEC)
         assert fields == {f: getattr(t, f) for f in CUBE_FIELDS}, name  # the host's tiler
         assert block == t.usedCoreNum
-        assert t.baseN < t.N + 16 and [b.name for b in s.plan.buffers if b.name.startswith(
+        assert t.baseN < t.N + 16 and [b.name for b in s.plan().buffers if b.name.startswith(
             ("bwc", "btb", "brw"))][-2:] == ["btb", "brw"], name
     assert built["bias_residual_layernorm_fp32"][3].tiling.coresM > 1  # M split over cores
     s = built["layernorm_two_outputs"][3]
