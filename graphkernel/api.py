@@ -85,8 +85,11 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
 
         graph = load_model(graph_or_path)
     cfg = load_config(flags, config, target, env)
-    pm = PassManager(cfg, log=log, dump_dir=str(dump_dir) if dump_dir is not None and
-                     cfg.dump_as_text else None)
+    from graphkernel.codegen import targets  # the backend's facts, loaded once per compile
+
+    pm = PassManager(cfg, targets.load(cfg.target), log=log,
+                     dump_dir=str(dump_dir) if dump_dir is not None and cfg.dump_as_text
+                     else None)
     report = pm.run(graph)
     result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
     report_count(report.bisect_applications)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, traffic
-from graphkernel.codegen.targets import load as load_target
 from graphkernel.fusion import cluster_ops, reason_checker, regions_of
 from graphkernel.ir import Node
 from graphkernel.ops import PRODUCT_OPS
@@ -41,7 +40,7 @@ def cluster(graph, ctx) -> PassResult:
     vector = fusable - products
     regions, vector_regions = regions_of(graph, [fusable, vector])
     ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])
-    spec = load_target(ctx.flags.target)
+    spec = ctx.target
     total, count, us = cost.totals(graph, spec)
     ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec, vector_regions)
     ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,

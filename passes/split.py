@@ -6,7 +6,6 @@ import re
 from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, extern, traffic
-from graphkernel.codegen.targets import load as load_target
 from graphkernel.flags import Config
 from graphkernel.fusion import (
     Area,
@@ -228,7 +227,7 @@ def traffic_summary(graph, ctx) -> None:
     """Final GM-traffic figures and, with dump_as_text, the cluster report."""
     total, count, kernels = traffic.summary(graph)
     extra = ctx.report_extra
-    spec = load_target(ctx.flags.target)
+    spec = ctx.target
     fused_us = cost.model(graph, spec, kernels)
     if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
         why_not = reason_checker(cluster_ops(ctx.flags), ctx.flags)

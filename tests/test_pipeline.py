@@ -8,6 +8,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType, registry
 from graphkernel.api import load_config
+from graphkernel.codegen import targets
 from graphkernel.errors import FlagError, OutputError, PluginError
 from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.pipeline import PassFailure, PassManager, build_pipeline, decide, plan
@@ -220,7 +221,8 @@ def test_broken_pass_is_named(temp_pass):
     # registered from outside graphkernel: a plugin's pass, so the plugin is blamed
     with pytest.raises(PluginError, match=r"plugin .*test_pipeline\.py: pass break_uses left an "
                                           "invalid graph"):
-        PassManager(cfg, check_each_pass=True, log=lambda m: None).run(graph_with_rewrites())
+        PassManager(cfg, targets.load(cfg.target), check_each_pass=True,
+                    log=lambda m: None).run(graph_with_rewrites())
 
 
 def test_crashing_plugin_pass_is_reported_as_the_plugins(temp_pass):

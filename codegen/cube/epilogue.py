@@ -158,7 +158,7 @@ class _Scheduler:
         shape = tuple(v.type.shape)
         if v.dtype not in FLOAT_TYPES:
             raise Unsupported(f"{user.op} reads {v.dtype.value} input {v.name} in a matmul "
-                              "epilogue (float inputs only)", node=user)
+                              "epilogue (float inputs only)", node=user, about=(v,))
         if eq(symbolic.numel(shape), 1):
             return self._bind(v, EpilogueInput(i, SCALAR_IN, v.dtype))
         if self.regrouped is not None:
@@ -177,7 +177,7 @@ class _Scheduler:
         else:
             raise Unsupported(f"{user.op} reads {v.name} of shape "
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (a tile of "
-                              "the product, a row of N, or a scalar)", node=user)
+                              "the product, a row of N, or a scalar)", node=user, about=(v,))
         return self._bind(v, EpilogueInput(i, TILE, v.dtype, strides))
 
     def _bind(self, v: Value, rec: EpilogueInput) -> str:
@@ -195,7 +195,8 @@ class _Scheduler:
         elif v in self.ins:
             k = self.input_kind(v, user)
         else:
-            raise Unsupported(f"{user.op} reads {v.name}, not computed on the tile", node=user)
+            raise Unsupported(f"{user.op} reads {v.name}, not computed on the tile", node=user,
+                              about=(v,))
         self.kind[id(v)] = k
         return k
 
@@ -343,10 +344,10 @@ def schedule(product: Value, batch, M, N, ins: list[Value], outs: list[Value],
         k = b.kind.get(id(v))
         if k != FULL:
             raise Unsupported(f"output {v.name} of a matmul kernel is not a tile of the "
-                              "product", node=v.producer)
+                              "product", node=v.producer, about=(v,))
         if v.dtype not in FLOAT_TYPES or not eq(symbolic.numel(v.type.shape), b.numel):
             raise Unsupported(f"output {v.name} of a matmul kernel: {v.dtype.value} "
-                              f"{symbolic.format_shape(v.type.shape)}", node=v.producer)
+                              f"{symbolic.format_shape(v.type.shape)}", node=v.producer, about=(v,))
         outputs.append(EpilogueOutput(j, v.dtype, v))
     seen: set[int] = set()
     uniq = [i for i in b.inputs if not (i.index in seen or seen.add(i.index))]

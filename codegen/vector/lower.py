@@ -106,11 +106,13 @@ class VectorLowerer(Lowerer):
         if io.columns and any(io.columns[0] * size % s.target.ub_align_bytes
                               for size in (io.dtype.itemsize, s.compute.itemsize)):
             raise Unsupported(f"input {io.value.name} read at column {io.columns[0]}, which "
-                              f"does not start on a {s.target.ub_align_bytes}-byte UB block")
+                              f"does not start on a {s.target.ub_align_bytes}-byte UB block",
+                              about=(io.value,))
         loaded = f"xi{io.index}"
         if io.dtype == BITS:  # raw words, used in place
             if io.kind not in (FULL, PARTIAL):
-                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})")
+                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
+                                  about=(io.value,))
             self.refs[id(v)] = Ref(FULL, loaded, store="xi")
         elif io.kind in (FULL, PARTIAL, COL):
             kind = COL if io.kind == COL else FULL
@@ -158,7 +160,8 @@ class VectorLowerer(Lowerer):
         src = self.refs[id(v)]
         count = self.space.counts[io.kind]
         if src.kind != io.kind:
-            raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}")
+            raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
+                              about=(io.value,))
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
         to = self.final_epilogue if late else self.epilogue
         y = f"yo{io.index}"

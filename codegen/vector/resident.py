@@ -31,11 +31,11 @@ freedom. R and ``repeat`` must be static; the leading axes may be symbolic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import plan
-from graphkernel.codegen.kernel_ir import KernelIR
+from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import PARTIAL, KernelIO, Schedule, io_notes
 from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
@@ -94,25 +94,25 @@ def table_map(io: KernelIO) -> TableMap | None:
     return TableMap(rows, pitch, repeat)
 
 
-def choose(s: Schedule, ir: KernelIR) -> None:
-    """Make the inputs of ``s`` that are tables of one row count resident, when the kernel's
-    tiles hold whole rows and the buffer plan with them fits the UB (else leave ``s``)."""
+def choose(s: Schedule) -> Schedule:
+    """``s`` with its inputs that are tables of one row count resident, when the kernel's
+    tiles hold whole rows and the buffer plan with them (a trial lowering's) fits the UB;
+    else ``s`` itself."""
     if s.col_reduce or s.row_chunks or not s.whole_rows or s.variant is not None or \
             not symbolic.is_static(s.L):
-        return
+        return s
     maps = {io.index: table_map(io) for io in s.inputs}
     rows = next((m.block for m in maps.values() if m is not None), None)
     if rows is None:
-        return
-    tables = [io for io in s.inputs if maps[io.index] and maps[io.index].block == rows]
-    for io in tables:
-        io.table, io.table_repeat = rows, maps[io.index].repeat
+        return s
+    inputs = [replace(io, table=rows, table_repeat=maps[io.index].repeat)
+              if maps[io.index] and maps[io.index].block == rows else io for io in s.inputs]
+    held = replace(s, inputs=inputs)
     a = align_elems(s)
     ctp = -(-int(symbolic.canon(s.L)) // a) * a
     ub = s.target.ub_bytes
-    table_bytes = sum(rows * ctp * io.dtype.itemsize for io in tables)
-    if table_bytes * UB_SHARE > ub or plan(ir, s.target.block_bytes).budget().bytes(1, ctp) > ub:
-        for io in tables:
-            io.table, io.table_repeat = 0, 1
-        return
-    s.notes = io_notes(s.inputs, s.reduce)
+    table_bytes = sum(rows * ctp * io.dtype.itemsize for io in inputs if io.table)
+    if table_bytes * UB_SHARE > ub or \
+            plan(lower(held), s.target.block_bytes).budget().bytes(1, ctp) > ub:
+        return s
+    return replace(held, notes=io_notes(inputs, s.reduce))

@@ -367,7 +367,8 @@ class _Planner:
         for v in sub.outputs:
             if id(v) in self.cols:
                 raise Unsupported(f"output {v.name} is a slice of the last axis of a computed "
-                                  "value (stored only as part of a Concat spanning the row)")
+                                  "value (stored only as part of a Concat spanning the row)",
+                                  about=(v,))
         cat_outs = {id(n.outputs[0]) for n in concats}
         for n in steps:  # a Concat's blocks go straight to its output; nothing computes on them
             if any(id(self.owner(x)) in cat_outs for x in n.inputs):
@@ -400,11 +401,12 @@ class _Planner:
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
-                raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
+                raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value",
+                                  about=(o.value,))
             total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
             if o.kind == FULL and not o.pieces and not eq(o.value.type.numel, total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
-                                  "(a source of a broadcast, stored as it is)")
+                                  "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
@@ -437,7 +439,8 @@ class _Planner:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in allowed:
                     raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across the "
-                                      "elements it reduces (that needs a second pass)", node=n)
+                                      "elements it reduces (that needs a second pass)", node=n,
+                                      about=(n,))
                 final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
@@ -483,7 +486,8 @@ class _Planner:
         x = next((x for x in n.inputs if id(x) in self.cols), None)
         if x is not None:
             raise Unsupported(f"{n.op} reads {x.name}, a slice of the last axis (read by "
-                              "elementwise ops and Concats along that axis only)", node=n)
+                              "elementwise ops and Concats along that axis only)", node=n,
+                              about=(x,))
 
     def _column_step(self, n: Node) -> None:
         """An elementwise op on column values (with scalars) gives a column value at the same
@@ -504,7 +508,7 @@ class _Planner:
             if not any(o is v for v in self.sub.inputs) or self.loaded[id(o)] is not o or \
                     not eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
                 raise Unsupported(f"{n.op} reads a slice of the last axis with {x.name}, which "
-                                  "is not a kernel input of the slice's width", node=n)
+                                  "is not a kernel input of the slice's width", node=n, about=(x,))
             self.colinputs[id(o)] = col
         self.cols[id(n.outputs[0])] = col
 
@@ -546,12 +550,12 @@ class _Planner:
                               "as strided loads of kernel inputs)", node=n)
         if self.loaded[id(src)] is not src or len(src.uses) != 1:
             raise Unsupported(f"{n.op}: input {src.name} is read through more than one view",
-                              node=n)
+                              node=n, about=(src,))
         v = n.inputs[0]  # a reshape of a contiguous input is contiguous in its new shape
         while v is not src:
             if len(v.uses) != 1:
                 raise Unsupported(f"{n.op}: input {src.name} is read through more than one "
-                                  "view", node=n)
+                                  "view", node=n, about=(src,))
             v = v.producer.inputs[0]
         out = n.outputs[0]
         if n.op == "Transpose":
@@ -697,7 +701,7 @@ class _Planner:
                        if eq(sshape[k], 1) and not eq(cur.shape[k], 1)]
                 if any(not isinstance(strides[k], int) for k in new):
                     raise Unsupported(f"output {v.name}: a broadcast copy at a symbolic offset",
-                                      node=cur.producer)
+                                      node=cur.producer, about=(v,))
                 copies += [(int(cur.shape[k]), int(strides[k])) for k in new]
                 strides = tuple(0 if k in new else strides[k] for k in range(pad, len(sshape)))
                 cur = src
@@ -712,11 +716,12 @@ class _Planner:
         while x.producer is not None and is_view(x.producer):
             if id(x) in self.bstores:
                 raise Unsupported(f"output {v.name}: a broadcast whose copies have no affine "
-                                  "map (a reshape merges a copied axis)", node=x.producer)
+                                  "map (a reshape merges a copied axis)", node=x.producer,
+                                  about=(v,))
             if x.producer.op == "Transpose":
                 raise Unsupported(f"output {v.name}: its chain of views of a computed value "
                                   "has no affine map (a reshape merges transposed axes)",
-                                  node=x.producer)
+                                  node=x.producer, about=(v,))
             x = x.producer.inputs[0]
         shape = tuple(cur.shape)
         if shape and not eq(shape[-1], 1) and not eq(strides[-1], 1):
@@ -909,7 +914,7 @@ class _Planner:
                     continue
                 if self._needs_rows(v, N) and self._classify(v, S, L) is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}", node=n)
+                                      f"follow rows of {L}", node=n, about=(v,))
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
@@ -943,7 +948,7 @@ class _Planner:
                     c = self._compact_input(v, N, L)
                     if c is None:
                         raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                          "value) in the loop space", node=n)
+                                          "value) in the loop space", node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
                         guessed.add(id(o))
@@ -951,7 +956,7 @@ class _Planner:
                 c = self._classify(v, S, L)
                 if c is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}", node=n)
+                                      f"follow rows of {L}", node=n, about=(v,))
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
@@ -991,7 +996,7 @@ class _Planner:
             if id(o) not in kind and id(o) in self.views:
                 c = self._classify(v, tuple(v.shape), L)
                 if c is None:
-                    raise Unsupported(f"output {v.name} does not follow rows of {L}")
+                    raise Unsupported(f"output {v.name} does not follow rows of {L}", about=(v,))
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
@@ -1011,7 +1016,7 @@ class _Planner:
             c = self._classify(o, tuple(o.shape), L) if eq(o.type.numel, N) else None
             if c is None or c[0] not in (FULL, PARTIAL):
                 raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
-                                  "that is not a full tile) in the loop space", node=n)
+                                  "that is not a full tile) in the loop space", node=n, about=(v,))
             kind[id(o)] = c[0]
             if c[0] == PARTIAL:
                 self.partial[id(o)] = (c[1], c[2], c[3])
@@ -1028,17 +1033,18 @@ class _Planner:
         vs = tuple(v.shape)
         if len(vs) > len(S) or tuple(v.shape) != tuple(o.shape):
             raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
-                              "axis", node=n)
+                              "axis", node=n, about=(v,))
         vs = (1,) * (len(S) - len(vs)) + vs
         if any(not (eq(a, b) or eq(a, 1)) for a, b in zip(vs, S, strict=True)):
             raise Unsupported(f"{n.op}: {v.name} does not broadcast to a slice of the last "
-                              "axis", node=n)
+                              "axis", node=n, about=(v,))
         strides = views.contiguous(vs)
         outer = tuple(0 if eq(a, 1) and not eq(b, 1) else st
                       for a, b, st in zip(vs[:-1], S[:-1], strides[:-1], strict=True))
         got = (S[:-1], outer, 0)
         if kind.get(id(o)) not in (None, PARTIAL) or self.partial.get(id(o), got) != got:
-            raise Unsupported(f"{v.name} is read both as columns of rows and otherwise", node=n)
+            raise Unsupported(f"{v.name} is read both as columns of rows and otherwise", node=n,
+                              about=(v,))
         kind[id(o)] = PARTIAL
         self.partial[id(o)] = got
 
@@ -1050,7 +1056,7 @@ class _Planner:
         c = self._classify(v, S, L)
         if c is not None and {c[0], placed} == {ROW, COL}:
             raise Unsupported(f"{n.op} reads {v.name} as a {c[0]}, but it is held as a "
-                              f"{placed}", node=n)
+                              f"{placed}", node=n, about=(v,))
 
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool, L: Dim = 1
             ) -> KernelIO:
@@ -1060,17 +1066,17 @@ class _Planner:
             c = classify(shape, shape, L, View(0, strides))
             if c is None:
                 raise Unsupported(f"output {v.name} (a transpose of a computed value): rows of "
-                                  f"{L} are not contiguous in it")
+                                  f"{L} are not contiguous in it", about=(v,))
             if self.kind_of(kind, v) != FULL:
                 raise Unsupported(f"output {v.name}: a transpose of a value smaller than the "
-                                  "loop space")
+                                  "loop space", about=(v,))
             if c[0] == PARTIAL:
                 return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), c[1], c[2], c[3],
                                 self.owner(v), copies=self.copies.get(id(v), ()))
         o = self.owner(local)
         k = kind.get(id(o))
         if k is None:
-            raise Unsupported(f"value {v.name} is not used by any computing op")
+            raise Unsupported(f"value {v.name} is not used by any computing op", about=(v,))
         if not is_input and k == PARTIAL:
             k = FULL  # a loaded tile stored back (a broadcast or slice materialised)
         outer, strides, base = self.partial.get(id(o), ((), (), 0)) if is_input else ((), (), 0)
@@ -1080,7 +1086,7 @@ class _Planner:
             return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                             columns=(col[0], col[1]))
         if copies and k != FULL:
-            raise Unsupported(f"output {v.name}: copies of a {k} value")
+            raise Unsupported(f"output {v.name}: copies of a {k} value", about=(v,))
         return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                         copies=copies)
 

@@ -12,10 +12,10 @@ import pytest
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
 from graphkernel.codegen.buffers import Linear
+from graphkernel.codegen.legalize import check
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.codegen.vector.render import render
 from graphkernel.kernels import build_kernel
-from graphkernel.passes.codegen import check
 
 
 def _kernel(build, *inputs: tuple[str, tuple, str]):

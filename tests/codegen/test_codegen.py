@@ -336,8 +336,8 @@ def test_enable_low_precision_kernels_compute_in_fp16():
 def _one_kernel(g):
     """g (copied) with all its computing nodes in one GraphKernel, scheduled: a kernel shape
     the fusion patterns may not form, for the schedule's own tests."""
+    from graphkernel.codegen.legalize import check
     from graphkernel.kernels import build_kernel
-    from graphkernel.passes.codegen import check
 
     g2 = g.copy()
     k = build_kernel(g2, [n for n in g2.nodes if n.op != "Constant"], "one", "test")

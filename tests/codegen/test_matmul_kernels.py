@@ -251,8 +251,8 @@ DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32"}
 @pytest.fixture(scope="module")
 def mix_library():
     from graphkernel.codegen.backend import render_all
+    from graphkernel.codegen.legalize import check
     from graphkernel.codegen.sim.execute import SimLibrary
-    from graphkernel.passes.codegen import check
 
     built = {}
     for name, epi in MIX.items():
@@ -345,8 +345,8 @@ def test_rows_too_long_for_a_tile_split_the_kernel_with_the_reason(n, dtype, lim
     the fusion (the fusion itself asks first; this is the codegen's own check)."""
     g, fused, k = _mix("long_rows", (50, 90), (90, n), lambda g, nd, y: [_layernorm(
         g, nd, nd("Add", [y, _inp(g, "r", (50, n), dtype)]), dtype, affine=False)], dtype)
+    from graphkernel.codegen.legalize import check
     from graphkernel.codegen.refusal import Unsupported
-    from graphkernel.passes.codegen import check
 
     with pytest.raises(Unsupported, match=rf"no base tile holds whole rows of N = {n} .*"
                                           + limit) as e:
@@ -369,8 +369,8 @@ def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
     b = g.add_input("b", TensorType((64, 48), "float16"))
     y = g.add_node("MatMul", [a, b], {}).output
     g.set_outputs([g.add_node("ReduceSum", [y], {"axis": [1], "keep_dims": True}).output])
+    from graphkernel.codegen.legalize import check
     from graphkernel.kernels import build_kernel
-    from graphkernel.passes.codegen import check
 
     fused = g.copy()
     k = build_kernel(fused, [n for n in fused.nodes if n.op != "Constant"], "k", "test")
@@ -381,8 +381,8 @@ def test_an_epilogue_outside_the_model_falls_back_to_two_kernels():
 def test_a_reduced_value_broadcast_along_the_other_axis_is_refused():
     """A sum of rows kept as [M] and subtracted from the [M, M] product broadcasts along the
     rows (numpy aligns it with N): not a value per row, so the epilogue refuses it."""
+    from graphkernel.codegen.legalize import check
     from graphkernel.codegen.refusal import Unsupported
-    from graphkernel.passes.codegen import check
 
     g, fused, k = _mix("col_as_row", (70, 90), (90, 70), lambda g, n, y: [
         n("Sub", [y, n("ReduceSum", [y], axis=[-1])])])

@@ -13,12 +13,12 @@ import pytest
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
 from graphkernel.codegen.kernel_ir import Kind
+from graphkernel.codegen.legalize import check
 from graphkernel.codegen.sim.execute import SimLibrary
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.codegen.vector import resident
 from graphkernel.codegen.vector.render import render
 from graphkernel.kernels import build_kernel
-from graphkernel.passes.codegen import check
 
 SPEC = targets.load("ascend910b")
 

@@ -67,7 +67,7 @@ def _with(**facts) -> targets.Target:
 
 
 def test_the_generated_code_follows_the_target_facts():
-    from graphkernel.passes.codegen import check
+    from graphkernel.codegen.legalize import check
 
     _, _, k = _softmax_kernel(300, 40)
     s = check(k, targets.load("ascend910b"))
@@ -88,8 +88,8 @@ def test_a_kernel_for_fewer_repeats_per_instruction_runs_in_the_simulator():
     repeats each, and the kernel still matches the interpreter on the simulated device."""
     from graphkernel.bisect import Evaluator
     from graphkernel.codegen.backend import SimBackend
+    from graphkernel.codegen.legalize import check
     from graphkernel.interpreter import Interpreter
-    from graphkernel.passes.codegen import check
 
     g, g2, k = _softmax_kernel(300, 40)
     few = _with(max_repeats=7, aiv_cores=2)
