@@ -32,8 +32,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphkernel import limits
-from graphkernel.codegen.targets import DEFAULT as DEFAULT_TARGET
-from graphkernel.codegen.targets import available as available_targets
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
 from graphkernel.fileio import DocumentError, read_bounded, read_document
 
@@ -44,7 +42,17 @@ class FlagWarning(UserWarning):
 
 ENV_VARS = ("AUTOFUSE_DFX_FLAGS", "AUTOFUSE_FLAGS")
 MS_ENV_VAR = "MS_DEV_GRAPH_KERNEL_FLAGS"
-TARGETS = tuple(available_targets())  # the spec files in codegen/targets/
+DEFAULT_TARGET = "ascend910b"
+
+
+def target_names() -> tuple[str, ...]:
+    """The targets there are: the spec files of the code generator (asked when a value is
+    checked, so the flags do not import the backend)."""
+    from graphkernel.codegen.targets import available
+
+    return tuple(available())
+
+
 _KEY = re.compile(r"^[a-z0-9_]+$")
 
 
@@ -94,8 +102,12 @@ class FlagSpec:
     kind: str  # int | bool | list | str | choice
     doc: str
     names: str = ""  # what a list names: pass | pattern | op | expand_op
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()  # (or asked when needed)
     level: int | None = None  # a bool whose default is "opt_level >= level"
+
+    def options(self) -> tuple[str, ...]:
+        """The values a choice accepts."""
+        return self.choices() if callable(self.choices) else self.choices
 
 
 SPECS: dict[str, FlagSpec] = {
@@ -126,7 +138,7 @@ SPECS: dict[str, FlagSpec] = {
                                     level=3),
     "super_kernel_scope": FlagSpec("list", "node-name prefixes or globs of SuperKernel scopes"),
     "enable_low_precision": FlagSpec("bool", "compute fp16/bf16 inside kernels"),
-    "target": FlagSpec("choice", "the Ascend target spec", choices=TARGETS),
+    "target": FlagSpec("choice", "the Ascend target spec", choices=target_names),
     "disable_fallback": FlagSpec("bool", "a cluster codegen cannot handle is an error"),
     "dump_as_text": FlagSpec("bool", "dump IR after every pass, cluster report and kernels"),
     "debug_dir": FlagSpec("str", "where dumps go"),
@@ -492,9 +504,10 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
         rng = _range_text(key)
         raise FlagError(f"{origins.get(key, 'default')}: --{key}={values.get(key)}: "
                         f"{err['msg'].lower()}{rng}") from None
-    if fv.target not in TARGETS:
-        raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, TARGETS)
-                        + f" (accepted: {', '.join(TARGETS)})")
+    names = target_names()
+    if fv.target not in names:
+        raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, names)
+                        + f" (accepted: {', '.join(names)})")
     return Config(fv, origins, notes, item_origins, overrides)
 
 
@@ -533,10 +546,10 @@ def _convert(it: FlagItem, spec: FlagSpec,
         if raw is None or raw == "" or isinstance(raw, list):
             raise FlagError(f"{origin}: --{key} needs a value")
         val = raw
-        if spec.kind == "choice" and val not in spec.choices:
+        if spec.kind == "choice" and val not in spec.options():
             raise FlagError(f"{origin}: --{key}={val}: unknown value"
-                            + did_you_mean(val, spec.choices)
-                            + f" (accepted: {', '.join(spec.choices)})")
+                            + did_you_mean(val, spec.options())
+                            + f" (accepted: {', '.join(spec.options())})")
     # AutoFuse keys map onto graphkernel's own
     if key == "enable_autofuse":  # true keeps the opt_level; false turns fusion off
         return [("opt_level", 0)] if not val else []
@@ -625,7 +638,7 @@ def markdown_table() -> str:
     rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
     for key, spec in SPECS.items():
         kind = f"list of {names.get(spec.names, 'strings')}" if spec.kind == "list" else \
-            "one of " + ", ".join(spec.choices) if spec.kind == "choice" else \
+            "one of " + ", ".join(spec.options()) if spec.kind == "choice" else \
             spec.kind + _range_text(key).replace(" (accepted: ", " ").rstrip(")")
         if spec.level is not None:
             default = f"on from opt_level {spec.level}"

@@ -23,6 +23,7 @@ from graphkernel.codegen.cube.lower import lower
 from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import FULL, KernelIO, kernel_symbol
+from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import PRODUCT_OPS
 
@@ -54,7 +55,7 @@ class MatmulSchedule:
     dtype: DType                # A, B and C
     tiling: CubeTiling | None   # for static shapes (None: decided at run time only)
     notes: list[str] = field(default_factory=list)
-    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+    target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)
     epilogue: Epilogue | None = None  # a MIX kernel's vector work on each base tile
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern

@@ -41,6 +41,7 @@ from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
 from graphkernel.codegen.refusal import NeedsPhases, Unsupported
 from graphkernel.codegen.vector import views
 from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import CUBE_OPS, VIEW_OPS
 from graphkernel.symbolic import eq
@@ -111,7 +112,7 @@ class Schedule:
     compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
     variant: Schedule | None = field(default=None, repr=False)  # chosen at run time (tiling
     #   key 1) when this schedule's whole rows do not fit the UB: the row_chunks variant
-    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+    target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)  # the facts the code obeys
     # id(value) -> (first column, width, row): a value that is a run of columns of each row
     # of the loop space (a slice of the last axis, ops on such slices, a Concat of them

@@ -12,12 +12,12 @@ from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.render import render
 from graphkernel.codegen.vector.tiling import align_elems, budget
 from graphkernel.errors import ConfigError
-from graphkernel.flags import TARGETS
+from graphkernel.flags import target_names
 
 
 def test_the_targets_are_the_spec_files(tmp_path, monkeypatch):
     on_disk = sorted(p.stem for p in targets.TARGET_DIR.glob("*.yaml"))
-    assert list(TARGETS) == on_disk and "ascend910b" in on_disk
+    assert list(target_names()) == on_disk and "ascend910b" in on_disk
     spec = (targets.TARGET_DIR / "ascend910b.yaml").read_text()
     ub = targets.load("ascend910b").ub_bytes
     (tmp_path / "npu_x.yaml").write_text(spec.replace("name: ascend910b", "name: npu_x"))
