@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,7 +23,7 @@ from graphkernel.flags import Config
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.elementwise import BINARY, UNARY
 from graphkernel.ops import OpKind
-from graphkernel.runlog import RunLog
+from graphkernel.runlog import Attempt
 
 SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
 
@@ -346,97 +346,6 @@ class Area:
             dom = self._label(self.dominant) if self._label else self.dominant.name
             self._name = dom if self.ops == 1 else f"{dom}(+{self.ops - 1})"
         return self._name
-
-
-class Template(str):
-    """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
-
-
-def spelled(text: str, names: Sequence[str]) -> str:
-    """``text`` with the names of the nodes it names by position, when it is a ``Template``."""
-    return text.format(*names) if type(text) is Template else text
-
-
-class Attempt:
-    """One pattern attempt, for `graphkernel explain`: ``pattern``, ``areas`` (names),
-    ``nodes`` (names), ``score``, ``verdict`` (fused | rejected), ``reason``.
-
-    A compile of a large graph records hundreds of thousands, most of them the decisions of
-    an earlier region of the same structure replayed (see the split pass): ``replayed``
-    keeps that region's texts (``Template``) and positions with this region's names, and
-    spells its areas, nodes and reason out when they are read."""
-
-    __slots__ = ("pattern", "_areas", "_nodes", "score", "verdict", "_reason", "_names")
-    FIELDS = ("pattern", "areas", "nodes", "score", "verdict", "reason")
-
-    def __init__(self, pattern: str, areas: list[str], nodes: list[str], score: int,
-                 verdict: str, reason: str = "") -> None:
-        self.pattern, self._areas, self._nodes = pattern, areas, nodes
-        self.score, self.verdict, self._reason = score, verdict, reason
-        self._names: Sequence[str] | None = None
-
-    @classmethod
-    def replayed(cls, pattern: str, areas: list[str], nodes: tuple[int, ...], score: int,
-                 verdict: str, reason: str, names: Sequence[str]) -> Attempt:
-        """An attempt whose ``areas`` and ``reason`` are texts naming nodes by position in
-        ``names`` and whose ``nodes`` are positions in it (shared, not copied)."""
-        a = cls(pattern, areas, nodes, score, verdict, reason)  # type: ignore[arg-type]
-        a._names = names
-        return a
-
-    @property
-    def areas(self) -> list[str]:
-        if self._names is None:
-            return self._areas
-        return [spelled(x, self._names) for x in self._areas]
-
-    @property
-    def nodes(self) -> list[str]:
-        if self._names is None:
-            return self._nodes
-        return [self._names[i] for i in self._nodes]
-
-    @property
-    def reason(self) -> str:
-        return self._reason if self._names is None else spelled(self._reason, self._names)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.FIELDS}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Attempt) and self.as_dict() == other.as_dict()
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value, mutable like a dataclass
-
-    def __repr__(self) -> str:
-        return "Attempt(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
-
-
-class AttemptLog(RunLog[Attempt]):
-    """Every pattern attempt of a compile, in order (``Analyses.fusion_attempts``).
-
-    A region that replays the decisions of an earlier region of the same structure adds
-    them as one run (``replay``): those decisions and the region's names, the attempts
-    made from them only when read. A 100k-node graph records ~250,000 attempts, nearly all
-    of them replayed; kept as objects they would be a tenth of the compile's live objects."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = 0  # how many attempts fused (the others were refused)
-
-    def append(self, attempt: Attempt) -> None:
-        super().append(attempt)
-        self.fused += attempt.verdict == "fused"
-
-    def replay(self, entries: Sequence[tuple], names: Sequence[str]) -> None:
-        """Attempts ``Attempt.replayed(*entry, names)`` for each entry, made when read."""
-        self._add_run((entries, names), len(entries))
-        self.fused += sum(entry[4] == "fused" for entry in entries)  # (entry[4]: the verdict)
-
-    def _expand(self, run: tuple[Sequence[tuple], Sequence[str]]) -> Iterator[Attempt]:
-        entries, names = run
-        for entry in entries:
-            yield Attempt.replayed(*entry, names)
 
 
 class SplitModel:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphkernel import symbolic
+from graphkernel.analyses import AttentionMatch
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
@@ -48,7 +49,6 @@ from graphkernel.passes.causal_mask import causal_band
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
 from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
-from graphkernel.pipeline import AttentionMatch
 from graphkernel.registry import PassResult, counted
 
 LOWEST = -65504.0  # a mask value at or below this masks out (exp underflows to 0 in fp32)

@@ -20,11 +20,11 @@ from collections import deque
 
 import numpy as np
 
+from graphkernel.analyses import LayoutChoice
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.opdefs.nn import NCHW_TO_NHWC, NHWC_TO_NCHW
 from graphkernel.ops import RESHAPE_OPS, OpKind, get, normalize_axes
 from graphkernel.passes.rewrite import add_like, const_array, replace_with
-from graphkernel.pipeline import LayoutChoice
 from graphkernel.registry import PassResult
 
 UP, DOWN = "up", "down"  # where a transpose moves: towards the producers, or the users

@@ -43,9 +43,10 @@ def cluster(graph, ctx) -> PassResult:
     spec = ctx.target
     total, count, us = cost.totals(graph, spec)
     ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec, vector_regions)
-    ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
-                            gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
-                            modeled_us_unfused=round(us, 3))
+    r = ctx.report
+    r.gm_bytes_unfused, r.kernels_unfused = total, count
+    r.gm_bytes_ideal, r.kernels_ideal = ideal_bytes, ideal_count
+    r.modeled_us_unfused = round(us, 3)
     return PassResult(False, 0, [f"{counted(len(fusable), 'fusable node')} in "
                                  f"{counted(len(regions), 'region')}; "
                                  f"{counted(len(reasons), 'node')} not fusable"])

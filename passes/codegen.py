@@ -63,8 +63,7 @@ def _report_split(ctx, k: Node, parts: list[Node], reason: str) -> list[Node]:
     """Record the kernels that replace ``k`` under ``phases`` (and in the log)."""
     if parts:
         names = [p.name for p in parts]
-        ctx.report_extra["phases"].append({"kernel": k.name, "kernels": names,
-                                           "reason": reason})
+        ctx.report.phases.append({"kernel": k.name, "kernels": names, "reason": reason})
         ctx.log(f"{k.name} runs as {len(parts)} kernels ({reason}): {', '.join(names)}")
     return parts
 
@@ -87,11 +86,11 @@ def _super_kernels(graph, ctx, spec, scheds) -> None:
             groups.append(g)
     ctx.analyses.super_kernels = groups
     saved = sum(g.launches_saved for g in groups)
-    ctx.report_extra["super_kernels"] = [
+    ctx.report.super_kernels = [
         {"name": g.name, "kernels": [k.name for k in g.members],
          "barriers_before": [k.name for k, b in zip(g.members, g.barriers, strict=True) if b],
          "launches_saved": g.launches_saved} for g in groups]
-    ctx.report_extra["super_kernel_summary"] = {
+    ctx.report.super_kernel_summary = {
         "launches_before": len(live), "launches_after": len(live) - saved,
         "modeled_us_saved": round(saved * spec.launch_overhead_us, 3)}
     if groups:
@@ -124,7 +123,9 @@ def codegen(graph, ctx) -> PassResult:
     spec = ctx.target
     ctx.analyses.invalidate("codegen", "codegen_shared", "super_kernels")  # recomputed here
     scheds: dict[str, Schedule] = ctx.analyses.codegen
-    fallbacks: list[dict] = ctx.report_extra.setdefault("fallbacks", [])
+    if ctx.report.fallbacks is None:
+        ctx.report.fallbacks = []
+    fallbacks = ctx.report.fallbacks
     changed = 0
     wrapped = _wrap_matmuls(graph, ctx)
     work = deque(n for n in graph.nodes if n.op == "GraphKernel")
@@ -135,7 +136,9 @@ def codegen(graph, ctx) -> PassResult:
             k.attrs["subgraph"] = body
             widened += 1
     depth = {id(k): 0 for k in work}  # how often the kernel's nodes were split before
-    phased: list[dict] = ctx.report_extra.setdefault("phases", [])
+    if ctx.report.phases is None:
+        ctx.report.phases = []
+    phased = ctx.report.phases
     checker = legalize.Checker(spec)  # each distinct body checked once
     signature: dict[str, tuple] = {}  # scheduled kernel -> its body's signature
     with ctx.task("kernels", len(work)) as shown:
@@ -198,7 +201,7 @@ def codegen(graph, ctx) -> PassResult:
         _super_kernels(graph, ctx, spec, scheds)
     live = {n.name for n in graph.nodes if n.op == "GraphKernel"}
     shared = _shared(scheds, signature, live, ctx)
-    ctx.report_extra["codegen"] = {
+    ctx.report.codegen = {
         "kernels": len(live & set(scheds)), "target": spec.name, "fallbacks": len(fallbacks),
         "distinct_kernels": len(live & set(scheds)) - len(shared),
         # each generated kernel's kind: vector (AIV only), cube (the Matmul API alone), mix
