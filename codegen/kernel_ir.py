@@ -143,6 +143,7 @@ class Call:
     uses: frozenset[str] = frozenset()
     owner: str = ""   # the object owning a helper of the kernel ("R." in a MIX kernel)
     ordered: bool = False
+    pipe = "V"        # the vector unit
 
     @property
     def writes(self) -> frozenset[str]:
@@ -170,6 +171,7 @@ class ScalarCode:
     lines: tuple[str, ...]
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
+    pipe = "S"  # the scalar unit
 
     @property
     def touches_ub(self) -> bool:

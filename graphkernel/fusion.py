@@ -35,7 +35,6 @@ DEFAULT_CLUSTER_OPS = frozenset(
 # AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
 # gather 3), or with their pattern enabled
 EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
-MATMUL_OPS = ops.PRODUCT_OPS  # fused only through matmul_depth
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
                               DType.uint8, DType.int16, DType.int32, DType.bool})
@@ -74,7 +73,7 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return "node in skip list (skip_node_names_cfg [ByNodeName])"
         if skip_types and node.op in skip_types:
             return "op type in skip list (skip_node_names_cfg [ByNodeType])"
-        if node.op not in allowed and node.op not in MATMUL_OPS:
+        if node.op not in allowed and node.op not in ops.PRODUCT_OPS:  # (matmul_depth's)
             return f"op {node.op} not in the cluster list"
         for v in (*node.inputs, *node.outputs):
             if v.dtype not in SUPPORTED_DTYPES:

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
-from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS
+from graphkernel.codegen.instructions import INSTRUCTIONS, REDUCE_OPS, TABLE
 from graphkernel.codegen.kernel_ir import COL, FULL, ROW, SCALAR
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import follow
@@ -102,7 +102,8 @@ class Epilogue:
         return self.layouts[id(self.storage(v))]
 
 
-ROW_REDUCTIONS = ("ReduceSum", "ReduceMax", "ReduceMin")  # the whole-row forms (RowReduce)
+# the reductions of the whole-row form (RowReduce): those of the instruction table with one
+ROW_REDUCTIONS = frozenset(i.op for i in TABLE if i.form == "reduce" and i.row_op is not None)
 
 
 def reduces_along(n: Node, last: Dim) -> bool:
