@@ -21,8 +21,7 @@ rounds every result to the op's declared output dtype (op-by-op semantics).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -184,14 +183,14 @@ def _frozen_attrs(attrs: dict[str, Any]) -> tuple | None:
 
 _REGISTRY: dict[str, OpDef] = {}
 _ALIASES: dict[str, str] = {}
-_VERSION = [0]  # bumped by every registration (OpSet recomputes its members then)
 
 
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in _REGISTRY or opdef.name in _ALIASES:
         raise OpError(f"op {opdef.name!r} is registered twice")
     _REGISTRY[opdef.name] = opdef
-    _VERSION[0] += 1
+    for s in _OP_SETS:
+        s._note(opdef)
     for a in opdef.aliases:
         if a in _REGISTRY or a in _ALIASES:
             raise OpError(f"alias {a!r} of {opdef.name} clashes with an existing op")
@@ -222,38 +221,44 @@ def all_ops() -> list[OpDef]:
     return sorted(_REGISTRY.values(), key=lambda o: o.name)
 
 
-class OpSet(AbstractSet[str]):
-    """The canonical names of the registered ops with a trait: a set that stays current as
-    ops register (a module may hold one from import time on), so ``node.op in VIEW_OPS``
-    asks the registry rather than a list kept by hand."""
+class OpSet(set):
+    """The canonical names of the registered ops with a trait: a set kept current as ops
+    register (a module may hold one from import time on), so ``node.op in VIEW_OPS`` asks
+    the registry rather than a list kept by hand, at the speed of a set. Read-only: an op
+    joins by being registered with the trait."""
 
     def __init__(self, trait: Callable[[OpDef], bool], doc: str) -> None:
+        super().__init__(n for n, d in _REGISTRY.items() if trait(d))
         self._trait = trait
         self.__doc__ = doc
-        self._version = -1
-        self._names: frozenset[str] = frozenset()
+        _OP_SETS.append(self)
 
-    def names(self) -> frozenset[str]:
-        if self._version != _VERSION[0]:
-            self._names = frozenset(n for n, d in _REGISTRY.items() if self._trait(d))
-            self._version = _VERSION[0]
-        return self._names
+    def _note(self, opdef: OpDef) -> None:
+        if self._trait(opdef):
+            set.add(self, opdef.name)
 
-    def __contains__(self, op: object) -> bool:
-        return op in self.names()
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an OpSet follows the op registry: register an op with the trait")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self.names()))
-
-    def __len__(self) -> int:
-        return len(self.names())
-
-    @classmethod
-    def _from_iterable(cls, it):  # set algebra (|, &, -) gives plain frozensets
-        return frozenset(it)
+    add = discard = remove = pop = clear = update = _refuse
+    difference_update = intersection_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"OpSet({sorted(self.names())})"
+        return f"OpSet({sorted(self)})"
+
+
+_OP_SETS: list[OpSet] = []
+
+
+def _unregister(name: str) -> None:
+    """Take an op out of the registry and its sets (tests that register an op of their own)."""
+    _REGISTRY.pop(name, None)
+    for a in [a for a, n in _ALIASES.items() if n == name]:
+        del _ALIASES[a]
+    for s in _OP_SETS:
+        set.discard(s, name)
 
 
 VIEW_OPS = OpSet(lambda d: d.view, "ops that move no data (Reshape, ExpandDims, Squeeze, "

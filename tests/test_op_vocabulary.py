@@ -119,6 +119,7 @@ def test_an_op_set_follows_registrations():
         assert name in ops.VIEW_OPS and len(ops.VIEW_OPS) == before + 1
         assert name in ops.RESHAPE_OPS and name not in ops.CUBE_OPS
     finally:
-        del ops._REGISTRY[name]
-        ops._VERSION[0] += 1
+        ops._unregister(name)
     assert name not in ops.VIEW_OPS
+    with pytest.raises(TypeError):
+        ops.VIEW_OPS.add("Exp")  # an op joins by its definition only
