@@ -1,7 +1,8 @@
 """The instruction table: how each IR op inside a kernel becomes Ascend C, as data.
 
-One ``Instruction`` per op the vector lowering handles. ``form`` names the lowering rule
-(``codegen/lower.py`` has one method per form); the other fields are what that rule needs:
+One ``Instruction`` per op the lowering handles (every op a registered op). ``form`` names
+the lowering rule (``codegen/lower.py``'s ``RULES``: one function per form, checked complete);
+the other fields are what that rule needs:
 the Ascend C call, the operand count, the C++ expression used when every operand is a scalar,
 the scratch a call needs, the element types it takes. The schedule accepts exactly the ops of
 this table (besides views, slices, Concat and BroadcastTo's aliases), and the op groups other
