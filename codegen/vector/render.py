@@ -96,7 +96,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                      "fixed": ub.fixed},
         "buffers": bplan.describe(),
         "block_dim": ("min(cores, units); units are blocks of the resident tables' rows, or "
-                      "chunks of blocks (codegen/resident.py)" if s.table_rows else
+                      "chunks of blocks (codegen/vector/resident.py)" if s.table_rows else
                       "min(cores, M * nColTiles); each core a contiguous run of units "
                       "(computed by the tiling function)"),
         "tiling_function": f"{s.name}_tiling",
