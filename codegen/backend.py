@@ -12,10 +12,10 @@ import numpy as np
 
 from graphkernel import json_text, progress
 from graphkernel.codegen import cost, extern, targets
-from graphkernel.codegen.ascendc import Rendered, io_entry, render
-from graphkernel.codegen.matmul_render import render_matmul
-from graphkernel.codegen.matmul_schedule import MatmulSchedule
-from graphkernel.codegen.schedule import Schedule
+from graphkernel.codegen.cube.render import render_matmul
+from graphkernel.codegen.cube.schedule import MatmulSchedule
+from graphkernel.codegen.vector.render import Rendered, io_entry, render
+from graphkernel.codegen.vector.schedule import Schedule
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
 from graphkernel.pipeline import collector_paused

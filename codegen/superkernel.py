@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.traffic import VIEWS
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import RESHAPE_OPS
 
 
 @dataclass
@@ -45,7 +45,7 @@ def _static(node: Node) -> bool:
 
 def base(v: Value) -> Value:
     """The GM buffer behind a value: views (Reshape/ExpandDims/Squeeze) share their source's."""
-    while v.producer is not None and v.producer.op in VIEWS:
+    while v.producer is not None and v.producer.op in RESHAPE_OPS:
         v = v.producer.inputs[0]
     return v
 
@@ -63,7 +63,7 @@ def form_groups(graph: Graph, scopes: Sequence[str], eligible: set[str] | None =
         run.clear()
 
     for n in graph.nodes:
-        if n.op == "Constant" or n.op in VIEWS:
+        if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue  # no launch
         ok = (n.op == "GraphKernel" and _in_scope(n, scopes) and _static(n)
               and (eligible is None or n.name in eligible))

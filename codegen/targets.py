@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from graphkernel.errors import ConfigError, did_you_mean
 
 TARGET_DIR = Path(__file__).resolve().parent / "targets"
-DEFAULT = "ascend910b"
 
 
 class Target(BaseModel):

@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphkernel import symbolic
+from graphkernel.analyses import AttentionMatch
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.ops import RESHAPE_OPS, VIEW_OPS
 from graphkernel.passes.causal_mask import causal_band
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
 from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
-from graphkernel.pipeline import AttentionMatch
 from graphkernel.registry import PassResult, counted
 
-VIEWS = ("Reshape", "ExpandDims", "Squeeze")
 LOWEST = -65504.0  # a mask value at or below this masks out (exp underflows to 0 in fp32)
 HEAD_SPLIT = [0, 2, 1, 3]
 LAYOUTS = ("BNSD", "BSND", "BSH")  # in the order of what they need absorbed
@@ -112,7 +112,7 @@ def _views(v: Value, seen: list[Node]) -> Value:
     """``v`` seen through reshape views (and a Concat of one input, an identity), recording
     the nodes walked in ``seen``."""
     while (p := v.producer) is not None and (
-            p.op in VIEWS or p.op == "Identity" or p.op == "Concat" and len(p.inputs) == 1):
+            p.op in VIEW_OPS or p.op == "Concat" and len(p.inputs) == 1):
         seen.append(p)
         v = p.inputs[0]
     return v
@@ -318,7 +318,7 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
     out = pv.outputs[0]
     op = _Operand((b, n, s, d), {"BNSD": out})
     users = out.users
-    while len(users) == 1 and users[0].op in VIEWS and users[0].outputs[0].type.rank == 4:
+    while len(users) == 1 and users[0].op in RESHAPE_OPS and users[0].outputs[0].type.rank == 4:
         out = users[0].outputs[0]
         users = out.users
     if tuple(out.type.shape) != (b, n, s, d):

@@ -18,7 +18,7 @@
 //     resident while depthA1 / ceil(K / baseK) (resp. depthB1) panels fit, least recently
 //     used out first; a panel that does not fit is streamed, read once per base tile. Base
 //     tiles are walked M inside N (iterateOrder 0) or N inside M (1), the outer operand's
-//     panel loaded first. GM bytes are counted per operand (codegen/matmul_tiling.py models
+//     panel loaded first. GM bytes are counted per operand (codegen/cube/tiling.py models
 //     the same rule);
 //   - GetTensorC(ub) writes one baseM x baseN tile into UB, row-major with a row pitch of
 //     baseN (a tail tile fills its top-left corner, the rest is zero). The API synchronises

@@ -23,9 +23,10 @@ LOGICAL = ["LogicalNot", "LogicalAnd", "LogicalOr"]  # bool inputs and outputs
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMod", "Mod",
           "Atan2", "Pow"]
-# composites the generator rewrites (codegen/decompose.py): inputs that reach their edge cases
-# half-integers over divisors with exact quotients, and rounded multiples of any divisor (the
-# quotient rounds onto the integer above the true one; fmod/floor_divide are exact)
+# composites the generator rewrites (codegen/vector/decompose.py): inputs that reach their
+# edge cases: half-integers over divisors with exact quotients, and rounded multiples of any
+# divisor (the quotient rounds onto the integer above the true one; fmod/floor_divide are
+# exact)
 QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
 SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
 # the ops checked elementwise (the rewritten composites, and Power with a tensor exponent)

@@ -227,7 +227,7 @@ def test_unsupported_kernel_falls_back_with_reason_or_errors():
 
 # ops of the default cluster list the generator does not emit alone (each falls back, with the
 # reason naming it); the composites without an instruction are rewritten by
-# codegen/decompose.py, int32 data is generated through BitwiseAnd/BitwiseOr
+# codegen/vector/decompose.py, int32 data is generated through BitwiseAnd/BitwiseOr
 NOT_GENERATED: set[str] = set()
 ALONE_NOT_GENERATED: set[str] = set()
 
@@ -278,7 +278,7 @@ def test_int32_data_outside_bitwise_ops_falls_back_naming_the_op():
 @pytest.mark.parametrize("case", [c for c in SINGLE if c.id.split("-")[0] in STRICT],
                          ids=lambda c: c.id)
 def test_rewritten_composites_and_power_match_elementwise(case, library):
-    """The ops codegen/decompose.py rewrites, and Pow by a tensor exponent: every element
+    """The ops codegen/vector/decompose.py rewrites, and Pow by a tensor exponent: every element
     within the dtype's tolerance of the op itself (stricter than verify's RMSE criterion), on
     inputs at their edge cases (tiny arguments of Expm1/Log1p, rounded multiples of the
     divisor, both axes of Atan2,
@@ -302,8 +302,8 @@ def test_enable_low_precision_kernels_compute_in_fp16():
     import graphkernel
     from graphkernel import Graph, TensorType
     from graphkernel.codegen.backend import render_all, schedules
-    from graphkernel.codegen.lower import lower
-    from graphkernel.codegen.tiling import budget
+    from graphkernel.codegen.vector.lower import lower
+    from graphkernel.codegen.vector.tiling import budget
 
     g = Graph("lp")
     x, y = (g.add_input(k, TensorType((37, 300), "float16")) for k in "xy")
@@ -336,8 +336,8 @@ def test_enable_low_precision_kernels_compute_in_fp16():
 def _one_kernel(g):
     """g (copied) with all its computing nodes in one GraphKernel, scheduled: a kernel shape
     the fusion patterns may not form, for the schedule's own tests."""
+    from graphkernel.codegen.legalize import check
     from graphkernel.kernels import build_kernel
-    from graphkernel.passes.codegen import check
 
     g2 = g.copy()
     k = build_kernel(g2, [n for n in g2.nodes if n.op != "Constant"], "one", "test")

@@ -180,7 +180,8 @@ def test_a_compact_value_read_the_other_way_is_refused():
     """The [2] inputs were placed as a row of the [2, 2] loop space (by shape), but the
     broadcast reads their Maximum as a column: the kernel gave 1 2 1 2. The schedule
     refuses a use that does not match the layout a compact value is held in."""
-    from graphkernel.codegen.schedule import Unsupported, plan
+    from graphkernel.codegen.refusal import Unsupported
+    from graphkernel.codegen.vector.schedule import plan
     from graphkernel.kernels import build_kernel
 
     g = _row_held_as_column()
