@@ -146,15 +146,19 @@ def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
     """Every distinct kernel (vector, cube, MIX, host tiling, CPU-model driver) of the examples
     and the zoo exports, in each of its modes: no error and no deprecated call."""
     units: dict[tuple[str, str], realcheck.Unit] = {}
-    for model in EXAMPLES:
-        out = tmp_path / model.stem
-        assert main(["compile", str(model), "-o", str(out), "-q"]) == 0
+    runs = [(m, "") for m in EXAMPLES]  # and a SuperKernel (over BERT's vector kernels)
+    runs.append((ROOT / "examples" / "models" / "bert.json",
+                 "--opt_level=3 --enable_super_kernel"))
+    for i, (model, flags) in enumerate(runs):
+        out = tmp_path / f"{model.stem}{i}"
+        assert main(["compile", str(model), "-o", str(out), "-q", "--flags", flags]) == 0
         manifest = json.loads((out / "manifest.json").read_text())
         for u in realcheck.project_units(out / "kernels", manifest):
             units.setdefault((u.name, u.kind), u)
     results = realcheck.check(list(units.values()), headers())
     kinds = {u.kind for u in units.values()}
     assert {"vector", "cube", "mix", "host", "driver"} <= kinds
+    assert any(u.alone and u.kind == "vector" for u in units.values())  # the SuperKernel
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
     assert {r.mode for r in results} == {"vector", "cube", "mix", "host"}
@@ -195,8 +199,10 @@ def test_a_broken_kernel_is_reported_at_its_line(tmp_path):
     fails at its own line."""
     (r, _) = next(v for k, v in case_kernels().items() if k.startswith("gk_single_node_exp_"))
     text = r.files[f"{r.name}.cpp"]
-    anchor = "    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);"
-    at = text.splitlines().index(anchor) + 2  # the line after the anchor
+    lines = text.splitlines()
+    where = next(i for i, ln in enumerate(lines) if "KERNEL_TASK_TYPE_DEFAULT(" in ln)
+    anchor = lines[where]
+    at = where + 2  # the line after the anchor
     bad = ("    { TPipe p; TBuf<TPosition::VECCALC> b; p.InitBuffer(b, 1024); "
            "Cast(b.Get<float>(), b.Get<uint8_t>(), RoundMode::CAST_NONE, 64); }")
     units = []
