@@ -230,3 +230,13 @@ def test_the_result_cache_does_not_depend_on_the_folder():
         ub = realcheck.write_units([r], [], Path(b))
         keys = [realcheck._closure(u) for u in ua], [realcheck._closure(u) for u in ub]
         assert keys[0] == keys[1]
+
+
+def test_a_target_without_a_recipe_is_refused_with_the_reason(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["compile", str(ROOT / "examples" / "layernorm_residual.json"), "-o", str(out),
+                 "-q", "--flags", "--target=ascend950"]) == 0
+    capsys.readouterr()
+    assert main(["realcheck", str(out), "--ascend-headers",
+                 str(header_tree(tmp_path / "h"))]) == 2
+    assert "no real-header recipe for NPU architecture 3510" in capsys.readouterr().err
