@@ -187,9 +187,8 @@ def find_headers(folder: str | os.PathLike | None = None,
         if not roots:
             raise ConfigError(f"{origin}: no Ascend C headers under it (looked for "
                               "<arch>-linux/asc, tikcpp/tikcfw and tools/tikicpulib); " + HOW)
-    for r in roots[:1] if folder is not None or env.get(ENV) else []:
-        if not r.is_dir():
-            raise ConfigError(f"{origin}: not a folder; " + HOW)
+    if (folder is not None or env.get(ENV)) and not roots[0].is_dir():
+        raise ConfigError(f"{origin}: not a folder; " + HOW)
     found = _scan(roots)
     missing = [what for name, what in (
         ("devkit", "the Ascend C devkit (include/kernel_operator.h with include/basic_api)"),
