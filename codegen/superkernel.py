@@ -137,6 +137,7 @@ def render(group: Group, subs: Sequence[Any]) -> str:
     params = ", ".join(f"GM_ADDR b{i}" for i in range(len(bufs)))
     lines.append(f'extern "C" __global__ __aicore__ void {name}({params}, GM_ADDR workspace, '
                  "GM_ADDR tiling) {")
+    lines.append("    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);  // vector kernels only")
     lines.append("    const uint8_t* tb = (const uint8_t*)tiling;")
     for j, (r, args) in enumerate(zip(subs, arg_index, strict=True)):
         t = f"{r.name}_TilingData"

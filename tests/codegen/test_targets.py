@@ -34,11 +34,14 @@ BASE = (targets.TARGET_DIR / "ascend910b.yaml").read_text()
     ("- a list", "a mapping of facts"),
     (BASE.replace("max_repeats: 255", "max_repeats: many"), "max_repeats: Input should be"),
     (BASE.replace("ub_align_bytes: 32", "ub_align_bytes: 24"), "power of two"),
-    (BASE.replace("ub_bytes: 196608", "ub_bytes: 196600"), "whole ub_align_bytes"),
+    (BASE.replace("ub_bytes: 196352", "ub_bytes: 196350"), "whole ub_align_bytes"),
     (BASE.replace("aiv_cores: 48", "aiv_cores: 0"), "aiv_cores: Input should be greater"),
     (BASE + "l2_bytes: 1\n", "l2_bytes: Extra inputs are not permitted"),
     (BASE.replace("name: ascend910b", "name: other"), "is not the file's name"),
-], ids=["yaml", "list", "type", "align", "ub", "cores", "extra", "name"])
+    (BASE.replace("[ascend910b1,", "[ascend910b1; rm -rf,"), "not a CANN SOC_VERSION name"),
+    (BASE.replace("soc_versions: [ascend910b1, ascend910b2, ascend910b2c]", "soc_versions: []"),
+     "soc_versions: List should have at least 1 item"),
+], ids=["yaml", "list", "type", "align", "ub", "cores", "extra", "name", "soc", "no-soc"])
 def test_a_malformed_target_file_is_a_clear_error(tmp_path, text, message):
     path = tmp_path / "ascend910b.yaml"
     path.write_text(text)
