@@ -362,13 +362,21 @@ class Lowerer:
         self._release_tmp(tx + ty)
 
     def _logical(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
-        """bools as fp32 0/1: and = product, or = max, not = 1 - x."""
-        xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
-        if rule.api is None:  # LogicalNot
-            self.body += [f"Muls({dst.expr}, {xs[0]}, CT(-1.0f), n);",
-                          f"Adds({dst.expr}, {dst.expr}, CT(1.0f), n);"]
+        """bools as fp32 0/1: and = product, or = max, not = 1 - x. Over dst's own elements
+        (a column of per-row bools, such as an ``any`` over each row, stays a column)."""
+        if all(r.kind == dst.kind and r.store != "wm" for r in a):
+            xs, tmps = tuple(r.expr for r in a), ()
+        elif dst.kind == FULL:
+            xs, tmps = zip(*(self._numeric(r) for r in a), strict=True)
         else:
-            self.body.append(f"{rule.api}({dst.expr}, {xs[0]}, {xs[1]}, n);")
+            raise Unsupported(f"{n.op} into a {dst.kind} of operands of kinds "
+                              f"{', '.join(r.kind for r in a)}", node=n)
+        k = dst.count()
+        if rule.api is None:  # LogicalNot
+            self.body += [f"Muls({dst.expr}, {xs[0]}, CT(-1.0f), {k});",
+                          f"Adds({dst.expr}, {dst.expr}, CT(1.0f), {k});"]
+        else:
+            self.body.append(f"{rule.api}({dst.expr}, {xs[0]}, {xs[1]}, {k});")
         self._release_tmp([t for ts in tmps for t in ts])
 
     def _bitwise(self, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
