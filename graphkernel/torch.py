@@ -380,8 +380,121 @@ def _module_float(arg: Any, source: str) -> bool:
     return bool(getattr(arg, "pass_arg_as_tensor", False)) and source.startswith("L['self']")
 
 
-def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
+# ------------------------------------------------------------ decompositions
+# ATen ops traced whole: the fused attention overloads and their backwards, imported as
+# FusedAttention / FusedAttentionGrad (graphkernel/frontends/fx.py). The math overload
+# (``_scaled_dot_product_attention_math``, what torch itself runs for dropout or a mask that
+# needs its gradient) stays an exact decomposition.
+KEEP_WHOLE = frozenset({
+    "aten.scaled_dot_product_attention",
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_backward",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten._scaled_dot_product_efficient_attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward",
+})
+_REFUSED: dict[str, str] = {}  # decomposition rules refused, with why (logged once each)
+
+
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    """The decomposition table training and inference graphs are traced with: the core ATen
+    decompositions without the ops of ``KEEP_WHOLE``, each rule checked against its op.
+
+    A rule stands in for its op only where it returns what the op returns: the same number
+    of outputs, each of the op's shape and dtype (``faithful``). An op's backward reads the
+    forward's outputs as the op defines them, so a rule that returns something else there
+    (torch's rule for the CPU flash attention returns the attention weights [B, H, L, S]
+    where the op returns its logsumexp [B, H, L]) would feed the backward the wrong saved
+    tensor. Refused, the op is traced whole and runs as itself."""
     from torch._decomp import core_aten_decompositions
+
+    table = {}
+    for op, rule in core_aten_decompositions().items():
+        name = str(op).rsplit(".", 1)[0]
+        if name in KEEP_WHOLE:
+            continue
+        table[op] = faithful(op, rule)
+    return table
+
+
+def faithful(op: Any, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """``rule`` (a decomposition of ``op``) where its outputs match the op's own in count,
+    shape and dtype on the arguments at hand; elsewhere NotImplemented (make_fx then traces
+    the op itself). Both are run on the fake arguments without tracing, once per kind of
+    argument (shapes, dtypes, plain values); an op that writes its arguments is not run
+    twice, and its rule is taken as it is."""
+    if op._schema.is_mutable:
+        return rule
+    verdicts: dict[Any, bool] = {}
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        key = _signature((args, kwargs))
+        ok = verdicts.get(key)
+        if ok is None:
+            ok = verdicts[key] = _same_outputs(op, rule, args, kwargs)
+        return rule(*args, **kwargs) if ok else NotImplemented
+
+    return checked
+
+
+def _signature(x: Any) -> Any:
+    """A hashable key of an argument structure: tensors by shape and dtype."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(str(d) for d in x.shape), str(x.dtype))
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in sorted(x.items()))
+    if isinstance(x, list | tuple):
+        return tuple(_signature(v) for v in x)
+    return (type(x).__name__, str(x))
+
+
+def _same_outputs(op: Any, rule: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Whether ``rule`` returns what ``op`` returns on these (fake) arguments."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    try:
+        with disable_proxy_modes_tracing():
+            want = op(*args, **kwargs)
+            got = rule(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - not checkable here: the rule runs as it would have
+        return True
+    if got is NotImplemented:
+        return True
+    why = _output_difference(want, got)
+    if why is None:
+        return True
+    name = str(op)
+    if name not in _REFUSED:
+        _REFUSED[name] = why
+        log.info("decomposition of %s not used: %s; the op is traced whole", name, why)
+    return False
+
+
+def _output_difference(want: Any, got: Any) -> str | None:
+    """What differs between an op's outputs and its rule's (None when nothing does)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    ws = list(want) if isinstance(want, list | tuple) else [want]
+    gs = list(got) if isinstance(got, list | tuple) else [got]
+    if len(ws) != len(gs):
+        return f"{len(gs)} outputs where the op has {len(ws)}"
+    for i, (w, g) in enumerate(zip(ws, gs, strict=True)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if isinstance(w, torch.Tensor) != isinstance(g, torch.Tensor):
+                return f"output {i} is {type(g).__name__} where the op's is {type(w).__name__}"
+            continue
+        same = len(w.shape) == len(g.shape) and all(
+            statically_known_true(a == b) for a, b in zip(w.shape, g.shape, strict=True))
+        if not same or w.dtype != g.dtype:
+            return (f"output {i} is {g.dtype} {list(g.shape)} where the op's is "
+                    f"{w.dtype} {list(w.shape)}")
+    return None
+
+
+def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -393,7 +506,7 @@ def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = N
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         inference_compiler=compiler("inference"),
-                        decompositions=core_aten_decompositions())(gm, example_inputs)
+                        decompositions=decompositions())(gm, example_inputs)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
