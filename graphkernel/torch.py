@@ -454,11 +454,17 @@ def _signature(x: Any) -> Any:
 def _same_outputs(op: Any, rule: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
     """Whether ``rule`` returns what ``op`` returns on these (fake) arguments."""
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    from torch.utils._pytree import tree_map
+
+    def fresh() -> tuple[tuple, dict]:  # new lists around the same tensors: some rules
+        return tree_map(lambda x: x, (args, kwargs))  # write into the lists they are given
 
     try:
         with disable_proxy_modes_tracing():
-            want = op(*args, **kwargs)
-            got = rule(*args, **kwargs)
+            a, k = fresh()
+            want = op(*a, **k)
+            a, k = fresh()
+            got = rule(*a, **k)
     except Exception:  # noqa: BLE001 - not checkable here: the rule runs as it would have
         return True
     if got is NotImplemented:
