@@ -532,12 +532,12 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):
-    """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level;
-    parameters and buffers become constants)."""
+    """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level,
+    attention kept whole: ``decompositions()``; parameters and buffers become constants)."""
     from graphkernel.frontends.fx import import_fx, to_numpy
 
     ep = torch.export.export(model.eval(), tuple(example_inputs))
-    ep = ep.run_decompositions()
+    ep = ep.run_decompositions(decompositions())
     g = import_fx(ep.graph_module, None, name=name)
     consts = {}
     sig = ep.graph_signature

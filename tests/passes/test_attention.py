@@ -63,7 +63,7 @@ def test_example_becomes_one_bsh_launch_equal_to_torch():
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask",
-                        "causal": False, "window": 0}
+                        "causal": False, "window": 0, "stats": False}
     # the head split/merge transposes, the softmax and both products are gone
     left = {n.op for n in res.graph.nodes}
     assert not left & {"Transpose", "BatchMatMul", "Exp", "ReduceMax", "Select"}, left
