@@ -3,9 +3,11 @@ export each through graphkernel's FX importer to ``examples/models/<name>.json``
 
     python examples/export_models.py            # regenerates the zoo (needs torch, transformers)
 
-Every model is 2 layers, hidden size 64, with eager attention (explicit matmul/softmax ops,
-which is what a fusion compiler should see). The example inputs are saved beside each graph
-as ``<name>_inputs.npz`` and the eager outputs as ``<name>_expected.npz``.
+Every model is 2 layers, hidden size 64. ``builders(attn)`` builds them with the library's
+default attention (``sdpa``: ``F.scaled_dot_product_attention``) or with ``eager`` attention
+(explicit matmul/softmax ops); the frozen exports under ``examples/models`` are the eager
+ones. The example inputs are saved beside each graph as ``<name>_inputs.npz`` and the eager
+outputs as ``<name>_expected.npz``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ def _text_inputs(torch):
     return (torch.randint(0, VOCAB, (2, 16), generator=g),)
 
 
-def builders():
-    """name -> (build model, example inputs); the model returns one tensor."""
+ATTENTION = ("sdpa", "eager")  # the library's default first
+
+
+def builders(attn: str = "sdpa"):
+    """name -> (build model, example inputs); the model returns one tensor. ``attn`` is the
+    attention implementation the models are built with: ``sdpa`` (the library default:
+    ``F.scaled_dot_product_attention``) or ``eager`` (explicit matmuls and softmax)."""
     import torch
     import transformers as T
 
-    common = dict(attn_implementation="eager")
+    if attn not in ATTENTION:
+        raise ValueError(f"attention implementation {attn!r} (accepted: "
+                         f"{', '.join(ATTENTION)})")
+    # sdpa: the configs as users write them, without attn_implementation (the library picks
+    # sdpa wherever the architecture has it; BLOOM has not, and stays eager)
+    common = dict(attn_implementation="eager") if attn == "eager" else {}
 
     class Hidden(torch.nn.Module):
         """Wraps a model so that it returns its last hidden state only."""
@@ -121,10 +133,11 @@ def builders():
     }
 
 
-def select(names) -> dict | None:
-    """The zoo's builders named in ``names`` (every one when empty), in zoo order; None, after
-    printing what is accepted, when a name is not in the zoo (the benchmarks exit 2)."""
-    zoo = builders()
+def select(names, attn: str = "sdpa") -> dict | None:
+    """The zoo's builders named in ``names`` (every one when empty), in zoo order, built with
+    the attention implementation ``attn``; None, after printing what is accepted, when a name
+    is not in the zoo (the benchmarks exit 2)."""
+    zoo = builders(attn)
     unknown = sorted(set(names) - set(zoo))
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
@@ -143,7 +156,7 @@ def export_all(names=None) -> list[Path]:
 
     OUT.mkdir(exist_ok=True)
     written = []
-    for name, (build, inputs) in builders().items():
+    for name, (build, inputs) in builders("eager").items():
         if names and name not in names:
             continue
         model, args = build(), inputs()
