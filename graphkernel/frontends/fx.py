@@ -1153,7 +1153,17 @@ def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     raise Unmapped(f"argument of type {type(a).__name__}")
 
 
-def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
+def _seeded(node: Any) -> bool:
+    """Whether the ATen op draws from torch's random stream (its ``nondeterministic_seeded``
+    tag: dropout, rand, bernoulli ...)."""
+    tags = getattr(node.target, "tags", ())
+    return torch is not None and torch.Tag.nondeterministic_seeded in tags
+
+
+def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
+    """``node`` as an Opaque node calling the ATen op. ``after``: a value the node must run
+    after (the previous random op's output: see ``import_fx_module``); an extra input the
+    op's arguments do not name."""
     target = str(node.target)
     if target not in _LOGGED:
         _LOGGED.add(target)
@@ -1167,7 +1177,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
                  for v in vals if v is not None]
     if not out_types:
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
-    n = g.add_node("Opaque", [env[i] for i in inputs],
+    n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
@@ -1290,6 +1300,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
         env[n] = g.add_input(n.name, t)
         res.inputs.append(len(g.inputs) - 1)
     flat: list[Any] = []
+    token: Value | None = None  # the last op that drew random numbers
     for n in gm.graph.nodes:
         if n.op in ("placeholder",):
             continue
@@ -1322,7 +1333,13 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
                     if not any(v.uses for v in node.outputs):
                         g.erase_node(node)
         res.fallbacks.setdefault(str(n.target), reason)
-        env[n] = _opaque(g, n, env, reason)
+        # ops drawing random numbers run in the program's order (the stream is shared):
+        # each reads the previous one's first output, so no pass can reorder them
+        seeded = _seeded(n)
+        env[n] = _opaque(g, n, env, reason, token if seeded else None)
+        if seeded:
+            first = env[n][0] if isinstance(env[n], list) else env[n]
+            token = first if isinstance(first, Value) else token
     final: list[Value] = []
     for a in flat:
         v = env[a] if isinstance(a, torch.fx.Node) else a
