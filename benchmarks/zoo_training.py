@@ -191,13 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<16} {'attn':<5} {'graphs':>6} | " + " ".join(f"{k:>6}" for k in KINDS)
           + f" {'total':>5} | {'FA/layer fwd bwd':>16} | {'step s':>6}  {'output':<6} "
           "grads differing")
-    wrong, opaque, torchs = [], {}, []
+    wrong, opaque, torchs, failed = [], {}, [], []
     rows = sum(len(z) for z in zoos.values())
     with progress.task("models", rows) as shown:
         for variant, zoo in zoos.items():
             for name, (build, inputs) in zoo.items():
                 shown.describe(f"{name} ({variant})")
-                r = measure(build, inputs)
+                try:
+                    r = measure(build, inputs)
+                except Exception as e:  # noqa: BLE001 - a model that does not compile
+                    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                    why = next((x for x in lines if "Error:" in x), type(e).__name__)
+                    failed.append(f"{name} ({variant}): {why}")
+                    progress.write(f"{name:<16} {variant:<5} does not compile: "
+                                   f"{type(e).__name__}", sys.stdout)
+                    shown.advance()
+                    continue
                 s, n = r["stats"], r["layers"]
                 ours = [k for k, v in r["judged"].items() if v == "graphkernel's"]
                 if ours or not r["forward"] and not r["judged"]:
@@ -223,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     if torchs:
         print("differing from eager the same way with graphkernel off (aot_eager): "
               + ", ".join(torchs))
+    for f in failed:
+        print(f"does not compile: {f[:300]}")
     print("ATen ops left to torch: " + ("none" if not opaque else "; ".join(
         f"{k} ({', '.join(sorted(v))})" for k, v in sorted(opaque.items()))))
     return 1 if wrong else 0
