@@ -482,3 +482,44 @@ def test_bisect_run_that_cannot_bisect_is_exit_1_with_the_childs_stderr(tmp_path
     import json
 
     assert json.loads((tmp_path / "r.json").read_text())["stderr"] == ["loss went NaN at step 3"]
+
+
+def _torch_script(tmp_path, body: str):
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent("""
+        import copy, sys, torch
+        import graphkernel.torch  # noqa: F401  (the backend)
+        from graphkernel.frontends import fx
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        twin = copy.deepcopy(m)
+        x = torch.randn(4, 8)
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        m(x).sum().backward()
+        torch.compile(twin, backend="graphkernel")(x).sum().backward()
+        same = all(torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+                   for a, b in zip(m.parameters(), twin.parameters()))
+        sys.exit(0 if same and OK else 1)   # the user's own gradient check
+    """))
+    return script
+
+
+def test_external_driver_blames_graphkernel_when_it_fails_only_with_graphkernel_on(tmp_path):
+    """A fault before any rewrite (the import of an op doubles it): every rewrite refused
+    still fails, graphkernel off (torch's AOT-eager path) passes: graphkernel's, not the
+    program's. A program that fails with graphkernel off too is not graphkernel's."""
+    pytest.importorskip("torch")
+    broken = _torch_script(tmp_path, """
+        OK = True
+        handler = fx.ATEN["aten.tanh.default"]
+        def doubled(c):
+            y = handler(c)
+            return c.emit("Mul", [y, c.const(2.0, y.dtype)])
+        fx.ATEN["aten.tanh.default"] = doubled
+    """)
+    r = bisect_external([sys.executable, str(broken)])
+    assert not r.found and r.passes_with_graphkernel_off is True
+    assert "graphkernel's, before any rewrite" in r.message
+    users = _torch_script(tmp_path, "OK = False\n")
+    r = bisect_external([sys.executable, str(users)])
+    assert r.passes_with_graphkernel_off is False and "not graphkernel's" in r.message

@@ -319,3 +319,93 @@ def test_causal_attention_with_more_keys_runs_in_the_simulator():
     with torch.no_grad():
         got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(q, k, v)
     torch.testing.assert_close(got, fn(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------ the training check
+class Attend(torch.nn.Module):
+    """Three projections into causal attention (the minimal training case)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (m(x).view(b, n, 2, 16).transpose(1, 2) for m in (self.q, self.k, self.v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+X = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(4))
+
+
+def test_the_training_check_passes_a_step_that_matches():
+    r = gt.bisect(Attend(), (X,), backward=True)
+    assert not r.mismatch and r.stage == ""
+
+
+def test_the_training_check_finds_wrong_gradients_in_the_traced_graphs(monkeypatch):
+    """torch's core decomposition table as it is (the CPU flash attention's rule returns the
+    weights where the backward reads the logsumexp): the graphs graphkernel is given are
+    already wrong, before its import — the stage says so and names the gradients."""
+    from torch._decomp import core_aten_decompositions
+
+    monkeypatch.setattr(gt, "decompositions", lambda: dict(core_aten_decompositions()))
+    r = gt.bisect(Attend(), (X,), backward=True)
+    assert r.mismatch and r.stage == "tracing"
+    assert "q.weight" in r.differ and "decomposition" in r.message
+
+
+def test_the_training_check_finds_a_wrong_import_of_the_backward(monkeypatch):
+    handler = fx.ATEN[SDPA_OPS[1]]
+
+    def doubled(c):
+        dq, dk, dv = handler(c)
+        return [c.emit("Mul", [dq, c.const(2.0, dq.dtype)]), dk, dv]
+
+    monkeypatch.setitem(fx.ATEN, SDPA_OPS[1], doubled)
+    r = gt.bisect(Attend(), (X,), backward=True)
+    assert (r.mismatch, r.stage, r.graph) == (True, "import", "backward")
+    assert "q.weight" not in r.differ and r.differ  # the graph's outputs that differ
+
+
+def test_the_training_check_bisects_a_pass_breaking_the_backward():
+    from graphkernel import registry
+    from graphkernel.registry import PassResult, register_pass
+
+    @register_pass("tt_bad_grad", stage="simplify", level=2, order=38)
+    def tt_bad_grad(graph, ctx):
+        """Double the first FusedAttentionGrad's dQ (wrong on purpose)."""
+        for node in graph.nodes:
+            if node.op == "FusedAttentionGrad" and ctx.should_apply(node.name, [node]):
+                dq = node.outputs[0]
+                users = list(dq.uses)
+                twice = graph.add_node("Add", [dq, dq])
+                for u, i in users:
+                    graph.replace_input(u, i, twice.output)
+                graph.toposort()
+                return PassResult(True, 1)
+        return PassResult(False, 0)
+
+    try:
+        r = gt.bisect(Attend(), (X,), backward=True)
+    finally:
+        registry.PASSES.pop("tt_bad_grad", None)
+    assert (r.mismatch, r.stage, r.graph) == (True, "pipeline", "backward")
+    assert r.result.pass_name == "tt_bad_grad" and "q.weight" in r.differ
+
+
+def test_the_training_check_leaves_torch_compiles_own_differences_to_it():
+    """numpy's random numbers, which Dynamo turns into torch's: torch.compile differs from
+    eager with graphkernel off too."""
+    import numpy as np
+
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) * torch.from_numpy(np.random.rand(8).astype(np.float32))
+
+    r = gt.bisect(Noisy(), (torch.randn(2, 8),), backward=True)
+    assert r.mismatch and r.stage == "torch.compile" and "lin.weight" in r.differ
