@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -399,7 +400,7 @@ KEEP_WHOLE = frozenset({
 _REFUSED: dict[str, str] = {}  # decomposition rules refused, with why (logged once each)
 
 
-def decompositions() -> dict[Any, Callable[..., Any]]:
+def decompositions(checked: bool = True) -> dict[Any, Callable[..., Any]]:
     """The decomposition table training and inference graphs are traced with: the core ATen
     decompositions without the ops of ``KEEP_WHOLE``, each rule checked against its op.
 
@@ -408,7 +409,8 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     forward's outputs as the op defines them, so a rule that returns something else there
     (torch's rule for the CPU flash attention returns the attention weights [B, H, L, S]
     where the op returns its logsumexp [B, H, L]) would feed the backward the wrong saved
-    tensor. Refused, the op is traced whole and runs as itself."""
+    tensor. Refused, the op is traced whole and runs as itself. (``checked=False``: the
+    rules as they are, for an inference graph, whose outputs no backward reads.)"""
     from torch._decomp import core_aten_decompositions
 
     table = {}
@@ -416,8 +418,11 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
         name = str(op).rsplit(".", 1)[0]
         if name in KEEP_WHOLE:
             continue
-        table[op] = faithful(op, rule)
+        table[op] = faithful(op, rule) if checked else rule
     return table
+
+
+_CHECKING = threading.local()  # inside a check: an op's own run may come back to its rule
 
 
 def faithful(op: Any, rule: Callable[..., Any]) -> Callable[..., Any]:
@@ -431,10 +436,16 @@ def faithful(op: Any, rule: Callable[..., Any]) -> Callable[..., Any]:
     verdicts: dict[Any, bool] = {}
 
     def checked(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_CHECKING, "on", False):  # (the op itself decomposes to this rule)
+            return rule(*args, **kwargs)
         key = _signature((args, kwargs))
         ok = verdicts.get(key)
         if ok is None:
-            ok = verdicts[key] = _same_outputs(op, rule, args, kwargs)
+            _CHECKING.on = True
+            try:
+                ok = verdicts[key] = _same_outputs(op, rule, args, kwargs)
+            finally:
+                _CHECKING.on = False
         return rule(*args, **kwargs) if ok else NotImplemented
 
     return checked
@@ -550,7 +561,7 @@ def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: st
     from graphkernel.frontends.fx import import_fx, to_numpy
 
     ep = torch.export.export(model.eval(), tuple(example_inputs))
-    ep = ep.run_decompositions(decompositions())
+    ep = ep.run_decompositions(decompositions(checked=False))
     g = import_fx(ep.graph_module, None, name=name)
     consts = {}
     sig = ep.graph_signature
