@@ -201,11 +201,17 @@ def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
 def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
     """``p`` seen through the guard torch puts after the softmax of masked scores: zeros
     for a row whose every key is masked out, ``Select(no key left, 0, P)`` where no key
-    left is ``not any(x != -inf)`` over the row (the operator writes zeros there too).
-    Returns (P, the guard's Equal, whose input must be the softmax's) or (p, None)."""
+    left is ``not any(x != -inf)`` over the row (the operator writes zeros there too), or
+    the ONNX exporter's ``Where(IsNaN(P), 0, P)`` (such a row's softmax is NaN; a NaN input
+    would give zeros there where the operator gives NaN). Returns (P, the guard's Equal,
+    whose input must be the softmax's) or (p, None)."""
     sel = _producer(p, "Select")
     if sel is None or splat(sel.inputs[1]) != 0.0:
         return p, None
+    nan = _producer(sel.inputs[0], "IsNan")
+    if nan is not None and nan.inputs[0] is sel.inputs[2]:
+        seen += [sel, nan]
+        return _views(sel.inputs[2], seen), None
     chain: list[Node] = [sel]
     nots = [_producer(sel.inputs[0], "LogicalNot")]
     red = _producer(nots[0].inputs[0], "ReduceMax") if nots[0] is not None else None
