@@ -89,36 +89,17 @@ def _close(a, b) -> bool:
     return True
 
 
-def attention_layers(model, args) -> int:
-    """Calls of scaled_dot_product_attention and of softmax in one eager forward."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    F = torch.nn.functional
-    counted = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax}
-
-    class Count(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, a=(), kw=None):
-            Count.calls += func in counted
-            return func(*a, **(kw or {}))
-
-    with torch.no_grad(), Count():
-        _seed()
-        model(*args)
-    return Count.calls
-
-
 def measure(build, inputs) -> dict:
     """One model: launches, fused attention per layer, output and gradients against eager,
     and the verdict on each gradient that differs."""
     import torch
+    from export_models import attention_layers
 
     import graphkernel.torch as gt
 
     model, args = build(), inputs()
     model.train()
+    _seed()
     layers = attention_layers(model, args)
     exact = copy.deepcopy(model).double()
     plain = copy.deepcopy(model)

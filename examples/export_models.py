@@ -192,6 +192,27 @@ def families(attn: str = "sdpa"):
     }
 
 
+def attention_layers(model, args) -> int:
+    """The attention layers a model runs: its calls of scaled_dot_product_attention and of
+    softmax in one forward (no grad)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    F = torch.nn.functional
+    counted = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax}
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, a=(), kw=None):
+            Count.calls += func in counted
+            return func(*a, **(kw or {}))
+
+    with torch.no_grad(), Count():
+        model(*args)
+    return Count.calls
+
+
 def select(names, attn: str = "sdpa", more: bool = False) -> dict | None:
     """The zoo's builders named in ``names`` (every one when empty), in zoo order, built with
     the attention implementation ``attn`` (with ``more``, the ``families`` too); None, after
