@@ -535,7 +535,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     ``GRAPHKERNEL_TORCH_BACKEND=aot_eager`` graphkernel steps aside: Dynamo's graph runs on
     torch's own AOT-eager path (what ``graphkernel bisect run`` compares a failing program
     with before it says a failure is not graphkernel's)."""
-    off = os.environ.get(OFF_ENV, "").strip()
+    off = os.environ.get("GRAPHKERNEL_TORCH_BACKEND", "").strip()  # (OFF_ENV)
     if off:
         if off != "aot_eager":
             raise ExecutionError(f"{OFF_ENV}={off!r} (accepted: aot_eager, or unset)")
