@@ -584,11 +584,9 @@ def _unscaled(graph: Graph, r: Value, origin: tuple) -> tuple[Value, float]:
 
 
 def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
-    """Check the match against the operator's limits and replace it; the record says how."""
-    bad = _used_outside(m)
-    if bad is not None:
-        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
-                      "probabilities kept for the backward)")
+    """Check the match against the operator's limits and replace it; the record says how.
+    (The operator's limits are checked before the pattern's other uses: the reason a
+    candidate could never be one launch comes first.)"""
     inside = frozenset(map(id, [*m.nodes, *([m.kt] if m.kt is not None else [])]))
     q, _ = _heads(m.q, inside)
     k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k, inside)
@@ -603,6 +601,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     why = limits(m.q.dtype, n1, n2, d)
     if why is not None:
         raise Refused(f"unsupported {why}")
+    bad = _used_outside(m)
+    if bad is not None:
+        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
+                      "probabilities kept for the backward)")
     if not isinstance(m.scale, float) or not np.isfinite(m.scale):
         raise Refused(f"scale {m.scale} is not a finite number")
     out = _output(m.pv, b, n1, s1, d)
