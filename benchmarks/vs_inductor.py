@@ -5,7 +5,8 @@
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
 Inductor's launches are read from its generated code: fused kernels (``cpp_fused_*``) and
-extern calls (``extern_kernels.*``, its matmuls and convolutions). graphkernel's are its
+extern calls (``extern_kernels.*``, its matmuls and convolutions, and the ATen ops it calls
+as they are, ``torch.ops.aten.*``: its attention with sdpa models). graphkernel's are its
 launches by kind (``graphkernel.torch.stats()``): vector kernels, cube (a matrix product
 alone), mix (a product with fused vector work), extern and Opaque (ops run through torch).
 Compile time is the first call on both sides (Dynamo + AOT + the backend); graphkernel's
@@ -70,6 +71,8 @@ def inductor(model, args):
         body = src[src.find("def call("):] if "def call(" in src else src
         kernels += len(set(re.findall(r"cpp_fused_\w+", src)))
         externs += len(re.findall(r"extern_kernels\.\w+\(", body))
+        # ATen ops it calls as they are (its fallback kernels: scaled_dot_product_attention)
+        externs += len(re.findall(r"= torch\.ops\.\w+\.\w+\.\w+\(", body))
     return kernels, externs, spent["s"], total
 
 
