@@ -4,9 +4,13 @@ vendor's fused attention operator, launched as an extern kernel).
 The pattern, as the frontends and the Softmax expander leave it::
 
     S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes
+                                  (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
+    P = Select(no key left, 0, P) optional: torch's guard of a row whose every key is masked
+                                  out (not any(S != -inf)), or ONNX's Where(IsNaN(P), 0, P):
+                                  the operator's own zeros for such a row
     O = BatchMatMul(P, V)
 
 with reshape views anywhere between (batch and heads merged into one axis and split again).
@@ -29,8 +33,13 @@ vary over the batch, else [B,N,S1,S2]. Other
 masks in shapes the operator does not document ([B,1,1,S2] key-padding masks, for one) are
 refused rather than broadcast.
 
-Every candidate (a softmax between two products) is recorded in ``analyses.attention``
-with its verdict; ``graphkernel explain`` shows the reasons of the refused ones.
+A FusedAttention the frontend made (scaled_dot_product_attention, ONNX's Attention: BNSD) is
+read in the best layout the same way: its head splits read in place, the head merge written
+by the operator, Q's constant factor taken into the scale.
+
+Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
+recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
+reasons of the refused ones.
 """
 
 from __future__ import annotations
