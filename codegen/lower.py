@@ -432,13 +432,22 @@ def _compare(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) ->
 
 
 def _logical(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
-    """bools as fp32 0/1: and = product, or = max, not = 1 - x."""
-    xs, tmps = zip(*(lo.numeric(r) for r in a), strict=True)
-    if rule.api is None:  # LogicalNot
-        lo.call("Muls", dst.expr, op(xs[0]), "CT(-1.0f)", count="n")
-        lo.call("Adds", dst.expr, op(dst.expr), "CT(1.0f)", count="n")
+    """bools as fp32 0/1: and = product, or = max, not = 1 - x. Over dst's own elements
+    (a column of per-row bools, such as an ``any`` over each row, stays a column)."""
+    mask = lo.space.pools.get(MASK)
+    if all(r.kind == dst.kind and r.store != mask for r in a):
+        xs, tmps = tuple(r.expr for r in a), ()
+    elif dst.kind == FULL:
+        xs, tmps = zip(*(lo.numeric(r) for r in a), strict=True)
     else:
-        lo.call(rule.api, dst.expr, op(xs[0]), op(xs[1]), count="n")
+        raise Unsupported(f"{n.op} into a {dst.kind} of operands of kinds "
+                          f"{', '.join(r.kind for r in a)}", node=n)
+    k = lo.count_of(dst)
+    if rule.api is None:  # LogicalNot
+        lo.call("Muls", dst.expr, op(xs[0]), "CT(-1.0f)", count=k)
+        lo.call("Adds", dst.expr, op(dst.expr), "CT(1.0f)", count=k)
+    else:
+        lo.call(rule.api, dst.expr, op(xs[0]), op(xs[1]), count=k)
     lo.release_all(t for ts in tmps for t in ts)
 
 
