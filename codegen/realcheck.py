@@ -489,7 +489,10 @@ def check(units: Sequence[Unit], headers: Headers, arch: int = 2201,
 def check_project(folder: str | os.PathLike, headers: Headers, jobs: int | None = None
                   ) -> list[Result]:
     """Every kernel of a written project (``graphkernel compile -o DIR``), by its manifest."""
+    from graphkernel import limits
     from graphkernel.codegen import targets
+    from graphkernel.fileio import read_bounded
+    from graphkernel.flags import DEFAULT_TARGET
 
     root = Path(folder)
     man = root / "manifest.json"
@@ -497,10 +500,12 @@ def check_project(folder: str | os.PathLike, headers: Headers, jobs: int | None 
         raise ConfigError(f"{root}: no manifest.json (a folder written by `graphkernel compile "
                           "MODEL -o DIR`)")
     try:
-        manifest = json.loads(man.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{man}: not valid JSON ({e})") from None
-    target = targets.load(str(manifest.get("target", targets.DEFAULT)))
+        manifest = json.loads(read_bounded(man, limits.MAX_MANIFEST_BYTES))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{man}: not a readable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{man}: not a graphkernel manifest (a JSON object is expected)")
+    target = targets.load(str(manifest.get("target", DEFAULT_TARGET)))
     return check(project_units(root / "kernels", manifest), headers, target.npu_arch, jobs)
 
 
