@@ -238,3 +238,29 @@ def test_an_error_eager_raises_too_is_raised_as_eager_raises_it():
         torch.compile(fn, backend="graphkernel", options=LENIENT)(x, idx)
     assert str(compiled.value) == str(eager.value)
     assert gt.stats()["bugs"] == 0  # the program's error, not graphkernel's
+
+
+# ------------------------------------------------------------- PyTorch's OpInfo samples
+OPINFO_SUBSET = ("fft.rfft", "view_as_complex", "polar", "linalg.inv", "logsumexp",
+                 "nn.functional.linear_cross_entropy", "hash_tensor", "sum", "softmax",
+                 "empty_like", "nn.functional.gelu")
+
+
+def test_opinfo_samples_neither_raise_nor_mismatch():
+    """A representative subset of ``python benchmarks/opinfo.py`` (the whole table is in
+    benchmarks/RESULTS.md): complex and unsigned results, effect tokens, a custom op of
+    torch's own, reductions of scalars, uninitialised results, plain fused ops."""
+    pytest.importorskip("expecttest")  # (op_db imports it: the dev extra)
+    from benchmarks import opinfo
+
+    ops = {opinfo.full_name(op): op for op in opinfo.opinfos(
+        "^(" + "|".join(OPINFO_SUBSET).replace(".", r"\.") + ")$")}
+    assert sorted(ops) == sorted(OPINFO_SUBSET)
+    rows = {}
+    for name, op in ops.items():
+        (sample,) = opinfo.samples(op, 1)
+        out = opinfo.check_sample(op, sample)
+        assert out is not None and out.row not in ("raised", "mismatched"), (name, out)
+        rows[name] = out.row
+    assert rows["fft.rfft"] == rows["linalg.inv"] == "graph through torch"
+    assert rows["softmax"] == rows["logsumexp"] == "own kernels"
