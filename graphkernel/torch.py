@@ -446,15 +446,22 @@ def _falling_back(run: Callable[..., Any], gm: torch.fx.GraphModule, name: str,
     return call
 
 
+# higher-order ops that are one call of an operator (no subgraph, no token): they run through
+# torch as one op of the graph (a custom op that writes its inputs, functionalized)
+CALLABLE_HOPS = frozenset({"auto_functionalized", "auto_functionalized_v2"})
+
+
 def unsupported(gm: torch.fx.GraphModule) -> str | None:
     """Why graphkernel cannot take an ATen graph at all (it then runs through torch), or
     None: a value of a dtype graphkernel has no type for (complex, unsigned wider than 8
     bits, float8), an effect token (``with_effects``: ops ordered by a token, such as linalg's
-    error checks) or another higher-order op (control flow, subgraphs)."""
+    error checks) or another higher-order op (control flow, subgraphs; not those of
+    ``CALLABLE_HOPS``)."""
     from graphkernel.frontends.fx import torch_dtype
 
     for n in gm.graph.nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
+        if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
+                and n.target.name() not in CALLABLE_HOPS:
             if n.target is torch.ops.higher_order.with_effects:
                 op = n.args[1] if len(n.args) > 1 else "an op"
                 return f"effect tokens ({op} is ordered by a token)"

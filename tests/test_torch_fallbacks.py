@@ -153,7 +153,9 @@ def test_a_mutating_custom_op_runs_through_torch():
     with torch.no_grad():
         want, got, s = _compiled(fn, _g(4, 4))
     torch.testing.assert_close(got, want)
-    assert s["bugs"] == 0 and (s["fallbacks"] or s["graphs_through_torch"])
+    assert s["graphs_through_torch"] == {} and s["launches"]["vector"] >= 1
+    (why,) = s["fallbacks"].values()  # functionalized: one op of the graph
+    assert why.startswith("gk_test.clip_.default, a custom op that writes its inputs")
 
 
 # ------------------------------------------------------------- graphkernel's failures

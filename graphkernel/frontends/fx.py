@@ -1260,8 +1260,12 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
 
 
 # ------------------------------------------------------------------ import
-def _unmapped_why(target: Any) -> str:
+def _unmapped_why(node: Any) -> str:
     """Why an op without a handler runs through torch, for the log."""
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        op = node.args[0] if node.args else "an op"
+        return f"{op}, a custom op that writes its inputs ({target.name()}), runs through torch"
     ns = getattr(target, "namespace", None)
     if ns is not None and ns not in ("aten", "prims"):
         return f"an op of namespace {ns!r} (a custom op the program called) runs through torch"
@@ -1407,7 +1411,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
             continue
         handler = ATEN.get(str(n.target))
-        reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n.target)
+        reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n)
         if handler is not None:
             mark = len(g)
             try:
