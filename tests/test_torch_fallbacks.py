@@ -317,3 +317,22 @@ def test_moe_decoders_with_transformers_custom_ops_match_eager_and_train(name):
     assert {g["role"] for g in s["per_graph"]} == {"forward", "backward"}
     assert "transformers.grouped_mm_fallback_backward.default" in s["fallbacks"]
     assert s["graphs_through_torch"] == {}
+
+
+def test_an_in_process_custom_op_graph_saved_to_a_file_is_data_and_refused(tmp_path):
+    """The graph the program built runs its custom op; the same graph read back from a file
+    is data, and a file may name only reviewed ATen operators."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphkernel.errors import GraphKernelError
+    from graphkernel.frontends.json_format import load_graph, save_graph
+    from graphkernel.interpreter import Interpreter
+
+    x = _g(2, 3)
+    g = fx.import_fx(make_fx(lambda x: scaled_shift(x, 2.0) * 3)(x), [x])
+    (out,) = Interpreter(g).run({g.inputs[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), (x * 2 + 1) * 3)
+    save_graph(g, tmp_path / "g.json")
+    with pytest.raises(GraphKernelError, match="'gk_test.scaled_shift.default': namespace "
+                                               "'gk_test' is not accepted"):
+        load_graph(tmp_path / "g.json")
