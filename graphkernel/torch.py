@@ -15,6 +15,16 @@ Options (``torch.compile(..., options={...})``):
   also freezes the ones that do not require grad when grad is enabled; ``False`` never
   freezes. A frozen graph checks its tensors' version counters on every call and compiles
   again when one was written (an optimizer step, ``load_state_dict``).
+- ``strict``: raise graphkernel's own failures instead of running the graph through torch
+  (default: the environment's ``GRAPHKERNEL_TORCH_STRICT=1``, else off; tests run strict).
+
+The backend never raises where eager runs. A graph it cannot take (a complex or unsigned
+dtype, an effect token, a higher-order op, a size it cannot model) runs through torch as
+Dynamo gave it, with one logged reason; an op it has no kernel for (an ATen op without a
+mapping, or a custom op of any namespace the program called) runs through torch inside the
+compiled graph. A failure of graphkernel itself on a graph it accepted (a pass, the import,
+the compiled graph's run) is a bug: it is logged with its traceback as a bug report and the
+graph runs through torch, unless ``strict``. ``stats()`` counts all of them.
 
 Each compiled graph logs one line on the ``graphkernel.torch`` logger (enable it with
 ``GRAPHKERNEL_LOG=info`` or ``TORCH_LOGS=graphkernel``); ``stats()`` sums them up with
@@ -37,11 +47,12 @@ from typing import Any
 
 import torch
 
-from graphkernel.errors import ExecutionError
+from graphkernel.errors import ExecutionError, GraphKernelError
 
 log = logging.getLogger("graphkernel.torch")
 _COUNTER = itertools.count(1)
-OPTIONS = ("flags", "backend", "freeze")
+OPTIONS = ("flags", "backend", "freeze", "strict")
+STRICT_ENV = "GRAPHKERNEL_TORCH_STRICT"  # "1": graphkernel's own failures raise
 LAUNCH_KINDS = ("vector", "cube", "mix", "extern", "opaque")
 
 
@@ -90,8 +101,14 @@ class GraphSummary:
     seconds: float
     dump_dir: str | None = None
     symbols: list[str] = field(default_factory=list)  # symbolic dims of the graph's inputs
+    through_torch: str = ""  # why the whole graph runs through torch ("" when it does not)
+    bug: str = ""  # graphkernel's own failure on this graph (a bug report was logged)
 
     def line(self) -> str:
+        if self.through_torch:
+            again = ", recompile" if self.recompile else ""
+            return (f"{self.name} ({self.role}{again}): {self.aten_ops} ATen ops run through "
+                    f"torch: {self.through_torch}; {self.seconds:.2f} s")
         kinds = ", ".join(f"{k} {self.launches.get(k, 0)}" for k in LAUNCH_KINDS)
         fb = "; ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())) or "none"
         frozen = f", {self.frozen} frozen tensors" if self.frozen else ""
@@ -107,6 +124,7 @@ class GraphSummary:
 class _Stats:
     graphs: list[GraphSummary] = field(default_factory=list)
     refreezes: int = 0
+    run_bugs: int = 0  # compiled graphs that failed when run (and ran through torch)
     index: dict[str, list[dict]] = field(default_factory=dict)  # debug dir -> entries
 
 
@@ -120,15 +138,20 @@ def stats() -> dict[str, Any]:
 
     launches: Counter = Counter()
     fallbacks: dict[str, str] = {}
+    whole: Counter = Counter()
     for s in _STATS.graphs:
         launches.update(s.launches)
         fallbacks.update(s.fallbacks)
+        if s.through_torch:
+            whole[s.through_torch] += 1
     return {"graphs": len(_STATS.graphs),
             "recompiles": sum(s.recompile for s in _STATS.graphs if s.role != "backward"),
             "graph_breaks": sum(counters["graph_break"].values()),
             "refreezes": _STATS.refreezes,
             "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
             "fallbacks": fallbacks,
+            "graphs_through_torch": dict(whole),
+            "bugs": sum(bool(s.bug) for s in _STATS.graphs) + _STATS.run_bugs,
             "per_graph": [asdict(s) for s in _STATS.graphs]}
 
 
@@ -136,6 +159,7 @@ def reset_stats() -> None:
     """Forget the graphs counted so far (Dynamo's counters are reset by torch._dynamo.reset)."""
     _STATS.graphs.clear()
     _STATS.refreezes = 0
+    _STATS.run_bugs = 0
 
 
 def launch_counts(graph) -> dict[str, int]:
@@ -287,8 +311,11 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                   frozen: dict[int, torch.Tensor] | None
                   ) -> tuple[Callable[..., Any], dict[int, torch.Tensor], str]:
     """One compile of ``gm`` with ``frozen``'s tensors (those that apply here) inlined: the
-    runner, the tensors it inlined and the compiled graph's name."""
+    runner, the tensors it inlined and the compiled graph's name. A graph graphkernel cannot
+    take, or fails on, runs through torch (``gm`` itself) with its reason logged and counted;
+    with ``strict`` graphkernel's own failures raise instead."""
     import graphkernel
+    from graphkernel.errors import ConfigError, FrontendError
     from graphkernel.frontends.fx import import_fx_module, specialize_unmodelled, to_numpy
 
     t0 = time.perf_counter()
@@ -296,45 +323,158 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     backend = options.get("backend", "reference")
     if backend not in ("reference", "sim"):
         raise ExecutionError(f"unknown backend {backend!r} (accepted: reference, sim)")
-    frozen = _frozen_here(gm, frozen) if role != "backward" else {}
+    strict = _strict(options)
     n = next(_COUNTER)
     name = f"autofused_{n}"
-    fixed = specialize_unmodelled(gm)
-    if fixed:
-        log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot keep "
-                 "symbolic); Dynamo recompiles when they change", name, ", ".join(fixed))
-    with _real_tensors():  # graph constants are real tensors; read them as such
-        consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
-        imported = import_fx_module(gm, example_inputs, name=name, constants=consts)
+    aten_ops = sum(1 for x in gm.graph.nodes if x.op == "call_function")
+
+    def through_torch(why: str, bug: str = "") -> tuple[Callable[..., Any], dict, str]:
+        summary = GraphSummary(name, role, aten_ops, 0, {"opaque": aten_ops}, {}, 0, 0,
+                               _recompile(), round(time.perf_counter() - t0, 3),
+                               through_torch=why, bug=bug)
+        _STATS.graphs.append(summary)
+        if not bug:  # (a bug was logged with its report)
+            log.warning("%s (%s) runs through torch: %s", name, role, why)
+        log.info("%s", summary.line())
+        return gm, {}, name
+
+    why = unsupported(gm)
+    if why is not None:
+        return through_torch(why)
+    frozen = _frozen_here(gm, frozen) if role != "backward" else {}
+    try:
+        fixed = specialize_unmodelled(gm)
+        if fixed:
+            log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot "
+                     "keep symbolic); Dynamo recompiles when they change", name,
+                     ", ".join(fixed))
+        with _real_tensors():  # graph constants are real tensors; read them as such
+            consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
+            imported = import_fx_module(gm, example_inputs, name=name, constants=consts,
+                                        strict=strict)
+    except FrontendError as e:  # the graph holds what graphkernel cannot model
+        return through_torch(str(e))
+    except Exception as e:  # noqa: BLE001 - graphkernel's own failure: a bug, not the user's
+        return through_torch(*_bug(e, name, role, "the import", strict))
     g = imported.graph  # built to be compiled: compiled in place (it keeps its inputs)
     n_nodes = len(g)
     symbols = sorted({str(d) for v in g.inputs for d in v.type.shape if isinstance(d, str)})
     env = dict(os.environ)
     flags = options.get("flags") or ""
     dump_dir = _dump_dir(flags, env, name)
-    res = graphkernel.compile(g, flags, env=env, log=lambda m: None, dump_dir=dump_dir,
-                              copy=False)
+    try:
+        res = graphkernel.compile(g, flags, env=env, log=lambda m: None, dump_dir=dump_dir,
+                                  copy=False)
+        runner = None
+        if backend == "sim":  # fused kernels run through their generated code
+            from graphkernel.codegen.backend import SimBackend
+
+            runner = SimBackend.for_result(res)
+    except ConfigError:  # the user's flags: their error to see
+        raise
+    except Exception as e:  # noqa: BLE001 - a pass failed on a graph it accepted: a bug
+        return through_torch(*_bug(e, name, role, "the pipeline", strict))
     if dump_dir is not None:
         from graphkernel.dump import Dumper
 
         Dumper(dump_dir).write_text("graph.txt", str(res.graph))
     summary = GraphSummary(
-        name, role, sum(1 for x in gm.graph.nodes if x.op == "call_function"), n_nodes,
-        launch_counts(res.graph), dict(imported.fallbacks),
+        name, role, aten_ops, n_nodes, launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
-        round(time.perf_counter() - t0, 3), dump_dir, symbols)
+        round(time.perf_counter() - t0, 3), dump_dir, symbols,
+        bug="; ".join(imported.bugs.values()))
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:
         _write_index(os.path.dirname(dump_dir), asdict(summary) |
                      {"dir": os.path.basename(dump_dir)})
-    runner = None
-    if backend == "sim":  # fused kernels run through their generated code
-        from graphkernel.codegen.backend import SimBackend
-
-        runner = SimBackend.for_result(res)
     run = _runner(imported, res.graph, runner)
-    return run, frozen, name
+    return _falling_back(run, gm, name, strict), frozen, name
+
+
+def _strict(options: Mapping[str, Any]) -> bool:
+    """Whether graphkernel's own failures raise (the ``strict`` option, else the
+    environment's ``GRAPHKERNEL_TORCH_STRICT``)."""
+    strict = options.get("strict")
+    if strict is None:
+        strict = os.environ.get(STRICT_ENV, "").strip() not in ("", "0")
+    return bool(strict)
+
+
+def _bug(e: BaseException, name: str, role: str, where: str, strict: bool) -> tuple[str, str]:
+    """Report graphkernel's own failure on a graph (the log gets a bug report with the
+    traceback) and return (why the graph runs through torch, the bug); with ``strict``,
+    re-raise it."""
+    if strict:
+        raise e
+    first = (str(e).strip().splitlines() or [""])[0]
+    bug = f"{where} failed: {type(e).__name__}: {first}"[:500]
+    log.error("bug in graphkernel: %s (%s): %s; the graph runs through torch instead. Please "
+              "report it with this message and traceback (options={'strict': True} raises "
+              "it)", name, role, bug, exc_info=e)
+    return f"bug in graphkernel ({where})", bug
+
+
+def _falling_back(run: Callable[..., Any], gm: torch.fx.GraphModule, name: str,
+                  strict: bool) -> Callable[..., Any]:
+    """``run`` that, when it fails where torch running ``gm`` does not, reports the failure
+    as a bug and runs ``gm`` from then on (torch's random stream rewound first when the graph
+    draws random numbers, so it draws what eager would). When torch fails too, its error is
+    the program's own and is raised as eager would raise it."""
+    if strict:
+        return run
+    from graphkernel.frontends.fx import _seeded
+
+    seeded = any(n.op == "call_function" and _seeded(n) for n in gm.graph.nodes)
+    state = {"fn": run}
+
+    def call(*args: Any) -> Any:
+        if state["fn"] is not run:
+            return gm(*args)
+        rng = torch.get_rng_state() if seeded else None
+        try:
+            return run(*args)
+        except Exception as e:  # noqa: BLE001 - judged below: torch's error or graphkernel's
+            if rng is not None:
+                torch.set_rng_state(rng)
+            out = gm(*args)  # raises what eager raises when the error is the program's
+            state["fn"] = gm
+            _STATS.run_bugs += 1
+            _bug(e, name, "run", "running the compiled graph", False)
+            return out
+
+    return call
+
+
+# higher-order ops that are one call of an operator (no subgraph, no token): they run through
+# torch as one op of the graph (a custom op that writes its inputs, functionalized)
+CALLABLE_HOPS = frozenset({"auto_functionalized", "auto_functionalized_v2"})
+
+
+def unsupported(gm: torch.fx.GraphModule) -> str | None:
+    """Why graphkernel cannot take an ATen graph at all (it then runs through torch), or
+    None: a value of a dtype graphkernel has no type for (complex, unsigned wider than 8
+    bits, float8), an effect token (``with_effects``: ops ordered by a token, such as linalg's
+    error checks) or another higher-order op (control flow, subgraphs; not those of
+    ``CALLABLE_HOPS``)."""
+    from graphkernel.frontends.fx import torch_dtype
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
+                and n.target.name() not in CALLABLE_HOPS:
+            if n.target is torch.ops.higher_order.with_effects:
+                op = n.args[1] if len(n.args) > 1 else "an op"
+                return f"effect tokens ({op} is ordered by a token)"
+            return f"the higher-order op {n.target.name()}"
+        val = n.meta.get("val")
+        for v in val if isinstance(val, list | tuple) else [val]:
+            if isinstance(v, torch.Tensor):
+                try:
+                    torch_dtype(v.dtype, n.name)
+                except GraphKernelError:
+                    where = n.target if n.op == "call_function" else "an input"
+                    return f"torch dtype {v.dtype} has no graphkernel dtype ({where})"
+    return None
 
 
 def _versions(tensors) -> list[tuple]:
@@ -579,9 +719,30 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     freeze = options.get("freeze")
     if freeze not in (None, True, False):
         raise ExecutionError(f"option freeze={freeze!r} (accepted: True, False, None)")
+    if options.get("strict") not in (None, True, False):
+        raise ExecutionError(f"option strict={options['strict']!r} (accepted: True, False, "
+                             "None)")
+    if options.get("backend", "reference") not in ("reference", "sim"):
+        raise ExecutionError(f"unknown backend {options['backend']!r} (accepted: reference, "
+                             "sim)")
+    from graphkernel.api import load_config
+
+    load_config(options.get("flags") or "", env=os.environ)  # the user's flags: checked now
     configure_logging()
     frozen = {i: example_inputs[i] for i in _freezable(gm, example_inputs, freeze)}
-    return _aot(gm, example_inputs, options, frozen)
+    try:
+        return _aot(gm, example_inputs, options, frozen)
+    except Exception as e:
+        if _strict(options):
+            raise
+        # AOT autograd could not trace Dynamo's graph with graphkernel's decomposition table:
+        # the graph runs as Dynamo gave it
+        name = f"autofused_{next(_COUNTER)}"
+        why, bug = _bug(e, name, "Dynamo's graph", "AOT autograd's tracing", False)
+        ops = sum(1 for x in gm.graph.nodes if x.op == "call_function")
+        _STATS.graphs.append(GraphSummary(name, "inference", ops, 0, {"opaque": ops}, {}, 0,
+                                          0, _recompile(), 0.0, through_torch=why, bug=bug))
+        return gm.forward
 
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):

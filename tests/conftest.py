@@ -62,9 +62,13 @@ registry.register_hook(pipeline.Validation())
 
 @pytest.fixture(autouse=True)
 def _no_flag_env(monkeypatch):
-    """Tests see no AUTOFUSE_FLAGS/MS_DEV_GRAPH_KERNEL_FLAGS from the developer's shell."""
+    """Tests see no AUTOFUSE_FLAGS/MS_DEV_GRAPH_KERNEL_FLAGS from the developer's shell, and
+    run the torch backend strict."""
     for var in ("AUTOFUSE_FLAGS", "AUTOFUSE_DFX_FLAGS", "MS_DEV_GRAPH_KERNEL_FLAGS"):
         monkeypatch.delenv(var, raising=False)
+    # the torch.compile backend raises its own failures in tests instead of running the graph
+    # through torch (a test that checks the fallback passes options={"strict": False})
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
 
 
 @pytest.fixture

@@ -437,6 +437,8 @@ def _squeeze(c: Ctx):
     if dims is None:
         return c.emit("Squeeze", [x], {"axis": None})
     dims = [dims] if isinstance(dims, int) else list(dims)
+    if x.type.rank == 0:  # torch takes dim 0 or -1 of a scalar: nothing to squeeze
+        return c.emit("Identity", [x])
     keep = [d % x.type.rank for d in dims if x.shape[d] == 1]
     return c.emit("Squeeze", [x], {"axis": keep}) if keep else c.emit("Identity", [x])
 
@@ -1160,17 +1162,87 @@ def _seeded(node: Any) -> bool:
     return torch is not None and torch.Tag.nondeterministic_seeded in tags
 
 
+class _In:
+    """An input tensor's place in a ``TorchCall``'s arguments."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __repr__(self) -> str:
+        return f"<input {self.i}>"
+
+
+def _template(a: Any, inputs: list[Any], env: dict) -> Any:
+    """A node's argument with its tensors replaced by their input slots; every other value
+    (dtypes, devices, operators, strings, numbers) is kept as the program passed it."""
+    if isinstance(a, torch.fx.Node):
+        v = env[a]
+        if isinstance(v, int):
+            return v  # a size that is known
+        if not isinstance(v, Value):
+            raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
+                                "runs through torch cannot take a symbolic size (mark fewer "
+                                "dims dynamic)")
+        inputs.append(a)
+        return _In(len(inputs) - 1)
+    if isinstance(a, list | tuple):
+        return [_template(x, inputs, env) for x in a]
+    if isinstance(a, dict):
+        return {k: _template(x, inputs, env) for k, x in a.items()}
+    return a
+
+
+def _fill(a: Any, ts: list[Any]) -> Any:
+    if isinstance(a, _In):
+        return ts[a.i]
+    if isinstance(a, list):
+        return [_fill(x, ts) for x in a]
+    if isinstance(a, dict):
+        return {k: _fill(x, ts) for k, x in a.items()}
+    return a
+
+
+class TorchCall:
+    """How an Opaque node of an in-process graph runs: the operator object the program's
+    graph called (an ATen overload, or a custom op of any namespace: a library's such as
+    ``transformers``', ``torchvision``'s, or the program's own ``torch.library`` op), on the
+    node's inputs. The graph is the program's code, so it may call what the program called;
+    a model file never gets one (``fn`` cannot come from a file)."""
+
+    def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self.op, self.args, self.kwargs = op, args, kwargs
+
+    def __call__(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        ts = [to_torch(x) for x in xs]
+        out = self.op(*_fill(self.args, ts), **_fill(self.kwargs, ts))
+        outs = out if isinstance(out, list | tuple) else [out]
+        return [to_numpy(o) for o in outs if o is not None]
+
+    def __repr__(self) -> str:
+        return f"TorchCall({self.op})"
+
+
 def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
-    """``node`` as an Opaque node calling the ATen op. ``after``: a value the node must run
-    after (the previous random op's output: see ``import_fx_module``); an extra input the
-    op's arguments do not name."""
+    """``node`` as an Opaque node calling the op itself (``TorchCall``). ``after``: a value
+    the node must run after (the previous random op's output: see ``import_fx_module``); an
+    extra input the op's arguments do not name. Its ``spec`` (what a saved graph names) is
+    the ATen-style description where the arguments have one, else empty: such a graph
+    cannot be saved."""
     target = str(node.target)
     if target not in _LOGGED:
         _LOGGED.add(target)
         log.warning("Fallback %s: %s", target, reason)
     inputs: list[Any] = []
-    spec = {"target": target, "args": _encode(list(node.args), inputs, env),
-            "kwargs": {k: _encode(v, inputs, env) for k, v in node.kwargs.items()}}
+    args = _template(list(node.args), inputs, env)
+    kwargs = {k: _template(v, inputs, env) for k, v in node.kwargs.items()}
+    try:
+        named: list[Any] = []
+        spec = {"target": target, "args": _encode(list(node.args), named, env),
+                "kwargs": {k: _encode(v, named, env) for k, v in node.kwargs.items()}}
+    except Unmapped:  # an argument a file cannot name (an operator, an object)
+        spec = {}
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -1178,7 +1250,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
     if not out_types:
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
     n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
-                   {"impl": "aten", "spec": spec, "out_types": out_types, "label": target},
+                   {"impl": "aten", "spec": spec, "out_types": out_types, "label": target,
+                    "fn": TorchCall(node.target, args, kwargs)},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
         return n.outputs[0]
@@ -1187,6 +1260,18 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
 
 
 # ------------------------------------------------------------------ import
+def _unmapped_why(node: Any) -> str:
+    """Why an op without a handler runs through torch, for the log."""
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        op = node.args[0] if node.args else "an op"
+        return f"{op}, a custom op that writes its inputs ({target.name()}), runs through torch"
+    ns = getattr(target, "namespace", None)
+    if ns is not None and ns not in ("aten", "prims"):
+        return f"an op of namespace {ns!r} (a custom op the program called) runs through torch"
+    return f"no mapping for {target}"
+
+
 # ATen ops left to torch on purpose, with the reason the log gives
 UNMAPPED_WHY = {
     "aten.sort.default": "no sort op: data-dependent permutations run through torch",
@@ -1209,6 +1294,7 @@ class FxImport:
     inputs: list[int | str | None] = field(default_factory=list)
     outputs: list[tuple[str, Any]] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)  # ATen op -> why it is Opaque
+    bugs: dict[str, str] = field(default_factory=dict)  # op -> its handler's failure
 
 
 def specialize_unmodelled(gm: Any) -> list[str]:
@@ -1271,9 +1357,13 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
 
 def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
                      name: str = "fx_graph",
-                     constants: dict[int, np.ndarray] | None = None) -> FxImport:
+                     constants: dict[int, np.ndarray] | None = None,
+                     strict: bool = True) -> FxImport:
     """Import an ATen-level ``torch.fx.GraphModule`` with its call signature; the
-    placeholders numbered in ``constants`` become Constant nodes (frozen parameters)."""
+    placeholders numbered in ``constants`` become Constant nodes (frozen parameters).
+    Without ``strict``, a handler that fails unexpectedly (a bug) is logged with its
+    traceback and its op runs through torch (``FxImport.bugs``); with it, the error is
+    raised."""
     if torch is None:
         raise FrontendError("importing FX graphs needs torch: pip install 'graphkernel[torch]'")
     g = Graph(name)
@@ -1321,7 +1411,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
             continue
         handler = ATEN.get(str(n.target))
-        reason = UNMAPPED_WHY.get(str(n.target), f"no mapping for {n.target}")
+        reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n)
         if handler is not None:
             mark = len(g)
             try:
@@ -1329,9 +1419,17 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
                 continue
             except (Unmapped, GraphKernelError) as e:
                 reason = str(e)
-                for node in reversed(g.nodes[mark:]):
-                    if not any(v.uses for v in node.outputs):
-                        g.erase_node(node)
+            except Exception as e:  # a handler's bug: the op runs through torch instead
+                if strict:
+                    raise
+                reason = (f"bug in graphkernel's import of {n.target}: {type(e).__name__}: "
+                          f"{e}")
+                res.bugs[str(n.target)] = reason
+                log.error("%s (node %s); the op runs through torch", reason, n.name,
+                          exc_info=True)
+            for node in reversed(g.nodes[mark:]):
+                if not any(v.uses for v in node.outputs):
+                    g.erase_node(node)
         res.fallbacks.setdefault(str(n.target), reason)
         # ops drawing random numbers run in the program's order (the stream is shared):
         # each reads the previous one's first output, so no pass can reorder them
