@@ -54,7 +54,8 @@ SEED = 0
 @dataclass
 class Outcome:
     """What one sample did: its row, and the reasons it (or some of its ops) ran through
-    torch; ``error`` for a raise or a mismatch."""
+    torch; ``error`` for a raise or a mismatch, or graphkernel's own failure (a bug report)
+    on a sample that then ran through torch."""
 
     row: str
     reasons: list[str] = field(default_factory=list)
@@ -185,11 +186,9 @@ def classify(stats: dict[str, Any]) -> Outcome:
     for g in graphs:
         reasons += list(g["fallbacks"].values())
     own = sum(sum(v for k, v in g["launches"].items() if k != "opaque") for g in graphs)
-    if own:
-        return Outcome("own kernels", reasons)
-    if whole:
-        return Outcome("graph through torch", reasons)
-    return Outcome("ops through torch", reasons)
+    bug = "; ".join(g["bug"] for g in graphs if g.get("bug"))
+    row = "own kernels" if own else "graph through torch" if whole else "ops through torch"
+    return Outcome(row, reasons, error=bug)
 
 
 def check_sample(op: Any, sample: Any, options: dict[str, Any] | None = None) -> Outcome | None:
@@ -310,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: Counter = Counter()
     reasons: Counter = Counter()
     bad: list[str] = []
+    bugs: list[str] = []  # samples graphkernel failed on (run through torch, a bug report)
     skipped = shapes_only = 0
     t0 = time.perf_counter()
     progress.auto()
@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 shapes_only += out.compared == "shapes"
                 for r in set(out.reasons):
                     reasons[_short(r)] += 1
+                if any(r.startswith("bug in graphkernel") for r in out.reasons):
+                    bugs.append(f"{full_name(op)}[{i}]: {out.error or 'see the log'}")
                 if out.row in ("raised", "mismatched"):
                     bad.append(f"{full_name(op)}[{i}] {out.row}: {out.error}")
             shown.advance()
@@ -340,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     print("reasons ops ran through torch (samples):")
     for r, k in reasons.most_common():
         print(f"  {k:>5}  {r}")
+    if bugs:
+        print(f"graphkernel's own failures, run through torch ({len(bugs)}):")
+        for line in bugs:
+            print(f"  {line}")
     if bad:
         print(f"raised or mismatched ({len(bad)}):")
         for line in bad if a.list else bad[:40]:

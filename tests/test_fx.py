@@ -13,6 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel import registry  # noqa: E402
+from graphkernel.frontends import torch_backend  # noqa: E402
 from graphkernel.frontends.fx import ATEN  # noqa: E402
 from graphkernel.registry import PassResult, register_pass  # noqa: E402
 
@@ -204,7 +205,10 @@ def test_backend_takes_flags_and_dumps(tmp_path):
     assert (dirs[0] / "0000_input.txt").exists() and (dirs[0] / "flags.json").exists()
 
 
-def test_unmapped_op_falls_back_to_aten_and_is_logged_once(caplog):
+def test_unmapped_op_falls_back_to_aten_and_is_logged_once(caplog, monkeypatch):
+    from graphkernel.frontends import fx
+
+    monkeypatch.setattr(fx, "_LOGGED", set())  # (once per process: an earlier test may have)
     m = Fn(lambda x: torch.sort(x, 1).values + torch.sort(x * 2, 1).values)
     x = rnd(3, 8)
     with caplog.at_level(logging.WARNING, logger="graphkernel.fx"):
@@ -240,7 +244,7 @@ def test_torch_bisect_finds_an_injected_fault():
 
 def test_dynamic_batch_dim_becomes_a_symbolic_dim(monkeypatch):
     seen = []
-    orig = gt.compile_fx
+    orig = torch_backend.compile_fx
 
     def spy(gm, example_inputs, *a, **k):
         from graphkernel.frontends.fx import import_fx
@@ -248,7 +252,7 @@ def test_dynamic_batch_dim_becomes_a_symbolic_dim(monkeypatch):
         seen.append(import_fx(gm, example_inputs).inputs)
         return orig(gm, example_inputs, *a, **k)
 
-    monkeypatch.setattr(gt, "compile_fx", spy)
+    monkeypatch.setattr(torch_backend, "compile_fx", spy)
     m = Block().eval()
     c = torch.compile(m, backend="graphkernel", dynamic=True)
     with torch.no_grad():

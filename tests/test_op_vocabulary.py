@@ -16,7 +16,8 @@ from tests.test_module_graph import modules
 # local ``op`` is its source format's op type, not ours: only ``x.op`` counts there)
 FX_NODE_OPS = frozenset({"placeholder", "get_attr", "call_function", "call_method",
                          "call_module", "output"})
-FX_MODULES = frozenset({"graphkernel.frontends.fx", "graphkernel.torch"})
+FX_MODULES = frozenset({"graphkernel.frontends.fx", "graphkernel.frontends.torch_backend",
+                        "graphkernel.torch"})
 
 
 def _strings(node: ast.AST, consts: dict[str, ast.AST]) -> list[str] | None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel import symbolic  # noqa: E402
 from graphkernel.errors import ExecutionError  # noqa: E402
+from graphkernel.frontends import torch_backend  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # torch.compile of modules
 
@@ -53,13 +54,13 @@ def _ids(*shape):
 def _compiled_graphs(monkeypatch) -> list:
     """Capture the graphs the backend compiled (after the pipeline)."""
     seen = []
-    orig = gt._runner
+    orig = torch_backend._runner
 
     def spy(imported, compiled, runner=None):
         seen.append(compiled)
         return orig(imported, compiled, runner)
 
-    monkeypatch.setattr(gt, "_runner", spy)
+    monkeypatch.setattr(torch_backend, "_runner", spy)
     return seen
 
 

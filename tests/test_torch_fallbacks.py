@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import graphkernel.torch as gt  # noqa: E402
-from graphkernel.frontends import fx  # noqa: E402
+from graphkernel.frontends import fx, torch_backend  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # torch.compile of programs
 
@@ -187,9 +187,9 @@ def test_strict_raises_graphkernel_s_own_failure(monkeypatch):
 
 
 def test_the_test_suite_runs_strict(monkeypatch):
-    assert gt._strict({})  # tests/conftest.py sets GRAPHKERNEL_TORCH_STRICT
+    assert torch_backend._strict({})  # tests/conftest.py sets GRAPHKERNEL_TORCH_STRICT
     monkeypatch.delenv(gt.STRICT_ENV)
-    assert not gt._strict({}) and gt._strict({"strict": True})
+    assert not torch_backend._strict({}) and torch_backend._strict({"strict": True})
 
 
 def test_a_failing_import_handler_runs_its_op_through_torch(monkeypatch, caplog):

@@ -14,14 +14,15 @@ torch = pytest.importorskip("torch")
 
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel.errors import FrontendError  # noqa: E402
+from graphkernel.frontends import torch_backend  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # torch.compile and torch.export of modules
 
 
 def test_dumps_do_not_overwrite_another_process_and_the_log_says_where(tmp_path, monkeypatch,
                                                                        caplog):
-    monkeypatch.setattr(gt, "_COUNTER", itertools.count(1))
-    monkeypatch.setattr(gt._STATS, "index", {})
+    monkeypatch.setattr(torch_backend, "_COUNTER", itertools.count(1))
+    monkeypatch.setattr(torch_backend._STATS, "index", {})
     theirs = tmp_path / "autofused_1"  # another process's dumps, made first
     theirs.mkdir()
     (theirs / "report.json").write_text("theirs")
