@@ -124,3 +124,15 @@ def layer_norm_grad(b, dy, x, var, mean, gamma, *, begin_norm_axis, begin_params
     dgamma = b.reduce_sum(b.mul(dy, xhat), batch) if batch else b.mul(dy, xhat)
     dbeta = b.reduce_sum(dy, batch) if batch else b.identity(dy)
     return [dx, dgamma, dbeta]
+
+
+@expander("WeightNormGrad")
+def weight_norm_grad(b, dw, v, g, norms, *, dim):
+    # dg = sum(dw v) / |v|; dv = g / |v| (dw - v dg / |v|)
+    axes = [a for a in range(v.type.rank) if dim == -1 or a != dim % v.type.rank]
+    dot = b.reduce_sum(b.mul(dw, v), axes, keep_dims=True)
+    norms = b.reshape(norms, list(dot.type.shape))
+    dg = b.div(dot, norms)
+    scale = b.div(b.reshape(g, list(dot.type.shape)), norms)
+    dv = b.mul(scale, b.sub(dw, b.mul(v, b.div(dg, norms))))
+    return [dv, b.reshape(dg, list(g.type.shape))]

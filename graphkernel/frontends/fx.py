@@ -664,18 +664,8 @@ def _conv_backward(c: Ctx):
 
 @aten("aten._weight_norm_interface_backward.default")
 def _weight_norm_backward(c: Ctx):
-    # w = v * g / |v| (the norm over every axis but dim): dg = sum(dw * v) / |v|,
-    # dv = g / |v| * (dw - v * sum(dw * v) / |v|^2)
     dw, v, g, norms, dim = (c.arg(i) for i in range(5))
-    rank = v.type.rank
-    axes = [a for a in range(rank) if dim == -1 or a != dim % rank]
-    dot = c.emit("ReduceSum", [c.emit("Mul", [dw, v])], {"axis": axes, "keep_dims": True})
-    norms = c.emit("Reshape", [norms], {"shape": list(dot.shape)})
-    dg = c.emit("Div", [dot, norms])
-    corr = c.emit("Mul", [v, c.emit("Div", [dg, norms])])
-    scale = c.emit("Div", [c.emit("Reshape", [g], {"shape": list(dot.shape)}), norms])
-    dv = c.emit("Mul", [scale, c.emit("Sub", [dw, corr])])
-    return [dv, c.emit("Reshape", [dg], {"shape": list(g.shape)})]
+    return c.emit_multi("WeightNormGrad", [dw, v, g, norms], {"dim": dim})
 
 
 @aten("aten.full.default", "aten.scalar_tensor.default")

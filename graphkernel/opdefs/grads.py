@@ -11,7 +11,7 @@ from graphkernel.opdefs.activations import GeLUAttrs, SoftplusAttrs
 from graphkernel.opdefs.arithmetic import BiasAddAttrs, channel_axis
 from graphkernel.opdefs.composite import composite, elementwise, erf, sigmoid
 from graphkernel.opdefs.norms import LayerNormAttrs, SoftmaxAttrs, ln_axes, softmax_axes
-from graphkernel.ops import OpKind, check_dtype
+from graphkernel.ops import Attrs, OpKind, check_dtype
 from graphkernel.tensor_types import TensorType
 
 G = "grad"
@@ -133,3 +133,47 @@ def _ln_grad_ref(xs, a, ctx):
 
 composite("LayerNormGrad", (5, 5), _ln_grad_infer, _ln_grad_ref, LayerNormAttrs, category=G,
           kind=OpKind.REDUCE)
+
+
+class WeightNormAttrs(Attrs):
+    """``dim``: the axis of ``v`` a norm is kept for (-1: one norm over the whole tensor)."""
+
+    dim: int = 0
+
+
+def _weight_norm_axes(rank: int, dim: int) -> list[int]:
+    """The axes of ``v`` each norm sums over: all but ``dim`` (all when ``dim`` is -1)."""
+    if dim != -1 and not -rank <= dim < rank:
+        raise ShapeError(f"dim {dim} is out of range for rank {rank} (accepted: -1 or "
+                         f"{-rank}..{rank - 1})")
+    return [a for a in range(rank) if dim == -1 or a != dim % rank]
+
+
+def _weight_norm_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dw, v, g, norms = ins
+    check_dtype(v, "float")
+    if dw != v:
+        raise ShapeError(f"dw {dw} and v {v} must have the same type")
+    kept = [d for a, d in enumerate(v.shape)
+            if a not in _weight_norm_axes(v.rank, attrs["dim"])]
+    for name, t in (("g", g), ("norms", norms)):
+        if t.dtype != v.dtype or [d for d in t.shape if d != 1] != [d for d in kept if d != 1]:
+            raise ShapeError(f"{name} {t} must hold one {v.dtype.value} per index of v's kept "
+                             f"axis ({kept or [1]}, other dims 1)")
+    return [v, g]
+
+
+def _weight_norm_grad_ref(xs, a, ctx):
+    # w = v g / |v| (the norm over every axis but dim): dg = sum(dw v) / |v|,
+    # dv = g / |v| (dw - v dg / |v|)
+    dw, v, g, norms = xs
+    axes = tuple(_weight_norm_axes(v.ndim, a["dim"]))
+    dot = (dw * v).sum(axis=axes, keepdims=True)
+    norms = norms.reshape(dot.shape)
+    dg = dot / norms
+    dv = g.reshape(dot.shape) / norms * (dw - v * (dg / norms))
+    return dv, dg.reshape(g.shape)
+
+
+composite("WeightNormGrad", (4, 4), _weight_norm_grad_infer, _weight_norm_grad_ref,
+          WeightNormAttrs, category=G, kind=OpKind.REDUCE)
