@@ -604,13 +604,38 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     try:
         return _aot(gm, example_inputs, options, frozen)
     except Exception as e:
-        if _strict(options):
+        data_dependent = _data_dependent(e)
+        if _strict(options) and data_dependent is None:
             raise
         # AOT autograd could not trace Dynamo's graph with graphkernel's decomposition table:
         # the graph runs as Dynamo gave it
         name = f"autofused_{next(_COUNTER)}"
-        why, bug = _bug(e, name, "Dynamo's graph", "AOT autograd's tracing", False)
+        if data_dependent is not None:  # what the graph computes, not a failure of ours
+            why, bug = data_dependent, ""
+            log.warning("%s (Dynamo's graph) runs through torch: %s", name, why)
+        else:
+            why, bug = _bug(e, name, "Dynamo's graph", "AOT autograd's tracing", False)
         ops = sum(1 for x in gm.graph.nodes if x.op == "call_function")
         _STATS.graphs.append(GraphSummary(name, "inference", ops, 0, {"opaque": ops}, {}, 0,
                                           0, _recompile(), 0.0, through_torch=why, bug=bug))
         return gm.forward
+
+
+def _data_dependent(e: BaseException) -> str | None:
+    """Why AOT autograd's tracing failed when the reason is a value only the run knows (a
+    tensor read as a Python number, an output whose shape depends on the data): the graph
+    then runs through torch, as Dynamo gave it. None for any other failure."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    kinds = (DataDependentOutputException, DynamicOutputShapeException,
+             GuardOnDataDependentSymNode)
+    while e is not None and not isinstance(e, kinds):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return None
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    return f"a data-dependent value in AOT tracing ({type(e).__name__}: {first})"
