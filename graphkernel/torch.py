@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from graphkernel.frontends import torch_decompositions
 from graphkernel.frontends.torch_backend import (
     LAUNCH_KINDS,
     OFF_ENV,
@@ -201,7 +202,8 @@ def _capturing(store: list[dict[str, Any]]) -> Callable[..., Any]:
     def capture(gm, example_inputs):
         return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                             inference_compiler=compiler("inference"),
-                            decompositions=decompositions())(gm, example_inputs)
+                            decompositions=torch_decompositions.decompositions())(
+                                gm, example_inputs)
 
     return capture
 

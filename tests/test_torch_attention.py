@@ -349,7 +349,11 @@ def test_the_training_check_finds_wrong_gradients_in_the_traced_graphs(monkeypat
     already wrong, before its import — the stage says so and names the gradients."""
     from torch._decomp import core_aten_decompositions
 
-    monkeypatch.setattr(gt, "decompositions", lambda: dict(core_aten_decompositions()))
+    from graphkernel.frontends import torch_decompositions
+
+    # (the table both the backend and the bisection's capture trace with)
+    monkeypatch.setattr(torch_decompositions, "decompositions",
+                        lambda: dict(core_aten_decompositions()))
     r = gt.bisect(Attend(), (X,), backward=True)
     assert r.mismatch and r.stage == "tracing"
     assert "q.weight" in r.differ and "decomposition" in r.message

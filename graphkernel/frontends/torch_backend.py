@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from graphkernel.errors import ExecutionError, GraphKernelError
-from graphkernel.frontends.torch_decompositions import decompositions
+from graphkernel.frontends import torch_decompositions
 
 log = logging.getLogger("graphkernel.torch")
 _COUNTER = itertools.count(1)
@@ -563,7 +563,8 @@ def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = N
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         inference_compiler=compiler("inference"),
-                        decompositions=decompositions())(gm, example_inputs)
+                        decompositions=torch_decompositions.decompositions())(
+                            gm, example_inputs)
 
 
 OFF_ENV = "GRAPHKERNEL_TORCH_BACKEND"  # "aot_eager": graphkernel off (torch's AOT-eager path)
