@@ -207,7 +207,16 @@ class Lowerer:
             expr = rule.scalar.format(*(r.expr for r in a), t=C_TYPE[n.outputs[0].dtype])
             self.body.append(ScalarCode((f"float {dst.expr} = {expr};",)))
             return
+        # A bit mask is read as a mask only by Select's condition; every other operand is a
+        # value, so a mask there (a comparison reduced, selected, compared, combined) is
+        # first expanded to 0/1 in the compute type
+        a, held = list(a), []
+        for i in range(1 if rule.form == "select" else 0, len(a)):
+            if self.is_mask(a[i]):
+                a[i] = self.numeric(a[i])
+                held.append(a[i])
         RULES[rule.form](self, rule, n, dst, a)
+        self.release_all(held)
 
     def scalar_dst(self) -> Ref:
         dst = Ref(SCALAR, f"sv{self.nscalar}", store="sv")
@@ -246,16 +255,17 @@ class Lowerer:
         self.spread(t, x)
         return t.expr, [t]
 
-    def numeric(self, x: Ref) -> tuple[str, list[Ref]]:
-        """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
-        if x.store != self.space.pools.get(MASK):
-            return self.full(x)
+    def is_mask(self, x: Ref) -> bool:
+        """x is a comparison's bit mask (a bit per element of the tile)."""
+        return MASK in self.space.pools and x.store == self.space.pools[MASK]
+
+    def numeric(self, mask: Ref) -> Ref:
+        """A bit mask as a scratch tile of 0/1 in the compute type (Select of 1 where set)."""
         r = self.scratch(FULL)
-        t = r.expr
-        self.call("Duplicate", t, "CT(1.0f)", count="n")
-        self.call("Select", t, op(x.expr), op(t), "CT(0.0f)", "SELMODE::VSEL_TENSOR_SCALAR_MODE",
-                  count="n")
-        return t, [r]
+        self.call("Duplicate", r.expr, "CT(1.0f)", count="n")
+        self.call("Select", r.expr, op(mask.expr), op(r.expr), "CT(0.0f)",
+                  "SELMODE::VSEL_TENSOR_SCALAR_MODE", count="n")
+        return r
 
     def release_all(self, refs: Iterable[Ref]) -> None:
         for r in refs:
@@ -434,11 +444,10 @@ def _compare(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) ->
 def _logical(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     """bools as fp32 0/1: and = product, or = max, not = 1 - x. Over dst's own elements
     (a column of per-row bools, such as an ``any`` over each row, stays a column)."""
-    mask = lo.space.pools.get(MASK)
-    if all(r.kind == dst.kind and r.store != mask for r in a):
+    if all(r.kind == dst.kind for r in a):  # (masks arrive as 0/1 tiles: ``Lowerer.emit``)
         xs, tmps = tuple(r.expr for r in a), ()
     elif dst.kind == FULL:
-        xs, tmps = zip(*(lo.numeric(r) for r in a), strict=True)
+        xs, tmps = zip(*(lo.full(r) for r in a), strict=True)
     else:
         raise Unsupported(f"{n.op} into a {dst.kind} of operands of kinds "
                           f"{', '.join(r.kind for r in a)}", node=n)
@@ -492,7 +501,7 @@ def _classify(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -
 
 def _select(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     cond, held = a[0].expr, []
-    if a[0].store != lo.space.pools.get(MASK):  # a bool held as 0/1: its mask is "!= 0"
+    if not lo.is_mask(a[0]):  # a bool held as 0/1: its mask is "!= 0"
         c, tc = lo.full(a[0])
         m, z = lo.scratch(MASK), lo.scratch(FULL)
         cond = m.expr

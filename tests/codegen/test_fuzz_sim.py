@@ -255,17 +255,37 @@ def _through_sim(g: Graph, feeds: dict) -> None:
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
-    "a reduction of a comparison's result reads its bit mask (LocalTensor<uint8_t>) as a float "
-    "tile: the lowering does not turn the mask into 0/1 values first (IsNan -> any, as "
-    "torch.quantile of a 0-d tensor does)"))
 def test_any_of_isnan_selects_on_one_element():
+    """A reduction of a comparison's result (IsNan -> any, as torch.quantile of a 0-d tensor
+    does) reads the bit mask as 0/1 values, not the mask's bytes as a float tile."""
     g = Graph("quantile_nan_check")
     x = g.add_input("x", TensorType((1,), "float32"))
     nan = g.add_node("IsNan", [x]).output
     anyn = g.add_node("ReduceMax", [nan], {"axis": [0], "keep_dims": True}).output
     g.set_outputs([g.add_node("Select", [anyn, g.const(np.float32(np.nan)), x]).output])
     _through_sim(g, {"x": np.array([0.7], np.float32)})
+
+
+def test_masks_read_as_values_by_every_form():
+    """A comparison's bit mask where a value is read: compared (Equal of two masks), selected
+    between (Select's value operands), reduced (any), combined with a bool held as 0/1."""
+    g = Graph("masks_as_values")
+    x = g.add_input("x", TensorType((4, 64), "float32"))
+    y = g.add_input("y", TensorType((4, 64), "float32"))
+    zero = g.const(np.float32(0.0))
+    gx = g.add_node("Greater", [x, zero]).output
+    ly = g.add_node("Less", [y, zero]).output
+    same = g.add_node("Equal", [gx, ly]).output
+    picked = g.add_node("Select", [same, g.add_node("IsNan", [x]).output, gx]).output
+    anyrow = g.add_node("ReduceMax", [picked], {"axis": [1], "keep_dims": True}).output
+    both = g.add_node("LogicalAnd", [anyrow, g.add_node("IsFinite", [y]).output]).output
+    g.set_outputs([g.add_node("Select", [both, x, y]).output])
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((4, 64)).astype(np.float32)
+    xv[1, 5] = np.nan
+    yv = rng.standard_normal((4, 64)).astype(np.float32)
+    yv[2, 7] = np.inf
+    _through_sim(g, {"x": xv, "y": yv})
 
 
 @pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
