@@ -324,6 +324,18 @@ def pattern_cases() -> list[Case]:
     b = g.add_node("BroadcastTo", [e], {"shape": [2, 2, 3, 16, 16]}).output
     r = g.add_node("Reshape", [b], {"shape": [12, 16, 16]}).output
     add("repeat-kv", g, g.add_node("Mul", [r, g.const(np.float32(0.5))]).output)
+    # bools broadcast into a kernel (a row, a value per row, one value) and stored from it:
+    # in a fp32 kernel their bytes pass through half (the vector unit casts bytes to half only)
+    for tag, bshape in (("row", (1, 70)), ("col", (33, 1)), ("scalar", ())):
+        for dt, flags in (("float32", ""), ("float16", " --enable_low_precision")):
+            g = Graph(f"bool_{tag}_{dt}")
+            a = g.add_input("a", TensorType((33, 70), "bool"))
+            b = g.add_input("b", TensorType(bshape, "bool"))
+            x = g.add_input("x", TensorType((33, 70), dt))
+            both = g.add_node("LogicalAnd", [a, b]).output
+            add(f"bool-broadcast-{tag}-{dt}", g, g.add_node("Select", [both, x, g.const(
+                np.array(0.5, dt), dt)]).output, g.add_node("LogicalNot", [both]).output,
+                flags="--opt_level=2" + flags)
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
