@@ -81,6 +81,7 @@ class Space:
     #   scalar forms, else the scalar in a scratch row or column (False: the scalar spread
     #   into the result, then the tensor-with-tensor call)
     comments: bool = True       # a comment before each step naming its node
+    compute: DType = DType.float32  # the type of every float value in UB (``CT``)
     pool_buffer: Callable[[str, int], Buffer] | None = field(default=None, compare=False)
 
     def helper(self, name: str) -> str:
@@ -112,6 +113,7 @@ class Lowerer:
         self.nscalar = 0
         self.uses_ht = False   # the math library's work space (``ht``)
         self.uses_hh = False   # a rounding cast's 16-bit scratch (``hh``)
+        self.uses_hf = False   # a rounding's fp32 scratch in a fp16 kernel (``hf``)
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
@@ -421,8 +423,17 @@ def _reduce(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> 
 
 
 def _round(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
-    lo.call(rule.api, dst.expr, op(lo.same(a[0], dst.kind)), f"RoundMode::{rule.mode}",
-            count=lo.count_of(dst))
+    """A Cast of the compute type to itself with the rounding mode. The vector unit rounds
+    float to float, but has no half -> half Cast: a fp16 kernel rounds in the fp32 scratch
+    ``hf`` and casts back, exactly (an integral value rounded from a half is a half)."""
+    src, k, mode = op(lo.same(a[0], dst.kind)), lo.count_of(dst), f"RoundMode::{rule.mode}"
+    if lo.space.compute == DType.float16:
+        lo.uses_hf = True
+        lo.call(rule.api, "hf", src, "RoundMode::CAST_NONE", count=k)
+        lo.call(rule.api, "hf", op("hf"), mode, count=k)
+        lo.call(rule.api, dst.expr, op("hf"), "RoundMode::CAST_NONE", count=k)
+        return
+    lo.call(rule.api, dst.expr, src, mode, count=k)
 
 
 def _cast(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:

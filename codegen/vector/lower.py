@@ -63,7 +63,7 @@ def space(s: Schedule) -> Space:
                       Linear(tile=1), "t.rt * t.ctp / 8", tensor=f"{name}{k}")
 
     return Space(pitch="t_.ctp", counts={FULL: "n", ROW: "t_.ctp", COL: "rows"},
-                 row_count="cols", pools=POOLS, pool_buffer=pool)
+                 row_count="cols", pools=POOLS, compute=s.compute, pool_buffer=pool)
 
 
 class VectorLowerer(Lowerer):
@@ -344,6 +344,9 @@ class VectorLowerer(Lowerer):
                               tensor="ht", in_finish=True))
         if self.uses_hh:
             tile("bhh", "a rounding cast's 16-bit temporary", Kind.SCRATCH, 1, "half", 2, "hh",
+                 True)
+        if self.uses_hf:
+            tile("bhf", "a fp16 rounding's fp32 temporary", Kind.SCRATCH, 1, "float", 4, "hf",
                  True)
         for acc, _ in self.accumulators:
             if s.row_chunks:

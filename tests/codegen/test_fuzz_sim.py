@@ -3,8 +3,6 @@ level (one simulator library per 40 graphs), and the graphs the fuzzer found wro
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -17,41 +15,21 @@ pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py
 
 CI_SEEDS = range(0, 100)  # per opt level; longer runs: python -m tests.fuzz.generator --sim
 
-# Rules of the real Ascend C API the lowering does not meet yet (the simulator refuses them
-# as the real headers do). A seed failing by one of them alone is set apart from the fuzz
-# run's failures; the strict xfail below keeps each one failing visibly until it is fixed.
-LOWERING_GAPS = {
-    "half-round": ("a rounding Cast from half to half in a kernel computing in fp16, which "
-                   "dav-c220 does not have (half rounds through float or int32)",
-                   r"Cast from half to half: "),
-}
-GAP_SEEDS = [(91, 1, "half-round")]  # (seed, opt level, gap) found by CI_SEEDS
-
-
-def _gap(message: str) -> str | None:
-    return next((k for k, (_, rx) in LOWERING_GAPS.items() if re.search(rx, message)), None)
-
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3])
 def test_fuzzed_graphs_run_through_generated_kernels_match(opt_level):
     fails = check_sim(CI_SEEDS, opt_level, max_ops=12)
-    fails = {s: f for s, f in fails.items() if _gap(f.message) is None}
     assert not fails, table([(str(opt_level), len(CI_SEEDS), fails)]) + "\n" + "\n".join(
         f.line() for f in fails.values())
 
 
-class LoweringGap(AssertionError):
-    """A seed failing by the gap it is listed for (nothing else makes its xfail pass)."""
-
-
-@pytest.mark.parametrize("seed, opt_level, gap", [
-    pytest.param(s, o, g, id=f"seed{s}-O{o}-{g}", marks=pytest.mark.xfail(
-        strict=True, raises=LoweringGap, reason=LOWERING_GAPS[g][0])) for s, o, g in GAP_SEEDS])
-def test_fuzz_seeds_the_lowering_gaps_still_break(seed, opt_level, gap):
+@pytest.mark.parametrize("seed, opt_level", [(41, 3), (91, 1)], ids=["bool-in-fp32", "fp16-round"])
+def test_fuzz_seeds_that_broke_the_real_api_rules(seed, opt_level):
+    """Seeds whose kernels once used Casts dav-c220 does not have: bools stored from a fp32
+    kernel (uint8 <- float; bytes cast to and from half only), a rounding computed in fp16
+    (half -> half)."""
     fails = check_sim([seed], opt_level, max_ops=12)
-    if fails:
-        assert _gap(fails[seed].message) == gap, fails[seed].line()
-        raise LoweringGap(fails[seed].line())
+    assert not fails, fails[seed].line()
 
 
 def test_failures_are_sorted_by_kind():
@@ -282,14 +260,6 @@ def test_masks_read_as_values_by_every_form():
     yv = rng.standard_normal((4, 64)).astype(np.float32)
     yv[2, 7] = np.inf
     _through_sim(g, {"x": xv, "y": yv})
-
-
-@pytest.mark.parametrize("seed, opt_level", [(41, 3)])
-def test_fuzz_seeds_storing_bools_from_fp32_kernels(seed, opt_level):
-    """Bools loaded into and stored from a fp32 kernel go through half (the vector unit has
-    no Cast between bytes and float)."""
-    fails = check_sim([seed], opt_level, max_ops=12)
-    assert not fails, fails[seed].line()
 
 
 def test_all_of_a_0d_tensor():
