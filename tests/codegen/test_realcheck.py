@@ -165,12 +165,22 @@ def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
 
 @functools.cache
 def case_kernels() -> dict[str, tuple]:
-    """Each distinct kernel of the code generator's test cases: name -> (rendered, case ids)."""
+    """Each distinct kernel of the code generator's test cases (vector: single ops and
+    patterns; cube: the Matmul API cases; MIX: a product with each epilogue): name ->
+    (rendered, case ids)."""
+    from graphkernel.codegen.legalize import check
+    from tests.codegen import test_matmul_kernels as mm
+
     out: dict[str, tuple] = {}
-    for c in single_op_cases() + pattern_cases():
+    for c in single_op_cases() + pattern_cases() + mm.CASES:
         res = graphkernel.compile(c.graph, c.flags, env={})
         for r in render_all(schedules(res)):
             out.setdefault(r.name, (r, []))[1].append(c.id)
+    for name, epilogue in mm.MIX.items():
+        a, b, op, tb = mm.SHAPES.get(name, ((50, 90), (90, 70), "MatMul", False))
+        _, _, k = mm._mix(name, a, b, epilogue, mm.DTYPES.get(name, "float16"), op=op, tb=tb)
+        for r in render_all({k.name + name: check(k, mm.SPEC)}):
+            out.setdefault(r.name, (r, []))[1].append(f"mix-{name}")
     return out
 
 
