@@ -165,17 +165,24 @@ def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
 
 @functools.cache
 def case_kernels() -> dict[str, tuple]:
-    """Each distinct kernel of the code generator's test cases (vector: single ops and
-    patterns; cube: the Matmul API cases; MIX: a product with each epilogue): name ->
-    (rendered, case ids)."""
+    """Each distinct kernel of the code generator's test cases (vector: single ops, patterns,
+    the mask graphs and fuzz seeds kept as tests; cube: the Matmul API cases; MIX: a product
+    with each epilogue): name -> (rendered, case ids)."""
     from graphkernel.codegen.legalize import check
+    from tests.codegen import test_fuzz_sim as fz
     from tests.codegen import test_matmul_kernels as mm
+    from tests.fuzz.generator import random_case
 
+    runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES]
+    runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
+    for name, (seed, level) in fz.REAL_API_SEEDS.items():
+        case = random_case(seed, level, fz.CI_MAX_OPS)
+        runs.append((f"fuzz-{name}", case.graph, case.flags))
     out: dict[str, tuple] = {}
-    for c in single_op_cases() + pattern_cases() + mm.CASES:
-        res = graphkernel.compile(c.graph, c.flags, env={})
+    for cid, graph, flags in runs:
+        res = graphkernel.compile(graph, flags, env={})
         for r in render_all(schedules(res)):
-            out.setdefault(r.name, (r, []))[1].append(c.id)
+            out.setdefault(r.name, (r, []))[1].append(cid)
     for name, epilogue in mm.MIX.items():
         a, b, op, tb = mm.SHAPES.get(name, ((50, 90), (90, 70), "MatMul", False))
         _, _, k = mm._mix(name, a, b, epilogue, mm.DTYPES.get(name, "float16"), op=op, tb=tb)
