@@ -112,7 +112,7 @@ class Lowerer:
         self.body: list[Instr] = []
         self.nscalar = 0
         self.uses_ht = False   # the math library's work space (``ht``)
-        self.uses_hh = False   # a rounding cast's 16-bit scratch (``hh``)
+        self.uses_hh: set[str] = set()  # the 16-bit scratch ``hh``: what for
         self.uses_hf = False   # a rounding's fp32 scratch in a fp16 kernel (``hf``)
 
     # ------------------------------------------------------------- buffers
@@ -438,7 +438,7 @@ def _round(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> N
 
 def _cast(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     """To fp16/bf16 and back, through the 16-bit scratch ``hh``: the rounding asked for."""
-    lo.uses_hh = True
+    lo.uses_hh.add("round")
     t, k = C_TYPE[n.outputs[0].dtype], lo.count_of(dst)
     src = op(lo.same(a[0], dst.kind))
     lo.call("Cast", op("hh", view=t), src, "RoundMode::CAST_RINT", count=k)

@@ -184,7 +184,7 @@ class VectorLowerer(Lowerer):
         """A loaded tile of ``dtype`` into the compute type. The vector unit casts bytes
         (bool) to half only, so bools for a fp32 kernel go through the 16-bit scratch."""
         if dtype == DType.bool and self.s.compute != DType.float16:
-            self.uses_hh = True
+            self.uses_hh.add("bool")
             self.call("Cast", "hh", op(loaded), "RoundMode::CAST_NONE", count=count,
                       to=self.prologue)
             loaded = "hh"
@@ -195,7 +195,7 @@ class VectorLowerer(Lowerer):
         """0/1 in the compute type stored as bytes. The vector unit casts to bytes from half
         only, so a fp32 kernel's bools go through the 16-bit scratch (0 and 1 are exact)."""
         if self.s.compute != DType.float16:
-            self.uses_hh = True
+            self.uses_hh.add("bool")
             self.call("Cast", "hh", op(src), "RoundMode::CAST_NONE", count=count, to=to)
             src = "hh"
         self.call("Cast", y, op(src), "RoundMode::CAST_NONE", count=count, to=to)
@@ -343,8 +343,10 @@ class VectorLowerer(Lowerer):
                               "uint8_t", Linear(tile=4), "t.rt * t.ctp * sizeof(float)",
                               tensor="ht", in_finish=True))
         if self.uses_hh:
-            tile("bhh", "a rounding cast's 16-bit temporary", Kind.SCRATCH, 1, "half", 2, "hh",
-                 True)
+            role = {"round": "a rounding cast's 16-bit temporary", "bool": "bools' 16-bit way "
+                    "between bytes and the compute type"}
+            tile("bhh", "; ".join(role[k] for k in sorted(self.uses_hh, reverse=True)),
+                 Kind.SCRATCH, 1, "half", 2, "hh", True)
         if self.uses_hf:
             tile("bhf", "a fp16 rounding's fp32 temporary", Kind.SCRATCH, 1, "float", 4, "hf",
                  True)
