@@ -71,7 +71,8 @@ def _reduce(op: str, api: str | None, accumulate: str, identity: str, fold: str,
 
 
 def _round(op: str, mode: str, fn: str) -> Instruction:
-    """Cast fp32 -> fp32 to an integral value."""
+    """A Cast of the compute type to itself, to an integral value (fp16 kernels round
+    through fp32: the vector unit has no half -> half Cast)."""
     return Instruction(op, "round", "Cast", 1, f"std::{fn}({{0}})", mode=mode)
 
 

@@ -81,6 +81,7 @@ class Space:
     #   scalar forms, else the scalar in a scratch row or column (False: the scalar spread
     #   into the result, then the tensor-with-tensor call)
     comments: bool = True       # a comment before each step naming its node
+    compute: DType = DType.float32  # the type of every float value in UB (``CT``)
     pool_buffer: Callable[[str, int], Buffer] | None = field(default=None, compare=False)
 
     def helper(self, name: str) -> str:
@@ -111,7 +112,8 @@ class Lowerer:
         self.body: list[Instr] = []
         self.nscalar = 0
         self.uses_ht = False   # the math library's work space (``ht``)
-        self.uses_hh = False   # a rounding cast's 16-bit scratch (``hh``)
+        self.uses_hh: set[str] = set()  # the 16-bit scratch ``hh``: what for
+        self.uses_hf = False   # a rounding's fp32 scratch in a fp16 kernel (``hf``)
 
     # ------------------------------------------------------------- buffers
     def alloc(self, kind: str) -> str:
@@ -207,7 +209,16 @@ class Lowerer:
             expr = rule.scalar.format(*(r.expr for r in a), t=C_TYPE[n.outputs[0].dtype])
             self.body.append(ScalarCode((f"float {dst.expr} = {expr};",)))
             return
+        # A bit mask is read as a mask only by Select's condition; every other operand is a
+        # value, so a mask there (a comparison reduced, selected, compared, combined) is
+        # first expanded to 0/1 in the compute type
+        a, held = list(a), []
+        for i in range(1 if rule.form == "select" else 0, len(a)):
+            if self.is_mask(a[i]):
+                a[i] = self.numeric(a[i])
+                held.append(a[i])
         RULES[rule.form](self, rule, n, dst, a)
+        self.release_all(held)
 
     def scalar_dst(self) -> Ref:
         dst = Ref(SCALAR, f"sv{self.nscalar}", store="sv")
@@ -246,16 +257,17 @@ class Lowerer:
         self.spread(t, x)
         return t.expr, [t]
 
-    def numeric(self, x: Ref) -> tuple[str, list[Ref]]:
-        """A bool operand as a whole tile of fp32 0/1 (a mask is expanded by Select)."""
-        if x.store != self.space.pools.get(MASK):
-            return self.full(x)
+    def is_mask(self, x: Ref) -> bool:
+        """x is a comparison's bit mask (a bit per element of the tile)."""
+        return MASK in self.space.pools and x.store == self.space.pools[MASK]
+
+    def numeric(self, mask: Ref) -> Ref:
+        """A bit mask as a scratch tile of 0/1 in the compute type (Select of 1 where set)."""
         r = self.scratch(FULL)
-        t = r.expr
-        self.call("Duplicate", t, "CT(1.0f)", count="n")
-        self.call("Select", t, op(x.expr), op(t), "CT(0.0f)", "SELMODE::VSEL_TENSOR_SCALAR_MODE",
-                  count="n")
-        return t, [r]
+        self.call("Duplicate", r.expr, "CT(1.0f)", count="n")
+        self.call("Select", r.expr, op(mask.expr), op(r.expr), "CT(0.0f)",
+                  "SELMODE::VSEL_TENSOR_SCALAR_MODE", count="n")
+        return r
 
     def release_all(self, refs: Iterable[Ref]) -> None:
         for r in refs:
@@ -411,13 +423,22 @@ def _reduce(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> 
 
 
 def _round(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
-    lo.call(rule.api, dst.expr, op(lo.same(a[0], dst.kind)), f"RoundMode::{rule.mode}",
-            count=lo.count_of(dst))
+    """A Cast of the compute type to itself with the rounding mode. The vector unit rounds
+    float to float, but has no half -> half Cast: a fp16 kernel rounds in the fp32 scratch
+    ``hf`` and casts back, exactly (an integral value rounded from a half is a half)."""
+    src, k, mode = op(lo.same(a[0], dst.kind)), lo.count_of(dst), f"RoundMode::{rule.mode}"
+    if lo.space.compute == DType.float16:
+        lo.uses_hf = True
+        lo.call(rule.api, "hf", src, "RoundMode::CAST_NONE", count=k)
+        lo.call(rule.api, "hf", op("hf"), mode, count=k)
+        lo.call(rule.api, dst.expr, op("hf"), "RoundMode::CAST_NONE", count=k)
+        return
+    lo.call(rule.api, dst.expr, src, mode, count=k)
 
 
 def _cast(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     """To fp16/bf16 and back, through the 16-bit scratch ``hh``: the rounding asked for."""
-    lo.uses_hh = True
+    lo.uses_hh.add("round")
     t, k = C_TYPE[n.outputs[0].dtype], lo.count_of(dst)
     src = op(lo.same(a[0], dst.kind))
     lo.call("Cast", op("hh", view=t), src, "RoundMode::CAST_RINT", count=k)
@@ -434,11 +455,10 @@ def _compare(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) ->
 def _logical(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     """bools as fp32 0/1: and = product, or = max, not = 1 - x. Over dst's own elements
     (a column of per-row bools, such as an ``any`` over each row, stays a column)."""
-    mask = lo.space.pools.get(MASK)
-    if all(r.kind == dst.kind and r.store != mask for r in a):
+    if all(r.kind == dst.kind for r in a):  # (masks arrive as 0/1 tiles: ``Lowerer.emit``)
         xs, tmps = tuple(r.expr for r in a), ()
     elif dst.kind == FULL:
-        xs, tmps = zip(*(lo.numeric(r) for r in a), strict=True)
+        xs, tmps = zip(*(lo.full(r) for r in a), strict=True)
     else:
         raise Unsupported(f"{n.op} into a {dst.kind} of operands of kinds "
                           f"{', '.join(r.kind for r in a)}", node=n)
@@ -492,7 +512,7 @@ def _classify(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -
 
 def _select(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
     cond, held = a[0].expr, []
-    if a[0].store != lo.space.pools.get(MASK):  # a bool held as 0/1: its mask is "!= 0"
+    if not lo.is_mask(a[0]):  # a bool held as 0/1: its mask is "!= 0"
         c, tc = lo.full(a[0])
         m, z = lo.scratch(MASK), lo.scratch(FULL)
         cond = m.expr

@@ -63,7 +63,7 @@ def space(s: Schedule) -> Space:
                       Linear(tile=1), "t.rt * t.ctp / 8", tensor=f"{name}{k}")
 
     return Space(pitch="t_.ctp", counts={FULL: "n", ROW: "t_.ctp", COL: "rows"},
-                 row_count="cols", pools=POOLS, pool_buffer=pool)
+                 row_count="cols", pools=POOLS, compute=s.compute, pool_buffer=pool)
 
 
 class VectorLowerer(Lowerer):
@@ -118,8 +118,7 @@ class VectorLowerer(Lowerer):
             kind = COL if io.kind == COL else FULL
             if lowp:
                 buf = self.alloc(kind)
-                self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
-                          count=self.space.counts[kind], to=self.prologue)
+                self._widen(buf, loaded, io.dtype, self.space.counts[kind])
                 self.refs[id(v)] = self.held(kind, buf)
             else:
                 self.refs[id(v)] = Ref(kind, loaded, store="xi")
@@ -173,13 +172,33 @@ class VectorLowerer(Lowerer):
             self.call("Duplicate", t, "CT(1.0f)", count="n", to=to)
             self.call("Select", t, op(src.expr), op(t), "CT(0.0f)",
                       "SELMODE::VSEL_TENSOR_SCALAR_MODE", count="n", to=to)
-            self.call("Cast", y, op(t), "RoundMode::CAST_NONE", count="n", to=to)
-        elif io.dtype == DType.bool:  # 0/1 in fp32
-            self.call("Cast", y, op(src.expr), "RoundMode::CAST_NONE", count=count, to=to)
+            self._narrow_bool(y, t, "n", to)
+        elif io.dtype == DType.bool:  # 0/1 in the compute type
+            self._narrow_bool(y, src.expr, count, to)
         elif io.dtype == s.compute:
             self.call("Muls", y, op(src.expr), "CT(1.0f)", count=count, to=to)
         else:
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_RINT", count=count, to=to)
+
+    def _widen(self, dst: str, loaded: str, dtype: DType, count: str) -> None:
+        """A loaded tile of ``dtype`` into the compute type. The vector unit casts bytes
+        (bool) to half only, so bools for a fp32 kernel go through the 16-bit scratch."""
+        if dtype == DType.bool and self.s.compute != DType.float16:
+            self.uses_hh.add("bool")
+            self.call("Cast", "hh", op(loaded), "RoundMode::CAST_NONE", count=count,
+                      to=self.prologue)
+            loaded = "hh"
+        self.call("Cast", dst, op(loaded), "RoundMode::CAST_NONE", count=count,
+                  to=self.prologue)
+
+    def _narrow_bool(self, y: str, src: str, count: str, to: list[Instr]) -> None:
+        """0/1 in the compute type stored as bytes. The vector unit casts to bytes from half
+        only, so a fp32 kernel's bools go through the 16-bit scratch (0 and 1 are exact)."""
+        if self.s.compute != DType.float16:
+            self.uses_hh.add("bool")
+            self.call("Cast", "hh", op(src), "RoundMode::CAST_NONE", count=count, to=to)
+            src = "hh"
+        self.call("Cast", y, op(src), "RoundMode::CAST_NONE", count=count, to=to)
 
     # ------------------------------------------------------------- the steps
     def _dst(self, n: Node, rule: Instruction | None, kind: str) -> Ref:
@@ -285,6 +304,10 @@ class VectorLowerer(Lowerer):
                 if io.dtype != s.compute:
                     rowvec(f"bsi{i}", f"input {i}'s row as stored, before its cast", Kind.ROW,
                            1, t, size)
+                if io.dtype == DType.bool and s.compute != DType.float16:
+                    # bytes cast to half only: the row passes through half to the compute type
+                    rowvec(f"bhi{i}", f"input {i}'s row in half, between its bytes and the "
+                           "compute type", Kind.ROW, 1, "half", 2)
         for io in s.outputs:
             t, i, size = C_TYPE[io.dtype], io.index, io.dtype.itemsize
             if io.pieces:
@@ -320,7 +343,12 @@ class VectorLowerer(Lowerer):
                               "uint8_t", Linear(tile=4), "t.rt * t.ctp * sizeof(float)",
                               tensor="ht", in_finish=True))
         if self.uses_hh:
-            tile("bhh", "a rounding cast's 16-bit temporary", Kind.SCRATCH, 1, "half", 2, "hh",
+            role = {"round": "a rounding cast's 16-bit temporary", "bool": "bools' 16-bit way "
+                    "between bytes and the compute type"}
+            tile("bhh", "; ".join(role[k] for k in sorted(self.uses_hh, reverse=True)),
+                 Kind.SCRATCH, 1, "half", 2, "hh", True)
+        if self.uses_hf:
+            tile("bhf", "a fp16 rounding's fp32 temporary", Kind.SCRATCH, 1, "float", 4, "hf",
                  True)
         for acc, _ in self.accumulators:
             if s.row_chunks:

@@ -144,6 +144,17 @@ def _masked_rows(dims: dict[str, int]) -> dict[str, np.ndarray]:
     return {"x": x}
 
 
+def _half_roundings(dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """fp16 values of every kind rounding meets: ties, fractions, integers beyond 2048 (every
+    half there is integral), the largest half, infinities, NaN, signed zeros."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((9, 70)) * 10.0 ** rng.uniform(-1, 4.8, (9, 70))).clip(
+        -65504, 65504)
+    x.reshape(-1)[:14] = [0.5, 1.5, 2.5, -0.5, -2.5, 65504, -65504, np.inf, -np.inf, np.nan,
+                          0.0, -0.0, 2049.0, 1023.75]
+    return {"x": x.astype(np.float16)}
+
+
 def _g(name: str, inputs: dict[str, tuple], dtype: str = "float32"):
     g = Graph(name)
     return g, {k: g.add_input(k, TensorType(s, dtype)) for k, s in inputs.items()}
@@ -324,6 +335,24 @@ def pattern_cases() -> list[Case]:
     b = g.add_node("BroadcastTo", [e], {"shape": [2, 2, 3, 16, 16]}).output
     r = g.add_node("Reshape", [b], {"shape": [12, 16, 16]}).output
     add("repeat-kv", g, g.add_node("Mul", [r, g.const(np.float32(0.5))]).output)
+    # bools broadcast into a kernel (a row, a value per row, one value) and stored from it:
+    # in a fp32 kernel their bytes pass through half (the vector unit casts bytes to half only)
+    for tag, bshape in (("row", (1, 70)), ("col", (33, 1)), ("scalar", ())):
+        for dt, flags in (("float32", ""), ("float16", " --enable_low_precision")):
+            g = Graph(f"bool_{tag}_{dt}")
+            a = g.add_input("a", TensorType((33, 70), "bool"))
+            b = g.add_input("b", TensorType(bshape, "bool"))
+            x = g.add_input("x", TensorType((33, 70), dt))
+            both = g.add_node("LogicalAnd", [a, b]).output
+            add(f"bool-broadcast-{tag}-{dt}", g, g.add_node("Select", [both, x, g.const(
+                np.array(0.5, dt), dt)]).output, g.add_node("LogicalNot", [both]).output,
+                flags="--opt_level=2" + flags)
+    # rounding in a kernel computing in fp16 (the vector unit has no half -> half Cast)
+    g, v = _g("round_half", {"x": (9, 70)}, "float16")
+    neg = g.add_node("Neg", [v["x"]]).output
+    add("roundings-in-fp16", g, *(g.add_node(op, [neg]).output
+                                  for op in ("Floor", "Ceil", "Trunc", "Round")),
+        flags="--opt_level=2 --enable_low_precision", feeds_for=_half_roundings)
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

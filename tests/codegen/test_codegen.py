@@ -14,13 +14,9 @@ from graphkernel import symbolic
 from graphkernel.bisect import Evaluator
 from graphkernel.codegen import targets
 from graphkernel.codegen.backend import run_sim
-from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.interpreter import Interpreter
 from graphkernel.verify import compare
 from tests.codegen.cases import (
-    BITWISE,
-    BOOL_RESULT,
-    LOGICAL,
     STRICT,
     compile_cases,
     pattern_cases,
@@ -33,25 +29,6 @@ SINGLE = single_op_cases()
 PATTERNS = pattern_cases()
 ALL = SINGLE + PATTERNS
 
-# The lowering stores a bool result computed in fp32, and loads a bool input for fp32 work,
-# with a Cast between uint8_t and float, which the A2 vector unit does not have (uint8_t
-# pairs with half only; the simulator refuses it as the real headers do). Those kernels fail
-# until bool data goes through half; the fp16 kernels of the bool results compute in half.
-BOOL_CAST = ("bool bytes cast directly to/from float (Cast uint8_t <-> float), which dav-c220 "
-             "does not have: the lowering must go through half")
-
-
-def bool_cast(case_id: str) -> bool:
-    op, dtype = case_id.split("-")[0], case_id.rsplit("-", 1)[1]
-    result_op = any(case_id.startswith(r + "-") for r in BOOL_RESULT)
-    return ((result_op and dtype != "float16") or op in LOGICAL
-            or (op in BITWISE and dtype == "bool"))
-
-
-def _marked(cases: list) -> list:
-    gap = pytest.mark.xfail(strict=True, raises=SimulatorError, reason=BOOL_CAST)
-    return [pytest.param(c, id=c.id, marks=gap) if bool_cast(c.id) else pytest.param(c, id=c.id)
-            for c in cases]
 SPEC = targets.load("ascend910b")
 
 
@@ -83,7 +60,7 @@ def check_case(case, library):
     return runs
 
 
-@pytest.mark.parametrize("case", _marked(SINGLE))
+@pytest.mark.parametrize("case", SINGLE, ids=[c.id for c in SINGLE])
 def test_single_op_kernel_matches_the_interpreter(case, library):
     (backend,) = check_case(case, library)
     stages = case.result.report.extra.get("phases", [])  # a whole-tensor reduction: two
@@ -109,7 +86,7 @@ def test_dynamic_shapes_one_kernel_many_sizes(library):
 
 def test_traffic_is_ideal_unless_the_report_says_why(library):
     over = []
-    for case in [c for c in ALL if not bool_cast(c.id)]:  # those xfail above (BOOL_CAST)
+    for case in ALL:
         for backend in check_case(case, library):
             for st in backend.stats.values():
                 notes = backend.rendered[st.node].schedule.notes
@@ -190,7 +167,7 @@ def test_a_symbolic_row_picks_its_variant_at_run_time(library):
 def test_a_large_kernel_occupies_every_core(library):
     # (a reduction of everything to one value runs in two stages: partials on every core,
     # then one kernel combining them; the first stage is the large one)
-    for case in selected(SINGLE, lambda i: "-large-float32" in i and not bool_cast(i)):
+    for case in selected(SINGLE, lambda i: "-large-float32" in i):
         (backend,) = check_case(case, library)
         st = max(backend.stats.values(), key=lambda st: st.block_dim)
         assert st.block_dim == SPEC.aiv_cores, (case.id, st.block_dim, st.tiling)

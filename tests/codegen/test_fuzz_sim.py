@@ -3,59 +3,38 @@ level (one simulator library per 40 graphs), and the graphs the fuzzer found wro
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.bisect import Evaluator
-from graphkernel.codegen.sim.runner import SimulatorError
 from tests.fuzz.generator import KINDS, check_sim, classify_sim_error, table
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
 CI_SEEDS = range(0, 100)  # per opt level; longer runs: python -m tests.fuzz.generator --sim
-
-# Rules of the real Ascend C API the lowering does not meet yet (the simulator refuses them
-# as the real headers do). A seed failing by one of them alone is set apart from the fuzz
-# run's failures; the strict xfail below keeps each one failing visibly until it is fixed.
-LOWERING_GAPS = {
-    "bool": ("bool bytes cast directly to/from float (Cast uint8_t <-> float), which dav-c220 "
-             "does not have: the lowering must go through half",
-             r"Cast from (uint8_t to float|float to uint8_t|bfloat16_t to uint8_t): "),
-    "half-round": ("a rounding Cast from half to half in a kernel computing in fp16, which "
-                   "dav-c220 does not have (half rounds through float or int32)",
-                   r"Cast from half to half: "),
-}
-GAP_SEEDS = [(91, 1, "half-round"), (41, 3, "bool")]  # (seed, opt level, gap) found by CI_SEEDS
-
-
-def _gap(message: str) -> str | None:
-    return next((k for k, (_, rx) in LOWERING_GAPS.items() if re.search(rx, message)), None)
+CI_MAX_OPS = 12
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3])
 def test_fuzzed_graphs_run_through_generated_kernels_match(opt_level):
-    fails = check_sim(CI_SEEDS, opt_level, max_ops=12)
-    fails = {s: f for s, f in fails.items() if _gap(f.message) is None}
+    fails = check_sim(CI_SEEDS, opt_level, max_ops=CI_MAX_OPS)
     assert not fails, table([(str(opt_level), len(CI_SEEDS), fails)]) + "\n" + "\n".join(
         f.line() for f in fails.values())
 
 
-class LoweringGap(AssertionError):
-    """A seed failing by the gap it is listed for (nothing else makes its xfail pass)."""
+# seeds (at an opt level, of CI's graph size) whose kernels once used Casts dav-c220 does not
+# have; test_realcheck checks their kernels against the real headers too
+REAL_API_SEEDS = {"bool-in-fp32": (41, 3), "fp16-round": (91, 1)}
 
 
-@pytest.mark.parametrize("seed, opt_level, gap", [
-    pytest.param(s, o, g, id=f"seed{s}-O{o}-{g}", marks=pytest.mark.xfail(
-        strict=True, raises=LoweringGap, reason=LOWERING_GAPS[g][0])) for s, o, g in GAP_SEEDS])
-def test_fuzz_seeds_the_lowering_gaps_still_break(seed, opt_level, gap):
-    fails = check_sim([seed], opt_level, max_ops=12)
-    if fails:
-        assert _gap(fails[seed].message) == gap, fails[seed].line()
-        raise LoweringGap(fails[seed].line())
+@pytest.mark.parametrize("seed, opt_level", REAL_API_SEEDS.values(), ids=REAL_API_SEEDS)
+def test_fuzz_seeds_that_broke_the_real_api_rules(seed, opt_level):
+    """Bools stored from a fp32 kernel (uint8 <- float; bytes cast to and from half only), a
+    rounding computed in fp16 (half -> half)."""
+    fails = check_sim([seed], opt_level, max_ops=CI_MAX_OPS)
+    assert not fails, fails[seed].line()
 
 
 def test_failures_are_sorted_by_kind():
@@ -255,28 +234,54 @@ def _through_sim(g: Graph, feeds: dict) -> None:
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
-    "a reduction of a comparison's result reads its bit mask (LocalTensor<uint8_t>) as a float "
-    "tile: the lowering does not turn the mask into 0/1 values first (IsNan -> any, as "
-    "torch.quantile of a 0-d tensor does)"))
-def test_any_of_isnan_selects_on_one_element():
+def quantile_nan_check() -> tuple[Graph, dict]:
+    """A reduction of a comparison's result (IsNan -> any, as torch.quantile of a 0-d tensor
+    does) reads the bit mask as 0/1 values, not the mask's bytes as a float tile."""
     g = Graph("quantile_nan_check")
     x = g.add_input("x", TensorType((1,), "float32"))
     nan = g.add_node("IsNan", [x]).output
     anyn = g.add_node("ReduceMax", [nan], {"axis": [0], "keep_dims": True}).output
     g.set_outputs([g.add_node("Select", [anyn, g.const(np.float32(np.nan)), x]).output])
-    _through_sim(g, {"x": np.array([0.7], np.float32)})
+    return g, {"x": np.array([0.7], np.float32)}
 
 
-@pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
-    "an op on a reduced value (LogicalNot after any) is lowered over the whole tile's count "
-    "into the one-block column buffer (Muls(wc0, ..., n)): UB overrun; its bool store is a "
-    "uint8_t <- float Cast (torch.all of a 0-d tensor)"))
-def test_all_of_a_0d_tensor():
+def masks_as_values() -> tuple[Graph, dict]:
+    """A comparison's bit mask where a value is read: compared (Equal of two masks), selected
+    between (Select's value operands), reduced (any), combined with a bool held as 0/1."""
+    g = Graph("masks_as_values")
+    x = g.add_input("x", TensorType((4, 64), "float32"))
+    y = g.add_input("y", TensorType((4, 64), "float32"))
+    zero = g.const(np.float32(0.0))
+    gx = g.add_node("Greater", [x, zero]).output
+    ly = g.add_node("Less", [y, zero]).output
+    same = g.add_node("Equal", [gx, ly]).output
+    picked = g.add_node("Select", [same, g.add_node("IsNan", [x]).output, gx]).output
+    anyrow = g.add_node("ReduceMax", [picked], {"axis": [1], "keep_dims": True}).output
+    both = g.add_node("LogicalAnd", [anyrow, g.add_node("IsFinite", [y]).output]).output
+    g.set_outputs([g.add_node("Select", [both, x, y]).output])
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((4, 64)).astype(np.float32)
+    xv[1, 5] = np.nan
+    yv = rng.standard_normal((4, 64)).astype(np.float32)
+    yv[2, 7] = np.inf
+    return g, {"x": xv, "y": yv}
+
+
+def all_0d() -> tuple[Graph, dict]:
+    """torch.all of a 0-d tensor: an op on a reduced value (LogicalNot after any) runs over
+    the column's own count, and its bool store goes through half."""
     g = Graph("all_0d")
     x = g.add_input("x", TensorType((), "float32"))
     gt = g.add_node("Greater", [x, g.const(np.float32(0.0))]).output
     anyn = g.add_node("ReduceMax", [g.add_node("LogicalNot", [gt]).output],
                       {"axis": [], "keep_dims": False}).output
     g.set_outputs([g.add_node("LogicalNot", [anyn]).output])
-    _through_sim(g, {"x": np.array(0.7, np.float32)})
+    return g, {"x": np.array(0.7, np.float32)}
+
+
+MASK_GRAPHS = {f.__name__: f for f in (quantile_nan_check, masks_as_values, all_0d)}
+
+
+@pytest.mark.parametrize("build", MASK_GRAPHS.values(), ids=MASK_GRAPHS)
+def test_masks_and_bools_on_reduced_values(build):
+    _through_sim(*build())

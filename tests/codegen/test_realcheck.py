@@ -19,7 +19,6 @@ from graphkernel.codegen import realcheck
 from graphkernel.codegen.backend import render_all, schedules
 from graphkernel.errors import ConfigError
 from tests.codegen.cases import pattern_cases, single_op_cases
-from tests.codegen.test_codegen import bool_cast
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.json")) + sorted(
@@ -144,9 +143,11 @@ needs_headers = pytest.mark.skipif(
 @pytest.mark.slow
 def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
     """Every distinct kernel (vector, cube, MIX, host tiling, CPU-model driver) of the examples
-    and the zoo exports, in each of its modes: no error and no deprecated call."""
+    and the zoo exports at each opt level (opt_level 1 keeps the attention masks' bool loads
+    in kernels of their own), in each of its modes: no error and no deprecated call."""
     units: dict[tuple[str, str], realcheck.Unit] = {}
-    runs = [(m, "") for m in EXAMPLES]  # and a SuperKernel (over BERT's vector kernels)
+    runs = [(m, f"--opt_level={level}") for level in (1, 2, 3) for m in EXAMPLES]
+    # and a SuperKernel (over BERT's vector kernels)
     runs.append((ROOT / "examples" / "models" / "bert.json",
                  "--opt_level=3 --enable_super_kernel"))
     for i, (model, flags) in enumerate(runs):
@@ -166,29 +167,44 @@ def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
 
 @functools.cache
 def case_kernels() -> dict[str, tuple]:
-    """Each distinct kernel of the code generator's test cases: name -> (rendered, case ids)."""
+    """Each distinct kernel of the code generator's test cases (vector: single ops, patterns,
+    the mask graphs and fuzz seeds kept as tests; cube: the Matmul API cases; MIX: a product
+    with each epilogue): name -> (rendered, case ids)."""
+    from graphkernel.codegen.legalize import check
+    from tests.codegen import test_fuzz_sim as fz
+    from tests.codegen import test_matmul_kernels as mm
+    from tests.fuzz.generator import random_case
+
+    runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES]
+    runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
+    for name, (seed, level) in fz.REAL_API_SEEDS.items():
+        case = random_case(seed, level, fz.CI_MAX_OPS)
+        runs.append((f"fuzz-{name}", case.graph, case.flags))
     out: dict[str, tuple] = {}
-    for c in single_op_cases() + pattern_cases():
-        res = graphkernel.compile(c.graph, c.flags, env={})
+    for cid, graph, flags in runs:
+        res = graphkernel.compile(graph, flags, env={})
         for r in render_all(schedules(res)):
-            out.setdefault(r.name, (r, []))[1].append(c.id)
+            out.setdefault(r.name, (r, []))[1].append(cid)
+    for name, epilogue in mm.MIX.items():
+        a, b, op, tb = mm.SHAPES.get(name, ((50, 90), (90, 70), "MatMul", False))
+        _, _, k = mm._mix(name, a, b, epilogue, mm.DTYPES.get(name, "float16"), op=op, tb=tb)
+        for r in render_all({k.name + name: check(k, mm.SPEC)}):
+            out.setdefault(r.name, (r, []))[1].append(f"mix-{name}")
     return out
 
 
 @needs_headers
 @pytest.mark.slow
 def test_every_codegen_case_compiles_against_the_real_headers():
-    """A kernel the simulator passes passes the real headers too: every kernel of the
-    code generator's test cases compiles, but for those the simulator refuses for the bool
-    cast (test_codegen.BOOL_CAST), which fail in the real headers for the same Cast."""
+    """A kernel the simulator passes passes the real headers too: every kernel of the code
+    generator's test cases (which the simulator runs in test_codegen) compiles in each of its
+    modes, with no deprecated call."""
     kernels = case_kernels()
     results = realcheck.check_rendered([r for r, _ in kernels.values()], headers())
-    failed = {r.unit.name: r for r in results if not r.ok}
-    expected = {name for name, (_, ids) in kernels.items() if any(bool_cast(i) for i in ids)}
-    assert set(failed) == expected, sorted(set(failed) ^ expected)
-    for r in failed.values():
-        assert r.unit.kind == "vector" and "CastIntrinsicsImpl" in (r.error or ""), r.line()
-        assert ("unsigned char*&, float*&" in r.error) or ("float*&, unsigned char*&" in r.error)
+    assert {r.unit.kind for r in results} >= {"vector", "cube", "mix"}
+    failed = [f"{r.line()} (cases: {', '.join(kernels.get(r.unit.name, (None, []))[1][:3])})"
+              for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
 
 
 @needs_headers
