@@ -1,0 +1,105 @@
+"""Convolutional networks through torch.compile: batch norm (inference and training, its
+running statistics updated as eager updates them), every pool variant and its gradient,
+padding modes; each ATen op mapped (no op runs through torch) and the results eager's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import graphkernel.torch as gt  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # torch.compile of modules
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    gt.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def _weights(y):
+    return torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+
+
+def run(m: nn.Module, x, train: bool) -> None:
+    """Compile ``m`` and check it against eager: the output, and in training the gradients
+    of the input and of every parameter and the updated buffers."""
+    torch.manual_seed(0)
+    m.train(train)
+    ours = copy.deepcopy(m)
+    if not train:
+        with torch.no_grad():
+            want, got = m(x), torch.compile(ours, backend="graphkernel")(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    else:
+        xe, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want = m(xe)
+        (want * _weights(want)).sum().backward()
+        got = torch.compile(ours, backend="graphkernel")(xg)
+        (got * _weights(got)).sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(xg.grad, xe.grad, rtol=1e-4, atol=1e-5)
+        # (a convolution's bias before a training batch norm has a gradient of exactly 0:
+        # both sides' rounding noise, sums over every element of a channel)
+        for (name, p), q in zip(m.named_parameters(), ours.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=5e-5,
+                                       msg=lambda s, n=name: f"{n}: {s}")
+        for (name, b), c in zip(m.named_buffers(), ours.buffers(), strict=True):
+            torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6,
+                                       msg=lambda s, n=name: f"{n}: {s}")
+    s = gt.stats()
+    assert s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+
+
+def conv(c=4, d=2):
+    return (nn.Conv1d, nn.Conv2d)[d - 1](c, c, 1)
+
+
+MODELS = {
+    "conv_bn_relu": (lambda: nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6),
+                                           nn.ReLU()), (2, 4, 9, 10)),
+    "bn_no_affine": (lambda: nn.Sequential(conv(), nn.BatchNorm2d(4, affine=False)),
+                     (3, 4, 5, 6)),
+    "max_ceil": (lambda: nn.Sequential(conv(), nn.MaxPool2d(3, 2, 1, ceil_mode=True)),
+                 (2, 4, 9, 10)),
+    "max_dilated": (lambda: nn.Sequential(conv(), nn.MaxPool2d(2, 1, 0, dilation=2)),
+                    (2, 4, 9, 10)),
+    "avg_ceil_excl": (lambda: nn.Sequential(conv(), nn.AvgPool2d(3, 2, 1, ceil_mode=True,
+                                                                 count_include_pad=False)),
+                      (2, 4, 9, 10)),
+    "avg_divisor": (lambda: nn.Sequential(conv(), nn.AvgPool2d(2, divisor_override=3)),
+                    (2, 4, 9, 10)),
+    "adaptive": (lambda: nn.Sequential(conv(), nn.AdaptiveAvgPool2d((3, 4)),
+                                       nn.AdaptiveMaxPool2d((2, 3))), (2, 4, 9, 10)),
+    "global_avg": (lambda: nn.Sequential(conv(), nn.AdaptiveAvgPool2d(1), nn.Flatten()),
+                   (2, 4, 9, 10)),
+    "pads": (lambda: nn.Sequential(conv(), nn.ReflectionPad2d((1, 2, 0, 1)),
+                                   nn.ReplicationPad2d(1), nn.ZeroPad2d((1, 0, 2, 1))),
+             (2, 4, 6, 7)),
+    "pools_1d": (lambda: nn.Sequential(conv(d=1), nn.BatchNorm1d(4), nn.MaxPool1d(3, 2),
+                                       nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(2)), (2, 4, 17)),
+    "pools_3d": (lambda: nn.Sequential(nn.BatchNorm3d(4), nn.MaxPool3d(2),
+                                       nn.AvgPool3d(2, ceil_mode=True)), (2, 4, 5, 6, 7)),
+}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cnn_layers_match_eager(name, train):
+    make, shape = MODELS[name]
+    torch.manual_seed(1)
+    m = make()
+    if not train:  # running statistics of their own, not the initial zeros and ones
+        for b in m.modules():
+            if isinstance(b, nn.modules.batchnorm._BatchNorm) and b.running_mean is not None:
+                b.running_mean.uniform_(-1, 1)
+                b.running_var.uniform_(0.5, 2)
+    run(m, torch.randn(*shape), train)
