@@ -103,3 +103,21 @@ def test_cnn_layers_match_eager(name, train):
                 b.running_mean.uniform_(-1, 1)
                 b.running_var.uniform_(0.5, 2)
     run(m, torch.randn(*shape), train)
+
+
+def test_frozen_batch_norm_folds_into_the_convolution():
+    """Under no_grad the parameters are constants: conv + BN + ReLU is one convolution and
+    the ReLU; with trainable parameters (requires grad) the BN stays an affine vector op."""
+    import graphkernel
+
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6),
+                      nn.ReLU()).eval()
+    m[1].running_mean.uniform_(-1, 1)
+    m[1].running_var.uniform_(0.5, 2)
+    g = gt.export_graph(m, (torch.randn(2, 4, 9, 10),), name="t")
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    ops = [n.op for n in res.graph.nodes if n.op != "Constant"]
+    assert ops == ["Conv2D", "Maximum"]
+    assert sum(p.rewrites for p in res.report.passes if p.name == "conv_bn_fold") == 2
+    run(m, torch.randn(2, 4, 9, 10), train=False)
