@@ -50,19 +50,25 @@ def batch_norm(b, x, scale, bias, mean, var, *, epsilon, axis):
 
 @expander("BatchNormTraining", validators=[static_dims(_bn_stat_dims, "reduced dims")])
 def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
-    # mean = sum(x)/N; var = sum((x - mean)^2)/N over every axis but the channel's;
-    # rstd = 1 / sqrt(var + eps); y = (x - mean) alpha + bias, alpha = scale rstd (centred
-    # first: a channel of large mean and small spread keeps its digits);
+    # shifted data: k = the channel's first element, d = x - k (exact for x near k);
+    # mean = k + sum(d)/N; var = sum((d - mean_d)^2)/N over every axis but the channel's;
+    # rstd = 1 / sqrt(var + eps); y = (d - mean_d) alpha + bias, alpha = scale rstd.
+    # A channel of large mean and small spread (a nearly saturated activation) keeps its
+    # digits as PyTorch's, which accumulates in float64: the mean's rounding, times an rstd
+    # of up to 1/sqrt(eps), would otherwise be noise in y and in every gradient through it.
     # running stats: (1 - m) r + m mean, (1 - m) r + m var N / (N - 1)
     c, axes = bn_axes(x.type.rank, axis)
     shape = bn_param_shape(x.type.rank, c)
     n = 1
     for a in axes:
         n *= x.shape[a]
-    mean_k = b.reduce_mean(x, axes, keep_dims=True)
-    centered = b.sub(x, mean_k)
+    k = b.op("StridedSlice", x, begin=[0] * len(axes), end=[1] * len(axes),
+             strides=[1] * len(axes), axes=list(axes))
+    d = b.sub(x, k)
+    mean_d = b.reduce_mean(d, axes, keep_dims=True)
+    centered = b.sub(d, mean_d)
     var = b.reduce_mean(b.square(centered), axes)
-    mean = b.reshape(mean_k, [x.shape[c]])
+    mean = b.reshape(b.add(k, mean_d), [x.shape[c]])
     rstd = b.div(1.0, b.sqrt(b.add(var, epsilon)))
     alpha = b.mul(scale, rstd)
     y = b.add(b.mul(centered, b.reshape(alpha, shape)), b.reshape(bias, shape))
