@@ -10,7 +10,9 @@ scaled: SiLU, squeeze-and-excitation, a ceil-mode average pool as the pooler), B
 pooling as the token mixer). Three are written in plain ``torch.nn`` the way torchvision
 writes its models: a densely connected network (batch norm, ReLU, 1x1 and 3x3 convolutions,
 average-pool transitions, concatenation), a ResNet (max-pool stem, ``AdaptiveAvgPool2d``,
-``flatten``) and a MobileNetV3 (Hardswish, Hardsigmoid squeeze-and-excitation).
+``flatten``), a MobileNetV3 (Hardswish, Hardsigmoid squeeze-and-excitation) and an
+EfficientNet (SiLU, Sigmoid squeeze-and-excitation; ``init_like_torchvision`` gives it
+torchvision's initialisation for accuracy studies).
 
     python examples/cnn_models.py        # builds each model and prints its output's shape
 
@@ -179,7 +181,73 @@ def _tv_models(torch):
             x = self.avgpool(self.features(x))
             return self.classifier(torch.flatten(x, 1))
 
-    return {"densenet": DenseNet, "tv_resnet": ResNet, "tv_mobilenet_v3": MobileNetV3}
+    class MBConv(nn.Module):
+        """torchvision's EfficientNet block: expand, depthwise, SiLU squeeze-and-excitation
+        with a Sigmoid scale, project; the residual (stochastic depth: the identity in
+        inference)."""
+
+        def __init__(self, cin, k, stride, ratio, cout) -> None:
+            super().__init__()
+            self.use_res = stride == 1 and cin == cout
+            exp = cin * ratio
+            layers = [] if ratio == 1 else [conv_bn_act(cin, exp, 1, act=nn.SiLU)]
+            layers.append(conv_bn_act(exp, exp, k, stride, groups=exp, act=nn.SiLU))
+            se = SqueezeExcitation(exp, max(1, cin // 4))
+            se.activation, se.scale_activation = nn.SiLU(), nn.Sigmoid()
+            layers += [se, conv_bn_act(exp, cout, 1, act=None)]
+            self.block = nn.Sequential(*layers)
+
+        def forward(self, x):
+            y = self.block(x)
+            return y + x if self.use_res else y
+
+    class EfficientNet(nn.Module):
+        """torchvision's EfficientNet-B0 layout at half width, its first four stages, with
+        torchvision's initialisation (``init_like_torchvision``)."""
+
+        SETTING = ((1, 3, 1, 16, 8, 1), (6, 3, 2, 8, 12, 2), (6, 5, 2, 12, 20, 2),
+                   (6, 3, 2, 20, 40, 2))  # (ratio, kernel, stride, in, out, layers)
+
+        def __init__(self) -> None:
+            super().__init__()
+            layers = [conv_bn_act(3, 16, 3, 2, act=nn.SiLU)]
+            for ratio, k, stride, cin, cout, n in self.SETTING:
+                for i in range(n):
+                    layers.append(MBConv(cin if i == 0 else cout, k, stride if i == 0 else 1,
+                                         ratio, cout))
+            layers.append(conv_bn_act(40, 160, 1, act=nn.SiLU))
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(160, LABELS))
+
+        def forward(self, x):
+            x = self.avgpool(self.features(x))
+            return self.classifier(torch.flatten(x, 1))
+
+    return {"densenet": DenseNet, "tv_resnet": ResNet, "tv_mobilenet_v3": MobileNetV3,
+            "tv_efficientnet": EfficientNet}
+
+
+def init_like_torchvision(model):
+    """torchvision's initialisation of its CNNs: convolutions Kaiming-normal (fan out),
+    batch norms the identity, linear layers uniform(±1/sqrt(out features)); the signal grows
+    with depth (outputs of hundreds on a random image)."""
+    import torch
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, mode="fan_out")
+                if m.bias is not None:
+                    torch.nn.init.zeros_(m.bias)
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                torch.nn.init.ones_(m.weight)
+                torch.nn.init.zeros_(m.bias)
+            elif isinstance(m, torch.nn.Linear):
+                r = 1.0 / m.out_features ** 0.5
+                torch.nn.init.uniform_(m.weight, -r, r)
+                torch.nn.init.zeros_(m.bias)
+    return model
 
 
 def trained_like(model, seed: int = SEED):
