@@ -146,3 +146,42 @@ def test_training_batch_norm_of_a_nearly_constant_channel_is_accurate():
            for k, v in res.items() if k != "float64"}
     assert err["ours"][0] < 1e-6 < err["eager"][0]
     assert err["ours"][1] <= 2 * err["eager"][1]
+
+
+def _zoo(name):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import cnn_models
+
+    build, inputs = cnn_models.builders()[name]
+    return build(), inputs()[0]
+
+
+@pytest.mark.parametrize("name", ["tv_resnet", "mobilenet_v1", "poolformer"])
+def test_cnn_zoo_inference_maps_every_op(name):
+    """Max-pool stem and adaptive pool; TensorFlow SAME pads, ReLU6 and depthwise
+    convolutions; average pooling as a token mixer: no op runs through torch, eager's
+    output, and at most one vector launch per convolution beside the pools (batch norms
+    folded or fused, pads in the convolutions)."""
+    pytest.importorskip("transformers")
+    m, x = _zoo(name)
+    with torch.no_grad():
+        want = m(x)
+        got = torch.compile(m, backend="graphkernel")(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0
+    convs = sum(isinstance(c, nn.Conv2d) for c in m.modules())
+    bns = sum(isinstance(c, nn.BatchNorm2d) for c in m.modules())
+    assert s["launches"]["cube"] + s["launches"]["mix"] >= convs
+    if bns:
+        assert s["launches"]["vector"] <= convs + 2
+
+
+def test_cnn_zoo_training_step_matches_eager():
+    """A residual network in train mode: gradients of every parameter, the running
+    statistics after the step."""
+    m, x = _zoo("tv_resnet")
+    run(m, x[:, :, :32, :32], train=True)
