@@ -81,6 +81,8 @@ MODELS = {
                                        nn.AdaptiveMaxPool2d((2, 3))), (2, 4, 9, 10)),
     "global_avg": (lambda: nn.Sequential(conv(), nn.AdaptiveAvgPool2d(1), nn.Flatten()),
                    (2, 4, 9, 10)),
+    "avg_whole_plane": (lambda: nn.Sequential(conv(), nn.AvgPool2d(16, ceil_mode=True)),
+                        (2, 4, 9, 10)),
     "pads": (lambda: nn.Sequential(conv(), nn.ReflectionPad2d((1, 2, 0, 1)),
                                    nn.ReplicationPad2d(1), nn.ZeroPad2d((1, 0, 2, 1))),
              (2, 4, 6, 7)),
@@ -185,3 +187,18 @@ def test_cnn_zoo_training_step_matches_eager():
     statistics after the step."""
     m, x = _zoo("tv_resnet")
     run(m, x[:, :, :32, :32], train=True)
+
+
+@pytest.mark.parametrize("pool", [nn.AdaptiveAvgPool2d((1, 1)), nn.AvgPool2d(12, ceil_mode=True)])
+def test_global_average_pool_is_a_reduction(pool):
+    """A global average pool (adaptive to 1x1, or one window over the plane, as
+    EfficientNet's pooler) is a mean over H and W, in inference and in its gradient."""
+    import graphkernel
+
+    m = nn.Sequential(nn.Conv2d(4, 6, 3), nn.ReLU(), pool, nn.Flatten())
+    x = torch.randn(2, 4, 10, 9)
+    g = gt.export_graph(m.eval(), (x,), name="t")
+    ops = {n.op for n in graphkernel.compile(g, "--opt_level=1", env={}).graph.nodes}
+    assert not ops & {"AvgPool", "AdaptiveAvgPool"}
+    run(m, x, train=False)
+    run(m, x, train=True)

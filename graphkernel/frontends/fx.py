@@ -1291,14 +1291,45 @@ def _avg_attrs(c: Ctx, x: Value, first: int) -> dict:
 
 @aten("aten.avg_pool2d.default", "aten.avg_pool3d.default")
 def _avg_pool(c: Ctx):
-    x = c.arg(0)
-    return c.emit("AvgPool", [c.cast(x, c.out_type.dtype)], _avg_attrs(c, x, 1))
+    x = c.cast(c.arg(0), c.out_type.dtype)
+    attrs = _avg_attrs(c, x, 1)
+    if _whole_window(x, attrs):
+        return _global_mean(c, x)
+    return c.emit("AvgPool", [x], attrs)
 
 
 @aten("aten.avg_pool2d_backward.default", "aten.avg_pool3d_backward.default")
 def _avg_pool_backward(c: Ctx):
     dy, x = c.arg(0), c.arg(1)
-    return c.emit("AvgPoolGrad", [dy], _avg_attrs(c, x, 2) | {"input_size": list(x.shape[2:])})
+    attrs = _avg_attrs(c, x, 2)
+    if _whole_window(x, attrs):
+        return _global_mean_grad(c, dy, x)
+    return c.emit("AvgPoolGrad", [dy], attrs | {"input_size": list(x.shape[2:])})
+
+
+def _whole_window(x: Value, attrs: dict) -> bool:
+    """Whether an average pool is one window over the whole (static) plane, no padding and
+    no fixed divisor: a mean over the spatial axes (EfficientNet's pooler: a kernel as large
+    as the last width, ceil mode)."""
+    sp = x.shape[2:]
+    return (not attrs["divisor"] and not any(attrs["pads"])
+            and all(isinstance(d, int) and k >= d for d, k in zip(sp, attrs["kernel_size"],
+                                                                   strict=True)))
+
+
+def _global_mean(c: Ctx, x: Value) -> Value:
+    """A global average pool as the reduction it is (as torch's own decomposition of an
+    adaptive pool to 1x1 is: aten.mean over H and W)."""
+    return c.emit("ReduceMean", [x], {"axis": list(range(2, x.type.rank)), "keep_dims": True})
+
+
+def _global_mean_grad(c: Ctx, dy: Value, x: Value) -> Value:
+    """dx of a global mean: dy / (the plane's size) at every element."""
+    n = 1
+    for d in x.shape[2:]:
+        n *= d
+    scaled = c.emit("Mul", [dy, c.const(1.0 / n, dy.dtype)])
+    return c.emit("BroadcastTo", [scaled], {"shape": list(x.shape)})
 
 
 def _adaptive_sizes(c: Ctx, x: Value) -> list[int]:
@@ -1312,12 +1343,17 @@ def _adaptive_sizes(c: Ctx, x: Value) -> list[int]:
       "aten.adaptive_avg_pool1d.default")
 def _adaptive_avg(c: Ctx):
     x = c.arg(0)
-    return c.emit("AdaptiveAvgPool", [x], {"output_size": _adaptive_sizes(c, x)})
+    out = _adaptive_sizes(c, x)
+    if all(o == 1 for o in out):
+        return _global_mean(c, x)
+    return c.emit("AdaptiveAvgPool", [x], {"output_size": out})
 
 
 @aten("aten._adaptive_avg_pool2d_backward.default", "aten._adaptive_avg_pool3d_backward.default")
 def _adaptive_avg_backward(c: Ctx):
     dy, x = c.arg(0), c.arg(1)
+    if all(o == 1 for o in dy.shape[2:]) and all(isinstance(d, int) for d in x.shape[2:]):
+        return _global_mean_grad(c, dy, x)
     return c.emit("AdaptiveAvgPoolGrad", [dy], {"input_size": list(x.shape[2:])})
 
 
