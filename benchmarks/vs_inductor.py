@@ -1,6 +1,7 @@
 """graphkernel vs TorchInductor (CPU) on the model zoo.
 
     python benchmarks/vs_inductor.py [--attn sdpa|eager] [--export] [model ...]
+    python benchmarks/vs_inductor.py --cnn [--export] [model ...]   # the CNN zoo
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export", action="store_true", help="also print the export-path table")
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
                     help="the models' attention: the library default (sdpa) or eager")
+    ap.add_argument("--cnn", action="store_true",
+                    help="the convolutional networks of examples/cnn_models.py instead")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging
@@ -199,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
     from export_models import select
 
-    zoo = select(a.models, a.attn)
+    if a.cnn:
+        import cnn_models
+
+        zoo = cnn_models.select(a.models)
+    else:
+        zoo = select(a.models, a.attn)
     if zoo is None:
         return 2
     progress.auto()  # on a terminal: which model

@@ -1,6 +1,7 @@
 """A training step through torch.compile over the model zoo: gradients against eager.
 
     python benchmarks/zoo_training.py [--attn sdpa,eager] [--families] [model ...]
+    python benchmarks/zoo_training.py --cnn [model ...]   # the CNN zoo (batch norm in train)
 
 Each zoo model, built with each attention implementation (``sdpa``: the library default,
 ``F.scaled_dot_product_attention``; ``eager``: explicit matmuls and softmax), runs one step of
@@ -12,7 +13,10 @@ compiled (forward and backward), launches by kind over both, the fused-attention
 of the forward and of the backward graphs per attention layer (the layers are counted in the
 eager step: calls of scaled_dot_product_attention or softmax), whether the output matches
 eager, and how many parameters' gradients differ from eager (accuracy.md: rtol 1e-3,
-atol 1e-5 for fp32 gradients, the same None pattern).
+atol 1e-5 for fp32 gradients, the same None pattern). Models with buffers (batch norm's
+running statistics) also count the buffers that differ from an eager twin's after the same
+two steps (``stats``: rtol 1e-4, atol 1e-6) and are further from a float64 twin's than twice
+eager's.
 
 A gradient that differs is then judged twice: against a float64 copy of the model
 (accuracy.md: graphkernel's is wrong only when its RMSE against float64 is more than twice
@@ -89,6 +93,29 @@ def _close(a, b) -> bool:
     return True
 
 
+def _buffers_differing(before, ours, args) -> list[str]:
+    """The floating buffers (running statistics) of ``ours``, after its two compiled steps
+    from ``before``'s state, that differ from the same two steps taken eagerly and are
+    further from a float64 twin's than twice eager's (a mean of N fp32 values is only as
+    exact as its accumulation: eager's error is the yardstick)."""
+    import torch
+
+    eager, exact = copy.deepcopy(before), copy.deepcopy(before).double()
+    wide = [a.double() if a.is_floating_point() else a for a in args]
+    for _ in range(2):
+        _step(eager, eager, args)
+        _step(exact, exact, wide)
+    out = []
+    for (k, b), c, e in zip(eager.named_buffers(), ours.buffers(), exact.buffers(),
+                            strict=True):
+        if not b.is_floating_point() or torch.allclose(c, b, rtol=1e-4, atol=1e-6):
+            continue
+        ours, theirs = (float((v.double() - e).pow(2).mean().sqrt()) for v in (c, b))
+        if ours > 2 * theirs:  # (RMSE, as the gradients' judge)
+            out.append(k)
+    return out
+
+
 def measure(build, inputs) -> dict:
     """One model: launches, fused attention per layer, output and gradients against eager,
     and the verdict on each gradient that differs."""
@@ -107,8 +134,10 @@ def measure(build, inputs) -> dict:
     gt.reset_stats()
     t0 = time.perf_counter()
     twin = copy.deepcopy(model)
+    before = copy.deepcopy(twin)
     got_out, got = _compiled_step(twin, args, "graphkernel")
     seconds = time.perf_counter() - t0
+    stats = _buffers_differing(before, twin, args)
     s = gt.stats()
     differ = [k for k in want if not _close(got[k], want[k])]
     judged: dict[str, str] = {}
@@ -135,7 +164,9 @@ def measure(build, inputs) -> dict:
                for role in ("forward", "backward")}
     return {"stats": s, "layers": layers, "externs": externs, "seconds": seconds,
             "forward": bool(torch.allclose(got_out, want_out, rtol=1e-4, atol=2e-5)),
-            "params": len(want), "differ": differ, "judged": judged}
+            "params": len(want), "differ": differ, "judged": judged,
+            "buffers": sum(b.is_floating_point() for b in model.buffers()),
+            "buffers_differ": stats}
 
 
 def _per_layer(n: int, layers: int) -> str:
@@ -147,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
     ap.add_argument("--attn", default="sdpa,eager",
                     help="attention implementations, comma-separated (sdpa, eager)")
+    ap.add_argument("--cnn", action="store_true",
+                    help="the convolutional networks of examples/cnn_models.py instead")
     ap.add_argument("--families", action="store_true",
                     help="also the architectures outside the zoo (partial rotary, "
                          "encoder-decoder, mixture of experts: export_models.families)")
@@ -163,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not variants:
         print(f"error: --attn {a.attn!r} (accepted: {', '.join(ATTENTION)})", file=sys.stderr)
         return 2
-    zoos = {v: select(a.models, v, a.families) for v in variants}
+    if a.cnn:
+        import cnn_models
+
+        zoos = {"-": cnn_models.select(a.models)}
+    else:
+        zoos = {v: select(a.models, v, a.families) for v in variants}
     if any(z is None for z in zoos.values()):
         return 2
     progress.auto()
@@ -206,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['seconds']:>6.2f}  {'match' if r['forward'] else 'DIFF':<6} "
                     f"{len(r['differ'])}/{r['params']}"
                     + (f" ({len(ours)} graphkernel's; {'; '.join(notes)})" if r["differ"]
-                       else ""), sys.stdout)
+                       else "")
+                    + (f"; stats differing {len(r['buffers_differ'])}/{r['buffers']}"
+                       if r["buffers"] else ""), sys.stdout)
+                if r["buffers_differ"]:
+                    wrong.append(f"{name} ({variant}): buffers "
+                                 f"{', '.join(r['buffers_differ'])}")
                 shown.advance()
     print("gradients differing because of graphkernel: "
           + ("none" if not wrong else "; ".join(wrong)))

@@ -13,6 +13,7 @@ from graphkernel.passes import (
     codegen,
     concat_sink,
     constant_fold,
+    conv_bn_fold,
     cse,
     dce,
     expand,
@@ -47,6 +48,7 @@ PIPELINE = (
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
+    Step("simplify", 97, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

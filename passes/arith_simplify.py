@@ -169,6 +169,24 @@ def _slice_conv_padding(g: Graph, n: Node) -> Value | None:
     return new
 
 
+def _pad_into_conv(g: Graph, n: Node) -> Value | None:
+    """conv(pad(x, zeros around H and W)) -> conv(x, pads + those): TensorFlow's "SAME"
+    padding written as an explicit pad (a zero contributes 0·w either way)."""
+    pad = _producer(n.inputs[0], "Pad")
+    if pad is None or pad.attrs["mode"] != "constant" or pad.attrs["value"] != 0.0:
+        return None
+    x, r = pad.inputs[0], pad.inputs[0].type.rank
+    p = pad.attrs["pads"]
+    spatial = (2, 3) if n.attrs["data_format"] == "NCHW" else (1, 2)
+    if r != 4 or any(v < 0 for v in p) or any(p[a] or p[r + a] for a in range(r)
+                                              if a not in spatial):
+        return None
+    h, w = spatial
+    t, left, b, right = n.attrs["pads"]
+    pads = [t + p[h], left + p[w], b + p[r + h], right + p[r + w]]
+    return add_like(g, n, "Conv2D", [x, *n.inputs[1:]], dict(n.attrs) | {"pads": pads})
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -205,6 +223,8 @@ RULES: list[Rule] = [
     Rule(17, "slice_conv_padding", "StridedSlice",  # conv(x, pad p)[..., :-m]
          _slice_conv_padding),                       # -> conv(x, pad p - m*stride)
     Rule(18, "slice_whole", "StridedSlice", _slice_whole),  # x[0:end≥d:1] -> x (d symbolic too)
+    Rule(19, "pad_into_conv", "Conv2D", _pad_into_conv),  # conv(pad(x, 0 on H, W))
+    #                                                       -> conv(x, pads + those)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -215,3 +215,43 @@ def test_torch_onnx_export_of_attention_is_one_fused_attention():
     want = Attend()(q, k, v, m).numpy()
     assert np.all(want[0, :, 3] == 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,opset,axes", [("constant", 13, None), ("reflect", 13, None),
+                                             ("edge", 18, [2, 3]), ("constant", 18, [-1]),
+                                             ("constant", 10, None)])
+def test_pad_is_a_pad_op_matching_the_reference(mode, opset, axes):
+    """ONNX Pad (pads and value as attributes before opset 11, inputs after; opset 18's
+    axes): one Pad op, the reference's result; a zero pad of H and W before a convolution
+    ends in the convolution's pads at opt_level 2."""
+    import graphkernel
+
+    x_info = helper.make_tensor_value_info("x", 1, [1, 2, 4, 5])
+    inits = []
+    k = len(axes) if axes else 4
+    pads = [0, 0, 1, 2, 0, 0, 2, 1][-2 * k:] if axes is None or len(axes) == 2 else [1, 2]
+    if opset < 11:
+        pad = helper.make_node("Pad", ["x"], ["p"], mode=mode, pads=pads, value=0.0)
+    else:
+        inits.append(numpy_helper.from_array(np.array(pads, np.int64), "pads"))
+        ins = ["x", "pads", ""]
+        if axes:
+            inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+            ins.append("axes")
+        pad = helper.make_node("Pad", ins, ["p"], mode=mode)
+    w = np.random.default_rng(1).standard_normal((3, 2, 3, 3)).astype(np.float32)
+    inits.append(numpy_helper.from_array(w, "w"))
+    conv = helper.make_node("Conv", ["p", "w"], ["y"])
+    graph = helper.make_graph([pad, conv], "g", [x_info],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    g = import_onnx(m)
+    assert "Pad" in [n.op for n in g.nodes]
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 5)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(Interpreter(g).run({"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    np.testing.assert_allclose(Interpreter(res.graph).run({"x": x})[0], want, rtol=1e-5,
+                               atol=1e-6)
+    if mode == "constant":
+        assert "Pad" not in [n.op for n in res.graph.nodes]

@@ -19,7 +19,8 @@ NOENV: dict[str, str] = {}
 # The catalogue's levels (passes-and-patterns.md) for the passes this build registers.
 CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2,
              "arith_simplify": 2, "cse": 2, "reshape_elim": 2, "transpose_elim": 2,
-             "channels_last": 2, "concat_sink": 2, "cast_elim": 2, "attention": 2, "dce": 1,
+             "channels_last": 2, "concat_sink": 2, "cast_elim": 2, "attention": 2,
+             "conv_bn_fold": 2, "dce": 1,
              "cluster": 1, "split": 1, "recompute": 2,
              "parallel_fusion": 3, "codegen": 1, "super_kernel": 3,
              "promote_precision": 2}

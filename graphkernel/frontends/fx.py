@@ -569,6 +569,7 @@ def _conv(c: Ctx):
     if transposed or x.type.rank not in (3, 4):
         raise Unmapped("only 1-D and 2-D non-transposed convolutions are modeled")
     one_d = x.type.rank == 3
+    stride, pad, dil = (_spatial(v, x.type.rank - 2) for v in (stride, pad, dil))
     if one_d:  # a 1-D convolution is a 2-D one over a height of 1
         x = c.emit("ExpandDims", [x], {"axis": [2]})
         w = c.emit("ExpandDims", [w], {"axis": [2]})
@@ -577,6 +578,17 @@ def _conv(c: Ctx):
     y = c.emit("Conv2D", ins, {"strides": list(stride), "dilations": list(dil),
                                "pads": [pad[0], pad[1], pad[0], pad[1]], "group": groups})
     return c.emit("Squeeze", [y], {"axis": [2]}) if one_d else y
+
+
+def _spatial(v: Any, r: int) -> list[int]:
+    """A convolution's stride, padding or dilation for ``r`` spatial axes (PyTorch passes a
+    single value for all of them, as ``padding="valid"`` does)."""
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) == 1:
+        v = v * r
+    if len(v) != r:
+        raise Unmapped(f"convolution arguments {v} for {r} spatial axes")
+    return v
 
 
 def _regroup(c: Ctx, x: Value, split: list, perm: list[int], out: list) -> Value:
@@ -646,6 +658,7 @@ def _conv_backward(c: Ctx):
     if not (x.type.is_static and gy.type.is_static):
         raise Unmapped("a convolution's gradient with symbolic sizes")
     one_d = x.type.rank == 3
+    stride, pad, dil = (_spatial(v, x.type.rank - 2) for v in (stride, pad, dil))
     if one_d:  # as the forward: a 2-D convolution over a height of 1
         gy, x, w = (c.emit("ExpandDims", [v], {"axis": [2]}) for v in (gy, x, w))
         stride, pad, dil = [1, *stride], [0, *pad], [1, *dil]
@@ -717,9 +730,32 @@ def _index_select(c: Ctx):
 def _index(c: Ctx):
     x, idx = c.arg(0), c.arg(1)
     used = [i for i, v in enumerate(idx) if v is not None]
-    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
-        raise Unmapped("indexing with several index tensors or a mask")
-    return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+    if len(used) == 1 and idx[used[0]].dtype != DType.bool:
+        return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+    outer = _outer_indices(idx, used)
+    if outer is None:
+        raise Unmapped("indexing with several index tensors that are not one per axis "
+                       "(an outer product), or with a mask")
+    for axis, v in outer:  # x[:, :, ih[:, None], iw]: a Gather along each axis in turn
+        x = c.emit("Gather", [x, c.emit("Reshape", [v], {"shape": [-1]})], {"axis": axis})
+    return x
+
+
+def _outer_indices(idx: list, used: list[int]) -> list[tuple[int, Value]] | None:
+    """The index tensors of consecutive axes k..k+m-1 when each one varies along its own
+    axis of the broadcast result only (reflection and replication pads, nearest upsampling):
+    [(axis, index tensor)], else None."""
+    m = len(used)
+    if m < 2 or used != list(range(used[0], used[0] + m)):
+        return None
+    for j, i in enumerate(used):
+        v = idx[i]
+        if v.dtype == DType.bool or v.type.rank > m:
+            return None
+        shape = [1] * (m - v.type.rank) + list(v.shape)
+        if any(d != 1 for a, d in enumerate(shape) if a != j):
+            return None
+    return [(i, idx[i]) for i in used]
 
 
 @aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
@@ -1120,6 +1156,267 @@ def _sdpa_cudnn_backward(c: Ctx):
     q = c.arg(1)
     spec = _attention_spec(c, q, c.arg(2), c.arg(3), c.arg(8), c.arg(14), c.kw("scale"))
     return _attention_grad(c, spec, c.arg(0), c.arg(4), _lse_back(c, c.arg(5), q.shape[2]))
+
+
+# ------------------------------------------------- batch norm, pools, padding
+def _affine(c: Ctx, x: Value, w: Value | None, b: Value | None) -> tuple[Value, Value]:
+    """A batch norm's scale and bias: ones and zeros when the norm has no affine."""
+    n = x.shape[1]
+    if not isinstance(n, int):
+        raise Unmapped("a batch norm over a symbolic channel count")
+    w = w if w is not None else c.const(np.ones(n), x.dtype)
+    b = b if b is not None else c.const(np.zeros(n), x.dtype)
+    return c.cast(w, x.dtype), c.cast(b, x.dtype)
+
+
+def _unused(c: Ctx, *outputs: int) -> bool:
+    """Whether the node's outputs at these positions are read by nobody."""
+    import operator as op
+
+    return all(u.target is op.getitem and u.args[1] not in outputs for u in c.node.users)
+
+
+@aten("aten._native_batch_norm_legit_no_training.default")
+def _batch_norm_eval(c: Ctx):
+    x, w, b, mean, var, _, eps = (c.arg(i) for i in range(7))
+    if not _unused(c, 1, 2):
+        raise Unmapped("an inference batch norm whose (empty) saved statistics are read")
+    w, b = _affine(c, x, w, b)
+    y = c.emit("BatchNorm", [x, w, b, c.cast(mean, x.dtype), c.cast(var, x.dtype)],
+               {"epsilon": float(eps)})
+    return [y, None, None]
+
+
+@aten("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
+      "aten._native_batch_norm_legit.no_stats", "aten.native_batch_norm.default")
+def _batch_norm(c: Ctx):
+    target = str(c.node.target)
+    x, w, b = c.arg(0), c.arg(1), c.arg(2)
+    stats = [] if target.endswith("no_stats") else [c.arg(3), c.arg(4)]
+    training, momentum, eps = (c.arg(len(stats) + i) for i in (3, 4, 5))
+    w, b = _affine(c, x, w, b)
+    if not training:  # native_batch_norm in eval mode: the running statistics
+        if not _unused(c, 1, 2):
+            raise Unmapped("an inference batch norm whose (empty) saved statistics are read")
+        return [c.emit("BatchNorm", [x, w, b, *(c.cast(s, x.dtype) for s in stats)],
+                       {"epsilon": float(eps)}), None, None]
+    if target == "aten._native_batch_norm_legit.default" or (
+            target == "aten.native_batch_norm.default" and stats[0] is not None):
+        raise Unmapped("a training batch norm updating its running statistics in place")
+    stats = [s for s in stats if s is not None]
+    outs = c.emit_multi("BatchNormTraining", [x, w, b, *(c.cast(s, x.dtype) for s in stats)],
+                        {"epsilon": float(eps), "momentum": float(momentum)})
+    return outs
+
+
+@aten("aten.native_batch_norm_backward.default")
+def _batch_norm_backward(c: Ctx):
+    dy, x, w, rmean, rvar, smean, srstd, train, eps, mask = (c.arg(i) for i in range(10))
+    w, _ = _affine(c, x, w, None)
+    if train:
+        dx, dw, db = c.emit_multi("BatchNormGrad", [dy, x, w, smean, srstd],
+                                  {"epsilon": float(eps)})
+    else:  # the running statistics are constants of the forward: y = x alpha + beta
+        shape = [-1] + [1] * (x.type.rank - 2)
+        axes = [0] + list(range(2, x.type.rank))
+        rstd = c.emit("Div", [c.const(1.0, x.dtype),
+                              c.emit("Sqrt", [c.emit("Add", [rvar, c.const(eps, x.dtype)])])])
+        dx = c.emit("Mul", [dy, c.emit("Reshape", [c.emit("Mul", [w, rstd])],
+                                       {"shape": shape})])
+        xhat = c.emit("Mul", [c.emit("Sub", [x, c.emit("Reshape", [rmean], {"shape": shape})]),
+                              c.emit("Reshape", [rstd], {"shape": shape})])
+        dw = c.emit("ReduceSum", [c.emit("Mul", [dy, xhat])], {"axis": axes})
+        db = c.emit("ReduceSum", [dy], {"axis": axes})
+    return [o if m else None for o, m in zip((dx, dw, db), mask, strict=True)]
+
+
+def _spatial_args(c: Ctx, x: Value, first: int, dil: bool = True):
+    """(kernel, strides, pads [begins, ends], dilations) of a pool's arguments, PyTorch's
+    single values broadcast over the spatial axes."""
+    r = x.type.rank - 2
+
+    def full(v, default):
+        v = default if v is None or (isinstance(v, list) and not v) else v
+        v = [v] if isinstance(v, int) else list(v)
+        return v * r if len(v) == 1 else v
+
+    k = full(c.arg(first), None)
+    s = full(c.arg(first + 1), k)
+    p = full(c.arg(first + 2, 0), 0)
+    d = full(c.arg(first + 3, 1), 1) if dil else [1] * r
+    if any(len(v) != r for v in (k, s, p, d)):
+        raise Unmapped(f"pool arguments for {r} spatial axes")
+    return k, s, p + p, d
+
+
+def _pool_attrs(c: Ctx, x: Value, first: int, dil: bool, ceil_at: int) -> dict:
+    k, s, p, d = _spatial_args(c, x, first, dil)
+    return {"kernel_size": k, "strides": s, "pads": p, "dilations": d,
+            "ceil_mode": bool(c.arg(ceil_at, False))}
+
+
+@aten("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default",
+      "aten.max_pool2d.default", "aten.max_pool3d.default")
+def _max_pool(c: Ctx):
+    x = c.arg(0)
+    attrs = _pool_attrs(c, x, 1, True, 5)
+    y = c.emit("MaxPool", [x], attrs)
+    if "with_indices" not in str(c.node.target):
+        return y
+    idx = None if _unused(c, 1) else c.emit("MaxPoolArgmax", [x], attrs)
+    return [y, idx]
+
+
+@aten("aten.max_pool2d_with_indices_backward.default",
+      "aten.max_pool3d_with_indices_backward.default")
+def _max_pool_backward(c: Ctx):
+    dy, x, idx = c.arg(0), c.arg(1), c.arg(7)
+    return c.emit("MaxPoolGrad", [dy, idx], {"input_size": list(x.shape[2:])})
+
+
+def _avg_attrs(c: Ctx, x: Value, first: int) -> dict:
+    attrs = _pool_attrs(c, x, first, False, first + 3)  # (dilations: ones)
+    divisor = c.arg(first + 5)
+    return attrs | {"count_include_pad": bool(c.arg(first + 4, True)),
+                    "divisor": int(divisor) if divisor else 0}
+
+
+@aten("aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def _avg_pool(c: Ctx):
+    x = c.cast(c.arg(0), c.out_type.dtype)
+    attrs = _avg_attrs(c, x, 1)
+    if _whole_window(x, attrs):
+        return _global_mean(c, x)
+    return c.emit("AvgPool", [x], attrs)
+
+
+@aten("aten.avg_pool2d_backward.default", "aten.avg_pool3d_backward.default")
+def _avg_pool_backward(c: Ctx):
+    dy, x = c.arg(0), c.arg(1)
+    attrs = _avg_attrs(c, x, 2)
+    if _whole_window(x, attrs):
+        return _global_mean_grad(c, dy, x)
+    return c.emit("AvgPoolGrad", [dy], attrs | {"input_size": list(x.shape[2:])})
+
+
+def _whole_window(x: Value, attrs: dict) -> bool:
+    """Whether an average pool is one window over the whole (static) plane, no padding and
+    no fixed divisor: a mean over the spatial axes (EfficientNet's pooler: a kernel as large
+    as the last width, ceil mode)."""
+    sp = x.shape[2:]
+    return (not attrs["divisor"] and not any(attrs["pads"])
+            and all(isinstance(d, int) and k >= d for d, k in zip(sp, attrs["kernel_size"],
+                                                                   strict=True)))
+
+
+def _global_mean(c: Ctx, x: Value) -> Value:
+    """A global average pool as the reduction it is (as torch's own decomposition of an
+    adaptive pool to 1x1 is: aten.mean over H and W)."""
+    return c.emit("ReduceMean", [x], {"axis": list(range(2, x.type.rank)), "keep_dims": True})
+
+
+def _global_mean_grad(c: Ctx, dy: Value, x: Value) -> Value:
+    """dx of a global mean: dy / (the plane's size) at every element."""
+    n = 1
+    for d in x.shape[2:]:
+        n *= d
+    scaled = c.emit("Mul", [dy, c.const(1.0 / n, dy.dtype)])
+    return c.emit("BroadcastTo", [scaled], {"shape": list(x.shape)})
+
+
+def _adaptive_sizes(c: Ctx, x: Value) -> list[int]:
+    out = c.arg(1)
+    r = x.type.rank - 2
+    out = [out] * r if isinstance(out, int) else list(out)
+    return [x.shape[2 + i] if o is None else o for i, o in enumerate(out)]
+
+
+@aten("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default",
+      "aten.adaptive_avg_pool1d.default")
+def _adaptive_avg(c: Ctx):
+    x = c.arg(0)
+    out = _adaptive_sizes(c, x)
+    if all(o == 1 for o in out):
+        return _global_mean(c, x)
+    return c.emit("AdaptiveAvgPool", [x], {"output_size": out})
+
+
+@aten("aten._adaptive_avg_pool2d_backward.default", "aten._adaptive_avg_pool3d_backward.default")
+def _adaptive_avg_backward(c: Ctx):
+    dy, x = c.arg(0), c.arg(1)
+    if all(o == 1 for o in dy.shape[2:]) and all(isinstance(d, int) for d in x.shape[2:]):
+        return _global_mean_grad(c, dy, x)
+    return c.emit("AdaptiveAvgPoolGrad", [dy], {"input_size": list(x.shape[2:])})
+
+
+@aten("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
+def _adaptive_max(c: Ctx):
+    x = c.arg(0)
+    attrs = {"output_size": _adaptive_sizes(c, x)}
+    y = c.emit("AdaptiveMaxPool", [x], attrs)
+    return [y, None if _unused(c, 1) else c.emit("AdaptiveMaxPoolArgmax", [x], attrs)]
+
+
+@aten("aten.adaptive_max_pool2d_backward.default", "aten.adaptive_max_pool3d_backward.default")
+def _adaptive_max_backward(c: Ctx):
+    dy, x, idx = c.arg(0), c.arg(1), c.arg(2)
+    return c.emit("MaxPoolGrad", [dy, idx], {"input_size": list(x.shape[2:])})
+
+
+def _torch_pads(x: Value, pad: list) -> list[int]:
+    """PyTorch's pad list (last axis first: (begin, end) pairs) as [begins..., ends...]."""
+    r = x.type.rank
+    begins, ends = [0] * r, [0] * r
+    for i in range(len(pad) // 2):
+        begins[r - 1 - i], ends[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return begins + ends
+
+
+@aten("aten.constant_pad_nd.default")
+def _constant_pad(c: Ctx):
+    x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if any(not isinstance(p, int) for p in pad):
+        raise Unmapped("symbolic pads")
+    return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": float(value)})
+
+
+_PAD_MODES = {"reflection": "reflect", "replication": "edge"}
+
+
+@aten(*(f"aten.{m}_pad{d}d.default" for m in _PAD_MODES for d in (1, 2, 3)))
+def _mode_pad(c: Ctx):
+    x, pad = c.arg(0), list(c.arg(1))
+    mode = _PAD_MODES[str(c.node.target).split(".")[1].split("_")[0]]
+    return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "mode": mode})
+
+
+@aten(*(f"aten.{m}_pad{d}d_backward.default" for m in _PAD_MODES for d in (1, 2, 3)))
+def _mode_pad_backward(c: Ctx):
+    dy, x, pad = c.arg(0), c.arg(1), list(c.arg(2))
+    mode = _PAD_MODES[str(c.node.target).split(".")[1].split("_")[0]]
+    return c.emit("PadGrad", [dy], {"pads": _torch_pads(x, pad), "mode": mode})
+
+
+@aten("aten.hardtanh.default")
+def _hardtanh(c: Ctx):
+    return c.emit("ClampScalar", [c.arg(0)], {"min": float(c.arg(1, -1.0)),
+                                               "max": float(c.arg(2, 1.0))})
+
+
+@aten("aten.hardtanh_backward.default")
+def _hardtanh_backward(c: Ctx):
+    dy, x, lo, hi = c.arg(0), c.arg(1), c.arg(2), c.arg(3)
+    inside = c.emit("LogicalAnd", [c.emit("Greater", [x, c.const(lo, x.dtype)]),
+                                   c.emit("Less", [x, c.const(hi, x.dtype)])])
+    return c.emit("Select", [inside, dy, c.const(0, dy.dtype)])
+
+
+@aten("aten.empty_permuted.default")
+def _empty_permuted(c: Ctx):
+    t = c.out_type  # empty memory may hold anything: zeros are as good as any content
+    if t.is_static:
+        return c.const(np.zeros(t.shape), t.dtype)
+    return c.emit("BroadcastTo", [c.const(0, t.dtype)], {"shape": list(t.shape)})
 
 
 # ---------------------------------------------------------------- fallback

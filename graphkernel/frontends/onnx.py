@@ -764,6 +764,33 @@ def _conv(c: NodeCtx):
                                      "group": c.attr("group", 1)})
 
 
+@handles("Pad")
+def _pad(c: NodeCtx):
+    x = c.input(0)
+    mode = c.attr("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise Unsupported(f"Pad mode {mode!r} (accepted: constant, reflect, edge, wrap)")
+    if c.opset < 11:
+        pads, value = _ints(c.attr("pads")), float(c.attr("value", 0.0))
+    else:
+        pads = _ints(c.static(1, "pads"))
+        value = float(np.asarray(c.static(2, "constant_value")).reshape(-1)[0]) \
+            if c.has_input(2) else 0.0
+    r = x.type.rank
+    if c.has_input(3):  # opset 18: the pads of these axes only
+        axes = [a % r for a in _ints(c.static(3, "axes"))]
+        full = [0] * (2 * r)
+        for j, a in enumerate(axes):
+            full[a], full[r + a] = pads[j], pads[len(axes) + j]
+        pads = full
+    if len(pads) != 2 * r:
+        raise Unsupported(f"Pad: {len(pads)} pads for rank {r} ({2 * r} expected)")
+    if not any(pads):
+        return c.emit("Identity", [x])
+    return c.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
+
+
 @handles("MaxPool", "AveragePool")
 def _pool(c: NodeCtx):
     x = c.input(0)

@@ -1,7 +1,8 @@
-"""Op definitions, one module per family (elementwise, arithmetic, reduce, shape, nn, norms,
-activations, attention, losses, grads, optimizers, misc): each op's kind, arity, attribute
-schema, shape inference and numpy reference, registered in ``graphkernel.ops``. Importing
-this package registers every basic and composite op (``import graphkernel`` does)."""
+"""Op definitions, one module per family (elementwise, arithmetic, reduce, shape, nn,
+pooling, norms, activations, attention, losses, grads, optimizers, misc): each op's kind,
+arity, attribute schema, shape inference and numpy reference, registered in
+``graphkernel.ops``. Importing this package registers every basic and composite op
+(``import graphkernel`` does)."""
 
 from graphkernel.opdefs import (  # noqa: F401
     activations,
@@ -15,6 +16,7 @@ from graphkernel.opdefs import (  # noqa: F401
     nn,
     norms,
     optimizers,
+    pooling,
     reduce,
     shape_ops,
 )

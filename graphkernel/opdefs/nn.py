@@ -1,4 +1,4 @@
-"""Opaque compute ops: MatMul, BatchMatMul, Conv2D (NCHW or NHWC), MaxPool, AvgPool (NCHW)."""
+"""Opaque compute ops: MatMul, BatchMatMul, Conv2D (NCHW or NHWC); the pools are in pooling.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
+from graphkernel.opdefs.pooling import window_out
 from graphkernel.ops import CUBE, Attrs, OpDef, OpKind, check_dtype, register
 from graphkernel.tensor_types import TensorType
 
@@ -77,22 +78,6 @@ NCHW_TO_NHWC = (0, 2, 3, 1)  # Transpose perm taking NCHW data to NHWC
 NHWC_TO_NCHW = (0, 3, 1, 2)
 
 
-def _window_out(size, k: int, s: int, p0: int, p1: int, d: int, ceil: bool = False) -> int:
-    if not isinstance(size, int):
-        if ceil:
-            raise ShapeError(f"spatial dim {size!r} is symbolic: ceil mode needs it static")
-        # floor((size + p0 + p1 - d*(k-1) - 1) / s) + 1, as one derived symbol
-        return symbolic.floor_affine(size, p0 + p1 - d * (k - 1) - 1 + s, s)
-    span = size + p0 + p1 - d * (k - 1) - 1
-    if span < 0:
-        raise ShapeError(f"window {k} (dilation {d}) is larger than the padded size "
-                         f"{size + p0 + p1}")
-    out = (-(-span // s) if ceil else span // s) + 1
-    if ceil and (out - 1) * s >= size + p0:
-        out -= 1  # the last window must start inside the input or its left padding
-    return out
-
-
 def _conv_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     x, w = ins[0], ins[1]
     check_dtype(x, "float")
@@ -111,8 +96,8 @@ def _conv_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     if len(ins) == 3 and tuple(ins[2].shape) != (m,):
         raise ShapeError(f"bias shape {list(ins[2].shape)} must be [{m}]")
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
-    oh = _window_out(x.shape[h_ax], w.shape[2], sh, pt, pb, dh)
-    ow = _window_out(x.shape[w_ax], w.shape[3], sw, pl, pr, dw)
+    oh = window_out(x.shape[h_ax], w.shape[2], sh, pt, pb, dh)
+    ow = window_out(x.shape[w_ax], w.shape[3], sw, pl, pr, dw)
     out = (x.shape[n_ax], m, oh, ow)  # NCHW
     if fmt == "NHWC":
         out = tuple(out[i] for i in NCHW_TO_NHWC)
@@ -153,68 +138,3 @@ def _conv_ref(xs, attrs, ctx):
 
 register(OpDef("Conv2D", OpKind.OPAQUE, (2, 3), _conv_infer, _conv_ref, attrs=Conv2DAttrs,
                aliases=("Conv2d",), category="nn", unit=CUBE))
-
-
-class PoolAttrs(Attrs):
-    kernel_size: list[int] = Field(min_length=2, max_length=2)
-    strides: list[int] = Field(default=[1, 1], min_length=2, max_length=2)
-    pads: list[int] = Field(default=[0, 0, 0, 0], min_length=4, max_length=4)
-    dilations: list[int] = Field(default=[1, 1], min_length=2, max_length=2)
-    ceil_mode: bool = False
-
-
-class AvgPoolAttrs(PoolAttrs):
-    count_include_pad: bool = False
-
-
-def _pool_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
-    x = ins[0]
-    check_dtype(x, "numeric")
-    if x.rank != 4:
-        raise ShapeError("2-D pooling takes an NCHW input")
-    (kh, kw), (sh, sw) = attrs["kernel_size"], attrs["strides"]
-    (pt, pl, pb, pr), (dh, dw) = attrs["pads"], attrs["dilations"]
-    oh = _window_out(x.shape[2], kh, sh, pt, pb, dh, attrs["ceil_mode"])
-    ow = _window_out(x.shape[3], kw, sw, pl, pr, dw, attrs["ceil_mode"])
-    return [TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)]
-
-
-def _pool_extra(x: np.ndarray, attrs: dict, out_hw) -> tuple[int, int]:
-    """Extra end padding so ceil-mode windows exist (never counted, never the max)."""
-    extra = []
-    for i in range(2):
-        k, s, d = attrs["kernel_size"][i], attrs["strides"][i], attrs["dilations"][i]
-        need = (out_hw[i] - 1) * s + d * (k - 1) + 1
-        have = x.shape[2 + i] + attrs["pads"][i] + attrs["pads"][i + 2]
-        extra.append(max(0, need - have))
-    return extra[0], extra[1]
-
-
-def _maxpool_ref(xs, attrs, ctx):
-    x = xs[0]
-    oh, ow = ctx.out_shapes[0][2:]
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    extra = _pool_extra(x, attrs, (oh, ow))
-    win = _windows(x, attrs["kernel_size"], attrs["strides"], attrs["dilations"], attrs["pads"],
-                   fill, extra)
-    return win[:, :, :oh, :ow].max(axis=(-1, -2))
-
-
-def _avgpool_ref(xs, attrs, ctx):
-    x = xs[0]
-    oh, ow = ctx.out_shapes[0][2:]
-    k, s, d, pads = attrs["kernel_size"], attrs["strides"], attrs["dilations"], attrs["pads"]
-    extra = _pool_extra(x, attrs, (oh, ow))
-    total = _windows(x, k, s, d, pads, 0.0, extra)[:, :, :oh, :ow].sum(axis=(-1, -2))
-    ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype if x.dtype.kind == "f" else np.float64)
-    pad_val = 1.0 if attrs["count_include_pad"] else 0.0
-    ones = np.pad(ones, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])),
-                  constant_values=pad_val)
-    count = _windows(ones, k, s, d, (0, 0, 0, 0), 0.0, extra)[:, :, :oh, :ow].sum(axis=(-1, -2))
-    return total / count
-
-
-register(OpDef("MaxPool", OpKind.OPAQUE, (1, 1), _pool_infer, _maxpool_ref, attrs=PoolAttrs,
-               category="nn"))
-register(OpDef("AvgPool", OpKind.OPAQUE, (1, 1), _pool_infer, _avgpool_ref, attrs=AvgPoolAttrs,
-               aliases=("AveragePool",), category="nn"))

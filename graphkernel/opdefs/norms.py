@@ -113,3 +113,116 @@ composite("Softmax", (1, 1), _softmax_infer, _softmax_ref, SoftmaxAttrs, categor
 composite("LogSoftmax", (1, 1), _softmax_infer, _log_softmax_ref, SoftmaxAttrs, category=N,
           kind=OpKind.REDUCE)
 
+
+
+class BatchNormAttrs(Attrs):
+    """``axis``: the channel axis the parameters run along (1: NC[D]HW)."""
+
+    epsilon: float = 1e-5
+    axis: int = 1
+
+
+class BatchNormTrainingAttrs(BatchNormAttrs):
+    momentum: float = 0.1
+
+
+def bn_axes(rank: int, axis: int) -> tuple[int, list[int]]:
+    """(the channel axis, the axes the statistics reduce over: every other one)."""
+    c = dim_axis(axis, rank)
+    return c, [i for i in range(rank) if i != c]
+
+
+def bn_param_shape(rank: int, c: int) -> list[int]:
+    """A [C] parameter's shape against the input: C at the channel axis, 1 elsewhere."""
+    return [-1 if i == c else 1 for i in range(rank)]
+
+
+def _bn_params(x: TensorType, params: list[TensorType], axis: int, names: str) -> int:
+    check_dtype(x, "float")
+    c, _ = bn_axes(x.rank, axis)
+    for name, t in zip(names.split(), params, strict=True):
+        if t.dtype != x.dtype or t.rank != 1 or (
+                isinstance(x.shape[c], int) and t.shape[0] != x.shape[c]):
+            raise ShapeError(f"{name} {t} must be {x.dtype.value}[{x.shape[c]}] (the input's "
+                             f"channel axis {c})")
+    return c
+
+
+def _bn_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    _bn_params(ins[0], ins[1:], attrs["axis"], "scale bias mean var")
+    return [ins[0]]
+
+
+def _per_channel(v: np.ndarray, rank: int, c: int) -> np.ndarray:
+    return v.reshape(bn_param_shape(rank, c))
+
+
+def _bn_ref(xs, a, ctx):
+    # PyTorch's CPU form: alpha = scale / sqrt(var + eps), beta = bias - mean alpha
+    x, scale, bias, mean, var = xs
+    c, _ = bn_axes(x.ndim, a["axis"])
+    alpha = scale / np.sqrt(var + a["epsilon"])
+    beta = bias - mean * alpha
+    return x * _per_channel(alpha, x.ndim, c) + _per_channel(beta, x.ndim, c)
+
+
+composite("BatchNorm", (5, 5), _bn_infer, _bn_ref, BatchNormAttrs, category=N,
+          kind=OpKind.BROADCAST)
+
+
+def _bn_train_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    x = ins[0]
+    names = "scale bias running_mean running_var"
+    c = _bn_params(x, ins[1:], attrs["axis"], " ".join(names.split()[:len(ins) - 1]))
+    stat = TensorType((x.shape[c],), x.dtype)
+    return [x, stat, stat] + ([stat, stat] if len(ins) == 5 else [])
+
+
+def _bn_train_ref(xs, a, ctx):
+    x, scale, bias = xs[:3]
+    c, axes = bn_axes(x.ndim, a["axis"])
+    ax = tuple(axes)
+    n = x.size // x.shape[c]
+    mean = x.mean(axis=ax)
+    var = ((x - _per_channel(mean, x.ndim, c)) ** 2).mean(axis=ax)
+    rstd = 1 / np.sqrt(var + a["epsilon"])
+    y = (x - _per_channel(mean, x.ndim, c)) * _per_channel(scale * rstd, x.ndim, c) \
+        + _per_channel(bias, x.ndim, c)
+    if len(xs) == 3:
+        return y, mean, rstd
+    m = a["momentum"]
+    rm, rv = xs[3:]
+    unbiased = var * (n / max(n - 1, 1))
+    return y, mean, rstd, (1 - m) * rm + m * mean, (1 - m) * rv + m * unbiased
+
+
+composite("BatchNormTraining", (3, 5), _bn_train_infer, _bn_train_ref, BatchNormTrainingAttrs,
+          category=N, kind=OpKind.REDUCE)
+
+
+def _bn_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dy, x = ins[:2]
+    if dy != x:
+        raise ShapeError(f"dy {dy} and x {x} must have the same type")
+    c = _bn_params(x, ins[2:], attrs["axis"], "scale mean rstd")
+    stat = TensorType((x.shape[c],), x.dtype)
+    return [x, stat, stat]
+
+
+def _bn_grad_ref(xs, a, ctx):
+    # xhat = (x - mean) rstd; dbias = sum(dy); dscale = sum(dy xhat);
+    # dx = scale rstd / N (N dy - dbias - xhat dscale)
+    dy, x, scale, mean, rstd = xs
+    c, axes = bn_axes(x.ndim, a["axis"])
+    ax = tuple(axes)
+    n = x.size // x.shape[c]
+    pc = lambda v: _per_channel(v, x.ndim, c)  # noqa: E731
+    xhat = (x - pc(mean)) * pc(rstd)
+    dbias = dy.sum(axis=ax)
+    dscale = (dy * xhat).sum(axis=ax)
+    dx = pc(scale * rstd / n) * (n * dy - pc(dbias) - xhat * pc(dscale))
+    return dx, dscale, dbias
+
+
+composite("BatchNormGrad", (5, 5), _bn_grad_infer, _bn_grad_ref, BatchNormAttrs, category=N,
+          kind=OpKind.REDUCE)

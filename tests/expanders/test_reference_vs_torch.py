@@ -133,3 +133,35 @@ def test_bias_add_and_grad():
     x, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal(3)
     close(run_op("BiasAdd", [x, b], {"data_format": "NCHW"}), t(x) + t(b).reshape(1, 3, 1, 1))
     close(run_op("BiasAddGrad", [x], {"data_format": "NCHW"}), t(x).sum((0, 2, 3)))
+
+
+def test_batch_norm_inference_and_training_match_torch():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 3, 5, 6)) * 3 + 7  # a large mean: the centred variance
+    w, b = rng.standard_normal(3), rng.standard_normal(3)
+    rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+    close(run_op("BatchNorm", [x, w, b, rm, rv], {"epsilon": 1e-3}),
+          F.batch_norm(t(x), t(rm), t(rv), t(w), t(b), False, 0.1, 1e-3))
+    trm, trv = t(rm).clone(), t(rv).clone()
+    want = F.batch_norm(t(x), trm, trv, t(w), t(b), True, 0.3, 1e-5)  # updates trm, trv
+    y, mean, rstd, new_m, new_v = run_op("BatchNormTraining", [x, w, b, rm, rv],
+                                         {"momentum": 0.3})
+    close(y, want)
+    close(mean, t(x).mean((0, 2, 3)))
+    close(rstd, 1 / torch.sqrt(t(x).var((0, 2, 3), unbiased=False) + 1e-5))
+    close(new_m, trm)
+    close(new_v, trv)
+
+
+def test_batch_norm_grad_matches_autograd():
+    rng = np.random.default_rng(9)
+    x, w, b = rng.standard_normal((3, 4, 5, 2)), rng.standard_normal(4), rng.standard_normal(4)
+    xt, wt, bt = t(x).requires_grad_(), t(w).requires_grad_(), t(b).requires_grad_()
+    y = F.batch_norm(xt, None, None, wt, bt, True, 0.1, 1e-5)
+    dy = torch.from_numpy(rng.standard_normal(y.shape))
+    want = torch.autograd.grad(y, (xt, wt, bt), dy)
+    mean = x.mean((0, 2, 3))
+    rstd = 1 / np.sqrt(x.var((0, 2, 3)) + 1e-5)
+    got = run_op("BatchNormGrad", [dy.numpy(), x, w, mean, rstd])
+    for a, e in zip(got, want, strict=True):
+        close(a, e, rtol=1e-6, atol=1e-9)

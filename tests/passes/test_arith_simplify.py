@@ -184,7 +184,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17}
+    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19}  # (17, 19: tests below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
@@ -227,3 +227,26 @@ def test_non_rewrites(expr):
     g = build(expr)
     h, res = apply_pass("arith_simplify", g)
     assert not res.modified and ops_of(h) == ops_of(g)
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("pads,folds", [
+    ([0, 0, 0, 1, 0, 0, 1, 2], True),    # TensorFlow "SAME": one before, one/two after
+    ([1, 0, 1, 0, 0, 0, 2, 0], False),   # a pad of the batch too
+    ([0, 0, -1, 0, 0, 0, 0, 0], False),  # a crop
+])
+def test_rule_19_pad_into_conv(fmt, pads, folds):
+    g = Graph("t")
+    x = g.add_input("x", TensorType((1, 4, 5, 6) if fmt == "NCHW" else (1, 5, 6, 4),
+                                    "float32"))
+    if fmt == "NHWC":  # the same pads on the spatial axes (1, 2)
+        pads = [pads[0], pads[2], pads[3], pads[1], pads[4], pads[6], pads[7], pads[5]]
+    p = op(g, "Pad", x, pads=pads)
+    w = g.const(np.random.default_rng(0).standard_normal((3, 4, 3, 3)).astype(np.float32))
+    g.set_outputs([op(g, "Conv2D", p, w, pads=[1, 0, 0, 1], strides=[2, 2], data_format=fmt)])
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert (ops_of(h) == ["Conv2D"]) == folds
+    if folds:
+        assert "rule 19 pad_into_conv: 1" in res.notes
+    assert_same_results(g, h)

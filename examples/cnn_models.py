@@ -1,0 +1,350 @@
+"""The CNN zoo: convolutional networks built as users build them (library defaults, random
+seeded weights, no downloads), for the benchmarks and the tests.
+
+Most come from Hugging Face ``transformers`` configs (their modules are plain ``nn.Conv2d``,
+``nn.BatchNorm2d``, pools and activations): ResNet (bottleneck residual blocks), RegNetY
+(grouped convolutions with squeeze-and-excitation), MobileNetV1 (depthwise-separable, ReLU6,
+TensorFlow "SAME" padding), MobileNetV2 (inverted bottlenecks), EfficientNet (compound
+scaled: SiLU, squeeze-and-excitation, a ceil-mode average pool as the pooler), BiT
+(weight-standardised convolutions, group norm, a padded max pool) and PoolFormer (average
+pooling as the token mixer). Three are written in plain ``torch.nn`` the way torchvision
+writes its models: a densely connected network (batch norm, ReLU, 1x1 and 3x3 convolutions,
+average-pool transitions, concatenation), a ResNet (max-pool stem, ``AdaptiveAvgPool2d``,
+``flatten``), a MobileNetV3 (Hardswish, Hardsigmoid squeeze-and-excitation) and an
+EfficientNet (SiLU, Sigmoid squeeze-and-excitation; ``init_like_torchvision`` gives it
+torchvision's initialisation for accuracy studies).
+
+    python examples/cnn_models.py        # builds each model and prints its output's shape
+
+Every model takes ``[2, 3, 64, 64]`` images and returns its logits (one tensor). Weights are
+seeded and given a trained network's statistics (``trained_like``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+SEED = 0
+SIZE = 64
+LABELS = 10
+
+
+def _images(torch):
+    g = torch.Generator().manual_seed(SEED)
+    return (torch.rand(2, 3, SIZE, SIZE, generator=g),)
+
+
+def _tv_models(torch):
+    """The plain torch.nn models (torchvision's style): name -> module class."""
+    nn = torch.nn
+
+    class DenseLayer(nn.Module):
+        def __init__(self, cin: int, growth: int, width: int = 4) -> None:
+            super().__init__()
+            self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+            self.conv1 = nn.Conv2d(cin, width * growth, 1, bias=False)
+            self.norm2, self.relu2 = nn.BatchNorm2d(width * growth), nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(width * growth, growth, 3, padding=1, bias=False)
+
+        def forward(self, feats):
+            x = torch.cat(feats, 1)
+            return self.conv2(self.relu2(self.norm2(self.conv1(self.relu1(self.norm1(x))))))
+
+    class DenseBlock(nn.Module):
+        def __init__(self, layers: int, cin: int, growth: int) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(DenseLayer(cin + i * growth, growth)
+                                        for i in range(layers))
+
+        def forward(self, x):
+            feats = [x]
+            for layer in self.layers:
+                feats.append(layer(feats))
+            return torch.cat(feats, 1)
+
+    class Transition(nn.Sequential):
+        def __init__(self, cin: int, cout: int) -> None:
+            super().__init__(nn.BatchNorm2d(cin), nn.ReLU(inplace=True),
+                             nn.Conv2d(cin, cout, 1, bias=False), nn.AvgPool2d(2, 2))
+
+    class DenseNet(nn.Module):
+        """DenseNet-BC: stem, two dense blocks of three layers (growth 8), a transition."""
+
+        def __init__(self, growth: int = 8, stem: int = 16, layers=(3, 3)) -> None:
+            super().__init__()
+            mods = [nn.Conv2d(3, stem, 7, 2, 3, bias=False), nn.BatchNorm2d(stem),
+                    nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+            c = stem
+            for i, n in enumerate(layers):
+                mods.append(DenseBlock(n, c, growth))
+                c += n * growth
+                if i + 1 < len(layers):
+                    mods.append(Transition(c, c // 2))
+                    c //= 2
+            mods.append(nn.BatchNorm2d(c))
+            self.features = nn.Sequential(*mods)
+            self.classifier = nn.Linear(c, LABELS)
+
+        def forward(self, x):
+            x = torch.relu(self.features(x))
+            x = torch.nn.functional.adaptive_avg_pool2d(x, (1, 1))
+            return self.classifier(torch.flatten(x, 1))
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1, self.relu = nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.downsample = None
+            if stride != 1 or cin != cout:
+                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            return self.relu(self.bn2(self.conv2(out)) + identity)
+
+    class ResNet(nn.Module):
+        """torchvision's ResNet-18 layout at a small width: two blocks per stage."""
+
+        def __init__(self, widths=(16, 32, 64)) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+            self.bn1, self.relu = nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+            blocks, c = [], widths[0]
+            for i, w in enumerate(widths):
+                blocks += [BasicBlock(c, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+                c = w
+            self.layers = nn.Sequential(*blocks)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(c, LABELS)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.avgpool(self.layers(x))
+            return self.fc(torch.flatten(x, 1))
+
+    class SqueezeExcitation(nn.Module):
+        def __init__(self, c: int, squeeze: int) -> None:
+            super().__init__()
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc1, self.fc2 = nn.Conv2d(c, squeeze, 1), nn.Conv2d(squeeze, c, 1)
+            self.activation, self.scale_activation = nn.ReLU(), nn.Hardsigmoid()
+
+        def forward(self, x):
+            s = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+            return s * x
+
+    def conv_bn_act(cin, cout, k, stride=1, groups=1, act=nn.Hardswish):
+        mods = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+                nn.BatchNorm2d(cout, eps=0.001, momentum=0.01)]
+        return nn.Sequential(*mods, act(inplace=True)) if act else nn.Sequential(*mods)
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, k, exp, cout, se, act, stride) -> None:
+            super().__init__()
+            self.use_res = stride == 1 and cin == cout
+            layers = [] if exp == cin else [conv_bn_act(cin, exp, 1, act=act)]
+            layers.append(conv_bn_act(exp, exp, k, stride, groups=exp, act=act))
+            if se:
+                layers.append(SqueezeExcitation(exp, max(8, exp // 4)))
+            layers.append(conv_bn_act(exp, cout, 1, act=None))
+            self.block = nn.Sequential(*layers)
+
+        def forward(self, x):
+            y = self.block(x)
+            return y + x if self.use_res else y
+
+    class MobileNetV3(nn.Module):
+        """torchvision's MobileNetV3-Small layout, first blocks only."""
+
+        SETTING = ((16, 3, 16, 16, True, nn.ReLU, 2), (16, 3, 72, 24, False, nn.ReLU, 2),
+                   (24, 3, 88, 24, False, nn.ReLU, 1), (24, 5, 96, 40, True, nn.Hardswish, 2),
+                   (40, 5, 240, 40, True, nn.Hardswish, 1))
+
+        def __init__(self) -> None:
+            super().__init__()
+            layers = [conv_bn_act(3, 16, 3, 2)]
+            layers += [InvertedResidual(*s) for s in self.SETTING]
+            layers.append(conv_bn_act(40, 240, 1))
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(nn.Linear(240, 128), nn.Hardswish(inplace=True),
+                                            nn.Dropout(0.2, inplace=True),
+                                            nn.Linear(128, LABELS))
+
+        def forward(self, x):
+            x = self.avgpool(self.features(x))
+            return self.classifier(torch.flatten(x, 1))
+
+    class MBConv(nn.Module):
+        """torchvision's EfficientNet block: expand, depthwise, SiLU squeeze-and-excitation
+        with a Sigmoid scale, project; the residual (stochastic depth: the identity in
+        inference)."""
+
+        def __init__(self, cin, k, stride, ratio, cout) -> None:
+            super().__init__()
+            self.use_res = stride == 1 and cin == cout
+            exp = cin * ratio
+            layers = [] if ratio == 1 else [conv_bn_act(cin, exp, 1, act=nn.SiLU)]
+            layers.append(conv_bn_act(exp, exp, k, stride, groups=exp, act=nn.SiLU))
+            se = SqueezeExcitation(exp, max(1, cin // 4))
+            se.activation, se.scale_activation = nn.SiLU(), nn.Sigmoid()
+            layers += [se, conv_bn_act(exp, cout, 1, act=None)]
+            self.block = nn.Sequential(*layers)
+
+        def forward(self, x):
+            y = self.block(x)
+            return y + x if self.use_res else y
+
+    class EfficientNet(nn.Module):
+        """torchvision's EfficientNet-B0 layout at half width, its first four stages, with
+        torchvision's initialisation (``init_like_torchvision``)."""
+
+        SETTING = ((1, 3, 1, 16, 8, 1), (6, 3, 2, 8, 12, 2), (6, 5, 2, 12, 20, 2),
+                   (6, 3, 2, 20, 40, 2))  # (ratio, kernel, stride, in, out, layers)
+
+        def __init__(self) -> None:
+            super().__init__()
+            layers = [conv_bn_act(3, 16, 3, 2, act=nn.SiLU)]
+            for ratio, k, stride, cin, cout, n in self.SETTING:
+                for i in range(n):
+                    layers.append(MBConv(cin if i == 0 else cout, k, stride if i == 0 else 1,
+                                         ratio, cout))
+            layers.append(conv_bn_act(40, 160, 1, act=nn.SiLU))
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(160, LABELS))
+
+        def forward(self, x):
+            x = self.avgpool(self.features(x))
+            return self.classifier(torch.flatten(x, 1))
+
+    return {"densenet": DenseNet, "tv_resnet": ResNet, "tv_mobilenet_v3": MobileNetV3,
+            "tv_efficientnet": EfficientNet}
+
+
+def init_like_torchvision(model):
+    """torchvision's initialisation of its CNNs: convolutions Kaiming-normal (fan out),
+    batch norms the identity, linear layers uniform(±1/sqrt(out features)); the signal grows
+    with depth (outputs of hundreds on a random image)."""
+    import torch
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, mode="fan_out")
+                if m.bias is not None:
+                    torch.nn.init.zeros_(m.bias)
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                torch.nn.init.ones_(m.weight)
+                torch.nn.init.zeros_(m.bias)
+            elif isinstance(m, torch.nn.Linear):
+                r = 1.0 / m.out_features ** 0.5
+                torch.nn.init.uniform_(m.weight, -r, r)
+                torch.nn.init.zeros_(m.bias)
+    return model
+
+
+def trained_like(model, seed: int = SEED):
+    """Weights with the statistics of a trained network, seeded: convolutions scaled to keep
+    the signal's variance (Kaiming, fan in), every batch norm with its own scale, shift and
+    running statistics. A library's initialisation (the normal(0, 0.02) of the Hugging Face
+    vision models, a batch norm that is the identity in inference) lets the signal of a
+    deep network vanish and makes every batch norm the same affine: outputs of ~1e-30 that
+    any compiler "matches", and a folded batch norm that nothing checks."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d | torch.nn.Conv1d):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2 / fan_in) ** 0.5)
+                if m.bias is not None:
+                    m.bias.copy_(torch.rand(m.bias.shape, generator=g) * 0.2 - 0.1)
+            elif isinstance(m, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
+                c = m.num_features
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(c, generator=g) * 0.4 - 0.2)
+                m.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+    return model
+
+
+def builders() -> dict:
+    """name -> (build model, example inputs); each model returns its logits."""
+    import torch
+    import transformers as T
+    from transformers.models.efficientnet.modeling_efficientnet import round_filters
+
+    class Logits(torch.nn.Module):
+        """A transformers image classifier returning its logits only."""
+
+        def __init__(self, model) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(pixel_values=x).logits
+
+    def hf(cfg_cls, model_cls, **kw):
+        def build():
+            torch.manual_seed(SEED)
+            cfg = cfg_cls(num_labels=LABELS, **kw)
+            if cfg_cls is T.EfficientNetConfig:  # the top convolution's width, scaled
+                cfg.hidden_dim = round_filters(cfg, 1280)
+            return trained_like(Logits(model_cls(cfg).eval()))
+        return build, lambda: _images(torch)
+
+    def tv(cls):
+        def build():
+            torch.manual_seed(SEED)
+            return trained_like(cls().eval())
+        return build, lambda: _images(torch)
+
+    zoo = {
+        "resnet": hf(T.ResNetConfig, T.ResNetForImageClassification, embedding_size=16,
+                     hidden_sizes=[32, 64], depths=[1, 1]),
+        "regnet": hf(T.RegNetConfig, T.RegNetForImageClassification, embedding_size=16,
+                     hidden_sizes=[16, 32], depths=[1, 1], groups_width=8),
+        "mobilenet_v1": hf(T.MobileNetV1Config, T.MobileNetV1ForImageClassification,
+                           image_size=SIZE, depth_multiplier=0.25),
+        "mobilenet_v2": hf(T.MobileNetV2Config, T.MobileNetV2ForImageClassification,
+                           image_size=SIZE, depth_multiplier=0.35),
+        "efficientnet": hf(T.EfficientNetConfig, T.EfficientNetForImageClassification,
+                           image_size=SIZE, width_coefficient=0.25, depth_coefficient=0.3),
+        "bit": hf(T.BitConfig, T.BitForImageClassification, embedding_size=16,
+                  hidden_sizes=[16, 32], depths=[1, 1], num_groups=4),
+        "poolformer": hf(T.PoolFormerConfig, T.PoolFormerForImageClassification,
+                         hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1]),
+    }
+    zoo.update({name: tv(cls) for name, cls in _tv_models(torch).items()})
+    return zoo
+
+
+def select(names) -> dict | None:
+    """The CNN zoo's builders named in ``names`` (every one when empty); None, after printing
+    what is accepted, when a name is not in it."""
+    zoo = builders()
+    unknown = sorted(set(names) - set(zoo))
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
+              file=sys.stderr)
+        return None
+    return {k: v for k, v in zoo.items() if not names or k in names}
+
+
+if __name__ == "__main__":
+    import torch
+
+    chosen = select(sys.argv[1:])
+    if chosen is None:
+        sys.exit(2)
+    for name, (build, inputs) in chosen.items():
+        with torch.no_grad():
+            print(name, tuple(build()(*inputs()).shape))

@@ -1,0 +1,204 @@
+"""Convolutional networks through torch.compile: batch norm (inference and training, its
+running statistics updated as eager updates them), every pool variant and its gradient,
+padding modes; each ATen op mapped (no op runs through torch) and the results eager's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import graphkernel.torch as gt  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # torch.compile of modules
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    gt.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def _weights(y):
+    return torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+
+
+def run(m: nn.Module, x, train: bool) -> None:
+    """Compile ``m`` and check it against eager: the output, and in training the gradients
+    of the input and of every parameter and the updated buffers."""
+    torch.manual_seed(0)
+    m.train(train)
+    ours = copy.deepcopy(m)
+    if not train:
+        with torch.no_grad():
+            want, got = m(x), torch.compile(ours, backend="graphkernel")(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    else:
+        xe, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want = m(xe)
+        (want * _weights(want)).sum().backward()
+        got = torch.compile(ours, backend="graphkernel")(xg)
+        (got * _weights(got)).sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(xg.grad, xe.grad, rtol=1e-4, atol=1e-5)
+        # (a convolution's bias before a training batch norm has a gradient of exactly 0:
+        # both sides' rounding noise, sums over every element of a channel)
+        for (name, p), q in zip(m.named_parameters(), ours.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=5e-5,
+                                       msg=lambda s, n=name: f"{n}: {s}")
+        for (name, b), c in zip(m.named_buffers(), ours.buffers(), strict=True):
+            torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6,
+                                       msg=lambda s, n=name: f"{n}: {s}")
+    s = gt.stats()
+    assert s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+
+
+def conv(c=4, d=2):
+    return (nn.Conv1d, nn.Conv2d)[d - 1](c, c, 1)
+
+
+MODELS = {
+    "conv_bn_relu": (lambda: nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6),
+                                           nn.ReLU()), (2, 4, 9, 10)),
+    "bn_no_affine": (lambda: nn.Sequential(conv(), nn.BatchNorm2d(4, affine=False)),
+                     (3, 4, 5, 6)),
+    "max_ceil": (lambda: nn.Sequential(conv(), nn.MaxPool2d(3, 2, 1, ceil_mode=True)),
+                 (2, 4, 9, 10)),
+    "max_dilated": (lambda: nn.Sequential(conv(), nn.MaxPool2d(2, 1, 0, dilation=2)),
+                    (2, 4, 9, 10)),
+    "avg_ceil_excl": (lambda: nn.Sequential(conv(), nn.AvgPool2d(3, 2, 1, ceil_mode=True,
+                                                                 count_include_pad=False)),
+                      (2, 4, 9, 10)),
+    "avg_divisor": (lambda: nn.Sequential(conv(), nn.AvgPool2d(2, divisor_override=3)),
+                    (2, 4, 9, 10)),
+    "adaptive": (lambda: nn.Sequential(conv(), nn.AdaptiveAvgPool2d((3, 4)),
+                                       nn.AdaptiveMaxPool2d((2, 3))), (2, 4, 9, 10)),
+    "global_avg": (lambda: nn.Sequential(conv(), nn.AdaptiveAvgPool2d(1), nn.Flatten()),
+                   (2, 4, 9, 10)),
+    "avg_whole_plane": (lambda: nn.Sequential(conv(), nn.AvgPool2d(16, ceil_mode=True)),
+                        (2, 4, 9, 10)),
+    "pads": (lambda: nn.Sequential(conv(), nn.ReflectionPad2d((1, 2, 0, 1)),
+                                   nn.ReplicationPad2d(1), nn.ZeroPad2d((1, 0, 2, 1))),
+             (2, 4, 6, 7)),
+    "pools_1d": (lambda: nn.Sequential(conv(d=1), nn.BatchNorm1d(4), nn.MaxPool1d(3, 2),
+                                       nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(2)), (2, 4, 17)),
+    "pools_3d": (lambda: nn.Sequential(nn.BatchNorm3d(4), nn.MaxPool3d(2),
+                                       nn.AvgPool3d(2, ceil_mode=True)), (2, 4, 5, 6, 7)),
+}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cnn_layers_match_eager(name, train):
+    make, shape = MODELS[name]
+    torch.manual_seed(1)
+    m = make()
+    if not train:  # running statistics of their own, not the initial zeros and ones
+        for b in m.modules():
+            if isinstance(b, nn.modules.batchnorm._BatchNorm) and b.running_mean is not None:
+                b.running_mean.uniform_(-1, 1)
+                b.running_var.uniform_(0.5, 2)
+    run(m, torch.randn(*shape), train)
+
+
+def test_frozen_batch_norm_folds_into_the_convolution():
+    """Under no_grad the parameters are constants: conv + BN + ReLU is one convolution and
+    the ReLU; with trainable parameters (requires grad) the BN stays an affine vector op."""
+    import graphkernel
+
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6),
+                      nn.ReLU()).eval()
+    m[1].running_mean.uniform_(-1, 1)
+    m[1].running_var.uniform_(0.5, 2)
+    g = gt.export_graph(m, (torch.randn(2, 4, 9, 10),), name="t")
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    ops = [n.op for n in res.graph.nodes if n.op != "Constant"]
+    assert ops == ["Conv2D", "Maximum"]
+    assert sum(p.rewrites for p in res.report.passes if p.name == "conv_bn_fold") == 2
+    run(m, torch.randn(2, 4, 9, 10), train=False)
+
+
+def test_training_batch_norm_of_a_nearly_constant_channel_is_accurate():
+    """A channel of large mean and tiny spread (a nearly saturated activation): the mean's
+    rounding, times an rstd near 1/sqrt(eps), is noise of ~1e-5 in y (eager fp32 has it: it
+    accumulates in fp32) unless the statistics are taken on shifted data. Judged against
+    float64: y to 1e-6, the input's gradient no worse than eager's."""
+    torch.manual_seed(3)
+    x = 13.6 + 0.003 * torch.randn(2, 8, 4, 4)
+    m = nn.Sequential(nn.BatchNorm2d(8, eps=1e-3), nn.ReLU6()).train()
+    w = _weights(x)
+    res = {}
+    for side in ("eager", "ours", "float64"):
+        mm, xx = copy.deepcopy(m), x.clone()
+        if side == "float64":
+            mm, xx = mm.double(), xx.double()
+        xx.requires_grad_()
+        torch._dynamo.reset()
+        y = (torch.compile(mm, backend="graphkernel") if side == "ours" else mm)(xx)
+        (y * w.to(y.dtype)).sum().backward()
+        res[side] = (y.detach().double(), xx.grad.double())
+    err = {k: [float((a - b).abs().max()) for a, b in zip(v, res["float64"], strict=True)]
+           for k, v in res.items() if k != "float64"}
+    assert err["ours"][0] < 1e-6 < err["eager"][0]
+    assert err["ours"][1] <= 2 * err["eager"][1]
+
+
+def _zoo(name):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import cnn_models
+
+    build, inputs = cnn_models.builders()[name]
+    return build(), inputs()[0]
+
+
+@pytest.mark.parametrize("name", ["tv_resnet", "mobilenet_v1", "poolformer"])
+def test_cnn_zoo_inference_maps_every_op(name):
+    """Max-pool stem and adaptive pool; TensorFlow SAME pads, ReLU6 and depthwise
+    convolutions; average pooling as a token mixer: no op runs through torch, eager's
+    output, and at most one vector launch per convolution beside the pools (batch norms
+    folded or fused, pads in the convolutions)."""
+    pytest.importorskip("transformers")
+    m, x = _zoo(name)
+    with torch.no_grad():
+        want = m(x)
+        got = torch.compile(m, backend="graphkernel")(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0
+    convs = sum(isinstance(c, nn.Conv2d) for c in m.modules())
+    bns = sum(isinstance(c, nn.BatchNorm2d) for c in m.modules())
+    assert s["launches"]["cube"] + s["launches"]["mix"] >= convs
+    if bns:
+        assert s["launches"]["vector"] <= convs + 2
+
+
+def test_cnn_zoo_training_step_matches_eager():
+    """A residual network in train mode: gradients of every parameter, the running
+    statistics after the step."""
+    m, x = _zoo("tv_resnet")
+    run(m, x[:, :, :32, :32], train=True)
+
+
+@pytest.mark.parametrize("pool", [nn.AdaptiveAvgPool2d((1, 1)), nn.AvgPool2d(12, ceil_mode=True)])
+def test_global_average_pool_is_a_reduction(pool):
+    """A global average pool (adaptive to 1x1, or one window over the plane, as
+    EfficientNet's pooler) is a mean over H and W, in inference and in its gradient."""
+    import graphkernel
+
+    m = nn.Sequential(nn.Conv2d(4, 6, 3), nn.ReLU(), pool, nn.Flatten())
+    x = torch.randn(2, 4, 10, 9)
+    g = gt.export_graph(m.eval(), (x,), name="t")
+    ops = {n.op for n in graphkernel.compile(g, "--opt_level=1", env={}).graph.nodes}
+    assert not ops & {"AvgPool", "AdaptiveAvgPool"}
+    run(m, x, train=False)
+    run(m, x, train=True)
