@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import json_text, progress
+from graphkernel import progress
 from graphkernel.codegen import cost, extern, targets
 from graphkernel.codegen.ascendc import Rendered, io_entry, render
 from graphkernel.codegen.matmul_render import render_matmul
@@ -279,6 +279,5 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
         "fallbacks": result.report.extra.get("fallbacks", []),
         **file_entries(out.root, [*also, *written, out.path(MANIFEST)]),
     }
-    written.append(out.write_text(MANIFEST, json_text.dumps(manifest, indent=2,
-                                                            default=str) + "\n"))
+    written.append(out.write_json(MANIFEST, manifest))
     return written

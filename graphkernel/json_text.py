@@ -49,12 +49,20 @@ def _key(k: Any) -> str:
 def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None) -> str:
     """``json.dumps(obj, indent=indent, default=default)`` (ASCII, NaN allowed, keys in
     their order); containers nested in themselves are not detected."""
-    out: list[str] = []  # pieces not yet joined
     done: list[str] = []  # pieces joined in batches: a few strings, not millions of small ones
+    dump(obj, done.append, indent, default)
+    return "".join(done)
+
+
+def dump(obj: Any, write: Callable[[str], Any], indent: int = 2,
+         default: Callable[[Any], Any] | None = None) -> None:
+    """The text of ``dumps``, handed to ``write`` in batches as it is made (a large document
+    is written out without its whole text ever held)."""
+    out: list[str] = []  # pieces not yet joined
     step = " " * indent
 
     def flush() -> None:
-        done.append("".join(out))
+        write("".join(out))
         out.clear()
 
     def container(open_: str, close: str, items, nl: str, keyed: bool) -> None:
@@ -97,4 +105,3 @@ def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None
 
     value(obj, "\n")
     flush()
-    return "".join(done)
