@@ -131,22 +131,35 @@ def build_onnx(folder: Path, nodes: int) -> Path:
 
 
 # ------------------------------------------------------------ one command, timed
+# Runs a command as /usr/bin/time does and prints its wall and CPU seconds and peak RSS. A
+# process started by this (large) one would report this one's peak as its own: Linux carries
+# the peak RSS of the process image an exec replaces into the new program's.
+LAUNCHER = """
+import json, os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, u = os.wait4(pid, 0)
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": u.ru_utime + u.ru_stime,
+                  "peak_mb": u.ru_maxrss / 1024, "code": os.waitstatus_to_exitcode(status)}))
+"""
+
+
 def run_command(argv: list[str]) -> dict:
     """Run ``graphkernel ARGV`` in a fresh process: wall and CPU seconds, peak RSS (MB)."""
     load = os.getloadavg()[0]
     with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "graphkernel", *argv],
-                                stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
+        done = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, sys.executable, "-m",
+                               "graphkernel", *argv], stdout=subprocess.PIPE, stderr=err,
+                              check=True)
+        # (the command's own output goes to the launcher's: its last line is the figures)
+        r = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        if r["code"] != 0:
             err.seek(0)
-            raise SystemExit(f"graphkernel {' '.join(argv)} failed ({proc.returncode}):\n"
+            raise SystemExit(f"graphkernel {' '.join(argv)} failed ({r['code']}):\n"
                              + err.read().decode())
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
-            "peak_mb": usage.ru_maxrss / 1024, "load": load}
+    return r | {"load": load}
 
 
 def written(out: Path, inputs: list[Path]) -> tuple[int, int]:

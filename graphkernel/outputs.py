@@ -139,12 +139,12 @@ class Folder:
         return self.write_bytes(rel, text.encode())
 
     def write_json(self, rel: str, doc: Any, default: Callable[[Any], Any] = str) -> Path:
-        """``doc`` as ``json.dumps(doc, indent=2, default=default)`` writes it, and a line
-        break: encoded and written a batch at a time (the text is never held whole)."""
+        """``doc`` as JSON, a line per entry (``json_text.dump_lines``), and a line break:
+        encoded and written a batch at a time (the text is never held whole)."""
         from graphkernel import json_text
 
         def put(f: BinaryIO) -> None:
-            json_text.dump(doc, lambda text: f.write(text.encode()), 2, default)
+            json_text.dump_lines(doc, lambda text: f.write(text.encode()), default)
             f.write(b"\n")
 
         return write_stream(self.path(rel), put, immediate=self.immediate)

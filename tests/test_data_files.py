@@ -253,3 +253,65 @@ def test_a_zip_member_name_that_differs_from_its_local_header_is_not_mapped(tmp_
             pytest.raises(ValueError, match="cannot be read"):
         z.read("c", 512)
     assert zipfile.is_zipfile(tmp_path / "d.npz")
+
+
+def test_the_report_written_is_the_report(tmp_path):
+    """report.json (a line per entry, encoded from the report's records as they are) holds
+    what ``report.to_dict()`` holds."""
+    from graphkernel.dump import to_json
+
+    model = saved(tmp_path)
+    _compile(tmp_path, model, tmp_path / "out")
+    res = graphkernel.compile(load_graph(model), "", env={})
+    got = json.loads((tmp_path / "out" / "report.json").read_text())
+    want = json.loads(to_json(res.report.to_dict()))
+    for doc in (got, want):
+        doc.pop("seconds")
+        for p in doc["passes"]:
+            p.pop("seconds")
+    assert got == want
+
+
+# ------------------------------------------------------------------------------ onnx
+def _onnx_mlp(tmp_path: Path) -> tuple[Path, Graph]:
+    """``mlp()`` as an ONNX model whose weights are external data in one file."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = mlp()
+    inits, nodes, x = [], [], "x"
+    for i in range(3):
+        for name in (f"w{i}", f"b{i}"):
+            inits.append(numpy_helper.from_array(g.node(name).attrs["value"], name))
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Gelu", [f"a{i}"], [f"y{i}"], approximate="tanh")]
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["b", 96])], [helper.make_tensor_value_info(
+            x, TensorProto.FLOAT, ["b", 96])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
+    return path, g
+
+
+def test_onnx_external_data_is_mapped_and_shared(tmp_path):
+    from graphkernel.frontends import load_model
+
+    path, g = _onnx_mlp(tmp_path)
+    loaded = load_model(path)
+    ws = weights(loaded)
+    assert len(ws) == 6 and all(source_of(w) is not None for w in ws)
+    _compile(tmp_path, path, tmp_path / "out")
+    shared = _shared_file(tmp_path / "out")
+    assert shared.suffix == ".bin"
+    assert shared.stat().st_ino == (tmp_path / "m.onnx.data").stat().st_ino
+    compiled = load_graph(next((tmp_path / "out").glob("*.compiled.json")))
+    feeds = random_inputs(g, 2)
+    want = run_graph(graphkernel.compile(load_model(path), "", env={}).graph, feeds)
+    for a, b in zip(run_graph(compiled, feeds), want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(run_graph(compiled, feeds)[0], run_graph(g, feeds)[0],
+                               rtol=1e-4, atol=1e-5)

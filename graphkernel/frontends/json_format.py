@@ -164,6 +164,11 @@ class _Sharing:
 
 def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None,
                  shared: _Sharing | None = None) -> Any:
+    cls = type(value)
+    if cls is int or cls is str or cls is bool or value is None:  # (most attributes)
+        return value
+    if cls is list and all(type(v) is int for v in value):
+        return value
     if isinstance(value, Graph):
         return {"graph": graph_to_dict(value, nested=True, side=side, shared=shared)}
     if isinstance(value, np.ndarray):
@@ -205,6 +210,9 @@ def _stored(side: dict[str, np.ndarray], shared: _Sharing | None, arr: np.ndarra
 
 def _const_data(arr: np.ndarray) -> list[Any]:
     dt = DType.parse(arr.dtype)
+    if dt.is_int or dt is DType.bool or dt.is_float and dt is not DType.bfloat16 \
+            and np.isfinite(arr).all():
+        return arr.reshape(-1).tolist()
     flat = arr.astype(np.float64) if dt is DType.bfloat16 else arr
     return [_encode_scalar(x) for x in flat.reshape(-1).tolist()]
 
@@ -228,15 +236,21 @@ def _constant_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing 
 
 def _node_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | None
                ) -> dict[str, Any]:
-    where = f"node '{n.name}' ({n.op})"
-    if n.op == "Opaque" and n.attrs.get("fn") is not None and not n.attrs.get("spec"):
-        raise FormatError(f"{where}: holds an in-memory Python callable and no saveable spec")
-    attrs = {k: _encode_attr(v, where, side, shared) for k, v in n.attrs.items()
-             if not (k == "fn" and n.op == "Opaque")}
+    opaque = n.op == "Opaque"
+    if opaque and n.attrs.get("fn") is not None and not n.attrs.get("spec"):
+        raise FormatError(f"node '{n.name}' ({n.op}): holds an in-memory Python callable and "
+                          "no saveable spec")
+    attrs = {}
+    for k, v in n.attrs.items():
+        cls = type(v)
+        if cls is int or cls is str or cls is bool or v is None:  # (most: as they are)
+            attrs[k] = v
+        elif not (opaque and k == "fn"):
+            attrs[k] = _encode_attr(v, f"node '{n.name}' ({n.op})", side, shared)
     node: dict[str, Any] = {"name": n.name, "op": n.op,
                             "inputs": [v.name for v in n.inputs],
                             "outputs": [{"name": v.name, "shape": list(v.type.shape),
-                                         "dtype": v.type.dtype.value} for v in n.outputs]}
+                                         "dtype": v.type.dtype._value_} for v in n.outputs]}
     if attrs:
         node["attrs"] = attrs
     if n.origin != (n.name,):
@@ -245,7 +259,7 @@ def _node_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | No
 
 
 def _inputs_spec(graph: Graph) -> list[dict[str, Any]]:
-    return [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.value}
+    return [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype._value_}
             | ({"mutable": True} if v.mutable else {}) for v in graph.inputs]
 
 
@@ -259,19 +273,29 @@ def graph_to_dict(graph: Graph, nested: bool = False,
     out: dict[str, Any] = {} if nested else {"format": FORMAT}
     out["name"] = graph.name
     out["inputs"] = _inputs_spec(graph)
-    nodes = graph.nodes
-    out["constants"] = [_constant_spec(n, side, shared) for n in nodes if _is_constant(n)]
-    out["nodes"] = [_node_spec(n, side, shared) for n in nodes if not _is_constant(n)]
+    consts, nodes = _split_constants(graph)
+    out["constants"] = [_constant_spec(n, side, shared) for n in consts]
+    out["nodes"] = [_node_spec(n, side, shared) for n in nodes]
     out["outputs"] = [v.name for v in graph.outputs]
     return out
+
+
+def _split_constants(graph: Graph) -> tuple[list[Any], list[Any]]:
+    """The graph's nodes in order: those written as ``constants``, and the others."""
+    consts, nodes = [], []
+    for n in graph.nodes:
+        (consts if _is_constant(n) else nodes).append(n)
+    return consts, nodes
 
 
 def _large_arrays(graph: Graph) -> Iterator[np.ndarray]:
     """The arrays of ``graph`` (subgraphs included) that go to a data file."""
     for n in graph.nodes:
         for k, v in n.attrs.items():
-            if not (k == "fn" and n.op == "Opaque"):
-                yield from _arrays_in(v)
+            cls = type(v)
+            if cls is int or cls is str or cls is bool or v is None or k == "fn":
+                continue
+            yield from _arrays_in(v)
 
 
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:
@@ -343,13 +367,11 @@ def _json_pieces(graph: Graph, head: dict[str, Any], side: dict[str, np.ndarray]
             first = False
         yield f"{_compact(key)}: []" if first else "\n ]"
 
-    nodes = graph.nodes
+    consts, nodes = _split_constants(graph)
     parts = [iter([f"{_compact(k)}: {_compact(v)}"]) for k, v in head.items()]
     parts += [items("inputs", iter(_inputs_spec(graph))),
-              items("constants", (_constant_spec(n, side, shared) for n in nodes
-                                  if _is_constant(n))),
-              items("nodes", (_node_spec(n, side, shared) for n in nodes
-                              if not _is_constant(n))),
+              items("constants", (_constant_spec(n, side, shared) for n in consts)),
+              items("nodes", (_node_spec(n, side, shared) for n in nodes)),
               items("outputs", (v.name for v in graph.outputs))]
     yield "{\n "
     for i, part in enumerate(parts):
