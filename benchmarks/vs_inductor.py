@@ -1,15 +1,21 @@
 """graphkernel vs TorchInductor (CPU) on the model zoo.
 
-    python benchmarks/vs_inductor.py [--export] [model ...]
+    python benchmarks/vs_inductor.py [--attn sdpa|eager] [--export] [model ...]
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
 Inductor's launches are read from its generated code: fused kernels (``cpp_fused_*``) and
-extern calls (``extern_kernels.*``, its matmuls and convolutions). graphkernel's are its
+extern calls (``extern_kernels.*``, its matmuls and convolutions, and the ATen ops it calls
+as they are, ``torch.ops.aten.*``: its attention with sdpa models). graphkernel's are its
 launches by kind (``graphkernel.torch.stats()``): vector kernels, cube (a matrix product
 alone), mix (a product with fused vector work), extern and Opaque (ops run through torch).
 Compile time is the first call on both sides (Dynamo + AOT + the backend); graphkernel's
-outputs are checked against eager. Parameters are frozen on graphkernel's side (its default
+outputs are checked against eager. The models are built with the library's default attention
+(``--attn sdpa``: ``F.scaled_dot_product_attention``) or with eager attention (``--attn
+eager``: explicit matmuls and softmax, as in the earlier tables); ``FA/layer`` is
+graphkernel's fused-attention launches per attention layer (the layers counted in an eager
+forward: calls of scaled_dot_product_attention or softmax), the target being 1.
+Parameters are frozen on graphkernel's side (its default
 under no_grad); Inductor reads them as inputs through strided views, which costs it nothing.
 
 Table 2 (``--export``) is the export path: ``graphkernel.torch.export_graph`` + the pipeline
@@ -65,6 +71,8 @@ def inductor(model, args):
         body = src[src.find("def call("):] if "def call(" in src else src
         kernels += len(set(re.findall(r"cpp_fused_\w+", src)))
         externs += len(re.findall(r"extern_kernels\.\w+\(", body))
+        # ATen ops it calls as they are (its fallback kernels: scaled_dot_product_attention)
+        externs += len(re.findall(r"= torch\.ops\.\w+\.\w+\.\w+\(", body))
     return kernels, externs, spent["s"], total
 
 
@@ -120,11 +128,13 @@ def warm_up() -> None:
 
 
 def compiled_table(zoo) -> None:
+    from export_models import attention_layers
+
     print("torch.compile, inference (launches: Inductor fused + extern; graphkernel by kind)")
     print(f"{'model':<16} {'ind fused':>9} {'extern':>6} {'total':>5} | {'vector':>6} "
-          f"{'cube':>4} {'mix':>3} {'extern':>6} {'opaque':>6} {'total':>5} | "
+          f"{'cube':>4} {'mix':>3} {'extern':>6} {'opaque':>6} {'total':>5} {'FA/layer':>8} | "
           f"{'compile s (ind/ours)':>20}  eager")
-    misses, fallbacks, wrong = [], {}, []
+    misses, fallbacks, wrong, unfused = [], {}, [], []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             shown.describe(f"{name}: Inductor")
@@ -132,19 +142,25 @@ def compiled_table(zoo) -> None:
             k, e, _, t_ind = inductor(model, args)
             shown.describe(f"{name}: graphkernel")
             launches, _, fb, t_ours, ok = ours_compiled(model, args)
+            layers = attention_layers(model, args)
             total = sum(launches.values())
             if total > k + e:
                 misses.append(f"{name} {total}/{k + e}")
             if not ok:
                 wrong.append(name)
+            if layers and launches["extern"] != layers:
+                unfused.append(f"{name} {launches['extern']}/{layers}")
             fallbacks.update(fb)
+            per = f"{launches['extern'] / layers:g}" if layers else "-"
             progress.write(f"{name:<16} {k:>9} {e:>6} {k + e:>5} | "
                            + " ".join(f"{launches[x]:>{max(len(x), 3)}}" for x in KINDS)
-                           + f" {total:>5} | {t_ind:>9.2f} / {t_ours:<8.2f}  "
+                           + f" {total:>5} {per:>8} | {t_ind:>9.2f} / {t_ours:<8.2f}  "
                            + ("match" if ok else "DIFF"), sys.stdout)
             shown.advance()
     print("launches <= Inductor's (fused + extern): "
           + ("met on every model" if not misses else "missed on " + ", ".join(misses)))
+    print("one fused attention per attention layer: " + (
+        "every model" if not unfused else "not on " + ", ".join(unfused)))
     print("outputs match eager: " + ("every model" if not wrong else "not on " + ", ".join(wrong)))
     print("Opaque fallbacks: " + ("none" if not fallbacks else
                                   "; ".join(f"{k}: {v}" for k, v in sorted(fallbacks.items()))))
@@ -174,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
     ap.add_argument("--export", action="store_true", help="also print the export-path table")
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
+                    help="the models' attention: the library default (sdpa) or eager")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging
@@ -181,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
     from export_models import select
 
-    zoo = select(a.models)
+    zoo = select(a.models, a.attn)
     if zoo is None:
         return 2
     progress.auto()  # on a terminal: which model

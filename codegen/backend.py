@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from graphkernel import progress
-from graphkernel.codegen import cost, extern, targets
-from graphkernel.codegen.ascendc import Rendered, io_entry, render
-from graphkernel.codegen.matmul_render import render_matmul
-from graphkernel.codegen.matmul_schedule import MatmulSchedule
-from graphkernel.codegen.schedule import Schedule
+from graphkernel.codegen import cost, extern, harness, targets
+from graphkernel.codegen.cube.render import render_matmul
+from graphkernel.codegen.cube.schedule import MatmulSchedule
+from graphkernel.codegen.vector.render import Rendered, io_entry, render
+from graphkernel.codegen.vector.schedule import Schedule
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
 from graphkernel.pipeline import collector_paused
@@ -176,24 +176,18 @@ def run_sim(result: Any, feeds: Any, interpret: Sequence[str] = (), library: Any
         return Interpreter(result.graph, kernel_runner=run_kernel).run(feeds), backend
 
 
-CMAKE = """\
-# Builds the generated kernels with the CANN toolchain (ascendc.cmake from the CANN package).
-cmake_minimum_required(VERSION 3.16)
-project(graphkernel_kernels LANGUAGES CXX)
-set(SOC_VERSION "{soc}" CACHE STRING "Ascend SoC")
-set(ASCEND_CANN_PACKAGE_PATH "$ENV{{ASCEND_HOME_PATH}}" CACHE PATH "CANN install path")
-if(NOT EXISTS ${{ASCEND_CANN_PACKAGE_PATH}}/tools/tikcpp/ascendc_kernel_cmake)
-  message(FATAL_ERROR "the CANN toolchain is not installed (set ASCEND_HOME_PATH)")
-endif()
-set(ASCENDC_CMAKE_DIR ${{ASCEND_CANN_PACKAGE_PATH}}/tools/tikcpp/ascendc_kernel_cmake)
-include(${{ASCENDC_CMAKE_DIR}}/ascendc.cmake)
-ascendc_library(graphkernel_kernels SHARED
-{kernels}
-)
-add_library(graphkernel_tiling SHARED
-{tilings}
-)
-"""
+
+
+def cmake_lists(spec: targets.Target, kernels: Sequence[str], supers: Sequence[str]) -> str:
+    """The kernel project's CMakeLists.txt (``templates/CMakeLists.txt.j2``): the device build
+    for the target's parts (SOC_VERSION) and the CPU-model build of the drivers."""
+    from graphkernel.codegen.realcheck import RECIPES
+    from graphkernel.codegen.render import env
+
+    recipe = RECIPES.get(spec.npu_arch)
+    return env().get_template("CMakeLists.txt.j2").render(
+        target=spec, kernels=kernels, supers=supers,
+        cpu_model=recipe.cpu_model if recipe else spec.soc_versions[0])
 
 
 def _value_entry(name: str, v: Any) -> dict[str, Any]:
@@ -211,7 +205,8 @@ def _binding(graph: Graph, node: str) -> dict[str, Any]:
 
 def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] = ()
                   ) -> list[Path]:
-    """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, ``CMakeLists.txt`` and, last,
+    """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, each kernel's CPU-model driver
+    and data (``kernels/cpu/``, codegen/harness.py), ``CMakeLists.txt`` and, last,
     ``manifest.json`` for every distinct generated kernel (kernels of equal bodies share one;
     the manifest maps every kernel instance to its code). The manifest's ``files`` lists
     everything of this run in ``out_dir`` (these files and ``also``, the others written
@@ -237,13 +232,15 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
         head = "#define GK_NO_ENTRY\n" + "".join(
             f'#include "{r.name}.cpp"\n' for r in sr.members) + "#undef GK_NO_ENTRY\n"
         written.append(out.write_text(f"kernels/{sr.name}.cpp", head + sr.source))
-    cmake = CMAKE.format(
-        soc=result.config.target,
-        kernels="\n".join([f"  {r.name}.cpp" for r in rendered]
-                          + [f"  {sr.name}.cpp" for sr in supers]),
-        tilings="\n".join(f"  {f}" for r in rendered for f in sorted(r.files)
-                           if f.endswith("_tiling.cpp")))
-    written.append(out.write_text("kernels/CMakeLists.txt", cmake))
+    spec = targets.load(result.config.target)
+    harnesses = [harness.build(r, result.graph, spec) for r in rendered]
+    for h in harnesses:  # each kernel's CPU-model driver and data (codegen/harness.py)
+        for fname, data in sorted(h.files.items()):
+            rel = f"kernels/{harness.FOLDER}/{fname}"
+            written.append(out.write_text(rel, data) if isinstance(data, str)
+                           else out.write_bytes(rel, data))
+    written.append(out.write_text("kernels/CMakeLists.txt", cmake_lists(
+        spec, [r.name for r in rendered], [sr.name for sr in supers])))
     graph = result.graph
     code = {r.schedule.node: r.name for r in rendered}
     runs: dict[str, list[str]] = {r.name: [] for r in rendered}
@@ -277,6 +274,9 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
         "externs": [extern.call(n) | _binding(graph, n.name) for n in graph.nodes
                     if extern.is_extern(n)],
         "fallbacks": result.report.extra.get("fallbacks", []),
+        # the CPU-model drivers (kernels/CMakeLists.txt, -DGK_CPU_MODEL=ON)
+        "cpu_model": [{"kernel": h.kernel, "driver": f"kernels/{harness.FOLDER}/{h.kernel}_cpu.cpp"
+                       if h.files else None, "note": h.note} for h in harnesses],
         **file_entries(out.root, [*also, *written, out.path(MANIFEST)]),
     }
     written.append(out.write_json(MANIFEST, manifest))

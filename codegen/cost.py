@@ -23,19 +23,19 @@ from typing import Any
 
 from graphkernel.codegen import extern
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.traffic import VIEWS, launch_io
+from graphkernel.codegen.traffic import launch_io
 from graphkernel.fusion import ITEMSIZE, SYMBOL_SIZE, numel
 from graphkernel.ir import Graph, Node
+from graphkernel.ops import CUBE_OPS, PRODUCT_OPS, RESHAPE_OPS
 
-CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
-NO_VECTOR_WORK = frozenset({"Constant", "Opaque", *VIEWS, *CUBE_OPS})
-PRODUCTS = frozenset({"MatMul", "BatchMatMul"})  # what cube_flops counts, with externs
+NO_VECTOR_WORK = frozenset({"Constant", "Opaque"})  # besides views and cube ops
 
 
 def _repeats(node: Node, spec: Target) -> int:
     if extern.is_extern(node):
         return extern.vector_repeats(node, spec.repeat_bytes)
-    if node.op in NO_VECTOR_WORK or node.op == "Transpose" and _feeds_a_product(node):
+    if node.op in NO_VECTOR_WORK or node.op in RESHAPE_OPS or node.op in CUBE_OPS or \
+            node.op == "Transpose" and _feeds_a_product(node):
         return 0
     out = node.outputs[0]
     dtype = out.type.dtype
@@ -55,7 +55,7 @@ def cube_flops(node: Node) -> float:
     Symbolic dims count as SYMBOL_SIZE."""
     if extern.is_extern(node):
         return extern.cube_flops(node)
-    if node.op not in PRODUCTS:
+    if node.op not in PRODUCT_OPS:
         return 0.0
     a = node.inputs[0].type
     k = a.shape[-2] if node.attrs.get("transpose_a") else a.shape[-1]
@@ -69,7 +69,7 @@ def launch_us(node: Node, spec: Target, gm_bytes: int) -> float:
     repeats, flops = 0, 0.0
     for m in (node.subgraph.nodes if node.op == "GraphKernel" else (node,)):
         repeats += _repeats(m, spec)
-        if m.op in PRODUCTS or m.op in extern.OPERATORS:  # (no other op has cube work)
+        if m.op in PRODUCT_OPS or m.op in extern.OPERATORS:  # (no other op has cube work)
             flops += cube_flops(m)
     vector_s = repeats / (spec.repeats_per_cycle * spec.aiv_cores * spec.clock_ghz * 1e9)
     memory_s = gm_bytes / (spec.hbm_gbps * 1e9)

@@ -1,13 +1,20 @@
 """Extern kernels: vendor operators the compiled graph calls as they are, not generated.
 
-Today one: ``FusedAttention`` is CANN's FlashAttentionScore, exposed to PyTorch as
+``FusedAttention`` is CANN's FlashAttentionScore, exposed to PyTorch as
 ``torch_npu.npu_fusion_attention(query, key, value, head_num, input_layout, pse=None,
 padding_mask=None, atten_mask=None, scale=1., keep_prob=1., pre_tockens=2147483647,
-next_tockens=2147483647, ..., sparse_mode=0)``. ``call`` describes the call a device build
-makes (the operator, its arguments, which graph value is which operand); the code generator
-does not generate it, and the simulator checks it against the op's numpy reference
-(graphkernel/opdefs/attention.py). The cost model prices its two products on the cube unit
-and its softmax on the vector unit (``cube_flops``, ``vector_repeats``).
+next_tockens=2147483647, ..., sparse_mode=0)``, which returns the attention output, then
+softmax_max, softmax_sum (what a ``stats`` node also returns), softmax_out and the dropout
+seed/offset/numels. ``FusedAttentionGrad`` is its gradient, FlashAttentionScoreGrad,
+``torch_npu.npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, *,
+pse=None, padding_mask=None, atten_mask=None, softmax_max=None, softmax_sum=None,
+softmax_in=None, attention_in=None, scale_value=1., keep_prob=1., pre_tockens=2147483647,
+next_tockens=2147483647, inner_precise=0, ..., sparse_mode=0)``, which returns dq, dk, dv
+and dpse. ``call`` describes the call a device build makes (the operator, its arguments,
+which graph value is which operand); the code generator does not generate it, and the
+simulator checks it against the op's numpy reference (graphkernel/opdefs/attention.py). The
+cost model prices the products on the cube unit and the softmax work on the vector unit
+(``cube_flops``, ``vector_repeats``).
 """
 
 from __future__ import annotations
@@ -19,9 +26,16 @@ from graphkernel.fusion import SYMBOL_SIZE
 from graphkernel.ir import Node
 from graphkernel.opdefs.attention import mask_kinds, split_dims
 
-OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention"}
-ACLNN = {"FusedAttention": "aclnnFlashAttentionScore"}
+OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention",
+             "FusedAttentionGrad": "torch_npu.npu_fusion_attention_grad"}
+ACLNN = {"FusedAttention": "aclnnFlashAttentionScore",
+         "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad"}
 SOFTMAX_PASSES = 5  # max, subtract, exp, sum, divide over every score
+# the gradient: the probabilities again (subtract, exp, divide), dS = P * (dP - delta)
+# (subtract, multiply) and the scaled dS for both products
+GRAD_PASSES = 6
+PRODUCTS = {"FusedAttention": 2, "FusedAttentionGrad": 5}  # Q·Kᵀ, P·V; + dY·Vᵀ, dS·K, dSᵀ·Q
+GRAD_ROLES = ["query", "key", "value", "dy", "attention_in", "softmax_max", "softmax_sum"]
 
 
 def is_extern(node: Node) -> bool:
@@ -44,16 +58,22 @@ def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
     a = node.attrs
     _, n1, n2, *_ = _dims(node)
-    roles = ["query", "key", "value", *mask_kinds(a["mask"])]
+    grad = node.op == "FusedAttentionGrad"
+    roles = [*(GRAD_ROLES if grad else ["query", "key", "value"]), *mask_kinds(a["mask"])]
     # causal: leftUpCausal (sparse_mode 2), or with a window the band (sparse_mode 4: keys
     # i - pre_tockens .. i + next_tockens), with the operator's compressed mask (bool
     # [2048, 2048], 1 above the diagonal) as its atten_mask, a constant of the device build
     causal = {"atten_mask": "compressed causal [2048, 2048]"} if a.get("causal") else {}
     window = a.get("window") or 0
     sparse = 4 if window else 2 if causal else 0
+    results = (["dq", "dk", "dv"] if grad else
+               ["attention_out", "softmax_max", "softmax_sum"][:len(node.outputs)])
+    outs = [{"role": r, "value": v.name, "dtype": str(v.dtype), "shape": list(v.type.shape)}
+            for r, v in zip(results, node.outputs, strict=True)]
     return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
             "aclnn": ACLNN[node.op],
-            "arguments": {"head_num": n1, "input_layout": a["layout"], "scale": a["scale"],
+            "arguments": {"head_num": n1, "input_layout": a["layout"],
+                          "scale_value" if grad else "scale": a["scale"],
                           "keep_prob": 1.0, "pre_tockens": window - 1 if window else 2147483647,
                           "next_tockens": 0 if window else 2147483647, "sparse_mode": sparse,
                           # informational: the operator reads N2 from the key's shape
@@ -61,19 +81,23 @@ def call(node: Node) -> dict[str, Any]:
             "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),
                           "shape": list(v.type.shape)} for r, v in zip(roles, node.inputs,
                                                                        strict=True)],
-            "result": {"value": node.outputs[0].name, "dtype": str(node.outputs[0].dtype),
-                       "shape": list(node.outputs[0].type.shape), "layout": a["layout"]}}
+            "result": outs[0] | {"layout": a["layout"]},
+            "results": [o | ({"layout": a["layout"]} if grad or i == 0 else {})
+                        for i, o in enumerate(outs)]}
 
 
 def cube_flops(node: Node) -> float:
-    """fp16-equivalent cube flops of the two products (Q·Kᵀ and P·V, 2·S1·S2·D each per
-    head; fp32 operands count twice, as the cube runs them at half rate)."""
+    """fp16-equivalent cube flops of the products (2·S1·S2·D each per head: Q·Kᵀ and P·V;
+    the gradient's Q·Kᵀ again, dY·Vᵀ, Pᵀ·dY, dS·K and dSᵀ·Q); fp32 operands count twice, as
+    the cube runs them at half rate."""
     b, n1, _, s1, s2, d = _dims(node)
     rate = 2 if node.inputs[0].dtype.itemsize >= 4 else 1
-    return 2 * 2.0 * b * n1 * s1 * s2 * d * rate
+    return PRODUCTS[node.op] * 2.0 * b * n1 * s1 * s2 * d * rate
 
 
 def vector_repeats(node: Node, repeat_bytes: int) -> int:
-    """The softmax's vector repeats: its passes over every fp32 score."""
+    """The softmax's vector repeats: its passes over every fp32 score (the gradient's:
+    the probabilities recomputed and dS)."""
     b, n1, _, s1, s2, _ = _dims(node)
-    return SOFTMAX_PASSES * math.ceil(b * n1 * s1 * s2 * 4 / repeat_bytes)
+    passes = GRAD_PASSES if node.op == "FusedAttentionGrad" else SOFTMAX_PASSES
+    return passes * math.ceil(b * n1 * s1 * s2 * 4 / repeat_bytes)

@@ -5,7 +5,7 @@ ops, attributes, types and edges by position, no names).
 The planner decides from structure alone; names reach a schedule only through its kernel's
 node name, its C symbol and the value names in its notes. So the schedule of a second kernel
 is the first one's with every node and value replaced by the one at the same position in its
-own body, and those names redone. ``lowered`` is left to be computed when it is rendered.
+own body, and those names redone.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from graphkernel.codegen import views
-from graphkernel.codegen.decompose import decompose
-from graphkernel.codegen.matmul_schedule import MatmulSchedule, notes
-from graphkernel.codegen.schedule import (
+from graphkernel.codegen.cube.schedule import MatmulSchedule, notes
+from graphkernel.codegen.vector import views
+from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.codegen.vector.schedule import (
     REDUCE_OPS,
     KernelIO,
     Schedule,
@@ -131,4 +131,4 @@ def _moved(s: Schedule, obj: dict[int, object], name: str, node: str) -> Schedul
         final={id(obj[k]) for k in s.final},
         cols={id(obj[k]): v for k, v in s.cols.items()},
         notes=io_notes(inputs, any(n.op in REDUCE_OPS for n in s.steps)),
-        lowered=None, variant=None)
+        variant=None)

@@ -1,7 +1,8 @@
 """The instruction table: how each IR op inside a kernel becomes Ascend C, as data.
 
-One ``Instruction`` per op the vector lowering handles. ``form`` names the lowering rule
-(``codegen/lower.py`` has one method per form); the other fields are what that rule needs:
+One ``Instruction`` per op the lowering handles (every op a registered op). ``form`` names
+the lowering rule (``codegen/lower.py``'s ``RULES``: one function per form, checked complete);
+the other fields are what that rule needs:
 the Ascend C call, the operand count, the C++ expression used when every operand is a scalar,
 the scratch a call needs, the element types it takes. The schedule accepts exactly the ops of
 this table (besides views, slices, Concat and BroadcastTo's aliases), and the op groups other
@@ -137,13 +138,3 @@ def ops(*forms: str) -> frozenset[str]:
 REDUCE_OPS = ops("reduce")
 MASK_OPS = frozenset(i.op for i in TABLE if i.mask)  # whole repeats of elements per tile
 BITWISE_OPS = ops("bitwise")
-
-
-def unary_line(rule: Instruction, dst: str, src: str, count: str) -> str:
-    """The call computing a unary op into ``dst`` (Neg has no instruction: a multiply by -1;
-    the math library's ops take the ``ht`` scratch)."""
-    if rule.api is None:
-        return f"Muls({dst}, {src}, CT(-1.0f), {count});"
-    if rule.scratch == "ht":
-        return f"{rule.api}({dst}, {src}, ht, {count});"
-    return f"{rule.api}({dst}, {src}, {count});"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.traffic import VIEWS
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import RESHAPE_OPS
 
 
 @dataclass
@@ -45,7 +45,7 @@ def _static(node: Node) -> bool:
 
 def base(v: Value) -> Value:
     """The GM buffer behind a value: views (Reshape/ExpandDims/Squeeze) share their source's."""
-    while v.producer is not None and v.producer.op in VIEWS:
+    while v.producer is not None and v.producer.op in RESHAPE_OPS:
         v = v.producer.inputs[0]
     return v
 
@@ -63,7 +63,7 @@ def form_groups(graph: Graph, scopes: Sequence[str], eligible: set[str] | None =
         run.clear()
 
     for n in graph.nodes:
-        if n.op == "Constant" or n.op in VIEWS:
+        if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue  # no launch
         ok = (n.op == "GraphKernel" and _in_scope(n, scopes) and _static(n)
               and (eligible is None or n.name in eligible))
@@ -137,6 +137,7 @@ def render(group: Group, subs: Sequence[Any]) -> str:
     params = ", ".join(f"GM_ADDR b{i}" for i in range(len(bufs)))
     lines.append(f'extern "C" __global__ __aicore__ void {name}({params}, GM_ADDR workspace, '
                  "GM_ADDR tiling) {")
+    lines.append("    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);  // vector kernels only")
     lines.append("    const uint8_t* tb = (const uint8_t*)tiling;")
     for j, (r, args) in enumerate(zip(subs, arg_index, strict=True)):
         t = f"{r.name}_TilingData"

@@ -3,13 +3,15 @@
 Every hardware fact the code generator, tiling, cost model and simulator driver use is read
 from the target's file through one ``Target``: the UB's size and alignment block, the vector
 repeat, the repeats one instruction may issue, the core counts, the cube unit's buffers
-(L1, L0A/L0B/L0C) and alignments, and the cost model's parameters. The list of targets is
-the list of files.
+(L1, L0A/L0B/L0C) and alignments, and the cost model's parameters; and how CANN names the
+parts (``soc_versions``, the generated CMake's SOC_VERSION) and their AI cores' architecture
+(``npu_arch``, the real-header check's recipe). The list of targets is the list of files.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import yaml
@@ -18,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from graphkernel.errors import ConfigError, did_you_mean
 
 TARGET_DIR = Path(__file__).resolve().parent / "targets"
-DEFAULT = "ascend910b"
 
 
 class Target(BaseModel):
@@ -28,6 +29,8 @@ class Target(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+    soc_versions: list[str] = Field(min_length=1)  # CANN's SOC_VERSION names; the first builds
+    npu_arch: int = Field(ge=1)                    # __NPU_ARCH__ (2201: dav-c220)
     aiv_cores: int = Field(ge=1)
     ub_bytes: int = Field(ge=1024)
     ub_align_bytes: int = Field(ge=4)
@@ -59,6 +62,10 @@ class Target(BaseModel):
             n = getattr(self, field)
             if n & (n - 1):
                 raise ValueError(f"{field} must be a power of two, got {n}")
+        for soc in self.soc_versions:
+            if not re.fullmatch(r"[a-z0-9_-]{1,40}", soc):
+                raise ValueError(f"soc_versions: {soc!r} is not a CANN SOC_VERSION name "
+                                 "(lower case letters, digits, '_' and '-', e.g. ascend910b1)")
         if self.repeat_bytes % self.ub_align_bytes or self.ub_bytes % self.ub_align_bytes:
             raise ValueError(f"repeat_bytes ({self.repeat_bytes}) and ub_bytes "
                              f"({self.ub_bytes}) must be whole ub_align_bytes "

@@ -12,18 +12,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from graphkernel import ops, symbolic
+from graphkernel.codegen.cube.epilogue import reduces_along
+from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.extern import is_extern
-from graphkernel.codegen.matmul_epilogue import reduces_along
-from graphkernel.codegen.matmul_schedule import whole_rows_refusal
 from graphkernel.codegen.targets import Target
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.ops import OpKind
+from graphkernel.ops import CUBE_OPS, RESHAPE_OPS, OpKind
 from graphkernel.structure import region_signature
 
-VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 EPILOGUE = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)  # what a MIX kernel runs
-CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
 
 
 def launch_kind(node: Node) -> str:
@@ -32,7 +30,7 @@ def launch_kind(node: Node) -> str:
     ``opaque`` (an op run by another framework), else ``vector`` (a fused kernel or a
     vector op alone)."""
     if node.op == "GraphKernel":
-        body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in VIEWS]
+        body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in RESHAPE_OPS]
         if any(op in CUBE_OPS for op in body):  # (operand transposes fold into isTrans)
             return "mix" if any(op not in CUBE_OPS | {"Transpose"} for op in body) else "cube"
         return "vector"
@@ -61,7 +59,7 @@ def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
 def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
     """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands."""
     for n in graph.nodes:
-        if n.op == "Constant" or n.op in VIEWS:
+        if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
         yield n, r, w
@@ -120,7 +118,7 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
             regions[homes.pop()].append(n)
             joined.add(id(n))
     for members in regions:
-        if all(n.op in VIEWS for n in members):
+        if all(n.op in RESHAPE_OPS for n in members):
             continue
         ids = {id(n) for n in members}
         ins = [v for n in members for v in n.inputs
@@ -132,7 +130,7 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
         total += r + w
         count += 1
     for n in nodes:
-        if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in VIEWS:
+        if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
         total += r + w

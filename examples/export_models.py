@@ -3,9 +3,11 @@ export each through graphkernel's FX importer to ``examples/models/<name>.json``
 
     python examples/export_models.py            # regenerates the zoo (needs torch, transformers)
 
-Every model is 2 layers, hidden size 64, with eager attention (explicit matmul/softmax ops,
-which is what a fusion compiler should see). The example inputs are saved beside each graph
-as ``<name>_inputs.npz`` and the eager outputs as ``<name>_expected.npz``.
+Every model is 2 layers, hidden size 64. ``builders(attn)`` builds them with the library's
+default attention (``sdpa``: ``F.scaled_dot_product_attention``) or with ``eager`` attention
+(explicit matmul/softmax ops); the frozen exports under ``examples/models`` are the eager
+ones. The example inputs are saved beside each graph as ``<name>_inputs.npz`` and the eager
+outputs as ``<name>_expected.npz``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ def _text_inputs(torch):
     return (torch.randint(0, VOCAB, (2, 16), generator=g),)
 
 
-def builders():
-    """name -> (build model, example inputs); the model returns one tensor."""
+ATTENTION = ("sdpa", "eager")  # the library's default first
+
+
+def builders(attn: str = "sdpa"):
+    """name -> (build model, example inputs); the model returns one tensor. ``attn`` is the
+    attention implementation the models are built with: ``sdpa`` (the library default:
+    ``F.scaled_dot_product_attention``) or ``eager`` (explicit matmuls and softmax)."""
     import torch
     import transformers as T
 
-    common = dict(attn_implementation="eager")
+    if attn not in ATTENTION:
+        raise ValueError(f"attention implementation {attn!r} (accepted: "
+                         f"{', '.join(ATTENTION)})")
+    # sdpa: the configs as users write them, without attn_implementation (the library picks
+    # sdpa wherever the architecture has it; BLOOM has not, and stays eager)
+    common = dict(attn_implementation="eager") if attn == "eager" else {}
 
     class Hidden(torch.nn.Module):
         """Wraps a model so that it returns its last hidden state only."""
@@ -121,10 +133,91 @@ def builders():
     }
 
 
-def select(names) -> dict | None:
-    """The zoo's builders named in ``names`` (every one when empty), in zoo order; None, after
+def families(attn: str = "sdpa"):
+    """More architectures, as users build them (outside the frozen zoo): a partial-rotary
+    decoder (GPT-NeoX, Phi), encoder-decoders (T5, BART: the decoder's causal self-attention
+    and its cross-attention) and mixture-of-experts decoders (Mixtral, Qwen2-MoE, OLMoE)."""
+    import torch
+    import transformers as T
+
+    if attn not in ATTENTION:
+        raise ValueError(f"attention implementation {attn!r} (accepted: "
+                         f"{', '.join(ATTENTION)})")
+    common = dict(attn_implementation="eager") if attn == "eager" else {}
+
+    class Seq2Seq(torch.nn.Module):
+        """An encoder-decoder fed the same ids on both sides; the decoder's last hidden
+        state."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_ids=x, decoder_input_ids=x).last_hidden_state
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_ids=x).last_hidden_state
+
+    def build(cfg_cls, model_cls, wrap=Hidden, **kw):
+        def make():
+            torch.manual_seed(SEED)
+            return wrap(model_cls(cfg_cls(**kw, **common)).eval())
+        return make, lambda: _text_inputs(torch)
+
+    decoder = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+                   intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
+    moe = dict(decoder, num_key_value_heads=2, num_experts_per_tok=2)
+    return {
+        "gpt_neox": build(T.GPTNeoXConfig, T.GPTNeoXModel, rotary_pct=0.25, **decoder),
+        "phi": build(T.PhiConfig, T.PhiModel, partial_rotary_factor=0.5, **decoder),
+        "t5": build(T.T5Config, T.T5Model, Seq2Seq, num_layers=LAYERS, d_model=H,
+                    d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
+                    decoder_start_token_id=0),
+        "bart": build(T.BartConfig, T.BartModel, Seq2Seq, encoder_layers=LAYERS,
+                      decoder_layers=LAYERS, d_model=H, encoder_attention_heads=HEADS,
+                      decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
+                      vocab_size=VOCAB, max_position_embeddings=64),
+        "mixtral": build(T.MixtralConfig, T.MixtralModel, num_local_experts=4, **moe),
+        "qwen2_moe": build(T.Qwen2MoeConfig, T.Qwen2MoeModel, num_experts=4,
+                           moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
+                           **moe),
+        "olmoe": build(T.OlmoeConfig, T.OlmoeModel, num_experts=4, pad_token_id=0,
+                       eos_token_id=0, **moe),
+    }
+
+
+def attention_layers(model, args) -> int:
+    """The attention layers a model runs: its calls of scaled_dot_product_attention and of
+    softmax in one forward (no grad)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    F = torch.nn.functional
+    counted = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax}
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, a=(), kw=None):
+            Count.calls += func in counted
+            return func(*a, **(kw or {}))
+
+    with torch.no_grad(), Count():
+        model(*args)
+    return Count.calls
+
+
+def select(names, attn: str = "sdpa", more: bool = False) -> dict | None:
+    """The zoo's builders named in ``names`` (every one when empty), in zoo order, built with
+    the attention implementation ``attn`` (with ``more``, the ``families`` too); None, after
     printing what is accepted, when a name is not in the zoo (the benchmarks exit 2)."""
-    zoo = builders()
+    zoo = builders(attn) | (families(attn) if more else {})
     unknown = sorted(set(names) - set(zoo))
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
@@ -143,7 +236,7 @@ def export_all(names=None) -> list[Path]:
 
     OUT.mkdir(exist_ok=True)
     written = []
-    for name, (build, inputs) in builders().items():
+    for name, (build, inputs) in builders("eager").items():
         if names and name not in names:
             continue
         model, args = build(), inputs()

@@ -90,8 +90,11 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
         graph = load_model(graph_or_path)
     cfg = load_config(flags, config, target, env)
     flag_effects.warn(flag_effects.unmatched_selectors(graph, cfg))
-    pm = PassManager(cfg, log=log, dump_dir=str(dump_dir) if dump_dir is not None and
-                     cfg.dump_as_text else None)
+    from graphkernel.codegen import targets  # the backend's facts, loaded once per compile
+
+    pm = PassManager(cfg, targets.load(cfg.target), log=log,
+                     dump_dir=str(dump_dir) if dump_dir is not None and cfg.dump_as_text
+                     else None)
     report = pm.run(graph)
     _refusal_codes(report, pm.ctx.analyses)
     result = CompileResult(graph, report, cfg, pm.ctx.analyses, pm.bisect.log)
@@ -137,14 +140,13 @@ def _refusal_codes(report: RunReport, analyses: Analyses) -> None:
     fallbacks)."""
     from graphkernel.refusals import CODEGEN, code
 
-    extra = report.extra
     counts = analyses.fusion_attempts.refusal_codes()
     info = analyses.cluster
     for reason in (info.reasons.values() if info is not None else ()):
         c = code(reason)
         counts[c] = counts.get(c, 0) + 1
-    for f in extra.get("fallbacks", []):
+    for f in report.figures.fallbacks or []:
         f["code"] = CODEGEN.code
         counts[CODEGEN.code] = counts.get(CODEGEN.code, 0) + 1
     if counts:
-        extra["refusals"] = dict(sorted(counts.items()))
+        report.figures.refusals = dict(sorted(counts.items()))

@@ -657,6 +657,9 @@ class ExternalResult:
     message: str = ""
     stderr: list[str] = field(default_factory=list)  # last lines of the last failing run
     nothing_wrong: bool = False  # the program succeeded with every rewrite on
+    # the program fails with every rewrite refused: does it pass with graphkernel off (its
+    # torch.compile backend replaced by torch's AOT-eager path)? None: not asked
+    passes_with_graphkernel_off: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -664,13 +667,21 @@ class ExternalResult:
         return asdict(self)
 
 
+# with this in the environment the torch.compile backend steps aside for torch's own AOT-eager
+# path (graphkernel/torch.py reads it): the program's run with graphkernel off
+OFF_ENV = ("GRAPHKERNEL_TORCH_BACKEND", "aot_eager")
+
+
 def _child(cmd: Sequence[str], limit: int | None, base_flags: str, count_file: str,
-           ) -> tuple[int, str, list[str]]:
-    """Run the program once; (exit code, stdout + stderr, the last lines of stderr)."""
+           off: bool = False) -> tuple[int, str, list[str]]:
+    """Run the program once (``off``: with graphkernel's torch.compile backend off); (exit
+    code, stdout + stderr, the last lines of stderr)."""
     env = dict(os.environ)
     extra = " --print_bisect" + (f" --bisect_limit={limit}" if limit is not None else "")
     env["AUTOFUSE_FLAGS"] = f"{base_flags}{extra}".strip()
     env[COUNT_ENV] = count_file
+    if off:
+        env[OFF_ENV[0]] = OFF_ENV[1]
     p = subprocess.run(list(cmd), env=env, capture_output=True, text=True)
     tail = [ln for ln in p.stderr.splitlines() if not ln.startswith("BISECT: ")]
     return p.returncode, p.stderr + p.stdout, tail[-STDERR_LINES:]
@@ -722,8 +733,22 @@ def bisect_external(cmd: Sequence[str], max_n: int | None = None,
         say(f"[run {out.runs}] bisect_limit=0 -> {'good' if rc0 == 0 else 'bad'}")
         if rc0 != 0:
             out.stderr = tail0
-            out.message = (f"the program fails (exit {rc0}) even with every rewrite refused: "
-                           "not graphkernel's")
+            rc_off, _, tail_off = _child(cmd, None, base, counts, off=True)
+            out.runs += 1
+            say(f"[run {out.runs}] graphkernel off ({OFF_ENV[0]}={OFF_ENV[1]}) -> "
+                f"{'good' if rc_off == 0 else 'bad'}")
+            out.passes_with_graphkernel_off = rc_off == 0
+            if rc_off == 0:
+                out.message = (f"the program fails (exit {rc0}) with every rewrite refused but "
+                               "passes with graphkernel off (torch.compile's AOT-eager path): "
+                               "graphkernel's, before any rewrite (its import of the graphs "
+                               "or an op it runs; `graphkernel.torch.step_bisect` narrows a "
+                               "training step down)")
+            else:
+                out.stderr = tail_off
+                out.message = (f"the program fails (exit {rc0}) with every rewrite refused, "
+                               f"and (exit {rc_off}) with graphkernel off too (torch.compile's "
+                               "AOT-eager path): not graphkernel's")
             return out
         lo, hi = 0, upper
         while hi - lo > 1:

@@ -496,13 +496,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _say_written(args: argparse.Namespace, written: list[Path]) -> None:
-    kernels = [w for w in written if args.out and w.parent == Path(args.out) / "kernels"]
+    folder = Path(args.out) / "kernels" if args.out else None
+    kernels = [w for w in written if folder and w.is_relative_to(folder)]
     for w in written:
         if w not in kernels:
             print(f"wrote {w}")
     if kernels:
-        print(f"wrote {kernels[0].parent}/: {len(kernels) - 1} Ascend C sources and "
-              "CMakeLists.txt")
+        drivers = sum(1 for w in kernels if w.name.endswith("_cpu.cpp"))
+        sources = sum(1 for w in kernels if w.parent == folder) - 1
+        print(f"wrote {folder}/: {sources} Ascend C sources, CMakeLists.txt and {drivers} "
+              "CPU-model drivers with their data (cpu/)")
 
 
 def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
@@ -686,6 +689,33 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_realcheck(args: argparse.Namespace) -> int:
+    """Every kernel of a compiled project type-checked against the real Ascend C headers."""
+    from graphkernel.codegen import realcheck
+
+    if args.config:
+        _config(args)  # checked as every command checks it (the project is already compiled)
+    headers = realcheck.find_headers(args.ascend_headers)
+    if headers is None:
+        raise ExecutionError("no Ascend C headers: " + realcheck.HOW)
+    results = realcheck.check_project(args.project, headers)
+    summary = realcheck.summary(results)
+    if args.json:
+        _emit_json(args, {"headers": headers.origin, "summary": summary,
+                          "results": [{"kernel": r.unit.name, "kind": r.unit.kind,
+                                       "mode": r.mode, "ok": r.ok, "error": r.error,
+                                       "deprecated": r.deprecated} for r in results]})
+    else:
+        print(f"Ascend C headers: {headers.origin}")
+        for r in results:
+            print("  " + r.line())
+        print(f"{summary['kernels']} kernels, {summary['tiling_files']} host tiling files, "
+              f"{summary['drivers']} CPU-model drivers ({summary['results']} compiles): "
+              f"{summary['failed_kernels']} kernels and {summary['failed_other']} other files "
+              "failed")
+    return 1 if summary["failed_results"] else 0
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -838,6 +868,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true",
                    help="print the result as JSON (the steps go to stderr)")
     s.set_defaults(fn=cmd_bisect)
+
+    s = command("realcheck", help="type-check a compiled project's kernels against the real "
+                                  "Ascend C headers; exit 1 on an error",
+                description="Compile every kernel of a folder written by `compile -o DIR` with "
+                            "g++ against the Ascend C devkit and tikicpulib's CPU-debug headers "
+                            "(vector, cube and MIX modes; the host tiling files as host C++) and "
+                            "report each one OK or its first error (exit 0 all OK, 1 not).")
+    s.add_argument("project", metavar="DIR", help="a folder written by `graphkernel compile -o`")
+    s.add_argument("--ascend-headers", metavar="HEADERS",
+                   help="a folder holding the Ascend C devkit, tikicpulib's headers, stub_fun.h "
+                        "and kernel_tiling/ (default: GRAPHKERNEL_ASCEND_HEADERS, else the CANN "
+                        "install in ASCEND_HOME_PATH)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file (the project "
+                   "is already compiled; checked like every command's)")
+    s.set_defaults(fn=cmd_realcheck)
 
     s = command("ops", help="list every registered op",
                        description="List every registered op: kind, arity, attributes.")

@@ -40,8 +40,6 @@ from graphkernel.anchors import (
     KEYS,
     no_effect_keys,
 )
-from graphkernel.codegen.targets import DEFAULT as DEFAULT_TARGET
-from graphkernel.codegen.targets import available as available_targets
 from graphkernel.errors import ConfigError, FlagError, did_you_mean
 from graphkernel.fileio import DocumentError, read_bounded, read_document
 
@@ -52,7 +50,17 @@ class FlagWarning(UserWarning):
 
 ENV_VARS = ("AUTOFUSE_DFX_FLAGS", "AUTOFUSE_FLAGS")
 MS_ENV_VAR = "MS_DEV_GRAPH_KERNEL_FLAGS"
-TARGETS = tuple(available_targets())  # the spec files in codegen/targets/
+DEFAULT_TARGET = "ascend910b"
+
+
+def target_names() -> tuple[str, ...]:
+    """The targets there are: the spec files of the code generator (asked when a value is
+    checked, so the flags do not import the backend)."""
+    from graphkernel.codegen.targets import available
+
+    return tuple(available())
+
+
 _KEY = re.compile(r"^[a-z0-9_]+$")
 
 
@@ -110,9 +118,13 @@ class FlagSpec:
     kind: str  # int | bool | list | str | choice
     doc: str
     names: str = ""  # what a list names: pass | pattern | op | expand_op
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()  # (or asked when needed)
     level: int | None = None  # a bool whose default is "opt_level >= level"
     cap: str = ""  # an int whose default is the target's fusion cap of this name
+
+    def options(self) -> tuple[str, ...]:
+        """The values a choice accepts."""
+        return self.choices() if callable(self.choices) else self.choices
 
 
 SPECS: dict[str, FlagSpec] = {
@@ -159,7 +171,7 @@ SPECS: dict[str, FlagSpec] = {
                                             "precision_op"),
     "recompute_max_consumers": FlagSpec("int", "recompute a producer into at most this many "
                                                "consumer kernels (-1: any number)"),
-    "target": FlagSpec("choice", "the Ascend target spec", choices=TARGETS),
+    "target": FlagSpec("choice", "the Ascend target spec", choices=target_names),
     "disable_fallback": FlagSpec("bool", "a cluster codegen cannot handle is an error"),
     "skip_node_names": FlagSpec("list", "nodes never fused (names, or names of your nodes "
                                         "they came from)"),
@@ -208,7 +220,7 @@ COMPAT_NO_EFFECT = no_effect_keys()
 # Fusion caps per target (AutoFuse's defaults: at most 8 inputs per fused kernel and 64 ops;
 # the same on every target graphkernel knows today). A target missing here takes DEFAULT_CAPS.
 DEFAULT_CAPS = {"inputs": 8, "ops": 64}
-TARGET_CAPS: dict[str, dict[str, int]] = {t: dict(DEFAULT_CAPS) for t in available_targets()}
+TARGET_CAPS: dict[str, dict[str, int]] = {}
 
 
 def target_cap(target: str, cap: str) -> int:
@@ -552,9 +564,10 @@ def _apply(levels: list[tuple[str, list[FlagItem]]], name_check: NameCheck | Non
         rng = _range_text(key)
         raise FlagError(f"{origins.get(key, 'default')}: --{key}={values.get(key)}: "
                         f"{err['msg'].lower()}{rng}") from None
-    if fv.target not in TARGETS:
-        raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, TARGETS)
-                        + f" (accepted: {', '.join(TARGETS)})")
+    names = target_names()
+    if fv.target not in names:
+        raise FlagError(f"--target={fv.target}: unknown target" + did_you_mean(fv.target, names)
+                        + f" (accepted: {', '.join(names)})")
     return Config(fv, origins, notes, item_origins, overrides, _key_notes(item_origins))
 
 
@@ -663,10 +676,10 @@ def _convert(it: FlagItem, spec: FlagSpec, name_check: NameCheck | None,
         if raw is None or raw == "" or isinstance(raw, list):
             raise FlagError(f"{origin}: --{key} needs a value")
         val = raw
-        if spec.kind == "choice" and val not in spec.choices:
+        if spec.kind == "choice" and val not in spec.options():
             raise FlagError(f"{origin}: --{key}={val}: unknown value"
-                            + did_you_mean(val, spec.choices)
-                            + f" (accepted: {', '.join(spec.choices)})")
+                            + did_you_mean(val, spec.options())
+                            + f" (accepted: {', '.join(spec.options())})")
     # the anchors' keys map onto graphkernel's own
     if key == "enable_autofuse":  # true keeps the opt_level; false turns fusion off
         return [("opt_level", 0)] if not val else []
@@ -844,7 +857,7 @@ def markdown_table() -> str:
     rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
     for key, spec in SPECS.items():
         kind = f"list of {names.get(spec.names, 'strings')}" if spec.kind == "list" else \
-            "one of " + ", ".join(spec.choices) if spec.kind == "choice" else \
+            "one of " + ", ".join(spec.options()) if spec.kind == "choice" else \
             spec.kind + _range_text(key).replace(" (accepted: ", " ").rstrip(")")
         if spec.level is not None:
             default = f"on from opt_level {spec.level}"

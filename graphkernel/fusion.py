@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,8 +23,7 @@ from graphkernel.flags import Config
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.elementwise import BINARY, UNARY
 from graphkernel.ops import OpKind
-from graphkernel.refusals import code as refusal_code
-from graphkernel.runlog import RunLog
+from graphkernel.runlog import Attempt
 
 SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
 
@@ -36,7 +35,6 @@ DEFAULT_CLUSTER_OPS = frozenset(
 # AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
 # gather 3), or with their pattern enabled
 EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})  # fused only through matmul_depth
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
                               DType.uint8, DType.int16, DType.int32, DType.bool})
@@ -75,7 +73,7 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return "node in skip list (skip_node_names_cfg [ByNodeName])"
         if skip_types and node.op in skip_types:
             return "op type in skip list (skip_node_names_cfg [ByNodeType])"
-        if node.op not in allowed and node.op not in MATMUL_OPS:
+        if node.op not in allowed and node.op not in ops.PRODUCT_OPS:  # (matmul_depth's)
             return f"op {node.op} not in the cluster list"
         for v in (*node.inputs, *node.outputs):
             if v.dtype not in SUPPORTED_DTYPES:
@@ -401,117 +399,6 @@ class Area:
             dom = self._label(self.dominant) if self._label else self.dominant.name
             self._name = dom if self.ops == 1 else f"{dom}(+{self.ops - 1})"
         return self._name
-
-
-class Template(str):
-    """A string naming region nodes by position: ``template.format(*names)`` fills them in."""
-
-
-def spelled(text: str, names: Sequence[str]) -> str:
-    """``text`` with the names of the nodes it names by position, when it is a ``Template``."""
-    return text.format(*names) if type(text) is Template else text
-
-
-class Attempt:
-    """One pattern attempt, for `graphkernel explain`: ``pattern``, ``areas`` (names),
-    ``nodes`` (names), ``score``, ``verdict`` (fused | rejected), ``reason``.
-
-    A compile of a large graph records hundreds of thousands, most of them the decisions of
-    an earlier region of the same structure replayed (see the split pass): ``replayed``
-    keeps that region's texts (``Template``) and positions with this region's names, and
-    spells its areas, nodes and reason out when they are read."""
-
-    __slots__ = ("pattern", "_areas", "_nodes", "score", "verdict", "_reason", "_names")
-    FIELDS = ("pattern", "areas", "nodes", "score", "verdict", "reason")
-
-    def __init__(self, pattern: str, areas: list[str], nodes: list[str], score: int,
-                 verdict: str, reason: str = "") -> None:
-        self.pattern, self._areas, self._nodes = pattern, areas, nodes
-        self.score, self.verdict, self._reason = score, verdict, reason
-        self._names: Sequence[str] | None = None
-
-    @classmethod
-    def replayed(cls, pattern: str, areas: list[str], nodes: tuple[int, ...], score: int,
-                 verdict: str, reason: str, names: Sequence[str]) -> Attempt:
-        """An attempt whose ``areas`` and ``reason`` are texts naming nodes by position in
-        ``names`` and whose ``nodes`` are positions in it (shared, not copied)."""
-        a = cls(pattern, areas, nodes, score, verdict, reason)  # type: ignore[arg-type]
-        a._names = names
-        return a
-
-    @property
-    def areas(self) -> list[str]:
-        if self._names is None:
-            return self._areas
-        return [spelled(x, self._names) for x in self._areas]
-
-    @property
-    def nodes(self) -> list[str]:
-        if self._names is None:
-            return self._nodes
-        return [self._names[i] for i in self._nodes]
-
-    @property
-    def reason(self) -> str:
-        return self._reason if self._names is None else spelled(self._reason, self._names)
-
-    @property
-    def code(self) -> str:
-        """The refusal's stable code (graphkernel.refusals); "" for a fusion made."""
-        return "" if self.verdict == "fused" else refusal_code(self.reason)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.FIELDS} | {"code": self.code}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Attempt) and self.as_dict() == other.as_dict()
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value, mutable like a dataclass
-
-    def __repr__(self) -> str:
-        return "Attempt(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
-
-
-class AttemptLog(RunLog[Attempt]):
-    """Every pattern attempt of a compile, in order (``Analyses.fusion_attempts``).
-
-    A region that replays the decisions of an earlier region of the same structure adds
-    them as one run (``replay``): those decisions and the region's names, the attempts
-    made from them only when read. A 100k-node graph records ~250,000 attempts, nearly all
-    of them replayed; kept as objects they would be a tenth of the compile's live objects."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = 0  # how many attempts fused (the others were refused)
-
-    def append(self, attempt: Attempt) -> None:
-        super().append(attempt)
-        self.fused += attempt.verdict == "fused"
-
-    def replay(self, entries: Sequence[tuple], names: Sequence[str]) -> None:
-        """Attempts ``Attempt.replayed(*entry, names)`` for each entry, made when read."""
-        self._add_run((entries, names), len(entries))
-        self.fused += sum(entry[4] == "fused" for entry in entries)  # (entry[4]: the verdict)
-
-    def refusal_codes(self) -> dict[str, int]:
-        """How many refused attempts of each code, without spelling out the replayed ones
-        (their reasons' templates carry the phrases the codes are read from)."""
-        out: dict[str, int] = {}
-        memo: dict[str, str] = {}
-        for is_run, item in self._runs:
-            reasons = [e[5] for e in item[0] if e[4] != "fused"] if is_run else \
-                [item.reason] if item.verdict != "fused" else []
-            for r in reasons:
-                c = memo.get(r)
-                if c is None:
-                    c = memo[r] = refusal_code(r)
-                out[c] = out.get(c, 0) + 1
-        return out
-
-    def _expand(self, run: tuple[Sequence[tuple], Sequence[str]]) -> Iterator[Attempt]:
-        entries, names = run
-        for entry in entries:
-            yield Attempt.replayed(*entry, names)
 
 
 class SplitModel:

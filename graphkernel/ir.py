@@ -224,8 +224,8 @@ class Graph:
         self._recorders.append(added)
         try:
             yield added
-        finally:
-            self._recorders.remove(added)
+        finally:  # this one, not an equal one (recordings nest, and both may be empty)
+            self._recorders = [r for r in self._recorders if r is not added]
 
     # ---------------------------------------------------------------- building
     def add_input(self, name: str, type: TensorType, mutable: bool = False) -> Value:

@@ -5,6 +5,14 @@ model), shape+dtype inference and a numpy reference. The op families live in
 ``graphkernel/opdefs/`` and register themselves when imported, which ``import graphkernel``
 does (the registry itself imports none of them).
 
+Traits say what an op is to the rest of the compiler, so that no module keeps its own list:
+``view`` (it moves no data: its output is its input's elements in another shape; the
+reshapes, of kind ``RESHAPE``, and ``Identity``), ``unit``
+(the device unit that computes it: ``VECTOR``, or ``CUBE`` for the products and convolutions)
+and ``product`` (a matrix product of the Matmul API, the head of a MIX kernel). ``OpSet``
+holds the ops with a trait (``VIEW_OPS``, ``RESHAPE_OPS``, ``CUBE_OPS``, ``PRODUCT_OPS``),
+always current.
+
 Reference contract: ``reference(inputs, attrs, ctx) -> array | tuple of arrays``.
 Floating inputs arrive already widened to the compute precision (float32 for
 fp16/bf16 graphs, or the interpreter's ``compute_dtype``); the interpreter
@@ -60,6 +68,8 @@ class RefContext:
     node_name: str = ""
 
 
+VECTOR, CUBE = "vector", "cube"  # the units an op runs on (``OpDef.unit``)
+
 Infer = Callable[[Sequence[TensorType], dict[str, Any]], list[TensorType]]
 Reference = Callable[[list[np.ndarray], dict[str, Any], RefContext], Any]
 
@@ -79,6 +89,9 @@ class OpDef:
     # in-place ops: (output index, input index) pairs; the output is written back into the
     # input when that input is a mutable graph input (a parameter)
     writes: tuple[tuple[int, int], ...] = ()
+    view: bool = False    # moves no data: the output is the input's elements in another shape
+    unit: str = VECTOR    # the device unit computing it: VECTOR, or CUBE (Matmul API, convolution)
+    product: bool = False  # a matrix product on the Matmul API (a MIX kernel's head)
     _fields: tuple[str, ...] = field(default=(), repr=False)
     # inferred output types by (input types, attributes): most nodes of a graph repeat a few
     # signatures, and a TensorType is immutable, so equal signatures share their result
@@ -87,6 +100,8 @@ class OpDef:
 
     def __post_init__(self) -> None:
         self._fields = tuple(self.attrs.model_fields)
+        if self.unit not in (VECTOR, CUBE):
+            raise OpError(f"op {self.name}: unit {self.unit!r} (accepted: {VECTOR}, {CUBE})")
 
     def check_attrs(self, attrs: dict[str, Any], where: str = "") -> dict[str, Any]:
         """Validate and normalize attributes against the schema (defaults filled in)."""
@@ -175,6 +190,8 @@ def register(opdef: OpDef) -> OpDef:
     if opdef.name in _REGISTRY or opdef.name in _ALIASES:
         raise OpError(f"op {opdef.name!r} is registered twice")
     _REGISTRY[opdef.name] = opdef
+    for s in _OP_SETS:
+        s._note(opdef)
     for a in opdef.aliases:
         if a in _REGISTRY or a in _ALIASES:
             raise OpError(f"alias {a!r} of {opdef.name} clashes with an existing op")
@@ -203,6 +220,56 @@ def exists(name: str) -> bool:
 
 def all_ops() -> list[OpDef]:
     return sorted(_REGISTRY.values(), key=lambda o: o.name)
+
+
+class OpSet(set):
+    """The canonical names of the registered ops with a trait: a set kept current as ops
+    register (a module may hold one from import time on), so ``node.op in VIEW_OPS`` asks
+    the registry rather than a list kept by hand, at the speed of a set. Read-only: an op
+    joins by being registered with the trait."""
+
+    def __init__(self, trait: Callable[[OpDef], bool], doc: str) -> None:
+        super().__init__(n for n, d in _REGISTRY.items() if trait(d))
+        self._trait = trait
+        self.__doc__ = doc
+        _OP_SETS.append(self)
+
+    def _note(self, opdef: OpDef) -> None:
+        if self._trait(opdef):
+            set.add(self, opdef.name)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an OpSet follows the op registry: register an op with the trait")
+
+    add = discard = remove = pop = clear = update = _refuse
+    difference_update = intersection_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OpSet({sorted(self)})"
+
+
+_OP_SETS: list[OpSet] = []
+
+
+def _unregister(name: str) -> None:
+    """Take an op out of the registry and its sets (tests that register an op of their own)."""
+    _REGISTRY.pop(name, None)
+    for a in [a for a, n in _ALIASES.items() if n == name]:
+        del _ALIASES[a]
+    for s in _OP_SETS:
+        set.discard(s, name)
+
+
+VIEW_OPS = OpSet(lambda d: d.view, "ops that move no data (Reshape, ExpandDims, Squeeze, "
+                 "Identity)")
+RESHAPE_OPS = OpSet(lambda d: d.kind == OpKind.RESHAPE, "views that change only the shape "
+                    "(Reshape, ExpandDims, Squeeze): one GM buffer, never a launch")
+CUBE_OPS = OpSet(lambda d: d.unit == CUBE, "ops the cube unit computes (products, "
+                 "convolutions)")
+PRODUCT_OPS = OpSet(lambda d: d.product, "matrix products on the Matmul API (MatMul, "
+                    "BatchMatMul)")
 
 
 # ----------------------------------------------------------------- helpers

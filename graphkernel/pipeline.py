@@ -1,4 +1,4 @@
-"""The pass manager: the pipeline as data, the enable rule, the bisect counter, reports, dumps.
+"""The pass manager: the pipeline as data, the enable rule, the bisect counter, reports, hooks.
 
 The pipeline is every registered pass run, ordered by stage and by each pass's
 order within its stage. A pass that runs several times (``extra_runs``) has one
@@ -20,23 +20,18 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from graphkernel import ops, progress, registry
+from graphkernel.analyses import Analyses, ReportFigures
 from graphkernel.dump import Dumper
 from graphkernel.errors import FlagError, GraphKernelError, PluginError, did_you_mean
 from graphkernel.flags import Config, rank
-from graphkernel.fusion import AttemptLog, spelled
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import check_dir, file_name
 from graphkernel.registry import STAGES, PassInfo, PassResult
-from graphkernel.runlog import RunLog
-
-if TYPE_CHECKING:  # the analyses' types belong to the passes that compute them
-    from graphkernel.codegen.schedule import Schedule
-    from graphkernel.codegen.superkernel import Group
-    from graphkernel.passes.cluster import ClusterInfo
+from graphkernel.runlog import Application, ApplicationLog, spelled
 
 
 class PassFailure(GraphKernelError):
@@ -228,37 +223,6 @@ def markdown_table(slots: list[PassSlot] | None = None) -> str:
 
 
 # ------------------------------------------------------------- bisect counter
-@dataclass
-class Application:
-    """One numbered rewrite: which pass, on what, the user's nodes it touched, and whether it
-    ran."""
-
-    number: int
-    pass_name: str
-    description: str
-    origin: list[str]
-    applied: bool
-
-
-class ApplicationLog(RunLog[Application]):
-    """Every numbered rewrite of a compile, in order (``CompileResult.applications``).
-
-    The rewrites of a region that replays the decisions of an earlier, equal region are one
-    run (``BisectCounter.replay``): the numbers they took, the decided descriptions and
-    node positions, the region's names and its nodes' origins; made into ``Application``
-    records only when read (a 100k-node graph numbers ~140,000 rewrites, nearly all replayed)."""
-
-    def replay(self, first: int, pass_name: str, entries: Sequence[tuple[str, tuple[int, ...]]],
-               names: Sequence[str], origins: Sequence[tuple[str, ...]]) -> None:
-        self._add_run((first, pass_name, entries, names, origins), len(entries))
-
-    def _expand(self, run: tuple) -> Iterator[Application]:
-        first, pass_name, entries, names, origins = run
-        for k, (text, idx) in enumerate(entries):
-            origin = list(dict.fromkeys(o for i in idx for o in origins[i]))
-            yield Application(first + k, pass_name, spelled(text, names), origin, True)
-
-
 class BisectCounter:
     """Numbers every rewrite application across a pipeline run (LLVM's opt-bisect).
 
@@ -315,50 +279,10 @@ def report_count(applications: int) -> None:
             f.write(f"{applications}\n")
 
 
-@dataclass
-class AttentionMatch:
-    """One attention candidate (a softmax between two products) and what became of it."""
-
-    product: str  # the Q·Kᵀ product (or the ·V product when refused before finding it)
-    nodes: list[str]  # the pattern's nodes
-    verdict: str  # "fused" or "refused"
-    reason: str  # when fused: layout, heads and mask; when refused: why
-    op: str = ""  # the FusedAttention node made
-
-
-@dataclass
-class LayoutChoice:
-    """The layout a convolution next to a layout permute runs in, and why."""
-
-    conv: str  # the convolution as the graph named it before the pass
-    layout: str  # "NHWC" (switched) or "NCHW" (kept)
-    reason: str
-
-
-@dataclass
-class Analyses:
-    """What a pass hands to later passes and to the caller (``CompileResult.analyses``), each
-    field named for what it holds and written by one pass. ``invalidate`` resets fields to
-    their empty value: a pass that recomputes an analysis starts from nothing."""
-
-    cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
-    attention: list[AttentionMatch] = field(default_factory=list)  # attention: candidates
-    layouts: list[LayoutChoice] = field(default_factory=list)  # channels_last: conv layouts
-    fusion_attempts: AttemptLog = field(default_factory=AttemptLog)  # split: every candidate
-    kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
-    super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run
-    super_kernels: list[Group] = field(default_factory=list)  # codegen: SuperKernel groups
-    codegen: dict[str, Schedule] = field(default_factory=dict)  # codegen: kernel -> schedule
-    codegen_shared: dict[str, str] = field(default_factory=dict)  # kernel -> first of its body
-
-    def invalidate(self, *names: str) -> None:
-        fresh = Analyses()
-        for name in names:
-            setattr(self, name, getattr(fresh, name))
-
-
 class PassContext:
-    """What a pass may use: the flags, the target, a logger, and the bisect counter."""
+    """What a pass may use: the flags, the target (the backend's facts, loaded once per
+    compile), a logger, the bisect counter, the analyses earlier passes left, the report's
+    figures (``report``) and the dumper."""
 
     def __init__(self, cfg: Config, bisect: BisectCounter, log: Callable[[str], None],
                  target: Any = None) -> None:
@@ -370,8 +294,7 @@ class PassContext:
         self.rewrites = 0
         self.notes: list[str] = []
         self.analyses = Analyses()
-        # top-level report entries a pass contributes (e.g. GM-traffic figures)
-        self.report_extra: dict[str, Any] = {}
+        self.report = ReportFigures()  # the figures a pass contributes to the report
         self.dumper: Dumper | None = None
 
     def should_apply(self, description: str, nodes: Iterable[Node] = ()) -> bool:
@@ -433,12 +356,88 @@ class RunReport:
     bisect_applications: int = 0
     bisect_refused: int = 0
     bisect_limit: int = -1
-    extra: dict[str, Any] = field(default_factory=dict)
+    figures: ReportFigures = field(default_factory=ReportFigures)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The figures the passes set, by name (the report's top-level entries)."""
+        return self.figures.as_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        extra = d.pop("extra")
-        return d | extra
+        d = asdict(replace(self, figures=ReportFigures()))
+        del d["figures"]
+        return d | self.extra
+
+
+# --------------------------------------------------------------------- hooks
+class PassHook:
+    """An instrument of a run (TVM's pass instruments): called at the start of the run,
+    before and after every pass that runs, and at the end. The pass manager times passes,
+    validates the graph and dumps it through hooks (``Timing``, ``Validation``, ``Dumps``);
+    ``registry.register_hook`` adds one to every run (tests validate after every pass)."""
+
+    def begin(self, graph: Graph, ctx: PassContext, report: RunReport) -> None:
+        """Before the first pass."""
+
+    def before(self, slot: PassSlot, graph: Graph, ctx: PassContext) -> None:
+        """Before pass ``slot`` runs."""
+
+    def after(self, slot: PassSlot, graph: Graph, ctx: PassContext, record: PassRecord,
+              result: PassResult) -> None:
+        """After pass ``slot`` ran and returned ``result``; ``record`` is its report line."""
+
+    def end(self, graph: Graph, ctx: PassContext, report: RunReport) -> None:
+        """After the last pass."""
+
+
+class Timing(PassHook):
+    """Each pass's wall time (``PassRecord.seconds``) and the whole run's."""
+
+    def begin(self, graph: Graph, ctx: PassContext, report: RunReport) -> None:
+        self._start = time.perf_counter()
+
+    def before(self, slot: PassSlot, graph: Graph, ctx: PassContext) -> None:
+        self._t0 = time.perf_counter()
+
+    def after(self, slot: PassSlot, graph: Graph, ctx: PassContext, record: PassRecord,
+              result: PassResult) -> None:
+        record.seconds = time.perf_counter() - self._t0
+
+    def end(self, graph: Graph, ctx: PassContext, report: RunReport) -> None:
+        report.seconds = time.perf_counter() - self._start
+
+
+class Validation(PassHook):
+    """``graph.validate()`` after every pass that changed the graph: a broken invariant names
+    the pass that broke it (the plugin's when a plugin's pass did)."""
+
+    def after(self, slot: PassSlot, graph: Graph, ctx: PassContext, record: PassRecord,
+              result: PassResult) -> None:
+        if result.modified:
+            try:
+                graph.validate()
+            except GraphKernelError as e:
+                raise _blame(slot, f"pass {slot.label} left an invalid graph: {e}") from None
+
+
+class Dumps(PassHook):
+    """With ``dump_as_text``: the flags and the input graph first, then the IR after every
+    pass that changed it, into the dump folder."""
+
+    def __init__(self, dumper: Dumper, numbers: dict[int, int]) -> None:
+        self.dumper = dumper
+        self.numbers = numbers  # id(slot) -> its number in the pipeline (the dump's prefix)
+
+    def begin(self, graph: Graph, ctx: PassContext, report: RunReport) -> None:
+        self.dumper.write_json("flags.json", report.flags)
+        self.dumper.write_text("0000_input.txt", str(graph))
+
+    def after(self, slot: PassSlot, graph: Graph, ctx: PassContext, record: PassRecord,
+              result: PassResult) -> None:
+        if result.modified:
+            seq = self.numbers[id(slot)]
+            self.dumper.write_text(file_name(f"{seq:04d}_{slot.stage}_{slot.name}")
+                                   + ".txt", str(graph))
 
 
 # -------------------------------------------------------------------- manager
@@ -468,14 +467,20 @@ def collector_paused() -> Iterator[None]:
 
 
 class PassManager:
+    """Runs the pipeline the flags select on a graph, with ``target`` (the backend's facts)
+    in the pass context, and reports what every pass did. Its hooks: timing, the ones
+    ``hooks`` and ``registry.register_hook`` give, validation after every pass with
+    ``check_each_pass``, and dumps when a dump folder is given (``dump_dir``, or the flags'
+    ``debug_dir`` with ``dump_as_text``)."""
+
     def __init__(self, cfg: Config, target: Any = None, log: Callable[[str], None] | None = None,
-                 check_each_pass: bool = False, dump_dir: str | None = None) -> None:
+                 check_each_pass: bool = False, dump_dir: str | None = None,
+                 hooks: Sequence[PassHook] = ()) -> None:
         self.cfg = cfg
         self.target = target
         self.slots = build_pipeline()
         self.decisions = plan(cfg, self.slots)
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        self.check_each_pass = check_each_pass or CHECK_EACH_PASS
         # called with (graph, ctx) after the last pass (final report figures); this
         # manager's own list, starting from the pipeline table's
         self.finish_hooks: list[Callable[[Graph, PassContext], None]] = list(registry.FINISH)
@@ -484,6 +489,12 @@ class PassManager:
         if dump_to is not None:
             check_dir(dump_to, "--debug_dir")  # before any pass runs
         self.dumper = Dumper(dump_to) if dump_to is not None else None
+        self.hooks: list[PassHook] = [Timing(), *hooks, *registry.HOOKS]
+        if check_each_pass and not any(isinstance(h, Validation) for h in self.hooks):
+            self.hooks.append(Validation())
+        if self.dumper is not None:
+            numbers = {id(d.slot): k for k, d in enumerate(self.decisions, start=1)}
+            self.hooks.append(Dumps(self.dumper, numbers))
 
     def run(self, graph: Graph) -> RunReport:
         with collector_paused():
@@ -497,36 +508,35 @@ class PassManager:
         ctx.dumper = self.dumper
         self.ctx = ctx
         report = RunReport(flags=cfg.to_dict(), nodes_before=len(graph),
-                           bisect_limit=cfg.bisect_limit)
-        if self.dumper:
-            self.dumper.write_json("flags.json", report.flags)
-            self.dumper.write_text("0000_input.txt", str(graph))
+                           bisect_limit=cfg.bisect_limit, figures=ctx.report)
+        for h in self.hooks:
+            h.begin(graph, ctx, report)
         ran: list[str] = []
-        t_start = time.perf_counter()
         with progress.task("passes", sum(d.on for d in self.decisions)) as shown:
-            for seq, d in enumerate(self.decisions, start=1):
+            for d in self.decisions:
                 s = d.slot
                 rec = PassRecord(s.index, s.stage, s.name, s.label, s.run, d.on, d.reason)
                 report.passes.append(rec)
                 if d.on:
                     shown.describe(s.label)
-                    self._run_pass(seq, s, rec, graph, ctx, ran)
+                    self._run_pass(s, rec, graph, ctx, ran)
                     shown.advance()
-        report.seconds = time.perf_counter() - t_start
+        for h in self.hooks:
+            h.end(graph, ctx, report)
         report.nodes_after = len(graph)
         for hook in self.finish_hooks:
             hook(graph, ctx)
-        report.extra.update(ctx.report_extra)
         report.bisect_applications = bisect.count
         report.bisect_refused = bisect.refused
         self.bisect = bisect
         return report
 
-    def _run_pass(self, seq: int, s: PassSlot, rec: PassRecord, graph: Graph,
-                  ctx: PassContext, ran: list[str]) -> None:
-        """Run one pass: time it, record what it did, validate and dump after it."""
+    def _run_pass(self, s: PassSlot, rec: PassRecord, graph: Graph, ctx: PassContext,
+                  ran: list[str]) -> None:
+        """Run one pass between the hooks and record what it did."""
         ctx.current_pass, ctx.rewrites, ctx.notes = s.name, 0, []
-        t0 = time.perf_counter()
+        for h in self.hooks:
+            h.before(s, graph, ctx)
         try:
             result = s.info.fn(graph, ctx)
         except Exception as e:
@@ -534,7 +544,6 @@ class PassManager:
             if err is e:
                 raise
             raise err from e
-        rec.seconds = time.perf_counter() - t0
         if not isinstance(result, PassResult):
             raise _blame(s, f"pass {s.label} returned {type(result).__name__}, expected "
                             "PassResult")
@@ -546,14 +555,8 @@ class PassManager:
         rec.nodes_after = len(graph)
         graph.release_erased()
         ran.append(s.label)
-        if self.check_each_pass and result.modified:
-            try:
-                graph.validate()
-            except GraphKernelError as e:
-                raise _blame(s, f"pass {s.label} left an invalid graph: {e}") from None
-        if self.dumper and result.modified:
-            self.dumper.write_text(file_name(f"{seq:04d}_{s.stage}_{s.name}") + ".txt",
-                                   str(graph))
+        for h in self.hooks:
+            h.after(s, graph, ctx, rec, result)
 
 
 def _plugin_frame(tb: Any) -> str | None:
@@ -592,8 +595,3 @@ def _blame(s: PassSlot, message: str) -> GraphKernelError:
     if s.info.plugin:
         return PluginError(f"plugin {s.info.source.rpartition(':')[0]}: {message}")
     return PassFailure(message)
-
-
-# Tests switch this on so that every pass's output is validated and a broken
-# invariant names the pass that broke it.
-CHECK_EACH_PASS = False

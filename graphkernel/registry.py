@@ -88,6 +88,7 @@ PASSES: dict[str, PassInfo] = {}
 EXPANDERS: dict[str, Any] = {}
 PATTERNS: dict[str, Any] = {}
 FINISH: list[Callable[[Any, Any], None]] = []  # after the last pass (register_steps)
+HOOKS: list[Any] = []  # pass hooks every pass manager runs besides its own (register_hook)
 # Where each expander/pattern was registered ("file:line"), for duplicate-name errors.
 _SOURCES: dict[tuple[str, str], str] = {}
 # Source files of plugin code: an exception raised in one of them is the plugin's.
@@ -174,6 +175,13 @@ def register_steps(steps: Sequence[Step], finish: Sequence[Callable[[Any, Any], 
         feature = (st.feature, st.level) if st.feature else None
         register_pass(fn.__name__, st.stage, st.level, st.order, st.required, feature,
                       tuple(extra[fn]))(fn)
+
+
+def register_hook(hook: Any) -> Any:
+    """Run ``hook`` (a ``graphkernel.pipeline.PassHook``) in every compile from now on, e.g.
+    ``register_hook(Validation())`` to validate the graph after every pass; returns it."""
+    HOOKS.append(hook)
+    return hook
 
 
 def _register_in(table: dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:

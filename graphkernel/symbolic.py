@@ -142,6 +142,11 @@ def _canon_str(d: str) -> Dim:
     return make_dim(coef, syms)
 
 
+def eq(a: Dim, b: Dim) -> bool:
+    """Whether two dims are the same extent (equal once canonical: ``"s0*2"`` is ``"2*s0"``)."""
+    return canon(a) == canon(b)
+
+
 def is_static(d: Dim) -> bool:
     return isinstance(d, int)
 

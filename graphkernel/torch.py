@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -409,8 +410,137 @@ def _module_float(arg: Any, source: str) -> bool:
     return bool(getattr(arg, "pass_arg_as_tensor", False)) and source.startswith("L['self']")
 
 
-def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
+# ------------------------------------------------------------ decompositions
+# ATen ops traced whole: the fused attention overloads and their backwards, imported as
+# FusedAttention / FusedAttentionGrad (graphkernel/frontends/fx.py). The math overload
+# (``_scaled_dot_product_attention_math``, what torch itself runs for dropout or a mask that
+# needs its gradient) stays an exact decomposition.
+KEEP_WHOLE = frozenset({
+    "aten.scaled_dot_product_attention",
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_backward",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten._scaled_dot_product_efficient_attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward",
+})
+_REFUSED: dict[str, str] = {}  # decomposition rules refused, with why (logged once each)
+
+
+def decompositions(checked: bool = True) -> dict[Any, Callable[..., Any]]:
+    """The decomposition table training and inference graphs are traced with: the core ATen
+    decompositions without the ops of ``KEEP_WHOLE``, each rule checked against its op.
+
+    A rule stands in for its op only where it returns what the op returns: the same number
+    of outputs, each of the op's shape and dtype (``faithful``). An op's backward reads the
+    forward's outputs as the op defines them, so a rule that returns something else there
+    (torch's rule for the CPU flash attention returns the attention weights [B, H, L, S]
+    where the op returns its logsumexp [B, H, L]) would feed the backward the wrong saved
+    tensor. Refused, the op is traced whole and runs as itself. (``checked=False``: the
+    rules as they are, for an inference graph, whose outputs no backward reads.)"""
     from torch._decomp import core_aten_decompositions
+
+    table = {}
+    for op, rule in core_aten_decompositions().items():
+        name = str(op).rsplit(".", 1)[0]
+        if name in KEEP_WHOLE:
+            continue
+        table[op] = faithful(op, rule) if checked else rule
+    return table
+
+
+_CHECKING = threading.local()  # inside a check: an op's own run may come back to its rule
+
+
+def faithful(op: Any, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """``rule`` (a decomposition of ``op``) where its outputs match the op's own in count,
+    shape and dtype on the arguments at hand; elsewhere NotImplemented (make_fx then traces
+    the op itself). Both are run on the fake arguments without tracing, once per kind of
+    argument (shapes, dtypes, plain values); an op that writes its arguments is not run
+    twice, and its rule is taken as it is."""
+    if op._schema.is_mutable:
+        return rule
+    verdicts: dict[Any, bool] = {}
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_CHECKING, "on", False):  # (the op itself decomposes to this rule)
+            return rule(*args, **kwargs)
+        key = _signature((args, kwargs))
+        ok = verdicts.get(key)
+        if ok is None:
+            _CHECKING.on = True
+            try:
+                ok = verdicts[key] = _same_outputs(op, rule, args, kwargs)
+            finally:
+                _CHECKING.on = False
+        return rule(*args, **kwargs) if ok else NotImplemented
+
+    return checked
+
+
+def _signature(x: Any) -> Any:
+    """A hashable key of an argument structure: tensors by shape and dtype."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(str(d) for d in x.shape), str(x.dtype))
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in sorted(x.items()))
+    if isinstance(x, list | tuple):
+        return tuple(_signature(v) for v in x)
+    return (type(x).__name__, str(x))
+
+
+def _same_outputs(op: Any, rule: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Whether ``rule`` returns what ``op`` returns on these (fake) arguments."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    from torch.utils._pytree import tree_map
+
+    def fresh() -> tuple[tuple, dict]:  # new lists around the same tensors: some rules
+        return tree_map(lambda x: x, (args, kwargs))  # write into the lists they are given
+
+    try:
+        with disable_proxy_modes_tracing():
+            a, k = fresh()
+            want = op(*a, **k)
+            a, k = fresh()
+            got = rule(*a, **k)
+    except Exception:  # noqa: BLE001 - not checkable here: the rule runs as it would have
+        return True
+    if got is NotImplemented:
+        return True
+    why = _output_difference(want, got)
+    if why is None:
+        return True
+    name = str(op)
+    if name not in _REFUSED:
+        _REFUSED[name] = why
+        log.info("decomposition of %s not used: %s; the op is traced whole", name, why)
+    return False
+
+
+def _output_difference(want: Any, got: Any) -> str | None:
+    """What differs between an op's outputs and its rule's (None when nothing does)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    ws = list(want) if isinstance(want, list | tuple) else [want]
+    gs = list(got) if isinstance(got, list | tuple) else [got]
+    if len(ws) != len(gs):
+        return f"{len(gs)} outputs where the op has {len(ws)}"
+    for i, (w, g) in enumerate(zip(ws, gs, strict=True)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if isinstance(w, torch.Tensor) != isinstance(g, torch.Tensor):
+                return f"output {i} is {type(g).__name__} where the op's is {type(w).__name__}"
+            continue
+        same = len(w.shape) == len(g.shape) and all(
+            statically_known_true(a == b) for a, b in zip(w.shape, g.shape, strict=True))
+        if not same or w.dtype != g.dtype:
+            return (f"output {i} is {g.dtype} {list(g.shape)} where the op's is "
+                    f"{w.dtype} {list(w.shape)}")
+    return None
+
+
+def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = None):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -422,12 +552,25 @@ def _aot(gm, example_inputs, options, frozen: dict[int, torch.Tensor] | None = N
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         inference_compiler=compiler("inference"),
-                        decompositions=core_aten_decompositions())(gm, example_inputs)
+                        decompositions=decompositions())(gm, example_inputs)
+
+
+OFF_ENV = "GRAPHKERNEL_TORCH_BACKEND"  # "aot_eager": graphkernel off (torch's AOT-eager path)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             options: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """The ``torch.compile`` backend (registered as "graphkernel")."""
+    """The ``torch.compile`` backend (registered as "graphkernel"). With the environment's
+    ``GRAPHKERNEL_TORCH_BACKEND=aot_eager`` graphkernel steps aside: Dynamo's graph runs on
+    torch's own AOT-eager path (what ``graphkernel bisect run`` compares a failing program
+    with before it says a failure is not graphkernel's)."""
+    off = os.environ.get("GRAPHKERNEL_TORCH_BACKEND", "").strip()  # (OFF_ENV)
+    if off:
+        if off != "aot_eager":
+            raise ExecutionError(f"{OFF_ENV}={off!r} (accepted: aot_eager, or unset)")
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -442,10 +585,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 
 def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: str = "model"):
-    """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level;
-    parameters and buffers become constants). A transformers model is exported with
-    ``use_cache=False`` (its KV cache output is not a tensor); a model torch.export cannot
-    trace is a FrontendError naming the model and torch's reason."""
+    """A model's inference graph as a graphkernel Graph (torch.export at the core ATen level,
+    attention kept whole: ``decompositions()``; parameters and buffers become constants). A
+    transformers model is exported with ``use_cache=False`` (its KV cache output is not a
+    tensor); a model torch.export cannot trace is a FrontendError naming the model and
+    torch's reason."""
     from graphkernel.errors import FrontendError
     from graphkernel.frontends.fx import import_fx, to_numpy
 
@@ -465,7 +609,7 @@ def export_graph(model: torch.nn.Module, example_inputs: Sequence[Any], name: st
     finally:
         if cached:
             config.use_cache = True
-    ep = ep.run_decompositions()
+    ep = ep.run_decompositions(decompositions(checked=False))
     g = import_fx(ep.graph_module, None, name=name)
     consts = {}
     sig = ep.graph_signature
@@ -499,13 +643,199 @@ def _inline_inputs(g, consts: dict[str, Any]):
 
 def bisect(model: torch.nn.Module, example_inputs: Sequence[Any],
            check: Callable[[Sequence[Any]], bool] | None = None, flags: str = "",
-           **kw: Any):
+           backward: bool = False, **kw: Any):
     """Bisect a PyTorch model: export it, then find the pass and rewrite that break its
-    accuracy (``check`` is not needed: the judge compares with a float64 reference)."""
+    accuracy (``check`` is not needed: the judge compares with a float64 reference).
+
+    With ``backward``, check a training step instead (``step_bisect``): the gradients as well
+    as the output, through torch.compile's forward and backward graphs."""
     from graphkernel.bisect import bisect as run_bisect
     from graphkernel.frontends.fx import to_numpy
 
+    if backward:
+        return step_bisect(model, example_inputs, flags=flags, **kw)
     g = export_graph(model, example_inputs)
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     feeds = {v.name: to_numpy(t) for v, t in zip(g.inputs, tensors, strict=True)}
     return run_bisect(g, feeds, flags, **kw)
+
+
+# ------------------------------------------------------------ training steps
+@dataclass
+class StepBisect:
+    """What ``step_bisect`` found about a training step through ``torch.compile``.
+
+    ``stage`` names where a difference starts: ``""`` (none: the step matches eager),
+    ``"torch.compile"`` (torch's own AOT-eager path differs from eager the same way: not
+    graphkernel's), ``"tracing"`` (the ATen graphs graphkernel is given, run by torch, already
+    differ: the decomposition table), ``"import"`` (graphkernel's unoptimized import of one
+    graph differs from torch running that graph), ``"pipeline"`` (a pass: ``result`` is the
+    graph-level bisect of that graph)."""
+
+    mismatch: bool
+    stage: str = ""
+    graph: str = ""  # the graph it starts in: forward or backward
+    differ: list[str] = field(default_factory=list)  # outputs / gradients that differ
+    message: str = ""
+    result: Any = None  # graphkernel.bisect.BisectResult of the pipeline stage
+
+    def summary(self) -> str:
+        head = f"{self.stage or 'no mismatch'}: {self.message}"
+        if self.differ:
+            head += f"\ndiffering: {', '.join(self.differ[:12])}" + (
+                f" (+{len(self.differ) - 12})" if len(self.differ) > 12 else "")
+        if self.result is not None:
+            head += "\n" + self.result.summary()
+        return head
+
+
+def _train_step(model: torch.nn.Module, fn: Callable[..., Any], args: Sequence[Any],
+                loss: Callable[[Any], Any], seed: int) -> dict[str, Any]:
+    """One seeded step: {"output": ..., parameter name: gradient}."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = fn(*args)
+    loss(out).backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    return {"output": out.detach() if isinstance(out, torch.Tensor) else out, **grads}
+
+
+def _differing(want: dict[str, Any], got: dict[str, Any], rtol: float, atol: float
+               ) -> list[str]:
+    out = []
+    for k, w in want.items():
+        g = got.get(k)
+        if (w is None) != (g is None):
+            out.append(k)
+        elif isinstance(w, torch.Tensor):
+            try:
+                torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+            except AssertionError:
+                out.append(k)
+    return out
+
+
+def _compiled_step(model, args, backend_fn, loss, seed) -> dict[str, Any]:
+    """The second step of ``model`` compiled with ``backend_fn`` (the first compiles: tracing
+    may draw random numbers of its own)."""
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend=backend_fn)
+    _train_step(model, fn, args, loss, seed)
+    return _train_step(model, fn, args, loss, seed)
+
+
+def _capturing(store: list[dict[str, Any]]) -> Callable[..., Any]:
+    """A backend tracing as graphkernel's does (the same decomposition table) and running the
+    ATen graphs through torch, keeping each graph and the arguments of its last call."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compiler(role):
+        def fn(graph_module, inputs):
+            entry = {"role": role, "gm": graph_module, "args": None}
+            store.append(entry)
+
+            def run(*args):
+                entry["args"] = [a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                 for a in args]
+                return graph_module(*args)
+
+            return make_boxed_func(run)
+        return fn
+
+    def capture(gm, example_inputs):
+        return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                            inference_compiler=compiler("inference"),
+                            decompositions=decompositions())(gm, example_inputs)
+
+    return capture
+
+
+def _outputs(values: Any) -> list[Any]:
+    return list(values) if isinstance(values, list | tuple) else [values]
+
+
+def _import_difference(entry: dict[str, Any], rtol: float, atol: float) -> list[str]:
+    """The outputs of one captured graph where graphkernel's unoptimized import differs from
+    torch running the graph on the same arguments."""
+    from graphkernel.frontends.fx import import_fx_module
+
+    gm, args = entry["gm"], entry["args"]
+    with _real_tensors():
+        imported = import_fx_module(gm, args, name=f"{entry['role']}_check")
+        want = _outputs(gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
+        got = _outputs(_runner(imported, imported.graph)(*args))
+    names = [f"output {i}" for i in range(len(want))]
+    return _differing(dict(zip(names, want, strict=True)), dict(zip(names, got, strict=True)),
+                      rtol, atol)
+
+
+def step_bisect(model: torch.nn.Module, example_inputs: Sequence[Any], flags: str = "",
+                loss: Callable[[Any], Any] | None = None, seed: int = 0, rtol: float = 1e-3,
+                atol: float = 1e-5, **kw: Any) -> StepBisect:
+    """Check one training step of ``model`` through ``torch.compile(backend="graphkernel")``
+    against eager — the output and every parameter's gradient (``loss(output).backward()``,
+    default the mean square of the output; both sides seeded alike) — and, when they differ,
+    say where the difference starts (``StepBisect.stage``): torch.compile itself (its
+    AOT-eager path differs the same way), the traced ATen graphs, graphkernel's import of
+    the forward or backward graph, or a pass (then bisected to the rewrite on that graph:
+    ``graphkernel.bisect.bisect`` with ``kw``)."""
+    import copy
+
+    from graphkernel.bisect import bisect as run_bisect
+    from graphkernel.frontends.fx import import_fx_module, to_numpy
+
+    loss = loss or (lambda out: out.float().pow(2).mean())
+    args = list(example_inputs)
+    model = copy.deepcopy(model)
+
+    def fresh():
+        return copy.deepcopy(model)
+
+    want = _train_step(model, model, args, loss, seed)
+    opts = {"flags": flags} if flags else {}
+    ours = _compiled_step(fresh(), args, lambda g, e: backend(g, e, opts), loss, seed)
+    differ = _differing(want, ours, rtol, atol)
+    if not differ:
+        return StepBisect(False, message="the compiled step's output and gradients match "
+                                         "eager")
+    from torch._dynamo.backends.registry import lookup_backend
+
+    plain = _compiled_step(fresh(), args, lookup_backend("aot_eager"), loss, seed)
+    if _differing(want, plain, rtol, atol) and not _differing(plain, ours, rtol, atol):
+        return StepBisect(True, "torch.compile", differ=differ,
+                          message="torch.compile's AOT-eager path (graphkernel off) differs "
+                                  "from eager the same way: not graphkernel's")
+    store: list[dict[str, Any]] = []
+    traced = _compiled_step(fresh(), args, _capturing(store), loss, seed)
+    bad = _differing(want, traced, rtol, atol)
+    if bad:
+        return StepBisect(True, "tracing", differ=bad,
+                          message="the ATen graphs traced with graphkernel's decomposition "
+                                  "table, run by torch, already differ from eager "
+                                  "(graphkernel.torch.decompositions)")
+    for entry in store:
+        if entry["args"] is None:
+            continue
+        bad = _import_difference(entry, rtol, atol)
+        if bad:
+            return StepBisect(True, "import", entry["role"], bad,
+                              f"graphkernel's unoptimized import of the {entry['role']} graph "
+                              "differs from torch running it (the FX frontend or an op run "
+                              "through torch)")
+    for entry in store:
+        if entry["args"] is None:
+            continue
+        with _real_tensors():
+            imported = import_fx_module(entry["gm"], entry["args"], name=entry["role"])
+        feeds = {imported.graph.inputs[i].name: to_numpy(a)
+                 for spec, a in zip(imported.inputs, entry["args"], strict=False)
+                 if isinstance(spec, int) and not isinstance(spec, bool)
+                 for i in [spec]}
+        res = run_bisect(imported.graph, feeds, flags, **kw)
+        if res.mismatch:
+            return StepBisect(True, "pipeline", entry["role"], differ, "a pass changes the "
+                              f"{entry['role']} graph's results", res)
+    return StepBisect(True, "pipeline", differ=differ,
+                      message="the step differs but no graph's compiled run differs from its "
+                              "unoptimized one on the recorded arguments (see the tolerances)")

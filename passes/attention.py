@@ -4,9 +4,13 @@ vendor's fused attention operator, launched as an extern kernel).
 The pattern, as the frontends and the Softmax expander leave it::
 
     S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes
+                                  (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
+    P = Select(no key left, 0, P) optional: torch's guard of a row whose every key is masked
+                                  out (not any(S != -inf)), or ONNX's Where(IsNaN(P), 0, P):
+                                  the operator's own zeros for such a row
     O = BatchMatMul(P, V)
 
 with reshape views anywhere between (batch and heads merged into one axis and split again).
@@ -29,8 +33,13 @@ vary over the batch, else [B,N,S1,S2]. Other
 masks in shapes the operator does not document ([B,1,1,S2] key-padding masks, for one) are
 refused rather than broadcast.
 
-Every candidate (a softmax between two products) is recorded in ``analyses.attention``
-with its verdict; ``graphkernel explain`` shows the reasons of the refused ones.
+A FusedAttention the frontend made (scaled_dot_product_attention, ONNX's Attention: BNSD) is
+read in the best layout the same way: its head splits read in place, the head merge written
+by the operator, Q's constant factor taken into the scale.
+
+Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
+recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
+reasons of the refused ones.
 """
 
 from __future__ import annotations
@@ -40,17 +49,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphkernel import symbolic
+from graphkernel.analyses import AttentionMatch
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.ops import RESHAPE_OPS, VIEW_OPS
 from graphkernel.passes.causal_mask import causal_band
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
 from graphkernel.passes.qkv_split import Built, sliced_source, split_parts
 from graphkernel.passes.rewrite import const_array, splat
-from graphkernel.pipeline import AttentionMatch
 from graphkernel.registry import PassResult, counted
 
-VIEWS = ("Reshape", "ExpandDims", "Squeeze")
 LOWEST = -65504.0  # a mask value at or below this masks out (exp underflows to 0 in fp32)
 HEAD_SPLIT = [0, 2, 1, 3]
 LAYOUTS = ("BNSD", "BSND", "BSH")  # in the order of what they need absorbed
@@ -97,6 +106,8 @@ class _Match:
     v: Value
     scale: float = 1.0
     k_bsnd: bool = False  # k is [B, S, N, D] (its head split and Kᵀ were one Transpose)
+    k_heads: int = 1  # Kᵀ broadcast from one head to this many (multi-query attention)
+    kt: Node | None = None  # the Transpose making Kᵀ (it may stay, read elsewhere too)
     # each additive mask and the rank of the scores it is added to ([B, N, S1, S2] or
     # [B·N, S1, S2])
     masks: list[tuple[Value, int]] = field(default_factory=list)
@@ -112,7 +123,7 @@ def _views(v: Value, seen: list[Node]) -> Value:
     """``v`` seen through reshape views (and a Concat of one input, an identity), recording
     the nodes walked in ``seen``."""
     while (p := v.producer) is not None and (
-            p.op in VIEWS or p.op == "Identity" or p.op == "Concat" and len(p.inputs) == 1):
+            p.op in VIEW_OPS or p.op == "Concat" and len(p.inputs) == 1):
         seen.append(p)
         v = p.inputs[0]
     return v
@@ -196,55 +207,147 @@ def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
     return qk, scale
 
 
+def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
+    """``p`` seen through the guard torch puts after the softmax of masked scores: zeros
+    for a row whose every key is masked out, ``Select(no key left, 0, P)`` where no key
+    left is ``not any(x != -inf)`` over the row (the operator writes zeros there too), or
+    the ONNX exporter's ``Where(IsNaN(P), 0, P)`` (such a row's softmax is NaN; a NaN input
+    would give zeros there where the operator gives NaN). Returns (P, the guard's Equal,
+    whose input must be the softmax's) or (p, None)."""
+    sel = _producer(p, "Select")
+    if sel is None or splat(sel.inputs[1]) != 0.0:
+        return p, None
+    nan = _producer(sel.inputs[0], "IsNan")
+    if nan is not None and nan.inputs[0] is sel.inputs[2]:
+        seen += [sel, nan]
+        return _views(sel.inputs[2], seen), None
+    chain: list[Node] = [sel]
+    nots = [_producer(sel.inputs[0], "LogicalNot")]
+    red = _producer(nots[0].inputs[0], "ReduceMax") if nots[0] is not None else None
+    nots.append(_producer(red.inputs[0], "LogicalNot") if red is not None else None)
+    eq = _producer(nots[1].inputs[0], "Equal") if nots[1] is not None else None
+    if eq is None or not _last_axis(red) or splat(eq.inputs[1]) != -np.inf:
+        return p, None
+    chain += [nots[0], red, nots[1], eq]
+    seen += chain
+    return _views(sel.inputs[2], seen), eq
+
+
+def _scale_folded(v: Value, seen: list[Node]) -> tuple[Value, float]:
+    """(x, c) when ``v`` is x · c for a constant c read only here, seen through views that
+    keep its type (the scale applied to Q or to Kᵀ: torch's math path puts sqrt(scale) on
+    both), else (v, 1)."""
+    probe: list[Node] = []
+    base = _views(v, probe)
+    mul = _producer(base, "Mul")
+    if mul is None or any(len(n.outputs[0].users) != 1 for n in (*probe, mul)):
+        return v, 1.0
+    for s, c in ((0, 1), (1, 0)):
+        f, x = splat(mul.inputs[c]), mul.inputs[s]
+        if f is not None and f != 0 and np.isfinite(f) and (
+                x.type == v.type or x.type.rank == 4 and x.dtype == v.dtype):
+            seen += [*probe, mul]
+            return x, f
+    return v, 1.0
+
+
+def _key_side(k: Value, seen: list[Node]) -> tuple[Value, float, int]:
+    """(Kᵀ or K, constant factor, head repeat) of the scores' second operand: seen through
+    views, products with a constant (torch's math path scales Kᵀ by sqrt(scale)) and a
+    broadcast of one K/V head to every query head (multi-query attention repeating Kᵀ)."""
+    factor, repeat = 1.0, 1
+    while (p := k.producer) is not None:
+        if p.op in VIEW_OPS:
+            k = p.inputs[0]
+        elif p.op == "Mul" and (f := _factor(p)) is not None:
+            factor *= f[0]
+            k = f[1]
+        elif p.op == "BroadcastTo" and (r := _head_broadcast(p)) is not None:
+            repeat *= r
+            k = p.inputs[0]
+        else:
+            break
+        seen.append(p)
+    return k, factor, repeat
+
+
+def _factor(mul: Node) -> tuple[float, Value] | None:
+    """(c, x) of ``x * c`` or ``c * x`` for a finite nonzero constant c of one value."""
+    for s, c in ((0, 1), (1, 0)):
+        f = splat(mul.inputs[c])
+        if f is not None and f != 0 and np.isfinite(f) and \
+                mul.inputs[s].type == mul.outputs[0].type:
+            return f, mul.inputs[s]
+    return None
+
+
+def _head_broadcast(bt: Node) -> int | None:
+    """N when ``bt`` broadcasts a rank-4 [B, 1, X, Y] to [B, N, X, Y]."""
+    src, out = bt.inputs[0].type, bt.outputs[0].type
+    if src.rank != 4 or out.rank != 4 or src.shape[1] != 1 or not isinstance(out.shape[1], int):
+        return None
+    if (src.shape[0], *src.shape[2:]) != (out.shape[0], *out.shape[2:]):
+        return None
+    return out.shape[1]
+
+
 def _match(pv: Node) -> _Match | None:
     """The attention pattern ending at the product ``pv`` (P·V), or None when the product is
-    not one. Raises Refused for a pattern the operator cannot take (dropout)."""
-    if pv.attrs["transpose_a"] or pv.attrs["transpose_b"]:
-        return None
+    not one (its first operand is no softmax). Raises Refused, with the reason, for a
+    candidate (a softmax before ·V) the operator cannot take."""
     inside: list[Node] = [pv]
     p = _views(pv.inputs[0], inside)
     drop = _producer(p, "Opaque", "Mul")
     if drop is not None:
         label = str(drop.attrs.get("label", "")) + str(drop.attrs.get("spec", ""))
         probe: list[Node] = []
-        if any(_softmax(_views(v, probe), probe) is not None for v in drop.inputs):
+        if any(_softmax(_guarded(_views(v, probe), probe)[0], probe) is not None
+               for v in drop.inputs):
             if drop.op == "Opaque" and "dropout" not in label.lower():
-                return None
+                raise Refused(f"the probabilities pass through {drop.name} ({label[:60]}, "
+                              "run through another framework) before ·V")
             if drop.op == "Opaque":
-                raise Refused("dropout between the softmax and ·V (training): the operator "
-                              "is used for inference only (keep_prob 1)")
+                raise Refused("dropout between the softmax and ·V (training): torch's "
+                              "random stream runs it; the operator's keep_prob would draw "
+                              "other numbers")
             raise Refused(f"the probabilities are multiplied ({drop.name}) before ·V "
                           "(dropout, a head mask): the operator has no such input")
+    p, guard = _guarded(p, inside)
     x = _softmax(p, inside)
     if x is None:
         return None
+    if pv.attrs["transpose_a"] or pv.attrs["transpose_b"]:
+        raise Refused(f"the probabilities' product {pv.name} transposes an operand")
+    if guard is not None and guard.inputs[0] is not x:
+        raise Refused("the masked-row guard tests other scores than the softmax's")
     found = _scores(x, inside)
     if found is None:
-        return None
+        raise Refused("the softmax's input is not Q·Kᵀ, scaled by a constant, plus at most "
+                      "two masks")
     qk, scale, masks = found
     inside.append(qk)
     q, k = qk.inputs
-    fold = _producer(q, "Mul")  # the scale folded into Q
-    if fold is not None and len(q.users) == 1:
-        for s, c in ((0, 1), (1, 0)):
-            f = splat(fold.inputs[c])
-            if f is not None and fold.inputs[s].type == q.type:
-                scale *= f
-                q = fold.inputs[s]
-                inside.append(fold)
-                break
-    k_bsnd = False
+    q, f = _scale_folded(q, inside)  # the scale folded into Q
+    scale *= f
+    k_bsnd, heads, kt = False, 1, None
     if not qk.attrs["transpose_b"]:  # Kᵀ by a Transpose of K's last two axes (views after)
-        t = _producer(_views(k, []), "Transpose")
+        k, f, heads = _key_side(k, inside)  # (the scale on Kᵀ, its heads repeated)
+        scale *= f
+        t = _producer(k, "Transpose")
         rank = t.inputs[0].type.rank if t is not None else 0
         perm = list(t.attrs["perm"]) if t is not None else []
         if perm == [0, 2, 3, 1]:  # [B, S, N, D] -> [B, N, D, S]: head split and Kᵀ at once
             k_bsnd = True
         elif perm != [*range(rank - 2), rank - 1, rank - 2]:
-            return None  # not Q·Kᵀ
+            raise Refused(f"the scores' product {qk.name} does not read Kᵀ (no transpose of "
+                          "K's last two axes)")
         k = t.inputs[0]  # what it no longer needs dies with the rewrite
+        kt = t
+    else:
+        k, f = _scale_folded(k, inside)
+        scale *= f
     return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
-                  k_bsnd=k_bsnd)
+                  k_bsnd=k_bsnd, k_heads=heads, kt=kt)
 
 
 def _same(a, b) -> bool:
@@ -318,7 +421,7 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
     out = pv.outputs[0]
     op = _Operand((b, n, s, d), {"BNSD": out})
     users = out.users
-    while len(users) == 1 and users[0].op in VIEWS and users[0].outputs[0].type.rank == 4:
+    while len(users) == 1 and users[0].op in RESHAPE_OPS and users[0].outputs[0].type.rank == 4:
         out = users[0].outputs[0]
         users = out.users
     if tuple(out.type.shape) != (b, n, s, d):
@@ -490,14 +593,13 @@ def _unscaled(graph: Graph, r: Value, origin: tuple) -> tuple[Value, float]:
 
 
 def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
-    """Check the match against the operator's limits and replace it; the record says how."""
-    bad = _used_outside(m)
-    if bad is not None:
-        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
-                      "probabilities kept for the backward)")
-    inside = frozenset(map(id, m.nodes))
+    """Check the match against the operator's limits and replace it; the record says how.
+    (The operator's limits are checked before the pattern's other uses: the reason a
+    candidate could never be one launch comes first.)"""
+    inside = frozenset(map(id, [*m.nodes, *([m.kt] if m.kt is not None else [])]))
     q, _ = _heads(m.q, inside)
     k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k, inside)
+    rep_k *= m.k_heads
     v, rep_v = _heads(m.v, inside)
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
@@ -508,6 +610,10 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     why = limits(m.q.dtype, n1, n2, d)
     if why is not None:
         raise Refused(f"unsupported {why}")
+    bad = _used_outside(m)
+    if bad is not None:
+        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
+                      "probabilities kept for the backward)")
     if not isinstance(m.scale, float) or not np.isfinite(m.scale):
         raise Refused(f"scale {m.scale} is not a finite number")
     out = _output(m.pv, b, n1, s1, d)
@@ -546,11 +652,91 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                           + "".join(f"; {x}" for x in m.notes), name)
 
 
+def _kept(fa: Node, reason: str) -> AttentionMatch:
+    what = "FusedAttention" if fa.op == "FusedAttention" else "its gradient"
+    return AttentionMatch(fa.name, [fa.name], "fused", f"{what} from the frontend, "
+                          f"{reason}", fa.name)
+
+
+def _relayout(graph: Graph, fa: Node) -> AttentionMatch:
+    """A FusedAttention the frontend made (BNSD, from scaled_dot_product_attention) read in
+    the best layout its operands and output allow (head splits read in place, grouped-query
+    repeats read with their K/V heads, the head merge written by the operator), Q's constant
+    factor taken into the scale — the decomposed pattern's rewrites, for the op itself."""
+    a = fa.attrs
+    if a["layout"] != "BNSD":
+        return _kept(fa, f"layout {a['layout']}")
+    inside = frozenset({id(fa)})
+    q, _ = _heads(fa.inputs[0], inside)
+    k, rep_k = _heads(fa.inputs[1], inside)
+    v, rep_v = _heads(fa.inputs[2], inside)
+    b, n1, s1, d = q.shape
+    if rep_k != rep_v or k.shape != v.shape:
+        k = _Operand(tuple(fa.inputs[1].shape), {"BNSD": fa.inputs[1]})
+        v = _Operand(tuple(fa.inputs[2].shape), {"BNSD": fa.inputs[2]})
+    out = _output(fa, b, n1, s1, d)
+    layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+    notes: list[str] = []
+    origin = fa.origin
+    read_q = q.read(layout, "Q", notes)
+    factor = 1.0
+    if "pse" not in a["mask"]:  # (a pse was divided by the scale: it stays as it is)
+        read_q, factor = _unscaled(graph, read_q, origin)
+    ins = [read_q, k.read(layout, "K", notes), v.read(layout, "V", notes)]
+    if layout == "BNSD" and factor == 1.0 and all(x is y for x, y in zip(ins, fa.inputs)):
+        return _kept(fa, "layout BNSD (an operand or the output is not a head split or "
+                     "merge)")
+    attrs = dict(a) | {"layout": layout, "scale": a["scale"] * factor}
+    name = graph.fresh_name(fa.name)
+    try:
+        new = graph.add_node(fa.op, [*ins, *fa.inputs[3:]], attrs, name=name, origin=origin)
+    except GraphKernelError as e:  # a limit the checks above do not know of
+        raise Refused(f"the operator does not take it in layout {layout}: {e}") from None
+    target, got = out.reads[layout], new.outputs[0]
+    if target.type != got.type:
+        got = graph.add_node("Reshape", [got], {"shape": list(target.type.shape)},
+                             name=graph.fresh_name(f"{name}/view"), origin=origin).outputs[0]
+    graph.replace_all_uses(target, got)
+    for old_v, new_v in zip(fa.outputs[1:], new.outputs[1:], strict=True):  # statistics
+        graph.replace_all_uses(old_v, new_v)
+    read = [*ins, *q.sources, *k.sources, *v.sources]
+    notes += split_parts(graph, [x for x in map(sliced_source, read) if x is not None],
+                         [x.built for x in (q, k, v) if x.built is not None])
+    if factor != 1.0:
+        notes.append(f"Q's factor {factor:g} taken into the scale")
+    n2 = k.shape[1] if layout in k.reads or layout in k.builds else n1
+    return AttentionMatch(fa.name, [fa.name], "fused",
+                          f"FusedAttention from the frontend, read in layout {layout}, "
+                          f"{n1} heads" + (f" ({n2} K/V heads)" if n2 != n1 else "")
+                          + f", mask {a['mask']}" + (" + causal" if a["causal"] else "")
+                          + "".join(f"; {x}" for x in notes), name)
+
+
 def attention(graph, ctx) -> PassResult:
     """Rewrite Q·Kᵀ -> scale -> mask -> softmax -> ·V (and the head split/merge around it)
-    -> one FusedAttention op, the vendor's fused attention operator as an extern kernel."""
+    -> one FusedAttention op, the vendor's fused attention operator as an extern kernel; a
+    FusedAttention the frontend made is read in the best layout its neighbours allow."""
     found: list[AttentionMatch] = ctx.analyses.attention
     fused = 0
+    for fa in [n for n in graph.nodes if n.op in ("FusedAttention", "FusedAttentionGrad")]:
+        if fa.op == "FusedAttentionGrad":
+            found.append(_kept(fa, f"layout {fa.attrs['layout']} (the forward's saved "
+                                   "operands)"))
+            continue
+        if not ctx.should_apply(f"attention layout of {fa.name}", [fa]):
+            found.append(_kept(fa, f"layout {fa.attrs['layout']} (not rewritten: bisect)"))
+            continue
+        try:
+            with graph.recording() as added:
+                rec = _relayout(graph, fa)
+        except Refused as e:
+            for n in reversed(added):
+                if n.graph is graph and not any(v.users for v in n.outputs):
+                    graph.erase_node(n)
+            found.append(AttentionMatch(fa.name, [fa.name], "refused", str(e), fa.name))
+            continue
+        found.append(rec)
+        fused += rec.op != fa.name
     for pv in list(graph.nodes):
         if pv.graph is None or pv.op != "BatchMatMul":
             continue

@@ -29,9 +29,9 @@ import numpy as np
 
 from graphkernel import symbolic
 from graphkernel.ir import DType, Value
+from graphkernel.ops import VIEW_OPS
 from graphkernel.passes.rewrite import splat
 
-VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Identity")
 ANDS = ("BitwiseAnd", "LogicalAnd")
 # the comparison with its operands swapped: x op y == y SWAPPED[op] x
 SWAPPED = {"Greater": "Less", "Less": "Greater", "GreaterEqual": "LessEqual",
@@ -46,7 +46,7 @@ def _same(a, b) -> bool:
 
 def _last_two_kept(v: Value) -> Value:
     """``v`` seen through views and broadcasts whose last two dims are their input's."""
-    while (p := v.producer) is not None and p.op in (*VIEWS, "BroadcastTo"):
+    while (p := v.producer) is not None and (p.op in VIEW_OPS or p.op == "BroadcastTo"):
         x = p.inputs[0]
         if x.type.rank < 2 or not all(_same(a, b) for a, b in zip(x.shape[-2:], v.shape[-2:],
                                                                   strict=True)):
@@ -82,8 +82,8 @@ def _position(v: Value) -> tuple[int, float, float, object, int] | None:
     if len(axes) != 1:
         return None
     axis, offset = axes[0], 0
-    while (p := v.producer) is not None and p.op in (*VIEWS, "Add", "Sub"):
-        if p.op in VIEWS:
+    while (p := v.producer) is not None and (p.op in VIEW_OPS or p.op in ("Add", "Sub")):
+        if p.op in VIEW_OPS:
             v = p.inputs[0]
         else:  # x + c, c + x, x - c
             sides = [(0, 1), (1, 0)] if p.op == "Add" else [(0, 1)]

@@ -20,15 +20,14 @@ from collections import deque
 
 import numpy as np
 
+from graphkernel.analyses import LayoutChoice
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.opdefs.nn import NCHW_TO_NHWC, NHWC_TO_NCHW
-from graphkernel.ops import OpKind, get, normalize_axes
+from graphkernel.ops import RESHAPE_OPS, OpKind, get, normalize_axes
 from graphkernel.passes.rewrite import add_like, const_array, replace_with
-from graphkernel.pipeline import LayoutChoice
 from graphkernel.registry import PassResult
 
 UP, DOWN = "up", "down"  # where a transpose moves: towards the producers, or the users
-VIEWS = ("ExpandDims", "Squeeze", "Reshape")
 SEARCH = 64  # ops looked at around a convolution for a permute (views, slices, elementwise)
 
 
@@ -194,7 +193,7 @@ def _near_permute(conv: Node) -> str | None:
     """The first Transpose found around ``conv``: up its input through views, down its
     output through the ops a transpose passes through; None when there is none."""
     v = conv.inputs[0]
-    while v.producer is not None and v.producer.op in VIEWS:
+    while v.producer is not None and v.producer.op in RESHAPE_OPS:
         v = v.producer.inputs[0]
     if v.producer is not None and v.producer.op == "Transpose":
         return v.producer.name
@@ -236,7 +235,8 @@ def _drop_dead_views(graph: Graph) -> int:
     replaced to dce, and a dead reader of a view would keep a transpose from moving up."""
     outs, dead = {id(v) for v in graph.outputs}, 0
     for n in reversed(graph.nodes):
-        if n.op in ("Conv2D", *VIEWS) and not any(v.uses or id(v) in outs for v in n.outputs):
+        if (n.op == "Conv2D" or n.op in RESHAPE_OPS) and not any(v.uses or id(v) in outs
+                                                              for v in n.outputs):
             graph.erase_node(n)
             dead += 1
     return dead

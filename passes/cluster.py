@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, traffic
-from graphkernel.codegen.targets import load as load_target
-from graphkernel.fusion import MATMUL_OPS, cluster_ops, reason_checker, regions_of
+from graphkernel.fusion import cluster_ops, reason_checker, regions_of
 from graphkernel.ir import Node
+from graphkernel.ops import PRODUCT_OPS
 from graphkernel.registry import PassResult, counted
 
 
@@ -36,16 +36,17 @@ def cluster(graph, ctx) -> PassResult:
         elif n.op != "Constant":
             reasons[n.name] = why
     # the ideal's regions (matrix products apart: they join as epilogues) in the same sweep
-    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in MATMUL_OPS}
+    products = {id(n) for n in graph.nodes if id(n) in fusable and n.op in PRODUCT_OPS}
     vector = fusable - products
     regions, vector_regions = regions_of(graph, [fusable, vector])
     ctx.analyses.cluster = ClusterInfo(regions, reasons, fusable, [len(r) for r in regions])
-    spec = load_target(ctx.flags.target)
+    spec = ctx.target
     total, count, us = cost.totals(graph, spec)
     ideal_bytes, ideal_count = traffic.ideal(graph, vector, products, spec, vector_regions)
-    ctx.report_extra.update(gm_bytes_unfused=total, kernels_unfused=count,
-                            gm_bytes_ideal=ideal_bytes, kernels_ideal=ideal_count,
-                            modeled_us_unfused=round(us, 3))
+    r = ctx.report
+    r.gm_bytes_unfused, r.kernels_unfused = total, count
+    r.gm_bytes_ideal, r.kernels_ideal = ideal_bytes, ideal_count
+    r.modeled_us_unfused = round(us, 3)
     return PassResult(False, 0, [f"{counted(len(fusable), 'fusable node')} in "
                                  f"{counted(len(regions), 'region')}; "
                                  f"{counted(len(reasons), 'node')} not fusable"])

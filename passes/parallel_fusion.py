@@ -29,7 +29,8 @@ def _ops(k: Node) -> int:
 def _scheduled(k: Node) -> bool:
     """Whether the code generator schedules kernel ``k`` (a reduction needing several passes
     over its rows counts: it becomes phase kernels, not a fallback)."""
-    from graphkernel.codegen.schedule import NeedsPhases, Unsupported, plan
+    from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+    from graphkernel.codegen.vector.schedule import plan
 
     try:
         plan(k)

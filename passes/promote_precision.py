@@ -7,10 +7,10 @@ from collections.abc import Callable
 import numpy as np
 
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.ops import CUBE_OPS
 from graphkernel.registry import PassResult
 
 LOW = (DType.float16, DType.bfloat16)
-CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D"})  # the cube unit takes fp16 as it is
 
 
 # reductions are always promoted (a low-precision sum or product loses digits), whatever
@@ -34,7 +34,7 @@ def _promote(kernel: Node, keep_low: Callable[[str], bool] = lambda op: False) -
     blacklist), keep their operands' precision. None when no vector op inside computes in
     low precision."""
     sub = kernel.subgraph
-    if not any(v.dtype in LOW for n in sub.nodes if n.op not in ("Constant", *CUBE)
+    if not any(v.dtype in LOW for n in sub.nodes if n.op != "Constant" and n.op not in CUBE_OPS
                for v in n.outputs):
         return None
     outputs = {id(v) for v in sub.outputs}
@@ -67,7 +67,7 @@ def _promote(kernel: Node, keep_low: Callable[[str], bool] = lambda op: False) -
                                                   origin=n.origin).output
             continue
         ins = [vmap[id(v)] for v in n.inputs]
-        if n.op in CUBE or (keep_low(n.op) and any(
+        if n.op in CUBE_OPS or (keep_low(n.op) and any(
                 v.dtype in LOW for v in (*n.inputs, *n.outputs))):
             # operands in their own precision: a cube op's, or a blacklisted op's
             ins = [narrow_to(x, v.dtype) for x, v in zip(ins, n.inputs, strict=True)]

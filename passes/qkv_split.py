@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.ops import VIEW_OPS
 from graphkernel.passes.head_layout import Rebuild
-
-VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Identity")
 
 
 def _part(n: Node) -> tuple[int, int, int] | None:
@@ -46,7 +45,7 @@ class Built:
 
 def sliced_source(v: Value) -> Node | None:
     """The StridedSlice ``v`` shows (through views), else None."""
-    while v.producer is not None and v.producer.op in VIEWS:
+    while v.producer is not None and v.producer.op in VIEW_OPS:
         v = v.producer.inputs[0]
     return v.producer if v.producer is not None and v.producer.op == "StridedSlice" else None
 

@@ -6,27 +6,22 @@ import re
 from dataclasses import dataclass, field
 
 from graphkernel.codegen import cost, extern, traffic
-from graphkernel.codegen.targets import load as load_target
-from graphkernel.codegen.traffic import VIEWS
 from graphkernel.flags import Config
 from graphkernel.fusion import (
-    MATMUL_OPS,
     Area,
-    Attempt,
-    AttemptLog,
     LiveProfile,
     SplitModel,
-    Template,
     cluster_ops,
     guard_free,
     guard_signature,
     peak_refusal,
     reason_checker,
-    spelled,
 )
 from graphkernel.kernels import build_kernel, next_kernel_name
+from graphkernel.ops import PRODUCT_OPS, RESHAPE_OPS
 from graphkernel.patterns.base import Pattern, all_patterns
 from graphkernel.registry import PassResult, counted
+from graphkernel.runlog import Attempt, AttemptLog, Template, spelled
 from graphkernel.structure import region_signature
 
 
@@ -81,12 +76,12 @@ def run_pattern(model: SplitModel, p: Pattern) -> None:
 
 
 def becomes_kernel(area: Area, cfg: Config) -> bool:
-    if all(n.op in VIEWS for n in area.nodes):
+    if all(n.op in RESHAPE_OPS for n in area.nodes):
         return False  # reshape views need no launch
     if area.ops >= 2:
         return True
     n = area.nodes[0]
-    return cfg.enable_single_node_fusion and n.op not in MATMUL_OPS
+    return cfg.enable_single_node_fusion and n.op not in PRODUCT_OPS
 
 
 @dataclass
@@ -260,27 +255,25 @@ def split(graph, ctx) -> PassResult:
 def traffic_summary(graph, ctx) -> None:
     """Final GM-traffic figures and, with dump_as_text, the cluster report."""
     total, count, kernels = traffic.summary(graph)
-    extra = ctx.report_extra
-    spec = load_target(ctx.flags.target)
+    r = ctx.report
+    spec = ctx.target
     fused_us = cost.model(graph, spec, kernels)
-    if "gm_bytes_unfused" not in extra:  # no fusion ran: the graph is its own baseline
+    if r.gm_bytes_unfused is None:  # no fusion ran: the graph is its own baseline
         why_not = reason_checker(cluster_ops(ctx.flags), ctx.flags)
         ok = {id(n) for n in graph.nodes if why_not(n) is None}
-        vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in MATMUL_OPS}
-        ideal_bytes, ideal_count = traffic.ideal(graph, vector, ok - vector, spec)
-        extra.update(gm_bytes_unfused=total, kernels_unfused=count, gm_bytes_ideal=ideal_bytes,
-                     kernels_ideal=ideal_count, modeled_us_unfused=round(fused_us, 3))
-    extra.update(gm_bytes_fused=total, kernels_fused=count, traffic_model=traffic.NOTE,
-                 kernels=[k for k in kernels if k["op"] == "GraphKernel"],
-                 # vendor operators called as they are: the call a device build makes
-                 externs=[k | extern.call(graph.node(k["name"])) for k in kernels
-                          if k["kind"] == "extern"],
-                 modeled_us_fused=round(fused_us, 3), modeled_us_by_kind=cost.by_kind(kernels),
-                 target=spec.name,
-                 cost_model=cost.__doc__.strip().splitlines()[0])
+        vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in PRODUCT_OPS}
+        r.gm_bytes_ideal, r.kernels_ideal = traffic.ideal(graph, vector, ok - vector, spec)
+        r.gm_bytes_unfused, r.kernels_unfused = total, count
+        r.modeled_us_unfused = round(fused_us, 3)
+    r.gm_bytes_fused, r.kernels_fused, r.traffic_model = total, count, traffic.NOTE
+    r.kernels = [k for k in kernels if k["op"] == "GraphKernel"]
+    # vendor operators called as they are: the call a device build makes
+    r.externs = [k | extern.call(graph.node(k["name"])) for k in kernels
+                 if k["kind"] == "extern"]
+    r.modeled_us_fused, r.modeled_us_by_kind = round(fused_us, 3), cost.by_kind(kernels)
+    r.target, r.cost_model = spec.name, cost.__doc__.strip().splitlines()[0]
     attempts = ctx.analyses.fusion_attempts
-    extra["fusion_decisions"] = {"fused": attempts.fused,
-                                 "refused": len(attempts) - attempts.fused}
+    r.fusion_decisions = {"fused": attempts.fused, "refused": len(attempts) - attempts.fused}
     if ctx.dumper is not None:
         lines = []
         for n in graph.nodes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphkernel.ops import OpKind
+from graphkernel.ops import VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
 
@@ -56,7 +56,7 @@ def concat(model, a):
 def _column_slices(model, a):
     """An area of rotary-like row work takes the slices of the last axis only it reads (the
     rotated part of a partial rotary embedding, sliced again into halves)."""
-    from graphkernel.codegen.views import column_slice
+    from graphkernel.codegen.vector.views import column_slice
 
     if not _row_work(a, model.cfg):
         return None
@@ -69,9 +69,9 @@ def _columns(node, cfg) -> bool:
     """A Concat of column pieces the code generator copies into one tile: every piece on a
     UB block of the type kernels compute in (fp32 from opt_level 2, where promote_precision
     widens fp16/bf16 inside kernels, unless enable_low_precision)."""
-    from graphkernel.codegen.schedule import elementwise
     from graphkernel.codegen.targets import load
-    from graphkernel.codegen.views import column_concat
+    from graphkernel.codegen.vector.schedule import elementwise
+    from graphkernel.codegen.vector.views import column_concat
 
     wide = cfg.opt_level >= 2 and not cfg.enable_low_precision
     size = 4 if wide else node.outputs[0].dtype.itemsize
@@ -80,8 +80,8 @@ def _columns(node, cfg) -> bool:
 
 def _generated(node, prods, cfg) -> bool:
     """Whether the code generator takes ``node`` (a Concat) with ``prods`` pulled in."""
-    from graphkernel.codegen.schedule import elementwise
-    from graphkernel.codegen.views import sinks_to_inputs
+    from graphkernel.codegen.vector.schedule import elementwise
+    from graphkernel.codegen.vector.views import sinks_to_inputs
 
     if _columns(node, cfg):
         return True  # pieces of rows copied to their columns (a value read through slices)
@@ -106,7 +106,6 @@ def gather(model, a):
         else None
 
 
-VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 
 
 def _private_sources(a) -> bool:
@@ -123,7 +122,7 @@ def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
     when the last axis stays last: the code generator moves rows of a transposed value
     (strided loads and stores); it has no in-UB transpose."""
-    moved = [n for n in a.nodes if n.op not in VIEWS]
+    moved = [n for n in a.nodes if n.op not in VIEW_OPS]
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
         return None
@@ -146,7 +145,7 @@ def _row_work(a, cfg) -> bool:
     """An area of elementwise work, slices of the last axis and Concats of them (rotary
     embedding): the code generator reads a transposed input of it as a strided load."""
     from graphkernel import ops
-    from graphkernel.codegen.views import column_slice
+    from graphkernel.codegen.vector.views import column_slice
 
     return any(n.op == "Concat" for n in a.nodes) and all(
         ops.get(n.op).kind <= OpKind.BROADCAST or column_slice(n) is not None

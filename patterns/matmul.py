@@ -6,11 +6,12 @@ from functools import lru_cache
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.matmul_epilogue import ROW_REDUCTIONS, reduces_along
-from graphkernel.codegen.matmul_schedule import whole_rows_refusal
-from graphkernel.codegen.matmul_tiling import row_limit
+from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, reduces_along
+from graphkernel.codegen.cube.schedule import whole_rows_refusal
+from graphkernel.codegen.cube.tiling import row_limit
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
+from graphkernel.symbolic import eq
 
 MATMULS = ("MatMul", "BatchMatMul")
 EPILOGUE_KINDS = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)
@@ -129,7 +130,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                      f"({symbolic.canon(last)})"),
         need(lambda: all(v.outputs[0].type.shape[-1:] in ((last,), (1,)) for v in views),
              lambda: f"consumer {c.name} views the product with another last axis"),
-        need(lambda: all(_eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
+        need(lambda: all(eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
              lambda: f"consumer {c.name} writes reduced values (only rows of the product "
                      "leave a MIX kernel: a reduction along N is broadcast back)"),
         need(lambda: symbolic.is_static(last) and int(last) <= limit,
@@ -138,9 +139,6 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                      f"target {spec.name})"),
     ]
 
-
-def _eq(a, b) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
 
 
 def _leaving(model, c) -> list:

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from graphkernel import Graph, TensorType, pipeline
+from graphkernel import Graph, TensorType, pipeline, registry
 from graphkernel.interpreter import Interpreter
 from graphkernel.ir import DType
 
@@ -57,7 +57,7 @@ def assert_close(actual, expected, dtype=None):
 
 
 # Every pass's output is validated in tests; a broken invariant names the pass.
-pipeline.CHECK_EACH_PASS = True
+registry.register_hook(pipeline.Validation())
 
 
 @pytest.fixture(autouse=True)

@@ -477,8 +477,50 @@ def test_bisect_run_that_cannot_bisect_is_exit_1_with_the_childs_stderr(tmp_path
                sys.executable, str(script)])
     out = capsys.readouterr().out
     assert rc == 1, out
-    assert "could not bisect: the program fails (exit 1) even with every rewrite refused" in out
+    assert ("could not bisect: the program fails (exit 1) with every rewrite refused, and "
+            "(exit 1) with graphkernel off too") in out and "not graphkernel's" in out
     assert "  | loss went NaN at step 3" in out
     import json
 
-    assert json.loads((tmp_path / "r.json").read_text())["stderr"] == ["loss went NaN at step 3"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stderr"] == ["loss went NaN at step 3"]
+    assert report["passes_with_graphkernel_off"] is False
+
+
+def _torch_script(tmp_path, body: str):
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent("""
+        import copy, sys, torch
+        import graphkernel.torch  # noqa: F401  (the backend)
+        from graphkernel.frontends import fx
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        twin = copy.deepcopy(m)
+        x = torch.randn(4, 8)
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        m(x).sum().backward()
+        torch.compile(twin, backend="graphkernel")(x).sum().backward()
+        same = all(torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+                   for a, b in zip(m.parameters(), twin.parameters()))
+        sys.exit(0 if same and OK else 1)   # the user's own gradient check
+    """))
+    return script
+
+
+def test_external_driver_blames_graphkernel_when_it_fails_only_with_graphkernel_on(tmp_path):
+    """A fault before any rewrite (the import of an op doubles it): every rewrite refused
+    still fails, graphkernel off (torch's AOT-eager path) passes: graphkernel's, not the
+    program's. (A program that fails with graphkernel off too is not graphkernel's: the
+    test above.)"""
+    pytest.importorskip("torch")
+    broken = _torch_script(tmp_path, """
+        OK = True
+        handler = fx.ATEN["aten.tanh.default"]
+        def doubled(c):
+            y = handler(c)
+            return c.emit("Mul", [y, c.const(2.0, y.dtype)])
+        fx.ATEN["aten.tanh.default"] = doubled
+    """)
+    r = bisect_external([sys.executable, str(broken)])
+    assert not r.found and r.passes_with_graphkernel_off is True
+    assert "graphkernel's, before any rewrite" in r.message

@@ -46,13 +46,14 @@ def argv_for(command: str, tmp_path) -> list[str]:
         "verify": ["verify", "examples/mlp_gelu.json", *plugin],
         "bisect": ["bisect", "examples/mlp_gelu.json", *plugin],
         "patterns": ["patterns", *plugin],
+        "realcheck": ["realcheck", str(tmp_path / "out")],  # a project compile -o wrote
         "run": ["run", "examples/mlp_gelu.json", "--out", str(tmp_path / "o.npz")],
     }[command]
 
 
 def test_every_json_command_is_covered():
     assert json_commands() == {"info", "ops", "flags", "passes", "compile", "explain", "expand",
-                               "verify", "bisect", "patterns", "run"}
+                               "verify", "bisect", "patterns", "run", "realcheck"}
 
 
 @pytest.mark.parametrize("command", sorted(json_commands()))
@@ -60,6 +61,13 @@ def test_json_output_is_exactly_one_document(command, tmp_path, capsys, monkeypa
     monkeypatch.setenv("AUTOFUSE_FLAGS", "--opt_level=2 --opt_level=2")  # a warning, on stderr
     if command == "ops":
         monkeypatch.delenv("AUTOFUSE_FLAGS")
+    if command == "realcheck":
+        from graphkernel.codegen.realcheck import find_headers
+
+        if find_headers() is None:
+            pytest.skip("no Ascend C headers (GRAPHKERNEL_ASCEND_HEADERS or ASCEND_HOME_PATH)")
+        assert main(["compile", "examples/mlp_gelu.json", "-o", str(tmp_path / "out")]) == 0
+        capsys.readouterr()
     assert main([*argv_for(command, tmp_path), "--json"]) == 0
     out, err = capsys.readouterr()
     doc = strict_json(out)
@@ -75,6 +83,8 @@ def test_json_output_is_exactly_one_document(command, tmp_path, capsys, monkeypa
         assert doc["mismatch"] is False
     if command == "run":
         assert doc["outputs"][0]["name"] == "gelu_half" and doc["wrote"].endswith("o.npz")
+    if command == "realcheck":
+        assert doc["summary"]["kernels"] == 1 and all(r["ok"] for r in doc["results"])
 
 
 def test_json_survives_non_finite_metrics(capsys):

@@ -11,7 +11,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.cli import main
-from graphkernel.codegen.matmul_schedule import whole_rows_refusal
+from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.frontends import load_model
 from graphkernel.fusion import form_regions
 from graphkernel.interpreter import Interpreter, random_inputs

@@ -336,3 +336,15 @@ def test_validate_catches_outputs_changed_behind_the_graphs_back():
     g.set_outputs(g.outputs[:1] + [g.value("a")])
     g.validate()
     assert g.is_output(g.value("a"))
+
+
+def test_recordings_nest_even_when_equal():
+    """An inner recording that added nothing (equal to the outer one, empty too) ends
+    without ending the outer one, which goes on recording."""
+    g = Graph("nest")
+    x = g.add_input("x", TensorType((2,), "float32"))
+    with g.recording() as outer:
+        with g.recording() as inner:
+            pass
+        n = g.add_node("Neg", [x])
+    assert inner == [] and outer == [n]

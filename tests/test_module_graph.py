@@ -105,3 +105,48 @@ def test_architecture_doc_names_files_that_exist():
     assert len(named) > 20, named
     missing = sorted(f for f in named if not (ROOT / f).exists())
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+LAYERS_ABOVE_CORE = ("graphkernel.codegen", "graphkernel.passes", "graphkernel.patterns")
+
+
+def _module_level_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, dotted name) of each import the module runs when it is imported: its top-level
+    statements, into ``if``/``try`` blocks but not functions, classes or TYPE_CHECKING."""
+    out = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.If, ast.Try)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def test_the_core_imports_no_backend_or_rules_at_module_level():
+    """The core — graphkernel/ but its frontends, and but the package's __init__, which
+    imports everything to register it — imports none of codegen/, passes/ or patterns/ when
+    it is imported: what it needs of them (the target, the passes' records) it is handed,
+    or asks for inside the function that needs it."""
+    home = ROOT / "graphkernel"
+    core = {m: p for m, p in modules().items() if p.parent in (home, home / "opdefs")
+            and p != home / "__init__.py"}
+    assert "graphkernel.flags" in core and "graphkernel.pipeline" in core
+    bad = [f"{m}:{line} imports {name}" for m, p in sorted(core.items())
+           for line, name in _module_level_imports(ast.parse(p.read_text()))
+           if name.startswith(LAYERS_ABOVE_CORE)]
+    assert not bad, "the core imports layers above it at module level: " + "; ".join(bad)
+
+
+def test_the_layering_scan_sees_module_level_imports():
+    tree = ast.parse("from graphkernel.codegen.targets import load\n"
+                     "def f():\n    from graphkernel.passes import x\n"
+                     "try:\n    import graphkernel.patterns.base\nexcept ImportError:\n    pass\n")
+    assert [n for _, n in _module_level_imports(tree)] == [
+        "graphkernel.codegen.targets.load", "graphkernel.patterns.base"]

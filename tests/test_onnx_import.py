@@ -118,3 +118,100 @@ def test_unreadable_file(tmp_path):
     p.write_bytes(b"not a model")
     with pytest.raises(FrontendError, match="bad.onnx: not a readable ONNX model"):
         import_onnx_file(p)
+
+
+# ------------------------------------------------------------------- attention
+def _attention_model(q_shape, kv_shape, mask=None, **attrs):
+    """One ONNX Attention node (opset 23) on float inputs q, k, v (and a mask input)."""
+    ins = [helper.make_tensor_value_info("q", onnx.TensorProto.FLOAT, q_shape),
+           helper.make_tensor_value_info("k", onnx.TensorProto.FLOAT, kv_shape),
+           helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, kv_shape)]
+    names = ["q", "k", "v"]
+    if mask is not None:
+        shape, elem = mask
+        ins.append(helper.make_tensor_value_info("m", elem, shape))
+        names.append("m")
+    node = helper.make_node("Attention", names, ["y"], **attrs)
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([node], "attention", ins, [out]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+ATTENTION_CASES = {
+    "4-D causal": (((2, 4, 8, 16), (2, 4, 8, 16)), None, {"is_causal": 1}),
+    "4-D causal, fewer queries": (((2, 4, 5, 16), (2, 4, 8, 16)), None, {"is_causal": 1}),
+    "3-D grouped-query, scale": (((2, 8, 64), (2, 8, 32)), None,
+                                 {"q_num_heads": 4, "kv_num_heads": 2, "scale": 0.2}),
+    "bool mask with a masked row": (((2, 4, 8, 16), (2, 4, 8, 16)),
+                                    ((2, 1, 8, 8), onnx.TensorProto.BOOL), {}),
+    "additive mask": (((2, 4, 8, 16), (2, 4, 8, 16)), ((1, 4, 8, 8), onnx.TensorProto.FLOAT),
+                      {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+def test_onnx_attention_is_one_fused_attention_matching_the_reference(case):
+    import graphkernel
+
+    (q_shape, kv_shape), mask, attrs = ATTENTION_CASES[case]
+    model = _attention_model(q_shape, kv_shape, mask, **attrs)
+    g = import_onnx(model)
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal(q_shape).astype(np.float32),
+             "k": rng.standard_normal(kv_shape).astype(np.float32),
+             "v": rng.standard_normal(kv_shape).astype(np.float32)}
+    if mask is not None and mask[1] == onnx.TensorProto.BOOL:
+        feeds["m"] = rng.random(mask[0]) > 0.3
+        feeds["m"][1, 0, 2] = False  # query 2 of batch 1 sees no key
+    elif mask is not None:
+        feeds["m"] = rng.standard_normal(mask[0]).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert [n.op for n in res.graph.nodes if n.op == "FusedAttention"] == ["FusedAttention"]
+    assert "Opaque" not in {n.op for n in g.nodes}
+    got = Interpreter(res.graph).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_attention_with_a_kv_cache_runs_through_onnx_naming_why():
+    model = _attention_model((1, 2, 4, 16), (1, 2, 4, 16))
+    node = model.graph.node[0]
+    node.input.extend(["", "pk", "pv"])
+    model.graph.input.extend([helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT,
+                                                            (1, 2, 3, 16)) for n in ("pk", "pv")])
+    notes: list[ImportNote] = []
+    g = import_onnx(onnx.shape_inference.infer_shapes(model), notes=notes)
+    assert [n.op for n in g.nodes] == ["Opaque"]
+    assert "past_key/past_value" in notes[0].reason
+
+
+def test_torch_onnx_export_of_attention_is_one_fused_attention():
+    """torch.onnx's export of scaled_dot_product_attention: Q and Kᵀ scaled by sqrt(scale),
+    the mask as Where(mask, 0, -inf), Softmax and its masked-row guard Where(IsNaN(P), 0,
+    P): the attention pass makes it one FusedAttention, that row's zeros included."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    import graphkernel
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, m):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=gen) for _ in range(3))
+    m = torch.rand(2, 1, 8, 8, generator=gen) > 0.2
+    m[0, 0, 3] = False
+    buf = io.BytesIO()
+    torch.onnx.export(Attend(), (q, k, v, m), buf, dynamo=False, opset_version=17)
+    model = onnx.load_from_string(buf.getvalue())
+    assert {"IsNaN", "Softmax", "Where"} <= {n.op_type for n in model.graph.node}
+    g = import_onnx(model)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(n.op == "FusedAttention" for n in res.graph.nodes) == 1
+    feeds = {vi.name: t.numpy() for vi, t in zip(model.graph.input, (q, k, v, m), strict=True)}
+    got = Interpreter(res.graph).run(feeds)[0]
+    want = Attend()(q, k, v, m).numpy()
+    assert np.all(want[0, :, 3] == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -160,3 +160,82 @@ def test_pse_and_atten_mask_together(rng):
     got = run_op("FusedAttention", [q, k, v, bias / np.float32(scale), masked],
                  {"head_num": N1, "mask": "pse_and_atten_mask", "scale": scale})
     assert_close(got, want.astype(np.float32))
+
+
+# ------------------------------------------------------ statistics and the gradient
+def _torch_grads(q, k, v, dy, mask=None, scale=None, causal=False):
+    """(out, logsumexp, dQ, dK, dV) of torch's attention in float64, [B, N, S, D]."""
+    t = [torch.from_numpy(x.astype(np.float64)).requires_grad_() for x in (q, k, v)]
+    m = None if mask is None else torch.from_numpy(mask)
+    out = F.scaled_dot_product_attention(*t, attn_mask=m, scale=scale, is_causal=causal,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    grads = torch.autograd.grad(out, t, torch.from_numpy(dy.astype(np.float64)))
+    s = torch.matmul(t[0], t[1].repeat_interleave(q.shape[1] // k.shape[1], 1)
+                     .transpose(-1, -2)) * (scale if scale is not None else D ** -0.5)
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf"))
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return [x.detach().numpy() for x in (out, lse, *grads)]
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND", "BSH"])
+@pytest.mark.parametrize("heads2", [N1, 2])
+@pytest.mark.parametrize("masking", ["none", "atten_mask", "causal"])
+def test_statistics_and_gradient_match_torch(layout, heads2, masking, rng):
+    """FusedAttention's softmax_max/softmax_sum give torch's logsumexp (max + log sum, each
+    row's value 8 times), and FusedAttentionGrad fed them gives torch's dQ, dK, dV (K/V heads
+    summed over the query heads that share them), in every layout."""
+    s1 = S2 if masking == "causal" else S1
+    q = rng.standard_normal((B, N1, s1, D)).astype(np.float32)
+    k, v = (rng.standard_normal((B, heads2, S2, D)).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal(q.shape).astype(np.float32)
+    keep = rng.random((s1, S2)) > 0.3
+    keep[:, 0] = True
+    attrs = {"layout": layout, "head_num": N1, "scale": 0.3,
+             "mask": "atten_mask" if masking == "atten_mask" else "none",
+             "causal": masking == "causal"}
+    masks = [~keep] if masking == "atten_mask" else []
+    out, lse, *want = _torch_grads(q, k, v, dy, keep if masking == "atten_mask" else None,
+                                   0.3, masking == "causal")
+    got, smax, ssum = run_op("FusedAttention", [*(_layout(x, layout) for x in (q, k, v)),
+                                                *masks], attrs | {"stats": True})
+    assert smax.shape == ssum.shape == (B, N1, s1, 8) and smax.dtype == np.float32
+    assert np.all(smax == smax[..., :1]) and np.all(ssum == ssum[..., :1])
+    assert_close(got, _layout(out, layout).astype(np.float32))
+    assert_close(smax[..., 0] + np.log(ssum[..., 0]), lse.astype(np.float32))
+    grads = run_op("FusedAttentionGrad",
+                   [*(_layout(x, layout) for x in (q, k, v, dy, out.astype(np.float32))),
+                    smax, ssum, *masks], attrs)
+    for w, g in zip(want, grads, strict=True):
+        np.testing.assert_allclose(g, _layout(w, layout), rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_of_a_fully_masked_row_is_zero_from_either_statistics(rng):
+    """A row with no key: softmax_sum 0 (the forward's) or the logsumexp 0 with sum 1 (what
+    a backward rebuilds from torch's logsumexp): no gradient flows through it, no NaN."""
+    q, k, v, dy = (rng.standard_normal((1, 1, 4, D)).astype(np.float32) for _ in range(4))
+    masked = np.zeros((4, 4), bool)
+    masked[2] = True
+    attrs = {"head_num": 1, "mask": "atten_mask", "scale": D ** -0.5}
+    out, smax, ssum = run_op("FusedAttention", [q, k, v, masked], attrs | {"stats": True})
+    assert np.all(smax[0, 0, 2] == 0) and np.all(ssum[0, 0, 2] == 0)
+    lse_max = smax.copy()
+    lse_max[..., :] = (smax[..., :1] + np.log(np.where(ssum[..., :1] > 0, ssum[..., :1], 1)))
+    for stats in ((smax, ssum), (lse_max, np.ones_like(ssum))):
+        dq, dk, dv = run_op("FusedAttentionGrad", [q, k, v, dy, out, *stats, masked], attrs)
+        assert np.all(dq[0, 0, 2] == 0) and all(np.all(np.isfinite(x)) for x in (dq, dk, dv))
+        _, _, *want = _torch_grads(q, k, v, dy, ~masked)
+        for w, g in zip(want, (dq, dk, dv), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_inputs_are_checked():
+    x = np.zeros((1, 1, 4, 16), np.float32)
+    stats = np.zeros((1, 1, 4, 8), np.float32)
+    with pytest.raises(ShapeError, match="softmax_max"):
+        run_op("FusedAttentionGrad", [x, x, x, x, x, stats[..., :4], stats], {"head_num": 1})
+    with pytest.raises(ShapeError, match="dy"):
+        run_op("FusedAttentionGrad", [x, x, x, x[..., :2, :], x, stats, stats],
+               {"head_num": 1})

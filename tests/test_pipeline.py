@@ -8,6 +8,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType, registry
 from graphkernel.api import load_config
+from graphkernel.codegen import targets
 from graphkernel.errors import FlagError, OutputError, PluginError
 from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.pipeline import PassFailure, PassManager, build_pipeline, decide, plan
@@ -220,7 +221,8 @@ def test_broken_pass_is_named(temp_pass):
     # registered from outside graphkernel: a plugin's pass, so the plugin is blamed
     with pytest.raises(PluginError, match=r"plugin .*test_pipeline\.py: pass break_uses left an "
                                           "invalid graph"):
-        PassManager(cfg, check_each_pass=True, log=lambda m: None).run(graph_with_rewrites())
+        PassManager(cfg, targets.load(cfg.target), check_each_pass=True,
+                    log=lambda m: None).run(graph_with_rewrites())
 
 
 def test_crashing_plugin_pass_is_reported_as_the_plugins(temp_pass):
@@ -384,3 +386,71 @@ def test_compile_leaves_its_input_untouched_by_default():
     res = graphkernel.compile(g, "--opt_level=2", env=NOENV)
     assert res.graph is not g and len(res.graph) != len(g)
     assert state(g) == before
+
+
+def test_hooks_see_every_pass_that_runs_and_time_them(tmp_path):
+    """Timing, validation and dumps are hooks of the manager; any other hook sees the same
+    calls (before/after each pass that runs, begin and end of the run)."""
+    from graphkernel.pipeline import Dumps, PassHook, Timing, Validation
+
+    seen = []
+
+    class Recorder(PassHook):
+        def begin(self, graph, ctx, report):
+            seen.append("begin")
+
+        def before(self, slot, graph, ctx):
+            seen.append(("before", slot.label, ctx.current_pass))
+
+        def after(self, slot, graph, ctx, record, result):
+            seen.append(("after", slot.label, record.seconds > 0, result.modified))
+
+        def end(self, graph, ctx, report):
+            seen.append("end")
+
+    cfg = load_config(f"--dump_as_text --debug_dir={tmp_path}", env=NOENV)
+    pm = PassManager(cfg, targets.load(cfg.target), log=lambda m: None, hooks=[Recorder()],
+                     check_each_pass=True)
+    kinds = [type(h) for h in pm.hooks]
+    assert kinds[0] is Timing and Recorder in kinds and Validation in kinds and Dumps in kinds
+    report = pm.run(graph_with_rewrites())
+    ran = [r for r in report.passes if r.ran]
+    assert seen[0] == "begin" and seen[-1] == "end"
+    assert [x[1] for x in seen if x[0] == "before"] == [r.label for r in ran]
+    assert all(x[2] for x in seen if x[0] == "after")  # timed before the others saw it
+    assert all(r.seconds > 0 for r in ran) and report.seconds >= sum(r.seconds for r in ran)
+    changed = [r for r in ran if r.changed]
+    assert len(list(tmp_path.glob("0*_*.txt"))) == len(changed) + 1  # + the input
+
+
+def test_no_module_switch_turns_validation_on():
+    from graphkernel import pipeline
+
+    assert not hasattr(pipeline, "CHECK_EACH_PASS")
+    assert any(isinstance(h, pipeline.Validation) for h in registry.HOOKS)  # tests' conftest
+
+
+def test_every_pass_gets_the_target_loaded_once(temp_pass):
+    got = []
+
+    @temp_pass("see_target", stage="simplify", level=1, order=97)
+    def see_target(graph, ctx):
+        got.append(ctx.target)
+        return PassResult(False)
+
+    res = graphkernel.compile(graph_with_rewrites(), "--target=ascend910b3", env=NOENV)
+    assert got and got[0] is targets.load("ascend910b3") and res.config.target == "ascend910b3"
+
+
+def test_the_report_figures_are_typed():
+    from graphkernel.analyses import ReportFigures
+
+    res = graphkernel.compile(graph_with_rewrites(), "", env=NOENV)
+    figures = res.report.figures
+    assert isinstance(figures, ReportFigures) and figures.kernels_fused is not None
+    assert res.report.extra["kernels_fused"] == figures.kernels_fused
+    assert "gm_bytes_fused" in res.report.to_dict()
+    with pytest.raises(AttributeError):
+        figures.kernels_fuzed = 3  # a misspelt figure is no new key
+    figures.more["plugin_figure"] = 1  # a plugin's own figures go under their own names
+    assert res.report.to_dict()["plugin_figure"] == 1

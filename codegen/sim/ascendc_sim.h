@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <source_location>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -132,7 +134,10 @@ struct Core {
     // object in use (none after End) and the system workspace
     uint64_t mm_bytes[4] = {};
     const void* mm_active = nullptr;
-    uint8_t* sys_workspace = nullptr;
+    int mm_open = 0;              // objects registered that have not called End()
+    uint32_t mm_open_line = 0;    // where the last of them was registered
+    uint8_t* sys_workspace = nullptr;  // the launch's workspace argument
+    int kernel_type = -1;         // KERNEL_TASK_TYPE_DEFAULT's value (-1: none declared)
     // Instructions are numbered in program order (a sequence shared by all pipes).
     // known[d][s]: pipe d's next instruction is ordered after pipe s's instructions up to
     // this number (through events and barriers). Everything before `base` (earlier cores
@@ -205,7 +210,17 @@ inline Instr issue(int pipe, const loc& where) {
     g_core->lines.push_back(where.line());
     return Instr{pipe, ++g_seq, where};
 }
+// The kernel types a kernel declares (KERNEL_TASK_TYPE_DEFAULT): which cores run it. A
+// cube-only kernel has no vector unit, a vector-only one no cube core for a Matmul object.
+enum KernelMetaType {
+    KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIV_1_0, KERNEL_TYPE_MIX_AIC_1_0,
+    KERNEL_TYPE_MIX_AIC_1_1, KERNEL_TYPE_MIX_AIC_1_2
+};
+inline void declare_kernel_type(KernelMetaType t) { g_core->kernel_type = t; }
 inline Instr vec(const loc& where) {
+    if (g_core->kernel_type == KERNEL_TYPE_AIC_ONLY)
+        fail("a vector instruction in a kernel declared KERNEL_TYPE_AIC_ONLY (the cube core "
+             "has no vector unit)", where);
     ++g_core->vector_ops;
     return issue(PIPE_V, where);
 }
@@ -788,11 +803,133 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
     }
 }
 
+// ------------------------------------------------- the real API's type rules
+// Facts of the Ascend C devkit's implementation for the A2/A3 vector unit (dav-c220): the
+// element types each instruction the generator uses takes, and which Cast pairs exist with
+// which round modes. On the device a kernel breaking one does not compile (no instruction for
+// the type), or stops in a debug build and computes garbage in a release one; here it is an
+// error naming the line, so a kernel that passes the simulator also type-checks against the
+// real headers.
+template <typename... Ts>
+struct Types {};
+using ArithTypes = Types<half, float, int16_t, int32_t>;  // Add Sub Mul Max Min, Adds Muls Maxs Mins
+using FloatTypes = Types<half, float>;  // Div, Exp Ln Abs Sqrt Rsqrt Reciprocal, reductions,
+                                        // Compare, Select, the high-level math
+using ReluTypes = Types<half, float, int32_t>;
+using DupTypes = Types<half, bfloat16_t, int16_t, uint16_t, int32_t, uint32_t, float>;
+using BrcbTypes = Types<int16_t, uint16_t, int32_t, uint32_t, half, bfloat16_t, float>;
+
+template <typename T>
+constexpr const char* type_name() {
+    if constexpr (std::is_same_v<T, half>) return "half";
+    else if constexpr (std::is_same_v<T, float>) return "float";
+    else if constexpr (std::is_same_v<T, bfloat16_t>) return "bfloat16_t";
+    else if constexpr (std::is_same_v<T, int8_t>) return "int8_t";
+    else if constexpr (std::is_same_v<T, uint8_t>) return "uint8_t";
+    else if constexpr (std::is_same_v<T, int16_t>) return "int16_t";
+    else if constexpr (std::is_same_v<T, uint16_t>) return "uint16_t";
+    else if constexpr (std::is_same_v<T, int32_t>) return "int32_t";
+    else if constexpr (std::is_same_v<T, uint32_t>) return "uint32_t";
+    else if constexpr (std::is_same_v<T, int64_t>) return "int64_t";
+    else if constexpr (std::is_same_v<T, uint64_t>) return "uint64_t";
+    else return "another type";
+}
+
+// An instruction `api` on elements of T: one of the types the device's instruction takes.
+template <typename T, typename... Ok>
+inline void takes(Types<Ok...>, const char* api, const loc& where) {
+    if constexpr (!(std::is_same_v<T, Ok> || ...)) {
+        std::string ok;
+        ((ok += (ok.empty() ? "" : ", ") + std::string(type_name<Ok>())), ...);
+        fail(std::string(api) + " on " + type_name<T>() + ": the vector unit's " + api +
+                 " takes " + ok,
+             where);
+    }
+}
+
+constexpr uint32_t mode_bit(RoundMode m) { return 1u << static_cast<int>(m); }
+inline const char* mode_name(int m) {
+    static const char* names[] = {"CAST_NONE", "CAST_RINT", "CAST_FLOOR", "CAST_CEIL",
+                                  "CAST_ROUND", "CAST_TRUNC", "CAST_ODD"};
+    return names[m];
+}
+
+// The round modes of a Cast from S to D (a bit each), 0 when the vector unit has no such
+// Cast: the pairs of the devkit's CheckCastDatatype, each with the modes its instructions
+// have. There is no Cast between uint8_t (bool) and float: bytes go through half. A float
+// to float Cast rounds to an integral value and takes no CAST_NONE; int32_t -> half is a
+// dequantising cast (SetDeqScale), not modelled.
+template <typename S, typename D>
+constexpr uint32_t cast_modes() {
+    constexpr uint32_t N = mode_bit(RoundMode::CAST_NONE);
+    constexpr uint32_t R = mode_bit(RoundMode::CAST_RINT) | mode_bit(RoundMode::CAST_FLOOR) |
+                           mode_bit(RoundMode::CAST_CEIL) | mode_bit(RoundMode::CAST_ROUND) |
+                           mode_bit(RoundMode::CAST_TRUNC);  // the rounding modes
+    constexpr uint32_t O = mode_bit(RoundMode::CAST_ODD);
+    using std::is_same_v;
+    if constexpr (is_same_v<S, half>) {
+        if constexpr (is_same_v<D, float>) return N;
+        if constexpr (is_same_v<D, int32_t> || is_same_v<D, int16_t>) return R;
+        if constexpr (is_same_v<D, int8_t> || is_same_v<D, uint8_t>) return R | N;
+    } else if constexpr (is_same_v<S, float>) {
+        if constexpr (is_same_v<D, half>) return R | O | N;
+        if constexpr (is_same_v<D, float> || is_same_v<D, bfloat16_t> ||
+                      is_same_v<D, int32_t> || is_same_v<D, int16_t> ||
+                      is_same_v<D, int64_t>) return R;
+    } else if constexpr (is_same_v<S, bfloat16_t>) {
+        if constexpr (is_same_v<D, float>) return N;
+        if constexpr (is_same_v<D, int32_t>) return R;
+    } else if constexpr (is_same_v<S, uint8_t> || is_same_v<S, int8_t>) {
+        if constexpr (is_same_v<D, half>) return N;
+    } else if constexpr (is_same_v<S, int16_t>) {
+        if constexpr (is_same_v<D, half>) return R | N;
+        if constexpr (is_same_v<D, float>) return N;
+    } else if constexpr (is_same_v<S, int32_t>) {
+        if constexpr (is_same_v<D, float>) return R | N;
+        if constexpr (is_same_v<D, int16_t> || is_same_v<D, int64_t>) return N;
+    } else if constexpr (is_same_v<S, int64_t>) {
+        if constexpr (is_same_v<D, int32_t>) return N;
+        if constexpr (is_same_v<D, float>) return R;
+    }
+    return 0;
+}
+
+template <typename S, typename... Ds>
+std::string casts_from(Types<Ds...>) {
+    std::string out;
+    ((out += cast_modes<S, Ds>() ? (out.empty() ? "" : ", ") + std::string(type_name<Ds>())
+                                 : std::string()),
+     ...);
+    return out.empty() ? "nothing" : out;
+}
+
+template <typename S, typename D>
+void check_cast(RoundMode mode, const loc& where) {
+    constexpr uint32_t ok = cast_modes<S, D>();
+    const std::string pair = std::string(type_name<S>()) + " to " + type_name<D>();
+    if constexpr (ok == 0) {
+        fail("Cast from " + pair + ": the vector unit has no such cast (from " +
+                 type_name<S>() + " it casts to " +
+                 casts_from<S>(Types<half, float, bfloat16_t, int8_t, uint8_t, int16_t,
+                                     int32_t, int64_t>{}) +
+                 ")",
+             where);
+    } else if (!(ok & mode_bit(mode))) {
+        std::string modes;
+        for (int m = 0; m < 7; ++m)
+            if (ok & (1u << m)) modes += (modes.empty() ? "" : ", ") + std::string(mode_name(m));
+        fail("Cast from " + pair + " with RoundMode::" + mode_name(static_cast<int>(mode)) +
+                 ": that cast takes " + modes,
+             where);
+    }
+}
+
 // ------------------------------------------------------------- vector unit
-#define GK_SIM_BINARY(NAME, EXPR)                                                           \
+#define GK_SIM_BINARY(NAME, EXPR, TYPES)                                                    \
     template <typename T>                                                                   \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, \
               int32_t count, loc where = loc::current()) {                                  \
+        takes<T>(TYPES{}, #NAME, where);                                                    \
         const Instr in = vec(where);                                                        \
         const T* x = a.rd(count, in);                                                       \
         const T* y = b.rd(count, in);                                                       \
@@ -803,12 +940,15 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
         }                                                                                   \
     }
 // The binary and tensor-scalar ops, each with its float expression (l, r: the operands; s:
-// the scalar), for the count forms here and the mask/repeat forms below.
+// the scalar) and the element types it takes, for the count forms here and the mask/repeat
+// forms below.
 #define GK_SIM_BINARY_OPS(X)                                                                \
-    X(Add, l + r) X(Sub, l - r) X(Mul, l * r) X(Div, l / r) X(Max, (l > r ? l : r))         \
-    X(Min, (l < r ? l : r))
+    X(Add, l + r, ArithTypes) X(Sub, l - r, ArithTypes) X(Mul, l * r, ArithTypes)           \
+    X(Div, l / r, FloatTypes) X(Max, (l > r ? l : r), ArithTypes)                           \
+    X(Min, (l < r ? l : r), ArithTypes)
 #define GK_SIM_SCALAR_OPS(X)                                                                \
-    X(Adds, l + s) X(Muls, l * s) X(Maxs, (l > s ? l : s)) X(Mins, (l < s ? l : s))
+    X(Adds, l + s, ArithTypes) X(Muls, l * s, ArithTypes) X(Maxs, (l > s ? l : s), ArithTypes) \
+    X(Mins, (l < s ? l : s), ArithTypes)
 GK_SIM_BINARY_OPS(GK_SIM_BINARY)
 #undef GK_SIM_BINARY
 
@@ -829,10 +969,11 @@ GK_SIM_BITWISE(And, &)
 GK_SIM_BITWISE(Or, |)
 #undef GK_SIM_BITWISE
 
-#define GK_SIM_SCALAR(NAME, EXPR)                                                       \
+#define GK_SIM_SCALAR(NAME, EXPR, TYPES)                                                \
     template <typename T>                                                               \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, int32_t count, \
               loc where = loc::current()) {                                             \
+        takes<T>(TYPES{}, #NAME, where);                                                \
         const Instr in = vec(where);                                                    \
         const T* x = a.rd(count, in);                                                   \
         T* z = dst.wr(count, in);                                                       \
@@ -854,23 +995,25 @@ void map_unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count
     for (int32_t i = 0; i < count; ++i) z[i] = static_cast<T>(f(static_cast<float>(x[i])));
 }
 
-#define GK_SIM_UNARY(NAME, EXPR)                                                         \
+#define GK_SIM_UNARY(NAME, EXPR, TYPES)                                                  \
     template <typename T>                                                                \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count,          \
               loc where = loc::current()) {                                              \
+        takes<T>(TYPES{}, #NAME, where);                                                 \
         map_unary(dst, a, count, vec(where), [](float v) { return EXPR; });              \
     }
-GK_SIM_UNARY(Exp, std::exp(v))
-GK_SIM_UNARY(Ln, std::log(v))
-GK_SIM_UNARY(Abs, std::fabs(v))
-GK_SIM_UNARY(Sqrt, std::sqrt(v))
-GK_SIM_UNARY(Rsqrt, 1.0f / std::sqrt(v))
-GK_SIM_UNARY(Reciprocal, 1.0f / v)
-GK_SIM_UNARY(Relu, (v > 0.0f ? v : 0.0f))
+GK_SIM_UNARY(Exp, std::exp(v), FloatTypes)
+GK_SIM_UNARY(Ln, std::log(v), FloatTypes)
+GK_SIM_UNARY(Abs, std::fabs(v), FloatTypes)
+GK_SIM_UNARY(Sqrt, std::sqrt(v), FloatTypes)
+GK_SIM_UNARY(Rsqrt, 1.0f / std::sqrt(v), FloatTypes)
+GK_SIM_UNARY(Reciprocal, 1.0f / v, FloatTypes)
+GK_SIM_UNARY(Relu, (v > 0.0f ? v : 0.0f), ReluTypes)
 #undef GK_SIM_UNARY
 
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, T scalar, int32_t count, loc where = loc::current()) {
+    takes<T>(DupTypes{}, "Duplicate", where);
     T* z = dst.wr(count, vec(where));
     for (int32_t i = 0; i < count; ++i) z[i] = scalar;
 }
@@ -880,12 +1023,13 @@ constexpr bool is_float_type() {
     return std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t>;
 }
 
-// float -> float of the same type rounds to an integral value by the mode (CAST_NONE copies);
-// a narrowing float cast rounds to nearest even (CAST_NONE / CAST_RINT, the only modes
-// simulated for it); integer destinations round by the mode.
+// A Cast the vector unit has (check_cast). float -> float rounds to an integral value by the
+// mode; a narrowing float cast rounds to nearest even (CAST_NONE / CAST_RINT, the modes
+// simulated for it); integer destinations round by the mode (CAST_NONE: toward zero).
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, int32_t count,
           loc where = loc::current()) {
+    check_cast<S, D>(mode, where);
     const Instr in = vec(where);
     const S* x = src.rd(count, in);
     D* z = dst.wr(count, in);
@@ -917,6 +1061,10 @@ enum class SELMODE { VSEL_CMPMASK_SPR, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENS
 template <typename T>
 void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
              CMPMODE mode, uint32_t count, loc where = loc::current()) {
+    if (mode == CMPMODE::EQ)  // equality also of int32_t; the orderings of half and float
+        takes<T>(Types<half, float, int32_t>{}, "Compare (CMPMODE::EQ)", where);
+    else
+        takes<T>(FloatTypes{}, "Compare", where);
     if ((count * sizeof(T)) % 256)
         fail("Compare of " + std::to_string(count * sizeof(T)) +
              " bytes is not a multiple of 256 (whole repeats)", where);
@@ -944,6 +1092,7 @@ void Compare(const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a, const Loc
 template <typename T>
 void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
             const LocalTensor<T>& b, SELMODE mode, uint32_t count, loc where = loc::current()) {
+    takes<T>(FloatTypes{}, "Select", where);
     if (mode != SELMODE::VSEL_TENSOR_TENSOR_MODE)
         fail("Select with two tensors needs VSEL_TENSOR_TENSOR_MODE", where);
     const Instr in = vec(where);
@@ -958,6 +1107,7 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
 template <typename T>
 void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const LocalTensor<T>& a,
             T scalar, SELMODE mode, uint32_t count, loc where = loc::current()) {
+    takes<T>(FloatTypes{}, "Select", where);
     if (mode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
         fail("Select with a scalar needs VSEL_TENSOR_SCALAR_MODE", where);
     const Instr in = vec(where);
@@ -973,6 +1123,7 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<uint8_t>& mask, const L
     template <typename T>                                                                  \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& work, \
               int32_t count, loc where = loc::current()) {                                 \
+        takes<T>(FloatTypes{}, #NAME, where);                                              \
         if (count <= 0) fail(#NAME " of " + std::to_string(count) + " elements", where);   \
         const Instr in = vec(where);                                                       \
         const T* x = src.rd(count, in);                                                    \
@@ -998,6 +1149,7 @@ GK_SIM_REDUCE(ReduceMin, (std::isnan(l) || l < r ? l : r))
     template <typename T>                                                                  \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src,                        \
               const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) { \
+        takes<T>(FloatTypes{}, #NAME, where);                                              \
         const Instr in = vec(where);                                                       \
         tmp.wr(static_cast<uint64_t>(count) * 4, in);                                      \
         map_unary(dst, src, count, in, [](float v) { return EXPR; });                      \
@@ -1018,6 +1170,7 @@ GK_SIM_TMP_UNARY(Sigmoid, 1.0f / (1.0f + std::exp(-v)))
 template <typename T>
 void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, const LocalTensor<T>& e,
            const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
+    takes<T>(FloatTypes{}, "Power", where);
     const Instr in = vec(where);
     tmp.wr(static_cast<uint64_t>(count) * 4, in);
     const T* a = x.rd(count, in);
@@ -1029,6 +1182,7 @@ void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, const LocalTensor
 template <typename T>
 void Power(const LocalTensor<T>& dst, const LocalTensor<T>& x, T e,
            const LocalTensor<uint8_t>& tmp, int32_t count, loc where = loc::current()) {
+    takes<T>(FloatTypes{}, "Power", where);
     const Instr in = vec(where);
     tmp.wr(static_cast<uint64_t>(count) * 4, in);
     float s = static_cast<float>(e);
@@ -1119,11 +1273,12 @@ struct Strided {
 };
 
 // dst = a OP b, repeat by repeat (each repeat reads its operands before writing).
-#define GK_SIM_BINARY_REPEAT(NAME, EXPR)                                                     \
+#define GK_SIM_BINARY_REPEAT(NAME, EXPR, TYPES)                                              \
     template <typename T>                                                                    \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,  \
               uint64_t mask, int64_t repeat, const BinaryRepeatParams& p,                    \
               loc where = loc::current()) {                                                  \
+        takes<T>(TYPES{}, #NAME, where);                                                     \
         const Instr in = vec(where);                                                         \
         check_repeat(repeat, where);                                                         \
         check_mask<T>(static_cast<int64_t>(mask), where);                                    \
@@ -1152,10 +1307,11 @@ GK_SIM_BINARY_OPS(GK_SIM_BINARY_REPEAT)
 #undef GK_SIM_BINARY_REPEAT
 
 // dst = a OP scalar, repeat by repeat.
-#define GK_SIM_SCALAR_REPEAT(NAME, EXPR)                                                     \
+#define GK_SIM_SCALAR_REPEAT(NAME, EXPR, TYPES)                                              \
     template <typename T>                                                                    \
     void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, T scalar, uint64_t mask,   \
               int64_t repeat, const UnaryRepeatParams& p, loc where = loc::current()) {      \
+        takes<T>(TYPES{}, #NAME, where);                                                     \
         const Instr in = vec(where);                                                         \
         check_repeat(repeat, where);                                                         \
         check_mask<T>(static_cast<int64_t>(mask), where);                                    \
@@ -1188,7 +1344,7 @@ GK_SIM_SCALAR_OPS(GK_SIM_SCALAR_REPEAT)
 template <typename T>
 void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, int64_t repeat,
           const BrcbRepeatParams& p, loc where = loc::current()) {
-    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Brcb takes 16- or 32-bit elements");
+    takes<T>(BrcbTypes{}, "Brcb", where);
     const Instr in = vec(where);
     check_repeat(repeat, where);
     constexpr uint64_t EB = BLOCK_BYTES / sizeof(T);
@@ -1220,6 +1376,7 @@ template <typename T, typename C>
 void whole_reduce(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& src,
                   int32_t mask, int64_t repeat, int32_t dstRepStride, int32_t srcBlkStride,
                   int32_t srcRepStride, const loc& where, C combine) {
+    takes<T>(FloatTypes{}, name, where);
     const Instr in = vec(where);
     check_repeat(repeat, where);
     check_mask<T>(mask, where);
@@ -1243,7 +1400,6 @@ void whole_reduce(const char* name, const LocalTensor<T>& dst, const LocalTensor
         z[r * dstep] = static_cast<T>(v[0]);
         v.assign(mask, 0.0f);
     }
-    (void)name;
 }
 template <typename T>
 void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t mask,
@@ -1282,6 +1438,7 @@ inline std::string run_core(KernelCall call, uint8_t** args, const uint64_t* arg
     core.arg_reads.assign(nargs, 0);
     core.block_idx = b;
     core.block_num = blocks;
+    core.sys_workspace = nargs >= 2 ? args[nargs - 2] : nullptr;
     core.ub.assign(ub_bytes, 0xA5);
     g_core = &core;
     g_barrier = bar;
@@ -1296,6 +1453,10 @@ inline std::string run_core(KernelCall call, uint8_t** args, const uint64_t* arg
     std::string error;
     try {
         call(args);
+        if (core.mm_open > 0)
+            error = std::string(name) + ": line " + std::to_string(core.mm_open_line) +
+                    ": a Matmul object registered here never called End() (the cube side "
+                    "would wait for it forever)";
         for (int e = 0; e < NEVENTS && error.empty(); ++e)
             for (int i = 0; i < EVENT_IDS; ++i)
                 if (core.events[e][i].pending) {
@@ -1365,6 +1526,70 @@ inline int launch(KernelCall call, const char* name, int32_t kernel_nargs, uint8
 }  // namespace AscendC
 
 #include "matmul_sim.h"
+
+#define KERNEL_TASK_TYPE_DEFAULT(type) AscendC::declare_kernel_type(AscendC::type)
+
+// ------------------------------------------------------ tikicpulib's launch surface
+// A driver written for CANN's CPU model of the AI core (tikicpulib: GM buffers from GmAlloc,
+// SetKernelMode, ICPU_RUN_KF(kernel, blockDim, args...)) runs its kernel in this simulator
+// instead: each argument's size is that of the GmAlloc holding it (for the GM bounds and the
+// read counts), the cores run one after another, and an error ends the program with the
+// kernel's name and line, as the CPU model's checks do. The UB is the A2 devkit's figure.
+enum class KernelMode { MIX_MODE = 0, AIC_MODE, AIV_MODE, MIX_AIC_1_1 };
+namespace AscendC {
+constexpr uint64_t CPU_MODEL_UB_BYTES = 192 * 1024 - 256;
+struct GmBlock {
+    uint8_t* p;
+    size_t n;
+};
+inline std::vector<GmBlock>& gm_blocks() {
+    static std::vector<GmBlock> blocks;
+    return blocks;
+}
+inline void* GmAlloc(size_t n) {
+    auto* p = static_cast<uint8_t*>(std::calloc(n ? n : 1, 1));
+    gm_blocks().push_back({p, n});
+    return p;
+}
+inline void GmFree(void* p) {
+    auto& v = gm_blocks();
+    v.erase(std::remove_if(v.begin(), v.end(), [p](const GmBlock& b) { return b.p == p; }),
+            v.end());
+    std::free(p);
+}
+inline KernelMode g_kernel_mode = KernelMode::MIX_MODE;
+inline void SetKernelMode(KernelMode m) { g_kernel_mode = m; }
+
+template <typename F, size_t... I>
+void call_kf(F f, uint8_t** a, std::index_sequence<I...>) {
+    f(a[I]...);
+}
+template <auto F, size_t N>
+void kf_trampoline(uint8_t** a) {
+    call_kf(F, a, std::make_index_sequence<N>{});
+}
+template <typename... A>
+void run_kf(void (*entry)(uint8_t**), const char* name, uint32_t blocks, A... args) {
+    constexpr int n = sizeof...(A);
+    uint8_t* argv[n] = {reinterpret_cast<uint8_t*>(args)...};
+    uint64_t bytes[n];
+    for (int i = 0; i < n; ++i) {
+        bytes[i] = 0;
+        for (const GmBlock& b : gm_blocks())
+            if (argv[i] >= b.p && argv[i] < b.p + (b.n ? b.n : 1)) bytes[i] = b.p + b.n - argv[i];
+    }
+    std::vector<uint64_t> counters(NCOUNTERS + n, 0);
+    char err[4096] = "";
+    if (launch(entry, name, n, argv, bytes, n, static_cast<int32_t>(blocks), CPU_MODEL_UB_BYTES,
+               counters.data(), err, sizeof err, false) != 0) {
+        std::fprintf(stderr, "%s\n", err);
+        std::exit(1);
+    }
+}
+}  // namespace AscendC
+#define ICPU_RUN_KF(func, blocks, ...)                                                       \
+    AscendC::run_kf(&AscendC::kf_trampoline<func, std::tuple_size_v<decltype(std::make_tuple( \
+                        __VA_ARGS__))>>, #func, blocks, __VA_ARGS__)
 
 // The runner's entries: a kernel source defines gk_sim_call_<KERNEL>(uint8_t** args) over
 // NARGS GM arguments (each given with its size in bytes, for the per-argument read counts).

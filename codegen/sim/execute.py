@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.codegen.ascendc import Rendered
 from graphkernel.codegen.sim.runner import Counts, SimulatorError, build, launch
 from graphkernel.codegen.targets import Target
+from graphkernel.codegen.vector.render import Rendered
 from graphkernel.ir import DType
 
 _NP = {DType.float32: np.dtype(np.float32), DType.float16: np.dtype(np.float16),

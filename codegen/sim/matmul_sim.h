@@ -3,7 +3,11 @@
 // Written from the documented semantics (the project's Matmul reference), not from vendor
 // code. Included by ascendc_sim.h. What it models:
 //   - REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling) registers an object with a
-//     TCubeTiling, which is checked against the A2 cube core's limits: fractal-aligned base
+//     TCubeTiling, as the devkit's Matmul examples do: the system workspace is the one the
+//     launch provides (GetSysWorkSpacePtr(); SetSysWorkspace is deprecated in the API and
+//     refused here), and every registered object calls End() before the kernel returns (in
+//     a MIX kernel the cube side serves the vector side's requests until End). The tiling
+//     is checked against the A2 cube core's limits: fractal-aligned base
 //     sizes, baseM*baseK*sizeof(A) <= L0A/2, baseK*baseN*sizeof(B) <= L0B/2 (double
 //     buffered), baseM*baseN*4 <= L0C, the L1 depths (and the bias row) within L1, K not
 //     split over cores;
@@ -18,14 +22,15 @@
 //     resident while depthA1 / ceil(K / baseK) (resp. depthB1) panels fit, least recently
 //     used out first; a panel that does not fit is streamed, read once per base tile. Base
 //     tiles are walked M inside N (iterateOrder 0) or N inside M (1), the outer operand's
-//     panel loaded first. GM bytes are counted per operand (codegen/matmul_tiling.py models
+//     panel loaded first. GM bytes are counted per operand (codegen/cube/tiling.py models
 //     the same rule);
 //   - GetTensorC(ub) writes one baseM x baseN tile into UB, row-major with a row pitch of
 //     baseN (a tail tile fills its top-left corner, the rest is zero). The API synchronises
-//     its own transfer (FixPipe out of L0C, and on A2 the hop through the GM workspace)
-//     before returning, so the tile counts as written by the vector pipe and complete: the
-//     vector unit may read it at once (no PipeBarrier<PIPE_V>), and the buffer's reuse is
-//     ordered as for any vector write (a VECOUT queue's AllocTensor).
+//     its own transfer: it sets its cross-core flag on the vector pipe (so the vector unit's
+//     earlier instructions, reads of the buffer included, are done before the cube core
+//     writes) and waits for the tile before returning. So the tile counts as written by the
+//     vector pipe and complete: the vector unit may read it at once, and rewrite the buffer
+//     it read for the previous tile with no PipeBarrier<PIPE_V> in between.
 // Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
 // than a base tile, any call after End, a second object used while another has not called
 // End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
@@ -79,12 +84,19 @@ public:
     void sim_register(TPipe* pipe, uint8_t* workspace, const TCubeTiling* tiling,
                       loc where = loc::current()) {
         if (pipe == nullptr) fail("REGIST_MATMUL_OBJ without a TPipe", where);
-        if (workspace == nullptr)
-            fail("REGIST_MATMUL_OBJ with no system workspace (SetSysWorkspace(workspace) "
-                 "first)", where);
+        if (g_core->kernel_type == KERNEL_TYPE_AIV_ONLY)
+            fail("a Matmul object in a kernel declared KERNEL_TYPE_AIV_ONLY (no cube core "
+                 "runs it: declare a MIX or AIC kernel type)", where);
+        if (workspace == nullptr || workspace != g_core->sys_workspace)
+            fail("REGIST_MATMUL_OBJ with a workspace other than the system workspace the "
+                 "launch provides: pass GetSysWorkSpacePtr()", where);
         if (tiling == nullptr) fail("REGIST_MATMUL_OBJ without a TCubeTiling", where);
         t_ = *tiling;
         check_tiling(where);
+        if (!registered_) {
+            ++g_core->mm_open;
+            g_core->mm_open_line = where.line();
+        }
         registered_ = true;
         tail_m_ = t_.singleCoreM;
         tail_n_ = t_.singleCoreN;
@@ -179,13 +191,20 @@ public:
                     loc where = loc::current()) {
         claim("GetTensorC", where);
         if (!have_tile_) fail("GetTensorC without a base tile (Iterate() first)", where);
+        if (g_core->kernel_type == KERNEL_TYPE_AIC_ONLY)
+            fail("GetTensorC into UB in a kernel declared KERNEL_TYPE_AIC_ONLY (UB is the "
+                 "vector cores': declare KERNEL_TYPE_MIX_AIC_1_2)", where);
         if (enAtomic) fail("GetTensorC with atomic accumulation is not modelled", where);
         const uint64_t n = static_cast<uint64_t>(t_.baseM) * t_.baseN;
         if (ub.bytes_left() < n * sizeof(TC))
             fail("GetTensorC into a UB tensor of " + std::to_string(ub.bytes_left()) +
                  " bytes: a base tile of " + std::to_string(t_.baseM) + " x " +
                  std::to_string(t_.baseN) + " needs " + std::to_string(n * sizeof(TC)), where);
+        // the API first sets its cross-core flag on the vector pipe (the cube core then writes
+        // the tile): it is set once the vector unit's earlier instructions are done, so the
+        // tile's buffer is not overwritten under a vector instruction still reading it
         const Instr in = issue(PIPE_V, where);
+        g_core->known[PIPE_V][PIPE_V] = in.seq;
         TC* dst = ub.wr(n, in);
         for (uint64_t i = 0; i < n; ++i) dst[i] = TC(0);
         for (int32_t r = 0; r < cur_rows_; ++r)
@@ -199,6 +218,7 @@ public:
     void End(loc where = loc::current()) {
         claim("End", where);
         ended_ = true;
+        --g_core->mm_open;
         g_core->mm_active = nullptr;
     }
 
@@ -352,9 +372,14 @@ private:
 }  // namespace matmul
 
 namespace AscendC {
-// The system workspace the Matmul API needs (the kernel's workspace argument).
-inline void SetSysWorkspace(GM_ADDR workspace) { g_core->sys_workspace = workspace; }
+// The system workspace the Matmul API works in: the launch provides it (the kernel's
+// workspace argument, whose start the runtime reserves for the API).
 inline GM_ADDR GetSysWorkSpacePtr() { return g_core->sys_workspace; }
+// Deprecated in the API ("will be removed in the next version"): refused.
+inline void SetSysWorkspace(GM_ADDR, loc where = loc::current()) {
+    fail("SetSysWorkspace is deprecated in the Ascend C API: the launch provides the system "
+         "workspace; pass GetSysWorkSpacePtr() to REGIST_MATMUL_OBJ", where);
+}
 }  // namespace AscendC
 
 #define REGIST_MATMUL_OBJ(pipe, workspace, mm, tiling) \

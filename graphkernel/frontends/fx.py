@@ -953,6 +953,183 @@ def _dropout(c: Ctx):
     return [c.emit("Identity", [x]), mask]
 
 
+# --------------------------------------------------------------- attention
+# scaled_dot_product_attention and its fused overloads: one FusedAttention forward and one
+# FusedAttentionGrad backward, or their exact decompositions (graphkernel/frontends/sdpa.py)
+def _no_dropout(p: Any) -> None:
+    if p:
+        raise Unmapped(f"attention with dropout_p={p} draws random numbers: it runs through "
+                       "torch (torch's random stream, and its own backward)")
+
+
+def _attention_spec(c: Ctx, q: Value, k: Value, v: Value, mask: Any, causal: Any,
+                    scale: Any) -> Any:
+    from graphkernel.frontends.sdpa import Spec
+
+    if not (isinstance(scale, float | int) or scale is None) or isinstance(causal, Value):
+        raise Unmapped("a scale or causal flag computed at run time")
+    for x in (q, k, v):
+        if x.type.rank != 4:
+            raise Unmapped(f"attention operands of rank {x.type.rank} (4 expected)")
+    return Spec(q, k, v, mask, None if scale is None else float(scale), bool(causal))
+
+
+def _builder(c: Ctx) -> Any:
+    from graphkernel.frontends.sdpa import Builder
+
+    return Builder(c.g, c.name, (c.name,))
+
+
+def _attend(c: Ctx, spec: Any, stats: bool) -> tuple[Value, Value | None]:
+    from graphkernel.frontends.sdpa import forward
+
+    out, lse, why = forward(_builder(c), spec, stats)
+    if why is not None:
+        log.info("%s (%s): the exact decomposition, not one fused attention: %s", c.name,
+                 c.node.target, why)
+    return out, lse
+
+
+def _used(c: Ctx, i: int) -> bool:
+    """Whether output ``i`` of the node is read (a getitem of it has users)."""
+    return any(u.target is operator.getitem and u.args[1] == i and u.users
+               for u in c.node.users)
+
+
+def _like_meta(c: Ctx, i: int) -> Any:
+    """Output ``i`` as the node's metadata has it, for the outputs attention does not compute
+    (sequence offsets, dropout seeds: zeros; sizes: their values)."""
+    val = c.node.meta["val"][i]
+    if val is None or isinstance(val, int | torch.SymInt):
+        return None if val is None else _dim(val)
+    if val.dtype not in _TORCH_DTYPES:
+        return None  # (a CUDA random state of uint64: nothing reads it without dropout)
+    t = TensorType(tuple(_dim(d) for d in val.shape), torch_dtype(val.dtype, c.name))
+    if t.is_static:
+        return c.const(np.zeros(t.shape), t.dtype)
+    return c.emit("BroadcastTo", [c.const(0, t.dtype)], {"shape": list(t.shape)})
+
+
+def _lse_as(c: Ctx, lse: Value | None, i: int) -> Value | None:
+    """Our logsumexp [B, N, L] in the shape output ``i`` has: padded with zeros to a
+    multiple of 32 queries (the efficient kernel's) or with a trailing 1 (cuDNN's)."""
+    val = c.node.meta["val"][i]
+    want = tuple(_dim(d) for d in val.shape)
+    if lse is None or want[2] == 0:
+        return _like_meta(c, i)
+    if len(want) == 4:
+        return c.emit("ExpandDims", [lse], {"axis": [3]})
+    pad = symbolic.canon(want[2]) != symbolic.canon(lse.shape[2])
+    if pad and isinstance(want[2], int) and isinstance(lse.shape[2], int):
+        zeros = c.emit("BroadcastTo", [c.const(0, DType.float32)],
+                       {"shape": [*lse.shape[:2], want[2] - lse.shape[2]]})
+        return c.emit("Concat", [lse, zeros], {"axis": 2})
+    if pad:
+        raise Unmapped("a padded logsumexp of a symbolic length")
+    return lse
+
+
+@aten("aten.scaled_dot_product_attention.default")
+def _sdpa(c: Ctx):
+    q, k, v = c.arg(0), c.arg(1), c.arg(2)
+    mask, p, causal = c.argkw(3, "attn_mask"), c.argkw(4, "dropout_p", 0.0), \
+        c.argkw(5, "is_causal", False)
+    _no_dropout(p)
+    rank = q.type.rank
+    if rank == 3:  # [B, L, E]: one head
+        q, k, v = (c.emit("ExpandDims", [x], {"axis": [1]}) for x in (q, k, v))
+        if mask is not None and mask.type.rank == 3:
+            mask = c.emit("ExpandDims", [mask], {"axis": [1]})
+    out, _ = _attend(c, _attention_spec(c, q, k, v, mask, causal, c.kw("scale")), False)
+    return c.emit("Squeeze", [out], {"axis": [1]}) if rank == 3 else out
+
+
+@aten("aten._scaled_dot_product_flash_attention_for_cpu.default")
+def _sdpa_cpu(c: Ctx):
+    _no_dropout(c.argkw(3, "dropout_p", 0.0))
+    spec = _attention_spec(c, c.arg(0), c.arg(1), c.arg(2), c.kw("attn_mask"),
+                           c.argkw(4, "is_causal", False), c.kw("scale"))
+    out, lse = _attend(c, spec, _used(c, 1))
+    return [out, lse]
+
+
+@aten("aten._scaled_dot_product_flash_attention.default")
+def _sdpa_flash(c: Ctx):
+    _no_dropout(c.argkw(3, "dropout_p", 0.0))
+    spec = _attention_spec(c, c.arg(0), c.arg(1), c.arg(2), None,
+                           c.argkw(4, "is_causal", False), c.kw("scale"))
+    out, lse = _attend(c, spec, _used(c, 1))
+    return [out, lse, *(_like_meta(c, i) for i in range(2, 9))]
+
+
+@aten("aten._scaled_dot_product_efficient_attention.default",
+      "aten._scaled_dot_product_cudnn_attention.default")
+def _sdpa_biased(c: Ctx):
+    _no_dropout(c.argkw(5, "dropout_p", 0.0))
+    spec = _attention_spec(c, c.arg(0), c.arg(1), c.arg(2), c.arg(3),
+                           c.argkw(6, "is_causal", False), c.kw("scale"))
+    out, lse = _attend(c, spec, bool(c.arg(4)) and _used(c, 1))
+    n = len(c.node.meta["val"])
+    return [out, _lse_as(c, lse, 1), *(_like_meta(c, i) for i in range(2, n))]
+
+
+def _attention_grad(c: Ctx, spec: Any, dy: Value, out: Value, lse: Value) -> list[Value]:
+    from graphkernel.frontends.sdpa import backward
+
+    grads, why = backward(_builder(c), spec, dy, out, lse)
+    if why is not None:
+        log.info("%s (%s): the exact decomposition, not one fused attention gradient: %s",
+                 c.name, c.node.target, why)
+    return grads
+
+
+def _lse_back(c: Ctx, lse: Value, length: Any) -> Value:
+    """A logsumexp input as [B, N, L] (cuDNN's trailing 1 or the efficient kernel's padding
+    dropped)."""
+    if lse.type.rank == 4:
+        return c.emit("Squeeze", [lse], {"axis": [3]})
+    if symbolic.canon(lse.shape[2]) != symbolic.canon(length):
+        if not isinstance(length, int):
+            raise Unmapped("a padded logsumexp of a symbolic length")
+        return c.emit("StridedSlice", [lse], {"begin": [0], "end": [length], "axes": [2]})
+    return lse
+
+
+@aten("aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
+def _sdpa_cpu_backward(c: Ctx):
+    _no_dropout(c.arg(6))
+    spec = _attention_spec(c, c.arg(1), c.arg(2), c.arg(3), c.kw("attn_mask"), c.arg(7),
+                           c.kw("scale"))
+    return _attention_grad(c, spec, c.arg(0), c.arg(4), c.arg(5))
+
+
+@aten("aten._scaled_dot_product_flash_attention_backward.default")
+def _sdpa_flash_backward(c: Ctx):
+    _no_dropout(c.arg(10))
+    spec = _attention_spec(c, c.arg(1), c.arg(2), c.arg(3), None, c.arg(11), c.kw("scale"))
+    return _attention_grad(c, spec, c.arg(0), c.arg(4), c.arg(5))
+
+
+@aten("aten._scaled_dot_product_efficient_attention_backward.default")
+def _sdpa_efficient_backward(c: Ctx):
+    _no_dropout(c.arg(9))
+    if c.arg(10)[3]:
+        raise Unmapped("the attention bias's gradient runs through torch")
+    q = c.arg(1)
+    spec = _attention_spec(c, q, c.arg(2), c.arg(3), c.arg(4), c.argkw(11, "is_causal", False),
+                           c.kw("scale"))
+    lse = _lse_back(c, c.arg(6), q.shape[2])
+    return [*_attention_grad(c, spec, c.arg(0), c.arg(5), lse), None]
+
+
+@aten("aten._scaled_dot_product_cudnn_attention_backward.default")
+def _sdpa_cudnn_backward(c: Ctx):
+    _no_dropout(c.arg(13))
+    q = c.arg(1)
+    spec = _attention_spec(c, q, c.arg(2), c.arg(3), c.arg(8), c.arg(14), c.kw("scale"))
+    return _attention_grad(c, spec, c.arg(0), c.arg(4), _lse_back(c, c.arg(5), q.shape[2]))
+
+
 # ---------------------------------------------------------------- fallback
 def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     if isinstance(a, torch.fx.Node):
@@ -976,7 +1153,17 @@ def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     raise Unmapped(f"argument of type {type(a).__name__}")
 
 
-def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
+def _seeded(node: Any) -> bool:
+    """Whether the ATen op draws from torch's random stream (its ``nondeterministic_seeded``
+    tag: dropout, rand, bernoulli ...)."""
+    tags = getattr(node.target, "tags", ())
+    return torch is not None and torch.Tag.nondeterministic_seeded in tags
+
+
+def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
+    """``node`` as an Opaque node calling the ATen op. ``after``: a value the node must run
+    after (the previous random op's output: see ``import_fx_module``); an extra input the
+    op's arguments do not name."""
     target = str(node.target)
     if target not in _LOGGED:
         _LOGGED.add(target)
@@ -990,7 +1177,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str) -> Any:
                  for v in vals if v is not None]
     if not out_types:
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
-    n = g.add_node("Opaque", [env[i] for i in inputs],
+    n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
@@ -1113,6 +1300,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
         env[n] = g.add_input(n.name, t)
         res.inputs.append(len(g.inputs) - 1)
     flat: list[Any] = []
+    token: Value | None = None  # the last op that drew random numbers
     for n in gm.graph.nodes:
         if n.op in ("placeholder",):
             continue
@@ -1145,7 +1333,13 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
                     if not any(v.uses for v in node.outputs):
                         g.erase_node(node)
         res.fallbacks.setdefault(str(n.target), reason)
-        env[n] = _opaque(g, n, env, reason)
+        # ops drawing random numbers run in the program's order (the stream is shared):
+        # each reads the previous one's first output, so no pass can reorder them
+        seeded = _seeded(n)
+        env[n] = _opaque(g, n, env, reason, token if seeded else None)
+        if seeded:
+            first = env[n][0] if isinstance(env[n], list) else env[n]
+            token = first if isinstance(first, Value) else token
     final: list[Value] = []
     for a in flat:
         v = env[a] if isinstance(a, torch.fx.Node) else a

@@ -273,6 +273,55 @@ def _softmax(c: NodeCtx):
     return c.emit(c.node.op_type, [x], {"axis": _softmax_axis(c, x.type.rank)})
 
 
+@handles("Attention")
+def _attention(c: NodeCtx):
+    """ONNX's Attention (opset 23, without a KV cache): one FusedAttention, or the exact
+    decomposition with the reason (graphkernel/frontends/sdpa.py). Q, K, V are [B, N, S, D],
+    or [B, S, N·D] with ``q_num_heads``/``kv_num_heads`` (split into heads here, merged
+    again after; the attention pass then reads them in place). Without past keys its
+    ``is_causal`` keeps key j <= query i, torch's top-left alignment; a row with no key left
+    gives zeros, as the operator documents."""
+    from graphkernel.frontends.sdpa import Builder, Spec, forward
+
+    if c.has_input(4) or c.has_input(5):
+        raise Unsupported("past_key/past_value (a KV cache) are not modeled")
+    if c.attr("softcap", 0.0):
+        raise Unsupported(f"softcap={c.attr('softcap')} is not modeled")
+    if any(c.node.output[1:]):
+        raise Unsupported("present_key/present_value/qk_matmul_output are not modeled")
+    q, k, v = c.input(0), c.input(1), c.input(2)
+    rank = q.type.rank
+    heads = (c.attr("q_num_heads"), c.attr("kv_num_heads"))
+    if rank == 3:
+        if None in heads:
+            raise Unsupported("3-D Q, K, V need q_num_heads and kv_num_heads")
+        q, k, v = (_heads_of(c, x, n) for x, n in ((q, heads[0]), (k, heads[1]),
+                                                     (v, heads[1])))
+    elif rank != 4:
+        raise Unsupported(f"Q of rank {rank} (accepted: 3 or 4)")
+    mask = c.input(3) if c.has_input(3) else None
+    spec = Spec(q, k, v, mask, c.attr("scale"), bool(c.attr("is_causal", 0)))
+    with c.graph.recording() as added:
+        try:
+            out, _, _ = forward(Builder(c.graph, c.name, (c.name,)), spec)
+        finally:  # (undone with the handler's other nodes when it fails)
+            c.emitted += [n.name for n in added]
+    if rank == 3:
+        b, n, s, d = out.shape
+        out = c.emit("Transpose", [out], {"perm": [0, 2, 1, 3]})
+        out = c.emit("Reshape", [out], {"shape": [b, s, symbolic.mul(n, d)]})
+    return out
+
+
+def _heads_of(c: NodeCtx, x: Value, n: int) -> Value:
+    """[B, S, N·D] as [B, N, S, D]."""
+    b, s, h = x.shape
+    if not isinstance(h, int) or h % n:
+        raise Unsupported(f"hidden size {h!r} is not a multiple of {n} heads")
+    x = c.emit("Reshape", [x], {"shape": [b, s, n, h // n]})
+    return c.emit("Transpose", [x], {"perm": [0, 2, 1, 3]})
+
+
 @handles("LayerNormalization")
 def _layer_norm(c: NodeCtx):
     x, scale = c.input(0), c.input(1)

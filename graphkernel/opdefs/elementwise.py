@@ -135,7 +135,7 @@ def _binary_ref(fn):
 
 for _name, (_fn, _cls, _out) in UNARY.items():
     register(OpDef(_name, OpKind.ELEMWISE, (1, 1), _unary_infer(_cls, _out), _unary_ref(_fn),
-                   category="unary"))
+                   category="unary", view=_name == "Identity"))
 
 for _name, (_fn, _cls, _out, _aliases) in BINARY.items():
     register(OpDef(_name, OpKind.ELEMWISE, (2, 2), _binary_infer(_cls, _out), _binary_ref(_fn),

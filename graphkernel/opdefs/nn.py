@@ -10,7 +10,7 @@ from pydantic import Field
 
 from graphkernel import symbolic
 from graphkernel.errors import ShapeError
-from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
+from graphkernel.ops import CUBE, Attrs, OpDef, OpKind, check_dtype, register
 from graphkernel.tensor_types import TensorType
 
 
@@ -57,9 +57,9 @@ def _matmul_ref(xs, attrs, ctx):
 
 
 register(OpDef("MatMul", OpKind.OPAQUE, (2, 2), _matmul_infer, _matmul_ref, attrs=MatMulAttrs,
-               category="nn"))
+               category="nn", unit=CUBE, product=True))
 register(OpDef("BatchMatMul", OpKind.OPAQUE, (2, 2), _bmm_infer, _matmul_ref,
-               attrs=MatMulAttrs, category="nn"))
+               attrs=MatMulAttrs, category="nn", unit=CUBE, product=True))
 
 
 class Conv2DAttrs(Attrs):
@@ -152,7 +152,7 @@ def _conv_ref(xs, attrs, ctx):
 
 
 register(OpDef("Conv2D", OpKind.OPAQUE, (2, 3), _conv_infer, _conv_ref, attrs=Conv2DAttrs,
-               aliases=("Conv2d",), category="nn"))
+               aliases=("Conv2d",), category="nn", unit=CUBE))
 
 
 class PoolAttrs(Attrs):

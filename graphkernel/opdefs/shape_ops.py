@@ -82,7 +82,7 @@ def _reshape_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 
 register(OpDef("Reshape", OpKind.RESHAPE, (1, 1), _reshape_infer,
                lambda xs, a, ctx: xs[0].reshape(ctx.out_shapes[0]), attrs=ShapeAttrs,
-               category="shape"))
+               category="shape", view=True))
 
 
 # ----------------------------------------------------------- ExpandDims/Squeeze
@@ -128,9 +128,9 @@ def _reshape_ref(xs, a, ctx):
 
 
 register(OpDef("ExpandDims", OpKind.RESHAPE, (1, 1), _expand_dims_infer, _reshape_ref,
-               attrs=AxisListAttrs, aliases=("Unsqueeze",), category="shape"))
+               attrs=AxisListAttrs, aliases=("Unsqueeze",), category="shape", view=True))
 register(OpDef("Squeeze", OpKind.RESHAPE, (1, 1), _squeeze_infer, _reshape_ref,
-               attrs=OptAxisListAttrs, category="shape"))
+               attrs=OptAxisListAttrs, category="shape", view=True))
 
 
 # ------------------------------------------------------------------ Transpose

@@ -23,9 +23,10 @@ LOGICAL = ["LogicalNot", "LogicalAnd", "LogicalOr"]  # bool inputs and outputs
 POSITIVE = {"Log", "Sqrt", "Rsqrt", "Reciprocal"}
 BINARY = ["Add", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMod", "Mod",
           "Atan2", "Pow"]
-# composites the generator rewrites (codegen/decompose.py): inputs that reach their edge cases
-# half-integers over divisors with exact quotients, and rounded multiples of any divisor (the
-# quotient rounds onto the integer above the true one; fmod/floor_divide are exact)
+# composites the generator rewrites (codegen/vector/decompose.py): inputs that reach their
+# edge cases: half-integers over divisors with exact quotients, and rounded multiples of any
+# divisor (the quotient rounds onto the integer above the true one; fmod/floor_divide are
+# exact)
 QUOTIENTS = {"FloorDiv", "FloorMod", "Mod"}
 SMALL_TOO = {"Expm1", "Log1p"}  # magnitudes down to 1e-7, where the naive forms lose digits
 # the ops checked elementwise (the rewritten composites, and Power with a tensor exponent)
@@ -134,6 +135,15 @@ def single_op_cases() -> list[Case]:
     return cases
 
 
+def _masked_rows(dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """Scores [4, 3, 6] with keys masked out (-inf) above the diagonal and row 1 of batch 2
+    masked out entirely."""
+    x = np.random.default_rng(0).standard_normal((4, 3, 6)).astype(np.float32)
+    x[:, np.arange(6)[None, :] > np.arange(3)[:, None]] = -np.inf
+    x[2, 1] = -np.inf
+    return {"x": x}
+
+
 def _g(name: str, inputs: dict[str, tuple], dtype: str = "float32"):
     g = Graph(name)
     return g, {k: g.add_input(k, TensorType(s, dtype)) for k, s in inputs.items()}
@@ -190,6 +200,15 @@ def pattern_cases() -> list[Case]:
         g, v = _g(f"softmax_long_{dt}", {"x": (3, 70001)}, dt)
         add(f"phases-softmax-long-row-{dt}", g,
             g.add_node("Softmax", [v["x"]], {"axis": -1}).output)
+    # attention's guard of a fully masked row (torch's math path): a per-row "any" negated
+    # is a column of bools; the softmax of such a row is replaced by zeros
+    g, v = _g("masked_row_guard", {"x": (4, 3, 6)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    kept = n("LogicalNot", [n("Equal", [v["x"], g.const(np.float32(-np.inf))])])
+    dead = n("LogicalNot", [n("ReduceMax", [kept], axis=[2], keep_dims=True)])
+    zeros = g.const(np.zeros((4, 3, 6), np.float32))
+    add("masked-row-guard", g, n("Select", [dead, zeros, n("Softmax", [v["x"]], axis=-1)]),
+        feeds_for=_masked_rows)
     g, v = _g("softmax_leading", {"x": (50, 6, 33)})
     add("phases-softmax-leading-axis", g, g.add_node("Softmax", [v["x"]], {"axis": 0}).output)
     g, v = _g("layernorm_long", {"x": (4, 70001), "w": (70001,), "b": (70001,)})

@@ -11,11 +11,11 @@ import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.ascendc import render
-from graphkernel.codegen.buffers import Linear, plan
+from graphkernel.codegen.buffers import Linear
+from graphkernel.codegen.legalize import check
 from graphkernel.codegen.sim.runner import SimulatorError
+from graphkernel.codegen.vector.render import render
 from graphkernel.kernels import build_kernel
-from graphkernel.passes.codegen import check
 
 
 def _kernel(build, *inputs: tuple[str, tuple, str]):
@@ -107,7 +107,7 @@ def test_a_launch_uses_what_the_plan_bounds_and_not_much_less(name):
     feeds = {v.name: rng.standard_normal(tuple(v.shape)).astype(v.dtype.np) for v in g.inputs}
     Interpreter(g2, kernel_runner=backend).run(feeds)
     (st,) = backend.stats.values()
-    p = plan(s, render(s).lowered)
+    p = render(s).plan
     bound = p.budget().bytes(st.tiling["rt"], st.tiling["ctp"])
     # what the plan over-counts: its slack, a block per column buffer, the masks at 8x
     masks = sum(b.size.bytes(st.tiling["rt"], st.tiling["ctp"])
@@ -120,8 +120,8 @@ def test_a_launch_uses_what_the_plan_bounds_and_not_much_less(name):
 def test_a_buffer_the_plan_leaves_out_fails_the_launch(monkeypatch):
     """A template that allocates what the plan does not count would let the tiling choose
     a tile the device cannot hold: the simulator refuses the launch."""
-    from graphkernel.codegen import ascendc
     from graphkernel.codegen.backend import SimBackend
+    from graphkernel.codegen.vector import render as ascendc
     from graphkernel.interpreter import Interpreter
 
     real = ascendc.render

@@ -116,3 +116,36 @@ def test_the_causal_mode_is_sparse_mode_2_with_the_operators_own_mask():
     sim, _ = run_sim(graphkernel.compile(g, "--opt_level=2", env={}), feeds)
     np.testing.assert_allclose(sim[0], Interpreter(g, symbols={"s": 5}).run(feeds)[0],
                                rtol=1e-6, atol=1e-6)
+
+
+def test_the_gradient_is_one_extern_call_reading_the_forwards_statistics():
+    """FusedAttentionGrad is the vendor's FlashAttentionScoreGrad: one extern launch whose
+    call names dy, attention_in and the softmax statistics, priced as five products; the
+    forward with ``stats`` names its softmax_max and softmax_sum results."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen import extern
+
+    g = Graph("grad")
+    bsnd = TensorType((2, 8, 4, 16), "float16")
+    q, k, v, dy = (g.add_input(n, bsnd) for n in ("q", "k", "v", "dy"))
+    attrs = {"layout": "BSND", "head_num": 4, "scale": 0.25, "causal": True}
+    fwd = g.add_node("FusedAttention", [q, k, v], attrs | {"stats": True})
+    out, smax, ssum = fwd.outputs
+    grad = g.add_node("FusedAttentionGrad", [q, k, v, dy, out, smax, ssum], attrs)
+    g.set_outputs(list(grad.outputs))
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert [e["kind"] for e in launches(res.graph)] == ["extern", "extern"]
+    c = extern.call(grad)
+    assert c["operator"] == "torch_npu.npu_fusion_attention_grad"
+    assert c["aclnn"] == "aclnnFlashAttentionScoreGrad"
+    assert [o["role"] for o in c["operands"]] == [
+        "query", "key", "value", "dy", "attention_in", "softmax_max", "softmax_sum"]
+    assert [o["role"] for o in c["results"]] == ["dq", "dk", "dv"]
+    assert c["arguments"]["scale_value"] == 0.25 and c["arguments"]["sparse_mode"] == 2
+    assert [o["role"] for o in extern.call(fwd)["results"]] == [
+        "attention_out", "softmax_max", "softmax_sum"]
+    assert extern.cube_flops(grad) == pytest.approx(2.5 * extern.cube_flops(fwd))
+    feeds = random_inputs(g)
+    sim, _ = run_sim(res, feeds)
+    for got, want in zip(sim, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_array_equal(got, want)

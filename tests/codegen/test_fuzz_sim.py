@@ -3,24 +3,59 @@ level (one simulator library per 40 graphs), and the graphs the fuzzer found wro
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.bisect import Evaluator
+from graphkernel.codegen.sim.runner import SimulatorError
 from tests.fuzz.generator import KINDS, check_sim, classify_sim_error, table
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
 CI_SEEDS = range(0, 100)  # per opt level; longer runs: python -m tests.fuzz.generator --sim
 
+# Rules of the real Ascend C API the lowering does not meet yet (the simulator refuses them
+# as the real headers do). A seed failing by one of them alone is set apart from the fuzz
+# run's failures; the strict xfail below keeps each one failing visibly until it is fixed.
+LOWERING_GAPS = {
+    "bool": ("bool bytes cast directly to/from float (Cast uint8_t <-> float), which dav-c220 "
+             "does not have: the lowering must go through half",
+             r"Cast from (uint8_t to float|float to uint8_t|bfloat16_t to uint8_t): "),
+    "half-round": ("a rounding Cast from half to half in a kernel computing in fp16, which "
+                   "dav-c220 does not have (half rounds through float or int32)",
+                   r"Cast from half to half: "),
+}
+GAP_SEEDS = [(91, 1, "half-round"), (41, 3, "bool")]  # (seed, opt level, gap) found by CI_SEEDS
+
+
+def _gap(message: str) -> str | None:
+    return next((k for k, (_, rx) in LOWERING_GAPS.items() if re.search(rx, message)), None)
+
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3])
 def test_fuzzed_graphs_run_through_generated_kernels_match(opt_level):
     fails = check_sim(CI_SEEDS, opt_level, max_ops=12)
+    fails = {s: f for s, f in fails.items() if _gap(f.message) is None}
     assert not fails, table([(str(opt_level), len(CI_SEEDS), fails)]) + "\n" + "\n".join(
         f.line() for f in fails.values())
+
+
+class LoweringGap(AssertionError):
+    """A seed failing by the gap it is listed for (nothing else makes its xfail pass)."""
+
+
+@pytest.mark.parametrize("seed, opt_level, gap", [
+    pytest.param(s, o, g, id=f"seed{s}-O{o}-{g}", marks=pytest.mark.xfail(
+        strict=True, raises=LoweringGap, reason=LOWERING_GAPS[g][0])) for s, o, g in GAP_SEEDS])
+def test_fuzz_seeds_the_lowering_gaps_still_break(seed, opt_level, gap):
+    fails = check_sim([seed], opt_level, max_ops=12)
+    if fails:
+        assert _gap(fails[seed].message) == gap, fails[seed].line()
+        raise LoweringGap(fails[seed].line())
 
 
 def test_failures_are_sorted_by_kind():
@@ -180,7 +215,8 @@ def test_a_compact_value_read_the_other_way_is_refused():
     """The [2] inputs were placed as a row of the [2, 2] loop space (by shape), but the
     broadcast reads their Maximum as a column: the kernel gave 1 2 1 2. The schedule
     refuses a use that does not match the layout a compact value is held in."""
-    from graphkernel.codegen.schedule import Unsupported, plan
+    from graphkernel.codegen.refusal import Unsupported
+    from graphkernel.codegen.vector.schedule import plan
     from graphkernel.kernels import build_kernel
 
     g = _row_held_as_column()
@@ -196,3 +232,51 @@ def test_a_compact_value_read_the_other_way_is_refused():
                                    "--opt_level=2 --enable_low_precision"])
 def test_a_broadcast_column_flattened_matches(flags):
     _sim_matches(_row_held_as_column(), flags)
+
+
+def test_fuzz_seed_20123_a_mix_epilogue_that_only_copies_the_product():
+    """A MIX kernel whose epilogue only copies the product (Cast to fp32, ExpandDims): the
+    next tile's GetTensorC rewrites the buffer the copy read, with no barrier between. The
+    API sets its cross-core flag on the vector pipe before the cube core writes the tile, so
+    the vector unit's earlier reads are done (the simulator took the write for one racing
+    them)."""
+    fails = check_sim([20123], None, max_ops=24)
+    assert not fails, fails[20123].line()
+
+
+def _through_sim(g: Graph, feeds: dict) -> None:
+    """The compiled graph through its generated kernels matches the interpreter."""
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.interpreter import Interpreter
+
+    res = graphkernel.compile(g, "", env={})
+    got, _ = run_sim(res, feeds)
+    for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
+    "a reduction of a comparison's result reads its bit mask (LocalTensor<uint8_t>) as a float "
+    "tile: the lowering does not turn the mask into 0/1 values first (IsNan -> any, as "
+    "torch.quantile of a 0-d tensor does)"))
+def test_any_of_isnan_selects_on_one_element():
+    g = Graph("quantile_nan_check")
+    x = g.add_input("x", TensorType((1,), "float32"))
+    nan = g.add_node("IsNan", [x]).output
+    anyn = g.add_node("ReduceMax", [nan], {"axis": [0], "keep_dims": True}).output
+    g.set_outputs([g.add_node("Select", [anyn, g.const(np.float32(np.nan)), x]).output])
+    _through_sim(g, {"x": np.array([0.7], np.float32)})
+
+
+@pytest.mark.xfail(strict=True, raises=SimulatorError, reason=(
+    "an op on a reduced value (LogicalNot after any) is lowered over the whole tile's count "
+    "into the one-block column buffer (Muls(wc0, ..., n)): UB overrun; its bool store is a "
+    "uint8_t <- float Cast (torch.all of a 0-d tensor)"))
+def test_all_of_a_0d_tensor():
+    g = Graph("all_0d")
+    x = g.add_input("x", TensorType((), "float32"))
+    gt = g.add_node("Greater", [x, g.const(np.float32(0.0))]).output
+    anyn = g.add_node("ReduceMax", [g.add_node("LogicalNot", [gt]).output],
+                      {"axis": [], "keep_dims": False}).output
+    g.set_outputs([g.add_node("LogicalNot", [anyn]).output])
+    _through_sim(g, {"x": np.array(0.7, np.float32)})

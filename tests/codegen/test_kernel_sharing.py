@@ -13,10 +13,10 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.codegen import targets
-from graphkernel.codegen.ascendc import render
 from graphkernel.codegen.backend import run_sim, schedules, shared_kernels, write_project
+from graphkernel.codegen.legalize import check
+from graphkernel.codegen.vector.render import render
 from graphkernel.interpreter import Interpreter
-from graphkernel.passes.codegen import check
 from graphkernel.structure import body_signature
 
 
@@ -113,7 +113,7 @@ def test_refusals_carried_over_as_checking_each_kernel_gives(monkeypatch):
     """Equal matmul-epilogue kernels the generator refuses (a Floor is no epilogue op of a
     MIX kernel): the refusal is decided once and the fallbacks (reasons, actions, the
     kernels they leave) are those of checking each."""
-    from graphkernel.passes import codegen as codegen_pass
+    from graphkernel.codegen import legalize
 
     def layers() -> Graph:
         g = Graph("mm")
@@ -127,12 +127,12 @@ def test_refusals_carried_over_as_checking_each_kernel_gives(monkeypatch):
         return g
 
     checks = []
-    real = codegen_pass.check
-    monkeypatch.setattr(codegen_pass, "check", lambda k, s: checks.append(k.name) or real(k, s))
+    real = legalize.check
+    monkeypatch.setattr(legalize, "check", lambda k, s: checks.append(k.name) or real(k, s))
     once = graphkernel.compile(layers(), "--opt_level=2", env={})
     n_once = len(checks)
-    monkeypatch.setattr(codegen_pass, "_refusal", lambda kernel, e: None)
-    monkeypatch.setattr(codegen_pass, "rebind", lambda s, kernel: None)
+    monkeypatch.setattr(legalize.Refused, "of", staticmethod(lambda kernel, e: None))
+    monkeypatch.setattr(legalize, "rebind", lambda s, kernel: None)
     each = graphkernel.compile(layers(), "--opt_level=2", env={})
     assert once.report.extra["fallbacks"] and len(checks) - n_once > n_once
     assert once.report.extra["fallbacks"] == each.report.extra["fallbacks"]
@@ -166,12 +166,12 @@ def test_carried_over_schedule_keeps_columns_of_rows():
 def test_carried_over_cube_schedule_is_the_planned_one(monkeypatch):
     """Equal MIX kernels (a product and its epilogue, reading a bias row) are planned once:
     each other instance's carried-over schedule renders as planning it afresh does."""
-    import graphkernel.passes.codegen as codegen_pass
-    from graphkernel.codegen.matmul_render import render_matmul
-    from graphkernel.codegen.matmul_schedule import MatmulSchedule, plan_matmul
+    from graphkernel.codegen import legalize
+    from graphkernel.codegen.cube.render import render_matmul
+    from graphkernel.codegen.cube.schedule import MatmulSchedule, plan_matmul
 
     planned = []
-    monkeypatch.setattr(codegen_pass, "plan_matmul",
+    monkeypatch.setattr(legalize, "plan_matmul",
                         lambda k, spec: planned.append(k.name) or plan_matmul(k, spec))
 
     g = Graph("products")
@@ -227,7 +227,7 @@ def test_copy_with_is_dataclass_replace(compiled):
 def test_kernel_symbol_follows_the_body():
     """The symbol hashes the body's text: another constant, another type or another name
     gives another symbol, and the body as it was gives its symbol again."""
-    from graphkernel.codegen.schedule import kernel_symbol
+    from graphkernel.codegen.vector.schedule import kernel_symbol
 
     res = graphkernel.compile(chains(2), "--opt_level=2", env={})
     k, other = [n for n in res.graph.nodes if n.op == "GraphKernel"][:2]
@@ -242,3 +242,27 @@ def test_kernel_symbol_follows_the_body():
     x = k.subgraph.inputs[0]
     x.type = TensorType(x.type.shape, "float16")
     assert kernel_symbol(k) != first
+
+
+def test_a_refusal_carries_the_node_and_what_it_names():
+    """Whether a refusal holds for a kernel of equal body is read off the refusal's fields:
+    the node it stumbled on (by position in the body) and the values it names."""
+    from graphkernel.codegen.legalize import Refused
+    from graphkernel.codegen.refusal import Unsupported
+    from graphkernel.structure import body_signature
+
+    kernels = [n for n in graphkernel.compile(chains(2), "--opt_level=2", env={}).graph.nodes
+               if n.op == "GraphKernel"]
+    k1, k2 = next((a, b) for a in kernels for b in kernels if a is not b and
+                  body_signature(a.subgraph) == body_signature(b.subgraph))
+    bad = k1.subgraph.nodes[1]
+    r = Refused.of(k1, Unsupported(f"{bad.op} cannot", node=bad))
+    assert r is not None and r.at == 1
+    with pytest.raises(Unsupported, match="cannot") as e:
+        r.raise_for(k2)
+    assert e.value.node is k2.subgraph.nodes[1]  # the same place in the other kernel
+    # naming a value of the kernel: checked for each kernel, to name its own
+    v = bad.outputs[0]
+    assert Refused.of(k1, Unsupported(f"{v.name} cannot", node=bad, about=(v,))) is None
+    other = next(n for n in chains(1).nodes if n.op != "Constant")
+    assert Refused.of(k1, Unsupported("elsewhere", node=other)) is None  # not in the body

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from graphkernel.codegen import targets
-from graphkernel.codegen.matmul_tiling import NoTiling, gm_bytes, tile, violations
+from graphkernel.codegen.cube.tiling import NoTiling, gm_bytes, tile, violations
 
 SPEC = targets.load("ascend910b")
 SHAPES = [(1, 1, 1), (1, 4096, 11008), (17, 33, 65), (64, 64, 64), (128, 768, 768),

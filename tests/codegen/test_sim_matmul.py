@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from graphkernel.codegen import targets
-from graphkernel.codegen.matmul_tiling import gm_bytes, tile, violations
+from graphkernel.codegen.cube.tiling import gm_bytes, tile, violations
 from graphkernel.codegen.sim.runner import SimulatorError, build, launch
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)

@@ -1,6 +1,6 @@
 """Views of computed values inside generated kernels (transposes, reshapes, concats), each
 case one kernel with no fallback, run in the simulator against the op-by-op run; and the
-index maps of codegen/views.py against numpy's own strides."""
+index maps of codegen/vector/views.py against numpy's own strides."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel.codegen import views
-from graphkernel.codegen.lower import lower
-from graphkernel.codegen.schedule import Unsupported, plan
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.vector import views
+from graphkernel.codegen.vector.lower import lower
+from graphkernel.codegen.vector.schedule import plan
 from graphkernel.explain import explain
 from graphkernel.kernels import build_kernel
 from tests.codegen.cases import Case, _g, compile_cases

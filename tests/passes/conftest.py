@@ -6,6 +6,7 @@ import numpy as np
 
 from graphkernel import Graph
 from graphkernel.api import load_config
+from graphkernel.codegen import targets
 from graphkernel.interpreter import random_inputs, run_graph
 from graphkernel.pipeline import BisectCounter, PassContext
 from graphkernel.registry import PASSES, PassResult
@@ -15,7 +16,8 @@ def apply_pass(name: str, graph: Graph, flags: str = "") -> tuple[Graph, PassRes
     """Run pass ``name`` once on a copy of ``graph``; validate the result."""
     g = graph.copy()
     cfg = load_config(flags, env={})
-    ctx = PassContext(cfg, BisectCounter(cfg.bisect_limit), lambda m: None)
+    ctx = PassContext(cfg, BisectCounter(cfg.bisect_limit), lambda m: None,
+                      targets.load(cfg.target))
     ctx.current_pass = name
     result = PASSES[name].fn(g, ctx)
     g.validate()

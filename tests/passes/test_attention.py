@@ -63,7 +63,7 @@ def test_example_becomes_one_bsh_launch_equal_to_torch():
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs == {"layout": "BSH", "head_num": 4, "scale": 0.25, "mask": "atten_mask",
-                        "causal": False, "window": 0}
+                        "causal": False, "window": 0, "stats": False}
     # the head split/merge transposes, the softmax and both products are gone
     left = {n.op for n in res.graph.nodes}
     assert not left & {"Transpose", "BatchMatMul", "Exp", "ReduceMax", "Select"}, left
@@ -570,3 +570,109 @@ def test_two_biases_are_refused_as_two_pse():
     assert not _fused(res)
     reason = res.analyses.attention[0].reason
     assert "two masks map to the operator's pse" in reason, reason
+
+
+def _math_path(heads=4, seq=8, keys=8, dim=16, masked_rows=True, guard=True) -> Graph:
+    """torch's math path for scaled_dot_product_attention, as the importer leaves it: Q and
+    Kᵀ each scaled by sqrt(scale), an additive mask, the softmax and the guard that writes
+    zeros for a row whose every key is masked out (``Select(not any(x != -inf), 0, P)``)."""
+    g = Graph("math")
+    split = []
+    for n, s in (("q", seq), ("k", keys), ("v", keys)):
+        x = g.add_input(n, TensorType((2, s, heads * dim), "float32"))
+        x = g.add_node("Reshape", [x], {"shape": [2, s, heads, dim]}).output
+        split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
+    root = g.const(np.float32(dim ** -0.25))
+    q = g.add_node("Mul", [split[0], root]).output
+    kt = g.add_node("Transpose", [split[1]], {"perm": [0, 1, 3, 2]}).output
+    kt = g.add_node("Mul", [kt, root]).output
+    s = g.add_node("BatchMatMul", [q, kt], name="qk").output
+    mask = g.add_input("keep", TensorType((seq, keys), "bool"))
+    add = g.add_node("Select", [mask, g.const(np.float32(0)),
+                                g.const(np.float32(-np.inf))]).output
+    s = g.add_node("Add", [s, add]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}).output
+    if guard:
+        inf = g.add_node("Equal", [s, g.const(np.float32(-np.inf))]).output
+        kept = g.add_node("LogicalNot", [inf]).output
+        anyk = g.add_node("ReduceMax", [kept], {"axis": [3], "keep_dims": True}).output
+        dead = g.add_node("LogicalNot", [anyk]).output
+        p = g.add_node("Select", [dead, g.const(np.zeros((2, heads, seq, keys), np.float32)),
+                                  p]).output
+    o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
+    o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, seq, heads * dim]}).output])
+    return g
+
+
+def _keep(seq=8, keys=8):
+    keep = np.random.default_rng(2).random((seq, keys)) > 0.3
+    keep[:, 0] = True
+    keep[3] = False  # a row with no key
+    return keep
+
+
+def test_torchs_math_path_with_its_masked_row_guard_is_one_launch():
+    """The guard is the operator's own rule for a row with no key (zeros), so the pattern is
+    one FusedAttention, the sqrt(scale) on Q and on Kᵀ taken into its scale, and the result
+    equals the unfused graph's, that row included."""
+    g = _math_path()
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSH" and fa.attrs["mask"] == "atten_mask"
+    assert fa.attrs["scale"] == pytest.approx(16 ** -0.5)
+    left = {n.op for n in res.graph.nodes}
+    assert not left & {"Equal", "ReduceMax", "Select", "BatchMatMul", "Transpose"}, left
+    feeds = random_inputs(g, seed=4)
+    feeds["keep"] = _keep()
+    (got,) = Interpreter(res.graph).run(feeds)
+    (want,) = Interpreter(g).run(feeds)
+    assert np.all(want[:, 3] == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_every_candidate_of_the_math_path_it_cannot_take_says_why():
+    """Head size 8: the candidate is refused naming the operator's limit, and explain says
+    so; nothing changes."""
+    g = _math_path(dim=8)
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused" and "head size D=8" in rec.reason
+    assert "refused  qk  -- unsupported head size D=8" in format_explain(explain(res))
+
+
+def _imported(layout_ok=True) -> Graph:
+    """What the torch frontend makes of scaled_dot_product_attention on head splits: one
+    BNSD FusedAttention between the split and merge transposes."""
+    g = Graph("sdpa")
+    split = []
+    for n in "qkv":
+        x = g.add_input(n, TensorType((2, 8, 64), "float32"))
+        x = g.add_node("Reshape", [x], {"shape": [2, 8, 4, 16]}).output
+        split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
+    fa = g.add_node("FusedAttention", split, {"head_num": 4, "scale": 0.25, "causal": True},
+                    name="sdpa").output
+    o = g.add_node("Transpose", [fa], {"perm": [0, 2, 1, 3]}).output
+    outs = [g.add_node("Reshape", [o], {"shape": [2, 8, 64]}).output]
+    if not layout_ok:
+        outs.append(fa)  # the BNSD output is read as it is too
+    g.set_outputs(outs)
+    return g
+
+
+def test_an_imported_fused_attention_reads_its_head_splits_in_place():
+    g = _imported()
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSH" and fa.attrs["causal"]
+    assert "Transpose" not in {n.op for n in res.graph.nodes}
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "fused" and "from the frontend" in rec.reason and "BSH" in rec.reason
+    feeds = random_inputs(g)
+    np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
+                               Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-6)
+    kept = _compile(_imported(layout_ok=False))
+    (rec,) = kept.analyses.attention
+    assert "layout BNSD (an operand or the output is not a head split" in rec.reason
+    assert "FUSED    sdpa -> sdpa" in format_explain(explain(kept))

@@ -5,7 +5,7 @@ possibly through Transposes of its last two axes: a transpose is folded into the
 ``isTrans`` (the operand is read transposed in place, never materialised). Batch axes
 (BatchMatMul) broadcast as numpy does: each output batch element reads its A and B at
 per-axis strides that are 0 where an operand's axis is 1 or missing (grouped-query
-attention's shared K/V heads). The tiling (codegen/matmul_tiling.py, and the same search in
+attention's shared K/V heads). The tiling (codegen/cube/tiling.py, and the same search in
 the generated host function for the actual shapes) splits each batch element's ``M × N``
 over the cube cores; a core takes blocks ``batch × coresM × coresN`` round robin.
 """
@@ -15,16 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
-from graphkernel.codegen import matmul_epilogue as epilogue
 from graphkernel.codegen import targets
-from graphkernel.codegen.buffers import BufferPlan, Linear
-from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.matmul_epilogue import Epilogue, batch_strides
-from graphkernel.codegen.matmul_tiling import CubeTiling, NoTiling, tile
-from graphkernel.codegen.schedule import FULL, KernelIO, Unsupported, kernel_symbol
+from graphkernel.codegen.buffers import NO_BUFFERS, BufferPlan, Linear, plan
+from graphkernel.codegen.cube import epilogue
+from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
+from graphkernel.codegen.cube.lower import lower
+from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.vector.schedule import FULL, KernelIO, kernel_symbol
+from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.ops import PRODUCT_OPS
 
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul"})
 CUBE_DTYPES = (DType.float16, DType.bfloat16, DType.float32)
 MAX_BATCH_AXES = 8
 
@@ -53,7 +55,7 @@ class MatmulSchedule:
     dtype: DType                # A, B and C
     tiling: CubeTiling | None   # for static shapes (None: decided at run time only)
     notes: list[str] = field(default_factory=list)
-    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+    target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)
     epilogue: Epilogue | None = None  # a MIX kernel's vector work on each base tile
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
@@ -77,38 +79,27 @@ class MatmulSchedule:
         kernel (the epilogue computes in fp32), the product's type to GM otherwise."""
         return 4 if self.epilogue is not None else self.dtype.itemsize
 
-    @property
     def plan(self) -> BufferPlan:
-        """The kernel's UB buffers: none for a cube kernel (C goes straight to GM), the
-        epilogue's for a MIX kernel."""
+        """The kernel's UB buffers: none for a cube kernel (C goes straight to GM), its
+        epilogue's lowering's for a MIX kernel."""
         e = self.epilogue
-        if e is None:
-            return BufferPlan((), Linear(), "float")
-        return _plan(e, [io.dtype for io in self.inputs], [io.dtype for io in self.outputs],
-                     self.target)
+        return NO_BUFFERS if e is None else plan(lower(e, self.target),
+                                                 self.target.block_bytes)
 
-    @property
-    def ub_per_elem(self) -> int:
-        """UB bytes per element of a base tile (the tiling's bound)."""
-        return self.plan.budget().tile if self.epilogue is not None else self.c_bytes
+    def ub_per_elem(self, p: BufferPlan) -> int:
+        """UB bytes per element of a base tile under buffer plan ``p`` (the tiling's bound)."""
+        return p.budget().tile if self.epilogue is not None else self.c_bytes
 
     @property
     def whole_rows(self) -> bool:
         """The epilogue reduces along N: one core and one base tile hold each row whole."""
         return self.epilogue is not None and self.epilogue.rows
 
-    @property
-    def ub_reserved(self) -> int:
-        """UB bytes besides: rows at their widest base tile (256 columns, or N rounded up to
-        the fractal when a tile holds whole rows), columns at 256 rows, and the slack."""
-        return _reserved(self.plan.budget(), self.N, self.whole_rows, self.target)
-
-
-def _plan(e: Epilogue, ins: list[DType], outs: list[DType], spec: targets.Target
-          ) -> BufferPlan:
-    types = {i: C_TYPE[d] for i, d in enumerate(ins) if d in C_TYPE}
-    otypes = {j: C_TYPE[d] for j, d in enumerate(outs) if d in C_TYPE}
-    return e.plan(types, otypes, spec.block_bytes, spec.repeat_bytes)
+    def ub_reserved(self, p: BufferPlan) -> int:
+        """UB bytes besides, under buffer plan ``p``: rows at their widest base tile (256
+        columns, or N rounded up to the fractal when a tile holds whole rows), columns at 256
+        rows, and the slack."""
+        return _reserved(p.budget(), self.N, self.whole_rows, self.target)
 
 
 def _reserved(b: Linear, N: Dim, whole_rows: bool, spec: targets.Target) -> int:
@@ -148,13 +139,12 @@ def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
     if mm.attrs.get("transpose_a"):
         K = mm.inputs[0].type.shape[-2]
     try:
-        epi = epilogue.build(mm.outputs[0], tuple(out[:-2]), M, N, ins, leaving, steps)
+        epi = epilogue.schedule(mm.outputs[0], tuple(out[:-2]), M, N, ins, leaving, steps)
     except Unsupported as e:
         return str(e)
     if not epi.rows or not symbolic.is_static(N) or not symbolic.is_static(K):
         return None
-    plan = _plan(epi, [v.dtype for v in ins], [v.dtype for v in leaving], spec)
-    b = plan.budget()
+    b = plan(lower(epi, spec), spec.block_bytes).budget()
     dt = mm.outputs[0].dtype
     try:
         tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, 4, spec,
@@ -166,7 +156,7 @@ def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
 
 def is_matmul_kernel(kernel: Node) -> bool:
     """Whether the kernel's body holds a MatMul or BatchMatMul (planned by this module)."""
-    return any(n.op in MATMUL_OPS for n in kernel.subgraph.nodes)
+    return any(n.op in PRODUCT_OPS for n in kernel.subgraph.nodes)
 
 
 def swaps_last_two(n: Node) -> bool:
@@ -194,7 +184,7 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     """The cube kernel of ``kernel``, or Unsupported naming what is outside the model."""
     body = kernel.subgraph
-    mms = [n for n in body.nodes if n.op in MATMUL_OPS]
+    mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
     mm = mms[0]
     if len(mms) > 1:
         raise Unsupported(f"{len(mms)} matrix products in one kernel (a cube kernel runs one)",
@@ -219,8 +209,8 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     ins = list(body.inputs)
     outs = list(body.outputs)
     epi = None
-    if steps:  # a MIX kernel: the epilogue on each base tile (codegen/matmul_epilogue.py)
-        epi = epilogue.build(mm.outputs[0], batch, M, N, ins, outs, steps)
+    if steps:  # a MIX kernel: the epilogue on each base tile (codegen/cube/epilogue.py)
+        epi = epilogue.schedule(mm.outputs[0], batch, M, N, ins, outs, steps)
         if len(epi.batch) > MAX_BATCH_AXES:
             raise Unsupported(f"{mm.op}'s epilogue over {len(epi.batch)} batch axes (at most "
                               f"{MAX_BATCH_AXES})", node=mm)
@@ -236,18 +226,19 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
         dtype=dt, tiling=None, target=spec, epilogue=epi,
         kernel_kind="mix" if epi is not None else "cube")
+    p = s.plan()  # the tiling's UB bound: the epilogue's buffer plan
     if all(symbolic.is_static(d) for d in (*out, K)):
         nb = int(symbolic.numel(batch)) if batch else 1
         try:
             s.tiling = tile(int(M), int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
-                            batch=nb, ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem,
+                            batch=nb, ub_reserved=s.ub_reserved(p), ub_per_elem=s.ub_per_elem(p),
                             whole_rows=s.whole_rows)
         except NoTiling as e:
             raise Unsupported(str(e), node=mm) from None
     elif s.whole_rows and symbolic.is_static(K):  # M at run time: do the rows fit at all?
         try:
             tile(spec.cube_fractal, int(N), int(K), dt.itemsize, dt.itemsize, s.c_bytes, spec,
-                 ub_reserved=s.ub_reserved, ub_per_elem=s.ub_per_elem, whole_rows=True)
+                 ub_reserved=s.ub_reserved(p), ub_per_elem=s.ub_per_elem(p), whole_rows=True)
         except NoTiling as e:
             raise Unsupported(str(e), node=mm) from None
     s.notes = notes(s)

@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphkernel.builder import Builder
-from graphkernel.codegen.decompose import nonzero
-from graphkernel.codegen.schedule import REDUCE_OPS, VIEW_OPS
+from graphkernel.codegen.vector.decompose import nonzero
+from graphkernel.codegen.vector.schedule import REDUCE_OPS
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import build_kernel, unfuse
+from graphkernel.ops import VIEW_OPS
 
 
 def phases(nodes: list[Node]) -> dict[int, int]:
@@ -163,7 +164,7 @@ def split_whole_reduction(graph: Graph, kernel: Node, parts: int,
         b = Builder(graph, origin=n.origin, prefix=n.name)
         x = n.inputs[0]
         op = n.op
-        if n.op == "ElemAny":  # the maximum of a 0/1 (codegen/decompose.py)
+        if n.op == "ElemAny":  # the maximum of a 0/1 (codegen/vector/decompose.py)
             x, op = nonzero(b, x), "ReduceMax"
         rows = b.reshape(x, [parts, N // parts])
         part = b.op(op, rows, axis=[1], keep_dims=True)

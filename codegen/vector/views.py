@@ -16,13 +16,8 @@ import numpy as np
 
 from graphkernel import symbolic
 from graphkernel.ir import Dim, Graph, Node, Value
-
-# views whose map is the map of their source's elements in another shape
-RESHAPES = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
-
-
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
+from graphkernel.ops import VIEW_OPS
+from graphkernel.symbolic import eq
 
 
 def contiguous(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
@@ -38,7 +33,7 @@ def _groups(a: list[Dim], b: list[Dim]) -> list[tuple[list[int], list[int]]] | N
     while i < len(a) and j < len(b):
         ga, gb, pa, pb = [i], [j], a[i], b[j]
         i, j = i + 1, j + 1
-        while not _eq(pa, pb):
+        while not eq(pa, pb):
             if symbolic.div(pb, pa) is not None and i < len(a):  # a's run is the smaller
                 ga.append(i)
                 pa = symbolic.mul(pa, a[i])
@@ -58,8 +53,8 @@ def reshape_map(src: tuple[Dim, ...], dst: tuple[Dim, ...], strides: tuple[Dim, 
     """The strides over ``src`` of the elements of a reshape of ``src`` into ``dst`` whose
     map has ``strides`` over ``dst``; None when the reshape merges axes that the map keeps
     apart (no affine map exists). Axes of extent 1 get stride 0."""
-    sa = [k for k, d in enumerate(src) if not _eq(d, 1)]
-    da = [k for k, d in enumerate(dst) if not _eq(d, 1)]
+    sa = [k for k, d in enumerate(src) if not eq(d, 1)]
+    da = [k for k, d in enumerate(dst) if not eq(d, 1)]
     groups = _groups([src[k] for k in sa], [dst[k] for k in da])
     if groups is None:
         return None
@@ -67,7 +62,7 @@ def reshape_map(src: tuple[Dim, ...], dst: tuple[Dim, ...], strides: tuple[Dim, 
     for ga, gb in groups:
         axes = [da[k] for k in gb]
         for k, nxt in zip(axes, axes[1:], strict=False):  # one flat run in the map
-            if not _eq(strides[k], symbolic.mul(strides[nxt], dst[nxt])):
+            if not eq(strides[k], symbolic.mul(strides[nxt], dst[nxt])):
                 return None
         run: Dim = strides[axes[-1]]
         for k in reversed([sa[x] for x in ga]):
@@ -78,7 +73,7 @@ def reshape_map(src: tuple[Dim, ...], dst: tuple[Dim, ...], strides: tuple[Dim, 
 
 def step_back(n: Node, strides: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
     """The map over the input of view ``n`` given the map of its output; None if not affine."""
-    if n.op in RESHAPES or n.op == "Cast":
+    if n.op in VIEW_OPS or n.op == "Cast":
         return reshape_map(tuple(n.inputs[0].shape), tuple(n.outputs[0].shape), strides)
     if n.op == "Transpose":  # out[j] = in[perm-permuted j]: input axis perm[k] has out's k
         out: list[Dim] = [0] * len(strides)
@@ -112,7 +107,7 @@ def column_slice(n: Node) -> tuple[int, int] | None:
         return None
     src, out = tuple(n.inputs[0].shape), tuple(n.outputs[0].shape)
     last = len(src) - 1
-    if not isinstance(src[last], int) or any(not _eq(a, b) for a, b in zip(src[:last],
+    if not isinstance(src[last], int) or any(not eq(a, b) for a, b in zip(src[:last],
                                                                             out[:last])):
         return None
     if n.op == "Slice":
@@ -124,7 +119,7 @@ def column_slice(n: Node) -> tuple[int, int] | None:
     for b, e, st, ax in zip(a["begin"], a["end"], steps, axes, strict=True):
         ax %= len(src)
         if ax != last:
-            if st != 1 and not _eq(src[ax], 1):
+            if st != 1 and not eq(src[ax], 1):
                 return None
             continue
         if st != 1:
@@ -152,7 +147,7 @@ def column_source(v: Value, elementwise, unit: int = 1, depth: int = 0) -> Value
     if not elementwise(n) or len(n.outputs) != 1:
         return None
     srcs = [column_source(x, elementwise, unit, depth + 1) for x in n.inputs
-            if not _eq(x.type.numel, 1)]
+            if not eq(x.type.numel, 1)]
     found = [s for s in srcs if s is not None]
     if not found or len({symbolic.canon(s.shape[-1]) for s in found}) != 1:
         return None
@@ -181,7 +176,7 @@ def column_concat(n: Node, elementwise, unit: int = 1, depth: int = 0) -> bool:
 
 def _same_scalar(vals: list[Value]) -> bool:
     """One scalar for every piece: the same value, or equal one-element constants."""
-    if not all(_eq(v.type.numel, 1) for v in vals):
+    if not all(eq(v.type.numel, 1) for v in vals):
         return False
     if all(v is vals[0] for v in vals):
         return True

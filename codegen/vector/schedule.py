@@ -12,7 +12,7 @@ is held in UB in one of the compact layouts of that matrix:
 - ``SCALAR``  one value (a scalar constant or a one-element input),
 - ``PARTIAL`` an input broadcast over some outer axes only; loaded row by row into a full tile
   (or, a table broadcast over the leading axes and maybe the last ones, held resident:
-  codegen/resident.py).
+  codegen/vector/resident.py).
 
 Views (Reshape, ExpandDims, Squeeze, Identity) do not move data: a view's value shares its
 source's storage. The schedule refuses, with a reason, anything outside this model (the
@@ -24,13 +24,11 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.codegen import targets, views
-from graphkernel.codegen.decompose import decompose
+from graphkernel.codegen import targets
 from graphkernel.codegen.instructions import (
     BITS,
     BITWISE_OPS,
@@ -39,24 +37,18 @@ from graphkernel.codegen.instructions import (
     MASK_OPS,
     REDUCE_OPS,
 )
+from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
+from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+from graphkernel.codegen.vector import views
+from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
+from graphkernel.ops import CUBE_OPS, VIEW_OPS
+from graphkernel.symbolic import eq
 from graphkernel.textir import format_graph, type_text
 
-FULL, ROW, COL, SCALAR, PARTIAL = "full", "row", "col", "scalar", "partial"
-PIECE = "piece"  # a kernel input loaded only as a piece of a Concat's tile (no queue of its own)
-VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity"})
 # between a stored broadcast and its output: views, and the cast rounding the stored value
 STORE_VIEWS = VIEW_OPS | {"Cast"}
-CUBE_OPS = frozenset({"MatMul", "BatchMatMul", "Conv2D"})
-
-
-class Unsupported(Exception):
-    """The generator cannot handle this kernel; the message is the reason shown to the user,
-    ``node`` the op of the kernel it stumbled on (the fallback splits the kernel around it)."""
-
-    def __init__(self, message: str, node: Node | None = None):
-        super().__init__(message)
-        self.node = node
 
 
 @dataclass
@@ -90,7 +82,7 @@ class KernelIO:
     columns: tuple[int, int] | None = None
     # PARTIAL, a table (broadcast over leading outer axes, and maybe over the axes after the
     # table's too): the rows of the loop space one copy of it serves (the same for every block
-    # of that many rows), held resident in UB and loaded once per core (codegen/resident.py);
+    # of that many rows), held resident in UB and loaded once per core (codegen/vector/resident.py);
     # 0: its rows are loaded with every tile
     table: int = 0
     table_repeat: int = 1  # a table: consecutive rows of the loop space each GM row serves
@@ -115,13 +107,12 @@ class Schedule:
     #                                of M rows (row r of block b is row b*M + r of the space)
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
-    lowered: Any = field(default=None, repr=False, compare=False)  # lower()'s result, kept
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
     #                                               all rows (it depends on a column reduction)
     compute: DType = DType.float32  # the type of every float value in UB (CT in the code)
     variant: Schedule | None = field(default=None, repr=False)  # chosen at run time (tiling
     #   key 1) when this schedule's whole rows do not fit the UB: the row_chunks variant
-    target: targets.Target = field(default_factory=lambda: targets.load(targets.DEFAULT),
+    target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)  # the facts the code obeys
     # id(value) -> (first column, width, row): a value that is a run of columns of each row
     # of the loop space (a slice of the last axis, ops on such slices, a Concat of them
@@ -163,12 +154,6 @@ class Schedule:
         return any(io.dtype != DType.float32 for io in (*self.inputs, *self.outputs))
 
 
-class NeedsPhases(Unsupported):
-    """A value depends on a reduction of its own rows that is accumulated across tiles (a
-    second pass over the rows): the kernel runs as a sequence of phase kernels instead
-    (``codegen/phases.py``)."""
-
-
 def follow(root: dict[int, Value], v: Value) -> Value:
     """The value whose UB storage ``v`` shares (through views and aliases), or ``v``."""
     while id(v) in root:
@@ -185,11 +170,6 @@ def sanitize(name: str) -> str:
     return "gk_" + s[:96]
 
 
-def comment_text(text: str) -> str:
-    """Text safe inside a C++ comment: names shown as they are, minus anything else."""
-    return re.sub(r"[^A-Za-z0-9_.:\-\[\], ]", "_", text)[:100]
-
-
 def kernel_symbol(kernel: Node) -> str:
     """The kernel's C name: its sanitized node name plus a hash of its body, so kernels of
     different graphs can share one library and equal bodies share one symbol."""
@@ -199,15 +179,12 @@ def kernel_symbol(kernel: Node) -> str:
     return f"{sanitize(kernel.name)}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
 
 
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
-
 
 def _trailing_split(shape: tuple[Dim, ...], L: Dim) -> int | None:
     """The axis k with prod(shape[k:]) == L (the outermost such), or None."""
     found = None
     for k in range(len(shape), -1, -1):
-        if _eq(symbolic.numel(shape[k:]), L):
+        if eq(symbolic.numel(shape[k:]), L):
             found = k
     return found
 
@@ -226,7 +203,7 @@ class View:
 
     def is_contiguous(self, shape: tuple[Dim, ...]) -> bool:
         want = View.contiguous(shape).strides
-        return self.base == 0 and all(_eq(a, b) or _eq(d, 1)
+        return self.base == 0 and all(eq(a, b) or eq(d, 1)
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
@@ -243,8 +220,8 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
     v = (1,) * pad + tuple(vshape)
     view = view or View.contiguous(tuple(vshape))
     strides = (0,) * pad + tuple(view.strides)
-    span = [_eq(a, b) for a, b in zip(v, S, strict=True)]
-    bcast = [_eq(a, 1) for a in v]
+    span = [eq(a, b) for a, b in zip(v, S, strict=True)]
+    bcast = [eq(a, 1) for a in v]
     if not all(s or b for s, b in zip(span, bcast, strict=True)):
         return None
     inner = "span" if all(span[k:]) else "bcast" if all(bcast[k:]) else None
@@ -254,7 +231,7 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
     if inner == "span":  # a row must be contiguous in GM
         run: Dim = 1
         for i in range(len(S) - 1, k - 1, -1):
-            if not _eq(v[i], 1) and not _eq(strides[i], run):
+            if not eq(v[i], 1) and not eq(strides[i], run):
                 return None
             run = symbolic.mul(run, v[i])
     contiguous = view.is_contiguous(tuple(vshape))
@@ -391,7 +368,8 @@ class _Planner:
         for v in sub.outputs:
             if id(v) in self.cols:
                 raise Unsupported(f"output {v.name} is a slice of the last axis of a computed "
-                                  "value (stored only as part of a Concat spanning the row)")
+                                  "value (stored only as part of a Concat spanning the row)",
+                                  about=(v,))
         cat_outs = {id(n.outputs[0]) for n in concats}
         for n in steps:  # a Concat's blocks go straight to its output; nothing computes on them
             if any(id(self.owner(x)) in cat_outs for x in n.inputs):
@@ -408,7 +386,7 @@ class _Planner:
         self.col_reduce = False
         self.batch: Dim = 1
         L = self._row_length(steps, reduces, N)
-        if any(not _eq(row, L) for _, _, row in self.cols.values()):
+        if any(not eq(row, L) for _, _, row in self.cols.values()):
             raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
                               "(columns are sliced from whole rows)", node=self.colslices[0])
         M = symbolic.div(N, L)
@@ -424,11 +402,12 @@ class _Planner:
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
-                raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value")
+                raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value",
+                                  about=(o.value,))
             total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
-            if o.kind == FULL and not o.pieces and not _eq(o.value.type.numel, total):
+            if o.kind == FULL and not o.pieces and not eq(o.value.type.numel, total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
-                                  "(a source of a broadcast, stored as it is)")
+                                  "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
@@ -461,7 +440,8 @@ class _Planner:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in allowed:
                     raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across the "
-                                      "elements it reduces (that needs a second pass)", node=n)
+                                      "elements it reduces (that needs a second pass)", node=n,
+                                      about=(n,))
                 final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
@@ -498,7 +478,7 @@ class _Planner:
         x, out = n.inputs[0], n.outputs[0]
         if id(x) not in self.cols:
             return
-        if not out.shape or not _eq(out.shape[-1], x.shape[-1]):
+        if not out.shape or not eq(out.shape[-1], x.shape[-1]):
             raise Unsupported(f"{n.op} of a slice of the last axis that regroups that axis",
                               node=n)
         self.cols[id(out)] = self.cols[id(x)]
@@ -507,7 +487,8 @@ class _Planner:
         x = next((x for x in n.inputs if id(x) in self.cols), None)
         if x is not None:
             raise Unsupported(f"{n.op} reads {x.name}, a slice of the last axis (read by "
-                              "elementwise ops and Concats along that axis only)", node=n)
+                              "elementwise ops and Concats along that axis only)", node=n,
+                              about=(x,))
 
     def _column_step(self, n: Node) -> None:
         """An elementwise op on column values (with scalars) gives a column value at the same
@@ -519,16 +500,16 @@ class _Planner:
         if rule is None or rule.form not in SINKABLE_FORMS or len(n.outputs) != 1:
             self._no_columns(n)
         others = [x for x in n.inputs if id(x) not in self.cols
-                  and not _eq(x.type.numel, 1)]
+                  and not eq(x.type.numel, 1)]
         if len(got) > 1:
             raise Unsupported(f"{n.op} reads columns of rows at different offsets", node=n)
         col = got.pop()
         for x in others:  # a kernel input of the slice's width: loaded to those columns
             o = self.owner(x)
             if not any(o is v for v in self.sub.inputs) or self.loaded[id(o)] is not o or \
-                    not _eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
+                    not eq(x.shape[-1], col[1]) or self.colinputs.get(id(o), col) != col:
                 raise Unsupported(f"{n.op} reads a slice of the last axis with {x.name}, which "
-                                  "is not a kernel input of the slice's width", node=n)
+                                  "is not a kernel input of the slice's width", node=n, about=(x,))
             self.colinputs[id(o)] = col
         self.cols[id(n.outputs[0])] = col
 
@@ -548,7 +529,7 @@ class _Planner:
         row = self.cols[id(n.inputs[0])][2]
         if not out.dtype.is_float:
             raise Unsupported(f"Concat of {out.dtype} data", node=n)
-        if not _eq(out.shape[-1], row):
+        if not eq(out.shape[-1], row):
             self.cols[id(out)] = (0, out.shape[-1], row)
         self.colcats.append(n)
         return True
@@ -570,12 +551,12 @@ class _Planner:
                               "as strided loads of kernel inputs)", node=n)
         if self.loaded[id(src)] is not src or len(src.uses) != 1:
             raise Unsupported(f"{n.op}: input {src.name} is read through more than one view",
-                              node=n)
+                              node=n, about=(src,))
         v = n.inputs[0]  # a reshape of a contiguous input is contiguous in its new shape
         while v is not src:
             if len(v.uses) != 1:
                 raise Unsupported(f"{n.op}: input {src.name} is read through more than one "
-                                  "view", node=n)
+                                  "view", node=n, about=(src,))
             v = v.producer.inputs[0]
         out = n.outputs[0]
         if n.op == "Transpose":
@@ -674,7 +655,7 @@ class _Planner:
         src, out = n.inputs[0], n.outputs[0]
         shape, pad = tuple(out.shape), len(out.shape) - len(src.shape)
         sshape = (1,) * pad + tuple(src.shape)
-        new = [k for k in range(len(shape)) if _eq(sshape[k], 1) and not _eq(shape[k], 1)]
+        new = [k for k in range(len(shape)) if eq(sshape[k], 1) and not eq(shape[k], 1)]
         if not new or any(not isinstance(shape[k], int) for k in new) or int(
                 np.prod([shape[k] for k in new])) > 8 or new[-1] == len(shape) - 1:
             return False
@@ -718,10 +699,10 @@ class _Planner:
                 pad = len(cur.shape) - len(src.shape)
                 sshape = (1,) * pad + tuple(src.shape)
                 new = [k for k in range(len(cur.shape))
-                       if _eq(sshape[k], 1) and not _eq(cur.shape[k], 1)]
+                       if eq(sshape[k], 1) and not eq(cur.shape[k], 1)]
                 if any(not isinstance(strides[k], int) for k in new):
                     raise Unsupported(f"output {v.name}: a broadcast copy at a symbolic offset",
-                                      node=cur.producer)
+                                      node=cur.producer, about=(v,))
                 copies += [(int(cur.shape[k]), int(strides[k])) for k in new]
                 strides = tuple(0 if k in new else strides[k] for k in range(pad, len(sshape)))
                 cur = src
@@ -736,14 +717,15 @@ class _Planner:
         while x.producer is not None and is_view(x.producer):
             if id(x) in self.bstores:
                 raise Unsupported(f"output {v.name}: a broadcast whose copies have no affine "
-                                  "map (a reshape merges a copied axis)", node=x.producer)
+                                  "map (a reshape merges a copied axis)", node=x.producer,
+                                  about=(v,))
             if x.producer.op == "Transpose":
                 raise Unsupported(f"output {v.name}: its chain of views of a computed value "
                                   "has no affine map (a reshape merges transposed axes)",
-                                  node=x.producer)
+                                  node=x.producer, about=(v,))
             x = x.producer.inputs[0]
         shape = tuple(cur.shape)
-        if shape and not _eq(shape[-1], 1) and not _eq(strides[-1], 1):
+        if shape and not eq(shape[-1], 1) and not eq(strides[-1], 1):
             t = next(iter(self.shown.values()), None)
             raise Unsupported("Transpose of a computed value that moves its last axis (the "
                               "reference documents no in-UB transpose; rows must stay "
@@ -820,13 +802,13 @@ class _Planner:
             raise Unsupported("a Concat used inside its kernel", node=n)
         shape = tuple(n.inputs[0].shape)
         if any(tuple(x.shape) != shape or kind.get(id(self.owner(x))) not in (FULL, PARTIAL)
-               or not _eq(x.type.numel, N) for x in n.inputs):
+               or not eq(x.type.numel, N) for x in n.inputs):
             raise Unsupported("Concat of values that are not full tiles of one shape", node=n)
         a = n.attrs["axis"] % len(shape)
         pre, blk = symbolic.numel(shape[:a]), symbolic.numel(shape[a:])
-        if _eq(pre, 1):
+        if eq(pre, 1):
             pitch = L  # one block per operand: its rows are consecutive
-        elif _eq(L, blk):
+        elif eq(L, blk):
             pitch = symbolic.mul(blk, len(n.inputs))
         else:
             raise Unsupported(f"Concat along axis {a}: rows of {L} are not its blocks of {blk}",
@@ -841,8 +823,8 @@ class _Planner:
             return None
         for f in self._all_values():
             full = tuple(f.shape)
-            if not _eq(f.type.numel, N) or len(full) < len(v.shape) or not all(
-                    d == 1 or _eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
+            if not eq(f.type.numel, N) or len(full) < len(v.shape) or not all(
+                    d == 1 or eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
                 continue
             c = self._classify(v, full, L)
             return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
@@ -853,10 +835,10 @@ class _Planner:
 
     def _needs_rows(self, v: Value, N: Dim) -> bool:
         """Whether a use of v constrains the row split (it is not a plain full tile)."""
-        if id(v) in self.scalars or _eq(v.type.numel, 1):
+        if id(v) in self.scalars or eq(v.type.numel, 1):
             return False
         view = self.views.get(id(self.owner(v)))
-        return not _eq(v.type.numel, N) or (view is not None and not view.is_contiguous(
+        return not eq(v.type.numel, N) or (view is not None and not view.is_contiguous(
             tuple(self.owner(v).shape)))
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
@@ -866,7 +848,7 @@ class _Planner:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
                 axes = list(range(len(shape))) if not axes else sorted(a % len(shape) for a in axes)
-                if not _eq(n.inputs[0].type.numel, N):
+                if not eq(n.inputs[0].type.numel, N):
                     raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
                                       node=n)
                 if axes == list(range(len(shape) - len(axes), len(shape))):
@@ -874,14 +856,14 @@ class _Planner:
                 elif axes == list(range(axes[0], axes[-1] + 1)):  # leading or middle: [B, R, L]
                     r, k = symbolic.numel(shape[axes[-1] + 1:]), "column"
                     b = symbolic.numel(shape[:axes[0]])
-                    if batches and not _eq(batches[0], b):
+                    if batches and not eq(batches[0], b):
                         raise Unsupported("reductions over different blocks of rows", node=n)
                     batches.append(b)
                     self.batch = b
                 else:  # several runs: the last one first, the others in a later phase
                     raise NeedsPhases(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
                                       "(one run of adjacent axes per pass)", node=n)
-                if (L is not None and not _eq(L, r)) or (kinds and k not in kinds):
+                if (L is not None and not eq(L, r)) or (kinds and k not in kinds):
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r
                 kinds.add(k)
@@ -891,7 +873,7 @@ class _Planner:
         candidates = None
         for n in steps:
             S = n.outputs[0].shape
-            if not _eq(n.outputs[0].type.numel, N):
+            if not eq(n.outputs[0].type.numel, N):
                 continue
             for v in n.inputs:
                 if id(v) in self.cols or not self._needs_rows(v, N):
@@ -914,7 +896,7 @@ class _Planner:
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block
             shape = n.inputs[0].shape
             a = n.attrs["axis"] % len(shape)
-            if not _eq(symbolic.numel(shape[:a]), 1):
+            if not eq(symbolic.numel(shape[:a]), 1):
                 blk = {symbolic.canon(symbolic.numel(shape[a:]))}
                 candidates = blk if candidates is None else candidates & blk
         if candidates is None:
@@ -925,7 +907,7 @@ class _Planner:
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
-            if not _eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
+            if not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
@@ -933,7 +915,7 @@ class _Planner:
                     continue
                 if self._needs_rows(v, N) and self._classify(v, S, L) is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}", node=n)
+                                      f"follow rows of {L}", node=n, about=(v,))
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
@@ -943,9 +925,9 @@ class _Planner:
             if vid in self.colinputs:
                 continue  # placed by the steps on columns that read it
             v = next(x for x in self._all_values() if id(x) == vid)
-            if _eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
+            if eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
                 kind[vid] = FULL
-            elif _eq(v.type.numel, 1):
+            elif eq(v.type.numel, 1):
                 kind[vid] = SCALAR
                 self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
@@ -956,7 +938,7 @@ class _Planner:
                 self._column_layouts(n, kind, N, L)
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else out.shape
-            full_space = _eq(symbolic.numel(S), N)
+            full_space = eq(symbolic.numel(S), N)
             for v in n.inputs:
                 o = self.owner(v)
                 if id(o) in kind:
@@ -967,7 +949,7 @@ class _Planner:
                     c = self._compact_input(v, N, L)
                     if c is None:
                         raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                          "value) in the loop space", node=n)
+                                          "value) in the loop space", node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
                         guessed.add(id(o))
@@ -975,12 +957,12 @@ class _Planner:
                 c = self._classify(v, S, L)
                 if c is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
-                                      f"follow rows of {L}", node=n)
+                                      f"follow rows of {L}", node=n, about=(v,))
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
-            full_space = _eq(out.type.numel, N)
+            full_space = eq(out.type.numel, N)
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
@@ -1004,7 +986,7 @@ class _Planner:
         for n in self.concats:  # operands read only to be stored (a slice of an input)
             for x in n.inputs:
                 o = self.owner(x)
-                if id(o) not in kind and _eq(x.type.numel, N):
+                if id(o) not in kind and eq(x.type.numel, N):
                     c = self._classify(x, tuple(x.shape), L)
                     if c is not None and c[0] in (FULL, PARTIAL):
                         kind[id(o)] = c[0]
@@ -1015,7 +997,7 @@ class _Planner:
             if id(o) not in kind and id(o) in self.views:
                 c = self._classify(v, tuple(v.shape), L)
                 if c is None:
-                    raise Unsupported(f"output {v.name} does not follow rows of {L}")
+                    raise Unsupported(f"output {v.name} does not follow rows of {L}", about=(v,))
                 kind[id(o)] = c[0]
                 if c[0] == PARTIAL:
                     self.partial[id(o)] = (c[1], c[2], c[3])
@@ -1032,15 +1014,15 @@ class _Planner:
                 continue
             if id(o) in kind:
                 continue
-            c = self._classify(o, tuple(o.shape), L) if _eq(o.type.numel, N) else None
+            c = self._classify(o, tuple(o.shape), L) if eq(o.type.numel, N) else None
             if c is None or c[0] not in (FULL, PARTIAL):
                 raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
-                                  "that is not a full tile) in the loop space", node=n)
+                                  "that is not a full tile) in the loop space", node=n, about=(v,))
             kind[id(o)] = c[0]
             if c[0] == PARTIAL:
                 self.partial[id(o)] = (c[1], c[2], c[3])
         out = n.outputs[0]
-        if id(out) not in self.cols and not _eq(out.type.numel, N):
+        if id(out) not in self.cols and not eq(out.type.numel, N):
             raise Unsupported(f"{n.op} of slices of the last axis smaller than the loop space",
                               node=n)
         kind[id(out)] = FULL
@@ -1052,17 +1034,18 @@ class _Planner:
         vs = tuple(v.shape)
         if len(vs) > len(S) or tuple(v.shape) != tuple(o.shape):
             raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
-                              "axis", node=n)
+                              "axis", node=n, about=(v,))
         vs = (1,) * (len(S) - len(vs)) + vs
-        if any(not (_eq(a, b) or _eq(a, 1)) for a, b in zip(vs, S, strict=True)):
+        if any(not (eq(a, b) or eq(a, 1)) for a, b in zip(vs, S, strict=True)):
             raise Unsupported(f"{n.op}: {v.name} does not broadcast to a slice of the last "
-                              "axis", node=n)
+                              "axis", node=n, about=(v,))
         strides = views.contiguous(vs)
-        outer = tuple(0 if _eq(a, 1) and not _eq(b, 1) else st
+        outer = tuple(0 if eq(a, 1) and not eq(b, 1) else st
                       for a, b, st in zip(vs[:-1], S[:-1], strides[:-1], strict=True))
         got = (S[:-1], outer, 0)
         if kind.get(id(o)) not in (None, PARTIAL) or self.partial.get(id(o), got) != got:
-            raise Unsupported(f"{v.name} is read both as columns of rows and otherwise", node=n)
+            raise Unsupported(f"{v.name} is read both as columns of rows and otherwise", node=n,
+                              about=(v,))
         kind[id(o)] = PARTIAL
         self.partial[id(o)] = got
 
@@ -1074,7 +1057,7 @@ class _Planner:
         c = self._classify(v, S, L)
         if c is not None and {c[0], placed} == {ROW, COL}:
             raise Unsupported(f"{n.op} reads {v.name} as a {c[0]}, but it is held as a "
-                              f"{placed}", node=n)
+                              f"{placed}", node=n, about=(v,))
 
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool, L: Dim = 1
             ) -> KernelIO:
@@ -1084,17 +1067,17 @@ class _Planner:
             c = classify(shape, shape, L, View(0, strides))
             if c is None:
                 raise Unsupported(f"output {v.name} (a transpose of a computed value): rows of "
-                                  f"{L} are not contiguous in it")
+                                  f"{L} are not contiguous in it", about=(v,))
             if self.kind_of(kind, v) != FULL:
                 raise Unsupported(f"output {v.name}: a transpose of a value smaller than the "
-                                  "loop space")
+                                  "loop space", about=(v,))
             if c[0] == PARTIAL:
                 return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), c[1], c[2], c[3],
                                 self.owner(v), copies=self.copies.get(id(v), ()))
         o = self.owner(local)
         k = kind.get(id(o))
         if k is None:
-            raise Unsupported(f"value {v.name} is not used by any computing op")
+            raise Unsupported(f"value {v.name} is not used by any computing op", about=(v,))
         if not is_input and k == PARTIAL:
             k = FULL  # a loaded tile stored back (a broadcast or slice materialised)
         outer, strides, base = self.partial.get(id(o), ((), (), 0)) if is_input else ((), (), 0)
@@ -1104,7 +1087,7 @@ class _Planner:
             return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                             columns=(col[0], col[1]))
         if copies and k != FULL:
-            raise Unsupported(f"output {v.name}: copies of a {k} value")
+            raise Unsupported(f"output {v.name}: copies of a {k} value", about=(v,))
         return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                         copies=copies)
 
@@ -1115,7 +1098,7 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
     notes: list[str] = []
     for io in ins:
         if io.kind == PARTIAL and io.local is not io.value and not any(
-                _eq(st, 0) for st in io.strides):
+                eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
         if io.table and io.table_repeat > 1:
             notes.append(f"input {io.index} ({io.value.name}) is a table of "

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import Linear, plan
-from graphkernel.codegen.lower import Lowered
-from graphkernel.codegen.schedule import Schedule
+from graphkernel.codegen.kernel_ir import KernelIR
+from graphkernel.codegen.vector.schedule import Schedule
 
 
-def budget(s: Schedule, low: Lowered) -> Linear:
+def budget(s: Schedule, ir: KernelIR) -> Linear:
     """UB bytes of a tile of ``rt`` rows and ``ctp`` columns: the buffer plan's sum."""
-    return plan(s, low).budget()
+    return plan(ir, s.target.block_bytes).budget()
 
 
 def align_elems(s: Schedule) -> int:
@@ -30,9 +30,9 @@ def align_elems(s: Schedule) -> int:
     return s.target.block_elems(min(io.dtype.itemsize for io in (*s.inputs, *s.outputs)))
 
 
-def row_bytes(s: Schedule, low: Lowered) -> int | None:
+def row_bytes(s: Schedule, ir: KernelIR) -> int | None:
     """UB bytes one whole row needs (rt = 1), for a static row length; None if symbolic."""
     if not symbolic.is_static(s.L):
         return None
     a = align_elems(s)
-    return budget(s, low).bytes(1, -(-int(s.L) // a) * a)
+    return budget(s, ir).bytes(1, -(-int(s.L) // a) * a)

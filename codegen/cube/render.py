@@ -1,28 +1,31 @@
-"""Render a cube kernel (codegen/matmul_schedule.py) as Ascend C on the Matmul API:
+"""Render a cube kernel (codegen/cube/schedule.py) as Ascend C on the Matmul API:
 ``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp`` (the host tiling, with the tiler of
 ``templates/cube_tiler.inc``) and a manifest entry."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from graphkernel import symbolic
-from graphkernel.codegen.ascendc import (
+from graphkernel.codegen import barriers
+from graphkernel.codegen.buffers import NO_BUFFERS, plan
+from graphkernel.codegen.cube.lower import POOLS, lower
+from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES, MatmulSchedule
+from graphkernel.codegen.kernel_ir import COL, FULL, comment_text, text
+from graphkernel.codegen.lower import C_TYPE
+from graphkernel.codegen.render import (
+    TEMPLATES,
     Rendered,
-    _env,
     c_dim,
+    env,
     io_entry,
     shape_doc,
     shape_refs,
     target_facts,
 )
-from graphkernel.codegen.lower import C_TYPE
-from graphkernel.codegen.matmul_schedule import MAX_BATCH_AXES, MatmulSchedule
-from graphkernel.codegen.schedule import comment_text
 from graphkernel.ir import DType
 
-TILER = (Path(__file__).resolve().parent / "templates" / "cube_tiler.inc").read_text()
+TILER = (TEMPLATES / "cube_tiler.inc").read_text()
 DT_ENUM = {DType.float16: "DataType::DT_FLOAT16", DType.bfloat16: "DataType::DT_BF16",
            DType.float32: "DataType::DT_FLOAT"}
 
@@ -37,14 +40,23 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
     epi = s.epilogue
     epi_inputs = epi.inputs if epi is not None else []
     tile_inputs = [i for i in epi_inputs if i.layout in ("tile", "row")]  # at batch strides
+    ir = lower(epi, s.target) if epi is not None else None
+    bplan = plan(ir, s.target.block_bytes) if ir is not None else NO_BUFFERS
+    tensors = {b.tensor for b in bplan.buffers}
     ctx = {
         "epi": epi, "epi_inputs": epi_inputs, "tile_inputs": tile_inputs,
+        "pool_tiles": ir.pools[POOLS[FULL]] if ir else 0,
+        "pool_cols": ir.pools[POOLS[COL]] if ir else 0,
+        "uses_ht": "ht" in tensors, "uses_hh": "hh" in tensors,
+        "body_lines": text(barriers.place(ir.compute)) if ir else [],
+        "store_lines": {j: text(st) for j, st in ir.stores.items()} if ir else {},
         "ebatch": [cd(d) for d in epi.batch] if epi is not None else [],
         "tile_strides": [(i.index, [cd(st) for st in i.strides]) for i in tile_inputs],
         "epi_sizes": [(i.index, cd(ins[i.index].value.type.numel)) for i in epi_inputs],
         "itype": {io.index: C_TYPE[io.dtype] for io in ins if io.dtype in C_TYPE},
         "otype": {io.index: C_TYPE[io.dtype] for io in s.outputs if io.dtype in C_TYPE},
-        "c_size": s.c_bytes, "ub_elem": s.ub_per_elem, "ub_reserved": s.ub_reserved,
+        "c_size": s.c_bytes, "ub_elem": s.ub_per_elem(bplan),
+        "ub_reserved": s.ub_reserved(bplan),
         **target_facts(s.target), "row_reduce": True,
         "s": s, "node_comment": comment_text(node_comment or s.node),
         "ctype": C_TYPE[s.dtype], "size": s.dtype.itemsize, "dt_enum": DT_ENUM[s.dtype],
@@ -58,12 +70,12 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
         or "both operands row-major",
         "shape_doc": shape_doc(s),
     }
-    env = _env()
+    jenv = env()
     files = {
-        f"{s.name}.cpp": env.get_template("matmul_mix.cpp.j2" if epi is not None
+        f"{s.name}.cpp": jenv.get_template("matmul_mix.cpp.j2" if epi is not None
                                           else "matmul.cpp.j2").render(ctx),
-        f"{s.name}_tiling.h": env.get_template("matmul_tiling.h.j2").render(ctx),
-        f"{s.name}_tiling.cpp": env.get_template("matmul_tiling.cpp.j2").render(ctx),
+        f"{s.name}_tiling.h": jenv.get_template("matmul_tiling.h.j2").render(ctx),
+        f"{s.name}_tiling.cpp": jenv.get_template("matmul_tiling.cpp.j2").render(ctx),
     }
     t = s.tiling
     manifest: dict[str, Any] = {
@@ -81,6 +93,6 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
         "tiling_function": f"{s.name}_tiling",
         "sources": sorted(files),
         "notes": list(s.notes),
-        "buffers": s.plan.describe(),
+        "buffers": bplan.describe(),
     }
-    return Rendered(s, None, files, manifest, s.plan)
+    return Rendered(s, ir, files, manifest, bplan)

@@ -31,22 +31,20 @@ freedom. R and ``repeat`` must be static; the leading axes may be symbolic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import plan
-from graphkernel.codegen.lower import Lowered
-from graphkernel.codegen.schedule import PARTIAL, KernelIO, Schedule, io_notes
-from graphkernel.codegen.tiling import align_elems
+from graphkernel.codegen.vector.lower import lower
+from graphkernel.codegen.vector.schedule import PARTIAL, KernelIO, Schedule, io_notes
+from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
+from graphkernel.symbolic import eq
 
 MAX_BLOCK_COUNT = 4095  # DataCopyPad's blockCount: the most table rows one copy loads
 UB_SHARE = 4            # a table takes at most a quarter of the UB; the tiles keep the rest
 TILES_PER_CORE = 8      # tiles inside a block: at most about this many per core (tiling.cpp.j2)
 
-
-def _eq(a: Dim, b: Dim) -> bool:
-    return symbolic.canon(a) == symbolic.canon(b)
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,9 @@ def table_map(io: KernelIO) -> TableMap | None:
     if io.kind != PARTIAL or io.gather or not io.outer:
         return None
     ext, st = io.outer, io.strides
-    live = [i for i in range(len(ext)) if not _eq(ext[i], 1)]
-    bcast = [i for i in live if _eq(st[i], 0)]
-    spans = [i for i in live if not _eq(st[i], 0)]
+    live = [i for i in range(len(ext)) if not eq(ext[i], 1)]
+    bcast = [i for i in live if eq(st[i], 0)]
+    spans = [i for i in live if not eq(st[i], 0)]
     if not bcast:
         return None
     first = spans[0] if spans else len(ext)
@@ -91,30 +89,30 @@ def table_map(io: KernelIO) -> TableMap | None:
         return TableMap(rows, io.columns[1] if io.columns else 0, repeat)
     pitch = st[last]
     for j in spans:  # evenly spaced rows: one strided copy loads any run of them
-        if not _eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:last + 1]))):
+        if not eq(st[j], symbolic.mul(pitch, symbolic.numel(ext[j + 1:last + 1]))):
             return None
     return TableMap(rows, pitch, repeat)
 
 
-def choose(s: Schedule, low: Lowered) -> None:
-    """Make the inputs of ``s`` that are tables of one row count resident, when the kernel's
-    tiles hold whole rows and the buffer plan with them fits the UB (else leave ``s``)."""
+def choose(s: Schedule) -> Schedule:
+    """``s`` with its inputs that are tables of one row count resident, when the kernel's
+    tiles hold whole rows and the buffer plan with them (a trial lowering's) fits the UB;
+    else ``s`` itself."""
     if s.col_reduce or s.row_chunks or not s.whole_rows or s.variant is not None or \
             not symbolic.is_static(s.L):
-        return
+        return s
     maps = {io.index: table_map(io) for io in s.inputs}
     rows = next((m.block for m in maps.values() if m is not None), None)
     if rows is None:
-        return
-    tables = [io for io in s.inputs if maps[io.index] and maps[io.index].block == rows]
-    for io in tables:
-        io.table, io.table_repeat = rows, maps[io.index].repeat
+        return s
+    inputs = [replace(io, table=rows, table_repeat=maps[io.index].repeat)
+              if maps[io.index] and maps[io.index].block == rows else io for io in s.inputs]
+    held = replace(s, inputs=inputs)
     a = align_elems(s)
     ctp = -(-int(symbolic.canon(s.L)) // a) * a
     ub = s.target.ub_bytes
-    table_bytes = sum(rows * ctp * io.dtype.itemsize for io in tables)
-    if table_bytes * UB_SHARE > ub or plan(s, low).budget().bytes(1, ctp) > ub:
-        for io in tables:
-            io.table, io.table_repeat = 0, 1
-        return
-    s.notes = io_notes(s.inputs, s.reduce)
+    table_bytes = sum(rows * ctp * io.dtype.itemsize for io in inputs if io.table)
+    if table_bytes * UB_SHARE > ub or \
+            plan(lower(held), s.target.block_bytes).budget().bytes(1, ctp) > ub:
+        return s
+    return replace(held, notes=io_notes(inputs, s.reduce))

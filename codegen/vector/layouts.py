@@ -1,0 +1,52 @@
+"""The layout choices of a vector schedule that hang on its UB budget, made before the kernel
+is lowered for good: the variant that walks rows too long for the UB in chunks, and the
+resident tables (``vector/resident.py``).
+
+Each is decided from a trial lowering's buffer plan (the lowering is a pure function of the
+schedule; its result is not kept) and gives a new schedule:
+
+- a kernel reducing each row whose whole row does not fit the UB is replaced by its
+  ``row_chunks`` variant (the reductions accumulated chunk by chunk), or refused when it has
+  none;
+- with a symbolic row length the choice is the host's at run time (tiling key 1): the variant
+  rides along as ``Schedule.variant`` when it can be generated;
+- otherwise inputs that are tables broadcast over the leading axes are held resident when
+  the plan with them fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from graphkernel.codegen.kernel_ir import KernelIR
+from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+from graphkernel.codegen.targets import Target
+from graphkernel.codegen.vector import resident
+from graphkernel.codegen.vector.lower import lower
+from graphkernel.codegen.vector.schedule import Schedule, plan
+from graphkernel.codegen.vector.tiling import row_bytes
+from graphkernel.ir import Node
+
+
+def choose(kernel: Node, s: Schedule, ir: KernelIR, target: Target) -> Schedule:
+    """The schedule of ``kernel`` with its layout choices made, from ``s`` (its plan) and
+    ``ir`` (a trial lowering of it)."""
+    need = row_bytes(s, ir) if s.reduce else None
+    if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant
+        try:
+            v = plan(kernel, row_chunks=True, target=target)
+            lower(v)
+        except Unsupported:
+            return s  # whole rows only; the tiling function reports a row too long for the UB
+        return replace(s, variant=replace(v, name=f"{s.name}_rc"))
+    if need is not None and need > target.ub_bytes:
+        try:  # the variant that walks each row in chunks
+            v = plan(kernel, row_chunks=True, target=target)
+            lower(v)
+            return v
+        except Unsupported as e:
+            cls = NeedsPhases if isinstance(e, NeedsPhases) else Unsupported
+            raise cls(f"a row of {s.L} elements needs {need} bytes of UB, the target has "
+                      f"{target.ub_bytes}, and it cannot be walked in chunks: {e}", node=e.node,
+                      about=e.about) from None
+    return resident.choose(s)  # tables broadcast over the leading axes: loaded once per core

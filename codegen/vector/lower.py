@@ -1,0 +1,357 @@
+"""A vector kernel's lowering: its schedule's steps over one tile of the loop space, by the
+lowering engine (``codegen/lower.py``), into kernel IR with every UB buffer the kernel takes.
+
+A tile holds ``rows`` rows of ``cols`` columns; a FULL buffer has a row pitch of ``t_.ctp``
+elements (a whole number of UB blocks), so ``X[i * t_.ctp]`` is row i. What a vector kernel
+adds to the engine: its inputs' tiles (low-precision ones cast into the compute type first),
+outputs written straight into their queue's tile when a step can, stores, reductions over the
+rows or in chunks of a row (running totals), a product along the row by the scalar unit, and
+the steps that run once a reduction accumulated across tiles is complete (``finish``).
+"""
+
+from __future__ import annotations
+
+from graphkernel.codegen.instructions import BITS, INSTRUCTIONS, REDUCE_OPS, Instruction
+from graphkernel.codegen.kernel_ir import (
+    COL,
+    FULL,
+    PARTIAL,
+    PIECE,
+    ROW,
+    ROW_FORMS,
+    SCALAR,
+    Buffer,
+    Call,
+    Instr,
+    KernelIR,
+    Kind,
+    Linear,
+    arg_text,
+)
+from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.vector.schedule import Schedule
+from graphkernel.ir import DType, Node
+
+CT = "CT"  # the kernel's alias of its compute type
+POOLS = {FULL: "wf", COL: "wc", ROW: "wr", MASK: "wm"}
+
+
+def _tile(ctype: str) -> str:
+    return f"t.rt * t.ctp * sizeof({ctype})"
+
+
+def space(s: Schedule) -> Space:
+    """The loop space of a vector kernel's tile."""
+    blk, cs = s.target.block_bytes, s.compute.itemsize
+
+    def pool(kind: str, k: int) -> Buffer:
+        name = POOLS[kind]
+        if kind == FULL:
+            return Buffer(f"b{name}{k}", "a tile of an intermediate value", Kind.TILE, CT,
+                          Linear(tile=cs), _tile(CT), tensor=f"{name}{k}")
+        if kind == COL:
+            return Buffer(f"b{name}{k}", "a value per row of the tile", Kind.COLUMN, CT,
+                          Linear(row=cs, fixed=blk), f"AlignB(t.rt * sizeof({CT}))",
+                          tensor=f"{name}{k}", in_finish=True)
+        if kind == ROW:
+            return Buffer(f"b{name}{k}", "a row of an intermediate value", Kind.ROW, CT,
+                          Linear(col=cs), f"t.ctp * sizeof({CT})", tensor=f"{name}{k}",
+                          in_finish=True)
+        # rt * ctp / 8 bytes of bit mask; counted as a byte per element
+        return Buffer(f"b{name}{k}", "a comparison's bit mask", Kind.MASK, "uint8_t",
+                      Linear(tile=1), "t.rt * t.ctp / 8", tensor=f"{name}{k}")
+
+    return Space(pitch="t_.ctp", counts={FULL: "n", ROW: "t_.ctp", COL: "rows"},
+                 row_count="cols", pools=POOLS, pool_buffer=pool)
+
+
+class VectorLowerer(Lowerer):
+    def __init__(self, s: Schedule):
+        last = _last_uses(s)
+        super().__init__(space(s), s.steps, s.storage, s.layout, last)
+        self.s = s
+        self.tile_body = self.body
+        self.prologue: list[Instr] = []
+        self.epilogue: list[Instr] = []
+        self.final: list[Instr] = []
+        self.final_epilogue: list[Instr] = []
+        self.accumulators: list[tuple[str, str]] = []
+        self.direct: dict[int, int] = {}
+
+    def run(self) -> KernelIR:
+        s = self.s
+        for io in s.inputs:
+            self._input(io)
+        for vid, c in s.scalars.items():
+            self.refs[vid] = Ref(SCALAR, flt(c), c)
+        self.direct = self._direct_outputs()
+        for k, n in enumerate(s.steps):
+            if id(s.storage(n.outputs[0])) != id(n.outputs[0]):
+                continue  # an alias (BroadcastTo of a full tile)
+            self.step(k, n, self._dst)
+        for io in s.outputs:
+            self._store(io)
+        return KernelIR(self._buffers(), self.prologue + self.tile_body + self.epilogue,
+                        self.final + self.final_epilogue, self.accumulators,
+                        compute_type=C_TYPE[s.compute])
+
+    # ------------------------------------------------------------- inputs and outputs
+    def _input(self, io) -> None:
+        s = self.s
+        v = s.storage(io.local)
+        if id(v) in self.refs or io.kind == PIECE:  # a piece: in its Concat's tile
+            return
+        lowp = io.dtype != s.compute
+        if io.columns and any(io.columns[0] * size % s.target.ub_align_bytes
+                              for size in (io.dtype.itemsize, s.compute.itemsize)):
+            raise Unsupported(f"input {io.value.name} read at column {io.columns[0]}, which "
+                              f"does not start on a {s.target.ub_align_bytes}-byte UB block",
+                              about=(io.value,))
+        loaded = f"xi{io.index}"
+        if io.dtype == BITS:  # raw words, used in place
+            if io.kind not in (FULL, PARTIAL):
+                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
+                                  about=(io.value,))
+            self.refs[id(v)] = Ref(FULL, loaded, store="xi")
+        elif io.kind in (FULL, PARTIAL, COL):
+            kind = COL if io.kind == COL else FULL
+            if lowp:
+                buf = self.alloc(kind)
+                self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
+                          count=self.space.counts[kind], to=self.prologue)
+                self.refs[id(v)] = self.held(kind, buf)
+            else:
+                self.refs[id(v)] = Ref(kind, loaded, store="xi")
+        elif io.kind == ROW:
+            self.refs[id(v)] = Ref(ROW, f"ri{io.index}")
+        else:
+            self.refs[id(v)] = Ref(SCALAR, f"s{io.index}")
+
+    def _direct_outputs(self) -> dict[int, int]:
+        """Outputs whose producing step can write straight into the output queue tensor."""
+        s, out = self.s, {}
+        produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
+                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks
+                                                     # a product: the scalar unit writes it
+                                                     or INSTRUCTIONS[n.op].api is None))}
+        for io in s.outputs:
+            v = s.storage(io.value)
+            if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
+                    and s.layout(v) == io.kind and id(v) not in self.refs):
+                out[id(v)] = io.index
+        return out
+
+    def _store(self, io) -> None:
+        s, direct = self.s, self.direct
+        if io.pieces:  # a Concat: each operand into its own queue tensor, stored to its block
+            for p, (x, _, _) in enumerate(io.pieces):
+                src = op(self.same(self.refs[id(s.storage(x))], FULL))
+                dst = f"yc{io.index}_{p}"
+                if io.dtype == s.compute:
+                    self.call("Muls", dst, src, "CT(1.0f)", count="n", to=self.epilogue)
+                else:
+                    self.call("Cast", dst, src, "RoundMode::CAST_RINT", count="n",
+                              to=self.epilogue)
+            return
+        v = s.storage(io.value)
+        if direct.get(id(v)) == io.index:
+            return
+        src = self.refs[id(v)]
+        count = self.space.counts[io.kind]
+        if src.kind != io.kind:
+            raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
+                              about=(io.value,))
+        late = io.kind == ROW or (s.row_chunks and io.kind == COL)
+        to = self.final_epilogue if late else self.epilogue
+        y = f"yo{io.index}"
+        if io.dtype == BITS:  # x | x copies the words
+            x = op(src.expr, view="int16_t")
+            self.call("Or", op(y, view="int16_t"), x, x, count="2 * n", to=to)
+        elif io.dtype == DType.bool and src.store == POOLS[MASK]:  # a mask: 1.0 where set
+            t = self.alloc(FULL)
+            self.call("Duplicate", t, "CT(1.0f)", count="n", to=to)
+            self.call("Select", t, op(src.expr), op(t), "CT(0.0f)",
+                      "SELMODE::VSEL_TENSOR_SCALAR_MODE", count="n", to=to)
+            self.call("Cast", y, op(t), "RoundMode::CAST_NONE", count="n", to=to)
+        elif io.dtype == DType.bool:  # 0/1 in fp32
+            self.call("Cast", y, op(src.expr), "RoundMode::CAST_NONE", count=count, to=to)
+        elif io.dtype == s.compute:
+            self.call("Muls", y, op(src.expr), "CT(1.0f)", count=count, to=to)
+        else:
+            self.call("Cast", y, op(src.expr), "RoundMode::CAST_RINT", count=count, to=to)
+
+    # ------------------------------------------------------------- the steps
+    def _dst(self, n: Node, rule: Instruction | None, kind: str) -> Ref:
+        s, out = self.s, n.outputs[0]
+        if kind == SCALAR:
+            return self.scalar_dst()
+        if rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks):
+            dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
+            self.accumulators.append((dst.expr, rule.identity))
+            return dst
+        if rule is not None and rule.makes_mask:
+            return self.scratch(MASK)
+        if id(out) in self.direct:
+            return Ref(kind, f"yo{self.direct[id(out)]}")
+        return self.scratch(kind)
+
+    def enter(self, n: Node, operands: list[Ref]) -> None:
+        final = id(n) in self.s.final
+        self.body = self.final if final else self.tile_body
+        if final and any(r.store == "sv" for r in operands):
+            raise Unsupported("a scalar computed in the tile loop used after it")
+
+    def reduce_mode(self, rule: Instruction, dst: Ref, x: Ref) -> bool:
+        if dst.kind == ROW:  # over the rows: accumulate this tile's rows
+            self.call(rule.accumulate, dst.expr, op(dst.expr), self.row(x), count="cols",
+                      each_row=True)
+            return True
+        if self.s.row_chunks:  # this chunk of the row, into the total: one scalar
+            # combination per chunk (the syncs with the vector unit: codegen/barriers.py)
+            if rule.api is not None:
+                self.call(rule.api, "red", self.row(x, "0"), op("rw", work=True), count="cols")
+            else:
+                self.scalar_code([_product(self.row(x, "0"), "red", "0")], [x.expr], ["red"])
+            self.scalar_code(["{", f"    float l = {dst.expr}.GetValue(0), r = red.GetValue(0);",
+                              f"    {dst.expr}.SetValue(0, CT({rule.fold}));", "}"],
+                             [dst.expr, "red"], [dst.expr])
+            return True
+        if rule.api is None:  # a product: no instruction; the scalar unit multiplies along
+            # each row
+            self.scalar_code(["for (uint32_t i = 0; i < rows; ++i) "
+                              + _product(self.row(x), dst.expr, "i")], [x.expr], [dst.expr])
+            return True
+        return False
+
+    def concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Concat along the last axis of column values: each piece's columns copied to its
+        own columns of every row of dst (one masked copy per row strip). Both ends of a copy
+        must start on a UB block."""
+        s = self.s
+        at = s.cols.get(id(n.outputs[0]), (0, 0, 0))[0]
+        size, blk = s.compute.itemsize, s.target.ub_align_bytes
+        for x, r in zip(n.inputs, a, strict=True):
+            off, width, _ = s.cols[id(x)]
+            if (off * size) % blk or (at * size) % blk:
+                raise Unsupported(f"Concat of slices of the last axis: a piece at column "
+                                  f"{off if (off * size) % blk else at} does not start on a "
+                                  f"{blk}-byte UB block", node=n)
+            self.call("ColsCopy", op(dst.expr, str(at)), op(self.same(r, FULL), str(off)),
+                      "rows", str(width))
+            at += width
+
+    # ------------------------------------------------------------- the buffers
+    def _buffers(self) -> list[Buffer]:
+        """Every UB buffer of the kernel, in ``InitBuffer`` order: the inputs', the outputs',
+        the pools', the scratch rows and column, a reduction's, the row blocks of the
+        whole-row forms, the API work spaces, the running reductions."""
+        s = self.s
+        blk, cs = s.target.block_bytes, s.compute.itemsize
+        out: list[Buffer] = []
+
+        def tile(name, role, kind, depth, ctype, size, tensor="", finish=False):
+            out.append(Buffer(name, role, kind, ctype, Linear(tile=size), _tile(ctype), depth,
+                              tensor, finish))
+
+        def column(name, role, kind, depth, ctype, size, tensor="", finish=False):
+            # rt values rounded up to a block: a block of slack per slot
+            out.append(Buffer(name, role, kind, ctype, Linear(row=size, fixed=blk),
+                              f"AlignB(t.rt * sizeof({ctype}))", depth, tensor, finish))
+
+        def rowvec(name, role, kind, depth, ctype, size, tensor="", finish=False):
+            out.append(Buffer(name, role, kind, ctype, Linear(col=size),
+                              f"t.ctp * sizeof({ctype})", depth, tensor, finish))
+
+        def block(name, role, kind, depth, ctype, tensor="", finish=False):
+            out.append(Buffer(name, role, kind, ctype, Linear(fixed=blk), str(blk), depth,
+                              tensor, finish))
+
+        for io in s.inputs:
+            t, i, size = C_TYPE[io.dtype], io.index, io.dtype.itemsize
+            if io.table:  # loaded once per core: one slot, rt + R rows (vector/resident.py)
+                r = io.table
+                out.append(Buffer(f"qt{i}", f"input {i}, a table of {r} rows (resident)",
+                                  Kind.TABLE, t, Linear(tile=size, col=r * size),
+                                  f"(t.rt + {r}) * t.ctp * sizeof({t})", 1, f"xi{i}"))
+            elif io.kind in (FULL, PARTIAL):
+                tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, 2, t, size, f"xi{i}")
+            elif io.kind == COL:
+                column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, 2, t, size,
+                       f"xi{i}")
+            elif io.kind == ROW:
+                rowvec(f"bri{i}", f"input {i} (a row broadcast over the rows)", Kind.ROW, 1, CT,
+                       cs, f"ri{i}", True)
+                if io.dtype != s.compute:
+                    rowvec(f"bsi{i}", f"input {i}'s row as stored, before its cast", Kind.ROW,
+                           1, t, size)
+        for io in s.outputs:
+            t, i, size = C_TYPE[io.dtype], io.index, io.dtype.itemsize
+            if io.pieces:
+                for k in range(len(io.pieces)):
+                    tile(f"qc{i}_{k}", f"output {i}, Concat operand {k}", Kind.QUEUE_OUT, 2,
+                         t, size, f"yc{i}_{k}")
+            elif io.kind == FULL:
+                tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+            elif io.kind == ROW:
+                rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+            elif s.row_chunks:
+                block(f"qo{i}", f"output {i} (one value per row, a row at a time)",
+                      Kind.QUEUE_OUT, 2, t, f"yo{i}")
+            else:
+                column(f"qo{i}", f"output {i} (a value per row)", Kind.QUEUE_OUT, 2, t, size,
+                       f"yo{i}")
+        out += self.pool_buffers()
+        rowvec("btr0", "row scratch", Kind.ROW, 1, CT, cs, "tr0", True)
+        rowvec("btr1", "row scratch", Kind.ROW, 1, CT, cs, "tr1", True)
+        column("btc0", "column scratch", Kind.COLUMN, 1, CT, cs, "tc0", True)
+        if s.reduce:
+            block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red")
+            rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw")
+        if any(c.api in ROW_FORMS for c in self._calls()):
+            tg = s.target
+            bpr = tg.blocks_per_repeat
+            # a block per row, in whole Brcb repeats: at most rt blocks + a repeat
+            out.append(Buffer("btb", "a block per row (Brcb spreads, row-reduce gathers)",
+                              Kind.BLOCKS, CT, Linear(row=blk, fixed=tg.repeat_bytes),
+                              f"(t.rt + {bpr - 1}) / {bpr} * {tg.repeat_bytes}"))
+        if self.uses_ht:  # sized for floats, handed to the high-level ops as raw bytes
+            out.append(Buffer("bht", "the high-level ops' temporary space", Kind.SCRATCH,
+                              "uint8_t", Linear(tile=4), "t.rt * t.ctp * sizeof(float)",
+                              tensor="ht", in_finish=True))
+        if self.uses_hh:
+            tile("bhh", "a rounding cast's 16-bit temporary", Kind.SCRATCH, 1, "half", 2, "hh",
+                 True)
+        for acc, _ in self.accumulators:
+            if s.row_chunks:
+                block(f"b{acc}", "a running reduction", Kind.BLOCK, 1, CT, acc, True)
+            else:
+                rowvec(f"b{acc}", "running reductions of a column tile", Kind.ROW, 1, CT, cs,
+                       acc, True)
+        return out
+
+    def _calls(self) -> list[Call]:
+        return [i for i in (*self.prologue, *self.tile_body, *self.epilogue, *self.final,
+                            *self.final_epilogue) if isinstance(i, Call)]
+
+
+def _last_uses(s: Schedule) -> dict[int, int]:
+    last = {}
+    for k, n in enumerate(s.steps):
+        for v in n.inputs:
+            last[id(s.storage(v))] = k
+    for io in s.outputs:
+        for v in [x for x, _, _ in io.pieces] or [io.value]:
+            last[id(s.storage(v))] = len(s.steps)
+    return last
+
+
+def _product(row, dst: str, at: str) -> str:
+    """The product of a row's cols elements, by the scalar unit, into dst[at]."""
+    return (f"{{ float p = 1.0f; for (uint32_t j = 0; j < cols; ++j) p *= (float)"
+            f"{arg_text(row)}.GetValue(j); {dst}.SetValue({at}, CT(p)); }}")
+
+
+def lower(s: Schedule) -> KernelIR:
+    """The kernel IR of the vector kernel ``s``."""
+    return VectorLowerer(s).run()

@@ -1,0 +1,242 @@
+"""The real-header check: finding the Ascend C headers, reading g++'s diagnostics back to the
+kernel line that caused them, and — where the headers are present (GRAPHKERNEL_ASCEND_HEADERS
+or a CANN install) — every kernel of the examples, the model zoo and the code generator's
+test cases type-checked against the real API."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import graphkernel
+from graphkernel.cli import main
+from graphkernel.codegen import realcheck
+from graphkernel.codegen.backend import render_all, schedules
+from graphkernel.errors import ConfigError
+from tests.codegen.cases import pattern_cases, single_op_cases
+from tests.codegen.test_codegen import bool_cast
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.json")) + sorted(
+    (ROOT / "examples" / "models").glob("*.json"))
+
+
+def touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("// a marker\n")
+
+
+def header_tree(root: Path, *, tiling: bool = True, stub: bool = True) -> Path:
+    """The four sets as a user may lay them out (the real headers' marker files only)."""
+    touch(root / "asc-devkit" / "include" / "kernel_operator.h")
+    (root / "asc-devkit" / "include" / "basic_api").mkdir()
+    touch(root / "asc-devkit" / "include" / "adv_api" / "matmul" / "matmul_intf.h")
+    touch(root / "cpudebug" / "include" / "tikicpulib.h")
+    if stub:
+        touch(root / "cann" / "stub_fun.h")
+    if tiling:
+        touch(root / "gen" / "kernel_tiling" / "kernel_tiling.h")
+    return root
+
+
+def test_headers_are_found_in_any_layout_of_the_four_sets(tmp_path):
+    h = realcheck.find_headers(header_tree(tmp_path / "h"), env={})
+    assert h.devkit == tmp_path / "h" / "asc-devkit"
+    assert h.tikicpulib == tmp_path / "h" / "cpudebug" / "include"
+    assert h.stub_fun == tmp_path / "h" / "cann"
+    assert h.tiling == tmp_path / "h" / "gen"
+    assert h.matmul == tmp_path / "h" / "asc-devkit" / "include"
+    assert h.origin == f"--ascend-headers {tmp_path / 'h'}" and h.securec is None
+    # the tikicpulib headers come first: their stub_def.h defines what the API's headers use
+    dirs = h.include_dirs(None)
+    assert dirs[0] == h.tikicpulib and dirs.index(h.devkit) < dirs.index(h.devkit / "include")
+    by_env = realcheck.find_headers(env={realcheck.ENV: str(tmp_path / "h")})
+    assert by_env.devkit == h.devkit and by_env.origin.startswith(realcheck.ENV)
+
+
+def test_a_cann_install_is_searched_where_cann_puts_the_headers(tmp_path):
+    home = tmp_path / "ascend-toolkit" / "latest"
+    header_tree(home / "x86_64-linux" / "asc", tiling=False, stub=False)
+    touch(home / "tools" / "tikicpulib" / "lib" / "include" / "stub_fun.h")
+    touch(home / "x86_64-linux" / "ascendc" / "include" / "highlevel_api" / "kernel_tiling" /
+          "kernel_tiling.h")
+    touch(home / "include" / "securec.h")
+    h = realcheck.find_headers(env={"ASCEND_HOME_PATH": str(home)})
+    assert h.stub_fun == home / "tools" / "tikicpulib" / "lib" / "include"
+    assert h.tiling == home / "x86_64-linux" / "ascendc" / "include" / "highlevel_api"
+    assert h.securec == home / "include" and h.origin == f"ASCEND_HOME_PATH={home}"
+    assert realcheck.find_headers(env={}) is None  # nothing given: nothing found
+
+
+def test_a_folder_lacking_a_set_names_what_is_missing(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing stub_fun.h .*; kernel_tiling/kernel_tiling"
+                                          r".h \(installed with CANN; from a devkit checkout, "
+                                          r"generate it with .*gen_kernel_tiling_data_def.py"):
+        realcheck.find_headers(header_tree(tmp_path / "h", tiling=False, stub=False), env={})
+    with pytest.raises(ConfigError, match="not a folder"):
+        realcheck.find_headers(tmp_path / "nowhere", env={})
+    with pytest.raises(ConfigError, match="no Ascend C headers under it"):
+        realcheck.find_headers(env={"ASCEND_TOOLKIT_HOME": str(tmp_path)})
+
+
+# g++'s output for a run of two kernels (the shapes of its diagnostics, paths shortened)
+DIAGNOSTICS = """\
+In file included from {h}/kernel_operator.h:26,
+                 from {k}/a.cpp:5:
+{h}/kernel_check_copy.h:160:24: warning: narrowing conversion [-Wnarrowing]
+{k}/a.cpp:21:20: warning: 'void SetSysWorkspace(uint8_t*)' is deprecated [-Wdeprecated-declarations]
+{h}/vconv_impl.h: In instantiation of 'void AscendC::CastImpl(T*, U*) [with T = float]':
+{h}/vconv_intf_impl.h:191:13:   required from 'void AscendC::Cast(...)'
+{k}/b.cpp:40:9:   required from here
+{h}/vconv_impl.h:1006:35: error: no matching function for call to 'CastIntrinsicsImpl(float*&)'
+{h}/vconv_impl.h:29:24: note: candidate: 'void AscendC::CastIntrinsicsImpl(half*, int32_t*)'
+{k}/b.cpp:52:1: error: 'Foo' was not declared in this scope
+"""
+
+
+def test_diagnostics_are_read_back_to_the_kernel_line(tmp_path):
+    a, b = (realcheck.Unit(n, "vector", tmp_path / f"{n}.cpp") for n in "ab")
+    text = DIAGNOSTICS.format(h="/opt/devkit", k=tmp_path)
+    errors, deprecated, unattributed = realcheck._diagnostics(
+        text, {a.source.resolve(): a, b.source.resolve(): b})
+    # an error inside a header belongs to the kernel line that instantiated it; the first
+    # error of a kernel is the one reported
+    assert errors == {b: "b.cpp:40: no matching function for call to "
+                         "'CastIntrinsicsImpl(float*&)' (in vconv_impl.h:1006)"}
+    assert [d.split(": warning")[0] for d in deprecated[a]] == ["a.cpp:21"]
+    assert not unattributed
+    _, _, lost = realcheck._diagnostics("/opt/x.h:3:1: error: boom\n", {})
+    assert lost  # an error tied to no kernel: the run is repeated kernel by kernel
+
+
+def test_the_command_says_how_to_give_the_headers(tmp_path, capsys, monkeypatch):
+    for var in (realcheck.ENV, *realcheck.CANN_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["realcheck", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no Ascend C headers" in err and "--ascend-headers" in err and "ASCEND_HOME_PATH" in err
+    assert main(["realcheck", str(tmp_path), "--ascend-headers", str(header_tree(
+        tmp_path / "h"))]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- with the real headers
+@functools.cache
+def headers() -> realcheck.Headers | None:
+    try:
+        return realcheck.find_headers()
+    except ConfigError:
+        return None
+
+
+needs_headers = pytest.mark.skipif(
+    headers() is None or shutil.which("g++") is None,
+    reason="no Ascend C headers: set GRAPHKERNEL_ASCEND_HEADERS to a folder with the devkit, "
+           "tikicpulib's headers, stub_fun.h and kernel_tiling/ (or source CANN's set_env.sh)")
+
+
+@needs_headers
+@pytest.mark.slow
+def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
+    """Every distinct kernel (vector, cube, MIX, host tiling, CPU-model driver) of the examples
+    and the zoo exports, in each of its modes: no error and no deprecated call."""
+    units: dict[tuple[str, str], realcheck.Unit] = {}
+    runs = [(m, "") for m in EXAMPLES]  # and a SuperKernel (over BERT's vector kernels)
+    runs.append((ROOT / "examples" / "models" / "bert.json",
+                 "--opt_level=3 --enable_super_kernel"))
+    for i, (model, flags) in enumerate(runs):
+        out = tmp_path / f"{model.stem}{i}"
+        assert main(["compile", str(model), "-o", str(out), "-q", "--flags", flags]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        for u in realcheck.project_units(out / "kernels", manifest):
+            units.setdefault((u.name, u.kind), u)
+    results = realcheck.check(list(units.values()), headers())
+    kinds = {u.kind for u in units.values()}
+    assert {"vector", "cube", "mix", "host", "driver"} <= kinds
+    assert any(u.alone and u.kind == "vector" for u in units.values())  # the SuperKernel
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    assert {r.mode for r in results} == {"vector", "cube", "mix", "host"}
+
+
+@functools.cache
+def case_kernels() -> dict[str, tuple]:
+    """Each distinct kernel of the code generator's test cases: name -> (rendered, case ids)."""
+    out: dict[str, tuple] = {}
+    for c in single_op_cases() + pattern_cases():
+        res = graphkernel.compile(c.graph, c.flags, env={})
+        for r in render_all(schedules(res)):
+            out.setdefault(r.name, (r, []))[1].append(c.id)
+    return out
+
+
+@needs_headers
+@pytest.mark.slow
+def test_every_codegen_case_compiles_against_the_real_headers():
+    """A kernel the simulator passes passes the real headers too: every kernel of the
+    code generator's test cases compiles, but for those the simulator refuses for the bool
+    cast (test_codegen.BOOL_CAST), which fail in the real headers for the same Cast."""
+    kernels = case_kernels()
+    results = realcheck.check_rendered([r for r, _ in kernels.values()], headers())
+    failed = {r.unit.name: r for r in results if not r.ok}
+    expected = {name for name, (_, ids) in kernels.items() if any(bool_cast(i) for i in ids)}
+    assert set(failed) == expected, sorted(set(failed) ^ expected)
+    for r in failed.values():
+        assert r.unit.kind == "vector" and "CastIntrinsicsImpl" in (r.error or ""), r.line()
+        assert ("unsigned char*&, float*&" in r.error) or ("float*&, unsigned char*&" in r.error)
+
+
+@needs_headers
+@pytest.mark.slow
+def test_a_broken_kernel_is_reported_at_its_line(tmp_path):
+    """Two kernels sharing a Cast the API does not have (g++ reports the broken template
+    once: the second shows when the first is set aside) and a deprecated call: each kernel
+    fails at its own line."""
+    (r, _) = next(v for k, v in case_kernels().items() if k.startswith("gk_single_node_exp_"))
+    text = r.files[f"{r.name}.cpp"]
+    lines = text.splitlines()
+    where = next(i for i, ln in enumerate(lines) if "KERNEL_TASK_TYPE_DEFAULT(" in ln)
+    anchor = lines[where]
+    at = where + 2  # the line after the anchor
+    bad = ("    { TPipe p; TBuf<TPosition::VECCALC> b; p.InitBuffer(b, 1024); "
+           "Cast(b.Get<float>(), b.Get<uint8_t>(), RoundMode::CAST_NONE, 64); }")
+    units = []
+    for n, extra in (("k1", bad), ("k2", bad), ("k3", "    SetSysWorkspace(workspace);")):
+        folder = tmp_path / n
+        folder.mkdir()
+        for f, t in r.files.items():
+            (folder / f.replace(r.name, n)).write_text(t.replace(r.name, n).replace(
+                anchor, anchor + "\n" + extra))
+        units.append(realcheck.Unit(n, "vector", folder / f"{n}.cpp"))
+    results = {r.unit.name: r for r in realcheck.check(units, headers()) if r.mode == "vector"}
+    for n in ("k1", "k2"):
+        error = results[n].error
+        assert error.startswith(f"{n}.cpp:{at}: no matching function for call to "), error
+        assert "CastIntrinsicsImpl(float*&, unsigned char*&" in error, error
+    assert results["k3"].error is None and results["k3"].deprecated[0].startswith(f"k3.cpp:{at}:")
+    assert "SetSysWorkspace" in results["k3"].deprecated[0] and not results["k3"].ok
+
+
+def test_the_result_cache_does_not_depend_on_the_folder():
+    """A check of the same kernels from another temporary folder is read from the cache."""
+    (r, _) = next(iter(case_kernels().values()))
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        ua = realcheck.write_units([r], [], Path(a))
+        ub = realcheck.write_units([r], [], Path(b))
+        keys = [realcheck._closure(u) for u in ua], [realcheck._closure(u) for u in ub]
+        assert keys[0] == keys[1]
+
+
+def test_a_target_without_a_recipe_is_refused_with_the_reason(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["compile", str(ROOT / "examples" / "layernorm_residual.json"), "-o", str(out),
+                 "-q", "--flags", "--target=ascend950"]) == 0
+    capsys.readouterr()
+    assert main(["realcheck", str(out), "--ascend-headers",
+                 str(header_tree(tmp_path / "h"))]) == 2
+    assert "no real-header recipe for NPU architecture 3510" in capsys.readouterr().err
