@@ -15,9 +15,11 @@ def to_json(obj: Any) -> str:
 
 
 def report_document(report: Any) -> dict[str, Any]:
-    """``report.to_dict()`` for ``as_json`` to encode: its fields (``extra``'s merged in) as
-    they are, without the deep copy ``dataclasses.asdict`` makes of every record first."""
-    doc = {f.name: getattr(report, f.name) for f in fields(report) if f.name != "extra"}
+    """``report.to_dict()`` for ``as_json`` to encode: its fields (its figures as the
+    top-level entries ``extra`` names) as they are, without the deep copy
+    ``dataclasses.asdict`` makes of every record first."""
+    doc = {f.name: getattr(report, f.name) for f in fields(report)
+           if f.name not in ("extra", "figures")}
     return doc | report.extra
 
 

@@ -25,6 +25,39 @@ from graphkernel.errors import ExecutionError, FormatError, shown
 from graphkernel.outputs import file_name, write_file
 
 
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the operating system (glibc's ``malloc_trim``; a
+    no-op with any other C library). A loader calls it once a model's parsed form (the
+    document's text and strings, an ONNX model's messages) is freed: glibc keeps freed memory
+    below the top of its heap resident, and the weights and the graph that the next phases
+    allocate mostly come from fresh mappings, so without this the parse's memory would count
+    in the peak of every later phase."""
+    global _TRIM
+    if _TRIM is None:
+        _TRIM = _malloc_trim()
+    if _TRIM is not False:
+        _TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` as the interpreter already has it linked, or ``False``: only
+    glibc is asked (``CS_GNU_LIBC_VERSION`` names it), no library is loaded by name, and the
+    function is typed, so the call cannot pass or return garbage."""
+    try:
+        if not str(os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return False
+        import ctypes
+
+        fn = ctypes.CDLL(None).malloc_trim  # (the interpreter's own C library)
+    except (AttributeError, OSError, ValueError):
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_TRIM: Any = None  # (found on first use)
+
+
 # ---------------------------------------------------------------- documents
 class FileTooLarge(OSError):
     """A data file is larger than its documented limit."""

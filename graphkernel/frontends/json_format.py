@@ -38,6 +38,7 @@ from graphkernel.fileio import (
     mapped_view,
     open_regular,
     read_document,
+    release_freed_memory,
     source_of,
 )
 from graphkernel.frontends.opaque import file_problem as opaque_file_problem
@@ -928,4 +929,7 @@ def load_graph(path: str | os.PathLike) -> Graph:
             kind = ("invalid YAML" if path.suffix != ".json" else "invalid JSON") if e.syntax \
                 else "refused"
             raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
-        return graph_from_dict(doc, where=str(path), base=path.parent)
+        g = graph_from_dict(doc, where=str(path), base=path.parent)
+    del doc
+    release_freed_memory()  # (the document's text and strings, freed now)
+    return g

@@ -988,6 +988,8 @@ def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
             g = import_onnx(model, name=kw.pop("name", path.stem), external=external, **kw)
     except GraphKernelError as e:
         raise type(e)(f"{path}: {e}") from None
+    del model
+    fileio.release_freed_memory()  # (the model's protobuf messages, freed now)
     if (problem := limits.check_graph(g)) is not None:
         raise FrontendError(f"{path}: {problem}")
     return g
