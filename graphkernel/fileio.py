@@ -28,10 +28,10 @@ from graphkernel.outputs import file_name, write_file
 def release_freed_memory() -> None:
     """Give the C heap's free pages back to the operating system (glibc's ``malloc_trim``; a
     no-op with any other C library). A loader calls it once a model's parsed form (the
-    document's text and strings, an ONNX model's messages) is freed: glibc keeps freed memory
-    below the top of its heap resident, and the weights and the graph that the next phases
-    allocate mostly come from fresh mappings, so without this the parse's memory would count
-    in the peak of every later phase."""
+    document's text and strings, an ONNX model's messages) is freed: glibc keeps memory freed
+    below the top of its heap resident, and what the later phases allocate need not reuse it,
+    so without this an imported ONNX model's messages would add to the peak of every later
+    phase."""
     global _TRIM
     if _TRIM is None:
         _TRIM = _malloc_trim()
