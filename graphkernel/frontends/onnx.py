@@ -849,12 +849,8 @@ def import_onnx(model: Any, name: str | None = None,
     specialize = dict(specialize or {})
     opsets = {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
     opset = opsets.get("ai.onnx", 1)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # shape inference is a help for Opaque nodes, not a requirement
-        inferred = model
-    gp = inferred.graph
-    vinfo = {vi.name: vi for vi in list(gp.value_info) + list(gp.output) + list(gp.input)}
+    gp = model.graph
+    vinfo = _ValueInfos(model)
     g = Graph(name or gp.name or "onnx_graph")
     values: dict[str, Value] = {}
     unknown = [0]
@@ -904,8 +900,34 @@ def import_onnx(model: Any, name: str | None = None,
     return g
 
 
+class _ValueInfos:
+    """The value infos of a model's graph by name, ONNX shape inference's where it runs, made
+    on first use: only a node imported as Opaque reads them, and inference copies the whole
+    model and takes seconds on a large one, in vain when every node maps to ops."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.infos: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self.infos is None:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True)
+            except Exception:  # shape inference is a help for Opaque nodes, not a requirement
+                inferred = self.model
+            gp = inferred.graph
+            self.infos = {vi.name: vi for vi in [*gp.value_info, *gp.output, *gp.input]}
+        return self.infos
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._get()
+
+    def __getitem__(self, name: str) -> Any:
+        return self._get()[name]
+
+
 def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset: int,
-                 opsets: dict[str, int], vinfo: dict[str, Any], unknown: list[int],
+                 opsets: dict[str, int], vinfo: _ValueInfos, unknown: list[int],
                  notes: list[ImportNote] | None) -> list[Value]:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     reason = f"no mapping for {node.domain or 'ai.onnx'}.{node.op_type}"
@@ -936,7 +958,7 @@ def _rollback(g: Graph, emitted: list[str]) -> None:
 
 
 def _opaque(g: Graph, node: Any, nname: str, ins: list[Value | None], opsets: dict[str, int],
-            vinfo: dict[str, Any], unknown: list[int], reason: str) -> list[Value]:
+            vinfo: _ValueInfos, unknown: list[int], reason: str) -> list[Value]:
     out_types = []
     for o in node.output:
         if not o:
