@@ -110,7 +110,10 @@ def test_a_library_without_its_recorded_digest_is_never_loaded(fresh, tmp_path, 
     planted, marker = _planted(tmp_path)
     for record in ("deleted", "kept"):
         monkeypatch.setattr(runner, "_LIBS", {})
-        shutil.copy(planted, so)  # its content differs from what was recorded, or no record
+        # its content differs from what was recorded, or no record. Planted as a new file
+        # renamed over the old one: writing into the library this process has mapped would
+        # change its code under it (the exit handlers then run the planted bytes)
+        os.replace(shutil.copy(planted, tmp_path / "swap.so"), so)
         if record == "deleted":
             (fresh / (so.name + ".sha256")).unlink()
         lib = runner.build([SOURCE])
