@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import json_text, progress
+from graphkernel import progress
 from graphkernel.codegen import cost, extern, harness, targets
 from graphkernel.codegen.cube.render import render_matmul
 from graphkernel.codegen.cube.schedule import MatmulSchedule
@@ -279,6 +279,5 @@ def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path])
                        if h.files else None, "note": h.note} for h in harnesses],
         **file_entries(out.root, [*also, *written, out.path(MANIFEST)]),
     }
-    written.append(out.write_text(MANIFEST, json_text.dumps(manifest, indent=2,
-                                                            default=str) + "\n"))
+    written.append(out.write_json(MANIFEST, manifest))
     return written

@@ -512,7 +512,7 @@ def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
     """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files: all of
     them, or (when one fails) none. A reused -o folder then loses the files its previous
     manifest lists that this run did not write again (nothing else in it is touched)."""
-    from graphkernel.dump import to_json
+    from graphkernel.dump import as_json, report_document
     from graphkernel.outdir import previous_outputs, remove_stale
 
     written: list[Path] = []
@@ -535,8 +535,9 @@ def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
             # every file is checked to stay inside -o
             folder = outputs.Folder(args.out)
             written += save_graph(res.graph, folder.path(
-                outputs.file_name(res.graph.name) + ".compiled.json"))
-            written.append(folder.write_text("report.json", to_json(res.report.to_dict())))
+                outputs.file_name(res.graph.name) + ".compiled.json"), share_data=True)
+            written.append(folder.write_json("report.json", report_document(res.report),
+                                             as_json))
             written += write_project(res, args.out, [*written, *res.dumps])
     for note in notes:
         progress.write(f"graphkernel: note: {note}")

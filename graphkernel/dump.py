@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,23 @@ from graphkernel.outputs import Folder
 
 def to_json(obj: Any) -> str:
     return json_text.dumps(obj, indent=2, default=str) + "\n"  # json.dumps's text, faster
+
+
+def report_document(report: Any) -> dict[str, Any]:
+    """``report.to_dict()`` for ``as_json`` to encode: its fields (its figures as the
+    top-level entries ``extra`` names) as they are, without the deep copy
+    ``dataclasses.asdict`` makes of every record first."""
+    doc = {f.name: getattr(report, f.name) for f in fields(report)
+           if f.name not in ("extra", "figures")}
+    return doc | report.extra
+
+
+def as_json(obj: Any) -> Any:
+    """``to_json``'s ``default``, also taking a dataclass (as the dict of its fields): the
+    encoder then writes what ``dataclasses.asdict`` would have made of it, from the object."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return str(obj)
 
 
 class Dumper:

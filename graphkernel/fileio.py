@@ -7,8 +7,11 @@ import errno
 import io
 import json
 import math
+import mmap
 import os
 import stat
+import struct
+import weakref
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +23,39 @@ import yaml
 from graphkernel import limits
 from graphkernel.errors import ExecutionError, FormatError, shown
 from graphkernel.outputs import file_name, write_file
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the operating system (glibc's ``malloc_trim``; a
+    no-op with any other C library). A loader calls it once a model's parsed form (the
+    document's text and strings, an ONNX model's messages) is freed: glibc keeps memory freed
+    below the top of its heap resident, and what the later phases allocate need not reuse it,
+    so without this an imported ONNX model's messages would add to the peak of every later
+    phase."""
+    global _TRIM
+    if _TRIM is None:
+        _TRIM = _malloc_trim()
+    if _TRIM is not False:
+        _TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` as the interpreter already has it linked, or ``False``: only
+    glibc is asked (``CS_GNU_LIBC_VERSION`` names it), no library is loaded by name, and the
+    function is typed, so the call cannot pass or return garbage."""
+    try:
+        if not str(os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return False
+        import ctypes
+
+        fn = ctypes.CDLL(None).malloc_trim  # (the interpreter's own C library)
+    except (AttributeError, OSError, ValueError):
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_TRIM: Any = None  # (found on first use)
 
 
 # ---------------------------------------------------------------- documents
@@ -148,8 +184,11 @@ class _LimitedLoader(yaml.SafeLoader):
             self.depth -= 1
 
 
-def parse_document(data: bytes, yaml_syntax: bool) -> Any:
-    """Parse JSON or YAML bytes into plain data, within the nesting and alias limits."""
+def parse_document(data: bytes, yaml_syntax: bool, walk: bool = True) -> Any:
+    """Parse JSON or YAML bytes into plain data, within the nesting and alias limits.
+    ``walk=False``: a JSON document's nesting is left for the caller to check (a reader that
+    walks the document anyway checks it on the way, for free); YAML is always walked (its
+    aliases expand)."""
     fmt = "YAML" if yaml_syntax else "JSON"
     try:
         text = data.decode("utf-8")
@@ -180,17 +219,19 @@ def parse_document(data: bytes, yaml_syntax: bool) -> Any:
     except ValueError as e:  # e.g. an integer literal of thousands of digits
         raise DocumentError(f"{fmt} value out of range: {str(e).splitlines()[0]}", True) \
             from None
-    problem = limits.check_document(doc, limits.MAX_DEPTH, max_values, max_chars)
-    if problem is not None:
-        raise DocumentError(problem, False)
+    if walk or yaml_syntax:
+        problem = limits.check_document(doc, limits.MAX_DEPTH, max_values, max_chars)
+        if problem is not None:
+            raise DocumentError(problem, False)
     return doc
 
 
-def read_document(path: str | os.PathLike, max_bytes: int) -> Any:
-    """Read and parse a JSON (``.json``) or YAML (any other suffix) file within the limits.
-    Raises OSError (missing, unreadable, too large) or DocumentError."""
+def read_document(path: str | os.PathLike, max_bytes: int, walk: bool = True) -> Any:
+    """Read and parse a JSON (``.json``) or YAML (any other suffix) file within the limits
+    (``walk``: see ``parse_document``). Raises OSError (missing, unreadable, too large) or
+    DocumentError."""
     p = Path(path)
-    return parse_document(read_bounded(p, max_bytes), p.suffix != ".json")
+    return parse_document(read_bounded(p, max_bytes), p.suffix != ".json", walk)
 
 
 # --------------------------------------------------------------------- arrays
@@ -201,19 +242,88 @@ class NpzError(ValueError):
 _NPY_HEADER_MAX = 65536 + 16  # magic, version, header length and a header of .npy format 1/2
 
 
+class MappedData(mmap.mmap):
+    """A read-only memory map of a whole data file (a model's .npz, ONNX external data), whose
+    constants are arrays viewing it: the operating system reads their pages when something
+    reads them, and a writer finds in ``source_of`` that an array is still the file's own
+    bytes (and writes a reference to the file instead of a copy). Made by ``map_file``.
+
+    ``path`` (absolute) and ``stat`` name the file as it was mapped; ``fd`` is a descriptor
+    of that file kept open while the map lives (a writer links or copies exactly the file
+    mapped, even if its name now leads elsewhere); ``members``: data offset -> (.npz member
+    name, bytes, dtype) of each member mapped so far. A file truncated by someone else while
+    its map is read ends the process (SIGBUS): the price of not copying it."""
+
+    path: Path
+    stat: os.stat_result
+    fd: int
+    address: int
+    members: dict[int, tuple[str, int, np.dtype]]
+
+
+def map_file(f: BinaryIO, path: str | os.PathLike) -> MappedData | None:
+    """A map of the open regular file ``f`` (None when it is empty: nothing to map)."""
+    st = os.fstat(f.fileno())
+    if st.st_size == 0:
+        return None
+    mm = MappedData(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mm.path = Path(os.path.abspath(path))
+    mm.stat = st
+    mm.fd = os.dup(f.fileno())
+    weakref.finalize(mm, os.close, mm.fd)
+    mm.address = np.frombuffer(mm, np.uint8, count=1).__array_interface__["data"][0]
+    mm.members = {}
+    return mm
+
+
+def source_of(arr: np.ndarray) -> tuple[MappedData, int] | None:
+    """(the mapped file, byte offset) when ``arr`` is a C-contiguous view of a file mapped by
+    ``map_file`` (an unchanged constant as it was loaded), else None."""
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, MappedData) or not arr.flags.c_contiguous:
+        return None
+    return base, arr.__array_interface__["data"][0] - base.address
+
+
+def mapped_view(mm: MappedData, offset: int, nbytes: int, dtype: np.dtype,
+                shape: tuple[int, ...]) -> np.ndarray:
+    """The read-only array of ``dtype`` and ``shape`` (``nbytes`` bytes) at ``offset`` of
+    ``mm``; the caller has checked that it lies inside the file."""
+    count = nbytes // dtype.itemsize if dtype.itemsize else 0
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
 class NpzFile:
     """An .npz archive read one member at a time, on request: a member is decompressed only
     when asked for, and never past the bytes its caller allows (a declared shape and dtype),
     so a small file that would inflate to gigabytes, or members nobody uses, cost nothing.
     Arrays hold numbers or bools only (no objects, strings or structured records), and the
-    .npy header must agree with the bytes that follow it."""
+    .npy header must agree with the bytes that follow it.
 
-    def __init__(self, path: str | os.PathLike, *, follow_links: bool = True) -> None:
+    ``mapped=True``: a member stored uncompressed (as ``numpy.savez`` stores them) in native
+    byte order and C order is not read but mapped (``MappedData``): a read-only view of the
+    file, checked the same way (its header, its size against the caller's bound) before
+    anything is made of it. Its CRC is not checked: its bytes are never read as a whole."""
+
+    def __init__(self, path: str | os.PathLike, *, follow_links: bool = True,
+                 mapped: bool = False) -> None:
         self.path = Path(path)
         self._f = open_regular(path, follow_links=follow_links)
+        self._map: MappedData | None = None
         try:
             self._check_directory()
             self._zip = zipfile.ZipFile(self._f)
+            if mapped:
+                try:
+                    self._map = map_file(self._f, path)
+                except (OSError, ValueError):  # (a file system without maps: members are read)
+                    self._map = None
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as e:
             self._f.close()
             raise NpzError(f"not an .npz archive ({e})") from None
@@ -239,8 +349,16 @@ class NpzFile:
         self.close()
 
     def close(self) -> None:
+        """Close the archive; a map lives on while arrays view it (it is unmapped with the
+        last of them)."""
         self._zip.close()
         self._f.close()
+        self._map = None
+
+    @property
+    def mapped(self) -> MappedData | None:
+        """The archive's map (``mapped=True``), or None."""
+        return self._map
 
     def names(self) -> list[str]:
         return list(self._members)
@@ -261,6 +379,10 @@ class NpzFile:
         if info.file_size > cap:
             raise NpzError(f"array {key!r} holds {info.file_size:,} bytes, more than the "
                            f"{max_bytes:,} its declared shape and dtype need")
+        if self._map is not None:
+            arr = self._mapped(key, info, max_bytes, dtype, bits_of)
+            if arr is not None:
+                return arr
         try:
             with self._zip.open(info) as member:
                 data = member.read(cap + 1)
@@ -271,40 +393,117 @@ class NpzFile:
                            "shape and dtype need")
         return _parse_npy(key, data, max_bytes, dtype, bits_of)
 
+    def _mapped(self, key: str, info: zipfile.ZipInfo, max_bytes: int, want: np.dtype | None,
+                bits_of: np.dtype | None) -> np.ndarray | None:
+        """Member ``key`` as a view of the map, or None when it cannot be one (compressed,
+        encrypted, another byte order or Fortran order, a local header that disagrees with
+        the directory): then it is read as any member is, and that read names any problem."""
+        mm = self._map
+        assert mm is not None
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 \
+                or info.compress_size != info.file_size:
+            return None
+        # headers are read with pread, not through the map: a page touched in a map brings
+        # its neighbours with it (the kernel maps cached pages around a fault), and the
+        # weights are to stay out of memory until something reads them
+        fd = self._f.fileno()
+        start = info.header_offset
+        blob = os.pread(fd, 1024, start)  # (usually the local header, name and .npy header)
+        if len(blob) < 30 or blob[:4] != b"PK\x03\x04":
+            return None
+        n_name, n_extra = struct.unpack("<HH", blob[26:30])
+        name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+        at = 30 + n_name + n_extra  # the member's data, in blob
+        if len(blob) < at + 12:
+            blob += os.pread(fd, at + 12 - len(blob), start + len(blob))
+        if blob[30:30 + n_name] != name:
+            return None
+        begin = start + at
+        if begin + info.file_size > len(mm):
+            return None
+        size = blob[at:at + 12]  # magic, version, header length: then the header, no more
+        end = 10 + int.from_bytes(size[8:10], "little") if size[6:7] == b"\x01" else \
+            12 + int.from_bytes(size[8:12], "little")
+        end = min(info.file_size, end, _NPY_HEADER_MAX)
+        if len(blob) < at + end:
+            blob += os.pread(fd, at + end - len(blob), start + len(blob))
+        head = blob[at:at + end]
+        shape, fortran, dt, body_at = _npy_header(key, head)
+        raw_bits = bits_of is not None and dt.itemsize == 2 and \
+            (dt.kind == "V" or dt == np.uint16)
+        if raw_bits and dt.kind == "V" and dt.fields is None and dt.subdtype is None:
+            dt = np.dtype(np.uint16)
+        if fortran or not dt.isnative:
+            return None
+        nbytes = _check_npy(key, shape, dt, info.file_size - body_at, max_bytes, want)
+        arr = mapped_view(mm, begin + body_at, nbytes, dt, shape)
+        mm.members[begin + body_at] = (key, nbytes, dt)
+        return arr.view(bits_of) if raw_bits else arr
 
-def _parse_npy(key: str, data: bytes, max_bytes: int, want: np.dtype | None,
-               bits_of: np.dtype | None = None) -> np.ndarray:
-    """The array in the bytes of a .npy member, checked before anything is allocated."""
+
+_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}  # .npy header -> parsed
+_HEADERS_LIMIT = 4096
+
+
+def _npy_header(key: str, data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran order, dtype, where the body starts) of the .npy bytes ``data`` (its
+    header at least). Equal headers are parsed once: the weights of a model share a few."""
     buf = io.BytesIO(data)
     fmt = np.lib.format
     try:
         version = fmt.read_magic(buf)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f".npy format version {version} is not accepted (1.0, 2.0)")
+        size_at = buf.tell()
+        width = 2 if version == (1, 0) else 4
+        end = size_at + width + int.from_bytes(data[size_at:size_at + width], "little")
+        head = data[:end]
+        known = _HEADERS.get(head)
+        if known is not None:
+            return (*known, end)
+        buf.seek(0)
+        fmt.read_magic(buf)
         if version == (1, 0):
             shape, fortran, dt = fmt.read_array_header_1_0(buf)
-        elif version == (2, 0):
-            shape, fortran, dt = fmt.read_array_header_2_0(buf)
         else:
-            raise ValueError(f".npy format version {version} is not accepted (1.0, 2.0)")
+            shape, fortran, dt = fmt.read_array_header_2_0(buf)
     except ValueError as e:
         raise NpzError(f"array {key!r} is not a .npy array ({str(e).splitlines()[0]})") from None
-    raw_bits = bits_of is not None and dt.itemsize == 2 and (dt.kind == "V" or dt == np.uint16)
-    if raw_bits and dt.kind == "V" and dt.fields is None and dt.subdtype is None:
-        dt = np.dtype(np.uint16)
+    if buf.tell() == end:  # (the header is exactly the bytes counted: safe to share)
+        if len(_HEADERS) >= _HEADERS_LIMIT:
+            _HEADERS.clear()
+        _HEADERS[head] = (shape, fortran, dt)
+    return shape, fortran, dt, buf.tell()
+
+
+def _check_npy(key: str, shape: tuple[int, ...], dt: np.dtype, body: int, max_bytes: int,
+               want: np.dtype | None) -> int:
+    """The bytes an array of ``shape`` and ``dt`` holds, after checking it is numbers of the
+    wanted dtype, within ``max_bytes``, and exactly the ``body`` bytes the member holds."""
     if dt.hasobject or dt.fields is not None or dt.subdtype is not None or dt.kind in "OSUVMm":
         raise NpzError(f"array {key!r} has dtype {dt}; an array of numbers or bools is "
                        "accepted (no objects, strings, records or dates)")
     if want is not None and dt.newbyteorder("=") != np.dtype(want).newbyteorder("="):
         raise NpzError(f"array {key!r} holds {dt.name}, the graph declares {np.dtype(want).name}")
-    count = math.prod(shape)
-    nbytes = count * dt.itemsize
-    body = len(data) - buf.tell()
+    nbytes = math.prod(shape) * dt.itemsize
     if nbytes > max_bytes:
         raise NpzError(f"array {key!r}: shape {list(shape)} of {dt.name} is {nbytes:,} bytes, "
                        f"more than the {max_bytes:,} its declared shape and dtype need")
     if nbytes != body:
         raise NpzError(f"array {key!r}: its header says shape {list(shape)} of {dt.name} "
                        f"({nbytes:,} bytes), the member holds {body:,}")
-    arr = np.frombuffer(data, dtype=dt, count=count, offset=buf.tell())
+    return nbytes
+
+
+def _parse_npy(key: str, data: bytes, max_bytes: int, want: np.dtype | None,
+               bits_of: np.dtype | None = None) -> np.ndarray:
+    """The array in the bytes of a .npy member, checked before anything is allocated."""
+    shape, fortran, dt, body_at = _npy_header(key, data)
+    raw_bits = bits_of is not None and dt.itemsize == 2 and (dt.kind == "V" or dt == np.uint16)
+    if raw_bits and dt.kind == "V" and dt.fields is None and dt.subdtype is None:
+        dt = np.dtype(np.uint16)
+    _check_npy(key, shape, dt, len(data) - body_at, max_bytes, want)
+    arr = np.frombuffer(data, dtype=dt, count=math.prod(shape), offset=body_at)
     arr = arr.reshape(shape, order="F" if fortran else "C")
     arr = arr.astype(dt.newbyteorder("="), order="C")  # a writable native-order copy
     return arr.view(bits_of) if raw_bits else arr

@@ -11,6 +11,7 @@ standard library lists every piece before joining them: ~100 MB for that manifes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
@@ -49,12 +50,20 @@ def _key(k: Any) -> str:
 def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None) -> str:
     """``json.dumps(obj, indent=indent, default=default)`` (ASCII, NaN allowed, keys in
     their order); containers nested in themselves are not detected."""
-    out: list[str] = []  # pieces not yet joined
     done: list[str] = []  # pieces joined in batches: a few strings, not millions of small ones
+    dump(obj, done.append, indent, default)
+    return "".join(done)
+
+
+def dump(obj: Any, write: Callable[[str], Any], indent: int = 2,
+         default: Callable[[Any], Any] | None = None) -> None:
+    """The text of ``dumps``, handed to ``write`` in batches as it is made (a large document
+    is written out without its whole text ever held)."""
+    out: list[str] = []  # pieces not yet joined
     step = " " * indent
 
     def flush() -> None:
-        done.append("".join(out))
+        write("".join(out))
         out.clear()
 
     def container(open_: str, close: str, items, nl: str, keyed: bool) -> None:
@@ -97,4 +106,32 @@ def dumps(obj: Any, indent: int = 2, default: Callable[[Any], Any] | None = None
 
     value(obj, "\n")
     flush()
-    return "".join(done)
+
+
+def dump_lines(obj: Any, write: Callable[[str], Any],
+               default: Callable[[Any], Any] | None = None) -> None:
+    """``obj`` as JSON for a large document read by programs and, now and then, by people: a
+    top-level object one key per line, a list or object under it one element per line, each
+    element on its line as the standard library's C encoder writes it (``", "`` and
+    ``": "`` between items; ASCII, NaN allowed, ``default`` for other objects). Written to
+    ``write`` in batches: ten times faster than an indented dump, and about half its size."""
+    enc = json.JSONEncoder(separators=(", ", ": "), default=default).encode
+    if type(obj) is not dict or not obj:
+        write(enc(obj))
+        return
+    first = True
+    for k, v in obj.items():
+        write(("{\n  " if first else ",\n  ") + _quote(_key(k)) + ": ")
+        first = False
+        if type(v) is dict and v:
+            items = [_quote(_key(a)) + ": " + enc(b) for a, b in v.items()]
+        elif type(v) in (list, tuple) and v:
+            items = [enc(x) for x in v]
+        else:
+            write(enc(v))
+            continue
+        write(("{" if type(v) is dict else "[") + "\n    ")
+        for i in range(0, len(items), 4096):
+            write((",\n    " if i else "") + ",\n    ".join(items[i:i + 4096]))
+        write("\n  " + ("}" if type(v) is dict else "]"))
+    write("\n}")

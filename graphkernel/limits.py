@@ -7,6 +7,7 @@ limit. docs/security.md lists them for users; this module is the single place th
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Any
@@ -48,6 +49,8 @@ def name_problem(name: Any) -> str | None:
         return f"a name must be a string, got {type(name).__name__}"
     if not name:
         return "a name must not be empty"
+    if name.isprintable():  # (no control, format, surrogate or separator character but ' ')
+        return None
     for ch in name:
         if unicodedata.category(ch) in _BAD_CATEGORIES:
             return (f"name {name!r} contains the control character U+{ord(ch):04X}; names "
@@ -66,6 +69,12 @@ def dim_problem(dim: Any) -> str | None:
         if not 0 <= dim <= MAX_DIM:
             return f"dim {dim} is outside 0..{MAX_DIM}"
         return None
+    return _symbol_problem(dim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbol_problem(dim: str) -> str | None:
+    """``dim_problem`` of a symbolic dim (a model repeats a few: checked once each)."""
     parts = dim.replace(" ", "").split("*")
     if len(parts) > MAX_DIM_FACTORS:
         return (f"dim {shown(dim)!r} is a product of {len(parts):,} factors, above the limit of "
@@ -118,12 +127,19 @@ def check_graph(graph: Any) -> str | None:
 def _value_problem(v: Any) -> str | None:
     if (p := name_problem(v.name)) is not None:
         return p
-    if v.type.rank > MAX_RANK:
-        return f"rank {v.type.rank:,} is above the limit of {MAX_RANK} dims"
-    for d in v.type.shape:
+    return _type_problem(v.type)
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_problem(t: Any) -> str | None:
+    """A tensor type's rank, dims and size against the limits (a graph repeats a few types:
+    each is checked once)."""
+    if t.rank > MAX_RANK:
+        return f"rank {t.rank:,} is above the limit of {MAX_RANK} dims"
+    for d in t.shape:
         if (p := dim_problem(d)) is not None:
             return p
-    return numel_problem(v.type.shape)
+    return numel_problem(t.shape)
 
 
 def check_document(doc: Any, max_depth: int = MAX_DEPTH, max_values: int | None = None,

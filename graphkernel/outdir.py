@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any, NamedTuple
 
 from graphkernel import limits
 from graphkernel.fileio import read_bounded
-from graphkernel.outputs import digest_written
+from graphkernel.outputs import digest_written, known_digest, shared_as
 
 MANIFEST = "manifest.json"
 FORMAT = "graphkernel-kernels/2"  # what write_project writes (format 1: one entry per kernel)
@@ -55,15 +56,22 @@ def listed(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> lis
 def file_entries(folder: str | os.PathLike, files: Iterable[str | os.PathLike]
                  ) -> dict[str, Any]:
     """The manifest's ``files`` (see ``listed``) and ``digests``: the SHA-256 of what this
-    process wrote to each of them (the manifest itself, written last, has none)."""
+    process wrote to each of them (the manifest itself, written last, has none); and, when
+    some of them are a model's data files shared rather than copied (``outputs.share_file``),
+    ``data_sources``: for each, the file it is (a hard link to, or a copy of), its identity
+    and digest (a later run sharing the same unchanged file does not read it again to
+    digest it)."""
     names = listed(folder, files)
     root = Path(folder)
-    digests = {}
+    digests, sources = {}, {}
     for name in names:
         d = digest_written(root / name)
         if d is not None:
             digests[name] = d
-    return {"files": names, "digests": digests}
+        shared = shared_as(root / name)
+        if shared is not None:
+            sources[name] = shared.entry()
+    return {"files": names, "digests": digests} | ({"data_sources": sources} if sources else {})
 
 
 class Previous(NamedTuple):
@@ -87,10 +95,13 @@ def previous_outputs(folder: str | os.PathLike) -> list[Previous]:
     """The files the previous run listed in ``folder/manifest.json`` that are candidates for
     removal (plain relative paths inside the folder, regular files now); [] when there is no
     readable graphkernel manifest. Each is checked again when it is removed."""
+    from graphkernel.pipeline import collector_paused
+
     root = Path(folder)
     try:
-        doc = json.loads(read_bounded(root / MANIFEST, limits.MAX_MANIFEST_BYTES,
-                                      follow_links=False))
+        with collector_paused():  # (a large manifest is many small objects, none garbage)
+            doc = json.loads(read_bounded(root / MANIFEST, limits.MAX_MANIFEST_BYTES,
+                                          follow_links=False))
     except (OSError, ValueError, RecursionError):
         return []
     if not isinstance(doc, dict) or doc.get("format") not in KNOWN_FORMATS:
@@ -102,6 +113,7 @@ def previous_outputs(folder: str | os.PathLike) -> list[Previous]:
         names += ["kernels/CMakeLists.txt", MANIFEST] if names else []
     digests = doc.get("digests")
     digests = digests if isinstance(digests, dict) else {}
+    _remember_sources(doc.get("data_sources"), digests)
     out = []
     for name in names:
         if not isinstance(name, str) or not _plain(name):
@@ -115,6 +127,25 @@ def previous_outputs(folder: str | os.PathLike) -> list[Previous]:
             continue
         out.append(Previous(name, d if isinstance(d, str) else None))
     return out
+
+
+def _remember_sources(sources: Any, digests: dict) -> None:
+    """The digests a previous run recorded of the data files it shared, by their identity:
+    the same unchanged file is not read again to digest it. (A record naming a wrong digest
+    makes that file's later cleanup leave it, nothing more: see ``remove_stale``.)"""
+    if not isinstance(sources, dict):
+        return
+    for name, entry in sources.items():
+        if not isinstance(entry, dict):
+            continue
+        ident, sha = entry.get("identity"), entry.get("sha256")
+        if isinstance(ident, list) and len(ident) == 4 \
+                and all(type(i) is int and i >= 0 for i in ident) \
+                and isinstance(sha, str) and _SHA256.fullmatch(sha) and digests.get(name) == sha:
+            known_digest(tuple(ident), sha)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _plain(name: str) -> bool:

@@ -9,7 +9,9 @@ Every writer goes through this module:
 - ``Folder(root).path("kernels", name)`` joins safe names under ``root`` and refuses a
   result outside it (a symbolic link inside ``root`` pointing elsewhere included).
 - ``write_file(path, data)`` writes a temporary file in the target folder and renames it
-  into place, so a file appears whole or not at all.
+  into place, so a file appears whole or not at all; ``write_stream`` does the same for a
+  file written piece by piece (never held whole in memory), and ``share_file`` for a file
+  that is a hard link to (or, where no link can be made, a copy of) a model's data file.
 - ``with transaction():`` holds every write back until the block succeeds; when it fails,
   none of its files appears (a command writing several outputs is all or nothing).
 """
@@ -22,9 +24,10 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from graphkernel.errors import OutputError, printable
 
@@ -135,6 +138,17 @@ class Folder:
     def write_text(self, rel: str, text: str) -> Path:
         return self.write_bytes(rel, text.encode())
 
+    def write_json(self, rel: str, doc: Any, default: Callable[[Any], Any] = str) -> Path:
+        """``doc`` as JSON, a line per entry (``json_text.dump_lines``), and a line break:
+        encoded and written a batch at a time (the text is never held whole)."""
+        from graphkernel import json_text
+
+        def put(f: BinaryIO) -> None:
+            json_text.dump_lines(doc, lambda text: f.write(text.encode()), default)
+            f.write(b"\n")
+
+        return write_stream(self.path(rel), put, immediate=self.immediate)
+
 
 @dataclass
 class _Stage:
@@ -169,6 +183,26 @@ def digest_written(path: str | os.PathLike) -> str | None:
 def write_file(path: str | os.PathLike, data: bytes, *, immediate: bool = False) -> Path:
     """Write ``data`` to ``path`` whole or not at all: a temporary file in the same folder,
     renamed into place (at the end of the enclosing ``transaction``, if any)."""
+    def put(f: BinaryIO) -> None:
+        f.write(data)
+
+    return _write(path, put, lambda _: hashlib.sha256(data).hexdigest(), immediate)
+
+
+def write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
+                 immediate: bool = False) -> Path:
+    """``write_file`` for a file written piece by piece: ``write(f)`` writes into the
+    temporary file (and may seek in it, as a zip writer does); the digest is taken from what
+    it holds once written."""
+    def digest(tmp: str) -> str:
+        with open(tmp, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    return _write(path, write, digest, immediate)
+
+
+def _write(path: str | os.PathLike, write: Callable[[BinaryIO], None],
+           digest: Callable[[str], str], immediate: bool) -> Path:
     path = Path(path)
     stage = None if immediate else _STAGE.get()
     tmp = ""
@@ -181,8 +215,9 @@ def write_file(path: str | os.PathLike, data: bytes, *, immediate: bool = False)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        _DIGESTS[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
+            write(f)
+        _DIGESTS[os.path.realpath(path)] = digest(tmp)
+        _SHARED.pop(os.path.realpath(path), None)
         if stage is not None:
             stage.pending.append((tmp, path))
         else:
@@ -195,6 +230,172 @@ def write_file(path: str | os.PathLike, data: bytes, *, immediate: bool = False)
                               f"({e.strerror or e})") from e
         raise
     return path
+
+
+# ------------------------------------------------------------ a model's data, shared
+@dataclass(frozen=True)
+class Shared:
+    """How an output file holds a model's data file: the source (absolute path), its
+    identity when it was read (device, inode, size, modification time in ns), the SHA-256 of
+    its content, and whether the output is a hard link to it (else a copy)."""
+
+    source: str
+    identity: tuple[int, int, int, int]
+    sha256: str
+    linked: bool
+
+    def entry(self) -> dict:
+        """What an output folder's manifest records of it (``graphkernel.outdir``)."""
+        return {"source": self.source, "sha256": self.sha256,
+                "how": "hard link" if self.linked else "copy",
+                "identity": list(self.identity)}
+
+
+# output file (real path) -> Shared, for the files ``share_file`` made
+_SHARED: dict[str, Shared] = {}
+# identity of a data file -> the SHA-256 of its content, computed once in this process or
+# recorded by a previous run in the output folder's manifest (see ``known_digest``)
+_KNOWN: dict[tuple[int, int, int, int], str] = {}
+
+
+def shared_as(path: str | os.PathLike) -> Shared | None:
+    """How ``path`` holds a model's data file, when ``share_file`` made it."""
+    return _SHARED.get(os.path.realpath(path))
+
+
+def known_digest(identity: tuple[int, int, int, int], sha256: str) -> None:
+    """The SHA-256 of a data file of this identity (device, inode, size, mtime in ns), as a
+    previous run recorded it: a file still of that identity is not read again to digest it.
+    A wrong record costs nothing but that file's cleanup later: a file is removed only when
+    its content has the digest recorded (``graphkernel.outdir``), so one whose record is
+    wrong is left where it is."""
+    _KNOWN[identity] = sha256
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def file_sha256(fd: int, size: int) -> str:
+    """SHA-256 of the first ``size`` bytes of the open file ``fd``, read with pread (the file
+    position, and any map of it, untouched)."""
+    h = hashlib.sha256()
+    at = 0
+    while at < size:
+        chunk = os.pread(fd, min(1 << 22, size - at), at)
+        if not chunk:
+            break
+        h.update(chunk)
+        at += len(chunk)
+    return h.hexdigest()
+
+
+def share_file(path: str | os.PathLike, fd: int, source: str | os.PathLike) -> Path:
+    """Make ``path`` hold the content of the open regular file ``fd`` (``source`` names it)
+    without copying it: a hard link to that very file (made through its descriptor, so a file
+    that has since taken its name elsewhere is not the one linked), or, when the file system
+    cannot link it there (another device, no right to link another user's file), a copy made
+    inside the kernel (no pass through this process's memory). Put in place as ``write_file``
+    puts a file; its digest is recorded as for a file written, and is computed only when no
+    earlier digest of this same file is known (``known_digest``)."""
+    path = Path(path)
+    stage = _STAGE.get()
+    st = os.fstat(fd)
+    ident = _identity(st)
+    tmp = ""
+    try:
+        made = _make_dirs(path.parent)
+        if stage is not None:
+            stage.made_dirs += made
+        tmp, linked = _link_or_copy(fd, st, path)
+        sha = _KNOWN.get(ident)
+        if sha is None:
+            sha = _KNOWN[ident] = file_sha256(fd, st.st_size)
+        real = os.path.realpath(path)
+        _DIGESTS[real] = sha
+        _SHARED[real] = Shared(os.path.abspath(source), ident, sha, linked)
+        if stage is not None:
+            stage.pending.append((tmp, path))
+        else:
+            _replace(tmp, path)
+    except BaseException as e:
+        if tmp and os.path.lexists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"{printable(str(path))}: cannot be written "
+                              f"({e.strerror or e})") from e
+        raise
+    return path
+
+
+def _link_or_copy(fd: int, st: os.stat_result, path: Path) -> tuple[str, bool]:
+    """A new name in ``path``'s folder for the file ``fd``: (the name, True) when it is a
+    hard link to it, (the name, False) when it is a copy."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for _ in range(100):
+            name = f".{path.name[:40]}.{os.urandom(6).hex()}.tmp"
+            try:  # (a dir fd makes it linkat, which follows /proc's link to the open file)
+                os.link(f"/proc/self/fd/{fd}", name, src_dir_fd=folder, dst_dir_fd=folder,
+                        follow_symlinks=True)
+            except FileExistsError:
+                continue
+            except OSError:
+                break  # (another device, a file system without links, no right, no /proc)
+            now = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                return os.path.join(path.parent, name), True
+            os.unlink(name, dir_fd=folder)
+            break
+    finally:
+        os.close(folder)
+    out, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(out, 0o666 & ~umask)
+        _kernel_copy(fd, out, st.st_size)
+    finally:
+        os.close(out)
+    return tmp, False
+
+
+def _kernel_copy(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes of ``src`` from its start into ``dst``: copy_file_range (or
+    sendfile) where the system has them, so no byte passes through this process."""
+    at = 0
+    try:
+        while at < size:
+            n = os.copy_file_range(src, dst, size - at, at)
+            if n == 0:
+                break
+            at += n
+    except (AttributeError, OSError):
+        pass
+    try:
+        while at < size:
+            n = os.sendfile(dst, src, at, size - at)
+            if n == 0:
+                break
+            at += n
+    except (AttributeError, OSError):
+        pass
+    while at < size:
+        chunk = os.pread(src, min(1 << 22, size - at), at)
+        if not chunk:
+            break
+        os.write(dst, chunk)
+        at += len(chunk)
+    if at != size:
+        raise OSError(f"the data file ended after {at:,} of its {size:,} bytes")
+
+
+def _replace(tmp: str, path: Path) -> None:
+    """Rename ``tmp`` onto ``path``. Both may be hard links to one file (a model's data file
+    shared again): rename then does nothing, and the spare name is removed."""
+    os.replace(tmp, path)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -218,7 +419,7 @@ def transaction() -> Iterator[None]:
 def _commit(stage: _Stage) -> None:
     for i, (tmp, path) in enumerate(stage.pending):
         try:
-            os.replace(tmp, path)
+            _replace(tmp, path)
         except OSError as e:
             _discard(_Stage(stage.pending[i:], []))
             raise OutputError(f"{printable(str(path))}: cannot be written "

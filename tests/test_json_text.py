@@ -54,3 +54,27 @@ def test_pieces_joined_in_batches_give_the_same_text(monkeypatch):
     monkeypatch.setattr(json_text, "BATCH", 3)
     obj = {"rows": [{"k": i, "v": [i, {"w": str(i)}]} for i in range(50)], "end": []}
     assert json_text.dumps(obj, indent=2) == json.dumps(obj, indent=2)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_a_line_per_entry_is_the_same_document(case):
+    """``dump_lines`` writes the document ``json.dumps`` writes (parsed, they are equal), a
+    line per key of the top-level object and per element of the lists and objects below."""
+    pieces: list[str] = []
+    json_text.dump_lines(CASES[case], pieces.append, default=str)
+    text = "".join(pieces)
+    want = json.dumps(CASES[case], default=str)
+    assert json.loads(text) == json.loads(want) or "NaN" in want
+    if isinstance(CASES[case], dict) and CASES[case]:
+        top = json.loads(want)
+        assert text.count("\n") == len(top) + 1 + sum(
+            len(v) + 1 for v in top.values() if isinstance(v, list | dict) and v)
+
+
+def test_a_line_per_entry_in_batches(monkeypatch):
+    doc = {"instances": [{"node": f"n{i}", "shape": [i, 2]} for i in range(10_000)],
+           "digests": {f"f{i}": "0" * 64 for i in range(5000)}}
+    pieces: list[str] = []
+    json_text.dump_lines(doc, pieces.append)
+    assert len(pieces) > 4 and max(map(len, pieces)) < 400_000
+    assert json.loads("".join(pieces)) == doc

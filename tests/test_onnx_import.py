@@ -255,3 +255,40 @@ def test_pad_is_a_pad_op_matching_the_reference(mode, opset, axes):
                                atol=1e-6)
     if mode == "constant":
         assert "Pad" not in [n.op for n in res.graph.nodes]
+
+
+def _counting_inference(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = onnx.shape_inference.infer_shapes
+
+    def counted(model, *a, **kw):
+        calls.append(1)
+        return real(model, *a, **kw)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted)
+    return calls
+
+
+def test_shape_inference_runs_only_for_a_node_imported_as_opaque(monkeypatch):
+    """Every node mapped to ops: the model is imported without ONNX shape inference (a copy
+    of the whole model, seconds at scale). An unmapped node between mapped ones still gets
+    its output's type from inference (the model declares no type for it)."""
+    calls = _counting_inference(monkeypatch)
+    x = helper.make_tensor_value_info("x", 1, [1, 4, 3, 3])
+    y = helper.make_tensor_value_info("y", 1, [1, 4, 3, 3])
+    mapped = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])],
+        "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
+    g = import_onnx(mapped)
+    assert [n.op for n in g.nodes] == ["ReLU", "Neg"] and calls == []
+
+    unmapped = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("LRN", ["h"], ["l"], size=3),
+         helper.make_node("Neg", ["l"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    g = import_onnx(unmapped)
+    assert [n.op for n in g.nodes] == ["ReLU", "Opaque", "Neg"] and calls == [1]
+    assert g.nodes[1].outputs[0].type.shape == (1, 4, 3, 3)
+    xv = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(g).run({"x": xv})[0],
+                               ReferenceEvaluator(unmapped).run(None, {"x": xv})[0], rtol=1e-6)

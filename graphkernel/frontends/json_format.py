@@ -14,13 +14,14 @@ file next to it, never a path elsewhere.
 from __future__ import annotations
 
 import functools
-import io
 import json
 import math
 import os
 import typing
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
 import numpy as np
 import yaml
@@ -28,10 +29,21 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from graphkernel import limits, ops
 from graphkernel.errors import FormatError, GraphKernelError, did_you_mean
-from graphkernel.fileio import DocumentError, NpzError, NpzFile, read_document
+from graphkernel.fileio import (
+    DocumentError,
+    MappedData,
+    NpzError,
+    NpzFile,
+    map_file,
+    mapped_view,
+    open_regular,
+    read_document,
+    release_freed_memory,
+    source_of,
+)
 from graphkernel.frontends.opaque import file_problem as opaque_file_problem
 from graphkernel.ir import DType, Graph, TensorType
-from graphkernel.outputs import write_file
+from graphkernel.outputs import share_file, write_file, write_stream
 
 FORMAT = "graphkernel/1"
 INLINE_LIMIT = 64
@@ -75,7 +87,9 @@ class ConstSpec(_Model):
     shape: list[StaticDim]
     dtype: str
     data: list[Any] | None = None
-    key: str | None = None  # entry in the side .npz file
+    key: str | None = None  # a member of an .npz data file
+    offset: int | None = None  # where its bytes start in a raw data file
+    file: str | None = None  # which data file (default: the first)
 
 
 class OutputSpec(_Model):
@@ -96,7 +110,7 @@ class NodeSpec(_Model):
 class GraphSpec(_Model):
     format: Literal["graphkernel/1"] = FORMAT
     name: Name = "graph"
-    data_file: str | None = None
+    data_file: str | list[str] | None = None
     inputs: list[InputSpec] = []
     constants: list[ConstSpec] = []
     nodes: list[NodeSpec] = []
@@ -110,14 +124,59 @@ def _encode_scalar(x: Any) -> Any:
     return x
 
 
-def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None) -> Any:
+class _Sharing:
+    """The model data files a saved graph shares instead of copying: an unchanged constant
+    (still a view of the file it was loaded from: ``fileio.source_of``) is referenced in a
+    file of the graph's folder that is that data file (``outputs.share_file``), named after
+    the graph (``<stem>.weights.npz``, ``<stem>.weights-2.bin``, ...)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.names: dict[int, str] = {}  # id of a map -> the shared file's name
+        self.maps: list[MappedData] = []
+
+    def reference(self, arr: np.ndarray) -> dict[str, Any] | None:
+        """``file`` and ``key`` (a whole .npz member) or ``offset`` of ``arr``'s bytes, when
+        ``arr`` is still a view of a model's data file."""
+        found = source_of(arr)
+        if found is None:
+            return None
+        mm, offset = found
+        if offset < 0 or offset + arr.nbytes > len(mm):
+            return None
+        name = self.names.get(id(mm))
+        if name is None:
+            i = len(self.maps)
+            suffix = ".npz" if mm.members else ".bin"
+            name = f"{self.path.stem}.weights{'' if i == 0 else f'-{i + 1}'}{suffix}"
+            self.names[id(mm)] = name
+            self.maps.append(mm)
+        member = mm.members.get(offset)
+        if member is not None and member[1] == arr.nbytes and (
+                member[2] == arr.dtype or member[2] == np.uint16
+                and arr.dtype == DType.bfloat16.np):
+            return {"file": name, "key": member[0]}
+        return {"file": name, "offset": offset}
+
+    def write(self) -> list[Path]:
+        return [share_file(self.path.with_name(self.names[id(mm)]), mm.fd, mm.path)
+                for mm in self.maps]
+
+
+def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None,
+                 shared: _Sharing | None = None) -> Any:
+    cls = type(value)
+    if cls is int or cls is str or cls is bool or value is None:  # (most attributes)
+        return value
+    if cls is list and all(type(v) is int for v in value):
+        return value
     if isinstance(value, Graph):
-        return {"graph": graph_to_dict(value, nested=True, side=side)}
+        return {"graph": graph_to_dict(value, nested=True, side=side, shared=shared)}
     if isinstance(value, np.ndarray):
         spec: dict[str, Any] = {"dtype": DType.parse(value.dtype).value,
                                 "shape": list(value.shape)}
         if side is not None and value.size > INLINE_LIMIT:
-            spec["key"] = _side_key(side, value)
+            spec |= _stored(side, shared, value)
         else:
             spec["data"] = _const_data(value)
         return {"tensor": spec}
@@ -126,9 +185,9 @@ def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = No
     if isinstance(value, TensorType):
         return {"shape": list(value.shape), "dtype": value.dtype.value}
     if isinstance(value, list | tuple):
-        return [_encode_attr(v, where, side) for v in value]
+        return [_encode_attr(v, where, side, shared) for v in value]
     if isinstance(value, dict):
-        return {k: _encode_attr(v, where, side) for k, v in value.items()}
+        return {k: _encode_attr(v, where, side, shared) for k, v in value.items()}
     if isinstance(value, float):
         return _encode_scalar(value)
     if value is None or isinstance(value, bool | int | str):
@@ -139,83 +198,200 @@ def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = No
                       "saved to a graph file")
 
 
-def _side_key(side: dict[str, np.ndarray], arr: np.ndarray) -> str:
+def _stored(side: dict[str, np.ndarray], shared: _Sharing | None, arr: np.ndarray
+            ) -> dict[str, Any]:
+    """Where a large array's values go: a reference to the model's data file it is still a
+    view of (when sharing), else a new member of the graph's own .npz."""
+    if shared is not None and (ref := shared.reference(arr)) is not None:
+        return ref
     key = f"c{len(side)}"
     side[key] = arr.view(np.uint16) if arr.dtype == DType.bfloat16.np else arr
-    return key
+    return {"key": key}
 
 
 def _const_data(arr: np.ndarray) -> list[Any]:
     dt = DType.parse(arr.dtype)
+    if dt.is_int or dt is DType.bool or dt.is_float and dt is not DType.bfloat16 \
+            and np.isfinite(arr).all():
+        return arr.reshape(-1).tolist()
     flat = arr.astype(np.float64) if dt is DType.bfloat16 else arr
     return [_encode_scalar(x) for x in flat.reshape(-1).tolist()]
 
 
+def _is_constant(n: Any) -> bool:
+    """A Constant node written in ``constants`` (the others are nodes like any other)."""
+    return n.op == "Constant" and n.output.name == n.name and n.origin == (n.name,)
+
+
+def _constant_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | None
+                   ) -> dict[str, Any]:
+    arr = n.attrs["value"]
+    spec: dict[str, Any] = {"name": n.name, "shape": list(arr.shape),
+                            "dtype": DType.parse(arr.dtype).value}
+    if side is not None and arr.size > INLINE_LIMIT:
+        spec |= _stored(side, shared, arr)
+    else:
+        spec["data"] = _const_data(arr)
+    return spec
+
+
+def _node_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | None
+               ) -> dict[str, Any]:
+    opaque = n.op == "Opaque"
+    if opaque and n.attrs.get("fn") is not None and not n.attrs.get("spec"):
+        raise FormatError(f"node '{n.name}' ({n.op}): holds an in-memory Python callable and "
+                          "no saveable spec")
+    attrs = {}
+    for k, v in n.attrs.items():
+        cls = type(v)
+        if cls is int or cls is str or cls is bool or v is None:  # (most: as they are)
+            attrs[k] = v
+        elif not (opaque and k == "fn"):
+            attrs[k] = _encode_attr(v, f"node '{n.name}' ({n.op})", side, shared)
+    node: dict[str, Any] = {"name": n.name, "op": n.op,
+                            "inputs": [v.name for v in n.inputs],
+                            "outputs": [{"name": v.name, "shape": list(v.type.shape),
+                                         "dtype": v.type.dtype._value_} for v in n.outputs]}
+    if attrs:
+        node["attrs"] = attrs
+    if n.origin != (n.name,):
+        node["origin"] = list(n.origin)
+    return node
+
+
+def _inputs_spec(graph: Graph) -> list[dict[str, Any]]:
+    return [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype._value_}
+            | ({"mutable": True} if v.mutable else {}) for v in graph.inputs]
+
+
 def graph_to_dict(graph: Graph, nested: bool = False,
-                  side: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """The file form of ``graph``; large constants go to ``side`` when given. Outputs are
-    written under their names (an aliased output as an Identity named after it)."""
+                  side: dict[str, np.ndarray] | None = None,
+                  shared: _Sharing | None = None) -> dict[str, Any]:
+    """The file form of ``graph``; large constants go to ``side`` when given (or, with
+    ``shared``, are references to the model data files they are still views of). Outputs
+    are written under their names (an aliased output as an Identity named after it)."""
     graph = graph.with_output_values_named()
     out: dict[str, Any] = {} if nested else {"format": FORMAT}
     out["name"] = graph.name
-    out["inputs"] = [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.value}
-                     | ({"mutable": True} if v.mutable else {}) for v in graph.inputs]
-    consts, nodes = [], []
-    for n in graph.nodes:
-        where = f"node '{n.name}' ({n.op})"
-        if n.op == "Constant" and n.output.name == n.name and n.origin == (n.name,):
-            arr = n.attrs["value"]
-            spec: dict[str, Any] = {"name": n.name, "shape": list(arr.shape),
-                                    "dtype": DType.parse(arr.dtype).value}
-            if side is not None and arr.size > INLINE_LIMIT:
-                spec["key"] = _side_key(side, arr)
-            else:
-                spec["data"] = _const_data(arr)
-            consts.append(spec)
-            continue
-        if n.op == "Opaque" and n.attrs.get("fn") is not None and not n.attrs.get("spec"):
-            raise FormatError(f"{where}: holds an in-memory Python callable and no saveable spec")
-        attrs = {k: _encode_attr(v, where, side) for k, v in n.attrs.items()
-                 if not (k == "fn" and n.op == "Opaque")}
-        node: dict[str, Any] = {"name": n.name, "op": n.op,
-                                "inputs": [v.name for v in n.inputs],
-                                "outputs": [{"name": v.name, "shape": list(v.type.shape),
-                                             "dtype": v.type.dtype.value} for v in n.outputs]}
-        if attrs:
-            node["attrs"] = attrs
-        if n.origin != (n.name,):
-            node["origin"] = list(n.origin)
-        nodes.append(node)
-    out["constants"] = consts
-    out["nodes"] = nodes
+    out["inputs"] = _inputs_spec(graph)
+    consts, nodes = _split_constants(graph)
+    out["constants"] = [_constant_spec(n, side, shared) for n in consts]
+    out["nodes"] = [_node_spec(n, side, shared) for n in nodes]
     out["outputs"] = [v.name for v in graph.outputs]
     return out
 
 
-def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
-    """Write ``graph`` as JSON or YAML (by extension); returns the files written."""
+def _split_constants(graph: Graph) -> tuple[list[Any], list[Any]]:
+    """The graph's nodes in order: those written as ``constants``, and the others."""
+    consts, nodes = [], []
+    for n in graph.nodes:
+        (consts if _is_constant(n) else nodes).append(n)
+    return consts, nodes
+
+
+def _large_arrays(graph: Graph) -> Iterator[np.ndarray]:
+    """The arrays of ``graph`` (subgraphs included) that go to a data file."""
+    for n in graph.nodes:
+        for k, v in n.attrs.items():
+            cls = type(v)
+            if cls is int or cls is str or cls is bool or v is None or k == "fn":
+                continue
+            yield from _arrays_in(v)
+
+
+def _arrays_in(value: Any) -> Iterator[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        if value.size > INLINE_LIMIT:
+            yield value
+    elif isinstance(value, Graph):
+        yield from _large_arrays(value)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _arrays_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _arrays_in(v)
+
+
+def save_graph(graph: Graph, path: str | os.PathLike, *, share_data: bool = False
+               ) -> list[Path]:
+    """Write ``graph`` as JSON or YAML (by extension); returns the files written. Large
+    constants go to ``<stem>.npz`` beside it. ``share_data``: those still as they were
+    loaded from a model's data file are not copied but referenced in that file, which the
+    graph's folder shares (``<stem>.weights.npz``: a hard link to it, or a copy made by the
+    kernel where no link can be made); only new or changed constants go to ``<stem>.npz``.
+    A JSON file is written piece by piece (the text of the whole graph is never held)."""
     path = Path(path)
-    side: dict[str, np.ndarray] = {}
-    doc = graph_to_dict(graph, side=side)
-    written = []
-    if side:
-        data_path = path.with_suffix(".npz")
-        doc = {"format": doc["format"], "name": doc["name"], "data_file": data_path.name,
-               **{k: v for k, v in doc.items() if k not in ("format", "name")}}
-        buf = io.BytesIO()
-        np.savez(buf, **side)
-        write_file(data_path, buf.getvalue())
-        written.append(data_path)
-    if path.suffix in (".yaml", ".yml"):
-        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
-    elif path.suffix == ".json":
-        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
-    else:
+    if path.suffix not in (".json", ".yaml", ".yml"):
         raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
                           "(accepted: .json, .yaml, .yml)")
-    write_file(path, text.encode())
-    written.insert(0, path)
+    graph = graph.with_output_values_named()
+    side: dict[str, np.ndarray] = {}
+    shared = _Sharing(path) if share_data else None
+    own = False
+    for arr in _large_arrays(graph):  # which data files the graph names (they come first)
+        if shared is None or shared.reference(arr) is None:
+            own = True
+    files = ([path.with_suffix(".npz").name] if own else []) \
+        + ([] if shared is None else [shared.names[id(mm)] for mm in shared.maps])
+    head: dict[str, Any] = {"format": FORMAT, "name": graph.name}
+    if files:
+        head["data_file"] = files[0] if len(files) == 1 else files
+    if path.suffix == ".json":
+        def put(f: BinaryIO) -> None:
+            for piece in _json_pieces(graph, head, side, shared):
+                f.write(piece.encode())
+
+        write_stream(path, put)
+    else:
+        doc = head | {k: v for k, v in graph_to_dict(graph, side=side, shared=shared).items()
+                      if k not in head}
+        write_file(path, yaml.safe_dump(doc, sort_keys=False, default_flow_style=None,
+                                        width=100).encode())
+    written = [path]
+    if side:
+        written.append(write_stream(path.with_suffix(".npz"), lambda f: _write_npz(f, side)))
+    if shared is not None:
+        written += shared.write()
     return written
+
+
+def _json_pieces(graph: Graph, head: dict[str, Any], side: dict[str, np.ndarray],
+                 shared: _Sharing | None) -> Iterator[str]:
+    """The JSON text of the graph's document, one input, constant or node at a time, each on
+    one line (encoded by the standard library's C encoder: a large graph is written in a
+    fraction of the time an indented dump takes, and in half the bytes)."""
+    def items(key: str, values: Iterator[Any]) -> Iterator[str]:
+        first = True
+        for v in values:
+            yield (f"{_compact(key)}: [\n  " if first else ",\n  ") + _compact(v)
+            first = False
+        yield f"{_compact(key)}: []" if first else "\n ]"
+
+    consts, nodes = _split_constants(graph)
+    parts = [iter([f"{_compact(k)}: {_compact(v)}"]) for k, v in head.items()]
+    parts += [items("inputs", iter(_inputs_spec(graph))),
+              items("constants", (_constant_spec(n, side, shared) for n in consts)),
+              items("nodes", (_node_spec(n, side, shared) for n in nodes)),
+              items("outputs", (v.name for v in graph.outputs))]
+    yield "{\n "
+    for i, part in enumerate(parts):
+        if i:
+            yield ",\n "
+        yield from part
+    yield "\n}\n"
+
+
+_compact = json.JSONEncoder(separators=(", ", ": "), allow_nan=False).encode
+
+
+def _write_npz(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+    """Arrays as ``numpy.savez`` writes them (members stored uncompressed, ZIP64), written
+    into ``f`` one at a time."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for key, value in arrays.items():
+            with zf.open(f"{key}.npy", "w", force_zip64=True) as m:
+                np.lib.format.write_array(m, np.asanyarray(value), allow_pickle=False)
 
 
 # --------------------------------------------------------------------- load
@@ -227,6 +403,8 @@ def _loc(loc: tuple) -> str:
 
 
 def _decode_scalars(data: list[Any], dtype: DType, where: str) -> list[Any]:
+    if {type(x) for x in data} <= {int, float}:  # (plain numbers: as they are)
+        return data
     out = []
     for i, x in enumerate(data):
         if isinstance(x, str):
@@ -241,16 +419,16 @@ def _decode_scalars(data: list[Any], dtype: DType, where: str) -> list[Any]:
     return out
 
 
-def _decode_attr(value: Any, where: str, base: Path | None, data: NpzFile | None) -> Any:
+def _decode_attr(value: Any, where: str, base: Path | None, data: DataFiles | None) -> Any:
     if isinstance(value, dict) and set(value) == {"graph"}:
         return graph_from_dict(value["graph"], where=where + ".graph", base=base, nested=True,
                                data=data)
     if isinstance(value, dict) and set(value) == {"tensor"} and isinstance(value["tensor"], dict):
         t = value["tensor"]
-        unknown = set(t) - {"dtype", "shape", "data", "key"}
+        unknown = set(t) - {"dtype", "shape", "data", "key", "file", "offset"}
         if unknown or not isinstance(t.get("dtype"), str):
-            raise FormatError(f"{where}.tensor: expected {{dtype, shape, data | key}} with a "
-                              f"dtype name, got {sorted(t)}")
+            raise FormatError(f"{where}.tensor: expected {{dtype, shape, data | key | offset}} "
+                              f"with a dtype name, got {sorted(t)}")
         shape = t.get("shape", [])
         if not isinstance(shape, list) or any(_static_dim_problem(d) for d in shape):
             raise FormatError(f"{where}.tensor.shape: expected a list of ints in "
@@ -258,10 +436,10 @@ def _decode_attr(value: Any, where: str, base: Path | None, data: NpzFile | None
         if (p := limits.numel_problem(tuple(shape))) is not None:
             raise FormatError(f"{where}.tensor.shape: {p}")
         dt = _dtype(t["dtype"], where + ".tensor.dtype")
-        if "key" in t:
-            arr = _data_array(data, t["key"], shape, dt, f"{where}.tensor.key")
+        if "key" in t or "offset" in t:
+            arr = _stored_array(data, t, shape, dt, f"{where}.tensor")
         else:
-            if not isinstance(t.get("data", []), list):
+            if not isinstance(t.get("data", []), list) or "file" in t:
                 raise FormatError(f"{where}.tensor.data: expected a list of numbers")
             arr = np.array(_decode_scalars(t.get("data", []), dt, where + ".tensor"),
                            dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
@@ -283,13 +461,27 @@ def _dtype(name: Any, where: str) -> DType:
 
 
 def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
-                    nested: bool = False, data: NpzFile | None = None) -> Graph:
-    """Build a Graph from the file form; errors name ``where`` and the JSON path."""
+                    nested: bool = False, data: DataFiles | None = None) -> Graph:
+    """Build a Graph from the file form; errors name ``where`` and the JSON path. A document
+    of the plain types JSON gives, within the limits, is read as it is; any other (a value of
+    another type, a breach) goes through the pydantic model, whose error names the field."""
     if not isinstance(doc, dict):
         raise FormatError(f"{where}: expected an object with 'format', 'inputs', 'nodes', "
                           f"'outputs', got {type(doc).__name__}")
     if not nested and "format" not in doc:
         raise FormatError(f"{where}: missing 'format' (expected \"{FORMAT}\")")
+    spec = doc if _plain_graph(doc, 1) else _validated(doc, where, nested)
+    if data is None and spec.get("data_file"):
+        with DataFiles(spec["data_file"], base, where) as files:
+            return _build(spec, where, base, nested, files)
+    return _build(spec, where, base, nested, data)
+
+
+def _validated(doc: dict, where: str, nested: bool) -> dict[str, Any]:
+    """``doc`` checked by the pydantic model (nesting first, for a top-level document), in
+    the plain form ``_build`` reads; or the FormatError naming the first problem."""
+    if not nested and (problem := limits.check_document(doc, limits.MAX_DEPTH)) is not None:
+        raise FormatError(f"{where}: refused: {problem}")
     try:
         spec = GraphSpec.model_validate(doc)
     except ValidationError as e:
@@ -302,72 +494,187 @@ def graph_from_dict(doc: Any, where: str = "graph", base: Path | None = None,
         if err["loc"] and err["loc"][0] == "format":
             msg = f"unsupported format {doc.get('format')!r} (expected \"{FORMAT}\")"
         raise FormatError(f"{where}: {_loc(err['loc'])}: {msg}") from None
-    if spec.data_file and data is None:
-        with _open_data_file(spec.data_file, base, where) as npz:
-            return _build(spec, where, base, nested, npz)
-    return _build(spec, where, base, nested, data)
+    return spec.model_dump()
 
 
-def _build(spec: GraphSpec, where: str, base: Path | None, nested: bool,
-           data: NpzFile | None) -> Graph:
-    g = Graph(spec.name)
-    for i, inp in enumerate(spec.inputs):
+# ----------------------------------------------------- the plain document, read as it is
+_GRAPH_KEYS = frozenset(GraphSpec.model_fields)
+_INPUT_KEYS = frozenset(InputSpec.model_fields)
+_CONST_KEYS = frozenset(ConstSpec.model_fields)
+_NODE_KEYS = frozenset(NodeSpec.model_fields)
+_OUTPUT_KEYS = frozenset(OutputSpec.model_fields)
+
+
+def _name_ok(x: Any) -> bool:
+    return type(x) is str and limits.name_problem(x) is None
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbol_ok(d: str) -> bool:
+    return limits.dim_problem(d) is None
+
+
+def _shape_ok(shape: Any, static: bool) -> bool:
+    if type(shape) is not list:
+        return False
+    for d in shape:
+        if type(d) is int:
+            if not 0 <= d <= limits.MAX_DIM:
+                return False
+        elif static or type(d) is not str or not _symbol_ok(d):
+            return False
+    return True
+
+
+def _depth_ok(value: Any, depth: int) -> bool:
+    """No list or object in ``value`` (itself at ``depth``) is nested past the limit."""
+    if type(value) is dict:
+        items: Any = value.values()
+    elif type(value) is list:
+        items = value
+    else:
+        return True
+    if depth > limits.MAX_DEPTH:
+        return False
+    return all(_depth_ok(v, depth + 1) for v in items
+               if type(v) is dict or type(v) is list)
+
+
+def _plain_graph(doc: dict, depth: int) -> bool:
+    """Whether ``doc`` (a graph object at nesting ``depth``) is exactly what the pydantic
+    model accepts unchanged: the fields it knows, of exactly their types (no coercion), names
+    and dims within the limits, no list or object nested past the limit. Anything else (a
+    bool where an int goes, an unknown field, ...) is left to the model, which names it."""
+    if not _GRAPH_KEYS.issuperset(doc) or doc.get("format", FORMAT) != FORMAT \
+            or type(doc.get("format", FORMAT)) is not str or not _name_ok(doc.get("name", "g")):
+        return False
+    files = doc.get("data_file")
+    if files is not None and type(files) is not str and not (
+            type(files) is list and files and all(type(f) is str for f in files)):
+        return False
+    inputs, consts, nodes = doc.get("inputs", []), doc.get("constants", []), doc.get("nodes", [])
+    outputs = doc.get("outputs")
+    if type(inputs) is not list or type(consts) is not list or type(nodes) is not list \
+            or type(outputs) is not list or not outputs or depth + 5 > limits.MAX_DEPTH:
+        return False
+    if not all(type(o) is str for o in outputs):
+        return False
+    for inp in inputs:
+        if type(inp) is not dict or not _INPUT_KEYS.issuperset(inp) or len(inp) < 3 \
+                or not _name_ok(inp.get("name")) or type(inp.get("dtype")) is not str \
+                or not _shape_ok(inp.get("shape"), False) \
+                or type(inp.get("mutable", False)) is not bool:
+            return False
+    for c in consts:
+        if type(c) is not dict or not _CONST_KEYS.issuperset(c) or not _name_ok(c.get("name")) \
+                or type(c.get("dtype")) is not str or not _shape_ok(c.get("shape"), True):
+            return False
+        values, key = c.get("data"), c.get("key")
+        if not (values is None or type(values) is list and _depth_ok(values, depth + 3)) \
+                or not (key is None or type(key) is str) \
+                or not (c.get("file") is None or type(c["file"]) is str) \
+                or not (c.get("offset") is None or type(c["offset"]) is int):
+            return False
+    for ns in nodes:
+        if type(ns) is not dict or not _NODE_KEYS.issuperset(ns) or not _name_ok(ns.get("name")) \
+                or type(ns.get("op")) is not str:
+            return False
+        ins, outs = ns.get("inputs", []), ns.get("outputs")
+        attrs, origin = ns.get("attrs", {}), ns.get("origin")
+        if type(ins) is not list or type(outs) is not list or type(attrs) is not dict \
+                or not all(type(i) is str for i in ins):
+            return False
+        for o in outs:
+            if type(o) is dict:
+                if len(o) != 3 or not _OUTPUT_KEYS.issuperset(o) or not _name_ok(o["name"]) \
+                        or type(o["dtype"]) is not str or not _shape_ok(o["shape"], False):
+                    return False
+            elif not _name_ok(o):
+                return False
+        if origin is not None and (type(origin) is not list
+                                   or not all(_name_ok(o) for o in origin)):
+            return False
+        for k, v in attrs.items():
+            if type(k) is not str:
+                return False
+            if type(v) is dict and len(v) == 1 and type(v.get("graph")) is dict:
+                if not _plain_graph(v["graph"], depth + 5):
+                    return False
+            elif (type(v) is dict or type(v) is list) and not _depth_ok(v, depth + 4):
+                return False
+    return True
+
+
+# ------------------------------------------------------------------------ building
+def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
+           data: DataFiles | None) -> Graph:
+    g = Graph(spec.get("name", "graph"))
+    for i, inp in enumerate(spec.get("inputs", ())):
         w = f"{where}: inputs[{i}]"
         try:
-            g.add_input(inp.name, TensorType(tuple(inp.shape), _dtype(inp.dtype, w + ".dtype")),
-                        inp.mutable)
+            g.add_input(inp["name"], TensorType(tuple(inp["shape"]),
+                                                _dtype(inp["dtype"], w + ".dtype")),
+                        inp.get("mutable", False))
         except GraphKernelError as e:
             raise FormatError(f"{w}: {e}") from None
-    for i, c in enumerate(spec.constants):
-        w = f"{where}: constants[{i}] ('{c.name}')"
-        dt = _dtype(c.dtype, w + ".dtype")
-        if (p := limits.numel_problem(tuple(c.shape))) is not None:
+    for i, c in enumerate(spec.get("constants", ())):
+        w = f"{where}: constants[{i}] ('{c['name']}')"
+        dt = _dtype(c["dtype"], w + ".dtype")
+        shape = c["shape"]
+        if (p := limits.numel_problem(tuple(shape))) is not None:
             raise FormatError(f"{w}: {p}")
-        if c.key is not None:
-            arr = _data_array(data, c.key, c.shape, dt, f"{w}.key")
-        elif c.data is not None:
-            vals = _decode_scalars(c.data, dt, w)
+        if c.get("key") is not None or c.get("offset") is not None:
+            arr = _stored_array(data, c, shape, dt, w)
+        elif c.get("data") is not None:
+            vals = _decode_scalars(c["data"], dt, w)
             arr = np.array(vals, dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
         else:
-            raise FormatError(f"{w}: needs 'data' (inline values) or 'key' (in the data file)")
-        n = math.prod(c.shape)
+            raise FormatError(f"{w}: needs 'data' (inline values), 'key' (an .npz member) or "
+                              "'offset' (in a raw data file)")
+        n = math.prod(shape)
         if arr.size != n:
-            raise FormatError(f"{w}: shape {c.shape} needs {n} values, got {arr.size}")
+            raise FormatError(f"{w}: shape {shape} needs {n} values, got {arr.size}")
         try:
-            g.add_node("Constant", [], {"value": arr.reshape(c.shape)}, name=c.name)
+            g.add_node("Constant", [], {"value": arr.reshape(shape)}, name=c["name"])
         except GraphKernelError as e:
             raise FormatError(f"{w}: {e}") from None
-    for i, ns in _dependency_order(spec, where, g):
-        w = f"{where}: nodes[{i}] ('{ns.name}')"
-        if not ops.exists(ns.op):
-            raise FormatError(f"{w}.op: unknown op {ns.op!r}"
-                              + did_you_mean(ns.op, [o.name for o in ops.all_ops()])
+    for i, ns in _dependency_order(spec.get("nodes", []), where, g):
+        w = f"{where}: nodes[{i}] ('{ns['name']}')"
+        op = ns["op"]
+        if not ops.exists(op):
+            raise FormatError(f"{w}.op: unknown op {op!r}"
+                              + did_you_mean(op, [o.name for o in ops.all_ops()])
                               + "; run `graphkernel ops` to list them all")
-        inputs = [g.value(name) for name in ns.inputs]
-        attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data) for k, v in ns.attrs.items()}
-        _check_attr_types(ops.get(ns.op), attrs, w)
-        if ops.get(ns.op).name == "Opaque" and (p := opaque_file_problem(attrs)) is not None:
+        opdef = ops.get(op)
+        inputs = [g.value(name) for name in ns.get("inputs", ())]
+        attrs = {k: _decode_attr(v, f"{w}.attrs.{k}", base, data)
+                 for k, v in ns.get("attrs", {}).items()}
+        _check_attr_types(opdef, attrs, w)
+        if opdef.name == "Opaque" and (p := opaque_file_problem(attrs)) is not None:
             raise FormatError(f"{w}.attrs.spec: {p}")
-        names = [o if isinstance(o, str) else o.name for o in ns.outputs]
+        outs = ns["outputs"]
+        names = [o if type(o) is str else o["name"] for o in outs]
         try:
-            node = g.add_node(ns.op, inputs, attrs, name=ns.name, origin=ns.origin,
+            node = g.add_node(op, inputs, attrs, name=ns["name"], origin=ns.get("origin"),
                               output_names=names if names else None)
         except GraphKernelError as e:
             raise FormatError(f"{w}: {e}") from None
-        if len(node.outputs) != len(ns.outputs):
+        if len(node.outputs) != len(outs):
             raise FormatError(f"{w}.outputs: op {node.op} has {len(node.outputs)} outputs, the "
-                              f"file lists {len(ns.outputs)}")
-        for j, (o, v) in enumerate(zip(ns.outputs, node.outputs, strict=True)):
-            if isinstance(o, OutputSpec):
-                declared = TensorType(tuple(o.shape), _dtype(o.dtype, f"{w}.outputs[{j}].dtype"))
+                              f"file lists {len(outs)}")
+        for j, (o, v) in enumerate(zip(outs, node.outputs, strict=True)):
+            if type(o) is not str and (o["dtype"] != v.type.dtype._value_
+                                       or tuple(o["shape"]) != v.type.shape):
+                declared = TensorType(tuple(o["shape"]),
+                                      _dtype(o["dtype"], f"{w}.outputs[{j}].dtype"))
                 if declared != v.type:
                     raise FormatError(f"{w}.outputs[{j}]: declared type {declared} differs from "
                                       f"the inferred {v.type}")
-    for i, name in enumerate(spec.outputs):
+    for i, name in enumerate(spec["outputs"]):
         if not g.has_value(name):
             raise FormatError(f"{where}: outputs[{i}]: unknown value {name!r}"
                               + did_you_mean(name, g._values))
-    g.set_outputs([g.value(n) for n in spec.outputs])
+    g.set_outputs([g.value(n) for n in spec["outputs"]])
     if len(g) == 0:
         raise FormatError(f"{where}: the graph has no nodes and computes nothing; add nodes "
                           "(or constants) that produce its outputs")
@@ -376,32 +683,111 @@ def _build(spec: GraphSpec, where: str, base: Path | None, nested: bool,
     return g
 
 
-def _open_data_file(name: str, base: Path | None, where: str) -> NpzFile:
-    """The side .npz: a regular file next to the graph file (a name, never a path elsewhere,
-    and never a symbolic link), whose arrays are read when a constant names them."""
-    if name in (".", "..") or os.path.basename(name) != name or "\\" in name \
-            or limits.name_problem(name) is not None:
-        raise FormatError(f"{where}: data_file {name!r} must be the name of a file next to the "
-                          "graph file (no folders, no '..')")
-    try:
-        return NpzFile((base or Path(".")) / name, follow_links=False)
-    except (OSError, NpzError) as e:
-        detail = e.strerror if isinstance(e, OSError) and e.strerror else e
-        raise FormatError(f"{where}: data_file {name!r} cannot be read: {detail}") from None
+class DataFiles:
+    """The data files of a graph file (``data_file``: one name or a list), each a regular
+    file next to the graph file (a name, never a path elsewhere, never a symbolic link),
+    opened when the graph is read and memory-mapped. A constant names a member of an .npz
+    archive by ``key``, or bytes of any data file (raw little-endian data, such as ONNX
+    external data) by ``offset``; by ``file`` which of them (default: the first)."""
+
+    def __init__(self, names: str | list[str], base: Path | None, where: str) -> None:
+        self.names = [names] if isinstance(names, str) else list(names)
+        self.where = where
+        self.npz: dict[str, NpzFile] = {}
+        self.not_npz: dict[str, NpzError] = {}
+        self.raw: dict[str, MappedData | None] = {}
+        if not self.names or len(set(self.names)) != len(self.names):
+            raise FormatError(f"{where}: data_file: give one file name or a list of distinct "
+                              f"names, got {self.names!r}")
+        try:
+            for name in self.names:
+                self._open(name, base)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, name: str, base: Path | None) -> None:
+        if name in (".", "..") or os.path.basename(name) != name or "\\" in name \
+                or limits.name_problem(name) is not None:
+            raise FormatError(f"{self.where}: data_file {name!r} must be the name of a file next "
+                              "to the graph file (no folders, no '..')")
+        path = (base or Path(".")) / name
+        try:
+            try:
+                z = self.npz[name] = NpzFile(path, follow_links=False, mapped=True)
+                self.raw[name] = z.mapped
+            except NpzError as e:  # raw data (named by offset), or a key's error
+                self.not_npz[name] = e
+                with open_regular(path, follow_links=False) as f:
+                    self.raw[name] = map_file(f, path)
+        except OSError as e:
+            raise FormatError(f"{self.where}: data_file {name!r} cannot be read: "
+                              f"{e.strerror or e}") from None
+
+    def __enter__(self) -> DataFiles:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for z in self.npz.values():
+            z.close()
+
+    def file(self, name: Any, where: str) -> str:
+        """The data file a constant names (the first when it names none)."""
+        if name is None:
+            return self.names[0]
+        if name not in self.names:
+            raise FormatError(f"{where}.file: {name!r} is not one of the graph's data files "
+                              f"({', '.join(self.names)})")
+        return name
+
+    def archive(self, name: str) -> NpzFile:
+        z = self.npz.get(name)
+        if z is None:
+            raise FormatError(f"{self.where}: data_file {name!r} cannot be read: "
+                              f"{self.not_npz[name]}")
+        return z
 
 
-def _data_array(data: NpzFile | None, key: Any, shape: list[int], dt: DType,
-                where: str) -> np.ndarray:
-    """The array ``key`` of the data file, read within the bytes that ``shape`` and ``dt``
-    need, in the declared dtype (bfloat16 is stored as its uint16 bits)."""
-    if not isinstance(key, str) or data is None or key not in data:
-        raise FormatError(f"{where}: {key!r} is not in the data file"
-                          + ("" if data is None else did_you_mean(str(key), data.names())))
+def _stored_array(data: DataFiles | None, spec: dict[str, Any], shape: list[int], dt: DType,
+                  where: str) -> np.ndarray:
+    """A constant's values in a data file: the .npz member ``key``, or the bytes at
+    ``offset`` of a raw file; exactly the bytes its ``shape`` and ``dt`` need, in ``dt``
+    (bfloat16 is stored as its uint16 bits)."""
     stored = np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
-    try:
-        arr = data.read(key, math.prod(shape) * stored.itemsize, stored)
-    except NpzError as e:
-        raise FormatError(f"{where}: data file {data.path.name!r}: {e}") from None
+    nbytes = math.prod(shape) * stored.itemsize
+    if data is None:
+        what = "key" if spec.get("key") is not None else "offset"
+        raise FormatError(f"{where}.{what}: {spec.get(what)!r} is not in the data file (the "
+                          "graph names no data_file)")
+    name = data.file(spec.get("file"), where)
+    if spec.get("offset") is not None:
+        offset = spec["offset"]
+        if spec.get("key") is not None:
+            raise FormatError(f"{where}: give 'key' (an .npz member) or 'offset' (bytes of a "
+                              "data file), not both")
+        mm = data.raw[name]
+        size = 0 if mm is None else len(mm)
+        if type(offset) is not int or offset < 0 or offset + nbytes > size:
+            raise FormatError(f"{where}.offset: {offset!r} + the {nbytes:,} bytes its shape "
+                              f"{shape} of {dt.value} needs is past the end of {name!r} "
+                              f"({size:,} bytes)")
+        if nbytes == 0:
+            arr = np.zeros(shape, stored)
+        else:
+            arr = mapped_view(mm, offset, nbytes, stored, tuple(shape))
+    else:
+        key = spec["key"]
+        z = data.archive(name)
+        if not isinstance(key, str) or key not in z:
+            raise FormatError(f"{where}.key: {key!r} is not in the data file"
+                              + did_you_mean(str(key), z.names()))
+        try:
+            arr = z.read(key, nbytes, stored)
+        except NpzError as e:
+            raise FormatError(f"{where}.key: data file {z.path.name!r}: {e}") from None
     return arr.view(dt.np) if dt is DType.bfloat16 else arr
 
 
@@ -424,55 +810,82 @@ def _strict_adapter(annotation: Any) -> TypeAdapter | None:
     return TypeAdapter(annotation, config=ConfigDict(strict=True))
 
 
+@functools.cache
+def _attr_rule(op: str, key: str) -> tuple[TypeAdapter, bool, str] | None:
+    """How attribute ``key`` of ``op`` is checked: its strict adapter, whether a string is a
+    symbolic dim in it, and its type as a message names it (None: not checked here)."""
+    field = ops.get(op).attrs.model_fields.get(key)
+    if field is None:
+        return None  # an unknown attribute: the op's own check names it
+    annotation = field.annotation
+    adapter = _strict_adapter(annotation)
+    if adapter is None:
+        return None
+    leaves = _leaves(annotation)
+    text = str(annotation).replace("typing.", "")
+    text = getattr(annotation, "__name__", text) if "[" not in text else text
+    return adapter, int in leaves and str in leaves, text
+
+
 def _check_attr_types(opdef: Any, attrs: dict[str, Any], where: str) -> None:
     """A file's attribute values have exactly their declared types; a string where an int or
     a symbol is accepted (a shape entry) is a symbolic dim and must be a valid one."""
-    fields = opdef.attrs.model_fields
     for key, value in attrs.items():
-        if key not in fields:
-            continue  # an unknown attribute: the op's own check names it
-        annotation = fields[key].annotation
-        adapter = _strict_adapter(annotation)
-        if adapter is None:
+        rule = _attr_rule(opdef.name, key)
+        if rule is None:
             continue
+        adapter, dims, text = rule
         try:
             adapter.validate_python(value)
         except ValidationError:
-            text = str(annotation).replace("typing.", "")
-            text = getattr(annotation, "__name__", text) if "[" not in text else text
             raise FormatError(f"{where}.attrs.{key}: expected {text}, got {value!r}") from None
-        leaves = _leaves(annotation)
-        if int in leaves and str in leaves:
+        if dims:
             for d in value if isinstance(value, list) else [value]:
                 if isinstance(d, str) and (p := limits.dim_problem(d)) is not None:
                     raise FormatError(f"{where}.attrs.{key}: {p}")
 
 
-def _dependency_order(spec: GraphSpec, where: str, g: Graph) -> list[tuple[int, NodeSpec]]:
+def _dependency_order(nodes: list[dict[str, Any]], where: str, g: Graph
+                      ) -> list[tuple[int, dict[str, Any]]]:
     """Nodes in dependency order (the file may list them in any order); cycles and
-    dangling names are errors that name the nodes."""
+    dangling names are errors that name the nodes. A file listing each node after the nodes
+    it reads (as ``save_graph`` writes them) is taken in its order, at one look per name."""
+    known = set(g._values)
+    for ns in nodes:
+        if not known.issuperset(ns.get("inputs", ())):
+            break
+        for o in ns["outputs"]:
+            name = o if type(o) is str else o["name"]
+            if name in known:
+                break
+            known.add(name)
+        else:
+            continue
+        break
+    else:
+        return list(enumerate(nodes))
     producer: dict[str, int] = {}
-    for i, ns in enumerate(spec.nodes):
-        for o in ns.outputs:
-            name = o if isinstance(o, str) else o.name
+    for i, ns in enumerate(nodes):
+        for o in ns["outputs"]:
+            name = o if type(o) is str else o["name"]
             if name in producer or g.has_value(name):
-                raise FormatError(f"{where}: nodes[{i}] ('{ns.name}').outputs: value {name!r} "
-                                  "is defined twice")
+                raise FormatError(f"{where}: nodes[{i}] ('{ns['name']}').outputs: value "
+                                  f"{name!r} is defined twice")
             producer[name] = i
     known = set(g._values) | set(producer)
     deps: dict[int, set[int]] = {}
-    for i, ns in enumerate(spec.nodes):
+    for i, ns in enumerate(nodes):
         deps[i] = set()
-        for j, name in enumerate(ns.inputs):
+        for j, name in enumerate(ns.get("inputs", ())):
             if name not in known:
-                raise FormatError(f"{where}: nodes[{i}] ('{ns.name}').inputs[{j}]: {name!r} is "
-                                  "dangling: not a graph input, constant or node output"
+                raise FormatError(f"{where}: nodes[{i}] ('{ns['name']}').inputs[{j}]: {name!r} "
+                                  "is dangling: not a graph input, constant or node output"
                                   + did_you_mean(name, known))
             if name in producer:
                 deps[i].add(producer[name])
     order, done, visiting = [], set(), []
     state: dict[int, int] = {}
-    for root in range(len(spec.nodes)):
+    for root in range(len(nodes)):
         stack = [(root, iter(sorted(deps[root])))]
         if root in done:
             continue
@@ -489,27 +902,34 @@ def _dependency_order(spec: GraphSpec, where: str, g: Graph) -> list[tuple[int, 
                 order.append(i)
             elif state.get(nxt) == 1:
                 cyc = visiting[visiting.index(nxt):] + [nxt]
-                path = " -> ".join(spec.nodes[k].name for k in cyc)
+                path = " -> ".join(nodes[k]["name"] for k in cyc)
                 raise FormatError(f"{where}: nodes form a cycle: {path}; a node must not depend "
                                   "on its own output")
             elif state.get(nxt) != 2:
                 state[nxt] = 1
                 visiting.append(nxt)
                 stack.append((nxt, iter(sorted(deps[nxt]))))
-    return [(i, spec.nodes[i]) for i in order]
+    return [(i, nodes[i]) for i in order]
 
 
 def load_graph(path: str | os.PathLike) -> Graph:
-    """Load a .json/.yaml/.yml graph file."""
+    """Load a .json/.yaml/.yml graph file. Its constants in an .npz or raw data file are
+    memory-mapped where they can be (see ``DataFiles``): read-only views of the file."""
+    from graphkernel.pipeline import collector_paused
+
     path = Path(path)
-    try:
-        doc = read_document(path, limits.MAX_GRAPH_FILE_BYTES)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except OSError as e:
-        raise FormatError(f"{path}: cannot be read: {e.strerror or e}") from None
-    except DocumentError as e:
-        kind = ("invalid YAML" if path.suffix != ".json" else "invalid JSON") if e.syntax \
-            else "refused"
-        raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
-    return graph_from_dict(doc, where=str(path), base=path.parent)
+    with collector_paused():  # (a document and a graph of many small objects, nothing to free)
+        try:
+            doc = read_document(path, limits.MAX_GRAPH_FILE_BYTES, walk=False)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such file") from None
+        except OSError as e:
+            raise FormatError(f"{path}: cannot be read: {e.strerror or e}") from None
+        except DocumentError as e:
+            kind = ("invalid YAML" if path.suffix != ".json" else "invalid JSON") if e.syntax \
+                else "refused"
+            raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
+        g = graph_from_dict(doc, where=str(path), base=path.parent)
+    del doc
+    release_freed_memory()  # (the document's text and strings, freed now)
+    return g

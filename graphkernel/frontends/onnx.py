@@ -10,8 +10,10 @@ kept in ``graph_import_notes``. Initializers become constants.
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel import limits, symbolic
+from graphkernel import fileio, limits, symbolic
 from graphkernel.errors import FrontendError, GraphKernelError
 from graphkernel.fileio import FileTooLarge, NotRegularFile, open_beneath, read_bounded
 from graphkernel.ir import DType, Graph, TensorType, Value
@@ -864,26 +866,27 @@ class ImportNote:
 
 def import_onnx(model: Any, name: str | None = None,
                 specialize: Mapping[str, np.ndarray] | None = None,
-                notes: list[ImportNote] | None = None) -> Graph:
+                notes: list[ImportNote] | None = None,
+                external: Mapping[str, np.ndarray] | None = None) -> Graph:
     """Import an ``onnx.ModelProto``. ``specialize`` turns the named graph inputs into
-    constants (for attribute-like inputs such as a Reshape's shape)."""
+    constants (for attribute-like inputs such as a Reshape's shape). ``external``: the
+    values of initializers whose data is still external, by name (``load_external_data``
+    read them)."""
     _require_onnx()
     specialize = dict(specialize or {})
     opsets = {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
     opset = opsets.get("ai.onnx", 1)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # shape inference is a help for Opaque nodes, not a requirement
-        inferred = model
-    gp = inferred.graph
-    vinfo = {vi.name: vi for vi in list(gp.value_info) + list(gp.output) + list(gp.input)}
+    gp = model.graph
+    vinfo = _ValueInfos(model)
     g = Graph(name or gp.name or "onnx_graph")
     values: dict[str, Value] = {}
     unknown = [0]
     inits = {t.name: t for t in gp.initializer}
     for t in gp.initializer:
         onnx_dtype(t.data_type, f"initializer '{t.name}'")
-        arr = tensor_array(t, f"initializer '{t.name}'")
+        arr = external.get(t.name) if external and _is_external(t) else None
+        if arr is None:
+            arr = tensor_array(t, f"initializer '{t.name}'")
         values[t.name] = g.add_node("Constant", [], {"value": arr}, name=g.fresh_name(t.name),
                                     output_names=[t.name]).output
     for vi in gp.input:
@@ -924,8 +927,34 @@ def import_onnx(model: Any, name: str | None = None,
     return g
 
 
+class _ValueInfos:
+    """The value infos of a model's graph by name, ONNX shape inference's where it runs, made
+    on first use: only a node imported as Opaque reads them, and inference copies the whole
+    model and takes seconds on a large one, in vain when every node maps to ops."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.infos: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self.infos is None:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True)
+            except Exception:  # shape inference is a help for Opaque nodes, not a requirement
+                inferred = self.model
+            gp = inferred.graph
+            self.infos = {vi.name: vi for vi in [*gp.value_info, *gp.output, *gp.input]}
+        return self.infos
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._get()
+
+    def __getitem__(self, name: str) -> Any:
+        return self._get()[name]
+
+
 def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset: int,
-                 opsets: dict[str, int], vinfo: dict[str, Any], unknown: list[int],
+                 opsets: dict[str, int], vinfo: _ValueInfos, unknown: list[int],
                  notes: list[ImportNote] | None) -> list[Value]:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     reason = f"no mapping for {node.domain or 'ai.onnx'}.{node.op_type}"
@@ -956,7 +985,7 @@ def _rollback(g: Graph, emitted: list[str]) -> None:
 
 
 def _opaque(g: Graph, node: Any, nname: str, ins: list[Value | None], opsets: dict[str, int],
-            vinfo: dict[str, Any], unknown: list[int], reason: str) -> list[Value]:
+            vinfo: _ValueInfos, unknown: list[int], reason: str) -> list[Value]:
     out_types = []
     for o in node.output:
         if not o:
@@ -996,15 +1025,20 @@ def import_onnx_file(path: str | Path, **kw: Any) -> Graph:
     except Exception as e:
         raise FrontendError(f"{path}: not a readable ONNX model: {e}") from None
     del data
-    load_external_data(model, path.parent, str(path))
+    external = load_external_data(model, path.parent, str(path))
     if not model.graph.node or not model.graph.output:
         missing = "nodes" if model.graph.output else "outputs"
         raise FrontendError(f"{path}: the model has no {missing}; an ONNX model needs a graph "
                             "with nodes and outputs")
+    from graphkernel.pipeline import collector_paused
+
     try:
-        g = import_onnx(model, name=kw.pop("name", path.stem), **kw)
+        with collector_paused():  # (a graph of many small objects: nothing to collect)
+            g = import_onnx(model, name=kw.pop("name", path.stem), external=external, **kw)
     except GraphKernelError as e:
         raise type(e)(f"{path}: {e}") from None
+    del model
+    fileio.release_freed_memory()  # (the model's protobuf messages, freed now)
     if (problem := limits.check_graph(g)) is not None:
         raise FrontendError(f"{path}: {problem}")
     return g
@@ -1041,6 +1075,11 @@ def _tensors(graph: Any) -> Any:
     """Every TensorProto of ``graph``: initializers, sparse initializers, node attributes,
     and those of its subgraphs."""
     yield from graph.initializer
+    yield from _other_tensors(graph)
+
+
+def _other_tensors(graph: Any) -> Any:
+    """``_tensors`` but the graph's own initializers."""
     for sp in graph.sparse_initializer:
         yield from (sp.values, sp.indices)
     for node in graph.node:
@@ -1073,9 +1112,7 @@ def tensor_nbytes(t: Any, where: str) -> int:
         n *= d
     if (p := limits.numel_problem(tuple(t.dims))) is not None:
         raise FrontendError(f"{where}: {p}")
-    packed = {getattr(onnx.TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1")
-              if hasattr(onnx.TensorProto, k)}
-    if t.data_type in packed:
+    if t.data_type in _packed_types():
         return (n + 1) // 2
     if t.data_type == onnx.TensorProto.STRING:
         raise FrontendError(f"{where}: a tensor of strings has no fixed size")
@@ -1085,48 +1122,86 @@ def tensor_nbytes(t: Any, where: str) -> int:
         raise FrontendError(f"{where}: unknown element type {t.data_type}") from None
 
 
-def load_external_data(model: Any, folder: Path, shown: str) -> None:
-    """Read every tensor's external data into the model: a relative path inside the model's
-    folder, opened without following any symbolic link; its ``length`` (when given) and the
-    bytes read both equal the size the tensor's dims and type declare; nothing else of the
-    file is read."""
-    tensors = list(_tensors(model.graph))
+@functools.cache
+def _packed_types() -> frozenset[int]:
+    """ONNX element types of 4 bits, two to a byte."""
+    return frozenset(getattr(onnx.TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1")
+                     if hasattr(onnx.TensorProto, k))
+
+
+def load_external_data(model: Any, folder: Path, shown: str) -> dict[str, np.ndarray]:
+    """Read every tensor's external data: a relative path inside the model's folder, opened
+    without following any symbolic link; its ``length`` (when given) and the bytes read both
+    equal the size the tensor's dims and type declare; nothing else of the file is read.
+
+    The graph's initializers (a model's weights) are not read but memory-mapped: returned by
+    name as read-only views of their file (``fileio.MappedData``), their tensors left as
+    they are (shape inference has no use for the values of weights); every other tensor gets
+    its bytes as ``raw_data``, as though they had been stored inside the model."""
+    names = [t.name for t in model.graph.initializer]
+    mappable = len(set(names)) == len(names) and sys.byteorder == "little"
+    tensors = [(t, mappable) for t in model.graph.initializer]
+    tensors += [(t, False) for t in _other_tensors(model.graph)]
     for f in model.functions:
         for node in f.node:
-            tensors += list(_node_tensors(node))
-    for t in tensors:
-        if not _is_external(t):
-            continue
-        where = f"{shown}: tensor {t.name!r}: external data"
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
-        need = tensor_nbytes(t, f"{shown}: tensor {t.name!r}")
-        offset = _external_int(info, "offset", 0, where)
-        length = _external_int(info, "length", need, where)
-        if length != need:
-            raise FrontendError(f"{where}: length {length:,} differs from the {need:,} bytes its "
-                                f"dims {list(t.dims)} declare")
-        try:
-            with open_beneath(folder, location) as f:
+            tensors += [(t, False) for t in _node_tensors(node)]
+    files: dict[str, Any] = {}  # location -> the open file (each opened once)
+    maps: dict[str, fileio.MappedData | None] = {}
+    out: dict[str, np.ndarray] = {}
+    try:
+        for t, as_view in tensors:
+            if not _is_external(t):
+                continue
+            where = f"{shown}: tensor {t.name!r}: external data"
+            info = {e.key: e.value for e in t.external_data}
+            location = info.get("location", "")
+            need = tensor_nbytes(t, f"{shown}: tensor {t.name!r}")
+            offset = _external_int(info, "offset", 0, where)
+            length = _external_int(info, "length", need, where)
+            if length != need:
+                raise FrontendError(f"{where}: length {length:,} differs from the {need:,} "
+                                    f"bytes its dims {list(t.dims)} declare")
+            dtype = _VIEWABLE.get(t.data_type) if as_view else None
+            try:
+                f = files.get(location)
+                if f is None:
+                    f = files[location] = open_beneath(folder, location)
                 size = os.fstat(f.fileno()).st_size
                 if offset + need > size:
                     raise FrontendError(f"{where}: {location!r} holds {size:,} bytes, fewer "
                                         f"than offset {offset:,} + {need:,} declared")
-                f.seek(offset)
-                raw = f.read(need)
-        except NotRegularFile as e:
-            raise FrontendError(f"{where}: location {location!r} {e.strerror} (it points "
-                                "outside the directory of the model or is not a plain file "
-                                "in it)") from None
-        except OSError as e:
-            raise FrontendError(f"{where}: {location!r} cannot be read: {e.strerror or e}"
-                                ) from None
-        if len(raw) != need:
-            raise FrontendError(f"{where}: {location!r} ended after {len(raw):,} of {need:,} "
-                                "bytes")
-        t.raw_data = raw
-        del t.external_data[:]
-        t.data_location = onnx.TensorProto.DEFAULT
+                if dtype is not None and location not in maps:
+                    maps[location] = fileio.map_file(f, folder / location)
+                if dtype is None:
+                    raw = os.pread(f.fileno(), need, offset)
+            except NotRegularFile as e:
+                raise FrontendError(f"{where}: location {location!r} {e.strerror} (it points "
+                                    "outside the directory of the model or is not a plain file "
+                                    "in it)") from None
+            except OSError as e:
+                raise FrontendError(f"{where}: {location!r} cannot be read: {e.strerror or e}"
+                                    ) from None
+            if dtype is not None:
+                mm = maps[location]
+                shape = tuple(t.dims)
+                out[t.name] = np.zeros(shape, dtype) if need == 0 or mm is None else \
+                    fileio.mapped_view(mm, offset, need, dtype, shape)
+                continue
+            if len(raw) != need:
+                raise FrontendError(f"{where}: {location!r} ended after {len(raw):,} of "
+                                    f"{need:,} bytes")
+            t.raw_data = raw
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    finally:
+        for f in files.values():
+            f.close()
+    return out
+
+
+# ONNX element types whose raw little-endian bytes are the numpy array's (bool: one byte
+# each, as ONNX stores it), and so can be viewed where they lie
+_VIEWABLE = {code: np.dtype(dt.np) for code, dt in _ONNX_DTYPES.items()}
 
 
 def _external_int(info: dict[str, str], key: str, default: int, where: str) -> int:
