@@ -66,16 +66,12 @@ def _column_slices(model, a):
 
 
 def _columns(node, cfg) -> bool:
-    """A Concat of column pieces the code generator copies into one tile: every piece on a
-    UB block of the type kernels compute in (fp32 from opt_level 2, where promote_precision
-    widens fp16/bf16 inside kernels, unless enable_low_precision)."""
-    from graphkernel.codegen.targets import load
+    """A Concat of column pieces the code generator copies into one tile (pieces on a UB
+    block by masked vector copies, the others by the scalar unit)."""
     from graphkernel.codegen.vector.schedule import elementwise
     from graphkernel.codegen.vector.views import column_concat
 
-    wide = cfg.opt_level >= 2 and not cfg.enable_low_precision
-    size = 4 if wide else node.outputs[0].dtype.itemsize
-    return column_concat(node, elementwise, load(cfg.target).ub_align_bytes // size)
+    return column_concat(node, elementwise)
 
 
 def _generated(node, prods, cfg) -> bool:

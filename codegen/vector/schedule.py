@@ -1032,7 +1032,9 @@ class _Planner:
         input's row it broadcasts to (a PARTIAL map over the outer axes), at the columns."""
         S = tuple(n.outputs[0].shape)
         vs = tuple(v.shape)
-        if len(vs) > len(S) or tuple(v.shape) != tuple(o.shape):
+        # (the input is loaded as it is: a view of it here is a chain of reshapes, which a
+        # contiguous input's memory follows in the view's shape -- BSND's [1, S, 1, r] table)
+        if len(vs) > len(S) or not eq(v.type.numel, o.type.numel) or not eq(vs[-1], o.shape[-1]):
             raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
                               "axis", node=n, about=(v,))
         vs = (1,) * (len(S) - len(vs)) + vs
