@@ -971,6 +971,8 @@ def _attention_spec(c: Ctx, q: Value, k: Value, v: Value, mask: Any, causal: Any
     for x in (q, k, v):
         if x.type.rank != 4:
             raise Unmapped(f"attention operands of rank {x.type.rank} (4 expected)")
+        if not isinstance(x.shape[-1], int):
+            raise Unmapped(f"a symbolic head size {x.shape[-1]!r}")
     return Spec(q, k, v, mask, None if scale is None else float(scale), bool(causal))
 
 
@@ -1250,6 +1252,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                         spatial |= {str(s) for s in d.node.expr.free_symbols}
         return free, odd, spatial
 
+    _unify_attention_lengths(gm)
     done: list[str] = []
     while True:  # one symbol at a time, scanning again: a guard may make other sizes products
         free, odd, spatial = scan()
@@ -1261,6 +1264,35 @@ def specialize_unmodelled(gm: Any) -> list[str]:
             return done
         guard_int(free[todo[0]])
         done.append(todo[0])
+
+
+def _unify_attention_lengths(gm: Any) -> None:
+    """Guard equal the sizes attention requires equal but Dynamo left as distinct symbols (a
+    KV cache's keys and values, two inputs of ``s0`` and ``s1`` positions: torch's CPU
+    kernel checks them only when it runs), so that the sizes are one symbol graphkernel can
+    take as one attention; Dynamo recompiles if a later call breaks the guard (where eager
+    would raise). Only sizes whose example values are equal are guarded. A symbolic head
+    size or head count (q, k and v given as inputs under ``dynamic=True``) is specialised:
+    the scale and the operator need them as numbers."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or "scaled_dot_product" not in str(n.target) \
+                or "backward" in str(n.target) or len(n.args) < 3:
+            continue
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                for a in n.args[:3]]
+        if any(v is None or v.dim() < 2 for v in vals):
+            continue
+        for x in vals:  # the head size, and the heads of [B, N, S, D] operands
+            for d in (x.shape[-1], x.shape[1]) if x.dim() == 4 else (x.shape[-1],):
+                if isinstance(d, torch.SymInt):
+                    guard_int(d)
+        k, v = vals[1:]
+        for a, b in zip(k.shape[:-1], v.shape[:-1], strict=False):
+            if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) \
+                    and str(a) != str(b) and a.node.hint == b.node.hint:
+                guard_bool(a == b)
 
 
 def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
