@@ -87,6 +87,11 @@ CASES = {
     "gather": (lambda x, i: torch.gather(x, 1, i), (X, torch.tensor([[0, 7], [3, 3], [5, 2]]))),
     "index_select": (lambda x: torch.index_select(x, 1, torch.tensor([4, 0, 4])), (X,)),
     "index_one_tensor": (lambda x: x[:, torch.tensor([-2, 1])], (X,)),
+    # one row per batch (a pooled token), and index tensors broadcast over two axes
+    "index_pooled_rows": (lambda x, j: x.reshape(3, 2, 4)[torch.arange(3), j] * 2,
+                          (X, torch.tensor([1, 0, -1]))),
+    "index_several": (lambda x: x.reshape(3, 2, 4)[:, torch.tensor([[0], [-1]]),
+                                                   torch.tensor([-1, 2, 0])], (X,)),
     "scatter": (lambda x: x.scatter(1, torch.tensor([[0], [5], [7]]), 9.0), (X,)),
     "scatter_add": (lambda x, y: x.scatter_add(0, torch.tensor([[0, 1, 2, 0, 1, 2, 0, 1]]),
                                                y[:1]), (X, Y)),

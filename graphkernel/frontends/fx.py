@@ -725,9 +725,58 @@ def _index_select(c: Ctx):
 def _index(c: Ctx):
     x, idx = c.arg(0), c.arg(1)
     used = [i for i, v in enumerate(idx) if v is not None]
-    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
-        raise Unmapped("indexing with several index tensors or a mask")
-    return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+    if any(idx[i].dtype == DType.bool for i in used):
+        raise Unmapped("indexing with a mask (the result's size depends on the data)")
+    if len(used) == 1:
+        return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+    if used != list(range(used[0], used[-1] + 1)):
+        raise Unmapped("index tensors on axes that are not next to each other")
+    return _multi_index(c, x, used, [idx[i] for i in used])
+
+
+def _iota(v: Value, length: Any) -> bool:
+    """Whether ``v`` is 0, 1, ..., length - 1 (``arange`` over a whole axis)."""
+    n = v.producer
+    return (n is not None and n.op == "Range" and v.type.rank == 1 and n.attrs["start"] == 0
+            and n.attrs.get("delta", 1) == 1 and symbolic.eq(v.shape[0], length))
+
+
+def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
+    """``x[..., i_0, ..., i_m, ...]`` with index tensors on consecutive axes, numpy's rule
+    (the indices broadcast to one shape B, which replaces those axes). One row per batch,
+    ``x[arange(B), j]`` (a pooled token: CLIP's end of text), is GatherElements along the
+    second axis; anything else is one Gather of the axes merged, by the linear index
+    ``sum(i_k * stride_k)`` (index arithmetic that folds into a constant when the indices
+    are constants)."""
+    first, t = axes[0], c.out_type
+    lens = [x.shape[a] for a in axes]
+    if len(idx) == 2 and idx[0].type.rank == 1 and _iota(idx[0], lens[0]) \
+            and tuple(idx[1].shape) == tuple(idx[0].shape):
+        # out[.., b, ..] = x[.., b, j[b], ..]: GatherElements over the second indexed axis
+        shape = list(x.shape)
+        shape[first + 1] = 1
+        at = [1] * len(shape)
+        at[first] = lens[0]
+        j = c.emit("Reshape", [c.cast(idx[1], DType.int64)], {"shape": at})
+        j = c.emit("BroadcastTo", [j], {"shape": shape})
+        out = c.emit("GatherElements", [x, j], {"axis": first + 1})
+        return c.emit("Squeeze", [out], {"axis": [first + 1]})
+    if any(not isinstance(d, int) for d in lens):
+        raise Unmapped("several index tensors into symbolic axes")
+    flat: Value | None = None
+    stride = 1
+    for k in reversed(range(len(axes))):
+        i = c.cast(idx[k], DType.int64)  # negative indices count from the end of their axis
+        i = c.emit("Select", [c.emit("Less", [i, c.const(0, DType.int64)]),
+                              c.emit("Add", [i, c.const(lens[k], DType.int64)]), i])
+        term = i if stride == 1 else c.emit("Mul", [i, c.const(stride, DType.int64)])
+        flat = term if flat is None else c.emit("Add", [term, flat])
+        stride *= lens[k]
+    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
+    x = c.emit("Reshape", [x], {"shape": merged})
+    out = c.emit("Gather", [x, flat], {"axis": first})
+    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
+                                                                  {"shape": list(t.shape)})
 
 
 @aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
