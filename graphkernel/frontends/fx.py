@@ -490,6 +490,17 @@ def _split(c: Ctx):
         sizes = [min(size, d - i) for i in range(0, d, size)]
     else:
         sizes = list(size)
+    if dim % x.type.rank == x.type.rank - 1 and x.type.rank >= 4 and len(sizes) > 1:
+        # each head's row cut into its q, k and v columns (GPT-NeoX's fused projection seen
+        # as [B, S, N, 3D]): views the rotary and attention kernels read as columns, not a
+        # launch that copies every part (a flat projection's parts, head-split after the
+        # cut, stay one Split)
+        out, at = [], 0
+        for n in sizes:
+            out.append(c.emit("StridedSlice", [x], {"begin": [at], "end": [at + n],
+                                                    "strides": [1], "axes": [dim]}))
+            at += n
+        return out
     return c.emit_multi("Split", [x], {"axis": dim, "sizes": sizes})
 
 
