@@ -692,6 +692,8 @@ def cmd_realcheck(args: argparse.Namespace) -> int:
     """Every kernel of a compiled project type-checked against the real Ascend C headers."""
     from graphkernel.codegen import realcheck
 
+    if args.config:
+        _config(args)  # checked as every command checks it (the project is already compiled)
     headers = realcheck.find_headers(args.ascend_headers)
     if headers is None:
         raise ExecutionError("no Ascend C headers: " + realcheck.HOW)
@@ -878,6 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and kernel_tiling/ (default: GRAPHKERNEL_ASCEND_HEADERS, else the CANN "
                         "install in ASCEND_HOME_PATH)")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--config", metavar="FILE", help="a JSON or YAML flags file (the project "
+                   "is already compiled; checked like every command's)")
     s.set_defaults(fn=cmd_realcheck)
 
     s = command("ops", help="list every registered op",
