@@ -16,5 +16,6 @@ from graphkernel.opdefs import (  # noqa: F401
     norms,
     optimizers,
     reduce,
+    scan,
     shape_ops,
 )
