@@ -44,8 +44,11 @@ def reduce_signatures(area) -> set[tuple]:
     out = set()
     for n in area.nodes:
         if ops.get(n.op).kind == OpKind.REDUCE and n.op != "ElemAny":
-            x = n.inputs[0].type
-            out.add((x.shape, tuple(reduce_axes(x.rank, n.attrs.get("axis")))))
+            x, axis = n.inputs[0].type, n.attrs.get("axis")
+            if isinstance(axis, int):  # a Scan: along one axis, as a reduction over it
+                out.add((x.shape, (axis % x.rank,)))
+            else:
+                out.add((x.shape, tuple(reduce_axes(x.rank, axis))))
     return out
 
 
