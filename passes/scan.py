@@ -173,6 +173,20 @@ def _identify(graph: Graph, leaves: list[Value], axis: int, region: list[Node],
     return found
 
 
+def _unmoved(ins: list[Value], axis: int) -> tuple[list[Value], int, list[int] | None]:
+    """torch moves the scanned axis to the front before it scans: when every operand is a
+    Transpose by one permutation, scan their sources along the axis it moved instead
+    (the work that made them then fuses with the scan, in its own layout): (operands,
+    axis, the permutation to apply to the result, or None)."""
+    prods = [v.producer for v in ins]
+    if any(p is None or p.op != "Transpose" for p in prods):
+        return ins, axis, None
+    perm = list(prods[0].attrs["perm"])
+    if any(list(p.attrs["perm"]) != perm for p in prods):
+        return ins, axis, None
+    return [p.inputs[0] for p in prods], perm[axis] % len(perm), perm
+
+
 def _cumsum(graph: Graph, ctx) -> int:
     done = 0
     for n in list(graph.nodes):
@@ -204,9 +218,15 @@ def scan(graph, ctx) -> PassResult:
                                     region):
                 continue
             origin = tuple(dict.fromkeys(o for n in region for o in n.origin))
-            s = graph.add_node("Scan", ins, {"axis": axis, "combine": combine},
+            ins, at, perm = _unmoved(ins, axis)
+            s = graph.add_node("Scan", ins, {"axis": at, "combine": combine},
                                name=graph.fresh_name(f"{v.name}/scan"), origin=origin)
-            graph.replace_all_uses(v, s.outputs[0])
+            out = s.outputs[0]
+            if perm is not None:  # back where torch moved the axis (transpose_elim folds the
+                # pair with the transpose that moves it back)
+                out = graph.add_node("Transpose", [out], {"perm": perm}, origin=origin,
+                                     name=graph.fresh_name(f"{v.name}/moved")).outputs[0]
+            graph.replace_all_uses(v, out)
             notes.append(f"{v.name}: the {combine} scan of {', '.join(x.name for x in ins)} "
                          f"along axis {axis} ({len(region)} nodes traced)")
     done = len(notes) + _cumsum(graph, ctx)
