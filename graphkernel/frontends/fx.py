@@ -810,6 +810,31 @@ def _topk(c: Ctx):
     return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest)})
 
 
+# Mixture of experts: a product per group of rows with its expert's weights. torch's own
+# ``_grouped_mm`` (a 2-D input, 3-D weights, the groups' running row counts) and
+# transformers' ``grouped_mm_fallback`` (its MoE layers' default where torch's does not
+# apply: the CPU, float32) have one contract, graphkernel/opdefs/experts.py; the second is
+# the program's own op, whose body (a loop over ``offs.tolist()``) no trace can see into, so
+# it is recognised by that contract rather than run opaque. Its backward likewise.
+@aten("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+def _grouped_mm(c: Ctx):
+    x, w, offs = c.arg(0), c.arg(1), c.argkw(2, "offs")
+    if not isinstance(offs, Value) or x.type.rank != 2 or w.type.rank != 3 or \
+            c.argkw(3, "bias") is not None or x.dtype != w.dtype:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    return c.emit("GroupedMatMul", [x, w, offs])
+
+
+@aten("transformers.grouped_mm_fallback_backward.default")
+def _grouped_mm_backward(c: Ctx):
+    x, w, offs, dy = c.arg(0), c.arg(1), c.arg(2), c.arg(3)
+    if x.type.rank != 2 or w.type.rank != 3 or dy.type.rank != 2:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    wt = c.emit("Transpose", [w], {"perm": [0, 2, 1]})
+    return [c.emit("GroupedMatMul", [dy, wt, offs]),
+            c.emit("GroupedMatMulWeightGrad", [x, dy, offs])]
+
+
 @aten("aten.tril.default", "aten.triu.default")
 def _tril(c: Ctx):
     # keep x[..., i, j] where j - i <= k (tril) or j - i >= k (triu)

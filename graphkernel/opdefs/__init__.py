@@ -8,6 +8,7 @@ from graphkernel.opdefs import (  # noqa: F401
     arithmetic,
     attention,
     elementwise,
+    experts,
     grads,
     indexing,
     losses,
