@@ -480,6 +480,34 @@ def _cat(c: Ctx):
     return c.emit("Concat", [c.cast(v, dt) for v in xs], {"axis": c.arg(1, 0)})
 
 
+@aten("aten.constant_pad_nd.default")
+def _constant_pad(c: Ctx):
+    # pad = (before, after) per axis from the last one back: a negative amount slices the
+    # axis, a positive one concatenates a block of the fill value on that side
+    x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
+        raise Unmapped("padding other than static amounts per axis")
+    for k in range(len(pad) // 2):
+        axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if lo < 0 or hi < 0:
+            d = x.shape[axis]
+            if not isinstance(d, int):
+                raise Unmapped("negative padding of a symbolic dim")
+            x = c.emit("StridedSlice", [x], {"begin": [max(-lo, 0)], "end": [d - max(-hi, 0)],
+                                             "axes": [axis]})
+        parts = []
+        for amount, side in ((lo, 0), (hi, 1)):
+            if amount > 0:
+                shape = list(x.shape)
+                shape[axis] = amount
+                parts.append((side, c.emit("BroadcastTo", [c.const(value, x.dtype)],
+                                           {"shape": shape})))
+        if parts:
+            x = c.emit("Concat", [p for side, p in parts if side == 0] + [x]
+                       + [p for side, p in parts if side == 1], {"axis": axis})
+    return x
+
+
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
 def _split(c: Ctx):
     x, size, dim = c.arg(0), c.arg(1), c.arg(2, 0)
