@@ -16,6 +16,7 @@ from graphkernel.passes import (
     cse,
     dce,
     expand,
+    matvec,
     parallel_fusion,
     promote_precision,
     recompute,
@@ -49,6 +50,7 @@ PIPELINE = (
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
+    Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

@@ -333,6 +333,13 @@ def pattern_cases() -> list[Case]:
         h = n("Scan", [decay, n("Mul", [v["u"], v["x"]])], axis=1, combine="linear")
         add(f"scan-linear-{dtype}-{lead}", g, n("Mul", [h, v["u"]]),
             dims=[{"b": 1}, {"b": 5}] if lead == "b" else None)
+    # the scan's result stored through a transpose that keeps the last axis (a Mamba layer
+    # hands h to its readout per token)
+    g, v = _g("scan_store", {"x": (2, 6, 16, 8), "u": (2, 6, 16, 8)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    h = n("Scan", [n("Exp", [n("Neg", [n("Abs", [v["x"]])])]), v["u"]], axis=2,
+          combine="linear")
+    add("scan-transposed-store", g, n("Transpose", [h], perm=[0, 2, 1, 3]))
     for combine, shape, axis in (("add", (300, 33), 0), ("max", (3, 7, 5), 1),
                                  ("mul", (4, 50), 1), ("min", (16, 2, 8, 16), 0)):
         g, v = _g("scan", {"x": shape})
