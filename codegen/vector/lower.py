@@ -11,7 +11,13 @@ the steps that run once a reduction accumulated across tiles is complete (``fini
 
 from __future__ import annotations
 
-from graphkernel.codegen.instructions import BITS, INSTRUCTIONS, REDUCE_OPS, Instruction
+from graphkernel.codegen.instructions import (
+    BITS,
+    INSTRUCTIONS,
+    REDUCE_OPS,
+    SCAN_RULES,
+    Instruction,
+)
 from graphkernel.codegen.kernel_ir import (
     COL,
     FULL,
@@ -223,6 +229,24 @@ class VectorLowerer(Lowerer):
                               + _product(self.row(x), dst.expr, "i")], [x.expr], [dst.expr])
             return True
         return False
+
+    def scan(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Scan down the tile's rows (the scanned axis): row i of dst is the running value
+        combined with row i of the operands; the running value is a row of the kernel,
+        started at the rule's identity for each column tile of each block and left at the
+        tile's last row for the next tile (a ``ScanRows``/``ScanLinear`` of the template)."""
+        if not self.s.col_reduce:
+            raise Unsupported(f"{n.op} in a kernel whose rows are not the scanned axis",
+                              node=n)
+        code, identity = SCAN_RULES[n.attrs["combine"]]
+        acc = f"ac{len(self.accumulators)}"
+        self.accumulators.append((acc, identity))
+        srcs = [op(self.same(r, FULL)) for r in a]
+        if code is None:  # h[i] = a[i] * h[i-1] + b[i]
+            self.call("ScanLinear", op(dst.expr), *srcs, op(acc, work=True), "rows", "cols")
+        else:
+            self.call("ScanRows", op(dst.expr), *srcs, op(acc, work=True), "rows", "cols",
+                      template=f"<{code}>")
 
     def concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """A Concat along the last axis of column values: each piece's columns copied to its

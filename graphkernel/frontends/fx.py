@@ -480,6 +480,34 @@ def _cat(c: Ctx):
     return c.emit("Concat", [c.cast(v, dt) for v in xs], {"axis": c.arg(1, 0)})
 
 
+@aten("aten.constant_pad_nd.default")
+def _constant_pad(c: Ctx):
+    # pad = (before, after) per axis from the last one back: a negative amount slices the
+    # axis, a positive one concatenates a block of the fill value on that side
+    x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
+        raise Unmapped("padding other than static amounts per axis")
+    for k in range(len(pad) // 2):
+        axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if lo < 0 or hi < 0:
+            d = x.shape[axis]
+            if not isinstance(d, int):
+                raise Unmapped("negative padding of a symbolic dim")
+            x = c.emit("StridedSlice", [x], {"begin": [max(-lo, 0)], "end": [d - max(-hi, 0)],
+                                             "axes": [axis]})
+        parts = []
+        for amount, side in ((lo, 0), (hi, 1)):
+            if amount > 0:
+                shape = list(x.shape)
+                shape[axis] = amount
+                parts.append((side, c.emit("BroadcastTo", [c.const(value, x.dtype)],
+                                           {"shape": shape})))
+        if parts:
+            x = c.emit("Concat", [p for side, p in parts if side == 0] + [x]
+                       + [p for side, p in parts if side == 1], {"axis": axis})
+    return x
+
+
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
 def _split(c: Ctx):
     x, size, dim = c.arg(0), c.arg(1), c.arg(2, 0)
@@ -868,6 +896,31 @@ def _topk(c: Ctx):
         raise Unmapped("topk with a symbolic k")
     del ordered  # TopK always returns its values sorted, which unsorted allows
     return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest)})
+
+
+# Mixture of experts: a product per group of rows with its expert's weights. torch's own
+# ``_grouped_mm`` (a 2-D input, 3-D weights, the groups' running row counts) and
+# transformers' ``grouped_mm_fallback`` (its MoE layers' default where torch's does not
+# apply: the CPU, float32) have one contract, graphkernel/opdefs/experts.py; the second is
+# the program's own op, whose body (a loop over ``offs.tolist()``) no trace can see into, so
+# it is recognised by that contract rather than run opaque. Its backward likewise.
+@aten("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+def _grouped_mm(c: Ctx):
+    x, w, offs = c.arg(0), c.arg(1), c.argkw(2, "offs")
+    if not isinstance(offs, Value) or x.type.rank != 2 or w.type.rank != 3 or \
+            c.argkw(3, "bias") is not None or x.dtype != w.dtype:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    return c.emit("GroupedMatMul", [x, w, offs])
+
+
+@aten("transformers.grouped_mm_fallback_backward.default")
+def _grouped_mm_backward(c: Ctx):
+    x, w, offs, dy = c.arg(0), c.arg(1), c.arg(2), c.arg(3)
+    if x.type.rank != 2 or w.type.rank != 3 or dy.type.rank != 2:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    wt = c.emit("Transpose", [w], {"perm": [0, 2, 1]})
+    return [c.emit("GroupedMatMul", [dy, wt, offs]),
+            c.emit("GroupedMatMulWeightGrad", [x, dy, offs])]
 
 
 @aten("aten.tril.default", "aten.triu.default")

@@ -8,6 +8,7 @@ from graphkernel.opdefs import (  # noqa: F401
     arithmetic,
     attention,
     elementwise,
+    experts,
     grads,
     indexing,
     losses,
@@ -16,5 +17,6 @@ from graphkernel.opdefs import (  # noqa: F401
     norms,
     optimizers,
     reduce,
+    scan,
     shape_ops,
 )
