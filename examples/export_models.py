@@ -150,7 +150,6 @@ FAMILY = {
     "whisper_encoder": "audio", "wav2vec2": "audio", "hubert": "audio",
     "clip": "dual-encoder", "siglip": "dual-encoder",
     "llama_generate": "kv-cache",
-    "mixtral": "moe", "qwen2_moe": "moe", "olmoe": "moe", "mamba": "ssm",
 }
 
 
@@ -166,8 +165,8 @@ def families(attn: str = "sdpa"):
     (StableLM, Persimmon; GPT-NeoX, GPT-J and Phi rotate part of each head too), ALiBi (MPT),
     encoders (RoBERTa, DeBERTa-v2's relative positions), encoder-decoders (T5's relative
     bias, BART, Whisper whole), windowed attention (Swin), audio (HuBERT), text + vision dual
-    encoders (CLIP, SigLIP) and a KV-cache ``generate()`` loop; then the mixture-of-experts
-    and state-space ones (Mixtral, Qwen2-MoE, OLMoE, Mamba) and whatever ``PROVIDERS`` add."""
+    encoders (CLIP, SigLIP) and a KV-cache ``generate()`` loop; then what ``PROVIDERS`` add
+    (the mixture-of-experts and state-space models of ``moe_ssm_models``)."""
     import torch
     import transformers as T
 
@@ -278,7 +277,6 @@ def families(attn: str = "sdpa"):
     encoder = decoder
     gpt = dict(n_layer=LAYERS, n_embd=H, n_head=HEADS, n_inner=FF, vocab_size=VOCAB,
                n_positions=64, bos_token_id=0, eos_token_id=0)
-    moe = dict(decoder, num_key_value_heads=2, num_experts_per_tok=2)
     zoo = {
         "qwen3": build(T.Qwen3Config, T.Qwen3Model, num_key_value_heads=2, head_dim=H // HEADS,
                        **decoder),
@@ -312,14 +310,6 @@ def families(attn: str = "sdpa"):
         "clip": dual(T.CLIPConfig, T.CLIPModel),
         "siglip": dual(T.SiglipConfig, T.SiglipModel),
         "llama_generate": (generate, lambda: (_text_inputs(torch)[0][:, :8],)),
-        "mixtral": build(T.MixtralConfig, T.MixtralModel, num_local_experts=4, **moe),
-        "qwen2_moe": build(T.Qwen2MoeConfig, T.Qwen2MoeModel, num_experts=4,
-                           moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
-                           **moe),
-        "olmoe": build(T.OlmoeConfig, T.OlmoeModel, num_experts=4, pad_token_id=0,
-                       eos_token_id=0, **moe),
-        "mamba": build(T.MambaConfig, T.MambaModel, eager_only=True, hidden_size=H,
-                       num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=8),
     }
     for provide in PROVIDERS:
         zoo.update(provide(attn))
@@ -329,6 +319,19 @@ def families(attn: str = "sdpa"):
 # Further model sets: each a function of the attention implementation returning builders as
 # ``families`` does (name -> (build, inputs)); a provider's families go into ``FAMILY``.
 PROVIDERS: list = []
+
+
+def _register(module) -> None:
+    """A provider module: its ``builders(attn)`` and its ``FAMILY`` table."""
+    PROVIDERS.append(module.builders)
+    for name, fam in module.FAMILY.items():
+        FAMILY.setdefault(name, fam)
+
+
+sys.path.insert(0, str(HERE))  # (the providers live beside this file)
+import moe_ssm_models  # noqa: E402
+
+_register(moe_ssm_models)
 
 GENERATE_STEPS = 6  # new tokens of the generate() loop
 
