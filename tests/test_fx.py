@@ -114,6 +114,8 @@ CASES = {
                     + torch.linalg.vector_norm(x, ord=float("inf")), (X,)),
     "group_norm": (torch.nn.GroupNorm(2, 4), (rnd(2, 4, 5),)),
     "conv1d": (torch.nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2), (rnd(2, 4, 9),)),
+    # padding="valid": one padding value for both spatial axes (SigLIP's patch embedding)
+    "conv2d_valid": (torch.nn.Conv2d(3, 4, 2, stride=2, padding="valid"), (rnd(1, 3, 6, 6),)),
     "arange": (lambda x: x + torch.arange(8) * 0.5 + torch.arange(2, 10), (X,)),
 }
 

@@ -606,6 +606,9 @@ def _conv(c: Ctx):
     if transposed or x.type.rank not in (3, 4):
         raise Unmapped("only 1-D and 2-D non-transposed convolutions are modeled")
     one_d = x.type.rank == 3
+    # one value for every spatial axis (a convolution built with padding="valid" gives [0])
+    stride, pad, dil = ([*v] * (x.type.rank - 2) if len(v) == 1 else list(v)
+                        for v in (stride, pad, dil))
     if one_d:  # a 1-D convolution is a 2-D one over a height of 1
         x = c.emit("ExpandDims", [x], {"axis": [2]})
         w = c.emit("ExpandDims", [w], {"axis": [2]})
