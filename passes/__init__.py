@@ -25,6 +25,7 @@ from graphkernel.passes import (
     split,
     super_kernel,
     transpose_elim,
+    transpose_view,
     validate,
 )
 from graphkernel.registry import Step, register_steps
@@ -51,6 +52,7 @@ PIPELINE = (
     Step("simplify", 90, dce.dce, 1),
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
     Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
+    Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
