@@ -134,8 +134,7 @@ def builders(attn: str = "sdpa"):
 
 
 # The family of each model: the tables group by it. Mixture-of-experts and state-space models
-# come from their own providers (``PROVIDERS``); their families are listed here so that every
-# table names them the same way.
+# come from their own provider (``PROVIDERS``: ``moe_ssm_models``), which adds its families.
 FAMILY = {
     "gpt2": "decoder", "llama": "decoder", "qwen2": "decoder", "mistral": "decoder",
     "gemma": "decoder", "qwen3": "decoder",
