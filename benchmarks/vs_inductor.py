@@ -1,6 +1,7 @@
 """graphkernel vs TorchInductor (CPU) on the model zoo.
 
-    python benchmarks/vs_inductor.py [--attn sdpa|eager] [--export] [model ...]
+    python benchmarks/vs_inductor.py [--attn sdpa|eager] [--zoo] [--training] [--dynamic]
+                                     [--export] [model ...]
     python benchmarks/vs_inductor.py --cnn [--export] [model ...]   # the CNN zoo
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
@@ -19,6 +20,16 @@ forward: calls of scaled_dot_product_attention or softmax), the target being 1.
 Parameters are frozen on graphkernel's side (its default
 under no_grad); Inductor reads them as inputs through strided views, which costs it nothing.
 
+The models are the zoo and the further architectures of ``export_models.families`` (``--zoo``:
+the zoo only), each in its family (``export_models.FAMILY``). After each table, a summary per
+family: models, how many at or under Inductor's launches, the geometric mean of graphkernel's
+launches over Inductor's and the worst model; then the same over every model. ``--training``
+adds the table of one training step (train mode: the forward and backward graphs of both
+sides, gradients against eager), ``--dynamic`` the table of ``dynamic=True`` (one compile
+serving three input sizes, as ``dynamic_shapes.py`` calls it: the launches are those of every
+graph compiled, on both sides). A ``generate()`` loop compiles its model's forward (the
+prompt's graph and the growing cache's) and is not trained.
+
 Table 2 (``--export``) is the export path: ``graphkernel.torch.export_graph`` + the pipeline
 at opt_level 2, with graphkernel's fusion time (the passes up to split) against Inductor's
 (the time spent in ``Scheduler.__init__``).
@@ -27,6 +38,7 @@ at opt_level 2, with graphkernel's fusion time (the passes up to split) against 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -42,11 +54,35 @@ from graphkernel import progress  # noqa: E402
 KINDS = ("vector", "cube", "mix", "extern", "opaque")
 
 
-def inductor(model, args):
-    """(fused kernels, extern calls, fusion seconds, first-call seconds)."""
+def _count(code) -> tuple[int, int]:
+    """(fused kernels, extern calls) in Inductor's generated modules."""
+    kernels = externs = 0
+    for src in code:  # one module per compiled graph
+        body = src[src.find("def call("):] if "def call(" in src else src
+        kernels += len(set(re.findall(r"cpp_fused_\w+", src)))
+        externs += len(re.findall(r"extern_kernels\.\w+\(", body))
+        # ATen ops it calls as they are (its fallback kernels: scaled_dot_product_attention)
+        externs += len(re.findall(r"= torch\.ops\.\w+\.\w+\.\w+\(", body))
+    return kernels, externs
+
+
+def _loss_step(fn, args):
+    out = fn(*args)
+    out.pow(2).mean().backward()
+    return out
+
+
+def inductor(model, args, mode: str = "inference", calls=None):
+    """(fused kernels, extern calls, fusion seconds, first-call seconds) over every graph
+    Inductor compiled: ``inference`` (no grad), ``training`` (one step in train mode: the
+    forward and backward graphs) or ``dynamic`` (``dynamic=True``, called with each of
+    ``calls``)."""
+    import copy
+
     import torch
     import torch._inductor.config as cfg
     import torch._inductor.scheduler as sched
+    from export_models import compile_model
     from torch._inductor.utils import run_and_get_code
 
     cfg.fx_graph_cache = False
@@ -61,25 +97,37 @@ def inductor(model, args):
     sched.Scheduler.__init__ = timed
     try:
         torch._dynamo.reset()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            _, code = run_and_get_code(torch.compile(model, backend="inductor"), *args)
+        if mode == "training":
+            twin = copy.deepcopy(model).train()
+            fn = compile_model(twin, backend="inductor")
+            t0 = time.perf_counter()
+            _, code = run_and_get_code(_loss_step, fn, args)
+        else:
+            fn = compile_model(model, backend="inductor",
+                               dynamic=True if mode == "dynamic" else None)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                _, code = run_and_get_code(lambda: [fn(*c) for c in calls or [args]])
         total = time.perf_counter() - t0
     finally:
         sched.Scheduler.__init__ = orig
-    kernels = externs = 0
-    for src in code:  # one module per compiled graph
-        body = src[src.find("def call("):] if "def call(" in src else src
-        kernels += len(set(re.findall(r"cpp_fused_\w+", src)))
-        externs += len(re.findall(r"extern_kernels\.\w+\(", body))
-        # ATen ops it calls as they are (its fallback kernels: scaled_dot_product_attention)
-        externs += len(re.findall(r"= torch\.ops\.\w+\.\w+\.\w+\(", body))
-    return kernels, externs, spent["s"], total
+    return (*_count(code), spent["s"], total)
+
+
+def _matches(got, want) -> bool:
+    import torch
+
+    try:  # accuracy.md: fp32 against eager fp32
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    except AssertionError:
+        return False
+    return True
 
 
 def ours_compiled(model, args):
     """(launches by kind, graphs, fallbacks, first-call seconds, matches eager)."""
     import torch
+    from export_models import compile_model
 
     import graphkernel.torch as gt
 
@@ -88,15 +136,10 @@ def ours_compiled(model, args):
     with torch.no_grad():
         want = model(*args)
         t0 = time.perf_counter()
-        got = torch.compile(model, backend="graphkernel")(*args)
+        got = compile_model(model, backend="graphkernel")(*args)
         total = time.perf_counter() - t0
-    try:  # accuracy.md: fp32 against eager fp32
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
-        ok = True
-    except AssertionError:
-        ok = False
     s = gt.stats()
-    return s["launches"], s["graphs"], s["fallbacks"], total, ok
+    return s["launches"], s["graphs"], s["fallbacks"], total, _matches(got, want)
 
 
 def ours_exported(model, args, name):
@@ -124,47 +167,174 @@ def warm_up() -> None:
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
     x = torch.rand(2, 8)
     inductor(m, (x,))
+    inductor(m, (x,), "training")
     ours_compiled(m, (x,))
     gt.reset_stats()
+
+
+def _ratio(ours: int, ind: int) -> str:
+    return f"{ours / ind:>5.2f}" if ind else "    -"
+
+
+def summary(rows: dict[str, tuple[int, int]], failed: list[str]) -> None:
+    """Per family and over all: models, how many at or under Inductor's launches, the
+    geometric mean of ours/Inductor's and the worst model (name and ratio)."""
+    from export_models import family
+
+    groups: dict[str, list[str]] = {}
+    for name in rows:
+        groups.setdefault(family(name), []).append(name)
+    print(f"{'family':<16} {'models':>6} {'<= ind':>6} {'geomean':>7}  worst")
+
+    def line(label: str, names: list[str]) -> None:
+        ratios = {n: rows[n][0] / rows[n][1] for n in names if rows[n][1]}
+        if not ratios:
+            return
+        geo = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+        worst = max(ratios, key=ratios.get)
+        under = sum(r <= 1 for r in ratios.values())
+        print(f"{label:<16} {len(ratios):>6} {under:>6} {geo:>7.3f}  {worst} "
+              f"{ratios[worst]:.2f} ({rows[worst][0]}/{rows[worst][1]})")
+
+    for fam in sorted(groups):
+        line(fam, groups[fam])
+    line("all", list(rows))
+    if failed:
+        print("does not compile: " + "; ".join(failed))
+
+
+def _header(extra: str) -> None:
+    print(f"{'model':<16} {'family':<15} {'ind fused':>9} {'extern':>6} {'total':>5} | "
+          f"{'vector':>6} {'cube':>4} {'mix':>3} {'extern':>6} {'opaque':>6} {'total':>5} "
+          f"{'ratio':>5} | {extra}")
+
+
+def _row(name: str, k: int, e: int, launches: dict, rest: str) -> str:
+    from export_models import family
+
+    total = sum(launches.values())
+    return (f"{name:<16} {family(name):<15} {k:>9} {e:>6} {k + e:>5} | "
+            + " ".join(f"{launches[x]:>{max(len(x), 3)}}" for x in KINDS)
+            + f" {total:>5} {_ratio(total, k + e)} | {rest}")
+
+
+def _failure(e: Exception) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return next((x for x in lines if "Error:" in x), type(e).__name__)[:200]
 
 
 def compiled_table(zoo) -> None:
     from export_models import attention_layers
 
     print("torch.compile, inference (launches: Inductor fused + extern; graphkernel by kind)")
-    print(f"{'model':<16} {'ind fused':>9} {'extern':>6} {'total':>5} | {'vector':>6} "
-          f"{'cube':>4} {'mix':>3} {'extern':>6} {'opaque':>6} {'total':>5} {'FA/layer':>8} | "
-          f"{'compile s (ind/ours)':>20}  eager")
-    misses, fallbacks, wrong, unfused = [], {}, [], []
+    _header(f"{'FA/layer':>8} {'compile s (ind/ours)':>20}  eager")
+    rows, failed, fallbacks, wrong, unfused = {}, [], {}, [], []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             shown.describe(f"{name}: Inductor")
             model, args = build(), inputs()
             k, e, _, t_ind = inductor(model, args)
             shown.describe(f"{name}: graphkernel")
-            launches, _, fb, t_ours, ok = ours_compiled(model, args)
+            try:
+                launches, _, fb, t_ours, ok = ours_compiled(model, args)
+            except Exception as err:  # noqa: BLE001 - a model that does not compile
+                failed.append(f"{name}: {_failure(err)}")
+                progress.write(f"{name:<16} does not compile", sys.stdout)
+                shown.advance()
+                continue
             layers = attention_layers(model, args)
-            total = sum(launches.values())
-            if total > k + e:
-                misses.append(f"{name} {total}/{k + e}")
+            rows[name] = (sum(launches.values()), k + e)
             if not ok:
                 wrong.append(name)
-            if layers and launches["extern"] != layers:
+            if layers and launches["extern"] < layers:
                 unfused.append(f"{name} {launches['extern']}/{layers}")
-            fallbacks.update(fb)
+            fallbacks.update({f"{op}: {why}": fallbacks.get(f"{op}: {why}", []) + [name]
+                              for op, why in fb.items()})
             per = f"{launches['extern'] / layers:g}" if layers else "-"
-            progress.write(f"{name:<16} {k:>9} {e:>6} {k + e:>5} | "
-                           + " ".join(f"{launches[x]:>{max(len(x), 3)}}" for x in KINDS)
-                           + f" {total:>5} {per:>8} | {t_ind:>9.2f} / {t_ours:<8.2f}  "
-                           + ("match" if ok else "DIFF"), sys.stdout)
+            progress.write(_row(name, k, e, launches, f"{per:>8} {t_ind:>9.2f} / "
+                                f"{t_ours:<8.2f}  " + ("match" if ok else "DIFF")), sys.stdout)
             shown.advance()
-    print("launches <= Inductor's (fused + extern): "
-          + ("met on every model" if not misses else "missed on " + ", ".join(misses)))
-    print("one fused attention per attention layer: " + (
-        "every model" if not unfused else "not on " + ", ".join(unfused)))
+    summary(rows, failed)
+    print("fused attention per attention layer < 1: "
+          + ("none" if not unfused else ", ".join(unfused)))
     print("outputs match eager: " + ("every model" if not wrong else "not on " + ", ".join(wrong)))
-    print("Opaque fallbacks: " + ("none" if not fallbacks else
-                                  "; ".join(f"{k}: {v}" for k, v in sorted(fallbacks.items()))))
+    print("Opaque fallbacks: " + ("none" if not fallbacks else "; ".join(
+        f"{k} ({', '.join(v)})" for k, v in sorted(fallbacks.items()))))
+
+
+def training_table(zoo) -> None:
+    """One training step (train mode) on both sides: launches of the forward and backward
+    graphs; graphkernel's output and gradients against eager (``zoo_training.measure``)."""
+    from export_models import trainable
+    from zoo_training import measure
+
+    print("torch.compile, one training step in train mode (forward + backward graphs)")
+    _header("output grads differing")
+    rows, failed, wrong = {}, [], []
+    with progress.task("models", len(zoo)) as shown:
+        for name, (build, inputs) in zoo.items():
+            if not trainable(build()):
+                shown.advance()
+                continue
+            shown.describe(f"{name}: Inductor")
+            k, e, _, _ = inductor(build(), inputs(), "training")
+            shown.describe(f"{name}: graphkernel")
+            try:
+                r = measure(build, inputs)
+            except Exception as err:  # noqa: BLE001 - a model that does not compile
+                failed.append(f"{name}: {_failure(err)}")
+                progress.write(f"{name:<16} does not compile", sys.stdout)
+                shown.advance()
+                continue
+            launches = r["stats"]["launches"]
+            rows[name] = (sum(launches.values()), k + e)
+            ours = [p for p, v in r["judged"].items() if v == "graphkernel's"]
+            if ours or not r["forward"] and not r["judged"]:
+                wrong.append(name)
+            notes = sorted({v for v in r["judged"].values() if v != "graphkernel's"})
+            progress.write(_row(name, k, e, launches,
+                                f"{'match' if r['forward'] else 'DIFF':<6} "
+                                f"{len(r['differ'])}/{r['params']}"
+                                + (f" ({len(ours)} graphkernel's; {'; '.join(notes)})"
+                                   if r["differ"] else "")), sys.stdout)
+            shown.advance()
+    summary(rows, failed)
+    print("gradients differing because of graphkernel: "
+          + ("none" if not wrong else ", ".join(wrong)))
+
+
+def dynamic_table(zoo) -> None:
+    """``dynamic=True`` on both sides, each model called with three input sizes."""
+    import dynamic_shapes as dyn
+
+    print("torch.compile(dynamic=True), inference, three input sizes (launches of every graph "
+          "compiled)")
+    _header(f"{'sizes':<20} {'graphs':>6} {'recompiles':>10} eager")
+    rows, failed, short = {}, [], []
+    with progress.task("models", len(zoo)) as shown:
+        for name, (build, inputs) in zoo.items():
+            calls = dyn.sizes(name, inputs())
+            shown.describe(f"{name}: Inductor")
+            k, e, _, _ = inductor(build(), inputs(), "dynamic", calls)
+            shown.describe(f"{name}: graphkernel")
+            try:
+                r = dyn.measure(build(), calls)
+            except Exception as err:  # noqa: BLE001 - a model that does not compile
+                failed.append(f"{name}: {_failure(err)}")
+                progress.write(f"{name:<16} does not compile", sys.stdout)
+                shown.advance()
+                continue
+            rows[name] = (sum(r["by_kind"].values()), k + e)
+            if r["graphs"] > dyn.graphs_allowed(name) or not r["ok"]:
+                short.append(name)
+            progress.write(_row(name, k, e, r["by_kind"],
+                                f"{dyn.label(calls):<20} {r['graphs']:>6} "
+                                f"{r['recompiles']:>10} {'match' if r['ok'] else 'DIFF'}"),
+                           sys.stdout)
+            shown.advance()
+    summary(rows, failed)
+    print("one compile serving three sizes (a generate() loop: the prompt's and the cache's), "
+          "matching eager: " + ("every model" if not short else "not on " + ", ".join(short)))
 
 
 def export_table(zoo) -> None:
@@ -189,7 +359,11 @@ def export_table(zoo) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("models", nargs="*", help="zoo models to measure (default: all)")
+    ap.add_argument("models", nargs="*", help="models to measure (default: all)")
+    ap.add_argument("--zoo", action="store_true",
+                    help="the zoo only (not the further architectures of each family)")
+    ap.add_argument("--training", action="store_true", help="also the training-step table")
+    ap.add_argument("--dynamic", action="store_true", help="also the dynamic=True table")
     ap.add_argument("--export", action="store_true", help="also print the export-path table")
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
                     help="the models' attention: the library default (sdpa) or eager")
@@ -200,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     from export_models import select
 
     if a.cnn:
@@ -207,16 +382,29 @@ def main(argv: list[str] | None = None) -> int:
 
         zoo = cnn_models.select(a.models)
     else:
-        zoo = select(a.models, a.attn)
+        zoo = select(a.models, a.attn, more=not a.zoo)
     if zoo is None:
         return 2
     progress.auto()  # on a terminal: which model
     warm_up()
     compiled_table(zoo)
+    if a.training:
+        print()
+        training_table(zoo)
+    if a.dynamic:
+        print()
+        dynamic_table(zoo)
     if a.export:
         print()
-        export_table(zoo)
+        export_table({k: v for k, v in zoo.items() if trainable_name(k, v)})
     return 0
+
+
+def trainable_name(name: str, entry) -> bool:
+    """Whether ``export_graph`` applies (a module, not a generate() loop)."""
+    from export_models import trainable
+
+    return trainable(entry[0]())
 
 
 if __name__ == "__main__":

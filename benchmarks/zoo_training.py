@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         zoos = {v: select(a.models, v, a.families) for v in variants}
     if any(z is None for z in zoos.values()):
         return 2
+    from export_models import trainable
+
+    zoos = {v: {k: e for k, e in z.items() if trainable(e[0]())} for v, z in zoos.items()}
     progress.auto()
     print("torch.compile training step, TRAIN mode (forward + backward graphs): gradients "
           "against eager")

@@ -11,8 +11,9 @@ The sequence ends ordered, so the next tile (or the steps after a reduction) sta
 
 The scalar unit is another pipe: before scalar code that reads or writes UB, the vector
 unit's work so far must be done (``Sync`` V_S), and a tile it reads that was loaded from GM
-must have arrived (MTE2_S); after it, the vector unit waits for it (S_V). ``syncs`` places
-those around each run of such scalar code.
+must have arrived (MTE2_S); after it, the vector unit waits for it (S_V), and when no vector
+instruction follows before the tile is stored, the store waits for it too (S_MTE3).
+``syncs`` places those around each run of such scalar code.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def syncs(instrs: Sequence[Instr], loaded: Iterable[str]) -> list[Instr]:
             out.append(Sync("MTE2", "S"))
         out += run
         out.append(Sync("S", "V"))
+        if not any(isinstance(j, Call) for j in instrs[k:]) and any(r.writes for r in run):
+            out.append(Sync("S", "MTE3"))  # what it wrote is stored next, no vector op between
     return out
 
 

@@ -27,9 +27,13 @@ from graphkernel.ir import Node
 from graphkernel.opdefs.attention import mask_kinds, split_dims
 
 OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention",
-             "FusedAttentionGrad": "torch_npu.npu_fusion_attention_grad"}
+             "FusedAttentionGrad": "torch_npu.npu_fusion_attention_grad",
+             "GroupedMatMul": "torch_npu.npu_grouped_matmul",
+             "GroupedMatMulWeightGrad": "torch_npu.npu_grouped_matmul"}
 ACLNN = {"FusedAttention": "aclnnFlashAttentionScore",
-         "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad"}
+         "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad",
+         "GroupedMatMul": "aclnnGroupedMatmul", "GroupedMatMulWeightGrad": "aclnnGroupedMatmul"}
+GROUPED = ("GroupedMatMul", "GroupedMatMulWeightGrad")
 SOFTMAX_PASSES = 5  # max, subtract, exp, sum, divide over every score
 # the gradient: the probabilities again (subtract, exp, divide), dS = P * (dP - delta)
 # (subtract, multiply) and the scaled dS for both products
@@ -54,8 +58,29 @@ def _dims(node: Node) -> tuple[int, int, int, int, int, int]:
     return _int(b), n1, _int(n2), _int(s1), _int(s2), _int(d)
 
 
+def _grouped_call(node: Node) -> dict[str, Any]:
+    """A mixture of experts' grouped products as the vendor's GroupedMatmul: one input and
+    one output tensor (``split_item`` 3), ``group_list`` the groups' running row counts
+    (``group_list_type`` 0); the products split the rows (M, ``group_type`` 0), or for the
+    weights' gradient the rows as the reduced axis K (``group_type`` 2)."""
+    grad = node.op == "GroupedMatMulWeightGrad"
+    roles = ["x", "dy", "group_list"] if grad else ["x", "weight", "group_list"]
+    out = node.outputs[0]
+    return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
+            "aclnn": ACLNN[node.op],
+            "arguments": {"split_item": 3, "group_type": 2 if grad else 0,
+                          "group_list_type": 0},
+            "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),
+                          "shape": list(v.type.shape)} for r, v in zip(roles, node.inputs,
+                                                                       strict=True)],
+            "result": {"role": "dw" if grad else "y", "value": out.name, "dtype": str(out.dtype),
+                       "shape": list(out.type.shape)}}
+
+
 def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
+    if node.op in GROUPED:
+        return _grouped_call(node)
     a = node.attrs
     _, n1, n2, *_ = _dims(node)
     grad = node.op == "FusedAttentionGrad"
@@ -89,7 +114,13 @@ def call(node: Node) -> dict[str, Any]:
 def cube_flops(node: Node) -> float:
     """fp16-equivalent cube flops of the products (2·S1·S2·D each per head: Q·Kᵀ and P·V;
     the gradient's Q·Kᵀ again, dY·Vᵀ, Pᵀ·dY, dS·K and dSᵀ·Q); fp32 operands count twice, as
-    the cube runs them at half rate."""
+    the cube runs them at half rate. Grouped products: 2·S·K·N over all the groups."""
+    if node.op in GROUPED:
+        x, y = node.inputs[0].type, node.outputs[0].type
+        s, k = _int(x.shape[0]), _int(x.shape[1])
+        n = _int(y.shape[-1])
+        rate = 2 if x.dtype.itemsize >= 4 else 1
+        return 2.0 * s * k * n * rate
     b, n1, _, s1, s2, d = _dims(node)
     rate = 2 if node.inputs[0].dtype.itemsize >= 4 else 1
     return PRODUCTS[node.op] * 2.0 * b * n1 * s1 * s2 * d * rate
@@ -97,7 +128,9 @@ def cube_flops(node: Node) -> float:
 
 def vector_repeats(node: Node, repeat_bytes: int) -> int:
     """The softmax's vector repeats: its passes over every fp32 score (the gradient's:
-    the probabilities recomputed and dS)."""
+    the probabilities recomputed and dS); none for grouped products."""
+    if node.op in GROUPED:
+        return 0
     b, n1, _, s1, s2, _ = _dims(node)
     passes = GRAD_PASSES if node.op == "FusedAttentionGrad" else SOFTMAX_PASSES
     return passes * math.ceil(b * n1 * s1 * s2 * 4 / repeat_bytes)

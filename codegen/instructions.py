@@ -21,7 +21,7 @@ BITS = DType.int32   # integer data: carried as raw 4-byte words, only through b
 
 # the lowering rules: plain calls over one layout, and the shaped ones
 FORMS = ("unary", "binary", "reduce", "broadcast", "round", "cast", "pow", "compare",
-         "classify", "logical", "bitwise", "select", "sign")
+         "classify", "logical", "bitwise", "select", "sign", "scan")
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,15 @@ TABLE: tuple[Instruction, ...] = (
     Instruction("Select", "select", "Select", 3, dtypes=FLOATS | BOOL, mask=True),
     # 1 where x > 0, -1 where x < 0, else x itself (0, -0, NaN)
     Instruction("Sign", "sign", "Select", 1, mask=True, in_place=False),
+    # a running combination down the rows of a tile, carried across tiles in a row of the
+    # kernel (the rows are the scanned axis: a kernel over the rows, codegen/vector/schedule.py)
+    Instruction("Scan", "scan", "ScanRows", 2, in_place=False),
 )
+# a Scan's combine rule -> (the kernel template's op code, or None for the linear recurrence's own
+# helper; the running value's start: the rule's identity)
+SCAN_RULES: dict[str, tuple[str | None, str]] = {
+    "add": ("SCAN_ADD", "0.0f"), "mul": ("SCAN_MUL", "1.0f"), "max": ("SCAN_MAX", "-INFINITY"),
+    "min": ("SCAN_MIN", "INFINITY"), "linear": (None, "0.0f")}
 INSTRUCTIONS: dict[str, Instruction] = {i.op: i for i in TABLE}
 
 
@@ -139,3 +147,4 @@ def ops(*forms: str) -> frozenset[str]:
 REDUCE_OPS = ops("reduce")
 MASK_OPS = frozenset(i.op for i in TABLE if i.mask)  # whole repeats of elements per tile
 BITWISE_OPS = ops("bitwise")
+SCAN_OPS = ops("scan")

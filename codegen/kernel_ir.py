@@ -250,7 +250,8 @@ def _call(c: Call) -> list[str]:
 # inside besides their destination: the row blocks ``tb`` and a reduction's work row ``rw``
 HELPERS: dict[str, frozenset[str]] = {
     "RowReduce": frozenset({"tb", "rw"}), "ColOp": frozenset({"tb"}),
-    "ColCopy": frozenset({"tb"}), "ColsCopy": frozenset()}
+    "ColCopy": frozenset({"tb"}), "ColsCopy": frozenset(), "ScanRows": frozenset(),
+    "ScanLinear": frozenset()}
 ROW_FORMS = ("RowReduce", "ColOp", "ColCopy")  # the whole-row forms (btb, row_forms.j2)
 
 # instruction form -> its Ascend C text

@@ -191,6 +191,10 @@ class Lowerer:
         row, a product): lowered here and True, or False. A vector kernel's."""
         return False
 
+    def scan(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Scan down the rows (a vector kernel's, over the rows)."""
+        raise Unsupported(f"{n.op} outside a kernel over the rows", node=n)
+
     def concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """A Concat of column values (a vector kernel's)."""
         raise Unsupported(f"{n.op} of column values", node=n)
@@ -552,10 +556,15 @@ def _broadcast(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) 
     lo.spread(dst, a[0])
 
 
+def _scan(lo: Lowerer, rule: Instruction, n: Node, dst: Ref, a: list[Ref]) -> None:
+    lo.scan(n, dst, a)
+
+
 RULES: dict[str, Callable[[Lowerer, Instruction, Node, Ref, list[Ref]], None]] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "broadcast": _broadcast,
     "round": _round, "cast": _cast, "pow": _pow, "compare": _compare, "classify": _classify,
     "logical": _logical, "bitwise": _bitwise, "select": _select, "sign": _sign,
+    "scan": _scan,
 }
 if set(RULES) != set(FORMS):  # every form of the instruction table has its rule
     raise ImportError(f"lowering rules {sorted(RULES)} do not match the forms {sorted(FORMS)}")

@@ -133,10 +133,39 @@ def builders(attn: str = "sdpa"):
     }
 
 
+# The family of each model: the tables group by it. Mixture-of-experts and state-space models
+# come from their own provider (``PROVIDERS``: ``moe_ssm_models``), which adds its families.
+FAMILY = {
+    "gpt2": "decoder", "llama": "decoder", "qwen2": "decoder", "mistral": "decoder",
+    "gemma": "decoder", "qwen3": "decoder",
+    "falcon": "mqa-gqa", "gpt_bigcode": "mqa-gqa", "granite": "mqa-gqa",
+    "gpt_neox": "parallel", "gptj": "parallel", "falcon_new": "parallel", "phi": "parallel",
+    "stablelm": "partial-rotary", "persimmon": "partial-rotary",
+    "bloom": "alibi", "mpt": "alibi",
+    "bert": "encoder", "albert": "encoder", "electra": "encoder", "t5_encoder": "encoder",
+    "roberta": "encoder", "deberta_v2": "encoder",
+    "t5": "encoder-decoder", "bart": "encoder-decoder", "whisper": "encoder-decoder",
+    "vit": "vision", "deit": "vision", "convnext": "vision", "swin": "vision",
+    "whisper_encoder": "audio", "wav2vec2": "audio", "hubert": "audio",
+    "clip": "dual-encoder", "siglip": "dual-encoder",
+    "llama_generate": "kv-cache",
+}
+
+
+def family(name: str) -> str:
+    """The family ``name`` is measured in (``other`` for a model no family lists)."""
+    return FAMILY.get(name, "other")
+
+
 def families(attn: str = "sdpa"):
-    """More architectures, as users build them (outside the frozen zoo): a partial-rotary
-    decoder (GPT-NeoX, Phi), encoder-decoders (T5, BART: the decoder's causal self-attention
-    and its cross-attention) and mixture-of-experts decoders (Mixtral, Qwen2-MoE, OLMoE)."""
+    """More architectures, as users build them (outside the frozen zoo), each from its
+    library's config: dense and grouped-/multi-query decoders (Qwen3, GPT-BigCode, Granite),
+    parallel attention + MLP (GPT-NeoX, GPT-J, Falcon's new architecture, Phi), partial rotary
+    (StableLM, Persimmon; GPT-NeoX, GPT-J and Phi rotate part of each head too), ALiBi (MPT),
+    encoders (RoBERTa, DeBERTa-v2's relative positions), encoder-decoders (T5's relative
+    bias, BART, Whisper whole), windowed attention (Swin), audio (HuBERT), text + vision dual
+    encoders (CLIP, SigLIP) and a KV-cache ``generate()`` loop; then what ``PROVIDERS`` add
+    (the mixture-of-experts and state-space models of ``moe_ssm_models``)."""
     import torch
     import transformers as T
 
@@ -157,25 +186,114 @@ def families(attn: str = "sdpa"):
             return self.model(input_ids=x, decoder_input_ids=x).last_hidden_state
 
     class Hidden(torch.nn.Module):
+        def __init__(self, model, key="input_ids"):
+            super().__init__()
+            self.model, self.key = model, key
+
+        def forward(self, x):
+            return self.model(**{self.key: x}).last_hidden_state
+
+    class Speech2Text(torch.nn.Module):
+        """Whisper whole: log-mel features into the encoder, token ids into the decoder."""
+
         def __init__(self, model):
             super().__init__()
             self.model = model
 
-        def forward(self, x):
-            return self.model(input_ids=x).last_hidden_state
+        def forward(self, features, ids):
+            return self.model(input_features=features, decoder_input_ids=ids).last_hidden_state
 
-    def build(cfg_cls, model_cls, wrap=Hidden, **kw):
+    class DualEncoder(torch.nn.Module):
+        """CLIP/SigLIP: text and image towers, their image-text similarity logits."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, pixels):
+            return self.model(input_ids=ids, pixel_values=pixels).logits_per_image
+
+    def build(cfg_cls, model_cls, wrap=Hidden, eager_only=False, **kw):
         def make():
             torch.manual_seed(SEED)
-            return wrap(model_cls(cfg_cls(**kw, **common)).eval())
+            cfg = cfg_cls(**kw, **({} if eager_only else common))
+            return wrap(model_cls(cfg).eval())
         return make, lambda: _text_inputs(torch)
+
+    def vision(cfg_cls, model_cls, size=32, **kw):
+        def make():
+            torch.manual_seed(SEED)
+            cfg = cfg_cls(image_size=size, num_channels=3, **kw, **common)
+            return Hidden(model_cls(cfg, add_pooling_layer=False).eval(), "pixel_values")
+        g = torch.Generator().manual_seed(SEED)
+        return make, lambda: (torch.rand(2, 3, size, size, generator=g),)
+
+    def whisper():
+        torch.manual_seed(SEED)
+        cfg = T.WhisperConfig(d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                              encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                              encoder_ffn_dim=FF, decoder_ffn_dim=FF, num_mel_bins=16,
+                              max_source_positions=32, max_target_positions=64,
+                              vocab_size=VOCAB, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                              decoder_start_token_id=0, **common)
+        return Speech2Text(T.WhisperModel(cfg).eval())
+
+    def whisper_inputs():
+        g = torch.Generator().manual_seed(SEED)
+        return torch.rand(2, 16, 64, generator=g), _text_inputs(torch)[0]
+
+    def hubert():
+        torch.manual_seed(SEED)
+        cfg = T.HubertConfig(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                             intermediate_size=FF, conv_dim=(32, 32), conv_stride=(5, 2),
+                             conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                             num_conv_pos_embedding_groups=4, vocab_size=VOCAB, **common)
+        return Hidden(T.HubertModel(cfg).eval(), "input_values")
+
+    def dual(cfg_cls, model_cls):
+        tower = dict(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     intermediate_size=FF)
+
+        def make():
+            torch.manual_seed(SEED)
+            cfg = cfg_cls(text_config=dict(tower, vocab_size=VOCAB, max_position_embeddings=64,
+                                           bos_token_id=0, eos_token_id=1, pad_token_id=0),
+                          vision_config=dict(tower, image_size=32, patch_size=8), **common)
+            return DualEncoder(model_cls(cfg).eval())
+
+        def inputs():
+            g = torch.Generator().manual_seed(SEED)
+            return _text_inputs(torch)[0], torch.rand(2, 3, 32, 32, generator=g)
+        return make, inputs
+
+    def generate():
+        torch.manual_seed(SEED)
+        cfg = T.LlamaConfig(**decoder, num_key_value_heads=2, **common)
+        return Generate(T.LlamaForCausalLM(cfg).eval())
 
     decoder = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
                    intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
-    moe = dict(decoder, num_key_value_heads=2, num_experts_per_tok=2)
-    return {
+    encoder = decoder
+    gpt = dict(n_layer=LAYERS, n_embd=H, n_head=HEADS, n_inner=FF, vocab_size=VOCAB,
+               n_positions=64, bos_token_id=0, eos_token_id=0)
+    zoo = {
+        "qwen3": build(T.Qwen3Config, T.Qwen3Model, num_key_value_heads=2, head_dim=H // HEADS,
+                       **decoder),
+        "gpt_bigcode": build(T.GPTBigCodeConfig, T.GPTBigCodeModel, multi_query=True, **gpt),
+        "granite": build(T.GraniteConfig, T.GraniteModel, num_key_value_heads=1, **decoder),
         "gpt_neox": build(T.GPTNeoXConfig, T.GPTNeoXModel, rotary_pct=0.25, **decoder),
+        "gptj": build(T.GPTJConfig, T.GPTJModel, rotary_dim=8, **gpt),
+        "falcon_new": build(T.FalconConfig, T.FalconModel, num_hidden_layers=LAYERS,
+                            hidden_size=H, num_attention_heads=HEADS, num_kv_heads=2,
+                            new_decoder_architecture=True, vocab_size=VOCAB),
         "phi": build(T.PhiConfig, T.PhiModel, partial_rotary_factor=0.5, **decoder),
+        "stablelm": build(T.StableLmConfig, T.StableLmModel, num_key_value_heads=2, **decoder),
+        "persimmon": build(T.PersimmonConfig, T.PersimmonModel, partial_rotary_factor=0.5,
+                           **decoder),
+        "mpt": build(T.MptConfig, T.MptModel, eager_only=True, n_layers=LAYERS, d_model=H,
+                     n_heads=HEADS, expansion_ratio=2, vocab_size=VOCAB, max_seq_len=64),
+        "roberta": build(T.RobertaConfig, T.RobertaModel, pad_token_id=1, **encoder),
+        "deberta_v2": build(T.DebertaV2Config, T.DebertaV2Model, eager_only=True, **encoder),
         "t5": build(T.T5Config, T.T5Model, Seq2Seq, num_layers=LAYERS, d_model=H,
                     d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
                     decoder_start_token_id=0),
@@ -183,13 +301,75 @@ def families(attn: str = "sdpa"):
                       decoder_layers=LAYERS, d_model=H, encoder_attention_heads=HEADS,
                       decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
                       vocab_size=VOCAB, max_position_embeddings=64),
-        "mixtral": build(T.MixtralConfig, T.MixtralModel, num_local_experts=4, **moe),
-        "qwen2_moe": build(T.Qwen2MoeConfig, T.Qwen2MoeModel, num_experts=4,
-                           moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
-                           **moe),
-        "olmoe": build(T.OlmoeConfig, T.OlmoeModel, num_experts=4, pad_token_id=0,
-                       eos_token_id=0, **moe),
+        "whisper": (whisper, whisper_inputs),
+        "swin": vision(T.SwinConfig, T.SwinModel, patch_size=4, embed_dim=32, depths=[1, 1],
+                       num_heads=[2, 4], window_size=4, mlp_ratio=2.0),
+        "hubert": (hubert, lambda: (torch.rand(2, 400, generator=torch.Generator()
+                                               .manual_seed(SEED)) * 2 - 1,)),
+        "clip": dual(T.CLIPConfig, T.CLIPModel),
+        "siglip": dual(T.SiglipConfig, T.SiglipModel),
+        "llama_generate": (generate, lambda: (_text_inputs(torch)[0][:, :8],)),
     }
+    for provide in PROVIDERS:
+        zoo.update(provide(attn))
+    return zoo
+
+
+# Further model sets: each a function of the attention implementation returning builders as
+# ``families`` does (name -> (build, inputs)); a provider's families go into ``FAMILY``.
+PROVIDERS: list = []
+
+
+def _register(module) -> None:
+    """A provider module: its ``builders(attn)`` and its ``FAMILY`` table."""
+    PROVIDERS.append(module.builders)
+    for name, fam in module.FAMILY.items():
+        FAMILY.setdefault(name, fam)
+
+
+sys.path.insert(0, str(HERE))  # (the providers live beside this file)
+import moe_ssm_models  # noqa: E402
+
+_register(moe_ssm_models)
+
+GENERATE_STEPS = 6  # new tokens of the generate() loop
+
+
+class Generate:
+    """A KV-cache ``generate()`` loop as users compile it: the causal LM's ``forward`` is
+    what ``torch.compile`` gets (``compile_model``), and ``generate`` calls it once for the
+    prompt and once per new token with a cache that grows by one position each step. Calling
+    the object returns the greedy tokens; it trains nothing (no parameters of its own)."""
+
+    def __init__(self, model, step=None):
+        self.model, self.step = model, step
+
+    def __call__(self, ids):
+        import torch
+
+        if self.step is not None:  # the compiled forward, for this call only
+            self.model.forward = self.step
+        try:
+            with torch.no_grad():
+                return self.model.generate(ids, max_new_tokens=GENERATE_STEPS,
+                                           do_sample=False, pad_token_id=0)
+        finally:
+            self.model.__dict__.pop("forward", None)
+
+
+def compile_model(model, **kw):
+    """``torch.compile(model, **kw)`` as users apply it: the module itself, or for a
+    ``generate()`` loop the causal LM's forward that the loop calls."""
+    import torch
+
+    if isinstance(model, Generate):
+        return Generate(model.model, torch.compile(model.model.forward, **kw))
+    return torch.compile(model, **kw)
+
+
+def trainable(model) -> bool:
+    """Whether a training step applies (a generate() loop is inference only)."""
+    return not isinstance(model, Generate)
 
 
 def attention_layers(model, args) -> int:
@@ -208,16 +388,20 @@ def attention_layers(model, args) -> int:
             Count.calls += func in counted
             return func(*a, **(kw or {}))
 
+    if isinstance(model, Generate):  # the layers of one forward of the loop's model
+        model = model.model
     with torch.no_grad(), Count():
         model(*args)
     return Count.calls
 
 
 def select(names, attn: str = "sdpa", more: bool = False) -> dict | None:
-    """The zoo's builders named in ``names`` (every one when empty), in zoo order, built with
-    the attention implementation ``attn`` (with ``more``, the ``families`` too); None, after
-    printing what is accepted, when a name is not in the zoo (the benchmarks exit 2)."""
-    zoo = builders(attn) | (families(attn) if more else {})
+    """The builders named in ``names`` (every one of the zoo when empty; with ``more``, of
+    the ``families`` too), in order, built with the attention implementation ``attn``; None,
+    after printing what is accepted, when a name is unknown (the benchmarks exit 2)."""
+    zoo = builders(attn)
+    if more or set(names) - set(zoo):
+        zoo |= families(attn)
     unknown = sorted(set(names) - set(zoo))
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",

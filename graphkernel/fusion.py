@@ -30,8 +30,8 @@ SYMBOL_SIZE = 32  # how a symbolic dim counts in byte and size estimates
 DEFAULT_CLUSTER_OPS = frozenset(
     set(UNARY) | set(BINARY) | {
         "Cast", "Select", "BroadcastTo", "ReduceSum", "ReduceMax", "ReduceMin",
-        "ReduceProd", "ElemAny", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice",
-        "StridedSlice"})
+        "ReduceProd", "ElemAny", "Scan", "Reshape", "ExpandDims", "Squeeze", "Transpose",
+        "Slice", "StridedSlice"})
 # AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
 # gather 3), or with their pattern enabled
 EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}

@@ -200,11 +200,18 @@ def div(a: Dim, b: Dim) -> Dim | None:
 
 
 def add(a: Dim, b: Dim) -> Dim:
+    """``a + b``: like terms summed (``s0 + 2*s0``); a single symbol offset by a number is the
+    derived symbol ``s0 + n`` (a KV cache of ``s0`` positions and one new token)."""
     ca, sa = parse_dim(a)
     cb, sb = parse_dim(b)
     if sa == sb or ca == 0 or cb == 0:
         return make_dim(ca + cb, sa or sb)
-    raise ShapeError(f"cannot add dims {a!r} and {b!r}: only like symbolic terms can be summed")
+    if not sb and ca == 1 and len(sa) == 1:
+        return floor_affine(a, cb)
+    if not sa and cb == 1 and len(sb) == 1:
+        return floor_affine(b, ca)
+    raise ShapeError(f"cannot add dims {a!r} and {b!r}: only like symbolic terms, or one "
+                     "symbol and a number, can be summed")
 
 
 def evaluate(d: Dim, env: Mapping[str, int]) -> int:

@@ -17,13 +17,16 @@ from graphkernel.passes import (
     cse,
     dce,
     expand,
+    matvec,
     parallel_fusion,
     promote_precision,
     recompute,
     reshape_elim,
+    scan,
     split,
     super_kernel,
     transpose_elim,
+    transpose_view,
     validate,
 )
 from graphkernel.registry import Step, register_steps
@@ -41,6 +44,7 @@ PIPELINE = (
     Step("simplify", 10, constant_fold.constant_fold, 2),
     Step("simplify", 20, arith_simplify.arith_simplify, 2),
     Step("simplify", 30, cse.cse, 2),
+    Step("simplify", 35, scan.scan, 2),
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 53, channels_last.channels_last, 2),
@@ -48,7 +52,9 @@ PIPELINE = (
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
-    Step("simplify", 97, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
+    Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
+    Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
+    Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

@@ -7,6 +7,7 @@ The pattern, as the frontends and the Softmax expander leave it::
                                   (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
+    S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
     P = Select(no key left, 0, P) optional: torch's guard of a row whose every key is masked
                                   out (not any(S != -inf)), or ONNX's Where(IsNaN(P), 0, P):
@@ -24,8 +25,9 @@ operator takes one layout for Q, K, V and the output, so the layout is the best 
 allow (BNSD when any of them is not a head split/merge).
 
 Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
-exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — becomes the boolean
-``atten_mask`` (1 = masked out); any other additive mask becomes ``pse``, divided by the
+exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and the condition of
+a masked_fill of the scores with such a value become the boolean ``atten_mask`` (1 = masked
+out); any other additive mask becomes ``pse``, divided by the
 scale (the operator computes ``scale * (pse + Q·Kᵀ)``). BLOOM's ALiBi bias arrives as
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
@@ -180,6 +182,16 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
                 seen += [add, *probe]
                 rank = add.outputs[0].type.rank
                 return found[0], found[1], [*found[2], (add.inputs[other], rank)]
+    sel = _producer(x, "Select")
+    if sel is not None and depth < 2:  # masked_fill(cond, low): the scores where cond is False
+        cond, low, kept = sel.inputs
+        f = splat(low)
+        if cond.dtype is DType.bool and f is not None and f <= LOWEST:
+            probe = []
+            found = _scores(kept, probe, depth + 1)
+            if found is not None:
+                seen += [sel, *probe]
+                return found[0], found[1], [*found[2], (cond, sel.outputs[0].type.rank)]
     found = _scaled(x, seen)
     return None if found is None else (found[0], found[1], [])
 
@@ -535,8 +547,11 @@ def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
 
 def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
     """A mask whose values are only 0 and minus infinity: (the condition of a Select that
-    makes it, None) or (None, its constant as bools, True = masked out); else (None, None)."""
+    makes it, None) or (None, its constant as bools, True = masked out); else (None, None).
+    A boolean mask (a masked_fill's condition) is its own condition."""
     arr = const_array(mv)
+    if mv.dtype is DType.bool:
+        return (mv, None) if arr is None else (None, arr.astype(bool))
     if arr is not None:
         a = arr.astype(np.float64)
         if np.all((a == 0) | (a <= LOWEST)) and np.any(a != 0):

@@ -66,16 +66,12 @@ def _column_slices(model, a):
 
 
 def _columns(node, cfg) -> bool:
-    """A Concat of column pieces the code generator copies into one tile: every piece on a
-    UB block of the type kernels compute in (fp32 from opt_level 2, where promote_precision
-    widens fp16/bf16 inside kernels, unless enable_low_precision)."""
-    from graphkernel.codegen.targets import load
+    """A Concat of column pieces the code generator copies into one tile (pieces on a UB
+    block by masked vector copies, the others by the scalar unit)."""
     from graphkernel.codegen.vector.schedule import elementwise
     from graphkernel.codegen.vector.views import column_concat
 
-    wide = cfg.opt_level >= 2 and not cfg.enable_low_precision
-    size = 4 if wide else node.outputs[0].dtype.itemsize
-    return column_concat(node, elementwise, load(cfg.target).ub_align_bytes // size)
+    return column_concat(node, elementwise)
 
 
 def _generated(node, prods, cfg) -> bool:
@@ -131,7 +127,7 @@ def transpose(model, a):
                        lambda: f"{a.name} moves the last axis (the code generator moves rows "
                                "of a transposed value; it has no in-UB transpose)")]
     prods = [p for p in model.producer_areas(a)
-             if model.kind(p) <= OpKind.BROADCAST and model.only_consumer_is(p, a)]
+             if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
     if prods:
         return fuse_if(model, "transpose", [a] + prods, keeps_last)
     cons, external = model.consumers(a)
@@ -139,6 +135,15 @@ def transpose(model, a):
                                             or _row_work(cons[0], model.cfg)):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)
     return None
+
+
+def _scans(a) -> bool:
+    """An area whose reductions are all scans: its results are full-size, stored as any
+    elementwise result is (through the transpose's map)."""
+    from graphkernel import ops
+
+    red = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
+    return bool(red) and all(n.op == "Scan" for n in red)
 
 
 def _row_work(a, cfg) -> bool:

@@ -9,6 +9,11 @@ from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, p
 
 
 def _fwd_conditions(model, a, p):
+    if all(n.op == "Scan" for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE):
+        # a scan keeps every element: it computes over its producers' whole space, as an
+        # elementwise consumer would, so a broadcast producer costs it nothing extra
+        return pull_in_conditions(model, a, p, OpKind.BROADCAST,
+                                  "a scan pulls in only <= BROADCAST")
     return pull_in_conditions(model, a, p, OpKind.ELEMWISE,
                               "a reduce pulls in only <= ELEMWISE; a broadcast producer is not "
                               "pulled into a reduce")
@@ -44,8 +49,11 @@ def reduce_signatures(area) -> set[tuple]:
     out = set()
     for n in area.nodes:
         if ops.get(n.op).kind == OpKind.REDUCE and n.op != "ElemAny":
-            x = n.inputs[0].type
-            out.add((x.shape, tuple(reduce_axes(x.rank, n.attrs.get("axis")))))
+            x, axis = n.inputs[0].type, n.attrs.get("axis")
+            if isinstance(axis, int):  # a Scan: along one axis, as a reduction over it
+                out.add((x.shape, (axis % x.rank,)))
+            else:
+                out.add((x.shape, tuple(reduce_axes(x.rank, axis))))
     return out
 
 

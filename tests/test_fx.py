@@ -88,6 +88,11 @@ CASES = {
     "gather": (lambda x, i: torch.gather(x, 1, i), (X, torch.tensor([[0, 7], [3, 3], [5, 2]]))),
     "index_select": (lambda x: torch.index_select(x, 1, torch.tensor([4, 0, 4])), (X,)),
     "index_one_tensor": (lambda x: x[:, torch.tensor([-2, 1])], (X,)),
+    # one row per batch (a pooled token), and index tensors broadcast over two axes
+    "index_pooled_rows": (lambda x, j: x.reshape(3, 2, 4)[torch.arange(3), j] * 2,
+                          (X, torch.tensor([1, 0, -1]))),
+    "index_several": (lambda x: x.reshape(3, 2, 4)[:, torch.tensor([[0], [-1]]),
+                                                   torch.tensor([-1, 2, 0])], (X,)),
     "scatter": (lambda x: x.scatter(1, torch.tensor([[0], [5], [7]]), 9.0), (X,)),
     "scatter_add": (lambda x, y: x.scatter_add(0, torch.tensor([[0, 1, 2, 0, 1, 2, 0, 1]]),
                                                y[:1]), (X, Y)),
@@ -110,6 +115,8 @@ CASES = {
                     + torch.linalg.vector_norm(x, ord=float("inf")), (X,)),
     "group_norm": (torch.nn.GroupNorm(2, 4), (rnd(2, 4, 5),)),
     "conv1d": (torch.nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2), (rnd(2, 4, 9),)),
+    # padding="valid": one padding value for both spatial axes (SigLIP's patch embedding)
+    "conv2d_valid": (torch.nn.Conv2d(3, 4, 2, stride=2, padding="valid"), (rnd(1, 3, 6, 6),)),
     "arange": (lambda x: x + torch.arange(8) * 0.5 + torch.arange(2, 10), (X,)),
 }
 

@@ -113,3 +113,31 @@ def test_a_padded_convolution_and_a_slice_from_the_end_give_the_length_back():
     assert symbolic.pretty(s.type.shape[3]) == "(L-1)//3"
     with pytest.raises(symbolic.ShapeError):
         symbolic.floor_affine("2*L", 1)  # only one symbol can be offset
+
+
+def test_a_kv_cache_grows_by_a_symbol_plus_one_and_its_last_rows_are_sliced():
+    """Concat of a cache [2, 2, s, 16] and a new token [2, 2, 1, 16] is s + 1 positions
+    (once more: s + 2); the last k rows of a symbolic axis are k rows."""
+    g = Graph()
+    cache = g.add_input("cache", TensorType((2, 2, "s", 16), "float32"))
+    new = g.add_input("new", TensorType((2, 2, 1, 16), "float32"))
+    grown = g.add_node("Concat", [cache, new], {"axis": 2}).output
+    assert symbolic.pretty(grown.type.shape[2]) == "s+1"
+    again = g.add_node("Concat", [new, grown], {"axis": 2}).output
+    assert symbolic.pretty(again.type.shape[2]) == "s+2"
+    last = g.add_node("StridedSlice", [again], {"begin": [-3], "end": [2**62],
+                                                "axes": [2]}).output
+    assert last.type.shape == (2, 2, 3, 16)
+    g.set_outputs([again, last])
+    from graphkernel.interpreter import run_graph
+
+    rng = np.random.default_rng(0)
+    feeds = {"cache": rng.standard_normal((2, 2, 5, 16)).astype(np.float32),
+             "new": rng.standard_normal((2, 2, 1, 16)).astype(np.float32)}
+    out = run_graph(g, feeds)
+    want = np.concatenate([feeds["new"], feeds["cache"], feeds["new"]], axis=2)
+    np.testing.assert_array_equal(out[0], want)
+    np.testing.assert_array_equal(out[1], want[:, :, -3:])
+    with pytest.raises(symbolic.ShapeError):
+        symbolic.add("s", "t")  # unlike symbols
+    assert symbolic.add(2, "s__m10_d5") == "s__p0_d5"  # floor((s - 10)/5) + 2

@@ -11,7 +11,13 @@ the steps that run once a reduction accumulated across tiles is complete (``fini
 
 from __future__ import annotations
 
-from graphkernel.codegen.instructions import BITS, INSTRUCTIONS, REDUCE_OPS, Instruction
+from graphkernel.codegen.instructions import (
+    BITS,
+    INSTRUCTIONS,
+    REDUCE_OPS,
+    SCAN_RULES,
+    Instruction,
+)
 from graphkernel.codegen.kernel_ir import (
     COL,
     FULL,
@@ -243,21 +249,45 @@ class VectorLowerer(Lowerer):
             return True
         return False
 
+    def scan(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Scan down the tile's rows (the scanned axis): row i of dst is the running value
+        combined with row i of the operands; the running value is a row of the kernel,
+        started at the rule's identity for each column tile of each block and left at the
+        tile's last row for the next tile (a ``ScanRows``/``ScanLinear`` of the template)."""
+        if not self.s.col_reduce:
+            raise Unsupported(f"{n.op} in a kernel whose rows are not the scanned axis",
+                              node=n)
+        code, identity = SCAN_RULES[n.attrs["combine"]]
+        acc = f"ac{len(self.accumulators)}"
+        self.accumulators.append((acc, identity))
+        srcs = [op(self.same(r, FULL)) for r in a]
+        if code is None:  # h[i] = a[i] * h[i-1] + b[i]
+            self.call("ScanLinear", op(dst.expr), *srcs, op(acc, work=True), "rows", "cols")
+        else:
+            self.call("ScanRows", op(dst.expr), *srcs, op(acc, work=True), "rows", "cols",
+                      template=f"<{code}>")
+
     def concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """A Concat along the last axis of column values: each piece's columns copied to its
-        own columns of every row of dst (one masked copy per row strip). Both ends of a copy
-        must start on a UB block."""
+        own columns of every row of dst (one masked copy per row strip when both ends start
+        on a UB block). A piece that starts off a block (a narrow head's rotary halves: 2 of
+        16 columns) moves lanes, which no vector instruction does at an unaligned address:
+        the scalar unit copies it element by element (correct, slow; wide heads keep the
+        vector copy)."""
         s = self.s
         at = s.cols.get(id(n.outputs[0]), (0, 0, 0))[0]
         size, blk = s.compute.itemsize, s.target.ub_align_bytes
         for x, r in zip(n.inputs, a, strict=True):
             off, width, _ = s.cols[id(x)]
+            src = self.same(r, FULL)
             if (off * size) % blk or (at * size) % blk:
-                raise Unsupported(f"Concat of slices of the last axis: a piece at column "
-                                  f"{off if (off * size) % blk else at} does not start on a "
-                                  f"{blk}-byte UB block", node=n)
-            self.call("ColsCopy", op(dst.expr, str(at)), op(self.same(r, FULL), str(off)),
-                      "rows", str(width))
+                self.scalar_code([f"for (uint32_t i = 0; i < rows; ++i) for (uint32_t j = 0; "
+                                  f"j < {width}; ++j) {dst.expr}.SetValue(i * t_.ctp + {at} + "
+                                  f"j, {src}.GetValue(i * t_.ctp + {off} + j));"],
+                                 [src, dst.expr], [dst.expr])
+            else:
+                self.call("ColsCopy", op(dst.expr, str(at)), op(src, str(off)), "rows",
+                          str(width))
             at += width
 
     # ------------------------------------------------------------- the buffers

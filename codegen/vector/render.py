@@ -51,6 +51,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     ctx = {
         "s": s, "ir": ir, "plan": bplan, "ub": ub,
         "row_blocks": ir.uses(*ROW_FORMS), "col_copies": ir.uses("ColsCopy"),
+        "scans": ir.uses("ScanRows", "ScanLinear"),
         "compute_lines": _lines(ir.compute, loaded),
         "finish_lines": _lines(ir.finish, loaded),
         "align": align, "node_comment": comment,

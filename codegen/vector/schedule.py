@@ -36,6 +36,7 @@ from graphkernel.codegen.instructions import (
     INSTRUCTIONS,
     MASK_OPS,
     REDUCE_OPS,
+    SCAN_OPS,
 )
 from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
 from graphkernel.codegen.refusal import NeedsPhases, Unsupported
@@ -842,16 +843,22 @@ class _Planner:
             tuple(self.owner(v).shape)))
 
     def _row_length(self, steps: list[Node], reduces: list[Node], N: Dim) -> Dim:
-        if reduces:
+        # a scan runs down the rows, as a reduction over them: its axis is the rows of
+        # blocks [B, R, L] (L = 1 when it scans the last axis)
+        scans = [n for n in steps if n.op in SCAN_OPS]
+        if reduces or scans:
             L, kinds, batches = None, set(), []
-            for n in reduces:
+            for n in reduces + scans:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
-                axes = list(range(len(shape))) if not axes else sorted(a % len(shape) for a in axes)
+                axes = list(range(len(shape))) if axes is None or axes == [] else \
+                    [axes % len(shape)] if n.op in SCAN_OPS else \
+                    sorted(a % len(shape) for a in axes)
                 if not eq(n.inputs[0].type.numel, N):
                     raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
                                       node=n)
-                if axes == list(range(len(shape) - len(axes), len(shape))):
+                if n.op not in SCAN_OPS and \
+                        axes == list(range(len(shape) - len(axes), len(shape))):
                     r, k = symbolic.numel(shape[len(shape) - len(axes):]), "row"
                 elif axes == list(range(axes[0], axes[-1] + 1)):  # leading or middle: [B, R, L]
                     r, k = symbolic.numel(shape[axes[-1] + 1:]), "column"
@@ -867,6 +874,9 @@ class _Planner:
                     raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
                 L = r
                 kinds.add(k)
+            if scans and kinds != {"column"}:
+                raise Unsupported("a Scan and a reduction along the rows in one kernel",
+                                  node=scans[0])
             self.col_reduce = kinds == {"column"}
             self._check_uses(steps, N, L)
             return L
@@ -1032,7 +1042,9 @@ class _Planner:
         input's row it broadcasts to (a PARTIAL map over the outer axes), at the columns."""
         S = tuple(n.outputs[0].shape)
         vs = tuple(v.shape)
-        if len(vs) > len(S) or tuple(v.shape) != tuple(o.shape):
+        # (the input is loaded as it is: a view of it here is a chain of reshapes, which a
+        # contiguous input's memory follows in the view's shape -- BSND's [1, S, 1, r] table)
+        if len(vs) > len(S) or not eq(v.type.numel, o.type.numel) or not eq(vs[-1], o.shape[-1]):
             raise Unsupported(f"{n.op} reads {v.name} through a view with a slice of the last "
                               "axis", node=n, about=(v,))
         vs = (1,) * (len(S) - len(vs)) + vs

@@ -482,6 +482,34 @@ def _cat(c: Ctx):
     return c.emit("Concat", [c.cast(v, dt) for v in xs], {"axis": c.arg(1, 0)})
 
 
+@aten("aten.constant_pad_nd.default")
+def _constant_pad(c: Ctx):
+    # pad = (before, after) per axis from the last one back: a negative amount slices the
+    # axis, a positive one concatenates a block of the fill value on that side
+    x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
+        raise Unmapped("padding other than static amounts per axis")
+    for k in range(len(pad) // 2):
+        axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if lo < 0 or hi < 0:
+            d = x.shape[axis]
+            if not isinstance(d, int):
+                raise Unmapped("negative padding of a symbolic dim")
+            x = c.emit("StridedSlice", [x], {"begin": [max(-lo, 0)], "end": [d - max(-hi, 0)],
+                                             "axes": [axis]})
+        parts = []
+        for amount, side in ((lo, 0), (hi, 1)):
+            if amount > 0:
+                shape = list(x.shape)
+                shape[axis] = amount
+                parts.append((side, c.emit("BroadcastTo", [c.const(value, x.dtype)],
+                                           {"shape": shape})))
+        if parts:
+            x = c.emit("Concat", [p for side, p in parts if side == 0] + [x]
+                       + [p for side, p in parts if side == 1], {"axis": axis})
+    return x
+
+
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
 def _split(c: Ctx):
     x, size, dim = c.arg(0), c.arg(1), c.arg(2, 0)
@@ -492,6 +520,17 @@ def _split(c: Ctx):
         sizes = [min(size, d - i) for i in range(0, d, size)]
     else:
         sizes = list(size)
+    if dim % x.type.rank == x.type.rank - 1 and x.type.rank >= 4 and len(sizes) > 1:
+        # each head's row cut into its q, k and v columns (GPT-NeoX's fused projection seen
+        # as [B, S, N, 3D]): views the rotary and attention kernels read as columns, not a
+        # launch that copies every part (a flat projection's parts, head-split after the
+        # cut, stay one Split)
+        out, at = [], 0
+        for n in sizes:
+            out.append(c.emit("StridedSlice", [x], {"begin": [at], "end": [at + n],
+                                                    "strides": [1], "axes": [dim]}))
+            at += n
+        return out
     return c.emit_multi("Split", [x], {"axis": dim, "sizes": sizes})
 
 
@@ -730,15 +769,18 @@ def _index_select(c: Ctx):
 def _index(c: Ctx):
     x, idx = c.arg(0), c.arg(1)
     used = [i for i, v in enumerate(idx) if v is not None]
-    if len(used) == 1 and idx[used[0]].dtype != DType.bool:
+    if any(idx[i].dtype == DType.bool for i in used):
+        raise Unmapped("indexing with a mask (the result's size depends on the data)")
+    if len(used) == 1:
         return c.emit("Gather", [x, idx[used[0]]], {"axis": used[0]})
+    if used != list(range(used[0], used[-1] + 1)):
+        raise Unmapped("index tensors on axes that are not next to each other")
     outer = _outer_indices(idx, used)
-    if outer is None:
-        raise Unmapped("indexing with several index tensors that are not one per axis "
-                       "(an outer product), or with a mask")
-    for axis, v in outer:  # x[:, :, ih[:, None], iw]: a Gather along each axis in turn
-        x = c.emit("Gather", [x, c.emit("Reshape", [v], {"shape": [-1]})], {"axis": axis})
-    return x
+    if outer is not None:  # x[:, :, ih[:, None], iw]: a Gather along each axis in turn
+        for axis, v in outer:
+            x = c.emit("Gather", [x, c.emit("Reshape", [v], {"shape": [-1]})], {"axis": axis})
+        return x
+    return _multi_index(c, x, used, [idx[i] for i in used])
 
 
 def _outer_indices(idx: list, used: list[int]) -> list[tuple[int, Value]] | None:
@@ -756,6 +798,51 @@ def _outer_indices(idx: list, used: list[int]) -> list[tuple[int, Value]] | None
         if any(d != 1 for a, d in enumerate(shape) if a != j):
             return None
     return [(i, idx[i]) for i in used]
+
+
+def _iota(v: Value, length: Any) -> bool:
+    """Whether ``v`` is 0, 1, ..., length - 1 (``arange`` over a whole axis)."""
+    n = v.producer
+    return (n is not None and n.op == "Range" and v.type.rank == 1 and n.attrs["start"] == 0
+            and n.attrs.get("delta", 1) == 1 and symbolic.eq(v.shape[0], length))
+
+
+def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
+    """``x[..., i_0, ..., i_m, ...]`` with index tensors on consecutive axes, numpy's rule
+    (the indices broadcast to one shape B, which replaces those axes). One row per batch,
+    ``x[arange(B), j]`` (a pooled token: CLIP's end of text), is GatherElements along the
+    second axis; anything else is one Gather of the axes merged, by the linear index
+    ``sum(i_k * stride_k)`` (index arithmetic that folds into a constant when the indices
+    are constants)."""
+    first, t = axes[0], c.out_type
+    lens = [x.shape[a] for a in axes]
+    if len(idx) == 2 and idx[0].type.rank == 1 and _iota(idx[0], lens[0]) \
+            and tuple(idx[1].shape) == tuple(idx[0].shape):
+        # out[.., b, ..] = x[.., b, j[b], ..]: GatherElements over the second indexed axis
+        shape = list(x.shape)
+        shape[first + 1] = 1
+        at = [1] * len(shape)
+        at[first] = lens[0]
+        j = c.emit("Reshape", [c.cast(idx[1], DType.int64)], {"shape": at})
+        j = c.emit("BroadcastTo", [j], {"shape": shape})
+        out = c.emit("GatherElements", [x, j], {"axis": first + 1})
+        return c.emit("Squeeze", [out], {"axis": [first + 1]})
+    if any(not isinstance(d, int) for d in lens):
+        raise Unmapped("several index tensors into symbolic axes")
+    flat: Value | None = None
+    stride = 1
+    for k in reversed(range(len(axes))):
+        i = c.cast(idx[k], DType.int64)  # negative indices count from the end of their axis
+        i = c.emit("Select", [c.emit("Less", [i, c.const(0, DType.int64)]),
+                              c.emit("Add", [i, c.const(lens[k], DType.int64)]), i])
+        term = i if stride == 1 else c.emit("Mul", [i, c.const(stride, DType.int64)])
+        flat = term if flat is None else c.emit("Add", [term, flat])
+        stride *= lens[k]
+    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
+    x = c.emit("Reshape", [x], {"shape": merged})
+    out = c.emit("Gather", [x, flat], {"axis": first})
+    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
+                                                                  {"shape": list(t.shape)})
 
 
 @aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
@@ -836,6 +923,31 @@ def _topk(c: Ctx):
         raise Unmapped("topk with a symbolic k")
     del ordered  # TopK always returns its values sorted, which unsorted allows
     return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest)})
+
+
+# Mixture of experts: a product per group of rows with its expert's weights. torch's own
+# ``_grouped_mm`` (a 2-D input, 3-D weights, the groups' running row counts) and
+# transformers' ``grouped_mm_fallback`` (its MoE layers' default where torch's does not
+# apply: the CPU, float32) have one contract, graphkernel/opdefs/experts.py; the second is
+# the program's own op, whose body (a loop over ``offs.tolist()``) no trace can see into, so
+# it is recognised by that contract rather than run opaque. Its backward likewise.
+@aten("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+def _grouped_mm(c: Ctx):
+    x, w, offs = c.arg(0), c.arg(1), c.argkw(2, "offs")
+    if not isinstance(offs, Value) or x.type.rank != 2 or w.type.rank != 3 or \
+            c.argkw(3, "bias") is not None or x.dtype != w.dtype:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    return c.emit("GroupedMatMul", [x, w, offs])
+
+
+@aten("transformers.grouped_mm_fallback_backward.default")
+def _grouped_mm_backward(c: Ctx):
+    x, w, offs, dy = c.arg(0), c.arg(1), c.arg(2), c.arg(3)
+    if x.type.rank != 2 or w.type.rank != 3 or dy.type.rank != 2:
+        raise Unmapped("grouped products other than rows [S, K] by stacked weights [E, K, N]")
+    wt = c.emit("Transpose", [w], {"perm": [0, 2, 1]})
+    return [c.emit("GroupedMatMul", [dy, wt, offs]),
+            c.emit("GroupedMatMulWeightGrad", [x, dy, offs])]
 
 
 @aten("aten.tril.default", "aten.triu.default")
@@ -999,6 +1111,8 @@ def _attention_spec(c: Ctx, q: Value, k: Value, v: Value, mask: Any, causal: Any
     for x in (q, k, v):
         if x.type.rank != 4:
             raise Unmapped(f"attention operands of rank {x.type.rank} (4 expected)")
+        if not isinstance(x.shape[-1], int):
+            raise Unmapped(f"a symbolic head size {x.shape[-1]!r}")
     return Spec(q, k, v, mask, None if scale is None else float(scale), bool(causal))
 
 
@@ -1623,6 +1737,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                         spatial |= {str(s) for s in d.node.expr.free_symbols}
         return free, odd, spatial
 
+    _unify_attention_lengths(gm)
     done: list[str] = []
     while True:  # one symbol at a time, scanning again: a guard may make other sizes products
         free, odd, spatial = scan()
@@ -1634,6 +1749,35 @@ def specialize_unmodelled(gm: Any) -> list[str]:
             return done
         guard_int(free[todo[0]])
         done.append(todo[0])
+
+
+def _unify_attention_lengths(gm: Any) -> None:
+    """Guard equal the sizes attention requires equal but Dynamo left as distinct symbols (a
+    KV cache's keys and values, two inputs of ``s0`` and ``s1`` positions: torch's CPU
+    kernel checks them only when it runs), so that the sizes are one symbol graphkernel can
+    take as one attention; Dynamo recompiles if a later call breaks the guard (where eager
+    would raise). Only sizes whose example values are equal are guarded. A symbolic head
+    size or head count (q, k and v given as inputs under ``dynamic=True``) is specialised:
+    the scale and the operator need them as numbers."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or "scaled_dot_product" not in str(n.target) \
+                or "backward" in str(n.target) or len(n.args) < 3:
+            continue
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                for a in n.args[:3]]
+        if any(v is None or v.dim() < 2 for v in vals):
+            continue
+        for x in vals:  # the head size, and the heads of [B, N, S, D] operands
+            for d in (x.shape[-1], x.shape[1]) if x.dim() == 4 else (x.shape[-1],):
+                if isinstance(d, torch.SymInt):
+                    guard_int(d)
+        k, v = vals[1:]
+        for a, b in zip(k.shape[:-1], v.shape[:-1], strict=False):
+            if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) \
+                    and str(a) != str(b) and a.node.hint == b.node.hint:
+                guard_bool(a == b)
 
 
 def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,

@@ -9,6 +9,7 @@ from graphkernel.opdefs import (  # noqa: F401
     arithmetic,
     attention,
     elementwise,
+    experts,
     grads,
     indexing,
     losses,
@@ -18,5 +19,6 @@ from graphkernel.opdefs import (  # noqa: F401
     optimizers,
     pooling,
     reduce,
+    scan,
     shape_ops,
 )

@@ -231,8 +231,10 @@ def _strided_len(sl: slice, d: Dim, axis: int) -> Dim:
         stop = 0 if sl.stop is None or sl.stop >= INT_MAX // 2 else sl.stop
         if sl.step in (None, 1) and start >= 0 and stop <= 0:  # x[b:-e]: d - b - e elements
             return symbolic.floor_affine(d, stop - start)
-        raise ShapeError(f"axis {axis} has symbolic size {d!r}; only the whole axis or "
-                         "x[b:-e] (b >= 0, step 1) can be taken")
+        if sl.step in (None, 1) and start < 0 and stop == 0:  # x[-k:]: the last k (d >= k)
+            return -start
+        raise ShapeError(f"axis {axis} has symbolic size {d!r}; only the whole axis, "
+                         "x[b:-e] (b >= 0, step 1) or x[-k:] can be taken")
     b = max(min(sl.start, INT_MAX), -INT_MAX) if sl.start is not None else None
     e = max(min(sl.stop, INT_MAX), -INT_MAX) if sl.stop is not None else None
     return len(range(*slice(b, e, sl.step).indices(d)))

@@ -353,6 +353,31 @@ def pattern_cases() -> list[Case]:
     add("roundings-in-fp16", g, *(g.add_node(op, [neg]).output
                                   for op in ("Floor", "Ceil", "Trunc", "Round")),
         flags="--opt_level=2 --enable_low_precision", feeds_for=_half_roundings)
+    # scans down the rows: a state-space model's selective scan (decays exp(-|x|) in (0, 1],
+    # the linear recurrence, a gate after it), prefix sums and maxima over leading axes
+    for dtype, lead in (("float32", 2), ("float16", 2), ("float32", "b")):
+        g, v = _g("sscan", {"x": (lead, 40, 24), "u": (lead, 40, 24)}, dtype)
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        decay = n("Exp", [n("Neg", [n("Abs", [v["x"]])])])
+        h = n("Scan", [decay, n("Mul", [v["u"], v["x"]])], axis=1, combine="linear")
+        add(f"scan-linear-{dtype}-{lead}", g, n("Mul", [h, v["u"]]),
+            dims=[{"b": 1}, {"b": 5}] if lead == "b" else None)
+    # the scan's result stored through a transpose that keeps the last axis (a Mamba layer
+    # hands h to its readout per token)
+    g, v = _g("scan_store", {"x": (2, 6, 16, 8), "u": (2, 6, 16, 8)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    h = n("Scan", [n("Exp", [n("Neg", [n("Abs", [v["x"]])])]), v["u"]], axis=2,
+          combine="linear")
+    add("scan-transposed-store", g, n("Transpose", [h], perm=[0, 2, 1, 3]))
+    for combine, shape, axis in (("add", (300, 33), 0), ("max", (3, 7, 5), 1),
+                                 ("mul", (4, 50), 1), ("min", (16, 2, 8, 16), 0)):
+        g, v = _g("scan", {"x": shape})
+        x = v["x"] if combine != "mul" else g.add_node(
+            "Add", [g.add_node("Mul", [v["x"], g.const(np.float32(0.01))]).output,
+                    g.const(np.float32(1.0))]).output  # factors near 1
+        add(f"scan-{combine}-{'x'.join(map(str, shape))}", g,
+            g.add_node("Scan", [x], {"axis": axis, "combine": combine}).output,
+            flags="--opt_level=2 --enable_single_node_fusion")
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

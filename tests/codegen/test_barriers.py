@@ -81,10 +81,13 @@ def test_scalar_code_on_ub_runs_between_syncs():
     product = ScalarCode(("product of xi0",), frozenset({"xi0"}), frozenset({"red"}))
     fold = ScalarCode(("fold",), frozenset({"ac0", "red"}), frozenset({"ac0"}))
     out = syncs([reduce, product, fold], loaded=["xi0"])
-    assert out == [reduce, Sync("V", "S"), Sync("MTE2", "S"), product, fold, Sync("S", "V")]
-    # the scalar unit reads no loaded tile: no wait for the load
-    assert syncs([reduce, fold], loaded=["xi0"]) == [reduce, Sync("V", "S"), fold,
-                                                     Sync("S", "V")]
+    # the last of the tile's work: the store waits for what it wrote too
+    assert out == [reduce, Sync("V", "S"), Sync("MTE2", "S"), product, fold, Sync("S", "V"),
+                   Sync("S", "MTE3")]
+    # the scalar unit reads no loaded tile: no wait for the load; a vector op after it
+    # orders the store
+    assert syncs([reduce, fold, reduce], loaded=["xi0"]) == [reduce, Sync("V", "S"), fold,
+                                                             Sync("S", "V"), reduce]
 
 
 def test_scalar_arithmetic_needs_no_sync():

@@ -15,6 +15,7 @@ from graphkernel import Graph, TensorType
 from graphkernel.explain import explain, format_explain
 from graphkernel.frontends import load_model
 from graphkernel.interpreter import Interpreter, random_inputs
+from graphkernel.ir import DType
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "attention.json"
 
@@ -281,6 +282,36 @@ def test_an_alibi_bias_is_taken_as_b_n_1_s2(constant):
     (rec,) = [a for a in res.analyses.attention if a.verdict == "fused"]
     assert "broadcast to" not in rec.reason
     _same_results(g, res)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_a_masked_fill_of_the_scores_is_the_boolean_mask(constant):
+    """MPT's ``scores.masked_fill(mask, finfo.min)`` after its ALiBi bias: the fill's
+    condition is the operator's atten_mask (True = masked out), the bias its pse; one
+    launch with the same results (every row keeps a key)."""
+    rng = np.random.default_rng(0)
+    g = _attention()
+    s = g.node("probs").inputs[0]
+    bias = g.add_node("Add", [s, g.const(rng.standard_normal((2, 4, 1, 8))
+                                         .astype(np.float32))], name="alibi").output
+    if constant:
+        cond = g.const(np.triu(np.ones((8, 8), bool), 1), DType.bool)
+    else:
+        cond = g.add_input("masked", TensorType((2, 1, 8, 8), "bool"))
+    low = g.const(np.float32(np.finfo(np.float32).min))
+    fill = g.add_node("Select", [cond, low, bias], name="fill").output
+    g.replace_input(g.node("probs"), 0, fill)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse_and_atten_mask", fa.attrs
+    assert fa.inputs[4].dtype is DType.bool
+    feeds = random_inputs(g, seed=3)
+    if not constant:  # (a row whose every key is masked out has no defined result)
+        feeds["masked"] = rng.random((2, 1, 8, 8)) < 0.5
+        feeds["masked"][..., 0] = False
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
 def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():

@@ -1,0 +1,71 @@
+"""Mixture-of-experts and state-space models for the zoo, built as users build them: each from
+its ``transformers`` config with the library's defaults (attention implementation, experts
+implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weights, no
+download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
+model, example inputs); ``FAMILY`` says which family each belongs to.
+
+    python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
+"""
+
+from __future__ import annotations
+
+SEED = 0
+H, HEADS, FF, VOCAB, LAYERS, EXPERTS = 64, 4, 128, 256, 2, 4
+
+FAMILY = {
+    "mamba": "state-space", "mamba2": "state-space", "falcon_mamba": "state-space",
+    "mixtral": "mixture-of-experts", "qwen2_moe": "mixture-of-experts",
+    "olmoe": "mixture-of-experts", "qwen3_moe": "mixture-of-experts",
+}
+
+
+def _inputs(torch):
+    g = torch.Generator().manual_seed(SEED)
+    return (torch.randint(0, VOCAB, (2, 16), generator=g),)
+
+
+def builders(attn: str = "sdpa"):
+    """name -> (build model, example inputs); each model returns its last hidden state.
+    ``attn``: the attention implementation of the MoE decoders, the library default
+    (``sdpa``) or ``eager``; the state-space models have no attention."""
+    import torch
+    import transformers as T
+
+    if attn not in ("sdpa", "eager"):
+        raise ValueError(f"attention implementation {attn!r} (accepted: sdpa, eager)")
+    common = dict(attn_implementation="eager") if attn == "eager" else {}
+
+    class Hidden(torch.nn.Module):
+        """Returns the model's last hidden state only."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_ids=x).last_hidden_state
+
+    def build(cfg_cls, model_cls, attention=True, **kw):
+        def make():
+            torch.manual_seed(SEED)
+            cfg = cfg_cls(**kw, **(common if attention else {}))
+            return Hidden(model_cls(cfg).eval())
+        return make, lambda: _inputs(torch)
+
+    ssm = dict(hidden_size=H, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=16)
+    moe = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+               num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
+               max_position_embeddings=64, num_experts_per_tok=2)
+    return {
+        "mamba": build(T.MambaConfig, T.MambaModel, attention=False, **ssm),
+        "mamba2": build(T.Mamba2Config, T.Mamba2Model, attention=False, num_heads=8,
+                        head_dim=16, n_groups=1, chunk_size=8, **ssm),
+        "falcon_mamba": build(T.FalconMambaConfig, T.FalconMambaModel, attention=False, **ssm),
+        "mixtral": build(T.MixtralConfig, T.MixtralModel, num_local_experts=EXPERTS, **moe),
+        "qwen2_moe": build(T.Qwen2MoeConfig, T.Qwen2MoeModel, num_experts=EXPERTS,
+                           moe_intermediate_size=FF, shared_expert_intermediate_size=FF, **moe),
+        "olmoe": build(T.OlmoeConfig, T.OlmoeModel, num_experts=EXPERTS, pad_token_id=0,
+                       eos_token_id=0, **moe),
+        "qwen3_moe": build(T.Qwen3MoeConfig, T.Qwen3MoeModel, num_experts=EXPERTS,
+                           moe_intermediate_size=FF, **moe),
+    }

@@ -1,0 +1,87 @@
+"""Mechanisms the transformer families need through torch.compile, each on a small module
+written as the families write it: a KV cache growing along a symbolic axis under
+``dynamic=True`` (keys and values as separate inputs, one attention over the grown cache)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import graphkernel.torch as gt  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # torch.compile of modules
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    gt.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class CachedAttention(torch.nn.Module):
+    """One decoding step: the new token's key and value appended to the caches, the query
+    attending to every cached position; the grown caches returned for the next step."""
+
+    def forward(self, q, k_cache, v_cache, k, v):
+        keys, values = torch.cat([k_cache, k], 2), torch.cat([v_cache, v], 2)
+        return F.scaled_dot_product_attention(q, keys, values) * 2, keys, values
+
+
+def test_a_kv_cache_step_serves_three_cache_lengths_with_one_compile_as_one_attention():
+    """Dynamo gives the key and value caches their own length symbols; the cache grows by
+    s + 1 and attention reads both as one length (its head size and head count, symbolic
+    too, are specialised): one graph for three lengths, no op left to torch, one fused
+    attention, outputs equal to eager's."""
+    model = CachedAttention()
+    compiled = torch.compile(model, backend="graphkernel", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for length in (5, 7, 9):  # (4 would share the heads' symbol: Dynamo's duck sizing)
+        q, k, v = (torch.randn(2, 4, 1, 16, generator=g) for _ in range(3))
+        k_cache, v_cache = (torch.randn(2, 4, length, 16, generator=g) for _ in range(2))
+        want = model(q, k_cache, v_cache, k, v)
+        got = compiled(q, k_cache, v_cache, k, v)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["fallbacks"] == {}, s["fallbacks"]
+    assert s["launches"]["extern"] == 1 and s["launches"]["opaque"] == 0, s["launches"]
+
+
+class FusedProjection(torch.nn.Module):
+    """GPT-NeoX's attention: one projection seen as [B, S, N, 3D], each head's row cut into
+    its q, k and v columns, rotary on q and k (``rotate_half``), causal attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(32, 3 * 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 4, 24).permute(0, 2, 1, 3).chunk(3, dim=-1)
+
+        def rotary(y):
+            y1, y2 = y.chunk(2, -1)
+            return y * cos + torch.cat((-y2, y1), -1) * sin
+
+        a = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 32))
+
+
+def test_a_fused_projection_cut_per_head_is_read_as_columns_not_copied_apart():
+    """The q, k and v columns of each head are views the rotary kernels read (no Split
+    launch copying every part out): 5 vector launches, against 9 with the cut as a Split."""
+    torch.manual_seed(0)
+    model = FusedProjection()
+    args = (torch.randn(2, 6, 32), torch.randn(6, 8), torch.randn(6, 8))
+    with torch.no_grad():
+        want = model(*args)
+        got = torch.compile(model, backend="graphkernel")(*args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
+    assert s["launches"]["vector"] <= 5, s["launches"]
+    assert "Split" not in gt.export_graph(model, args).op_histogram()
