@@ -489,6 +489,11 @@ def _constant_pad(c: Ctx):
     x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
     if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
         raise Unmapped("padding other than static amounts per axis")
+    if value == 0 and min(pad, default=0) >= 0 and c.node.users and all(
+            u.target is torch.ops.aten.convolution.default for u in c.node.users):
+        # a zero pad only convolutions read (TensorFlow's SAME padding): one Pad op, which
+        # arith_simplify folds into the convolutions' own pads
+        return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": 0.0})
     for k in range(len(pad) // 2):
         axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
         if lo < 0 or hi < 0:
@@ -1484,14 +1489,6 @@ def _torch_pads(x: Value, pad: list) -> list[int]:
     for i in range(len(pad) // 2):
         begins[r - 1 - i], ends[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
     return begins + ends
-
-
-@aten("aten.constant_pad_nd.default")
-def _constant_pad(c: Ctx):
-    x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
-    if any(not isinstance(p, int) for p in pad):
-        raise Unmapped("symbolic pads")
-    return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": float(value)})
 
 
 _PAD_MODES = {"reflection": "reflect", "replication": "edge"}
