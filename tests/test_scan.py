@@ -150,13 +150,17 @@ def test_cumsum_of_floats_becomes_a_scan_and_of_integers_stays():
         def forward(self, x, i):
             return torch.cumsum(x, 1) * 3.0, torch.cumsum(i, 0)
 
-    x, i = torch.randn(2, 7), torch.arange(6)
+    x = torch.randn(2, 7, generator=torch.Generator().manual_seed(0))
+    i = torch.arange(6)
     import graphkernel.torch as gt
 
     res = graphkernel.compile(gt.export_graph(Sums(), (x, i)), "--opt_level=2", env={})
     assert [s.attrs["combine"] for s in _scans(res)] == ["add"]
     got = run_graph(res.graph, [x.numpy(), i.numpy()])
-    np.testing.assert_allclose(got[0], torch.cumsum(x, 1).numpy() * 3.0, rtol=1e-6)
+    # fp32 tolerances (docs/accuracy.md): a scan adds in another order than cumsum, and a
+    # prefix sum near zero cancels
+    np.testing.assert_allclose(got[0], torch.cumsum(x, 1).numpy() * 3.0, rtol=1e-5,
+                               atol=1e-6)
     np.testing.assert_array_equal(got[1], np.cumsum(i.numpy()))
 
 
