@@ -165,7 +165,7 @@ def _zero_insert(b, y, s: list[int]):
 def conv2d_backprop_input(b, dy, w, *, input_size, strides, pads, dilations, group):
     # dx = the correlation of the zero-inserted dy with the flipped, group-transposed weight
     # (a transposed convolution written as a plain one): dy gets s-1 zeros between elements,
-    # d(k-1) - pad_begin rows before it (cropped where negative) and as many after as make H
+    # d(k-1) - pad_begin rows before it and as many after as make H (cropped where negative)
     m, cg, kh, kw = w.shape
     g = group
     wt = _regroup(b, w, [g, m // g, cg, kh, kw], [0, 2, 1, 3, 4], [g * cg, m // g, kh, kw])
@@ -176,7 +176,7 @@ def conv2d_backprop_input(b, dy, w, *, input_size, strides, pads, dilations, gro
     for i, k in enumerate((kh, kw)):
         size = z.shape[2 + i]
         lo = dilations[i] * (k - 1) - pads[i]  # the window reaches this far before row 0
-        hi = input_size[2 + i] - size + pads[i]
+        hi = input_size[2 + i] - size + pads[i]  # H + pad_begin - OH s (pad_end set OH)
         crop.append((max(-lo, 0), size - max(-hi, 0)))
         before.append(max(lo, 0))
         after.append(max(hi, 0))
