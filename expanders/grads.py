@@ -136,3 +136,70 @@ def weight_norm_grad(b, dw, v, g, norms, *, dim):
     scale = b.div(b.reshape(g, list(dot.type.shape)), norms)
     dv = b.mul(scale, b.sub(dw, b.mul(v, b.div(dg, norms))))
     return [dv, b.reshape(dg, list(g.type.shape))]
+
+
+def _regroup(b, x, split: list[int], perm: list[int], out: list[int]):
+    """x reshaped to ``split``, permuted by ``perm`` and merged to ``out``."""
+    return b.reshape(b.op("Transpose", b.reshape(x, split), perm=perm), out)
+
+
+def _zero_insert(b, y, s: list[int]):
+    """[N, M, OH, OW] with s-1 zeros after every element along OH and OW: [N, M, OH*s, OW*s]
+    (a transposed convolution's input, built from Concats with zeros)."""
+    for axis, step in enumerate(s):
+        if step == 1:
+            continue
+        shape = list(y.shape)
+        part = b.op("ExpandDims", y, axis=[3 + axis])
+        zeros = b.broadcast_to(b.const(0, like=y), [*shape[:3 + axis], step - 1,
+                                                     *shape[3 + axis:]])
+        both = b.op("Concat", part, zeros, axis=3 + axis)
+        shape[2 + axis] *= step
+        y = b.reshape(both, shape)
+    return y
+
+
+# fp32_inside=False: the convolutions take fp16/bf16 as they are (the cube accumulates in
+# fp32) and everything else only moves elements
+@expander("Conv2DBackpropInput", fp32_inside=False)
+def conv2d_backprop_input(b, dy, w, *, input_size, strides, pads, dilations, group):
+    # dx = the correlation of the zero-inserted dy with the flipped, group-transposed weight
+    # (a transposed convolution written as a plain one): dy gets s-1 zeros between elements,
+    # d(k-1) - pad_begin rows before it and as many after as make H (cropped where negative)
+    m, cg, kh, kw = w.shape
+    g = group
+    wt = _regroup(b, w, [g, m // g, cg, kh, kw], [0, 2, 1, 3, 4], [g * cg, m // g, kh, kw])
+    wt = b.op("StridedSlice", wt, begin=[-1, -1], end=[-kh - 1, -kw - 1], strides=[-1, -1],
+              axes=[2, 3])
+    z = _zero_insert(b, dy, strides)
+    before, after, crop = [], [], []
+    for i, k in enumerate((kh, kw)):
+        size = z.shape[2 + i]
+        lo = dilations[i] * (k - 1) - pads[i]  # the window reaches this far before row 0
+        hi = input_size[2 + i] - size + pads[i]  # H + pad_begin - OH s (pad_end set OH)
+        crop.append((max(-lo, 0), size - max(-hi, 0)))
+        before.append(max(lo, 0))
+        after.append(max(hi, 0))
+    if any(lo or hi != z.shape[2 + i] for i, (lo, hi) in enumerate(crop)):
+        z = b.op("StridedSlice", z, begin=[lo for lo, _ in crop], end=[hi for _, hi in crop],
+                 strides=[1, 1], axes=[2, 3])
+    return b.op("Conv2D", z, wt, strides=[1, 1], dilations=list(dilations), group=g,
+                pads=[*before, *after])
+
+
+@expander("Conv2DBackpropFilter", fp32_inside=False)
+def conv2d_backprop_filter(b, dy, x, *, filter_size, strides, pads, dilations, group):
+    # dw = a convolution of x (channels as the batch, the batch as the channels) by dy,
+    # striding by the dilation and dilating by the stride; the padded input may hold more
+    # windows than the kernel has taps, which are cut off
+    n, ch, h, wd = x.shape
+    m, oh, ow = dy.shape[1:]
+    g = group
+    xt = _regroup(b, x, [n, g, ch // g, h, wd], [2, 1, 0, 3, 4], [ch // g, g * n, h, wd])
+    dyt = _regroup(b, dy, [n, g, m // g, oh, ow], [1, 2, 0, 3, 4], [m, n, oh, ow])
+    dw = b.op("Conv2D", xt, dyt, strides=list(dilations), dilations=list(strides), group=g,
+              pads=list(pads))
+    if list(dw.shape[2:]) != list(filter_size[2:]):
+        dw = b.op("StridedSlice", dw, begin=[0, 0], end=list(filter_size[2:]), strides=[1, 1],
+                  axes=[2, 3])
+    return b.op("Transpose", dw, perm=[1, 0, 2, 3])

@@ -635,65 +635,6 @@ def _spatial(v: Any, r: int) -> list[int]:
     return v
 
 
-def _regroup(c: Ctx, x: Value, split: list, perm: list[int], out: list) -> Value:
-    """x reshaped to ``split``, permuted by ``perm`` and merged to ``out``."""
-    y = c.emit("Transpose", [c.emit("Reshape", [x], {"shape": split})], {"perm": perm})
-    return c.emit("Reshape", [y], {"shape": out})
-
-
-def _zero_insert(c: Ctx, y: Value, s: tuple[int, int]) -> Value:
-    """[N, M, OH, OW] with s-1 zeros after every element along OH and OW: [N, M, OH*s, OW*s]
-    (a transposed convolution's input, built from Concats with zeros)."""
-    n, m, oh, ow = y.shape
-    for axis, (size, step) in enumerate(zip((oh, ow), s, strict=True)):
-        if step == 1:
-            continue
-        shape = list(y.shape)
-        part = c.emit("ExpandDims", [y], {"axis": [3 + axis]})
-        zeros_shape = [*shape[:3 + axis], step - 1, *shape[3 + axis:]]
-        zeros = c.emit("BroadcastTo", [c.const(0, y.dtype)], {"shape": zeros_shape})
-        both = c.emit("Concat", [part, zeros], {"axis": 3 + axis})
-        shape[2 + axis] = size * step
-        y = c.emit("Reshape", [both], {"shape": shape})
-    return y
-
-
-def _conv_input_grad(c: Ctx, gy: Value, w: Value, hw: tuple[int, int], s, p, d, g) -> Value:
-    """dL/dx of a convolution: the correlation of the zero-inserted gy with the flipped,
-    group-transposed weight (a transposed convolution written as a plain one)."""
-    m, cg, kh, kw = w.shape
-    wt = _regroup(c, w, [g, m // g, cg, kh, kw], [0, 2, 1, 3, 4], [g * cg, m // g, kh, kw])
-    wt = c.emit("StridedSlice", [wt], {"begin": [-1, -1], "end": [-kh - 1, -kw - 1],
-                                       "strides": [-1, -1], "axes": [2, 3]})
-    z = _zero_insert(c, gy, s)
-    pads, crop = [], []
-    for i, k in enumerate((kh, kw)):
-        lo = d[i] * (k - 1) - p[i]  # the window reaches this far before the first output
-        hi = hw[i] - z.shape[2 + i] + p[i]
-        crop.append((max(-lo, 0), z.shape[2 + i] - max(-hi, 0)))
-        pads.append((max(lo, 0), max(hi, 0)))
-    if any(b or e != z.shape[2 + i] for i, (b, e) in enumerate(crop)):
-        z = c.emit("StridedSlice", [z], {"begin": [b for b, _ in crop],
-                                         "end": [e for _, e in crop], "axes": [2, 3]})
-    return c.emit("Conv2D", [z, wt], {"strides": [1, 1], "dilations": list(d), "group": g,
-                                      "pads": [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]})
-
-
-def _conv_weight_grad(c: Ctx, gy: Value, x: Value, k: tuple[int, int], s, p, d, g) -> Value:
-    """dL/dw of a convolution: a convolution of x (channels as the batch, the batch as the
-    channels) by gy, striding by the dilation and dilating by the stride."""
-    n, ch = x.shape[:2]
-    m = gy.shape[1]
-    xt = _regroup(c, x, [n, g, ch // g, *x.shape[2:]], [2, 1, 0, 3, 4],
-                  [ch // g, g * n, *x.shape[2:]])
-    gt_ = _regroup(c, gy, [n, g, m // g, *gy.shape[2:]], [1, 2, 0, 3, 4], [m, n, *gy.shape[2:]])
-    dw = c.emit("Conv2D", [xt, gt_], {"strides": list(d), "dilations": list(s), "group": g,
-                                      "pads": [p[0], p[1], p[0], p[1]]})
-    if tuple(dw.shape[2:]) != tuple(k):  # the padded input may hold more windows than k
-        dw = c.emit("StridedSlice", [dw], {"begin": [0, 0], "end": list(k), "axes": [2, 3]})
-    return c.emit("Transpose", [dw], {"perm": [1, 0, 2, 3]})
-
-
 @aten("aten.convolution_backward.default")
 def _conv_backward(c: Ctx):
     gy, x, w, _, stride, pad, dil, transposed, _, groups, mask = (c.arg(i) for i in range(11))
@@ -706,12 +647,14 @@ def _conv_backward(c: Ctx):
     if one_d:  # as the forward: a 2-D convolution over a height of 1
         gy, x, w = (c.emit("ExpandDims", [v], {"axis": [2]}) for v in (gy, x, w))
         stride, pad, dil = [1, *stride], [0, *pad], [1, *dil]
-    stride, pad, dil = tuple(stride), tuple(pad), tuple(dil)
+    attrs = {"strides": list(stride), "pads": [pad[0], pad[1], pad[0], pad[1]],
+             "dilations": list(dil), "group": groups}
     outs: list[Value | None] = [None, None, None]
     if mask[0]:
-        outs[0] = _conv_input_grad(c, gy, w, tuple(x.shape[2:]), stride, pad, dil, groups)
+        outs[0] = c.emit("Conv2DBackpropInput", [gy, w], {**attrs, "input_size": list(x.shape)})
     if mask[1]:
-        outs[1] = _conv_weight_grad(c, gy, x, tuple(w.shape[2:]), stride, pad, dil, groups)
+        outs[1] = c.emit("Conv2DBackpropFilter", [gy, x],
+                         {**attrs, "filter_size": list(w.shape)})
     if one_d:
         outs[:2] = [o if o is None else c.emit("Squeeze", [o], {"axis": [2]}) for o in outs[:2]]
     if mask[2]:

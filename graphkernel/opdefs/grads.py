@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from pydantic import Field
 
 from graphkernel.errors import ShapeError
 from graphkernel.opdefs.activations import GeLUAttrs, SoftplusAttrs
 from graphkernel.opdefs.arithmetic import BiasAddAttrs, channel_axis
 from graphkernel.opdefs.composite import composite, elementwise, erf, sigmoid
 from graphkernel.opdefs.norms import LayerNormAttrs, SoftmaxAttrs, ln_axes, softmax_axes
+from graphkernel.opdefs.pooling import window_out
 from graphkernel.ops import Attrs, OpKind, check_dtype
 from graphkernel.tensor_types import TensorType
 
@@ -177,3 +179,110 @@ def _weight_norm_grad_ref(xs, a, ctx):
 
 composite("WeightNormGrad", (4, 4), _weight_norm_grad_infer, _weight_norm_grad_ref,
           WeightNormAttrs, category=G, kind=OpKind.REDUCE)
+
+
+class _ConvGradAttrs(Attrs):
+    """The forward convolution's geometry (NCHW, weights [M, C/group, kh, kw]): as Conv2D's."""
+
+    strides: list[int] = Field(default=[1, 1], min_length=2, max_length=2)
+    pads: list[int] = Field(default=[0, 0, 0, 0], min_length=4, max_length=4)  # t, l, b, r
+    dilations: list[int] = Field(default=[1, 1], min_length=2, max_length=2)
+    group: int = Field(default=1, ge=1)
+
+
+class Conv2DBackpropInputAttrs(_ConvGradAttrs):
+    """``input_size``: the forward input's shape [N, C, H, W] (the gradient's shape), which
+    dy's size alone does not fix when the stride skips trailing rows or columns."""
+
+    input_size: list[int] = Field(min_length=4, max_length=4)
+
+
+class Conv2DBackpropFilterAttrs(_ConvGradAttrs):
+    """``filter_size``: the forward weight's shape [M, C/group, kh, kw]."""
+
+    filter_size: list[int] = Field(min_length=4, max_length=4)
+
+
+def _conv_grad_check(dy: TensorType, x: tuple, w: tuple, attrs: dict) -> None:
+    """dy must be the output of the convolution of an input of shape ``x`` by a weight of
+    shape ``w`` with these attributes: a ShapeError saying what differs otherwise."""
+    check_dtype(dy, "float")
+    if dy.rank != 4 or not dy.is_static:
+        raise ShapeError(f"dy {dy} must be a static NCHW tensor")
+    if any(not isinstance(d, int) or d < 1 for d in (*x, *w)):
+        raise ShapeError(f"input {list(x)} and weight {list(w)} must be static positive sizes")
+    g = attrs["group"]
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
+    m, cg, kh, kw = w
+    if m % g or x[1] != cg * g:
+        raise ShapeError(f"weight {list(w)} does not fit group {g} and input channels {x[1]} "
+                         f"(accepted: M a multiple of group, C = C/group x group)")
+    want = (x[0], m, window_out(x[2], kh, sh, pt, pb, dh), window_out(x[3], kw, sw, pl, pr, dw))
+    if dy.shape != want:
+        raise ShapeError(f"dy {dy} is not the output of a convolution of {list(x)} by "
+                         f"{list(w)} with these attributes (that output is {list(want)})")
+
+
+def _conv_input_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dy, w = ins
+    if dy.dtype != w.dtype or w.rank != 4 or not w.is_static:
+        raise ShapeError(f"w {w} must be a static [M, C/group, kh, kw] weight of dy's dtype "
+                         f"{dy.dtype.value}")
+    _conv_grad_check(dy, tuple(attrs["input_size"]), w.shape, attrs)
+    return [TensorType(tuple(attrs["input_size"]), dy.dtype)]
+
+
+def _conv_filter_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    dy, x = ins
+    if dy.dtype != x.dtype or x.rank != 4 or not x.is_static:
+        raise ShapeError(f"x {x} must be a static NCHW input of dy's dtype {dy.dtype.value}")
+    _conv_grad_check(dy, x.shape, tuple(attrs["filter_size"]), attrs)
+    return [TensorType(tuple(attrs["filter_size"]), dy.dtype)]
+
+
+def _taps(a: dict, k: tuple[int, int], out: tuple[int, int]):
+    """Per kernel tap (i, j): the slices of the padded input the forward read at that tap for
+    every output position, rows i*dh, i*dh + sh, ... (OH of them) and the same for columns."""
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    for i in range(k[0]):
+        for j in range(k[1]):
+            yield i, j, (slice(i * dh, i * dh + (out[0] - 1) * sh + 1, sh),
+                         slice(j * dw, j * dw + (out[1] - 1) * sw + 1, sw))
+
+
+def _conv_input_grad_ref(xs, a, ctx):
+    # y[n, m, oy, ox] = sum_{c, i, j} xpad[n, c, oy sh + i dh, ox sw + j dw] w[m, c, i, j]:
+    # each tap scatters dy w back onto the padded input positions it read
+    dy, w = xs
+    n, c, h, wd = a["input_size"]
+    g, (pt, pl, pb, pr) = a["group"], a["pads"]
+    m, cg, kh, kw = w.shape
+    oh, ow = dy.shape[2:]
+    dyg = dy.reshape(n, g, m // g, oh, ow)
+    wg = w.reshape(g, m // g, cg, kh, kw)
+    dxp = np.zeros((n, g, cg, pt + h + pb, pl + wd + pr), dy.dtype)
+    for i, j, (rows, cols) in _taps(a, (kh, kw), (oh, ow)):
+        dxp[:, :, :, rows, cols] += np.einsum("ngmyx,gmc->ngcyx", dyg, wg[..., i, j])
+    return dxp[:, :, :, pt:pt + h, pl:pl + wd].reshape(n, c, h, wd)
+
+
+def _conv_filter_grad_ref(xs, a, ctx):
+    # dw[m, c, i, j] = sum_{n, oy, ox} dy[n, m, oy, ox] xpad[n, c, oy sh + i dh, ox sw + j dw]
+    dy, x = xs
+    m, cg, kh, kw = a["filter_size"]
+    g, (pt, pl, pb, pr) = a["group"], a["pads"]
+    n, _, h, wd = x.shape
+    oh, ow = dy.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))).reshape(n, g, cg, pt + h + pb,
+                                                                  pl + wd + pr)
+    dyg = dy.reshape(n, g, m // g, oh, ow)
+    dw = np.zeros((g, m // g, cg, kh, kw), dy.dtype)
+    for i, j, (rows, cols) in _taps(a, (kh, kw), (oh, ow)):
+        dw[..., i, j] = np.einsum("ngmyx,ngcyx->gmc", dyg, xp[:, :, :, rows, cols])
+    return dw.reshape(m, cg, kh, kw)
+
+
+composite("Conv2DBackpropInput", (2, 2), _conv_input_grad_infer, _conv_input_grad_ref,
+          Conv2DBackpropInputAttrs, category=G, kind=OpKind.OPAQUE)
+composite("Conv2DBackpropFilter", (2, 2), _conv_filter_grad_infer, _conv_filter_grad_ref,
+          Conv2DBackpropFilterAttrs, category=G, kind=OpKind.OPAQUE)

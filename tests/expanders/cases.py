@@ -35,6 +35,32 @@ def binary(d0="any", d1="any", **attrs) -> list[Case]:
             Case([(2, "n", 8), (8,)], [d0, d1], attrs, {"n": 3})]
 
 
+def conv_grads(x: tuple, w: tuple, s=(1, 1), pads=(0, 0, 0, 0), d=(1, 1), g=1
+               ) -> dict[str, Case]:
+    """Both gradient ops of one NCHW convolution of ``x`` by ``w``: dy's shape is the forward
+    output's (PyTorch's rule: floor((H + pads - d (k - 1) - 1) / s) + 1). Values in [-1, 1]:
+    the edge values (30 x 30) would put terms of 900 into the sums, whose fp32 rounding then
+    depends on the summation order by more than an elementwise tolerance."""
+    out = [(x[2 + i] + pads[i] + pads[2 + i] - d[i] * (w[2 + i] - 1) - 1) // s[i] + 1
+           for i in (0, 1)]
+    dy = (x[0], w[0], *out)
+    attrs = {"strides": list(s), "pads": list(pads), "dilations": list(d), "group": g}
+    return {"Conv2DBackpropInput": Case([dy, w], ["small", "small"],
+                                        {**attrs, "input_size": list(x)}),
+            "Conv2DBackpropFilter": Case([dy, x], ["small", "small"],
+                                         {**attrs, "filter_size": list(w)})}
+
+
+CONVS = {
+    "strided_padded": conv_grads((2, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 1, 1, 1)),
+    "grouped_dilated": conv_grads((2, 6, 9, 8), (6, 3, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2),
+    "depthwise": conv_grads((2, 6, 7, 10), (6, 1, 7, 5), (3, 2), (3, 1, 3, 1), (1, 2), 6),
+    "1d_as_2d": conv_grads((2, 6, 1, 12), (6, 2, 1, 4), (1, 1), (0, 2, 0, 2), g=3),
+    "uneven_pads_rows_skipped": conv_grads((1, 3, 8, 7), (4, 3, 2, 3), (3, 2), (0, 1, 2, 0)),
+    "stride_past_kernel": conv_grads((2, 4, 7, 7), (8, 4, 1, 1), (2, 2)),
+    "groups_narrowing": conv_grads((1, 8, 6, 6), (4, 2, 3, 3), (2, 1), (1, 0, 1, 0), (1, 2), 4),
+}
+
 SCALAR = (1,)
 CASES: dict[str, list[Case]] = {
     "GeLU": unary(approximate="none") + unary(approximate="tanh"),
@@ -100,6 +126,8 @@ CASES: dict[str, list[Case]] = {
                             {"dim": 1}),
                        Case([(3, 4), (3, 4), (), ()], ["any", "any", "any", "pos"],
                             {"dim": -1})],
+    "Conv2DBackpropInput": [c["Conv2DBackpropInput"] for c in CONVS.values()],
+    "Conv2DBackpropFilter": [c["Conv2DBackpropFilter"] for c in CONVS.values()],
     "AssignAdd": [Case([(3, 4), (3, 4)], ["any", "any"], mutable=(0,))],
     "ApplyMomentum": [Case([(5,), (5,), SCALAR, (5,), SCALAR], ["any", "any", "unit", "any",
                                                                 "unit"],

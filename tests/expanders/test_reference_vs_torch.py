@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_op
+from tests.expanders.cases import CONVS
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -165,3 +166,40 @@ def test_batch_norm_grad_matches_autograd():
     got = run_op("BatchNormGrad", [dy.numpy(), x, w, mean, rstd])
     for a, e in zip(got, want, strict=True):
         close(a, e, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_convolution_grads_match_autograd(name):
+    """Both gradients of a convolution against autograd through torch's (uneven pads: the
+    input padded first, as torch's convolution pads evenly)."""
+    a = CONVS[name]["Conv2DBackpropInput"].attrs
+    k = CONVS[name]["Conv2DBackpropFilter"].attrs["filter_size"]
+    rng = np.random.default_rng(10)
+    x, w = rng.standard_normal(a["input_size"]), rng.standard_normal(k)
+    xt, wt = t(x).requires_grad_(), t(w).requires_grad_()
+    pt, pl, pb, pr = a["pads"]
+    y = F.conv2d(F.pad(xt, (pl, pr, pt, pb)), wt, stride=a["strides"],
+                 dilation=a["dilations"], groups=a["group"])
+    dy = torch.from_numpy(rng.standard_normal(y.shape))
+    dx, dw = torch.autograd.grad(y, (xt, wt), dy)
+    geometry = {n: a[n] for n in ("strides", "pads", "dilations", "group")}
+    close(run_op("Conv2DBackpropInput", [dy.numpy(), w], a), dx, rtol=1e-9, atol=1e-12)
+    close(run_op("Conv2DBackpropFilter", [dy.numpy(), x], {**geometry, "filter_size": k}), dw,
+          rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("op,second,size,want", [
+    ("Conv2DBackpropInput", (6, 4, 3, 3), {"input_size": [2, 4, 9, 8]}, "is not the output"),
+    ("Conv2DBackpropFilter", (2, 4, 9, 8), {"filter_size": [6, 4, 3, 3]}, "is not the output"),
+    ("Conv2DBackpropInput", (6, 4, 3, 3), {"input_size": [2, 6, 9, 8], "group": 2},
+     "does not fit group 2"),
+])
+def test_convolution_grads_refuse_a_dy_of_another_convolution(op, second, size, want):
+    """dy [2, 6, 4, 4] is no output of that convolution (stride 2 over 9 x 8 gives 5 x 4), or
+    the weight does not fit the group: one ShapeError saying so, at the graph's construction."""
+    from graphkernel.errors import ShapeError
+    from tests.conftest import single_op_graph
+
+    arrays = [np.zeros((2, 6, 4, 4), np.float32), np.zeros(second, np.float32)]
+    with pytest.raises(ShapeError, match=want):
+        single_op_graph(op, arrays, {"strides": [2, 2], "pads": [1, 1, 1, 1], **size})
