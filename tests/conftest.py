@@ -72,6 +72,20 @@ def _no_flag_env(monkeypatch):
 
 
 @pytest.fixture
+def fresh_torch():
+    """Dynamo's caches and graphkernel.torch's statistics reset around a test, so it counts
+    its own graphs only."""
+    import torch
+
+    import graphkernel.torch as gt
+
+    torch._dynamo.reset()
+    gt.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

@@ -15,6 +15,8 @@ moe = pytest.importorskip("transformers.integrations.moe")
 
 import graphkernel.torch as gt  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("fresh_torch")  # Dynamo and stats reset
+
 # uneven groups, one expert with no rows, and rows routed to no expert at the end
 OFFS = np.array([3, 3, 7, 10], np.int32)
 S, K, N, E = 12, 8, 6, 4
@@ -66,14 +68,6 @@ class Experts(torch.nn.Module):
         h = torch.ops.transformers.grouped_mm_fallback(x, self.up.transpose(-2, -1), offs)
         h = torch.nn.functional.silu(h)
         return torch.ops.transformers.grouped_mm_fallback(h, self.down.transpose(-2, -1), offs)
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    gt.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.e2e

@@ -15,18 +15,10 @@ import torch.nn.functional as F  # noqa: E402
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel.frontends import fx  # noqa: E402
 
-pytestmark = pytest.mark.e2e  # torch.compile of modules
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_torch")]  # torch.compile of modules
 
 SDPA_OPS = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
             "aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    gt.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def _grads(model, args, flags: str = "", seed: int = 0):

@@ -16,17 +16,9 @@ from graphkernel import symbolic  # noqa: E402
 from graphkernel.errors import ExecutionError  # noqa: E402
 from graphkernel.frontends import torch_backend  # noqa: E402
 
-pytestmark = pytest.mark.e2e  # torch.compile of modules
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_torch")]  # torch.compile of modules
 
 R = torch.Generator().manual_seed(1)
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    gt.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 class Net(torch.nn.Module):

@@ -13,15 +13,7 @@ nn = torch.nn
 
 import graphkernel.torch as gt  # noqa: E402
 
-pytestmark = pytest.mark.e2e  # torch.compile of modules
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    gt.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_torch")]  # torch.compile of modules
 
 
 def _weights(y):

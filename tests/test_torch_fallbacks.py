@@ -14,17 +14,9 @@ torch = pytest.importorskip("torch")
 import graphkernel.torch as gt  # noqa: E402
 from graphkernel.frontends import fx, torch_backend  # noqa: E402
 
-pytestmark = pytest.mark.e2e  # torch.compile of programs
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_torch")]  # torch.compile of programs
 
 LENIENT = {"strict": False}  # graphkernel's own failures fall back (the user's default)
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    gt.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def _compiled(fn, *args, **options):

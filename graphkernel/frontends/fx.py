@@ -1474,17 +1474,25 @@ def _empty_permuted(c: Ctx):
 
 
 # ---------------------------------------------------------------- fallback
+def _node_arg(a: Any, inputs: list[Any], env: dict) -> int | None:
+    """A node an op run through torch takes as an argument: its size when it is a size that
+    is known, else None once it is appended to ``inputs`` (a tensor); a symbolic size is
+    refused."""
+    v = env[a]
+    if isinstance(v, int):
+        return v
+    if not isinstance(v, Value):
+        raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
+                            "runs through torch cannot take a symbolic size (mark fewer "
+                            "dims dynamic)")
+    inputs.append(a)
+    return None
+
+
 def _encode(a: Any, inputs: list[Any], env: dict) -> Any:
     if isinstance(a, torch.fx.Node):
-        v = env[a]
-        if isinstance(v, int):
-            return v  # a size that is known
-        if not isinstance(v, Value):
-            raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
-                                "runs through torch cannot take a symbolic size (mark fewer "
-                                "dims dynamic)")
-        inputs.append(a)
-        return {"in": len(inputs) - 1}
+        size = _node_arg(a, inputs, env)
+        return size if size is not None else {"in": len(inputs) - 1}
     if isinstance(a, list | tuple):
         return [_encode(x, inputs, env) for x in a]
     if isinstance(a, torch.dtype):
@@ -1519,15 +1527,8 @@ def _template(a: Any, inputs: list[Any], env: dict) -> Any:
     """A node's argument with its tensors replaced by their input slots; every other value
     (dtypes, devices, operators, strings, numbers) is kept as the program passed it."""
     if isinstance(a, torch.fx.Node):
-        v = env[a]
-        if isinstance(v, int):
-            return v  # a size that is known
-        if not isinstance(v, Value):
-            raise FrontendError(f"'{a.name}' is the symbolic size {v!r}: an op that graphkernel "
-                                "runs through torch cannot take a symbolic size (mark fewer "
-                                "dims dynamic)")
-        inputs.append(a)
-        return _In(len(inputs) - 1)
+        size = _node_arg(a, inputs, env)
+        return size if size is not None else _In(len(inputs) - 1)
     if isinstance(a, list | tuple):
         return [_template(x, inputs, env) for x in a]
     if isinstance(a, dict):
