@@ -204,32 +204,43 @@ def write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
 def _write(path: str | os.PathLike, write: Callable[[BinaryIO], None],
            digest: Callable[[str], str], immediate: bool) -> Path:
     path = Path(path)
-    stage = None if immediate else _STAGE.get()
-    tmp = ""
-    try:
-        made = _make_dirs(path.parent)
-        if stage is not None:
-            stage.made_dirs += made
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    with _placed(path, None if immediate else _STAGE.get()) as tmp:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.",
+                                    suffix=".tmp")
+        tmp.append(name)
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             write(f)
-        _DIGESTS[os.path.realpath(path)] = digest(tmp)
+        _DIGESTS[os.path.realpath(path)] = digest(name)
         _SHARED.pop(os.path.realpath(path), None)
+    return path
+
+
+@contextlib.contextmanager
+def _placed(path: Path, stage: Any) -> Iterator[list[str]]:
+    """Make ``path``'s folders (recorded with ``stage``), let the block make the temporary
+    file that will become ``path`` (its name appended to the list yielded), then put it in
+    place: now, or when ``stage``'s transaction ends. On any failure the temporary file is
+    removed, and an OSError becomes one OutputError naming ``path``."""
+    tmp: list[str] = []
+    try:
+        made = _make_dirs(path.parent)
         if stage is not None:
-            stage.pending.append((tmp, path))
+            stage.made_dirs += made
+        yield tmp
+        if stage is not None:
+            stage.pending.append((tmp[0], path))
         else:
-            os.replace(tmp, path)
+            _replace(tmp[0], path)
     except BaseException as e:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp and os.path.lexists(tmp[0]):
+            os.unlink(tmp[0])
         if isinstance(e, OSError):
             raise OutputError(f"{printable(str(path))}: cannot be written "
                               f"({e.strerror or e})") from e
         raise
-    return path
 
 
 # ------------------------------------------------------------ a model's data, shared
@@ -299,32 +310,17 @@ def share_file(path: str | os.PathLike, fd: int, source: str | os.PathLike) -> P
     puts a file; its digest is recorded as for a file written, and is computed only when no
     earlier digest of this same file is known (``known_digest``)."""
     path = Path(path)
-    stage = _STAGE.get()
     st = os.fstat(fd)
     ident = _identity(st)
-    tmp = ""
-    try:
-        made = _make_dirs(path.parent)
-        if stage is not None:
-            stage.made_dirs += made
-        tmp, linked = _link_or_copy(fd, st, path)
+    with _placed(path, _STAGE.get()) as tmp:
+        name, linked = _link_or_copy(fd, st, path)
+        tmp.append(name)
         sha = _KNOWN.get(ident)
         if sha is None:
             sha = _KNOWN[ident] = file_sha256(fd, st.st_size)
         real = os.path.realpath(path)
         _DIGESTS[real] = sha
         _SHARED[real] = Shared(os.path.abspath(source), ident, sha, linked)
-        if stage is not None:
-            stage.pending.append((tmp, path))
-        else:
-            _replace(tmp, path)
-    except BaseException as e:
-        if tmp and os.path.lexists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise OutputError(f"{printable(str(path))}: cannot be written "
-                              f"({e.strerror or e})") from e
-        raise
     return path
 
 
