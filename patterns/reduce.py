@@ -63,9 +63,7 @@ def bwd(model, a):
     """A REDUCE area pushes itself into its single consumer area when both have the same
     compute size and reduce the same axes of the same shape: the row-wise normalizations
     (LayerNorm, Softmax, RMSNorm), whose statistics are broadcast back over the rows they
-    were reduced from; or when the consumer is elementwise work on the reduced values alone
-    (a mean's division: a global average pool is one kernel). (A graphkernel addition to
-    the split model.)"""
+    were reduced from. (A graphkernel addition to the split model.)"""
     if model.kind(a) != OpKind.REDUCE:
         return None
     cons, external = model.consumers(a)
@@ -78,16 +76,7 @@ def bwd(model, a):
              lambda: f"{a.name} has a consumer outside the fusable region"),
         need(lambda: model.kind(c) <= OpKind.REDUCE,
              lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
-        need(lambda: model.size(c) == model.size(a) or _epilogue_of_reduced(model, a, c),
+        need(lambda: model.size(c) == model.size(a),
              lambda: f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
         need(lambda: len(sigs) == 1, lambda: "the reductions differ in shape or axes"),
     ])
-
-
-def _epilogue_of_reduced(model, a, c) -> bool:
-    """Whether ``c`` is elementwise work on ``a``'s reduced values alone, at their size (a
-    mean's division by the count, a pooled value's scale): the reduction's kernel does it on
-    its result rows before it stores them, as it does a normalisation's statistics."""
-    read = [v for pa, v, _ in model.producers(c) if pa is a]
-    return model.kind(c) <= OpKind.ELEMWISE and bool(read) and all(
-        v.type.numel == model.size(c) for v in read)

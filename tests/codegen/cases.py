@@ -189,15 +189,6 @@ def pattern_cases() -> list[Case]:
         s = n("ReduceSum", [n("Mul", [v["x"], v["x"]])], axis=[2], keep_dims=keep)
         add(f"reduce-last-keep{keep}", g, s, n("ReduceMax", [v["x"]], axis=[1, 2],
                                                keep_dims=keep))
-    # a global average pool: the rows' sums divided by their count before they are stored,
-    # with and without the channel axis kept (one kernel: reduce_bwd takes the division)
-    for keep, c in ((True, 16), (False, 37)):
-        g, v = _g(f"global_pool_{keep}", {"x": (2, c, 7, 9)})
-        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
-        s = n("ReduceSum", [n("Maximum", [v["x"], g.const(np.float32(0.0))])], axis=[2, 3],
-              keep_dims=keep)
-        add(f"global-average-pool-keep{keep}", g,
-            n("Mul", [s, g.const(np.float32(1 / 63))]))
     # reductions over leading axes: a core owns whole columns and accumulates every row
     for shape, axes, keep in (((37, 70), [0], True), ((4, 6, 33), [0, 1], False),
                               ((300, 1000), [0], True)):
