@@ -1393,36 +1393,53 @@ def _adaptive_sizes(c: Ctx, x: Value) -> list[int]:
     return [x.shape[2 + i] if o is None else o for i, o in enumerate(out)]
 
 
+def _batched(c: Ctx, *vals: Value) -> tuple[bool, list[Value]]:
+    """A pooling overload's tensors with a batch axis. PyTorch also takes an unbatched input
+    (``[C, *spatial]``: one axis more than the spatial ones its name counts); it is pooled as
+    a batch of one, and ``_unbatched`` takes that axis off the results again."""
+    spatial = int(re.search(r"pool(\d)d", str(c.node.target)).group(1))
+    if vals[0].type.rank != spatial + 1:
+        return False, list(vals)
+    return True, [c.emit("ExpandDims", [v], {"axis": [0]}) for v in vals]
+
+
+def _unbatched(c: Ctx, unbatched: bool, y: Value | None) -> Value | None:
+    return c.emit("Squeeze", [y], {"axis": [0]}) if unbatched and y is not None else y
+
+
 @aten("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default",
       "aten.adaptive_avg_pool1d.default")
 def _adaptive_avg(c: Ctx):
-    x = c.arg(0)
+    unbatched, (x,) = _batched(c, c.arg(0))
     out = _adaptive_sizes(c, x)
     if all(o == 1 for o in out):
-        return _global_mean(c, x)
-    return c.emit("AdaptiveAvgPool", [x], {"output_size": out})
+        return _unbatched(c, unbatched, _global_mean(c, x))
+    return _unbatched(c, unbatched, c.emit("AdaptiveAvgPool", [x], {"output_size": out}))
 
 
 @aten("aten._adaptive_avg_pool2d_backward.default", "aten._adaptive_avg_pool3d_backward.default")
 def _adaptive_avg_backward(c: Ctx):
-    dy, x = c.arg(0), c.arg(1)
+    unbatched, (dy, x) = _batched(c, c.arg(0), c.arg(1))
     if all(o == 1 for o in dy.shape[2:]) and all(isinstance(d, int) for d in x.shape[2:]):
-        return _global_mean_grad(c, dy, x)
-    return c.emit("AdaptiveAvgPoolGrad", [dy], {"input_size": list(x.shape[2:])})
+        return _unbatched(c, unbatched, _global_mean_grad(c, dy, x))
+    return _unbatched(c, unbatched, c.emit("AdaptiveAvgPoolGrad", [dy],
+                                           {"input_size": list(x.shape[2:])}))
 
 
 @aten("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
 def _adaptive_max(c: Ctx):
-    x = c.arg(0)
+    unbatched, (x,) = _batched(c, c.arg(0))
     attrs = {"output_size": _adaptive_sizes(c, x)}
     y = c.emit("AdaptiveMaxPool", [x], attrs)
-    return [y, None if _unused(c, 1) else c.emit("AdaptiveMaxPoolArgmax", [x], attrs)]
+    idx = None if _unused(c, 1) else c.emit("AdaptiveMaxPoolArgmax", [x], attrs)
+    return [_unbatched(c, unbatched, y), _unbatched(c, unbatched, idx)]
 
 
 @aten("aten.adaptive_max_pool2d_backward.default", "aten.adaptive_max_pool3d_backward.default")
 def _adaptive_max_backward(c: Ctx):
-    dy, x, idx = c.arg(0), c.arg(1), c.arg(2)
-    return c.emit("MaxPoolGrad", [dy, idx], {"input_size": list(x.shape[2:])})
+    unbatched, (dy, x, idx) = _batched(c, c.arg(0), c.arg(1), c.arg(2))
+    return _unbatched(c, unbatched, c.emit("MaxPoolGrad", [dy, idx],
+                                           {"input_size": list(x.shape[2:])}))
 
 
 def _torch_pads(x: Value, pad: list) -> list[int]:
