@@ -260,18 +260,26 @@ def forward(b: Builder, s: Spec, stats: bool = False
             ) -> tuple[Value, Value | None, str | None]:
     """(output [B, N1, L, Ev], logsumexp [B, N1, L] fp32 when ``stats``, the reason it is
     not one FusedAttention or None)."""
-    why = why_not_fused(s)
-    if why is None:
-        with b.g.recording() as added:
-            try:
-                masks = operator_masks(b, s)
-            except GraphKernelError as e:
-                why = str(e)
-        if why is None:
-            return (*_fused(b, s, masks, stats), None)
-        _undo(b.g, added)
+    masks, why = _fusable(b, s)
+    if masks is not None:
+        return (*_fused(b, s, masks, stats), None)
     out, lse = _decomposed(b, s, stats)
     return out, lse, why
+
+
+def _fusable(b: Builder, s: Spec) -> tuple[OperatorMasks | None, str | None]:
+    """(the operator's masks, None) when the attention is one fused operator, else (None,
+    why not), with whatever building the masks added taken out of the graph again."""
+    why = why_not_fused(s)
+    if why is not None:
+        return None, why
+    with b.g.recording() as added:
+        try:
+            return operator_masks(b, s), None
+        except GraphKernelError as e:
+            why = str(e)
+    _undo(b.g, added)
+    return None, why
 
 
 def _undo(g: Graph, added: list) -> None:
@@ -356,16 +364,9 @@ def backward(b: Builder, s: Spec, dy: Value, out: Value, lse: Value
              ) -> tuple[list[Value], str | None]:
     """([dQ, dK, dV], the reason it is not one FusedAttentionGrad or None) from the
     output's gradient ``dy``, the forward's output and its logsumexp [B, N1, L]."""
-    why = why_not_fused(s)
-    if why is None:
-        with b.g.recording() as added:
-            try:
-                masks = operator_masks(b, s)
-            except GraphKernelError as e:
-                why = str(e)
-        if why is None:
-            return _fused_grad(b, s, masks, dy, out, lse), None
-        _undo(b.g, added)
+    masks, why = _fusable(b, s)
+    if masks is not None:
+        return _fused_grad(b, s, masks, dy, out, lse), None
     return _decomposed_grad(b, s, dy, out, lse), why
 
 
