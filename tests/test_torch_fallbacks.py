@@ -9,6 +9,8 @@ import logging
 
 import pytest
 
+from tests.training import step
+
 torch = pytest.importorskip("torch")
 
 import graphkernel.torch as gt  # noqa: E402
@@ -298,15 +300,8 @@ def test_moe_decoders_with_transformers_custom_ops_match_eager_and_train(name):
     model.train()
     twin = copy.deepcopy(model)
 
-    def step(m, fn):
-        m.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        out = fn(*args)
-        out.pow(2).mean().backward()
-        return out.detach(), {k: p.grad for k, p in m.named_parameters()}
-
-    want_out, want_grads = step(model, model)
-    got_out, got_grads = step(twin, torch.compile(twin, backend="graphkernel"))
+    want_out, want_grads = step(model, model, args)
+    got_out, got_grads = step(twin, torch.compile(twin, backend="graphkernel"), args)
     torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=2e-5)
     for k, g in want_grads.items():
         assert (g is None) == (got_grads[k] is None), k

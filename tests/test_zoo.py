@@ -14,6 +14,7 @@ import graphkernel
 from graphkernel.fileio import load_npz
 from graphkernel.frontends import load_model
 from graphkernel.interpreter import Interpreter
+from tests.training import step
 
 pytestmark = pytest.mark.e2e  # torch.compile of whole models
 
@@ -105,18 +106,11 @@ def test_training_step_gradients_match_eager(name, attn):
     model, args = build().train(), inputs()
     twin = copy.deepcopy(model)
 
-    def step(m, fn):
-        m.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        out = fn(*args)
-        out.pow(2).mean().backward()
-        return out.detach(), {k: p.grad for k, p in m.named_parameters()}
-
-    want_out, want = step(model, model)
+    want_out, want = step(model, model, args)
     compiled = torch.compile(twin, backend="graphkernel")
-    step(twin, compiled)
+    step(twin, compiled, args)
     gt.reset_stats()
-    got_out, got = step(twin, compiled)
+    got_out, got = step(twin, compiled, args)
     torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=2e-5)
     assert [k for k in want if (want[k] is None) != (got[k] is None)] == []
     for k, g in want.items():
@@ -128,7 +122,7 @@ def test_training_step_gradients_match_eager(name, attn):
         torch._dynamo.reset()
         gt.reset_stats()
         fresh = copy.deepcopy(model)
-        step(fresh, torch.compile(fresh, backend="graphkernel"))
+        step(fresh, torch.compile(fresh, backend="graphkernel"), args)
         per_graph = gt.stats()["per_graph"]
         assert [(g["role"], g["launches"]["extern"]) for g in per_graph] == [
             ("forward", 2), ("backward", 2)]
