@@ -246,20 +246,20 @@ def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
 
 
 def _scale_folded(v: Value, seen: list[Node]) -> tuple[Value, float]:
-    """(x, c) when ``v`` is x · c for a constant c read only here, seen through views that
-    keep its type (the scale applied to Q or to Kᵀ: torch's math path puts sqrt(scale) on
-    both), else (v, 1)."""
+    """(x, c) when ``v`` is x · c (or x / (1/c)) for a constant c read only here, seen through
+    views that keep its type (the scale applied to Q or to Kᵀ: torch's math path puts
+    sqrt(scale) on both), else (v, 1)."""
     probe: list[Node] = []
     base = _views(v, probe)
-    mul = _producer(base, "Mul")
+    mul = _producer(base, "Mul") or _producer(base, "Div")
     if mul is None or any(len(n.outputs[0].users) != 1 for n in (*probe, mul)):
         return v, 1.0
-    for s, c in ((0, 1), (1, 0)):
+    for s, c in ((0, 1), (1, 0)) if mul.op == "Mul" else ((0, 1),):
         f, x = splat(mul.inputs[c]), mul.inputs[s]
         if f is not None and f != 0 and np.isfinite(f) and (
                 x.type == v.type or x.type.rank == 4 and x.dtype == v.dtype):
             seen += [*probe, mul]
-            return x, f
+            return x, (f if mul.op == "Mul" else 1.0 / f)
     return v, 1.0
 
 
@@ -271,7 +271,7 @@ def _key_side(k: Value, seen: list[Node]) -> tuple[Value, float, int]:
     while (p := k.producer) is not None:
         if p.op in VIEW_OPS:
             k = p.inputs[0]
-        elif p.op == "Mul" and (f := _factor(p)) is not None:
+        elif p.op in ("Mul", "Div") and (f := _factor(p)) is not None:
             factor *= f[0]
             k = f[1]
         elif p.op == "BroadcastTo" and (r := _head_broadcast(p)) is not None:
@@ -284,12 +284,13 @@ def _key_side(k: Value, seen: list[Node]) -> tuple[Value, float, int]:
 
 
 def _factor(mul: Node) -> tuple[float, Value] | None:
-    """(c, x) of ``x * c`` or ``c * x`` for a finite nonzero constant c of one value."""
-    for s, c in ((0, 1), (1, 0)):
+    """(c, x) of ``x * c``, ``c * x`` or ``x / (1/c)`` for a finite nonzero constant c of one
+    value (DeBERTa divides Kᵀ by sqrt(d))."""
+    for s, c in ((0, 1), (1, 0)) if mul.op == "Mul" else ((0, 1),):
         f = splat(mul.inputs[c])
         if f is not None and f != 0 and np.isfinite(f) and \
                 mul.inputs[s].type == mul.outputs[0].type:
-            return f, mul.inputs[s]
+            return (f if mul.op == "Mul" else 1.0 / f), mul.inputs[s]
     return None
 
 

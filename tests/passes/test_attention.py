@@ -237,6 +237,24 @@ def test_a_query_scaled_before_its_head_split_folds_into_the_scale():
                                Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_division_of_q_or_kt_by_a_constant_folds_into_the_scale(side):
+    """DeBERTa divides Kᵀ by sqrt(d) before the product (``bmm(q, k.transpose(-1, -2) /
+    scale)``); some encoders divide Q: the divisor's inverse joins the operator's scale."""
+    g = _attention(dim=16)
+    qk = next(n for n in g.nodes if n.name == "qk")
+    div = next(n for n in g.nodes if n.op == "Div")
+    g.replace_all_uses(div.outputs[0], qk.outputs[0])
+    g.erase_node(div)
+    scaled = g.add_node("Div", [qk.inputs[side], g.const(2.0, "float32")]).output
+    g.replace_input(qk, side, scaled)
+    g.toposort()
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["scale"] == pytest.approx(0.5)
+    _same_results(g, res)
+
+
 def _same_results(g, res, seed=5):
     feeds = random_inputs(g, seed=seed)
     for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
