@@ -19,6 +19,7 @@ from graphkernel.passes import (
     expand,
     matvec,
     parallel_fusion,
+    product_broadcast,
     promote_precision,
     recompute,
     reshape_elim,
@@ -55,6 +56,7 @@ PIPELINE = (
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
+    Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
