@@ -330,3 +330,25 @@ def test_an_in_process_custom_op_graph_saved_to_a_file_is_data_and_refused(tmp_p
     with pytest.raises(GraphKernelError, match="'gk_test.scaled_shift.default': namespace "
                                                "'gk_test' is not accepted"):
         load_graph(tmp_path / "g.json")
+
+
+def test_dynamos_restart_signal_is_not_a_failure(monkeypatch):
+    """AOT autograd raises ``RestartAnalysis`` (``TensorifyScalarRestartAnalysis``: a Python
+    scalar tracing turned into a tensor) to make Dynamo trace the frame again with the scalar
+    specialised. The backend lets it through, as Inductor does: caught as a failure, the
+    graph ran through torch (DeBERTa under dynamic=True: 62 launches, all Opaque)."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    real, calls = torch_backend._aot, []
+
+    def restart_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TensorifyScalarRestartAnalysis
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_backend, "_aot", restart_once)
+    want, got, stats = _compiled(lambda x: torch.relu(x) * 2 + 1, _g(4, 8), **LENIENT)
+    torch.testing.assert_close(got, want)
+    assert len(calls) == 2 and not stats["graphs_through_torch"]
+    assert stats["launches"]["opaque"] == 0
