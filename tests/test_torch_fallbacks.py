@@ -352,3 +352,21 @@ def test_dynamos_restart_signal_is_not_a_failure(monkeypatch):
     torch.testing.assert_close(got, want)
     assert len(calls) == 2 and not stats["graphs_through_torch"]
     assert stats["launches"]["opaque"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float64])
+def test_a_symbolic_size_read_as_a_number_is_computed_in_the_graph(dtype):
+    """``torch.tensor(x.size(-1))`` under dynamic=True is ``scalar_tensor`` of a symbolic
+    size: the graph computes it (a count of ones) instead of sending the whole graph through
+    torch (an op run through torch cannot take a symbolic size)."""
+    def f(x):
+        n = torch.tensor(x.size(-1), dtype=dtype)
+        return torch.softmax(x / torch.sqrt(n.to(x.dtype)), -1) + n.to(x.dtype)
+
+    c = torch.compile(f, backend="graphkernel", dynamic=True)
+    for size in (8, 13, 24):
+        x = _g(3, size, seed=size)
+        torch.testing.assert_close(c(x), f(x))
+    stats = gt.stats()
+    assert not stats["graphs_through_torch"] and stats["launches"]["opaque"] == 0
+    assert stats["graphs"] == 1 and stats["recompiles"] == 0

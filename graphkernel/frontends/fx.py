@@ -672,11 +672,26 @@ def _weight_norm_backward(c: Ctx):
 def _full(c: Ctx):
     t = c.out_type
     value = c.arg(1) if "full" in str(c.node.target) else c.arg(0)
-    if isinstance(value, Value | str):
+    if isinstance(value, str):  # a symbolic size as a number (torch.tensor(x.size(-1)))
+        return _size_value(c, value, t)
+    if isinstance(value, Value):
         raise Unmapped("a fill value computed at run time")
     if not t.is_static:  # one scalar broadcast to the symbolic shape
         return c.emit("BroadcastTo", [c.const(value, t.dtype)], {"shape": list(t.shape)})
     return c.const(np.full(t.shape, value), t.dtype)
+
+
+def _size_value(c: Ctx, dim: str, t: TensorType) -> Value:
+    """A tensor of type ``t`` filled with the value of the symbolic size ``dim``: the count of
+    ``dim`` ones (in float32, exact below 2^24, for a float32 result; else in int32, exact
+    below 2^31, converted to ``t``'s dtype as torch converts the Python int). The IR has no
+    op reading a symbol's value; this is one small reduction that fuses with its readers."""
+    acc = DType.float32 if t.dtype == DType.float32 else DType.int32
+    ones = c.emit("BroadcastTo", [c.const(1, acc)], {"shape": [dim]})
+    n = c.emit("ReduceSum", [ones], {"axis": [0], "keep_dims": False})
+    if t.dtype != acc:
+        n = c.emit("Cast", [n], {"dtype": t.dtype})
+    return c.emit("BroadcastTo", [n], {"shape": list(t.shape)}) if t.shape else n
 
 
 @aten("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
