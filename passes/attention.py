@@ -219,6 +219,15 @@ def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
     return qk, scale
 
 
+def _fill(v: Value) -> float | None:
+    """The value of a constant whose elements are all equal, or of one broadcast to a shape
+    (under dynamic shapes a fill of a symbolic shape stays a BroadcastTo: ``full_like``)."""
+    f = splat(v)
+    if f is None and v.producer is not None and v.producer.op == "BroadcastTo":
+        f = splat(v.producer.inputs[0])
+    return f
+
+
 def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
     """``p`` seen through the guard torch puts after the softmax of masked scores: zeros
     for a row whose every key is masked out, ``Select(no key left, 0, P)`` where no key
@@ -227,7 +236,7 @@ def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
     would give zeros there where the operator gives NaN). Returns (P, the guard's Equal,
     whose input must be the softmax's) or (p, None)."""
     sel = _producer(p, "Select")
-    if sel is None or splat(sel.inputs[1]) != 0.0:
+    if sel is None or _fill(sel.inputs[1]) != 0.0:
         return p, None
     nan = _producer(sel.inputs[0], "IsNan")
     if nan is not None and nan.inputs[0] is sel.inputs[2]:
@@ -238,7 +247,7 @@ def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
     red = _producer(nots[0].inputs[0], "ReduceMax") if nots[0] is not None else None
     nots.append(_producer(red.inputs[0], "LogicalNot") if red is not None else None)
     eq = _producer(nots[1].inputs[0], "Equal") if nots[1] is not None else None
-    if eq is None or not _last_axis(red) or splat(eq.inputs[1]) != -np.inf:
+    if eq is None or not _last_axis(red) or _fill(eq.inputs[1]) != -np.inf:
         return p, None
     chain += [nots[0], red, nots[1], eq]
     seen += chain
@@ -562,7 +571,7 @@ def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
     if sel is None:
         return None, None
     cond, yes, no = sel.inputs
-    fy, fn = splat(yes), splat(no)
+    fy, fn = _fill(yes), _fill(no)
     if fy is None or fn is None or cond.dtype is not DType.bool:
         return None, None
     if fy <= LOWEST and fn == 0:

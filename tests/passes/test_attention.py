@@ -646,12 +646,31 @@ def _math_path(heads=4, seq=8, keys=8, dim=16, masked_rows=True, guard=True) -> 
         kept = g.add_node("LogicalNot", [inf]).output
         anyk = g.add_node("ReduceMax", [kept], {"axis": [3], "keep_dims": True}).output
         dead = g.add_node("LogicalNot", [anyk]).output
-        p = g.add_node("Select", [dead, g.const(np.zeros((2, heads, seq, keys), np.float32)),
-                                  p]).output
+        zeros = g.const(np.zeros((2, heads, seq, keys), np.float32)) if isinstance(seq, int) \
+            else g.add_node("BroadcastTo", [g.const(np.float32(0))],  # full_like, dynamic
+                            {"shape": [2, heads, seq, keys]}).output
+        p = g.add_node("Select", [dead, zeros, p]).output
     o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
     o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
     g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, seq, heads * dim]}).output])
     return g
+
+
+def test_the_guard_of_a_symbolic_length_is_recognised():
+    """Under dynamic shapes the guard's zeros stay ``BroadcastTo(0, [2, N, s, s])`` (no
+    constant of a symbolic shape): still the operator's rule (Falcon, dynamic=True: 0 -> 1
+    fused attention per layer)."""
+    g = _math_path(seq="s", keys="s")
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert not {"Equal", "Select", "BatchMatMul"} & {n.op for n in res.graph.nodes}
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.standard_normal((2, 8, 64), dtype=np.float32) for k in "qkv"}
+    feeds["keep"] = _keep()  # s = 8
+    (got,) = Interpreter(res.graph).run(feeds)
+    (want,) = Interpreter(g).run(feeds)
+    assert np.all(want[:, 3] == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _keep(seq=8, keys=8):
