@@ -380,7 +380,8 @@ def trainable(model) -> bool:
 
 def attention_layers(model, args) -> int:
     """The attention layers a model runs: its calls of scaled_dot_product_attention and of
-    softmax in one forward (no grad)."""
+    softmax over scores of rank 3 or more ([B, H, L, S], [B*H, L, S]) in one forward (no
+    grad); a mixture-of-experts router's softmax over [tokens, experts] is not attention."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -391,7 +392,9 @@ def attention_layers(model, args) -> int:
         calls = 0
 
         def __torch_function__(self, func, types, a=(), kw=None):
-            Count.calls += func in counted
+            x = a[0] if a else None
+            Count.calls += func is F.scaled_dot_product_attention or (
+                func in counted and isinstance(x, torch.Tensor) and x.dim() >= 3)
             return func(*a, **(kw or {}))
 
     if isinstance(model, Generate):  # the layers of one forward of the loop's model
