@@ -226,6 +226,8 @@ def _failure(e: Exception) -> str:
 def compiled_table(zoo) -> None:
     from export_models import attention_layers
 
+    import graphkernel.torch as gt
+
     print("torch.compile, inference (launches: Inductor fused + extern; graphkernel by kind)")
     _header(f"{'FA/layer':>8} {'compile s (ind/ours)':>20}  eager")
     rows, failed, fallbacks, wrong, unfused = {}, [], {}, [], []
@@ -242,15 +244,16 @@ def compiled_table(zoo) -> None:
                 progress.write(f"{name:<16} does not compile", sys.stdout)
                 shown.advance()
                 continue
+            fa = gt.stats()["externs"].get("FusedAttention", 0)  # (before the next reset)
             layers = attention_layers(model, args)
             rows[name] = (sum(launches.values()), k + e)
             if not ok:
                 wrong.append(name)
-            if layers and launches["extern"] < layers:
-                unfused.append(f"{name} {launches['extern']}/{layers}")
+            if layers and fa < layers:
+                unfused.append(f"{name} {fa}/{layers}")
             fallbacks.update({f"{op}: {why}": fallbacks.get(f"{op}: {why}", []) + [name]
                               for op, why in fb.items()})
-            per = f"{launches['extern'] / layers:g}" if layers else "-"
+            per = f"{fa / layers:g}" if layers else "-"
             progress.write(_row(name, k, e, launches, f"{per:>8} {t_ind:>9.2f} / "
                                 f"{t_ours:<8.2f}  " + ("match" if ok else "DIFF")), sys.stdout)
             shown.advance()

@@ -177,8 +177,9 @@ def measure(build, inputs) -> dict:
                 judged[k] = "torch.compile's (aot_eager differs the same)"
             else:
                 judged[k] = "graphkernel's"
-    externs = {role: sum(g["launches"]["extern"] for g in s["per_graph"] if g["role"] == role)
-               for role in ("forward", "backward")}
+    externs = {role: sum(g["externs"].get(op, 0) for g in s["per_graph"] if g["role"] == role)
+               for role, op in (("forward", "FusedAttention"),
+                                ("backward", "FusedAttentionGrad"))}
     return {"stats": s, "layers": layers, "externs": externs, "seconds": seconds,
             "forward": bool(torch.allclose(got_out, want_out, rtol=1e-4, atol=2e-5)),
             "params": len(want), "differ": differ, "judged": judged,

@@ -103,6 +103,7 @@ class GraphSummary:
     symbols: list[str] = field(default_factory=list)  # symbolic dims of the graph's inputs
     through_torch: str = ""  # why the whole graph runs through torch ("" when it does not)
     bug: str = ""  # graphkernel's own failure on this graph (a bug report was logged)
+    externs: dict[str, int] = field(default_factory=dict)  # extern launches by operator
 
     def line(self) -> str:
         if self.through_torch:
@@ -133,14 +134,17 @@ _STATS = _Stats()
 
 def stats() -> dict[str, Any]:
     """Totals over the graphs compiled since the last ``reset_stats()``: graphs, recompiles,
-    Dynamo's graph breaks, launches by kind, ATen fallbacks with their reasons."""
+    Dynamo's graph breaks, launches by kind, extern launches by operator, ATen fallbacks
+    with their reasons."""
     from torch._dynamo.utils import counters
 
     launches: Counter = Counter()
+    externs: Counter = Counter()
     fallbacks: dict[str, str] = {}
     whole: Counter = Counter()
     for s in _STATS.graphs:
         launches.update(s.launches)
+        externs.update(s.externs)
         fallbacks.update(s.fallbacks)
         if s.through_torch:
             whole[s.through_torch] += 1
@@ -149,6 +153,7 @@ def stats() -> dict[str, Any]:
             "graph_breaks": sum(counters["graph_break"].values()),
             "refreezes": _STATS.refreezes,
             "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
+            "externs": dict(externs),
             "fallbacks": fallbacks,
             "graphs_through_torch": dict(whole),
             "bugs": sum(bool(s.bug) for s in _STATS.graphs) + _STATS.run_bugs,
@@ -170,6 +175,14 @@ def launch_counts(graph) -> dict[str, int]:
     for entry in launches(graph):
         out[entry["kind"]] += 1
     return out
+
+
+def extern_counts(graph) -> dict[str, int]:
+    """Extern launches of a compiled graph by operator (FusedAttention, FusedAttentionGrad,
+    GroupedMatMul, ...): the vendor operators it calls."""
+    from graphkernel.codegen.extern import is_extern
+
+    return dict(Counter(n.op for n in graph.nodes if is_extern(n)))
 
 
 def _recompile() -> bool:
@@ -382,7 +395,7 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         name, role, aten_ops, n_nodes, launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
         round(time.perf_counter() - t0, 3), dump_dir, symbols,
-        bug="; ".join(imported.bugs.values()))
+        bug="; ".join(imported.bugs.values()), externs=extern_counts(res.graph))
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:
