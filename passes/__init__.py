@@ -23,6 +23,7 @@ from graphkernel.passes import (
     recompute,
     reshape_elim,
     scan,
+    small_ints,
     split,
     super_kernel,
     transpose_elim,
@@ -44,6 +45,7 @@ PIPELINE = (
     Step("simplify", 10, constant_fold.constant_fold, 2),
     Step("simplify", 20, arith_simplify.arith_simplify, 2),
     Step("simplify", 30, cse.cse, 2),
+    Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),

@@ -77,3 +77,47 @@ def test_a_fused_projection_cut_per_head_is_read_as_columns_not_copied_apart():
     assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
     assert s["launches"]["vector"] <= 5, s["launches"]
     assert "Split" not in gt.export_graph(model, args).op_histogram()
+
+
+class PositionsFromMask(torch.nn.Module):
+    """RoBERTa's embeddings: position ids counted from the tokens that are not padding
+    (``cumsum`` of the mask, int64 as torch traces it), token types gathered from a buffer of
+    zeros by those positions, three embeddings summed and normalised."""
+
+    def __init__(self, pad: int = 1):
+        super().__init__()
+        self.pad = pad
+        self.words, self.positions = torch.nn.Embedding(30, 16), torch.nn.Embedding(40, 16)
+        self.types, self.norm = torch.nn.Embedding(2, 16), torch.nn.LayerNorm(16)
+        self.register_buffer("type_ids", torch.zeros(1, 40, dtype=torch.long))
+
+    def forward(self, ids):
+        mask = ids.ne(self.pad).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + self.pad
+        types = torch.gather(self.type_ids[:, :ids.shape[1]].expand(ids.shape[0], -1), 1,
+                             positions)
+        return self.norm(self.words(ids) + self.positions(positions) + self.types(types))
+
+
+def test_position_ids_from_a_mask_are_one_kernel_and_token_types_a_constant():
+    """Without the float32 region the eight integer ops are eight launches and the token
+    types two more (a gather of zeros, then of the table): here 3 + 1 fewer than 10."""
+    torch.manual_seed(0)
+    model = PositionsFromMask().eval()
+    ids = torch.randint(2, 30, (2, 12))
+    ids[:, -3:] = 1
+    ids[1, 4] = 1
+    want = model(ids)
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphkernel")(ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    launches = gt.stats()["launches"]
+    assert gt.stats()["fallbacks"] == {} and launches["opaque"] == 0, gt.stats()
+    torch._dynamo.reset()
+    gt.reset_stats()
+    with torch.no_grad():
+        torch.compile(model, backend="graphkernel",
+                      options={"flags": "--disable_pass=small_ints"})(ids)
+    integers = gt.stats()["launches"]
+    assert sum(launches.values()) == sum(integers.values()) - 5, (launches, integers)
+    assert sum(launches.values()) == 6, launches
