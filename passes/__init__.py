@@ -22,6 +22,7 @@ from graphkernel.passes import (
     promote_precision,
     recompute,
     reshape_elim,
+    rotary_pairs,
     scan,
     small_ints,
     split,
@@ -47,6 +48,7 @@ PIPELINE = (
     Step("simplify", 30, cse.cse, 2),
     Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
+    Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 53, channels_last.channels_last, 2),

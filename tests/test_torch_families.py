@@ -121,3 +121,83 @@ def test_position_ids_from_a_mask_are_one_kernel_and_token_types_a_constant():
     integers = gt.stats()["launches"]
     assert sum(launches.values()) == sum(integers.values()) - 5, (launches, integers)
     assert sum(launches.values()) == 6, launches
+
+
+def rotate_every_two(x):
+    """GPT-J's rotation of each pair of adjacent features."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+class InterleavedRotary(torch.nn.Module):
+    """GPT-J's attention: Q, K and V projections split into heads [B, S, N, D], the first
+    ``rot`` features of each head of Q and K rotated pair by pair (cos/sin repeated
+    interleaved), the rest passed through, causal attention; optionally K returned too (the
+    KV cache a decoder keeps)."""
+
+    def __init__(self, rot: int = 8, bias: bool = False, keep_k: bool = False):
+        super().__init__()
+        self.rot, self.keep_k = rot, keep_k
+        self.q, self.k, self.v = (torch.nn.Linear(32, 32, bias=bias) for _ in range(3))
+        self.o = torch.nn.Linear(32, 32)
+        inv = 1.0 / 10000 ** (torch.arange(0, rot, 2).float() / rot)
+        angles = torch.arange(16).float()[:, None] * inv[None, :]
+        self.register_buffer("sin", angles.sin().repeat_interleave(2, -1)[None, :, None])
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, -1)[None, :, None])
+
+    def forward(self, x):
+        b, t, _ = x.shape
+
+        def heads(p):
+            return p(x).view(b, t, 4, 8)
+
+        def rotary(y):
+            r, rest = y[..., :self.rot], y[..., self.rot:]
+            cos, sin = self.cos[:, :t], self.sin[:, :t]
+            return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
+
+        q, k = rotary(heads(self.q)), rotary(heads(self.k))
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           heads(self.v).transpose(1, 2), is_causal=True)
+        out = self.o(a.transpose(1, 2).reshape(b, t, 32))
+        return (out, k) if self.keep_k else out
+
+
+def _launches(model, args, flags: str = ""):
+    torch._dynamo.reset()
+    gt.reset_stats()
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphkernel", options={"flags": flags})(*args)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
+    return got, sum(s["launches"].values())
+
+
+@pytest.mark.parametrize("rot,bias,saved", [(4, False, 8), (8, True, 4)])
+def test_interleaved_rotary_on_q_and_k_is_one_kernel_each(rot, bias, saved):
+    """Q's and K's features permuted alike (evens, then odds, in the projection weights)
+    make the pairs two halves: one rotary kernel per operand, as for split-half rotary,
+    where the strided pairs were five launches each (three when every feature rotates)."""
+    torch.manual_seed(0)
+    model = InterleavedRotary(rot, bias).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided - saved, (launches, strided)
+
+
+def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
+    """A K the graph returns (a KV cache) must keep its features in place: no rewrite."""
+    torch.manual_seed(0)
+    model = InterleavedRotary(keep_k=True).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided
