@@ -201,3 +201,32 @@ def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches == strided
+
+
+def test_one_k_v_head_lets_attention_read_q_and_write_its_output_in_bsnd():
+    """GPT-BigCode's multi-query attention as transformers builds it: K and V of one head
+    are [B, 1, S, D], in BSND ([B, S, 1, D]) views too, so the operator reads Q's head split
+    and writes its head merge in place: no Transpose launch before or after it (6 vector
+    launches for one layer, 8 when K/V were read in BNSD only)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTBigCodeConfig(n_layer=1, n_embd=64, n_head=4, n_inner=128,
+                                        vocab_size=256, n_positions=64, multi_query=True)
+    model = transformers.GPTBigCodeModel(cfg).eval()
+    ids = torch.randint(0, 256, (2, 16))
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(input_ids=x).last_hidden_state
+
+    wrapped = Hidden().eval()
+    with torch.no_grad():
+        want = wrapped(ids)
+    got, _ = _launches(wrapped, (ids,))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    launches = gt.stats()["launches"]
+    assert launches["extern"] == 1 and launches["vector"] <= 6, launches
