@@ -48,6 +48,16 @@ def _interval(op: str, rs: list[Range]) -> Range:
 
 
 def value_range(v: Value, known: dict[int, Range | None]) -> Range | None:
+    """Bounds of an integer or boolean value (see ``_bounds``), None when they may pass its
+    type's range (the integer op wraps around there)."""
+    r = _bounds(v, known)
+    if r is None or v.dtype == DType.bool:
+        return r
+    info = np.iinfo(v.dtype.np)
+    return r if int(info.min) <= r[0] and r[1] <= int(info.max) else None
+
+
+def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
     """Bounds of an integer or boolean value, from ranges already ``known`` of its producer's
     inputs; None when unbounded (a graph input, a float cast to int, an op not modelled)."""
     if v.dtype == DType.bool:

@@ -81,3 +81,15 @@ def test_a_sum_that_may_pass_2_to_the_24_stays_an_integer():
     g.set_outputs([g.add_node("CumSum", [i64], {"axis": 1}).output])
     h, res = apply_pass("small_ints", g)
     assert res.rewrites == 0 and ops_of(h) == ["Cast", "CumSum"]
+
+
+def test_an_int8_sum_that_wraps_stays_an_integer():
+    """int8 arithmetic past 127 wraps around; float32 would not: not rewritten."""
+    g = Graph()
+    b = g.add_input("b", TensorType((2, 200), "bool"))
+    i8 = g.add_node("Cast", [b], {"dtype": "int8"}).output
+    i64 = g.add_node("Cast", [g.add_node("CumSum", [i8], {"axis": 1}).output],
+                     {"dtype": "int64"}).output
+    g.set_outputs([g.add_node("Add", [i64, g.const(np.int64(1))]).output])
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0
