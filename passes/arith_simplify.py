@@ -232,6 +232,33 @@ def _gather_splat_index(g: Graph, n: Node) -> Value | None:
     return _broadcast_const(g, n, row.reshape(shape))
 
 
+def _slice_of_slice(g: Graph, n: Node) -> Value | None:
+    """x[a][b] -> x[a, b] for StridedSlices of different axes: one slice of x, not a slice
+    of a slice (each a launch when left alone: Swin's patch merging ``x[:, 0::2, 1::2]``
+    takes rows, then columns of those rows)."""
+    inner = _producer(n.inputs[0], "StridedSlice")
+    if inner is None:
+        return None
+    rank = n.outputs[0].type.rank
+
+    def axes(m: Node) -> list[int]:
+        a = m.attrs["axes"] if m.attrs["axes"] is not None else range(len(m.attrs["begin"]))
+        return [x % rank for x in a]
+
+    a1, a2 = axes(inner), axes(n)
+    if set(a1) & set(a2):
+        return None
+    merged = {}
+    for m, ax in ((inner, a1), (n, a2)):
+        strides = m.attrs["strides"] or [1] * len(ax)
+        for k, axis in enumerate(ax):
+            merged[axis] = (m.attrs["begin"][k], m.attrs["end"][k], strides[k])
+    order = sorted(merged)
+    return add_like(g, n, "StridedSlice", [inner.inputs[0]],
+                    {"begin": [merged[a][0] for a in order], "end": [merged[a][1] for a in order],
+                     "strides": [merged[a][2] for a in order], "axes": order})
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -273,6 +300,7 @@ RULES: list[Rule] = [
     Rule(20, "gather_splat_data", "Gather", _gather_splat_data),  # gather(splat c, i) -> c
     Rule(21, "gather_elements_splat_data", "GatherElements", _gather_splat_data),
     Rule(22, "gather_splat_index", "Gather", _gather_splat_index),  # gather(T, k) -> T[k]
+    Rule(23, "slice_of_slice", "StridedSlice", _slice_of_slice),  # x[a][b] -> x[a, b]
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -184,7 +184,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22}  # (tests below)
+    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23}  # (tests below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
@@ -301,3 +301,29 @@ def test_rule_22_keeps_a_broadcast_of_a_large_row_as_a_broadcast():
     assert ops_of(h) == ["BroadcastTo"]
     feeds = {"ids": np.zeros((64, 512), np.int64)}
     np.testing.assert_array_equal(run_graph(h, feeds)[0], run_graph(g, feeds)[0])
+
+
+def test_rule_23_slices_of_different_axes_are_one_slice():
+    """Swin's patch merging: every other row, then every other column of those rows, of an
+    [B, H, W, C] map: one StridedSlice of the map per quarter (same values)."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 8, 4), "float32"))
+    rows = op(g, "StridedSlice", x, begin=[1], end=[2**63 - 1], strides=[2], axes=[1])
+    outs = [op(g, "StridedSlice", rows, begin=[b], end=[2**63 - 1], strides=[2], axes=[-2])
+            for b in (0, 1)]
+    g.set_outputs([op(g, "Concat", *outs, axis=-1)])
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 23 slice_of_slice: 2" in res.notes
+    h.remove_dead()
+    assert ops_of(h) == ["StridedSlice", "StridedSlice", "Concat"]
+    assert all(n.inputs[0] is h.inputs[0] for n in h.nodes if n.op == "StridedSlice")
+    assert_same_results(g, h)
+
+
+def test_rule_23_keeps_two_slices_of_one_axis():
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 4), "float32"))
+    a = op(g, "StridedSlice", x, begin=[1], end=[7], strides=[2], axes=[1])
+    g.set_outputs([op(g, "StridedSlice", a, begin=[1], end=[3], strides=[1], axes=[1])])
+    h, res = apply_pass("arith_simplify", g)
+    assert not res.modified and ops_of(h) == ["StridedSlice", "StridedSlice"]
