@@ -23,7 +23,9 @@ from graphkernel.passes import (
     promote_precision,
     recompute,
     reshape_elim,
+    rotary_pairs,
     scan,
+    small_ints,
     split,
     super_kernel,
     transpose_elim,
@@ -45,7 +47,9 @@ PIPELINE = (
     Step("simplify", 10, constant_fold.constant_fold, 2),
     Step("simplify", 20, arith_simplify.arith_simplify, 2),
     Step("simplify", 30, cse.cse, 2),
+    Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
+    Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 53, channels_last.channels_last, 2),

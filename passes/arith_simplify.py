@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.passes.constant_fold import GROWTH_LIMIT
 from graphkernel.passes.rewrite import add_like, const_array, replace_with, splat
 from graphkernel.registry import PassResult
 
@@ -187,6 +188,77 @@ def _pad_into_conv(g: Graph, n: Node) -> Value | None:
     return add_like(g, n, "Conv2D", [x, *n.inputs[1:]], dict(n.attrs) | {"pads": pads})
 
 
+def _broadcast_const(g: Graph, n: Node, arr: np.ndarray) -> Value | None:
+    """``arr`` (of the output's rank, axes of 1 where it repeats) broadcast to ``n``'s static
+    output shape: a Constant of that shape when it is small (as constant_fold would fold
+    it), else a Constant of ``arr`` and a BroadcastTo."""
+    out = n.outputs[0].type
+    if not out.is_static:
+        return None
+    arr = arr.astype(out.dtype.np)
+    small = out.nbytes <= arr.nbytes + GROWTH_LIMIT
+    full = np.ascontiguousarray(np.broadcast_to(arr, tuple(out.shape))) if small else arr
+    c = g.add_node("Constant", [], {"value": full}, name=g.fresh_name(f"{n.name}_folded"),
+                   origin=n.origin).outputs[0]
+    return c if small else add_like(g, n, "BroadcastTo", [c], {"shape": list(out.shape)})
+
+
+def _gather_splat_data(g: Graph, n: Node) -> Value | None:
+    """Gather or GatherElements from a constant whose elements are all equal -> that value
+    (whatever the indices: RoBERTa-style token types gathered from a buffer of zeros by
+    position ids)."""
+    arr = const_array(n.inputs[0])
+    if arr is None or arr.size == 0 or not np.all(arr == arr.reshape(-1)[0]):
+        return None
+    return _broadcast_const(g, n, arr.reshape(-1)[:1].reshape((1,) * n.outputs[0].type.rank))
+
+
+def _gather_splat_index(g: Graph, n: Node) -> Value | None:
+    """Gather(constant table, index k everywhere) -> row k of the table, broadcast (one
+    embedding row for every position: the token type 0 of an encoder called without
+    token types)."""
+    x, idx = n.inputs
+    b = _producer(idx, "BroadcastTo")  # (a splat broadcast: rule 20's result)
+    table, arr = const_array(x), const_array(b.inputs[0] if b is not None else idx)
+    if table is None or arr is None or arr.size == 0 or arr.dtype.kind not in "iu":
+        return None
+    k = int(arr.reshape(-1)[0])
+    axis = n.attrs["axis"] % table.ndim
+    d = table.shape[axis]
+    if not np.all(arr == k) or not -d <= k < d:
+        return None
+    row = np.take(table, [k % d], axis=axis)
+    shape = table.shape[:axis] + (1,) * idx.type.rank + table.shape[axis + 1:]
+    return _broadcast_const(g, n, row.reshape(shape))
+
+
+def _slice_of_slice(g: Graph, n: Node) -> Value | None:
+    """x[a][b] -> x[a, b] for StridedSlices of different axes: one slice of x, not a slice
+    of a slice (each a launch when left alone: Swin's patch merging ``x[:, 0::2, 1::2]``
+    takes rows, then columns of those rows)."""
+    inner = _producer(n.inputs[0], "StridedSlice")
+    if inner is None:
+        return None
+    rank = n.outputs[0].type.rank
+
+    def axes(m: Node) -> list[int]:
+        a = m.attrs["axes"] if m.attrs["axes"] is not None else range(len(m.attrs["begin"]))
+        return [x % rank for x in a]
+
+    a1, a2 = axes(inner), axes(n)
+    if set(a1) & set(a2):
+        return None
+    merged = {}
+    for m, ax in ((inner, a1), (n, a2)):
+        strides = m.attrs["strides"] or [1] * len(ax)
+        for k, axis in enumerate(ax):
+            merged[axis] = (m.attrs["begin"][k], m.attrs["end"][k], strides[k])
+    order = sorted(merged)
+    return add_like(g, n, "StridedSlice", [inner.inputs[0]],
+                    {"begin": [merged[a][0] for a in order], "end": [merged[a][1] for a in order],
+                     "strides": [merged[a][2] for a in order], "axes": order})
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -225,6 +297,10 @@ RULES: list[Rule] = [
     Rule(18, "slice_whole", "StridedSlice", _slice_whole),  # x[0:end≥d:1] -> x (d symbolic too)
     Rule(19, "pad_into_conv", "Conv2D", _pad_into_conv),  # conv(pad(x, 0 on H, W))
     #                                                       -> conv(x, pads + those)
+    Rule(20, "gather_splat_data", "Gather", _gather_splat_data),  # gather(splat c, i) -> c
+    Rule(21, "gather_elements_splat_data", "GatherElements", _gather_splat_data),
+    Rule(22, "gather_splat_index", "Gather", _gather_splat_index),  # gather(T, k) -> T[k]
+    Rule(23, "slice_of_slice", "StridedSlice", _slice_of_slice),  # x[a][b] -> x[a, b]
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -83,13 +83,23 @@ class _Operand:
     builds: dict[str, Rebuild] = field(default_factory=dict)
     sources: list[Value] = field(default_factory=list)  # the head splits a build reads
     built: Built | None = None  # what was built, when something was
+    one_head: bool = False  # [B, 1, S, D]: its BSND and BSH are views (the axis of 1 moved)
 
     @property
     def best(self) -> int:
-        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds))
+        views = ("BSND", "BSH") if self.one_head else ()
+        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds, *views))
 
     def read(self, layout: str, what: str, notes: list[str]) -> Value:
         """The value read in ``layout``, built now when it is to be built."""
+        if layout not in self.reads and layout not in self.builds and self.one_head:
+            b, _, s, d = self.shape
+            base = self.reads["BNSD"]
+            self.reads[layout] = base.graph.add_node(
+                "Reshape", [base], {"shape": [b, s, 1, d] if layout == "BSND" else [b, s, d]},
+                name=base.graph.fresh_name(f"{base.name}/{layout.lower()}"),
+                origin=base.producer.origin if base.producer is not None else ()).outputs[0]
+            notes.append(f"{what}'s one head read in {layout} as a view")
         if layout not in self.reads:
             self.reads[layout] = self.builds[layout](self.sources)
             self.built = Built(self.builds[layout], self.reads[layout], self.sources[0])
@@ -699,6 +709,8 @@ def _relayout(graph: Graph, fa: Node) -> AttentionMatch:
     if rep_k != rep_v or k.shape != v.shape:
         k = _Operand(tuple(fa.inputs[1].shape), {"BNSD": fa.inputs[1]})
         v = _Operand(tuple(fa.inputs[2].shape), {"BNSD": fa.inputs[2]})
+    for x in (k, v):  # multi-query K/V of one head: any layout is a view of it
+        x.one_head = x.shape[1] == 1 and "BNSD" in x.reads
     out = _output(fa, b, n1, s1, d)
     layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
     notes: list[str] = []

@@ -35,7 +35,7 @@ def test_passes_by_level():
                          "promote_precision",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
                          "attention", "conv_bn_fold", "scan", "matvec", "transpose_view",
-                         "product_broadcast",
+                         "product_broadcast", "small_ints", "rotary_pairs",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -77,3 +77,156 @@ def test_a_fused_projection_cut_per_head_is_read_as_columns_not_copied_apart():
     assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
     assert s["launches"]["vector"] <= 5, s["launches"]
     assert "Split" not in gt.export_graph(model, args).op_histogram()
+
+
+class PositionsFromMask(torch.nn.Module):
+    """RoBERTa's embeddings: position ids counted from the tokens that are not padding
+    (``cumsum`` of the mask, int64 as torch traces it), token types gathered from a buffer of
+    zeros by those positions, three embeddings summed and normalised."""
+
+    def __init__(self, pad: int = 1):
+        super().__init__()
+        self.pad = pad
+        self.words, self.positions = torch.nn.Embedding(30, 16), torch.nn.Embedding(40, 16)
+        self.types, self.norm = torch.nn.Embedding(2, 16), torch.nn.LayerNorm(16)
+        self.register_buffer("type_ids", torch.zeros(1, 40, dtype=torch.long))
+
+    def forward(self, ids):
+        mask = ids.ne(self.pad).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + self.pad
+        types = torch.gather(self.type_ids[:, :ids.shape[1]].expand(ids.shape[0], -1), 1,
+                             positions)
+        return self.norm(self.words(ids) + self.positions(positions) + self.types(types))
+
+
+def test_position_ids_from_a_mask_are_one_kernel_and_token_types_a_constant():
+    """Without the float32 region the eight integer ops are eight launches and the token
+    types two more (a gather of zeros, then of the table): here 3 + 1 fewer than 10."""
+    torch.manual_seed(0)
+    model = PositionsFromMask().eval()
+    ids = torch.randint(2, 30, (2, 12))
+    ids[:, -3:] = 1
+    ids[1, 4] = 1
+    want = model(ids)
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphkernel")(ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    launches = gt.stats()["launches"]
+    assert gt.stats()["fallbacks"] == {} and launches["opaque"] == 0, gt.stats()
+    torch._dynamo.reset()
+    gt.reset_stats()
+    with torch.no_grad():
+        torch.compile(model, backend="graphkernel",
+                      options={"flags": "--disable_pass=small_ints"})(ids)
+    integers = gt.stats()["launches"]
+    assert sum(launches.values()) == sum(integers.values()) - 5, (launches, integers)
+    assert sum(launches.values()) == 6, launches
+
+
+def rotate_every_two(x):
+    """GPT-J's rotation of each pair of adjacent features."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+class InterleavedRotary(torch.nn.Module):
+    """GPT-J's attention: Q, K and V projections split into heads [B, S, N, D], the first
+    ``rot`` features of each head of Q and K rotated pair by pair (cos/sin repeated
+    interleaved), the rest passed through, causal attention; optionally K returned too (the
+    KV cache a decoder keeps)."""
+
+    def __init__(self, rot: int = 8, bias: bool = False, keep_k: bool = False):
+        super().__init__()
+        self.rot, self.keep_k = rot, keep_k
+        self.q, self.k, self.v = (torch.nn.Linear(32, 32, bias=bias) for _ in range(3))
+        self.o = torch.nn.Linear(32, 32)
+        inv = 1.0 / 10000 ** (torch.arange(0, rot, 2).float() / rot)
+        angles = torch.arange(16).float()[:, None] * inv[None, :]
+        self.register_buffer("sin", angles.sin().repeat_interleave(2, -1)[None, :, None])
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, -1)[None, :, None])
+
+    def forward(self, x):
+        b, t, _ = x.shape
+
+        def heads(p):
+            return p(x).view(b, t, 4, 8)
+
+        def rotary(y):
+            r, rest = y[..., :self.rot], y[..., self.rot:]
+            cos, sin = self.cos[:, :t], self.sin[:, :t]
+            return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
+
+        q, k = rotary(heads(self.q)), rotary(heads(self.k))
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           heads(self.v).transpose(1, 2), is_causal=True)
+        out = self.o(a.transpose(1, 2).reshape(b, t, 32))
+        return (out, k) if self.keep_k else out
+
+
+def _launches(model, args, flags: str = ""):
+    torch._dynamo.reset()
+    gt.reset_stats()
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphkernel", options={"flags": flags})(*args)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
+    return got, sum(s["launches"].values())
+
+
+@pytest.mark.parametrize("rot,bias,saved", [(4, False, 8), (8, True, 4)])
+def test_interleaved_rotary_on_q_and_k_is_one_kernel_each(rot, bias, saved):
+    """Q's and K's features permuted alike (evens, then odds, in the projection weights)
+    make the pairs two halves: one rotary kernel per operand, as for split-half rotary,
+    where the strided pairs were five launches each (three when every feature rotates)."""
+    torch.manual_seed(0)
+    model = InterleavedRotary(rot, bias).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided - saved, (launches, strided)
+
+
+def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
+    """A K the graph returns (a KV cache) must keep its features in place: no rewrite."""
+    torch.manual_seed(0)
+    model = InterleavedRotary(keep_k=True).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided
+
+
+def test_one_k_v_head_lets_attention_read_q_and_write_its_output_in_bsnd():
+    """GPT-BigCode's multi-query attention as transformers builds it: K and V of one head
+    are [B, 1, S, D], in BSND ([B, S, 1, D]) views too, so the operator reads Q's head split
+    and writes its head merge in place: no Transpose launch before or after it (6 vector
+    launches for one layer, 8 when K/V were read in BNSD only)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTBigCodeConfig(n_layer=1, n_embd=64, n_head=4, n_inner=128,
+                                        vocab_size=256, n_positions=64, multi_query=True)
+    model = transformers.GPTBigCodeModel(cfg).eval()
+    ids = torch.randint(0, 256, (2, 16))
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(input_ids=x).last_hidden_state
+
+    wrapped = Hidden().eval()
+    with torch.no_grad():
+        want = wrapped(ids)
+    got, _ = _launches(wrapped, (ids,))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    launches = gt.stats()["launches"]
+    assert launches["extern"] == 1 and launches["vector"] <= 6, launches

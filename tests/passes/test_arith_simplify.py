@@ -184,7 +184,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19}  # (17, 19: tests below)
+    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23}  # (tests below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
@@ -250,3 +250,80 @@ def test_rule_19_pad_into_conv(fmt, pads, folds):
     if folds:
         assert "rule 19 pad_into_conv: 1" in res.notes
     assert_same_results(g, h)
+
+
+def _ids(g: Graph, shape=(2, 16)):
+    return g.add_input("ids", TensorType(shape, "int64"))
+
+
+def test_rules_20_to_22_fold_token_types_gathered_from_zeros_by_position_ids():
+    """RoBERTa without token types: a buffer of zeros gathered along the positions (rule 21)
+    is zeros whatever the positions; the token-type table read at 0 everywhere (rule 22) is
+    its row 0 — one constant, no launch. Gather from a constant of one value (rule 20)."""
+    g = Graph()
+    ids = _ids(g)
+    table = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    zeros = g.const(np.zeros((2, 16), np.int64))
+    types = op(g, "GatherElements", zeros, ids, axis=1)
+    emb = op(g, "Gather", g.const(table), types, axis=0)
+    sevens = op(g, "Gather", g.const(np.full((5, 8), 7.0, np.float32)), ids, axis=0)
+    g.set_outputs([op(g, "Add", emb, sevens)])
+    h, res = apply_pass("arith_simplify", g)
+    assert res.notes == ["rule 20 gather_splat_data: 1", "rule 21 gather_elements_splat_data: 1",
+                         "rule 22 gather_splat_index: 1"], res.notes
+    h.remove_dead()
+    assert ops_of(h) == ["Add"]
+    feeds = {"ids": np.random.default_rng(1).integers(0, 2, (2, 16)).astype(np.int64)}
+    np.testing.assert_array_equal(run_graph(h, feeds)[0], run_graph(g, feeds)[0])
+
+
+def test_rules_20_to_22_keep_gathers_of_data_and_of_indices_that_vary():
+    g = Graph()
+    ids = _ids(g)
+    table = g.const(np.arange(16, dtype=np.float32).reshape(2, 8))
+    varied = op(g, "GatherElements", g.const(np.arange(32, dtype=np.int64).reshape(2, 16)),
+                ids, axis=1)
+    g.set_outputs([op(g, "Gather", table, ids, axis=0), varied,
+                   op(g, "Gather", table, g.const(np.array([[0, 1]], np.int64)), axis=0)])
+    h, res = apply_pass("arith_simplify", g)
+    assert not res.modified and ops_of(h) == ops_of(g)
+
+
+def test_rule_22_keeps_a_broadcast_of_a_large_row_as_a_broadcast():
+    """A row repeated past the fold limit stays a small constant and a BroadcastTo."""
+    g = Graph()
+    ids = _ids(g, (64, 512))
+    zeros = op(g, "GatherElements", g.const(np.zeros((64, 512), np.int64)), ids, axis=1)
+    table = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    g.set_outputs([op(g, "Gather", g.const(table), zeros, axis=0)])
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert ops_of(h) == ["BroadcastTo"]
+    feeds = {"ids": np.zeros((64, 512), np.int64)}
+    np.testing.assert_array_equal(run_graph(h, feeds)[0], run_graph(g, feeds)[0])
+
+
+def test_rule_23_slices_of_different_axes_are_one_slice():
+    """Swin's patch merging: every other row, then every other column of those rows, of an
+    [B, H, W, C] map: one StridedSlice of the map per quarter (same values)."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 8, 4), "float32"))
+    rows = op(g, "StridedSlice", x, begin=[1], end=[2**63 - 1], strides=[2], axes=[1])
+    outs = [op(g, "StridedSlice", rows, begin=[b], end=[2**63 - 1], strides=[2], axes=[-2])
+            for b in (0, 1)]
+    g.set_outputs([op(g, "Concat", *outs, axis=-1)])
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 23 slice_of_slice: 2" in res.notes
+    h.remove_dead()
+    assert ops_of(h) == ["StridedSlice", "StridedSlice", "Concat"]
+    assert all(n.inputs[0] is h.inputs[0] for n in h.nodes if n.op == "StridedSlice")
+    assert_same_results(g, h)
+
+
+def test_rule_23_keeps_two_slices_of_one_axis():
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 4), "float32"))
+    a = op(g, "StridedSlice", x, begin=[1], end=[7], strides=[2], axes=[1])
+    g.set_outputs([op(g, "StridedSlice", a, begin=[1], end=[3], strides=[1], axes=[1])])
+    h, res = apply_pass("arith_simplify", g)
+    assert not res.modified and ops_of(h) == ["StridedSlice", "StridedSlice"]

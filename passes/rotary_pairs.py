@@ -1,0 +1,367 @@
+"""Interleaved rotary embeddings → split-half rotary, by permuting the features of Q and K.
+
+GPT-J and its relatives rotate each pair of adjacent features of a head: ``x[..., ::2]`` and
+``x[..., 1::2]``, then ``stack((-x2, x1), -1).flatten(-2)`` interleaves them back. Steps of 2
+along the last axis leave the vector kernels no row split (each rotary is four or five
+launches). Attention reads Q and K only through their dot products, which a permutation of
+the head's features applied to both leaves unchanged. Under the permutation that puts the
+even features of the rotated part first and the odd ones after them, the pairs are the two
+halves of the rotated part and the interleaving is a Concat of halves: the rotary LLaMA and
+GPT-NeoX write (``rotate_half``), one kernel reading column slices. The permutation is folded
+into the rows of the frozen projection weights (and biases) that make Q and K, and into the
+cos/sin tables; nothing else may read the permuted values (V, the pass-through features and
+any other use stay as they were; a Q or K with another use, such as a KV cache a graph
+returns, is left alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphkernel import ops
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import VIEW_OPS, OpKind
+from graphkernel.passes.rewrite import const_array
+from graphkernel.registry import PassResult, counted
+
+FULL, HALF = "full", "half"  # a value over the rotated features (permuted), or over a half
+
+
+def _last(n: Node) -> int:
+    return n.inputs[0].type.rank - 1
+
+
+def _pair_slice(n: Node) -> int | None:
+    """0 or 1 when ``n`` takes every other feature of the last axis from that position."""
+    a = n.attrs
+    if n.op != "StridedSlice" or len(a["begin"]) != 1 or (a["strides"] or [1])[0] != 2:
+        return None
+    axis = (a["axes"][0] if a["axes"] is not None else 0) % n.inputs[0].type.rank
+    d = n.inputs[0].shape[axis]
+    if axis != _last(n) or not isinstance(d, int) or d % 2 or a["begin"][0] not in (0, 1) \
+            or a["end"][0] < d:
+        return None
+    return a["begin"][0]
+
+
+def _columns(n: Node) -> tuple[int, int] | None:
+    """(start, stop) of a step-1 StridedSlice of the static last axis, else None."""
+    a = n.attrs
+    if n.op != "StridedSlice" or len(a["begin"]) != 1 or (a["strides"] or [1])[0] != 1:
+        return None
+    x = n.inputs[0]
+    axis = (a["axes"][0] if a["axes"] is not None else 0) % x.type.rank
+    d = x.shape[axis]
+    if axis != x.type.rank - 1 or not isinstance(d, int):
+        return None
+    start, stop, _ = slice(a["begin"][0], min(a["end"][0], d)).indices(d)
+    return start, stop
+
+
+def _interleave(n: Node) -> tuple[Value, Value] | None:
+    """(a, b) when ``n`` is ``Reshape(Concat(ExpandDims(a, -1), ExpandDims(b, -1), -1))``
+    merging the new pairs axis into the last (``stack((a, b), -1).flatten(-2)``)."""
+    if n.op != "Reshape" or n.inputs[0].producer is None:
+        return None
+    cat = n.inputs[0].producer
+    if cat.op != "Concat" or len(cat.inputs) != 2 or \
+            cat.attrs["axis"] % cat.outputs[0].type.rank != cat.outputs[0].type.rank - 1:
+        return None
+    parts = []
+    for v in cat.inputs:
+        e = v.producer
+        if e is None or e.op not in ("ExpandDims", "Reshape") or v.shape[-1] != 1 or \
+                tuple(e.inputs[0].shape) != tuple(v.shape[:-1]) or len(v.uses) != 1:
+            return None
+        parts.append(e.inputs[0])
+    out = n.outputs[0]
+    if tuple(out.shape[:-1]) != tuple(parts[0].shape[:-1]) or \
+            out.shape[-1] != 2 * parts[0].shape[-1] or len(cat.outputs[0].uses) != 1:
+        return None
+    return parts[0], parts[1]
+
+
+@dataclass
+class Rotary:
+    """One interleaved rotary: its rotated features ``root`` ([.., N, D][..., :n] of a
+    projection), the nodes computing it, and the value that leaves it for the attention."""
+
+    root: Value
+    n: int
+    head: Value  # the projection's [.., N, D] view
+    product: Node  # the MatMul making the projection
+    bias: Node | None  # its Add of a constant bias, if any
+    kinds: dict[int, str] = field(default_factory=dict)  # value id -> FULL or HALF
+    nodes: list[Node] = field(default_factory=list)  # in graph order
+    exit: Value | None = None
+
+
+def _projection(head: Value) -> tuple[Node, Node | None] | None:
+    """(MatMul by a constant weight [N·D, in] read transposed, its bias Add or None) making
+    ``head`` through Reshapes that split its last axis into [N, D]; None otherwise."""
+    v = head
+    while v.producer is not None and v.producer.op == "Reshape" and (
+            v is head or len(v.uses) == 1):
+        v = v.producer.inputs[0]
+    p, bias = v.producer, None
+    if p is not None and p.op == "Add":
+        c = [x for x in p.inputs if const_array(x) is not None]
+        rest = [x for x in p.inputs if const_array(x) is None]
+        if len(c) != 1 or len(rest) != 1 or c[0].type.rank != 1:
+            return None
+        bias, p = p, rest[0].producer
+        if len(rest[0].uses) != 1:
+            return None
+    if p is None or p.op != "MatMul" or not p.attrs.get("transpose_b") or \
+            p.attrs.get("transpose_a") or const_array(p.inputs[1]) is None:
+        return None
+    width = p.outputs[0].shape[-1]
+    if not isinstance(width, int) or head.shape[-2] * head.shape[-1] != width or \
+            len(p.outputs[0].uses) != 1:
+        return None
+    return p, bias
+
+
+def _stacked(u: Node) -> Node | None:
+    """The interleave's Reshape when ``u`` adds the trailing axis of 1 to one of its halves."""
+    out = u.outputs[0]
+    if u.op not in ("ExpandDims", "Reshape") or len(out.uses) != 1 or out.shape[-1] != 1:
+        return None
+    cat = out.uses[0][0]
+    if cat.op != "Concat" or len(cat.outputs[0].uses) != 1:
+        return None
+    flat = cat.outputs[0].uses[0][0]
+    return flat if _interleave(flat) is not None else None
+
+
+def _returned(graph: Graph, head: Value, product: Value) -> bool:
+    """Whether a value from the projection's product to the head view is a graph output."""
+    v = head
+    while True:
+        if graph.is_output(v):
+            return True
+        if v is product or v.producer is None or not v.producer.inputs:
+            return False
+        v = v.producer.inputs[0] if v.producer.op != "Add" else next(
+            (x for x in v.producer.inputs if const_array(x) is None), product)
+
+
+def _region(graph: Graph, root: Value
+            ) -> tuple[list[Node], set[int], dict[int, str], Value] | None:
+    """The nodes computing a rotary from ``root`` (FULL), the ids of those folded into the
+    interleave that follows them, the kind of each value, and the value leaving the region;
+    None when some use does not fit the permutation."""
+    kinds = {id(root): FULL}
+    nodes: dict[int, Node] = {}
+    folded: set[int] = set()
+    exits: list[Value] = []
+    frontier = [root]
+    while frontier:
+        v = frontier.pop()
+        for u, _ in list(v.uses):
+            if id(u) in nodes or id(u) in folded or not any(
+                    x.uses or graph.is_output(x) for x in u.outputs):
+                continue  # (a dead use: dce's)
+            if len(u.outputs) != 1:
+                return None
+            out = u.outputs[0]
+            flat = _stacked(u) if kinds[id(v)] == HALF else None
+            if flat is not None:
+                folded.add(id(u))
+                a, b = _interleave(flat)
+                if id(a) in kinds and id(b) in kinds:  # (both halves reached)
+                    folded.add(id(flat.inputs[0].producer))
+                    nodes[id(flat)] = flat
+                    kinds[id(flat.outputs[0])] = FULL
+                    frontier.append(flat.outputs[0])
+                continue
+            if _pair_slice(u) is not None and kinds[id(v)] == FULL:
+                kinds[id(out)] = HALF
+            elif ops.get(u.op).kind == OpKind.ELEMWISE and all(
+                    id(x) in kinds or const_array(x) is not None for x in u.inputs):
+                ks = {kinds[id(x)] for x in u.inputs if id(x) in kinds}
+                if len(ks) != 1 or tuple(out.shape) != tuple(v.shape):
+                    return None
+                if any(id(x) not in kinds and x.type.rank and
+                       x.shape[-1] not in (1, v.shape[-1]) for x in u.inputs):
+                    return None
+                kinds[id(out)] = ks.pop()
+            elif u.op == "Concat" and kinds[id(v)] == FULL and u.inputs[0] is v and \
+                    all(id(x) not in kinds for x in u.inputs[1:]) and \
+                    u.attrs["axis"] % out.type.rank == out.type.rank - 1:
+                nodes[id(u)] = u  # the rotated features, then the others: it leaves
+                exits.append(out)
+                continue
+            elif kinds[id(v)] == FULL and v is not root:
+                continue  # v leaves the region (checked below: one value leaves it)
+            else:
+                return None
+            nodes[id(u)] = u
+            frontier.append(out)
+    inside = set(nodes) | folded
+    leaving = [m.outputs[0] for m in nodes.values() if m.op != "Concat" or
+               m.outputs[0] not in exits]
+    leaving = [x for x in leaving if not x.uses or graph.is_output(x) or
+               any(id(u) not in inside for u, _ in x.uses)]
+    if exits:
+        if len(exits) != 1 or leaving:
+            return None
+        out = exits[0]
+    else:
+        if len(leaving) != 1 or kinds.get(id(leaving[0])) != FULL:
+            return None
+        out = leaving[0]
+    if any(id(a) not in kinds for m in nodes.values() if _interleave(m) is not None
+           for a in _interleave(m)):
+        return None
+    return list(nodes.values()), folded, kinds, out
+
+
+def _to_attention(graph: Graph, v: Value, d: int) -> tuple[Node, int] | None:
+    """(FusedAttention or the product Q·Kᵀ, operand index) that ``v`` reaches through views
+    keeping its last axis (the head's features) as it is, with no other use on the way; None
+    otherwise."""
+    while True:
+        if len(v.uses) != 1 or graph.is_output(v):
+            return None
+        u, i = v.uses[0]
+        if u.op == "FusedAttention" or u.op in ("MatMul", "BatchMatMul") and \
+                u.attrs.get("transpose_b") and not u.attrs.get("transpose_a"):
+            return (u, i) if i in (0, 1) else None  # (Q·Kᵀ: a sum over the features)
+        out = u.outputs[0]
+        if len(u.outputs) != 1 or out.shape[-1] != d or tuple(v.shape[-1:]) != (d,):
+            return None
+        if u.op == "Transpose" and u.attrs["perm"][-1] % v.type.rank != v.type.rank - 1:
+            return None
+        if u.op not in VIEW_OPS | {"Transpose", "BroadcastTo"} and not (
+                u.op == "Concat" and len(u.inputs) == 1):
+            return None
+        v = out
+
+
+def find(graph: Graph) -> dict[int, list[Rotary]]:
+    """Interleaved rotaries reaching the Q or K of an attention (a FusedAttention, or the
+    product Q·Kᵀ), by attention node id."""
+    found: dict[int, list[Rotary]] = {}
+    for node in graph.nodes:
+        pair = _pair_slice(node)
+        if pair != 0:
+            continue
+        root = node.inputs[0]
+        n = root.shape[-1]
+        p = root.producer
+        cols = _columns(p) if p is not None else None
+        if cols is not None:
+            if cols[0] != 0:
+                continue
+            head = p.inputs[0]
+        else:
+            head = root
+        proj = _projection(head)
+        if proj is not None and _returned(graph, head, proj[0].outputs[0]) or \
+                graph.is_output(root):
+            continue  # (a graph output shows the projection's features in their places)
+        if proj is None or any(any(id(r.root) == id(root) for r in rs)
+                               for rs in found.values()):
+            continue
+        # the head's other uses: only its features past the rotated ones
+        others = [] if head is root else [  # (every use of the root: the region's)
+            u for u, _ in head.uses if u is not p and any(
+                x.uses or graph.is_output(x) for x in u.outputs)]
+        if any(_columns(u) is None or _columns(u)[0] < n for u in others):
+            continue
+        got = _region(graph, root)
+        if got is None:
+            continue
+        nodes, _, kinds, exit_ = got
+        attn = _to_attention(graph, exit_, head.shape[-1])
+        if attn is None:
+            continue
+        order = {id(m): k for k, m in enumerate(graph.nodes)}
+        nodes.sort(key=lambda m: order[id(m)])
+        r = Rotary(root, n, head, proj[0], proj[1], kinds, nodes, exit_)
+        found.setdefault(id(attn[0]), []).append(r)
+    return found
+
+
+def _perm(n: int) -> np.ndarray:
+    """New feature j of the rotated part is old feature perm[j]: evens, then odds."""
+    return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
+
+
+def _permute_rows(arr: np.ndarray, heads: int, d: int, n: int, axis: int) -> np.ndarray:
+    idx = np.arange(heads * d).reshape(heads, d)
+    idx[:, :n] = idx[:, :n][:, _perm(n)]
+    return np.take(arr, idx.reshape(-1), axis=axis)
+
+
+def _const(graph: Graph, like: Node, arr: np.ndarray) -> Value:
+    return graph.add_node("Constant", [], {"value": np.ascontiguousarray(arr)},
+                          name=graph.fresh_name(f"{like.name}/pairs_c"),
+                          origin=like.origin).outputs[0]
+
+
+def rewrite(graph: Graph, r: Rotary) -> None:
+    """Permute the projection's rows and rebuild the rotary in split-half form."""
+    heads, d, n = r.head.shape[-2], r.head.shape[-1], r.n
+    mm = r.product
+    w = _permute_rows(const_array(mm.inputs[1]), heads, d, n, 0)
+    graph.replace_input(mm, 1, _const(graph, mm, w))
+    if r.bias is not None:
+        k = next(i for i, x in enumerate(r.bias.inputs) if const_array(x) is not None)
+        b = _permute_rows(const_array(r.bias.inputs[k]), heads, d, n, 0)
+        graph.replace_input(r.bias, k, _const(graph, r.bias, b))
+    perm = _perm(n)
+    new: dict[int, Value] = {}
+
+    def get(x: Value, at: Node) -> Value:
+        if id(x) in new:
+            return new[id(x)]
+        arr = const_array(x)
+        if arr is not None and id(x) not in r.kinds and arr.ndim and arr.shape[-1] == n and \
+                r.kinds.get(id(at.outputs[0])) == FULL:
+            return _const(graph, at, np.take(arr, perm, axis=-1))
+        return x
+
+    for m in r.nodes:
+        name = graph.fresh_name(f"{m.name}/pairs")
+        pair = _pair_slice(m)
+        if pair is not None:
+            half = n // 2
+            v = graph.add_node("StridedSlice", [get(m.inputs[0], m)],
+                               {"begin": [pair * half], "end": [pair * half + half],
+                                "strides": [1], "axes": [_last(m)]},
+                               name=name, origin=m.origin).outputs[0]
+        elif m.op == "Reshape" and _interleave(m) is not None:
+            a, b = _interleave(m)
+            v = graph.add_node("Concat", [get(a, m), get(b, m)],
+                               {"axis": m.outputs[0].type.rank - 1},
+                               name=name, origin=m.origin).outputs[0]
+        else:
+            v = graph.add_node(m.op, [get(x, m) for x in m.inputs], dict(m.attrs), name=name,
+                               origin=m.origin).outputs[0]
+        new[id(m.outputs[0])] = v
+    graph.replace_all_uses(r.exit, new[id(r.exit)])
+
+
+def rotary_pairs(graph, ctx) -> PassResult:
+    """Rewrite interleaved rotary (x[..., ::2], x[..., 1::2], stacked back) on Q and K →
+    split-half rotary on Q and K with their features permuted alike (evens, then odds) in
+    the frozen projection weights, when both reach one attention (a FusedAttention or
+    Q·Kᵀ) and nothing else."""
+    notes = []
+    for rs in find(graph).values():
+        qk = {_to_attention(graph, r.exit, r.head.shape[-1])[1] for r in rs}
+        if len(rs) != 2 or qk != {0, 1} or len({(r.n, r.head.shape[-1]) for r in rs}) != 1:
+            continue  # both Q and K alike, or neither
+        if not ctx.should_apply(f"rotary pairs {rs[0].exit.name}, {rs[1].exit.name}",
+                                [r.product for r in rs]):
+            continue
+        for r in rs:
+            rewrite(graph, r)
+        notes.append(f"{rs[0].product.name}, {rs[1].product.name}: interleaved rotary of "
+                     f"{rs[0].n} features as halves")
+    return PassResult(bool(notes), len(notes), notes,
+                      f"{counted(len(notes), 'attention')} with split-half rotary")

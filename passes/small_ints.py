@@ -1,0 +1,195 @@
+"""Integer arithmetic whose values provably stay small runs in float32, where it is exact.
+
+Position ids computed from a mask (RoBERTa and its relatives:
+``cumsum(ne(ids, pad).int(), 1).type_as(mask) * mask + pad``) are int64 arithmetic, and int64
+is no type of the vector unit: each op would be a launch of its own. Every integer of
+magnitude up to 2**24 is a float32, and so are the sums, differences and products of such
+integers while the results stay in that range: computed in float32 they are exact, and the
+vector kernels (and the Scan a CumSum becomes) take them. This pass bounds every integer
+value by interval arithmetic from what is known exactly — booleans are 0 or 1, constants
+their extremes, a CumSum along a static axis of n elements at most n times its operand's —
+and rewrites each connected region of bounded integer ops (casts, Add, Sub, Mul, Neg,
+Maximum, Minimum, CumSum and views) that holds an int64 op into the same ops on float32,
+cast back where a value leaves it: to int32 when it only indexes a Gather (its values fit),
+else to its own type. Runs before ``scan``, which makes the float CumSum a Scan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.ops import VIEW_OPS
+from graphkernel.passes.rewrite import const_array
+from graphkernel.registry import PassResult, counted
+
+EXACT = 2 ** 24  # every integer of at most this magnitude is a float32
+ARITH = frozenset({"Add", "Sub", "Mul", "Neg", "Maximum", "Minimum", "CumSum", "Cast"})
+MOVES = frozenset({"BroadcastTo", "Transpose", "StridedSlice", "Slice"}) | VIEW_OPS
+INDEX_OPS = frozenset({"Gather", "GatherElements"})  # (their operand 1 is the index)
+INTS = frozenset({DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8})
+Range = tuple[int, int]
+
+
+def _interval(op: str, rs: list[Range]) -> Range:
+    if op == "Neg":
+        return -rs[0][1], -rs[0][0]
+    (a, b), (c, d) = rs
+    if op == "Add":
+        return a + c, b + d
+    if op == "Sub":
+        return a - d, b - c
+    if op == "Maximum":
+        return max(a, c), max(b, d)
+    if op == "Minimum":
+        return min(a, c), min(b, d)
+    ps = (a * c, a * d, b * c, b * d)  # Mul
+    return min(ps), max(ps)
+
+
+def value_range(v: Value, known: dict[int, Range | None]) -> Range | None:
+    """Bounds of an integer or boolean value (see ``_bounds``), None when they may pass its
+    type's range (the integer op wraps around there)."""
+    r = _bounds(v, known)
+    if r is None or v.dtype == DType.bool:
+        return r
+    info = np.iinfo(v.dtype.np)
+    return r if int(info.min) <= r[0] and r[1] <= int(info.max) else None
+
+
+def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
+    """Bounds of an integer or boolean value, from ranges already ``known`` of its producer's
+    inputs; None when unbounded (a graph input, a float cast to int, an op not modelled)."""
+    if v.dtype == DType.bool:
+        return 0, 1
+    if v.dtype not in INTS:
+        return None
+    arr = const_array(v)
+    if arr is not None:
+        return (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+    n = v.producer
+    if n is None or len(n.outputs) != 1:
+        return None
+    rs = [known.get(id(x)) if x.dtype != DType.bool else (0, 1) for x in n.inputs]
+    if any(r is None for r in rs):
+        return None
+    if n.op in MOVES or n.op == "Concat":
+        return min(r[0] for r in rs), max(r[1] for r in rs)
+    if n.op == "Cast":
+        return rs[0] if n.inputs[0].dtype in INTS | {DType.bool} else None
+    if n.op == "CumSum":
+        x = n.inputs[0]
+        length = x.shape[n.attrs["axis"] % x.type.rank] if x.type.rank else 1
+        if not isinstance(length, int):
+            return None
+        lo, hi = rs[0]
+        lo, hi = min(lo, length * lo), max(hi, length * hi)
+        return (min(lo, 0), max(hi, 0)) if n.attrs["exclusive"] else (lo, hi)
+    if n.op in ARITH:
+        return _interval(n.op, rs)
+    return None
+
+
+def _member(n: Node, known: dict[int, Range | None]) -> bool:
+    """An integer op of bounded values that float32 computes exactly."""
+    if len(n.outputs) != 1 or n.outputs[0].dtype not in INTS:
+        return False
+    if n.op not in ARITH and n.op not in MOVES and n.op != "Concat":
+        return False
+    if n.op == "Cast" and n.inputs[0].dtype not in INTS | {DType.bool}:
+        return False
+    r = known.get(id(n.outputs[0]))
+    return r is not None and -EXACT <= r[0] and r[1] <= EXACT
+
+
+def _regions(graph: Graph, members: list[Node]) -> list[list[Node]]:
+    """Connected regions of member nodes (in graph order within each)."""
+    parent = {id(n): id(n) for n in members}
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for n in members:
+        for x in n.inputs:
+            p = x.producer
+            if p is not None and id(p) in parent:
+                parent[find(id(p))] = find(id(n))
+    groups: dict[int, list[Node]] = {}
+    for n in members:
+        groups.setdefault(find(id(n)), []).append(n)
+    return list(groups.values())
+
+
+def _rewrite(graph: Graph, region: list[Node]) -> None:
+    inside = {id(n) for n in region}
+    new: dict[int, Value] = {}
+
+    def as_float(x: Value, at: Node) -> Value:
+        if id(x) in new:
+            return new[id(x)]
+        arr = const_array(x)
+        if arr is not None:
+            return graph.add_node("Constant", [], {"value": arr.astype(np.float32)},
+                                  name=graph.fresh_name(f"{at.name}/f32"),
+                                  origin=at.origin).outputs[0]
+        return x  # a boolean operand of a Cast
+
+    for n in region:
+        ins = [as_float(x, n) for x in n.inputs]
+        name = graph.fresh_name(f"{n.name}/f32")
+        if n.op == "Cast" and ins[0].dtype == DType.bool:  # (no bool -> float Cast in UB)
+            one, zero = (graph.add_node("Constant", [], {"value": np.float32(c)},
+                                        name=graph.fresh_name(f"{n.name}/{c}"),
+                                        origin=n.origin).outputs[0] for c in (1, 0))
+            out = graph.add_node("Select", [ins[0], one, zero], {}, name=name,
+                                 origin=n.origin).outputs[0]
+        elif n.op == "Cast":
+            out = ins[0] if ins[0].dtype == DType.float32 else graph.add_node(
+                "Cast", ins, {"dtype": DType.float32}, name=name, origin=n.origin).outputs[0]
+        else:
+            out = graph.add_node(n.op, ins, dict(n.attrs), name=name,
+                                 origin=n.origin).outputs[0]
+        new[id(n.outputs[0])] = out
+    for n in region:
+        old = n.outputs[0]
+        outside = [(u, i) for u, i in old.uses if id(u) not in inside]
+        if not outside and not graph.is_output(old):
+            continue
+        index_only = not graph.is_output(old) and all(
+            u.op in INDEX_OPS and i == 1 for u, i in outside)
+        dtype = DType.int32 if index_only else old.dtype
+        back = graph.add_node("Cast", [new[id(old)]], {"dtype": dtype},
+                              name=graph.fresh_name(f"{n.name}/{dtype.value}"),
+                              origin=n.origin).outputs[0]
+        if dtype == old.dtype:
+            graph.replace_all_uses(old, back)
+        else:
+            for u, i in outside:
+                graph.replace_input(u, i, back)
+
+
+def small_ints(graph, ctx) -> PassResult:
+    """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
+    int64 op) → the same ops on float32, cast back where its values are used."""
+    known: dict[int, Range | None] = {}
+    members = []
+    for n in graph.nodes:
+        for v in n.outputs:
+            if v.dtype in INTS or v.dtype == DType.bool:
+                known[id(v)] = value_range(v, known)
+        if n.op != "Constant" and _member(n, known):
+            members.append(n)
+    notes = []
+    for region in _regions(graph, members):
+        if not any(n.outputs[0].dtype == DType.int64 and n.op in ARITH - {"Cast"}
+                   for n in region):
+            continue  # nothing the vector unit could not take already
+        if not ctx.should_apply(f"float32 {region[0].name}..{region[-1].name}", region):
+            continue
+        _rewrite(graph, region)
+        notes.append(f"{', '.join(n.name for n in region)}: within ±2**24, in float32")
+    return PassResult(bool(notes), len(notes), notes,
+                      f"{counted(len(notes), 'integer region')} in float32")

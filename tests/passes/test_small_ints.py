@@ -1,0 +1,95 @@
+"""Bounded integer arithmetic (position ids from a mask) runs in float32, exactly; unbounded
+integers stay integers."""
+
+import numpy as np
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.interpreter import run_graph
+from graphkernel.torch import launch_counts
+from tests.passes.conftest import apply_pass, ops_of
+
+PAD = 1
+
+
+def position_ids(seq: int | str = 16) -> Graph:
+    """RoBERTa's ``cumsum(ne(ids, pad).int(), 1).type_as(mask) * mask + pad`` (int64 as
+    torch traces it), the ids indexing a table of position embeddings."""
+    g = Graph()
+    ids = g.add_input("ids", TensorType((2, seq), "int64"))
+    table = g.const(np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32))
+    mask = g.add_node("NotEqual", [ids, g.const(np.int64(PAD))]).output
+    m32 = g.add_node("Cast", [mask], {"dtype": "int32"}).output
+    m64 = g.add_node("Cast", [m32], {"dtype": "int64"}).output
+    run = g.add_node("CumSum", [m64], {"axis": 1}).output
+    r32 = g.add_node("Cast", [run], {"dtype": "int32"}).output
+    kept = g.add_node("Mul", [r32, m32]).output
+    k64 = g.add_node("Cast", [kept], {"dtype": "int64"}).output
+    pos = g.add_node("Add", [k64, g.const(np.int64(PAD))]).output
+    g.set_outputs([g.add_node("Gather", [table, pos], {"axis": 0}).output])
+    return g
+
+
+def feeds(seq: int = 16) -> dict:
+    ids = np.random.default_rng(1).integers(0, 30, (2, seq)).astype(np.int64)
+    ids[:, -3:] = PAD  # padding at the end, and inside
+    ids[0, 4] = PAD
+    return {"ids": ids}
+
+
+def test_position_ids_from_a_mask_run_in_float32_and_index_with_int32():
+    g = position_ids()
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 1
+    h.remove_dead()  # (the integer ops left for dce)
+    assert not [n for n in h.nodes if n.op != "NotEqual" and any(
+        v.dtype.value == "int64" for v in n.outputs) and n.op != "Constant"], ops_of(h)
+    gather = h.outputs[0].producer
+    assert gather.inputs[1].dtype.value == "int32" and gather.inputs[1].producer.op == "Cast"
+    np.testing.assert_array_equal(run_graph(h, feeds())[0], run_graph(g, feeds())[0])
+
+
+def test_through_the_pipeline_the_ids_are_one_kernel_between_the_mask_and_the_gather():
+    """8 integer ops were 8 launches (no int64 in the vector unit); now the mask (it reads
+    the int64 ids), one kernel (select, scan, mul, add) and the cast of the index."""
+    g = position_ids()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert launch_counts(res.graph)["vector"] == 4, launch_counts(res.graph)  # + the Gather
+    off = graphkernel.compile(g, "--opt_level=2 --disable_pass=small_ints", env={})
+    assert launch_counts(off.graph)["vector"] == 9
+    np.testing.assert_array_equal(run_graph(res.graph, feeds())[0], run_graph(g, feeds())[0])
+
+
+def test_integers_without_bounds_stay_integers():
+    """A graph input's ids plus one may be any int64; a CumSum along a symbolic axis may
+    grow past 2**24: neither is rewritten."""
+    g = Graph()
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    shifted = g.add_node("Add", [ids, g.const(np.int64(1))]).output
+    g.set_outputs([g.add_node("Mul", [shifted, shifted]).output])
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0 and ops_of(h) == ["Add", "Mul"]
+    h, res = apply_pass("small_ints", position_ids("s"))
+    assert res.rewrites == 0
+
+
+def test_a_sum_that_may_pass_2_to_the_24_stays_an_integer():
+    """A cumsum of 0/1 values over 2**25 positions bounds nothing float32 holds exactly."""
+    g = Graph()
+    b = g.add_input("b", TensorType((1, 2 ** 25), "bool"))
+    i64 = g.add_node("Cast", [b], {"dtype": "int64"}).output
+    g.set_outputs([g.add_node("CumSum", [i64], {"axis": 1}).output])
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0 and ops_of(h) == ["Cast", "CumSum"]
+
+
+def test_an_int8_sum_that_wraps_stays_an_integer():
+    """int8 arithmetic past 127 wraps around; float32 would not: not rewritten."""
+    g = Graph()
+    b = g.add_input("b", TensorType((2, 200), "bool"))
+    i8 = g.add_node("Cast", [b], {"dtype": "int8"}).output
+    i64 = g.add_node("Cast", [g.add_node("CumSum", [i8], {"axis": 1}).output],
+                     {"dtype": "int64"}).output
+    g.set_outputs([g.add_node("Add", [i64, g.const(np.int64(1))]).output])
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0
