@@ -11,9 +11,10 @@ numpy, random) so that dropout draws the same numbers; the compiled step is the 
 (the first compiles: tracing may draw random numbers of its own). A row prints the graphs
 compiled (forward and backward), launches by kind over both, the fused-attention launches
 of the forward and of the backward graphs per attention layer (the layers are counted in the
-eager step: calls of scaled_dot_product_attention or softmax), whether the output matches
-eager, and how many parameters' gradients differ from eager (accuracy.md: rtol 1e-3,
-atol 1e-5 for fp32 gradients, the same None pattern). Models with buffers (batch norm's
+eager step: calls of scaled_dot_product_attention or of softmax over attention scores, not a
+router's over experts), whether the output matches eager, and how many parameters'
+gradients differ from eager (accuracy.md: rtol 1e-3, atol 1e-5 for fp32 gradients, the
+same None pattern). Models with buffers (batch norm's
 running statistics) also count the buffers that differ from an eager twin's after the same
 two steps (``stats``: rtol 1e-4, atol 1e-6) and are further from a float64 twin's than twice
 eager's.
@@ -160,9 +161,9 @@ def measure(build, inputs) -> dict:
                 judged[k] = "torch.compile's (aot_eager differs the same)"
             else:
                 judged[k] = "graphkernel's"
-    externs = {role: sum(g["launches"]["extern"] for g in s["per_graph"] if g["role"] == role)
+    attentions = {role: sum(g["attentions"] for g in s["per_graph"] if g["role"] == role)
                for role in ("forward", "backward")}
-    return {"stats": s, "layers": layers, "externs": externs, "seconds": seconds,
+    return {"stats": s, "layers": layers, "attentions": attentions, "seconds": seconds,
             "forward": bool(torch.allclose(got_out, want_out, rtol=1e-4, atol=2e-5)),
             "params": len(want), "differ": differ, "judged": judged,
             "buffers": sum(b.is_floating_point() for b in model.buffers()),
@@ -237,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                     torchs.append(f"{name} ({variant})")
                 for k, v in s["fallbacks"].items():
                     opaque.setdefault(f"{k}: {v}", set()).add(name)
-                fa = (f"{_per_layer(r['externs']['forward'], n):>5} "
-                      f"{_per_layer(r['externs']['backward'], n):>5}")
+                fa = (f"{_per_layer(r['attentions']['forward'], n):>5} "
+                      f"{_per_layer(r['attentions']['backward'], n):>5}")
                 notes = sorted({v for v in r["judged"].values() if v != "graphkernel's"})
                 progress.write(
                     f"{name:<16} {variant:<5} {s['graphs']:>6} | "

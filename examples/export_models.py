@@ -374,18 +374,24 @@ def trainable(model) -> bool:
 
 def attention_layers(model, args) -> int:
     """The attention layers a model runs: its calls of scaled_dot_product_attention and of
-    softmax in one forward (no grad)."""
+    softmax over attention scores in one forward (no grad). Scores have a head or batch axis
+    besides the query's and key's ([B, H, L, S] or [B*H, L, S]); a softmax over a 2-D
+    tensor (a mixture of experts' router over [tokens, experts]) is no attention layer."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     F = torch.nn.functional
-    counted = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax}
+    softmax = {F.softmax, torch.softmax, torch.Tensor.softmax}
 
     class Count(TorchFunctionMode):
         calls = 0
 
         def __torch_function__(self, func, types, a=(), kw=None):
-            Count.calls += func in counted
+            if func is F.scaled_dot_product_attention:
+                Count.calls += 1
+            elif func in softmax:
+                x = a[0] if a else (kw or {}).get("input")
+                Count.calls += isinstance(x, torch.Tensor) and x.dim() >= 3
             return func(*a, **(kw or {}))
 
     if isinstance(model, Generate):  # the layers of one forward of the loop's model

@@ -103,6 +103,7 @@ class GraphSummary:
     symbols: list[str] = field(default_factory=list)  # symbolic dims of the graph's inputs
     through_torch: str = ""  # why the whole graph runs through torch ("" when it does not)
     bug: str = ""  # graphkernel's own failure on this graph (a bug report was logged)
+    attentions: int = 0  # fused-attention launches (forward or gradient) among the externs
 
     def line(self) -> str:
         if self.through_torch:
@@ -133,7 +134,8 @@ _STATS = _Stats()
 
 def stats() -> dict[str, Any]:
     """Totals over the graphs compiled since the last ``reset_stats()``: graphs, recompiles,
-    Dynamo's graph breaks, launches by kind, ATen fallbacks with their reasons."""
+    Dynamo's graph breaks, launches by kind (and the fused attentions among the externs),
+    ATen fallbacks with their reasons."""
     from torch._dynamo.utils import counters
 
     launches: Counter = Counter()
@@ -149,6 +151,7 @@ def stats() -> dict[str, Any]:
             "graph_breaks": sum(counters["graph_break"].values()),
             "refreezes": _STATS.refreezes,
             "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
+            "attentions": sum(s.attentions for s in _STATS.graphs),
             "fallbacks": fallbacks,
             "graphs_through_torch": dict(whole),
             "bugs": sum(bool(s.bug) for s in _STATS.graphs) + _STATS.run_bugs,
@@ -170,6 +173,13 @@ def launch_counts(graph) -> dict[str, int]:
     for entry in launches(graph):
         out[entry["kind"]] += 1
     return out
+
+
+def _attentions(graph) -> int:
+    """Fused-attention launches of a compiled graph: the extern launches also count other
+    vendor operators (a mixture of experts' grouped products), so the attention per layer is
+    counted by op."""
+    return sum(n.op in ("FusedAttention", "FusedAttentionGrad") for n in graph.nodes)
 
 
 def _recompile() -> bool:
@@ -382,7 +392,7 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         name, role, aten_ops, n_nodes, launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
         round(time.perf_counter() - t0, 3), dump_dir, symbols,
-        bug="; ".join(imported.bugs.values()))
+        bug="; ".join(imported.bugs.values()), attentions=_attentions(res.graph))
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:
