@@ -220,12 +220,37 @@ def _rewrite(graph: Graph, srt: Node, ids: Value, n: int, k: int, x: Value, rows
         tokens = add("Cast", [tokens], {"dtype": offs.dtype}, "tokens")
     h = y.shape[1]
     scales = add("Reshape", [w], {"shape": [n, k]}, "scales")
-    zeros = np.zeros((n, h), y.dtype.np)
-    out = add("MoeFinalizeRouting", [y, graph.const(zeros), graph.const(
+    res = _residual(red.output, y)
+    skip = graph.const(np.zeros((n, h), y.dtype.np)) if res is None else \
+        add("Reshape", [res[1]], {"shape": [n, h]}, "skip")
+    out = add("MoeFinalizeRouting", [y, skip, graph.const(
         np.zeros((experts, h), y.dtype.np)), scales, where, i32], name="finalize")
     graph.replace_all_uses(rows, ex)
     graph.replace_all_uses(offs, tokens)
-    graph.replace_all_uses(red.output, out)
+    if res is None:
+        graph.replace_all_uses(red.output, out)
+    else:  # the residual added in the operator: the sum's Add goes
+        total = res[0].output
+        graph.replace_all_uses(total, add("Reshape", [out], {"shape": list(total.shape)},
+                                          "residual"))
+
+
+def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
+    """(the Add, the other operand) when the per-token sum (through one Reshape) is only
+    added to a value of its own shape and dtype: MoeFinalizeRouting's ``skip`` adds it."""
+    v = total
+    users = _users(v)
+    if len(users) == 1 and users[0].op == "Reshape":
+        v = users[0].output
+        users = _users(v)
+    if len(users) != 1 or users[0].op != "Add":
+        return None
+    a = users[0]
+    other = a.inputs[1] if a.inputs[0] is v else a.inputs[0]
+    if other is v or tuple(other.shape) != tuple(v.shape) or other.dtype != y.dtype or \
+            tuple(a.output.shape) != tuple(v.shape):
+        return None
+    return a, other
 
 
 def moe_routing(graph, ctx) -> PassResult:

@@ -116,3 +116,148 @@ def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
     assert s["attentions"] == layers, s
     assert s["launches"]["extern"] > s["attentions"]  # the grouped products
     assert s["launches"]["opaque"] == 0, s
+
+
+# ------------------------------------------------------------- the routing rewrite
+N, K, E, H, F = 12, 2, 4, 16, 24
+
+
+def _routing(exclusive: bool = False):
+    """A MoE layer's experts as transformers' grouped-MM path writes them (sort, rows and
+    weights by expert, histc + cumsum, the inverse permutation, the per-token sum);
+    ``exclusive``: the groups' starts instead of their ends (other products, no running
+    count)."""
+    def route(x, logits, up, down):
+        probs = torch.softmax(logits, -1)
+        tw, ti = torch.topk(probs, K, dim=-1)
+        tw = tw / tw.sum(-1, keepdim=True)
+        sw, ids = tw.reshape(-1), ti.reshape(-1)
+        ids_g, perm = torch.sort(ids)
+        xg, wg = x[perm // K], sw[perm]
+        counts = torch.histc(ids_g.float(), bins=E, min=0, max=E - 1)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        if exclusive:
+            offs = offs - counts.to(torch.int32)
+        h = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(torch.nn.functional.silu(h), down, offs)
+        y = y * wg.unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return x + y[inv].view(N, K, -1).sum(dim=1)  # the residual too
+    return route
+
+
+def _routing_data(seed=0):
+    pytest.importorskip("transformers.integrations.moe")
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(N, H, generator=g), torch.randn(N, E, generator=g),
+            torch.randn(E, H, F, generator=g) * 0.3, torch.randn(E, F, H, generator=g) * 0.3)
+
+
+def _ops(fn, args):
+    import graphkernel
+
+    res = []
+    orig = graphkernel.compile
+
+    def capture(*a, **k):
+        res.append(orig(*a, **k))
+        return res[-1]
+
+    try:
+        graphkernel.compile = capture
+        got, want, s = _compiled(fn, *args)
+    finally:
+        graphkernel.compile = orig
+    ops = [n.op for r in res for n in r.graph.nodes]
+    return got, want, s, ops
+
+
+def test_sort_based_routing_becomes_the_vendor_routing_operators():
+    got, want, s, ops = _ops(_routing(), _routing_data())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
+        assert ops.count(op) == 1, ops
+    assert "ScatterElements" not in ops and "Gather" not in ops and "FloorDiv" not in ops
+    # softmax, TopK, the weights' normalisation, the ids' int32 cast, 3 routing + 2 grouped
+    # products (externs), silu; the residual is the finalize's skip
+    assert s["launches"] == {"vector": 5, "cube": 0, "mix": 0, "extern": 5, "opaque": 0}, s
+
+
+def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from moe_ssm_models import builders
+
+    build, inputs = builders()["olmoe"]
+    got, want, s, ops = _ops(build(), inputs())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    assert ops.count("MoeFinalizeRouting") == 2 and ops.count("MoeInitRouting") == 2, ops
+    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 42, s
+
+
+def test_routing_is_refused_where_the_offsets_are_no_running_count():
+    got, want, s, ops = _ops(_routing(exclusive=True), _routing_data(1))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not {"MoeInitRouting", "MoeFinalizeRouting"} & set(ops), ops
+
+
+def test_routing_is_refused_where_the_ids_pick_no_expert_of_a_router():
+    def route(x, ids, sw, up, down):  # ids and weights given: no TopK over the experts
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        xg = x[perm // K]
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
+                            dtype=torch.int32)
+        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
+        y = y * sw.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return y[inv].view(N, K, -1).sum(dim=1)
+
+    x, _, up, down = _routing_data(2)
+    g = torch.Generator().manual_seed(3)
+    ids, sw = torch.randint(0, E, (N, K), generator=g), torch.rand(N, K, generator=g)
+    got, want, s, ops = _ops(route, (x, ids, sw, up, down))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert "MoeInitRouting" not in ops, ops
+
+
+def test_the_routing_operators_as_the_vendor_documents_them():
+    """npu_moe_init_routing's documented example (row_idx: pair (t, k) is row k * N + t);
+    finalize undoes init (identity experts give each token its weights' sum times its
+    row); the expert tokens are each expert's running count; the device calls."""
+    import numpy as np
+
+    from graphkernel import ops
+    from graphkernel.codegen import extern
+    from graphkernel.ir import Graph, TensorType
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.array([[0, 3], [1, 4], [2, 5]], np.int32)
+    ids = np.array([[1, 2], [0, 1], [0, 2]], np.int32)
+    ex, where, srt = ops.get("MoeInitRouting").reference([x, rows, ids], {}, None)
+    assert np.array_equal(ex, x[[1, 2, 0, 1, 0, 2]])
+    assert where.tolist() == [2, 0, 1, 4, 3, 5] and srt.tolist() == [0, 0, 1, 1, 2, 2]
+    tokens = ops.get("MoeComputeExpertTokens").reference([srt], {"experts": 4}, None)
+    assert tokens.tolist() == [2, 4, 6, 6]
+    scales = np.array([[0.5, 2.0], [1.0, -1.0], [3.0, 0.25]], np.float32)
+    skip = np.ones((3, 4), np.float32)
+    out = ops.get("MoeFinalizeRouting").reference(
+        [ex, skip, np.zeros((3, 4), np.float32), scales, where, ids], {}, None)
+    np.testing.assert_allclose(out, skip + x * scales.sum(1, keepdims=True), rtol=1e-6)
+
+    g = Graph("routing")
+    xi, ri, ii = (g.add_input(n, TensorType(v.shape, dt)) for n, v, dt in (
+        ("x", x, "float32"), ("row_idx", rows, "int32"), ("expert_idx", ids, "int32")))
+    init = g.add_node("MoeInitRouting", [xi, ri, ii])
+    g.set_outputs(list(init.outputs))
+    call = extern.call(init)
+    assert call["operator"] == "torch_npu.npu_moe_init_routing"
+    assert call["arguments"] == {"active_num": 3}
+    assert [o["role"] for o in call["operands"]] == ["x", "row_idx", "expert_idx"]
+    assert [o["role"] for o in call["results"]] == ["expanded_x", "expanded_row_idx",
+                                                     "expanded_expert_idx"]
+    assert extern.cube_flops(init) == 0.0
