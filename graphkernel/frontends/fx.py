@@ -1057,9 +1057,18 @@ def _slice_scatter(c: Ctx):
                               (5, "step", 1)))
     dim %= x.type.rank
     size = x.shape[dim]
-    if step != 1 or not isinstance(size, int) or isinstance(start, str) or \
-            isinstance(end, str):
-        raise Unmapped("slice_scatter with a stride or a symbolic size")
+    if not isinstance(size, int) or isinstance(start, str) or isinstance(end, str) or \
+            not isinstance(step, int) or step < 1:
+        raise Unmapped("slice_scatter with a symbolic size or bound")
+    if step != 1:  # every step-th place from start: src scattered to those places
+        places = np.arange(*slice(start, end, step).indices(size), dtype=np.int64)
+        if not src.type.is_static or src.shape[dim] != len(places):
+            raise Unmapped("slice_scatter with a stride and a symbolic size")
+        idx = c.const(places.reshape([-1 if i == dim else 1 for i in range(x.type.rank)]),
+                      DType.int64)
+        idx = c.emit("BroadcastTo", [idx], {"shape": list(src.shape)})
+        return c.emit("ScatterElements", [x, idx, c.cast(src, x.dtype)],
+                      {"axis": dim, "reduction": "none"})
     start, end, _ = slice(start, end).indices(size)
     end = max(start, end)
     parts = []
@@ -1070,6 +1079,21 @@ def _slice_scatter(c: Ctx):
         parts.append(c.emit("StridedSlice", [x], {"begin": [end], "end": [size],
                                                   "axes": [dim]}))
     return parts[0] if len(parts) == 1 else c.emit("Concat", parts, {"axis": dim})
+
+
+@aten("aten.flip.default")
+def _flip(c: Ctx):
+    # each flipped axis read backwards: a Gather of its places in reverse
+    x = c.arg(0)
+    for d in c.arg(1):
+        d %= x.type.rank
+        if not isinstance(x.shape[d], int):
+            raise Unmapped("flip along a symbolic axis")
+    for d in c.arg(1):
+        d %= x.type.rank
+        rev = c.const(np.arange(x.shape[d] - 1, -1, -1, dtype=np.int64), DType.int64)
+        x = c.emit("Gather", [x, rev], {"axis": d})
+    return x
 
 
 @aten("aten.copy.default")
