@@ -261,3 +261,30 @@ def test_the_routing_operators_as_the_vendor_documents_them():
     assert [o["role"] for o in call["results"]] == ["expanded_x", "expanded_row_idx",
                                                      "expanded_expert_idx"]
     assert extern.cube_flops(init) == 0.0
+
+
+def test_router_max_and_tensor_clamp_as_eager():
+    """Routers that pick by max (its first index, NaN the largest) and clamp by tensors."""
+    def f(x, lo, hi):
+        v, i = torch.max(x, dim=1)
+        v2, i2 = torch.max(x, dim=-1, keepdim=True)
+        return v, i, v2, i2, torch.clamp(x, lo, hi), torch.clamp(x, min=lo), \
+            torch.clamp(x, max=hi)
+
+    nan = float("nan")
+    x = torch.tensor([[1.0, 3.0, 3.0, nan], [2.0, 2.0, 0.0, -1.0], [5.0, nan, 1.0, nan]])
+    lo, hi = torch.tensor([0.0, 2.5, 1.0, 9.0]), torch.tensor([[1.0], [2.0], [3.0]])
+    got, want, s = _compiled(f, x, lo, hi)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    assert s["launches"]["opaque"] == 0 and not s["fallbacks"], s
+
+
+def test_max_of_booleans_runs_through_torch():
+    def f(b):
+        return torch.max(b, dim=0)[1]
+
+    b = torch.tensor([[True, False], [True, True]])
+    got, want, s = _compiled(f, b)
+    assert torch.equal(got, want)
+    assert "booleans" in s["fallbacks"]["aten.max.dim"], s

@@ -310,6 +310,33 @@ def _clamp(c: Ctx):
     return c.emit("ClampScalar", [c.arg(0)], {"min": lo, "max": hi})
 
 
+@aten("aten.clamp.Tensor")
+def _clamp_tensor(c: Ctx):
+    # tensor bounds: max with the lower, then min with the upper (torch's order: an upper
+    # bound below the lower wins), broadcast as torch does
+    dt = c.out_type.dtype
+    x, lo, hi = c.cast(c.arg(0), dt), c.argkw(1, "min"), c.argkw(2, "max")
+    if lo is not None:
+        x = c.emit("Maximum", [x, c.tensor(lo, dt)])
+    if hi is not None:
+        x = c.emit("Minimum", [x, c.tensor(hi, dt)])
+    return x
+
+
+@aten("aten.max.dim")
+def _max_dim(c: Ctx):
+    # the largest value along dim and its first index: a TopK of one (NaN the largest,
+    # ties to the lower index, as torch.max)
+    x, dim, keep = c.arg(0), c.argkw(1, "dim"), bool(c.argkw(2, "keepdim", False))
+    if x.type.rank == 0 or x.dtype == DType.bool:
+        raise Unmapped("max of a scalar or of booleans")
+    v, i = c.emit_multi("TopK", [x], {"k": 1, "axis": dim, "largest": True})
+    if keep:
+        return [v, i]
+    sq = {"axis": [dim % x.type.rank]}
+    return [c.emit("Squeeze", [v], sq), c.emit("Squeeze", [i], sq)]
+
+
 @aten("aten.where.self")
 def _where(c: Ctx):
     dt = c.out_type.dtype
