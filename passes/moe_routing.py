@@ -187,7 +187,7 @@ def _offs(graph: Graph, rows: Value, srt: Node) -> tuple[Value, int] | None:
     """(offs, E) of the grouped products reading the rows by expert, when it is the running
     count of the sorted ids."""
     gmm = [u for u in _users(rows) if u.op == "GroupedMatMul" and u.inputs[0] is rows]
-    if len(gmm) != 1:
+    if not gmm or any(u.inputs[2] is not gmm[0].inputs[2] for u in gmm):
         return None
     offs = gmm[0].inputs[2]
     experts = offs.shape[0]
@@ -237,7 +237,8 @@ def _rewrite(graph: Graph, srt: Node, ids: Value, n: int, k: int, x: Value, rows
 
 def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
     """(the Add, the other operand) when the per-token sum (through one Reshape) is only
-    added to a value of its own shape and dtype: MoeFinalizeRouting's ``skip`` adds it."""
+    added to a value of its own shape and dtype: MoeFinalizeRouting's ``skip`` adds it. (Read
+    by the Add alone, the sum cannot be what the other operand is computed from.)"""
     v = total
     users = _users(v)
     if len(users) == 1 and users[0].op == "Reshape":
@@ -251,6 +252,7 @@ def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
             tuple(a.output.shape) != tuple(v.shape):
         return None
     return a, other
+
 
 
 def moe_routing(graph, ctx) -> PassResult:

@@ -122,11 +122,11 @@ def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
 N, K, E, H, F = 12, 2, 4, 16, 24
 
 
-def _routing(exclusive: bool = False):
+def _routing(exclusive: bool = False, self_added: bool = False):
     """A MoE layer's experts as transformers' grouped-MM path writes them (sort, rows and
     weights by expert, histc + cumsum, the inverse permutation, the per-token sum);
     ``exclusive``: the groups' starts instead of their ends (other products, no running
-    count)."""
+    count); ``self_added``: the sum added to a value computed from it (read twice)."""
     def route(x, logits, up, down):
         probs = torch.softmax(logits, -1)
         tw, ti = torch.topk(probs, K, dim=-1)
@@ -143,7 +143,10 @@ def _routing(exclusive: bool = False):
         y = y * wg.unsqueeze(-1)
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.size(0))
-        return x + y[inv].view(N, K, -1).sum(dim=1)  # the residual too
+        total = y[inv].view(N, K, -1).sum(dim=1)
+        if self_added:
+            return total + torch.tanh(total)
+        return x + total  # the residual too
     return route
 
 
@@ -196,6 +199,12 @@ def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
     assert ops.count("MoeFinalizeRouting") == 2 and ops.count("MoeInitRouting") == 2, ops
     assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 42, s
+
+
+def test_a_sum_read_twice_is_routed_without_a_skip():
+    got, want, s, ops = _ops(_routing(self_added=True), _routing_data(4))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert ops.count("MoeFinalizeRouting") == 1, ops  # routed; the Add and tanh read it
 
 
 def test_routing_is_refused_where_the_offsets_are_no_running_count():
