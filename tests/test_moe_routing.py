@@ -297,3 +297,17 @@ def test_max_of_booleans_runs_through_torch():
     got, want, s = _compiled(f, b)
     assert torch.equal(got, want)
     assert "booleans" in s["fallbacks"]["aten.max.dim"], s
+
+
+@pytest.mark.sim
+def test_routed_experts_through_the_simulators_kernels():
+    """The generated kernels around the routing operators (softmax, TopK, the weights'
+    normalisation, the activation) run in the simulator; the operators and the grouped
+    products as their references, as a device build calls them."""
+    fn, args = _routing(), _routing_data(5)
+    with torch.no_grad():
+        want = fn(*args)
+        got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["launches"]["extern"] == 5 and s["bugs"] == 0, s
