@@ -1091,9 +1091,9 @@ def _slice_scatter(c: Ctx):
         places = np.arange(*slice(start, end, step).indices(size), dtype=np.int64)
         if not src.type.is_static or src.shape[dim] != len(places):
             raise Unmapped("slice_scatter with a stride and a symbolic size")
-        idx = c.const(places.reshape([-1 if i == dim else 1 for i in range(x.type.rank)]),
-                      DType.int64)
-        idx = c.emit("BroadcastTo", [idx], {"shape": list(src.shape)})
+        idx = np.broadcast_to(places.reshape([-1 if i == dim else 1
+                                              for i in range(x.type.rank)]), src.shape)
+        idx = c.const(np.ascontiguousarray(idx), DType.int64)  # (a table: no launch)
         return c.emit("ScatterElements", [x, idx, c.cast(src, x.dtype)],
                       {"axis": dim, "reduction": "none"})
     start, end, _ = slice(start, end).indices(size)
