@@ -11,9 +11,10 @@ numpy, random) so that dropout draws the same numbers; the compiled step is the 
 (the first compiles: tracing may draw random numbers of its own). A row prints the graphs
 compiled (forward and backward), launches by kind over both, the fused-attention launches
 of the forward and of the backward graphs per attention layer (the layers are counted in the
-eager step: calls of scaled_dot_product_attention or softmax), whether the output matches
-eager, and how many parameters' gradients differ from eager (accuracy.md: rtol 1e-3,
-atol 1e-5 for fp32 gradients, the same None pattern). Models with buffers (batch norm's
+eager step: calls of scaled_dot_product_attention or of softmax over attention scores, not a
+router's over experts), whether the output matches eager, and how many parameters'
+gradients differ from eager (accuracy.md: rtol 1e-3, atol 1e-5 for fp32 gradients, the
+same None pattern). Models with buffers (batch norm's
 running statistics) also count the buffers that differ from an eager twin's after the same
 two steps (``stats``: rtol 1e-4, atol 1e-6) and are further from a float64 twin's than twice
 eager's.
@@ -103,12 +104,11 @@ def _buffers_differing(before, ours, args) -> list[str]:
     eager = copy.deepcopy(before)
     for _ in range(2):
         _step(eager, eager, args)
-    exact = _float64_steps(before, args, 2)
+    differ = [(k, b, c) for (k, b), c in zip(eager.named_buffers(), ours.buffers(), strict=True)
+              if b.is_floating_point() and not torch.allclose(c, b, rtol=1e-4, atol=1e-6)]
+    exact = _float64_steps(before, args, 2) if differ else None  # (only when needed)
     out = []
-    for k, b, c in zip((k for k, _ in eager.named_buffers()), eager.buffers(), ours.buffers(),
-                       strict=True):
-        if not b.is_floating_point() or torch.allclose(c, b, rtol=1e-4, atol=1e-6):
-            continue
+    for k, b, c in differ:
         if exact is None:  # no float64 judge: every difference counts
             out.append(k)
             continue
@@ -177,10 +177,9 @@ def measure(build, inputs) -> dict:
                 judged[k] = "torch.compile's (aot_eager differs the same)"
             else:
                 judged[k] = "graphkernel's"
-    externs = {role: sum(g["externs"].get(op, 0) for g in s["per_graph"] if g["role"] == role)
-               for role, op in (("forward", "FusedAttention"),
-                                ("backward", "FusedAttentionGrad"))}
-    return {"stats": s, "layers": layers, "externs": externs, "seconds": seconds,
+    attentions = {role: sum(g["attentions"] for g in s["per_graph"] if g["role"] == role)
+               for role in ("forward", "backward")}
+    return {"stats": s, "layers": layers, "attentions": attentions, "seconds": seconds,
             "forward": bool(torch.allclose(got_out, want_out, rtol=1e-4, atol=2e-5)),
             "params": len(want), "differ": differ, "judged": judged,
             "buffers": sum(b.is_floating_point() for b in model.buffers()),
@@ -255,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                     torchs.append(f"{name} ({variant})")
                 for k, v in s["fallbacks"].items():
                     opaque.setdefault(f"{k}: {v}", set()).add(name)
-                fa = (f"{_per_layer(r['externs']['forward'], n):>5} "
-                      f"{_per_layer(r['externs']['backward'], n):>5}")
+                fa = (f"{_per_layer(r['attentions']['forward'], n):>5} "
+                      f"{_per_layer(r['attentions']['backward'], n):>5}")
                 notes = sorted({v for v in r["judged"].values() if v != "graphkernel's"})
                 progress.write(
                     f"{name:<16} {variant:<5} {s['graphs']:>6} | "

@@ -29,11 +29,25 @@ from graphkernel.opdefs.attention import mask_kinds, split_dims
 OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention",
              "FusedAttentionGrad": "torch_npu.npu_fusion_attention_grad",
              "GroupedMatMul": "torch_npu.npu_grouped_matmul",
-             "GroupedMatMulWeightGrad": "torch_npu.npu_grouped_matmul"}
+             "GroupedMatMulWeightGrad": "torch_npu.npu_grouped_matmul",
+             "MoeInitRouting": "torch_npu.npu_moe_init_routing",
+             "MoeComputeExpertTokens": "torch_npu.npu_moe_compute_expert_tokens",
+             "MoeFinalizeRouting": "torch_npu.npu_moe_finalize_routing"}
 ACLNN = {"FusedAttention": "aclnnFlashAttentionScore",
          "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad",
-         "GroupedMatMul": "aclnnGroupedMatmul", "GroupedMatMulWeightGrad": "aclnnGroupedMatmul"}
+         "GroupedMatMul": "aclnnGroupedMatmul", "GroupedMatMulWeightGrad": "aclnnGroupedMatmul",
+         "MoeInitRouting": "aclnnMoeInitRouting",
+         "MoeComputeExpertTokens": "aclnnMoeComputeExpertTokens",
+         "MoeFinalizeRouting": "aclnnMoeFinalizeRouting"}
 GROUPED = ("GroupedMatMul", "GroupedMatMulWeightGrad")
+# a mixture of experts' token routing (graphkernel/opdefs/experts.py): operands and results
+# by role, in the operator's order; no products, the permutation is data movement
+ROUTING = {"MoeInitRouting": (["x", "row_idx", "expert_idx"],
+                              ["expanded_x", "expanded_row_idx", "expanded_expert_idx"]),
+           "MoeComputeExpertTokens": (["sorted_expert_for_source_row"], ["expert_tokens"]),
+           "MoeFinalizeRouting": (["expanded_permuted_rows", "skip1", "bias", "scales",
+                                   "expanded_src_to_dst_row", "export_for_source_row"],
+                                  ["out"])}
 SOFTMAX_PASSES = 5  # max, subtract, exp, sum, divide over every score
 # the gradient: the probabilities again (subtract, exp, divide), dS = P * (dP - delta)
 # (subtract, multiply) and the scaled dS for both products
@@ -77,10 +91,35 @@ def _grouped_call(node: Node) -> dict[str, Any]:
                        "shape": list(out.type.shape)}}
 
 
+def _routing_call(node: Node) -> dict[str, Any]:
+    """A routing operator's call: MoeInitRouting's ``active_num`` is every token (no
+    capacity drop), MoeComputeExpertTokens' ``num_expert`` the experts, and
+    MoeFinalizeRouting's optional ``skip2`` is None (int32 index operands, as the operators
+    take them)."""
+    roles, results = ROUTING[node.op]
+    args: dict[str, Any] = {}
+    if node.op == "MoeInitRouting":
+        args["active_num"] = node.inputs[2].shape[0]
+    elif node.op == "MoeComputeExpertTokens":
+        args["num_expert"] = node.attrs["experts"]
+    else:
+        args["skip2"] = None
+    outs = [{"role": r, "value": v.name, "dtype": str(v.dtype), "shape": list(v.type.shape)}
+            for r, v in zip(results, node.outputs, strict=True)]
+    return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
+            "aclnn": ACLNN[node.op], "arguments": args,
+            "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),
+                          "shape": list(v.type.shape)} for r, v in zip(roles, node.inputs,
+                                                                       strict=True)],
+            "result": outs[0], "results": outs}
+
+
 def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
     if node.op in GROUPED:
         return _grouped_call(node)
+    if node.op in ROUTING:
+        return _routing_call(node)
     a = node.attrs
     _, n1, n2, *_ = _dims(node)
     grad = node.op == "FusedAttentionGrad"
@@ -114,7 +153,10 @@ def call(node: Node) -> dict[str, Any]:
 def cube_flops(node: Node) -> float:
     """fp16-equivalent cube flops of the products (2·S1·S2·D each per head: Q·Kᵀ and P·V;
     the gradient's Q·Kᵀ again, dY·Vᵀ, Pᵀ·dY, dS·K and dSᵀ·Q); fp32 operands count twice, as
-    the cube runs them at half rate. Grouped products: 2·S·K·N over all the groups."""
+    the cube runs them at half rate. Grouped products: 2·S·K·N over all the groups; token
+    routing: none."""
+    if node.op in ROUTING:
+        return 0.0
     if node.op in GROUPED:
         x, y = node.inputs[0].type, node.outputs[0].type
         s, k = _int(x.shape[0]), _int(x.shape[1])
@@ -128,9 +170,13 @@ def cube_flops(node: Node) -> float:
 
 def vector_repeats(node: Node, repeat_bytes: int) -> int:
     """The softmax's vector repeats: its passes over every fp32 score (the gradient's:
-    the probabilities recomputed and dS); none for grouped products."""
+    the probabilities recomputed and dS); none for grouped products; token routing: a pass
+    over each result (rows moved, and summed back per token)."""
     if node.op in GROUPED:
         return 0
+    if node.op in ROUTING:
+        return sum(math.ceil(math.prod(_int(d) for d in v.type.shape) * 4 / repeat_bytes)
+                   for v in node.outputs)
     b, n1, _, s1, s2, _ = _dims(node)
     passes = GRAD_PASSES if node.op == "FusedAttentionGrad" else SOFTMAX_PASSES
     return passes * math.ceil(b * n1 * s1 * s2 * 4 / repeat_bytes)

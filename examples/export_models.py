@@ -143,7 +143,7 @@ FAMILY = {
     "stablelm": "partial-rotary", "persimmon": "partial-rotary",
     "bloom": "alibi", "mpt": "alibi",
     "bert": "encoder", "albert": "encoder", "electra": "encoder", "t5_encoder": "encoder",
-    "roberta": "encoder", "deberta_v2": "encoder", "deberta_v3": "relative",
+    "roberta": "encoder", "deberta_v2": "encoder",
     "t5": "encoder-decoder", "bart": "encoder-decoder", "whisper": "encoder-decoder",
     "vit": "vision", "deit": "vision", "convnext": "vision", "swin": "vision",
     "whisper_encoder": "audio", "wav2vec2": "audio", "hubert": "audio",
@@ -294,12 +294,6 @@ def families(attn: str = "sdpa"):
                      n_heads=HEADS, expansion_ratio=2, vocab_size=VOCAB, max_seq_len=64),
         "roberta": build(T.RobertaConfig, T.RobertaModel, pad_token_id=1, **encoder),
         "deberta_v2": build(T.DebertaV2Config, T.DebertaV2Model, eager_only=True, **encoder),
-        # disentangled relative attention as DeBERTa-v3's configs set it (c2p and p2c terms
-        # from log-bucketed relative positions, a shared key projection)
-        "deberta_v3": build(T.DebertaV2Config, T.DebertaV2Model, eager_only=True,
-                            relative_attention=True, pos_att_type=["p2c", "c2p"],
-                            position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
-                            max_relative_positions=-1, position_biased_input=False, **encoder),
         "t5": build(T.T5Config, T.T5Model, Seq2Seq, num_layers=LAYERS, d_model=H,
                     d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
                     decoder_start_token_id=0),
@@ -380,21 +374,24 @@ def trainable(model) -> bool:
 
 def attention_layers(model, args) -> int:
     """The attention layers a model runs: its calls of scaled_dot_product_attention and of
-    softmax over scores of rank 3 or more ([B, H, L, S], [B*H, L, S]) in one forward (no
-    grad); a mixture-of-experts router's softmax over [tokens, experts] is not attention."""
+    softmax over attention scores in one forward (no grad). Scores have a head or batch axis
+    besides the query's and key's ([B, H, L, S] or [B*H, L, S]); a softmax over a 2-D
+    tensor (a mixture of experts' router over [tokens, experts]) is no attention layer."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     F = torch.nn.functional
-    counted = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax}
+    softmax = {F.softmax, torch.softmax, torch.Tensor.softmax}
 
     class Count(TorchFunctionMode):
         calls = 0
 
         def __torch_function__(self, func, types, a=(), kw=None):
-            x = a[0] if a else None
-            Count.calls += func is F.scaled_dot_product_attention or (
-                func in counted and isinstance(x, torch.Tensor) and x.dim() >= 3)
+            if func is F.scaled_dot_product_attention:
+                Count.calls += 1
+            elif func in softmax:
+                x = a[0] if a else (kw or {}).get("input")
+                Count.calls += isinstance(x, torch.Tensor) and x.dim() >= 3
             return func(*a, **(kw or {}))
 
     if isinstance(model, Generate):  # the layers of one forward of the loop's model

@@ -18,6 +18,7 @@ from graphkernel.passes import (
     dce,
     expand,
     matvec,
+    moe_routing,
     parallel_fusion,
     product_broadcast,
     promote_precision,
@@ -50,6 +51,7 @@ PIPELINE = (
     Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
+    Step("simplify", 37, moe_routing.moe_routing, 2),
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 53, channels_last.channels_last, 2),

@@ -79,7 +79,7 @@ def test_compiled_experts_match_eager_as_grouped_matmul_externs():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     s = gt.stats()
     assert s["launches"]["extern"] == 2 and s["launches"]["opaque"] == 0, s
-    assert s["externs"] == {"GroupedMatMul": 2}  # (not fused attention: benchmarks tell apart)
+    assert s["attentions"] == 0  # (the grouped products are externs, not fused attention)
     assert not s["fallbacks"], s["fallbacks"]
 
 

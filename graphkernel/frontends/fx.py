@@ -9,6 +9,7 @@ once per op type.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import re
@@ -307,6 +308,33 @@ def _clamp(c: Ctx):
     if isinstance(lo, Value) or isinstance(hi, Value):
         raise Unmapped("tensor bounds")
     return c.emit("ClampScalar", [c.arg(0)], {"min": lo, "max": hi})
+
+
+@aten("aten.clamp.Tensor")
+def _clamp_tensor(c: Ctx):
+    # tensor bounds: max with the lower, then min with the upper (torch's order: an upper
+    # bound below the lower wins), broadcast as torch does
+    dt = c.out_type.dtype
+    x, lo, hi = c.cast(c.arg(0), dt), c.argkw(1, "min"), c.argkw(2, "max")
+    if lo is not None:
+        x = c.emit("Maximum", [x, c.tensor(lo, dt)])
+    if hi is not None:
+        x = c.emit("Minimum", [x, c.tensor(hi, dt)])
+    return x
+
+
+@aten("aten.max.dim")
+def _max_dim(c: Ctx):
+    # the largest value along dim and its first index: a TopK of one (NaN the largest,
+    # ties to the lower index, as torch.max)
+    x, dim, keep = c.arg(0), c.argkw(1, "dim"), bool(c.argkw(2, "keepdim", False))
+    if x.type.rank == 0 or x.dtype == DType.bool:
+        raise Unmapped("max of a scalar or of booleans")
+    v, i = c.emit_multi("TopK", [x], {"k": 1, "axis": dim, "largest": True})
+    if keep:
+        return [v, i]
+    sq = {"axis": [dim % x.type.rank]}
+    return [c.emit("Squeeze", [v], sq), c.emit("Squeeze", [i], sq)]
 
 
 @aten("aten.where.self")
@@ -851,8 +879,73 @@ def _index_put(c: Ctx):
 
 @aten("aten.cumsum.default")
 def _cumsum(c: Ctx):
+    src = c.node.args[0]
+    if isinstance(src, torch.fx.Node) and str(src.target) == "aten.histc.default":
+        # a histogram's running count (a mixture of experts' group ends): bin b's entry is
+        # the count of the elements below bin b's upper edge, one reduction, no scan
+        with contextlib.suppress(Unmapped):
+            return _histogram(c, src, cumulative=True, count_dtype=c.out_type.dtype)
     x = c.cast(c.arg(0), c.out_type.dtype)
     return c.emit("CumSum", [x], {"axis": c.arg(1)})
+
+
+def _histogram(c: Ctx, node: Any, cumulative: bool = False,
+               count_dtype: DType | None = None) -> Value:
+    """``torch.histc`` (of the FX ``node``) as comparisons with its bin edges and one sum:
+    an element counts in bin b when ``edge[b] <= x < edge[b+1]`` (the last bin also takes
+    ``x == max``), the edges being torch's own (``linspace(min, max, bins + 1)`` in the
+    input's dtype, which is how its histc bins an element); NaN and values outside
+    ``[min, max]`` count nowhere. ``cumulative``: the running count over the bins instead
+    (the count below each bin's upper edge), cast to ``count_dtype``. A range taken from
+    the data (``min == max``) or a comparison table too large to be worth it is declined."""
+    x = c.env[node.args[0]]
+    bins = node.args[1] if len(node.args) > 1 else node.kwargs.get("bins", 100)
+    lo = node.args[2] if len(node.args) > 2 else node.kwargs.get("min", 0)
+    hi = node.args[3] if len(node.args) > 3 else node.kwargs.get("max", 0)
+    tdt = {DType.float16: torch.float16, DType.float32: torch.float32,
+           DType.float64: torch.float64}.get(x.dtype)
+    if not (isinstance(bins, int) and isinstance(lo, int | float) and isinstance(hi, int | float)
+            and bins > 0 and lo < hi and tdt is not None and x.type.is_static):
+        raise Unmapped("histc over the data's own range, or not a static float16/32/64 tensor")
+    n = int(np.prod(x.shape, dtype=np.int64))
+    if n * bins > MAX_HISTOGRAM_TABLE:
+        raise Unmapped(f"histc of {n} elements into {bins} bins (comparison table above "
+                       f"{MAX_HISTOGRAM_TABLE})")
+    edges = torch.linspace(float(lo), float(hi), bins + 1, dtype=tdt).numpy()
+    upper = edges[1:].copy()  # x <= max for the last bin: below the next value up
+    upper[-1] = np.nextafter(upper[-1], np.inf, dtype=upper.dtype)
+    row = c.emit("Reshape", [x], {"shape": [1, n]})  # a row per bin: row reductions
+    below = c.emit("Less", [row, c.const(upper.reshape(bins, 1), x.dtype)])
+    low = np.full(bins, edges[0]) if cumulative else edges[:-1]  # (a table as large)
+    above = c.emit("GreaterEqual", [row, c.const(low.reshape(bins, 1), x.dtype)])
+    inside = c.emit("LogicalAnd", [above, below])
+    # counted in float32 (exact up to the table's size; the vector unit selects floats)
+    ones = c.emit("Select", [inside, c.const(1, DType.float32), c.const(0, DType.float32)])
+    counts = c.emit("ReduceSum", [ones], {"axis": [1], "keep_dims": False})
+    return c.cast(counts, count_dtype or x.dtype)
+
+
+MAX_HISTOGRAM_TABLE = 1 << 24  # elements x bins compared
+
+
+@aten("aten.histc.default")
+def _histc(c: Ctx):
+    return _histogram(c, c.node)
+
+
+@aten("aten.sort.default", "aten.sort.stable")
+def _sort(c: Ctx):
+    # a sort along one axis is a TopK of the whole axis: values and indices in order, ties
+    # in their original order (TopK's), which the stable sort asks and the default allows
+    x = c.arg(0)
+    if str(c.node.target).endswith(".stable"):
+        dim, descending = c.kw("dim", -1), c.kw("descending", False)
+    else:
+        dim, descending = c.argkw(1, "dim", -1), c.argkw(2, "descending", False)
+    if x.type.rank == 0 or x.dtype == DType.bool or not isinstance(x.shape[dim], int):
+        raise Unmapped("sort of a scalar, of booleans or along a symbolic axis")
+    return c.emit_multi("TopK", [x], {"k": x.shape[dim], "axis": dim,
+                                      "largest": bool(descending)})
 
 
 @aten("aten.any.default", "aten.any.dim", "aten.any.dims", "aten.all.default",
@@ -1006,9 +1099,18 @@ def _slice_scatter(c: Ctx):
                               (5, "step", 1)))
     dim %= x.type.rank
     size = x.shape[dim]
-    if step != 1 or not isinstance(size, int) or isinstance(start, str) or \
-            isinstance(end, str):
-        raise Unmapped("slice_scatter with a stride or a symbolic size")
+    if not isinstance(size, int) or isinstance(start, str) or isinstance(end, str) or \
+            not isinstance(step, int) or step < 1:
+        raise Unmapped("slice_scatter with a symbolic size or bound")
+    if step != 1:  # every step-th place from start: src scattered to those places
+        places = np.arange(*slice(start, end, step).indices(size), dtype=np.int64)
+        if not src.type.is_static or src.shape[dim] != len(places):
+            raise Unmapped("slice_scatter with a stride and a symbolic size")
+        idx = np.broadcast_to(places.reshape([-1 if i == dim else 1
+                                              for i in range(x.type.rank)]), src.shape)
+        idx = c.const(np.ascontiguousarray(idx), DType.int64)  # (a table: no launch)
+        return c.emit("ScatterElements", [x, idx, c.cast(src, x.dtype)],
+                      {"axis": dim, "reduction": "none"})
     start, end, _ = slice(start, end).indices(size)
     end = max(start, end)
     parts = []
@@ -1019,6 +1121,21 @@ def _slice_scatter(c: Ctx):
         parts.append(c.emit("StridedSlice", [x], {"begin": [end], "end": [size],
                                                   "axes": [dim]}))
     return parts[0] if len(parts) == 1 else c.emit("Concat", parts, {"axis": dim})
+
+
+@aten("aten.flip.default")
+def _flip(c: Ctx):
+    # each flipped axis read backwards: a Gather of its places in reverse
+    x = c.arg(0)
+    for d in c.arg(1):
+        d %= x.type.rank
+        if not isinstance(x.shape[d], int):
+            raise Unmapped("flip along a symbolic axis")
+    for d in c.arg(1):
+        d %= x.type.rank
+        rev = c.const(np.arange(x.shape[d] - 1, -1, -1, dtype=np.int64), DType.int64)
+        x = c.emit("Gather", [x, rev], {"axis": d})
+    return x
 
 
 @aten("aten.copy.default")
@@ -1648,8 +1765,6 @@ def _unmapped_why(node: Any) -> str:
 
 # ATen ops left to torch on purpose, with the reason the log gives
 UNMAPPED_WHY = {
-    "aten.sort.default": "no sort op: data-dependent permutations run through torch",
-    "aten.sort.stable": "no sort op: data-dependent permutations run through torch",
     "aten.nonzero.default": "the output size depends on the data",
 }
 

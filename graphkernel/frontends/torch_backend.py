@@ -103,7 +103,7 @@ class GraphSummary:
     symbols: list[str] = field(default_factory=list)  # symbolic dims of the graph's inputs
     through_torch: str = ""  # why the whole graph runs through torch ("" when it does not)
     bug: str = ""  # graphkernel's own failure on this graph (a bug report was logged)
-    externs: dict[str, int] = field(default_factory=dict)  # extern launches by operator
+    attentions: int = 0  # fused-attention launches (forward or gradient) among the externs
 
     def line(self) -> str:
         if self.through_torch:
@@ -134,17 +134,15 @@ _STATS = _Stats()
 
 def stats() -> dict[str, Any]:
     """Totals over the graphs compiled since the last ``reset_stats()``: graphs, recompiles,
-    Dynamo's graph breaks, launches by kind, extern launches by operator, ATen fallbacks
-    with their reasons."""
+    Dynamo's graph breaks, launches by kind (and the fused attentions among the externs),
+    ATen fallbacks with their reasons."""
     from torch._dynamo.utils import counters
 
     launches: Counter = Counter()
-    externs: Counter = Counter()
     fallbacks: dict[str, str] = {}
     whole: Counter = Counter()
     for s in _STATS.graphs:
         launches.update(s.launches)
-        externs.update(s.externs)
         fallbacks.update(s.fallbacks)
         if s.through_torch:
             whole[s.through_torch] += 1
@@ -153,7 +151,7 @@ def stats() -> dict[str, Any]:
             "graph_breaks": sum(counters["graph_break"].values()),
             "refreezes": _STATS.refreezes,
             "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
-            "externs": dict(externs),
+            "attentions": sum(s.attentions for s in _STATS.graphs),
             "fallbacks": fallbacks,
             "graphs_through_torch": dict(whole),
             "bugs": sum(bool(s.bug) for s in _STATS.graphs) + _STATS.run_bugs,
@@ -177,12 +175,11 @@ def launch_counts(graph) -> dict[str, int]:
     return out
 
 
-def extern_counts(graph) -> dict[str, int]:
-    """Extern launches of a compiled graph by operator (FusedAttention, FusedAttentionGrad,
-    GroupedMatMul, ...): the vendor operators it calls."""
-    from graphkernel.codegen.extern import is_extern
-
-    return dict(Counter(n.op for n in graph.nodes if is_extern(n)))
+def _attentions(graph) -> int:
+    """Fused-attention launches of a compiled graph: the extern launches also count other
+    vendor operators (a mixture of experts' grouped products), so the attention per layer is
+    counted by op."""
+    return sum(n.op in ("FusedAttention", "FusedAttentionGrad") for n in graph.nodes)
 
 
 def _recompile() -> bool:
@@ -395,7 +392,7 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         name, role, aten_ops, n_nodes, launch_counts(res.graph), dict(imported.fallbacks),
         len(res.report.extra.get("fallbacks", [])), len(frozen), _recompile(),
         round(time.perf_counter() - t0, 3), dump_dir, symbols,
-        bug="; ".join(imported.bugs.values()), externs=extern_counts(res.graph))
+        bug="; ".join(imported.bugs.values()), attentions=_attentions(res.graph))
     _STATS.graphs.append(summary)
     log.info("%s", summary.line())
     if dump_dir is not None:
@@ -615,14 +612,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     load_config(options.get("flags") or "", env=os.environ)  # the user's flags: checked now
     configure_logging()
     frozen = {i: example_inputs[i] for i in _freezable(gm, example_inputs, freeze)}
-    from torch._dynamo.exc import RestartAnalysis
-
     try:
         return _aot(gm, example_inputs, options, frozen)
-    except RestartAnalysis:
-        # Dynamo's own signal (a Python scalar that tracing turned into a tensor: it re-traces
-        # the frame with the scalar specialised), not a failure; Inductor lets it through too
-        raise
     except Exception as e:
         data_dependent = _data_dependent(e)
         if _strict(options) and data_dependent is None:

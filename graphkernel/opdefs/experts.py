@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.errors import ShapeError
-from graphkernel.ops import OpDef, OpKind, check_dtype, register
+from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
 from graphkernel.tensor_types import TensorType
 
 
@@ -81,3 +81,115 @@ register(OpDef("GroupedMatMul", OpKind.OPAQUE, (3, 3), _gmm_infer, _gmm_ref, cat
                doc="row groups times their expert's weights (a mixture of experts' products)"))
 register(OpDef("GroupedMatMulWeightGrad", OpKind.OPAQUE, (3, 3), _wgrad_infer, _wgrad_ref,
                category="nn", doc="the weights' gradient of a GroupedMatMul, per row group"))
+
+
+# ------------------------------------------------------------------ token routing
+# A mixture of experts' token permutation around its grouped products, as the vendor's
+# routing operators define it (torch_npu ``npu_moe_init_routing``,
+# ``npu_moe_compute_expert_tokens``, ``npu_moe_finalize_routing``; codegen/extern.py).
+# N tokens each routed to K experts give N*K (token, expert) pairs. ``row_idx`` [N, K]
+# names each pair by a row of the expanded layout (the operators' convention: pair (t, k)
+# is row ``k * N + t``, token ``row % N``).
+#
+# MoeInitRouting (x [N, H], row_idx [N, K], expert_idx [N, K]) sorts the pairs by expert,
+# ties in row-major pair order (a stable sort of ``expert_idx`` flattened): the j-th sorted
+# pair's row ``r_j = row_idx.flat[order[j]]`` gives ``expanded_x[j] = x[r_j % N]``
+# [N*K, H], ``expanded_row_idx[r_j] = j`` [N*K] (where each row went) and
+# ``expanded_expert_idx[j]`` [N*K] the sorted expert ids.
+#
+# MoeComputeExpertTokens (sorted expert ids [S]) -> [E]: the end of each expert's rows, the
+# count of ids <= e (the groups' running count GroupedMatMul reads as ``offs``).
+#
+# MoeFinalizeRouting (rows [N*K, H], skip [N, H], bias [E, H], scales [N, K],
+# expanded_row_idx [N*K], expert_idx [N, K]) -> [N, H]:
+# ``out[t] = skip[t] + sum_k scales[t, k] * (rows[expanded_row_idx[k * N + t]] +
+# bias[expert_idx[t, k]])``: each token's experts' rows back in token order, weighted and
+# summed.
+
+
+def _routing_ids(t: TensorType, what: str) -> None:
+    check_dtype(t, "int", what)
+
+
+def _init_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    x, rows, ids = ins
+    check_dtype(x, "float", "MoeInitRouting input")
+    _routing_ids(rows, "MoeInitRouting row_idx")
+    _routing_ids(ids, "MoeInitRouting expert_idx")
+    if x.rank != 2 or ids.rank != 2 or tuple(rows.shape) != tuple(ids.shape) or \
+            not ids.is_static:
+        raise ShapeError(f"MoeInitRouting takes x [N, H], row_idx and expert_idx [N, K] "
+                         f"(static), got {x}, {rows}, {ids}")
+    n, k = ids.shape
+    if isinstance(x.shape[0], int) and x.shape[0] != n:
+        raise ShapeError(f"MoeInitRouting: x has {x.shape[0]} tokens, expert_idx {n}")
+    s = n * k
+    return [TensorType((s, x.shape[1]), x.dtype), TensorType((s,), ids.dtype),
+            TensorType((s,), ids.dtype)]
+
+
+def _init_ref(xs, a, ctx):
+    x, rows, ids = xs
+    n = ids.shape[0]
+    order = np.argsort(ids.reshape(-1), kind="stable")
+    src = rows.reshape(-1)[order].astype(np.int64)
+    where = np.zeros(len(order), ids.dtype)
+    where[src] = np.arange(len(order))
+    return x[src % n], where, ids.reshape(-1)[order]
+
+
+class ExpertTokensAttrs(Attrs):
+    experts: int = 1
+
+
+def _tokens_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    (ids,) = ins
+    _routing_ids(ids, "MoeComputeExpertTokens input")
+    if ids.rank != 1 or attrs["experts"] < 1:
+        raise ShapeError(f"MoeComputeExpertTokens takes sorted ids [S] and experts >= 1, got "
+                         f"{ids} and {attrs['experts']}")
+    return [TensorType((attrs["experts"],), ids.dtype)]
+
+
+def _tokens_ref(xs, a, ctx):
+    ids = xs[0]
+    return np.searchsorted(ids, np.arange(a["experts"]), side="right").astype(ids.dtype)
+
+
+def _finalize_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    rows, skip, bias, scales, where, ids = ins
+    for t, what in ((rows, "rows"), (skip, "skip"), (bias, "bias"), (scales, "scales")):
+        if t.dtype != rows.dtype:
+            raise ShapeError(f"MoeFinalizeRouting: {what} {t} is not of the rows' dtype")
+    check_dtype(rows, "float", "MoeFinalizeRouting rows")
+    _routing_ids(where, "MoeFinalizeRouting expanded_row_idx")
+    _routing_ids(ids, "MoeFinalizeRouting expert_idx")
+    if rows.rank != 2 or skip.rank != 2 or bias.rank != 2 or scales.rank != 2 or \
+            where.rank != 1 or tuple(ids.shape) != tuple(scales.shape):
+        raise ShapeError(f"MoeFinalizeRouting takes rows [N*K, H], skip [N, H], bias [E, H], "
+                         f"scales and expert_idx [N, K], expanded_row_idx [N*K], got "
+                         f"{[str(t) for t in ins]}")
+    return [skip]
+
+
+def _finalize_ref(xs, a, ctx):
+    rows, skip, bias, scales, where, ids = xs
+    n, k = scales.shape
+    out = skip.astype(np.float32).copy()
+    w = np.asarray(where, np.int64)
+    for j in range(k):
+        picked = rows[w[j * n:(j + 1) * n]].astype(np.float32)
+        out += scales[:, j:j + 1].astype(np.float32) * (
+            picked + bias[np.asarray(ids[:, j], np.int64)].astype(np.float32))
+    return out.astype(skip.dtype)
+
+
+register(OpDef("MoeInitRouting", OpKind.OPAQUE, (3, 3), _init_infer, _init_ref,
+               category="nn", doc="a mixture of experts' tokens sorted by expert: the rows, "
+                                  "where each went, the sorted expert ids"))
+register(OpDef("MoeComputeExpertTokens", OpKind.OPAQUE, (1, 1), _tokens_infer, _tokens_ref,
+               attrs=ExpertTokensAttrs, category="nn",
+               doc="the end of each expert's rows among sorted expert ids"))
+register(OpDef("MoeFinalizeRouting", OpKind.OPAQUE, (6, 6), _finalize_infer, _finalize_ref,
+               category="nn", doc="a mixture of experts' rows back in token order, weighted "
+                                  "and summed per token, plus a skip"))

@@ -1,0 +1,286 @@
+"""Rewrite a mixture of experts' sort-based token permutation → the vendor's routing ops.
+
+A MoE layer that runs its experts as grouped products (transformers' ``grouped_mm`` experts,
+and any program written the same way) routes N tokens to K experts each by sorting the
+flattened expert ids [N*K] and permuting around the products:
+
+    ids_s, perm = sort(ids.flatten())              # TopK of the whole axis, ascending
+    x_s = x[perm // K]                             # each pair's token row, by expert
+    offs = running count of ids_s per expert       # histc + cumsum, bincount + cumsum, ...
+    y = experts(x_s, offs)                         # GroupedMatMul ... GroupedMatMul
+    inv[perm] = arange(N*K)                        # the inverse permutation
+    out = (y * w.flatten()[perm][:, None])[inv].view(N, K, H).sum(1)
+
+Traced, that is about a dozen launches of index arithmetic, gathers and scatters. This pass
+finds it by its data flow and rewrites it to the vendor's three routing operators
+(graphkernel/opdefs/experts.py): ``MoeInitRouting`` (the sort and the rows by expert, and
+where each pair went), ``MoeComputeExpertTokens`` (the groups' ends) and
+``MoeFinalizeRouting`` (the rows back in token order, weighted and summed per token). The
+order of the pairs within one expert does not matter to the result, and both sides sort
+stably anyway. ``offs`` is accepted in whatever way the program counts it when, computed
+from the sorted ids alone, it gives each expert's running count on random sorted ids (the
+check scan.py makes for scans). The expert ids must come from a TopK over the experts (so
+that every id names one of the E experts the products have), and every piece must have the
+shape the pattern gives it; anything else is left as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.interpreter import run_graph
+from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.registry import PassResult, counted
+
+TRIALS = 3  # random sorted id vectors the running count is checked on
+
+
+def _const(v: Value) -> np.ndarray | None:
+    p = v.producer
+    return None if p is None or p.op != "Constant" else np.asarray(p.attrs["value"])
+
+
+def _through_views(v: Value) -> Value:
+    """``v`` before the Reshapes and same-shape BroadcastTos that only rename it."""
+    while v.producer is not None and v.producer.op in ("Reshape", "BroadcastTo") and \
+            tuple(v.producer.inputs[0].shape) == tuple(v.shape):
+        v = v.producer.inputs[0]
+    return v
+
+
+def _users(v: Value) -> list[Node]:
+    return list(dict.fromkeys(v.users))
+
+
+def _past_views(v: Value) -> list[Node]:
+    """The users of ``v`` past the Reshapes and same-shape BroadcastTos that rename it."""
+    out = []
+    for u in _users(v):
+        if u.op in ("Reshape", "BroadcastTo") and tuple(u.output.shape) == tuple(v.shape):
+            out += _past_views(u.output)
+        else:
+            out.append(u)
+    return out
+
+
+def _sort(n: Node) -> tuple[Value, int, int] | None:
+    """(ids [N, K], N, K) when ``n`` is an ascending sort (a TopK of the whole axis) of
+    expert ids [N, K] flattened, picked by a TopK over the experts."""
+    if n.op != "TopK" or n.attrs["largest"] or n.inputs[0].type.rank != 1:
+        return None
+    flat = n.inputs[0]
+    if not flat.dtype.is_int or n.attrs["k"] != flat.shape[0]:
+        return None
+    r = flat.producer
+    if r is None or r.op != "Reshape" or r.inputs[0].type.rank != 2:
+        return None
+    ids = r.inputs[0]
+    if ids.producer is None or ids.producer.op != "TopK" or ids is not ids.producer.outputs[1]:
+        return None
+    nn, k = ids.shape
+    return (ids, nn, k) if isinstance(nn, int) and isinstance(k, int) else None
+
+
+def _gather0(u: Node, index: Value) -> bool:
+    return u.op == "Gather" and u.attrs.get("axis", 0) == 0 and u.inputs[1] is index
+
+
+def _pieces(perm: Value, n: int, k: int) -> dict | None:
+    """The permutation's uses: the rows by expert (``x[perm // K]``), the weights by expert
+    (``w[perm]``) and the inverse permutation (``inv[perm] = arange``)."""
+    s = n * k
+    found: dict = {}
+    for u in _users(perm):
+        if u.op == "FloorDiv" and u.inputs[0] is perm and \
+                (c := _const(u.inputs[1])) is not None and c.size == 1 and int(c) == k:
+            gs = _users(u.output)
+            if len(gs) != 1 or not _gather0(gs[0], u.output) or "rows" in found:
+                return None
+            x = gs[0].inputs[0]
+            if x.type.rank != 2 or x.shape[0] != n:
+                return None
+            found["rows"] = (x, gs[0].output)
+        elif _gather0(u, perm) and u.inputs[0].type.rank == 1 and "weights" not in found:
+            found["weights"] = (u.inputs[0], u.output)
+        elif u.op in ("Reshape", "BroadcastTo") and tuple(u.output.shape) == (s,):
+            for sc in _past_views(u.output):
+                if sc.op != "ScatterElements" or sc.attrs.get("axis", 0) != 0 or \
+                        sc.attrs.get("reduction", "none") != "none" or \
+                        _through_views(sc.inputs[1]) is not perm or "inv" in found:
+                    return None
+                upd = _const(sc.inputs[2])
+                if upd is None or upd.shape != (s,) or not np.array_equal(upd, np.arange(s)):
+                    return None
+                found["inv"] = sc.output
+        else:
+            return None
+    return found if len(found) == 3 else None
+
+
+def _finish(inv: Value, wsorted: Value, n: int, k: int) -> tuple[Node, Value] | None:
+    """(the per-token sum, the expert rows y) of ``(y * w_s[:, None])[inv].view(N, K,
+    H).sum(1)``."""
+    (g,) = _users(inv) if len(_users(inv)) == 1 else (None,)
+    if g is None or not _gather0(g, inv):
+        return None
+    mul = g.inputs[0].producer
+    if mul is None or mul.op != "Mul" or len(_users(mul.output)) != 1:
+        return None
+    pairs = [(a, b) for a, b in (mul.inputs, mul.inputs[::-1])
+             if b.producer is not None and b.producer.op == "ExpandDims" and
+             b.producer.inputs[0] is wsorted and tuple(b.shape) == (n * k, 1)]
+    if not pairs:
+        return None
+    y = pairs[0][0]
+    if y.type.rank != 2 or y.shape[0] != n * k:
+        return None
+    (r,) = _users(g.output) if len(_users(g.output)) == 1 else (None,)
+    if r is None or r.op != "Reshape" or tuple(r.output.shape) != (n, k, y.shape[1]):
+        return None
+    (red,) = _users(r.output) if len(_users(r.output)) == 1 else (None,)
+    if red is None or red.op != "ReduceSum" or red.attrs.get("keep_dims") or \
+            [a % 3 for a in (red.attrs.get("axis") or [])] != [1]:
+        return None
+    return red, y
+
+
+def _region(graph: Graph, start: Value) -> list[Node]:
+    inside, region = {id(start)}, []
+    for n in graph.nodes:
+        if n.op in ("Constant", "Opaque") or not any(id(v) in inside for v in n.inputs):
+            continue
+        if all(id(v) in inside or _const(v) is not None for v in n.inputs):
+            region.append(n)
+            inside.update(id(v) for v in n.outputs)
+    return region
+
+
+def _is_running_count(graph: Graph, start: Value, offs: Value, experts: int,
+                      seed: int = 0) -> bool:
+    """Whether ``offs`` [E], computed from the sorted ids ``start`` alone, is each expert's
+    running count (on random sorted ids, as many as the experts allow)."""
+    region = _region(graph, start)
+    if offs.producer is None or offs.producer not in region:
+        return False
+    sub = Graph("expert_tokens")
+    vmap = {id(start): sub.add_input("ids", start.type)}
+    for n in region:
+        for v in n.inputs:
+            if id(v) not in vmap:
+                vmap[id(v)] = sub.clone_node(v.producer, vmap).outputs[0]
+        sub.clone_node(n, vmap)
+    sub.set_outputs([vmap[id(offs)]])
+    rng = np.random.default_rng(seed)
+    for t in range(TRIALS):
+        ids = np.sort(rng.integers(0, experts if t else 1, start.shape[0]))
+        want = np.searchsorted(ids, np.arange(experts), side="right")
+        try:
+            (got,) = run_graph(sub, [ids.astype(start.dtype.np)])
+        except Exception:  # noqa: BLE001 - a region the interpreter cannot run proves nothing
+            return False
+        if not np.array_equal(np.asarray(got), want):
+            return False
+    return True
+
+
+def _offs(graph: Graph, rows: Value, srt: Node) -> tuple[Value, int] | None:
+    """(offs, E) of the grouped products reading the rows by expert, when it is the running
+    count of the sorted ids."""
+    gmm = [u for u in _users(rows) if u.op == "GroupedMatMul" and u.inputs[0] is rows]
+    if not gmm or any(u.inputs[2] is not gmm[0].inputs[2] for u in gmm):
+        return None
+    offs = gmm[0].inputs[2]
+    experts = offs.shape[0]
+    router = srt.inputs[0].producer.inputs[0].producer  # the TopK over the experts
+    scores = router.inputs[0]
+    if not isinstance(experts, int) or router.attrs["axis"] % scores.type.rank != \
+            scores.type.rank - 1 or scores.shape[-1] != experts or \
+            not _is_running_count(graph, srt.outputs[0], offs, experts):
+        return None
+    return offs, experts
+
+
+def _rewrite(graph: Graph, srt: Node, ids: Value, n: int, k: int, x: Value, rows: Value,
+             w: Value, y: Value, red: Node, offs: Value, experts: int) -> None:
+    """The three routing ops in place of the rows by expert, the running count and the
+    per-token sum (what else the permutation fed is left dead)."""
+    origin = tuple(dict.fromkeys((*srt.origin, *red.origin)))
+
+    def add(op, ins, attrs=None, name="moe", outputs=1):
+        node = graph.add_node(op, ins, attrs or {}, name=graph.fresh_name(
+            f"{srt.name}/{name}"), origin=origin)
+        return node.outputs if outputs > 1 else node.outputs[0]
+
+    i32 = add("Cast", [ids], {"dtype": DType.int32}, "ids")
+    pair_rows = (np.arange(k)[None, :] * n + np.arange(n)[:, None]).astype(np.int32)
+    ex, where, ids_s = add("MoeInitRouting", [x, graph.const(pair_rows), i32],
+                           name="init", outputs=3)
+    tokens = add("MoeComputeExpertTokens", [ids_s], {"experts": experts}, "tokens")
+    if tokens.dtype != offs.dtype:
+        tokens = add("Cast", [tokens], {"dtype": offs.dtype}, "tokens")
+    h = y.shape[1]
+    scales = add("Reshape", [w], {"shape": [n, k]}, "scales")
+    res = _residual(red.output, y)
+    skip = graph.const(np.zeros((n, h), y.dtype.np)) if res is None else \
+        add("Reshape", [res[1]], {"shape": [n, h]}, "skip")
+    out = add("MoeFinalizeRouting", [y, skip, graph.const(
+        np.zeros((experts, h), y.dtype.np)), scales, where, i32], name="finalize")
+    graph.replace_all_uses(rows, ex)
+    graph.replace_all_uses(offs, tokens)
+    if res is None:
+        graph.replace_all_uses(red.output, out)
+    else:  # the residual added in the operator: the sum's Add goes
+        total = res[0].output
+        graph.replace_all_uses(total, add("Reshape", [out], {"shape": list(total.shape)},
+                                          "residual"))
+
+
+def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
+    """(the Add, the other operand) when the per-token sum (through one Reshape) is only
+    added to a value of its own shape and dtype: MoeFinalizeRouting's ``skip`` adds it. (Read
+    by the Add alone, the sum cannot be what the other operand is computed from.)"""
+    v = total
+    users = _users(v)
+    if len(users) == 1 and users[0].op == "Reshape":
+        v = users[0].output
+        users = _users(v)
+    if len(users) != 1 or users[0].op != "Add":
+        return None
+    a = users[0]
+    other = a.inputs[1] if a.inputs[0] is v else a.inputs[0]
+    if other is v or tuple(other.shape) != tuple(v.shape) or other.dtype != y.dtype or \
+            tuple(a.output.shape) != tuple(v.shape):
+        return None
+    return a, other
+
+
+
+def moe_routing(graph, ctx) -> PassResult:
+    """Rewrite a MoE layer's sort-based token permutation (sort of the expert ids, rows and
+    weights gathered by expert, the running count, the inverse permutation and the weighted
+    per-token sum) → MoeInitRouting, MoeComputeExpertTokens and MoeFinalizeRouting."""
+    notes = []
+    for srt in [n for n in graph.nodes if n.op == "TopK"]:
+        if srt.graph is None or (m := _sort(srt)) is None:
+            continue
+        ids, n, k = m
+        pieces = _pieces(srt.outputs[1], n, k)
+        if pieces is None:
+            continue
+        (x, rows), (w, wsorted) = pieces["rows"], pieces["weights"]
+        fin = _finish(pieces["inv"], wsorted, n, k)
+        found = _offs(graph, rows, srt)
+        if fin is None or found is None or w.dtype != fin[1].dtype or \
+                x.dtype != fin[1].dtype or not w.type.is_static:
+            continue
+        (red, y), (offs, experts) = fin, found
+        if not ctx.should_apply(f"MoE routing of {ids.name}", [srt, red]):
+            continue
+        _rewrite(graph, srt, ids, n, k, x, rows, w, y, red, offs, experts)
+        notes.append(f"{ids.name}: {n} tokens x {k} experts of {experts} routed by the "
+                     "vendor's init/tokens/finalize operators")
+    if notes:
+        graph.remove_dead()
+        graph.toposort()
+    return PassResult(bool(notes), len(notes), notes,
+                      f"{counted(len(notes), 'MoE routing')} as the vendor's operators")

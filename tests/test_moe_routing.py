@@ -1,0 +1,313 @@
+"""A mixture of experts' token routing through torch.compile: the sort of the expert ids
+(a TopK of the whole axis), torch.histc and its running count (the groups' ends) as
+comparisons with the bin edges, each against eager; what the mappings decline runs through
+torch with its reason; and a MoE decoder's fused attentions counted per attention layer."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphkernel.torch as gt  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("fresh_torch"), pytest.mark.e2e]
+
+
+def _compiled(fn, *args):
+    with torch.no_grad():
+        want = fn(*args)
+        got = torch.compile(fn, backend="graphkernel")(*args)
+    return got, want, gt.stats()
+
+
+def test_sort_is_a_topk_of_the_axis_ties_and_nan_as_torch():
+    x = torch.tensor([[3.0, 1.0, float("nan"), 1.0, -0.0, 0.0, 2.0, 1.0],
+                      [5.0, 5.0, -1.0, float("inf"), 5.0, -2.0, 0.5, 5.0]])
+
+    def f(x):
+        a, i = torch.sort(x)  # ascending, last axis
+        b, j = torch.sort(x, dim=0, descending=True)
+        c, k = torch.sort(x, stable=True, descending=True)
+        return a, i, b, j, c, k
+
+    got, want, s = _compiled(f, x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    assert s["launches"]["opaque"] == 0 and not s["fallbacks"], s
+
+
+def test_expert_ids_sorted_stably_where_the_permutation_is_observed():
+    ids = torch.tensor([2, 0, 1, 0, 2, 2, 1, 0, 3, 0, 1, 2])
+
+    def f(ids):
+        v, p = torch.sort(ids, stable=True)
+        return v, p
+
+    got, want, s = _compiled(f, ids)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert s["launches"]["opaque"] == 0, s
+
+
+def test_histc_bins_edges_outside_values_and_nan_as_torch():
+    x = torch.tensor([0.0, 0.75, 0.7499999, 1.5, 3.0, 3.0000002, -1e-7, float("nan"), 2.9999,
+                      -5.0, 1.2, 2.25, float("inf"), 0.3])
+
+    def f(x):
+        return torch.histc(x, bins=4, min=0, max=3), torch.histc(x * 2, bins=7, min=-1, max=6)
+
+    got, want, s = _compiled(f, x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert s["launches"]["opaque"] == 0 and not s["fallbacks"], s
+
+
+def test_running_count_of_a_histogram_is_one_comparison_kernel_and_a_sum():
+    # transformers' grouped-MM routing: sorted expert ids, histc as floats, running count
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 5, (10, 2), generator=g)
+
+    def f(ids):
+        v, _ = torch.sort(ids.reshape(-1))
+        counts = torch.histc(v.float(), bins=6, min=0, max=5)
+        return torch.cumsum(counts, dim=0, dtype=torch.int32)
+
+    got, want, s = _compiled(f, ids)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    # TopK, the int64 -> float cast, the comparisons, the sum, the int32 cast: no scan, no
+    # op through torch
+    assert s["launches"] == {"vector": 5, "cube": 0, "mix": 0, "extern": 0, "opaque": 0}, s
+
+
+def test_what_the_mappings_decline_runs_through_torch_with_its_reason():
+    x = torch.tensor([0.5, 2.0, 1.0, 7.0])
+
+    def f(x, b):
+        # histc over the data's own range (min == max), a sort of booleans
+        return torch.histc(x, bins=3), torch.sort(b)[1]
+
+    b = torch.tensor([True, False, True, False])
+    with torch.no_grad():
+        want = f(x, b)
+        got = torch.compile(f, backend="graphkernel")(x, b)
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+    why = gt.stats()["fallbacks"]
+    assert "data's own range" in why["aten.histc.default"], why
+    assert "booleans" in why["aten.sort.default"], why
+
+
+def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
+    """The router's softmax over experts is no attention layer, and the grouped products
+    (extern launches too) are no attention: the count is by op."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from export_models import attention_layers
+    from moe_ssm_models import builders
+
+    build, inputs = builders()["mixtral"]
+    model, args = build(), inputs()
+    layers = attention_layers(model, args)
+    got, want, s = _compiled(model, *args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    assert layers == 2  # 2 decoder layers; 2 router softmaxes not counted
+    assert s["attentions"] == layers, s
+    assert s["launches"]["extern"] > s["attentions"]  # the grouped products
+    assert s["launches"]["opaque"] == 0, s
+
+
+# ------------------------------------------------------------- the routing rewrite
+N, K, E, H, F = 12, 2, 4, 16, 24
+
+
+def _routing(exclusive: bool = False, self_added: bool = False):
+    """A MoE layer's experts as transformers' grouped-MM path writes them (sort, rows and
+    weights by expert, histc + cumsum, the inverse permutation, the per-token sum);
+    ``exclusive``: the groups' starts instead of their ends (other products, no running
+    count); ``self_added``: the sum added to a value computed from it (read twice)."""
+    def route(x, logits, up, down):
+        probs = torch.softmax(logits, -1)
+        tw, ti = torch.topk(probs, K, dim=-1)
+        tw = tw / tw.sum(-1, keepdim=True)
+        sw, ids = tw.reshape(-1), ti.reshape(-1)
+        ids_g, perm = torch.sort(ids)
+        xg, wg = x[perm // K], sw[perm]
+        counts = torch.histc(ids_g.float(), bins=E, min=0, max=E - 1)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        if exclusive:
+            offs = offs - counts.to(torch.int32)
+        h = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(torch.nn.functional.silu(h), down, offs)
+        y = y * wg.unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        total = y[inv].view(N, K, -1).sum(dim=1)
+        if self_added:
+            return total + torch.tanh(total)
+        return x + total  # the residual too
+    return route
+
+
+def _routing_data(seed=0):
+    pytest.importorskip("transformers.integrations.moe")
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(N, H, generator=g), torch.randn(N, E, generator=g),
+            torch.randn(E, H, F, generator=g) * 0.3, torch.randn(E, F, H, generator=g) * 0.3)
+
+
+def _ops(fn, args):
+    import graphkernel
+
+    res = []
+    orig = graphkernel.compile
+
+    def capture(*a, **k):
+        res.append(orig(*a, **k))
+        return res[-1]
+
+    try:
+        graphkernel.compile = capture
+        got, want, s = _compiled(fn, *args)
+    finally:
+        graphkernel.compile = orig
+    ops = [n.op for r in res for n in r.graph.nodes]
+    return got, want, s, ops
+
+
+def test_sort_based_routing_becomes_the_vendor_routing_operators():
+    got, want, s, ops = _ops(_routing(), _routing_data())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
+        assert ops.count(op) == 1, ops
+    assert "ScatterElements" not in ops and "Gather" not in ops and "FloorDiv" not in ops
+    # softmax, TopK, the weights' normalisation, the ids' int32 cast, 3 routing + 2 grouped
+    # products (externs), silu; the residual is the finalize's skip
+    assert s["launches"] == {"vector": 5, "cube": 0, "mix": 0, "extern": 5, "opaque": 0}, s
+
+
+def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from moe_ssm_models import builders
+
+    build, inputs = builders()["olmoe"]
+    got, want, s, ops = _ops(build(), inputs())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+    assert ops.count("MoeFinalizeRouting") == 2 and ops.count("MoeInitRouting") == 2, ops
+    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 42, s
+
+
+def test_a_sum_read_twice_is_routed_without_a_skip():
+    got, want, s, ops = _ops(_routing(self_added=True), _routing_data(4))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert ops.count("MoeFinalizeRouting") == 1, ops  # routed; the Add and tanh read it
+
+
+def test_routing_is_refused_where_the_offsets_are_no_running_count():
+    got, want, s, ops = _ops(_routing(exclusive=True), _routing_data(1))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not {"MoeInitRouting", "MoeFinalizeRouting"} & set(ops), ops
+
+
+def test_routing_is_refused_where_the_ids_pick_no_expert_of_a_router():
+    def route(x, ids, sw, up, down):  # ids and weights given: no TopK over the experts
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        xg = x[perm // K]
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
+                            dtype=torch.int32)
+        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
+        y = y * sw.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return y[inv].view(N, K, -1).sum(dim=1)
+
+    x, _, up, down = _routing_data(2)
+    g = torch.Generator().manual_seed(3)
+    ids, sw = torch.randint(0, E, (N, K), generator=g), torch.rand(N, K, generator=g)
+    got, want, s, ops = _ops(route, (x, ids, sw, up, down))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert "MoeInitRouting" not in ops, ops
+
+
+def test_the_routing_operators_as_the_vendor_documents_them():
+    """npu_moe_init_routing's documented example (row_idx: pair (t, k) is row k * N + t);
+    finalize undoes init (identity experts give each token its weights' sum times its
+    row); the expert tokens are each expert's running count; the device calls."""
+    import numpy as np
+
+    from graphkernel import ops
+    from graphkernel.codegen import extern
+    from graphkernel.ir import Graph, TensorType
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.array([[0, 3], [1, 4], [2, 5]], np.int32)
+    ids = np.array([[1, 2], [0, 1], [0, 2]], np.int32)
+    ex, where, srt = ops.get("MoeInitRouting").reference([x, rows, ids], {}, None)
+    assert np.array_equal(ex, x[[1, 2, 0, 1, 0, 2]])
+    assert where.tolist() == [2, 0, 1, 4, 3, 5] and srt.tolist() == [0, 0, 1, 1, 2, 2]
+    tokens = ops.get("MoeComputeExpertTokens").reference([srt], {"experts": 4}, None)
+    assert tokens.tolist() == [2, 4, 6, 6]
+    scales = np.array([[0.5, 2.0], [1.0, -1.0], [3.0, 0.25]], np.float32)
+    skip = np.ones((3, 4), np.float32)
+    out = ops.get("MoeFinalizeRouting").reference(
+        [ex, skip, np.zeros((3, 4), np.float32), scales, where, ids], {}, None)
+    np.testing.assert_allclose(out, skip + x * scales.sum(1, keepdims=True), rtol=1e-6)
+
+    g = Graph("routing")
+    xi, ri, ii = (g.add_input(n, TensorType(v.shape, dt)) for n, v, dt in (
+        ("x", x, "float32"), ("row_idx", rows, "int32"), ("expert_idx", ids, "int32")))
+    init = g.add_node("MoeInitRouting", [xi, ri, ii])
+    g.set_outputs(list(init.outputs))
+    call = extern.call(init)
+    assert call["operator"] == "torch_npu.npu_moe_init_routing"
+    assert call["arguments"] == {"active_num": 3}
+    assert [o["role"] for o in call["operands"]] == ["x", "row_idx", "expert_idx"]
+    assert [o["role"] for o in call["results"]] == ["expanded_x", "expanded_row_idx",
+                                                     "expanded_expert_idx"]
+    assert extern.cube_flops(init) == 0.0
+
+
+def test_router_max_and_tensor_clamp_as_eager():
+    """Routers that pick by max (its first index, NaN the largest) and clamp by tensors."""
+    def f(x, lo, hi):
+        v, i = torch.max(x, dim=1)
+        v2, i2 = torch.max(x, dim=-1, keepdim=True)
+        return v, i, v2, i2, torch.clamp(x, lo, hi), torch.clamp(x, min=lo), \
+            torch.clamp(x, max=hi)
+
+    nan = float("nan")
+    x = torch.tensor([[1.0, 3.0, 3.0, nan], [2.0, 2.0, 0.0, -1.0], [5.0, nan, 1.0, nan]])
+    lo, hi = torch.tensor([0.0, 2.5, 1.0, 9.0]), torch.tensor([[1.0], [2.0], [3.0]])
+    got, want, s = _compiled(f, x, lo, hi)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    assert s["launches"]["opaque"] == 0 and not s["fallbacks"], s
+
+
+def test_max_of_booleans_runs_through_torch():
+    def f(b):
+        return torch.max(b, dim=0)[1]
+
+    b = torch.tensor([[True, False], [True, True]])
+    got, want, s = _compiled(f, b)
+    assert torch.equal(got, want)
+    assert "booleans" in s["fallbacks"]["aten.max.dim"], s
+
+
+@pytest.mark.sim
+def test_routed_experts_through_the_simulators_kernels():
+    """The generated kernels around the routing operators (softmax, TopK, the weights'
+    normalisation, the activation) run in the simulator; the operators and the grouped
+    products as their references, as a device build calls them."""
+    fn, args = _routing(), _routing_data(5)
+    with torch.no_grad():
+        want = fn(*args)
+        got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["launches"]["extern"] == 5 and s["bugs"] == 0, s
