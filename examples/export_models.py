@@ -143,7 +143,7 @@ FAMILY = {
     "stablelm": "partial-rotary", "persimmon": "partial-rotary",
     "bloom": "alibi", "mpt": "alibi",
     "bert": "encoder", "albert": "encoder", "electra": "encoder", "t5_encoder": "encoder",
-    "roberta": "encoder", "deberta_v2": "encoder",
+    "roberta": "encoder", "deberta_v2": "encoder", "deberta_v3": "relative",
     "t5": "encoder-decoder", "bart": "encoder-decoder", "whisper": "encoder-decoder",
     "vit": "vision", "deit": "vision", "convnext": "vision", "swin": "vision",
     "whisper_encoder": "audio", "wav2vec2": "audio", "hubert": "audio",
@@ -294,6 +294,12 @@ def families(attn: str = "sdpa"):
                      n_heads=HEADS, expansion_ratio=2, vocab_size=VOCAB, max_seq_len=64),
         "roberta": build(T.RobertaConfig, T.RobertaModel, pad_token_id=1, **encoder),
         "deberta_v2": build(T.DebertaV2Config, T.DebertaV2Model, eager_only=True, **encoder),
+        # disentangled relative attention as DeBERTa-v3's configs set it (c2p and p2c terms
+        # from log-bucketed relative positions, a shared key projection)
+        "deberta_v3": build(T.DebertaV2Config, T.DebertaV2Model, eager_only=True,
+                            relative_attention=True, pos_att_type=["p2c", "c2p"],
+                            position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+                            max_relative_positions=-1, position_biased_input=False, **encoder),
         "t5": build(T.T5Config, T.T5Model, Seq2Seq, num_layers=LAYERS, d_model=H,
                     d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
                     decoder_start_token_id=0),

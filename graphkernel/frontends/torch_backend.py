@@ -612,8 +612,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     load_config(options.get("flags") or "", env=os.environ)  # the user's flags: checked now
     configure_logging()
     frozen = {i: example_inputs[i] for i in _freezable(gm, example_inputs, freeze)}
+    from torch._dynamo.exc import RestartAnalysis
+
     try:
         return _aot(gm, example_inputs, options, frozen)
+    except RestartAnalysis:
+        # Dynamo's own signal (a Python scalar that tracing turned into a tensor: it re-traces
+        # the frame with the scalar specialised), not a failure; Inductor lets it through too
+        raise
     except Exception as e:
         data_dependent = _data_dependent(e)
         if _strict(options) and data_dependent is None:
