@@ -348,3 +348,38 @@ def test_recordings_nest_even_when_equal():
             pass
         n = g.add_node("Neg", [x])
     assert inner == [] and outer == [n]
+
+
+def test_checked_attributes_are_remembered_and_never_shared(monkeypatch):
+    """Equal attributes are validated once per op; every node still gets its own dict and its
+    own lists, and attributes that differ in value or type are validated anew."""
+    from graphkernel import ops
+
+    opdef = ops.get("ReduceSum")
+    calls = []
+    real = opdef.attrs.model_validate
+
+    def counting(attrs):
+        calls.append(dict(attrs))
+        return real(attrs)
+
+    monkeypatch.setattr(opdef, "_checked", {})
+    monkeypatch.setattr(opdef.attrs, "model_validate", counting)
+    g = Graph("attrs")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    a = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    b = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    assert len(calls) == 1
+    assert a.attrs == b.attrs and a.attrs is not b.attrs
+    assert a.attrs["axis"] is not b.attrs["axis"]
+    a.attrs["axis"].append(0)  # a rewrite changing one node's list leaves the other's
+    assert b.attrs["axis"] == [1]
+    c = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    assert c.attrs["axis"] == [1] and len(calls) == 1
+    g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": 1})  # 1 is not True
+    g.add_node("ReduceSum", [x], {"axis": [0], "keep_dims": True})
+    assert len(calls) == 3
+    with pytest.raises(GraphError, match="keep_dims"):
+        g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": "maybe"})
+    with pytest.raises(GraphError, match="keep_dims"):  # a failure is never remembered
+        g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": "maybe"})
