@@ -457,10 +457,15 @@ class Graph:
         kept are sorted (when the graph was out of order), not those erased."""
         outputs = self._output_at
 
-        def dead(node: Node) -> bool:
-            if keep_side_effects and node.op != "GraphKernel" and ops.get(node.op).writes:
+        def dead(node: Node) -> bool:  # (used first: most nodes are, and it is cheaper)
+            outs = node.outputs
+            if len(outs) == 1:
+                if outs[0].uses or id(outs[0]) in outputs:
+                    return False
+            elif any(v.uses or id(v) in outputs for v in outs):
                 return False
-            return not any(v.uses or id(v) in outputs for v in node.outputs)
+            return not (keep_side_effects and node.op != "GraphKernel"
+                        and ops.get(node.op).writes)
 
         todo = [n for n in self._nodes.values() if dead(n)]
         removed = 0
