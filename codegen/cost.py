@@ -23,7 +23,7 @@ from typing import Any
 
 from graphkernel.codegen import extern
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.traffic import launch_io
+from graphkernel.codegen.traffic import _io_bytes
 from graphkernel.fusion import ITEMSIZE, SYMBOL_SIZE, numel
 from graphkernel.ir import Graph, Node
 from graphkernel.ops import CUBE_OPS, PRODUCT_OPS, RESHAPE_OPS
@@ -98,13 +98,41 @@ def model(graph: Graph, spec: Target, launches: list[dict[str, Any]]) -> float:
 
 def totals(graph: Graph, spec: Target) -> tuple[int, int, float]:
     """(GM bytes, launches, modeled microseconds) of ``graph`` as it stands: the totals of
-    ``traffic.summary`` and ``model``, without an entry per launch."""
+    ``traffic.summary`` and ``model``, without an entry per launch. A launch of a single op
+    is costed once per ``launch_key`` (a model's repeated layers launch the same few)."""
     nbytes, count, us = 0, 0, 0.0
-    for node, read, written in launch_io(graph):
-        nbytes += read + written
+    known: dict[tuple, tuple[int, float]] = {}
+    for node in graph.nodes:
+        op = node.op
+        if op == "Constant" or op in RESHAPE_OPS:
+            continue
+        key = launch_key(node)
+        cost = known.get(key) if key is not None else None
+        if cost is None:
+            read, written = _io_bytes(node.inputs, node.outputs)
+            cost = (read + written, launch_us(node, spec, read + written))
+            if key is not None:
+                known[key] = cost
+        nbytes += cost[0]
         count += 1
-        us += launch_us(node, spec, read + written)
+        us += cost[1]
     return nbytes, count, us
+
+
+def launch_key(node: Node) -> tuple | None:
+    """What the bytes and the modeled time of a launch of ``node`` alone depend on: its op,
+    its inputs' and outputs' shapes and dtypes, a product's ``transpose_a``. None for a
+    node whose cost reads more (a kernel's body, a Transpose's users, an extern operator's
+    attributes) or that reads one value twice."""
+    op = node.op
+    if op == "GraphKernel" or op == "Transpose" or extern.is_extern(node):
+        return None
+    ins = node.inputs
+    if len(ins) > 1 and len({id(v) for v in ins}) < len(ins):
+        return None
+    return (op, tuple([(v.type.shape, v.type.dtype._value_) for v in ins]),
+            tuple([(v.type.shape, v.type.dtype._value_) for v in node.outputs]),
+            node.attrs.get("transpose_a") if op in PRODUCT_OPS else None)
 
 
 def by_kind(launches: list[dict[str, Any]]) -> dict[str, float]:

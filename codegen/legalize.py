@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from graphkernel.codegen.cube.schedule import (
     MatmulSchedule,
@@ -38,6 +37,9 @@ from graphkernel.codegen.vector import layouts
 from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import Schedule, plan
 from graphkernel.ir import Dim, Graph, Node
+
+if TYPE_CHECKING:  # (imported where a kernel is split: most compiles never do, and it is
+    import networkx as nx  # a tenth of a second to import)
 from graphkernel.kernels import build_kernel, unfuse
 from graphkernel.ops import CUBE_OPS, PRODUCT_OPS, RESHAPE_OPS
 
@@ -173,6 +175,8 @@ def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
                 cube and only_feeds and (not product or n.op == "Transpose"
                                          and swaps_last_two(n))):
             out.add(id(n))
+    import networkx as nx
+
     dag = nx.DiGraph()  # the kernel's nodes and edges
     dag.add_nodes_from(id(n) for n in nodes)
     dag.add_edges_from((id(v.producer), id(n)) for n in nodes for v in n.inputs
@@ -206,6 +210,8 @@ def _cube_groups(dag: nx.DiGraph, out: set[int], by_id: dict, order: dict
     """The matrix products among ``out`` (nodes split off a kernel), each with the nodes of
     ``out`` (its operands' last-two-axes transposes) that feed it and no other product: the
     cube kernels to retry."""
+    import networkx as nx
+
     mms = [i for i in out if by_id[i].op in PRODUCT_OPS]
     reach = {i: {j for j in nx.descendants(dag, i) if by_id[j].op in PRODUCT_OPS}
              for i in out if i not in mms}

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from graphkernel import ops
 from graphkernel.builder import Builder
-from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.ir import DType, Graph, Node, TensorType, Value
 from graphkernel.registry import EXPANDERS, register_expander
 
 FLOATS = frozenset(d for d in DType if d.is_float)
@@ -103,6 +106,99 @@ def expand_node(graph: Graph, node: Node, exp: Expander) -> tuple[list[Value] | 
         b.rollback()
         return None, f"expansion emitted composite ops {composite}"
     return outs, ""
+
+
+# ------------------------------------------------------------------ replay
+# A model repeats its layers: thousands of LayerNorms of one shape expand into the same ops.
+# The first expansion of each signature is recorded as a template and every equal node
+# replays it, adding the same nodes under the same names as ``expand_node`` would, without
+# running the expander, checking attributes or inferring types again.
+
+Ref = tuple[int, int]  # (-1, k): the expanded node's input k; (j, i): output i of node j
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of a template: its op, normalized attributes, inputs and output types."""
+    op: str
+    attrs: dict[str, Any]
+    inputs: tuple[Ref, ...]
+    out_types: tuple[TensorType, ...]
+
+
+@dataclass(frozen=True)
+class Template:
+    """The nodes an expansion adds and the values standing for the node's outputs."""
+    steps: tuple[Step, ...]
+    outputs: tuple[Ref, ...]
+
+
+def template_key(node: Node) -> tuple | None:
+    """What an expansion may depend on: the op, its attributes, its inputs' types and which
+    inputs are the same value, its outputs' types. None when an attribute cannot be a key
+    (an array, a subgraph): such a node is always expanded afresh."""
+    frozen = ops._frozen_attrs(node.attrs)
+    if frozen is None:
+        return None
+    first: dict[int, int] = {}
+    same = tuple(first.setdefault(id(v), k) for k, v in enumerate(node.inputs))
+    return (node.op, frozen, tuple(v.type for v in node.inputs), same,
+            tuple(v.type for v in node.outputs))
+
+
+def record(node: Node, created: Sequence[Node], outs: Sequence[Value]) -> Template | None:
+    """The template of a successful expansion of ``node`` (``created``: the nodes it added,
+    in order; ``outs``: its results); None when a node reads a value from elsewhere in the
+    graph (no other node could replay it) or is named other than by its op."""
+    where: dict[int, Ref] = {}
+    for k, v in enumerate(node.inputs):
+        where.setdefault(id(v), (-1, k))
+    steps = []
+    for j, n in enumerate(created):
+        refs = tuple(where.get(id(v)) for v in n.inputs)
+        base = f"{node.name}/{n.op.lower()}"
+        if None in refs or n.graph is None or not (n.name == base or n.name.startswith(base + "_")
+                                and n.name[len(base) + 1:].isdigit()):
+            return None  # (a name replay would not give it: an op named by an alias)
+        attrs = {k: _owned(v) for k, v in n.attrs.items()}
+        steps.append(Step(n.op, attrs, refs,  # type: ignore[arg-type]
+                          tuple(v.type for v in n.outputs)))
+        for i, v in enumerate(n.outputs):
+            where[id(v)] = (j, i)
+    out_refs = tuple(where.get(id(v)) for v in outs)
+    if None in out_refs:
+        return None
+    return Template(tuple(steps), out_refs)  # type: ignore[arg-type]
+
+
+def replay(graph: Graph, node: Node, template: Template) -> list[Value]:
+    """Add ``template``'s nodes for ``node`` (whose ``template_key`` is the recorded one's):
+    the names, origins, attributes and types ``expand_node`` would give them. Returns the
+    values standing for the node's outputs."""
+    ins = node.inputs
+    made: list[list[Value]] = []
+    prefix, origin = node.name, tuple(node.origin) or None
+    fresh = graph.fresh_name
+    for st in template.steps:
+        inputs = [ins[i] if j < 0 else made[j][i] for j, i in st.inputs]
+        name = fresh(f"{prefix}/{st.op.lower()}")
+        n_out = len(st.out_types)
+        outs = [(fresh(name if n_out == 1 else f"{name}:{i}"), t)
+                for i, t in enumerate(st.out_types)]
+        new = graph._add_raw(st.op, name, inputs, {k: _owned(v) for k, v in st.attrs.items()},
+                             origin or (name,), outs)
+        made.append(new.outputs)
+    return [ins[i] if j < 0 else made[j][i] for j, i in template.outputs]
+
+
+def _owned(v: Any) -> Any:
+    """An attribute value for a node of its own: arrays and lists copied (a node may
+    rewrite its attributes in place), other values shared."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, list):
+        return [_owned(x) for x in v]
+    return v
 
 
 def registered() -> dict[str, Expander]:

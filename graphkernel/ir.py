@@ -457,10 +457,15 @@ class Graph:
         kept are sorted (when the graph was out of order), not those erased."""
         outputs = self._output_at
 
-        def dead(node: Node) -> bool:
-            if keep_side_effects and node.op != "GraphKernel" and ops.get(node.op).writes:
+        def dead(node: Node) -> bool:  # (used first: most nodes are, and it is cheaper)
+            outs = node.outputs
+            if len(outs) == 1:
+                if outs[0].uses or id(outs[0]) in outputs:
+                    return False
+            elif any(v.uses or id(v) in outputs for v in outs):
                 return False
-            return not any(v.uses or id(v) in outputs for v in node.outputs)
+            return not (keep_side_effects and node.op != "GraphKernel"
+                        and ops.get(node.op).writes)
 
         todo = [n for n in self._nodes.values() if dead(n)]
         removed = 0
@@ -666,6 +671,45 @@ class Graph:
         for old, nv in zip(n.outputs, new.outputs, strict=True):
             vmap[id(old)] = nv
         return new
+
+    def move_nodes(self, nodes: Sequence[Node], into: Graph, vmap: dict[int, Value]) -> None:
+        """Move ``nodes`` (a convex set of this graph's nodes, in topological order) into graph
+        ``into``, as ``into.clone_node`` of each would copy them: the same names, attributes
+        and order, an input from outside read as ``vmap[id(value)]`` (a value of ``into``),
+        each value's uses in ``into`` in node order. Uses of their outputs by nodes left here
+        stay, for the caller to redirect. Moving, not copying: a fused kernel takes its
+        members as they are instead of copying each and erasing the original."""
+        members = {id(n) for n in nodes}
+        for n in nodes:
+            del self._nodes[id(n)]
+            del self._node_names[n.name]
+            ins = n.inputs
+            for i, v in enumerate(ins):
+                p = v.producer
+                if p is None or id(p) not in members:
+                    v.uses.remove((n, i))
+                    ins[i] = vmap[id(v)]
+            n.graph = into
+            n._seq = next(into._seq)
+            n.attrs = dict(n.attrs)
+            for v in n.outputs:
+                del self._values[v.name]
+                v.graph = into
+                into._values[v.name] = v
+            into._nodes[id(n)] = n
+            into._node_names[n.name] = n
+            for added in into._recorders:
+                added.append(n)
+        outside: list[tuple[Value, list[tuple[Node, int]]]] = []
+        for n in nodes:  # uses by members first, in node order, as copies would get them
+            for v in n.outputs:
+                outside.append((v, [(u, j) for u, j in v.uses if id(u) not in members]))
+                v.uses = []
+        for n in nodes:
+            for i, v in enumerate(n.inputs):
+                v.uses.append((n, i))
+        for v, uses in outside:  # then those by nodes left here, in the order they had
+            v.uses += uses
 
     def _add_raw(self, op: str, name: str, inputs: list[Value], attrs: dict[str, Any],
                  origin: tuple[str, ...], outs: list[tuple[str, TensorType]]) -> Node:

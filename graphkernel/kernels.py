@@ -87,22 +87,32 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
             else:
                 vmap[id(v)] = sub.add_input(v.name, v.type)  # named after the value it binds
                 inputs.append(v)
-    outs: list[Value] = []
-    for n in nodes:
-        sub.clone_node(n, vmap)
-        for old in n.outputs:
-            if id(old) in outputs_set or any(id(u) not in members for u, _ in old.uses):
-                outs.append(old)
-    sub.set_outputs([vmap[id(v)] for v in outs])
+    outs = [old for n in nodes for old in n.outputs
+            if id(old) in outputs_set or any(id(u) not in members for u, _ in old.uses)]
     origin = tuple(dict.fromkeys(o for n in nodes for o in n.origin))
+    kname = graph.fresh_name(name)
+    out_names = [graph.fresh_name(f"{name}:{i}") for i in range(len(outs))] \
+        if len(outs) > 1 else [graph.fresh_name(name)]
+    if any(id(v) in outputs_set for v in outs):
+        # a graph output keeps its name on the kernel's output (``replace_all_uses``): the
+        # members are copied, and the originals, renamed out of its way, erased
+        for n in nodes:
+            sub.clone_node(n, vmap)
+        sub.set_outputs([vmap[id(v)] for v in outs])
+        k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
+                           name=kname, origin=origin, output_names=out_names)
+        for old, new in zip(outs, k.outputs, strict=True):
+            graph.replace_all_uses(old, new)
+        for n in reversed(nodes):
+            graph.erase_node(n)
+        return k
+    graph.move_nodes(nodes, sub, vmap)
+    sub.set_outputs(outs)
     k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
-                       name=graph.fresh_name(name), origin=origin,
-                       output_names=[graph.fresh_name(f"{name}:{i}") for i in range(len(outs))]
-                       if len(outs) > 1 else [graph.fresh_name(name)])
+                       name=kname, origin=origin, output_names=out_names)
     for old, new in zip(outs, k.outputs, strict=True):
-        graph.replace_all_uses(old, new)
-    for n in reversed(nodes):
-        graph.erase_node(n)
+        for u, j in [(u, j) for u, j in old.uses if u.graph is graph]:
+            graph.replace_input(u, j, new)
     return k
 
 

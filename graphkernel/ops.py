@@ -97,6 +97,11 @@ class OpDef:
     # signatures, and a TensorType is immutable, so equal signatures share their result
     _inferred: dict[tuple, tuple[TensorType, ...]] = field(default_factory=dict, repr=False,
                                                            compare=False)
+    # normalized attributes by the attributes given (keyed as ``_inferred``), with whether
+    # they hold a list (copied per node, so that no two nodes share a mutable value): the
+    # schema's validation is the same work for every node of a repeated layer
+    _checked: dict[tuple, tuple[dict[str, Any], bool]] = field(default_factory=dict,
+                                                               repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._fields = tuple(self.attrs.model_fields)
@@ -110,6 +115,12 @@ class OpDef:
                 raise OpError(f"{where or self.name}: op {self.name} takes no attributes, got "
                               + ", ".join(repr(k) for k in attrs))
             return {}
+        key = _frozen_attrs(attrs) if attrs else ()
+        if key is not None:
+            known = self._checked.get(key)
+            if known is not None:
+                norm, has_list = known
+                return {k: _copied(v) for k, v in norm.items()} if has_list else dict(norm)
         try:
             model = self.attrs.model_validate(attrs)
         except ValidationError as e:
@@ -120,7 +131,15 @@ class OpDef:
                 msg = ("unknown attribute" + did_you_mean(str(first["loc"][0]), self._fields)
                        + f" (accepted: {', '.join(self._fields)})")
             raise OpError(f"{where or self.name}: attribute '{loc}': {msg}") from None
-        return {k: getattr(model, k) for k in self._fields}
+        out = {k: getattr(model, k) for k in self._fields}
+        # remembered only when what the schema made of them is plain values too (never an
+        # array or a subgraph, which a node owns)
+        if key is not None and _frozen_attrs(out) is not None:
+            if len(self._checked) >= _INFERRED_LIMIT:
+                self._checked.clear()
+            has_list = any(_holds_list(v) for v in out.values())
+            self._checked[key] = ({k: _copied(v) for k, v in out.items()}, has_list)
+        return out
 
     def check_arity(self, n: int, where: str = "") -> None:
         lo, hi = self.arity
@@ -168,6 +187,21 @@ def _frozen(v: Any) -> Any:
 
 
 _UNFROZEN = object()
+
+
+def _holds_list(v: Any) -> bool:
+    cls = v.__class__
+    return cls is list or cls is tuple and any(_holds_list(x) for x in v)
+
+
+def _copied(v: Any) -> Any:
+    """``v`` with every list in it a new list (a plain value as ``_frozen`` accepts it)."""
+    cls = v.__class__
+    if cls is list:
+        return [_copied(x) for x in v]
+    if cls is tuple:
+        return tuple(_copied(x) for x in v)
+    return v
 
 
 def _frozen_attrs(attrs: dict[str, Any]) -> tuple | None:

@@ -11,7 +11,11 @@ def dce(graph, ctx) -> PassResult:
     outputs = {id(v) for v in graph.outputs}
     removed = 0
     for node in reversed(graph.nodes):
-        if any(v.uses or id(v) in outputs for v in node.outputs):
+        outs = node.outputs
+        if len(outs) == 1:  # (most nodes: no generator made to ask)
+            if outs[0].uses or id(outs[0]) in outputs:
+                continue
+        elif any(v.uses or id(v) in outputs for v in outs):
             continue
         if node.op != "GraphKernel" and ops.get(node.op).writes:
             continue

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from graphkernel import ops, registry
-from graphkernel.expanders.base import expand_node
+from graphkernel.expanders.base import (
+    Template,
+    expand_node,
+    record,
+    replay,
+    template_key,
+)
 from graphkernel.flags import Config
 from graphkernel.passes.rewrite import replace_with
 from graphkernel.registry import PassResult, counted
@@ -31,6 +37,7 @@ def expand(graph, ctx) -> PassResult:
     """
     wanted = expand_list(ctx.flags)
     expanded = kept = created_total = 0
+    templates: dict[tuple, Template | None] = {}  # by template_key; None: not replayable
     for node in graph.nodes:
         if node.op not in wanted or node.op not in registry.EXPANDERS:
             continue
@@ -40,7 +47,15 @@ def expand(graph, ctx) -> PassResult:
             if not ctx.should_apply(f"{node.name} ({node.op})", [node]):
                 continue
             size = len(graph)
-            outs, reason = expand_node(graph, node, exp)
+            key = template_key(node)
+            template = templates.get(key) if key is not None else None
+            if template is not None:
+                outs, reason = replay(graph, node, template), ""
+            else:
+                with graph.recording() as added:
+                    outs, reason = expand_node(graph, node, exp)
+                if outs is not None and key is not None and key not in templates:
+                    templates[key] = record(node, added, outs)
             if outs is not None:
                 created = len(graph) - size
                 replace_with(graph, node, outs)

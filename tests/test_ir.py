@@ -348,3 +348,115 @@ def test_recordings_nest_even_when_equal():
             pass
         n = g.add_node("Neg", [x])
     assert inner == [] and outer == [n]
+
+
+def test_checked_attributes_are_remembered_and_never_shared(monkeypatch):
+    """Equal attributes are validated once per op; every node still gets its own dict and its
+    own lists, and attributes that differ in value or type are validated anew."""
+    from graphkernel import ops
+
+    opdef = ops.get("ReduceSum")
+    calls = []
+    real = opdef.attrs.model_validate
+
+    def counting(attrs):
+        calls.append(dict(attrs))
+        return real(attrs)
+
+    monkeypatch.setattr(opdef, "_checked", {})
+    monkeypatch.setattr(opdef.attrs, "model_validate", counting)
+    g = Graph("attrs")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    a = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    b = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    assert len(calls) == 1
+    assert a.attrs == b.attrs and a.attrs is not b.attrs
+    assert a.attrs["axis"] is not b.attrs["axis"]
+    a.attrs["axis"].append(0)  # a rewrite changing one node's list leaves the other's
+    assert b.attrs["axis"] == [1]
+    c = g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": True})
+    assert c.attrs["axis"] == [1] and len(calls) == 1
+    g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": 1})  # 1 is not True
+    g.add_node("ReduceSum", [x], {"axis": [0], "keep_dims": True})
+    assert len(calls) == 3
+    with pytest.raises(GraphError, match="keep_dims"):
+        g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": "maybe"})
+    with pytest.raises(GraphError, match="keep_dims"):  # a failure is never remembered
+        g.add_node("ReduceSum", [x], {"axis": [1], "keep_dims": "maybe"})
+
+
+def _moving_model() -> Graph:
+    g = Graph("mv")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    y = g.add_input("y", TensorType((4, 8), "float32"))
+    a = g.add_node("Add", [x, y], name="a").output
+    b = g.add_node("Mul", [a, a], name="b").output           # reads one value twice
+    c = g.add_node("Sub", [b, x], name="c").output
+    d = g.add_node("ReduceSum", [c], {"axis": [1], "keep_dims": True}, name="d").output
+    e = g.add_node("Div", [c, d], name="e").output
+    f = g.add_node("Neg", [b], name="f").output             # outside: reads a member
+    g.set_outputs([g.add_node("Add", [e, f], name="out").output, x])
+    return g
+
+
+def _shape_of(g: Graph) -> list[tuple]:
+    """Every node with its attributes, inputs, order, and each output's uses by name."""
+    return [(n.op, n.name, n._seq, {k: v for k, v in n.attrs.items()},
+             [v.name for v in n.inputs],
+             [(v.name, str(v.type), [(u.name, j) for u, j in v.uses]) for v in n.outputs])
+            for n in g.nodes]
+
+
+def test_move_nodes_leaves_what_copying_leaves():
+    """Moving members into a subgraph gives the subgraph ``clone_node`` gives, and leaves
+    their outside inputs' use-lists as erasing the originals would."""
+    moved_g, copied_g = _moving_model(), _moving_model()
+    results = []
+    for g, move in ((moved_g, True), (copied_g, False)):
+        members = [g.node(n) for n in ("b", "c", "d", "e")]
+        sub = Graph("k")
+        vmap = {id(v): sub.add_input(v.name, v.type)
+                for v in (g.value("a"), g.value("x"))}
+        if move:
+            g.move_nodes(members, sub, vmap)
+            assert all(n.graph is sub for n in members)
+        else:
+            for n in members:
+                sub.clone_node(n, vmap)
+        results.append(sub)
+    moved, copied = results
+    # the outside reader of a moved value keeps reading it until the caller redirects it
+    assert moved.value("b").uses[-1][0] is moved_g.node("f")
+    moved_g.replace_input(moved_g.node("f"), 0, moved_g.value("y"))
+    moved_g.replace_input(moved_g.node("out"), 0, moved_g.value("y"))
+    moved.set_outputs([moved.value("e"), moved.value("b")])
+    copied.set_outputs([copied.value("e"), copied.value("b")])
+    moved.validate()
+    copied.validate()
+    assert _shape_of(moved) == _shape_of(copied)
+    assert [(u.name, j) for u, j in moved_g.value("a").uses] == []
+    assert [(u.name, j) for u, j in moved_g.value("x").uses] == [("a", 0)]
+    assert not moved_g.has_node("b") and not moved_g.has_value("e")
+
+
+def test_a_kernel_moves_its_members_or_copies_them_when_they_make_a_graph_output():
+    """``build_kernel`` gives the same kernel either way: by moving (no member output is a
+    graph output) or by copying (one is, so its name passes to the kernel's output)."""
+    from graphkernel.interpreter import random_inputs
+    from graphkernel.kernels import build_kernel
+
+    for outputs in ("inner", "outer"):
+        g = _moving_model()
+        if outputs == "inner":  # b becomes a graph output too
+            g.set_outputs([*g.outputs, g.value("b")], [*g.output_names, "b"])
+        feeds = random_inputs(g, 0)
+        want = run_graph(g, feeds)
+        members = [g.node(n) for n in ("b", "c", "d", "e")]
+        k = build_kernel(g, members, "k", "test")
+        g.validate()
+        moved = all(n.graph is k.subgraph for n in members)
+        assert moved == (outputs == "outer")
+        assert [n.name for n in k.subgraph.nodes] == ["b", "c", "d", "e"]
+        assert [v.name for v in k.subgraph.inputs] == ["a", "x"]
+        for a, b in zip(want, run_graph(g, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -143,3 +143,24 @@ def test_failed_save_leaves_no_partial_file(tmp_path):
     with pytest.raises(FormatError, match="in-memory Python callable"):
         save_graph(g, tmp_path / "cb.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_scalar_constants_are_written_as_any_constant_is():
+    """A one-element constant takes a shortcut when written; the text is what the general
+    path writes: nan and infinities as strings, -0.0 kept, bfloat16 through float64."""
+    from graphkernel.frontends import json_format as jf
+    from graphkernel.ir import DType
+
+    def general(arr):
+        flat = arr.astype(np.float64) if arr.dtype == DType.bfloat16.np else arr
+        return [jf._encode_scalar(x) for x in flat.reshape(-1).tolist()]
+
+    for dt in (np.float32, np.float16, np.float64, np.int32, np.int64, np.uint8, np.bool_,
+               DType.bfloat16.np):
+        for v in (0.5, -0.0, float("nan"), float("inf"), -float("inf"), 3, True):
+            for shape in ((), (1,), (1, 1)):
+                with np.errstate(invalid="ignore"):
+                    arr = np.full(shape, v, dtype=dt)
+                got = jf._const_data(arr)
+                assert repr(got) == repr(general(arr)), (dt, v, shape)
+                assert [type(x) for x in got] == [type(x) for x in general(arr)]

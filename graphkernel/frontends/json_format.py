@@ -210,12 +210,19 @@ def _stored(side: dict[str, np.ndarray], shared: _Sharing | None, arr: np.ndarra
 
 
 def _const_data(arr: np.ndarray) -> list[Any]:
+    if arr.size == 1 and arr.dtype.kind in "fiub" and arr.dtype.names is None \
+            and arr.dtype != _BF16:  # (most inline constants: a scalar, read as one)
+        x = arr.reshape(-1).tolist()
+        return x if arr.dtype.kind != "f" or math.isfinite(x[0]) else [_encode_scalar(x[0])]
     dt = DType.parse(arr.dtype)
     if dt.is_int or dt is DType.bool or dt.is_float and dt is not DType.bfloat16 \
             and np.isfinite(arr).all():
         return arr.reshape(-1).tolist()
     flat = arr.astype(np.float64) if dt is DType.bfloat16 else arr
     return [_encode_scalar(x) for x in flat.reshape(-1).tolist()]
+
+
+_BF16 = DType.bfloat16.np
 
 
 def _is_constant(n: Any) -> bool:

@@ -28,8 +28,19 @@ class ConstantAttrs(Attrs):
 
 
 def _const_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    """The value's type, remembered by its shape and dtype (an array attribute keeps a
+    Constant out of the inference memo, and a model holds thousands of a few types)."""
     v = attrs["value"]
-    return [TensorType(tuple(int(d) for d in v.shape), DType.parse(v.dtype))]
+    key = (v.shape, v.dtype)
+    t = _CONST_TYPES.get(key)
+    if t is None:
+        if len(_CONST_TYPES) >= 4096:
+            _CONST_TYPES.clear()
+        t = _CONST_TYPES[key] = TensorType(tuple(int(d) for d in v.shape), DType.parse(v.dtype))
+    return [t]
+
+
+_CONST_TYPES: dict[tuple, TensorType] = {}
 
 
 register(OpDef("Constant", OpKind.VIRTUAL, (0, 0), _const_infer,

@@ -108,3 +108,33 @@ def test_totals_are_the_summary_and_the_model_summed(model):
         total, count, entries = traffic.summary(graph)
         assert cost.totals(graph, spec) == (total, count, cost.model(graph, spec, entries))
         assert count == len(entries) > 0
+
+
+def test_totals_cost_each_launch_signature_once_and_sum_as_the_model():
+    """Repeated layers: ``totals`` costs a single-op launch once per ``launch_key`` and still
+    equals ``summary`` and ``model``; keys tell shapes, dtypes, ``transpose_a`` and a value
+    read twice apart."""
+    import numpy as np
+
+    from graphkernel.codegen import cost, traffic
+
+    spec = load("ascend910b")
+    g = Graph("rep")
+    x = g.add_input("x", TensorType((16, 16), "float32"))
+    h = g.add_input("h", TensorType((8, 16), "float16"))
+    w = g.const(np.ones((16, 16), np.float32))
+    for i in range(3):
+        x = g.add_node("Tanh", [g.add_node("MatMul", [x, w], name=f"mm{i}").output]).output
+        h = g.add_node("Tanh", [h]).output
+    sq = g.add_node("Mul", [x, x]).output
+    pr = g.add_node("Mul", [x, g.add_node("Neg", [x]).output]).output
+    ta = g.add_node("MatMul", [x, w], {"transpose_a": True}).output
+    g.set_outputs([x, h, sq, pr, ta])
+    total, count, entries = traffic.summary(g)
+    assert cost.totals(g, spec) == (total, count, cost.model(g, spec, entries))
+    key = {n.name: cost.launch_key(n) for n in g.nodes}
+    assert key["mm0"] == key["mm1"] == key["mm2"] is not None
+    tanhs = [key[n.name] for n in g.nodes if n.op == "Tanh"]
+    assert len(set(tanhs)) == 2  # fp32 and fp16
+    assert key[sq.producer.name] is None and key[pr.producer.name] is not None
+    assert key[ta.producer.name] != key["mm0"]
