@@ -240,12 +240,26 @@ MIX["scale_mask_softmax"] = _softmax
 MIX["regrouped_softmax"] = lambda g, n, y: [  # GPT-2's export: heads merged back after
     n("Reshape", [_softmax(g, n, n("Reshape", [y], shape=[2, 4, 40, 40]))[0]],
       shape=[8, 40, 40])]
+# a 1x1 convolution as W[M, C] @ x[n][C, H*W] (conv_matmul): per-channel operands are
+# columns of the product; a view splits H*W into [H, W]
+MIX["conv_bias_relu"] = lambda g, n, y: [n("Maximum", [n("Reshape", [n("Add", [
+    y, _inp(g, "bias", (40, 1))])], shape=[2, 40, 6, 11]), _c(g, 0.0)])]
+MIX["conv_affine_residual_relu6"] = lambda g, n, y: [n("Minimum", [n("Maximum", [n("Add", [
+    n("Add", [n("Mul", [n("Reshape", [y], shape=[2, 40, 6, 11]), _inp(g, "alpha", (1, 40, 1, 1))]),
+              _inp(g, "beta", (40, 1, 1))]), _inp(g, "r", (2, 40, 6, 11))]), _c(g, 0.0)]),
+    _c(g, 6.0)])]
+MIX["conv_per_image_scale_fp32"] = lambda g, n, y: [  # squeeze-and-excitation's scale
+    n("Mul", [n("Reshape", [y], shape=[2, 40, 66, 1]), _inp(g, "se", (2, 40, 1, 1), "float32")])]
 SHAPES = {"scale_mask": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
+          "conv_bias_relu": ((40, 24), (2, 24, 66), "BatchMatMul", False),
+          "conv_affine_residual_relu6": ((40, 24), (2, 24, 66), "BatchMatMul", False),
+          "conv_per_image_scale_fp32": ((40, 24), (2, 24, 66), "BatchMatMul", False),
           "regrouped_mask": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "scale_mask_softmax": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
           "regrouped_softmax": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "bias_residual_layernorm_fp32": ((300, 90), (90, 70), "MatMul", False)}
-DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32"}
+DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32",
+          "conv_per_image_scale_fp32": "float32"}
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +304,7 @@ def test_mix_kernels_match_the_interpreter(name, mix_library):
     size = got[0].size  # a tile input: the product's extent (a broadcast one re-read)
     once = sum(size * feeds[v].itemsize for v, lay in layout.items() if lay == "tile")
     once += sum(feeds[v].nbytes * st.block_dim for v, lay in layout.items() if lay == "scalar")
-    if "row" in layout.values():  # 70 columns: one row per tile of each core
+    if {"row", "col"} & set(layout.values()):  # a row or column per tile of each core
         assert st.gm_read > t.gm_bytes + once
     else:
         assert st.gm_read == t.gm_bytes + once
