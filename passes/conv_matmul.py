@@ -5,20 +5,24 @@ A 1x1 convolution mixes channels and nothing else: in NCHW each image is
 (stride 0); in NHWC the pixels are rows, ``out = x[N*H*W, C] @ W[M, C]ᵀ``. As a product it is
 a MatMul/BatchMatMul of the cube kernels, so its bias, a batch norm's affine that did not fold,
 its activation, a residual add and a cast run in the product's output tile (one MIX kernel,
-``patterns/matmul.py``) instead of a cube launch and a vector kernel reading the result back;
-with one pixel (a squeeze-and-excitation block's convolutions on pooled channels) it is a
-product of width 1, which ``matvec`` then puts on the vector unit next to the pool. A stride
-``s`` reads every s-th pixel: the product of a strided view of the input (a StridedSlice).
-The reshapes only regroup contiguous axes (views). Exact: the product sums the same terms.
+``patterns/matmul.py``) instead of a cube launch and a vector kernel reading the result back.
+The reshapes only regroup contiguous axes (views). Exact: the product sums the same
+terms.
 
 Runs after ``conv_bn_fold`` (a frozen batch norm folds into the convolution's weights first)
 and before ``matvec``. Left as a convolution, with the reason in the pass's notes (shown by
-explain): kernels larger than 1x1, groups, padding, a dtype other than a float.
+explain): kernels larger than 1x1, groups, padding, a dtype other than a float; a stride (the
+product of a strided view of the input: the view is a vector kernel of its own, which costs
+the launch the epilogue saves); one pixel per image (a squeeze-and-excitation block's
+convolutions on pooled channels: a product of width 1, whose vector form, ``matvec``'s, does
+not fuse with the pool and the activation around it, and whose cube form uses 1/16 of each
+base tile).
 """
 
 from __future__ import annotations
 
 from graphkernel import symbolic
+from graphkernel.analyses import ConvProduct
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.passes.rewrite import add_like, const_array
 from graphkernel.registry import PassResult, counted
@@ -36,6 +40,12 @@ def refusal(n: Node) -> str | None:
         return f"pads {list(a['pads'])} (the product reads no padding)"
     if not n.inputs[0].dtype.is_float:
         return f"{n.inputs[0].dtype.value} data"
+    if tuple(a["strides"]) != (1, 1):  # (measured: the view's kernel costs what it saves)
+        return f"strides {list(a['strides'])} (the strided view would be a kernel of its own)"
+    out = n.outputs[0].shape
+    pixels = symbolic.numel(out[1:3] if a["data_format"] == "NHWC" else out[2:])
+    if symbolic.is_static(pixels) and int(pixels) == 1:
+        return "one pixel per image (a product of width 1: the cube unit 1/16 used)"
     return None
 
 
@@ -52,11 +62,6 @@ def _weight(g: Graph, n: Node) -> Value:
 def _rewrite(g: Graph, n: Node) -> Value:
     x, w2 = n.inputs[0], _weight(g, n)
     nhwc = n.attrs["data_format"] == "NHWC"
-    sh, sw = n.attrs["strides"]
-    if (sh, sw) != (1, 1):  # every s-th row and column: a strided view of the input
-        axes = [1, 2] if nhwc else [2, 3]
-        x = add_like(g, n, "StridedSlice", [x], {"begin": [0, 0], "end": [2**62, 2**62],
-                                                  "strides": [sh, sw], "axes": axes})
     out = n.outputs[0]
     if nhwc:
         nb, h, wd, c = x.shape
@@ -90,9 +95,13 @@ def conv_matmul(graph, ctx) -> PassResult:
         if why is not None:
             if tuple(n.inputs[1].shape[2:]) == (1, 1):  # only 1x1 ones are worth a note
                 notes.append(f"{n.name}: stays a convolution: {why}")
+                ctx.analyses.conv_products.append(ConvProduct(n.name, "kept", why))
             continue
         if not ctx.should_apply(f"{n.name} as a product of channels", [n]):
             continue
+        ctx.analyses.conv_products.append(ConvProduct(
+            n.name, "product", "a batched product W[M, C] @ x[n][C, H*W]"
+            if n.attrs["data_format"] == "NCHW" else "a product x[N*H*W, C] @ W[M, C]ᵀ"))
         graph.replace_all_uses(n.outputs[0], _rewrite(graph, n))
         params = [v.producer for v in n.inputs[1:]]
         graph.erase_node(n)

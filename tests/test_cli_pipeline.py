@@ -34,7 +34,8 @@ def test_passes_by_level():
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
                          "promote_precision",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
-                         "attention", "conv_bn_fold", "scan", "matvec", "transpose_view",
+                         "attention", "conv_bn_fold", "conv_matmul", "scan", "matvec",
+                         "transpose_view",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -403,3 +403,40 @@ def test_a_reduced_value_broadcast_along_the_other_axis_is_refused():
     with pytest.raises(Unsupported, match=r"broadcasts a reduced value of shape \[70\] over "
                                           r"\[70,70\]"):
         check(k, SPEC)
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    ("rows", "out of bounds"),      # a whole base tile's worth read past the M values
+    ("offset", "out of bounds"),    # the column read at the tile's column offset, not its row
+])
+def test_a_broken_column_load_is_caught(wrong, message):
+    """The column input of a convolution epilogue (the per-channel bias, M = 40 values) is
+    read at the tile's first row for its rows; the simulator refuses the kernel that reads a
+    whole base tile of rows, or at the column offset, past the input's 40 values."""
+    import dataclasses
+
+    from graphkernel.codegen.backend import SimBackend, render_all
+    from graphkernel.codegen.legalize import check
+    from graphkernel.codegen.sim.execute import SimLibrary
+    from graphkernel.codegen.sim.runner import SimulatorError
+    from graphkernel.interpreter import Interpreter
+
+    name = "conv_bias_relu"
+    a, b, op, tb = SHAPES[name]
+    g, fused, k = _mix(name, a, b, MIX[name], op=op, tb=tb)
+    s = check(k, SPEC)
+    assert s.tiling.baseM > 40 or s.tiling.baseN > 40  # the broken reads leave the input
+    (r,) = render_all({"k": s})
+    src = r.files[f"{s.name}.cpp"]
+    good = "[offX2 + gr], DataCopyExtParams{1, (uint32_t)(rows * sizeof(half))"
+    assert good in src
+    bad = {"rows": good.replace("(rows *", "(bM *"),
+           "offset": good.replace("offX2 + gr]", "offX2 + gr + gcol + bN]")}[wrong]
+    broken = dataclasses.replace(r, files={**r.files, f"{s.name}.cpp": src.replace(good, bad)})
+    lib = SimLibrary([broken])
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal([int(d) for d in v.shape]).astype(v.dtype.np)
+             for v in g.inputs}
+    backend = SimBackend(fused, {k.name: s}, library=lib)
+    with pytest.raises(SimulatorError, match=message):
+        Interpreter(fused, kernel_runner=backend).run(feeds)
