@@ -80,3 +80,30 @@ def bwd(model, a):
              lambda: f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
         need(lambda: len(sigs) == 1, lambda: "the reductions differ in shape or axes"),
     ])
+
+
+@pattern("reduce_output", order=76, direction="bwd", mode="depth",
+         refuses=("GK202", "GK205", "GK207"))
+def output(model, a):
+    """A REDUCE area takes in its single consumer area when that consumer is elementwise on
+    the reduced values alone (its compute size is the reduction's result's, it broadcasts
+    nothing into them): the division that makes a sum a mean (a global average pool), the
+    scale or activation of a pooled value. The kernel writes the consumer's result in place of
+    the reduced values: one launch and one round trip of the reduced values fewer."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    cons, external = model.consumers(a)
+    if len(cons) != 1:
+        return None
+    c = cons[0]
+    read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
+    return fuse_if(model, "reduce_output", [a, c], [
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: model.kind(c) <= OpKind.ELEMWISE,
+             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
+                     "(needs <= ELEMWISE)"),
+        need(lambda: all(model.size(c) == v.type.numel for v in read),
+             lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
+                     "values, not the reduced ones"),
+    ])

@@ -43,6 +43,7 @@ else is refused (the kernel is then split into a cube kernel and a vector one).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
@@ -205,7 +206,10 @@ class _Scheduler:
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
             return self._bind(v, EpilogueInput(i, ROW_IN, v.dtype,
                                                batch_strides(shape, self.ebatch)))
-        col = self._column(shape, tuple(user.outputs[0].type.shape))
+        out = tuple(user.outputs[0].type.shape)
+        col = self._column(shape, out)
+        if col is None and shape == out:  # a Cast of it: checked where it meets the tile
+            col = self._column(shape, self._frame(shape))
         if col is not None:
             self.col_inputs.add(id(v))
             return self._bind(v, EpilogueInput(i, COL_IN, v.dtype, col))
@@ -222,6 +226,14 @@ class _Scheduler:
                               "the product, a row of N, a column of M, or a scalar)", node=user,
                               about=(v,))
         return self._bind(v, EpilogueInput(i, TILE, v.dtype, strides))
+
+    def _frame(self, shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
+        """The tile's shape an operand of ``shape`` [.., M, 1, .., 1] would be a column of:
+        its trailing ones as N's axes, its leading axes as the product's batch."""
+        t = len(shape) - len(tuple(itertools.takewhile(lambda d: eq(d, 1), shape[::-1])))
+        if t == 0 or t == len(shape):
+            return ()
+        return (*self.ebatch, self.M, *((1,) * (len(shape) - t - 1)), self.N)
 
     def _column(self, shape: tuple[Dim, ...], out: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
         """The batch strides of an operand of ``shape`` read by an op of shape ``out`` when it
@@ -349,8 +361,13 @@ class _Scheduler:
     def _per_row(self, n: Node, v: Value, shape: tuple) -> None:
         """Column ``v`` meets the tile of ``shape``: it must hold one value per row of it (the
         shape with a last axis of 1), or numpy would broadcast it otherwise."""
-        if id(follow(self.root, v)) in self.col_inputs:
-            return  # an input of M values: one per row by construction (_column)
+        if id(follow(self.root, v)) in self.col_inputs:  # an input of M values
+            if self._column(tuple(v.type.shape), shape) is None:
+                raise Unsupported(f"{n.op} broadcasts {v.name} of shape "
+                                  f"{symbolic.format_shape(tuple(v.type.shape))} over "
+                                  f"{symbolic.format_shape(shape)} in a matmul epilogue (one "
+                                  "value per row of M only)", node=n)
+            return
         cs = self.shapes.get(id(v))
         if cs is None or len(cs) != len(shape) or not eq(cs[-1], 1) or any(
                 not eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):
