@@ -13,13 +13,10 @@ Runs after ``conv_bn_fold`` (a frozen batch norm folds into the convolution's we
 and before ``matvec``. Left as a convolution, with the reason in the pass's notes (shown by
 explain): kernels larger than 1x1, groups, padding, a dtype other than a float; a stride (the
 product of a strided view of the input: the view is a vector kernel of its own, which costs
-the launch the epilogue saves).
-
-With one pixel per image (a squeeze-and-excitation block's convolutions on pooled channels)
-NCHW and NHWC are the same memory and the images are the rows: ``x[N, C] @ W[M, C]ᵀ``, so
-the bias is a row and the activation joins the product's tile (batched as ``W @ x[n]`` the
-product would have width 1, which ``matvec`` turns into vector work that fuses with neither
-the pool nor the activation).
+the launch the epilogue saves); one pixel per image (a squeeze-and-excitation block's
+convolutions on pooled channels: a product of width 1, whose vector form, ``matvec``'s, does
+not fuse with the pool and the activation around it, and whose cube form uses 1/16 of each
+base tile).
 """
 
 from __future__ import annotations
@@ -45,15 +42,11 @@ def refusal(n: Node) -> str | None:
         return f"{n.inputs[0].dtype.value} data"
     if tuple(a["strides"]) != (1, 1):  # (measured: the view's kernel costs what it saves)
         return f"strides {list(a['strides'])} (the strided view would be a kernel of its own)"
-    return None
-
-
-def _one_pixel(n: Node) -> bool:
-    """An image of one pixel (a squeeze-and-excitation block's pooled channels): NCHW and
-    NHWC are then the same memory."""
     out = n.outputs[0].shape
-    pixels = symbolic.numel(out[1:3] if n.attrs["data_format"] == "NHWC" else out[2:])
-    return symbolic.is_static(pixels) and int(pixels) == 1
+    pixels = symbolic.numel(out[1:3] if a["data_format"] == "NHWC" else out[2:])
+    if symbolic.is_static(pixels) and int(pixels) == 1:
+        return "one pixel per image (a product of width 1: the cube unit 1/16 used)"
+    return None
 
 
 def _weight(g: Graph, n: Node) -> Value:
@@ -68,12 +61,9 @@ def _weight(g: Graph, n: Node) -> Value:
 
 def _rewrite(g: Graph, n: Node) -> Value:
     x, w2 = n.inputs[0], _weight(g, n)
+    nhwc = n.attrs["data_format"] == "NHWC"
     out = n.outputs[0]
-    if _one_pixel(n):  # [N, C] @ W[M, C]ᵀ: images as rows, the bias a row
-        x2 = add_like(g, n, "Reshape", [x], {"shape": [x.shape[0], w2.shape[1]]})
-        y = add_like(g, n, "MatMul", [x2, w2], {"transpose_b": True})
-        bias_shape = [w2.shape[0]]
-    elif n.attrs["data_format"] == "NHWC":
+    if nhwc:
         nb, h, wd, c = x.shape
         rows = symbolic.numel((nb, h, wd))
         x2 = add_like(g, n, "Reshape", [x], {"shape": [rows, c]})
@@ -110,8 +100,7 @@ def conv_matmul(graph, ctx) -> PassResult:
         if not ctx.should_apply(f"{n.name} as a product of channels", [n]):
             continue
         ctx.analyses.conv_products.append(ConvProduct(
-            n.name, "product", "a product x[N, C] @ W[M, C]ᵀ (one pixel)" if _one_pixel(n)
-            else "a batched product W[M, C] @ x[n][C, H*W]"
+            n.name, "product", "a batched product W[M, C] @ x[n][C, H*W]"
             if n.attrs["data_format"] == "NCHW" else "a product x[N*H*W, C] @ W[M, C]ᵀ"))
         graph.replace_all_uses(n.outputs[0], _rewrite(graph, n))
         params = [v.producer for v in n.inputs[1:]]

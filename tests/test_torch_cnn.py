@@ -221,7 +221,7 @@ class _Residual(nn.Module):
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is still a cube launch with its activation a vector kernel;
 # squeeze-and-excitation: the pool and its mean one reduction, each convolution on the pooled
-# pixel a MIX kernel with its bias and activation, the scale of the input a vector kernel
+# pixel a cube launch, its activation and the gated scale of the input vector kernels
 BLOCKS = {
     "conv1x1_bn_relu": (lambda: nn.Sequential(nn.Conv2d(8, 16, 1, bias=False),
                                               nn.BatchNorm2d(16), nn.ReLU()), 8,
@@ -231,7 +231,7 @@ BLOCKS = {
         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
         {"cube": 1, "vector": 1, "mix": 1}),
-    "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 2}),
+    "squeeze_excite": (_SqueezeExcite, 16, {"cube": 2, "vector": 3}),
 }
 
 

@@ -63,24 +63,12 @@ def test_nhwc_one_by_one_is_a_product_of_pixels():
     same(g, out)
 
 
-@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
-def test_one_pixel_per_image_is_a_product_of_images(fmt):
-    """Squeeze-and-excitation's convolutions on pooled channels: the images are the rows (a
-    product of width 1 otherwise), the bias a row."""
-    g = conv_graph(fmt=fmt, hw=(1, 1))
-    out, res = apply_pass("conv_matmul", g)
-    assert res.rewrites == 1
-    mm = next(n for n in out.nodes if n.op == "MatMul")
-    assert tuple(mm.inputs[0].shape) == (2, 8) and mm.attrs["transpose_b"]
-    assert tuple(next(n for n in out.nodes if n.op == "Add").inputs[1].shape) == (12,)
-    same(g, out)
-
-
 @pytest.mark.parametrize(("kw", "why"), [
     ({"k": 3, "pads": 1}, "a 3x3 kernel"),
     ({"group": 2}, "2 groups"),
     ({"pads": 1}, "pads [1, 1, 1, 1]"),
     ({"stride": 2}, "strides [2, 2]"),
+    ({"hw": (1, 1)}, "one pixel per image"),
 ])
 def test_other_convolutions_stay_convolutions_with_the_reason(kw, why):
     g = conv_graph(**kw)
