@@ -83,13 +83,19 @@ def bwd(model, a):
 
 
 @pattern("reduce_output", order=76, direction="bwd", mode="depth",
-         refuses=("GK202", "GK205", "GK207"))
+         refuses=("GK202", "GK205", "GK207", "GK209"))
 def output(model, a):
     """A REDUCE area takes in its single consumer area when that consumer is elementwise on
     the reduced values alone (its compute size is the reduction's result's, it broadcasts
     nothing into them): the division that makes a sum a mean (a global average pool), the
-    scale or activation of a pooled value. The kernel writes the consumer's result in place of
-    the reduced values: one launch and one round trip of the reduced values fewer."""
+    scale or activation of a pooled value. The consumer reads nothing else but scalar
+    constants (the vector kernels compute on a reduced value only from values of the same
+    extent: a per-channel operand, or a batch norm's running statistics, would not be placed
+    in the loop space), and its results go to products, other operators or the graph's
+    outputs, not to vector work that would take the reduced values in (a batch norm's mean,
+    subtracted from its input, is computed in the kernel that subtracts it). The kernel
+    writes the consumer's result in place of the reduced values: one launch and one round
+    trip of the reduced values fewer."""
     if model.kind(a) != OpKind.REDUCE:
         return None
     cons, external = model.consumers(a)
@@ -97,6 +103,11 @@ def output(model, a):
         return None
     c = cons[0]
     read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
+    own = {id(n) for n in (*a.nodes, *c.nodes)}
+    other = [v for n in c.nodes for v in n.inputs
+             if not (v.producer is not None and (id(v.producer) in own or (
+                 v.producer.op == "Constant" and v.type.numel == 1)))]
+    vector_users = [x for x in model.consumers(c)[0] if model.kind(x) <= OpKind.BROADCAST]
     return fuse_if(model, "reduce_output", [a, c], [
         need(lambda: not external,
              lambda: f"{a.name} has a consumer outside the fusable region"),
@@ -106,4 +117,11 @@ def output(model, a):
         need(lambda: all(model.size(c) == v.type.numel for v in read),
              lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
                      "values, not the reduced ones"),
+        need(lambda: not vector_users,
+             lambda: f"kind mismatch: consumer {c.name} is read by vector work "
+                     f"({vector_users[0].name}), which takes the reduced values broadcast"),
+        need(lambda: not other,  # (the vector kernels compute on reduced values alone)
+             lambda: f"consumer {c.name} reads {other[0].name} beside the reduced values "
+                     "(operands of different shapes: a reduced value is computed on with "
+                     "scalar constants only)"),
     ])

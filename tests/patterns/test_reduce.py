@@ -78,3 +78,23 @@ def test_reduce_output_refuses_a_consumer_that_broadcasts_the_reduced_values_bac
     res = fuse(b.out(b.op("Mul", x, s, name="m")), "--enable_fusion_pattern_only=reduce_output")
     assert kernels(res) == []
     assert any("kind mismatch: consumer" in r for r in reasons(res, "reduce_output"))
+
+
+def test_reduce_output_leaves_what_the_vector_kernels_cannot_place():
+    """A reduced value scaled by a per-channel input, or a mean subtracted from the values it
+    was taken of (a training batch norm): the consumer stays outside the reduction."""
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    s = b.op("ReduceSum", x, name="s", axis=[2, 3], keep_dims=True)
+    g = b.op("Mul", s, b.input("gamma", (2, 8, 1, 1)), name="g")
+    res = fuse(b.out(g), "--enable_fusion_pattern_only=reduce_output")
+    assert kernels(res) == []
+    assert any("reads gamma beside the reduced values" in r for r in reasons(res, "reduce_output"))
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    mean = b.op("Mul", b.op("ReduceSum", x, name="s", axis=[2, 3], keep_dims=True),
+                b.const(0.0625), name="mean")
+    res = fuse(b.out(b.op("Sub", x, mean, name="centred")),
+               "--enable_fusion_pattern_only=reduce_output")
+    assert {"s", "mean"} not in kernels(res)
+    assert any("is read by vector work" in r for r in reasons(res, "reduce_output"))
