@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphkernel import ops
+from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
@@ -89,13 +90,14 @@ def output(model, a):
     the reduced values alone (its compute size is the reduction's result's, it broadcasts
     nothing into them): the division that makes a sum a mean (a global average pool), the
     scale or activation of a pooled value. The consumer reads nothing else but scalar
-    constants (the vector kernels compute on a reduced value only from values of the same
-    extent: a per-channel operand, or a batch norm's running statistics, would not be placed
-    in the loop space), and its results go to products, other operators or the graph's
-    outputs, not to vector work that would take the reduced values in (a batch norm's mean,
-    subtracted from its input, is computed in the kernel that subtracts it). The kernel
-    writes the consumer's result in place of the reduced values: one launch and one round
-    trip of the reduced values fewer."""
+    constants (the vector kernels compute on a reduced value only with values of its own
+    extent: a per-channel operand, or a batch norm's running statistics, would not be
+    placed in the loop space); the reduced values are float32 (in one kernel a float16 sum
+    would not be rounded, or overflow, where the graph says); its results go to products,
+    other operators or the graph's outputs, not to vector work that would take the reduced
+    values in (a batch norm's mean, subtracted from its input, is computed in the kernel that
+    subtracts it). The kernel writes the consumer's result in place of the reduced values:
+    one launch and one round trip of the reduced values fewer."""
     if model.kind(a) != OpKind.REDUCE:
         return None
     cons, external = model.consumers(a)
@@ -117,6 +119,11 @@ def output(model, a):
         need(lambda: all(model.size(c) == v.type.numel for v in read),
              lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
                      "values, not the reduced ones"),
+        need(lambda: all(v.dtype == DType.float32 for v in read),
+             lambda: f"consumer {c.name} reads reduced values of "
+                     f"{next(v.dtype.value for v in read if v.dtype != DType.float32)} "
+                     "(operands of different shapes: inside one kernel the sum would not be "
+                     "rounded to it, a rounding or overflow the graph asks for)"),
         need(lambda: not vector_users,
              lambda: f"kind mismatch: consumer {c.name} is read by vector work "
                      f"({vector_users[0].name}), which takes the reduced values broadcast"),

@@ -98,3 +98,15 @@ def test_reduce_output_leaves_what_the_vector_kernels_cannot_place():
                "--enable_fusion_pattern_only=reduce_output")
     assert {"s", "mean"} not in kernels(res)
     assert any("is read by vector work" in r for r in reasons(res, "reduce_output"))
+
+
+def test_reduce_output_keeps_the_rounding_of_a_half_precision_sum():
+    """A float16 sum cast up: in one kernel the sum would stay float32 (no rounding, no
+    overflow where the graph has them), so the cast stays outside."""
+    b = G()
+    x = b.input("x", (3, 700), "float16")
+    s = b.op("ReduceSum", x, name="s", axis=[1])
+    res = fuse(b.out(b.op("Cast", s, name="up", dtype="float32")),
+               "--enable_fusion_pattern_only=reduce_output")
+    assert kernels(res) == []
+    assert any("reads reduced values of float16" in r for r in reasons(res, "reduce_output"))
