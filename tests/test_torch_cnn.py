@@ -249,8 +249,9 @@ def test_block_launches(name):
     assert got == want
 
 
-def test_one_by_one_convolutions_train_as_products():
-    """In training the weights are inputs: the product reads a view of them, and the
-    gradients (of the weight through the product's backward) match eager."""
+def test_one_by_one_convolutions_in_training_stay_convolutions():
+    """In training the weights are inputs: the 1x1 convolutions stay convolutions (a cube
+    launch each) and the gradients match eager."""
     m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), _Residual())
     run(m, torch.randn(2, 8, 6, 7), train=True)
+    assert gt.stats()["launches"]["cube"] >= 2
