@@ -366,7 +366,7 @@ class _Scheduler:
                 raise Unsupported(f"{n.op} broadcasts {v.name} of shape "
                                   f"{symbolic.format_shape(tuple(v.type.shape))} over "
                                   f"{symbolic.format_shape(shape)} in a matmul epilogue (one "
-                                  "value per row of M only)", node=n)
+                                  "value per row of M only)", node=n, about=(v,))
             return
         cs = self.shapes.get(id(v))
         if cs is None or len(cs) != len(shape) or not eq(cs[-1], 1) or any(
