@@ -43,6 +43,15 @@ class LayoutChoice:
 
 
 @dataclass
+class ConvProduct:
+    """A 1x1 convolution and whether it became a matrix product of its channels, and why."""
+
+    conv: str  # the convolution as the graph named it before the pass
+    verdict: str  # "product" or "kept"
+    reason: str
+
+
+@dataclass
 class Analyses:
     """What a pass hands to later passes and to the caller (``CompileResult.analyses``), each
     field named for what it holds and written by one pass. ``invalidate`` resets fields to
@@ -51,6 +60,7 @@ class Analyses:
     cluster: ClusterInfo | None = None  # cluster: regions and why nodes are not fusable
     attention: list[AttentionMatch] = field(default_factory=list)  # attention: candidates
     layouts: list[LayoutChoice] = field(default_factory=list)  # channels_last: conv layouts
+    conv_products: list[ConvProduct] = field(default_factory=list)  # conv_matmul: 1x1 convs
     fusion_attempts: AttemptLog = field(default_factory=AttemptLog)  # split: every candidate
     kernel_counter: int = 0  # the last kernel number given (split, parallel_fusion, codegen)
     super_kernel_scopes: list[str] | None = None  # super_kernel: None when it did not run

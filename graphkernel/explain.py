@@ -23,6 +23,7 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
                for n in res.graph.nodes if n.op == "GraphKernel"]
     attention = [asdict(a) for a in res.analyses.attention]
     layouts = [asdict(c) for c in res.analyses.layouts]
+    products = [asdict(c) for c in res.analyses.conv_products]
     rows = [a.as_dict() for a in attempts if a.areas]
     disabled = [a.as_dict() for a in attempts if not a.areas]
     if node is not None:
@@ -33,6 +34,7 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
         attention = [a for a in attention if any(_matches(n, node) for n in a["nodes"])
                      or a["op"] == node]
         layouts = [c for c in layouts if _matches(c["conv"], node)]
+        products = [c for c in products if _matches(c["conv"], node)]
     fallbacks = [f | {"code": CODEGEN.code} for f in res.report.extra.get("fallbacks", [])]
     if node is not None:
         fallbacks = [f for f in fallbacks if any(_matches(n, node) for n in f["nodes"])]
@@ -40,7 +42,7 @@ def explain(res: CompileResult, node: str | None = None) -> dict[str, Any]:
     return {"node": node, "candidates": rows, "not_fusable": reasons,
             "not_fusable_codes": {k: code(v) for k, v in reasons.items()},
             "kernels": kernels, "patterns_off": disabled, "attention": attention,
-            "layouts": layouts, "fallbacks": fallbacks,
+            "layouts": layouts, "conv_products": products, "fallbacks": fallbacks,
             "refusals": refusal_counts(rows + disabled, reasons, fallbacks)}
 
 
@@ -87,6 +89,10 @@ def format_explain(d: dict[str, Any], limit: int = 40) -> str:
         lines.append(f"convolution layouts{who} (channels_last):")
         for c in d["layouts"]:
             lines.append(f"  {c['layout']}  {c['conv']}: {c['reason']}")
+    if d.get("conv_products"):
+        lines.append(f"1x1 convolutions{who} (conv_matmul):")
+        for c in d["conv_products"]:
+            lines.append(f"  {c['verdict']:<8} {c['conv']}: {c['reason']}")
     for f in d.get("fallbacks", []):
         lines.append(f"codegen fallback {f['kernel']}: {f['code']} {f['reason']}")
     for p in d["patterns_off"]:

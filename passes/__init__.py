@@ -14,6 +14,7 @@ from graphkernel.passes import (
     concat_sink,
     constant_fold,
     conv_bn_fold,
+    conv_matmul,
     cse,
     dce,
     expand,
@@ -60,6 +61,7 @@ PIPELINE = (
     Step("simplify", 90, dce.dce, 1),
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
+    Step("simplify", 96.5, conv_matmul.conv_matmul, 2),  # folded first; matvec takes 1 pixel
     Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention

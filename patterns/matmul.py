@@ -6,7 +6,7 @@ from functools import lru_cache
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, reduces_along
+from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, keeps_rows, reduces_along
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.cube.tiling import row_limit
 from graphkernel.ops import OpKind
@@ -104,8 +104,10 @@ def _epilogue_conditions(model, c, last, mm) -> list:
     """A consumer area the epilogue may take: elementwise or broadcast work, its views
     keeping the product's last axis (the epilogue runs on tiles of the product's rows), or
     also reductions along that axis (with views of the reduced values) when whole rows of it
-    fit a base tile."""
+    fit a base tile. A view that splits N into trailing axes after M (a convolution's
+    [N, M, H*W] product seen as [N, M, H, W]) keeps the rows too."""
     views = [n for n in c.nodes if ops.get(n.op).kind == OpKind.RESHAPE]
+    rows = mm.outputs[0].type.shape[-2]  # M (a view may split N after it: [.., M, H, W])
     reds = [n for n in c.nodes if n.op in ROW_REDUCTIONS]
     if not reds:
         return [
@@ -113,7 +115,8 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                  lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
             need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
                  lambda: f"consumer {c.name} holds more than elementwise work"),
-            need(lambda: all(v.outputs[0].type.shape[-1:] == (last,) for v in views),
+            need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
+                             for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
         ]
     spec = _target(model.cfg.target)

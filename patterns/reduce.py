@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphkernel import ops
+from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
@@ -79,4 +80,55 @@ def bwd(model, a):
         need(lambda: model.size(c) == model.size(a),
              lambda: f"compute size mismatch: {model.size(a)} vs {model.size(c)}"),
         need(lambda: len(sigs) == 1, lambda: "the reductions differ in shape or axes"),
+    ])
+
+
+@pattern("reduce_output", order=76, direction="bwd", mode="depth",
+         refuses=("GK202", "GK205", "GK207", "GK209"))
+def output(model, a):
+    """A REDUCE area takes in its single consumer area when that consumer is elementwise on
+    the reduced values alone (its compute size is the reduction's result's, it broadcasts
+    nothing into them): the division that makes a sum a mean (a global average pool), the
+    scale or activation of a pooled value. The consumer reads nothing else but scalar
+    constants (the vector kernels compute on a reduced value only with values of its own
+    extent: a per-channel operand, or a batch norm's running statistics, would not be
+    placed in the loop space); the reduced values are float32 (in one kernel a float16 sum
+    would not be rounded, or overflow, where the graph says); its results go to products,
+    other operators or the graph's outputs, not to vector work that would take the reduced
+    values in (a batch norm's mean, subtracted from its input, is computed in the kernel that
+    subtracts it). The kernel writes the consumer's result in place of the reduced values:
+    one launch and one round trip of the reduced values fewer."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    cons, external = model.consumers(a)
+    if len(cons) != 1:
+        return None
+    c = cons[0]
+    read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
+    own = {id(n) for n in (*a.nodes, *c.nodes)}
+    other = [v for n in c.nodes for v in n.inputs
+             if not (v.producer is not None and (id(v.producer) in own or (
+                 v.producer.op == "Constant" and v.type.numel == 1)))]
+    vector_users = [x for x in model.consumers(c)[0] if model.kind(x) <= OpKind.BROADCAST]
+    return fuse_if(model, "reduce_output", [a, c], [
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: model.kind(c) <= OpKind.ELEMWISE,
+             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
+                     "(needs <= ELEMWISE)"),
+        need(lambda: all(model.size(c) == v.type.numel for v in read),
+             lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
+                     "values, not the reduced ones"),
+        need(lambda: all(v.dtype == DType.float32 for v in read),
+             lambda: f"consumer {c.name} reads reduced values of "
+                     f"{next(v.dtype.value for v in read if v.dtype != DType.float32)} "
+                     "(operands of different shapes: inside one kernel the sum would not be "
+                     "rounded to it, a rounding or overflow the graph asks for)"),
+        need(lambda: not vector_users,
+             lambda: f"kind mismatch: consumer {c.name} is read by vector work "
+                     f"({vector_users[0].name}), which takes the reduced values broadcast"),
+        need(lambda: not other,  # (the vector kernels compute on reduced values alone)
+             lambda: f"consumer {c.name} reads {other[0].name} beside the reduced values "
+                     "(operands of different shapes: a reduced value is computed on with "
+                     "scalar constants only)"),
     ])

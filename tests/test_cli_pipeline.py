@@ -34,8 +34,9 @@ def test_passes_by_level():
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
                          "promote_precision",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
-                         "attention", "conv_bn_fold", "scan", "moe_routing", "matvec",
-                         "transpose_view", "product_broadcast", "small_ints", "rotary_pairs",
+                         "attention", "conv_bn_fold", "conv_matmul", "scan", "moe_routing",
+                         "matvec", "transpose_view", "product_broadcast", "small_ints",
+                         "rotary_pairs",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -20,7 +20,7 @@ NOENV: dict[str, str] = {}
 CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2,
              "arith_simplify": 2, "cse": 2, "reshape_elim": 2, "transpose_elim": 2,
              "channels_last": 2, "concat_sink": 2, "cast_elim": 2, "attention": 2,
-             "conv_bn_fold": 2, "dce": 1,
+             "conv_bn_fold": 2, "conv_matmul": 2, "dce": 1,
              "cluster": 1, "split": 1, "recompute": 2,
              "parallel_fusion": 3, "codegen": 1, "super_kernel": 3,
              "promote_precision": 2, "scan": 2, "matvec": 2, "transpose_view": 2,

@@ -197,3 +197,61 @@ def test_global_average_pool_is_a_reduction(pool):
     assert not ops & {"AvgPool", "AdaptiveAvgPool"}
     run(m, x, train=False)
     run(m, x, train=True)
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, c: int = 16, r: int = 4) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.b(torch.relu(self.a(x.mean((2, 3), keepdim=True)))))
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + x)
+
+
+# launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
+# whose folded batch norm, activation and residual add run in its output tile (one MIX
+# kernel); a depthwise convolution is still a cube launch with its activation a vector kernel;
+# squeeze-and-excitation: the pool and its mean one reduction, each convolution on the pooled
+# pixel a cube launch, its activation and the gated scale of the input vector kernels
+BLOCKS = {
+    "conv1x1_bn_relu": (lambda: nn.Sequential(nn.Conv2d(8, 16, 1, bias=False),
+                                              nn.BatchNorm2d(16), nn.ReLU()), 8,
+                        {"mix": 1}),
+    "conv1x1_bn_add_relu": (_Residual, 16, {"mix": 1}),
+    "depthwise_separable": (lambda: nn.Sequential(
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
+        {"cube": 1, "vector": 1, "mix": 1}),
+    "squeeze_excite": (_SqueezeExcite, 16, {"cube": 2, "vector": 3}),
+}
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_block_launches(name):
+    build, c, want = BLOCKS[name]
+    torch.manual_seed(4)
+    m = build().eval()
+    for b in m.modules():
+        if isinstance(b, nn.BatchNorm2d):
+            b.running_mean.uniform_(-1, 1)
+            b.running_var.uniform_(0.5, 2)
+    run(m, torch.randn(2, c, 10, 9), train=False)
+    got = {k: v for k, v in gt.stats()["launches"].items() if v}
+    assert got == want
+
+
+def test_one_by_one_convolutions_in_training_stay_convolutions():
+    """In training the weights are inputs: the 1x1 convolutions stay convolutions (a cube
+    launch each) and the gradients match eager."""
+    m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), _Residual())
+    run(m, torch.randn(2, 8, 6, 7), train=True)
+    assert gt.stats()["launches"]["cube"] >= 2

@@ -12,7 +12,14 @@ Values on a tile (``baseM × baseN``, row pitch ``baseN``):
   axes may broadcast: stride 0), or a computed value;
 - ``row``: an input of ``N`` elements (a bias row), applied row by row;
 - ``scalar``: a constant or a one-element input;
-- ``col``: a value per row of the tile (``baseM`` fp32), computed by a reduction along N.
+- ``col``: a value per row of the tile (``baseM`` fp32), computed by a reduction along N, or
+  an input of ``M`` elements per batch element (a convolution's per-channel bias or scale
+  when the product is ``W[M, C] @ x[C, H*W]``), loaded at the tile's first row.
+
+A view may split the product's last axis (``[.., M, H*W]`` seen as ``[.., M, H, W]``: a
+convolution's output): the tile is the same memory, and an operand of the split shape is a
+tile when it has the whole shape, a column when it varies along M alone (``[1, M, 1, 1]``),
+a scalar when it has one element; anything else is refused.
 
 A reduction along N (ReduceSum/ReduceMax/ReduceMin of the product's last axis: LayerNorm,
 RMSNorm, softmax) needs each row whole in the tile: such an epilogue sets ``rows`` and the
@@ -36,6 +43,7 @@ else is refused (the kernel is then split into a cube kernel and a vector one).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
@@ -49,8 +57,9 @@ from graphkernel.ops import VIEW_OPS
 from graphkernel.symbolic import eq
 
 # how an input sits on the tile (the kernel's template and notes use these words)
-TILE, ROW_IN, SCALAR_IN = "tile", "row", "scalar"
-LAYOUT = {TILE: FULL, ROW_IN: ROW, SCALAR_IN: SCALAR}  # as a layout of the loop space
+TILE, ROW_IN, SCALAR_IN, COL_IN = "tile", "row", "scalar", "col"
+LAYOUT = {TILE: FULL, ROW_IN: ROW, SCALAR_IN: SCALAR, COL_IN: COL}  # as a layout of the loop
+#                                                                     space
 FLOAT_TYPES = (DType.float16, DType.bfloat16, DType.float32)
 EPILOGUE_FORMS = ("unary", "binary", "pow", "cast")  # elementwise forms a MIX epilogue runs
 
@@ -60,13 +69,17 @@ class EpilogueInput:
     index: int                   # the kernel input
     layout: str                  # tile, row or scalar
     dtype: DType
-    strides: tuple[Dim, ...] = ()  # tile, row: element stride per output batch axis (0:
-    #                                broadcast)
+    strides: tuple[Dim, ...] = ()  # tile, row, col: element stride per output batch axis
+    #                                (0: broadcast)
 
     @property
     def tensor(self) -> str:
-        """The name the epilogue reads it by: an fp32 tile ``x``, a row ``r``, a scalar ``s``."""
-        return f"{self.layout[0] if self.layout != TILE else 'x'}{self.index}"
+        """The name the epilogue reads it by: an fp32 tile ``x``, a row ``r``, a scalar ``s``,
+        a column ``k``."""
+        return f"{_LETTER[self.layout]}{self.index}"
+
+
+_LETTER = {TILE: "x", ROW_IN: "r", SCALAR_IN: "s", COL_IN: "k"}
 
 
 @dataclass
@@ -98,6 +111,12 @@ class Epilogue:
     def storage(self, v: Value) -> Value:
         return follow(self.root, v)
 
+    @property
+    def per_row(self) -> bool:
+        """The epilogue meets values per row (reduced or loaded): it takes the whole-row
+        forms (ColOp on the kernel's ``R`` object)."""
+        return self.rows or any(i.layout == COL_IN for i in self.inputs)
+
     def layout(self, v: Value) -> str:
         return self.layouts[id(self.storage(v))]
 
@@ -112,6 +131,22 @@ def reduces_along(n: Node, last: Dim) -> bool:
     shape = tuple(n.inputs[0].type.shape) if n.inputs else ()
     return (n.op in ROW_REDUCTIONS and bool(shape) and eq(shape[-1], last)
             and reduce_axes(len(shape), n.attrs.get("axis")) == [len(shape) - 1])
+
+
+def split_at(shape: tuple[Dim, ...], M: Dim, N: Dim) -> int | None:
+    """Where the product's last axis starts in ``shape`` when ``shape`` is the product's
+    ``[.., M, N]`` with N split into trailing axes (``[.., M, H, W]``, H*W = N; the unsplit
+    form gives ``len(shape) - 1``), else None. The shortest such suffix."""
+    for k in range(len(shape) - 1, 0, -1):
+        if eq(symbolic.numel(shape[k:]), N) and eq(shape[k - 1], M):
+            return k
+    return None
+
+
+def keeps_rows(shape: tuple[Dim, ...], M: Dim, N: Dim) -> bool:
+    """A view the epilogue runs on: its last axis is the product's N, or it is the product's
+    ``[.., M, N]`` with N split into trailing axes."""
+    return bool(shape) and (eq(shape[-1], N) or split_at(shape, M, N) is not None)
 
 
 def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
@@ -152,6 +187,7 @@ class _Scheduler:
         self.inputs: list[EpilogueInput] = []
         self.bound: dict[int, EpilogueInput] = {}
         self.keep = {id(v) for v in outs}
+        self.col_inputs: set[int] = set()  # id(input value) read as a column
 
     # ---------------------------------------------------------- values
     def input_kind(self, v: Value, user: Node) -> str:
@@ -170,7 +206,16 @@ class _Scheduler:
                 and self._broadcasts(shape[:-2]):  # a row, per batch element or shared
             return self._bind(v, EpilogueInput(i, ROW_IN, v.dtype,
                                                batch_strides(shape, self.ebatch)))
-        if shape and eq(shape[-1], self.N) and eq(symbolic.numel(shape), self.numel):
+        out = tuple(user.outputs[0].type.shape)
+        col = self._column(shape, out)
+        if col is None and shape == out:  # a Cast of it: checked where it meets the tile
+            col = self._column(shape, self._frame(shape))
+        if col is not None:
+            self.col_inputs.add(id(v))
+            return self._bind(v, EpilogueInput(i, COL_IN, v.dtype, col))
+        if eq(symbolic.numel(shape), self.numel) and (
+                (shape and eq(shape[-1], self.N))
+                or shape == tuple(user.outputs[0].type.shape)):
             strides = _natural_strides(self.ebatch, self.M, self.N)  # the product's layout
         elif len(shape) >= 2 and eq(shape[-1], self.N) and eq(shape[-2], self.M) \
                 and self._broadcasts(shape[:-2]):
@@ -178,8 +223,36 @@ class _Scheduler:
         else:
             raise Unsupported(f"{user.op} reads {v.name} of shape "
                               f"{symbolic.format_shape(shape)} in a matmul epilogue (a tile of "
-                              "the product, a row of N, or a scalar)", node=user, about=(v,))
+                              "the product, a row of N, a column of M, or a scalar)", node=user,
+                              about=(v,))
         return self._bind(v, EpilogueInput(i, TILE, v.dtype, strides))
+
+    def _frame(self, shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
+        """The tile's shape an operand of ``shape`` [.., M, 1, .., 1] would be a column of:
+        its trailing ones as N's axes, its leading axes as the product's batch."""
+        t = len(shape) - len(tuple(itertools.takewhile(lambda d: eq(d, 1), shape[::-1])))
+        if t == 0 or t == len(shape):
+            return ()
+        return (*self.ebatch, self.M, *((1,) * (len(shape) - t - 1)), self.N)
+
+    def _column(self, shape: tuple[Dim, ...], out: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
+        """The batch strides of an operand of ``shape`` read by an op of shape ``out`` when it
+        holds one value per row of the product (M values, per batch element or shared: a
+        per-channel bias or scale), else None."""
+        k = split_at(out, self.M, self.N)
+        if k is None or eq(self.M, 1) or len(shape) > len(out):
+            return None
+        own = (1,) * (len(out) - len(shape)) + shape
+        if not (eq(own[k - 1], self.M) and all(eq(d, 1) for d in own[k:])):
+            return None
+        lead, ob = own[:k - 1], out[:k - 1]
+        if len(ob) != len(self.ebatch) or any(not eq(a, b) for a, b in
+                                              zip(ob, self.ebatch, strict=True)):
+            return None  # the op's batch axes are not the ones the inputs are read over
+        if any(not (eq(d, 1) or eq(d, e)) for d, e in zip(lead, ob, strict=True)):
+            return None
+        return tuple(0 if eq(d, 1) else symbolic.mul(self.M, symbolic.numel(lead[j + 1:]))
+                     for j, d in enumerate(lead))
 
     def _bind(self, v: Value, rec: EpilogueInput) -> str:
         self.inputs.append(rec)
@@ -226,10 +299,11 @@ class _Scheduler:
                 self.shapes[id(out)] = shape
                 self.alias(out, n.inputs[0])
                 return
-            if src == FULL and not (shape and eq(shape[-1], self.N)):
+            if src == FULL and not keeps_rows(shape, self.M, self.N):
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
-            if (src == FULL and len(shape) >= 2 and eq(shape[-2], self.M)
+            if (src == FULL and len(shape) >= 2 and eq(shape[-1], self.N)
+                    and eq(shape[-2], self.M)
                     and shape[:-2] != self.ebatch):  # batch axes split or merged
                 if self.inputs:  # read over ebatch: no input may be read in this grouping
                     self.regrouped = self.regrouped or n  # (a value only stored is fine)
@@ -287,6 +361,13 @@ class _Scheduler:
     def _per_row(self, n: Node, v: Value, shape: tuple) -> None:
         """Column ``v`` meets the tile of ``shape``: it must hold one value per row of it (the
         shape with a last axis of 1), or numpy would broadcast it otherwise."""
+        if id(follow(self.root, v)) in self.col_inputs:  # an input of M values
+            if self._column(tuple(v.type.shape), shape) is None:
+                raise Unsupported(f"{n.op} broadcasts {v.name} of shape "
+                                  f"{symbolic.format_shape(tuple(v.type.shape))} over "
+                                  f"{symbolic.format_shape(shape)} in a matmul epilogue (one "
+                                  "value per row of M only)", node=n, about=(v,))
+            return
         cs = self.shapes.get(id(v))
         if cs is None or len(cs) != len(shape) or not eq(cs[-1], 1) or any(
                 not eq(a, b) for a, b in zip(cs[:-1], shape[:-1], strict=True)):

@@ -101,6 +101,15 @@ def _buffers(e: Epilogue, lo: Lowerer, target: Target) -> list[Buffer]:
             continue
         row, ct = i.layout == "row", C_TYPE[i.dtype]
         fp32 = ct == "float"
+        if i.layout == "col":  # M values: bM of them per tile, whole blocks (bM % 16 == 0)
+            out.append(Buffer(f"qi{i.index}", f"input {i.index} (col)", Kind.QUEUE_IN, ct,
+                              Linear(row=i.dtype.itemsize), f"bM * sizeof({ct})",
+                              tensor=i.tensor if fp32 else ""))
+            if not fp32:
+                out.append(Buffer(f"bx{i.index}", f"input {i.index} in fp32", Kind.COLUMN,
+                                  "float", Linear(row=4), "bM * sizeof(float)",
+                                  tensor=i.tensor))
+            continue
         buf(f"qi{i.index}", f"input {i.index} ({i.layout})", Kind.QUEUE_IN, ct,
             i.dtype.itemsize, row, i.tensor if fp32 else "")
         if not fp32:
@@ -110,11 +119,12 @@ def _buffers(e: Epilogue, lo: Lowerer, target: Target) -> list[Buffer]:
         buf(f"qo{o.index}", f"output {o.index} tiles", Kind.QUEUE_OUT, C_TYPE[o.dtype],
             o.dtype.itemsize, tensor=f"y{o.index}")
     out += [_pool(COL, k) for k in range(lo.count[POOLS[COL]])]
-    if e.rows:
+    if e.per_row:
         block, repeat = target.block_bytes, target.repeat_bytes
         per = repeat // block  # Brcb's blocks per repeat: whole repeats of row blocks
         out.append(Buffer("btb", "a block per row (Brcb spreads, row-reduce gathers)",
                           Kind.BLOCKS, "float", Linear(row=block, fixed=repeat),
                           f"(bM + {per - 1}) / {per} * {repeat}"))
+    if e.rows:
         buf("brw", "a reduction's work row", Kind.ROW, "float", 4, row=True)
     return out

@@ -39,7 +39,8 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None) -> Rendere
     ins = s.inputs
     epi = s.epilogue
     epi_inputs = epi.inputs if epi is not None else []
-    tile_inputs = [i for i in epi_inputs if i.layout in ("tile", "row")]  # at batch strides
+    tile_inputs = [i for i in epi_inputs if i.layout in ("tile", "row", "col")]  # at batch
+    #                                                                               strides
     ir = lower(epi, s.target) if epi is not None else None
     bplan = plan(ir, s.target.block_bytes) if ir is not None else NO_BUFFERS
     tensors = {b.tensor for b in bplan.buffers}

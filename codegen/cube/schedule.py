@@ -264,6 +264,9 @@ def notes(s: MatmulSchedule) -> list[str]:
         name = s.inputs[i.index].value.name
         if i.layout == "row":
             out.append(f"epilogue input {i.index} ({name}) is a row: read once per base tile")
+        elif i.layout == "col":
+            out.append(f"epilogue input {i.index} ({name}) is a column (a value per row of "
+                       "M): read once per base tile")
         elif i.layout == "scalar":
             out.append(f"epilogue input {i.index} ({name}) is one value: read once per core")
         elif any(symbolic.canon(x) == symbolic.canon(0) for x in i.strides):

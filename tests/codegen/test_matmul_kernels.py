@@ -240,12 +240,26 @@ MIX["scale_mask_softmax"] = _softmax
 MIX["regrouped_softmax"] = lambda g, n, y: [  # GPT-2's export: heads merged back after
     n("Reshape", [_softmax(g, n, n("Reshape", [y], shape=[2, 4, 40, 40]))[0]],
       shape=[8, 40, 40])]
+# a 1x1 convolution as W[M, C] @ x[n][C, H*W] (conv_matmul): per-channel operands are
+# columns of the product; a view splits H*W into [H, W]
+MIX["conv_bias_relu"] = lambda g, n, y: [n("Maximum", [n("Reshape", [n("Add", [
+    y, _inp(g, "bias", (40, 1))])], shape=[2, 40, 6, 11]), _c(g, 0.0)])]
+MIX["conv_affine_residual_relu6"] = lambda g, n, y: [n("Minimum", [n("Maximum", [n("Add", [
+    n("Add", [n("Mul", [n("Reshape", [y], shape=[2, 40, 6, 11]), _inp(g, "alpha", (1, 40, 1, 1))]),
+              _inp(g, "beta", (40, 1, 1))]), _inp(g, "r", (2, 40, 6, 11))]), _c(g, 0.0)]),
+    _c(g, 6.0)])]
+MIX["conv_per_image_scale_fp32"] = lambda g, n, y: [  # squeeze-and-excitation's scale
+    n("Mul", [n("Reshape", [y], shape=[2, 40, 66, 1]), _inp(g, "se", (2, 40, 1, 1), "float32")])]
 SHAPES = {"scale_mask": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
+          "conv_bias_relu": ((40, 24), (2, 24, 66), "BatchMatMul", False),
+          "conv_affine_residual_relu6": ((40, 24), (2, 24, 66), "BatchMatMul", False),
+          "conv_per_image_scale_fp32": ((40, 24), (2, 24, 66), "BatchMatMul", False),
           "regrouped_mask": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "scale_mask_softmax": ((2, 3, 40, 64), (2, 3, 40, 64), "BatchMatMul", True),
           "regrouped_softmax": ((8, 40, 64), (8, 40, 64), "BatchMatMul", True),
           "bias_residual_layernorm_fp32": ((300, 90), (90, 70), "MatMul", False)}
-DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32"}
+DTYPES = {"bias_residual_layernorm_fp32": "float32", "rmsnorm_fp32": "float32",
+          "conv_per_image_scale_fp32": "float32"}
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +304,7 @@ def test_mix_kernels_match_the_interpreter(name, mix_library):
     size = got[0].size  # a tile input: the product's extent (a broadcast one re-read)
     once = sum(size * feeds[v].itemsize for v, lay in layout.items() if lay == "tile")
     once += sum(feeds[v].nbytes * st.block_dim for v, lay in layout.items() if lay == "scalar")
-    if "row" in layout.values():  # 70 columns: one row per tile of each core
+    if {"row", "col"} & set(layout.values()):  # a row or column per tile of each core
         assert st.gm_read > t.gm_bytes + once
     else:
         assert st.gm_read == t.gm_bytes + once
@@ -389,3 +403,40 @@ def test_a_reduced_value_broadcast_along_the_other_axis_is_refused():
     with pytest.raises(Unsupported, match=r"broadcasts a reduced value of shape \[70\] over "
                                           r"\[70,70\]"):
         check(k, SPEC)
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    ("rows", "out of bounds"),      # a whole base tile's worth read past the M values
+    ("offset", "out of bounds"),    # the column read at the tile's column offset, not its row
+])
+def test_a_broken_column_load_is_caught(wrong, message):
+    """The column input of a convolution epilogue (the per-channel bias, M = 40 values) is
+    read at the tile's first row for its rows; the simulator refuses the kernel that reads a
+    whole base tile of rows, or at the column offset, past the input's 40 values."""
+    import dataclasses
+
+    from graphkernel.codegen.backend import SimBackend, render_all
+    from graphkernel.codegen.legalize import check
+    from graphkernel.codegen.sim.execute import SimLibrary
+    from graphkernel.codegen.sim.runner import SimulatorError
+    from graphkernel.interpreter import Interpreter
+
+    name = "conv_bias_relu"
+    a, b, op, tb = SHAPES[name]
+    g, fused, k = _mix(name, a, b, MIX[name], op=op, tb=tb)
+    s = check(k, SPEC)
+    assert s.tiling.baseM > 40 or s.tiling.baseN > 40  # the broken reads leave the input
+    (r,) = render_all({"k": s})
+    src = r.files[f"{s.name}.cpp"]
+    good = "[offX2 + gr], DataCopyExtParams{1, (uint32_t)(rows * sizeof(half))"
+    assert good in src
+    bad = {"rows": good.replace("(rows *", "(bM *"),
+           "offset": good.replace("offX2 + gr]", "offX2 + gr + gcol + bN]")}[wrong]
+    broken = dataclasses.replace(r, files={**r.files, f"{s.name}.cpp": src.replace(good, bad)})
+    lib = SimLibrary([broken])
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal([int(d) for d in v.shape]).astype(v.dtype.np)
+             for v in g.inputs}
+    backend = SimBackend(fused, {k.name: s}, library=lib)
+    with pytest.raises(SimulatorError, match=message):
+        Interpreter(fused, kernel_runner=backend).run(feeds)

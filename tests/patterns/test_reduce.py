@@ -53,3 +53,60 @@ def test_reduce_fwd_width():
     res = fuse(b.out(s), "--enable_fusion_pattern_only=reduce_fwd_width")
     assert kernels(res) == [{"p1", "p2", "add", "s"}]  # retried on the grown area
     assert attempts(res, "reduce_fwd_width", "fused")
+
+
+
+def test_reduce_output_takes_the_elementwise_work_on_the_reduced_values():
+    """A global average pool: the sum over H and W and its division into a mean (then more
+    work on the mean) are one kernel; without the pattern the reduction's consumer is a
+    kernel of its own."""
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    s = b.op("ReduceSum", b.op("Abs", x, name="r"), name="s", axis=[2, 3], keep_dims=True)
+    m = b.op("Exp", b.op("Mul", s, b.const(0.0625), name="m"), name="g")
+    only = "--enable_fusion_pattern_only=reduce_fwd_depth,elemwise_broadcast_fwd_depth"
+    assert kernels(fuse(b.out(m), only + ",reduce_output")) == [{"r", "s", "m", "g"}]
+    assert kernels(fuse(b.out(m), only)) == [{"r", "s"}, {"m", "g"}]
+
+
+def test_reduce_output_refuses_a_consumer_that_broadcasts_the_reduced_values_back():
+    """x * gate(pool(x)) (squeeze-and-excitation's scale) computes over x's extent, not the
+    pooled values'."""
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    s = b.op("ReduceSum", x, name="s", axis=[2, 3], keep_dims=True)
+    res = fuse(b.out(b.op("Mul", x, s, name="m")), "--enable_fusion_pattern_only=reduce_output")
+    assert kernels(res) == []
+    assert any("kind mismatch: consumer" in r for r in reasons(res, "reduce_output"))
+
+
+def test_reduce_output_leaves_what_the_vector_kernels_cannot_place():
+    """A reduced value scaled by a per-channel input, or a mean subtracted from the values it
+    was taken of (a training batch norm): the consumer stays outside the reduction."""
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    s = b.op("ReduceSum", x, name="s", axis=[2, 3], keep_dims=True)
+    g = b.op("Mul", s, b.input("gamma", (2, 8, 1, 1)), name="g")
+    res = fuse(b.out(g), "--enable_fusion_pattern_only=reduce_output")
+    assert kernels(res) == []
+    assert any("reads gamma beside the reduced values" in r for r in reasons(res, "reduce_output"))
+    b = G()
+    x = b.input("x", (2, 8, 4, 4))
+    mean = b.op("Mul", b.op("ReduceSum", x, name="s", axis=[2, 3], keep_dims=True),
+                b.const(0.0625), name="mean")
+    res = fuse(b.out(b.op("Sub", x, mean, name="centred")),
+               "--enable_fusion_pattern_only=reduce_output")
+    assert {"s", "mean"} not in kernels(res)
+    assert any("is read by vector work" in r for r in reasons(res, "reduce_output"))
+
+
+def test_reduce_output_keeps_the_rounding_of_a_half_precision_sum():
+    """A float16 sum cast up: in one kernel the sum would stay float32 (no rounding, no
+    overflow where the graph has them), so the cast stays outside."""
+    b = G()
+    x = b.input("x", (3, 700), "float16")
+    s = b.op("ReduceSum", x, name="s", axis=[1])
+    res = fuse(b.out(b.op("Cast", s, name="up", dtype="float32")),
+               "--enable_fusion_pattern_only=reduce_output")
+    assert kernels(res) == []
+    assert any("reads reduced values of float16" in r for r in reasons(res, "reduce_output"))

@@ -1,0 +1,88 @@
+"""Convolutional networks' kernels through the default pipeline, run in the simulator: a 1x1
+convolution as a product with its per-channel affine, activation and residual add in the
+product's tile (one MIX kernel), and a global average pool with its mean as one reduction
+kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphkernel import Graph, TensorType
+from graphkernel.bisect import Evaluator
+from graphkernel.codegen.backend import run_sim, schedules
+from graphkernel.codegen.cube.schedule import MatmulSchedule
+from tests.codegen.cases import Case, compile_cases
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+RNG = np.random.default_rng(11)
+
+
+def _conv1x1(dtype: str, cin: int, cout: int, hw=(6, 7), scale_input=False, residual=False):
+    """conv 1x1 (+ bias) -> per-channel scale -> (+ x) -> ReLU6, in NCHW (a scale that is an
+    input stays out of the weights: a column of the product in its epilogue)."""
+    g = Graph("c")
+    x = g.add_input("x", TensorType((2, cin, *hw), dtype))
+    w = g.const((RNG.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype(dtype))
+    y = g.add_node("Conv2D", [x, w, g.const(RNG.standard_normal(cout).astype(dtype))]).output
+    scale = (g.add_input("scale", TensorType((cout, 1, 1), dtype)) if scale_input
+             else g.const(RNG.uniform(0.5, 2, (cout, 1, 1)).astype(dtype)))
+    y = g.add_node("Mul", [y, scale]).output
+    if residual:
+        y = g.add_node("Add", [y, x]).output
+    y = g.add_node("Minimum", [g.add_node("Maximum", [y, g.const(np.array(0, dtype))]).output,
+                               g.const(np.array(6, dtype))]).output
+    g.set_outputs([y])
+    return g
+
+
+def _pool():
+    """ReLU, then the mean over H and W (a global average pool) and a sigmoid gate."""
+    g = Graph("p")
+    x = g.add_input("x", TensorType((2, 24, 5, 6), "float32"))
+    s = g.add_node("ReduceSum", [g.add_node("Abs", [x]).output], {"axis": [2, 3],
+                                                                  "keep_dims": True}).output
+    m = g.add_node("Mul", [s, g.const(np.array(1 / 30, np.float32))]).output
+    g.set_outputs([g.add_node("Sigmoid", [m]).output])
+    return g
+
+
+CASES = [
+    Case("conv1x1_folded_fp32", _conv1x1("float32", 16, 24), flags=""),
+    Case("conv1x1_residual_fp16", _conv1x1("float16", 16, 16, scale_input=True,
+                                           residual=True), flags=""),
+    Case("conv1x1_wide_bf16", _conv1x1("bfloat16", 32, 40, hw=(20, 21), scale_input=True),
+         flags=""),
+]
+POOL = Case("global_average_pool", _pool(), flags="")
+
+
+@pytest.fixture(scope="module")
+def library():
+    return compile_cases([*CASES, POOL])
+
+
+def _check(case, library):
+    feeds = case.feeds({})
+    got, backend = run_sim(case.result, feeds, library=library)
+    assert not backend.unscheduled
+    judged = Evaluator(case.graph, feeds).judge(got)
+    assert not judged.bad, f"{case.id}: {judged.reason}"
+    return backend
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_one_by_one_convolution_block_is_one_mix_kernel(case, library):
+    kernels = [n for n in case.result.graph.nodes if n.op == "GraphKernel"]
+    assert len(kernels) == 1 and not case.result.report.extra["fallbacks"]
+    s = schedules(case.result)[kernels[0].name]
+    assert isinstance(s, MatmulSchedule) and s.kernel_kind == "mix"
+    assert "col" in {i.layout for i in s.epilogue.inputs}  # the per-channel operands
+    _check(case, library)
+
+
+def test_a_global_average_pool_is_one_reduction_kernel(library):
+    kernels = [n for n in POOL.result.graph.nodes if n.op == "GraphKernel"]
+    assert len(kernels) == 1 and not POOL.result.report.extra["fallbacks"]
+    assert {n.op for n in kernels[0].subgraph.nodes} >= {"ReduceSum", "Mul", "Exp"}
+    _check(POOL, library)
