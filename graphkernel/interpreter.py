@@ -3,7 +3,9 @@
 Semantics are op by op: each op computes (fp16/bf16 widened to fp32) and its
 result is rounded to the op's declared output dtype. With ``compute_dtype``
 (e.g. float64) every floating value is kept in that precision instead, which
-gives the high-precision reference that accuracy checks compare against.
+gives the high-precision reference that accuracy checks compare against; with
+``round_steps`` too, the inputs of step functions (Floor, comparisons, casts to
+integers) are rounded to their declared dtype first.
 
 ``Assign`` on a mutable graph input writes back: after ``run`` the new values
 are in ``interpreter.state`` (and, with ``write_back=True``, in the caller's
@@ -27,11 +29,27 @@ _BF16 = DType.bfloat16.np
 KernelRunner = Callable[[Node, list[np.ndarray], tuple[tuple[int, ...], ...]], list[np.ndarray]]
 
 
+# ops whose result jumps where their input crosses a value (an integer, another input): a
+# rounding of the input by one unit in the last place can move the result by a whole step
+STEP_OPS = frozenset({"Floor", "Ceil", "Round", "Sign", "Equal", "NotEqual", "Less",
+                      "LessEqual", "Greater", "GreaterEqual", "FloorMod", "Mod", "FloorDiv",
+                      "ArgMax", "ArgMin"})
+
+
+def is_step(node: Node) -> bool:
+    """Whether ``node`` is a step function of its inputs (a Cast to an integer or bool too)."""
+    return node.op in STEP_OPS or node.op == "Cast" and not node.outputs[0].dtype.is_float
+
+
 class Interpreter:
     def __init__(self, graph: Graph, compute_dtype: DType | str | None = None,
                  kernel_runner: KernelRunner | None = None,
-                 symbols: Mapping[str, int] | None = None) -> None:
+                 symbols: Mapping[str, int] | None = None, round_steps: bool = False) -> None:
+        """``round_steps`` (with ``compute_dtype``): the floating inputs of a step op are
+        first rounded to their declared dtype, as a kernel that keeps the value in a higher
+        precision and stores it in its declared type rounds it once."""
         self.graph = graph
+        self.round_steps = round_steps
         self.compute_dtype = DType.parse(compute_dtype) if compute_dtype is not None else None
         if self.compute_dtype is not None and not self.compute_dtype.is_float:
             raise ExecutionError(f"compute_dtype must be a float dtype, got {self.compute_dtype}")
@@ -138,12 +156,15 @@ class Interpreter:
                 raw = self.kernel_runner(node, args, shapes)
             else:
                 sub = Interpreter(node.subgraph, self.compute_dtype, self.kernel_runner,
-                                  self.env)
+                                  self.env, self.round_steps)
                 raw = sub.run({v.name: a for v, a in zip(node.subgraph.inputs, args,
                                                          strict=True)})
         else:
             opdef = ops.get(node.op)
             ctx = RefContext(shapes, storage, node.name)
+            if self.round_steps and self.compute_dtype is not None and is_step(node):
+                args = [a.astype(v.dtype.np) if is_float_array(a) and v.dtype.is_float else a
+                        for a, v in zip(args, node.inputs, strict=True)]
             try:
                 raw = opdef.reference([self._widen(a) for a in args], node.attrs, ctx)
             except GraphKernelError:

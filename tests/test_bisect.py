@@ -524,3 +524,30 @@ def test_external_driver_blames_graphkernel_when_it_fails_only_with_graphkernel_
     r = bisect_external([sys.executable, str(broken)])
     assert not r.found and r.passes_with_graphkernel_off is True
     assert "graphkernel's, before any rewrite" in r.message
+
+
+def test_a_step_after_a_correctly_rounded_value_is_not_blamed():
+    """A fp16 quotient of 22.997 is 23.0 correctly rounded to fp16 (a fused kernel computing
+    it in fp32 and storing it in its fp16 type) but 22.98 op by op in fp16: Floor makes that
+    1.0 apart. Both are the program's answer within its working precision, so the judge
+    accepts either rounding of a step's input; a wrong step is still bad (the fuzzer's seed
+    91 under its flags of the time)."""
+    import numpy as np
+
+    from graphkernel import Graph, TensorType
+    from graphkernel.bisect import Evaluator
+
+    g = Graph("steps")
+    x = g.add_input("x", TensorType((4,), "float16"))
+    m = g.add_node("Abs", [g.add_node("Maximum", [x, g.const(np.float16(1.3154296875))]).output])
+    a = g.add_node("Add", [m.output, g.const(np.float16(1.505859375))]).output
+    q = g.add_node("Div", [a, x]).output
+    g.set_outputs([g.add_node("Floor", [q]).output])
+    xs = np.array([0.1227, 0.004436, 1.0, 2.0], np.float16)
+    ev = Evaluator(g, {"x": xs})
+    exact = (np.abs(np.maximum(xs.astype(np.float64), 1.3154296875)) + 1.505859375) / xs
+    fused = np.floor(exact.astype(np.float32).astype(np.float16)).astype(np.float16)
+    in_kernel = np.floor(exact.astype(np.float32)).astype(np.float16)
+    assert not np.array_equal(fused, ev.base[0])  # the rounding moves the step
+    assert not ev.judge([fused]).bad and not ev.judge([in_kernel]).bad
+    assert ev.judge([(fused + 1).astype(np.float16)]).bad
