@@ -55,14 +55,49 @@ def concat(model, a):
 
 def _column_slices(model, a):
     """An area of rotary-like row work takes the slices of the last axis only it reads (the
-    rotated part of a partial rotary embedding, sliced again into halves)."""
+    rotated part of a partial rotary embedding, sliced again into halves), and the row
+    normalization it reads (_row_norm: the Q/K norms before rotary embedding)."""
     from graphkernel.codegen.vector.views import column_slice
 
     if not _row_work(a, model.cfg):
         return None
     prods = [p for p in model.producer_areas(a) if model.only_consumer_is(p, a)
-             and all(column_slice(n) is not None for n in p.nodes)]
+             and (all(column_slice(n) is not None for n in p.nodes) or _row_norm(model, p, a))]
     return fuse_if(model, "concat", [a] + prods, []) if prods else None
+
+
+def _row_norm(model, p, a) -> bool:
+    """Whether producer ``p`` of row work ``a`` reduces only along the last axis that ``a``
+    cuts into columns (a LayerNorm/RMSNorm over the head dimension before rotary embedding):
+    the code generator's rows are then the reduced rows, each held whole in one tile, and
+    the row work's slices are columns of those rows. Every value ``p`` hands to ``a`` is
+    full-size with that last axis (the normalized rows, not their statistics)."""
+    from graphkernel import ops, symbolic
+    from graphkernel.patterns.reduce import reduce_signatures
+
+    if model.kind(p) != OpKind.REDUCE or any(
+            n.op in ("Scan", "ElemAny") for n in p.nodes):
+        return False
+    sigs = reduce_signatures(p)
+    rows = {shape[-1] for shape, axes in sigs}
+    if not sigs or any(axes != (len(shape) - 1,) for shape, axes in sigs) or len(rows) != 1:
+        return False
+    (row,) = rows
+    (shape, _), *_ = sigs
+    full = symbolic.numel(shape)
+    if not isinstance(row, int) or row < 2 or any(
+            ops.get(n.op).kind == OpKind.REDUCE and not symbolic.eq(n.inputs[0].type.numel, full)
+            for n in p.nodes):
+        return False
+    # the values handed over, and the views of them in ``a``, keep that last axis whole
+    todo = [v for q, v, _ in model.producers(a) if q is p]
+    while todo:
+        v = todo.pop()
+        if not v.shape or not symbolic.eq(v.shape[-1], row) or not symbolic.eq(
+                v.type.numel, full):
+            return False
+        todo += [u.outputs[0] for u in v.users if u.op in VIEW_OPS and model.area(u) is a]
+    return True
 
 
 def _columns(node, cfg) -> bool:
