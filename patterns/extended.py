@@ -66,13 +66,22 @@ def _column_slices(model, a):
     return fuse_if(model, "concat", [a] + prods, []) if prods else None
 
 
+# float32 rows a norm + rotary kernel keeps in UB per row of the loop space, with margin (the
+# generated plans of LayerNorm/RMSNorm + full or partial rotary take 15 to 17)
+ROW_BUFFERS = 24
+
+
 def _row_norm(model, p, a) -> bool:
     """Whether producer ``p`` of row work ``a`` reduces only along the last axis that ``a``
     cuts into columns (a LayerNorm/RMSNorm over the head dimension before rotary embedding):
     the code generator's rows are then the reduced rows, each held whole in one tile, and
     the row work's slices are columns of those rows. Every value ``p`` hands to ``a`` is
-    full-size with that last axis (the normalized rows, not their statistics)."""
+    full-size with that last axis (the normalized rows, not their statistics). The kernel
+    holds whole rows (columns are offsets into them): a row must leave room in the UB for
+    ROW_BUFFERS float32 rows, else the norm stays a kernel of its own, whose rows can be
+    reduced chunk by chunk."""
     from graphkernel import ops, symbolic
+    from graphkernel.codegen import targets
     from graphkernel.patterns.reduce import reduce_signatures
 
     if model.kind(p) != OpKind.REDUCE or any(
@@ -85,7 +94,8 @@ def _row_norm(model, p, a) -> bool:
     (row,) = rows
     (shape, _), *_ = sigs
     full = symbolic.numel(shape)
-    if not isinstance(row, int) or row < 2 or any(
+    if not isinstance(row, int) or row < 2 or row * 4 * ROW_BUFFERS > targets.load(
+            model.cfg.target).ub_bytes or any(
             ops.get(n.op).kind == OpKind.REDUCE and not symbolic.eq(n.inputs[0].type.numel, full)
             for n in p.nodes):
         return False

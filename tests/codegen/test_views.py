@@ -267,3 +267,31 @@ def test_a_concat_tile_broadcast_over_a_later_axis_is_refused():
     node = build_kernel(kernel, list(kernel.nodes), "k", "test")
     with pytest.raises(Unsupported, match="Concat loaded as a tile is a broadcast"):
         plan(node)
+
+
+
+def test_a_norm_and_its_rotary_are_one_kernel_of_whole_rows():
+    """The kernel of a Q/K norm and its rotary embedding reduces each row and slices its
+    columns: rows of the head dimension, held whole."""
+    res = graphkernel.compile(rotary("nrot_rows", split=False, norm="RMSNorm"), "--opt_level=2",
+                              env={})
+    (k,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    s = plan(k)
+    assert s.reduce and s.cols and s.L == 16 and s.whole_rows
+
+
+
+@pytest.mark.sim
+def test_a_norm_over_rows_too_long_for_one_kernel_with_its_rotary_stays_apart():
+    """Whole rows of a norm and its rotary work must fit the UB together (the rotary's
+    columns are offsets into whole rows); over longer rows the norm is a kernel of its own
+    (its rows reduced chunk by chunk if need be) and the rotary another, both run in the
+    simulator against the reference."""
+    case = Case("norm-rotary-long-rows", rotary("nrot_long", split=False, norm="RMSNorm",
+                                                rot=3584, d=3584, heads=1, batch="1"),
+                "--opt_level=2")
+    library = compile_cases([case])
+    (backend,) = check_case(case, library)
+    ex = case.result.report.extra
+    assert not ex.get("fallbacks") and not ex.get("phases") and ex["kernels_fused"] == 2
+    assert len(backend.stats) == 2
