@@ -27,7 +27,9 @@ def concat(model, a):
     """A Concat with elementwise/broadcast/slice producers, or an elementwise consumer (the
     Concat may also leave the kernel: its tile is stored as well as consumed). Producers are
     pulled in only where the code generator takes the result: operands of one shape (stored
-    operand by operand), or one op every operand ends with (run once after the Concat)."""
+    operand by operand), or one op every operand ends with (run once after the Concat).
+    Rotary-like row work takes the column slices it alone reads, and a norm over the same
+    last axis (the Q/K norms before rotary embedding)."""
     if not _single(a, "Concat"):
         return _column_slices(model, a)
     node = a.nodes[0]
