@@ -27,7 +27,9 @@ def concat(model, a):
     """A Concat with elementwise/broadcast/slice producers, or an elementwise consumer (the
     Concat may also leave the kernel: its tile is stored as well as consumed). Producers are
     pulled in only where the code generator takes the result: operands of one shape (stored
-    operand by operand), or one op every operand ends with (run once after the Concat)."""
+    operand by operand), or one op every operand ends with (run once after the Concat).
+    Rotary-like row work takes the column slices it alone reads, and a norm over the same
+    last axis (the Q/K norms before rotary embedding)."""
     if not _single(a, "Concat"):
         return _column_slices(model, a)
     node = a.nodes[0]
@@ -55,14 +57,59 @@ def concat(model, a):
 
 def _column_slices(model, a):
     """An area of rotary-like row work takes the slices of the last axis only it reads (the
-    rotated part of a partial rotary embedding, sliced again into halves)."""
+    rotated part of a partial rotary embedding, sliced again into halves), and the row
+    normalization it reads (_row_norm: the Q/K norms before rotary embedding)."""
     from graphkernel.codegen.vector.views import column_slice
 
     if not _row_work(a, model.cfg):
         return None
     prods = [p for p in model.producer_areas(a) if model.only_consumer_is(p, a)
-             and all(column_slice(n) is not None for n in p.nodes)]
+             and (all(column_slice(n) is not None for n in p.nodes) or _row_norm(model, p, a))]
     return fuse_if(model, "concat", [a] + prods, []) if prods else None
+
+
+# float32 rows a norm + rotary kernel keeps in UB per row of the loop space, with margin (the
+# generated plans of LayerNorm/RMSNorm + full or partial rotary take 15 to 17)
+ROW_BUFFERS = 24
+
+
+def _row_norm(model, p, a) -> bool:
+    """Whether producer ``p`` of row work ``a`` reduces only along the last axis that ``a``
+    cuts into columns (a LayerNorm/RMSNorm over the head dimension before rotary embedding):
+    the code generator's rows are then the reduced rows, each held whole in one tile, and
+    the row work's slices are columns of those rows. Every value ``p`` hands to ``a`` is
+    full-size with that last axis (the normalized rows, not their statistics). The kernel
+    holds whole rows (columns are offsets into them): a row must leave room in the UB for
+    ROW_BUFFERS float32 rows, else the norm stays a kernel of its own, whose rows can be
+    reduced chunk by chunk."""
+    from graphkernel import ops, symbolic
+    from graphkernel.codegen import targets
+    from graphkernel.patterns.reduce import reduce_signatures
+
+    if model.kind(p) != OpKind.REDUCE or any(
+            n.op in ("Scan", "ElemAny") for n in p.nodes):
+        return False
+    sigs = reduce_signatures(p)
+    rows = {shape[-1] for shape, axes in sigs}
+    if not sigs or any(axes != (len(shape) - 1,) for shape, axes in sigs) or len(rows) != 1:
+        return False
+    (row,) = rows
+    (shape, _), *_ = sigs
+    full = symbolic.numel(shape)
+    if not isinstance(row, int) or row < 2 or row * 4 * ROW_BUFFERS > targets.load(
+            model.cfg.target).ub_bytes or any(
+            ops.get(n.op).kind == OpKind.REDUCE and not symbolic.eq(n.inputs[0].type.numel, full)
+            for n in p.nodes):
+        return False
+    # the values handed over, and the views of them in ``a``, keep that last axis whole
+    todo = [v for q, v, _ in model.producers(a) if q is p]
+    while todo:
+        v = todo.pop()
+        if not v.shape or not symbolic.eq(v.shape[-1], row) or not symbolic.eq(
+                v.type.numel, full):
+            return False
+        todo += [u.outputs[0] for u in v.users if u.op in VIEW_OPS and model.area(u) is a]
+    return True
 
 
 def _columns(node, cfg) -> bool:

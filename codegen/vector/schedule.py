@@ -921,8 +921,8 @@ class _Planner:
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
-                if id(v) in self.scalars:
-                    continue
+                if id(v) in self.scalars or id(v) in self.cols:
+                    continue  # (columns of rows: checked against L by the planner)
                 if self._needs_rows(v, N) and self._classify(v, S, L) is None:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}", node=n, about=(v,))

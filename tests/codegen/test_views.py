@@ -70,18 +70,23 @@ def view_cases() -> list[Case]:
 
 
 def rotary(name: str, dt: str = "float32", heads: int = 4, rot: int = 16, d: int = 16,
-           repeat: int = 1, split: bool = True, batch="2", bsnd: bool = False):
+           repeat: int = 1, split: bool = True, batch="2", bsnd: bool = False,
+           norm: str | None = None):
     """LLaMA's rotary embedding of q or k: the head split of a projection ``[B*S, H*D]``
     (Reshape, Transpose to ``[B, H, S, D]``), then ``x*cos + rotate_half(x)*sin`` over the
     first ``rot`` columns (the rest passed through, concatenated back), with
     ``rotate_half(x) = cat(-x[..., h:], x[..., :h])``; ``repeat``: grouped-query attention's
     repeat of the k heads after it. ``split=False``: x is ``[B, H, S, D]`` already;
     ``bsnd``: x is ``[B, S, H, D]`` and the tables are read as ``[1, S, 1, rot]`` (reshapes of
-    the ``[1, 1, S, rot]`` inputs, as the head layout pass leaves them)."""
+    the ``[1, 1, S, rot]`` inputs, as the head layout pass leaves them); ``norm``: a
+    ``LayerNorm`` or ``RMSNorm`` over the head dimension first, with random parameters (the
+    Q/K norms of Qwen3, OLMo 2, Persimmon)."""
     S = 16
     B = int(batch) if batch.isdigit() else batch
     x_shape = (2 * S, heads * d) if split else (B, S, heads, d) if bsnd else (B, heads, S, d)
-    g, v = _g(name, {"x": x_shape, "cos": (1, 1, S, rot), "sin": (1, 1, S, rot)}, dt)
+    params = {"w": (d,), "b": (d,)} if norm == "LayerNorm" else {"w": (d,)} if norm else {}
+    g, v = _g(name, {"x": x_shape, "cos": (1, 1, S, rot), "sin": (1, 1, S, rot), **params},
+              dt)
     n = _n(g)
     if bsnd:
         for t in ("cos", "sin"):
@@ -93,6 +98,8 @@ def rotary(name: str, dt: str = "float32", heads: int = 4, rot: int = 16, d: int
     x = v["x"]
     if split:
         x = n("Transpose", [n("Reshape", [x], shape=[2, S, heads, d])], perm=[0, 2, 1, 3])
+    if norm:
+        x = g.add_node(norm, [x] + [v[k] for k in params], {}).outputs[0]
     xr = x if rot == d else cols(x, 0, rot)
     half = rot // 2
     rotated = n("Concat", [n("Neg", [cols(xr, half, 2**62)]), cols(xr, 0, half)], axis=-1)
@@ -125,6 +132,17 @@ def rotary_cases() -> list[Case]:
     cases.append(Case("rotary-partial-bsnd-tables-through-views",
                       rotary("rotp_bsnd", rot=32, d=64, split=False, bsnd=True),
                       "--opt_level=2"))
+    # Q/K norms over the head dimension, then rotary embedding: the norm's rows are the rows
+    # the rotary halves are cut from (full and partial rotary, heads last or not)
+    for norm, dt, kw in (("RMSNorm", "float32", {}), ("RMSNorm", "float16", {"bsnd": True}),
+                         ("LayerNorm", "float32", {"rot": 32, "d": 64, "bsnd": True}),
+                         ("LayerNorm", "float16", {"rot": 8, "d": 16}),
+                         ("RMSNorm", "float32", {"batch": "b"})):
+        tag = "-".join(f"{k}{w}" for k, w in kw.items())
+        cases.append(Case(f"norm-rotary-{norm}-{dt}-{tag}".rstrip("-"),
+                          rotary(f"nrot_{norm}_{dt}_{tag}", dt, split=False, norm=norm, **kw),
+                          "--opt_level=2", dims=[{"b": 1}, {"b": 3}] if kw.get("batch") else
+                          [{}]))
     # v: the head split and the repeat of its heads, no computing step at all
     g, v = _g("v_repeat", {"x": (32, 32)})
     n = _n(g)
@@ -249,3 +267,31 @@ def test_a_concat_tile_broadcast_over_a_later_axis_is_refused():
     node = build_kernel(kernel, list(kernel.nodes), "k", "test")
     with pytest.raises(Unsupported, match="Concat loaded as a tile is a broadcast"):
         plan(node)
+
+
+
+def test_a_norm_and_its_rotary_are_one_kernel_of_whole_rows():
+    """The kernel of a Q/K norm and its rotary embedding reduces each row and slices its
+    columns: rows of the head dimension, held whole."""
+    res = graphkernel.compile(rotary("nrot_rows", split=False, norm="RMSNorm"), "--opt_level=2",
+                              env={})
+    (k,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    s = plan(k)
+    assert s.reduce and s.cols and s.L == 16 and s.whole_rows
+
+
+
+@pytest.mark.sim
+def test_a_norm_over_rows_too_long_for_one_kernel_with_its_rotary_stays_apart():
+    """Whole rows of a norm and its rotary work must fit the UB together (the rotary's
+    columns are offsets into whole rows); over longer rows the norm is a kernel of its own
+    (its rows reduced chunk by chunk if need be) and the rotary another, both run in the
+    simulator against the reference."""
+    case = Case("norm-rotary-long-rows", rotary("nrot_long", split=False, norm="RMSNorm",
+                                                rot=3584, d=3584, heads=1, batch="1"),
+                "--opt_level=2")
+    library = compile_cases([case])
+    (backend,) = check_case(case, library)
+    ex = case.result.report.extra
+    assert not ex.get("fallbacks") and not ex.get("phases") and ex["kernels_fused"] == 2
+    assert len(backend.stats) == 2

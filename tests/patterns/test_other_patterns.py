@@ -201,3 +201,42 @@ def test_matmul_depth_takes_the_reductions_that_close_no_cycle():
     assert {"mm", "res", "n1_max", "n1_sub", "n1_exp"} == first
     assert any(r.startswith("left outside: joined with the others it would close a cycle")
                for r in reasons(res, "matmul_depth"))
+
+
+def _norm_rotary(rows: tuple[int, ...], heads: tuple[int, ...], stats_too: bool = False):
+    """An RMSNorm over the last axis of ``rows``, viewed as ``heads`` (the same last axis, or
+    its split into heads), then rotary embedding's ``x*cos + cat(-x2, x1)*sin`` over that
+    view's last axis. ``stats_too``: the rotary result is also scaled by the norm's
+    statistics (a per-row value, not a normalized row)."""
+    b = G()
+    x = b.input("x", rows)
+    d = heads[-1]
+    cos, sin = b.input("cos", (heads[-2], d)), b.input("sin", (heads[-2], d))
+    ms = b.op("Mul", b.op("ReduceSum", b.op("Mul", x, x, name="sq"), name="ss", axis=[-1],
+                          keep_dims=True), b.const(1.0 / rows[-1]), name="ms")
+    r = b.op("Rsqrt", b.op("Add", ms, b.const(1e-6), name="eps"), name="r")
+    y = b.op("Reshape", b.op("Mul", x, r, name="xn"), name="v", shape=list(heads))
+
+    def cols(name, a, e):
+        return b.op("StridedSlice", y, name=name, begin=[a], end=[e], strides=[1], axes=[-1])
+
+    rot = b.op("Concat", b.op("Neg", cols("hi", d // 2, d), name="neg"), cols("lo", 0, d // 2),
+               name="cat", axis=-1)
+    out = b.op("Add", b.op("Mul", y, cos, name="yc"), b.op("Mul", rot, sin, name="ys"),
+               name="rope")
+    if stats_too:
+        out = b.op("Mul", out, b.op("Reshape", r, name="rv",
+                                     shape=list(heads[:-1]) + [1]), name="scaled")
+    return b.out(out)
+
+
+def test_a_norm_over_the_rotary_rows_joins_the_rotary_kernel():
+    """Q/K norms before rotary embedding: a reduction over the same last axis the rotary halves
+    are cut from is one kernel with them; a norm over a wider row (the heads not yet split)
+    or a rotary step reading the norm's per-row statistics stays out of the rotary kernel."""
+    res = fuse(_norm_rotary((2, 16, 4, 16), (2, 16, 4, 16)))
+    assert len(kernels(res)) == 1 and {"ss", "xn", "cat", "rope"} <= kernels(res)[0]
+    for g in (_norm_rotary((2, 16, 64), (2, 16, 4, 16)),
+              _norm_rotary((2, 16, 4, 16), (2, 16, 4, 16), stats_too=True)):
+        ks = kernels(fuse(g))
+        assert len(ks) >= 2 and not any({"ss", "cat"} <= k for k in ks), ks
