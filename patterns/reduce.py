@@ -58,6 +58,15 @@ def reduce_signatures(area) -> set[tuple]:
     return out
 
 
+def _one_consumer(model, a):
+    """(the single consumer area, whether ``a`` has consumers outside the region) of a REDUCE
+    area, or None."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    cons, external = model.consumers(a)
+    return (cons[0], external) if len(cons) == 1 else None
+
+
 @pattern("reduce_bwd", order=75, direction="bwd", mode="depth",
          refuses=("GK202", "GK205", "GK207", "GK208"))
 def bwd(model, a):
@@ -65,12 +74,10 @@ def bwd(model, a):
     compute size and reduce the same axes of the same shape: the row-wise normalizations
     (LayerNorm, Softmax, RMSNorm), whose statistics are broadcast back over the rows they
     were reduced from. (A graphkernel addition to the split model.)"""
-    if model.kind(a) != OpKind.REDUCE:
+    found = _one_consumer(model, a)
+    if found is None:
         return None
-    cons, external = model.consumers(a)
-    if len(cons) != 1:
-        return None
-    c = cons[0]
+    c, external = found
     sigs = reduce_signatures(a) | reduce_signatures(c)
     return fuse_if(model, "reduce_bwd", [c, a], [
         need(lambda: not external,
@@ -98,12 +105,10 @@ def output(model, a):
     values in (a batch norm's mean, subtracted from its input, is computed in the kernel that
     subtracts it). The kernel writes the consumer's result in place of the reduced values:
     one launch and one round trip of the reduced values fewer."""
-    if model.kind(a) != OpKind.REDUCE:
+    found = _one_consumer(model, a)
+    if found is None:
         return None
-    cons, external = model.consumers(a)
-    if len(cons) != 1:
-        return None
-    c = cons[0]
+    c, external = found
     read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
     own = {id(n) for n in (*a.nodes, *c.nodes)}
     other = [v for n in c.nodes for v in n.inputs
