@@ -186,6 +186,29 @@ def test_onnx_attention_with_a_kv_cache_runs_through_onnx_naming_why():
     assert "past_key/past_value" in notes[0].reason
 
 
+@pytest.mark.parametrize("extra, why", [
+    ({"left_window_size": 2}, "left_window_size"),                 # opset 25: a local window
+    ({"right_window_size": 1}, "right_window_size"),
+    ("nonpad", "nonpad_kv_seqlen"),                                # opset 24: per-batch lengths
+])
+def test_onnx_attention_of_a_later_opset_is_not_taken_as_opset_23(extra, why):
+    """An Attention input or attribute a later opset added changes the result (keys outside
+    a window, keys past each batch's length masked out): taken as opset 23's, the node gave
+    other numbers (ONNX's conformance cases: 13 wrong); it runs through ONNX, saying why."""
+    model = _attention_model((1, 2, 4, 16), (1, 2, 4, 16))
+    node = model.graph.node[0]
+    if extra == "nonpad":
+        node.input.extend(["", "", "", "n"])
+        model.graph.input.append(helper.make_tensor_value_info("n", onnx.TensorProto.INT64,
+                                                               (1,)))
+    else:
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
+    notes: list[ImportNote] = []
+    g = import_onnx(onnx.shape_inference.infer_shapes(model), notes=notes)
+    assert [n.op for n in g.nodes] == ["Opaque"]
+    assert why in notes[0].reason
+
+
 def test_torch_onnx_export_of_attention_is_one_fused_attention():
     """torch.onnx's export of scaled_dot_product_attention: Q and Kᵀ scaled by sqrt(scale),
     the mask as Where(mask, 0, -inf), Softmax and its masked-row guard Where(IsNaN(P), 0,

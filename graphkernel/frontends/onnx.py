@@ -273,6 +273,11 @@ def _softmax(c: NodeCtx):
     return c.emit(c.node.op_type, [x], {"axis": _softmax_axis(c, x.type.rank)})
 
 
+# Attention's attributes as of opset 23; the output modes only matter for outputs refused below
+ATTENTION_ATTRS = frozenset({"is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode",
+                             "scale", "softcap", "softmax_precision"})
+
+
 @handles("Attention")
 def _attention(c: NodeCtx):
     """ONNX's Attention (opset 23, without a KV cache): one FusedAttention, or the exact
@@ -285,6 +290,13 @@ def _attention(c: NodeCtx):
 
     if c.has_input(4) or c.has_input(5):
         raise Unsupported("past_key/past_value (a KV cache) are not modeled")
+    if any(c.has_input(i) for i in range(6, len(c.node.input))):
+        raise Unsupported("nonpad_kv_seqlen (opset 24: keys past each batch's length masked) "
+                          "is not modeled")
+    unknown = sorted({a.name for a in c.node.attribute} - ATTENTION_ATTRS)
+    if unknown:  # (a later opset's attribute: ignoring it would give another result)
+        raise Unsupported(f"attribute(s) {', '.join(unknown)} not modeled (accepted: "
+                          f"{', '.join(sorted(ATTENTION_ATTRS))})")
     if c.attr("softcap", 0.0):
         raise Unsupported(f"softcap={c.attr('softcap')} is not modeled")
     if any(c.node.output[1:]):
