@@ -13,6 +13,7 @@ cube unit accumulates them. Runs after the attention pass, whose matching reads 
 from __future__ import annotations
 
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.passes.rewrite import rewrite_each
 from graphkernel.registry import PassResult, counted
 
 MAX_K = 1024  # a contraction at most this long (a row of a vector kernel)
@@ -60,20 +61,8 @@ def _rewrite(graph: Graph, n: Node) -> Value | None:
 
 def matvec(graph, ctx) -> PassResult:
     """Rewrite MatMul/BatchMatMul with M = 1 or N = 1 and K <= MAX_K → Mul + ReduceSum."""
-    notes = []
-    for n in list(graph.nodes):
-        if n.op not in ("MatMul", "BatchMatMul") or n.graph is None:
-            continue
-        with graph.recording() as made:
-            y = _rewrite(graph, n) if ctx.should_apply(f"{n.name} on the vector unit",
-                                                       [n]) else None
-        if y is None:
-            for m in reversed(made):
-                graph.erase_node(m)
-            continue
-        graph.replace_all_uses(n.outputs[0], y)
-        graph.erase_node(n)
-        notes.append(f"{n.name}: a product of width 1 as Mul + ReduceSum")
+    done = rewrite_each(graph, ctx, ("MatMul", "BatchMatMul"), "on the vector unit", _rewrite)
+    notes = [f"{name}: a product of width 1 as Mul + ReduceSum" for name in done]
     if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,

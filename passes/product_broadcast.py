@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.passes.rewrite import add_like, rewrite_each
 from graphkernel.registry import PassResult, counted
 
 
@@ -48,32 +49,20 @@ def _rewrite(graph: Graph, n: Node) -> Value | None:
                 other.type.shape[0] != n.inputs[side].type.shape[0]:
             continue
         x, x_shape, factors = found
-
-        def add(op, ins, **attrs):
-            return graph.add_node(op, ins, attrs, origin=n.origin,
-                                  name=graph.fresh_name(f"{n.name}/{op.lower()}")).outputs[0]
-
-        xs = add("Reshape", [x], shape=x_shape) if x_shape != list(x.shape) else x
-        os = add("Reshape", [other], shape=[*factors, *other.shape[-2:]])
-        y = add("BatchMatMul", [os, xs] if side == 1 else [xs, os], **dict(n.attrs))
-        return add("Reshape", [y], shape=list(n.outputs[0].shape))
+        xs = add_like(graph, n, "Reshape", [x], {"shape": x_shape}) \
+            if x_shape != list(x.shape) else x
+        os = add_like(graph, n, "Reshape", [other], {"shape": [*factors, *other.shape[-2:]]})
+        y = add_like(graph, n, "BatchMatMul", [os, xs] if side == 1 else [xs, os],
+                     dict(n.attrs))
+        return add_like(graph, n, "Reshape", [y], {"shape": list(n.outputs[0].shape)})
     return None
 
 
 def product_broadcast(graph, ctx) -> PassResult:
     """Rewrite BatchMatMul(A, reshape(BroadcastTo(X))) → reshape(BatchMatMul(reshape(A), X))."""
-    notes = []
-    for n in list(graph.nodes):
-        if n.op != "BatchMatMul" or n.graph is None:
-            continue
-        if not ctx.should_apply(f"{n.name} reads its tiled operand in place", [n]):
-            continue
-        y = _rewrite(graph, n)
-        if y is None:
-            continue
-        graph.replace_all_uses(n.outputs[0], y)
-        graph.erase_node(n)
-        notes.append(f"{n.name}: a tiled operand read in place (batch broadcast)")
+    done = rewrite_each(graph, ctx, ("BatchMatMul",), "reads its tiled operand in place",
+                        _rewrite)
+    notes = [f"{name}: a tiled operand read in place (batch broadcast)" for name in done]
     if notes:
         graph.remove_dead()
         graph.toposort()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -50,3 +51,24 @@ def add_like(graph: Graph, node: Node, op: str, inputs: list[Value],
 
 def merge_origin(a: Node, b: Node) -> tuple[str, ...]:
     return tuple(dict.fromkeys(a.origin + b.origin))
+
+
+def rewrite_each(graph: Graph, ctx: Any, ops: Iterable[str], what: str,
+                 rewrite: Callable[[Graph, Node], Value | None]) -> list[str]:
+    """Replace each node of ``ops`` that the bisect counter lets through (``"<name> <what>"``)
+    by ``rewrite``'s value; the nodes a declined rewrite made are taken out again. Returns
+    the names of the nodes replaced."""
+    ops, done = frozenset(ops), []
+    for n in list(graph.nodes):
+        if n.op not in ops or n.graph is None:
+            continue
+        with graph.recording() as made:
+            y = rewrite(graph, n) if ctx.should_apply(f"{n.name} {what}", [n]) else None
+        if y is None:
+            for m in reversed(made):
+                graph.erase_node(m)
+            continue
+        graph.replace_all_uses(n.outputs[0], y)
+        graph.erase_node(n)
+        done.append(n.name)
+    return done
