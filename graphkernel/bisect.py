@@ -149,7 +149,7 @@ class Evaluator:
             self.refs.append(Interpreter(graph, ref, round_steps=True).run(self.inputs))
         self.observer.evaluation("unoptimized run")
         self.base = Interpreter(graph).run(self.inputs)
-        self.base_err = [min(_rmse(b, r[i]) for r in self.refs)
+        self.base_err = [min(_rmse(b, run[i]) for run in self.refs)
                          for i, b in enumerate(self.base)]
         # the unoptimized run's own worst cosine: a low one is the model's, not a rewrite's
         self.base_cosine = min((_cos(b, r) for b, r in zip(self.base, self.ref, strict=True)),
@@ -168,12 +168,12 @@ class Evaluator:
         bad, reasons, worst = False, [], 1.0
         rmses = []
         change = (-1.0, "no outputs")
-        for v, o, b, r, eb in zip(self.graph.outputs, outs, self.base, self.ref, self.base_err,
-                                  strict=True):
+        for i, (v, o, b, r, eb) in enumerate(zip(self.graph.outputs, outs, self.base, self.ref,
+                                                 self.base_err, strict=True)):
             change = max(change, _change(v.name, o, b, v.dtype), key=lambda c: c[0])
             m = compare(o, b, v.dtype, name=v.name)
             rep.outputs.append(m)
-            e = min(_rmse(o, ref[len(rmses)]) for ref in self.refs)
+            e = min(_rmse(o, run[i]) for run in self.refs)
             rmses.append(e)
             worst = min(worst, _cos(o, r))
             new_nan = _new_nan_inf(o, b, r)
