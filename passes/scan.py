@@ -140,6 +140,8 @@ def _identify(graph: Graph, leaves: list[Value], axis: int, region: list[Node],
     """(value, combine, leaf order) for each value of the region read outside it that is the
     scan of the leaves along ``axis`` by a combine rule (checked on random data)."""
     shape = tuple(leaves[0].shape)
+    if not all(isinstance(d, int) for d in shape):
+        return []  # a symbolic length: random data of one length proves nothing for all
     members = {id(n) for n in region}
     outs = [v for n in region for v in n.outputs if tuple(v.shape) == shape and (
         graph.is_output(v) or any(id(u) not in members for u in v.users))]

@@ -145,6 +145,32 @@ def test_even_and_odd_places_that_scan_nothing_are_left_alone():
     assert not _scans(res)
 
 
+def test_even_and_odd_places_under_a_symbolic_length_compile(fresh_torch):
+    """GPT-J's rotary pairs under dynamic=True: the places are static, the rows symbolic. The
+    pass does not try to prove a scan on data of one length, and the graph compiles with no
+    op through torch (strict mode raises on a pipeline failure)."""
+    import graphkernel.torch as gt
+
+    class RowPairs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(12, 12)  # the places' axis is a weight's: static
+
+        def forward(self, x):
+            x = self.proj(x)
+            even, odd = x[..., ::2], x[..., 1::2]
+            return torch.stack([-odd * even, even + odd], dim=-1).flatten(-2) * 2.0
+
+    m = RowPairs().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    for n in (5, 7, 9):
+        x = torch.randn(2, n, 12, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["fallbacks"] == {} and s["bugs"] == 0
+
+
 def test_cumsum_of_floats_becomes_a_scan_and_of_integers_stays():
     class Sums(torch.nn.Module):
         def forward(self, x, i):
