@@ -273,6 +273,52 @@ def test_a_convolution_length_stays_symbolic(monkeypatch):
     assert frames in {d for v in g.outputs for d in v.type.shape}, g.outputs[0].type
 
 
+class TableTail(torch.nn.Module):
+    """A bias table of ``L`` positions sliced to the sequence's last ones, as MPT slices its
+    alibi table: ``table[..., max(0, L - s):]``; ``stop`` ends the slice early (a slice
+    graphkernel does not take from a symbolic start)."""
+
+    def __init__(self, stop: int | None = None):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.rand(4, 1, 32, generator=R))
+        self.stop = stop
+
+    def forward(self, x):  # x [B, S]
+        tail = self.table[:, :, max(0, 32 - x.shape[1]):self.stop]
+        x = x if self.stop is None else x[:, 1:]  # (as long as the shortened tail)
+        return torch.sigmoid(x[:, None, None, :] + tail)
+
+
+def test_a_table_sliced_to_the_sequence_stays_symbolic():
+    """``max(0, L - s)`` is settled by a guard on the branch the sizes take (s <= L, as
+    Dynamo guards a Python branch), and ``table[..., L - s:]`` is the table's last s rows:
+    one compile serves three lengths, nothing runs through torch."""
+    m = TableTail().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (8, 16, 24):
+            x = torch.rand(2, n, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-6, atol=1e-6)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert len(s["per_graph"][0]["symbols"]) == 2  # the batch and the length
+
+
+def test_a_table_slice_that_ends_early_specialises_the_length():
+    """A start counted back from the end with an early stop is not the table's last rows:
+    graphkernel cannot keep that length symbolic, so it is specialised (Dynamo compiles once
+    per length, as for a convolution's sizes), and every graph is compiled, not run through
+    torch; outputs match."""
+    m = TableTail(stop=31).eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (8, 16, 24):
+            x = torch.rand(2, n, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-6, atol=1e-6)
+    s = gt.stats()
+    assert s["graphs"] == 3 and s["fallbacks"] == {} and s["graphs_through_torch"] == {}
+
+
 class ConvRepeat(torch.nn.Module):
     """A strided convolution (its output side is (side - 4)//2 + 1: not a product of
     symbols) and a repeat by the batch size (BLOOM repeats its alibi slopes so)."""

@@ -73,17 +73,55 @@ def _dim(d: Any) -> int | str:
     them derived (``floor((s0 - 10)/5)``: graphkernel/symbolic.py)."""
     if isinstance(d, int):
         return d
-    text = str(d).replace(" ", "")
+    expr = _settled(d)
+    text = str(expr).replace(" ", "")
     if text.isdigit():  # a symbol specialised to its value (see specialize_unmodelled)
         return int(text)
     if _MONOMIAL.fullmatch(text):
         return text
-    got = _sym_dim(d.node.expr)
+    got = _sym_dim(expr)
     if got is None:
         raise FrontendError(f"symbolic size {d} is not a product of symbols and floor-divided "
                             "offsets of one; graphkernel models sizes such as 's0', '4*s0' "
                             "or '(s0 - 10)//5 + 1' (mark fewer dims dynamic)")
     return got
+
+
+def _settled(d: Any) -> Any:
+    """A SymInt's expression as its shape environment simplifies it under the guards taken
+    so far (``64 - Max(0, 64 - s0)`` is ``s0`` once ``s0 <= 64`` is guarded)."""
+    env = getattr(d.node, "shape_env", None)
+    if env is None or not _min_max(d.node.expr):  # (simplify may respell a floor division)
+        return d.node.expr
+    expr = env.simplify(d.node.expr)
+    settled = {}
+    for atom in _min_max(expr):
+        a, b = atom.args
+        r = env.bound_sympy(a - b)  # the range of a - b under the guards' ranges
+        if r.lower >= 0 or r.upper <= 0:
+            a_wins = (r.lower >= 0) == (type(atom).__name__ == "Max")
+            settled[atom] = a if a_wins else b
+    return env.simplify(expr.xreplace(settled)) if settled else expr
+
+
+def _min_max(expr: Any) -> list[Any]:
+    """The two-argument ``Max``/``Min`` of one symbol in a size expression."""
+    import sympy
+
+    return [a for a in sympy.preorder_traversal(expr) if type(a).__name__ in ("Max", "Min")
+            and len(a.args) == 2 and len(a.free_symbols) == 1]
+
+
+class SymOffset:
+    """A size argument graphkernel's dims cannot spell (``L - s0``: a slice's start that
+    counts back from a static end); only the handlers that check it against their output
+    size take it (``_slice``), any other use makes the op run through torch."""
+
+    def __init__(self, expr: Any) -> None:
+        self.expr = expr
+
+    def __repr__(self) -> str:
+        return f"SymOffset({self.expr})"
 
 
 def _sym_dim(expr: Any) -> int | str | None:
@@ -478,6 +516,8 @@ def _slice(c: Ctx):
     dim %= x.type.rank
     start = 0 if start is None else start
     n = c.out_type.shape[dim]
+    if isinstance(start, SymOffset):
+        return _slice_last(c, x, dim, start, end, step, n)
     if isinstance(start, str) or isinstance(end, str):
         if n == x.shape[dim] and start == 0 and step == 1:
             return c.emit("Identity", [x])  # the whole axis, up to its symbolic size
@@ -489,6 +529,26 @@ def _slice(c: Ctx):
     end = INT64_MAX if end is None else min(end, INT64_MAX)
     return c.emit("StridedSlice", [x], {"begin": [start], "end": [end], "strides": [step],
                                         "axes": [dim]})
+
+
+def _slice_last(c: Ctx, x: Value, dim: int, start: SymOffset, end: Any, step: int,
+                n: Any) -> Value:
+    """``x[L - n:]`` of a static axis of length ``L`` with a symbolic ``n`` (MPT's alibi
+    table sliced to the sequence): the rows ``L - n + arange(n)``, gathered. The start must
+    be exactly ``L - n`` (checked on the expressions), the end the axis' end."""
+    import sympy
+
+    length = x.shape[dim]
+    out = c.node.meta["val"].shape[dim]
+    if not isinstance(length, int) or not isinstance(n, str) or step != 1 \
+            or (end is not None and not (isinstance(end, int) and end >= length)) \
+            or sympy.simplify(start.expr - (length - _settled(out))) != 0:
+        raise Unmapped(f"slice from {start.expr} of an axis of {length}")
+    rows = c.emit("Range", [], {"start": 0, "length": n, "dtype": DType.int64})
+    count = _size_value(c, n, TensorType((), DType.int64))
+    first = c.emit("Sub", [c.const(length, DType.int64), count])
+    idx = c.emit("Add", [rows, first])
+    return c.emit("Gather", [x, idx], {"axis": dim})
 
 
 @aten("aten.select.int")
@@ -1807,14 +1867,15 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         odd: set[str] = set()
         spatial: set[str] = set()
         for n in gm.graph.nodes:
+            counts_back = _counts_back(n)
             for d in syms(n.meta.get("val")):
-                expr = d.node.expr
+                expr = _settled(d)
                 names = {str(x) for x in expr.free_symbols}
                 if len(names) == 1 and str(expr) in names:
                     free.setdefault(str(expr), d)
-                text = str(d).replace(" ", "")
+                text = str(expr).replace(" ", "")
                 if not text.isdigit() and not _MONOMIAL.fullmatch(text) \
-                        and _sym_dim(expr) is None:
+                        and _sym_dim(expr) is None and not counts_back:
                     odd |= names
             if n.op == "call_function" and str(n.target) in _STATIC_SPATIAL and n.args:
                 x = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
@@ -1826,6 +1887,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         return free, odd, spatial
 
     _unify_attention_lengths(gm)
+    _settle_min_max(gm)
     done: list[str] = []
     while True:  # one symbol at a time, scanning again: a guard may make other sizes products
         free, odd, spatial = scan()
@@ -1837,6 +1899,59 @@ def specialize_unmodelled(gm: Any) -> list[str]:
             return done
         guard_int(free[todo[0]])
         done.append(todo[0])
+
+
+def _settle_min_max(gm: Any) -> None:
+    """Guard, for each ``Max``/``Min`` of one symbol in a size or size argument, the branch
+    the example sizes take (as Dynamo guards a Python ``if`` on a size): MPT slices its
+    alibi table from ``max(0, L - s)``, which under ``s <= L`` is ``L - s``. Dynamo
+    recompiles if a later call takes the other branch."""
+    import sympy
+
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        sizes = [v] if isinstance(v, torch.SymInt) else \
+            [d for d in getattr(v, "shape", ()) if isinstance(d, torch.SymInt)]
+        for d in sizes:
+            env = d.node.shape_env
+            for atom in _min_max(_settled(d)):
+                a, b = atom.args
+                vals = getattr(env, "backed_var_to_val", None) or env.var_to_val
+                va, vb = (x.xreplace(vals) for x in (a, b))
+                if not (va.is_number and vb.is_number):
+                    continue
+                env.evaluate_expr(sympy.Ge(a, b) if va >= vb else sympy.Ge(b, a))
+
+
+def _counts_back(n: Any) -> bool:
+    """Whether the FX node ``n`` is a scalar size ``L - s`` (one symbol, coefficient -1)
+    read only as the start of slices or by other such scalars: a slice of a static axis
+    from its end (see ``_slice_last``), which needs no specialisation."""
+    import sympy
+
+    val = n.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return False
+    expr = _settled(val)
+    syms_ = list(expr.free_symbols)
+    if len(syms_) != 1 or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
+        return False
+    return bool(n.users) and all(_slices_to_end(u, n) or _counts_back(u) for u in n.users)
+
+
+def _slices_to_end(u: Any, start: Any) -> bool:
+    """Whether FX node ``u`` is a step-1 slice from ``start`` to the end of a static axis."""
+    if str(u.target) != "aten.slice.Tensor" or len(u.args) < 3 or u.args[2] is not start \
+            or start in u.args[3:]:
+        return False
+    x = u.args[0].meta.get("val") if isinstance(u.args[0], torch.fx.Node) else None
+    if x is None:
+        return False
+    length = x.shape[u.args[1]]
+    end = u.args[3] if len(u.args) > 3 else None
+    step = u.args[4] if len(u.args) > 4 else 1
+    return isinstance(length, int) and step == 1 and (
+        end is None or (isinstance(end, int) and end >= length))
 
 
 def _unify_attention_lengths(gm: Any) -> None:
@@ -1927,7 +2042,9 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             continue  # checks such as aten._assert_tensor_metadata: no value, no users
         val = n.meta.get("val")
         if isinstance(val, torch.SymInt):
-            env[n] = _dim(val)  # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim
+            # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim; a start counted
+            # back from a static end (see _counts_back) an offset
+            env[n] = SymOffset(_settled(val)) if _counts_back(n) else _dim(val)
             continue
         handler = ATEN.get(str(n.target))
         reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n)
