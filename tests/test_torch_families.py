@@ -230,3 +230,64 @@ def test_one_k_v_head_lets_attention_read_q_and_write_its_output_in_bsnd():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     launches = gt.stats()["launches"]
     assert launches["extern"] == 1 and launches["vector"] <= 6, launches
+
+
+class GroupedQKV(torch.nn.Module):
+    """Falcon's new decoder architecture: one projection seen as [B, S, N2, G + 2, D] (G query
+    heads, then one key and one value head per group), K and V broadcast to the query heads
+    (``broadcast_to`` + ``flatten``: grouped-query heads repeated in BSND), rotary on Q and
+    on the repeated K, causal attention. ``per_head``: K scaled per query head after its
+    repetition (work that differs between the copies of a K/V head)."""
+
+    def __init__(self, per_head: bool = False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 2 * 4 * 16, bias=False)
+        self.o = torch.nn.Linear(64, 32)
+        self.per_head = per_head
+        self.register_buffer("head_scale", torch.linspace(0.5, 2.0, 4).view(1, 4, 1, 1))
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        fused = self.qkv(x).view(b, t, 2, 4, 16)
+        q, k, v = fused[:, :, :, :-2], fused[:, :, :, [-2]], fused[:, :, :, [-1]]
+        k, v = torch.broadcast_to(k, q.shape), torch.broadcast_to(v, q.shape)
+        q, k, v = (y.flatten(2, 3).transpose(1, 2) for y in (q, k, v))
+
+        def rotary(y):
+            y1, y2 = y.chunk(2, -1)
+            return y * cos + torch.cat((-y2, y1), -1) * sin
+
+        k = rotary(k) * self.head_scale if self.per_head else rotary(k)
+        a = F.scaled_dot_product_attention(rotary(q), k, v, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 64))
+
+
+def _grouped_case(per_head: bool):
+    torch.manual_seed(0)
+    model = GroupedQKV(per_head).eval()
+    args = (torch.randn(2, 12, 32), torch.randn(12, 16), torch.randn(12, 16))
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    return launches
+
+
+def test_grouped_k_v_repeated_in_bsnd_are_read_with_their_own_heads():
+    """The attention reads K and V with their 2 heads (no copy repeating them: the operator
+    shares each among its 4 query heads), K's rotary runs on its 2 heads, and Q's and K's
+    rotary is one kernel on the whole projection before the one Split: 5 launches (the
+    products, that kernel, the Split, the attention), where the repeated V, the Split and
+    the rotary of Q and of the repeated K were 4 vector launches of their own."""
+    launches = _grouped_case(False)
+    s = gt.stats()["launches"]
+    assert s["extern"] == 1 and s["vector"] == 2, s
+    assert launches == 5, s
+
+
+def test_k_work_that_differs_between_its_copies_keeps_the_heads_repeated():
+    """K scaled per query head after its repetition is not the same work on each copy of a
+    K/V head: K stays repeated (the result equals eager's) and costs more launches than the
+    grouped read above."""
+    launches = _grouped_case(True)
+    assert launches > 5, gt.stats()["launches"]
