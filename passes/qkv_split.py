@@ -2,11 +2,14 @@
 
 A fused QKV projection (Falcon's ``query_key_value``, BLOOM's) is cut into Q, K and V by
 slices of one axis of its result — an axis other than the last, so no consumer kernel can
-read a slice as columns of its rows. Each slice left for the attention operator to read is
+read a slice as columns of its rows — or of the last axis when only the attention operator
+reads the parts (GPT-BigCode's ``split`` into Q and one K and V head: the extern operator
+reads whole rows, never columns). Each slice left for the attention operator to read is
 a launch that copies its part; one Split writes all the parts in one launch. When Q and K
 are then rotated alike (the same per-head work), the rotation runs once on the whole value
 before the Split, ``Select(heads of Q and K, rotated, value)`` keeping V's heads exactly as
-they were: one kernel instead of one per operand.
+they were: one kernel instead of one per operand. The heads may span two axes (Falcon's
+grouped projection [B, S, N2, G + 2, D], cut along G): the work sees them merged into one.
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[st
         if len(readers) < 2 or None in parts or len({p[0] for p in parts}) != 1:
             continue
         axis = parts[0][0]
-        if axis == x.type.rank - 1:
-            continue
+        if axis == x.type.rank - 1 and not all(
+                _operator_only(graph, r.outputs[0]) for r in readers):
+            continue  # columns a kernel reads in place (no copy): not copied apart
         order = sorted(range(len(readers)), key=lambda k: parts[k][1])
         bounds = [parts[k][1:] for k in order]
         if bounds[0][0] != 0 or bounds[-1][1] != x.shape[axis] or any(
@@ -96,6 +100,29 @@ def split_parts(graph: Graph, slices: list[Node], built: list[Built]) -> list[st
         notes.append(f"{', '.join(readers[k].name for k in order)} of {x.name} made one "
                      f"Split along axis {axis}" + note)
     return notes
+
+
+def _operator_only(graph: Graph, v: Value, depth: int = 0) -> bool:
+    """Whether ``v`` is read only by attention operators (through views; readers left dead
+    by the rewrite do not count): an extern operator reads whole rows, never columns of a
+    wider value, so the parts of a last axis it reads are copies anyway — one Split makes
+    them all in one launch."""
+    if graph.is_output(v) or depth > 8:
+        return False
+    for u in v.users:
+        if u.op in ("FusedAttention", "FusedAttentionGrad") or _dead(graph, u):
+            continue
+        if u.op not in VIEW_OPS and u.op != "Transpose" or not all(
+                _operator_only(graph, o, depth + 1) for o in u.outputs):
+            return False
+    return True
+
+
+def _dead(graph: Graph, n: Node, depth: int = 0) -> bool:
+    """Whether nothing live reads ``n``'s results (what a rewrite replaced, before the dead
+    nodes are removed)."""
+    return depth <= 16 and not any(graph.is_output(o) for o in n.outputs) and all(
+        _dead(graph, u, depth + 1) for o in n.outputs for u in o.users)
 
 
 def _reads(source: Value, part: Value) -> bool:
