@@ -477,9 +477,10 @@ def _repeated(x: Value) -> tuple[Value, int, int] | None:
 
 def _grouped(y: Value, n2: int, build: Rebuild | None) -> _Operand:
     """K or V read with its N2 heads, before their repetition (``_repeated``'s ``y``): views
-    of ``y`` in BSND and BSH (and its head split in BNSD), or — when per-head work such as
-    rotary embedding was done on the repeated heads — that work done on ``y``'s N2 heads
-    instead (the same per head: the tables do not vary over heads), in BSND."""
+    of ``y`` in BSND and BSH (in BNSD it would be a copy, as the repetition is), or — when
+    per-head work such as rotary embedding was done on the repeated heads — that work done
+    on ``y``'s N2 heads instead (the same per head: the tables do not vary over heads), in
+    BSND."""
     b, s, d = y.type.shape[0], y.type.shape[1], y.type.shape[-1]
     op = _Operand((b, n2, s, d))
     graph = y.graph
@@ -501,15 +502,9 @@ def _grouped(y: Value, n2: int, build: Rebuild | None) -> _Operand:
         op.lazy["BSND"] = bsnd
 
         def bsh(notes: list[str]) -> Value:
-            bsnd(notes)
+            notes.append(f"{y.name}'s {n2} K/V heads read before their repetition")
             return view([b, s, symbolic.mul(n2, d)])
         op.lazy["BSH"] = bsh
-
-        def bnsd(notes: list[str]) -> Value:
-            return graph.add_node("Transpose", [bsnd(notes)], {"perm": HEAD_SPLIT},
-                                  origin=origin, name=graph.fresh_name(f"{y.name}/kv")
-                                  ).outputs[0]
-        op.lazy["BNSD"] = bnsd
         return op
 
     def built(notes: list[str]) -> Value:
