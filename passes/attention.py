@@ -19,7 +19,9 @@ Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
 (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
 or BSND) rather than materialised; K/V repeated for grouped-query attention
 (``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
-multi-query) are read with their N2 heads; the
+multi-query) are read with their N2 heads, and so are K/V repeated before their head split
+(``BroadcastTo [B,S,N2,r,D]`` + ``Reshape [B,S,N,D]``: Falcon's grouped projection), in BSND
+or BSH, with per-head work on the repeated K (rotary embedding) done on its N2 heads; the
 head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
 operator takes one layout for Q, K, V and the output, so the layout is the best all four
 allow (BNSD when any of them is not a head split/merge).
