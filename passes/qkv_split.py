@@ -112,7 +112,7 @@ def _operator_only(graph: Graph, v: Value, depth: int = 0) -> bool:
     for u in v.users:
         if u.op in ("FusedAttention", "FusedAttentionGrad") or _dead(graph, u):
             continue
-        if u.op not in VIEW_OPS and u.op != "Transpose" or not all(
+        if u.op not in VIEW_OPS or not all(  # (a live Transpose reads columns in place)
                 _operator_only(graph, o, depth + 1) for o in u.outputs):
             return False
     return True
