@@ -19,7 +19,9 @@ Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
 (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
 or BSND) rather than materialised; K/V repeated for grouped-query attention
 (``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
-multi-query) are read with their N2 heads; the
+multi-query) are read with their N2 heads, and so are K/V repeated before their head split
+(``BroadcastTo [B,S,N2,r,D]`` + ``Reshape [B,S,N,D]``: Falcon's grouped projection), in BSND
+or BSH, with per-head work on the repeated K (rotary embedding) done on its N2 heads; the
 head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
 operator takes one layout for Q, K, V and the output, so the layout is the best all four
 allow (BNSD when any of them is not a head split/merge).
@@ -46,6 +48,7 @@ reasons of the refused ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,14 +87,24 @@ class _Operand:
     sources: list[Value] = field(default_factory=list)  # the head splits a build reads
     built: Built | None = None  # what was built, when something was
     one_head: bool = False  # [B, 1, S, D]: its BSND and BSH are views (the axis of 1 moved)
+    # layout -> what makes the value read when that layout is picked (grouped-query K/V read
+    # with their own heads: views of the value before its head repetition)
+    lazy: dict[str, Callable[[list[str]], Value]] = field(default_factory=dict)
 
     @property
     def best(self) -> int:
         views = ("BSND", "BSH") if self.one_head else ()
-        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds, *views))
+        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds, *views, *self.lazy))
+
+    def offers(self, layout: str) -> bool:
+        """Whether the operand can be read in ``layout``."""
+        return layout in self.reads or layout in self.builds or layout in self.lazy or (
+            self.one_head and layout in ("BSND", "BSH"))
 
     def read(self, layout: str, what: str, notes: list[str]) -> Value:
         """The value read in ``layout``, built now when it is to be built."""
+        if layout not in self.reads and layout in self.lazy:
+            self.reads[layout] = self.lazy[layout](notes)
         if layout not in self.reads and layout not in self.builds and self.one_head:
             b, _, s, d = self.shape
             base = self.reads["BNSD"]
@@ -386,10 +399,13 @@ def _same(a, b) -> bool:
     return symbolic.canon(a) == symbolic.canon(b)
 
 
-def _heads(v: Value, inside: frozenset[int] = frozenset()) -> tuple[_Operand, int]:
+def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False
+           ) -> tuple[_Operand, int]:
     """Q, K or V (an operand of a product, [B·N, S, D] or [B, N, S, D]) as its [B, N, S, D]
     value and the layouts it can be read in; the second item is how many times each head
-    is repeated (grouped-query K/V: N1/N2). ``inside``: ids of the pattern's nodes."""
+    is repeated (grouped-query K/V: N1/N2). ``inside``: ids of the pattern's nodes. With
+    ``kv``, heads repeated in BSND before the head split (``_repeated``) are read with their
+    N2 heads too (only in the layouts ``_grouped`` offers)."""
     seen: list[Node] = []
     base = _views(v, seen)
     repeat = 1
@@ -420,12 +436,88 @@ def _heads(v: Value, inside: frozenset[int] = frozenset()) -> tuple[_Operand, in
     op = _Operand((b, n, s, d), {"BNSD": base})
     t = _producer(base, "Transpose")
     if t is not None and list(t.attrs["perm"]) == HEAD_SPLIT:
+        if kv and repeat == 1 and (rep := _repeated(t.inputs[0])) is not None:
+            return _grouped(rep[0], rep[1], None), rep[2]
         _split_reads(op, t.inputs[0])
     else:
         build = bsnd_builder(base, {id(x) for x in seen} | inside)
         if build is not None:
+            src = build.split_source() if kv and repeat == 1 and build.per_head() else None
+            if src is not None and (rep := _repeated(src)) is not None:
+                return _grouped(rep[0], rep[1], build), rep[2]
             op.builds["BSND"] = build
     return op, repeat
+
+
+def _repeated(x: Value) -> tuple[Value, int, int] | None:
+    """(y, N2, r) when ``x`` ([B, S, N, D], a head split's source) is K/V heads repeated in
+    BSND for grouped-query attention: ``y`` [B, S, N2, 1, D] broadcast to [B, S, N2, r, D]
+    and viewed as [B, S, N2·r, D] (each K/V head shared by r consecutive query heads), or
+    ``y`` [B, S, 1, D] broadcast to [B, S, N, D] (multi-query: N2 = 1); else None."""
+    seen: list[Node] = []
+    r = _producer(x, "Reshape")
+    bt = _producer(r.inputs[0], "BroadcastTo") if r is not None else None
+    if bt is None:
+        bt = _producer(x, "BroadcastTo")
+    if bt is None or x.type.rank != 4:
+        return None
+    b, s, n, d = x.type.shape
+    y = _views(bt.inputs[0], seen)
+    out = tuple(bt.outputs[0].type.shape)
+    if bt.outputs[0] is x:  # [B, S, 1, D] -> [B, S, N, D]
+        if tuple(y.type.shape) == (b, s, 1, d) and isinstance(n, int):
+            return y, 1, n
+        return None
+    if len(out) != 5 or tuple(y.type.shape) != (*out[:3], 1, out[4]):
+        return None
+    b5, s5, n2, rep, d5 = out
+    if (b5, s5, d5) != (b, s, d) or not isinstance(rep, int) or not isinstance(n2, int) or \
+            not _same(n, n2 * rep):
+        return None
+    return y, n2, rep
+
+
+def _grouped(y: Value, n2: int, build: Rebuild | None) -> _Operand:
+    """K or V read with its N2 heads, before their repetition (``_repeated``'s ``y``): views
+    of ``y`` in BSND and BSH (in BNSD it would be a copy, as the repetition is), or — when
+    per-head work such as rotary embedding was done on the repeated heads — that work done
+    on ``y``'s N2 heads instead (the same per head: the tables do not vary over heads), in
+    BSND."""
+    b, s, d = y.type.shape[0], y.type.shape[1], y.type.shape[-1]
+    op = _Operand((b, n2, s, d))
+    graph = y.graph
+    origin = y.producer.origin if y.producer is not None else ()
+    made: dict[str, Value] = {}
+
+    def view(shape: list) -> Value:
+        key = str(shape)
+        if key not in made:
+            made[key] = graph.add_node("Reshape", [y], {"shape": shape}, origin=origin,
+                                       name=graph.fresh_name(f"{y.name}/kv")).outputs[0]
+        return made[key]
+
+    def bsnd(notes: list[str]) -> Value:
+        notes.append(f"{y.name}'s {n2} K/V heads read before their repetition")
+        return view([b, s, n2, d])
+
+    if build is None:
+        op.lazy["BSND"] = bsnd
+
+        def bsh(notes: list[str]) -> Value:
+            notes.append(f"{y.name}'s {n2} K/V heads read before their repetition")
+            return view([b, s, symbolic.mul(n2, d)])
+        op.lazy["BSH"] = bsh
+        return op
+
+    def built(notes: list[str]) -> Value:
+        src = bsnd(notes)
+        value = build(op.sources, on=src)
+        op.built = Built(build, value, src)
+        notes.append("its per-head work done on the K/V heads before their repetition")
+        return value
+
+    op.lazy["BSND"] = built
+    return op
 
 
 def _split_reads(op: _Operand, bsnd: Value) -> None:
@@ -703,16 +795,23 @@ def _relayout(graph: Graph, fa: Node) -> AttentionMatch:
         return _kept(fa, f"layout {a['layout']}")
     inside = frozenset({id(fa)})
     q, _ = _heads(fa.inputs[0], inside)
-    k, rep_k = _heads(fa.inputs[1], inside)
-    v, rep_v = _heads(fa.inputs[2], inside)
     b, n1, s1, d = q.shape
-    if rep_k != rep_v or k.shape != v.shape:
-        k = _Operand(tuple(fa.inputs[1].shape), {"BNSD": fa.inputs[1]})
-        v = _Operand(tuple(fa.inputs[2].shape), {"BNSD": fa.inputs[2]})
-    for x in (k, v):  # multi-query K/V of one head: any layout is a view of it
-        x.one_head = x.shape[1] == 1 and "BNSD" in x.reads
     out = _output(fa, b, n1, s1, d)
-    layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+    # K/V repeated in BSND are read with their own heads when both are and the layout
+    # picked is one they offer; else as the repeated heads the frontend gave
+    for kv in (True, False):
+        k, rep_k = _heads(fa.inputs[1], inside, kv)
+        v, rep_v = _heads(fa.inputs[2], inside, kv)
+        if rep_k != rep_v or k.shape != v.shape:
+            if kv:
+                continue
+            k = _Operand(tuple(fa.inputs[1].shape), {"BNSD": fa.inputs[1]})
+            v = _Operand(tuple(fa.inputs[2].shape), {"BNSD": fa.inputs[2]})
+        for x in (k, v):  # multi-query K/V of one head: any layout is a view of it
+            x.one_head = x.shape[1] == 1 and "BNSD" in x.reads
+        layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+        if all(x.offers(layout) for x in (k, v)):
+            break
     notes: list[str] = []
     origin = fa.origin
     read_q = q.read(layout, "Q", notes)
@@ -741,7 +840,7 @@ def _relayout(graph: Graph, fa: Node) -> AttentionMatch:
                          [x.built for x in (q, k, v) if x.built is not None])
     if factor != 1.0:
         notes.append(f"Q's factor {factor:g} taken into the scale")
-    n2 = k.shape[1] if layout in k.reads or layout in k.builds else n1
+    n2 = k.shape[1]
     return AttentionMatch(fa.name, [fa.name], "fused",
                           f"FusedAttention from the frontend, read in layout {layout}, "
                           f"{n1} heads" + (f" ({n2} K/V heads)" if n2 != n1 else "")

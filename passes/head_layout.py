@@ -196,6 +196,13 @@ class Rebuild:
         return all(_head_split_source(x) is not None or x.type.rank < 3
                    or x.type.shape[x.type.rank - 3] == 1 for x in leaves)
 
+    def split_source(self) -> Value | None:
+        """The [B, S, N, D] value a ``per_head`` region reads in place of its head split."""
+        for _, _, x in self._leaves():
+            if (src := _head_split_source(x)) is not None:
+                return src
+        return None
+
     def same_work(self, other: Rebuild) -> bool:
         """Whether ``other`` is the same ops on the same values but for its head split."""
         if len(self.nodes) != len(other.nodes) or any(

@@ -230,3 +230,128 @@ def test_one_k_v_head_lets_attention_read_q_and_write_its_output_in_bsnd():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     launches = gt.stats()["launches"]
     assert launches["extern"] == 1 and launches["vector"] <= 6, launches
+
+
+class GroupedQKV(torch.nn.Module):
+    """Falcon's new decoder architecture: one projection seen as [B, S, N2, G + 2, D] (G query
+    heads, then one key and one value head per group), K and V broadcast to the query heads
+    (``broadcast_to`` + ``flatten``: grouped-query heads repeated in BSND), rotary on Q and
+    on the repeated K, causal attention. ``per_head``: K scaled per query head after its
+    repetition (work that differs between the copies of a K/V head)."""
+
+    def __init__(self, per_head: bool = False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 2 * 4 * 16, bias=False)
+        self.o = torch.nn.Linear(64, 32)
+        self.per_head = per_head
+        self.register_buffer("head_scale", torch.linspace(0.5, 2.0, 4).view(1, 4, 1, 1))
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        fused = self.qkv(x).view(b, t, 2, 4, 16)
+        q, k, v = fused[:, :, :, :-2], fused[:, :, :, [-2]], fused[:, :, :, [-1]]
+        k, v = torch.broadcast_to(k, q.shape), torch.broadcast_to(v, q.shape)
+        q, k, v = (y.flatten(2, 3).transpose(1, 2) for y in (q, k, v))
+
+        def rotary(y):
+            y1, y2 = y.chunk(2, -1)
+            return y * cos + torch.cat((-y2, y1), -1) * sin
+
+        k = rotary(k) * self.head_scale if self.per_head else rotary(k)
+        a = F.scaled_dot_product_attention(rotary(q), k, v, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 64))
+
+
+def _grouped_case(per_head: bool):
+    torch.manual_seed(0)
+    model = GroupedQKV(per_head).eval()
+    args = (torch.randn(2, 12, 32), torch.randn(12, 16), torch.randn(12, 16))
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    return launches
+
+
+def test_grouped_k_v_repeated_in_bsnd_are_read_with_their_own_heads():
+    """The attention reads K and V with their 2 heads (no copy repeating them: the operator
+    shares each among its 4 query heads), K's rotary runs on its 2 heads, and Q's and K's
+    rotary is one kernel on the whole projection before the one Split: 5 launches (the
+    products, that kernel, the Split, the attention), where the repeated V, the Split and
+    the rotary of Q and of the repeated K were 4 vector launches of their own."""
+    launches = _grouped_case(False)
+    s = gt.stats()["launches"]
+    assert s["extern"] == 1 and s["vector"] == 2, s
+    assert launches == 5, s
+
+
+def test_k_work_that_differs_between_its_copies_keeps_the_heads_repeated():
+    """K scaled per query head after its repetition is not the same work on each copy of a
+    K/V head: K stays repeated (the result equals eager's) and costs more launches than the
+    grouped read above."""
+    launches = _grouped_case(True)
+    assert launches > 5, gt.stats()["launches"]
+
+
+class MultiQueryColumns(torch.nn.Module):
+    """GPT-BigCode's attention: one projection of E + 2D columns cut along its last axis into
+    Q (E), one K head and one V head (``split`` of a [B, 1, S, E + 2D] view), repeated for
+    the query heads (``repeat_kv``), causal attention over them. ``rotary``:
+    Q and K rotated first (work that reads its columns in place)."""
+
+    def __init__(self, rotary: bool = False):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(64, 64 + 2 * 16), torch.nn.Linear(64, 64)
+        self.rotary = rotary
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).unsqueeze(1).split([64, 16, 16], dim=3)
+        q = q.view(b, t, 4, 16).transpose(1, 2)
+        k, v = (y[:, :, None].expand(b, 1, 4, t, 16).reshape(b, 4, t, 16) for y in (k, v))
+        if self.rotary:
+            def rotate(y):
+                y1, y2 = y.chunk(2, -1)
+                return y * cos + torch.cat((-y2, y1), -1) * sin
+            q, k = rotate(q), rotate(k)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 64))
+
+
+def _columns_case(rotary: bool):
+    torch.manual_seed(0)
+    model = MultiQueryColumns(rotary).eval()
+    args = (torch.randn(2, 12, 64), torch.randn(12, 16), torch.randn(12, 16))
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    return launches, gt.export_graph(model, args)
+
+
+def test_columns_only_the_attention_reads_are_one_split():
+    """Q, K and V cut from the last axis of one projection and read only by the attention
+    operator (which reads whole rows, not columns) are copied out by one Split: one vector
+    launch where the three slices were three; the generated kernels (the Split's among
+    them) give the reference's numbers in the simulator."""
+    import graphkernel
+    from graphkernel.bisect import verify
+
+    launches, g = _columns_case(False)
+    s = gt.stats()["launches"]
+    assert s["vector"] == 1 and s["extern"] == 1, s
+    assert launches == 4, s  # the two products, the Split, the attention
+    hist = graphkernel.compile(g, "--opt_level=2", env={}).graph.op_histogram()
+    assert hist.get("Split") == 1 and hist.get("FusedAttention") == 1, hist
+    judged = verify(g, "--opt_level=2", backend="sim")
+    assert not judged.bad, judged.reason
+
+
+def test_columns_read_by_rotary_work_are_not_copied_apart():
+    """Q and K rotated first: their kernels read the columns in place, so no Split copies
+    them (only V's columns are a copy of their own)."""
+    import graphkernel
+
+    _, g = _columns_case(True)
+    hist = graphkernel.compile(g, "--opt_level=2", env={}).graph.op_histogram()
+    assert "Split" not in hist and hist.get("FusedAttention") == 1, hist
