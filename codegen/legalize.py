@@ -156,15 +156,19 @@ Namer = Callable[[list[Node]], str]
 
 
 def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
-                 single_nodes: bool) -> list[Node]:
+                 single_nodes: bool, before: bool = False) -> list[Node]:
     """Unfuse ``kernel``, then rebuild as kernels the connected groups of its nodes left when
     the op it could not generate (``bad``: its index among the kernel's nodes) is taken out;
     cube ops go out with what only feeds them. A group of one computing node is a kernel
-    only with ``single_nodes`` (or around a cube op: its epilogue stays one). Returns the
+    only with ``single_nodes`` (or around a cube op: its epilogue stays one). ``before``
+    (a ``SplitBefore`` refusal): the op is not taken out but starts the second part, the
+    kernel splitting into what does not depend on it and it with what does. Returns the
     new kernels."""
     nodes = unfuse(graph, kernel)
     if bad is None:
         return []
+    if before:
+        return _split_before(graph, kernel, nodes, bad, name_for, single_nodes)
     out: set[int] = set()
     cube = nodes[bad].op in CUBE_OPS
     product = nodes[bad].op in PRODUCT_OPS  # retried as cube kernels, feeders as vector ones
@@ -200,6 +204,26 @@ def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
         lone_ok = cube or single_nodes  # a cube op's epilogue stays one kernel
         if not convex or not computing or (len(computing) < 2 and not lone_ok):
             continue
+        built.append(build_kernel(graph, group, name_for(group),
+                                  f"{kernel.attrs['pattern']}/split"))
+    return built
+
+
+def _split_before(graph: Graph, kernel: Node, nodes: list[Node], bad: int, name_for: Namer,
+                  single_nodes: bool) -> list[Node]:
+    """The kernel's nodes as two parts rebuilt as kernels: those that do not depend on
+    ``nodes[bad]``, and it with those that do. Both are convex (a path between two nodes of
+    the first part through the second would make the far end depend on ``nodes[bad]``)."""
+    after = {id(nodes[bad])}
+    for n in nodes[bad + 1:]:  # (the kernel's nodes are in topological order)
+        if any(id(v.producer) in after for v in n.inputs if v.producer is not None):
+            after.add(id(n))
+    built = []
+    for part in ([n for n in nodes if id(n) not in after], [n for n in nodes if id(n) in after]):
+        computing = [n for n in part if n.op not in RESHAPE_OPS and n.op != "Constant"]
+        if not computing or (len(computing) < 2 and not single_nodes):
+            continue
+        group = [n for n in part if n.op != "Constant"]
         built.append(build_kernel(graph, group, name_for(group),
                                   f"{kernel.attrs['pattern']}/split"))
     return built
