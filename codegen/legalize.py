@@ -36,6 +36,7 @@ from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector import layouts
 from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import Schedule, plan
+from graphkernel.codegen.window import WindowSchedule, is_window_kernel, plan_window
 from graphkernel.ir import Dim, Graph, Node
 
 if TYPE_CHECKING:  # (imported where a kernel is split: most compiles never do, and it is
@@ -48,10 +49,12 @@ STAGE_ELEMS_PER_CORE = 1024  # a whole reduction runs in two stages from this ma
 MIN_STAGE_PARTS = 8         # ... over at least this many partial reductions
 
 
-def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule:
+def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSchedule:
     """The schedule of ``kernel`` on ``target`` with its layout choices made, checked as far
     as it can be before run time; Unsupported when the generator cannot make the kernel. A
     kernel holding a matrix product is a cube or MIX kernel (codegen/cube/schedule.py)."""
+    if is_window_kernel(kernel):
+        return plan_window(kernel, target)
     if is_matmul_kernel(kernel):
         s = plan_matmul(kernel, target)
         epi = s.epilogue
@@ -132,6 +135,8 @@ class Checker:
 def two_stage_parts(s: Schedule, target: Target) -> int | None:
     """The partial reductions (one per core) for a kernel reducing everything to one value on
     one core when there is work for every core; None for any other kernel."""
+    if isinstance(s, WindowSchedule):
+        return None
     M, L = s.M, s.L
     if not (s.reduce and M == 1 and isinstance(L, int)
             and L >= target.aiv_cores * STAGE_ELEMS_PER_CORE):

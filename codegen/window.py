@@ -1,0 +1,379 @@
+"""Window kernels: a 2-D max or average pool computed in the vector unit, with the elementwise
+work on its result fused into the same kernel.
+
+A core takes whole (N*C) planes, one at a time. The pool's input plane is loaded once per
+column tap ``dj`` of the window (``kw`` copies), each copy shifted so that column ``j`` of
+its rows holds the padded input's column ``j + dj``: a vector instruction's operands start
+on a 32-byte UB block, so a shift by one element cannot be an offset into one copy, while a
+shift by whole rows can (the rows' pitch is whole blocks). The left and right padding of
+each row comes from ``DataCopyPad``'s padding (the pool's pad value: the lowest float for a
+max, 0 for an average), the top and bottom padding rows from ``Duplicate``. An output row
+is then ``kh * kw`` whole-row instructions (``Max``, or ``Add`` then a ``Div`` by the
+window's element count, a row of counts built once per core), followed by the epilogue's
+instructions on that row: its operands are the pooled row, rows of inputs of the output's
+shape (loaded per plane), the pool's input itself when the pool keeps the plane's size
+(PoolFormer's ``pool(x) - x``: the unshifted copy's rows), per-channel inputs (one value per
+plane, read from GM) and scalar constants.
+
+What is refused (the reason goes to the fallback, which leaves the pool an op of its own):
+other than float32, not 2-D, a dilation or a column stride other than 1 (the columns of a
+strided window are not a shift of whole blocks), a row padding over 32 bytes (DataCopyPad's
+limit), symbolic shapes, a plane whose copies do not fit the UB, epilogue ops other than
+the table's, and operands of other shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen.buffers import BufferPlan
+from graphkernel.codegen.kernel_ir import Buffer, Kind, Linear, comment_text
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.render import Rendered, env, io_entry
+from graphkernel.codegen.targets import Target
+from graphkernel.codegen.vector.schedule import kernel_symbol
+from graphkernel.ir import DType, Node, Value
+from graphkernel.opdefs.pooling import window_out
+from graphkernel.ops import RESHAPE_OPS
+
+WINDOW_OPS = frozenset({"MaxPool", "AvgPool"})
+# epilogue op -> (tile∘tile call, tile∘scalar call); Sub and Div by a scalar are Adds/Muls
+BINARY = {"Add": ("Add", "Adds"), "Sub": ("Sub", "Adds"), "Mul": ("Mul", "Muls"),
+          "Div": ("Div", "Muls"), "Maximum": ("Max", "Maxs"), "Minimum": ("Min", "Mins")}
+UNARY = {"Relu": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt"}
+LOWEST = "-3.40282347e+38f"  # a max pool's padding (the lowest float32)
+
+
+def is_window_kernel(kernel: Node) -> bool:
+    """Whether ``kernel`` holds a pool: a window kernel (this module), not a vector one."""
+    return kernel.op == "GraphKernel" and any(
+        n.op in WINDOW_OPS for n in kernel.subgraph.nodes)
+
+
+@dataclass
+class WindowIO:
+    """A kernel input or output: ``kind`` plane (a value of the pool's output shape, or the
+    pool's input), channel (one value per channel) or scalar."""
+
+    index: int
+    value: Value
+    kind: str
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.value.shape)
+
+
+@dataclass
+class WindowSchedule:
+    """What a window kernel computes and how: the pool's geometry and the epilogue's steps,
+    each a C++ statement on one output row."""
+
+    name: str
+    node: str
+    inputs: list[WindowIO]
+    outputs: list[WindowIO]
+    target: Target
+    op: str                    # "max" or "avg"
+    planes: int                # N * C
+    channels: int
+    H: int
+    W: int
+    Ho: int
+    Wo: int
+    kh: int
+    kw: int
+    sh: int
+    pt: int
+    pl: int
+    Hp: int                    # rows of a copy: the padded input's rows
+    Wa: int                    # a row's pitch in UB (elements: whole blocks)
+    copies: list[tuple[int, int, int, int]]  # per column tap: first column, length, pads
+    pool_input: int            # the pool's input among the kernel's inputs
+    counts: list[float] | None  # an average's element counts along a row (None: a max)
+    row_counts: list[float] | None  # ... and down the rows
+    steps: list[str] = field(default_factory=list)  # statements on output row i
+    scalars: list[str] = field(default_factory=list)  # per-plane scalars read from GM
+    rows: int = 0              # one-row scratch values
+    notes: list[str] = field(default_factory=list)
+    kernel_kind: str = "vector"
+    variant: None = None
+
+    @property
+    def pad_value(self) -> str:
+        return LOWEST if self.op == "max" else "0.0f"
+
+
+def plan_window(kernel: Node, target: Target) -> WindowSchedule:
+    """The window kernel's schedule, or Unsupported with the reason."""
+    sub = kernel.subgraph
+    pools = [n for n in sub.nodes if n.op in WINDOW_OPS]
+    if len(pools) != 1:
+        raise Unsupported("a window kernel holds one pool", node=pools[1])
+    pool = pools[0]
+    x = pool.inputs[0]
+    a = pool.attrs
+    if x.dtype != DType.float32 or pool.outputs[0].dtype != DType.float32:
+        raise Unsupported(f"{pool.op} of {x.dtype.value}: window kernels are generated for "
+                          "float32", node=pool)
+    if len(a["kernel_size"]) != 2:
+        raise Unsupported(f"{pool.op} over {len(a['kernel_size'])} axes: window kernels are "
+                          "2-D", node=pool)
+    shape = x.shape
+    if not all(isinstance(d, int) for d in shape):
+        raise Unsupported(f"{pool.op} of a symbolic shape {list(shape)}", node=pool)
+    if x not in sub.inputs:
+        raise Unsupported(f"{pool.op} of a value computed in the kernel", node=pool)
+    if list(a["dilations"]) != [1, 1]:
+        raise Unsupported(f"{pool.op} with dilations {a['dilations']}", node=pool)
+    kh, kw = a["kernel_size"]
+    sh, sw = a["strides"]
+    pt, pl, pb, pr = a["pads"]
+    if sw != 1:
+        raise Unsupported(f"{pool.op} with a column stride of {sw} (the columns of a strided "
+                          "window are not whole-block shifts of one copy)", node=pool)
+    N, C, H, W = shape
+    Ho, Wo = pool.outputs[0].shape[2:]
+    blk = target.block_bytes // 4
+    Wa = -(-Wo // blk) * blk
+    Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
+    copies = []
+    for dj in range(kw):
+        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wo)
+        lp = max(0, pl - dj)
+        n = max(0, c1 - c0)
+        rp = Wo - lp - n if n else 0
+        if n and (lp + rp) * 4 > target.block_bytes:
+            raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
+                              f"pads at most {target.block_bytes} bytes)", node=pool)
+        copies.append((c0, n, lp, rp))
+    counts = row_counts = None
+    if pool.op == "AvgPool":
+        if a["divisor"]:
+            counts, row_counts = [float(a["divisor"])] * Wo, [1.0] * Ho
+        else:
+            inc = a["count_include_pad"]
+            counts = _counts(W, Wo, kw, sw, pl, pr, inc, a["ceil_mode"])
+            row_counts = _counts(H, Ho, kh, sh, pt, pb, inc, a["ceil_mode"])
+    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
+                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       "max" if pool.op == "MaxPool" else "avg", N * C, C, H, W, Ho, Wo, kh,
+                       kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts)
+    _epilogue(s, kernel, pool)
+    need = _plan(s).budget().bytes(1, Wa)
+    if need > target.ub_bytes:
+        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of {Wa}) and "
+                          f"the kernel's rows need {need} bytes of UB, the target has "
+                          f"{target.ub_bytes} (a band of rows with its halo is not generated)",
+                          node=pool)
+    s.notes.append(f"input {s.pool_input} is read {kw} times (one copy per column tap of the "
+                   "window: UB operands start on 32-byte blocks)" if kw > 1 else "")
+    s.notes = [n for n in s.notes if n]
+    return s
+
+
+def _counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include: bool,
+            ceil: bool) -> list[float]:
+    """Each window's elements along one axis: inside the input, or inside the padded input
+    with count_include_pad (never the ceil-mode overhang)."""
+    lo, hi = (-p0, size + p1) if include else (0, size)
+    del ceil  # (the overhang lies past size + p1: clipped by hi either way)
+    return [float(min(o * s - p0 + k, hi) - max(o * s - p0, lo)) for o in range(out)]
+
+
+def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
+    """The statements of the epilogue on output row i, and each input's kind."""
+    sub = kernel.subgraph
+    out_shape = tuple(pool.outputs[0].shape)
+    C = s.channels
+    outs = {id(v): k for k, v in enumerate(sub.outputs)}
+    expr: dict[int, str] = {}  # value -> a C++ row (LocalTensor) or scalar expression
+    kind: dict[int, str] = {}  # value -> "row" or "scalar"
+    x = pool.inputs[0]
+    same = tuple(x.shape) == out_shape and s.sh == 1 and s.kh > s.pt and s.kw > s.pl
+    for io in s.inputs:
+        v = io.value
+        if io.index == s.pool_input:
+            if same and s.copies[s.pl][2:] == (0, 0):  # the unshifted copy's rows
+                expr[id(v)] = f"x[({s.pl * s.Hp + s.pt} + i) * {s.Wa}]"
+                kind[id(v)] = "row"
+            continue
+        if tuple(v.shape) == out_shape:
+            expr[id(v)], kind[id(v)] = f"a{io.index}[i * {s.Wa}]", "row"
+        elif _channel(v, C):
+            io.kind = "channel"
+            s.scalars.append(f"const float c{io.index} = gi{io.index}.GetValue(c);")
+            expr[id(v)], kind[id(v)] = f"c{io.index}", "scalar"
+        elif v.type.numel == 1:
+            io.kind = "scalar"
+            s.scalars.append(f"const float c{io.index} = gi{io.index}.GetValue(0);")
+            expr[id(v)], kind[id(v)] = f"c{io.index}", "scalar"
+        else:
+            raise Unsupported(f"input {v.name} {list(v.shape)} is neither a plane, a channel "
+                              f"value nor a scalar of the pool's output {list(out_shape)}",
+                              about=(v,))
+    if s.pool_input in [io.index for io in s.inputs] and \
+            any(io.value is x and id(x) not in expr for io in s.inputs) and \
+            any(u is not pool for u in x.users if u in sub.nodes):
+        raise Unsupported(f"the pool's input {x.name} is read by the epilogue but is not a "
+                          "plane of the output's shape", node=pool)
+    scratch = 0
+
+    def row_of(v: Value) -> str:
+        nonlocal scratch
+        if id(v) in outs:
+            return f"o{outs[id(v)]}[i * {s.Wa}]"
+        scratch += 1
+        return f"w[{(scratch - 1) * s.Wa}]"
+
+    body = s.steps
+    for n in sub.nodes:
+        if n.op == "Constant":
+            val = np.asarray(n.attrs["value"]).reshape(-1)[0]
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = f"{float(val)!r}f", "scalar"
+            continue
+        if n is pool:
+            dst = row_of(n.outputs[0])
+            _pool_steps(s, dst, body)
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
+            continue
+        if any(id(v) not in expr for v in n.inputs):
+            missing = next(v for v in n.inputs if id(v) not in expr)
+            raise Unsupported(f"{n.op} reads {missing.name}, which a window kernel cannot "
+                              "place", node=n, about=(missing,))
+        if n.op in RESHAPE_OPS and kind[id(n.inputs[0])] == "scalar":
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = expr[id(n.inputs[0])], "scalar"
+            continue
+        if n.outputs[0].dtype != DType.float32 or tuple(n.outputs[0].shape) != out_shape:
+            raise Unsupported(f"{n.op} {list(n.outputs[0].shape)} is not float32 work on the "
+                              f"pool's output {list(out_shape)}", node=n)
+        dst = row_of(n.outputs[0])
+        srcs = [expr[id(v)] for v in n.inputs]
+        kinds = [kind[id(v)] for v in n.inputs]
+        cnt = s.Wo
+        if n.op in UNARY and kinds == ["row"]:
+            body.append(f"{UNARY[n.op]}({dst}, {srcs[0]}, {cnt});")
+        elif n.op in BINARY and kinds == ["row", "row"]:
+            body.append(f"{BINARY[n.op][0]}({dst}, {srcs[0]}, {srcs[1]}, {cnt});")
+        elif n.op in BINARY and "row" in kinds:
+            r, c = (srcs[0], srcs[1]) if kinds[0] == "row" else (srcs[1], srcs[0])
+            first = kinds[0] == "row"
+            if n.op == "Sub" and first:
+                body.append(f"Adds({dst}, {r}, -({c}), {cnt});")
+            elif n.op == "Sub":  # s - x: (-x) + s
+                body += [f"Muls({dst}, {r}, -1.0f, {cnt});", "PipeBarrier<PIPE_V>();",
+                         f"Adds({dst}, {dst}, {c}, {cnt});"]
+            elif n.op == "Div" and first:
+                body.append(f"Muls({dst}, {r}, 1.0f / ({c}), {cnt});")
+            elif n.op == "Div":
+                raise Unsupported("a scalar divided by a row in a window kernel", node=n)
+            else:
+                body.append(f"{BINARY[n.op][1]}({dst}, {r}, {c}, {cnt});")
+        else:
+            raise Unsupported(f"{n.op} is not among a window kernel's epilogue ops "
+                              f"({', '.join(sorted({*BINARY, *UNARY}))} on rows)", node=n)
+        body.append("PipeBarrier<PIPE_V>();")
+        expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
+    for k, v in enumerate(sub.outputs):
+        if kind.get(id(v)) != "row" or expr[id(v)] != f"o{k}[i * {s.Wa}]":
+            raise Unsupported(f"output {v.name} is not a row the kernel computes", about=(v,))
+    s.rows = scratch
+
+
+def _channel(v: Value, C: int) -> bool:
+    """A value of one element per channel, broadcast over N, H and W ([C, 1, 1], ...)."""
+    shape = [d for d in v.shape]
+    if v.type.numel != C or C == 1:
+        return False
+    while len(shape) < 4:
+        shape.insert(0, 1)
+    return len(shape) == 4 and shape[1] == C
+
+
+def _pool_steps(s: WindowSchedule, dst: str, body: list[str]) -> None:
+    """Output row i of the pool into ``dst``: the window's taps combined, an average divided
+    by its counts."""
+    taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {s.Wa}]"
+            for di in range(s.kh) for dj in range(s.kw)]
+    call = "Max" if s.op == "max" else "Add"
+    if len(taps) == 1:
+        body += [f"Muls({dst}, {taps[0]}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+    else:
+        body += [f"{call}({dst}, {taps[0]}, {taps[1]}, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+        for t in taps[2:]:
+            body += [f"{call}({dst}, {dst}, {t}, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+    if s.op == "avg":
+        body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
+                 f"Div({dst}, {dst}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+
+
+def _plan(s: WindowSchedule) -> BufferPlan:
+    """The kernel's UB buffers (fixed sizes: a plane's rows)."""
+    blk = s.target.block_bytes
+    plane = s.Ho * s.Wa * 4
+    bufs = [Buffer("qx", f"the pool's input plane, {s.kw} copies shifted by a column tap",
+                   Kind.QUEUE_IN, "float", Linear(fixed=s.kw * s.Hp * s.Wa * 4),
+                   str(s.kw * s.Hp * s.Wa * 4), tensor="x")]
+    bufs += [Buffer(f"qi{io.index}", f"input {io.index}'s plane", Kind.QUEUE_IN, "float",
+                    Linear(fixed=plane), str(plane), tensor=f"a{io.index}")
+             for io in s.inputs if io.kind == "plane" and io.index != s.pool_input]
+    bufs += [Buffer(f"qo{io.index}", f"output {io.index}'s plane", Kind.QUEUE_OUT, "float",
+                    Linear(fixed=plane), str(plane), tensor=f"o{io.index}") for io in s.outputs]
+    if s.rows:
+        bufs.append(Buffer("bw", "the epilogue's values, a row each", Kind.ROW, "float",
+                           Linear(fixed=s.rows * s.Wa * 4), str(s.rows * s.Wa * 4),
+                           tensor="w"))
+    if s.op == "avg":
+        bufs.append(Buffer("bc", "the window's element counts along a row, and a row's",
+                           Kind.ROW, "float", Linear(fixed=2 * s.Wa * 4), str(2 * s.Wa * 4),
+                           tensor="rwc"))
+    return BufferPlan(tuple(bufs), Linear(fixed=blk), "float")
+
+
+def render_window(s: WindowSchedule) -> Rendered:
+    """The kernel's files (``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp``) and its
+    manifest entry."""
+    bplan = _plan(s)
+    edges = []
+    if s.counts is not None:
+        common = max(set(s.counts), key=s.counts.count)
+        edges = [(j, c) for j, c in enumerate(s.counts) if c != common]
+    else:
+        common = 0.0
+    ctx: dict[str, Any] = {
+        "s": s, "plan": bplan, "node_comment": comment_text(s.node),
+        "plane_inputs": [io for io in s.inputs if io.kind == "plane"
+                         and io.index != s.pool_input],
+        "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],
+        "row_counts": ", ".join(f"{c!r}f" for c in (s.row_counts or [])),
+        "sizes": {io.index: io.value.type.numel for io in [*s.inputs]},
+        "osizes": {io.index: io.value.type.numel for io in s.outputs},
+        "blk": s.target.block_bytes,
+    }
+    jenv = env()
+    files = {f"{s.name}.cpp": jenv.get_template("window.cpp.j2").render(ctx),
+             f"{s.name}_tiling.h": jenv.get_template("window_tiling.h.j2").render(ctx),
+             f"{s.name}_tiling.cpp": jenv.get_template("window_tiling.cpp.j2").render(ctx)}
+    manifest = {
+        "name": s.name, "node": s.node, "kind": s.kernel_kind,
+        "inputs": [io_entry(io) for io in s.inputs],
+        "outputs": [io_entry(io) for io in s.outputs],
+        "window": {"op": s.op, "kernel": [s.kh, s.kw], "row_stride": s.sh,
+                   "plane": [s.H, s.W], "out": [s.Ho, s.Wo], "planes": s.planes},
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim",
+                          "key", "nBatch"],
+        "block_dim": "min(vector cores, planes)",
+        "tiling_function": f"{s.name}_tiling",
+        "sources": sorted(files),
+        "notes": list(s.notes),
+        "buffers": bplan.describe(),
+    }
+    return Rendered(s, None, files, manifest, bplan)
