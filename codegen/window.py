@@ -36,7 +36,6 @@ from graphkernel.codegen.render import Rendered, env, io_entry
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector.schedule import kernel_symbol
 from graphkernel.ir import DType, Node, Value
-from graphkernel.opdefs.pooling import window_out
 from graphkernel.ops import RESHAPE_OPS
 
 WINDOW_OPS = frozenset({"MaxPool", "AvgPool"})
@@ -99,12 +98,28 @@ class WindowSchedule:
     pool_input: int            # the pool's input among the kernel's inputs
     counts: list[float] | None  # an average's element counts along a row (None: a max)
     row_counts: list[float] | None  # ... and down the rows
+    sw: int = 1                # the column stride
+    Wf: int = 0                # a row's columns at full resolution ((Wo - 1) * sw + 1)
+    Waf: int = 0               # ... and its pitch
+    pre: list[str] = field(default_factory=list)  # with a column stride: full-resolution rows
+    prologue: list[tuple[str, str]] = field(default_factory=list)  # (call, scalar) on copies
+    prologue_nodes: set[int] = field(default_factory=set)
     steps: list[str] = field(default_factory=list)  # statements on output row i
     scalars: list[str] = field(default_factory=list)  # per-plane scalars read from GM
     rows: int = 0              # one-row scratch values
     notes: list[str] = field(default_factory=list)
     kernel_kind: str = "vector"
     variant: None = None
+
+    @property
+    def pitch(self) -> int:
+        """The pitch of a row of the input's copies (full column resolution)."""
+        return self.Waf if self.sw > 1 else self.Wa
+
+    @property
+    def width(self) -> int:
+        """The columns of a row of the input's copies."""
+        return self.Wf if self.sw > 1 else self.Wo
 
     @property
     def pad_value(self) -> str:
@@ -129,27 +144,38 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     shape = x.shape
     if not all(isinstance(d, int) for d in shape):
         raise Unsupported(f"{pool.op} of a symbolic shape {list(shape)}", node=pool)
-    if x not in sub.inputs:
-        raise Unsupported(f"{pool.op} of a value computed in the kernel", node=pool)
+    prologue, pro_nodes = [], set()
+    while x not in sub.inputs:  # monotone work on a max pool's input (a ReLU) runs on its copies
+        p = x.producer
+        call = _monotone(p)
+        if pool.op != "MaxPool" or call is None or len(x.users) != 1:
+            raise Unsupported(f"{pool.op} of a value computed in the kernel by {p.op} (a "
+                              "window kernel takes a ReLU or a clamp by constants before a "
+                              "max pool)", node=p)
+        prologue.insert(0, call)
+        pro_nodes.add(id(p))
+        x = next(v for v in p.inputs if v.producer is None or v.producer.op != "Constant")
+    if prologue and len(x.users) != 1:
+        raise Unsupported(f"{pool.op}: its input {x.name} before the ReLU or clamp is read by "
+                          "other work of the kernel as well", node=pool)
     if list(a["dilations"]) != [1, 1]:
         raise Unsupported(f"{pool.op} with dilations {a['dilations']}", node=pool)
     kh, kw = a["kernel_size"]
     sh, sw = a["strides"]
     pt, pl, pb, pr = a["pads"]
-    if sw != 1:
-        raise Unsupported(f"{pool.op} with a column stride of {sw} (the columns of a strided "
-                          "window are not whole-block shifts of one copy)", node=pool)
     N, C, H, W = shape
     Ho, Wo = pool.outputs[0].shape[2:]
     blk = target.block_bytes // 4
     Wa = -(-Wo // blk) * blk
+    Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
+    Waf = -(-Wf // blk) * blk
     Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
     copies = []
     for dj in range(kw):
-        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wo)
+        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
         lp = max(0, pl - dj)
         n = max(0, c1 - c0)
-        rp = Wo - lp - n if n else 0
+        rp = Wf - lp - n if n else 0
         if n and (lp + rp) * 4 > target.block_bytes:
             raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
                               f"pads at most {target.block_bytes} bytes)", node=pool)
@@ -166,14 +192,21 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
                        [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
                        "max" if pool.op == "MaxPool" else "avg", N * C, C, H, W, Ho, Wo, kh,
-                       kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts)
+                       kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts,
+                       sw=sw, Wf=Wf, Waf=Waf)
+    s.prologue, s.prologue_nodes = prologue, pro_nodes
     _epilogue(s, kernel, pool)
     need = _plan(s).budget().bytes(1, Wa)
     if need > target.ub_bytes:
-        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of {Wa}) and "
+        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of "
+                          f"{Waf if sw > 1 else Wa}) and "
                           f"the kernel's rows need {need} bytes of UB, the target has "
                           f"{target.ub_bytes} (a band of rows with its halo is not generated)",
                           node=pool)
+    if sw > 1:
+        s.notes.append(f"a column stride of {sw}: each pooled row is computed at full column "
+                       f"resolution, then every {sw}th column picked by the scalar unit "
+                       f"({Ho * Wo} GetValue/SetValue pairs per plane)")
     s.notes.append(f"input {s.pool_input} is read {kw} times (one copy per column tap of the "
                    "window: UB operands start on 32-byte blocks)" if kw > 1 else "")
     s.notes = [n for n in s.notes if n]
@@ -197,8 +230,9 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
     outs = {id(v): k for k, v in enumerate(sub.outputs)}
     expr: dict[int, str] = {}  # value -> a C++ row (LocalTensor) or scalar expression
     kind: dict[int, str] = {}  # value -> "row" or "scalar"
-    x = pool.inputs[0]
-    same = tuple(x.shape) == out_shape and s.sh == 1 and s.kh > s.pt and s.kw > s.pl
+    x = s.inputs[s.pool_input].value
+    same = not s.prologue and tuple(x.shape) == out_shape and s.sh == 1 and s.sw == 1 and \
+        s.kh > s.pt and s.kw > s.pl
     for io in s.inputs:
         v = io.value
         if io.index == s.pool_input:
@@ -222,7 +256,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
                               about=(v,))
     if s.pool_input in [io.index for io in s.inputs] and \
             any(io.value is x and id(x) not in expr for io in s.inputs) and \
-            any(u is not pool for u in x.users if u in sub.nodes):
+            any(u is not pool and id(u) not in s.prologue_nodes for u in x.users):
         raise Unsupported(f"the pool's input {x.name} is read by the epilogue but is not a "
                           "plane of the output's shape", node=pool)
     scratch = 0
@@ -240,9 +274,20 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             val = np.asarray(n.attrs["value"]).reshape(-1)[0]
             expr[id(n.outputs[0])], kind[id(n.outputs[0])] = f"{float(val)!r}f", "scalar"
             continue
+        if id(n) in s.prologue_nodes:
+            continue  # (run on the copies)
         if n is pool:
             dst = row_of(n.outputs[0])
-            _pool_steps(s, dst, body)
+            if s.sw == 1:
+                _pool_steps(s, dst, body, s.Wo)
+            else:  # full-resolution rows (pf), every sw-th column picked into pc
+                _pool_steps(s, f"pf[i * {s.Waf}]", s.pre, s.Wf)
+                pooled = f"pc[i * {s.Wa}]"
+                if s.op == "avg":
+                    body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
+                             f"Div({dst}, {pooled}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+                else:
+                    body += [f"Muls({dst}, {pooled}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
             expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
             continue
         if any(id(v) not in expr for v in n.inputs):
@@ -288,6 +333,25 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
     s.rows = scratch
 
 
+def _monotone(n: Node) -> tuple[str, str] | None:
+    """(tensor-with-scalar call, scalar) of a non-decreasing op of one value and a scalar
+    constant (Relu, Maximum, Minimum): such an op commutes with a max, and maps the pool's
+    padding (the lowest float) to a value no larger than any it maps an element to, so it may
+    run on the padded copies."""
+    if n.op == "Relu":
+        return "Maxs", "0.0f"
+    if n.op not in ("Maximum", "Minimum") or len(n.inputs) != 2:
+        return None
+    consts = [v for v in n.inputs if v.producer is not None and v.producer.op == "Constant"
+              and v.type.numel == 1]
+    if len(consts) != 1 or n.outputs[0].dtype != DType.float32:
+        return None
+    val = float(np.asarray(consts[0].producer.attrs["value"]).reshape(-1)[0])
+    if not np.isfinite(val):
+        return None
+    return ("Maxs" if n.op == "Maximum" else "Mins"), f"{val!r}f"
+
+
 def _channel(v: Value, C: int) -> bool:
     """A value of one element per channel, broadcast over N, H and W ([C, 1, 1], ...)."""
     shape = [d for d in v.shape]
@@ -298,19 +362,20 @@ def _channel(v: Value, C: int) -> bool:
     return len(shape) == 4 and shape[1] == C
 
 
-def _pool_steps(s: WindowSchedule, dst: str, body: list[str]) -> None:
-    """Output row i of the pool into ``dst``: the window's taps combined, an average divided
-    by its counts."""
-    taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {s.Wa}]"
+def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None:
+    """Output row i of the pool (``cols`` columns) into ``dst``: the window's taps combined,
+    an average divided by its counts (with a column stride: after the columns are picked)."""
+    pitch = s.pitch
+    taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {pitch}]"
             for di in range(s.kh) for dj in range(s.kw)]
     call = "Max" if s.op == "max" else "Add"
     if len(taps) == 1:
-        body += [f"Muls({dst}, {taps[0]}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+        body += [f"Muls({dst}, {taps[0]}, 1.0f, {cols});", "PipeBarrier<PIPE_V>();"]
     else:
-        body += [f"{call}({dst}, {taps[0]}, {taps[1]}, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+        body += [f"{call}({dst}, {taps[0]}, {taps[1]}, {cols});", "PipeBarrier<PIPE_V>();"]
         for t in taps[2:]:
-            body += [f"{call}({dst}, {dst}, {t}, {s.Wo});", "PipeBarrier<PIPE_V>();"]
-    if s.op == "avg":
+            body += [f"{call}({dst}, {dst}, {t}, {cols});", "PipeBarrier<PIPE_V>();"]
+    if s.op == "avg" and s.sw == 1:
         body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
                  f"Div({dst}, {dst}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
 
@@ -319,9 +384,16 @@ def _plan(s: WindowSchedule) -> BufferPlan:
     """The kernel's UB buffers (fixed sizes: a plane's rows)."""
     blk = s.target.block_bytes
     plane = s.Ho * s.Wa * 4
+    pitch = s.pitch
     bufs = [Buffer("qx", f"the pool's input plane, {s.kw} copies shifted by a column tap",
-                   Kind.QUEUE_IN, "float", Linear(fixed=s.kw * s.Hp * s.Wa * 4),
-                   str(s.kw * s.Hp * s.Wa * 4), tensor="x")]
+                   Kind.QUEUE_IN, "float", Linear(fixed=s.kw * s.Hp * pitch * 4),
+                   str(s.kw * s.Hp * pitch * 4), tensor="x")]
+    if s.sw > 1:
+        full = s.Ho * s.Waf * 4
+        bufs += [Buffer("bf", "the pooled rows at full column resolution", Kind.TILE, "float",
+                        Linear(fixed=full), str(full), tensor="pf"),
+                 Buffer("bp", "the pooled rows, every column-stride-th column", Kind.TILE,
+                        "float", Linear(fixed=plane), str(plane), tensor="pc")]
     bufs += [Buffer(f"qi{io.index}", f"input {io.index}'s plane", Kind.QUEUE_IN, "float",
                     Linear(fixed=plane), str(plane), tensor=f"a{io.index}")
              for io in s.inputs if io.kind == "plane" and io.index != s.pool_input]
@@ -366,7 +438,7 @@ def render_window(s: WindowSchedule) -> Rendered:
         "name": s.name, "node": s.node, "kind": s.kernel_kind,
         "inputs": [io_entry(io) for io in s.inputs],
         "outputs": [io_entry(io) for io in s.outputs],
-        "window": {"op": s.op, "kernel": [s.kh, s.kw], "row_stride": s.sh,
+        "window": {"op": s.op, "kernel": [s.kh, s.kw], "strides": [s.sh, s.sw],
                    "plane": [s.H, s.W], "out": [s.Ho, s.Wo], "planes": s.planes},
         "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim",
                           "key", "nBatch"],

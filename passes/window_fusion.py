@@ -32,50 +32,73 @@ def _consumer(pool: Node) -> Node | None:
     return k if k.op == "GraphKernel" else None
 
 
-def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str]:
-    """A window kernel of ``nodes``, or None (the nodes back in the graph) and the reason."""
+def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[Node]]:
+    """A window kernel of ``nodes``; or None, the reason and the nodes back in the graph (new
+    nodes: the kernel's copies)."""
     k = build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, "window"), PATTERN)
     try:
         plan_window(k, ctx.target)
     except Unsupported as e:
-        unfuse(graph, k)
-        return None, str(e)
-    return k, ""
+        return None, str(e), [n for n in unfuse(graph, k) if n.op != "Constant"]
+    return k, "", []
+
+
+def _prologue(pool: Node) -> Node | None:
+    """The op outside the kernels computing a max pool's input for it alone (a ReLU or a
+    clamp: the generator decides what it takes)."""
+    v = pool.inputs[0]
+    p = v.producer
+    if pool.op != "MaxPool" or p is None or p.op == "GraphKernel" or len(v.users) != 1:
+        return None
+    return p if p.op in ("Relu", "Maximum", "Minimum") else None
+
+
+def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
+          ) -> tuple[Node, str]:
+    """The window kernel ``k`` with ``before`` (ops outside the kernels) ahead of its nodes
+    and ``cons``'s nodes (a kernel) after them, when the generator takes it; otherwise ``k``
+    as it was (rebuilt), ``cons`` too, and the reason."""
+    pattern = cons.attrs["pattern"] if cons is not None else ""
+    mine = [n for n in unfuse(graph, k) if n.op != "Constant"]
+    theirs = [n for n in unfuse(graph, cons) if n.op != "Constant"] if cons is not None else []
+    merged, why, back = _try(graph, [*before, *mine, *theirs], ctx)
+    if merged is not None:
+        return merged, ""
+    mine = back[len(before):len(before) + len(mine)]
+    if theirs:
+        rest = back[len(before) + len(mine):]
+        build_kernel(graph, rest, next_kernel_name(ctx.analyses, rest, "elemwise"), pattern)
+    k, _, _ = _try(graph, mine, ctx)
+    return k, why
 
 
 def window_fusion(graph: Graph, ctx) -> PassResult:
-    """Each 2-D float pool outside the kernels as a window kernel, with its elementwise
-    consumer kernel when the generator takes it."""
+    """Each 2-D float pool outside the kernels as a window kernel, with a ReLU before a max
+    pool and its elementwise consumer kernel when the generator takes them."""
     log = ctx.analyses.fusion_attempts
     fused = alone = 0
     for pool in [n for n in graph.nodes if n.op in WINDOW_OPS]:
         if not ctx.should_apply(f"{PATTERN}: {pool.name}", [pool]):
             continue
-        k, why = _try(graph, [pool], ctx)
-        if k is None:  # the pool itself cannot be generated: its consumer is left as it is
+        pro = _prologue(pool)
+        k, why, _ = _try(graph, [pool], ctx)
+        if k is None:  # the pool itself cannot be generated: its neighbours are left as they are
             log.append(Attempt(PATTERN, [pool.name], [pool.name], 0, "rejected", why))
             ctx.log(f"{PATTERN}: {pool.name} stays an op of its own: {why}")
             continue
-        cons = _consumer(k)
-        if cons is not None:
-            pattern = cons.attrs["pattern"]
-            (pool,) = unfuse(graph, k)
-            inner = [n for n in unfuse(graph, cons) if n.op != "Constant"]
-            names = [pool.name, cons.name]
-            merged, why = _try(graph, [pool, *inner], ctx)
-            if merged is not None:
-                fused += 1
-                log.append(Attempt(PATTERN, names, [n.name for n in [pool, *inner]], 1,
-                                   "fused"))
+        grown = False
+        for before, cons in (([pro], None), ([], _consumer(k))):
+            if (before and before[0] is None) or (not before and cons is None):
                 continue
-            log.append(Attempt(PATTERN, names, [n.name for n in [pool, *inner]], 0,
-                               "rejected", why))
-            ctx.log(f"{PATTERN}: {pool.name} with {cons.name} refused: {why}")
-            build_kernel(graph, inner, next_kernel_name(ctx.analyses, inner, "elemwise"),
-                         pattern)
-            k, _ = _try(graph, [pool], ctx)
-        alone += 1
-        log.append(Attempt(PATTERN, [pool.name], [pool.name], 0, "fused",
-                           "a window kernel of its own"))
-    summary = f"{counted(fused, 'pool')} fused with its consumer, {alone} alone"
+            names = [pool.name, *(n.name for n in before), *([cons.name] if cons else [])]
+            k, why = _grow(graph, k, before, cons, ctx)
+            log.append(Attempt(PATTERN, names, names, int(not why),
+                               "rejected" if why else "fused", why))
+            if why:
+                ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")
+            grown |= not why
+        fused += grown
+        alone += not grown
+    summary = (f"{counted(fused + alone, 'pool')} as window kernels ({fused} with their "
+               "neighbours)")
     return PassResult(fused + alone > 0, fused + alone, summary=summary)
