@@ -217,6 +217,20 @@ class _Residual(nn.Module):
         return torch.relu(self.bn(self.conv(x)) + x)
 
 
+class _TokenMixer(nn.Module):
+    """PoolFormer's block: x + scale * (pool(norm(x)) - norm(x))."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(1, c)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.scale = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.scale.unsqueeze(-1).unsqueeze(-1) * (self.pool(y) - y)
+
+
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is still a cube launch with its activation a vector kernel;
@@ -232,6 +246,12 @@ BLOCKS = {
         nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
         {"cube": 1, "vector": 1, "mix": 1}),
     "squeeze_excite": (_SqueezeExcite, 16, {"cube": 2, "vector": 3}),
+    # the ReLU before the max pool runs in the pool's window kernel
+    "stem_conv_bn_relu_maxpool": (lambda: nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1)), 3, {"cube": 1, "vector": 1}),
+    # the group norm, then the pool with `pool - x`, the scale and the residual add
+    "poolformer_mixer": (_TokenMixer, 16, {"vector": 2}),
 }
 
 
