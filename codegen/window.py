@@ -42,14 +42,30 @@ WINDOW_OPS = frozenset({"MaxPool", "AvgPool"})
 # epilogue op -> (tile∘tile call, tile∘scalar call); Sub and Div by a scalar are Adds/Muls
 BINARY = {"Add": ("Add", "Adds"), "Sub": ("Sub", "Adds"), "Mul": ("Mul", "Muls"),
           "Div": ("Div", "Muls"), "Maximum": ("Max", "Maxs"), "Minimum": ("Min", "Mins")}
-UNARY = {"Relu": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt"}
+UNARY = {"Relu": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt", "Log": "Ln",
+         "Rsqrt": "Rsqrt", "Reciprocal": "Reciprocal"}
+WITH_TMP = {"Sigmoid": "Sigmoid", "Tanh": "Tanh", "Erf": "Erf"}  # the math library's, scratch
 LOWEST = "-3.40282347e+38f"  # a max pool's padding (the lowest float32)
 
 
+def is_depthwise(n: Node) -> bool:
+    """A convolution of each channel by its own window (group = channels = outputs), NCHW:
+    a per-plane stencil like a pool."""
+    if n.op != "Conv2D" or n.attrs["data_format"] != "NCHW":
+        return False
+    c, m = n.inputs[0].shape[1], n.inputs[1].shape[0]
+    return isinstance(c, int) and c == m == n.attrs["group"] and n.inputs[1].shape[1] == 1
+
+
+def is_window_op(n: Node) -> bool:
+    """A pool or a depthwise convolution: what a window kernel computes."""
+    return n.op in WINDOW_OPS or is_depthwise(n)
+
+
 def is_window_kernel(kernel: Node) -> bool:
-    """Whether ``kernel`` holds a pool: a window kernel (this module), not a vector one."""
-    return kernel.op == "GraphKernel" and any(
-        n.op in WINDOW_OPS for n in kernel.subgraph.nodes)
+    """Whether ``kernel`` holds a pool or a depthwise convolution: a window kernel (this
+    module), not a vector or cube one."""
+    return kernel.op == "GraphKernel" and any(is_window_op(n) for n in kernel.subgraph.nodes)
 
 
 @dataclass
@@ -102,6 +118,8 @@ class WindowSchedule:
     Wf: int = 0                # a row's columns at full resolution ((Wo - 1) * sw + 1)
     Waf: int = 0               # ... and its pitch
     pre: list[str] = field(default_factory=list)  # with a column stride: full-resolution rows
+    bias: str = ""             # a depthwise convolution's bias (a per-plane scalar)
+    tmp: bool = False          # the math library's scratch is used
     prologue: list[tuple[str, str]] = field(default_factory=list)  # (call, scalar) on copies
     prologue_nodes: set[int] = field(default_factory=set)
     steps: list[str] = field(default_factory=list)  # statements on output row i
@@ -125,16 +143,27 @@ class WindowSchedule:
     def pad_value(self) -> str:
         return LOWEST if self.op == "max" else "0.0f"
 
+    @property
+    def what(self) -> str:
+        return {"max": "max pool", "avg": "average pool"}.get(self.op, "depthwise convolution")
+
 
 def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     """The window kernel's schedule, or Unsupported with the reason."""
     sub = kernel.subgraph
-    pools = [n for n in sub.nodes if n.op in WINDOW_OPS]
+    pools = [n for n in sub.nodes if is_window_op(n)]
     if len(pools) != 1:
-        raise Unsupported("a window kernel holds one pool", node=pools[1])
+        raise Unsupported("a window kernel holds one pool or depthwise convolution",
+                          node=pools[1])
     pool = pools[0]
     x = pool.inputs[0]
-    a = pool.attrs
+    a = dict(pool.attrs)
+    conv = pool.op == "Conv2D"
+    if conv:  # [C, 1, kh, kw] weights, a [C] bias: read from GM, one plane's at a time
+        a["kernel_size"] = list(pool.inputs[1].shape[2:])
+        if any(v not in sub.inputs for v in pool.inputs[1:]):
+            raise Unsupported("a depthwise convolution whose weights or bias are computed in "
+                              "the kernel", node=pool)
     if x.dtype != DType.float32 or pool.outputs[0].dtype != DType.float32:
         raise Unsupported(f"{pool.op} of {x.dtype.value}: window kernels are generated for "
                           "float32", node=pool)
@@ -181,6 +210,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
                               f"pads at most {target.block_bytes} bytes)", node=pool)
         copies.append((c0, n, lp, rp))
     counts = row_counts = None
+    if conv and not all(isinstance(d, int) for d in pool.inputs[1].shape):
+        raise Unsupported("a depthwise convolution of symbolic weights", node=pool)
     if pool.op == "AvgPool":
         if a["divisor"]:
             counts, row_counts = [float(a["divisor"])] * Wo, [1.0] * Ho
@@ -191,10 +222,21 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
                        [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
-                       "max" if pool.op == "MaxPool" else "avg", N * C, C, H, W, Ho, Wo, kh,
+                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
+                       W, Ho, Wo, kh,
                        kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts,
                        sw=sw, Wf=Wf, Waf=Waf)
     s.prologue, s.prologue_nodes = prologue, pro_nodes
+    if conv:
+        wi = sub.inputs.index(pool.inputs[1])
+        s.inputs[wi].kind = "weights"
+        s.scalars += [f"const float k{t} = gi{wi}.GetValue(c * {kh * kw} + {t});"
+                      for t in range(kh * kw)]
+        if len(pool.inputs) == 3:
+            bi = sub.inputs.index(pool.inputs[2])
+            s.inputs[bi].kind = "channel"
+            s.scalars.append(f"const float b{bi} = gi{bi}.GetValue(c);")
+            s.bias = f"b{bi}"
     _epilogue(s, kernel, pool)
     need = _plan(s).budget().bytes(1, Wa)
     if need > target.ub_bytes:
@@ -235,6 +277,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         s.kh > s.pt and s.kw > s.pl
     for io in s.inputs:
         v = io.value
+        if io.kind in ("weights", "channel") and s.op == "dw":
+            continue  # (the convolution's weights and bias: read per plane above)
         if io.index == s.pool_input:
             if same and s.copies[s.pl][2:] == (0, 0):  # the unshifted copy's rows
                 expr[id(v)] = f"x[({s.pl * s.Hp + s.pt} + i) * {s.Wa}]"
@@ -297,6 +341,15 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         if n.op in RESHAPE_OPS and kind[id(n.inputs[0])] == "scalar":
             expr[id(n.outputs[0])], kind[id(n.outputs[0])] = expr[id(n.inputs[0])], "scalar"
             continue
+        if n.op in RESHAPE_OPS and n.outputs[0].type.numel == n.inputs[0].type.numel and \
+                n.outputs[0].dtype == DType.float32:  # a view of the planes' contiguous data
+            src = expr[id(n.inputs[0])]
+            if id(n.outputs[0]) in outs:  # stored: copied into its output's rows
+                dst = row_of(n.outputs[0])
+                body += [f"Muls({dst}, {src}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+                src = dst
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = src, "row"
+            continue
         if n.outputs[0].dtype != DType.float32 or tuple(n.outputs[0].shape) != out_shape:
             raise Unsupported(f"{n.op} {list(n.outputs[0].shape)} is not float32 work on the "
                               f"pool's output {list(out_shape)}", node=n)
@@ -306,6 +359,11 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         cnt = s.Wo
         if n.op in UNARY and kinds == ["row"]:
             body.append(f"{UNARY[n.op]}({dst}, {srcs[0]}, {cnt});")
+        elif n.op == "Neg" and kinds == ["row"]:
+            body.append(f"Muls({dst}, {srcs[0]}, -1.0f, {cnt});")
+        elif n.op in WITH_TMP and kinds == ["row"]:
+            s.tmp = True
+            body.append(f"{WITH_TMP[n.op]}({dst}, {srcs[0]}, ht, {cnt});")
         elif n.op in BINARY and kinds == ["row", "row"]:
             body.append(f"{BINARY[n.op][0]}({dst}, {srcs[0]}, {srcs[1]}, {cnt});")
         elif n.op in BINARY and "row" in kinds:
@@ -324,7 +382,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
                 body.append(f"{BINARY[n.op][1]}({dst}, {r}, {c}, {cnt});")
         else:
             raise Unsupported(f"{n.op} is not among a window kernel's epilogue ops "
-                              f"({', '.join(sorted({*BINARY, *UNARY}))} on rows)", node=n)
+                              f"({', '.join(sorted({*BINARY, *UNARY, *WITH_TMP, 'Neg'}))} on rows)",
+                              node=n)
         body.append("PipeBarrier<PIPE_V>();")
         expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
     for k, v in enumerate(sub.outputs):
@@ -368,6 +427,14 @@ def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None
     pitch = s.pitch
     taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {pitch}]"
             for di in range(s.kh) for dj in range(s.kw)]
+    if s.op == "dw":  # sum of weight * tap, then the bias
+        body += [f"Muls({dst}, {taps[0]}, k0, {cols});", "PipeBarrier<PIPE_V>();"]
+        for t, tap in enumerate(taps[1:], 1):
+            body += [f"Muls(tp, {tap}, k{t}, {cols});", "PipeBarrier<PIPE_V>();",
+                     f"Add({dst}, {dst}, tp, {cols});", "PipeBarrier<PIPE_V>();"]
+        if s.bias:
+            body += [f"Adds({dst}, {dst}, {s.bias}, {cols});", "PipeBarrier<PIPE_V>();"]
+        return
     call = "Max" if s.op == "max" else "Add"
     if len(taps) == 1:
         body += [f"Muls({dst}, {taps[0]}, 1.0f, {cols});", "PipeBarrier<PIPE_V>();"]
@@ -403,6 +470,12 @@ def _plan(s: WindowSchedule) -> BufferPlan:
         bufs.append(Buffer("bw", "the epilogue's values, a row each", Kind.ROW, "float",
                            Linear(fixed=s.rows * s.Wa * 4), str(s.rows * s.Wa * 4),
                            tensor="w"))
+    if s.op == "dw":
+        bufs.append(Buffer("bt", "a tap times its weight, a row", Kind.ROW, "float",
+                           Linear(fixed=pitch * 4), str(pitch * 4), tensor="tp"))
+    if s.tmp:
+        bufs.append(Buffer("bht", "the math library's temporary space, a row", Kind.SCRATCH,
+                           "float", Linear(fixed=s.Wa * 4), str(s.Wa * 4), tensor="ht"))
     if s.op == "avg":
         bufs.append(Buffer("bc", "the window's element counts along a row, and a row's",
                            Kind.ROW, "float", Linear(fixed=2 * s.Wa * 4), str(2 * s.Wa * 4),

@@ -14,7 +14,7 @@ of its own).
 from __future__ import annotations
 
 from graphkernel.codegen.refusal import Unsupported
-from graphkernel.codegen.window import WINDOW_OPS, plan_window
+from graphkernel.codegen.window import is_window_op, plan_window
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
 from graphkernel.registry import PassResult, counted
@@ -77,7 +77,7 @@ def window_fusion(graph: Graph, ctx) -> PassResult:
     pool and its elementwise consumer kernel when the generator takes them."""
     log = ctx.analyses.fusion_attempts
     fused = alone = 0
-    for pool in [n for n in graph.nodes if n.op in WINDOW_OPS]:
+    for pool in [n for n in graph.nodes if is_window_op(n)]:
         if not ctx.should_apply(f"{PATTERN}: {pool.name}", [pool]):
             continue
         pro = _prologue(pool)

@@ -1,5 +1,5 @@
-"""Window kernels (codegen/window.py, passes/window_fusion.py): 2-D pools generated in the
-vector unit with their neighbours, run in the simulator against the numpy reference; what
+"""Window kernels (codegen/window.py, passes/window_fusion.py): 2-D pools and depthwise
+convolutions generated in the vector unit with their neighbours, run in the simulator against the numpy reference; what
 the generator refuses stays an op of its own, with the reason in the fusion log."""
 
 from __future__ import annotations
@@ -57,7 +57,28 @@ def _transition(hw=(8, 10), c=8):
     return g
 
 
-CASES = [Case("poolformer_mixer", _mixer(), flags=""),
+def _depthwise(k=3, stride=1, act="relu6", hw=(10, 9), c=8):
+    """A depthwise convolution with its bias, then ReLU6 or SiLU (x * sigmoid(x)), and a
+    view of the result as [N, C, H*W] (what a following 1x1 product reads)."""
+    g = Graph(f"dw{k}")
+    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, k, k)).astype("float32"))
+    b = g.const(RNG.standard_normal(c).astype("float32"))
+    y = g.add_node("Conv2D", [x, w, b], {"strides": [stride] * 2, "pads": [k // 2] * 4,
+                                         "group": c}).output
+    if act == "relu6":
+        y = g.add_node("Maximum", [y, g.const(np.array(0, np.float32))]).output
+        y = g.add_node("Minimum", [y, g.const(np.array(6, np.float32))]).output
+    else:
+        y = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
+    n, _, h, w_ = y.shape
+    g.set_outputs([g.add_node("Reshape", [y], {"shape": [n, c, h * w_]}).output])
+    return g
+
+
+CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
+         Case("depthwise_5x5_s2_silu", _depthwise(5, 2, "silu", hw=(12, 11)), flags=""),
+         Case("poolformer_mixer", _mixer(), flags=""),
          Case("poolformer_mixer_small_plane", _mixer(hw=(2, 2)), flags=""),
          Case("stem_relu_maxpool_s2", _stem(), flags=""),
          Case("transition_avgpool_s2", _transition(), flags="")]
@@ -88,7 +109,7 @@ def test_a_pool_and_its_neighbours_are_one_window_kernel(case, library):
 def test_the_pool_reads_its_plane_once_per_column_tap(library):
     """GM traffic: the input once per column tap (3: the shifted copies read their 6 columns
     inside the input, the unshifted one all 7), the output once."""
-    case = CASES[0]
+    case = CASES[2]
     feeds = case.feeds({})
     _, be = run_sim(case.result, feeds, library=library)
     (st,) = be.stats.values()
@@ -98,7 +119,7 @@ def test_the_pool_reads_its_plane_once_per_column_tap(library):
 
 def test_a_max_pool_pads_with_the_lowest_float(library):
     """Negative inputs only: a padding of zeros would show in the border windows."""
-    case = CASES[2]
+    case = CASES[4]
     x = -np.abs(RNG.standard_normal((2, 8, 12, 11))).astype(np.float32) - 1
     g = Graph("neg")
     xi = g.add_input("x", TensorType((2, 8, 12, 11), "float32"))
