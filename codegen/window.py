@@ -1,25 +1,31 @@
-"""Window kernels: a 2-D max or average pool computed in the vector unit, with the elementwise
-work on its result fused into the same kernel.
+"""Window kernels: a 2-D max or average pool, or a depthwise convolution, computed in the
+vector unit, with a ReLU before a max pool and the elementwise work on the result fused into
+the same kernel.
 
-A core takes whole (N*C) planes, one at a time. The pool's input plane is loaded once per
-column tap ``dj`` of the window (``kw`` copies), each copy shifted so that column ``j`` of
-its rows holds the padded input's column ``j + dj``: a vector instruction's operands start
-on a 32-byte UB block, so a shift by one element cannot be an offset into one copy, while a
-shift by whole rows can (the rows' pitch is whole blocks). The left and right padding of
-each row comes from ``DataCopyPad``'s padding (the pool's pad value: the lowest float for a
-max, 0 for an average), the top and bottom padding rows from ``Duplicate``. An output row
-is then ``kh * kw`` whole-row instructions (``Max``, or ``Add`` then a ``Div`` by the
-window's element count, a row of counts built once per core), followed by the epilogue's
-instructions on that row: its operands are the pooled row, rows of inputs of the output's
-shape (loaded per plane), the pool's input itself when the pool keeps the plane's size
-(PoolFormer's ``pool(x) - x``: the unshifted copy's rows), per-channel inputs (one value per
-plane, read from GM) and scalar constants.
+A core takes whole (N*C) planes, one at a time. The input plane is loaded once per column
+tap ``dj`` of the window (``kw`` copies), each copy shifted so that column ``j`` of its rows
+holds the padded input's column ``j + dj``: a vector instruction's operands start on a
+32-byte UB block, so a shift by one element cannot be an offset into one copy, while a shift
+by whole rows can (the rows' pitch is whole blocks). The left and right padding of each row
+comes from ``DataCopyPad``'s padding (the pad value: the lowest float for a max, else 0),
+the top and bottom padding rows from ``Duplicate``. An output row is then ``kh * kw``
+whole-row instructions: ``Max``; or ``Add``, then a ``Div`` by the window's element counts
+(a row of counts built once per core times the row's count); or, for a depthwise
+convolution, ``Muls`` by each tap's weight and ``Add`` (the plane's channel's weights and
+bias are scalars read from GM). With a column stride the rows are computed at full column
+resolution and every stride-th column is picked by the scalar unit (a ``GatherMask`` would
+do it in the vector unit; not generated). A ReLU or a clamp by constants before a max pool
+runs on the copies (it is non-decreasing: it commutes with the max and keeps the padding
+the smallest value). The epilogue's instructions follow on each output row: its operands
+are the pooled row, rows of inputs of the output's shape (loaded per plane), the pool's
+input itself when the pool keeps the plane's size (PoolFormer's ``pool(x) - x``: the
+unshifted copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
+constants; a view of a result (``[N, C, H*W]``) is the same rows.
 
-What is refused (the reason goes to the fallback, which leaves the pool an op of its own):
-other than float32, not 2-D, a dilation or a column stride other than 1 (the columns of a
-strided window are not a shift of whole blocks), a row padding over 32 bytes (DataCopyPad's
-limit), symbolic shapes, a plane whose copies do not fit the UB, epilogue ops other than
-the table's, and operands of other shapes.
+What is refused (the reason goes to the fusion log; the op then stays an op of its own):
+other than float32, not 2-D, a dilation, a row padding over 32 bytes (DataCopyPad's limit),
+symbolic shapes, a plane whose copies do not fit the UB (a band of rows with its halo is not
+generated), epilogue ops other than the table's, and operands of other shapes.
 """
 
 from __future__ import annotations

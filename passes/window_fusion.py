@@ -1,14 +1,16 @@
-"""Rewrite each 2-D pool left outside the kernels into a window kernel, with the elementwise
-kernel that consumes it, when the code generator can make it (codegen/window.py).
+"""Rewrite each 2-D pool and depthwise convolution left outside the kernels into a window
+kernel, with a ReLU before a max pool and the elementwise kernel that consumes it, when the
+code generator can make it (codegen/window.py).
 
-A pool is an op of its own after the split (the patterns fuse no opaque op). A window kernel
-computes it in the vector unit one plane at a time, and the elementwise work on its result
-runs on each pooled row in the same kernel: PoolFormer's token mixer ``pool(x) - x``, scaled
-and added to the residual, is one launch instead of two. The consumer joins when it is a
-kernel whose every op the window kernel's epilogue takes and the pool's result goes nowhere
-else. Each pool is recorded for ``graphkernel explain`` (pattern ``window_fusion``): fused
-with its consumer, alone, or refused with the generator's reason (the pool then stays an op
-of its own).
+A pool is an op of its own after the split (the patterns fuse no opaque op), a depthwise
+convolution a cube launch. A window kernel computes either in the vector unit one plane at a
+time, and the elementwise work on its result runs on each computed row in the same kernel:
+PoolFormer's token mixer ``pool(x) - x``, scaled and added to the residual, is one launch
+instead of two; a depthwise convolution with its folded batch norm and ReLU6 one instead of
+two. The consumer joins when it is a kernel whose every op the window kernel's epilogue
+takes and the result goes nowhere else. Each one is recorded for ``graphkernel explain``
+(pattern ``window_fusion``): fused with its neighbours, alone, or refused with the
+generator's reason (it then stays as it was).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Window kernels (codegen/window.py, passes/window_fusion.py): 2-D pools and depthwise
-convolutions generated in the vector unit with their neighbours, run in the simulator against the numpy reference; what
-the generator refuses stays an op of its own, with the reason in the fusion log."""
+convolutions generated in the vector unit with their neighbours, run in the simulator
+against the numpy reference; what the generator refuses stays an op of its own, with the
+reason in the fusion log."""
 
 from __future__ import annotations
 
