@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.window import is_window_op, plan_window
+from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
 from graphkernel.registry import PassResult, counted
@@ -93,8 +94,10 @@ def window_fusion(graph: Graph, ctx) -> PassResult:
             if (before and before[0] is None) or (not before and cons is None):
                 continue
             names = [pool.name, *(n.name for n in before), *([cons.name] if cons else [])]
+            # GM bytes saved: the joined value's round trip (written, then read back)
+            saved = 2 * nbytes(before[0].outputs[0] if before else k.outputs[0])
             k, why = _grow(graph, k, before, cons, ctx)
-            log.append(Attempt(PATTERN, names, names, int(not why),
+            log.append(Attempt(PATTERN, names, names, 0 if why else saved,
                                "rejected" if why else "fused", why))
             if why:
                 ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")
