@@ -501,6 +501,7 @@ def render_window(s: WindowSchedule) -> Rendered:
         common = 0.0
     ctx: dict[str, Any] = {
         "s": s, "plan": bplan, "node_comment": comment_text(s.node),
+        "loads": [(dj, *c) for dj, c in enumerate(s.copies) if c[1]],  # copies with columns
         "plane_inputs": [io for io in s.inputs if io.kind == "plane"
                          and io.index != s.pool_input],
         "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],

@@ -77,12 +77,24 @@ def _depthwise(k=3, stride=1, act="relu6", hw=(10, 9), c=8):
     return g
 
 
+def _narrow():
+    """A 2x2 max pool of stride 3 padded by 1 on planes 2 wide: the first column tap reads
+    only padding (no load; the other taps' copies keep their places), then 2 * |x|."""
+    g = Graph("narrow")
+    x = g.add_input("x", TensorType((2, 3, 8, 2), "float32"))
+    p = g.add_node("MaxPool", [x], _attrs(2, 3, 1)).output
+    a = g.add_node("Abs", [p]).output
+    g.set_outputs([g.add_node("Mul", [a, g.const(np.array(2, np.float32))]).output])
+    return g
+
+
 CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("depthwise_5x5_s2_silu", _depthwise(5, 2, "silu", hw=(12, 11)), flags=""),
          Case("poolformer_mixer", _mixer(), flags=""),
          Case("poolformer_mixer_small_plane", _mixer(hw=(2, 2)), flags=""),
          Case("stem_relu_maxpool_s2", _stem(), flags=""),
-         Case("transition_avgpool_s2", _transition(), flags="")]
+         Case("transition_avgpool_s2", _transition(), flags=""),
+         Case("maxpool_first_tap_all_padding", _narrow(), flags="")]
 
 
 @pytest.fixture(scope="module")
