@@ -192,7 +192,7 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
         x = next(v for v in p.inputs if v.producer is None or v.producer.op != "Constant")
     if prologue and len(x.users) != 1:
         raise Unsupported(f"{pool.op}: its input {x.name} before the ReLU or clamp is read by "
-                          "other work of the kernel as well", node=pool)
+                          "other work of the kernel as well", node=pool, about=(x,))
     if list(a["dilations"]) != [1, 1]:
         raise Unsupported(f"{pool.op} with dilations {a['dilations']}", node=pool)
     kh, kw = a["kernel_size"]
@@ -308,7 +308,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             any(io.value is x and id(x) not in expr for io in s.inputs) and \
             any(u is not pool and id(u) not in s.prologue_nodes for u in x.users):
         raise Unsupported(f"the pool's input {x.name} is read by the epilogue but is not a "
-                          "plane of the output's shape", node=pool)
+                          "plane of the output's shape", node=pool, about=(x,))
     scratch = 0
 
     def row_of(v: Value) -> str:
