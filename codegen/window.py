@@ -48,7 +48,7 @@ WINDOW_OPS = frozenset({"MaxPool", "AvgPool"})
 # epilogue op -> (tile∘tile call, tile∘scalar call); Sub and Div by a scalar are Adds/Muls
 BINARY = {"Add": ("Add", "Adds"), "Sub": ("Sub", "Adds"), "Mul": ("Mul", "Muls"),
           "Div": ("Div", "Muls"), "Maximum": ("Max", "Maxs"), "Minimum": ("Min", "Mins")}
-UNARY = {"Relu": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt", "Log": "Ln",
+UNARY = {"ReLU": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt", "Log": "Ln",
          "Rsqrt": "Rsqrt", "Reciprocal": "Reciprocal"}
 WITH_TMP = {"Sigmoid": "Sigmoid", "Tanh": "Tanh", "Erf": "Erf"}  # the math library's, scratch
 LOWEST = "-3.40282347e+38f"  # a max pool's padding (the lowest float32)
@@ -102,7 +102,7 @@ class WindowSchedule:
     inputs: list[WindowIO]
     outputs: list[WindowIO]
     target: Target
-    op: str                    # "max" or "avg"
+    mode: str                  # "max", "avg" or "dw" (a depthwise convolution)
     planes: int                # N * C
     channels: int
     H: int
@@ -147,11 +147,11 @@ class WindowSchedule:
 
     @property
     def pad_value(self) -> str:
-        return LOWEST if self.op == "max" else "0.0f"
+        return LOWEST if self.mode == "max" else "0.0f"
 
     @property
     def what(self) -> str:
-        return {"max": "max pool", "avg": "average pool"}.get(self.op, "depthwise convolution")
+        return {"max": "max pool", "avg": "average pool"}.get(self.mode, "depthwise convolution")
 
 
 def plan_window(kernel: Node, target: Target) -> WindowSchedule:
@@ -283,7 +283,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         s.kh > s.pt and s.kw > s.pl
     for io in s.inputs:
         v = io.value
-        if io.kind in ("weights", "channel") and s.op == "dw":
+        if io.kind in ("weights", "channel") and s.mode == "dw":
             continue  # (the convolution's weights and bias: read per plane above)
         if io.index == s.pool_input:
             if same and s.copies[s.pl][2:] == (0, 0):  # the unshifted copy's rows
@@ -333,7 +333,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             else:  # full-resolution rows (pf), every sw-th column picked into pc
                 _pool_steps(s, f"pf[i * {s.Waf}]", s.pre, s.Wf)
                 pooled = f"pc[i * {s.Wa}]"
-                if s.op == "avg":
+                if s.mode == "avg":
                     body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
                              f"Div({dst}, {pooled}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
                 else:
@@ -403,7 +403,7 @@ def _monotone(n: Node) -> tuple[str, str] | None:
     constant (Relu, Maximum, Minimum): such an op commutes with a max, and maps the pool's
     padding (the lowest float) to a value no larger than any it maps an element to, so it may
     run on the padded copies."""
-    if n.op == "Relu":
+    if n.op == "ReLU":
         return "Maxs", "0.0f"
     if n.op not in ("Maximum", "Minimum") or len(n.inputs) != 2:
         return None
@@ -433,7 +433,7 @@ def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None
     pitch = s.pitch
     taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {pitch}]"
             for di in range(s.kh) for dj in range(s.kw)]
-    if s.op == "dw":  # sum of weight * tap, then the bias
+    if s.mode == "dw":  # sum of weight * tap, then the bias
         body += [f"Muls({dst}, {taps[0]}, k0, {cols});", "PipeBarrier<PIPE_V>();"]
         for t, tap in enumerate(taps[1:], 1):
             body += [f"Muls(tp, {tap}, k{t}, {cols});", "PipeBarrier<PIPE_V>();",
@@ -441,14 +441,14 @@ def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None
         if s.bias:
             body += [f"Adds({dst}, {dst}, {s.bias}, {cols});", "PipeBarrier<PIPE_V>();"]
         return
-    call = "Max" if s.op == "max" else "Add"
+    call = "Max" if s.mode == "max" else "Add"
     if len(taps) == 1:
         body += [f"Muls({dst}, {taps[0]}, 1.0f, {cols});", "PipeBarrier<PIPE_V>();"]
     else:
         body += [f"{call}({dst}, {taps[0]}, {taps[1]}, {cols});", "PipeBarrier<PIPE_V>();"]
         for t in taps[2:]:
             body += [f"{call}({dst}, {dst}, {t}, {cols});", "PipeBarrier<PIPE_V>();"]
-    if s.op == "avg" and s.sw == 1:
+    if s.mode == "avg" and s.sw == 1:
         body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
                  f"Div({dst}, {dst}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
 
@@ -476,13 +476,13 @@ def _plan(s: WindowSchedule) -> BufferPlan:
         bufs.append(Buffer("bw", "the epilogue's values, a row each", Kind.ROW, "float",
                            Linear(fixed=s.rows * s.Wa * 4), str(s.rows * s.Wa * 4),
                            tensor="w"))
-    if s.op == "dw":
+    if s.mode == "dw":
         bufs.append(Buffer("bt", "a tap times its weight, a row", Kind.ROW, "float",
                            Linear(fixed=pitch * 4), str(pitch * 4), tensor="tp"))
     if s.tmp:
         bufs.append(Buffer("bht", "the math library's temporary space, a row", Kind.SCRATCH,
                            "float", Linear(fixed=s.Wa * 4), str(s.Wa * 4), tensor="ht"))
-    if s.op == "avg":
+    if s.mode == "avg":
         bufs.append(Buffer("bc", "the window's element counts along a row, and a row's",
                            Kind.ROW, "float", Linear(fixed=2 * s.Wa * 4), str(2 * s.Wa * 4),
                            tensor="rwc"))
@@ -518,7 +518,7 @@ def render_window(s: WindowSchedule) -> Rendered:
         "name": s.name, "node": s.node, "kind": s.kernel_kind,
         "inputs": [io_entry(io) for io in s.inputs],
         "outputs": [io_entry(io) for io in s.outputs],
-        "window": {"op": s.op, "kernel": [s.kh, s.kw], "strides": [s.sh, s.sw],
+        "window": {"op": s.mode, "kernel": [s.kh, s.kw], "strides": [s.sh, s.sw],
                    "plane": [s.H, s.W], "out": [s.Ho, s.Wo], "planes": s.planes},
         "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim",
                           "key", "nBatch"],

@@ -38,7 +38,7 @@ def _consumer(pool: Node) -> Node | None:
 def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[Node]]:
     """A window kernel of ``nodes``; or None, the reason and the nodes back in the graph (new
     nodes: the kernel's copies)."""
-    k = build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, "window"), PATTERN)
+    k = build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, PATTERN), PATTERN)
     try:
         plan_window(k, ctx.target)
     except Unsupported as e:
@@ -53,7 +53,7 @@ def _prologue(pool: Node) -> Node | None:
     p = v.producer
     if pool.op != "MaxPool" or p is None or p.op == "GraphKernel" or len(v.users) != 1:
         return None
-    return p if p.op in ("Relu", "Maximum", "Minimum") else None
+    return p if p.op in ("ReLU", "Maximum", "Minimum") else None
 
 
 def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
@@ -70,7 +70,7 @@ def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
     mine = back[len(before):len(before) + len(mine)]
     if theirs:
         rest = back[len(before) + len(mine):]
-        build_kernel(graph, rest, next_kernel_name(ctx.analyses, rest, "elemwise"), pattern)
+        build_kernel(graph, rest, next_kernel_name(ctx.analyses, rest, pattern), pattern)
     k, _, _ = _try(graph, mine, ctx)
     return k, why
 
