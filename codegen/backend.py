@@ -16,6 +16,7 @@ from graphkernel.codegen.cube.render import render_matmul
 from graphkernel.codegen.cube.schedule import MatmulSchedule
 from graphkernel.codegen.vector.render import Rendered, io_entry, render
 from graphkernel.codegen.vector.schedule import Schedule
+from graphkernel.codegen.window import WindowSchedule, render_window
 from graphkernel.ir import Graph, Node
 from graphkernel.outputs import Folder
 from graphkernel.pipeline import collector_paused
@@ -52,7 +53,8 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
         for name in todo:
             shown.describe(name)
             s = scheds[name]  # a cube or MIX kernel is rendered on the Matmul API
-            r = render_matmul(s) if isinstance(s, MatmulSchedule) else render(s)
+            r = render_matmul(s) if isinstance(s, MatmulSchedule) else \
+                render_window(s) if isinstance(s, WindowSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))
             if replaced and r.name in replaced:

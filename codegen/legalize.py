@@ -36,6 +36,7 @@ from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector import layouts
 from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import Schedule, plan
+from graphkernel.codegen.window import WindowSchedule, is_window_kernel, plan_window
 from graphkernel.ir import Dim, Graph, Node
 
 if TYPE_CHECKING:  # (imported where a kernel is split: most compiles never do, and it is
@@ -48,10 +49,12 @@ STAGE_ELEMS_PER_CORE = 1024  # a whole reduction runs in two stages from this ma
 MIN_STAGE_PARTS = 8         # ... over at least this many partial reductions
 
 
-def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule:
+def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSchedule:
     """The schedule of ``kernel`` on ``target`` with its layout choices made, checked as far
     as it can be before run time; Unsupported when the generator cannot make the kernel. A
     kernel holding a matrix product is a cube or MIX kernel (codegen/cube/schedule.py)."""
+    if is_window_kernel(kernel):
+        return plan_window(kernel, target)
     if is_matmul_kernel(kernel):
         s = plan_matmul(kernel, target)
         epi = s.epilogue
@@ -132,6 +135,8 @@ class Checker:
 def two_stage_parts(s: Schedule, target: Target) -> int | None:
     """The partial reductions (one per core) for a kernel reducing everything to one value on
     one core when there is work for every core; None for any other kernel."""
+    if isinstance(s, WindowSchedule):
+        return None
     M, L = s.M, s.L
     if not (s.reduce and M == 1 and isinstance(L, int)
             and L >= target.aiv_cores * STAGE_ELEMS_PER_CORE):
@@ -156,15 +161,19 @@ Namer = Callable[[list[Node]], str]
 
 
 def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
-                 single_nodes: bool) -> list[Node]:
+                 single_nodes: bool, before: bool = False) -> list[Node]:
     """Unfuse ``kernel``, then rebuild as kernels the connected groups of its nodes left when
     the op it could not generate (``bad``: its index among the kernel's nodes) is taken out;
     cube ops go out with what only feeds them. A group of one computing node is a kernel
-    only with ``single_nodes`` (or around a cube op: its epilogue stays one). Returns the
+    only with ``single_nodes`` (or around a cube op: its epilogue stays one). ``before``
+    (a ``SplitBefore`` refusal): the op is not taken out but starts the second part, the
+    kernel splitting into what does not depend on it and it with what does. Returns the
     new kernels."""
     nodes = unfuse(graph, kernel)
     if bad is None:
         return []
+    if before:
+        return _split_before(graph, kernel, nodes, bad, name_for, single_nodes)
     out: set[int] = set()
     cube = nodes[bad].op in CUBE_OPS
     product = nodes[bad].op in PRODUCT_OPS  # retried as cube kernels, feeders as vector ones
@@ -200,6 +209,26 @@ def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
         lone_ok = cube or single_nodes  # a cube op's epilogue stays one kernel
         if not convex or not computing or (len(computing) < 2 and not lone_ok):
             continue
+        built.append(build_kernel(graph, group, name_for(group),
+                                  f"{kernel.attrs['pattern']}/split"))
+    return built
+
+
+def _split_before(graph: Graph, kernel: Node, nodes: list[Node], bad: int, name_for: Namer,
+                  single_nodes: bool) -> list[Node]:
+    """The kernel's nodes as two parts rebuilt as kernels: those that do not depend on
+    ``nodes[bad]``, and it with those that do. Both are convex (a path between two nodes of
+    the first part through the second would make the far end depend on ``nodes[bad]``)."""
+    after = {id(nodes[bad])}
+    for n in nodes[bad + 1:]:  # (the kernel's nodes are in topological order)
+        if any(id(v.producer) in after for v in n.inputs if v.producer is not None):
+            after.add(id(n))
+    built = []
+    for part in ([n for n in nodes if id(n) not in after], [n for n in nodes if id(n) in after]):
+        computing = [n for n in part if n.op not in RESHAPE_OPS and n.op != "Constant"]
+        if not computing or (len(computing) < 2 and not single_nodes):
+            continue
+        group = [n for n in part if n.op != "Constant"]
         built.append(build_kernel(graph, group, name_for(group),
                                   f"{kernel.attrs['pattern']}/split"))
     return built

@@ -30,3 +30,10 @@ class NeedsPhases(Unsupported):
     """A value depends on a reduction of its own rows that is accumulated across tiles (a
     second pass over the rows): the kernel runs as a sequence of phase kernels instead
     (``codegen/vector/phases.py``)."""
+
+
+class SplitBefore(Unsupported):
+    """The kernel cannot hold ``node`` with the work before it (a reduction of rows of another
+    length than the kernel's other reductions): the fallback splits it in two, the work
+    ``node`` does not depend on and ``node`` with the work that depends on it, rather than
+    taking ``node`` out on its own."""

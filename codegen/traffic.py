@@ -16,6 +16,7 @@ from graphkernel.codegen.cube.epilogue import reduces_along
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.extern import is_extern
 from graphkernel.codegen.targets import Target
+from graphkernel.codegen.window import is_window_kernel
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import CUBE_OPS, RESHAPE_OPS, OpKind
@@ -30,6 +31,8 @@ def launch_kind(node: Node) -> str:
     ``opaque`` (an op run by another framework), else ``vector`` (a fused kernel or a
     vector op alone)."""
     if node.op == "GraphKernel":
+        if is_window_kernel(node):  # a depthwise convolution too: a vector-unit stencil
+            return "vector"
         body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in RESHAPE_OPS]
         if any(op in CUBE_OPS for op in body):  # (operand transposes fold into isTrans)
             return "mix" if any(op not in CUBE_OPS | {"Transpose"} for op in body) else "cube"

@@ -33,6 +33,7 @@ from graphkernel.passes import (
     transpose_elim,
     transpose_view,
     validate,
+    window_fusion,
 )
 from graphkernel.registry import Step, register_steps
 
@@ -69,6 +70,7 @@ PIPELINE = (
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
     Step("postfusion", 10, parallel_fusion.parallel_fusion, 3, feature="enable_parallel_fusion"),
+    Step("postfusion", 20, window_fusion.window_fusion, 2),  # pools: window kernels
     Step("postfusion", 30, promote_precision.promote_precision, 2),
     Step("postfusion", 50, super_kernel.super_kernel, 3, feature="enable_super_kernel"),
     Step("codegen", 50, codegen.codegen, 1),

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from graphkernel.codegen import legalize
 from graphkernel.codegen.accumulate import widen_reductions
-from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+from graphkernel.codegen.refusal import NeedsPhases, SplitBefore, Unsupported
 from graphkernel.codegen.superkernel import form_groups
 from graphkernel.codegen.vector.phases import split_phases, split_whole_reduction
 from graphkernel.codegen.vector.schedule import Schedule
@@ -159,8 +159,10 @@ def codegen(graph, ctx) -> PassResult:
                 reason, bad = str(e), e.node
                 splittable = depth[id(k)] < legalize.MAX_SPLIT_DEPTH
                 parts = _in_phases(graph, k, ctx, reason) if splittable else []
+                before = False
             except Unsupported as e:
                 reason, bad = str(e), e.node
+                before = isinstance(e, SplitBefore)
             if parts:  # k was replaced by kernels of its own parts: schedule them next
                 changed += 1
                 for p in parts:
@@ -178,7 +180,7 @@ def codegen(graph, ctx) -> PassResult:
             index = next((i for i, n in enumerate(body) if n is bad), None)
             around = index if depth[id(k)] < legalize.MAX_SPLIT_DEPTH else None
             parts = legalize.split_around(graph, k, around, _namer(ctx, k),
-                                          ctx.flags.enable_single_node_fusion)
+                                          ctx.flags.enable_single_node_fusion, before)
             for p in parts:
                 depth[id(p)] = depth[id(k)] + 1
             work.extendleft(reversed(parts))

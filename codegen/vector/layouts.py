@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graphkernel.codegen.kernel_ir import KernelIR
-from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector import resident
 from graphkernel.codegen.vector.lower import lower
@@ -45,8 +45,7 @@ def choose(kernel: Node, s: Schedule, ir: KernelIR, target: Target) -> Schedule:
             lower(v)
             return v
         except Unsupported as e:
-            cls = NeedsPhases if isinstance(e, NeedsPhases) else Unsupported
-            raise cls(f"a row of {s.L} elements needs {need} bytes of UB, the target has "
+            raise type(e)(f"a row of {s.L} elements needs {need} bytes of UB, the target has "
                       f"{target.ub_bytes}, and it cannot be walked in chunks: {e}", node=e.node,
                       about=e.about) from None
     return resident.choose(s)  # tables broadcast over the leading axes: loaded once per core

@@ -39,7 +39,7 @@ from graphkernel.codegen.instructions import (
     SCAN_OPS,
 )
 from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
-from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+from graphkernel.codegen.refusal import NeedsPhases, SplitBefore, Unsupported
 from graphkernel.codegen.vector import views
 from graphkernel.codegen.vector.decompose import decompose
 from graphkernel.flags import DEFAULT_TARGET
@@ -871,7 +871,8 @@ class _Planner:
                     raise NeedsPhases(f"{n.op} over axes {axes} of a rank-{len(shape)} tensor "
                                       "(one run of adjacent axes per pass)", node=n)
                 if (L is not None and not eq(L, r)) or (kinds and k not in kinds):
-                    raise Unsupported(f"reductions of different shapes ({L} and {r} per row)")
+                    raise SplitBefore(f"reductions of different shapes ({L} and {r} per "
+                                      "row)", node=n)
                 L = r
                 kinds.add(k)
             if scans and kinds != {"column"}:

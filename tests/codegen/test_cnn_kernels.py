@@ -57,9 +57,35 @@ CASES = [
 POOL = Case("global_average_pool", _pool(), flags="")
 
 
+def _norm_then_pool():
+    """A group norm of one group (the statistics over C, H and W of each image), then the mean
+    over H and W: the fusion puts both in one kernel, whose reductions have rows of different
+    lengths (C*H*W and H*W)."""
+    g = Graph("np")
+    x = g.add_input("x", TensorType((2, 8, 4, 5), "float32"))
+    flat = g.add_node("Reshape", [x], {"shape": [2, 160]}).output
+    inv = g.const(np.array(1 / 160, np.float32))
+
+    def mean(v):
+        s = g.add_node("ReduceSum", [v], {"axis": [1], "keep_dims": True}).output
+        return g.add_node("Mul", [s, inv]).output
+
+    d = g.add_node("Sub", [flat, mean(flat)]).output
+    var = mean(g.add_node("Mul", [d, d]).output)
+    r = g.add_node("Rsqrt", [g.add_node("Add", [var, g.const(np.array(1e-5, np.float32))])
+                             .output]).output
+    y = g.add_node("Reshape", [g.add_node("Mul", [d, r]).output], {"shape": [2, 8, 4, 5]})
+    p = g.add_node("ReduceSum", [y.output], {"axis": [2, 3], "keep_dims": True}).output
+    g.set_outputs([g.add_node("Mul", [p, g.const(np.array(1 / 20, np.float32))]).output])
+    return g
+
+
+NORM_POOL = Case("norm_then_pool", _norm_then_pool(), flags="")
+
+
 @pytest.fixture(scope="module")
 def library():
-    return compile_cases([*CASES, POOL])
+    return compile_cases([*CASES, POOL, NORM_POOL])
 
 
 def _check(case, library):
@@ -86,3 +112,16 @@ def test_a_global_average_pool_is_one_reduction_kernel(library):
     assert len(kernels) == 1 and not POOL.result.report.extra["fallbacks"]
     assert {n.op for n in kernels[0].subgraph.nodes} >= {"ReduceSum", "Mul", "Exp"}
     _check(POOL, library)
+
+
+def test_reductions_of_two_row_lengths_split_in_two_kernels(library):
+    """The kernel is split before the reduction of the other row length: the norm, then the
+    pool with its mean (before, every op was a launch of its own). The norm's first sum is
+    left outside the kernel by the fusion (it would not join reductions of another shape)."""
+    fb = NORM_POOL.result.report.extra["fallbacks"]
+    assert [f["reason"] for f in fb] == ["reductions of different shapes (160 and 20 per row)"]
+    launches = [n for n in NORM_POOL.result.graph.nodes
+                if n.op not in ("Constant", "Reshape")]
+    assert [n.op for n in launches] == ["ReduceSum", "GraphKernel", "GraphKernel"]
+    assert {n.op for n in launches[2].subgraph.nodes} - {"Constant"} == {"ReduceSum", "Mul"}
+    _check(NORM_POOL, library)

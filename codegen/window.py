@@ -1,0 +1,531 @@
+"""Window kernels: a 2-D max or average pool, or a depthwise convolution, computed in the
+vector unit, with a ReLU before a max pool and the elementwise work on the result fused into
+the same kernel.
+
+A core takes whole (N*C) planes, one at a time. The input plane is loaded once per column
+tap ``dj`` of the window (``kw`` copies), each copy shifted so that column ``j`` of its rows
+holds the padded input's column ``j + dj``: a vector instruction's operands start on a
+32-byte UB block, so a shift by one element cannot be an offset into one copy, while a shift
+by whole rows can (the rows' pitch is whole blocks). The left and right padding of each row
+comes from ``DataCopyPad``'s padding (the pad value: the lowest float for a max, else 0),
+the top and bottom padding rows from ``Duplicate``. An output row is then ``kh * kw``
+whole-row instructions: ``Max``; or ``Add``, then a ``Div`` by the window's element counts
+(a row of counts built once per core times the row's count); or, for a depthwise
+convolution, ``Muls`` by each tap's weight and ``Add`` (the plane's channel's weights and
+bias are scalars read from GM). With a column stride the rows are computed at full column
+resolution and every stride-th column is picked by the scalar unit (a ``GatherMask`` would
+do it in the vector unit; not generated). A ReLU or a clamp by constants before a max pool
+runs on the copies (it is non-decreasing: it commutes with the max and keeps the padding
+the smallest value). The epilogue's instructions follow on each output row: its operands
+are the pooled row, rows of inputs of the output's shape (loaded per plane), the pool's
+input itself when the pool keeps the plane's size (PoolFormer's ``pool(x) - x``: the
+unshifted copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
+constants; a view of a result (``[N, C, H*W]``) is the same rows.
+
+What is refused (the reason goes to the fusion log; the op then stays an op of its own):
+other than float32, not 2-D, a dilation, a row padding over 32 bytes (DataCopyPad's limit),
+symbolic shapes, a plane whose copies do not fit the UB (a band of rows with its halo is not
+generated), epilogue ops other than the table's, and operands of other shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen.buffers import BufferPlan
+from graphkernel.codegen.kernel_ir import Buffer, Kind, Linear, comment_text
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.render import Rendered, env, io_entry
+from graphkernel.codegen.targets import Target
+from graphkernel.codegen.vector.schedule import kernel_symbol
+from graphkernel.ir import DType, Node, Value
+from graphkernel.ops import RESHAPE_OPS
+
+WINDOW_OPS = frozenset({"MaxPool", "AvgPool"})
+# epilogue op -> (tile∘tile call, tile∘scalar call); Sub and Div by a scalar are Adds/Muls
+BINARY = {"Add": ("Add", "Adds"), "Sub": ("Sub", "Adds"), "Mul": ("Mul", "Muls"),
+          "Div": ("Div", "Muls"), "Maximum": ("Max", "Maxs"), "Minimum": ("Min", "Mins")}
+UNARY = {"ReLU": "Relu", "Abs": "Abs", "Exp": "Exp", "Sqrt": "Sqrt", "Log": "Ln",
+         "Rsqrt": "Rsqrt", "Reciprocal": "Reciprocal"}
+WITH_TMP = {"Sigmoid": "Sigmoid", "Tanh": "Tanh", "Erf": "Erf"}  # the math library's, scratch
+LOWEST = "-3.40282347e+38f"  # a max pool's padding (the lowest float32)
+
+
+def is_depthwise(n: Node) -> bool:
+    """A convolution of each channel by its own window (group = channels = outputs), NCHW:
+    a per-plane stencil like a pool."""
+    if n.op != "Conv2D" or n.attrs["data_format"] != "NCHW":
+        return False
+    c, m = n.inputs[0].shape[1], n.inputs[1].shape[0]
+    return isinstance(c, int) and c == m == n.attrs["group"] and n.inputs[1].shape[1] == 1
+
+
+def is_window_op(n: Node) -> bool:
+    """A pool or a depthwise convolution: what a window kernel computes."""
+    return n.op in WINDOW_OPS or is_depthwise(n)
+
+
+def is_window_kernel(kernel: Node) -> bool:
+    """Whether ``kernel`` holds a pool or a depthwise convolution: a window kernel (this
+    module), not a vector or cube one."""
+    return kernel.op == "GraphKernel" and any(is_window_op(n) for n in kernel.subgraph.nodes)
+
+
+@dataclass
+class WindowIO:
+    """A kernel input or output: ``kind`` plane (a value of the pool's output shape, or the
+    pool's input), channel (one value per channel) or scalar."""
+
+    index: int
+    value: Value
+    kind: str
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.value.shape)
+
+
+@dataclass
+class WindowSchedule:
+    """What a window kernel computes and how: the pool's geometry and the epilogue's steps,
+    each a C++ statement on one output row."""
+
+    name: str
+    node: str
+    inputs: list[WindowIO]
+    outputs: list[WindowIO]
+    target: Target
+    mode: str                  # "max", "avg" or "dw" (a depthwise convolution)
+    planes: int                # N * C
+    channels: int
+    H: int
+    W: int
+    Ho: int
+    Wo: int
+    kh: int
+    kw: int
+    sh: int
+    pt: int
+    pl: int
+    Hp: int                    # rows of a copy: the padded input's rows
+    Wa: int                    # a row's pitch in UB (elements: whole blocks)
+    copies: list[tuple[int, int, int, int]]  # per column tap: first column, length, pads
+    pool_input: int            # the pool's input among the kernel's inputs
+    counts: list[float] | None  # an average's element counts along a row (None: a max)
+    row_counts: list[float] | None  # ... and down the rows
+    sw: int = 1                # the column stride
+    Wf: int = 0                # a row's columns at full resolution ((Wo - 1) * sw + 1)
+    Waf: int = 0               # ... and its pitch
+    pre: list[str] = field(default_factory=list)  # with a column stride: full-resolution rows
+    bias: str = ""             # a depthwise convolution's bias (a per-plane scalar)
+    tmp: bool = False          # the math library's scratch is used
+    prologue: list[tuple[str, str]] = field(default_factory=list)  # (call, scalar) on copies
+    prologue_nodes: set[int] = field(default_factory=set)
+    steps: list[str] = field(default_factory=list)  # statements on output row i
+    scalars: list[str] = field(default_factory=list)  # per-plane scalars read from GM
+    rows: int = 0              # one-row scratch values
+    notes: list[str] = field(default_factory=list)
+    kernel_kind: str = "vector"
+    variant: None = None
+
+    @property
+    def pitch(self) -> int:
+        """The pitch of a row of the input's copies (full column resolution)."""
+        return self.Waf if self.sw > 1 else self.Wa
+
+    @property
+    def width(self) -> int:
+        """The columns of a row of the input's copies."""
+        return self.Wf if self.sw > 1 else self.Wo
+
+    @property
+    def pad_value(self) -> str:
+        return LOWEST if self.mode == "max" else "0.0f"
+
+    @property
+    def what(self) -> str:
+        return {"max": "max pool", "avg": "average pool"}.get(self.mode, "depthwise convolution")
+
+
+def plan_window(kernel: Node, target: Target) -> WindowSchedule:
+    """The window kernel's schedule, or Unsupported with the reason."""
+    sub = kernel.subgraph
+    pools = [n for n in sub.nodes if is_window_op(n)]
+    if len(pools) != 1:
+        raise Unsupported("a window kernel holds one pool or depthwise convolution",
+                          node=pools[1])
+    pool = pools[0]
+    x = pool.inputs[0]
+    a = dict(pool.attrs)
+    conv = pool.op == "Conv2D"
+    if conv:  # [C, 1, kh, kw] weights, a [C] bias: read from GM, one plane's at a time
+        a["kernel_size"] = list(pool.inputs[1].shape[2:])
+        if any(v not in sub.inputs for v in pool.inputs[1:]):
+            raise Unsupported("a depthwise convolution whose weights or bias are computed in "
+                              "the kernel", node=pool)
+    if x.dtype != DType.float32 or pool.outputs[0].dtype != DType.float32:
+        raise Unsupported(f"{pool.op} of {x.dtype.value}: window kernels are generated for "
+                          "float32", node=pool)
+    if len(a["kernel_size"]) != 2:
+        raise Unsupported(f"{pool.op} over {len(a['kernel_size'])} axes: window kernels are "
+                          "2-D", node=pool)
+    shape = x.shape
+    if not all(isinstance(d, int) for d in shape):
+        raise Unsupported(f"{pool.op} of a symbolic shape {list(shape)}", node=pool)
+    prologue, pro_nodes = [], set()
+    while x not in sub.inputs:  # monotone work on a max pool's input (a ReLU) runs on its copies
+        p = x.producer
+        call = _monotone(p)
+        if pool.op != "MaxPool" or call is None or len(x.users) != 1:
+            raise Unsupported(f"{pool.op} of a value computed in the kernel by {p.op} (a "
+                              "window kernel takes a ReLU or a clamp by constants before a "
+                              "max pool)", node=p)
+        prologue.insert(0, call)
+        pro_nodes.add(id(p))
+        x = next(v for v in p.inputs if v.producer is None or v.producer.op != "Constant")
+    if prologue and len(x.users) != 1:
+        raise Unsupported(f"{pool.op}: its input {x.name} before the ReLU or clamp is read by "
+                          "other work of the kernel as well", node=pool, about=(x,))
+    if list(a["dilations"]) != [1, 1]:
+        raise Unsupported(f"{pool.op} with dilations {a['dilations']}", node=pool)
+    kh, kw = a["kernel_size"]
+    sh, sw = a["strides"]
+    pt, pl, pb, pr = a["pads"]
+    N, C, H, W = shape
+    Ho, Wo = pool.outputs[0].shape[2:]
+    blk = target.block_bytes // 4
+    Wa = -(-Wo // blk) * blk
+    Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
+    Waf = -(-Wf // blk) * blk
+    Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
+    copies = []
+    for dj in range(kw):
+        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
+        lp = max(0, pl - dj)
+        n = max(0, c1 - c0)
+        rp = Wf - lp - n if n else 0
+        if n and (lp + rp) * 4 > target.block_bytes:
+            raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
+                              f"pads at most {target.block_bytes} bytes)", node=pool)
+        copies.append((c0, n, lp, rp))
+    counts = row_counts = None
+    if conv and not all(isinstance(d, int) for d in pool.inputs[1].shape):
+        raise Unsupported("a depthwise convolution of symbolic weights", node=pool)
+    if pool.op == "AvgPool":
+        if a["divisor"]:
+            counts, row_counts = [float(a["divisor"])] * Wo, [1.0] * Ho
+        else:
+            inc = a["count_include_pad"]
+            counts = _counts(W, Wo, kw, sw, pl, pr, inc, a["ceil_mode"])
+            row_counts = _counts(H, Ho, kh, sh, pt, pb, inc, a["ceil_mode"])
+    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
+                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
+                       W, Ho, Wo, kh,
+                       kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts,
+                       sw=sw, Wf=Wf, Waf=Waf)
+    s.prologue, s.prologue_nodes = prologue, pro_nodes
+    if conv:
+        wi = sub.inputs.index(pool.inputs[1])
+        s.inputs[wi].kind = "weights"
+        s.scalars += [f"const float k{t} = gi{wi}.GetValue(c * {kh * kw} + {t});"
+                      for t in range(kh * kw)]
+        if len(pool.inputs) == 3:
+            bi = sub.inputs.index(pool.inputs[2])
+            s.inputs[bi].kind = "channel"
+            s.scalars.append(f"const float b{bi} = gi{bi}.GetValue(c);")
+            s.bias = f"b{bi}"
+    _epilogue(s, kernel, pool)
+    need = _plan(s).budget().bytes(1, Wa)
+    if need > target.ub_bytes:
+        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of "
+                          f"{Waf if sw > 1 else Wa}) and "
+                          f"the kernel's rows need {need} bytes of UB, the target has "
+                          f"{target.ub_bytes} (a band of rows with its halo is not generated)",
+                          node=pool)
+    if sw > 1:
+        s.notes.append(f"a column stride of {sw}: each pooled row is computed at full column "
+                       f"resolution, then every {sw}th column picked by the scalar unit "
+                       f"({Ho * Wo} GetValue/SetValue pairs per plane)")
+    s.notes.append(f"input {s.pool_input} is read {kw} times (one copy per column tap of the "
+                   "window: UB operands start on 32-byte blocks)" if kw > 1 else "")
+    s.notes = [n for n in s.notes if n]
+    return s
+
+
+def _counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include: bool,
+            ceil: bool) -> list[float]:
+    """Each window's elements along one axis: inside the input, or inside the padded input
+    with count_include_pad (never the ceil-mode overhang)."""
+    lo, hi = (-p0, size + p1) if include else (0, size)
+    del ceil  # (the overhang lies past size + p1: clipped by hi either way)
+    return [float(min(o * s - p0 + k, hi) - max(o * s - p0, lo)) for o in range(out)]
+
+
+def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
+    """The statements of the epilogue on output row i, and each input's kind."""
+    sub = kernel.subgraph
+    out_shape = tuple(pool.outputs[0].shape)
+    C = s.channels
+    outs = {id(v): k for k, v in enumerate(sub.outputs)}
+    expr: dict[int, str] = {}  # value -> a C++ row (LocalTensor) or scalar expression
+    kind: dict[int, str] = {}  # value -> "row" or "scalar"
+    x = s.inputs[s.pool_input].value
+    same = not s.prologue and tuple(x.shape) == out_shape and s.sh == 1 and s.sw == 1 and \
+        s.kh > s.pt and s.kw > s.pl
+    for io in s.inputs:
+        v = io.value
+        if io.kind in ("weights", "channel") and s.mode == "dw":
+            continue  # (the convolution's weights and bias: read per plane above)
+        if io.index == s.pool_input:
+            if same and s.copies[s.pl][2:] == (0, 0):  # the unshifted copy's rows
+                expr[id(v)] = f"x[({s.pl * s.Hp + s.pt} + i) * {s.Wa}]"
+                kind[id(v)] = "row"
+            continue
+        if tuple(v.shape) == out_shape:
+            expr[id(v)], kind[id(v)] = f"a{io.index}[i * {s.Wa}]", "row"
+        elif _channel(v, C):
+            io.kind = "channel"
+            s.scalars.append(f"const float c{io.index} = gi{io.index}.GetValue(c);")
+            expr[id(v)], kind[id(v)] = f"c{io.index}", "scalar"
+        elif v.type.numel == 1:
+            io.kind = "scalar"
+            s.scalars.append(f"const float c{io.index} = gi{io.index}.GetValue(0);")
+            expr[id(v)], kind[id(v)] = f"c{io.index}", "scalar"
+        else:
+            raise Unsupported(f"input {v.name} {list(v.shape)} is neither a plane, a channel "
+                              f"value nor a scalar of the pool's output {list(out_shape)}",
+                              about=(v,))
+    if s.pool_input in [io.index for io in s.inputs] and \
+            any(io.value is x and id(x) not in expr for io in s.inputs) and \
+            any(u is not pool and id(u) not in s.prologue_nodes for u in x.users):
+        raise Unsupported(f"the pool's input {x.name} is read by the epilogue but is not a "
+                          "plane of the output's shape", node=pool, about=(x,))
+    scratch = 0
+
+    def row_of(v: Value) -> str:
+        nonlocal scratch
+        if id(v) in outs:
+            return f"o{outs[id(v)]}[i * {s.Wa}]"
+        scratch += 1
+        return f"w[{(scratch - 1) * s.Wa}]"
+
+    body = s.steps
+    for n in sub.nodes:
+        if n.op == "Constant":
+            val = np.asarray(n.attrs["value"]).reshape(-1)[0]
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = f"{float(val)!r}f", "scalar"
+            continue
+        if id(n) in s.prologue_nodes:
+            continue  # (run on the copies)
+        if n is pool:
+            dst = row_of(n.outputs[0])
+            if s.sw == 1:
+                _pool_steps(s, dst, body, s.Wo)
+            else:  # full-resolution rows (pf), every sw-th column picked into pc
+                _pool_steps(s, f"pf[i * {s.Waf}]", s.pre, s.Wf)
+                pooled = f"pc[i * {s.Wa}]"
+                if s.mode == "avg":
+                    body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
+                             f"Div({dst}, {pooled}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+                else:
+                    body += [f"Muls({dst}, {pooled}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
+            continue
+        if any(id(v) not in expr for v in n.inputs):
+            missing = next(v for v in n.inputs if id(v) not in expr)
+            raise Unsupported(f"{n.op} reads {missing.name}, which a window kernel cannot "
+                              "place", node=n, about=(missing,))
+        if n.op in RESHAPE_OPS and kind[id(n.inputs[0])] == "scalar":
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = expr[id(n.inputs[0])], "scalar"
+            continue
+        if n.op in RESHAPE_OPS and n.outputs[0].type.numel == n.inputs[0].type.numel and \
+                n.outputs[0].dtype == DType.float32:  # a view of the planes' contiguous data
+            src = expr[id(n.inputs[0])]
+            if id(n.outputs[0]) in outs:  # stored: copied into its output's rows
+                dst = row_of(n.outputs[0])
+                body += [f"Muls({dst}, {src}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+                src = dst
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = src, "row"
+            continue
+        if n.outputs[0].dtype != DType.float32 or tuple(n.outputs[0].shape) != out_shape:
+            raise Unsupported(f"{n.op} {list(n.outputs[0].shape)} is not float32 work on the "
+                              f"pool's output {list(out_shape)}", node=n)
+        dst = row_of(n.outputs[0])
+        srcs = [expr[id(v)] for v in n.inputs]
+        kinds = [kind[id(v)] for v in n.inputs]
+        cnt = s.Wo
+        if n.op in UNARY and kinds == ["row"]:
+            body.append(f"{UNARY[n.op]}({dst}, {srcs[0]}, {cnt});")
+        elif n.op == "Neg" and kinds == ["row"]:
+            body.append(f"Muls({dst}, {srcs[0]}, -1.0f, {cnt});")
+        elif n.op in WITH_TMP and kinds == ["row"]:
+            s.tmp = True
+            body.append(f"{WITH_TMP[n.op]}({dst}, {srcs[0]}, ht, {cnt});")
+        elif n.op in BINARY and kinds == ["row", "row"]:
+            body.append(f"{BINARY[n.op][0]}({dst}, {srcs[0]}, {srcs[1]}, {cnt});")
+        elif n.op in BINARY and "row" in kinds:
+            r, c = (srcs[0], srcs[1]) if kinds[0] == "row" else (srcs[1], srcs[0])
+            first = kinds[0] == "row"
+            if n.op == "Sub" and first:
+                body.append(f"Adds({dst}, {r}, -({c}), {cnt});")
+            elif n.op == "Sub":  # s - x: (-x) + s
+                body += [f"Muls({dst}, {r}, -1.0f, {cnt});", "PipeBarrier<PIPE_V>();",
+                         f"Adds({dst}, {dst}, {c}, {cnt});"]
+            elif n.op == "Div" and first:
+                body.append(f"Muls({dst}, {r}, 1.0f / ({c}), {cnt});")
+            elif n.op == "Div":
+                raise Unsupported("a scalar divided by a row in a window kernel", node=n)
+            else:
+                body.append(f"{BINARY[n.op][1]}({dst}, {r}, {c}, {cnt});")
+        else:
+            raise Unsupported(f"{n.op} is not among a window kernel's epilogue ops "
+                              f"({', '.join(sorted({*BINARY, *UNARY, *WITH_TMP, 'Neg'}))} on rows)",
+                              node=n)
+        body.append("PipeBarrier<PIPE_V>();")
+        expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
+    for k, v in enumerate(sub.outputs):
+        if kind.get(id(v)) != "row" or expr[id(v)] != f"o{k}[i * {s.Wa}]":
+            raise Unsupported(f"output {v.name} is not a row the kernel computes", about=(v,))
+    s.rows = scratch
+
+
+def _monotone(n: Node) -> tuple[str, str] | None:
+    """(tensor-with-scalar call, scalar) of a non-decreasing op of one value and a scalar
+    constant (Relu, Maximum, Minimum): such an op commutes with a max, and maps the pool's
+    padding (the lowest float) to a value no larger than any it maps an element to, so it may
+    run on the padded copies."""
+    if n.op == "ReLU":
+        return "Maxs", "0.0f"
+    if n.op not in ("Maximum", "Minimum") or len(n.inputs) != 2:
+        return None
+    consts = [v for v in n.inputs if v.producer is not None and v.producer.op == "Constant"
+              and v.type.numel == 1]
+    if len(consts) != 1 or n.outputs[0].dtype != DType.float32:
+        return None
+    val = float(np.asarray(consts[0].producer.attrs["value"]).reshape(-1)[0])
+    if not np.isfinite(val):
+        return None
+    return ("Maxs" if n.op == "Maximum" else "Mins"), f"{val!r}f"
+
+
+def _channel(v: Value, C: int) -> bool:
+    """A value of one element per channel, broadcast over N, H and W ([C, 1, 1], ...)."""
+    shape = [d for d in v.shape]
+    if v.type.numel != C or C == 1:
+        return False
+    while len(shape) < 4:
+        shape.insert(0, 1)
+    return len(shape) == 4 and shape[1] == C
+
+
+def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None:
+    """Output row i of the pool (``cols`` columns) into ``dst``: the window's taps combined,
+    an average divided by its counts (with a column stride: after the columns are picked)."""
+    pitch = s.pitch
+    taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {pitch}]"
+            for di in range(s.kh) for dj in range(s.kw)]
+    if s.mode == "dw":  # sum of weight * tap, then the bias
+        body += [f"Muls({dst}, {taps[0]}, k0, {cols});", "PipeBarrier<PIPE_V>();"]
+        for t, tap in enumerate(taps[1:], 1):
+            body += [f"Muls(tp, {tap}, k{t}, {cols});", "PipeBarrier<PIPE_V>();",
+                     f"Add({dst}, {dst}, tp, {cols});", "PipeBarrier<PIPE_V>();"]
+        if s.bias:
+            body += [f"Adds({dst}, {dst}, {s.bias}, {cols});", "PipeBarrier<PIPE_V>();"]
+        return
+    call = "Max" if s.mode == "max" else "Add"
+    if len(taps) == 1:
+        body += [f"Muls({dst}, {taps[0]}, 1.0f, {cols});", "PipeBarrier<PIPE_V>();"]
+    else:
+        body += [f"{call}({dst}, {taps[0]}, {taps[1]}, {cols});", "PipeBarrier<PIPE_V>();"]
+        for t in taps[2:]:
+            body += [f"{call}({dst}, {dst}, {t}, {cols});", "PipeBarrier<PIPE_V>();"]
+    if s.mode == "avg" and s.sw == 1:
+        body += [f"Muls(cnt, rw, rh[i], {s.Wo});", "PipeBarrier<PIPE_V>();",
+                 f"Div({dst}, {dst}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+
+
+def _plan(s: WindowSchedule) -> BufferPlan:
+    """The kernel's UB buffers (fixed sizes: a plane's rows)."""
+    blk = s.target.block_bytes
+    plane = s.Ho * s.Wa * 4
+    pitch = s.pitch
+    bufs = [Buffer("qx", f"the pool's input plane, {s.kw} copies shifted by a column tap",
+                   Kind.QUEUE_IN, "float", Linear(fixed=s.kw * s.Hp * pitch * 4),
+                   str(s.kw * s.Hp * pitch * 4), tensor="x")]
+    if s.sw > 1:
+        full = s.Ho * s.Waf * 4
+        bufs += [Buffer("bf", "the pooled rows at full column resolution", Kind.TILE, "float",
+                        Linear(fixed=full), str(full), tensor="pf"),
+                 Buffer("bp", "the pooled rows, every column-stride-th column", Kind.TILE,
+                        "float", Linear(fixed=plane), str(plane), tensor="pc")]
+    bufs += [Buffer(f"qi{io.index}", f"input {io.index}'s plane", Kind.QUEUE_IN, "float",
+                    Linear(fixed=plane), str(plane), tensor=f"a{io.index}")
+             for io in s.inputs if io.kind == "plane" and io.index != s.pool_input]
+    bufs += [Buffer(f"qo{io.index}", f"output {io.index}'s plane", Kind.QUEUE_OUT, "float",
+                    Linear(fixed=plane), str(plane), tensor=f"o{io.index}") for io in s.outputs]
+    if s.rows:
+        bufs.append(Buffer("bw", "the epilogue's values, a row each", Kind.ROW, "float",
+                           Linear(fixed=s.rows * s.Wa * 4), str(s.rows * s.Wa * 4),
+                           tensor="w"))
+    if s.mode == "dw":
+        bufs.append(Buffer("bt", "a tap times its weight, a row", Kind.ROW, "float",
+                           Linear(fixed=pitch * 4), str(pitch * 4), tensor="tp"))
+    if s.tmp:
+        bufs.append(Buffer("bht", "the math library's temporary space, a row", Kind.SCRATCH,
+                           "float", Linear(fixed=s.Wa * 4), str(s.Wa * 4), tensor="ht"))
+    if s.mode == "avg":
+        bufs.append(Buffer("bc", "the window's element counts along a row, and a row's",
+                           Kind.ROW, "float", Linear(fixed=2 * s.Wa * 4), str(2 * s.Wa * 4),
+                           tensor="rwc"))
+    return BufferPlan(tuple(bufs), Linear(fixed=blk), "float")
+
+
+def render_window(s: WindowSchedule) -> Rendered:
+    """The kernel's files (``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp``) and its
+    manifest entry."""
+    bplan = _plan(s)
+    edges = []
+    if s.counts is not None:
+        common = max(set(s.counts), key=s.counts.count)
+        edges = [(j, c) for j, c in enumerate(s.counts) if c != common]
+    else:
+        common = 0.0
+    ctx: dict[str, Any] = {
+        "s": s, "plan": bplan, "node_comment": comment_text(s.node),
+        "loads": [(dj, *c) for dj, c in enumerate(s.copies) if c[1]],  # copies with columns
+        "plane_inputs": [io for io in s.inputs if io.kind == "plane"
+                         and io.index != s.pool_input],
+        "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],
+        "row_counts": ", ".join(f"{c!r}f" for c in (s.row_counts or [])),
+        "sizes": {io.index: io.value.type.numel for io in [*s.inputs]},
+        "osizes": {io.index: io.value.type.numel for io in s.outputs},
+        "blk": s.target.block_bytes,
+    }
+    jenv = env()
+    files = {f"{s.name}.cpp": jenv.get_template("window.cpp.j2").render(ctx),
+             f"{s.name}_tiling.h": jenv.get_template("window_tiling.h.j2").render(ctx),
+             f"{s.name}_tiling.cpp": jenv.get_template("window_tiling.cpp.j2").render(ctx)}
+    manifest = {
+        "name": s.name, "node": s.node, "kind": s.kernel_kind,
+        "inputs": [io_entry(io) for io in s.inputs],
+        "outputs": [io_entry(io) for io in s.outputs],
+        "window": {"op": s.mode, "kernel": [s.kh, s.kw], "strides": [s.sh, s.sw],
+                   "plane": [s.H, s.W], "out": [s.Ho, s.Wo], "planes": s.planes},
+        "tiling_fields": ["M", "L", "rt", "ct", "ctp", "nColTiles", "units", "blockDim",
+                          "key", "nBatch"],
+        "block_dim": "min(vector cores, planes)",
+        "tiling_function": f"{s.name}_tiling",
+        "sources": sorted(files),
+        "notes": list(s.notes),
+        "buffers": bplan.describe(),
+    }
+    return Rendered(s, None, files, manifest, bplan)

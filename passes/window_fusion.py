@@ -1,0 +1,109 @@
+"""Rewrite each 2-D pool and depthwise convolution left outside the kernels into a window
+kernel, with a ReLU before a max pool and the elementwise kernel that consumes it, when the
+code generator can make it (codegen/window.py).
+
+A pool is an op of its own after the split (the patterns fuse no opaque op), a depthwise
+convolution a cube launch. A window kernel computes either in the vector unit one plane at a
+time, and the elementwise work on its result runs on each computed row in the same kernel:
+PoolFormer's token mixer ``pool(x) - x``, scaled and added to the residual, is one launch
+instead of two; a depthwise convolution with its folded batch norm and ReLU6 one instead of
+two. The consumer joins when it is a kernel whose every op the window kernel's epilogue
+takes and the result goes nowhere else. Each one is recorded for ``graphkernel explain``
+(pattern ``window_fusion``): fused with its neighbours, alone, or refused with the
+generator's reason (it then stays as it was).
+"""
+
+from __future__ import annotations
+
+from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.window import is_window_op, plan_window
+from graphkernel.fusion import nbytes
+from graphkernel.ir import Graph, Node
+from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
+from graphkernel.registry import PassResult, counted
+from graphkernel.runlog import Attempt
+
+PATTERN = "window_fusion"
+
+
+def _consumer(pool: Node) -> Node | None:
+    """The kernel that is the pool's result's only reader, if any."""
+    users = {id(u): u for u in pool.outputs[0].users}
+    if len(users) != 1:
+        return None
+    (k,) = users.values()
+    return k if k.op == "GraphKernel" else None
+
+
+def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[Node]]:
+    """A window kernel of ``nodes``; or None, the reason and the nodes back in the graph (new
+    nodes: the kernel's copies)."""
+    k = build_kernel(graph, nodes, next_kernel_name(ctx.analyses, nodes, PATTERN), PATTERN)
+    try:
+        plan_window(k, ctx.target)
+    except Unsupported as e:
+        return None, str(e), [n for n in unfuse(graph, k) if n.op != "Constant"]
+    return k, "", []
+
+
+def _prologue(pool: Node) -> Node | None:
+    """The op outside the kernels computing a max pool's input for it alone (a ReLU or a
+    clamp: the generator decides what it takes)."""
+    v = pool.inputs[0]
+    p = v.producer
+    if pool.op != "MaxPool" or p is None or p.op == "GraphKernel" or len(v.users) != 1:
+        return None
+    return p if p.op in ("ReLU", "Maximum", "Minimum") else None
+
+
+def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
+          ) -> tuple[Node, str]:
+    """The window kernel ``k`` with ``before`` (ops outside the kernels) ahead of its nodes
+    and ``cons``'s nodes (a kernel) after them, when the generator takes it; otherwise ``k``
+    as it was (rebuilt), ``cons`` too, and the reason."""
+    pattern = cons.attrs["pattern"] if cons is not None else ""
+    mine = [n for n in unfuse(graph, k) if n.op != "Constant"]
+    theirs = [n for n in unfuse(graph, cons) if n.op != "Constant"] if cons is not None else []
+    merged, why, back = _try(graph, [*before, *mine, *theirs], ctx)
+    if merged is not None:
+        return merged, ""
+    mine = back[len(before):len(before) + len(mine)]
+    if theirs:
+        rest = back[len(before) + len(mine):]
+        build_kernel(graph, rest, next_kernel_name(ctx.analyses, rest, pattern), pattern)
+    k, _, _ = _try(graph, mine, ctx)
+    return k, why
+
+
+def window_fusion(graph: Graph, ctx) -> PassResult:
+    """Each 2-D float pool outside the kernels as a window kernel, with a ReLU before a max
+    pool and its elementwise consumer kernel when the generator takes them."""
+    log = ctx.analyses.fusion_attempts
+    fused = alone = 0
+    for pool in [n for n in graph.nodes if is_window_op(n)]:
+        if not ctx.should_apply(f"{PATTERN}: {pool.name}", [pool]):
+            continue
+        pro = _prologue(pool)
+        k, why, _ = _try(graph, [pool], ctx)
+        if k is None:  # the pool itself cannot be generated: its neighbours are left as they are
+            log.append(Attempt(PATTERN, [pool.name], [pool.name], 0, "rejected", why))
+            ctx.log(f"{PATTERN}: {pool.name} stays an op of its own: {why}")
+            continue
+        grown = False
+        for before, cons in (([pro], None), ([], _consumer(k))):
+            if (before and before[0] is None) or (not before and cons is None):
+                continue
+            names = [pool.name, *(n.name for n in before), *([cons.name] if cons else [])]
+            # GM bytes saved: the joined value's round trip (written, then read back)
+            saved = 2 * nbytes(before[0].outputs[0] if before else k.outputs[0])
+            k, why = _grow(graph, k, before, cons, ctx)
+            log.append(Attempt(PATTERN, names, names, 0 if why else saved,
+                               "rejected" if why else "fused", why))
+            if why:
+                ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")
+            grown |= not why
+        fused += grown
+        alone += not grown
+    summary = (f"{counted(fused + alone, 'pool')} as window kernels ({fused} with their "
+               "neighbours)")
+    return PassResult(fused + alone > 0, fused + alone, summary=summary)

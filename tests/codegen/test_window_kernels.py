@@ -1,0 +1,201 @@
+"""Window kernels (codegen/window.py, passes/window_fusion.py): 2-D pools and depthwise
+convolutions generated in the vector unit with their neighbours, run in the simulator
+against the numpy reference; what the generator refuses stays an op of its own, with the
+reason in the fusion log."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.bisect import Evaluator
+from graphkernel.codegen import backend
+from graphkernel.codegen.backend import run_sim, schedules
+from graphkernel.codegen.sim.runner import SimulatorError
+from graphkernel.codegen.window import WindowSchedule
+from tests.codegen.cases import Case, compile_cases
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+RNG = np.random.default_rng(5)
+
+
+def _attrs(k, s, p, **kw):
+    return {"kernel_size": [k, k], "strides": [s, s], "pads": [p] * 4, "dilations": [1, 1],
+            **kw}
+
+
+def _mixer(hw=(9, 7), c=8):
+    """PoolFormer's token mixer after its norm: r + scale * (avgpool(y) - y), the average
+    over the window's elements inside the input (count_include_pad off)."""
+    g = Graph("mixer")
+    y = g.add_input("y", TensorType((2, c, *hw), "float32"))
+    r = g.add_input("r", TensorType((2, c, *hw), "float32"))
+    p = g.add_node("AvgPool", [y], _attrs(3, 1, 1, count_include_pad=False)).output
+    d = g.add_node("Sub", [p, y]).output
+    m = g.add_node("Mul", [d, g.const(RNG.uniform(0.5, 2, (c, 1, 1)).astype("float32"))])
+    g.set_outputs([g.add_node("Add", [r, m.output]).output])
+    return g
+
+
+def _stem(hw=(12, 11), c=8):
+    """A ReLU, then a 3x3 max pool of stride 2 padded by 1 (a residual network's stem)."""
+    g = Graph("stem")
+    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    y = g.add_node("Maximum", [x, g.const(np.array(0, np.float32))]).output
+    g.set_outputs([g.add_node("MaxPool", [y], _attrs(3, 2, 1)).output])
+    return g
+
+
+def _transition(hw=(8, 10), c=8):
+    """A 2x2 average pool of stride 2 (a dense network's transition), then a ReLU6 clamp."""
+    g = Graph("transition")
+    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    p = g.add_node("AvgPool", [x], _attrs(2, 2, 0)).output
+    y = g.add_node("Maximum", [p, g.const(np.array(0, np.float32))]).output
+    g.set_outputs([g.add_node("Minimum", [y, g.const(np.array(6, np.float32))]).output])
+    return g
+
+
+def _depthwise(k=3, stride=1, act="relu6", hw=(10, 9), c=8):
+    """A depthwise convolution with its bias, then ReLU6 or SiLU (x * sigmoid(x)), and a
+    view of the result as [N, C, H*W] (what a following 1x1 product reads)."""
+    g = Graph(f"dw{k}")
+    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, k, k)).astype("float32"))
+    b = g.const(RNG.standard_normal(c).astype("float32"))
+    y = g.add_node("Conv2D", [x, w, b], {"strides": [stride] * 2, "pads": [k // 2] * 4,
+                                         "group": c}).output
+    if act == "relu6":
+        y = g.add_node("Maximum", [y, g.const(np.array(0, np.float32))]).output
+        y = g.add_node("Minimum", [y, g.const(np.array(6, np.float32))]).output
+    else:
+        y = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
+    n, _, h, w_ = y.shape
+    g.set_outputs([g.add_node("Reshape", [y], {"shape": [n, c, h * w_]}).output])
+    return g
+
+
+def _narrow():
+    """A 2x2 max pool of stride 3 padded by 1 on planes 2 wide: the first column tap reads
+    only padding (no load; the other taps' copies keep their places), then 2 * |x|."""
+    g = Graph("narrow")
+    x = g.add_input("x", TensorType((2, 3, 8, 2), "float32"))
+    p = g.add_node("MaxPool", [x], _attrs(2, 3, 1)).output
+    a = g.add_node("Abs", [p]).output
+    g.set_outputs([g.add_node("Mul", [a, g.const(np.array(2, np.float32))]).output])
+    return g
+
+
+CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
+         Case("depthwise_5x5_s2_silu", _depthwise(5, 2, "silu", hw=(12, 11)), flags=""),
+         Case("poolformer_mixer", _mixer(), flags=""),
+         Case("poolformer_mixer_small_plane", _mixer(hw=(2, 2)), flags=""),
+         Case("stem_relu_maxpool_s2", _stem(), flags=""),
+         Case("transition_avgpool_s2", _transition(), flags=""),
+         Case("maxpool_first_tap_all_padding", _narrow(), flags="")]
+
+
+@pytest.fixture(scope="module")
+def library():
+    return compile_cases(CASES)
+
+
+def _window_kernels(case):
+    return {k: s for k, s in schedules(case.result).items() if isinstance(s, WindowSchedule)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_pool_and_its_neighbours_are_one_window_kernel(case, library):
+    nodes = [n for n in case.result.graph.nodes if n.op != "Constant"]
+    assert [n.op for n in nodes] == ["GraphKernel"]  # one launch
+    assert not case.result.report.extra["fallbacks"]
+    assert len(_window_kernels(case)) == 1
+    feeds = case.feeds({})
+    got, be = run_sim(case.result, feeds, library=library)
+    assert not be.unscheduled
+    judged = Evaluator(case.graph, feeds).judge(got)
+    assert not judged.bad, f"{case.id}: {judged.reason}"
+
+
+def test_the_pool_reads_its_plane_once_per_column_tap(library):
+    """GM traffic: the input once per column tap (3: the shifted copies read their 6 columns
+    inside the input, the unshifted one all 7), the output once."""
+    case = CASES[2]
+    feeds = case.feeds({})
+    _, be = run_sim(case.result, feeds, library=library)
+    (st,) = be.stats.values()
+    plane = 2 * 8 * 9 * 7 * 4
+    assert st.input_reads[0] == plane * (6 + 7 + 6) // 7 and st.gm_written == plane
+
+
+def test_a_max_pool_pads_with_the_lowest_float(library):
+    """Negative inputs only: a padding of zeros would show in the border windows."""
+    case = CASES[4]
+    x = -np.abs(RNG.standard_normal((2, 8, 12, 11))).astype(np.float32) - 1
+    g = Graph("neg")
+    xi = g.add_input("x", TensorType((2, 8, 12, 11), "float32"))
+    g.set_outputs([g.add_node("MaxPool", [xi], _attrs(3, 2, 1)).output])
+    res = graphkernel.compile(g, "", env={})
+    got, _ = run_sim(res, {"x": x})
+    want = Evaluator(g, {"x": x})
+    assert not want.judge(got).bad
+    assert case  # (the stem case covers the ReLU in front)
+
+
+def test_a_plane_too_large_for_the_unified_buffer_is_refused():
+    g = Graph("big")
+    x = g.add_input("x", TensorType((1, 2, 200, 200), "float32"))
+    g.set_outputs([g.add_node("MaxPool", [x], _attrs(3, 1, 1)).output])
+    res = graphkernel.compile(g, "", env={})
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["MaxPool"]
+    (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"]
+    assert att.verdict == "rejected" and "bytes of UB" in att.reason
+
+
+def test_float16_and_dilated_pools_are_refused_with_the_reason():
+    for dtype, dil, why in (("float16", 1, "float32"), ("float32", 2, "dilations")):
+        g = Graph("r")
+        x = g.add_input("x", TensorType((1, 4, 8, 8), dtype))
+        a = _attrs(3, 1, 2 if dil > 1 else 1) | {"dilations": [dil, dil]}
+        g.set_outputs([g.add_node("MaxPool", [x], a).output])
+        res = graphkernel.compile(g, "", env={})
+        assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["MaxPool"]
+        (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"]
+        assert why in att.reason
+
+
+def test_a_pool_of_another_consumer_keeps_the_consumer_as_it_was():
+    """A reduction reading the pool (a norm) is not an epilogue: the pool is a window
+    kernel alone, the consumer its own kernel."""
+    g = Graph("n")
+    x = g.add_input("x", TensorType((2, 4, 6, 6), "float32"))
+    p = g.add_node("AvgPool", [x], _attrs(3, 1, 1)).output
+    s = g.add_node("ReduceSum", [g.add_node("Exp", [p]).output], {"axis": [2, 3],
+                                                                  "keep_dims": True})
+    g.set_outputs([s.output])
+    res = graphkernel.compile(g, "", env={})
+    kernels = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert [k.attrs["pattern"] for k in kernels][0] == "window_fusion"
+    assert len(kernels) == 2
+    feeds = {"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    assert not Evaluator(g, feeds).judge(got).bad
+
+
+def test_a_window_kernel_without_its_barriers_fails_in_the_simulator():
+    """The simulator holds the kernel to the vector unit's ordering: the same kernel with its
+    PipeBarriers dropped is an error, not a pass."""
+    case = Case("stem_broken", _stem(hw=(6, 6)), flags="")
+    res = graphkernel.compile(case.graph, "", env={})
+
+    def drop(name, files):
+        return {f: t.replace("PipeBarrier<PIPE_V>();", "") for f, t in files.items()}
+
+    backend.CORRUPT.append(drop)
+    try:
+        with pytest.raises(SimulatorError, match="PipeBarrier"):
+            run_sim(res, case.feeds({}))
+    finally:
+        backend.CORRUPT.remove(drop)
