@@ -276,6 +276,34 @@ def test_a_digest_started_early_is_used_only_for_the_same_unchanged_file(tmp_pat
     outputs._PENDING.clear()
 
 
+def test_the_sharing_decision_is_made_once_per_array_and_only_for_that_array(tmp_path):
+    """The writer asks of every array whether it is still a view of a model's data file
+    twice; the second answer is the first one's (a copy of it), and it is never given for
+    another array that happens to take the first one's id."""
+    from graphkernel.frontends.json_format import _Sharing
+
+    g = load_graph(saved(tmp_path))
+    w = weights(g)[0]
+    sharing = _Sharing(tmp_path / "out.json")
+    first = sharing.reference(w)
+    assert first is not None and first == sharing._reference(w)
+    first["key"] = "changed by a caller"
+    assert sharing.reference(w) == sharing._reference(w) != first
+    other = np.ones(4, np.float32)  # (not in any data file)
+    sharing.seen[id(other)] = (w, sharing._reference(w))  # as if ``w`` had had its id
+    assert sharing.reference(other) is None
+
+
+def test_an_attribute_that_cannot_be_saved_names_its_node(tmp_path):
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4,), "float32"))
+    y = g.add_node("ReLU", [x], name="act").output
+    g.set_outputs([y])
+    g.node("act").attrs["extra"] = {"a": object()}
+    with pytest.raises(FormatError, match=r"node 'act' \(ReLU\): attribute value"):
+        save_graph(g, tmp_path / "g.json")
+
+
 def test_cleanup_removes_the_link_and_never_the_models_weights(tmp_path):
     model = saved(tmp_path)
     _compile(tmp_path, model, tmp_path / "out")

@@ -134,10 +134,21 @@ class _Sharing:
         self.path = path
         self.names: dict[int, str] = {}  # id of a map -> the shared file's name
         self.maps: list[MappedData] = []
+        # id of an array asked about -> (the array, its reference): the writer asks of each
+        # array twice (which data files the graph names, then what to write for it)
+        self.seen: dict[int, tuple[np.ndarray, dict[str, Any] | None]] = {}
 
     def reference(self, arr: np.ndarray) -> dict[str, Any] | None:
         """``file`` and ``key`` (a whole .npz member) or ``offset`` of ``arr``'s bytes, when
         ``arr`` is still a view of a model's data file."""
+        known = self.seen.get(id(arr))
+        if known is not None and known[0] is arr:
+            return None if known[1] is None else dict(known[1])
+        ref = self._reference(arr)
+        self.seen[id(arr)] = (arr, ref)
+        return None if ref is None else dict(ref)
+
+    def _reference(self, arr: np.ndarray) -> dict[str, Any] | None:
         found = source_of(arr)
         if found is None:
             return None
@@ -163,8 +174,10 @@ class _Sharing:
                 for mm in self.maps]
 
 
-def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None,
+def _encode_attr(value: Any, where: Any, side: dict[str, np.ndarray] | None = None,
                  shared: _Sharing | None = None) -> Any:
+    """The file form of an attribute value; ``where`` names it in an error: a text, or the
+    node it belongs to (its text made only when there is an error to report)."""
     cls = type(value)
     if cls is int or cls is str or cls is bool or value is None:  # (most attributes)
         return value
@@ -194,7 +207,8 @@ def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = No
         return value
     if isinstance(value, np.generic):
         return _encode_scalar(value.item())
-    raise FormatError(f"{where}: attribute value {value!r} (a {type(value).__name__}) cannot be "
+    at = where if isinstance(where, str) else f"node '{where.name}' ({where.op})"
+    raise FormatError(f"{at}: attribute value {value!r} (a {type(value).__name__}) cannot be "
                       "saved to a graph file")
 
 
@@ -225,16 +239,17 @@ def _const_data(arr: np.ndarray) -> list[Any]:
 _BF16 = DType.bfloat16.np
 
 
-def _is_constant(n: Any) -> bool:
-    """A Constant node written in ``constants`` (the others are nodes like any other)."""
-    return n.op == "Constant" and n.output.name == n.name and n.origin == (n.name,)
+@functools.cache
+def _dtype_name(dt: np.dtype) -> str:
+    """The file's name of a numpy dtype (``DType.parse``, remembered: asked per constant)."""
+    return DType.parse(dt).value
 
 
 def _constant_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | None
                    ) -> dict[str, Any]:
     arr = n.attrs["value"]
     spec: dict[str, Any] = {"name": n.name, "shape": list(arr.shape),
-                            "dtype": DType.parse(arr.dtype).value}
+                            "dtype": _dtype_name(arr.dtype)}
     if side is not None and arr.size > INLINE_LIMIT:
         spec |= _stored(side, shared, arr)
     else:
@@ -253,8 +268,10 @@ def _node_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | No
         cls = type(v)
         if cls is int or cls is str or cls is bool or v is None:  # (most: as they are)
             attrs[k] = v
+        elif cls is Graph:  # (a kernel's body)
+            attrs[k] = {"graph": graph_to_dict(v, nested=True, side=side, shared=shared)}
         elif not (opaque and k == "fn"):
-            attrs[k] = _encode_attr(v, f"node '{n.name}' ({n.op})", side, shared)
+            attrs[k] = _encode_attr(v, n, side, shared)
     node: dict[str, Any] = {"name": n.name, "op": n.op,
                             "inputs": [v.name for v in n.inputs],
                             "outputs": [{"name": v.name, "shape": list(v.type.shape),
@@ -289,10 +306,14 @@ def graph_to_dict(graph: Graph, nested: bool = False,
 
 
 def _split_constants(graph: Graph) -> tuple[list[Any], list[Any]]:
-    """The graph's nodes in order: those written as ``constants``, and the others."""
+    """The graph's nodes in order: those written as ``constants`` (a Constant named as its
+    value, of no other origin), and the others (nodes like any other)."""
     consts, nodes = [], []
     for n in graph.nodes:
-        (consts if _is_constant(n) else nodes).append(n)
+        if n.op == "Constant" and n.outputs[0].name == n.name and n.origin == (n.name,):
+            consts.append(n)
+        else:
+            nodes.append(n)
     return consts, nodes
 
 
