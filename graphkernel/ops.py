@@ -216,6 +216,8 @@ def _frozen_attrs(attrs: dict[str, Any]) -> tuple | None:
     return tuple(items)
 
 
+frozen_attrs = _frozen_attrs  # (public: other modules key their own memos by it)
+
 _REGISTRY: dict[str, OpDef] = {}
 _ALIASES: dict[str, str] = {}
 
