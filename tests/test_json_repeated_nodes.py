@@ -121,3 +121,4 @@ def test_constants_whose_names_are_taken_are_built_as_the_full_checks_build_them
     assert g.value("x") is g.inputs[0]
     with pytest.raises(FormatError, match=r"constants\[1\] \('k'\): .*'k' already exists"):
         graph_from_dict(graph_doc(constants=[c | {"name": "k"}, c | {"name": "k"}]))
+
