@@ -247,9 +247,12 @@ def test_weights_are_digested_while_the_graph_compiles(tmp_path, monkeypatch):
     assert outputs._PENDING == {}
 
 
-def test_a_digest_started_early_is_used_only_for_the_same_unchanged_file(tmp_path):
+def test_a_digest_started_early_is_used_only_for_the_same_unchanged_file(tmp_path,
+                                                                         monkeypatch):
     """``digest_soon`` then ``share_file``: the same digest as computed on the spot; for a
     file changed in between (another identity), the digest of what it holds now."""
+    monkeypatch.setattr(outputs, "_PENDING", {})
+    monkeypatch.setattr(outputs, "_KNOWN", {})
     data = tmp_path / "w.bin"
     data.write_bytes(b"a" * 100_000)
     for change in (False, True):
@@ -273,7 +276,6 @@ def test_a_digest_started_early_is_used_only_for_the_same_unchanged_file(tmp_pat
             assert len(outputs._PENDING) == change  # (the changed file's digest: not used)
         finally:
             os.close(fd)
-    outputs._PENDING.clear()
 
 
 def test_the_sharing_decision_is_made_once_per_array_and_only_for_that_array(tmp_path):
