@@ -364,6 +364,7 @@ def test_checked_attributes_are_remembered_and_never_shared(monkeypatch):
         return real(attrs)
 
     monkeypatch.setattr(opdef, "_checked", {})
+    monkeypatch.setattr(opdef, "_nodes", {})  # (add_node's memo in front of it)
     monkeypatch.setattr(opdef.attrs, "model_validate", counting)
     g = Graph("attrs")
     x = g.add_input("x", TensorType((4, 8), "float32"))
