@@ -449,9 +449,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         confine_to(cfg, args.out, "-o/--out")
     if args.out and cfg.dump_as_text and cfg.origin("debug_dir") == "default":
         flags = f"{flags} --debug_dir={args.out}"
+    previous = None
+    if args.out:
+        from graphkernel.outdir import previous_outputs
+
+        previous = previous_outputs(args.out)  # (the digests it recorded are known now)
+        _digest_data_files(g)
     res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # g becomes res.graph
     rep = res.report
-    written = _write_outputs(args, res)
+    written = _write_outputs(args, res, previous)
     if args.json:
         _emit_json(args, rep.to_dict() | {"written": [str(w) for w in written]})
         _say_written(args, written)  # on stderr, as all human text with --json
@@ -508,15 +514,33 @@ def _say_written(args: argparse.Namespace, written: list[Path]) -> None:
               "CPU-model drivers with their data (cpu/)")
 
 
-def _write_outputs(args: argparse.Namespace, res: Any) -> list[Path]:
+def _digest_data_files(g: Any) -> None:
+    """Start digesting the data files the model's constants are views of, while the graph
+    compiles: the compiled graph shares them (``outputs.share_file``), and its manifest
+    records their digests."""
+    from graphkernel.fileio import source_of
+
+    files = {}
+    for c in g.constants:
+        found = source_of(c.attrs["value"])
+        if found is not None:
+            files.setdefault(id(found[0]), found[0])
+    for mm in files.values():
+        outputs.digest_soon(mm.fd)
+
+
+def _write_outputs(args: argparse.Namespace, res: Any, previous: list | None = None
+                   ) -> list[Path]:
     """The compiled graph, report, kernels and manifest (-o), ONNX and HTML files: all of
     them, or (when one fails) none. A reused -o folder then loses the files its previous
-    manifest lists that this run did not write again (nothing else in it is touched)."""
+    manifest lists that this run did not write again (nothing else in it is touched):
+    ``previous``, read before the compile (``outdir.previous_outputs``), or read now."""
     from graphkernel.dump import as_json, report_document
     from graphkernel.outdir import previous_outputs, remove_stale
 
     written: list[Path] = []
-    previous = previous_outputs(args.out) if args.out else []
+    if previous is None:
+        previous = previous_outputs(args.out) if args.out else []
     notes: list[str] = []
     with outputs.transaction():
         if args.export_onnx:

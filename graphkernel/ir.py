@@ -268,11 +268,12 @@ class Graph:
                     f"node '{nname}' ({op}): input {i} '%{v.name}' belongs to another graph"
                 )
         where = f"node '{nname}' ({op})"
-        norm_attrs = opdef.check_attrs(dict(attrs or {}), where=where)
         in_types = [v.type for v in inputs]
-        opdef.check_arity(len(inputs), where=where)
-        if out_types is None:
-            out_types = opdef.infer_types(in_types, norm_attrs, where=where)
+        if out_types is None:  # (checked and inferred at once, remembered per signature)
+            norm_attrs, out_types = opdef.node_types(dict(attrs or {}), in_types, where=where)
+        else:
+            norm_attrs = opdef.check_attrs(dict(attrs or {}), where=where)
+            opdef.check_arity(len(inputs), where=where)
         if output_names is not None and len(output_names) < len(out_types):
             raise GraphError(f"{where}: the op has {len(out_types)} outputs, but "
                              f"{len(output_names)} output names are given")

@@ -102,6 +102,11 @@ class OpDef:
     # schema's validation is the same work for every node of a repeated layer
     _checked: dict[tuple, tuple[dict[str, Any], bool]] = field(default_factory=dict,
                                                                repr=False, compare=False)
+    # both at once, by (attributes given, input types): what ``node_types`` found (its
+    # normalized attributes, whether they hold a list, the output types), one look-up and
+    # one key per node instead of two of each
+    _nodes: dict[tuple, tuple[dict[str, Any], bool, tuple[TensorType, ...]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._fields = tuple(self.attrs.model_fields)
@@ -140,6 +145,30 @@ class OpDef:
             has_list = any(_holds_list(v) for v in out.values())
             self._checked[key] = ({k: _copied(v) for k, v in out.items()}, has_list)
         return out
+
+    def node_types(self, attrs: dict[str, Any], in_types: Sequence[TensorType], where: str = ""
+                   ) -> tuple[dict[str, Any], list[TensorType]]:
+        """``check_attrs``, ``check_arity`` and ``infer_types`` of a node of this op: its
+        normalized attributes (a dict of its own) and output types. Remembered by the
+        attributes given and the input types when both are plain values (all three are a
+        function of them), as each of those is on its own."""
+        frozen = _frozen_attrs(attrs) if attrs else ()
+        key = None if frozen is None else (frozen, tuple(in_types))
+        if key is not None:
+            known = self._nodes.get(key)
+            if known is not None:
+                norm, has_list, out = known
+                return ({k: _copied(v) for k, v in norm.items()} if has_list else dict(norm),
+                        list(out))
+        norm = self.check_attrs(attrs, where=where)
+        self.check_arity(len(in_types), where=where)
+        out = self.infer_types(in_types, norm, where=where)
+        if key is not None and _frozen_attrs(norm) is not None:
+            if len(self._nodes) >= _INFERRED_LIMIT:
+                self._nodes.clear()
+            self._nodes[key] = ({k: _copied(v) for k, v in norm.items()},
+                                any(_holds_list(v) for v in norm.values()), tuple(out))
+        return norm, out
 
     def check_arity(self, n: int, where: str = "") -> None:
         lo, hi = self.arity
@@ -215,6 +244,8 @@ def _frozen_attrs(attrs: dict[str, Any]) -> tuple | None:
         items.append((k, f))
     return tuple(items)
 
+
+frozen_attrs = _frozen_attrs  # (public: other modules key their own memos by it)
 
 _REGISTRY: dict[str, OpDef] = {}
 _ALIASES: dict[str, str] = {}

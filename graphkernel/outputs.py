@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +268,8 @@ _SHARED: dict[str, Shared] = {}
 # identity of a data file -> the SHA-256 of its content, computed once in this process or
 # recorded by a previous run in the output folder's manifest (see ``known_digest``)
 _KNOWN: dict[tuple[int, int, int, int], str] = {}
+# identity of a data file -> its digest being computed on a thread of its own (``digest_soon``)
+_PENDING: dict[tuple[int, int, int, int], _Digest] = {}
 
 
 def shared_as(path: str | os.PathLike) -> Shared | None:
@@ -285,6 +288,55 @@ def known_digest(identity: tuple[int, int, int, int], sha256: str) -> None:
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _Digest(threading.Thread):
+    """The SHA-256 of a file, computed on a thread of its own from a descriptor of its own."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__(name="graphkernel-digest", daemon=True)
+        self.fd, self.size = fd, size
+        self.sha256: str | None = None
+
+    def run(self) -> None:
+        try:
+            self.sha256 = file_sha256(self.fd, self.size)
+        except OSError:
+            pass  # (``share_file`` then digests the file itself, and meets the error there)
+        finally:
+            os.close(self.fd)
+
+
+def digest_soon(fd: int) -> None:
+    """Start digesting the open regular file ``fd`` (a model's data file that ``share_file``
+    will likely be asked to share) while the program does other work: reading and hashing
+    release the interpreter's lock, so on a second core the digest of a large weights file
+    (about a second for 500 MB) is ready when the outputs are written, instead of being
+    computed then. Nothing is started for a file whose digest is known or under way; the
+    digest is used only for a file of the same identity (device, inode, size, mtime) when it
+    is shared, as a known digest is."""
+    st = os.fstat(fd)
+    ident = _identity(st)
+    if ident in _KNOWN or ident in _PENDING:
+        return
+    job = _Digest(os.dup(fd), st.st_size)
+    _PENDING[ident] = job
+    job.start()
+
+
+def _digest_of(ident: tuple[int, int, int, int], fd: int, size: int) -> str:
+    """The digest of the file ``fd`` of identity ``ident``: known, computed in the background
+    (``digest_soon``), or computed now."""
+    sha = _KNOWN.get(ident)
+    if sha is None:
+        job = _PENDING.pop(ident, None)
+        if job is not None:
+            job.join()
+            sha = job.sha256
+        if sha is None:
+            sha = file_sha256(fd, size)
+        _KNOWN[ident] = sha
+    return sha
 
 
 def file_sha256(fd: int, size: int) -> str:
@@ -308,16 +360,15 @@ def share_file(path: str | os.PathLike, fd: int, source: str | os.PathLike) -> P
     cannot link it there (another device, no right to link another user's file), a copy made
     inside the kernel (no pass through this process's memory). Put in place as ``write_file``
     puts a file; its digest is recorded as for a file written, and is computed only when no
-    earlier digest of this same file is known (``known_digest``)."""
+    earlier digest of this same file is known (``known_digest``) or under way
+    (``digest_soon``)."""
     path = Path(path)
     st = os.fstat(fd)
     ident = _identity(st)
     with _placed(path, _STAGE.get()) as tmp:
         name, linked = _link_or_copy(fd, st, path)
         tmp.append(name)
-        sha = _KNOWN.get(ident)
-        if sha is None:
-            sha = _KNOWN[ident] = file_sha256(fd, st.st_size)
+        sha = _digest_of(ident, fd, st.st_size)
         real = os.path.realpath(path)
         _DIGESTS[real] = sha
         _SHARED[real] = Shared(os.path.abspath(source), ident, sha, linked)

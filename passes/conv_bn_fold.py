@@ -75,6 +75,8 @@ def _fold(g: Graph, n: Node) -> Value | None:
 def conv_bn_fold(graph, ctx) -> PassResult:
     """Rewrite conv(x, W, b) * alpha -> conv(x, W alpha, b alpha) and conv(x, W, b) + beta ->
     conv(x, W, b + beta) for constant per-output-channel alpha and beta (a frozen batch norm)."""
+    if not any(n.op == "Conv2D" for n in graph.nodes):  # (no walk of a graph without one)
+        return PassResult(False, 0)
     folded = 0
     changed = True
     while changed:

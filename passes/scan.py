@@ -31,6 +31,7 @@ from graphkernel.registry import PassResult, counted
 
 REGION_OPS = frozenset({"StridedSlice", "Slice", "Concat"})
 MAX_LEAVES = 2  # the combine rules' largest operand count
+SCAN_SIGNS = frozenset({"StridedSlice", "CumSum"})  # a graph without either holds no scan
 
 
 def _step2(n: Node) -> tuple[int, int] | None:
@@ -209,6 +210,8 @@ def scan(graph, ctx) -> PassResult:
     """Rewrite a traced associative scan (slices of even and odd places, combined and
     interleaved back) → one Scan node per scanned value, and a float CumSum → Scan, when the
     region computes the scan of its leaves by one combine rule."""
+    if not any(n.op in SCAN_SIGNS for n in graph.nodes):  # (nothing to look for: no walk)
+        return PassResult(False, 0, [], f"{counted(0, 'scan')} as one op each")
     notes = []
     for leaves, axis in _groups(graph, _leaves(graph)):
         if any(v.producer is not None and v.producer.graph is None for v in leaves):

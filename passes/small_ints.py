@@ -174,6 +174,10 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
 def small_ints(graph, ctx) -> PassResult:
     """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
     int64 op) → the same ops on float32, cast back where its values are used."""
+    wide = ARITH - {"Cast"}
+    if not any(n.op in wide and len(n.outputs) == 1 and n.outputs[0].dtype == DType.int64
+               for n in graph.nodes):  # (no region would hold one: no value ranges needed)
+        return PassResult(False, 0, [], f"{counted(0, 'integer region')} in float32")
     known: dict[int, Range | None] = {}
     members = []
     for n in graph.nodes:

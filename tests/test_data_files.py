@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import zipfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import graphkernel
+import graphkernel.api
 from graphkernel import Graph, TensorType, outputs
 from graphkernel.errors import FormatError
 from graphkernel.fileio import NpzFile, source_of
@@ -216,6 +218,92 @@ def test_compiling_again_reads_no_weights_to_digest_them(tmp_path, monkeypatch):
     monkeypatch.setattr(outputs, "_KNOWN", {})
     _compile(tmp_path, model, tmp_path / "out")
     assert len(digests) == 1
+
+
+def test_weights_are_digested_while_the_graph_compiles(tmp_path, monkeypatch):
+    """`compile -o` starts digesting the model's weights before the pipeline runs; the
+    manifest records the file's true digest, and the file is read to digest it once."""
+    model = saved(tmp_path)
+    threads, digests = [], []
+    real = outputs.file_sha256
+    monkeypatch.setattr(outputs, "_KNOWN", {})
+    monkeypatch.setattr(outputs, "_PENDING", {})
+    monkeypatch.setattr(outputs, "file_sha256",
+                        lambda *a: digests.append(threading.current_thread()) or real(*a))
+    started = outputs.digest_soon
+    monkeypatch.setattr(outputs, "digest_soon", lambda fd: threads.append(fd) or started(fd))
+    real_compile = graphkernel.api.compile
+
+    def compile_after_start(*a, **kw):  # the digest is under way when the pipeline starts
+        assert len(threads) == 1 and len(outputs._PENDING) == 1
+        return real_compile(*a, **kw)
+
+    monkeypatch.setattr(graphkernel.api, "compile", compile_after_start)
+    _compile(tmp_path, model, tmp_path / "out")
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    (entry,) = doc["data_sources"].values()
+    assert entry["sha256"] == hashlib.sha256((tmp_path / "m.npz").read_bytes()).hexdigest()
+    assert len(digests) == 1 and digests[0] is not threading.main_thread()
+    assert outputs._PENDING == {}
+
+
+def test_a_digest_started_early_is_used_only_for_the_same_unchanged_file(tmp_path,
+                                                                         monkeypatch):
+    """``digest_soon`` then ``share_file``: the same digest as computed on the spot; for a
+    file changed in between (another identity), the digest of what it holds now."""
+    monkeypatch.setattr(outputs, "_PENDING", {})
+    monkeypatch.setattr(outputs, "_KNOWN", {})
+    data = tmp_path / "w.bin"
+    data.write_bytes(b"a" * 100_000)
+    for change in (False, True):
+        outputs._PENDING.clear()
+        outputs._KNOWN.clear()
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            outputs.digest_soon(fd)
+            assert len(outputs._PENDING) == 1
+            outputs.digest_soon(fd)  # (once per file)
+            assert len(outputs._PENDING) == 1
+            next(iter(outputs._PENDING.values())).join()
+            if change:
+                with open(data, "ab") as f:
+                    f.write(b"b")
+            out = tmp_path / f"shared_{change}.bin"
+            with outputs.transaction():
+                outputs.share_file(out, fd, data)
+            want = hashlib.sha256(data.read_bytes()).hexdigest()
+            assert outputs.shared_as(out).sha256 == want
+            assert len(outputs._PENDING) == change  # (the changed file's digest: not used)
+        finally:
+            os.close(fd)
+
+
+def test_the_sharing_decision_is_made_once_per_array_and_only_for_that_array(tmp_path):
+    """The writer asks of every array whether it is still a view of a model's data file
+    twice; the second answer is the first one's (a copy of it), and it is never given for
+    another array that happens to take the first one's id."""
+    from graphkernel.frontends.json_format import _Sharing
+
+    g = load_graph(saved(tmp_path))
+    w = weights(g)[0]
+    sharing = _Sharing(tmp_path / "out.json")
+    first = sharing.reference(w)
+    assert first is not None and first == sharing._reference(w)
+    first["key"] = "changed by a caller"
+    assert sharing.reference(w) == sharing._reference(w) != first
+    other = np.ones(4, np.float32)  # (not in any data file)
+    sharing.seen[id(other)] = (w, sharing._reference(w))  # as if ``w`` had had its id
+    assert sharing.reference(other) is None
+
+
+def test_an_attribute_that_cannot_be_saved_names_its_node(tmp_path):
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4,), "float32"))
+    y = g.add_node("ReLU", [x], name="act").output
+    g.set_outputs([y])
+    g.node("act").attrs["extra"] = {"a": object()}
+    with pytest.raises(FormatError, match=r"node 'act' \(ReLU\): attribute value"):
+        save_graph(g, tmp_path / "g.json")
 
 
 def test_cleanup_removes_the_link_and_never_the_models_weights(tmp_path):

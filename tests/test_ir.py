@@ -364,6 +364,7 @@ def test_checked_attributes_are_remembered_and_never_shared(monkeypatch):
         return real(attrs)
 
     monkeypatch.setattr(opdef, "_checked", {})
+    monkeypatch.setattr(opdef, "_nodes", {})  # (add_node's memo in front of it)
     monkeypatch.setattr(opdef.attrs, "model_validate", counting)
     g = Graph("attrs")
     x = g.add_input("x", TensorType((4, 8), "float32"))
@@ -460,3 +461,45 @@ def test_a_kernel_moves_its_members_or_copies_them_when_they_make_a_graph_output
         assert [v.name for v in k.subgraph.inputs] == ["a", "x"]
         for a, b in zip(want, run_graph(g, feeds), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------- add_node's memo
+def test_add_node_remembers_checks_and_types_per_attributes_and_input_types():
+    """``OpDef.node_types`` gives what ``check_attrs``, ``check_arity`` and ``infer_types``
+    give; an equal node later gets it from the memo (its own lists), other attributes or
+    input types get their own."""
+    from graphkernel import ops
+
+    op = ops.get("Transpose")
+    op._nodes.clear()
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 3, 8), "float32"))
+    h = g.add_input("h", TensorType((2, 3, 8), "float16"))
+    a = g.add_node("Transpose", [x], {"perm": [0, 2, 1]})
+    assert len(op._nodes) == 1
+    b = g.add_node("Transpose", [x], {"perm": [0, 2, 1]})
+    assert len(op._nodes) == 1
+    assert a.attrs == b.attrs and a.attrs["perm"] is not b.attrs["perm"]
+    assert a.output.type == b.output.type == TensorType((2, 8, 3), "float32")
+    c = g.add_node("Transpose", [x], {"perm": [1, 0, 2]})
+    d = g.add_node("Transpose", [h], {"perm": [0, 2, 1]})
+    assert len(op._nodes) == 3
+    assert c.output.type == TensorType((3, 2, 8), "float32")
+    assert d.output.type == TensorType((2, 8, 3), "float16")
+    norm = op.check_attrs({"perm": [0, 2, 1]})
+    assert op.node_types({"perm": [0, 2, 1]}, [x.type]) == (
+        norm, op.infer_types([x.type], norm))
+    b.attrs["perm"].reverse()  # (no node shares the memo's list)
+    assert g.add_node("Transpose", [x], {"perm": [0, 2, 1]}).attrs["perm"] == [0, 2, 1]
+
+
+def test_add_node_still_refuses_what_the_checks_refuse_after_an_equal_node():
+    from graphkernel.errors import GraphKernelError
+
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 3), "float32"))
+    g.add_node("Transpose", [x], {"perm": [1, 0]})
+    with pytest.raises(GraphKernelError, match="takes 1 inputs, got 2"):
+        g.add_node("Transpose", [x, x], {"perm": [1, 0]})
+    with pytest.raises(GraphKernelError, match="perm"):
+        g.add_node("Transpose", [x], {"perm": [1, 0, 2]})

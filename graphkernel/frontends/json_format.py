@@ -134,10 +134,21 @@ class _Sharing:
         self.path = path
         self.names: dict[int, str] = {}  # id of a map -> the shared file's name
         self.maps: list[MappedData] = []
+        # id of an array asked about -> (the array, its reference): the writer asks of each
+        # array twice (which data files the graph names, then what to write for it)
+        self.seen: dict[int, tuple[np.ndarray, dict[str, Any] | None]] = {}
 
     def reference(self, arr: np.ndarray) -> dict[str, Any] | None:
         """``file`` and ``key`` (a whole .npz member) or ``offset`` of ``arr``'s bytes, when
         ``arr`` is still a view of a model's data file."""
+        known = self.seen.get(id(arr))
+        if known is not None and known[0] is arr:
+            return None if known[1] is None else dict(known[1])
+        ref = self._reference(arr)
+        self.seen[id(arr)] = (arr, ref)
+        return None if ref is None else dict(ref)
+
+    def _reference(self, arr: np.ndarray) -> dict[str, Any] | None:
         found = source_of(arr)
         if found is None:
             return None
@@ -163,8 +174,10 @@ class _Sharing:
                 for mm in self.maps]
 
 
-def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = None,
+def _encode_attr(value: Any, where: Any, side: dict[str, np.ndarray] | None = None,
                  shared: _Sharing | None = None) -> Any:
+    """The file form of an attribute value; ``where`` names it in an error: a text, or the
+    node it belongs to (its text made only when there is an error to report)."""
     cls = type(value)
     if cls is int or cls is str or cls is bool or value is None:  # (most attributes)
         return value
@@ -194,7 +207,8 @@ def _encode_attr(value: Any, where: str, side: dict[str, np.ndarray] | None = No
         return value
     if isinstance(value, np.generic):
         return _encode_scalar(value.item())
-    raise FormatError(f"{where}: attribute value {value!r} (a {type(value).__name__}) cannot be "
+    at = where if isinstance(where, str) else f"node '{where.name}' ({where.op})"
+    raise FormatError(f"{at}: attribute value {value!r} (a {type(value).__name__}) cannot be "
                       "saved to a graph file")
 
 
@@ -225,16 +239,17 @@ def _const_data(arr: np.ndarray) -> list[Any]:
 _BF16 = DType.bfloat16.np
 
 
-def _is_constant(n: Any) -> bool:
-    """A Constant node written in ``constants`` (the others are nodes like any other)."""
-    return n.op == "Constant" and n.output.name == n.name and n.origin == (n.name,)
+@functools.cache
+def _dtype_name(dt: np.dtype) -> str:
+    """The file's name of a numpy dtype (``DType.parse``, remembered: asked per constant)."""
+    return DType.parse(dt).value
 
 
 def _constant_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | None
                    ) -> dict[str, Any]:
     arr = n.attrs["value"]
     spec: dict[str, Any] = {"name": n.name, "shape": list(arr.shape),
-                            "dtype": DType.parse(arr.dtype).value}
+                            "dtype": _dtype_name(arr.dtype)}
     if side is not None and arr.size > INLINE_LIMIT:
         spec |= _stored(side, shared, arr)
     else:
@@ -253,8 +268,10 @@ def _node_spec(n: Any, side: dict[str, np.ndarray] | None, shared: _Sharing | No
         cls = type(v)
         if cls is int or cls is str or cls is bool or v is None:  # (most: as they are)
             attrs[k] = v
+        elif cls is Graph:  # (a kernel's body)
+            attrs[k] = {"graph": graph_to_dict(v, nested=True, side=side, shared=shared)}
         elif not (opaque and k == "fn"):
-            attrs[k] = _encode_attr(v, f"node '{n.name}' ({n.op})", side, shared)
+            attrs[k] = _encode_attr(v, n, side, shared)
     node: dict[str, Any] = {"name": n.name, "op": n.op,
                             "inputs": [v.name for v in n.inputs],
                             "outputs": [{"name": v.name, "shape": list(v.type.shape),
@@ -289,10 +306,14 @@ def graph_to_dict(graph: Graph, nested: bool = False,
 
 
 def _split_constants(graph: Graph) -> tuple[list[Any], list[Any]]:
-    """The graph's nodes in order: those written as ``constants``, and the others."""
+    """The graph's nodes in order: those written as ``constants`` (a Constant named as its
+    value, of no other origin), and the others (nodes like any other)."""
     consts, nodes = [], []
     for n in graph.nodes:
-        (consts if _is_constant(n) else nodes).append(n)
+        if n.op == "Constant" and n.outputs[0].name == n.name and n.origin == (n.name,):
+            consts.append(n)
+        else:
+            nodes.append(n)
     return consts, nodes
 
 
@@ -641,11 +662,16 @@ def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
         n = math.prod(shape)
         if arr.size != n:
             raise FormatError(f"{w}: shape {shape} needs {n} values, got {arr.size}")
+        if _new_constant(g, c["name"], arr.reshape(shape)):
+            continue
         try:
             g.add_node("Constant", [], {"value": arr.reshape(shape)}, name=c["name"])
         except GraphKernelError as e:
             raise FormatError(f"{w}: {e}") from None
+    values = g._values
     for i, ns in _dependency_order(spec.get("nodes", []), where, g):
+        if _repeated_node(g, ns, values) is not None:
+            continue
         w = f"{where}: nodes[{i}] ('{ns['name']}')"
         op = ns["op"]
         if not ops.exists(op):
@@ -669,6 +695,7 @@ def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
         if len(node.outputs) != len(outs):
             raise FormatError(f"{w}.outputs: op {node.op} has {len(node.outputs)} outputs, the "
                               f"file lists {len(outs)}")
+        _remember_node(ns, node)
         for j, (o, v) in enumerate(zip(outs, node.outputs, strict=True)):
             if type(o) is not str and (o["dtype"] != v.type.dtype._value_
                                        or tuple(o["shape"]) != v.type.shape):
@@ -688,6 +715,97 @@ def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
     if not nested and (problem := limits.check_graph(g)) is not None:
         raise FormatError(f"{where}: {problem}")
     return g
+
+
+# A node of the file as the checks made it, by (op, attributes as the file gives them, input
+# types): its op's own name, its attributes checked and with their defaults, whether they
+# hold a list (copied per node), its output types (and as a file declares them). A repeated
+# layer's nodes are each built
+# from the first one's checks (attribute types, the op's schema, the types it infers), all a
+# function of that key. Attributes other than plain values (tensors, subgraphs) and Opaque
+# nodes (whose spec names a file) are never keyed.
+_NODES: dict[tuple, tuple[str, dict[str, Any], bool, tuple[TensorType, ...], list]] = {}
+_NODES_KEPT = 4096
+
+
+def _node_key(ns: dict[str, Any], inputs: list[Any]) -> tuple | None:
+    attrs = ns.get("attrs")
+    frozen = ops.frozen_attrs(attrs) if attrs else ()
+    if frozen is None or ns["op"] == "Opaque":
+        return None
+    return (ns["op"], frozen, tuple([v.type for v in inputs]))
+
+
+def _remember_node(ns: dict[str, Any], node: Any) -> None:
+    """Keep what checking and building ``node`` (from the file's ``ns``) found, for
+    ``_repeated_node``."""
+    key = _node_key(ns, node.inputs)
+    if key is None or ops.frozen_attrs(node.attrs) is None:
+        return
+    if len(_NODES) >= _NODES_KEPT:
+        _NODES.clear()
+    has_list = any(_holds_list(v) for v in node.attrs.values())
+    types = tuple([v.type for v in node.outputs])
+    _NODES[key] = (node.op, {k: _fresh(v) for k, v in node.attrs.items()}, has_list, types,
+                   [(t.dtype._value_, list(t.shape)) for t in types])
+
+
+def _repeated_node(g: Graph, ns: dict[str, Any], values: dict[str, Any]) -> Any:
+    """The node ``ns`` added to ``g`` when an equal one (``_NODES``) was checked before and
+    its names are new and as many as its outputs; else None (and nothing added: the node
+    then goes through every check, which names what is wrong)."""
+    try:
+        inputs = [values[name] for name in ns.get("inputs", ())]
+    except KeyError:
+        return None
+    key = _node_key(ns, inputs)
+    known = None if key is None else _NODES.get(key)
+    if known is None:
+        return None
+    op, attrs, has_list, types, declared = known
+    name, outs = ns["name"], ns["outputs"]
+    if name in g._node_names or len(outs) != len(types):
+        return None
+    names = [o if type(o) is str else o["name"] for o in outs]
+    for o, vname, (dtype, shape) in zip(outs, names, declared):
+        if vname in values or type(o) is not str and (o["dtype"] != dtype
+                                                      or o["shape"] != shape):
+            return None  # (a name taken, or a declared type to compare: the checks say)
+    if len(set(names)) != len(names):
+        return None
+    attrs = {k: _fresh(v) for k, v in attrs.items()} if has_list else dict(attrs)
+    origin = ns.get("origin")
+    return g._add_raw(op, name, inputs, attrs, (name,) if origin is None else tuple(origin),
+                      list(zip(names, types)))
+
+
+def _new_constant(g: Graph, name: str, arr: np.ndarray) -> bool:
+    """Add a Constant of ``arr`` (an array of a supported dtype, as the file's constants are
+    read) named ``name`` and nothing else checked, when the name is new: ``add_node``'s
+    schema would keep the same array, and its type is inferred as ``add_node`` infers it.
+    False (nothing added) otherwise: ``add_node`` then says what is wrong."""
+    if name in g._node_names or name in g._values:
+        return False
+    attrs = {"value": arr}
+    try:
+        (t,) = ops.get("Constant").infer_types([], attrs)
+    except GraphKernelError:
+        return False
+    g._add_raw("Constant", name, [], attrs, (name,), [(name, t)])
+    return True
+
+
+def _holds_list(v: Any) -> bool:
+    return type(v) is list or type(v) is tuple and any(_holds_list(x) for x in v)
+
+
+def _fresh(v: Any) -> Any:
+    """``v`` with every list in it a new list (no two nodes share a mutable value)."""
+    if type(v) is list:
+        return [_fresh(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_fresh(x) for x in v)
+    return v
 
 
 class DataFiles:
