@@ -6,9 +6,15 @@ from functools import lru_cache
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, keeps_rows, reduces_along
+from graphkernel.codegen.cube.epilogue import (
+    EPILOGUE_FORMS,
+    ROW_REDUCTIONS,
+    keeps_rows,
+    reduces_along,
+)
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.cube.tiling import row_limit
+from graphkernel.codegen.instructions import INSTRUCTIONS
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 from graphkernel.symbolic import eq
@@ -109,8 +115,13 @@ def _epilogue_conditions(model, c, last, mm) -> list:
     views = [n for n in c.nodes if ops.get(n.op).kind == OpKind.RESHAPE]
     rows = mm.outputs[0].type.shape[-2]  # M (a view may split N after it: [.., M, H, W])
     reds = [n for n in c.nodes if n.op in ROW_REDUCTIONS]
+    formed = need(lambda: all(_epilogue_op(n) for n in c.nodes),
+                  lambda: f"consumer {c.name} holds "
+                          f"{next(n.op for n in c.nodes if not _epilogue_op(n))}, which a "
+                          "matmul epilogue does not run (elementwise instruction forms only)")
     if not reds:
         return [
+            formed,
             need(lambda: model.kind(c) <= OpKind.BROADCAST,
                  lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
             need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
@@ -124,6 +135,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
     size = mm.inputs[1].dtype.itemsize
     limit = row_limit(mm.inputs[0].dtype.itemsize, size, spec)
     return [
+        formed,
         need(lambda: all(n.op in ROW_REDUCTIONS or ops.get(n.op).kind in EPILOGUE_KINDS
                          for n in c.nodes),
              lambda: f"consumer {c.name} holds more than elementwise work and reductions "
@@ -142,6 +154,17 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                      f"target {spec.name})"),
     ]
 
+
+
+def _epilogue_op(n) -> bool:
+    """Whether the MIX epilogue builder runs ``n`` (``cube/epilogue.py``): views,
+    broadcasts, reductions along N and the elementwise ops of the instruction table in an
+    epilogue form; anything else would make the code generator split the kernel again."""
+    if n.op == "Constant" or n.op in ROW_REDUCTIONS or \
+            ops.get(n.op).kind in (OpKind.RESHAPE, OpKind.BROADCAST):
+        return True
+    rule = INSTRUCTIONS.get(n.op)
+    return rule is not None and rule.form in EPILOGUE_FORMS
 
 
 def _leaving(model, c) -> list:
