@@ -49,7 +49,10 @@ def matmul_depth(model, a):
     it closes none). Such a region is taken
     whole, with the bias and residual the vector patterns (which run first) put into it:
     the product's epilogue wins over the normalisation's vector kernel explicitly, not by
-    pattern order. The codegen may still decline what later passes change (the kernel is
+    pattern order. A consumer holding an op the epilogue builder has no instruction form
+    for (Log1p, a comparison's Select) stays outside: joined, it would have the code
+    generator take the kernel apart again. The codegen may still decline what later passes
+    change (the kernel is
     then split into a cube kernel and a vector one, with the reason). Applied again to the
     merged area, it takes the epilogue's next consumer."""
     if not _epilogue_area(a):
