@@ -124,7 +124,6 @@ def _epilogue_conditions(model, c, last, mm) -> list:
                           "matmul epilogue does not run (elementwise instruction forms only)")
     if not reds:
         return [
-            formed,
             need(lambda: model.kind(c) <= OpKind.BROADCAST,
                  lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name}"),
             need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
@@ -132,13 +131,13 @@ def _epilogue_conditions(model, c, last, mm) -> list:
             need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
                              for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
+            formed,
         ]
     spec = _target(model.cfg.target)
     whole = symbolic.numel(mm.outputs[0].type.shape)
     size = mm.inputs[1].dtype.itemsize
     limit = row_limit(mm.inputs[0].dtype.itemsize, size, spec)
     return [
-        formed,
         need(lambda: all(n.op in ROW_REDUCTIONS or ops.get(n.op).kind in EPILOGUE_KINDS
                          for n in c.nodes),
              lambda: f"consumer {c.name} holds more than elementwise work and reductions "
@@ -155,6 +154,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
              lambda: f"consumer {c.name} reduces rows of N = {symbolic.canon(last)}: a base "
                      f"tile holds whole rows of at most {limit} ({size}-byte operands, "
                      f"target {spec.name})"),
+        formed,
     ]
 
 
@@ -163,7 +163,7 @@ def _epilogue_op(n) -> bool:
     """Whether the MIX epilogue builder runs ``n`` (``cube/epilogue.py``): views,
     broadcasts, reductions along N and the elementwise ops of the instruction table in an
     epilogue form; anything else would make the code generator split the kernel again."""
-    if n.op == "Constant" or n.op in ROW_REDUCTIONS or \
+    if n.op == "Constant" or n.op in ROW_REDUCTIONS or n.op in ops.VIEW_OPS or \
             ops.get(n.op).kind in (OpKind.RESHAPE, OpKind.BROADCAST):
         return True
     rule = INSTRUCTIONS.get(n.op)
