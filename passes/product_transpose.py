@@ -93,20 +93,17 @@ def product_transpose(graph, ctx) -> PassResult:
     last two axes (the cube reads operands transposed; the vector unit cannot move them)."""
     notes = []
     for n in list(graph.nodes):
-        if n.graph is None:
+        if n.graph is None or n.op not in ("Transpose", "MatMul"):
             continue
-        y = None
-        if n.op == "Transpose" and _swaps_last_two(n):
-            with graph.recording() as made:
-                y = _result_moved(graph, n) if ctx.should_apply(
-                    f"{n.name} as the transposed product", [n]) else None
-            what = "the transposed product"
-        elif n.op == "MatMul":
-            with graph.recording() as made:
-                y = _operand_moved(graph, n) if ctx.should_apply(
-                    f"{n.name} reads its operand transposed", [n]) else None
-            what = "a product reading its operand transposed"
-        if y is None:
+        result = n.op == "Transpose"
+        if result and not _swaps_last_two(n):
+            continue
+        with graph.recording() as made:
+            y = _result_moved(graph, n) if result else _operand_moved(graph, n)
+        what = "as the transposed product" if result else "reads its operand transposed"
+        if y is None or not ctx.should_apply(f"{n.name} {what}", [n]):
+            for m in reversed(made):  # (a declined rewrite leaves nothing behind)
+                graph.erase_node(m)
             continue
         graph.replace_all_uses(n.outputs[0], y)
         graph.erase_node(n)
