@@ -22,6 +22,7 @@ from graphkernel.passes import (
     moe_routing,
     parallel_fusion,
     product_broadcast,
+    product_transpose,
     promote_precision,
     recompute,
     reshape_elim,
@@ -31,6 +32,7 @@ from graphkernel.passes import (
     split,
     super_kernel,
     transpose_elim,
+    transpose_hoist,
     transpose_view,
     validate,
     window_fusion,
@@ -64,6 +66,8 @@ PIPELINE = (
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("simplify", 96.5, conv_matmul.conv_matmul, 2),  # folded first; matvec takes 1 pixel
     Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
+    Step("simplify", 97.3, product_transpose.product_transpose, 2),  # after matvec
+    Step("simplify", 97.5, transpose_hoist.transpose_hoist, 2),  # after attention
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
     Step("cluster", 10, cluster.cluster, 1),

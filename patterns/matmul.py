@@ -6,9 +6,15 @@ from functools import lru_cache
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen import targets
-from graphkernel.codegen.cube.epilogue import ROW_REDUCTIONS, keeps_rows, reduces_along
+from graphkernel.codegen.cube.epilogue import (
+    EPILOGUE_FORMS,
+    ROW_REDUCTIONS,
+    keeps_rows,
+    reduces_along,
+)
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.cube.tiling import row_limit
+from graphkernel.codegen.instructions import INSTRUCTIONS
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import first_failure, fuse_if, need, pattern
 from graphkernel.symbolic import eq
@@ -43,7 +49,10 @@ def matmul_depth(model, a):
     it closes none). Such a region is taken
     whole, with the bias and residual the vector patterns (which run first) put into it:
     the product's epilogue wins over the normalisation's vector kernel explicitly, not by
-    pattern order. The codegen may still decline what later passes change (the kernel is
+    pattern order. A consumer holding an op the epilogue builder has no instruction form
+    for (Log1p, a comparison's Select) stays outside: joined, it would have the code
+    generator take the kernel apart again. The codegen may still decline what later passes
+    change (the kernel is
     then split into a cube kernel and a vector one, with the reason). Applied again to the
     merged area, it takes the epilogue's next consumer."""
     if not _epilogue_area(a):
@@ -109,6 +118,10 @@ def _epilogue_conditions(model, c, last, mm) -> list:
     views = [n for n in c.nodes if ops.get(n.op).kind == OpKind.RESHAPE]
     rows = mm.outputs[0].type.shape[-2]  # M (a view may split N after it: [.., M, H, W])
     reds = [n for n in c.nodes if n.op in ROW_REDUCTIONS]
+    formed = need(lambda: all(_epilogue_op(n) for n in c.nodes),
+                  lambda: f"consumer {c.name} holds "
+                          f"{next(n.op for n in c.nodes if not _epilogue_op(n))}, which a "
+                          "matmul epilogue does not run (elementwise instruction forms only)")
     if not reds:
         return [
             need(lambda: model.kind(c) <= OpKind.BROADCAST,
@@ -118,6 +131,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
             need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
                              for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
+            formed,
         ]
     spec = _target(model.cfg.target)
     whole = symbolic.numel(mm.outputs[0].type.shape)
@@ -140,8 +154,20 @@ def _epilogue_conditions(model, c, last, mm) -> list:
              lambda: f"consumer {c.name} reduces rows of N = {symbolic.canon(last)}: a base "
                      f"tile holds whole rows of at most {limit} ({size}-byte operands, "
                      f"target {spec.name})"),
+        formed,
     ]
 
+
+
+def _epilogue_op(n) -> bool:
+    """Whether the MIX epilogue builder runs ``n`` (``cube/epilogue.py``): views,
+    broadcasts, reductions along N and the elementwise ops of the instruction table in an
+    epilogue form; anything else would make the code generator split the kernel again."""
+    if n.op == "Constant" or n.op in ROW_REDUCTIONS or n.op in ops.VIEW_OPS or \
+            ops.get(n.op).kind in (OpKind.RESHAPE, OpKind.BROADCAST):
+        return True
+    rule = INSTRUCTIONS.get(n.op)
+    return rule is not None and rule.form in EPILOGUE_FORMS
 
 
 def _leaving(model, c) -> list:

@@ -61,6 +61,12 @@ CASES = [
     _case("batch_transpose", _mm((2, 4, 24, 32), (1, 4, 24, 32), op="BatchMatMul",
                                 transpose="b", dtype="bfloat16")),
     _case("symbolic_m", _mm(("s0", 64), (64, 80)), dims=[{"s0": 3}, {"s0": 333}]),
+    # the forms product_transpose makes: a weight read for every batch element (a projection
+    # moved to channels-first), a batch of operands read transposed (channels-first data)
+    _case("weight_over_batch", _mm((70, 90), (2, 50, 90), op="BatchMatMul", tb=True,
+                                   dtype="float32")),
+    _case("batch_read_transposed", _mm((2, 90, 50), (70, 90), op="BatchMatMul", ta=True,
+                                       tb=True, dtype="float32")),
 ]
 
 

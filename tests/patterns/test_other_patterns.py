@@ -240,3 +240,27 @@ def test_a_norm_over_the_rotary_rows_joins_the_rotary_kernel():
               _norm_rotary((2, 16, 4, 16), (2, 16, 4, 16), stats_too=True)):
         ks = kernels(fuse(g))
         assert len(ks) >= 2 and not any({"ss", "cat"} <= k for k in ks), ks
+
+
+def test_matmul_depth_leaves_out_a_consumer_the_epilogue_cannot_run():
+    """softplus(x·w + b) (a state-space step size): Log1p and the threshold's Select have no
+    epilogue instruction form, so the product stays a cube kernel and the softplus one
+    vector kernel, rather than a MIX kernel the code generator would take apart op by op."""
+    b = G()
+    x = b.input("x", (4, 8))
+    mm = b.op("MatMul", x, b.const([[0.5] * 3] * 8), name="mm")
+    z = b.op("Add", mm, b.const([1.0, 2.0, 3.0]), name="bias")
+    soft = b.op("Log1p", b.op("Exp", z, name="ex"), name="lp")
+    g = b.out(b.op("Select", b.op("Greater", z, b.const(20.0), name="gt"), z, soft,
+                   name="sp"))
+    res = fuse(g)
+    assert {"mm"} in kernels(res) or not any("mm" in k for k in kernels(res))
+    assert not any("mm" in k and "lp" in k for k in kernels(res))
+    assert any("which a matmul epilogue does not run" in r
+               for r in reasons(res, "matmul_depth"))
+    import graphkernel
+    from graphkernel.codegen.traffic import launches
+
+    full = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sorted(e["kind"] for e in launches(full.graph)) == ["cube", "vector"]
+    assert not full.report.extra.get("fallbacks")

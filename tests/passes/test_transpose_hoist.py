@@ -1,0 +1,135 @@
+"""A last-axis transpose taken above the elementwise work computing its operand when the
+transposes at the region's leaves cancel, fold, are shared or become slices; refused when it
+would leave as many transposes as it removes, change what a value outside sees, or read a row
+operand as a column."""
+
+import numpy as np
+import pytest
+
+from graphkernel import Graph, TensorType
+from tests.passes.conftest import apply_pass, assert_same_results, ops_of
+
+BLD = [0, 2, 1]  # [B, L, D] <-> [B, D, L]
+
+
+def _t(g, x, perm=BLD, name=None):
+    return g.add_node("Transpose", [x], {"perm": perm}, name=name).output
+
+
+def _gate_block():
+    """A state-space block's output gate as traced: the projection moved to [B, 2D, L] and
+    split, the scan result moved there too, gated, and moved back to [B, L, D]."""
+    g = Graph()
+    proj = g.add_input("proj", TensorType((2, 8, 32), "float32"))   # [B, L, 2D]
+    y = g.add_input("y", TensorType((2, 8, 16), "float32"))         # [B, L, D]
+    xc = g.add_input("xc", TensorType((2, 16, 8), "float32"))       # [B, D, L]
+    halves = g.add_node("Split", [_t(g, proj, name="to_bdl")], {"axis": 1, "sizes": [16, 16]})
+    x_part, gate = halves.outputs
+    xt = _t(g, xc, name="xc_bld")  # already computed for another consumer (a projection)
+    s = g.add_node("Sigmoid", [gate]).output
+    act = g.add_node("Mul", [gate, s]).output
+    yd = g.add_node("Add", [_t(g, y, name="y_bdl"),
+                            g.add_node("Mul", [xc, g.const(np.full((16, 1), 0.5,
+                                                                   np.float32))]).output])
+    out = _t(g, g.add_node("Mul", [yd.output, act]).output, name="back")
+    g.set_outputs([out, x_part, xt])
+    return g
+
+
+def test_the_gate_runs_in_the_projection_layout():
+    g = _gate_block()
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 1
+    names = {n.name for n in h.nodes if n.op == "Transpose"}
+    # the root and the scan result's transpose are gone; the split's and the shared one stay
+    assert names == {"to_bdl", "xc_bld"}
+    gate = h.outputs[0].producer
+    ops = ops_of(h)
+    assert ops.count("Slice") == 1 and ops.count("Transpose") == 2
+    assert gate.op == "Mul" and list(gate.outputs[0].shape) == [2, 8, 16]
+    assert_same_results(g, h)
+
+
+def test_operand_used_outside_the_region_is_not_moved():
+    """The product is also a graph output: its layout is seen outside, the root stays."""
+    g = Graph()
+    a = g.add_input("a", TensorType((2, 4, 8), "float32"))
+    b = g.add_input("b", TensorType((2, 8, 4), "float32"))
+    p = g.add_node("Mul", [_t(g, a), b]).output
+    g.set_outputs([_t(g, p), p])
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 0 and ops_of(h).count("Transpose") == 2
+
+
+def test_refused_when_as_many_transposes_stay_at_the_leaves():
+    """T(a + b) of two plain inputs: two transposes at the leaves for one removed."""
+    g = Graph()
+    a = g.add_input("a", TensorType((2, 4, 8), "float32"))
+    b = g.add_input("b", TensorType((2, 4, 8), "float32"))
+    g.set_outputs([_t(g, g.add_node("Add", [a, b]).output)])
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 0 and ops_of(h) == ["Add", "Transpose"]
+
+
+def test_refused_when_a_row_operand_would_be_read_as_a_column():
+    """x * c with c along the last axis: after the move c would be a column of the rows."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 4), "float32"))
+    c = g.const(np.arange(8, dtype=np.float32))
+    g.set_outputs([_t(g, g.add_node("Mul", [_t(g, x), c]).output)])
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 0
+
+
+def test_a_scan_and_broadcast_operands_move_with_the_root():
+    """h[t] = exp(a[t]) * h[t-1] + b[t] along L in [B, D, L, N], read as [B, L, N, D]: the
+    scan runs along axis 1 there; dt's transpose cancels, the constant is folded."""
+    g = Graph()
+    dt = g.add_input("dt", TensorType((2, 6, 4), "float32"))          # [B, L, D]
+    u = g.add_input("u", TensorType((2, 6, 4, 3), "float32"))         # [B, L, D, N]
+    a = g.const(-np.arange(12, dtype=np.float32).reshape(4, 1, 3) / 10)  # [D, 1, N]
+    d4 = g.add_node("ExpandDims", [_t(g, dt)], {"axis": [3]}).output  # [B, D, L, 1]
+    da = g.add_node("Exp", [g.add_node("Mul", [d4, a]).output]).output
+    db = g.add_node("Mul", [d4, _t(g, u, [0, 2, 1, 3])]).output
+    hs = g.add_node("Scan", [da, db], {"axis": 2, "combine": "linear"}).output
+    g.set_outputs([_t(g, hs, [0, 2, 3, 1])])                         # [B, L, N, D]
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 1
+    scan = next(n for n in h.nodes if n.op == "Scan")
+    assert scan.attrs["axis"] == 1
+    assert not any(n.op == "Transpose" and n.inputs[0].name == "dt" for n in h.nodes)
+    assert_same_results(g, h, exact=False, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.usefixtures("fresh_torch")
+def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypatch):
+    """transformers' MambaModel (one layer, from its config, library defaults): the four
+    transposes around its projections (in_proj's and dt_proj's results to channels-first,
+    x_proj's and out_proj's channels-first operands) go into the products; outputs match
+    eager. (On this layer product_transpose leaves transpose_hoist nothing: the gate runs
+    in the layout of its neighbours.)"""
+    import torch
+    import transformers as T
+
+    import graphkernel.torch as gt
+
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+    torch.manual_seed(0)
+    cfg = T.MambaConfig(hidden_size=32, num_hidden_layers=1, vocab_size=64, state_size=8)
+    model = T.MambaModel(cfg).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    counts = {}
+    off = "--disable_pass=transpose_hoist,product_transpose"
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        for flags in ("", off):
+            torch._dynamo.reset()
+            gt.reset_stats()
+            fn = torch.compile(lambda x: model(input_ids=x).last_hidden_state,
+                               backend="graphkernel", options={"flags": flags})
+            got = fn(ids)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            counts[flags] = sum(gt.stats()["launches"].values())
+    assert counts[""] == counts[off] - 4
