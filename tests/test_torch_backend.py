@@ -253,17 +253,23 @@ class AudioFrontEnd(torch.nn.Module):
         return self.proj(h.transpose(1, 2))
 
 
+def _serves_three_sizes(m, make, sizes, tol: float) -> dict:
+    """Compile ``m`` with dynamic=True, check it against eager on ``make(n)`` for each size,
+    and return graphkernel.torch's statistics."""
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in sizes:
+            x = make(n)
+            torch.testing.assert_close(c(x), m(x), rtol=tol, atol=tol)
+    return gt.stats()
+
+
 def test_a_convolution_length_stays_symbolic(monkeypatch):
     """An audio length through strided and padded 1-D convolutions is a derived symbol
     (graphkernel/symbolic.py): one compile serves three lengths, and no kernel falls back."""
     graphs = _compiled_graphs(monkeypatch)
-    m = AudioFrontEnd().eval()
-    c = torch.compile(m, backend="graphkernel", dynamic=True)
-    with torch.no_grad():
-        for n in (400, 480, 560):
-            x = torch.rand(2, n, generator=R)
-            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
-    s = gt.stats()
+    s = _serves_three_sizes(AudioFrontEnd().eval(), lambda n: torch.rand(2, n, generator=R),
+                            (400, 480, 560), 1e-5)
     assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
     assert all(g["codegen_fallbacks"] == 0 for g in s["per_graph"])
     (g,) = graphs
@@ -293,13 +299,8 @@ def test_a_table_sliced_to_the_sequence_stays_symbolic():
     """``max(0, L - s)`` is settled by a guard on the branch the sizes take (s <= L, as
     Dynamo guards a Python branch), and ``table[..., L - s:]`` is the table's last s rows:
     one compile serves three lengths, nothing runs through torch."""
-    m = TableTail().eval()
-    c = torch.compile(m, backend="graphkernel", dynamic=True)
-    with torch.no_grad():
-        for n in (8, 16, 24):
-            x = torch.rand(2, n, generator=R)
-            torch.testing.assert_close(c(x), m(x), rtol=1e-6, atol=1e-6)
-    s = gt.stats()
+    s = _serves_three_sizes(TableTail().eval(), lambda n: torch.rand(2, n, generator=R),
+                            (8, 16, 24), 1e-6)
     assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
     assert len(s["per_graph"][0]["symbols"]) == 2  # the batch and the length
 
@@ -309,13 +310,8 @@ def test_a_table_slice_that_ends_early_specialises_the_length():
     graphkernel cannot keep that length symbolic, so it is specialised (Dynamo compiles once
     per length, as for a convolution's sizes), and every graph is compiled, not run through
     torch; outputs match."""
-    m = TableTail(stop=31).eval()
-    c = torch.compile(m, backend="graphkernel", dynamic=True)
-    with torch.no_grad():
-        for n in (8, 16, 24):
-            x = torch.rand(2, n, generator=R)
-            torch.testing.assert_close(c(x), m(x), rtol=1e-6, atol=1e-6)
-    s = gt.stats()
+    s = _serves_three_sizes(TableTail(stop=31).eval(),
+                            lambda n: torch.rand(2, n, generator=R), (8, 16, 24), 1e-6)
     assert s["graphs"] == 3 and s["fallbacks"] == {} and s["graphs_through_torch"] == {}
 
 

@@ -517,7 +517,7 @@ def _slice(c: Ctx):
     start = 0 if start is None else start
     n = c.out_type.shape[dim]
     if isinstance(start, SymOffset):
-        return _slice_last(c, x, dim, start, end, step, n)
+        return _slice_last(c, x, dim, start, n)
     if isinstance(start, str) or isinstance(end, str):
         if n == x.shape[dim] and start == 0 and step == 1:
             return c.emit("Identity", [x])  # the whole axis, up to its symbolic size
@@ -531,18 +531,16 @@ def _slice(c: Ctx):
                                         "axes": [dim]})
 
 
-def _slice_last(c: Ctx, x: Value, dim: int, start: SymOffset, end: Any, step: int,
-                n: Any) -> Value:
+def _slice_last(c: Ctx, x: Value, dim: int, start: SymOffset, n: Any) -> Value:
     """``x[L - n:]`` of a static axis of length ``L`` with a symbolic ``n`` (MPT's alibi
-    table sliced to the sequence): the rows ``L - n + arange(n)``, gathered. The start must
-    be exactly ``L - n`` (checked on the expressions), the end the axis' end."""
+    table sliced to the sequence): the rows ``L - n + arange(n)``, gathered. A SymOffset
+    start is made only for step-1 slices to a static axis' end (``_slices_to_end``); here
+    the start must be exactly ``L - n``, checked on the expressions."""
     import sympy
 
     length = x.shape[dim]
     out = c.node.meta["val"].shape[dim]
-    if not isinstance(length, int) or not isinstance(n, str) or step != 1 \
-            or (end is not None and not (isinstance(end, int) and end >= length)) \
-            or sympy.simplify(start.expr - (length - _settled(out))) != 0:
+    if not isinstance(n, str) or sympy.simplify(start.expr - (length - _settled(out))) != 0:
         raise Unmapped(f"slice from {start.expr} of an axis of {length}")
     rows = c.emit("Range", [], {"start": 0, "length": n, "dtype": DType.int64})
     count = _size_value(c, n, TensorType((), DType.int64))
