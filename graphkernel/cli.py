@@ -455,7 +455,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
         previous = previous_outputs(args.out)  # (the digests it recorded are known now)
         _digest_data_files(g)
-    res = gk_compile(g, flags, args.config, log=progress.write, copy=False)  # g becomes res.graph
+    # g becomes res.graph; as _load returned it (only its data files' digests were read)
+    res = gk_compile(g, flags, args.config, log=progress.write, copy=False,
+                     checked_on_load=True)
     rep = res.report
     written = _write_outputs(args, res, previous)
     if args.json:

@@ -296,6 +296,9 @@ class PassContext:
         self.analyses = Analyses()
         self.report = ReportFigures()  # the figures a pass contributes to the report
         self.dumper: Dumper | None = None
+        # the graph is as a model loader built and checked it (``PassManager``'s
+        # ``checked_on_load``): the validate pass has nothing left to find in it
+        self.checked_on_load = False
 
     def should_apply(self, description: str, nodes: Iterable[Node] = ()) -> bool:
         """Ask before each single rewrite (naming the nodes it touches); counts it and may
@@ -475,8 +478,9 @@ class PassManager:
 
     def __init__(self, cfg: Config, target: Any = None, log: Callable[[str], None] | None = None,
                  check_each_pass: bool = False, dump_dir: str | None = None,
-                 hooks: Sequence[PassHook] = ()) -> None:
+                 hooks: Sequence[PassHook] = (), checked_on_load: bool = False) -> None:
         self.cfg = cfg
+        self.checked_on_load = checked_on_load  # (see ``api.compile``)
         self.target = target
         self.slots = build_pipeline()
         self.decisions = plan(cfg, self.slots)
@@ -506,6 +510,7 @@ class PassManager:
         bisect = BisectCounter(cfg.bisect_limit, printer, cfg.bisect_pass)
         ctx = PassContext(cfg, bisect, self.log, self.target)
         ctx.dumper = self.dumper
+        ctx.checked_on_load = self.checked_on_load
         self.ctx = ctx
         report = RunReport(flags=cfg.to_dict(), nodes_before=len(graph),
                            bisect_limit=cfg.bisect_limit, figures=ctx.report)
