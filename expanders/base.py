@@ -16,6 +16,7 @@ expansion rounds only where the composite op itself does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +133,15 @@ class Template:
     steps: tuple[Step, ...]
     outputs: tuple[Ref, ...]
 
+    @functools.cached_property
+    def plan(self) -> tuple[tuple[Step, str, bool, bool], ...]:
+        """Per step, what ``replay`` would otherwise work out for every node it adds: the
+        step, its name's suffix, whether it has one output, and whether an attribute value
+        must be copied per node (an array or a list: see ``_owned``)."""
+        return tuple((st, "/" + st.op.lower(), len(st.out_types) == 1,
+                      any(isinstance(v, np.ndarray | list) for v in st.attrs.values()))
+                     for st in self.steps)
+
 
 def template_key(node: Node) -> tuple | None:
     """What an expansion may depend on: the op, its attributes, its inputs' types and which
@@ -178,16 +188,14 @@ def replay(graph: Graph, node: Node, template: Template) -> list[Value]:
     ins = node.inputs
     made: list[list[Value]] = []
     prefix, origin = node.name, tuple(node.origin) or None
-    fresh = graph.fresh_name
-    for st in template.steps:
+    fresh, add = graph.fresh_name, graph._add_raw
+    for st, suffix, single, owned in template.plan:
         inputs = [ins[i] if j < 0 else made[j][i] for j, i in st.inputs]
-        name = fresh(f"{prefix}/{st.op.lower()}")
-        n_out = len(st.out_types)
-        outs = [(fresh(name if n_out == 1 else f"{name}:{i}"), t)
-                for i, t in enumerate(st.out_types)]
-        new = graph._add_raw(st.op, name, inputs, {k: _owned(v) for k, v in st.attrs.items()},
-                             origin or (name,), outs)
-        made.append(new.outputs)
+        name = fresh(prefix + suffix)
+        outs = [(fresh(name), st.out_types[0])] if single else \
+            [(fresh(f"{name}:{i}"), t) for i, t in enumerate(st.out_types)]
+        attrs = {k: _owned(v) for k, v in st.attrs.items()} if owned else dict(st.attrs)
+        made.append(add(st.op, name, inputs, attrs, origin or (name,), outs).outputs)
     return [ins[i] if j < 0 else made[j][i] for j, i in template.outputs]
 
 
