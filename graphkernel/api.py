@@ -92,8 +92,10 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
         if copy:
             graph = graph_or_path.copy()
         else:
-            graph = graph_or_path
-            graph.settle()  # as the copy would be: the same compile
+            from graphkernel.frontends import BUILT_IN_ORDER
+
+            graph = graph_or_path  # as the copy would be: the same compile
+            graph.settle(built_in_order=checked_on_load and graph in BUILT_IN_ORDER)
     else:
         from graphkernel.frontends import load_model
 

@@ -632,12 +632,23 @@ class Graph:
         g.set_outputs([vmap[id(v)] for v in self.outputs], self.output_names)
         return g
 
-    def settle(self) -> None:
+    def settle(self, built_in_order: bool = False) -> None:
         """Bring this graph's bookkeeping to the state of a fresh ``copy()`` of it, in place:
         nodes sorted and numbered from 1, every use-list in node order, name tables in that
         order, name counters restarted, subgraphs copied. A pass run on the graph then does
         what it does on a copy (names it makes, users it visits first) without the copy's
-        new objects (``compile(..., copy=False)``)."""
+        new objects (``compile(..., copy=False)``).
+
+        ``built_in_order``: the caller knows the graph was only built, its inputs then each
+        node added after those it reads (nothing erased, rewired or renamed since), as a
+        loader builds a file's graph: its nodes, numbers, use-lists and name tables are then
+        in that state already, and only the name counters and subgraphs are redone."""
+        if built_in_order and not self._order_dirty and self._erased is None:
+            for n in self._nodes.values():
+                if n.op == "GraphKernel":
+                    n.attrs = dict(n.attrs, subgraph=n.subgraph.copy())
+            self._name_counters = {}
+            return
         nodes = self.nodes
         self.release_erased()
         values: dict[str, Value] = {}

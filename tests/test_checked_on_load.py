@@ -130,3 +130,63 @@ def test_broken_onnx_refused_on_the_trusted_path(tmp_path, capsys, nodes):
     err = capsys.readouterr().err
     assert "is not defined by any earlier node" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def _bookkeeping(g):
+    """Everything ``Graph.settle`` brings into order, as names."""
+    nodes = g.nodes
+    return ([(n.name, n._seq) for n in nodes],
+            [(v.name, [(u.name, i) for u, i in v.uses])
+             for v in [*g.inputs, *(o for n in nodes for o in n.outputs)]],
+            list(g._values), list(g._node_names), g._name_counters,
+            [str(n.subgraph) for n in nodes if n.op == "GraphKernel"])
+
+
+@pytest.mark.parametrize("model", [EX, "examples/attention.json", "compiled"])
+def test_settle_of_a_loaded_graph_is_settle(tmp_path, model):
+    """A graph as the file loader built it is settled already: ``built_in_order`` leaves it
+    as the whole ``settle`` makes it (a compiled graph's kernel bodies copied as well)."""
+    from graphkernel.frontends import BUILT_IN_ORDER
+    from graphkernel.frontends.json_format import save_graph
+
+    if model == "compiled":
+        model = tmp_path / "k.json"
+        save_graph(api.compile(EX).graph, model)
+    quick, whole = load_model(model), load_model(model)
+    assert quick in BUILT_IN_ORDER
+    bodies = [n.subgraph for n in quick.nodes if n.op == "GraphKernel"]
+    quick.fresh_name(quick.nodes[0].name)  # (a name counter, restarted by both)
+    whole.fresh_name(whole.nodes[0].name)
+    quick.settle(built_in_order=True)
+    whole.settle()
+    assert _bookkeeping(quick) == _bookkeeping(whole)
+    assert all(n.subgraph is not b for n, b in zip(
+        [n for n in quick.nodes if n.op == "GraphKernel"], bodies, strict=True))
+    assert quick._name_counters == {}
+
+
+def test_settle_in_order_only_for_a_graph_as_built():
+    """A graph rewired after loading is settled in full even when asked for the quick way:
+    its order is dirty."""
+    g = load_model(EX)
+    add = next(n for n in g.nodes if n.op == "Add" and n.inputs[0].producer is not None)
+    late = g.add_node("Exp", [g.inputs[0]], name="late")
+    g.replace_input(add, 0, late.output)  # (now read before it is made)
+    g.settle(built_in_order=True)
+    names = [n.name for n in g.nodes]
+    assert names.index("late") < names.index(add.name)
+    assert [n._seq for n in g.nodes] == list(range(1, len(g) + 1))
+
+
+def test_onnx_graph_is_not_taken_as_built_in_order(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from graphkernel.frontends import BUILT_IN_ORDER
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("Exp", ["x"], ["z"])], "g", [x], [z])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    assert load_model(path) not in BUILT_IN_ORDER  # (its loader erases and rewires)

@@ -1055,6 +1055,9 @@ def load_graph(path: str | os.PathLike) -> Graph:
                 else "refused"
             raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
         g = graph_from_dict(doc, where=str(path), base=path.parent)
+    from graphkernel.frontends import BUILT_IN_ORDER
+
+    BUILT_IN_ORDER.add(g)  # (``_build`` only adds: inputs, then nodes in dependency order)
     del doc
     release_freed_memory()  # (the document's text and strings, freed now)
     return g
