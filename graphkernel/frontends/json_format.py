@@ -410,7 +410,11 @@ def _json_pieces(graph: Graph, head: dict[str, Any], side: dict[str, np.ndarray]
     yield "\n}\n"
 
 
-_compact = json.JSONEncoder(separators=(", ", ": "), allow_nan=False).encode
+# (no check for containers holding themselves: every container encoded is one the writer
+# built for the file from the graph, or an attribute's list of ints; the check is a tenth of
+# the encoder's time)
+_compact = json.JSONEncoder(separators=(", ", ": "), allow_nan=False,
+                            check_circular=False).encode
 
 
 def _write_npz(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
