@@ -92,10 +92,13 @@ def _compile(graph_or_path: Graph | str | os.PathLike, flags: str | Mapping[str,
         if copy:
             graph = graph_or_path.copy()
         else:
-            from graphkernel.frontends import BUILT_IN_ORDER
-
             graph = graph_or_path  # as the copy would be: the same compile
-            graph.settle(built_in_order=checked_on_load and graph in BUILT_IN_ORDER)
+            built = False
+            if checked_on_load:  # (a file's graph, as the JSON loader built it?)
+                from graphkernel.frontends.json_format import BUILT_IN_ORDER
+
+                built = graph in BUILT_IN_ORDER
+            graph.settle(built_in_order=built)
     else:
         from graphkernel.frontends import load_model
 

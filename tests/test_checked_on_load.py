@@ -146,8 +146,7 @@ def _bookkeeping(g):
 def test_settle_of_a_loaded_graph_is_settle(tmp_path, model):
     """A graph as the file loader built it is settled already: ``built_in_order`` leaves it
     as the whole ``settle`` makes it (a compiled graph's kernel bodies copied as well)."""
-    from graphkernel.frontends import BUILT_IN_ORDER
-    from graphkernel.frontends.json_format import save_graph
+    from graphkernel.frontends.json_format import BUILT_IN_ORDER, save_graph
 
     if model == "compiled":
         model = tmp_path / "k.json"
@@ -182,7 +181,7 @@ def test_onnx_graph_is_not_taken_as_built_in_order(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    from graphkernel.frontends import BUILT_IN_ORDER
+    from graphkernel.frontends.json_format import BUILT_IN_ORDER
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])

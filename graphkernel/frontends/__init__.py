@@ -6,16 +6,12 @@ torch.export (``fx``). ``load_model`` picks the reader by file type."""
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 
 from graphkernel.errors import FormatError
 from graphkernel.ir import Graph
 
 MODEL_SUFFIXES = (".json", ".yaml", ".yml", ".onnx")
-# the graphs a loader built only by adding inputs and then each node after those it reads
-# (``Graph.settle``'s ``built_in_order``), while nothing else holds them
-BUILT_IN_ORDER: weakref.WeakSet[Graph] = weakref.WeakSet()
 
 
 def load_model(path: str | os.PathLike) -> Graph:

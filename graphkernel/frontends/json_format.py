@@ -18,6 +18,7 @@ import json
 import math
 import os
 import typing
+import weakref
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -1041,6 +1042,11 @@ def _dependency_order(nodes: list[dict[str, Any]], where: str, g: Graph
     return [(i, nodes[i]) for i in order]
 
 
+# the graphs ``load_graph`` built, only by adding inputs and then each node after those it
+# reads (``Graph.settle``'s ``built_in_order``), while anything else holds them
+BUILT_IN_ORDER: weakref.WeakSet[Graph] = weakref.WeakSet()
+
+
 def load_graph(path: str | os.PathLike) -> Graph:
     """Load a .json/.yaml/.yml graph file. Its constants in an .npz or raw data file are
     memory-mapped where they can be (see ``DataFiles``): read-only views of the file."""
@@ -1059,8 +1065,6 @@ def load_graph(path: str | os.PathLike) -> Graph:
                 else "refused"
             raise FormatError(f"{path}{e.pos}: {kind}: {e.detail}") from None
         g = graph_from_dict(doc, where=str(path), base=path.parent)
-    from graphkernel.frontends import BUILT_IN_ORDER
-
     BUILT_IN_ORDER.add(g)  # (``_build`` only adds: inputs, then nodes in dependency order)
     del doc
     release_freed_memory()  # (the document's text and strings, freed now)
