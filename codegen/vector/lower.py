@@ -142,7 +142,8 @@ class VectorLowerer(Lowerer):
                                                      or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
+            if (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
+                    and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
         return out
@@ -170,7 +171,9 @@ class VectorLowerer(Lowerer):
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
         to = self.final_epilogue if late else self.epilogue
         y = f"yo{io.index}"
-        if io.dtype == BITS:  # x | x copies the words
+        if io.dtype == BITS and v.dtype != BITS:  # a float truncated into int32 words
+            self.call("Cast", y, op(src.expr), "RoundMode::CAST_TRUNC", count=count, to=to)
+        elif io.dtype == BITS:  # x | x copies the words
             x = op(src.expr, view="int16_t")
             self.call("Or", op(y, view="int16_t"), x, x, count="2 * n", to=to)
         elif io.dtype == DType.bool and src.store == POOLS[MASK]:  # a mask: 1.0 where set

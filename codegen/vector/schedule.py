@@ -760,7 +760,7 @@ class _Planner:
             ints = [v for v in (*n.inputs, *n.outputs) if v.dtype == BITS]
             rule = INSTRUCTIONS.get(n.op)
             if ints and n.op not in VIEW_OPS and n.op != "Constant" and (
-                    rule is None or BITS not in rule.dtypes):
+                    rule is None or BITS not in rule.dtypes) and not self._truncating_store(n):
                 raise Unsupported(f"{n.op} of int32 data (integers are generated in "
                                   "BitwiseAnd/BitwiseOr only)", node=n)
             if n.op in BITWISE_OPS and n.outputs[0].dtype not in rule.dtypes:
@@ -771,10 +771,22 @@ class _Planner:
         for n in self.sub.nodes:
             yield from n.outputs
 
+    def _truncating_store(self, n: Node) -> bool:
+        """A Cast of a float value to int32 whose result only leaves the kernel: the store
+        converts it (a Cast toward zero into the output's words, as torch's float -> int),
+        so integer indices computed in floats (position ids from a running count) are
+        written by the kernel that computes them."""
+        out = n.outputs[0]
+        return (n.op == "Cast" and n.inputs[0].dtype in FLOATS and out.dtype == BITS
+                and not out.users and any(o is out for o in self.sub.outputs))
+
     def _cast_is_view(self, n: Node) -> bool:
         """A float cast is free inside a kernel (everything is fp32 in UB) when it widens, or
-        when its result only leaves the kernel (the store rounds it)."""
+        when its result only leaves the kernel (the store rounds it, or truncates it to
+        int32)."""
         src, dst = n.inputs[0].dtype, n.outputs[0].dtype
+        if self._truncating_store(n):
+            return True
         if src not in FLOATS or dst not in FLOATS:
             raise Unsupported(f"Cast {src} -> {dst} (integer casts are not generated)")
         if dst == DType.float32 or src == dst:

@@ -1,0 +1,62 @@
+"""A float value cast to int32 as a kernel output: the store truncates it toward zero (torch's
+float -> int), so indices computed in floats (position ids from a running count of tokens)
+leave the kernel that computes them instead of a Cast kernel of their own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen.backend import run_sim
+from graphkernel.interpreter import Interpreter
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+
+
+def _position_ids(shape=(2, 80)) -> Graph:
+    """The running count of non-padding tokens times the mask, plus an offset, to int32 (as
+    a roberta-like encoder numbers its positions)."""
+    g = Graph("positions")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    run = g.add_node("Scan", [x], {"axis": 1, "combine": "add"}).output
+    pos = g.add_node("Mul", [run, x]).output
+    off = g.add_node("Add", [pos, g.const(np.float32(-2.5), "float32")]).output
+    ids = g.add_node("Cast", [off], {"dtype": "int32"}, name="ids").output
+    g.set_outputs([ids])
+    return g
+
+
+def test_a_cast_to_int32_is_stored_by_the_kernel_that_computes_it():
+    g = _position_ids()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "Cast" in [m.op for m in kernel.subgraph.nodes]
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(0, 1, (2, 80)) < 0.8).astype(np.float32) * rng.uniform(0.5, 1.5, (2, 80))
+    x = x.astype(np.float32)
+    feeds = {"x": x}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    want = Interpreter(g).run(feeds)
+    assert got[0].dtype == np.int32
+    assert (want[0] < 0).any() and (want[0] > 0).any()  # both sides of zero truncated
+    np.testing.assert_array_equal(got[0], want[0])  # toward zero: -2.5 -> -2, 3.7 -> 3
+
+
+def test_an_int32_cast_read_inside_the_kernel_is_not_a_store():
+    """int32 words carry no arithmetic in UB: a Cast whose result the kernel goes on to use
+    (here added to) is refused with the op named, not stored."""
+    g = Graph("ints")
+    x = g.add_input("x", TensorType((8, 64), "float32"))
+    ids = g.add_node("Cast", [g.add_node("Exp", [x]).output], {"dtype": "int32"}).output
+    g.set_outputs([g.add_node("Add", [ids, ids], name="int_add").output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    reasons = " ".join(f["reason"] for f in res.report.extra.get("fallbacks", []))
+    assert "int32" in reasons, res.report.extra
+    feeds = {"x": np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(Interpreter(res.graph).run(feeds)[0],
+                                  Interpreter(g).run(feeds)[0])
