@@ -1,6 +1,10 @@
-"""A float value cast to int32 as a kernel output: the store truncates it toward zero (torch's
+"""The kernels a transformer's embeddings make, generated and run in the simulator.
+
+A float value cast to int32 as a kernel output: the store truncates it toward zero (torch's
 float -> int), so indices computed in floats (position ids from a running count of tokens)
-leave the kernel that computes them instead of a Cast kernel of their own."""
+leave the kernel that computes them instead of a Cast kernel of their own. Token embeddings
+plus a position table shared by the batch, then LayerNorm: the table repeats whole rows of
+what the norm reduces, so the sum and the norm are one kernel."""
 
 from __future__ import annotations
 
@@ -60,3 +64,36 @@ def test_an_int32_cast_read_inside_the_kernel_is_not_a_store():
     feeds = {"x": np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)}
     np.testing.assert_array_equal(Interpreter(res.graph).run(feeds)[0],
                                   Interpreter(g).run(feeds)[0])
+
+
+def _embedding_layer_norm(table_shape=(1, 16, 64)) -> Graph:
+    g = Graph("embeddings")
+    x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+    t = g.add_input("t", TensorType(table_shape, "float32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    s = g.add_node("Add", [x, t], name="sum").output
+    g.set_outputs([g.add_node("LayerNorm", [s, w, w], {"epsilon": 1e-5},
+                              name="norm").outputs[0]])
+    return g
+
+
+def test_a_position_table_and_the_layer_norm_after_it_are_one_kernel():
+    g = _embedding_layer_norm()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    rng = np.random.default_rng(2)
+    feeds = {k: rng.standard_normal(v).astype(np.float32)
+             for k, v in (("x", (2, 16, 64)), ("t", (1, 16, 64)), ("w", (64,)))}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_per_row_value_added_before_the_norm_stays_apart():
+    """A value broadcast along the axis the norm reduces is added before the norm's own
+    kernel (the norm's sum would read it once per element of the row)."""
+    res = graphkernel.compile(_embedding_layer_norm((2, 16, 1)), "--opt_level=2", env={})
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "sum" in [n.name for n in res.graph.nodes]  # outside the norm's kernel
+    assert "sum" not in [m.name for m in kernel.subgraph.nodes]
