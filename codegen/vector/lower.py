@@ -115,7 +115,16 @@ class VectorLowerer(Lowerer):
                               f"does not start on a {s.target.ub_align_bytes}-byte UB block",
                               about=(io.value,))
         loaded = f"xi{io.index}"
-        if io.dtype == BITS:  # raw words, used in place
+        if io.dtype == BITS and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
+                                    for u in io.local.users) and io.local.users:
+            if io.kind not in (FULL, PARTIAL):  # int32 read as floats: converted on loading
+                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
+                                  about=(io.value,))
+            buf = self.alloc(FULL)
+            self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
+                      count=self.space.counts[FULL], to=self.prologue)
+            self.refs[id(v)] = self.held(FULL, buf)
+        elif io.dtype == BITS:  # raw words, used in place
             if io.kind not in (FULL, PARTIAL):
                 raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
                                   about=(io.value,))

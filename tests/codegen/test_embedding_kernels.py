@@ -97,3 +97,38 @@ def test_a_per_row_value_added_before_the_norm_stays_apart():
     (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
     assert "sum" in [n.name for n in res.graph.nodes]  # outside the norm's kernel
     assert "sum" not in [m.name for m in kernel.subgraph.nodes]
+
+
+def _pooled_token() -> Graph:
+    """A text encoder's pooled token as CLIP picks it: the first position of the end token
+    (ArgMax of a 0/1 mask, int64), wrapped when negative (``i < 0 ? i + n : i``), offset by
+    its row's first token, indexing the flattened hidden states."""
+    g = Graph("pooled")
+    mask = g.add_input("mask", TensorType((4, 16), "float32"))
+    hidden = g.add_input("hidden", TensorType((64, 8), "float32"))
+    i = g.add_node("ArgMax", [mask], {"axis": 1}).output
+    wrap = g.add_node("Select", [g.add_node("Less", [i, g.const(np.int64(0))]).output,
+                                 g.add_node("Add", [i, g.const(np.int64(16))]).output,
+                                 i]).output
+    at = g.add_node("Add", [wrap, g.const(np.arange(0, 64, 16, dtype=np.int64))]).output
+    g.set_outputs([g.add_node("Gather", [hidden, at], {"axis": 0}).output])
+    return g
+
+
+def test_an_argmax_index_is_loaded_widened_and_wrapped_in_one_kernel():
+    """The ArgMax returns int32 (the only reader is the index arithmetic), one kernel loads
+    it as floats, wraps and offsets it and stores the int32 index the Gather reads: three
+    launches (ArgMax, the kernel, the Gather) where each int64 op was one (six)."""
+    g = _pooled_token()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == [
+        "ArgMax", "GraphKernel", "Gather"]
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert kernel.inputs[0].dtype.value == "int32" and kernel.outputs[0].dtype.value == "int32"
+    rng = np.random.default_rng(3)
+    mask = (rng.uniform(size=(4, 16)) < 0.2).astype(np.float32)
+    feeds = {"mask": mask, "hidden": rng.standard_normal((64, 8)).astype(np.float32)}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_array_equal(got[0], Interpreter(g).run(feeds)[0])
