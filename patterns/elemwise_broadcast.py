@@ -75,8 +75,8 @@ def _bwd_conditions(model, a, consumers, external):
          refuses=("GK202", "GK206", "GK207", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
-    pushes itself into its single consumer (a REDUCE consumer only for an ELEMWISE area over
-    an INJECTIVE edge)."""
+    pushes itself into its single consumer (a REDUCE consumer only over an INJECTIVE edge,
+    for an ELEMWISE area or one broadcasting only whole rows of what is reduced)."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)
