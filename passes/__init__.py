@@ -28,6 +28,7 @@ from graphkernel.passes import (
     reshape_elim,
     rotary_pairs,
     scan,
+    slice_phases,
     small_ints,
     split,
     super_kernel,
@@ -56,6 +57,7 @@ PIPELINE = (
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
     Step("simplify", 37, moe_routing.moe_routing, 2),
+    Step("simplify", 38, slice_phases.slice_phases, 2),  # before the reshape/transpose folds
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
     Step("simplify", 50, transpose_elim.transpose_elim, 2),
     Step("simplify", 53, channels_last.channels_last, 2),

@@ -9,9 +9,12 @@ vector kernels (and the Scan a CumSum becomes) take them. This pass bounds every
 value by interval arithmetic from what is known exactly — booleans are 0 or 1, constants
 their extremes, a CumSum along a static axis of n elements at most n times its operand's —
 and rewrites each connected region of bounded integer ops (casts, Add, Sub, Mul, Neg,
-Maximum, Minimum, CumSum and views) that holds an int64 op into the same ops on float32,
-cast back where a value leaves it: to int32 when it only indexes a Gather (its values fit),
-else to its own type. Runs before ``scan``, which makes the float CumSum a Scan.
+Maximum, Minimum, Select, CumSum, views, and comparisons of such values) that holds an int64
+op into the same ops on float32, cast back where a value leaves it: to int32 when it only
+indexes a Gather (its values fit), else to its own type. An index an ArgMax/ArgMin returns
+along a static axis of n elements is within 0 .. n - 1: the arithmetic that wraps it
+(``index < 0 ? index + n : index``, then its row's offset — CLIP's pooled token) runs in
+float32 from it. Runs before ``scan``, which makes the float CumSum a Scan.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from graphkernel.passes.rewrite import const_array
 from graphkernel.registry import PassResult, counted
 
 EXACT = 2 ** 24  # every integer of at most this magnitude is a float32
-ARITH = frozenset({"Add", "Sub", "Mul", "Neg", "Maximum", "Minimum", "CumSum", "Cast"})
+ARITH = frozenset({"Add", "Sub", "Mul", "Neg", "Maximum", "Minimum", "CumSum", "Cast",
+                   "Select"})
+COMPARE = frozenset({"Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual"})
+POSITIONS = frozenset({"ArgMax", "ArgMin"})  # an index along a static axis: 0 .. n - 1
 MOVES = frozenset({"BroadcastTo", "Transpose", "StridedSlice", "Slice"}) | VIEW_OPS
 INDEX_OPS = frozenset({"Gather", "GatherElements"})  # (their operand 1 is the index)
 INTS = frozenset({DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8})
@@ -32,6 +38,8 @@ Range = tuple[int, int]
 
 
 def _interval(op: str, rs: list[Range]) -> Range:
+    if op == "Select":  # (rs[0] is the condition's)
+        return min(rs[1][0], rs[2][0]), max(rs[1][1], rs[2][1])
     if op == "Neg":
         return -rs[0][1], -rs[0][0]
     (a, b), (c, d) = rs
@@ -70,6 +78,10 @@ def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
     n = v.producer
     if n is None or len(n.outputs) != 1:
         return None
+    if n.op in POSITIONS:
+        x = n.inputs[0]
+        length = x.shape[n.attrs["axis"] % x.type.rank] if x.type.rank else 1
+        return (0, length - 1) if isinstance(length, int) and length > 0 else None
     rs = [known.get(id(x)) if x.dtype != DType.bool else (0, 1) for x in n.inputs]
     if any(r is None for r in rs):
         return None
@@ -91,7 +103,11 @@ def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
 
 
 def _member(n: Node, known: dict[int, Range | None]) -> bool:
-    """An integer op of bounded values that float32 computes exactly."""
+    """An integer op of bounded values that float32 computes exactly, or a comparison of
+    such values (float32 compares them exactly)."""
+    if n.op in COMPARE and len(n.outputs) == 1 and all(x.dtype in INTS for x in n.inputs):
+        rs = [known.get(id(x)) for x in n.inputs]
+        return all(r is not None and -EXACT <= r[0] and r[1] <= EXACT for r in rs)
     if len(n.outputs) != 1 or n.outputs[0].dtype not in INTS:
         return False
     if n.op not in ARITH and n.op not in MOVES and n.op != "Concat":
@@ -123,6 +139,18 @@ def _regions(graph: Graph, members: list[Node]) -> list[list[Node]]:
     return list(groups.values())
 
 
+def _narrow(graph: Graph, x: Value, inside: set[int]) -> Value:
+    """An int64 ArgMax/ArgMin read by the region alone returns its index as int32 (the
+    vector kernels load int32, not int64, and widen it to float32); else ``x`` itself."""
+    p = x.producer
+    if p is None or p.op not in POSITIONS or x.dtype != DType.int64 or graph.is_output(x) \
+            or any(id(u) not in inside for u in x.users):
+        return x
+    return graph.add_node(p.op, list(p.inputs), dict(p.attrs) | {"dtype": DType.int32},
+                          name=graph.fresh_name(f"{p.name}/int32"),
+                          origin=p.origin).outputs[0]
+
+
 def _rewrite(graph: Graph, region: list[Node]) -> None:
     inside = {id(n) for n in region}
     new: dict[int, Value] = {}
@@ -135,7 +163,13 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
             return graph.add_node("Constant", [], {"value": arr.astype(np.float32)},
                                   name=graph.fresh_name(f"{at.name}/f32"),
                                   origin=at.origin).outputs[0]
-        return x  # a boolean operand of a Cast
+        if x.dtype in INTS:  # a bounded integer from outside (an ArgMax's index)
+            new[id(x)] = graph.add_node("Cast", [_narrow(graph, x, inside)],
+                                        {"dtype": DType.float32},
+                                        name=graph.fresh_name(f"{x.name}/f32"),
+                                        origin=at.origin).outputs[0]
+            return new[id(x)]
+        return x  # a boolean operand (of a Cast, or a Select's condition)
 
     for n in region:
         ins = [as_float(x, n) for x in n.inputs]
@@ -157,6 +191,9 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
         old = n.outputs[0]
         outside = [(u, i) for u, i in old.uses if id(u) not in inside]
         if not outside and not graph.is_output(old):
+            continue
+        if new[id(old)].dtype == old.dtype:  # a comparison's booleans
+            graph.replace_all_uses(old, new[id(old)])
             continue
         index_only = not graph.is_output(old) and all(
             u.op in INDEX_OPS and i == 1 for u, i in outside)

@@ -11,6 +11,7 @@ from graphkernel.patterns.base import (
     pattern,
     pull_in_conditions,
 )
+from graphkernel.patterns.reduce import repeats_whole_rows
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
@@ -62,9 +63,11 @@ def _bwd_conditions(model, a, consumers, external):
                           lambda c=c: f"kind mismatch: consumer {c.name} is "
                                       f"{model.kind(c).name} (needs <= REDUCE)"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or (
-            model.kind(a) == OpKind.ELEMWISE and model.relation(a, c) == INJECTIVE),
+            (model.kind(a) == OpKind.ELEMWISE or repeats_whole_rows(c, a))
+            and model.relation(a, c) == INJECTIVE),
             lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
-                        "ELEMWISE area over an INJECTIVE edge"))
+                        "ELEMWISE area (or one broadcasting whole rows of what it reduces) "
+                        "over an INJECTIVE edge"))
     return conds
 
 
@@ -72,8 +75,8 @@ def _bwd_conditions(model, a, consumers, external):
          refuses=("GK202", "GK206", "GK207", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
-    pushes itself into its single consumer (a REDUCE consumer only for an ELEMWISE area over
-    an INJECTIVE edge)."""
+    pushes itself into its single consumer (a REDUCE consumer only over an INJECTIVE edge,
+    for an ELEMWISE area or one broadcasting only whole rows of what is reduced)."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)

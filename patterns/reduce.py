@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphkernel import ops
+from graphkernel import ops, symbolic
 from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
@@ -18,6 +18,36 @@ def _fwd_conditions(model, a, p):
     return pull_in_conditions(model, a, p, OpKind.ELEMWISE,
                               "a reduce pulls in only <= ELEMWISE; a broadcast producer is not "
                               "pulled into a reduce")
+
+
+def repeats_whole_rows(a, p) -> bool:
+    """Whether area ``p``, pushed into the REDUCE area ``a`` that consumes it
+    (elemwise_broadcast_bwd), broadcasts only along axes that every reduction of ``a`` keeps:
+    each of its operands spans the reduced axes whole, so every reduced row reads a whole
+    row of it (an embedding plus a position table shared by the batch, then LayerNorm) and
+    the reduction sums the values the graph sums. ``p`` computes in the reductions' one
+    input shape (no reshape between them); a broadcast along a reduced axis (a per-row
+    value spread over the row) is still refused."""
+    sigs = reduce_signatures(a)
+    if len(sigs) != 1 or any(n.op == "Scan" for n in a.nodes):
+        return False
+    ((shape, axes),) = sigs
+    rank = len(shape)
+    if not axes or tuple(axes) != tuple(range(rank - len(axes), rank)):
+        return False  # rows: the reduced axes are the trailing ones
+    for n in p.nodes:
+        if n.op == "Constant":
+            continue
+        if ops.get(n.op).kind not in (OpKind.ELEMWISE, OpKind.BROADCAST) or any(
+                len(v.shape) != rank or not all(map(symbolic.eq, v.shape, shape))
+                for v in n.outputs):
+            return False
+        for x in n.inputs:
+            xs = (1,) * (rank - len(x.shape)) + tuple(x.shape)
+            if len(xs) != rank or (x.type.numel != 1 and not all(
+                    symbolic.eq(xs[k], shape[k]) for k in axes)):
+                return False
+    return True
 
 
 @pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth",

@@ -35,6 +35,7 @@ def test_passes_by_level():
                          "promote_precision", "window_fusion",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
                          "attention", "conv_bn_fold", "conv_matmul", "scan", "moe_routing",
+                         "slice_phases",
                          "matvec", "product_transpose", "transpose_hoist", "transpose_view",
                          "product_broadcast",
                          "small_ints",

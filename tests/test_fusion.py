@@ -256,8 +256,8 @@ def test_explain_cli_names_documented_reasons(capsys):
     assert main(["explain", "examples/attention_softmax.json", "--node", "sm_max"]) == 0
     out = capsys.readouterr().out
     # the softmax joined the scores product's epilogue (its kernel names every pattern)
-    assert re.search(r"_batchmatmul_\d+ +\[elemwise_broadcast_fwd_depth\+matmul_depth\+"
-                     r"reduce_bwd", out)
+    kernel = re.search(r"_batchmatmul_\d+ +\[([\w+]+)\]", out)
+    assert kernel and {"matmul_depth", "reduce_bwd"} <= set(kernel.group(1).split("+")), out
     assert main(["explain", "examples/attention_softmax.json", "--node", "nope"]) == 2
 
 
@@ -265,8 +265,8 @@ def test_cluster_dump(tmp_path):
     graphkernel.compile(load_model("examples/attention_softmax.json"),
                         f"--dump_as_text --debug_dir={tmp_path}", env={})
     text = (tmp_path / "graph_kernel_cluster.txt").read_text()
-    assert re.search(r"_batchmatmul_\d+ +pattern=elemwise_broadcast_fwd_depth\+matmul_depth"
-                     r"\+reduce_bwd", text)
+    kernel = re.search(r"_batchmatmul_\d+ +pattern=([\w+]+)", text)
+    assert kernel and {"matmul_depth", "reduce_bwd"} <= set(kernel.group(1).split("+")), text
     assert "sm_max (ReduceMax)" in text
 
 

@@ -115,7 +115,16 @@ class VectorLowerer(Lowerer):
                               f"does not start on a {s.target.ub_align_bytes}-byte UB block",
                               about=(io.value,))
         loaded = f"xi{io.index}"
-        if io.dtype == BITS:  # raw words, used in place
+        if io.dtype == BITS and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
+                                    for u in io.local.users) and io.local.users:
+            if io.kind not in (FULL, PARTIAL):  # int32 read as floats: converted on loading
+                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
+                                  about=(io.value,))
+            buf = self.alloc(FULL)
+            self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
+                      count=self.space.counts[FULL], to=self.prologue)
+            self.refs[id(v)] = self.held(FULL, buf)
+        elif io.dtype == BITS:  # raw words, used in place
             if io.kind not in (FULL, PARTIAL):
                 raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
                                   about=(io.value,))
@@ -142,7 +151,8 @@ class VectorLowerer(Lowerer):
                                                      or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if (io.dtype in (s.compute, BITS) and id(v) in produced and id(v) not in out
+            if (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
+                    and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
         return out
@@ -170,7 +180,9 @@ class VectorLowerer(Lowerer):
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
         to = self.final_epilogue if late else self.epilogue
         y = f"yo{io.index}"
-        if io.dtype == BITS:  # x | x copies the words
+        if io.dtype == BITS and v.dtype != BITS:  # a float truncated into int32 words
+            self.call("Cast", y, op(src.expr), "RoundMode::CAST_TRUNC", count=count, to=to)
+        elif io.dtype == BITS:  # x | x copies the words
             x = op(src.expr, view="int16_t")
             self.call("Or", op(y, view="int16_t"), x, x, count="2 * n", to=to)
         elif io.dtype == DType.bool and src.store == POOLS[MASK]:  # a mask: 1.0 where set

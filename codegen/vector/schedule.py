@@ -760,7 +760,8 @@ class _Planner:
             ints = [v for v in (*n.inputs, *n.outputs) if v.dtype == BITS]
             rule = INSTRUCTIONS.get(n.op)
             if ints and n.op not in VIEW_OPS and n.op != "Constant" and (
-                    rule is None or BITS not in rule.dtypes):
+                    rule is None or BITS not in rule.dtypes) and not self._truncating_store(n) \
+                    and not self._widening_load(n):
                 raise Unsupported(f"{n.op} of int32 data (integers are generated in "
                                   "BitwiseAnd/BitwiseOr only)", node=n)
             if n.op in BITWISE_OPS and n.outputs[0].dtype not in rule.dtypes:
@@ -771,10 +772,31 @@ class _Planner:
         for n in self.sub.nodes:
             yield from n.outputs
 
+    def _truncating_store(self, n: Node) -> bool:
+        """A Cast of a float value to int32 whose result only leaves the kernel: the store
+        converts it (a Cast toward zero into the output's words, as torch's float -> int),
+        so integer indices computed in floats (position ids from a running count) are
+        written by the kernel that computes them."""
+        out = n.outputs[0]
+        return (n.op == "Cast" and n.inputs[0].dtype in FLOATS and out.dtype == BITS
+                and not out.users and any(o is out for o in self.sub.outputs))
+
+    def _widening_load(self, n: Node) -> bool:
+        """A Cast to float32 of an int32 kernel input that nothing else in the kernel reads:
+        the load converts it (an index an ArgMax returned, computed on in floats)."""
+        x = n.inputs[0]
+        return (n.op == "Cast" and x.dtype == BITS and n.outputs[0].dtype == DType.float32
+                and any(x is v for v in self.sub.inputs)
+                and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
+                        for u in x.users))
+
     def _cast_is_view(self, n: Node) -> bool:
         """A float cast is free inside a kernel (everything is fp32 in UB) when it widens, or
-        when its result only leaves the kernel (the store rounds it)."""
+        when its result only leaves the kernel (the store rounds it, or truncates it to
+        int32)."""
         src, dst = n.inputs[0].dtype, n.outputs[0].dtype
+        if self._truncating_store(n) or self._widening_load(n):
+            return True
         if src not in FLOATS or dst not in FLOATS:
             raise Unsupported(f"Cast {src} -> {dst} (integer casts are not generated)")
         if dst == DType.float32 or src == dst:

@@ -21,14 +21,16 @@ from graphkernel.structure import body_signature
 
 
 def chains(n: int) -> Graph:
-    """``n`` equal chains (scale, bias, tanh, a row sum; a softmax-like row normalisation),
-    each reading its own input, with names of their own."""
+    """``n`` equal chains (scale, a per-row bias, tanh, a row sum; a softmax-like row
+    normalisation), each reading its own input, with names of their own: two kernels each
+    (the bias is spread along the rows the sum reduces, so it stays out of the sum's)."""
     g = Graph("chains")
     outs = []
     for i in range(n):
         x = g.add_input(f"x{i}", TensorType((16, 64), "float32"))
         h = g.add_node("Mul", [x, g.const(np.float32(0.5))], name=f"c{i}.scale").output
-        h = g.add_node("Add", [h, g.const(np.full(64, 0.25, np.float32))], name=f"c{i}.bias").output
+        h = g.add_node("Add", [h, g.const(np.full((16, 1), 0.25, np.float32))],
+                          name=f"c{i}.bias").output
         h = g.add_node("Tanh", [h], name=f"c{i}.tanh").output
         s = g.add_node("ReduceSum", [h], {"axis": [1], "keep_dims": True}, name=f"c{i}.sum").output
         outs.append(g.add_node("Div", [h, s], name=f"c{i}.norm").output)
@@ -75,7 +77,7 @@ def test_body_signature_ignores_names_not_values():
     assert sig[0] == sig[1]
     c = chains(1)
     bias = c.node("c0.bias").inputs[1].producer
-    bias.attrs["value"] = np.full(64, 0.5, np.float32)  # another constant: another body
+    bias.attrs["value"] = np.full((16, 1), 0.5, np.float32)  # another constant: another body
     assert body_signature(c) != sig[0]
 
 

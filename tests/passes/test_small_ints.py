@@ -51,10 +51,11 @@ def test_position_ids_from_a_mask_run_in_float32_and_index_with_int32():
 
 def test_through_the_pipeline_the_ids_are_one_kernel_between_the_mask_and_the_gather():
     """8 integer ops were 8 launches (no int64 in the vector unit); now the mask (it reads
-    the int64 ids), one kernel (select, scan, mul, add) and the cast of the index."""
+    the int64 ids) and one kernel (select, scan, mul, add and the index's cast to int32,
+    stored by it)."""
     g = position_ids()
     res = graphkernel.compile(g, "--opt_level=2", env={})
-    assert launch_counts(res.graph)["vector"] == 4, launch_counts(res.graph)  # + the Gather
+    assert launch_counts(res.graph)["vector"] == 3, launch_counts(res.graph)  # + the Gather
     off = graphkernel.compile(g, "--opt_level=2 --disable_pass=small_ints", env={})
     assert launch_counts(off.graph)["vector"] == 9
     np.testing.assert_array_equal(run_graph(res.graph, feeds())[0], run_graph(g, feeds())[0])
@@ -92,4 +93,42 @@ def test_an_int8_sum_that_wraps_stays_an_integer():
                      {"dtype": "int64"}).output
     g.set_outputs([g.add_node("Add", [i64, g.const(np.int64(1))]).output])
     h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0
+
+
+def _wrapped_argmax(n: int | str = 16, also_out: bool = False) -> Graph:
+    """``i = argmax(mask, 1); i = i < 0 ? i + n : i; i + row offsets`` indexing rows."""
+    g = Graph()
+    mask = g.add_input("mask", TensorType((4, n), "float32"))
+    table = g.const(np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32))
+    i = g.add_node("ArgMax", [mask], {"axis": 1}).output
+    wrap = g.add_node("Select", [g.add_node("Less", [i, g.const(np.int64(0))]).output,
+                                 g.add_node("Add", [i, g.const(np.int64(16))]).output,
+                                 i]).output
+    at = g.add_node("Add", [wrap, g.const(np.arange(0, 64, 16, dtype=np.int64))]).output
+    g.set_outputs([g.add_node("Gather", [table, at], {"axis": 0}).output,
+                   *([i] if also_out else [])])
+    return g
+
+
+def test_an_argmax_index_wrapped_and_offset_runs_in_float32():
+    g = _wrapped_argmax()
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 1
+    h.remove_dead()
+    assert ops_of(h) == ["ArgMax", "Cast", "Less", "Add", "Select", "Add", "Cast", "Gather"]
+    (argmax,) = [n for n in h.nodes if n.op == "ArgMax"]
+    assert argmax.outputs[0].dtype.value == "int32"  # (read by the region alone)
+    assert [n.outputs[0].dtype.value for n in h.nodes if n.op in ("Less", "Select")] == [
+        "bool", "float32"]
+    mask = (np.random.default_rng(2).uniform(size=(4, 16)) < 0.2).astype(np.float32)
+    np.testing.assert_array_equal(run_graph(h, {"mask": mask})[0],
+                                  run_graph(g, {"mask": mask})[0])
+
+
+def test_an_argmax_read_elsewhere_keeps_its_type_and_a_symbolic_axis_is_unbounded():
+    h, res = apply_pass("small_ints", _wrapped_argmax(also_out=True))
+    assert res.rewrites == 1 and h.outputs[1].dtype.value == "int64"
+    assert h.outputs[1].producer.op == "ArgMax"
+    _, res = apply_pass("small_ints", _wrapped_argmax("s0"))
     assert res.rewrites == 0

@@ -137,3 +137,29 @@ def test_bwd_width_needs_consumers_of_equal_compute_size():
     res = fuse(b.out(c1, c2), f"--enable_fusion_pattern_only={BWD_W}")
     assert kernels(res) == []
     assert any(r.startswith("compute size mismatch among consumers") for r in reasons(res, BWD_W))
+
+
+def _embedding_norm(table_shape, axis):
+    """Token embeddings plus a table broadcast over the batch, normalised over ``axis`` (a
+    LayerNorm's first half: the mean and the centred values)."""
+    b = G()
+    x, t = b.input("x", (2, 16, 64)), b.input("t", table_shape)
+    e = b.op("Add", x, t, name="e")                   # a BROADCAST area
+    s = b.op("ReduceSum", e, name="s", axis=[axis], keep_dims=True)
+    d = b.op("Sub", e, b.op("Mul", s, b.const(1 / 64), name="m"), name="d")
+    return b.out(d)
+
+
+def test_bwd_into_a_reduce_takes_a_broadcast_of_whole_rows():
+    res = fuse(_embedding_norm((1, 16, 64), 2))
+    assert kernels(res) == [{"e", "s", "m", "d"}]
+    assert attempts(res, BWD_W, "fused")
+
+
+def test_bwd_into_a_reduce_refuses_a_broadcast_along_the_reduced_axis():
+    # a per-row value spread over the row the reduction sums, and a reduction over the
+    # batch axis the table is broadcast along: neither repeats whole rows
+    for shape, axis in (((2, 16, 1), 2), ((1, 16, 64), 0)):
+        res = fuse(_embedding_norm(shape, axis))
+        assert not any({"e", "s"} <= k for k in kernels(res)), (shape, axis)
+        assert any("takes only an ELEMWISE area" in r for r in reasons(res, BWD_W))

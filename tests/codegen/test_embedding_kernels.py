@@ -1,0 +1,134 @@
+"""The kernels a transformer's embeddings make, generated and run in the simulator.
+
+A float value cast to int32 as a kernel output: the store truncates it toward zero (torch's
+float -> int), so indices computed in floats (position ids from a running count of tokens)
+leave the kernel that computes them instead of a Cast kernel of their own. Token embeddings
+plus a position table shared by the batch, then LayerNorm: the table repeats whole rows of
+what the norm reduces, so the sum and the norm are one kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen.backend import run_sim
+from graphkernel.interpreter import Interpreter
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+
+
+def _position_ids(shape=(2, 80)) -> Graph:
+    """The running count of non-padding tokens times the mask, plus an offset, to int32 (as
+    a roberta-like encoder numbers its positions)."""
+    g = Graph("positions")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    run = g.add_node("Scan", [x], {"axis": 1, "combine": "add"}).output
+    pos = g.add_node("Mul", [run, x]).output
+    off = g.add_node("Add", [pos, g.const(np.float32(-2.5), "float32")]).output
+    ids = g.add_node("Cast", [off], {"dtype": "int32"}, name="ids").output
+    g.set_outputs([ids])
+    return g
+
+
+def test_a_cast_to_int32_is_stored_by_the_kernel_that_computes_it():
+    g = _position_ids()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "Cast" in [m.op for m in kernel.subgraph.nodes]
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(0, 1, (2, 80)) < 0.8).astype(np.float32) * rng.uniform(0.5, 1.5, (2, 80))
+    x = x.astype(np.float32)
+    feeds = {"x": x}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    want = Interpreter(g).run(feeds)
+    assert got[0].dtype == np.int32
+    assert (want[0] < 0).any() and (want[0] > 0).any()  # both sides of zero truncated
+    np.testing.assert_array_equal(got[0], want[0])  # toward zero: -2.5 -> -2, 3.7 -> 3
+
+
+def test_an_int32_cast_read_inside_the_kernel_is_not_a_store():
+    """int32 words carry no arithmetic in UB: a Cast whose result the kernel goes on to use
+    (here added to) is refused with the op named, not stored."""
+    g = Graph("ints")
+    x = g.add_input("x", TensorType((8, 64), "float32"))
+    ids = g.add_node("Cast", [g.add_node("Exp", [x]).output], {"dtype": "int32"}).output
+    g.set_outputs([g.add_node("Add", [ids, ids], name="int_add").output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    reasons = " ".join(f["reason"] for f in res.report.extra.get("fallbacks", []))
+    assert "int32" in reasons, res.report.extra
+    feeds = {"x": np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(Interpreter(res.graph).run(feeds)[0],
+                                  Interpreter(g).run(feeds)[0])
+
+
+def _embedding_layer_norm(table_shape=(1, 16, 64)) -> Graph:
+    g = Graph("embeddings")
+    x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+    t = g.add_input("t", TensorType(table_shape, "float32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    s = g.add_node("Add", [x, t], name="sum").output
+    g.set_outputs([g.add_node("LayerNorm", [s, w, w], {"epsilon": 1e-5},
+                              name="norm").outputs[0]])
+    return g
+
+
+def test_a_position_table_and_the_layer_norm_after_it_are_one_kernel():
+    g = _embedding_layer_norm()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    rng = np.random.default_rng(2)
+    feeds = {k: rng.standard_normal(v).astype(np.float32)
+             for k, v in (("x", (2, 16, 64)), ("t", (1, 16, 64)), ("w", (64,)))}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_per_row_value_added_before_the_norm_stays_apart():
+    """A value broadcast along the axis the norm reduces is added before the norm's own
+    kernel (the norm's sum would read it once per element of the row)."""
+    res = graphkernel.compile(_embedding_layer_norm((2, 16, 1)), "--opt_level=2", env={})
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "sum" in [n.name for n in res.graph.nodes]  # outside the norm's kernel
+    assert "sum" not in [m.name for m in kernel.subgraph.nodes]
+
+
+def _pooled_token() -> Graph:
+    """A text encoder's pooled token as CLIP picks it: the first position of the end token
+    (ArgMax of a 0/1 mask, int64), wrapped when negative (``i < 0 ? i + n : i``), offset by
+    its row's first token, indexing the flattened hidden states."""
+    g = Graph("pooled")
+    mask = g.add_input("mask", TensorType((4, 16), "float32"))
+    hidden = g.add_input("hidden", TensorType((64, 8), "float32"))
+    i = g.add_node("ArgMax", [mask], {"axis": 1}).output
+    wrap = g.add_node("Select", [g.add_node("Less", [i, g.const(np.int64(0))]).output,
+                                 g.add_node("Add", [i, g.const(np.int64(16))]).output,
+                                 i]).output
+    at = g.add_node("Add", [wrap, g.const(np.arange(0, 64, 16, dtype=np.int64))]).output
+    g.set_outputs([g.add_node("Gather", [hidden, at], {"axis": 0}).output])
+    return g
+
+
+def test_an_argmax_index_is_loaded_widened_and_wrapped_in_one_kernel():
+    """The ArgMax returns int32 (the only reader is the index arithmetic), one kernel loads
+    it as floats, wraps and offsets it and stores the int32 index the Gather reads: three
+    launches (ArgMax, the kernel, the Gather) where each int64 op was one (six)."""
+    g = _pooled_token()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == [
+        "ArgMax", "GraphKernel", "Gather"]
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert kernel.inputs[0].dtype.value == "int32" and kernel.outputs[0].dtype.value == "int32"
+    rng = np.random.default_rng(3)
+    mask = (rng.uniform(size=(4, 16)) < 0.2).astype(np.float32)
+    feeds = {"mask": mask, "hidden": rng.standard_normal((64, 8)).astype(np.float32)}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_array_equal(got[0], Interpreter(g).run(feeds)[0])
