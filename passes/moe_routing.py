@@ -22,6 +22,12 @@ from the sorted ids alone, it gives each expert's running count on random sorted
 check scan.py makes for scans). The expert ids must come from a TopK over the experts (so
 that every id names one of the E experts the products have), and every piece must have the
 shape the pattern gives it; anything else is left as it is.
+
+The router in front, a softmax over the experts and the TopK of its K largest (the picked
+weights perhaps divided by their sum), becomes the vendor's gating operator
+``MoeGatingTopKSoftmax`` (renorm 1 where the division is there) when every reader of the
+ids casts them to int32 (as the routing operators read them): one launch in place of the
+softmax, the TopK, the division and the cast.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 
 from graphkernel.interpreter import run_graph
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.passes.attention import _last_axis, _softmax
 from graphkernel.registry import PassResult, counted
 
 TRIALS = 3  # random sorted id vectors the running count is checked on
@@ -254,11 +261,51 @@ def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
     return a, other
 
 
+def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
+    """(the logits, the Div renormalising the picked weights or None, the index Casts to
+    int32) when ``topk`` picks the K largest of a softmax over the experts (the last axis)
+    and every reader of its indices casts them to int32 (the vendor's routing operators'
+    ids, which the gating operator returns as they are: nothing new to cast)."""
+    a, v = topk.attrs, topk.inputs[0]
+    rank = v.type.rank
+    if not a["largest"] or rank not in (2, 3) or a["axis"] % rank != rank - 1 or \
+            not v.dtype.is_float or not isinstance(v.shape[-1], int) or a["k"] > 1024:
+        return None
+    logits = _softmax(v, [])
+    if logits is None or logits.dtype != v.dtype or tuple(logits.shape) != tuple(v.shape):
+        return None
+    casts = _users(topk.outputs[1])
+    if not casts or any(u.op != "Cast" or u.attrs["dtype"] is not DType.int32 for u in casts):
+        return None
+    vals = topk.outputs[0]
+    users = _users(vals)
+    div = next((u for u in users if u.op == "Div" and u.inputs[0] is vals), None)
+    total = div.inputs[1].producer if div is not None else None
+    if total is None or total.op != "ReduceSum" or total.inputs[0] is not vals or \
+            not _last_axis(total) or set(users) != {div, total} or \
+            _users(total.output) != [div] or tuple(div.output.shape) != tuple(vals.shape):
+        div = None
+    return logits, div, casts
+
+
+def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
+                    casts: list[Node]) -> None:
+    node = graph.add_node("MoeGatingTopKSoftmax", [logits],
+                          {"k": topk.attrs["k"], "renorm": int(div is not None)},
+                          name=graph.fresh_name(f"{topk.name}/gating"),
+                          origin=tuple(dict.fromkeys((*topk.origin, *(
+                              div.origin if div is not None else ())))))
+    y, ids = node.outputs
+    graph.replace_all_uses(div.output if div is not None else topk.outputs[0], y)
+    for c in casts:
+        graph.replace_all_uses(c.output, ids)
+
 
 def moe_routing(graph, ctx) -> PassResult:
     """Rewrite a MoE layer's sort-based token permutation (sort of the expert ids, rows and
     weights gathered by expert, the running count, the inverse permutation and the weighted
-    per-token sum) → MoeInitRouting, MoeComputeExpertTokens and MoeFinalizeRouting."""
+    per-token sum) → MoeInitRouting, MoeComputeExpertTokens and MoeFinalizeRouting; its
+    router's softmax and TopK → MoeGatingTopKSoftmax."""
     notes = []
     for srt in [n for n in graph.nodes if n.op == "TopK"]:
         if srt.graph is None or (m := _sort(srt)) is None:
@@ -279,8 +326,23 @@ def moe_routing(graph, ctx) -> PassResult:
         _rewrite(graph, srt, ids, n, k, x, rows, w, y, red, offs, experts)
         notes.append(f"{ids.name}: {n} tokens x {k} experts of {experts} routed by the "
                      "vendor's init/tokens/finalize operators")
-    if notes:
+    if notes:  # what the permutation fed is dead: the router's TopK is read by the ids' Cast
         graph.remove_dead()
+    gated = 0
+    for topk in [n for n in graph.nodes if n.op == "TopK"]:
+        if topk.graph is None or (m := _gating(topk)) is None or \
+                not ctx.should_apply(f"MoE gating of {topk.name}", [topk]):
+            continue
+        _rewrite_gating(graph, topk, *m)
+        gated += 1
+        notes.append(f"{topk.name}: softmax and top-{topk.attrs['k']} of "
+                     f"{m[0].shape[-1]} experts"
+                     f"{' renormalised' if m[1] is not None else ''} as the vendor's gating "
+                     "operator")
+    if gated:
+        graph.remove_dead()
+    if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,
-                      f"{counted(len(notes), 'MoE routing')} as the vendor's operators")
+                      f"{counted(len(notes) - gated, 'MoE routing')} and "
+                      f"{counted(gated, 'gating')} as the vendor's operators")

@@ -182,9 +182,11 @@ def test_sort_based_routing_becomes_the_vendor_routing_operators():
     for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
         assert ops.count(op) == 1, ops
     assert "ScatterElements" not in ops and "Gather" not in ops and "FloorDiv" not in ops
-    # softmax, TopK, the weights' normalisation, the ids' int32 cast, 3 routing + 2 grouped
-    # products (externs), silu; the residual is the finalize's skip
-    assert s["launches"] == {"vector": 5, "cube": 0, "mix": 0, "extern": 5, "opaque": 0}, s
+    # the router's softmax, TopK, the weights' normalisation and the ids' int32 cast as the
+    # gating operator; 3 routing + 2 grouped products (externs); silu; the residual is the
+    # finalize's skip
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    assert s["launches"] == {"vector": 1, "cube": 0, "mix": 0, "extern": 6, "opaque": 0}, s
 
 
 def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
@@ -198,7 +200,8 @@ def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
     got, want, s, ops = _ops(build(), inputs())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
     assert ops.count("MoeFinalizeRouting") == 2 and ops.count("MoeInitRouting") == 2, ops
-    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 42, s
+    assert ops.count("MoeGatingTopKSoftmax") == 2, ops
+    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 40, s
 
 
 def test_a_sum_read_twice_is_routed_without_a_skip():
@@ -301,13 +304,85 @@ def test_max_of_booleans_runs_through_torch():
 
 @pytest.mark.sim
 def test_routed_experts_through_the_simulators_kernels():
-    """The generated kernels around the routing operators (softmax, TopK, the weights'
-    normalisation, the activation) run in the simulator; the operators and the grouped
-    products as their references, as a device build calls them."""
+    """The generated kernel around the routing operators (the activation) runs in the
+    simulator; the gating and routing operators and the grouped products as their
+    references, as a device build calls them."""
     fn, args = _routing(), _routing_data(5)
     with torch.no_grad():
         want = fn(*args)
         got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(*args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     s = gt.stats()
-    assert s["launches"]["extern"] == 5 and s["bugs"] == 0, s
+    assert s["launches"]["extern"] == 6 and s["bugs"] == 0, s
+
+
+# ------------------------------------------------------------- the router as one operator
+def _gated(renorm: bool):
+    """A router as the MoE decoders write it: softmax over the experts, TopK, the picked
+    weights renormalised (Mixtral; others where ``norm_topk_prob``), the ids to int32."""
+    def gate(logits):
+        probs = torch.softmax(logits, -1)
+        w, ids = torch.topk(probs, K, dim=-1)
+        if renorm:
+            w = w / w.sum(-1, keepdim=True)
+        return w * 3.0, ids.to(torch.int32) + 1
+    return gate
+
+
+@pytest.mark.parametrize("renorm", [False, True])
+def test_router_softmax_topk_and_renormalisation_are_one_gating_operator(renorm):
+    logits = torch.randn(N, E, generator=torch.Generator().manual_seed(6))
+    got, want, s, ops = _ops(_gated(renorm), (logits,))
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1], want[1])
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    # the operator; the weights' scale and the ids' +1 (no softmax, TopK, sum or cast)
+    assert s["launches"]["extern"] == 1 and sum(s["launches"].values()) == 3, s
+
+
+def test_gating_refused_where_the_ids_are_read_as_int64_or_the_softmax_is_elsewhere():
+    def f(logits):
+        w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)  # ids kept int64
+        v, j = torch.topk(torch.softmax(logits, 0), K, dim=-1)  # softmax over tokens
+        return w, ids, v, j.to(torch.int32)
+
+    logits = torch.randn(N, E, generator=torch.Generator().manual_seed(7))
+    got, want, s, ops = _ops(f, (logits,))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 2, ops
+
+
+def test_the_gating_operator_as_the_vendor_documents_it():
+    """renorm 0: the K largest of softmax(x); renorm 1: softmax over the K largest logits
+    (the picked softmax weights over their sum); int32 ids, ties to the lower expert; the
+    device call."""
+    import numpy as np
+
+    from graphkernel import ops
+    from graphkernel.codegen import extern
+    from graphkernel.ir import Graph, TensorType
+
+    x = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, -1.0, 2.0, 1.5]], np.float32)
+    op = ops.get("MoeGatingTopKSoftmax")
+    p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    y0, i0 = op.reference([x], {"k": 2, "renorm": 0}, None)
+    y1, i1 = op.reference([x], {"k": 2, "renorm": 1}, None)
+    assert i0.dtype == np.int32 and i0.tolist() == [[1, 2], [2, 3]] == i1.tolist()
+    picked = np.take_along_axis(p, i0.astype(np.int64), 1)
+    np.testing.assert_allclose(y0, picked, rtol=1e-6)
+    np.testing.assert_allclose(y1, picked / picked.sum(1, keepdims=True), rtol=1e-6)
+
+    g = Graph("gating")
+    xi = g.add_input("x", TensorType((2, 4), "float32"))
+    node = g.add_node("MoeGatingTopKSoftmax", [xi], {"k": 2, "renorm": 1})
+    g.set_outputs(list(node.outputs))
+    call = extern.call(node)
+    assert call["operator"] == "torch_npu.npu_moe_gating_top_k_softmax_v2"
+    assert call["aclnn"] == "aclnnMoeGatingTopKSoftmaxV2"
+    assert call["arguments"] == {"k": 2, "renorm": 1, "finished": None,
+                                 "output_softmax": False}
+    assert [o["role"] for o in call["results"]] == ["y", "expert_idx"]
+    assert extern.cube_flops(node) == 0.0 and extern.vector_repeats(node, 256) > 0
+    with pytest.raises(Exception, match="0 < k"):
+        g.add_node("MoeGatingTopKSoftmax", [xi], {"k": 5, "renorm": 0})
