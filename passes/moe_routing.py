@@ -263,21 +263,31 @@ def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
 
 def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
     """(the logits, the Div renormalising the picked weights or None, the index Casts to
-    int32) when ``topk`` picks the K largest of a softmax over the experts (the last axis)
-    and every reader of its indices casts them to int32 (the vendor's routing operators'
-    ids, which the gating operator returns as they are: nothing new to cast)."""
+    int32) when ``topk`` picks the K largest of a softmax over the experts (the last axis),
+    or the K largest logits that a softmax then reads alone (GPT-OSS's router: renorm 1,
+    the Div the softmax's last), and every reader of its indices casts them to int32 (the
+    vendor's routing operators' ids, which the gating operator returns as they are: nothing
+    new to cast)."""
     a, v = topk.attrs, topk.inputs[0]
     rank = v.type.rank
     if not a["largest"] or rank not in (2, 3) or a["axis"] % rank != rank - 1 or \
             not v.dtype.is_float or not isinstance(v.shape[-1], int) or a["k"] > 1024:
         return None
-    logits = _softmax(v, [])
-    if logits is None or logits.dtype != v.dtype or tuple(logits.shape) != tuple(v.shape):
-        return None
     casts = _users(topk.outputs[1])
     if not casts or any(u.op != "Cast" or u.attrs["dtype"] is not DType.int32 for u in casts):
         return None
     vals = topk.outputs[0]
+    if any(o is vals or o is topk.outputs[1] for o in topk.graph.outputs):
+        return None  # the TopK's own results are kept: nothing saved
+    logits = _softmax(v, [])
+    if logits is None:  # the K largest logits, then a softmax over them (renorm 1)
+        after = _softmax_of(vals)
+        if after is None or after.output.dtype != v.dtype or \
+                tuple(after.output.shape) != tuple(vals.shape):
+            return None
+        return v, after, casts
+    if logits.dtype != v.dtype or tuple(logits.shape) != tuple(v.shape):
+        return None
     users = _users(vals)
     div = next((u for u in users if u.op == "Div" and u.inputs[0] is vals), None)
     total = div.inputs[1].producer if div is not None else None
@@ -286,6 +296,24 @@ def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
             _users(total.output) != [div] or tuple(div.output.shape) != tuple(vals.shape):
         div = None
     return logits, div, casts
+
+
+def _softmax_of(vals: Value) -> Node | None:
+    """The Div ending the (expanded) softmax over the last axis that alone reads ``vals``."""
+    subs = [u for u in _users(vals) if u.op == "Sub" and u.inputs[0] is vals]
+    exps = [u for u in _users(subs[0].output) if u.op == "Exp"] if len(subs) == 1 else []
+    divs = [u for u in _users(exps[0].output) if u.op == "Div"] if len(exps) == 1 else []
+    if len(divs) != 1:
+        return None
+    seen: list[Node] = []
+    if _softmax(divs[0].output, seen) is not vals or \
+            not {id(u) for u in _users(vals)} <= {id(n) for n in seen}:
+        return None
+    inner = {id(n) for n in seen} - {id(divs[0])}
+    if any(id(u) not in inner and u is not divs[0]
+           for n in seen if id(n) in inner for u in _users(n.output)):
+        return None  # a piece of the softmax read elsewhere
+    return divs[0]
 
 
 def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,

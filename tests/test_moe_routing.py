@@ -317,22 +317,27 @@ def test_routed_experts_through_the_simulators_kernels():
 
 
 # ------------------------------------------------------------- the router as one operator
-def _gated(renorm: bool):
+def _gated(form: str):
     """A router as the MoE decoders write it: softmax over the experts, TopK, the picked
-    weights renormalised (Mixtral; others where ``norm_topk_prob``), the ids to int32."""
+    weights renormalised (``renorm``: Mixtral; others where ``norm_topk_prob``) or not
+    (``plain``), or the TopK of the logits then a softmax over the picked (``after``:
+    GPT-OSS); the ids to int32."""
     def gate(logits):
-        probs = torch.softmax(logits, -1)
-        w, ids = torch.topk(probs, K, dim=-1)
-        if renorm:
+        if form == "after":
+            w, ids = torch.topk(logits, K, dim=-1)
+            w = torch.softmax(w, dim=1)
+        else:
+            w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+        if form == "renorm":
             w = w / w.sum(-1, keepdim=True)
         return w * 3.0, ids.to(torch.int32) + 1
     return gate
 
 
-@pytest.mark.parametrize("renorm", [False, True])
-def test_router_softmax_topk_and_renormalisation_are_one_gating_operator(renorm):
+@pytest.mark.parametrize("form", ["plain", "renorm", "after"])
+def test_router_softmax_topk_and_renormalisation_are_one_gating_operator(form):
     logits = torch.randn(N, E, generator=torch.Generator().manual_seed(6))
-    got, want, s, ops = _ops(_gated(renorm), (logits,))
+    got, want, s, ops = _ops(_gated(form), (logits,))
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
     assert torch.equal(got[1], want[1])
     assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
@@ -340,17 +345,18 @@ def test_router_softmax_topk_and_renormalisation_are_one_gating_operator(renorm)
     assert s["launches"]["extern"] == 1 and sum(s["launches"].values()) == 3, s
 
 
-def test_gating_refused_where_the_ids_are_read_as_int64_or_the_softmax_is_elsewhere():
+def test_gating_refused_where_ids_are_int64_the_softmax_elsewhere_or_values_read_twice():
     def f(logits):
         w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)  # ids kept int64
         v, j = torch.topk(torch.softmax(logits, 0), K, dim=-1)  # softmax over tokens
-        return w, ids, v, j.to(torch.int32)
+        u, i = torch.topk(logits, K, dim=-1)  # the picked logits read besides their softmax
+        return w, ids, v, j.to(torch.int32), torch.softmax(u, -1), u, i.to(torch.int32)
 
     logits = torch.randn(N, E, generator=torch.Generator().manual_seed(7))
     got, want, s, ops = _ops(f, (logits,))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
-    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 2, ops
+    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 3, ops
 
 
 def test_the_gating_operator_as_the_vendor_documents_it():
