@@ -19,9 +19,10 @@ where each pair went), ``MoeComputeExpertTokens`` (the groups' ends) and
 order of the pairs within one expert does not matter to the result, and both sides sort
 stably anyway. ``offs`` is accepted in whatever way the program counts it when, computed
 from the sorted ids alone, it gives each expert's running count on random sorted ids (the
-check scan.py makes for scans). The expert ids must come from a TopK over the experts (so
-that every id names one of the E experts the products have), and every piece must have the
-shape the pattern gives it; anything else is left as it is.
+check scan.py makes for scans). The expert ids must come from a TopK over the experts, or
+be a Concat of such ids (experts picked one by one: so that every id names one of the E
+experts the products have), and every piece must have the shape the pattern gives it;
+anything else is left as it is.
 
 The router in front, a softmax over the experts and the TopK of its K largest (the picked
 weights perhaps divided by their sum), becomes the vendor's gating operator
@@ -82,10 +83,29 @@ def _sort(n: Node) -> tuple[Value, int, int] | None:
     if r is None or r.op != "Reshape" or r.inputs[0].type.rank != 2:
         return None
     ids = r.inputs[0]
-    if ids.producer is None or ids.producer.op != "TopK" or ids is not ids.producer.outputs[1]:
+    if _experts(ids) is None:
         return None
     nn, k = ids.shape
     return (ids, nn, k) if isinstance(nn, int) and isinstance(k, int) else None
+
+
+def _experts(ids: Value) -> int | None:
+    """E when every id of ``ids`` names one of E experts: the indices of a TopK over a last
+    axis of E scores, or a Concat along the last axis of such ids (a router that picks its
+    experts one by one: PhiMoE's sparsemixer, a TopK of one after masking the first)."""
+    p = ids.producer
+    if p is None or ids.type.rank < 1:
+        return None
+    if p.op == "TopK" and ids is p.outputs[1]:
+        scores = p.inputs[0]
+        e = scores.shape[-1]
+        if p.attrs["axis"] % scores.type.rank != scores.type.rank - 1 or not isinstance(e, int):
+            return None
+        return e
+    if p.op == "Concat" and p.attrs["axis"] % ids.type.rank == ids.type.rank - 1:
+        got = {_experts(x) for x in p.inputs}
+        return got.pop() if len(got) == 1 and None not in got else None
+    return None
 
 
 def _gather0(u: Node, index: Value) -> bool:
@@ -198,10 +218,8 @@ def _offs(graph: Graph, rows: Value, srt: Node) -> tuple[Value, int] | None:
         return None
     offs = gmm[0].inputs[2]
     experts = offs.shape[0]
-    router = srt.inputs[0].producer.inputs[0].producer  # the TopK over the experts
-    scores = router.inputs[0]
-    if not isinstance(experts, int) or router.attrs["axis"] % scores.type.rank != \
-            scores.type.rank - 1 or scores.shape[-1] != experts or \
+    ids = srt.inputs[0].producer.inputs[0]  # the router's ids [N, K]
+    if not isinstance(experts, int) or _experts(ids) != experts or \
             not _is_running_count(graph, srt.outputs[0], offs, experts):
         return None
     return offs, experts

@@ -122,15 +122,29 @@ def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
 N, K, E, H, F = 12, 2, 4, 16, 24
 
 
-def _routing(exclusive: bool = False, self_added: bool = False):
+def _one_by_one(logits):
+    """A router that picks its experts one at a time (PhiMoE's sparsemixer form): the
+    largest, then the largest of the rest; its weights a softmax each."""
+    v1, i1 = torch.max(logits, dim=-1, keepdim=True)
+    rest = logits.scatter(-1, i1, float("-inf"))
+    v2, i2 = torch.max(rest, dim=-1, keepdim=True)
+    w = torch.cat([torch.softmax(logits, -1).gather(-1, i1),
+                   torch.softmax(rest, -1).gather(-1, i2)], dim=-1)
+    return w, torch.cat([i1, i2], dim=-1)
+
+
+def _routing(exclusive: bool = False, self_added: bool = False, picked: bool = False):
     """A MoE layer's experts as transformers' grouped-MM path writes them (sort, rows and
     weights by expert, histc + cumsum, the inverse permutation, the per-token sum);
     ``exclusive``: the groups' starts instead of their ends (other products, no running
-    count); ``self_added``: the sum added to a value computed from it (read twice)."""
+    count); ``self_added``: the sum added to a value computed from it (read twice);
+    ``picked``: the experts picked one by one (``_one_by_one``), no TopK of K."""
     def route(x, logits, up, down):
-        probs = torch.softmax(logits, -1)
-        tw, ti = torch.topk(probs, K, dim=-1)
-        tw = tw / tw.sum(-1, keepdim=True)
+        if picked:
+            tw, ti = _one_by_one(logits)
+        else:
+            tw, ti = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+            tw = tw / tw.sum(-1, keepdim=True)
         sw, ids = tw.reshape(-1), ti.reshape(-1)
         ids_g, perm = torch.sort(ids)
         xg, wg = x[perm // K], sw[perm]
@@ -187,6 +201,38 @@ def test_sort_based_routing_becomes_the_vendor_routing_operators():
     # finalize's skip
     assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
     assert s["launches"] == {"vector": 1, "cube": 0, "mix": 0, "extern": 6, "opaque": 0}, s
+
+
+def test_experts_picked_one_by_one_are_routed_by_the_vendor_operators():
+    """Ids concatenated from TopKs over the experts (each names one of the E experts)."""
+    got, want, s, ops = _ops(_routing(picked=True), _routing_data(8))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
+        assert ops.count(op) == 1, ops
+    assert "ScatterElements" not in ops or ops.count("ScatterElements") == 1, ops  # the mask
+    assert ops.count("TopK") == 2, ops  # the two picks; the sort is gone
+
+
+def test_ids_concatenated_from_other_values_are_not_routed():
+    """A Concat of a TopK's ids with ids of no router: not every id names an expert."""
+    def route(x, logits, up, down, extra):
+        _, i1 = torch.max(logits, dim=-1, keepdim=True)
+        ids = torch.cat([i1, extra], dim=-1)
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        xg = x[perm // K]
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
+                            dtype=torch.int32)
+        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
+        y = y * torch.softmax(logits, -1)[:, :K].reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return y[inv].view(N, K, -1).sum(dim=1)
+
+    extra = torch.randint(0, E, (N, 1), generator=torch.Generator().manual_seed(9))
+    got, want, s, ops = _ops(route, (*_routing_data(9), extra))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert "MoeInitRouting" not in ops, ops
 
 
 def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
