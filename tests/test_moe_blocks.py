@@ -72,3 +72,23 @@ def test_split_heads_read_inside_the_epilogue_are_refused():
     got, want, s = _compiled(f, _data(2))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) == 2, s
+
+
+def test_group_mask_of_a_grouped_router_is_one_kernel():
+    """DeepSeek-V3's group-limited routing: the picked groups' mask spread over their
+    experts, cast to bool, inverted, selecting the scores: one kernel (the float mask's
+    cast to bool is a comparison with zero, which kernels run)."""
+    n, groups, per = 16, 4, 2
+
+    def f(scores, picked):
+        mask = torch.zeros(n, groups).scatter(1, picked, 1.0)
+        spread = mask.unsqueeze(-1).expand(n, groups, per).reshape(n, -1)
+        return scores.masked_fill(~spread.bool(), 0.0)
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.rand(n, groups * per, generator=g)
+    picked = torch.stack([torch.randperm(groups, generator=g)[:2] for _ in range(n)])
+    got, want, s = _compiled(f, (scores, picked))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the scatter of the picked groups, then the mask's kernel
+    assert s["launches"] == {"vector": 2, "cube": 0, "mix": 0, "extern": 0, "opaque": 0}, s
