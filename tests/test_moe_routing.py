@@ -438,3 +438,22 @@ def test_the_gating_operator_as_the_vendor_documents_it():
     assert extern.cube_flops(node) == 0.0 and extern.vector_repeats(node, 256) > 0
     with pytest.raises(Exception, match="0 < k"):
         g.add_node("MoeGatingTopKSoftmax", [xi], {"k": 5, "renorm": 0})
+
+
+def test_compile_command_lists_the_gating_extern(tmp_path, capsys):
+    """`graphkernel compile` lists each extern with its call's arguments (an attention's
+    layout and heads; the MoE operators' own arguments)."""
+    import json
+
+    from graphkernel.cli import main
+
+    doc = {"format": "graphkernel/1", "name": "g",
+           "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+           "nodes": [{"name": "gate", "op": "MoeGatingTopKSoftmax", "inputs": ["x"],
+                      "outputs": ["w", "ids"], "attrs": {"k": 2, "renorm": 1}}],
+           "outputs": ["w", "ids"]}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    assert main(["compile", str(path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "extern torch_npu.npu_moe_gating_top_k_softmax_v2 (k 2, renorm 1" in out, out
