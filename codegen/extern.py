@@ -32,13 +32,15 @@ OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention",
              "GroupedMatMulWeightGrad": "torch_npu.npu_grouped_matmul",
              "MoeInitRouting": "torch_npu.npu_moe_init_routing",
              "MoeComputeExpertTokens": "torch_npu.npu_moe_compute_expert_tokens",
-             "MoeFinalizeRouting": "torch_npu.npu_moe_finalize_routing"}
+             "MoeFinalizeRouting": "torch_npu.npu_moe_finalize_routing",
+             "MoeGatingTopKSoftmax": "torch_npu.npu_moe_gating_top_k_softmax_v2"}
 ACLNN = {"FusedAttention": "aclnnFlashAttentionScore",
          "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad",
          "GroupedMatMul": "aclnnGroupedMatmul", "GroupedMatMulWeightGrad": "aclnnGroupedMatmul",
          "MoeInitRouting": "aclnnMoeInitRouting",
          "MoeComputeExpertTokens": "aclnnMoeComputeExpertTokens",
-         "MoeFinalizeRouting": "aclnnMoeFinalizeRouting"}
+         "MoeFinalizeRouting": "aclnnMoeFinalizeRouting",
+         "MoeGatingTopKSoftmax": "aclnnMoeGatingTopKSoftmaxV2"}
 GROUPED = ("GroupedMatMul", "GroupedMatMulWeightGrad")
 # a mixture of experts' token routing (graphkernel/opdefs/experts.py): operands and results
 # by role, in the operator's order; no products, the permutation is data movement
@@ -114,8 +116,25 @@ def _routing_call(node: Node) -> dict[str, Any]:
             "result": outs[0], "results": outs}
 
 
+def _gating_call(node: Node) -> dict[str, Any]:
+    """A router's softmax and TopK as MoeGatingTopKSoftmaxV2: no ``finished`` rows, the
+    softmax itself not returned (``output_softmax`` False)."""
+    (x,) = node.inputs
+    outs = [{"role": r, "value": v.name, "dtype": str(v.dtype), "shape": list(v.type.shape)}
+            for r, v in zip(["y", "expert_idx"], node.outputs, strict=True)]
+    return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
+            "aclnn": ACLNN[node.op],
+            "arguments": {"k": node.attrs["k"], "renorm": node.attrs["renorm"],
+                          "finished": None, "output_softmax": False},
+            "operands": [{"role": "x", "value": x.name, "dtype": str(x.dtype),
+                          "shape": list(x.type.shape)}],
+            "result": outs[0], "results": outs}
+
+
 def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
+    if node.op == "MoeGatingTopKSoftmax":
+        return _gating_call(node)
     if node.op in GROUPED:
         return _grouped_call(node)
     if node.op in ROUTING:
@@ -154,8 +173,8 @@ def cube_flops(node: Node) -> float:
     """fp16-equivalent cube flops of the products (2·S1·S2·D each per head: Q·Kᵀ and P·V;
     the gradient's Q·Kᵀ again, dY·Vᵀ, Pᵀ·dY, dS·K and dSᵀ·Q); fp32 operands count twice, as
     the cube runs them at half rate. Grouped products: 2·S·K·N over all the groups; token
-    routing: none."""
-    if node.op in ROUTING:
+    routing and gating: none."""
+    if node.op in ROUTING or node.op == "MoeGatingTopKSoftmax":
         return 0.0
     if node.op in GROUPED:
         x, y = node.inputs[0].type, node.outputs[0].type
@@ -171,9 +190,13 @@ def cube_flops(node: Node) -> float:
 def vector_repeats(node: Node, repeat_bytes: int) -> int:
     """The softmax's vector repeats: its passes over every fp32 score (the gradient's:
     the probabilities recomputed and dS); none for grouped products; token routing: a pass
-    over each result (rows moved, and summed back per token)."""
+    over each result (rows moved, and summed back per token); gating: the softmax's passes
+    over the logits."""
     if node.op in GROUPED:
         return 0
+    if node.op == "MoeGatingTopKSoftmax":
+        return SOFTMAX_PASSES * math.ceil(
+            math.prod(_int(d) for d in node.inputs[0].type.shape) * 4 / repeat_bytes)
     if node.op in ROUTING:
         return sum(math.ceil(math.prod(_int(d) for d in v.type.shape) * 4 / repeat_bytes)
                    for v in node.outputs)

@@ -16,6 +16,8 @@ FAMILY = {
     "mamba": "state-space", "mamba2": "state-space", "falcon_mamba": "state-space",
     "mixtral": "mixture-of-experts", "qwen2_moe": "mixture-of-experts",
     "olmoe": "mixture-of-experts", "qwen3_moe": "mixture-of-experts",
+    "deepseek_v3": "mixture-of-experts", "gpt_oss": "mixture-of-experts",
+    "phimoe": "mixture-of-experts",
 }
 
 
@@ -68,4 +70,15 @@ def builders(attn: str = "sdpa"):
                        eos_token_id=0, **moe),
         "qwen3_moe": build(T.Qwen3MoeConfig, T.Qwen3MoeModel, num_experts=EXPERTS,
                            moe_intermediate_size=FF, **moe),
+        # multi-head latent attention; a sigmoid router with a bias, grouped top-k; the
+        # first layer dense, the second a MoE layer with a shared expert
+        "deepseek_v3": build(T.DeepseekV3Config, T.DeepseekV3Model, n_routed_experts=EXPERTS,
+                             n_group=2, topk_group=1, first_k_dense_replace=1,
+                             moe_intermediate_size=FF, q_lora_rank=32, kv_lora_rank=32,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, **moe),
+        # attention sinks, sliding and full attention layers, a clamped gated activation
+        "gpt_oss": build(T.GptOssConfig, T.GptOssModel, num_local_experts=EXPERTS,
+                         head_dim=16, sliding_window=8, **moe),
+        # the sparsemixer router (experts picked by max and masks, no TopK)
+        "phimoe": build(T.PhimoeConfig, T.PhimoeModel, num_local_experts=EXPERTS, **moe),
     }

@@ -492,8 +492,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"  ... {len(ex['kernels']) - 20} more kernels in report.json")
         for e in ex.get("externs", []):
             call = e["arguments"]
-            print(f"  {e['name']:<44} extern {e['operator']} ({call['input_layout']}, "
-                  f"head_num {call['head_num']})  {e['bytes_read'] + e['bytes_written']:,} B")
+            what = (f"{call['input_layout']}, head_num {call['head_num']}"
+                    if "input_layout" in call else  # an attention; else a MoE operator
+                    ", ".join(f"{k} {v}" for k, v in call.items()))
+            print(f"  {e['name']:<44} extern {e['operator']} ({what})  "
+                  f"{e['bytes_read'] + e['bytes_written']:,} B")
     for kernel, files in res.replacements.items():
         print(f"replace_kernel: {kernel} uses {', '.join(sorted(files))} from "
               f"{res.config.replace_kernel} (built and checked in the simulator)")

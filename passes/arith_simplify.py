@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphkernel.ir import Graph, Node, Value
+from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.passes.constant_fold import GROWTH_LIMIT
 from graphkernel.passes.rewrite import add_like, const_array, replace_with, splat
 from graphkernel.registry import PassResult
@@ -266,6 +266,16 @@ def _idempotent(op: str) -> Rewrite:
     return rw
 
 
+def _float_to_bool(g: Graph, n: Node) -> Value | None:
+    """Cast of a float to bool -> x != 0: the same truth (NaN true, -0.0 false) as a
+    comparison the vector kernels run (a cast to an integer type is not generated), e.g. a
+    mixture of experts' group mask before it selects the experts' scores."""
+    x = n.inputs[0]
+    if n.attrs["dtype"] is not DType.bool or not x.dtype.is_float:
+        return None
+    return add_like(g, n, "NotEqual", [x, g.const(np.zeros((), x.dtype.np))])
+
+
 @dataclass(frozen=True)
 class Rule:
     number: int
@@ -301,6 +311,7 @@ RULES: list[Rule] = [
     Rule(21, "gather_elements_splat_data", "GatherElements", _gather_splat_data),
     Rule(22, "gather_splat_index", "Gather", _gather_splat_index),  # gather(T, k) -> T[k]
     Rule(23, "slice_of_slice", "StridedSlice", _slice_of_slice),  # x[a][b] -> x[a, b]
+    Rule(24, "float_to_bool", "Cast", _float_to_bool),  # bool(x) -> x != 0 (x float)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -19,9 +19,16 @@ where each pair went), ``MoeComputeExpertTokens`` (the groups' ends) and
 order of the pairs within one expert does not matter to the result, and both sides sort
 stably anyway. ``offs`` is accepted in whatever way the program counts it when, computed
 from the sorted ids alone, it gives each expert's running count on random sorted ids (the
-check scan.py makes for scans). The expert ids must come from a TopK over the experts (so
-that every id names one of the E experts the products have), and every piece must have the
-shape the pattern gives it; anything else is left as it is.
+check scan.py makes for scans). The expert ids must come from a TopK over the experts, or
+be a Concat of such ids (experts picked one by one: so that every id names one of the E
+experts the products have), and every piece must have the shape the pattern gives it;
+anything else is left as it is.
+
+The router in front, a softmax over the experts and the TopK of its K largest (the picked
+weights perhaps divided by their sum), becomes the vendor's gating operator
+``MoeGatingTopKSoftmax`` (renorm 1 where the division is there) when every reader of the
+ids casts them to int32 (as the routing operators read them): one launch in place of the
+softmax, the TopK, the division and the cast.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import numpy as np
 
 from graphkernel.interpreter import run_graph
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.passes.attention import _last_axis, _softmax
 from graphkernel.registry import PassResult, counted
 
 TRIALS = 3  # random sorted id vectors the running count is checked on
@@ -75,10 +83,29 @@ def _sort(n: Node) -> tuple[Value, int, int] | None:
     if r is None or r.op != "Reshape" or r.inputs[0].type.rank != 2:
         return None
     ids = r.inputs[0]
-    if ids.producer is None or ids.producer.op != "TopK" or ids is not ids.producer.outputs[1]:
+    if _experts(ids) is None:
         return None
     nn, k = ids.shape
     return (ids, nn, k) if isinstance(nn, int) and isinstance(k, int) else None
+
+
+def _experts(ids: Value) -> int | None:
+    """E when every id of ``ids`` names one of E experts: the indices of a TopK over a last
+    axis of E scores, or a Concat along the last axis of such ids (a router that picks its
+    experts one by one: PhiMoE's sparsemixer, a TopK of one after masking the first)."""
+    p = ids.producer
+    if p is None or ids.type.rank < 1:
+        return None
+    if p.op == "TopK" and ids is p.outputs[1]:
+        scores = p.inputs[0]
+        e = scores.shape[-1]
+        if p.attrs["axis"] % scores.type.rank != scores.type.rank - 1 or not isinstance(e, int):
+            return None
+        return e
+    if p.op == "Concat" and p.attrs["axis"] % ids.type.rank == ids.type.rank - 1:
+        got = {_experts(x) for x in p.inputs}
+        return got.pop() if len(got) == 1 and None not in got else None
+    return None
 
 
 def _gather0(u: Node, index: Value) -> bool:
@@ -191,10 +218,8 @@ def _offs(graph: Graph, rows: Value, srt: Node) -> tuple[Value, int] | None:
         return None
     offs = gmm[0].inputs[2]
     experts = offs.shape[0]
-    router = srt.inputs[0].producer.inputs[0].producer  # the TopK over the experts
-    scores = router.inputs[0]
-    if not isinstance(experts, int) or router.attrs["axis"] % scores.type.rank != \
-            scores.type.rank - 1 or scores.shape[-1] != experts or \
+    ids = srt.inputs[0].producer.inputs[0]  # the router's ids [N, K]
+    if not isinstance(experts, int) or _experts(ids) != experts or \
             not _is_running_count(graph, srt.outputs[0], offs, experts):
         return None
     return offs, experts
@@ -254,11 +279,79 @@ def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
     return a, other
 
 
+def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
+    """(the logits, the Div renormalising the picked weights or None, the index Casts to
+    int32) when ``topk`` picks the K largest of a softmax over the experts (the last axis),
+    or the K largest logits that a softmax then reads alone (GPT-OSS's router: renorm 1,
+    the Div the softmax's last), and every reader of its indices casts them to int32 (the
+    vendor's routing operators' ids, which the gating operator returns as they are: nothing
+    new to cast)."""
+    a, v = topk.attrs, topk.inputs[0]
+    rank = v.type.rank
+    if not a["largest"] or rank not in (2, 3) or a["axis"] % rank != rank - 1 or \
+            not v.dtype.is_float or not isinstance(v.shape[-1], int) or a["k"] > 1024:
+        return None
+    casts = _users(topk.outputs[1])
+    if not casts or any(u.op != "Cast" or u.attrs["dtype"] is not DType.int32 for u in casts):
+        return None
+    vals = topk.outputs[0]
+    if any(o is vals or o is topk.outputs[1] for o in topk.graph.outputs):
+        return None  # the TopK's own results are kept: nothing saved
+    logits = _softmax(v, [])
+    if logits is None:  # the K largest logits, then a softmax over them (renorm 1)
+        after = _softmax_of(vals)
+        if after is None or after.output.dtype != v.dtype or \
+                tuple(after.output.shape) != tuple(vals.shape):
+            return None
+        return v, after, casts
+    if logits.dtype != v.dtype or tuple(logits.shape) != tuple(v.shape):
+        return None
+    users = _users(vals)
+    div = next((u for u in users if u.op == "Div" and u.inputs[0] is vals), None)
+    total = div.inputs[1].producer if div is not None else None
+    if total is None or total.op != "ReduceSum" or total.inputs[0] is not vals or \
+            not _last_axis(total) or set(users) != {div, total} or \
+            _users(total.output) != [div] or tuple(div.output.shape) != tuple(vals.shape):
+        div = None
+    return logits, div, casts
+
+
+def _softmax_of(vals: Value) -> Node | None:
+    """The Div ending the (expanded) softmax over the last axis that alone reads ``vals``."""
+    subs = [u for u in _users(vals) if u.op == "Sub" and u.inputs[0] is vals]
+    exps = [u for u in _users(subs[0].output) if u.op == "Exp"] if len(subs) == 1 else []
+    divs = [u for u in _users(exps[0].output) if u.op == "Div"] if len(exps) == 1 else []
+    if len(divs) != 1:
+        return None
+    seen: list[Node] = []
+    if _softmax(divs[0].output, seen) is not vals or \
+            not {id(u) for u in _users(vals)} <= {id(n) for n in seen}:
+        return None
+    inner = {id(n) for n in seen} - {id(divs[0])}
+    if any(id(u) not in inner and u is not divs[0]
+           for n in seen if id(n) in inner for u in _users(n.output)):
+        return None  # a piece of the softmax read elsewhere
+    return divs[0]
+
+
+def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
+                    casts: list[Node]) -> None:
+    node = graph.add_node("MoeGatingTopKSoftmax", [logits],
+                          {"k": topk.attrs["k"], "renorm": int(div is not None)},
+                          name=graph.fresh_name(f"{topk.name}/gating"),
+                          origin=tuple(dict.fromkeys((*topk.origin, *(
+                              div.origin if div is not None else ())))))
+    y, ids = node.outputs
+    graph.replace_all_uses(div.output if div is not None else topk.outputs[0], y)
+    for c in casts:
+        graph.replace_all_uses(c.output, ids)
+
 
 def moe_routing(graph, ctx) -> PassResult:
     """Rewrite a MoE layer's sort-based token permutation (sort of the expert ids, rows and
     weights gathered by expert, the running count, the inverse permutation and the weighted
-    per-token sum) → MoeInitRouting, MoeComputeExpertTokens and MoeFinalizeRouting."""
+    per-token sum) → MoeInitRouting, MoeComputeExpertTokens and MoeFinalizeRouting; its
+    router's softmax and TopK → MoeGatingTopKSoftmax."""
     notes = []
     for srt in [n for n in graph.nodes if n.op == "TopK"]:
         if srt.graph is None or (m := _sort(srt)) is None:
@@ -279,8 +372,23 @@ def moe_routing(graph, ctx) -> PassResult:
         _rewrite(graph, srt, ids, n, k, x, rows, w, y, red, offs, experts)
         notes.append(f"{ids.name}: {n} tokens x {k} experts of {experts} routed by the "
                      "vendor's init/tokens/finalize operators")
-    if notes:
+    if notes:  # what the permutation fed is dead: the router's TopK is read by the ids' Cast
         graph.remove_dead()
+    gated = 0
+    for topk in [n for n in graph.nodes if n.op == "TopK"]:
+        if topk.graph is None or (m := _gating(topk)) is None or \
+                not ctx.should_apply(f"MoE gating of {topk.name}", [topk]):
+            continue
+        _rewrite_gating(graph, topk, *m)
+        gated += 1
+        notes.append(f"{topk.name}: softmax and top-{topk.attrs['k']} of "
+                     f"{m[0].shape[-1]} experts"
+                     f"{' renormalised' if m[1] is not None else ''} as the vendor's gating "
+                     "operator")
+    if gated:
+        graph.remove_dead()
+    if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,
-                      f"{counted(len(notes), 'MoE routing')} as the vendor's operators")
+                      f"{counted(len(notes) - gated, 'MoE routing')} and "
+                      f"{counted(gated, 'gating')} as the vendor's operators")

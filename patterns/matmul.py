@@ -145,7 +145,8 @@ def _epilogue_conditions(model, c, last, mm) -> list:
         need(lambda: all(reduces_along(n, last) for n in reds),
              lambda: f"consumer {c.name} reduces other axes than the product's last "
                      f"({symbolic.canon(last)})"),
-        need(lambda: all(v.outputs[0].type.shape[-1:] in ((last,), (1,)) for v in views),
+        need(lambda: all(v.outputs[0].type.shape[-1:] in ((last,), (1,)) or
+                         _stored_view(model, c, v, last) for v in views),
              lambda: f"consumer {c.name} views the product with another last axis"),
         need(lambda: all(eq(symbolic.numel(v.type.shape), whole) for v in _leaving(model, c)),
              lambda: f"consumer {c.name} writes reduced values (only rows of the product "
@@ -168,6 +169,22 @@ def _epilogue_op(n) -> bool:
         return True
     rule = INSTRUCTIONS.get(n.op)
     return rule is not None and rule.form in EPILOGUE_FORMS
+
+
+def _stored_view(model, c, v, last) -> bool:
+    """Whether view ``v`` in epilogue ``c`` only names a result the kernel stores, whole
+    rows of N split into trailing axes (a norm over a projection's heads times head size
+    seen as [.., heads, head size]): nothing in the kernel reads it, the rows are written
+    as computed, the view is the layout of the stored value."""
+    out = v.outputs[0]
+    shape = tuple(out.type.shape)
+    k = len(shape)
+    while k > 0 and not eq(symbolic.numel(shape[k - 1:]), last) and \
+            symbolic.is_static(symbolic.numel(shape[k - 1:])):
+        k -= 1
+    return k > 0 and eq(symbolic.numel(shape[k - 1:]), last) and \
+        all(model.area(u) is not c for u in out.users) and \
+        v.inputs[0].type.shape[-1:] == (last,)
 
 
 def _leaving(model, c) -> list:

@@ -123,15 +123,29 @@ def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
 N, K, E, H, F = 12, 2, 4, 16, 24
 
 
-def _routing(exclusive: bool = False, self_added: bool = False):
+def _one_by_one(logits):
+    """A router that picks its experts one at a time (PhiMoE's sparsemixer form): the
+    largest, then the largest of the rest; its weights a softmax each."""
+    v1, i1 = torch.max(logits, dim=-1, keepdim=True)
+    rest = logits.scatter(-1, i1, float("-inf"))
+    v2, i2 = torch.max(rest, dim=-1, keepdim=True)
+    w = torch.cat([torch.softmax(logits, -1).gather(-1, i1),
+                   torch.softmax(rest, -1).gather(-1, i2)], dim=-1)
+    return w, torch.cat([i1, i2], dim=-1)
+
+
+def _routing(exclusive: bool = False, self_added: bool = False, picked: bool = False):
     """A MoE layer's experts as transformers' grouped-MM path writes them (sort, rows and
     weights by expert, histc + cumsum, the inverse permutation, the per-token sum);
     ``exclusive``: the groups' starts instead of their ends (other products, no running
-    count); ``self_added``: the sum added to a value computed from it (read twice)."""
+    count); ``self_added``: the sum added to a value computed from it (read twice);
+    ``picked``: the experts picked one by one (``_one_by_one``), no TopK of K."""
     def route(x, logits, up, down):
-        probs = torch.softmax(logits, -1)
-        tw, ti = torch.topk(probs, K, dim=-1)
-        tw = tw / tw.sum(-1, keepdim=True)
+        if picked:
+            tw, ti = _one_by_one(logits)
+        else:
+            tw, ti = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+            tw = tw / tw.sum(-1, keepdim=True)
         sw, ids = tw.reshape(-1), ti.reshape(-1)
         ids_g, perm = torch.sort(ids)
         xg, wg = x[perm // K], sw[perm]
@@ -183,9 +197,43 @@ def test_sort_based_routing_becomes_the_vendor_routing_operators():
     for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
         assert ops.count(op) == 1, ops
     assert "ScatterElements" not in ops and "Gather" not in ops and "FloorDiv" not in ops
-    # softmax, TopK, the weights' normalisation, the ids' int32 cast, 3 routing + 2 grouped
-    # products (externs), silu; the residual is the finalize's skip
-    assert s["launches"] == {"vector": 5, "cube": 0, "mix": 0, "extern": 5, "opaque": 0}, s
+    # the router's softmax, TopK, the weights' normalisation and the ids' int32 cast as the
+    # gating operator; 3 routing + 2 grouped products (externs); silu; the residual is the
+    # finalize's skip
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    assert s["launches"] == {"vector": 1, "cube": 0, "mix": 0, "extern": 6, "opaque": 0}, s
+
+
+def test_experts_picked_one_by_one_are_routed_by_the_vendor_operators():
+    """Ids concatenated from TopKs over the experts (each names one of the E experts)."""
+    got, want, s, ops = _ops(_routing(picked=True), _routing_data(8))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
+        assert ops.count(op) == 1, ops
+    assert "ScatterElements" not in ops or ops.count("ScatterElements") == 1, ops  # the mask
+    assert ops.count("TopK") == 2, ops  # the two picks; the sort is gone
+
+
+def test_ids_concatenated_from_other_values_are_not_routed():
+    """A Concat of a TopK's ids with ids of no router: not every id names an expert."""
+    def route(x, logits, up, down, extra):
+        _, i1 = torch.max(logits, dim=-1, keepdim=True)
+        ids = torch.cat([i1, extra], dim=-1)
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        xg = x[perm // K]
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
+                            dtype=torch.int32)
+        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
+        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
+        y = y * torch.softmax(logits, -1)[:, :K].reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return y[inv].view(N, K, -1).sum(dim=1)
+
+    extra = torch.randint(0, E, (N, 1), generator=torch.Generator().manual_seed(9))
+    got, want, s, ops = _ops(route, (*_routing_data(9), extra))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert "MoeInitRouting" not in ops, ops
 
 
 def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
@@ -199,7 +247,8 @@ def test_a_moe_decoder_built_from_its_config_routes_by_the_vendor_operators():
     got, want, s, ops = _ops(build(), inputs())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
     assert ops.count("MoeFinalizeRouting") == 2 and ops.count("MoeInitRouting") == 2, ops
-    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 42, s
+    assert ops.count("MoeGatingTopKSoftmax") == 2, ops
+    assert s["launches"]["opaque"] == 0 and sum(s["launches"].values()) <= 36, s
 
 
 def test_a_sum_read_twice_is_routed_without_a_skip():
@@ -302,13 +351,110 @@ def test_max_of_booleans_runs_through_torch():
 
 @pytest.mark.sim
 def test_routed_experts_through_the_simulators_kernels():
-    """The generated kernels around the routing operators (softmax, TopK, the weights'
-    normalisation, the activation) run in the simulator; the operators and the grouped
-    products as their references, as a device build calls them."""
+    """The generated kernel around the routing operators (the activation) runs in the
+    simulator; the gating and routing operators and the grouped products as their
+    references, as a device build calls them."""
     fn, args = _routing(), _routing_data(5)
     with torch.no_grad():
         want = fn(*args)
         got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(*args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     s = gt.stats()
-    assert s["launches"]["extern"] == 5 and s["bugs"] == 0, s
+    assert s["launches"]["extern"] == 6 and s["bugs"] == 0, s
+
+
+# ------------------------------------------------------------- the router as one operator
+def _gated(form: str):
+    """A router as the MoE decoders write it: softmax over the experts, TopK, the picked
+    weights renormalised (``renorm``: Mixtral; others where ``norm_topk_prob``) or not
+    (``plain``), or the TopK of the logits then a softmax over the picked (``after``:
+    GPT-OSS); the ids to int32."""
+    def gate(logits):
+        if form == "after":
+            w, ids = torch.topk(logits, K, dim=-1)
+            w = torch.softmax(w, dim=1)
+        else:
+            w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+        if form == "renorm":
+            w = w / w.sum(-1, keepdim=True)
+        return w * 3.0, ids.to(torch.int32) + 1
+    return gate
+
+
+@pytest.mark.parametrize("form", ["plain", "renorm", "after"])
+def test_router_softmax_topk_and_renormalisation_are_one_gating_operator(form):
+    logits = torch.randn(N, E, generator=torch.Generator().manual_seed(6))
+    got, want, s, ops = _ops(_gated(form), (logits,))
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1], want[1])
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    # the operator; the weights' scale and the ids' +1 (no softmax, TopK, sum or cast)
+    assert s["launches"]["extern"] == 1 and sum(s["launches"].values()) == 3, s
+
+
+def test_gating_refused_where_ids_are_int64_the_softmax_elsewhere_or_values_read_twice():
+    def f(logits):
+        w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)  # ids kept int64
+        v, j = torch.topk(torch.softmax(logits, 0), K, dim=-1)  # softmax over tokens
+        u, i = torch.topk(logits, K, dim=-1)  # the picked logits read besides their softmax
+        return w, ids, v, j.to(torch.int32), torch.softmax(u, -1), u, i.to(torch.int32)
+
+    logits = torch.randn(N, E, generator=torch.Generator().manual_seed(7))
+    got, want, s, ops = _ops(f, (logits,))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 3, ops
+
+
+def test_the_gating_operator_as_the_vendor_documents_it():
+    """renorm 0: the K largest of softmax(x); renorm 1: softmax over the K largest logits
+    (the picked softmax weights over their sum); int32 ids, ties to the lower expert; the
+    device call."""
+    import numpy as np
+
+    from graphkernel import ops
+    from graphkernel.codegen import extern
+    from graphkernel.ir import Graph, TensorType
+
+    x = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, -1.0, 2.0, 1.5]], np.float32)
+    op = ops.get("MoeGatingTopKSoftmax")
+    p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    y0, i0 = op.reference([x], {"k": 2, "renorm": 0}, None)
+    y1, i1 = op.reference([x], {"k": 2, "renorm": 1}, None)
+    assert i0.dtype == np.int32 and i0.tolist() == [[1, 2], [2, 3]] == i1.tolist()
+    picked = np.take_along_axis(p, i0.astype(np.int64), 1)
+    np.testing.assert_allclose(y0, picked, rtol=1e-6)
+    np.testing.assert_allclose(y1, picked / picked.sum(1, keepdims=True), rtol=1e-6)
+
+    g = Graph("gating")
+    xi = g.add_input("x", TensorType((2, 4), "float32"))
+    node = g.add_node("MoeGatingTopKSoftmax", [xi], {"k": 2, "renorm": 1})
+    g.set_outputs(list(node.outputs))
+    call = extern.call(node)
+    assert call["operator"] == "torch_npu.npu_moe_gating_top_k_softmax_v2"
+    assert call["aclnn"] == "aclnnMoeGatingTopKSoftmaxV2"
+    assert call["arguments"] == {"k": 2, "renorm": 1, "finished": None,
+                                 "output_softmax": False}
+    assert [o["role"] for o in call["results"]] == ["y", "expert_idx"]
+    assert extern.cube_flops(node) == 0.0 and extern.vector_repeats(node, 256) > 0
+    with pytest.raises(Exception, match="0 < k"):
+        g.add_node("MoeGatingTopKSoftmax", [xi], {"k": 5, "renorm": 0})
+
+
+def test_compile_command_lists_the_gating_extern(tmp_path, capsys):
+    """`graphkernel compile` lists each extern with its call's arguments (an attention's
+    layout and heads; the MoE operators' own arguments)."""
+    import json
+
+    from graphkernel.cli import main
+
+    doc = {"format": "graphkernel/1", "name": "g",
+           "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+           "nodes": [{"name": "gate", "op": "MoeGatingTopKSoftmax", "inputs": ["x"],
+                      "outputs": ["w", "ids"], "attrs": {"k": 2, "renorm": 1}}],
+           "outputs": ["w", "ids"]}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    assert main(["compile", str(path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "extern torch_npu.npu_moe_gating_top_k_softmax_v2 (k 2, renorm 1" in out, out

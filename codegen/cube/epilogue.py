@@ -149,6 +149,15 @@ def keeps_rows(shape: tuple[Dim, ...], M: Dim, N: Dim) -> bool:
     return bool(shape) and (eq(shape[-1], N) or split_at(shape, M, N) is not None)
 
 
+def _splits_rows(shape: tuple[Dim, ...], N: Dim) -> bool:
+    """Whether trailing axes of ``shape`` multiply to N (each row of the product split into
+    them: [.., heads, head size] of a projection's heads times head size)."""
+    for k in range(len(shape) - 1, -1, -1):
+        if eq(symbolic.numel(shape[k:]), N):
+            return True
+    return False
+
+
 def batch_strides(shape: tuple[Dim, ...], out_batch: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """Element strides of an operand per output batch dim (0 where broadcast)."""
     own = shape[:-2]
@@ -299,7 +308,11 @@ class _Scheduler:
                 self.shapes[id(out)] = shape
                 self.alias(out, n.inputs[0])
                 return
-            if src == FULL and not keeps_rows(shape, self.M, self.N):
+            if src == FULL and not keeps_rows(shape, self.M, self.N) and (
+                    any(u in self.steps for u in out.users) or id(out) not in self.keep
+                    or not _splits_rows(shape, self.N)):
+                # (a view only stored, splitting each row into trailing axes, names the
+                # stored tile's layout: rows are written as computed)
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
                                   "epilogue", node=n)
             if (src == FULL and len(shape) >= 2 and eq(shape[-1], self.N)

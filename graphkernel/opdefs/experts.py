@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel.errors import ShapeError
+from graphkernel.ir import DType
 from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
 from graphkernel.tensor_types import TensorType
 
@@ -193,3 +194,53 @@ register(OpDef("MoeComputeExpertTokens", OpKind.OPAQUE, (1, 1), _tokens_infer, _
 register(OpDef("MoeFinalizeRouting", OpKind.OPAQUE, (6, 6), _finalize_infer, _finalize_ref,
                category="nn", doc="a mixture of experts' rows back in token order, weighted "
                                   "and summed per token, plus a skip"))
+
+
+# ------------------------------------------------------------------ gating
+# MoeGatingTopKSoftmax (logits x [..., E]) -> (weights y [..., K] of x's dtype, expert ids
+# [..., K] int32): a router's softmax over the experts and its TopK in one operator, as the
+# vendor's MoeGatingTopKSoftmaxV2 defines it (``torch_npu.npu_moe_gating_top_k_softmax_v2``;
+# codegen/extern.py). ``renorm`` 0: the K largest of softmax(x); 1: the K largest logits,
+# then a softmax over those K (the picked weights renormalised to sum to 1: softmax is
+# monotonic, so the same experts, and exp(x_i - m) / sum over the K picked is the picked
+# softmax weights divided by their sum). Ties: the lower expert first, as TopK.
+
+
+class GatingAttrs(Attrs):
+    k: int = 1
+    renorm: int = 0
+
+
+def _gating_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    (x,) = ins
+    check_dtype(x, "float", "MoeGatingTopKSoftmax input")
+    k, experts = attrs["k"], x.shape[-1] if x.rank else None
+    if x.rank not in (2, 3) or not isinstance(experts, int) or not 0 < k <= min(experts, 1024) \
+            or attrs["renorm"] not in (0, 1):
+        raise ShapeError(f"MoeGatingTopKSoftmax takes x [N, E] or [B, N, E] (E static), "
+                         f"0 < k <= min(E, 1024) and renorm 0 or 1, got {x}, k={k}, "
+                         f"renorm={attrs['renorm']}")
+    shape = (*x.shape[:-1], k)
+    return [TensorType(shape, x.dtype), TensorType(shape, DType.int32)]
+
+
+def _softmax_last(v: np.ndarray) -> np.ndarray:
+    e = np.exp(v - v.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _gating_ref(xs, a, ctx):
+    x = xs[0]
+    f = x.astype(np.float32)
+    key = f if a["renorm"] else _softmax_last(f)
+    order = np.argsort(-key, axis=-1, kind="stable")  # ties: the lower expert first
+    idx = order[..., :a["k"]]
+    picked = np.take_along_axis(key, idx, axis=-1)
+    y = _softmax_last(picked) if a["renorm"] else picked
+    return y.astype(x.dtype), idx.astype(np.int32)
+
+
+register(OpDef("MoeGatingTopKSoftmax", OpKind.OPAQUE, (1, 1), _gating_infer, _gating_ref,
+               attrs=GatingAttrs, category="nn",
+               doc="a router's softmax over the experts and its TopK (renorm 1: the picked "
+                   "weights renormalised)"))

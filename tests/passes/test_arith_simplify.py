@@ -184,7 +184,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23}  # (tests below)
+    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23, 24}  # (below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
@@ -327,3 +327,23 @@ def test_rule_23_keeps_two_slices_of_one_axis():
     g.set_outputs([op(g, "StridedSlice", a, begin=[1], end=[3], strides=[1], axes=[1])])
     h, res = apply_pass("arith_simplify", g)
     assert not res.modified and ops_of(h) == ["StridedSlice", "StridedSlice"]
+
+
+def test_rule_24_float_to_bool_is_a_comparison_with_zero():
+    """bool(x) of a float: x != 0, NaN true and -0.0 false as torch has them; a cast of an
+    integer to bool, or of a float to another type, is left."""
+    g = Graph()
+    x = g.add_input("x", TensorType((6,), "float32"))
+    i = g.add_input("i", TensorType((6,), "int32"))
+    g.set_outputs([op(g, "Cast", x, dtype="bool"), op(g, "Cast", i, dtype="bool"),
+                   op(g, "Cast", x, dtype="float16")])
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 24 float_to_bool: 1" in res.notes
+    h.remove_dead()
+    assert sorted(ops_of(h)) == ["Cast", "Cast", "NotEqual"]
+    feeds = {"x": np.array([0.0, -0.0, np.nan, 1e-30, -2.0, np.inf], np.float32),
+             "i": np.array([0, 1, -1, 2, 0, 3], np.int32)}
+    got, want = run_graph(h, feeds), run_graph(g, feeds)
+    assert got[0].tolist() == [False, False, True, True, True, True]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
