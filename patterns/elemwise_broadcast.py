@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from graphkernel import symbolic
 from graphkernel.fusion import INJECTIVE
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import (
@@ -11,6 +12,7 @@ from graphkernel.patterns.base import (
     pattern,
     pull_in_conditions,
 )
+from graphkernel.patterns.reduce import reduce_signatures
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
@@ -48,6 +50,24 @@ def fwd_width(model, a):
                            lambda p: _fwd_conditions(model, a, p))
 
 
+def _broadcast_off_rows(model, a, c):
+    """A value broadcast into a node of ``a`` (read with fewer elements than the node
+    computes; not a scalar) whose shape is not the one the reductions of ``c`` reduce, or
+    None. Pushed into ``c``, such a read would have to follow ``c``'s rows through a reshape
+    (a group norm's statistics, one per group of channels, before a global pool's rows of
+    one channel): the vector generator lays a reduction's operands out along its own rows."""
+    shapes = {tuple(sig[0]) for sig in reduce_signatures(c)}
+    for n in a.nodes:
+        out = n.outputs[0] if n.outputs else None
+        if out is None or tuple(out.shape) in shapes:
+            continue
+        for v in n.inputs:
+            if symbolic.canon(v.type.numel) not in (symbolic.canon(out.type.numel),
+                                                     symbolic.canon(1)):
+                return v
+    return None
+
+
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
@@ -65,11 +85,16 @@ def _bwd_conditions(model, a, consumers, external):
             model.kind(a) == OpKind.ELEMWISE and model.relation(a, c) == INJECTIVE),
             lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
                         "ELEMWISE area over an INJECTIVE edge"))
+        conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or
+                          _broadcast_off_rows(model, a, c) is None,
+                          lambda c=c: f"operands of different shapes: {a.name} reads "
+                          f"{_broadcast_off_rows(model, a, c).name} broadcast in another shape "
+                          f"than the rows {c.name} reduces"))
     return conds
 
 
 @pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
-         refuses=("GK202", "GK206", "GK207", "GK302"))
+         refuses=("GK202", "GK206", "GK207", "GK209", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
     pushes itself into its single consumer (a REDUCE consumer only for an ELEMWISE area over
@@ -84,9 +109,10 @@ def bwd_depth(model, a):
 
 
 @pattern("elemwise_broadcast_bwd_width", order=70, direction="bwd", mode="width",
-         refuses=("GK202", "GK205", "GK206", "GK207", "GK302"))
+         refuses=("GK202", "GK205", "GK206", "GK207", "GK208", "GK209", "GK302"))
 def bwd_width(model, a):
-    """The same into all of its consumers or none; the consumers need equal compute sizes."""
+    """The same into all of its consumers or none; the consumers need equal compute sizes
+    and, where they reduce, the same reduced shape and axes."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)
@@ -97,4 +123,10 @@ def bwd_width(model, a):
     conds.append(need(lambda: len(sizes()) == 1,
                       lambda: f"compute size mismatch among consumers: "
                               f"{sorted(map(str, sizes()))}"))
+    # consumers reducing different shapes or axes (a group norm's variance and a global pool
+    # of its result) would be one kernel holding rows of two lengths: the generator splits it
+    # again, and the pieces no longer pull in what they would have taken one by one
+    sigs = lambda: set().union(*(reduce_signatures(c) for c in cons))  # noqa: E731
+    conds.append(need(lambda: len(sigs()) <= 1,
+                      lambda: "the reductions differ in shape or axes among the consumers"))
     return fuse_if(model, "elemwise_broadcast_bwd_width", cons + [a], conds)
