@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from graphkernel import symbolic
+from graphkernel import ops, symbolic
 from graphkernel.fusion import INJECTIVE
-from graphkernel.ops import OpKind
+from graphkernel.ops import PRODUCT_OPS, OpKind
 from graphkernel.patterns.base import (
     fuse_if,
     fuse_qualifying,
@@ -68,6 +68,17 @@ def _broadcast_off_rows(model, a, c):
     return None
 
 
+def _product_read(model, a):
+    """A matrix product's result (through views) that area ``a`` computes on, or None."""
+    for _, v, _ in model.producers(a):
+        p = v.producer
+        while p is not None and ops.get(p.op).kind == OpKind.RESHAPE and p.inputs:
+            p = p.inputs[0].producer
+        if p is not None and p.op in PRODUCT_OPS:
+            return p
+    return None
+
+
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
@@ -81,10 +92,28 @@ def _bwd_conditions(model, a, consumers, external):
         conds.append(need(lambda c=c: model.kind(c) <= OpKind.REDUCE,
                           lambda c=c: f"kind mismatch: consumer {c.name} is "
                                       f"{model.kind(c).name} (needs <= REDUCE)"))
+        # work on a product's result in the product's own shape (a squeeze-and-excitation
+        # gate's bias and sigmoid) is the product's epilogue (matmul_depth, later): pushed
+        # into a consumer that broadcasts it (the gate scaling its input), the vector
+        # generator could not place it, and the product would stay a launch alone
+        conds.append(need(lambda c=c: model.size(c) == model.size(a) or
+                          _product_read(model, a) is None,
+                          lambda c=c: f"operands of different shapes: {a.name} computes on "
+                          f"the product {_product_read(model, a).name} in its shape, which "
+                          f"{c.name} broadcasts (the product's epilogue)"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or (
             model.kind(a) == OpKind.ELEMWISE and model.relation(a, c) == INJECTIVE),
             lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
                         "ELEMWISE area over an INJECTIVE edge"))
+        # work on a product's result in the product's own shape (a squeeze-and-excitation
+        # gate's bias and sigmoid) is the product's epilogue (matmul_depth, later): pushed
+        # into a consumer that broadcasts it (the gate scaling its input), the vector
+        # generator could not place it, and the product would stay a launch alone
+        conds.append(need(lambda c=c: model.size(c) == model.size(a) or
+                          _product_read(model, a) is None,
+                          lambda c=c: f"operands of different shapes: {a.name} computes on "
+                          f"the product {_product_read(model, a).name} in its shape, which "
+                          f"{c.name} broadcasts (the product's epilogue)"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or
                           _broadcast_off_rows(model, a, c) is None,
                           lambda c=c: f"operands of different shapes: {a.name} reads "

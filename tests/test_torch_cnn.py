@@ -251,7 +251,8 @@ class _NormTail(nn.Module):
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is a window kernel with its folded batch norm and activation;
 # squeeze-and-excitation: the pool and its mean one reduction, each convolution on the pooled
-# pixel a cube launch, its activation and the gated scale of the input vector kernels
+# pixel a product of the images' rows with its bias and activation (ReLU; the gate) in its
+# tile, the gated scale of the input a vector kernel
 BLOCKS = {
     "conv1x1_bn_relu": (lambda: nn.Sequential(nn.Conv2d(8, 16, 1, bias=False),
                                               nn.BatchNorm2d(16), nn.ReLU()), 8,
@@ -261,7 +262,7 @@ BLOCKS = {
         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
         {"vector": 1, "mix": 1}),
-    "squeeze_excite": (_SqueezeExcite, 16, {"cube": 2, "vector": 3}),
+    "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 2}),
     # the ReLU before the max pool runs in the pool's window kernel
     "stem_conv_bn_relu_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
