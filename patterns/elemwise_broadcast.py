@@ -123,18 +123,26 @@ def _bwd_conditions(model, a, consumers, external):
 
 
 @pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
-         refuses=("GK202", "GK206", "GK207", "GK209", "GK302"))
+         refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
     pushes itself into its single consumer (a REDUCE consumer only for an ELEMWISE area over
-    an INJECTIVE edge)."""
+    an INJECTIVE edge; work on a matrix product's result not into a consumer of views
+    alone: it is the product's epilogue)."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)
     if len(cons) != 1:
         return None
-    return fuse_if(model, "elemwise_broadcast_bwd_depth", [cons[0], a],
-                   _bwd_conditions(model, a, cons, external))
+    c = cons[0]
+    conds = [*_bwd_conditions(model, a, cons, external),
+             need(lambda: _product_read(model, a) is None or
+                  any(ops.get(n.op).kind != OpKind.RESHAPE for n in c.nodes),
+                  lambda: f"consumer {c.name} views the product "
+                          f"{_product_read(model, a).name} after its epilogue {a.name} "
+                          "(pushed into a view of other rows, the epilogue would leave the "
+                          "product's tile)")]
+    return fuse_if(model, "elemwise_broadcast_bwd_depth", [c, a], conds)
 
 
 @pattern("elemwise_broadcast_bwd_width", order=70, direction="bwd", mode="width",

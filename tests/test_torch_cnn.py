@@ -269,9 +269,9 @@ BLOCKS = {
         nn.MaxPool2d(3, 2, 1)), 3, {"cube": 1, "vector": 1}),
     # the group norm, then the pool with `pool - x`, the scale and the residual add
     "poolformer_mixer": (_TokenMixer, 16, {"vector": 2}),
-    # the product; the residual add with the whole group norm and ReLU; the pool (rows of
-    # another length)
-    "norm_then_global_pool": (_NormTail, 16, {"cube": 1, "vector": 2}),
+    # the product with the residual add in its tile; the whole group norm and ReLU; the
+    # pool (rows of another length)
+    "norm_then_global_pool": (_NormTail, 16, {"mix": 1, "vector": 2}),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),
