@@ -218,16 +218,11 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
     Waf = -(-Wf // blk) * blk
     Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
-    copies = []
-    for dj in range(kw):
-        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
-        lp = max(0, pl - dj)
-        n = max(0, c1 - c0)
-        rp = Wf - lp - n if n else 0
+    copies = _copies(W, Wf, kw, pl)
+    for _, n, lp, rp in copies:
         if n and (lp + rp) * 4 > target.block_bytes:
             raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
                               f"pads at most {target.block_bytes} bytes)", node=pool)
-        copies.append((c0, n, lp, rp))
     counts = row_counts = None
     if conv and not all(isinstance(d, int) for d in pool.inputs[1].shape):
         raise Unsupported("a depthwise convolution of symbolic weights", node=pool)
@@ -272,6 +267,49 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
                    "window: UB operands start on 32-byte blocks)" if kw > 1 else "")
     s.notes = [n for n in s.notes if n]
     return s
+
+
+def _copies(W: int, Wf: int, kw: int, pl: int) -> list[tuple[int, int, int, int]]:
+    """Per column tap ``dj``: (first input column, columns read, left pad, right pad) of its
+    copy of a row of ``Wf`` columns (full column resolution) of an input ``W`` wide, padded
+    by ``pl`` on the left."""
+    out = []
+    for dj in range(kw):
+        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
+        lp = max(0, pl - dj)
+        n = max(0, c1 - c0)
+        out.append((c0, n, lp, Wf - lp - n if n else 0))
+    return out
+
+
+def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] | None:
+    """GM bytes a window kernel reads of each input, by the input's id (the traffic model's
+    count, the simulator's too): the pool's (or depthwise convolution's) input once per
+    column tap of the window, the columns that tap's copy holds; a per-channel value (the
+    convolution's weights and bias, an epilogue's channel operand) or a scalar once per
+    plane (the scalar unit reads it per plane); a plane input once. None when the generator
+    would not make the kernel."""
+    from graphkernel.codegen import targets
+    from graphkernel.flags import DEFAULT_TARGET
+
+    try:
+        s = plan_window(kernel, target or targets.load(DEFAULT_TARGET))
+    except Unsupported:
+        return None
+    item = 4  # (float32: the generator's only type)
+    out = {}
+    for io in s.inputs:
+        v = io.value
+        if io.index == s.pool_input:
+            cols = sum(n for _, n, _, _ in s.copies)
+            out[id(v)] = s.planes * s.H * cols * item
+        elif io.kind == "weights":
+            out[id(v)] = s.planes * s.kh * s.kw * item
+        elif io.kind in ("channel", "scalar"):
+            out[id(v)] = s.planes * item
+        else:
+            out[id(v)] = v.type.numel * item
+    return out
 
 
 def _pad_fold(pool: Node, pad: Node, attrs: dict) -> dict:

@@ -145,6 +145,21 @@ def test_the_pool_reads_its_plane_once_per_column_tap(library):
     assert st.input_reads[0] == plane * (6 + 7 + 6) // 7 and st.gm_written == plane
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_traffic_model_counts_what_the_simulator_reads(case, library):
+    """The GM-traffic model prices a window kernel's reads as the simulator counts them: the
+    pool's input once per column tap (the columns its copy holds), the rest once."""
+    from graphkernel.codegen.traffic import launches
+
+    feeds = case.feeds({})
+    _, be = run_sim(case.result, feeds, library=library)
+    (st,) = [st for st in be.stats.values() if st.name in {s.name for s in
+                                                          _window_kernels(case).values()}]
+    (entry,) = [e for e in launches(case.result.graph) if e["name"] == st.node]
+    assert entry["bytes_read"] == sum(st.input_reads)
+    assert entry["bytes_written"] == st.gm_written
+
+
 def test_a_max_pool_pads_with_the_lowest_float(library):
     """Negative inputs only: a padding of zeros would show in the border windows."""
     case = CASES[4]
