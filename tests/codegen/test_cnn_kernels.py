@@ -155,7 +155,7 @@ def test_reductions_of_two_row_lengths_split_in_two_kernels(library):
 def test_squeeze_and_excitation_is_a_pool_two_mix_products_and_the_scale(case, library):
     """The convolutions on the pooled channels are products of the images' rows, each with
     its bias and activation (ReLU; the gate) in its tile; the gate times the input is the
-    one vector kernel after them (four launches; six before)."""
+    one vector kernel after them (four launches; five before)."""
     res = case.result
     assert [k["kind"] for k in launches(res.graph)] == ["vector", "mix", "mix", "vector"]
     assert not res.report.extra["fallbacks"]
