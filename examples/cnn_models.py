@@ -440,9 +440,105 @@ def _held_out_models(torch):
             x = nn.functional.adaptive_avg_pool2d(self.trunk(self.stem(x)), 1)
             return self.fc(torch.flatten(x, 1))
 
+    class SE(nn.Module):
+        """timm's squeeze-and-excitation: a global mean, 1x1 reduce, activation, 1x1
+        expand, gate."""
+
+        def __init__(self, c, r, act, gate) -> None:
+            super().__init__()
+            self.reduce, self.expand = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+            self.act, self.gate = act(), gate()
+
+        def forward(self, x):
+            s = self.act(self.reduce(x.mean((2, 3), keepdim=True)))
+            return x * self.gate(self.expand(s))
+
+    class MixBlock(nn.Module):
+        """timm's MixNet block: expand, depthwise convolutions of mixed kernel sizes on
+        channel groups (split, concatenated), SiLU, squeeze-and-excitation, project."""
+
+        def __init__(self, cin, cout, stride, ks=(3, 5)) -> None:
+            super().__init__()
+            exp = cin * 4
+            self.expand = nn.Sequential(nn.Conv2d(cin, exp, 1, bias=False), nn.BatchNorm2d(exp),
+                                        nn.SiLU())
+            self.split = [exp // len(ks)] * len(ks)
+            self.dw = nn.ModuleList(nn.Conv2d(c, c, k, stride, k // 2, groups=c, bias=False)
+                                    for c, k in zip(self.split, ks, strict=True))
+            self.bn, self.act = nn.BatchNorm2d(exp), nn.SiLU()
+            self.se = SE(exp, cin // 2, nn.SiLU, nn.Sigmoid)
+            self.project = nn.Sequential(nn.Conv2d(exp, cout, 1, bias=False),
+                                         nn.BatchNorm2d(cout))
+            self.res = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.expand(x)
+            y = torch.cat([m(t) for m, t in zip(self.dw, y.split(self.split, 1), strict=True)],
+                          1)
+            y = self.project(self.se(self.act(self.bn(y))))
+            return y + x if self.res else y
+
+    class MixNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = cbr(3, 16, 3, 2)
+            self.blocks = nn.Sequential(MixBlock(16, 24, 2), MixBlock(24, 24, 1),
+                                        MixBlock(24, 40, 2, (3, 5, 7)), MixBlock(40, 40, 1))
+            self.head = cbr(40, 160, 1)
+            self.fc = nn.Linear(160, LABELS)
+
+        def forward(self, x):
+            return self.fc(self.head(self.blocks(self.stem(x))).mean((2, 3)))
+
+    class Ghost(nn.Module):
+        """GhostNet's module: a 1x1 convolution to half the channels, a cheap depthwise 3x3
+        of them, both concatenated."""
+
+        def __init__(self, cin, cout, relu=True) -> None:
+            super().__init__()
+            half = cout // 2
+            self.primary = cbr(cin, half, 1, relu=relu)
+            self.cheap = cbr(half, half, 3, 1, half, relu=relu)
+
+        def forward(self, x):
+            y = self.primary(x)
+            return torch.cat([y, self.cheap(y)], 1)
+
+    class GhostBottleneck(nn.Module):
+        def __init__(self, cin, mid, cout, stride, se) -> None:
+            super().__init__()
+            self.ghost1 = Ghost(cin, mid)
+            self.dw = cbr(mid, mid, 3, stride, mid, relu=False) if stride > 1 else None
+            self.se = SE(mid, mid // 4, nn.ReLU, nn.Hardsigmoid) if se else None
+            self.ghost2 = Ghost(mid, cout, relu=False)
+            self.short = None if stride == 1 and cin == cout else nn.Sequential(
+                cbr(cin, cin, 3, stride, cin, relu=False), cbr(cin, cout, 1, relu=False))
+
+        def forward(self, x):
+            y = self.ghost1(x)
+            y = self.dw(y) if self.dw is not None else y
+            y = self.se(y) if self.se is not None else y
+            return self.ghost2(y) + (x if self.short is None else self.short(x))
+
+    class GhostNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = cbr(3, 16, 3, 2)
+            self.blocks = nn.Sequential(GhostBottleneck(16, 16, 16, 1, False),
+                                        GhostBottleneck(16, 48, 24, 2, False),
+                                        GhostBottleneck(24, 72, 40, 2, True),
+                                        GhostBottleneck(40, 120, 40, 1, True))
+            self.head = cbr(40, 160, 1)
+            self.fc = nn.Linear(160, LABELS)
+
+        def forward(self, x):
+            return self.fc(nn.functional.adaptive_avg_pool2d(self.head(self.blocks(
+                self.stem(x))), 1).flatten(1))
+
     return {"ho_resnext": ResNeXt, "ho_shufflenet_v2": ShuffleNetV2,
             "ho_squeezenet": SqueezeNet, "ho_vgg": VGG, "ho_mnasnet": MNASNet,
-            "ho_googlenet": GoogLeNet, "ho_regnet_x": RegNetX}
+            "ho_googlenet": GoogLeNet, "ho_regnet_x": RegNetX, "ho_mixnet": MixNet,
+            "ho_ghostnet": GhostNet}
 
 
 def init_like_torchvision(model):
