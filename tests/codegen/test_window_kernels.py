@@ -160,6 +160,18 @@ def test_the_traffic_model_counts_what_the_simulator_reads(case, library):
     assert entry["bytes_written"] == st.gm_written
 
 
+def test_the_ideal_joins_a_window_op_with_its_elementwise_consumers(library):
+    """The traffic model's lower bound: a depthwise convolution with its activation and view
+    is one kernel reading its input once; the fused figure is the window kernel's own reads
+    (the input once per column tap), so fused/ideal shows the re-reads."""
+    case = CASES[0]
+    ex = case.result.report.extra
+    x, w, b = (v for v in case.graph.nodes if v.op == "Conv2D").__next__().inputs
+    once = sum(v.type.nbytes for v in (x, w, b, case.graph.outputs[0]))
+    assert ex["gm_bytes_ideal"] == once
+    assert ex["gm_bytes_fused"] > once and ex["kernels_ideal"] == ex["kernels_fused"] == 1
+
+
 def test_a_max_pool_pads_with_the_lowest_float(library):
     """Negative inputs only: a padding of zeros would show in the border windows."""
     case = CASES[4]
