@@ -3,6 +3,7 @@
     python benchmarks/vs_inductor.py [--attn sdpa|eager] [--zoo] [--training] [--dynamic]
                                      [--export] [model ...]
     python benchmarks/vs_inductor.py --cnn [--export] [model ...]   # the CNN zoo
+    python benchmarks/vs_inductor.py --cnn --held-out [model ...]   # the held-out CNN families
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
@@ -380,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the models' attention: the library default (sdpa) or eager")
     ap.add_argument("--cnn", action="store_true",
                     help="the convolutional networks of examples/cnn_models.py instead")
+    ap.add_argument("--held-out", action="store_true",
+                    help="with --cnn: the held-out CNN families (not the zoo)")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging
@@ -391,9 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.cnn:
         import cnn_models
 
-        zoo = cnn_models.select(a.models)
+        zoo = cnn_models.select(a.models, held_out=a.held_out)
     else:
         zoo = select(a.models, a.attn, more=not a.zoo)
+    if a.held_out and not a.cnn:
+        print("error: --held-out is a choice among the CNNs: give --cnn too", file=sys.stderr)
+        return 2
     if zoo is None:
         return 2
     progress.auto()  # on a terminal: which model

@@ -3,7 +3,9 @@
 A launch is a fused kernel or any op left outside a kernel that needs one (opaque
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
-writes each output once. Symbolic dims count as ``SYMBOL_SIZE``.
+writes each output once, but for a window kernel (its pool's input once per column tap of
+the window, per-channel values once per plane: codegen/window.py). Symbolic dims count as
+``SYMBOL_SIZE``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from graphkernel.codegen.cube.epilogue import reduces_along
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.extern import is_extern
 from graphkernel.codegen.targets import Target
-from graphkernel.codegen.window import is_window_kernel
+from graphkernel.codegen.window import is_window_kernel, is_window_op, window_reads
 from graphkernel.fusion import SYMBOL_SIZE, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import CUBE_OPS, RESHAPE_OPS, OpKind
@@ -60,11 +62,15 @@ def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
 
 
 def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
-    """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands."""
+    """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands. A
+    window kernel reads its pool's input once per column tap (``window.window_reads``)."""
     for n in graph.nodes:
         if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
+        reads = window_reads(n) if n.op == "GraphKernel" and is_window_kernel(n) else None
+        if reads:  # (each input of a kernel is a distinct value)
+            r = sum(reads.values())
         yield n, r, w
 
 
@@ -100,6 +106,10 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     epilogue, buffer plan and tiler find: the one size limit kept, since beyond it the
     generator cannot fuse at all). Any other reduction is no epilogue.
 
+    A pool or depthwise convolution (a window kernel's op) joins the region of its users in
+    the same way when that region is elementwise work (a window kernel's epilogue), its
+    input read once (the bound: the generated kernel reads it once per column tap).
+
     ``regions``: ``form_regions(graph, fusable)`` when the caller has it (its lists grow)."""
     from graphkernel.fusion import form_regions
 
@@ -120,6 +130,16 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
                 _epilogue_of(n, regions[next(iter(homes))], outputs, spec, verdicts):
             regions[homes.pop()].append(n)
             joined.add(id(n))
+    for n in nodes:  # a pool or depthwise convolution and the elementwise work on its result
+        if not is_window_op(n) or id(n) in fusable or id(n) in products:
+            continue
+        homes = {where.get(id(u)) for v in n.outputs for u, _ in v.uses}
+        feeders = {where.get(id(v.producer)) for v in n.inputs if v.producer is not None}
+        if len(homes) == 1 and None not in homes and not homes & feeders:
+            home = next(iter(homes))
+            if all(ops.get(m.op).kind in EPILOGUE for m in regions[home]):
+                regions[home].append(n)
+                joined.add(id(n))
     for members in regions:
         if all(n.op in RESHAPE_OPS for n in members):
             continue

@@ -16,7 +16,9 @@ bias are scalars read from GM). With a column stride the rows are computed at fu
 resolution and every stride-th column is picked by the scalar unit (a ``GatherMask`` would
 do it in the vector unit; not generated). A ReLU or a clamp by constants before a max pool
 runs on the copies (it is non-decreasing: it commutes with the max and keeps the padding
-the smallest value). The epilogue's instructions follow on each output row: its operands
+the smallest value). A constant pad of the pool's input (BiT's stem pads by zeros before
+a max pool without padding of its own) is the kernel's padding, by the pad's value. The
+epilogue's instructions follow on each output row: its operands
 are the pooled row, rows of inputs of the output's shape (loaded per plane), the pool's
 input itself when the pool keeps the plane's size (PoolFormer's ``pool(x) - x``: the
 unshifted copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
@@ -125,6 +127,7 @@ class WindowSchedule:
     Waf: int = 0               # ... and its pitch
     pre: list[str] = field(default_factory=list)  # with a column stride: full-resolution rows
     bias: str = ""             # a depthwise convolution's bias (a per-plane scalar)
+    fill: str | None = None    # the padding's value from a folded constant pad (C++ literal)
     tmp: bool = False          # the math library's scratch is used
     prologue: list[tuple[str, str]] = field(default_factory=list)  # (call, scalar) on copies
     prologue_nodes: set[int] = field(default_factory=set)
@@ -147,6 +150,8 @@ class WindowSchedule:
 
     @property
     def pad_value(self) -> str:
+        if self.fill is not None:
+            return self.fill
         return LOWEST if self.mode == "max" else "0.0f"
 
     @property
@@ -176,12 +181,19 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     if len(a["kernel_size"]) != 2:
         raise Unsupported(f"{pool.op} over {len(a['kernel_size'])} axes: window kernels are "
                           "2-D", node=pool)
-    shape = x.shape
-    if not all(isinstance(d, int) for d in shape):
-        raise Unsupported(f"{pool.op} of a symbolic shape {list(shape)}", node=pool)
-    prologue, pro_nodes = [], set()
+    if not all(isinstance(d, int) for d in x.shape):
+        raise Unsupported(f"{pool.op} of a symbolic shape {list(x.shape)}", node=pool)
+    prologue, pro_nodes, fill = [], set(), None
     while x not in sub.inputs:  # monotone work on a max pool's input (a ReLU) runs on its copies
         p = x.producer
+        if p.op == "Pad" and fill is None and not conv and len(x.users) == 1:  # its padding
+            a, fill = _pad_fold(pool, p, a), _fill(p)
+            pro_nodes.add(id(p))
+            x = p.inputs[0]
+            continue
+        if fill is not None:
+            raise Unsupported(f"{pool.op} of a padded value computed in the kernel by {p.op} "
+                              "(a folded pad's input is read as it is)", node=p)
         call = _monotone(p)
         if pool.op != "MaxPool" or call is None or len(x.users) != 1:
             raise Unsupported(f"{pool.op} of a value computed in the kernel by {p.op} (a "
@@ -190,9 +202,10 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
         prologue.insert(0, call)
         pro_nodes.add(id(p))
         x = next(v for v in p.inputs if v.producer is None or v.producer.op != "Constant")
-    if prologue and len(x.users) != 1:
-        raise Unsupported(f"{pool.op}: its input {x.name} before the ReLU or clamp is read by "
-                          "other work of the kernel as well", node=pool, about=(x,))
+    if (prologue or fill is not None) and len(x.users) != 1:
+        raise Unsupported(f"{pool.op}: its input {x.name} before the ReLU, clamp or pad is "
+                          "read by other work of the kernel as well", node=pool, about=(x,))
+    shape = x.shape
     if list(a["dilations"]) != [1, 1]:
         raise Unsupported(f"{pool.op} with dilations {a['dilations']}", node=pool)
     kh, kw = a["kernel_size"]
@@ -205,16 +218,11 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
     Waf = -(-Wf // blk) * blk
     Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
-    copies = []
-    for dj in range(kw):
-        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
-        lp = max(0, pl - dj)
-        n = max(0, c1 - c0)
-        rp = Wf - lp - n if n else 0
+    copies = _copies(W, Wf, kw, pl)
+    for _, n, lp, rp in copies:
         if n and (lp + rp) * 4 > target.block_bytes:
             raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
                               f"pads at most {target.block_bytes} bytes)", node=pool)
-        copies.append((c0, n, lp, rp))
     counts = row_counts = None
     if conv and not all(isinstance(d, int) for d in pool.inputs[1].shape):
         raise Unsupported("a depthwise convolution of symbolic weights", node=pool)
@@ -231,7 +239,7 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
                        {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
                        W, Ho, Wo, kh,
                        kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts,
-                       sw=sw, Wf=Wf, Waf=Waf)
+                       sw=sw, Wf=Wf, Waf=Waf, fill=fill)
     s.prologue, s.prologue_nodes = prologue, pro_nodes
     if conv:
         wi = sub.inputs.index(pool.inputs[1])
@@ -261,6 +269,85 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     return s
 
 
+def _copies(W: int, Wf: int, kw: int, pl: int) -> list[tuple[int, int, int, int]]:
+    """Per column tap ``dj``: (first input column, columns read, left pad, right pad) of its
+    copy of a row of ``Wf`` columns (full column resolution) of an input ``W`` wide, padded
+    by ``pl`` on the left."""
+    out = []
+    for dj in range(kw):
+        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
+        lp = max(0, pl - dj)
+        n = max(0, c1 - c0)
+        out.append((c0, n, lp, Wf - lp - n if n else 0))
+    return out
+
+
+def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] | None:
+    """GM bytes a window kernel reads of each input, by the input's id (the traffic model's
+    count, the simulator's too): the pool's (or depthwise convolution's) input once per
+    column tap of the window, the columns that tap's copy holds; a per-channel value (the
+    convolution's weights and bias, an epilogue's channel operand) or a scalar once per
+    plane (the scalar unit reads it per plane); a plane input once. None when the generator
+    would not make the kernel."""
+    from graphkernel.codegen import targets
+    from graphkernel.flags import DEFAULT_TARGET
+
+    try:
+        s = plan_window(kernel, target or targets.load(DEFAULT_TARGET))
+    except Unsupported:
+        return None
+    item = 4  # (float32: the generator's only type)
+    out = {}
+    for io in s.inputs:
+        v = io.value
+        if io.index == s.pool_input:
+            cols = sum(n for _, n, _, _ in s.copies)
+            out[id(v)] = s.planes * s.H * cols * item
+        elif io.kind == "weights":
+            out[id(v)] = s.planes * s.kh * s.kw * item
+        elif io.kind in ("channel", "scalar"):
+            out[id(v)] = s.planes * item
+        else:
+            out[id(v)] = v.type.numel * item
+    return out
+
+
+def _pad_fold(pool: Node, pad: Node, attrs: dict) -> dict:
+    """The pool's attributes with the constant ``pad`` of its input as its own padding, or
+    Unsupported. A window kernel pads by one value, so the pool itself pads nothing: a max
+    pool's padding (the lowest float) and the pad's value would differ, and an average
+    pool's padding is not counted where the pad's elements are. An average pool of a padded
+    input counts the pad's elements as its own (count_include_pad); its pad value must be 0
+    (a window kernel's sum adds its padding as zeros)."""
+    pa = pad.attrs
+    p = list(pa["pads"])
+    if pa["mode"] != "constant" or len(p) != 8 or any(v < 0 for v in p) or \
+            p[0] or p[1] or p[4] or p[5]:
+        raise Unsupported(f"{pool.op} of a {pa['mode']} pad {p} (a window kernel folds a "
+                          "constant pad of height and width, no crop)", node=pad)
+    if any(attrs["pads"]):
+        raise Unsupported(f"{pool.op} with pads {list(attrs['pads'])} of its own after a "
+                          f"constant pad (the window kernel pads by one value)", node=pad)
+    if pool.op == "AvgPool" and float(pa["value"]) != 0.0:
+        raise Unsupported(f"AvgPool of a pad by {pa['value']} (an average's padding adds 0)",
+                          node=pad)
+    if pad.outputs[0].dtype != DType.float32:
+        raise Unsupported(f"a pad of {pad.outputs[0].dtype.value}", node=pad)
+    out = dict(attrs) | {"pads": [p[2], p[3], p[6], p[7]]}
+    if pool.op == "AvgPool":
+        out["count_include_pad"] = True
+    return out
+
+
+def _fill(pad: Node) -> str:
+    """A constant pad's value as a C++ float literal (-inf as the lowest float: a max of it
+    and any float is that float either way)."""
+    v = float(pad.attrs["value"])
+    if np.isnan(v) or v == np.inf:
+        raise Unsupported(f"a pad by {v} before a pool", node=pad)
+    return LOWEST if v == -np.inf else f"{float(np.float32(v))!r}f"
+
+
 def _counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include: bool,
             ceil: bool) -> list[float]:
     """Each window's elements along one axis: inside the input, or inside the padded input
@@ -279,8 +366,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
     expr: dict[int, str] = {}  # value -> a C++ row (LocalTensor) or scalar expression
     kind: dict[int, str] = {}  # value -> "row" or "scalar"
     x = s.inputs[s.pool_input].value
-    same = not s.prologue and tuple(x.shape) == out_shape and s.sh == 1 and s.sw == 1 and \
-        s.kh > s.pt and s.kw > s.pl
+    same = not s.prologue and s.fill is None and tuple(x.shape) == out_shape and \
+        s.sh == 1 and s.sw == 1 and s.kh > s.pt and s.kw > s.pl
     for io in s.inputs:
         v = io.value
         if io.kind in ("weights", "channel") and s.mode == "dw":

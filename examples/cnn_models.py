@@ -15,6 +15,7 @@ EfficientNet (SiLU, Sigmoid squeeze-and-excitation; ``init_like_torchvision`` gi
 torchvision's initialisation for accuracy studies).
 
     python examples/cnn_models.py        # builds each model and prints its output's shape
+    python examples/cnn_models.py --held-out   # the held-out families (not in the zoo)
 
 Every model takes ``[2, 3, 64, 64]`` images and returns its logits (one tensor). Weights are
 seeded and given a trained network's statistics (``trained_like``).
@@ -228,6 +229,318 @@ def _tv_models(torch):
             "tv_efficientnet": EfficientNet}
 
 
+def _held_out_models(torch):
+    """Further CNN families written as torchvision writes them, measured apart from the zoo
+    (``select(..., held_out=True)``): the mechanisms are tuned on the zoo, these check that
+    they carry over. name -> module class."""
+    nn = torch.nn
+
+    def cbr(cin, cout, k, stride=1, groups=1, relu=True):
+        mods = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                nn.BatchNorm2d(cout)]
+        return nn.Sequential(*mods, nn.ReLU(inplace=True)) if relu else nn.Sequential(*mods)
+
+    class Bottleneck(nn.Module):
+        """torchvision's ResNeXt bottleneck: 1x1, grouped 3x3, 1x1, the residual."""
+
+        def __init__(self, cin, width, cout, stride, groups) -> None:
+            super().__init__()
+            self.body = nn.Sequential(cbr(cin, width, 1), cbr(width, width, 3, stride, groups),
+                                      cbr(width, cout, 1, relu=False))
+            self.down = None if stride == 1 and cin == cout else cbr(cin, cout, 1, stride,
+                                                                     relu=False)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+    class ResNeXt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(cbr(3, 16, 7, 2), nn.MaxPool2d(3, 2, 1))
+            self.layers = nn.Sequential(Bottleneck(16, 16, 32, 1, 4),
+                                        Bottleneck(32, 32, 64, 2, 4),
+                                        Bottleneck(64, 64, 128, 2, 4))
+            self.fc = nn.Linear(128, LABELS)
+
+        def forward(self, x):
+            x = nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1)
+            return self.fc(torch.flatten(x, 1))
+
+    class ShuffleUnit(nn.Module):
+        """torchvision's ShuffleNetV2 unit: split (stride 1) or both branches (stride 2),
+        depthwise 3x3, concatenation, channel shuffle."""
+
+        def __init__(self, cin, cout, stride) -> None:
+            super().__init__()
+            self.stride = stride
+            half = cout // 2
+            if stride > 1:
+                self.branch1 = nn.Sequential(cbr(cin, cin, 3, stride, cin, relu=False),
+                                             cbr(cin, half, 1))
+            bin_ = cin if stride > 1 else half
+            self.branch2 = nn.Sequential(cbr(bin_, half, 1),
+                                         cbr(half, half, 3, stride, half, relu=False),
+                                         cbr(half, half, 1))
+
+        def forward(self, x):
+            if self.stride == 1:
+                x1, x2 = x.chunk(2, dim=1)
+                out = torch.cat((x1, self.branch2(x2)), dim=1)
+            else:
+                out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+            n, c, h, w = out.shape
+            out = out.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous()
+            return out.view(n, c, h, w)
+
+    class ShuffleNetV2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(cbr(3, 24, 3, 2), nn.MaxPool2d(3, 2, 1))
+            self.stages = nn.Sequential(ShuffleUnit(24, 48, 2), ShuffleUnit(48, 48, 1),
+                                        ShuffleUnit(48, 96, 2), ShuffleUnit(96, 96, 1))
+            self.conv5 = cbr(96, 128, 1)
+            self.fc = nn.Linear(128, LABELS)
+
+        def forward(self, x):
+            x = self.conv5(self.stages(self.stem(x)))
+            return self.fc(x.mean([2, 3]))
+
+    class Fire(nn.Module):
+        def __init__(self, cin, squeeze, expand) -> None:
+            super().__init__()
+            self.squeeze = nn.Conv2d(cin, squeeze, 1)
+            self.e1, self.e3 = nn.Conv2d(squeeze, expand, 1), nn.Conv2d(squeeze, expand, 3,
+                                                                        padding=1)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            x = self.relu(self.squeeze(x))
+            return torch.cat([self.relu(self.e1(x)), self.relu(self.e3(x))], 1)
+
+    class SqueezeNet(nn.Module):
+        """torchvision's SqueezeNet 1.1 layout, narrower: ceil-mode max pools, fire modules,
+        a 1x1 convolution classifier with ReLU and a global average pool."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 32, 3, 2), nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, 2, ceil_mode=True), Fire(32, 8, 16), Fire(32, 8, 16),
+                nn.MaxPool2d(3, 2, ceil_mode=True), Fire(32, 16, 32), Fire(64, 16, 32))
+            self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Conv2d(64, LABELS, 1),
+                                            nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1))
+
+        def forward(self, x):
+            return torch.flatten(self.classifier(self.features(x)), 1)
+
+    class VGG(nn.Module):
+        """torchvision's VGG-11 with batch norm, narrower: conv-BN-ReLU stacks and max
+        pools, an adaptive average pool and the classifier's linear layers."""
+
+        def __init__(self, cfg=(16, "M", 32, "M", 64, 64, "M", 128, 128, "M")) -> None:
+            super().__init__()
+            layers, c = [], 3
+            for v in cfg:
+                if v == "M":
+                    layers.append(nn.MaxPool2d(2, 2))
+                else:
+                    layers += [nn.Conv2d(c, v, 3, padding=1), nn.BatchNorm2d(v),
+                               nn.ReLU(inplace=True)]
+                    c = v
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d((2, 2))
+            self.classifier = nn.Sequential(nn.Linear(c * 4, 64), nn.ReLU(True), nn.Dropout(),
+                                            nn.Linear(64, LABELS))
+
+        def forward(self, x):
+            return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+    class MnasBlock(nn.Module):
+        def __init__(self, cin, cout, k, stride, exp) -> None:
+            super().__init__()
+            mid = cin * exp
+            self.res = cin == cout and stride == 1
+            self.layers = nn.Sequential(cbr(cin, mid, 1), cbr(mid, mid, k, stride, mid),
+                                        cbr(mid, cout, 1, relu=False))
+
+        def forward(self, x):
+            return self.layers(x) + x if self.res else self.layers(x)
+
+    class MNASNet(nn.Module):
+        """torchvision's MNASNet layout (inverted residuals with ReLU, no
+        squeeze-and-excitation), first stages at a small width."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(
+                cbr(3, 16, 3, 2), cbr(16, 16, 3, 1, 16), cbr(16, 8, 1, relu=False),
+                MnasBlock(8, 12, 3, 2, 3), MnasBlock(12, 12, 3, 1, 3),
+                MnasBlock(12, 20, 5, 2, 3), MnasBlock(20, 20, 5, 1, 3),
+                MnasBlock(20, 40, 5, 2, 6), cbr(40, 160, 1))
+            self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(160, LABELS))
+
+        def forward(self, x):
+            return self.classifier(self.layers(x).mean([2, 3]))
+
+    class Inception(nn.Module):
+        """torchvision's GoogLeNet inception block: 1x1; 1x1 then 3x3; 1x1 then 3x3; a 3x3
+        max pool (stride 1, ceil mode) then 1x1; concatenated."""
+
+        def __init__(self, cin, c1, c3r, c3, c5r, c5, pp) -> None:
+            super().__init__()
+            self.b1 = cbr(cin, c1, 1)
+            self.b2 = nn.Sequential(cbr(cin, c3r, 1), cbr(c3r, c3, 3))
+            self.b3 = nn.Sequential(cbr(cin, c5r, 1), cbr(c5r, c5, 3))
+            self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1, ceil_mode=True), cbr(cin, pp, 1))
+
+        def forward(self, x):
+            return torch.cat([self.b1(x), self.b2(x), self.b3(x), self.b4(x)], 1)
+
+    class GoogLeNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(cbr(3, 16, 7, 2), nn.MaxPool2d(3, 2, ceil_mode=True),
+                                      cbr(16, 16, 1), cbr(16, 32, 3),
+                                      nn.MaxPool2d(3, 2, ceil_mode=True))
+            self.blocks = nn.Sequential(Inception(32, 8, 12, 16, 4, 8, 8),
+                                        Inception(40, 16, 16, 24, 4, 12, 12),
+                                        nn.MaxPool2d(3, 2, ceil_mode=True),
+                                        Inception(64, 24, 12, 32, 4, 8, 8))
+            self.fc = nn.Linear(72, LABELS)
+
+        def forward(self, x):
+            x = nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1)
+            return self.fc(torch.flatten(x, 1))
+
+    class XBlock(nn.Module):
+        """torchvision's RegNetX block: 1x1, grouped 3x3 (groups of 8 channels), 1x1, the
+        residual (no squeeze-and-excitation)."""
+
+        def __init__(self, cin, cout, stride) -> None:
+            super().__init__()
+            self.f = nn.Sequential(cbr(cin, cout, 1), cbr(cout, cout, 3, stride, cout // 8),
+                                   cbr(cout, cout, 1, relu=False))
+            self.proj = None if stride == 1 and cin == cout else cbr(cin, cout, 1, stride,
+                                                                     relu=False)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.f(x) + (x if self.proj is None else self.proj(x)))
+
+    class RegNetX(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = cbr(3, 16, 3, 2)
+            self.trunk = nn.Sequential(XBlock(16, 24, 2), XBlock(24, 56, 2), XBlock(56, 56, 1),
+                                       XBlock(56, 152, 2))
+            self.fc = nn.Linear(152, LABELS)
+
+        def forward(self, x):
+            x = nn.functional.adaptive_avg_pool2d(self.trunk(self.stem(x)), 1)
+            return self.fc(torch.flatten(x, 1))
+
+    class SE(nn.Module):
+        """timm's squeeze-and-excitation: a global mean, 1x1 reduce, activation, 1x1
+        expand, gate."""
+
+        def __init__(self, c, r, act, gate) -> None:
+            super().__init__()
+            self.reduce, self.expand = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+            self.act, self.gate = act(), gate()
+
+        def forward(self, x):
+            s = self.act(self.reduce(x.mean((2, 3), keepdim=True)))
+            return x * self.gate(self.expand(s))
+
+    class MixBlock(nn.Module):
+        """timm's MixNet block: expand, depthwise convolutions of mixed kernel sizes on
+        channel groups (split, concatenated), SiLU, squeeze-and-excitation, project."""
+
+        def __init__(self, cin, cout, stride, ks=(3, 5)) -> None:
+            super().__init__()
+            exp = cin * 4
+            self.expand = nn.Sequential(nn.Conv2d(cin, exp, 1, bias=False), nn.BatchNorm2d(exp),
+                                        nn.SiLU())
+            self.split = [exp // len(ks)] * len(ks)
+            self.dw = nn.ModuleList(nn.Conv2d(c, c, k, stride, k // 2, groups=c, bias=False)
+                                    for c, k in zip(self.split, ks, strict=True))
+            self.bn, self.act = nn.BatchNorm2d(exp), nn.SiLU()
+            self.se = SE(exp, cin // 2, nn.SiLU, nn.Sigmoid)
+            self.project = nn.Sequential(nn.Conv2d(exp, cout, 1, bias=False),
+                                         nn.BatchNorm2d(cout))
+            self.res = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.expand(x)
+            y = torch.cat([m(t) for m, t in zip(self.dw, y.split(self.split, 1), strict=True)],
+                          1)
+            y = self.project(self.se(self.act(self.bn(y))))
+            return y + x if self.res else y
+
+    class MixNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = cbr(3, 16, 3, 2)
+            self.blocks = nn.Sequential(MixBlock(16, 24, 2), MixBlock(24, 24, 1),
+                                        MixBlock(24, 40, 2, (3, 5, 7)), MixBlock(40, 40, 1))
+            self.head = cbr(40, 160, 1)
+            self.fc = nn.Linear(160, LABELS)
+
+        def forward(self, x):
+            return self.fc(self.head(self.blocks(self.stem(x))).mean((2, 3)))
+
+    class Ghost(nn.Module):
+        """GhostNet's module: a 1x1 convolution to half the channels, a cheap depthwise 3x3
+        of them, both concatenated."""
+
+        def __init__(self, cin, cout, relu=True) -> None:
+            super().__init__()
+            half = cout // 2
+            self.primary = cbr(cin, half, 1, relu=relu)
+            self.cheap = cbr(half, half, 3, 1, half, relu=relu)
+
+        def forward(self, x):
+            y = self.primary(x)
+            return torch.cat([y, self.cheap(y)], 1)
+
+    class GhostBottleneck(nn.Module):
+        def __init__(self, cin, mid, cout, stride, se) -> None:
+            super().__init__()
+            self.ghost1 = Ghost(cin, mid)
+            self.dw = cbr(mid, mid, 3, stride, mid, relu=False) if stride > 1 else None
+            self.se = SE(mid, mid // 4, nn.ReLU, nn.Hardsigmoid) if se else None
+            self.ghost2 = Ghost(mid, cout, relu=False)
+            self.short = None if stride == 1 and cin == cout else nn.Sequential(
+                cbr(cin, cin, 3, stride, cin, relu=False), cbr(cin, cout, 1, relu=False))
+
+        def forward(self, x):
+            y = self.ghost1(x)
+            y = self.dw(y) if self.dw is not None else y
+            y = self.se(y) if self.se is not None else y
+            return self.ghost2(y) + (x if self.short is None else self.short(x))
+
+    class GhostNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = cbr(3, 16, 3, 2)
+            self.blocks = nn.Sequential(GhostBottleneck(16, 16, 16, 1, False),
+                                        GhostBottleneck(16, 48, 24, 2, False),
+                                        GhostBottleneck(24, 72, 40, 2, True),
+                                        GhostBottleneck(40, 120, 40, 1, True))
+            self.head = cbr(40, 160, 1)
+            self.fc = nn.Linear(160, LABELS)
+
+        def forward(self, x):
+            return self.fc(nn.functional.adaptive_avg_pool2d(self.head(self.blocks(
+                self.stem(x))), 1).flatten(1))
+
+    return {"ho_resnext": ResNeXt, "ho_shufflenet_v2": ShuffleNetV2,
+            "ho_squeezenet": SqueezeNet, "ho_vgg": VGG, "ho_mnasnet": MNASNet,
+            "ho_googlenet": GoogLeNet, "ho_regnet_x": RegNetX, "ho_mixnet": MixNet,
+            "ho_ghostnet": GhostNet}
+
+
 def init_like_torchvision(model):
     """torchvision's initialisation of its CNNs: convolutions Kaiming-normal (fan out),
     batch norms the identity, linear layers uniform(±1/sqrt(out features)); the signal grows
@@ -327,10 +640,25 @@ def builders() -> dict:
     return zoo
 
 
-def select(names) -> dict | None:
-    """The CNN zoo's builders named in ``names`` (every one when empty); None, after printing
-    what is accepted, when a name is not in it."""
-    zoo = builders()
+def held_out_builders() -> dict:
+    """name -> (build model, example inputs) of the held-out families (``_held_out_models``),
+    built as the zoo's torchvision-style models are (seeded, ``trained_like``)."""
+    import torch
+
+    def build(cls):
+        def make():
+            torch.manual_seed(SEED)
+            return trained_like(cls().eval())
+        return make, lambda: _images(torch)
+
+    return {name: build(cls) for name, cls in _held_out_models(torch).items()}
+
+
+def select(names, held_out: bool = False) -> dict | None:
+    """The CNN zoo's builders named in ``names`` (every one when empty; ``held_out``: the
+    held-out families instead); None, after printing what is accepted, when a name is not
+    in it."""
+    zoo = held_out_builders() if held_out else builders()
     unknown = sorted(set(names) - set(zoo))
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)} (accepted: {', '.join(zoo)})",
@@ -342,7 +670,8 @@ def select(names) -> dict | None:
 if __name__ == "__main__":
     import torch
 
-    chosen = select(sys.argv[1:])
+    held = "--held-out" in sys.argv
+    chosen = select([a for a in sys.argv[1:] if a != "--held-out"], held_out=held)
     if chosen is None:
         sys.exit(2)
     for name, (build, inputs) in chosen.items():

@@ -18,10 +18,15 @@ MobileNetV2's ill-conditioned training step, 8 values per channel batch-normalis
 ReLU6, the products' rounding put 91 of 158 gradients further than twice eager's from a
 float64 twin's, against 2 as convolutions, while on a well-conditioned inverted residual
 block they stay within 0.7-1.3x eager's; frozen parameters are what it is for); one pixel
-per image (a squeeze-and-excitation block's
-convolutions on pooled channels: a product of width 1, whose vector form, ``matvec``'s, does
-not fuse with the pool and the activation around it, and whose cube form uses 1/16 of each
-base tile).
+of one image (a product of one row, whose vector form, ``matvec``'s, does not fuse with the
+pool and the activation around it).
+
+A squeeze-and-excitation block's convolutions on the pooled channels (one pixel per image,
+several images) are the 2-D product ``pooled[N, C] @ W[M, C]ᵀ``, as NHWC ones are: the
+first one's bias and activation, the second one's bias and gate (sigmoid, hard sigmoid) run
+in their tiles (two MIX kernels instead of two cube launches and two vector kernels), and
+the gate's product with the block's input is the one vector kernel after them (the
+elementwise patterns leave the gate to the product's epilogue).
 """
 
 from __future__ import annotations
@@ -49,11 +54,19 @@ def refusal(n: Node) -> str | None:
         return "weights that are not constants (a training graph)"
     if tuple(a["strides"]) != (1, 1):  # (measured: the view's kernel costs what it saves)
         return f"strides {list(a['strides'])} (the strided view would be a kernel of its own)"
-    out = n.outputs[0].shape
-    pixels = symbolic.numel(out[1:3] if a["data_format"] == "NHWC" else out[2:])
-    if symbolic.is_static(pixels) and int(pixels) == 1:
-        return "one pixel per image (a product of width 1: the cube unit 1/16 used)"
+    batch = n.outputs[0].shape[0]
+    if _one_pixel(n) and not (symbolic.is_static(batch) and int(batch) > 1):
+        return "one pixel of one image (a product of one row: the matvec pass would make it " \
+               "vector work that does not fuse with the pool and activation around it)"
     return None
+
+
+def _one_pixel(n: Node) -> bool:
+    """A convolution of one pixel per image (a squeeze-and-excitation block's, on the pooled
+    channels)."""
+    out = n.outputs[0].shape
+    pixels = symbolic.numel(out[1:3] if n.attrs["data_format"] == "NHWC" else out[2:])
+    return symbolic.is_static(pixels) and int(pixels) == 1
 
 
 def _weight(g: Graph, n: Node) -> Value:
@@ -65,14 +78,19 @@ def _weight(g: Graph, n: Node) -> Value:
 
 def _rewrite(g: Graph, n: Node) -> Value:
     x, w2 = n.inputs[0], _weight(g, n)
-    nhwc = n.attrs["data_format"] == "NHWC"
+    # NHWC, or one pixel per image (its channels are then contiguous either way): the
+    # pixels are the rows of a 2-D product, [N*H*W, C] @ [M, C]ᵀ
+    nhwc = n.attrs["data_format"] == "NHWC" or _one_pixel(n)
     out = n.outputs[0]
     if nhwc:
-        nb, h, wd, c = x.shape
+        if n.attrs["data_format"] == "NHWC":
+            nb, h, wd, c = x.shape
+        else:
+            nb, c, h, wd = x.shape
         rows = symbolic.numel((nb, h, wd))
         x2 = add_like(g, n, "Reshape", [x], {"shape": [rows, c]})
         y = add_like(g, n, "MatMul", [x2, w2], {"transpose_b": True})  # [N*H*W, M]
-        bias_shape = [out.shape[3]]
+        bias_shape = [w2.shape[0]]
     else:
         nb, c, h, wd = x.shape
         x3 = add_like(g, n, "Reshape", [x], {"shape": [nb, c, symbolic.mul(h, wd)]})
@@ -105,7 +123,8 @@ def conv_matmul(graph, ctx) -> PassResult:
             continue
         ctx.analyses.conv_products.append(ConvProduct(
             n.name, "product", "a batched product W[M, C] @ x[n][C, H*W]"
-            if n.attrs["data_format"] == "NCHW" else "a product x[N*H*W, C] @ W[M, C]ᵀ"))
+            if n.attrs["data_format"] == "NCHW" and not _one_pixel(n)
+            else "a product x[N*H*W, C] @ W[M, C]ᵀ"))
         graph.replace_all_uses(n.outputs[0], _rewrite(graph, n))
         params = [v.producer for v in n.inputs[1:]]
         graph.erase_node(n)

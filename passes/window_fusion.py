@@ -1,6 +1,6 @@
 """Rewrite each 2-D pool and depthwise convolution left outside the kernels into a window
-kernel, with a ReLU before a max pool and the elementwise kernel that consumes it, when the
-code generator can make it (codegen/window.py).
+kernel, with a ReLU before a max pool or a constant pad before a pool, and the elementwise
+kernel that consumes it, when the code generator can make it (codegen/window.py).
 
 A pool is an op of its own after the split (the patterns fuse no opaque op), a depthwise
 convolution a cube launch. A window kernel computes either in the vector unit one plane at a
@@ -47,13 +47,16 @@ def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[N
 
 
 def _prologue(pool: Node) -> Node | None:
-    """The op outside the kernels computing a max pool's input for it alone (a ReLU or a
-    clamp: the generator decides what it takes)."""
+    """The op outside the kernels computing a pool's input for it alone: a ReLU or a clamp
+    before a max pool, a constant pad before a max or average pool (its padding: the
+    generator decides what it takes)."""
     v = pool.inputs[0]
     p = v.producer
-    if pool.op != "MaxPool" or p is None or p.op == "GraphKernel" or len(v.users) != 1:
+    if p is None or p.op == "GraphKernel" or len(v.users) != 1:
         return None
-    return p if p.op in ("ReLU", "Maximum", "Minimum") else None
+    if p.op == "Pad":
+        return p if pool.op in ("MaxPool", "AvgPool") else None
+    return p if pool.op == "MaxPool" and p.op in ("ReLU", "Maximum", "Minimum") else None
 
 
 def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
@@ -77,7 +80,8 @@ def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
 
 def window_fusion(graph: Graph, ctx) -> PassResult:
     """Each 2-D float pool outside the kernels as a window kernel, with a ReLU before a max
-    pool and its elementwise consumer kernel when the generator takes them."""
+    pool or a constant pad before a pool, and its elementwise consumer kernel, when the
+    generator takes them."""
     log = ctx.analyses.fusion_attempts
     fused = alone = 0
     for pool in [n for n in graph.nodes if is_window_op(n)]:

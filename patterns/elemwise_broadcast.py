@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from graphkernel import ops, symbolic
 from graphkernel.fusion import INJECTIVE
-from graphkernel.ops import OpKind
+from graphkernel.ops import PRODUCT_OPS, OpKind
 from graphkernel.patterns.base import (
     fuse_if,
     fuse_qualifying,
@@ -11,7 +12,7 @@ from graphkernel.patterns.base import (
     pattern,
     pull_in_conditions,
 )
-from graphkernel.patterns.reduce import repeats_whole_rows
+from graphkernel.patterns.reduce import reduce_signatures, repeats_whole_rows
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 
@@ -49,6 +50,35 @@ def fwd_width(model, a):
                            lambda p: _fwd_conditions(model, a, p))
 
 
+def _broadcast_off_rows(model, a, c):
+    """A value broadcast into a node of ``a`` (read with fewer elements than the node
+    computes; not a scalar) whose shape is not the one the reductions of ``c`` reduce, or
+    None. Pushed into ``c``, such a read would have to follow ``c``'s rows through a reshape
+    (a group norm's statistics, one per group of channels, before a global pool's rows of
+    one channel): the vector generator lays a reduction's operands out along its own rows."""
+    shapes = {tuple(sig[0]) for sig in reduce_signatures(c)}
+    for n in a.nodes:
+        out = n.outputs[0] if n.outputs else None
+        if out is None or tuple(out.shape) in shapes:
+            continue
+        for v in n.inputs:
+            if symbolic.canon(v.type.numel) not in (symbolic.canon(out.type.numel),
+                                                     symbolic.canon(1)):
+                return v
+    return None
+
+
+def _product_read(model, a):
+    """A matrix product's result (through views) that area ``a`` computes on, or None."""
+    for _, v, _ in model.producers(a):
+        p = v.producer
+        while p is not None and ops.get(p.op).kind == OpKind.RESHAPE and p.inputs:
+            p = p.inputs[0].producer
+        if p is not None and p.op in PRODUCT_OPS:
+            return p
+    return None
+
+
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
@@ -62,34 +92,58 @@ def _bwd_conditions(model, a, consumers, external):
         conds.append(need(lambda c=c: model.kind(c) <= OpKind.REDUCE,
                           lambda c=c: f"kind mismatch: consumer {c.name} is "
                                       f"{model.kind(c).name} (needs <= REDUCE)"))
+        # work on a product's result in the product's own shape (a squeeze-and-excitation
+        # gate's bias and sigmoid) is the product's epilogue (matmul_depth, later): pushed
+        # into a consumer that broadcasts it (the gate scaling its input), the vector
+        # generator could not place it, and the product would stay a launch alone
+        conds.append(need(lambda c=c: model.size(c) == model.size(a) or
+                          _product_read(model, a) is None,
+                          lambda c=c: f"operands of different shapes: {a.name} computes on "
+                          f"the product {_product_read(model, a).name} in its shape, which "
+                          f"{c.name} broadcasts (the product's epilogue)"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or (
             (model.kind(a) == OpKind.ELEMWISE or repeats_whole_rows(c, a))
             and model.relation(a, c) == INJECTIVE),
             lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
                         "ELEMWISE area (or one broadcasting whole rows of what it reduces) "
                         "over an INJECTIVE edge"))
+        conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or
+                          _broadcast_off_rows(model, a, c) is None,
+                          lambda c=c: f"operands of different shapes: {a.name} reads "
+                          f"{_broadcast_off_rows(model, a, c).name} broadcast in another shape "
+                          f"than the rows {c.name} reduces"))
     return conds
 
 
 @pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
-         refuses=("GK202", "GK206", "GK207", "GK302"))
+         refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
     pushes itself into its single consumer (a REDUCE consumer only over an INJECTIVE edge,
-    for an ELEMWISE area or one broadcasting only whole rows of what is reduced)."""
+    for an ELEMWISE area or one broadcasting only whole rows of what is reduced; work on a
+    matrix product's result not into a consumer of views alone: it is the product's
+    epilogue)."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)
     if len(cons) != 1:
         return None
-    return fuse_if(model, "elemwise_broadcast_bwd_depth", [cons[0], a],
-                   _bwd_conditions(model, a, cons, external))
+    c = cons[0]
+    conds = [*_bwd_conditions(model, a, cons, external),
+             need(lambda: _product_read(model, a) is None or
+                  any(ops.get(n.op).kind != OpKind.RESHAPE for n in c.nodes),
+                  lambda: f"consumer {c.name} views the product "
+                          f"{_product_read(model, a).name} after its epilogue {a.name} "
+                          "(pushed into a view of other rows, the epilogue would leave the "
+                          "product's tile)")]
+    return fuse_if(model, "elemwise_broadcast_bwd_depth", [c, a], conds)
 
 
 @pattern("elemwise_broadcast_bwd_width", order=70, direction="bwd", mode="width",
-         refuses=("GK202", "GK205", "GK206", "GK207", "GK302"))
+         refuses=("GK202", "GK205", "GK206", "GK207", "GK208", "GK209", "GK302"))
 def bwd_width(model, a):
-    """The same into all of its consumers or none; the consumers need equal compute sizes."""
+    """The same into all of its consumers or none; the consumers need equal compute sizes
+    and, where they reduce, the same reduced shape and axes."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)
@@ -100,4 +154,10 @@ def bwd_width(model, a):
     conds.append(need(lambda: len(sizes()) == 1,
                       lambda: f"compute size mismatch among consumers: "
                               f"{sorted(map(str, sizes()))}"))
+    # consumers reducing different shapes or axes (a group norm's variance and a global pool
+    # of its result) would be one kernel holding rows of two lengths: the generator splits it
+    # again, and the pieces no longer pull in what they would have taken one by one
+    sigs = lambda: set().union(*(reduce_signatures(c) for c in cons))  # noqa: E731
+    conds.append(need(lambda: len(sigs()) <= 1,
+                      lambda: "the reductions differ in shape or axes among the consumers"))
     return fuse_if(model, "elemwise_broadcast_bwd_width", cons + [a], conds)

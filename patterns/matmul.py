@@ -131,6 +131,10 @@ def _epilogue_conditions(model, c, last, mm) -> list:
             need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
                              for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
+            need(lambda: _wider(c, mm) is None,
+                 lambda: f"consumer {c.name} holds {_wider(c, mm).op}, which broadcasts the "
+                         "product over more values than its tile (a squeeze-and-excitation "
+                         "gate scaling its input)"),
             formed,
         ]
     spec = _target(model.cfg.target)
@@ -158,6 +162,21 @@ def _epilogue_conditions(model, c, last, mm) -> list:
         formed,
     ]
 
+
+
+def _wider(c, mm):
+    """A node of consumer area ``c`` computing more values than the product ``mm`` (static
+    sizes), or None: an epilogue runs on the product's tiles, so it cannot broadcast the
+    product out (a gate of [N, C] times an input of [N, C, H, W])."""
+    whole = symbolic.numel(mm.outputs[0].type.shape)
+    if not symbolic.is_static(whole):
+        return None
+    for n in c.nodes:
+        for v in n.outputs:
+            size = symbolic.numel(v.type.shape)
+            if symbolic.is_static(size) and int(size) > int(whole):
+                return n
+    return None
 
 
 def _epilogue_op(n) -> bool:

@@ -315,3 +315,35 @@ def test_shape_inference_runs_only_for_a_node_imported_as_opaque(monkeypatch):
     xv = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
     np.testing.assert_allclose(Interpreter(g).run({"x": xv})[0],
                                ReferenceEvaluator(unmapped).run(None, {"x": xv})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["InstanceNormalization", "BatchNormalization"])
+def test_normalisations_of_their_own_statistics_match_the_reference(op):
+    """InstanceNormalization (a group norm's export), and BatchNormalization in training mode
+    (a weight standardisation's export: the batch's own statistics, the running ones as
+    further outputs): mapped to ops, not Opaque, and the reference's results."""
+    rng = np.random.default_rng(3)
+    c = 4
+    x_info = helper.make_tensor_value_info("x", 1, [2, c, 3, 5])
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 2, c).astype(np.float32), "s"),
+             numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "b")]
+    outs = ["y"]
+    if op == "InstanceNormalization":
+        node = helper.make_node(op, ["x", "s", "b"], outs, epsilon=1e-3)
+    else:
+        inits += [numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "m"),
+                  numpy_helper.from_array(rng.uniform(0.5, 2, c).astype(np.float32), "v")]
+        outs = ["y", "rm", "rv"]
+        node = helper.make_node(op, ["x", "s", "b", "m", "v"], outs, epsilon=1e-3,
+                                momentum=0.8, training_mode=1)
+    graph = helper.make_graph([node], "g", [x_info],
+                              [helper.make_tensor_value_info(o, 1, None) for o in outs], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    g = import_onnx(m)
+    assert "Opaque" not in [n.op for n in g.nodes]
+    x = (rng.standard_normal((2, c, 3, 5)) * 3 + 1).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    got = Interpreter(g).run({"x": x})
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

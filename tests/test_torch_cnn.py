@@ -234,11 +234,25 @@ class _TokenMixer(nn.Module):
         return x + self.scale.unsqueeze(-1).unsqueeze(-1) * (self.pool(y) - y)
 
 
+class _NormTail(nn.Module):
+    """BiT's and PoolFormer's last block: a 1x1 convolution plus the residual, a group
+    norm (statistics per group of channels), ReLU, then a global average pool (rows of one
+    channel)."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(c, c, 1, bias=False), nn.GroupNorm(4, c)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.conv(x) + x)).mean((2, 3))
+
+
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is a window kernel with its folded batch norm and activation;
 # squeeze-and-excitation: the pool and its mean one reduction, each convolution on the pooled
-# pixel a cube launch, its activation and the gated scale of the input vector kernels
+# pixel a product of the images' rows with its bias and activation (ReLU; the gate) in its
+# tile, the gated scale of the input a vector kernel
 BLOCKS = {
     "conv1x1_bn_relu": (lambda: nn.Sequential(nn.Conv2d(8, 16, 1, bias=False),
                                               nn.BatchNorm2d(16), nn.ReLU()), 8,
@@ -248,13 +262,20 @@ BLOCKS = {
         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
         {"vector": 1, "mix": 1}),
-    "squeeze_excite": (_SqueezeExcite, 16, {"cube": 2, "vector": 3}),
+    "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 2}),
     # the ReLU before the max pool runs in the pool's window kernel
     "stem_conv_bn_relu_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
         nn.MaxPool2d(3, 2, 1)), 3, {"cube": 1, "vector": 1}),
     # the group norm, then the pool with `pool - x`, the scale and the residual add
     "poolformer_mixer": (_TokenMixer, 16, {"vector": 2}),
+    # the product with the residual add in its tile; the whole group norm and ReLU; the
+    # pool (rows of another length)
+    "norm_then_global_pool": (_NormTail, 16, {"mix": 1, "vector": 2}),
+    # BiT's stem: the zero pad is the max pool's padding (one window kernel)
+    "stem_conv_pad_maxpool": (lambda: nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),
+        nn.MaxPool2d(3, 2)), 3, {"cube": 1, "vector": 1}),
 }
 
 
@@ -278,3 +299,18 @@ def test_one_by_one_convolutions_in_training_stay_convolutions():
     m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), _Residual())
     run(m, torch.randn(2, 8, 6, 7), train=True)
     assert gt.stats()["launches"]["cube"] >= 2
+
+
+def test_a_norm_read_by_a_pool_of_other_rows_stays_whole():
+    """The group norm's normalisation reads its statistics per group of channels: pushed into
+    the global pool's reduction (rows of one channel) the generator could not lay them out,
+    so the fusion refuses it with the reason (and the norm is one kernel)."""
+    import graphkernel
+
+    m = _NormTail().eval()
+    g = gt.export_graph(m, (torch.randn(2, 16, 8, 8),), name="t")
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    why = [a.reason for a in res.analyses.fusion_attempts if a.verdict == "rejected"
+           and a.pattern.startswith("elemwise_broadcast_bwd")]
+    assert any("broadcast in another shape than the rows" in w for w in why)
+    assert not res.report.extra["fallbacks"]

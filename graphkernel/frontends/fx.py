@@ -568,6 +568,10 @@ def _cat(c: Ctx):
     return c.emit("Concat", [c.cast(v, dt) for v in xs], {"axis": c.arg(1, 0)})
 
 
+_POOLS_2D = frozenset({"aten.max_pool2d_with_indices.default", "aten.max_pool2d.default",
+                       "aten.avg_pool2d.default"})
+
+
 @aten("aten.constant_pad_nd.default")
 def _constant_pad(c: Ctx):
     # pad = (before, after) per axis from the last one back: a negative amount slices the
@@ -580,6 +584,11 @@ def _constant_pad(c: Ctx):
         # a zero pad only convolutions read (TensorFlow's SAME padding): one Pad op, which
         # arith_simplify folds into the convolutions' own pads
         return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": 0.0})
+    if x.type.rank == 4 and len(pad) == 4 and min(pad) >= 0 and len(c.node.users) == 1 and \
+            str(next(iter(c.node.users)).target) in _POOLS_2D:
+        # a pad of height and width only a 2-D pool reads: one Pad op, which the pool's
+        # window kernel takes as its padding (window_fusion)
+        return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": float(value)})
     for k in range(len(pad) // 2):
         axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
         if lo < 0 or hi < 0:

@@ -824,11 +824,66 @@ def _pool(c: NodeCtx):
     return c.emit("MaxPool", [x], attrs)
 
 
+def _channel_norm(c: NodeCtx, x: Value, axes: list[int], eps: float
+                  ) -> tuple[Value, Value, Value]:
+    """(x normalised over ``axes`` by its own mean and population variance, the mean, the
+    variance), the statistics kept as dims of 1."""
+    mean = c.emit("ReduceMean", [x], {"axis": axes, "keep_dims": True})
+    d = c.emit("Sub", [x, mean])
+    var = c.emit("ReduceMean", [c.emit("Mul", [d, d])], {"axis": axes, "keep_dims": True})
+    inv = c.emit("Rsqrt", [c.emit("Add", [var, c.scalar_like(eps, var)])])
+    return c.emit("Mul", [d, inv]), mean, var
+
+
+def _per_channel(c: NodeCtx, v: Value, x: Value) -> Value:
+    """A [C] parameter as [C, 1, ...] against x [N, C, ...], in x's type."""
+    v = c.emit("Reshape", [v], {"shape": [-1] + [1] * (x.type.rank - 2)})
+    return c.emit("Cast", [v], {"dtype": x.dtype}) if v.dtype != x.dtype else v
+
+
+@handles("InstanceNormalization")
+def _instance_norm(c: NodeCtx):
+    """Each (image, channel) normalised over its spatial axes, then scale and bias per
+    channel (a group norm exports as one on [N, groups, -1] with unit scale and no bias)."""
+    x = c.input(0)
+    if x.type.rank < 3:
+        raise Unsupported(f"InstanceNormalization of rank {x.type.rank} (at least 3)")
+    y, _, _ = _channel_norm(c, x, list(range(2, x.type.rank)), c.attr("epsilon", 1e-5))
+    return c.emit("Add", [c.emit("Mul", [y, _per_channel(c, c.input(1), x)]),
+                          _per_channel(c, c.input(2), x)])
+
+
+def _training_batch_norm(c: NodeCtx):
+    """training_mode=1: normalised by the batch's own statistics (every axis but the
+    channels, population variance); the running statistics, when asked for, are
+    ``input * momentum + batch * (1 - momentum)`` (a weight standardisation exports this way:
+    its outputs are constants, folded)."""
+    x, scale, bias, mean, var = (c.input(i) for i in range(5))
+    if x.type.rank < 2:
+        raise Unsupported(f"BatchNormalization of rank {x.type.rank} (at least 2)")
+    axes = [0, *range(2, x.type.rank)]
+    y, bm, bv = _channel_norm(c, x, axes, c.attr("epsilon", 1e-5))
+    outs = [c.emit("Add", [c.emit("Mul", [y, _per_channel(c, scale, x)]),
+                           _per_channel(c, bias, x)])]
+    m = c.attr("momentum", 0.9)
+    for run, batch in ((mean, bm), (var, bv)):
+        if len(outs) < len(c.node.output):
+            flat = c.emit("Reshape", [batch], {"shape": [-1]})
+            if flat.dtype != run.dtype:
+                flat = c.emit("Cast", [flat], {"dtype": run.dtype})
+            outs.append(c.emit("Add", [c.emit("Mul", [run, c.scalar_like(m, run)]),
+                                       c.emit("Mul", [flat, c.scalar_like(1 - m, flat)])]))
+    return outs
+
+
 @handles("BatchNormalization")
 def _batch_norm(c: NodeCtx):
-    """Inference form: y = x * (scale * rsqrt(var + eps)) + (bias - mean * scale * rsqrt(...))."""
-    if c.attr("training_mode", 0) or len([o for o in c.node.output if o]) > 1:
-        raise Unsupported("training-mode BatchNormalization")
+    """Inference form: y = x * (scale * rsqrt(var + eps)) + (bias - mean * scale * rsqrt(...)).
+    Training mode: ``_training_batch_norm``."""
+    if c.attr("training_mode", 0):
+        return _training_batch_norm(c)
+    if len([o for o in c.node.output if o]) > 1:
+        raise Unsupported("BatchNormalization with running statistics out of inference mode")
     x, scale, bias, mean, var = (c.input(i) for i in range(5))
     eps = c.attr("epsilon", 1e-5)
     inv = c.emit("Rsqrt", [c.emit("Add", [var, c.scalar_like(eps, var)])])

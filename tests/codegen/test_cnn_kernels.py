@@ -1,7 +1,7 @@
 """Convolutional networks' kernels through the default pipeline, run in the simulator: a 1x1
 convolution as a product with its per-channel affine, activation and residual add in the
-product's tile (one MIX kernel), and a global average pool with its mean as one reduction
-kernel."""
+product's tile (one MIX kernel), a global average pool with its mean as one reduction
+kernel, and a squeeze-and-excitation block as the pool, two MIX products and the scale."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from graphkernel import Graph, TensorType
 from graphkernel.bisect import Evaluator
 from graphkernel.codegen.backend import run_sim, schedules
 from graphkernel.codegen.cube.schedule import MatmulSchedule
+from graphkernel.codegen.traffic import launches
 from tests.codegen.cases import Case, compile_cases
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
@@ -83,9 +84,32 @@ def _norm_then_pool():
 NORM_POOL = Case("norm_then_pool", _norm_then_pool(), flags="")
 
 
+def _squeeze_excite(c=16, r=4, gate="Sigmoid"):
+    """Squeeze-and-excitation: the mean over H and W, a 1x1 convolution to r channels with
+    its bias and ReLU, one back to c with its bias and gate, the gate times the input."""
+    g = Graph("se")
+    x = g.add_input("x", TensorType((2, c, 5, 6), "float32"))
+    s = g.add_node("ReduceSum", [x], {"axis": [2, 3], "keep_dims": True}).output
+    m = g.add_node("Mul", [s, g.const(np.array(1 / 30, np.float32))]).output
+
+    def conv(v, cin, cout):
+        w = g.const((RNG.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype("float32"))
+        b = g.const(RNG.standard_normal(cout).astype("float32"))
+        return g.add_node("Conv2D", [v, w, b]).output
+
+    h = g.add_node("ReLU", [conv(m, c, r)]).output
+    e = g.add_node(gate, [conv(h, r, c)]).output
+    g.set_outputs([g.add_node("Mul", [x, e]).output])
+    return g
+
+
+SE = [Case("squeeze_excite", _squeeze_excite(), flags=""),
+      Case("squeeze_excite_hardsigmoid", _squeeze_excite(gate="HSigmoid"), flags="")]
+
+
 @pytest.fixture(scope="module")
 def library():
-    return compile_cases([*CASES, POOL, NORM_POOL])
+    return compile_cases([*CASES, POOL, NORM_POOL, *SE])
 
 
 def _check(case, library):
@@ -115,13 +139,24 @@ def test_a_global_average_pool_is_one_reduction_kernel(library):
 
 
 def test_reductions_of_two_row_lengths_split_in_two_kernels(library):
-    """The kernel is split before the reduction of the other row length: the norm, then the
-    pool with its mean (before, every op was a launch of its own). The norm's first sum is
-    left outside the kernel by the fusion (it would not join reductions of another shape)."""
-    fb = NORM_POOL.result.report.extra["fallbacks"]
-    assert [f["reason"] for f in fb] == ["reductions of different shapes (160 and 20 per row)"]
-    launches = [n for n in NORM_POOL.result.graph.nodes
-                if n.op not in ("Constant", "Reshape")]
-    assert [n.op for n in launches] == ["ReduceSum", "GraphKernel", "GraphKernel"]
-    assert {n.op for n in launches[2].subgraph.nodes} - {"Constant"} == {"ReduceSum", "Mul"}
+    """The fusion keeps the pool's reduction (rows of H*W) apart from the norm's (rows of
+    C*H*W): the whole norm, then the pool with its mean, and nothing left for the code
+    generator to split (before: the norm's first sum a launch of its own, and a split)."""
+    assert not NORM_POOL.result.report.extra["fallbacks"]
+    kernels = [n for n in NORM_POOL.result.graph.nodes
+               if n.op not in ("Constant", "Reshape")]
+    assert [n.op for n in kernels] == ["GraphKernel", "GraphKernel"]
+    assert [m.op for m in kernels[0].subgraph.nodes].count("ReduceSum") == 2
+    assert {n.op for n in kernels[1].subgraph.nodes} - {"Constant"} == {"ReduceSum", "Mul"}
     _check(NORM_POOL, library)
+
+
+@pytest.mark.parametrize("case", SE, ids=[c.id for c in SE])
+def test_squeeze_and_excitation_is_a_pool_two_mix_products_and_the_scale(case, library):
+    """The convolutions on the pooled channels are products of the images' rows, each with
+    its bias and activation (ReLU; the gate) in its tile; the gate times the input is the
+    one vector kernel after them (four launches; five before)."""
+    res = case.result
+    assert [k["kind"] for k in launches(res.graph)] == ["vector", "mix", "mix", "vector"]
+    assert not res.report.extra["fallbacks"]
+    _check(case, library)

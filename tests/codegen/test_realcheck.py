@@ -179,7 +179,7 @@ def case_kernels() -> dict[str, tuple]:
     from tests.fuzz.generator import random_case
 
     runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES
-            + cnn.CASES + [cnn.POOL] + win.CASES]
+            + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES]
     runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
     for name, (seed, level) in fz.REAL_API_SEEDS.items():
         case = random_case(seed, level, fz.CI_MAX_OPS)

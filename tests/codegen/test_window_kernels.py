@@ -88,13 +88,28 @@ def _narrow():
     return g
 
 
+def _padded(pool="MaxPool", value=0.0, hw=(11, 10), c=4):
+    """A constant pad of height and width (top/left 1, bottom/right 2), then a 3x3 pool of
+    stride 2 with no padding of its own (BiT's stem), then a clamp to [-1, 6]."""
+    g = Graph(f"padded_{pool}")
+    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    y = g.add_node("Pad", [x], {"pads": [0, 0, 1, 1, 0, 0, 2, 2], "value": value}).output
+    extra = {"count_include_pad": False} if pool == "AvgPool" else {}
+    p = g.add_node(pool, [y], _attrs(3, 2, 0, **extra)).output
+    p = g.add_node("Maximum", [p, g.const(np.array(-1, np.float32))]).output
+    g.set_outputs([g.add_node("Minimum", [p, g.const(np.array(6, np.float32))]).output])
+    return g
+
+
 CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("depthwise_5x5_s2_silu", _depthwise(5, 2, "silu", hw=(12, 11)), flags=""),
          Case("poolformer_mixer", _mixer(), flags=""),
          Case("poolformer_mixer_small_plane", _mixer(hw=(2, 2)), flags=""),
          Case("stem_relu_maxpool_s2", _stem(), flags=""),
          Case("transition_avgpool_s2", _transition(), flags=""),
-         Case("maxpool_first_tap_all_padding", _narrow(), flags="")]
+         Case("maxpool_first_tap_all_padding", _narrow(), flags=""),
+         Case("pad_then_maxpool", _padded(value=-0.25), flags=""),
+         Case("pad_then_avgpool", _padded("AvgPool"), flags="")]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +145,33 @@ def test_the_pool_reads_its_plane_once_per_column_tap(library):
     assert st.input_reads[0] == plane * (6 + 7 + 6) // 7 and st.gm_written == plane
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_traffic_model_counts_what_the_simulator_reads(case, library):
+    """The GM-traffic model prices a window kernel's reads as the simulator counts them: the
+    pool's input once per column tap (the columns its copy holds), the rest once."""
+    from graphkernel.codegen.traffic import launches
+
+    feeds = case.feeds({})
+    _, be = run_sim(case.result, feeds, library=library)
+    (st,) = [st for st in be.stats.values() if st.name in {s.name for s in
+                                                          _window_kernels(case).values()}]
+    (entry,) = [e for e in launches(case.result.graph) if e["name"] == st.node]
+    assert entry["bytes_read"] == sum(st.input_reads)
+    assert entry["bytes_written"] == st.gm_written
+
+
+def test_the_ideal_joins_a_window_op_with_its_elementwise_consumers(library):
+    """The traffic model's lower bound: a depthwise convolution with its activation and view
+    is one kernel reading its input once; the fused figure is the window kernel's own reads
+    (the input once per column tap), so fused/ideal shows the re-reads."""
+    case = CASES[0]
+    ex = case.result.report.extra
+    x, w, b = (v for v in case.graph.nodes if v.op == "Conv2D").__next__().inputs
+    once = sum(v.type.nbytes for v in (x, w, b, case.graph.outputs[0]))
+    assert ex["gm_bytes_ideal"] == once
+    assert ex["gm_bytes_fused"] > once and ex["kernels_ideal"] == ex["kernels_fused"] == 1
+
+
 def test_a_max_pool_pads_with_the_lowest_float(library):
     """Negative inputs only: a padding of zeros would show in the border windows."""
     case = CASES[4]
@@ -142,6 +184,40 @@ def test_a_max_pool_pads_with_the_lowest_float(library):
     want = Evaluator(g, {"x": x})
     assert not want.judge(got).bad
     assert case  # (the stem case covers the ReLU in front)
+
+
+@pytest.mark.parametrize("value", [0.0, -np.inf])
+def test_a_constant_pad_before_a_max_pool_is_its_padding_by_the_pad_value(value):
+    """Negative inputs only: the pad's zeros win the border windows (a pool's own padding,
+    the lowest float, would not); a pad by -inf is the lowest float. One launch."""
+    g = _padded(value=value)
+    res = graphkernel.compile(g, "", env={})
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    x = -np.abs(RNG.standard_normal((2, 4, 11, 10))).astype(np.float32) - 1
+    got, be = run_sim(res, {"x": x})
+    assert not be.unscheduled
+    assert not Evaluator(g, {"x": x}).judge(got).bad
+    assert (np.asarray(got[0])[..., 0, :] == (0.0 if value == 0.0 else
+                                              np.asarray(got[0])[..., 0, :])).all()
+
+
+@pytest.mark.parametrize("why, pool, pads, value", [
+    ("pads [1, 1, 1, 1] of its own", "MaxPool", 1, 0.0),  # two pad values in one window
+    ("an average's padding adds 0", "AvgPool", 0, 1.5)])
+def test_a_pad_the_window_kernel_cannot_take_stays_an_op_of_its_own(why, pool, pads, value):
+    g = Graph("r")
+    x = g.add_input("x", TensorType((1, 4, 8, 8), "float32"))
+    y = g.add_node("Pad", [x], {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "value": value}).output
+    g.set_outputs([g.add_node(pool, [y], _attrs(3, 1, pads)).output])
+    res = graphkernel.compile(g, "", env={})
+    ops = [n.op for n in res.graph.nodes if n.op != "Constant"]
+    assert ops == ["Pad", "GraphKernel"]  # the pool alone is a window kernel
+    refused = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"
+               and a.verdict == "rejected"]
+    assert refused and why in refused[0].reason
+    feeds = {"x": RNG.standard_normal((1, 4, 8, 8)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    assert not Evaluator(g, feeds).judge(got).bad
 
 
 def test_a_plane_too_large_for_the_unified_buffer_is_refused():

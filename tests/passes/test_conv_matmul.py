@@ -15,10 +15,10 @@ RNG = np.random.default_rng(5)
 
 
 def conv_graph(k=1, fmt="NCHW", bias="const", weight_input=False, group=1, pads=0, stride=1,
-               hw=(6, 5)):
+               hw=(6, 5), batch=2):
     g = Graph("t")
     c, m = 8, 12
-    shape = (2, c, *hw) if fmt == "NCHW" else (2, *hw, c)
+    shape = (batch, c, *hw) if fmt == "NCHW" else (batch, *hw, c)
     x = g.add_input("x", TensorType(shape, "float32"))
     w_arr = RNG.standard_normal((m, c // group, k, k)).astype(np.float32)
     w = g.add_input("w", TensorType(w_arr.shape, "float32")) if weight_input else g.const(w_arr)
@@ -62,13 +62,26 @@ def test_nhwc_one_by_one_is_a_product_of_pixels():
     same(g, out)
 
 
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_one_pixel_per_image_is_a_product_of_the_images(fmt):
+    """A squeeze-and-excitation block's convolution on the pooled channels: the images are
+    the rows of a 2-D product (its bias then a row of the tile, its gate in the epilogue)."""
+    g = conv_graph(fmt=fmt, hw=(1, 1), batch=3)
+    out, res = apply_pass("conv_matmul", g)
+    assert res.rewrites == 1 and "Conv2D" not in ops_of(out)
+    mm = next(n for n in out.nodes if n.op == "MatMul")
+    assert tuple(mm.inputs[0].shape) == (3, 8) and tuple(mm.inputs[1].shape) == (12, 8)
+    assert mm.attrs["transpose_b"]
+    same(g, out)
+
+
 @pytest.mark.parametrize(("kw", "why"), [
     ({"k": 3, "pads": 1}, "a 3x3 kernel"),
     ({"group": 2}, "2 groups"),
     ({"pads": 1}, "pads [1, 1, 1, 1]"),
     ({"stride": 2}, "strides [2, 2]"),
     ({"weight_input": True}, "weights that are not constants"),
-    ({"hw": (1, 1)}, "one pixel per image"),
+    ({"hw": (1, 1), "batch": 1}, "one pixel of one image"),
 ])
 def test_other_convolutions_stay_convolutions_with_the_reason(kw, why):
     g = conv_graph(**kw)
