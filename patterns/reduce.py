@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphkernel import ops
+from graphkernel.fusion import BROADCAST, edge_relation
 from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
@@ -15,9 +16,26 @@ def _fwd_conditions(model, a, p):
         # elementwise consumer would, so a broadcast producer costs it nothing extra
         return pull_in_conditions(model, a, p, OpKind.BROADCAST,
                                   "a scan pulls in only <= BROADCAST")
+    if model.kind(p) == OpKind.BROADCAST and _reads_broadcast_only(p):
+        # its operands are broadcast where the kernel loads them (stride 0): nothing is
+        # computed more than once, as in an elementwise producer
+        return pull_in_conditions(model, a, p, OpKind.BROADCAST, "its broadcasts are loads")
     return pull_in_conditions(model, a, p, OpKind.ELEMWISE,
                               "a reduce pulls in only <= ELEMWISE; a broadcast producer is not "
                               "pulled into a reduce")
+
+
+def _reads_broadcast_only(p) -> bool:
+    """Whether the broadcasts of area ``p`` are all of values it reads from outside itself:
+    no BroadcastTo, no value of its own broadcast, no recomputation."""
+    inside = {id(n) for n in p.nodes}
+    for n in p.nodes:
+        if ops.get(n.op).kind not in (OpKind.ELEMWISE, OpKind.RESHAPE):
+            return False
+        if any(id(v.producer) in inside and edge_relation(v, n) == BROADCAST
+               for v in n.inputs if v.producer is not None):
+            return False
+    return True
 
 
 @pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth",
