@@ -219,3 +219,24 @@ def test_a_window_kernel_without_its_barriers_fails_in_the_simulator():
             run_sim(res, case.feeds({}))
     finally:
         backend.CORRUPT.remove(drop)
+
+
+def test_a_per_channel_operand_of_a_view_of_the_planes_stays_out_of_the_epilogue():
+    """On the squeezed ``[B, C, L]`` a ``[C, 1]`` operand is a per-channel value of another
+    shape than the output's (the kernel places those against the output's own shape only):
+    refused with the reason, the add its own kernel, the numbers right."""
+    g = Graph("causal_bias")
+    x = g.add_input("x", TensorType((2, 4, 10), "float32"))
+    w = g.const(RNG.standard_normal((4, 1, 1, 3)).astype("float32"))
+    y = g.add_node("Conv2D", [g.add_node("ExpandDims", [x], {"axis": [2]}).output, w],
+                   {"pads": [0, 2, 0, 0], "group": 4}).output
+    y = g.add_node("Squeeze", [y], {"axis": [2]}).output
+    bias = g.const(RNG.standard_normal((4, 1)).astype("float32"))
+    g.set_outputs([g.add_node("Add", [y, bias]).output])
+    res = graphkernel.compile(g, "", env={})
+    (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"
+              and len(a.areas) > 1]
+    assert att.verdict == "rejected" and "is neither a plane, a channel value" in att.reason
+    feeds = {"x": RNG.standard_normal((2, 4, 10)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    assert not Evaluator(g, feeds).judge(got).bad
