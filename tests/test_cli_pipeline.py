@@ -36,7 +36,7 @@ def test_passes_by_level():
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
                          "attention", "conv_bn_fold", "conv_matmul", "scan", "moe_routing",
                          "matvec", "product_transpose", "transpose_hoist", "transpose_view",
-                         "product_broadcast",
+                         "product_broadcast", "split_slices",
                          "small_ints",
                          "rotary_pairs",
                          "recompute", "parallel_fusion",

@@ -48,3 +48,37 @@ def test_a_normalised_readout_is_a_norm_kernel_and_a_product_sum_kernel():
     assert not be.unscheduled
     judged = Evaluator(g, feeds).judge(got)
     assert not judged.bad, judged.reason
+
+
+def _rms(g: Graph, x):
+    n = x.shape[-1]
+    sq = g.add_node("ReduceSum", [g.add_node("Mul", [x, x]).output],
+                    {"axis": [-1], "keep_dims": True}).output
+    mean = g.add_node("Div", [sq, g.const(np.array(n, np.float32))]).output
+    eps = g.const(np.array(1e-6, np.float32))
+    r = g.add_node("Rsqrt", [g.add_node("Add", [mean, eps]).output]).output
+    return g.add_node("Mul", [x, r]).output
+
+
+def _normed_parts(sizes=(4, 16, 16)):
+    """FalconMamba's ``x_proj`` output cut into ``dt``, ``B`` and ``C`` along its last axis,
+    each RMS-normalised."""
+    g = Graph("parts")
+    p = g.add_input("p", TensorType((2, 6, sum(sizes)), "float32"))
+    parts = g.add_node("Split", [p], {"axis": 2, "sizes": list(sizes)}).outputs
+    g.set_outputs([_rms(g, v) for v in parts])
+    return g
+
+
+def test_normalised_parts_of_a_projection_read_it_in_place():
+    """No Split launch: each norm's kernel loads its columns of the projection's rows (one
+    launch per norm), and the simulator's numbers match."""
+    g = _normed_parts()
+    res = graphkernel.compile(g, "", env={})
+    assert [e["op"] for e in launches(res.graph)] == ["GraphKernel"] * 3
+    assert not res.report.extra["fallbacks"]
+    feeds = {"p": RNG.standard_normal((2, 6, 36)).astype(np.float32)}
+    got, be = run_sim(res, feeds)
+    assert not be.unscheduled
+    judged = Evaluator(g, feeds).judge(got)
+    assert not judged.bad, judged.reason
