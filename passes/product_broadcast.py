@@ -11,11 +11,12 @@ reshape drops. DeBERTa's relative attention multiplies every (batch, head) query
 head's position keys this way. Runs after the attention pass, whose matching reads products.
 
 Views between the broadcast and that last reshape are taken above the broadcast first, onto
-the small tensor: a reshape that splits or merges only whole broadcast or whole kept axis
-groups, and a transpose (a view when it moves only size-1 axes; a swap of the last two axes
-is then read by the product transposed). Mamba2's B and C, repeated over the heads, cut into
-chunks and transposed before each chunked product, are read so (one group of heads; with
-several, a group's heads merged with the groups mix broadcast and kept axes and are left).
+the small tensor: reshapes (split or merge whole broadcast or whole kept axis groups; else
+the axes are followed as the reshapes cut them, a group's heads merged with the groups cut
+back into the two) and transposes (a view when it moves only size-1 axes; a swap of the
+last two axes is then read by the product transposed, another stays a transpose of the
+small tensor). Mamba2's B and C, repeated over the heads of each group, cut into chunks and
+transposed before each chunked product, are read so.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ def _regroup(S: list[int], xs: list[int], T: list[int]) -> list[int] | None:
     return out
 
 
-def _sink(graph: Graph, n: Node, v: Value) -> Value | None:
+def _sink_groups(graph: Graph, n: Node, v: Value) -> Value | None:
     """``v`` rebuilt with its BroadcastTo below the views between them (reshapes of whole
     broadcast or whole kept axis groups, transposes): ``reshape(transpose(broadcast(X)))``
     → ``reshape(broadcast(transpose(X')))``, so that only a reshape merging batch axes
     stands between the broadcast and the product. Mamba2's ``repeat_interleave`` of B/C over
-    heads, split into chunks and transposed before its products, is read this way. None when
-    there is no such chain or nothing moves."""
+    heads, split into chunks and transposed before its products, is read this way (the
+    views the broadcast cannot pass stay above it). None when there is no such chain or
+    nothing moves."""
     chain, x = [], v
     while x.producer is not None and x.producer.op in VIEWS:
         chain.append(x.producer)
@@ -129,6 +131,94 @@ def _sink(graph: Graph, n: Node, v: Value) -> Value | None:
     return y
 
 
+def _refine(S: list[int], xs: list[int], chain: list[Node]):
+    """The views ``chain`` applied to ``broadcast(X, S)`` (``X`` of shape ``xs``), followed on
+    *fine* axes: the axes of size > 1 of ``S``, cut where a reshape splits one, each kept
+    or broadcast as a whole. Returns (fine sizes, broadcast flags, the fine axes in source
+    order, in the views' final order), or None when a reshape cuts an axis unevenly."""
+    sizes: list[int] = []
+    bcast: list[bool] = []
+    groups: list[list[int]] = []
+    for d, x in zip(S, xs, strict=True):
+        if d == 1:
+            groups.append([])
+            continue
+        sizes.append(d)
+        bcast.append(x == 1)
+        groups.append([len(sizes) - 1])
+    order = list(range(len(sizes)))
+    for m in chain:
+        if m.op == "Transpose":
+            groups = [groups[p] for p in m.attrs["perm"]]
+            continue
+        T = list(m.outputs[0].shape)
+        if not all(isinstance(t, int) for t in T):
+            return None
+        stream = [f for g in groups for f in g]
+        new_groups, k = [], 0
+        for t in T:
+            grp, need = [], t
+            while need > 1:
+                if k >= len(stream):
+                    return None
+                f = stream[k]
+                if sizes[f] <= need:
+                    if need % sizes[f]:
+                        return None
+                    need //= sizes[f]
+                else:  # the view cuts f: its outer part here, the inner part next
+                    if sizes[f] % need:
+                        return None
+                    sizes.append(sizes[f] // need)
+                    bcast.append(bcast[f])
+                    sizes[f], inner = need, len(sizes) - 1
+                    order.insert(order.index(f) + 1, inner)
+                    stream.insert(k + 1, inner)
+                    need = 1
+                grp.append(f)
+                k += 1
+            new_groups.append(grp)
+        if k != len(stream):
+            return None
+        groups = new_groups
+    return sizes, bcast, order, [f for g in groups for f in g]
+
+
+def _sink_fine(graph: Graph, n: Node, v: Value) -> Value | None:
+    """``v`` rebuilt with its BroadcastTo below the views between them (reshapes and
+    transposes, followed on the axes they cut: ``_refine``): ``reshape(transpose(reshape(
+    broadcast(X))))`` → ``reshape(broadcast(transpose(X')))``, the transpose on the small
+    tensor (a view when it moves only size-1 axes), so that only a reshape stands between
+    the broadcast and the product. Mamba2's ``repeat_interleave`` of B/C over the heads of
+    each group, cut into chunks and transposed before its products, is read this way. None
+    when there is no such chain."""
+    chain, x = [], v
+    while x.producer is not None and x.producer.op in VIEWS:
+        chain.append(x.producer)
+        x = x.producer.inputs[0]
+    b = x.producer
+    if b is None or b.op != "BroadcastTo" or not chain:
+        return None
+    S, src = list(b.outputs[0].shape), b.inputs[0]
+    if not all(isinstance(d, int) for d in (*S, *src.shape)) or src.type.rank > len(S):
+        return None
+    xs = [1] * (len(S) - src.type.rank) + list(src.shape)
+    found = _refine(S, xs, chain[::-1])
+    if found is None:
+        return None
+    sizes, bcast, order, final = found
+    src_shape = [1 if bcast[f] else sizes[f] for f in order]
+    y = add_like(graph, n, "Reshape", [src], {"shape": src_shape})
+    perm = [order.index(f) for f in final]
+    moved = [p for p in perm if src_shape[p] != 1]
+    if moved != sorted(moved):
+        y = add_like(graph, n, "Transpose", [y], {"perm": perm})
+    else:  # only size-1 axes move: a view
+        y = add_like(graph, n, "Reshape", [y], {"shape": [src_shape[p] for p in perm]})
+    y = add_like(graph, n, "BroadcastTo", [y], {"shape": [sizes[f] for f in final]})
+    return add_like(graph, n, "Reshape", [y], {"shape": list(v.shape)})
+
+
 def _unswap(graph: Graph, n: Node, x: Value, shape: list[int]) -> Value | None:
     """``x`` read as ``shape`` (``x`` without size-1 axes) when ``x`` is a transpose that
     swaps its operand's last two axes of size > 1 and moves only size-1 axes otherwise: the
@@ -147,16 +237,19 @@ def _unswap(graph: Graph, n: Node, x: Value, shape: list[int]) -> Value | None:
 
 def _rewrite(graph: Graph, n: Node) -> Value | None:
     ins, fresh = list(n.inputs), [False, False]
-    for side in (1, 0):
-        if _tiled(ins[side]) is None:
-            sunk = _sink(graph, n, ins[side])
+    for side in (1, 0):  # a broadcast under views: taken below them first (where the other
+        # operand is one too, its transposes then move onto its small tensor as well)
+        for sink in (_sink_groups, _sink_fine):  # whole axis groups first, else cut axes
+            if fresh[side] or _tiled(ins[side]) is not None:
+                break
+            sunk = sink(graph, n, ins[side])
             if sunk is not None and _tiled(sunk, fresh=True) is not None:
                 ins[side], fresh[side] = sunk, True
     for side in (1, 0):
-        found = _tiled(ins[side], fresh[side])
-        other = ins[1 - side]
+        operand, other = ins[side], ins[1 - side]
+        found = _tiled(operand, fresh[side])
         if found is None or other.type.rank != 3 or \
-                other.type.shape[0] != ins[side].type.shape[0]:
+                other.type.shape[0] != operand.type.shape[0]:
             continue
         x, x_shape, factors = found
         attrs = dict(n.attrs)
