@@ -21,13 +21,15 @@ from graphkernel.registry import PassResult, counted
 VECTOR_KINDS = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.REDUCE)
 
 
-def _vector_read(v: Value) -> bool:
-    """Whether every reader of ``v`` (through views) is vector work, and it has readers."""
-    if not v.users:
+def _vector_read(v: Value, outputs: set[int]) -> bool:
+    """Whether every reader of ``v`` (through views) is vector work, and it has readers: not
+    a graph output (a training forward keeps the parts for the backward graph; stored, each
+    slice would be a launch of its own)."""
+    if not v.users or id(v) in outputs:
         return False
     for u in v.users:
         if u.op in RESHAPE_OPS:
-            if not all(_vector_read(o) for o in u.outputs):
+            if not all(_vector_read(o, outputs) for o in u.outputs):
                 return False
         elif not ops.exists(u.op) or ops.get(u.op).kind not in VECTOR_KINDS or \
                 u.op in ("Gather",) or u.graph is None:
@@ -38,8 +40,9 @@ def _vector_read(v: Value) -> bool:
 def _parts(graph: Graph, n: Node) -> list[Value] | None:
     x = n.inputs[0]
     axis = n.attrs["axis"] % x.type.rank
+    outputs = {id(v) for v in graph.outputs}
     if axis != x.type.rank - 1 or not x.dtype.is_float or \
-            not all(_vector_read(o) for o in n.outputs):
+            not all(_vector_read(o, outputs) for o in n.outputs):
         return None
     out, start = [], 0
     for size in n.attrs["sizes"]:

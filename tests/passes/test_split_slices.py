@@ -43,3 +43,13 @@ def test_a_split_read_by_a_product_or_of_another_axis_is_kept():
         h, res = apply_pass("split_slices", g)
         assert res.rewrites == 0 and "Split" in ops_of(h)
         _same(g, h)
+
+
+def test_a_split_whose_part_is_a_graph_output_is_kept():
+    """A training forward returns the parts for the backward graph: stored, each slice
+    would be a launch of its own, more than the one Split."""
+    g = _split()
+    a = next(n for n in g.nodes if n.op == "Split").outputs[0]
+    g.set_outputs([*g.outputs, a])
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 0 and "Split" in ops_of(h)
