@@ -31,7 +31,7 @@ def _computed(v, a) -> bool:
 
 def _middle_broadcast(v, c) -> bool:
     """Whether ``c`` broadcasts ``v`` over an axis that lies between axes it varies along
-    (seen where a computing op of ``c`` reads ``v``, through ``c``'s reshapes): ``[B, 1, N]``
+    (seen where an elementwise op of ``c`` reads ``v``, through ``c``'s reshapes): ``[B, 1, N]``
     into ``[B, D, N]``. Broadcast only over trailing axes (one value per row), only over
     leading ones (per column) or everywhere (a scalar) is not."""
     inside = {id(n) for n in c.nodes}
@@ -44,8 +44,8 @@ def _middle_broadcast(v, c) -> bool:
             if u.op in RESHAPE_OPS:
                 front.extend(u.outputs)
                 continue
-            if not ops.exists(u.op) or ops.get(u.op).kind not in EB:
-                continue
+            if not ops.exists(u.op) or ops.get(u.op).kind != OpKind.ELEMWISE:
+                continue  # (a BroadcastTo stores or views it: placed through its map)
             out = tuple(u.outputs[0].shape)
             shape = (1,) * (len(out) - len(x.shape)) + tuple(x.shape)
             marks = "".join("b" if s == 1 else "v" for s, o in zip(shape, out) if o != 1)
