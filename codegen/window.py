@@ -443,7 +443,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
                 src = dst
             expr[id(n.outputs[0])], kind[id(n.outputs[0])] = src, "row"
             continue
-        if n.outputs[0].dtype != DType.float32 or tuple(n.outputs[0].shape) != out_shape:
+        if n.outputs[0].dtype != DType.float32 or not (
+                tuple(n.outputs[0].shape) == out_shape or _on_rows(n, kind, out_shape)):
             raise Unsupported(f"{n.op} {list(n.outputs[0].shape)} is not float32 work on the "
                               f"pool's output {list(out_shape)}", node=n)
         dst = row_of(n.outputs[0])
@@ -483,6 +484,18 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         if kind.get(id(v)) != "row" or expr[id(v)] != f"o{k}[i * {s.Wa}]":
             raise Unsupported(f"output {v.name} is not a row the kernel computes", about=(v,))
     s.rows = scratch
+
+
+def _on_rows(n: Node, kind: dict[int, str], out_shape: tuple) -> bool:
+    """Whether ``n`` works on a view of the output's planes (a squeezed ``[N, C, W]`` of a
+    1-D convolution's ``[N, C, 1, W]``): every operand a computed row of the output's element
+    count, or one number, so that nothing broadcasts and the rows are the output's rows in
+    the same order (a per-channel operand is placed against the output's own shape only)."""
+    count = int(np.prod(out_shape))
+    if n.outputs[0].type.numel != count:
+        return False
+    return all((kind.get(id(v)) == "row" and v.type.numel == count) or v.type.numel == 1
+               for v in n.inputs)
 
 
 def _monotone(n: Node) -> tuple[str, str] | None:

@@ -68,7 +68,7 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("GK209", "generator-layout", "the code generator cannot lay the fused values out "
        "(operands of different shapes, a moved last axis, rows that do not fit)",
        r"(operands of different shapes|moves the last axis|code generator cannot hold the "
-       r"rows)"),
+       r"rows|broadcast over a middle axis)"),
     _r("GK211", "left-outside", "a consumer a matmul epilogue cannot take stays outside "
        "its kernel (the reason follows)", r"^left outside:"),
     _r("GK210", "epilogue", "a matmul epilogue takes only elementwise work and reductions "

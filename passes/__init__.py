@@ -31,6 +31,7 @@ from graphkernel.passes import (
     slice_phases,
     small_ints,
     split,
+    split_slices,
     super_kernel,
     transpose_elim,
     transpose_hoist,
@@ -72,6 +73,7 @@ PIPELINE = (
     Step("simplify", 97.5, transpose_hoist.transpose_hoist, 2),  # after attention
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
+    Step("simplify", 99.5, split_slices.split_slices, 2),  # after the products' rewrites
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

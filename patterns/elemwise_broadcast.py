@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from graphkernel import ops, symbolic
 from graphkernel.fusion import INJECTIVE
-from graphkernel.ops import PRODUCT_OPS, OpKind
+from graphkernel.ops import PRODUCT_OPS, RESHAPE_OPS, OpKind
 from graphkernel.patterns.base import (
     fuse_if,
     fuse_qualifying,
@@ -15,6 +17,42 @@ from graphkernel.patterns.base import (
 from graphkernel.patterns.reduce import reduce_signatures, repeats_whole_rows
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
+PASSTHROUGH = RESHAPE_OPS | {"BroadcastTo"}  # ops that move a value without computing it
+
+
+def _computed(v, a) -> bool:
+    """Whether ``v`` (an output of area ``a``) is computed in ``a``, not a view or broadcast
+    of a value loaded from outside it."""
+    inside = {id(n) for n in a.nodes}
+    n = v.producer
+    while n is not None and id(n) in inside and n.op in PASSTHROUGH:
+        n = n.inputs[0].producer
+    return n is not None and id(n) in inside and n.op != "Constant"
+
+
+def _middle_broadcast(v, c) -> bool:
+    """Whether ``c`` broadcasts ``v`` over an axis that lies between axes it varies along
+    (seen where an elementwise op of ``c`` reads ``v``, through ``c``'s reshapes): ``[B, 1, N]``
+    into ``[B, D, N]``. Broadcast only over trailing axes (one value per row), only over
+    leading ones (per column) or everywhere (a scalar) is not."""
+    inside = {id(n) for n in c.nodes}
+    front = [v]
+    while front:
+        x = front.pop()
+        for u in x.users:
+            if id(u) not in inside:
+                continue
+            if u.op in RESHAPE_OPS:
+                front.extend(u.outputs)
+                continue
+            if not ops.exists(u.op) or ops.get(u.op).kind != OpKind.ELEMWISE:
+                continue  # (a BroadcastTo stores or views it: placed through its map)
+            out = tuple(u.outputs[0].shape)
+            shape = (1,) * (len(out) - len(x.shape)) + tuple(x.shape)
+            marks = "".join("b" if s == 1 else "v" for s, o in zip(shape, out) if o != 1)
+            if re.search("vb+v", marks):
+                return True
+    return False
 
 
 def _fwd_conditions(model, a, p):
@@ -88,7 +126,13 @@ def _bwd_conditions(model, a, consumers, external):
         need(lambda: a.ops <= depth,
              lambda: f"size limit: {a.ops} ops > broadcast_fuse_depth={depth}"),
     ]
+    computed = [v for n in a.nodes for v in n.outputs if _computed(v, a)]
     for c in consumers:
+        conds.append(need(lambda c=c: not any(_middle_broadcast(v, c) for v in computed),
+                          lambda c=c: f"{c.name} reads a value computed in {a.name} broadcast "
+                                      "over a middle axis (the code generator places a "
+                                      "computed value smaller than the loop space only as one "
+                                      "per row, per column or a scalar)"))
         conds.append(need(lambda c=c: model.kind(c) <= OpKind.REDUCE,
                           lambda c=c: f"kind mismatch: consumer {c.name} is "
                                       f"{model.kind(c).name} (needs <= REDUCE)"))

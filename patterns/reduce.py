@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from graphkernel import ops, symbolic
+from graphkernel.fusion import BROADCAST, edge_relation
 from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import OpKind
 from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
 
 
-def _fwd_conditions(model, a, p):
+def _fwd_conditions(model, a, p, loads=False):
     if all(n.op == "Scan" for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE):
         # a scan keeps every element: it computes over its producers' whole space, as an
         # elementwise consumer would, so a broadcast producer costs it nothing extra
         return pull_in_conditions(model, a, p, OpKind.BROADCAST,
                                   "a scan pulls in only <= BROADCAST")
+    if loads and model.kind(p) == OpKind.BROADCAST and _reads_broadcast_only(p, a):
+        # its operands are broadcast where the kernel loads them (stride 0): nothing is
+        # computed more than once, as in an elementwise producer
+        return pull_in_conditions(model, a, p, OpKind.BROADCAST, "its broadcasts are loads")
     return pull_in_conditions(model, a, p, OpKind.ELEMWISE,
                               "a reduce pulls in only <= ELEMWISE; a broadcast producer is not "
                               "pulled into a reduce")
@@ -50,6 +55,28 @@ def repeats_whole_rows(a, p) -> bool:
     return True
 
 
+def _reads_broadcast_only(p, a) -> bool:
+    """Whether the broadcasts of area ``p`` are all of values it reads from outside itself
+    whole rows at a time (broadcast over outer axes, not the last: a stride-0 load of each
+    row), into a reduce area ``a`` of one reduction: no BroadcastTo, no value of its own
+    broadcast, nothing computed twice."""
+    if sum(ops.get(n.op).kind == OpKind.REDUCE for n in a.nodes) != 1:
+        return False
+    inside = {id(n) for n in p.nodes}
+    for n in p.nodes:
+        if ops.get(n.op).kind not in (OpKind.ELEMWISE, OpKind.RESHAPE):
+            return False
+        for v in n.inputs:
+            if edge_relation(v, n) != BROADCAST:
+                continue
+            if v.producer is not None and id(v.producer) in inside:
+                return False
+            out = n.outputs[0].shape
+            if v.type.rank == 0 or v.shape[-1] != out[-1]:
+                return False
+    return True
+
+
 @pattern("reduce_fwd_depth", order=40, direction="fwd", mode="depth",
          refuses=("GK202", "GK203", "GK204", "GK302"))
 def fwd_depth(model, a):
@@ -60,7 +87,8 @@ def fwd_depth(model, a):
     prods = model.producer_areas(a)
     if len(prods) != 1:
         return None
-    return fuse_if(model, "reduce_fwd_depth", [a, prods[0]], _fwd_conditions(model, a, prods[0]),
+    return fuse_if(model, "reduce_fwd_depth", [a, prods[0]],
+                   _fwd_conditions(model, a, prods[0], loads=True),
                    limit=model.cfg.reduce_fuse_depth)
 
 

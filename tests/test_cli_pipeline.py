@@ -37,7 +37,7 @@ def test_passes_by_level():
                          "attention", "conv_bn_fold", "conv_matmul", "scan", "moe_routing",
                          "slice_phases",
                          "matvec", "product_transpose", "transpose_hoist", "transpose_view",
-                         "product_broadcast",
+                         "product_broadcast", "split_slices",
                          "small_ints",
                          "rotary_pairs",
                          "recompute", "parallel_fusion",

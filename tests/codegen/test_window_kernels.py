@@ -15,6 +15,7 @@ from graphkernel.codegen import backend
 from graphkernel.codegen.backend import run_sim, schedules
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.codegen.window import WindowSchedule
+from graphkernel.ops import RESHAPE_OPS
 from tests.codegen.cases import Case, compile_cases
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
@@ -77,6 +78,22 @@ def _depthwise(k=3, stride=1, act="relu6", hw=(10, 9), c=8):
     return g
 
 
+def _causal_conv1d(k=4, c=8, length=12):
+    """A state-space layer's causal depthwise 1-D convolution as it is imported: ``[B, C, L]``
+    expanded to planes of one row, padded on the left only, the row squeezed back out, then
+    SiLU on ``[B, C, L]``; its result both as it is and expanded for a later broadcast."""
+    g = Graph(f"causal{k}")
+    x = g.add_input("x", TensorType((2, c, length), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, 1, k)).astype("float32"))
+    b = g.const(RNG.standard_normal(c).astype("float32"))
+    x4 = g.add_node("ExpandDims", [x], {"axis": [2]}).output
+    y = g.add_node("Conv2D", [x4, w, b], {"pads": [0, k - 1, 0, 0], "group": c}).output
+    y = g.add_node("Squeeze", [y], {"axis": [2]}).output
+    s = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
+    g.set_outputs([s, g.add_node("ExpandDims", [s], {"axis": [3]}).output])
+    return g
+
+
 def _narrow():
     """A 2x2 max pool of stride 3 padded by 1 on planes 2 wide: the first column tap reads
     only padding (no load; the other taps' copies keep their places), then 2 * |x|."""
@@ -109,7 +126,9 @@ CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("transition_avgpool_s2", _transition(), flags=""),
          Case("maxpool_first_tap_all_padding", _narrow(), flags=""),
          Case("pad_then_maxpool", _padded(value=-0.25), flags=""),
-         Case("pad_then_avgpool", _padded("AvgPool"), flags="")]
+         Case("pad_then_avgpool", _padded("AvgPool"), flags=""),
+         Case("causal_conv1d_silu", _causal_conv1d(), flags=""),
+         Case("causal_conv1d_k3_silu", _causal_conv1d(3, c=6, length=9), flags="")]
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +142,8 @@ def _window_kernels(case):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_a_pool_and_its_neighbours_are_one_window_kernel(case, library):
-    nodes = [n for n in case.result.graph.nodes if n.op != "Constant"]
+    nodes = [n for n in case.result.graph.nodes if n.op != "Constant"
+             and n.op not in RESHAPE_OPS]  # (a view of an input is no launch)
     assert [n.op for n in nodes] == ["GraphKernel"]  # one launch
     assert not case.result.report.extra["fallbacks"]
     assert len(_window_kernels(case)) == 1
@@ -275,3 +295,24 @@ def test_a_window_kernel_without_its_barriers_fails_in_the_simulator():
             run_sim(res, case.feeds({}))
     finally:
         backend.CORRUPT.remove(drop)
+
+
+def test_a_per_channel_operand_of_a_view_of_the_planes_stays_out_of_the_epilogue():
+    """On the squeezed ``[B, C, L]`` a ``[C, 1]`` operand is a per-channel value of another
+    shape than the output's (the kernel places those against the output's own shape only):
+    refused with the reason, the add its own kernel, the numbers right."""
+    g = Graph("causal_bias")
+    x = g.add_input("x", TensorType((2, 4, 10), "float32"))
+    w = g.const(RNG.standard_normal((4, 1, 1, 3)).astype("float32"))
+    y = g.add_node("Conv2D", [g.add_node("ExpandDims", [x], {"axis": [2]}).output, w],
+                   {"pads": [0, 2, 0, 0], "group": 4}).output
+    y = g.add_node("Squeeze", [y], {"axis": [2]}).output
+    bias = g.const(RNG.standard_normal((4, 1)).astype("float32"))
+    g.set_outputs([g.add_node("Add", [y, bias]).output])
+    res = graphkernel.compile(g, "", env={})
+    (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"
+              and len(a.areas) > 1]
+    assert att.verdict == "rejected" and "is neither a plane, a channel value" in att.reason
+    feeds = {"x": RNG.standard_normal((2, 4, 10)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    assert not Evaluator(g, feeds).judge(got).bad

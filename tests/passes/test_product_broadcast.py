@@ -68,3 +68,80 @@ def test_the_broadcast_product_runs_in_the_simulator():
     got, backend = run_sim(res, feeds)
     assert backend.stats
     np.testing.assert_allclose(got[0], run_graph(g, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def _chunked_heads(groups=1, heads=4, perm=(0, 1, 3, 4, 2, 5), side=1) -> Graph:
+    """Mamba2's B (or C) before its chunked products: ``[b, L, g, n]`` repeated over the heads
+    of each group (``repeat_interleave`` → a BroadcastTo), split into chunks of the sequence
+    ``[b, c, l, h, n, 1]``, transposed (heads before the chunk's positions) and merged into the
+    product's batch ``[b·c·h, ·, ·]``."""
+    b, length, chunk, n = 2, 8, 4, 6
+    c = length // chunk
+    g = Graph("chunked")
+    x = g.add_input("x", TensorType((b, length, groups, n), "float32"))
+    t = g.add_node("Reshape", [x], {"shape": [b, length, groups, 1, n]}).output
+    t = g.add_node("BroadcastTo", [t], {"shape": [b, length, groups, heads // groups, n]})
+    t = g.add_node("Reshape", [t.output], {"shape": [b, c, chunk, heads, n, 1]}).output
+    t = g.add_node("Transpose", [t], {"perm": list(perm)}).output
+    rows, cols = (n, chunk) if perm == (0, 1, 3, 4, 2, 5) else (chunk, n)
+    t = g.add_node("Reshape", [t], {"shape": [b * c * heads, rows, cols]}).output
+    a = g.add_input("a", TensorType((b * c * heads, 5, rows), "float32"))
+    ins = [a, t] if side == 1 else [t, g.add_input("o", TensorType((b * c * heads, cols, 3),
+                                                                    "float32"))]
+    g.set_outputs([g.add_node("BatchMatMul", ins).output])
+    return g
+
+
+@pytest.mark.parametrize("groups,perm,side,transposes", [
+    (1, (0, 1, 3, 4, 2, 5), 1, 0),  # Bᵀ per head: the transpose folds into transpose_b
+    (1, (0, 1, 3, 2, 4, 5), 0, 0),  # C per head: only the size-1 head axis moves (a view)
+    # two groups of two heads: the heads axis cut into (group, head in group); the groups
+    # move before the chunk's positions, a transpose of the small tensor that stays
+    (2, (0, 1, 3, 4, 2, 5), 1, 1),
+    (2, (0, 1, 3, 2, 4, 5), 0, 1),
+])
+def test_a_broadcast_under_views_is_read_in_place(groups, perm, side, transposes):
+    """The BroadcastTo moves below the chunk split and the transpose (on the small tensor)
+    and the product reads it with a broadcast batch: no broadcast left, and no transpose
+    where the one left swaps the matrix axes (the product reads it transposed) or moves
+    only size-1 axes."""
+    g = _chunked_heads(groups, perm=perm, side=side)
+    h, res = apply_pass("product_broadcast", g)
+    assert res.rewrites == 1
+    assert "BroadcastTo" not in ops_of(h) and ops_of(h).count("Transpose") == transposes
+    mm = next(n for n in h.nodes if n.op == "BatchMatMul")
+    if not transposes:
+        assert mm.attrs.get("transpose_b", False) == (perm == (0, 1, 3, 4, 2, 5))
+    _same(g, h)
+
+
+def test_a_reshape_mixing_broadcast_and_kept_axes_is_left():
+    """The heads broadcast and the state axis merged into one axis of the product's rows:
+    the broadcast cannot move below that reshape, and the product keeps its operand."""
+    g = Graph("mixed")
+    x = g.add_input("x", TensorType((2, 8, 1, 6), "float32"))
+    t = g.add_node("BroadcastTo", [x], {"shape": [2, 8, 4, 6]}).output
+    t = g.add_node("Reshape", [t], {"shape": [2, 8, 24]}).output
+    t = g.add_node("Transpose", [t], {"perm": [0, 2, 1]}).output
+    a = g.add_input("a", TensorType((2, 5, 24), "float32"))
+    g.set_outputs([g.add_node("BatchMatMul", [a, t]).output])
+    h, res = apply_pass("product_broadcast", g)
+    assert res.rewrites == 0 and "BroadcastTo" in ops_of(h)
+    _same(g, h)
+
+
+@pytest.mark.sim
+def test_chunked_heads_products_run_in_the_simulator_without_copies():
+    """Compiled whole: the product is the only launch (no broadcast copy, no transpose
+    kernel), and the simulator's numbers match the reference."""
+    import graphkernel
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.codegen.traffic import launches
+
+    for groups, kinds in ((1, ["cube"]), (2, ["vector", "cube"])):  # (the groups' transpose)
+        g = _chunked_heads(groups)
+        res = graphkernel.compile(g, "--opt_level=2", env={})
+        assert [e["kind"] for e in launches(res.graph)] == kinds
+        feeds = random_inputs(g, 4)
+        got, _ = run_sim(res, feeds)
+        np.testing.assert_allclose(got[0], run_graph(g, feeds)[0], rtol=1e-4, atol=1e-5)

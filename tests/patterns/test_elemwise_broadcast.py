@@ -163,3 +163,25 @@ def test_bwd_into_a_reduce_refuses_a_broadcast_along_the_reduced_axis():
         res = fuse(_embedding_norm(shape, axis))
         assert not any({"e", "s"} <= k for k in kernels(res)), (shape, axis)
         assert any("takes only an ELEMWISE area" in r for r in reasons(res, BWD_W))
+
+
+def _rms_times(c_shape):
+    """An RMS scale computed from ``c`` and broadcast into ``h * c`` of ``[4, 6, 8]``."""
+    b = G()
+    h, c = b.input("h", (4, 6, 8)), b.input("c", c_shape)
+    n = b.op("Mul", b.op("Rsqrt", c, name="r"), b.const(2.0), name="n")
+    return b.out(b.op("Mul", h, n, name="m"))
+
+
+def test_bwd_does_not_push_a_computed_value_into_a_middle_axis_broadcast():
+    """``[4, 1, 8]`` into ``[4, 6, 8]``: a computed value that varies along the rows'
+    columns and their blocks but not the rows between -- the vector kernels cannot place it
+    (they split such a kernel op by op); a per-row ``[4, 6, 1]`` or per-column ``[1, 1, 8]``
+    one joins its consumer."""
+    only = "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth,elemwise_broadcast_bwd_depth"
+    res = fuse(_rms_times((4, 1, 8)), only)
+    assert {"r", "n", "m"} not in kernels(res)
+    assert any("broadcast over a middle axis" in r
+               for r in reasons(res, "elemwise_broadcast_bwd_depth"))
+    for shape in ((4, 6, 1), (1, 1, 8)):
+        assert {"r", "n", "m"} in kernels(fuse(_rms_times(shape), only))

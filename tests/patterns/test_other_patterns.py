@@ -31,6 +31,22 @@ def test_slice_fuses_into_elementwise_consumers():
     assert "sl is a graph output" in reasons(res, "slice")
 
 
+def test_slice_fuses_into_a_reduction_consumer_but_not_an_opaque_one():
+    """A norm of one part of a projection loads its columns in place; a slice a product
+    reads stays out (the product is no vector kernel)."""
+    b = G()
+    x = b.input("x", (4, 8))
+    sl = b.op("Slice", x, name="sl", begin=[0, 2], size=[4, 4])
+    s = b.op("ReduceSum", b.op("Mul", sl, sl, name="m"), name="s", axis=[1])
+    res = fuse(b.out(s), "--enable_fusion_pattern_only=slice,reduce_fwd_depth")
+    assert kernels(res) == [{"sl", "m", "s"}]
+    b = G()
+    x, w = b.input("x", (4, 8)), b.input("w", (4, 3))
+    sl = b.op("Slice", x, name="sl", begin=[0, 2], size=[4, 4])
+    res = fuse(b.out(b.op("MatMul", sl, w, name="mm")), "--enable_fusion_pattern_only=slice")
+    assert kernels(res) == []
+
+
 def test_elemany_addn():
     b = G()
     x = b.input("x", (4, 8))

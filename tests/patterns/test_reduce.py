@@ -16,14 +16,28 @@ def test_reduce_fwd_depth_pulls_elementwise_producers_up_to_the_limit():
 
 
 def test_reduce_does_not_pull_a_broadcast_producer():
+    """A producer that broadcasts a value itself (a BroadcastTo, or one of its own values
+    into a larger one) would be computed again for every reduced row."""
     b = G()
     x, y = b.input("x", (4, 8)), b.input("y", (4, 1))
-    bc = b.op("Mul", x, y, name="bc")
-    res = fuse(b.out(b.op("ReduceSum", bc, name="s", axis=[1])),
-               "--enable_fusion_pattern_only=reduce_fwd_depth")
-    assert kernels(res) == []
+    bt = b.op("BroadcastTo", y, name="bt", shape=[4, 8])
+    res = fuse(b.out(b.op("ReduceSum", b.op("Mul", x, bt, name="m"), name="s", axis=[1])),
+               "--enable_fusion_pattern_only=reduce_fwd_depth,elemwise_broadcast_bwd_depth")
+    assert {"bt", "m", "s"} not in kernels(res)
     assert any("a broadcast producer is not pulled into a reduce" in r
                for r in reasons(res, "reduce_fwd_depth"))
+
+
+def test_reduce_pulls_a_producer_whose_broadcasts_are_loads():
+    """``h * c`` with ``c`` read from outside and broadcast over the middle axis (a
+    state-space layer's ``C`` times its states before the sum over the state): the kernel
+    loads ``c`` with stride 0, nothing is computed twice, so the sum pulls the product in."""
+    b = G()
+    h, c = b.input("h", (4, 6, 8)), b.input("c", (4, 1, 8))
+    m = b.op("Mul", h, b.op("Exp", c, name="e"), name="m")
+    res = fuse(b.out(b.op("ReduceSum", m, name="s", axis=[2])),
+               "--enable_fusion_pattern_only=reduce_fwd_depth")
+    assert kernels(res) == [{"m", "s"}]
 
 
 def test_reduce_bwd_joins_a_row_wise_normalization():
