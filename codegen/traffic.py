@@ -192,5 +192,6 @@ def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:
     return sum(k["bytes_read"] + k["bytes_written"] for k in ks), len(ks), ks
 
 
-NOTE = (f"GM-traffic model: each launch reads its inputs once and writes its outputs once; "
-        f"constants and reshape views are free; symbolic dims count as {SYMBOL_SIZE}")
+NOTE = (f"GM-traffic model: each launch reads its inputs once (a pool's or depthwise "
+        f"convolution's window kernel: its input once per column tap) and writes its outputs "
+        f"once; constants and reshape views are free; symbolic dims count as {SYMBOL_SIZE}")
