@@ -83,14 +83,10 @@ def _regroup(S: list[int], xs: list[int], T: list[int]) -> list[int] | None:
     return out
 
 
-def _sink_groups(graph: Graph, n: Node, v: Value) -> Value | None:
-    """``v`` rebuilt with its BroadcastTo below the views between them (reshapes of whole
-    broadcast or whole kept axis groups, transposes): ``reshape(transpose(broadcast(X)))``
-    → ``reshape(broadcast(transpose(X')))``, so that only a reshape merging batch axes
-    stands between the broadcast and the product. Mamba2's ``repeat_interleave`` of B/C over
-    heads, split into chunks and transposed before its products, is read this way (the
-    views the broadcast cannot pass stay above it). None when there is no such chain or
-    nothing moves."""
+def _broadcast_views(v: Value) -> tuple[list[Node], list[int], Value, list[int]] | None:
+    """The views between ``v`` and the static BroadcastTo under them (nearest first), the
+    broadcast shape, its source and the source's shape padded to that rank; None when ``v``
+    is not views of such a broadcast."""
     chain, x = [], v
     while x.producer is not None and x.producer.op in VIEWS:
         chain.append(x.producer)
@@ -101,7 +97,21 @@ def _sink_groups(graph: Graph, n: Node, v: Value) -> Value | None:
     S, src = list(b.outputs[0].shape), b.inputs[0]
     if not all(isinstance(d, int) for d in (*S, *src.shape)) or src.type.rank > len(S):
         return None
-    xs = [1] * (len(S) - src.type.rank) + list(src.shape)
+    return chain, S, src, [1] * (len(S) - src.type.rank) + list(src.shape)
+
+
+def _sink_groups(graph: Graph, n: Node, v: Value) -> Value | None:
+    """``v`` rebuilt with its BroadcastTo below the views between them (reshapes of whole
+    broadcast or whole kept axis groups, transposes): ``reshape(transpose(broadcast(X)))``
+    → ``reshape(broadcast(transpose(X')))``, so that only a reshape merging batch axes
+    stands between the broadcast and the product. Mamba2's ``repeat_interleave`` of B/C over
+    heads, split into chunks and transposed before its products, is read this way (the
+    views the broadcast cannot pass stay above it). None when there is no such chain or
+    nothing moves."""
+    found = _broadcast_views(v)
+    if found is None:
+        return None
+    chain, S, src, xs = found
     y = add_like(graph, n, "Reshape", [src], {"shape": xs}) if xs != list(src.shape) else src
     chain.reverse()
     moved = 0
@@ -192,17 +202,10 @@ def _sink_fine(graph: Graph, n: Node, v: Value) -> Value | None:
     the broadcast and the product. Mamba2's ``repeat_interleave`` of B/C over the heads of
     each group, cut into chunks and transposed before its products, is read this way. None
     when there is no such chain."""
-    chain, x = [], v
-    while x.producer is not None and x.producer.op in VIEWS:
-        chain.append(x.producer)
-        x = x.producer.inputs[0]
-    b = x.producer
-    if b is None or b.op != "BroadcastTo" or not chain:
+    found = _broadcast_views(v)
+    if found is None:
         return None
-    S, src = list(b.outputs[0].shape), b.inputs[0]
-    if not all(isinstance(d, int) for d in (*S, *src.shape)) or src.type.rank > len(S):
-        return None
-    xs = [1] * (len(S) - src.type.rank) + list(src.shape)
+    chain, S, src, xs = found
     found = _refine(S, xs, chain[::-1])
     if found is None:
         return None
