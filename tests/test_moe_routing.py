@@ -214,21 +214,26 @@ def test_experts_picked_one_by_one_are_routed_by_the_vendor_operators():
     assert ops.count("TopK") == 2, ops  # the two picks; the sort is gone
 
 
+def _sort_routed(x, ids, w, up, down):
+    """Tokens ``x`` through the experts ``ids`` [N, K] picked, weighted by ``w`` [N, K], the
+    way a sort-based MoE layer routes them (sort, gather, grouped products, inverse)."""
+    ids_g, perm = torch.sort(ids.reshape(-1))
+    offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
+                        dtype=torch.int32)
+    y = torch.ops.transformers.grouped_mm_fallback(x[perm // K], up, offs)
+    y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
+    y = y * w.reshape(-1)[perm].unsqueeze(-1)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.size(0))
+    return y[inv].view(N, K, -1).sum(dim=1)
+
+
 def test_ids_concatenated_from_other_values_are_not_routed():
     """A Concat of a TopK's ids with ids of no router: not every id names an expert."""
     def route(x, logits, up, down, extra):
         _, i1 = torch.max(logits, dim=-1, keepdim=True)
         ids = torch.cat([i1, extra], dim=-1)
-        ids_g, perm = torch.sort(ids.reshape(-1))
-        xg = x[perm // K]
-        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
-                            dtype=torch.int32)
-        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
-        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
-        y = y * torch.softmax(logits, -1)[:, :K].reshape(-1)[perm].unsqueeze(-1)
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.size(0))
-        return y[inv].view(N, K, -1).sum(dim=1)
+        return _sort_routed(x, ids, torch.softmax(logits, -1)[:, :K], up, down)
 
     extra = torch.randint(0, E, (N, 1), generator=torch.Generator().manual_seed(9))
     got, want, s, ops = _ops(route, (*_routing_data(9), extra))
@@ -265,16 +270,7 @@ def test_routing_is_refused_where_the_offsets_are_no_running_count():
 
 def test_routing_is_refused_where_the_ids_pick_no_expert_of_a_router():
     def route(x, ids, sw, up, down):  # ids and weights given: no TopK over the experts
-        ids_g, perm = torch.sort(ids.reshape(-1))
-        xg = x[perm // K]
-        offs = torch.cumsum(torch.histc(ids_g.float(), bins=E, min=0, max=E - 1), dim=0,
-                            dtype=torch.int32)
-        y = torch.ops.transformers.grouped_mm_fallback(xg, up, offs)
-        y = torch.ops.transformers.grouped_mm_fallback(y, down, offs)
-        y = y * sw.reshape(-1)[perm].unsqueeze(-1)
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.size(0))
-        return y[inv].view(N, K, -1).sum(dim=1)
+        return _sort_routed(x, ids, sw, up, down)
 
     x, _, up, down = _routing_data(2)
     g = torch.Generator().manual_seed(3)
