@@ -32,7 +32,7 @@ def _vector_read(v: Value, outputs: set[int]) -> bool:
             if not all(_vector_read(o, outputs) for o in u.outputs):
                 return False
         elif not ops.exists(u.op) or ops.get(u.op).kind not in VECTOR_KINDS or \
-                u.op in ("Gather",) or u.graph is None:
+                u.op == "Gather" or u.graph is None:
             return False
     return True
 

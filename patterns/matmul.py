@@ -11,6 +11,7 @@ from graphkernel.codegen.cube.epilogue import (
     ROW_REDUCTIONS,
     keeps_rows,
     reduces_along,
+    splits_rows,
 )
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.cube.tiling import row_limit
@@ -196,12 +197,7 @@ def _stored_view(model, c, v, last) -> bool:
     seen as [.., heads, head size]): nothing in the kernel reads it, the rows are written
     as computed, the view is the layout of the stored value."""
     out = v.outputs[0]
-    shape = tuple(out.type.shape)
-    k = len(shape)
-    while k > 0 and not eq(symbolic.numel(shape[k - 1:]), last) and \
-            symbolic.is_static(symbolic.numel(shape[k - 1:])):
-        k -= 1
-    return k > 0 and eq(symbolic.numel(shape[k - 1:]), last) and \
+    return splits_rows(tuple(out.type.shape), last) and \
         all(model.area(u) is not c for u in out.users) and \
         v.inputs[0].type.shape[-1:] == (last,)
 

@@ -149,7 +149,7 @@ def keeps_rows(shape: tuple[Dim, ...], M: Dim, N: Dim) -> bool:
     return bool(shape) and (eq(shape[-1], N) or split_at(shape, M, N) is not None)
 
 
-def _splits_rows(shape: tuple[Dim, ...], N: Dim) -> bool:
+def splits_rows(shape: tuple[Dim, ...], N: Dim) -> bool:
     """Whether trailing axes of ``shape`` multiply to N (each row of the product split into
     them: [.., heads, head size] of a projection's heads times head size)."""
     for k in range(len(shape) - 1, -1, -1):
@@ -310,7 +310,7 @@ class _Scheduler:
                 return
             if src == FULL and not keeps_rows(shape, self.M, self.N) and (
                     any(u in self.steps for u in out.users) or id(out) not in self.keep
-                    or not _splits_rows(shape, self.N)):
+                    or not splits_rows(shape, self.N)):
                 # (a view only stored, splitting each row into trailing axes, names the
                 # stored tile's layout: rows are written as computed)
                 raise Unsupported(f"{n.op} changes the last axis of the product in a matmul "
