@@ -36,7 +36,7 @@ from graphkernel.codegen.kernel_ir import (
 )
 from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
 from graphkernel.codegen.refusal import Unsupported
-from graphkernel.codegen.vector.schedule import Schedule
+from graphkernel.codegen.vector.schedule import Schedule, read_as_floats
 from graphkernel.ir import DType, Node
 
 CT = "CT"  # the kernel's alias of its compute type
@@ -115,20 +115,17 @@ class VectorLowerer(Lowerer):
                               f"does not start on a {s.target.ub_align_bytes}-byte UB block",
                               about=(io.value,))
         loaded = f"xi{io.index}"
-        if io.dtype == BITS and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
-                                    for u in io.local.users) and io.local.users:
-            if io.kind not in (FULL, PARTIAL):  # int32 read as floats: converted on loading
-                raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
-                                  about=(io.value,))
-            buf = self.alloc(FULL)
-            self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
-                      count=self.space.counts[FULL], to=self.prologue)
-            self.refs[id(v)] = self.held(FULL, buf)
-        elif io.dtype == BITS:  # raw words, used in place
+        if io.dtype == BITS:
             if io.kind not in (FULL, PARTIAL):
                 raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
                                   about=(io.value,))
-            self.refs[id(v)] = Ref(FULL, loaded, store="xi")
+            if read_as_floats(io.local):  # int32 read as floats: converted on loading
+                buf = self.alloc(FULL)
+                self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
+                          count=self.space.counts[FULL], to=self.prologue)
+                self.refs[id(v)] = self.held(FULL, buf)
+            else:  # raw words, used in place
+                self.refs[id(v)] = Ref(FULL, loaded, store="xi")
         elif io.kind in (FULL, PARTIAL, COL):
             kind = COL if io.kind == COL else FULL
             if lowp:

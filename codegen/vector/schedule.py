@@ -284,6 +284,13 @@ def slice_view(n: Node) -> View:
                                                                      strict=True)))
 
 
+def read_as_floats(x: Value) -> bool:
+    """Whether a kernel's int32 input ``x`` is read only through Casts to float32 (the load
+    converts it: ``_Planner._widening_load``)."""
+    return bool(x.users) and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
+                                 for u in x.users)
+
+
 class _Planner:
     def __init__(self, kernel: Node, row_chunks: bool = False, stored_broadcasts: bool = False):
         self.kernel = kernel
@@ -785,10 +792,8 @@ class _Planner:
         """A Cast to float32 of an int32 kernel input that nothing else in the kernel reads:
         the load converts it (an index an ArgMax returned, computed on in floats)."""
         x = n.inputs[0]
-        return (n.op == "Cast" and x.dtype == BITS and n.outputs[0].dtype == DType.float32
-                and any(x is v for v in self.sub.inputs)
-                and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
-                        for u in x.users))
+        return (n.op == "Cast" and x.dtype == BITS and any(x is v for v in self.sub.inputs)
+                and read_as_floats(x))
 
     def _cast_is_view(self, n: Node) -> bool:
         """A float cast is free inside a kernel (everything is fp32 in UB) when it widens, or
