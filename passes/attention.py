@@ -163,13 +163,15 @@ def _cast(v: Value, seen: list[Node]) -> Value:
     return v
 
 
-def _last_axis(node: Node) -> bool:
+def reduces_last_axis(node: Node) -> bool:
+    """Whether the reduction ``node`` runs along its input's last axis, keeping it."""
     rank = node.inputs[0].type.rank
     return list(node.attrs["axis"]) == [rank - 1] and node.attrs["keep_dims"]
 
 
-def _softmax(p: Value, seen: list[Node]) -> Value | None:
-    """The input of the expanded softmax producing ``p``, or None."""
+def softmax_input(p: Value, seen: list[Node]) -> Value | None:
+    """The input of the expanded softmax (over the last axis) producing ``p``, or None; the
+    softmax's nodes are appended to ``seen``."""
     p = _cast(p, seen)
     div = _producer(p, "Div")
     if div is None:
@@ -177,7 +179,7 @@ def _softmax(p: Value, seen: list[Node]) -> Value | None:
     e, total = div.inputs
     rsum = _producer(total, "ReduceSum")
     exp = _producer(e, "Exp")
-    if rsum is None or exp is None or rsum.inputs[0] is not e or not _last_axis(rsum):
+    if rsum is None or exp is None or rsum.inputs[0] is not e or not reduces_last_axis(rsum):
         return None
     sub = _producer(exp.inputs[0], "Sub")
     if sub is None:
@@ -185,7 +187,7 @@ def _softmax(p: Value, seen: list[Node]) -> Value | None:
     inner: list[Node] = []
     x = _cast(sub.inputs[0], inner)
     rmax = _producer(_cast(sub.inputs[1], inner), "ReduceMax")
-    if rmax is None or rmax.inputs[0] is not x or not _last_axis(rmax):
+    if rmax is None or rmax.inputs[0] is not x or not reduces_last_axis(rmax):
         return None
     seen += [div, rsum, exp, sub, *inner, rmax]
     return x
@@ -270,7 +272,7 @@ def _guarded(p: Value, seen: list[Node]) -> tuple[Value, Node | None]:
     red = _producer(nots[0].inputs[0], "ReduceMax") if nots[0] is not None else None
     nots.append(_producer(red.inputs[0], "LogicalNot") if red is not None else None)
     eq = _producer(nots[1].inputs[0], "Equal") if nots[1] is not None else None
-    if eq is None or not _last_axis(red) or _fill(eq.inputs[1]) != -np.inf:
+    if eq is None or not reduces_last_axis(red) or _fill(eq.inputs[1]) != -np.inf:
         return p, None
     chain += [nots[0], red, nots[1], eq]
     seen += chain
@@ -346,7 +348,7 @@ def _match(pv: Node) -> _Match | None:
     if drop is not None:
         label = str(drop.attrs.get("label", "")) + str(drop.attrs.get("spec", ""))
         probe: list[Node] = []
-        if any(_softmax(_guarded(_views(v, probe), probe)[0], probe) is not None
+        if any(softmax_input(_guarded(_views(v, probe), probe)[0], probe) is not None
                for v in drop.inputs):
             if drop.op == "Opaque" and "dropout" not in label.lower():
                 raise Refused(f"the probabilities pass through {drop.name} ({label[:60]}, "
@@ -358,7 +360,7 @@ def _match(pv: Node) -> _Match | None:
             raise Refused(f"the probabilities are multiplied ({drop.name}) before ·V "
                           "(dropout, a head mask): the operator has no such input")
     p, guard = _guarded(p, inside)
-    x = _softmax(p, inside)
+    x = softmax_input(p, inside)
     if x is None:
         return None
     if pv.attrs["transpose_a"] or pv.attrs["transpose_b"]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from graphkernel.interpreter import run_graph
 from graphkernel.ir import DType, Graph, Node, Value
-from graphkernel.passes.attention import _last_axis, _softmax
+from graphkernel.passes.attention import reduces_last_axis, softmax_input
 from graphkernel.registry import PassResult, counted
 
 TRIALS = 3  # random sorted id vectors the running count is checked on
@@ -297,7 +297,7 @@ def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
     vals = topk.outputs[0]
     if any(o is vals or o is topk.outputs[1] for o in topk.graph.outputs):
         return None  # the TopK's own results are kept: nothing saved
-    logits = _softmax(v, [])
+    logits = softmax_input(v, [])
     if logits is None:  # the K largest logits, then a softmax over them (renorm 1)
         after = _softmax_of(vals)
         if after is None or after.output.dtype != v.dtype or \
@@ -310,7 +310,7 @@ def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
     div = next((u for u in users if u.op == "Div" and u.inputs[0] is vals), None)
     total = div.inputs[1].producer if div is not None else None
     if total is None or total.op != "ReduceSum" or total.inputs[0] is not vals or \
-            not _last_axis(total) or set(users) != {div, total} or \
+            not reduces_last_axis(total) or set(users) != {div, total} or \
             _users(total.output) != [div] or tuple(div.output.shape) != tuple(vals.shape):
         div = None
     return logits, div, casts
@@ -324,7 +324,7 @@ def _softmax_of(vals: Value) -> Node | None:
     if len(divs) != 1:
         return None
     seen: list[Node] = []
-    if _softmax(divs[0].output, seen) is not vals or \
+    if softmax_input(divs[0].output, seen) is not vals or \
             not {id(u) for u in _users(vals)} <= {id(n) for n in seen}:
         return None
     inner = {id(n) for n in seen} - {id(divs[0])}
