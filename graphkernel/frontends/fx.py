@@ -572,6 +572,20 @@ _POOLS_2D = frozenset({"aten.max_pool2d_with_indices.default", "aten.max_pool2d.
                        "aten.avg_pool2d.default"})
 
 
+def _readers_pad(c: Ctx, x: Value, pad: list[int], value) -> bool:
+    """Whether the readers of a non-negative constant pad take it as padding of their own,
+    so that it is one Pad op: a zero pad only convolutions read (TensorFlow's SAME padding;
+    arith_simplify folds it into their pads), or a pad of height and width a 2-D pool alone
+    reads (window_fusion makes it the window kernel's padding)."""
+    users = c.node.users
+    if not users or min(pad, default=0) < 0:
+        return False
+    if value == 0 and all(u.target is torch.ops.aten.convolution.default for u in users):
+        return True
+    return x.type.rank == 4 and len(pad) == 4 and len(users) == 1 and \
+        str(next(iter(users)).target) in _POOLS_2D
+
+
 @aten("aten.constant_pad_nd.default")
 def _constant_pad(c: Ctx):
     # pad = (before, after) per axis from the last one back: a negative amount slices the
@@ -579,15 +593,7 @@ def _constant_pad(c: Ctx):
     x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
     if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
         raise Unmapped("padding other than static amounts per axis")
-    if value == 0 and min(pad, default=0) >= 0 and c.node.users and all(
-            u.target is torch.ops.aten.convolution.default for u in c.node.users):
-        # a zero pad only convolutions read (TensorFlow's SAME padding): one Pad op, which
-        # arith_simplify folds into the convolutions' own pads
-        return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": 0.0})
-    if x.type.rank == 4 and len(pad) == 4 and min(pad) >= 0 and len(c.node.users) == 1 and \
-            str(next(iter(c.node.users)).target) in _POOLS_2D:
-        # a pad of height and width only a 2-D pool reads: one Pad op, which the pool's
-        # window kernel takes as its padding (window_fusion)
+    if _readers_pad(c, x, pad, value):
         return c.emit("Pad", [x], {"pads": _torch_pads(x, pad), "value": float(value)})
     for k in range(len(pad) // 2):
         axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
