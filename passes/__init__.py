@@ -28,6 +28,7 @@ from graphkernel.passes import (
     reshape_elim,
     rotary_pairs,
     scan,
+    scan_loop,
     slice_phases,
     small_ints,
     split,
@@ -69,6 +70,7 @@ PIPELINE = (
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("simplify", 96.5, conv_matmul.conv_matmul, 2),  # folded first; matvec takes 1 pixel
     Step("simplify", 97, matvec.matvec, 2),  # after attention, whose matching reads products
+    Step("simplify", 97.1, scan_loop.scan_loop, 2),  # after matvec: per-step sums rolled up
     Step("simplify", 97.3, product_transpose.product_transpose, 2),  # after matvec
     Step("simplify", 97.5, transpose_hoist.transpose_hoist, 2),  # after attention
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)

@@ -347,3 +347,14 @@ def test_normalisations_of_their_own_statistics_match_the_reference(op):
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["test_causal_conv_with_state_silu_expanded",
+                                  "test_causal_conv_with_state_with_bias_and_past_state_expanded",
+                                  "test_maxpool_1d_default", "test_averagepool_1d_default"])
+def test_one_d_convolutions_and_pools_are_modelled(case):
+    """A 1-D Conv or pool (an audio front end, a state-space model's causal conv1d exported to
+    ONNX) is the 2-D op on a height of 1, not an Opaque node."""
+    res = run_conformance(case)
+    (c,) = [c for c in res.cases if c.name == case]
+    assert c.status == "passed", c.reason

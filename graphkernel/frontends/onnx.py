@@ -763,19 +763,32 @@ def _explicit_pads(c: NodeCtx, spatial: list, kernel: list[int], strides: list[i
     return begins + ends
 
 
+def _as_2d(c: NodeCtx, x: Value, kernel: list[int], strides: list[int], dil: list[int],
+           pads: list[int]) -> tuple[Value, list[int], list[int], list[int], list[int]]:
+    """A 1-D window op's input [N, C, W] as the 2-D op's [N, C, 1, W] (a view), with its
+    window, strides, dilations and pads of height 1 (what torch's conv1d/pool1d compute)."""
+    x = c.emit("ExpandDims", [x], {"axis": [2]})
+    return x, [1, *kernel], [1, *strides], [1, *dil], [0, pads[0], 0, pads[1]]
+
+
 @handles("Conv")
 def _conv(c: NodeCtx):
     x, w = c.input(0), c.input(1)
-    if x.type.rank != 4:
-        raise Unsupported(f"{x.type.rank - 2}-D convolution (only 2-D is modeled)")
+    if x.type.rank not in (3, 4):
+        raise Unsupported(f"{x.type.rank - 2}-D convolution (1-D and 2-D are modeled)")
+    one_d = x.type.rank == 3
     kernel = _ints(c.attr("kernel_shape")) or list(w.shape[2:])
-    strides = _ints(c.attr("strides")) or [1, 1]
-    dil = _ints(c.attr("dilations")) or [1, 1]
+    strides = _ints(c.attr("strides")) or [1] * len(kernel)
+    dil = _ints(c.attr("dilations")) or [1] * len(kernel)
     pads = _explicit_pads(c, list(x.shape[2:]), kernel, strides, dil)
+    if one_d:
+        x, kernel, strides, dil, pads = _as_2d(c, x, kernel, strides, dil, pads)
+        w = c.emit("ExpandDims", [w], {"axis": [2]})
     inputs = [x, w] + ([c.input(2)] if c.has_input(2) else [])
-    return c.emit("Conv2D", inputs, {"strides": strides, "dilations": dil,
-                                     "pads": [pads[0], pads[1], pads[2], pads[3]],
-                                     "group": c.attr("group", 1)})
+    y = c.emit("Conv2D", inputs, {"strides": strides, "dilations": dil,
+                                  "pads": [pads[0], pads[1], pads[2], pads[3]],
+                                  "group": c.attr("group", 1)})
+    return c.emit("Squeeze", [y], {"axis": [2]}) if one_d else y
 
 
 @handles("Pad")
@@ -808,20 +821,25 @@ def _pad(c: NodeCtx):
 @handles("MaxPool", "AveragePool")
 def _pool(c: NodeCtx):
     x = c.input(0)
-    if x.type.rank != 4:
-        raise Unsupported(f"{x.type.rank - 2}-D pooling (only 2-D is modeled)")
+    if x.type.rank not in (3, 4):
+        raise Unsupported(f"{x.type.rank - 2}-D pooling (1-D and 2-D are modeled)")
     if len([o for o in c.node.output if o]) > 1:
         raise Unsupported("MaxPool with an indices output")
+    one_d = x.type.rank == 3
     kernel = _ints(c.attr("kernel_shape"))
-    strides = _ints(c.attr("strides")) or [1, 1]
-    dil = _ints(c.attr("dilations")) or [1, 1]
+    strides = _ints(c.attr("strides")) or [1] * len(kernel)
+    dil = _ints(c.attr("dilations")) or [1] * len(kernel)
     pads = _explicit_pads(c, list(x.shape[2:]), kernel, strides, dil)
+    if one_d:
+        x, kernel, strides, dil, pads = _as_2d(c, x, kernel, strides, dil, pads)
     attrs = {"kernel_size": kernel, "strides": strides, "pads": pads, "dilations": dil,
              "ceil_mode": bool(c.attr("ceil_mode", 0))}
     if c.node.op_type == "AveragePool":
         attrs["count_include_pad"] = bool(c.attr("count_include_pad", 0))
-        return c.emit("AvgPool", [x], attrs)
-    return c.emit("MaxPool", [x], attrs)
+        y = c.emit("AvgPool", [x], attrs)
+    else:
+        y = c.emit("MaxPool", [x], attrs)
+    return c.emit("Squeeze", [y], {"axis": [2]}) if one_d else y
 
 
 def _channel_norm(c: NodeCtx, x: Value, axes: list[int], eps: float

@@ -1,0 +1,346 @@
+"""Rewrite a recurrence unrolled step by step → one Scan, and a Concat of the same work done on
+each step → that work done once on whole tensors.
+
+A loop over a sequence that torch.export or an ONNX export traces is unrolled: a state-space
+model's selective scan becomes, for each of L positions t, ``h = a[:, :, t] * h + b[:, :, t]``
+(from ``h = 0``) and a readout of ``h`` with ``C[:, t]``, the L readouts stacked at the end.
+That is a few small ops per position, each a launch of its own or a kernel boundary, where
+the work is one scan and one reduction over whole tensors (what torch.compile's trace of the
+same model, an associative scan, already reaches through the ``scan`` pass). Two rewrites,
+both exact (the same float operations in the same order):
+
+* **the recurrence**: a chain ``h[t] = a_t * h[t-1] + b_t``, t = 0..L-1, started from a
+  constant zero, where ``a_t`` and ``b_t`` are position t of one axis of tensors A and B of
+  one shape and that axis has exactly L positions, becomes ``S = Scan(A, B, linear)`` along
+  that axis, each ``h[t]`` position t of S (the Scan starts from zero too:
+  ``h[0] = a_0 * 0 + b_0``, so an infinite ``a_0`` gives NaN on both sides).
+* **the re-roll**: ``Concat(v_0 .. v_{L-1})`` where every ``v_t`` is the same expression
+  (the same ops and attributes) of position t of some tensors' axis (that axis has exactly L
+  positions) and of values shared by all t, becomes the expression computed once with that
+  axis kept, then a view into the Concat's shape. Only elementwise ops, casts, reductions and
+  views take part; the rewrite is refused (the graph left as it was) when the kept axis would
+  need data moved (it must sit where the Concat puts it, or only size-1 axes lie between).
+
+Runs after ``matvec``, which makes the per-step products of width 1 (``h @ C[:, t]``)
+elementwise products and sums that the re-roll can take.
+"""
+
+from __future__ import annotations
+
+from graphkernel import ops
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import OpKind
+from graphkernel.passes.rewrite import add_like, splat
+from graphkernel.registry import PassResult, counted
+
+MAX_TREE = 64  # nodes of one step's expression the re-roll walks (a step's readout is a few)
+_AXIS_ATTRS = frozenset({"axis", "axes", "perm", "shape", "data_format", "begin", "end"})
+
+
+def _position(v: Value) -> tuple[Value, int, int, bool] | None:
+    """(X, axis, t, dropped) when ``v`` is position t of one static axis of X: a unit
+    StridedSlice of X (``dropped`` False), or that slice with its axis squeezed away (True)."""
+    p = v.producer
+    dropped = False
+    if p is not None and p.op == "Squeeze":
+        s = p.inputs[0].producer
+        axes = p.attrs.get("axis")
+        if s is None or s.op != "StridedSlice" or not axes or len(axes) != 1:
+            return None
+        p, dropped, sq = s, True, axes[0] % s.outputs[0].type.rank
+    if p is None or p.op != "StridedSlice":
+        return None
+    a = p.attrs
+    axes, strides = a.get("axes"), a.get("strides")
+    if not axes or len(axes) != 1 or len(a["begin"]) != 1 or (strides and strides != [1]):
+        return None
+    x = p.inputs[0]
+    ax = axes[0] % x.type.rank
+    size, t, end = x.shape[ax], a["begin"][0], a["end"][0]
+    if not isinstance(size, int) or t < 0 or end != t + 1 or end > size:
+        return None
+    if dropped and sq != ax:
+        return None
+    return x, ax, t, dropped
+
+
+# ---------------------------------------------------------------------------- the recurrence
+
+
+def _step(h: Value, a_src: tuple[Value, int], t: int) -> tuple[Node, Node, Value] | None:
+    """The Mul and Add of ``a_t * h + b_t`` reading ``h``, with the B it slices."""
+    for mul in h.users:
+        if mul.op != "Mul" or len(mul.inputs) != 2:
+            continue
+        other = mul.inputs[1] if mul.inputs[0] is h else mul.inputs[0]
+        pos = _position(other)
+        if pos is None or not pos[3] or (pos[0], pos[1]) != a_src or pos[2] != t:
+            continue
+        m = mul.outputs[0]
+        for add in m.users:
+            if add.op != "Add" or len(add.inputs) != 2:
+                continue
+            b = add.inputs[1] if add.inputs[0] is m else add.inputs[0]
+            bpos = _position(b)
+            if bpos is None or not bpos[3] or bpos[1] != a_src[1] or bpos[2] != t:
+                continue
+            if bpos[0].type != a_src[0].type or add.outputs[0].type != m.type:
+                continue
+            return mul, add, bpos[0]
+    return None
+
+
+def _recurrence(mul: Node) -> tuple[Value, Value, int, list[Value]] | None:
+    """(A, B, axis, [h_0 .. h_{L-1}]) of a recurrence whose first step multiplies a_0 by a
+    constant zero in ``mul``."""
+    for i, zero in enumerate(mul.inputs):
+        a0 = mul.inputs[1 - i]
+        if zero.producer is None or zero.producer.op != "Constant" or splat(zero) != 0.0:
+            continue
+        pos = _position(a0)
+        if pos is None or not pos[3] or pos[2] != 0 or not a0.dtype.is_float:
+            continue
+        A, axis = pos[0], pos[1]
+        if mul.outputs[0].type != a0.type:  # the zero only broadcast into a_0's shape
+            continue
+        first = _step(zero, (A, axis), 0)
+        if first is None or first[0] is not mul:
+            continue
+        B, hs = first[2], [first[1].outputs[0]]
+        while len(hs) < A.shape[axis]:
+            nxt = _step(hs[-1], (A, axis), len(hs))
+            if nxt is None or nxt[2] is not B:
+                break
+            hs.append(nxt[1].outputs[0])
+        if len(hs) == A.shape[axis] and len(hs) > 1:
+            return A, B, axis, hs
+    return None
+
+
+def _scans(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for mul in list(graph.nodes):
+        if mul.graph is None or mul.op != "Mul" or len(mul.inputs) != 2:
+            continue
+        found = _recurrence(mul)
+        if found is None:
+            continue
+        A, B, axis, hs = found
+        last = hs[-1].producer
+        if not ctx.should_apply(f"{last.name} a recurrence over {len(hs)} steps as a Scan",
+                                [h.producer for h in hs]):
+            continue
+        scan = add_like(graph, last, "Scan", [A, B], {"axis": axis, "combine": "linear"})
+        rank = A.type.rank
+        for t, h in enumerate(hs):
+            step = add_like(graph, h.producer, "StridedSlice", [scan],
+                            {"begin": [t], "end": [t + 1], "strides": [1], "axes": [axis]})
+            graph.replace_all_uses(h, add_like(graph, h.producer, "Squeeze", [step],
+                                               {"axis": [axis % rank]}))
+        notes.append(f"{last.name}: a recurrence over {len(hs)} steps of "
+                     f"{A.producer.name if A.producer else A.name} as one Scan")
+    return notes
+
+
+# ---------------------------------------------------------------------------- the re-roll
+
+
+class _Refused(Exception):
+    pass
+
+
+def _identity(n: Node) -> bool:
+    """A slice, or a view, that gives its input as it is (an export's ``x[:, :, 0]`` of an
+    axis of 1 then unsqueezed back)."""
+    return n.op in ("StridedSlice", "Reshape", "Identity") and \
+        n.outputs[0].type == n.inputs[0].type
+
+
+def _batchable(n: Node) -> bool:
+    if _identity(n):
+        return True
+    if n.op in ("Reshape", "ExpandDims", "Squeeze", "Transpose", "Cast"):
+        return True
+    if n.op.startswith("Reduce") and n.op != "ReduceWindow":
+        return set(n.attrs) <= {"axis", "keep_dims"}
+    opdef = ops.get(n.op)
+    return (opdef.kind == OpKind.ELEMWISE and len(n.outputs) == 1
+            and not _AXIS_ATTRS & set(n.attrs) and n.op != "BiasAdd")
+
+
+class _Reroll:
+    """The expression of one Concat's operands, built once with the step axis kept.
+
+    A batched value is (value, p): the per-step value's shape with the L steps inserted as
+    axis p."""
+
+    def __init__(self, graph: Graph, cat: Node, steps: int) -> None:
+        self.graph, self.cat, self.L = graph, cat, steps
+        self.made: dict[int, tuple[Value, int]] = {}
+        self.walked = 0
+
+    def view(self, v: Value, shape: list) -> Value:
+        if list(v.shape) == list(shape):
+            return v
+        return add_like(self.graph, self.cat, "Reshape", [v], {"shape": list(shape)})
+
+    def move(self, v: Value, per: list, p: int, q: int) -> Value:
+        """``v`` (per-step shape ``per``, steps at p) with the steps at q: a view when only
+        size-1 axes lie between."""
+        if p == q:
+            return v
+        lo, hi = min(p, q), max(p, q)
+        if any(d != 1 for d in per[lo:hi]):
+            raise _Refused
+        return self.view(v, per[:q] + [self.L] + per[q:])
+
+    def build(self, vs: list[Value]) -> tuple[Value, int]:
+        first = vs[0]
+        if all(v is first for v in vs):
+            raise _Refused  # (shared values are handled by their users)
+        key = id(first)
+        if key in self.made:
+            return self.made[key]
+        self.walked += 1
+        if self.walked > MAX_TREE:
+            raise _Refused
+        pos = [_position(v) for v in vs]
+        if all(x is not None for x in pos):
+            xs = {(x[0], x[1], x[3]) for x in pos}
+            if len(xs) == 1 and [x[2] for x in pos] == list(range(self.L)):
+                X, ax, dropped = pos[0][0], pos[0][1], pos[0][3]
+                if X.shape[ax] == self.L:  # the whole axis, in order
+                    per = list(first.shape)
+                    out = (X, ax) if dropped else (self.view(X, per[:ax] + [self.L] + per[ax:]),
+                                                   ax)
+                    self.made[key] = out
+                    return out
+        ns = [v.producer for v in vs]
+        n0 = ns[0]
+        if any(n is None for n in ns) or not _batchable(n0) or any(
+                n.op != n0.op or n.attrs != n0.attrs or len(n.inputs) != len(n0.inputs)
+                or v.type != first.type for n, v in zip(ns, vs, strict=True)):
+            raise _Refused
+        args = [[n.inputs[i] for n in ns] for i in range(len(n0.inputs))]
+        out = self.apply(n0, args)
+        self.made[key] = out
+        return out
+
+    def apply(self, n0: Node, args: list[list[Value]]) -> tuple[Value, int]:
+        per_out = list(n0.outputs[0].shape)
+        rank = len(per_out)
+        if _identity(n0):
+            return self.build(args[0])
+        if n0.op in ("Reshape", "ExpandDims", "Squeeze", "Transpose", "Cast") or \
+                n0.op.startswith("Reduce"):
+            x, p = self.build(args[0])
+            per_in = list(args[0][0].shape)
+            return self.unary(n0, x, p, per_in, per_out)
+        # elementwise: every operand in the output's rank, the steps at one place
+        batched = []
+        for vs in args:
+            if all(v is vs[0] for v in vs):
+                batched.append(None)
+            else:
+                batched.append(self.build(vs))
+        places = [p + rank - len(vs[0].shape) for b, vs in zip(batched, args, strict=True)
+                  if b is not None for p in [b[1]]]
+        for q in dict.fromkeys(places):
+            try:
+                ins = [self.operand(vs, b, rank, q) for vs, b in zip(args, batched, strict=True)]
+            except _Refused:
+                continue
+            return add_like(self.graph, n0, n0.op, ins, dict(n0.attrs)), q
+        raise _Refused
+
+    def operand(self, vs: list[Value], b: tuple[Value, int] | None, rank: int, q: int
+                ) -> Value:
+        per = list(vs[0].shape)
+        pad = rank - len(per)
+        if b is None:  # shared: broadcast over the steps, whose axis it may have to gain
+            if pad >= q:
+                return vs[0]
+            at = q - pad
+            return self.view(vs[0], per[:at] + [1] + per[at:])
+        full = [1] * pad + per
+        x = self.view(b[0], full[:b[1] + pad] + [self.L] + full[b[1] + pad:])
+        return self.move(x, full, b[1] + pad, q)
+
+    def unary(self, n0: Node, x: Value, p: int, per_in: list, per_out: list
+              ) -> tuple[Value, int]:
+        g, op, a = self.graph, n0.op, n0.attrs
+        if op == "Cast" or ops.get(op).kind == OpKind.ELEMWISE:
+            return add_like(g, n0, op, [x], dict(a)), p
+        if op.startswith("Reduce"):
+            axes = sorted(ax % len(per_in) for ax in (a.get("axis") or range(len(per_in))))
+            new = [ax + (ax >= p) for ax in axes]
+            q = p if a.get("keep_dims") else p - sum(ax < p for ax in axes)
+            return add_like(g, n0, op, [x], {"axis": new, "keep_dims": a.get("keep_dims",
+                                                                            False)}), q
+        if op == "Transpose":
+            perm = [ax + (ax >= p) for ax in a["perm"]]
+            q = next((i for i, ax in enumerate(a["perm"]) if ax >= p), len(perm))
+            return add_like(g, n0, op, [x], {"perm": perm[:q] + [p] + perm[q:]}), q
+        # views: the steps stay between the same elements when the prefix keeps its size
+        before = 1
+        for d in per_in[:p]:
+            before *= d
+        run = 1
+        for q in range(len(per_out) + 1):
+            if run == before:
+                return self.view(x, per_out[:q] + [self.L] + per_out[q:]), q
+            if q < len(per_out):
+                run *= per_out[q]
+        raise _Refused
+
+    def finish(self) -> Value:
+        cat = self.cat
+        out = list(cat.outputs[0].shape)
+        c = cat.attrs["axis"] % len(out)
+        per = list(cat.inputs[0].shape)
+        x, p = self.build(list(cat.inputs))
+        if p == c or (p == c + 1 and per[c] == 1):
+            return self.view(x, out)
+        raise _Refused
+
+
+def _rerolls(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for cat in list(graph.nodes):
+        if cat.graph is None or cat.op != "Concat" or len(cat.inputs) < 2:
+            continue
+        ins = cat.inputs
+        if len({x.type for x in ins}) != 1 or not all(isinstance(d, int) for d in
+                                                      ins[0].shape):
+            continue
+        with graph.recording() as made:
+            try:
+                new = _Reroll(graph, cat, len(ins)).finish()
+            except _Refused:
+                new = None
+            if new is not None and not ctx.should_apply(
+                    f"{cat.name} the same work on {len(ins)} steps, done once", [cat]):
+                new = None
+        if new is None:
+            for m in reversed(made):
+                graph.erase_node(m)
+            continue
+        graph.replace_all_uses(cat.outputs[0], new)
+        notes.append(f"{cat.name}: the same work on {len(ins)} steps done once on whole "
+                     "tensors")
+    return notes
+
+
+def scan_loop(graph, ctx) -> PassResult:
+    """Rewrite an unrolled recurrence → Scan, and a Concat of one expression per step → the
+    expression on whole tensors."""
+    hist = graph.op_histogram()
+    if not hist.get("StridedSlice"):  # a step of a loop is a slice of something
+        return PassResult(False, 0, [], "no unrolled loop")
+    notes = _scans(graph, ctx) if hist.get("Squeeze") else []
+    notes += _rerolls(graph, ctx) if hist.get("Concat") else []
+    if notes:
+        graph.remove_dead()
+        graph.toposort()
+    return PassResult(bool(notes), len(notes), notes,
+                      f"{counted(len(notes), 'unrolled loop')} rolled up")
