@@ -506,8 +506,11 @@ def _squeeze(c: NodeCtx):
 def _transpose(c: NodeCtx):
     x = c.input(0)
     perm = c.attr("perm")
-    return c.emit("Transpose", [x], {"perm": _ints(perm) if perm is not None
-                                     else list(range(x.type.rank))[::-1]})
+    r = x.type.rank
+    # torch's exporter writes axes counted from the end (perm [0, -2, -1, 1]), which the
+    # runtimes read as numpy does; the op checks that the result is a permutation
+    return c.emit("Transpose", [x], {"perm": [p % r if -r <= p < 0 else p for p in _ints(perm)]
+                                     if perm is not None else list(range(r))[::-1]})
 
 
 @handles("Expand")
@@ -723,6 +726,19 @@ def _matmul(c: NodeCtx):
     if squeeze:
         y = c.emit("Squeeze", [y], {"axis": [s + y.type.rank for s in squeeze]})
     return y
+
+
+@handles("Einsum")
+def _einsum(c: NodeCtx):
+    from graphkernel.frontends.einsum import EinsumUnsupported, lower_einsum
+
+    eq = c.attr("equation")
+    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    values = [c.input(i) for i in range(len(c.node.input))]
+    try:
+        return lower_einsum(eq, values, lambda op, ins, attrs: c.emit(op, ins, attrs))
+    except EinsumUnsupported as e:
+        raise Unsupported(f"Einsum {eq!r}: {e}") from None
 
 
 @handles("Gemm")
