@@ -238,7 +238,33 @@ def _unswap(graph: Graph, n: Node, x: Value, shape: list[int]) -> Value | None:
     return add_like(graph, n, "Reshape", [u], {"shape": [*shape[:-2], shape[-1], shape[-2]]})
 
 
+def _shared_weight(graph: Graph, n: Node) -> Value | None:
+    """``bmm(A[b.., m, k], broadcast(W[k, n]))`` → ``reshape(reshape(A, [b·m, k]) @ W)``: one
+    matrix broadcast over the batch (a module's weight expanded for a ``bmm``) is a plain
+    product of the batch's rows, the copies never written."""
+    a, w = n.inputs
+    bt = w.producer
+    if bt is None or bt.op != "BroadcastTo" or len(w.uses) != 1 or n.attrs.get("transpose_a"):
+        return None
+    x, out = bt.inputs[0], n.outputs[0].shape
+    if not all(isinstance(d, int) for d in (*a.shape, *x.shape, *w.shape)) or a.type.rank < 3:
+        return None
+    if list(x.shape[-2:]) != list(w.shape[-2:]) or any(d != 1 for d in x.shape[:-2]) or \
+            list(a.shape[:-2]) != list(out[:-2]):
+        return None
+    rows = math.prod(a.shape[:-1])
+    flat = add_like(graph, n, "Reshape", [a], {"shape": [rows, a.shape[-1]]})
+    w2 = add_like(graph, n, "Reshape", [x], {"shape": list(x.shape[-2:])}) \
+        if x.type.rank != 2 else x
+    y = add_like(graph, n, "MatMul", [flat, w2],
+                 {"transpose_a": False, "transpose_b": bool(n.attrs.get("transpose_b"))})
+    return add_like(graph, n, "Reshape", [y], {"shape": list(out)})
+
+
 def _rewrite(graph: Graph, n: Node) -> Value | None:
+    shared = _shared_weight(graph, n)
+    if shared is not None:
+        return shared
     ins, fresh = list(n.inputs), [False, False]
     for side in (1, 0):  # a broadcast under views: taken below them first (where the other
         # operand is one too, its transposes then move onto its small tensor as well)

@@ -513,6 +513,32 @@ def _transpose(c: NodeCtx):
                                      if perm is not None else list(range(r))[::-1]})
 
 
+@handles("Tile")
+def _tile(c: NodeCtx):
+    x = c.input(0)
+    reps = _ints(c.static(1, "repeats"))
+    if len(reps) != x.type.rank:
+        raise Unsupported(f"Tile: {len(reps)} repeats for rank {x.type.rank}")
+    if all(r == 1 for r in reps):
+        return c.emit("Identity", [x])
+    return c.emit("Tile", [x], {"multiples": reps})
+
+
+@handles("Trilu")
+def _trilu(c: NodeCtx):
+    """The upper (or lower) triangle from diagonal k, the rest 0: a Select with a constant mask
+    of the last two (static) axes, exact for every value (x * mask would make inf * 0 NaN)."""
+    x = c.input(0)
+    if x.type.rank < 2 or not all(isinstance(d, int) for d in x.shape[-2:]):
+        raise Unsupported("Trilu needs rank >= 2 and static last two axes")
+    k = int(np.asarray(c.static(1, "k")).reshape(-1)[0]) if c.has_input(1) else 0
+    rows, cols = x.shape[-2:]
+    i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    keep = (j - i >= k) if c.attr("upper", 1) else (j - i <= k)
+    zero = c.constant(np.zeros((), dtype=x.dtype.np))
+    return c.emit("Select", [c.constant(keep), x, zero])
+
+
 @handles("Expand")
 def _expand(c: NodeCtx):
     x = c.input(0)

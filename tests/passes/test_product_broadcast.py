@@ -145,3 +145,30 @@ def test_chunked_heads_products_run_in_the_simulator_without_copies():
         feeds = random_inputs(g, 4)
         got, _ = run_sim(res, feeds)
         np.testing.assert_allclose(got[0], run_graph(g, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("w_shape,transpose_b", [((6, 5), False), ((1, 5, 6), True)])
+def test_one_weight_broadcast_over_the_batch_is_a_plain_product(w_shape, transpose_b):
+    """``bmm(x, W.expand(B, k, n))`` (a module's weight expanded for a batched product): the
+    batch's rows times W, one MatMul, the copies never written."""
+    g = Graph()
+    a = g.add_input("a", TensorType((4, 7, 6), "float32"))
+    w = g.add_input("w", TensorType(w_shape, "float32"))
+    full = (4, 5, 6) if transpose_b else (4, 6, 5)
+    t = g.add_node("BroadcastTo", [w], {"shape": list(full)}).output
+    g.set_outputs([g.add_node("BatchMatMul", [a, t], {"transpose_b": transpose_b}).output])
+    h, res = apply_pass("product_broadcast", g)
+    assert res.rewrites == 1 and "BroadcastTo" not in ops_of(h)
+    assert "MatMul" in ops_of(h) and "BatchMatMul" not in ops_of(h)
+    _same(g, h)
+
+
+def test_a_broadcast_of_batch_axes_of_both_sides_is_left_to_the_general_rule():
+    g = Graph()
+    a = g.add_input("a", TensorType((1, 7, 6), "float32"))  # a itself broadcast: no rows to merge
+    w = g.add_input("w", TensorType((6, 5), "float32"))
+    t = g.add_node("BroadcastTo", [w], {"shape": [4, 6, 5]}).output
+    g.set_outputs([g.add_node("BatchMatMul", [a, t], {}).output])
+    h, res = apply_pass("product_broadcast", g)
+    assert "MatMul" not in ops_of(h)
+    _same(g, h)
