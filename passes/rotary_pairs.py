@@ -99,7 +99,8 @@ class Rotary:
 
 
 def _projection(head: Value) -> tuple[Node, Node | None] | None:
-    """(MatMul by a constant weight [N·D, in] read transposed, its bias Add or None) making
+    """(MatMul by a constant weight [N·D, in] read transposed or [in, N·D], its bias Add or
+    None) making
     ``head`` through Reshapes that split its last axis into [N, D]; None otherwise."""
     v = head
     while v.producer is not None and v.producer.op == "Reshape" and (
@@ -114,8 +115,9 @@ def _projection(head: Value) -> tuple[Node, Node | None] | None:
         bias, p = p, rest[0].producer
         if len(rest[0].uses) != 1:
             return None
-    if p is None or p.op != "MatMul" or not p.attrs.get("transpose_b") or \
-            p.attrs.get("transpose_a") or const_array(p.inputs[1]) is None:
+    # a torch Linear's weight [N·D, in] read transposed, or an ONNX MatMul's [in, N·D]
+    if p is None or p.op not in ("MatMul", "BatchMatMul") or p.attrs.get("transpose_a") or \
+            const_array(p.inputs[1]) is None or p.inputs[1].type.rank != 2:
         return None
     width = p.outputs[0].shape[-1]
     if not isinstance(width, int) or head.shape[-2] * head.shape[-1] != width or \
@@ -219,19 +221,43 @@ def _region(graph: Graph, root: Value
     return list(nodes.values()), folded, kinds, out
 
 
+def _scalar_mul(u: Node, v: Value) -> bool:
+    """A product by one constant number (the attention's scale, which an ONNX export applies
+    to Q and to Kᵀ): the same for every feature, so a permutation passes through it."""
+    if u.op != "Mul" or len(u.inputs) != 2:
+        return False
+    other = u.inputs[1] if u.inputs[0] is v else u.inputs[0]
+    arr = const_array(other)
+    return arr is not None and arr.size == 1 and u.outputs[0].type == v.type
+
+
 def _to_attention(graph: Graph, v: Value, d: int) -> tuple[Node, int] | None:
     """(FusedAttention or the product Q·Kᵀ, operand index) that ``v`` reaches through views
-    keeping its last axis (the head's features) as it is, with no other use on the way; None
-    otherwise."""
+    keeping its last axis (the head's features) as it is, and products by one number, with
+    no other use on the way; None otherwise. Kᵀ may be explicit: a transpose putting the
+    features second-last, then the product's second operand read as it is."""
+    swapped = False  # the features now the second-last axis (an explicit Kᵀ)
     while True:
         if len(v.uses) != 1 or graph.is_output(v):
             return None
         u, i = v.uses[0]
-        if u.op == "FusedAttention" or u.op in ("MatMul", "BatchMatMul") and \
-                u.attrs.get("transpose_b") and not u.attrs.get("transpose_a"):
-            return (u, i) if i in (0, 1) else None  # (Q·Kᵀ: a sum over the features)
-        out = u.outputs[0]
-        if len(u.outputs) != 1 or out.shape[-1] != d or tuple(v.shape[-1:]) != (d,):
+        if u.op in ("MatMul", "BatchMatMul") and not u.attrs.get("transpose_a"):
+            if swapped:  # (Kᵀ [.., d, s]: summed over its rows)
+                return (u, 1) if i == 1 and not u.attrs.get("transpose_b") else None
+            if i == 0 or u.attrs.get("transpose_b"):
+                return (u, i) if i in (0, 1) else None  # (Q·Kᵀ: a sum over the features)
+            return None
+        if u.op == "FusedAttention" and not swapped:
+            return (u, i) if i in (0, 1) else None
+        if _scalar_mul(u, v):
+            v = u.outputs[0]
+            continue
+        out, r = u.outputs[0], v.type.rank
+        if u.op == "Transpose" and not swapped and r >= 2 and \
+                u.attrs["perm"][-2] % r == r - 1:  # (the features to the rows of Kᵀ)
+            swapped, v = True, out
+            continue
+        if swapped or len(u.outputs) != 1 or out.shape[-1] != d or tuple(v.shape[-1:]) != (d,):
             return None
         if u.op == "Transpose" and u.attrs["perm"][-1] % v.type.rank != v.type.rank - 1:
             return None
@@ -307,7 +333,8 @@ def rewrite(graph: Graph, r: Rotary) -> None:
     """Permute the projection's rows and rebuild the rotary in split-half form."""
     heads, d, n = r.head.shape[-2], r.head.shape[-1], r.n
     mm = r.product
-    w = _permute_rows(const_array(mm.inputs[1]), heads, d, n, 0)
+    w = _permute_rows(const_array(mm.inputs[1]), heads, d, n,
+                      0 if mm.attrs.get("transpose_b") else 1)
     graph.replace_input(mm, 1, _const(graph, mm, w))
     if r.bias is not None:
         k = next(i for i, x in enumerate(r.bias.inputs) if const_array(x) is not None)

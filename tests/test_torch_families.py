@@ -197,6 +197,38 @@ def test_interleaved_rotary_on_q_and_k_is_one_kernel_each(rot, bias, saved):
     assert launches == strided - saved, (launches, strided)
 
 
+@pytest.mark.parametrize("rot", [4, 8])
+def test_interleaved_rotary_of_an_onnx_export_is_one_kernel_each(tmp_path, rot):
+    """The same attention exported to ONNX: projections by [in, out] weights, Kᵀ an explicit
+    transpose and the scale applied to Q and to Kᵀ. Q's and K's features are permuted alike
+    all the same: no pair slices of step 2 are left, and fewer kernels run."""
+    pytest.importorskip("onnx")
+    import graphkernel
+    from graphkernel.frontends import load_model
+    from graphkernel.interpreter import run_graph
+
+    torch.manual_seed(0)
+    model = InterleavedRotary(rot).eval()
+    x = torch.randn(2, 16, 32)
+    path = str(tmp_path / "gptj_attention.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    g = load_model(path)
+    on = graphkernel.compile(g, "--opt_level=2", env={})
+    off = graphkernel.compile(g, "--opt_level=2 --disable_pass=rotary_pairs", env={})
+    (got,) = run_graph(on.graph, [x.numpy()])
+    with torch.no_grad():
+        want = model(x).numpy()
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), rtol=1e-4,
+                               atol=1e-5)
+
+    def pair_slices(res):
+        return sum(1 for k in res.graph.nodes if k.op == "GraphKernel" for m in k.subgraph.nodes
+                   if m.op == "StridedSlice" and (m.attrs.get("strides") or [1])[0] == 2)
+
+    assert pair_slices(on) == 0 < pair_slices(off)
+    assert on.report.extra["kernels_fused"] < off.report.extra["kernels_fused"]
+
+
 def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
     """A K the graph returns (a KV cache) must keep its features in place: no rewrite."""
     torch.manual_seed(0)
