@@ -16,6 +16,7 @@ where torch can export the model (a model it cannot export is listed with torch'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -87,11 +88,24 @@ def _ratio(g, opt_level: int) -> float:
     return r["gm_bytes_fused"] / r["gm_bytes_ideal"] if r["gm_bytes_ideal"] else 1.0
 
 
+@contextlib.contextmanager
+def _stdout_silenced():
+    """The exporter prints the whole TorchScript graph on a failure, from C++ to the process's
+    standard output: file descriptor 1 goes to /dev/null meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def transformers_table(names: list[str], opt_level: int) -> int:
     """fused/ideal GM bytes of each transformer-zoo model's inference graph, exported by
     torch.export and by the ONNX exporter."""
-    import contextlib
-    import io
     import logging
     import tempfile
     import warnings
@@ -129,8 +143,7 @@ def transformers_table(names: list[str], opt_level: int) -> int:
                 cells.append(None)
                 why.append(f"torch.export: {str(e).splitlines()[0][:90]}")
             try:
-                with tempfile.TemporaryDirectory() as folder, \
-                        contextlib.redirect_stdout(io.StringIO()):  # (its graph on failure)
+                with tempfile.TemporaryDirectory() as folder, _stdout_silenced():
                     path = os.path.join(folder, f"{name}.onnx")
                     torch.onnx.export(model, args, path, dynamo=False, opset_version=17)
                     cells.append(_ratio(load_model(path), opt_level))
