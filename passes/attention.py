@@ -734,6 +734,8 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     _, n2, s2, dk = k.shape
     if rep_k != rep_v or k.shape != v.shape or dk != d:
         raise Refused("K and V differ in heads, sequence or head size")
+    if n2 == 1 and rep_k == 1 and isinstance(n1, int):  # one K/V head broadcast by the
+        rep_k = rep_v = n1  # products themselves (an ONNX export of multi-query attention)
     if isinstance(n2, int) and isinstance(rep_k, int) and n2 * rep_k != n1:
         raise Refused(f"K/V heads {n2} repeated {rep_k} times do not give the {n1} query heads")
     why = limits(m.q.dtype, n1, n2, d)

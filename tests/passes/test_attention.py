@@ -167,6 +167,24 @@ def test_grouped_query_kv_is_read_with_its_own_heads(kv_heads):
                                Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_one_kv_head_broadcast_by_the_products_is_multi_query_attention():
+    """An ONNX export of multi-query attention: K and V keep their one head and the products
+    broadcast it over the query heads (numpy batch broadcasting, no BroadcastTo)."""
+    g = Graph("mqa")
+    q = g.add_input("q", TensorType((2, 4, 8, 16), "float32"))
+    k = g.add_input("k", TensorType((2, 1, 8, 16), "float32"))
+    v = g.add_input("v", TensorType((2, 1, 8, 16), "float32"))
+    kt = g.add_node("Transpose", [k], {"perm": [0, 1, 3, 2]}).output
+    s = g.add_node("BatchMatMul", [q, kt], name="qk").output
+    s = g.add_node("Mul", [s, g.const(0.25)]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}).output
+    g.set_outputs([g.add_node("BatchMatMul", [p, v]).output])
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.inputs[1].type.shape[1] == 1 and fa.inputs[0].type.shape[1] == 4
+    _same_results(g, res)
+
+
 def test_torch_attention_module_with_head_split_and_merge():
     torch = pytest.importorskip("torch")
     import graphkernel.torch as gt
