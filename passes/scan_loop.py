@@ -161,7 +161,7 @@ def _batchable(n: Node) -> bool:
         return True
     if n.op in ("Reshape", "ExpandDims", "Squeeze", "Transpose", "Cast"):
         return True
-    if n.op.startswith("Reduce") and n.op != "ReduceWindow":
+    if n.op.startswith("Reduce"):
         return set(n.attrs) <= {"axis", "keep_dims"}
     opdef = ops.get(n.op)
     return (opdef.kind == OpKind.ELEMWISE and len(n.outputs) == 1
