@@ -358,3 +358,20 @@ def test_one_d_convolutions_and_pools_are_modelled(case):
     res = run_conformance(case)
     (c,) = [c for c in res.cases if c.name == case]
     assert c.status == "passed", c.reason
+
+
+def test_integer_lists_are_read_as_python_ints_whatever_their_form():
+    """An attribute's list of ints is taken as it is; arrays (an initializer's int64, a float
+    or bool tensor) become the Python ints a per-element ``int()`` gives."""
+    from graphkernel.frontends.onnx import _ints
+
+    given = [1, 0, 2]
+    out = _ints(given)
+    assert out == [1, 0, 2] and out is not given
+    for a in (np.array([[3, -1]], dtype=np.int64), np.array([2.7, -2.7], np.float32),
+              np.array([True, False]), (4, 5), np.uint64(2**63 + 1)):
+        want = [int(v) for v in np.asarray(a).reshape(-1)]
+        got = _ints(a)
+        assert got == want and all(type(v) is int for v in got)
+    assert _ints([1, 2.0]) == [1, 2] and type(_ints([1, 2.0])[1]) is int
+    assert _ints(None) == []

@@ -462,7 +462,12 @@ def _scalar_const(v: Value) -> float | None:
 
 # ------------------------------------------------------------------- shapes
 def _ints(a: np.ndarray | list | None) -> list[int]:
-    return [] if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
+    """``a`` as a list of Python ints (an attribute's list of ints as it is: most are)."""
+    if a is None:
+        return []
+    if type(a) is list and all(type(v) is int for v in a):
+        return list(a)
+    return [int(v) for v in np.asarray(a).reshape(-1).tolist()]
 
 
 @handles("Reshape")
@@ -1028,13 +1033,19 @@ def import_onnx(model: Any, name: str | None = None,
     for idx, node in enumerate(gp.node):
         nname = node.name or f"{node.op_type.lower()}_{idx}"
         nname = g.fresh_name(nname)
-        for i in node.input:
-            if i and i not in values:
+        ins: list[Value | None] = []
+        for i in node.input:  # (a protobuf field: read once)
+            if not i:
+                ins.append(None)
+                continue
+            v = values.get(i)
+            if v is None:
                 raise FrontendError(f"node '{nname}' ({node.op_type}): input {i!r} is not defined "
                                     "by any earlier node, initializer or graph input")
-        ins = [values[i] if i else None for i in node.input]
-        outs = _import_node(g, node, nname, ins, opset, opsets, vinfo, unknown, notes)
-        for oname, v in zip(node.output, outs, strict=False):
+            ins.append(v)
+        onames = list(node.output)
+        outs = _import_node(g, node, nname, ins, opset, opsets, vinfo, unknown, notes, onames)
+        for oname, v in zip(onames, outs, strict=False):
             if not oname:
                 continue
             if v.name != oname and not g.has_value(oname) and v.producer is not None \
@@ -1082,7 +1093,11 @@ class _ValueInfos:
 
 def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset: int,
                  opsets: dict[str, int], vinfo: _ValueInfos, unknown: list[int],
-                 notes: list[ImportNote] | None) -> list[Value]:
+                 notes: list[ImportNote] | None, onames: list[str] | None = None
+                 ) -> list[Value]:
+    """The values standing for ``node``'s outputs (``onames``: their names, when the caller
+    has read them), through its handler or else as an Opaque node."""
+    onames = list(node.output) if onames is None else onames
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     reason = f"no mapping for {node.domain or 'ai.onnx'}.{node.op_type}"
     if (node.domain or "ai.onnx") == "ai.onnx" and node.op_type in HANDLERS:
@@ -1090,7 +1105,7 @@ def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset
         try:
             out = HANDLERS[node.op_type](ctx)
             outs = out if isinstance(out, list) else [out]
-            if len(outs) < len([o for o in node.output if o]):
+            if len(outs) < len(onames) and len(outs) < len([o for o in onames if o]):
                 raise Unsupported(f"only {len(outs)} of the outputs are modeled")
             return outs
         except BadModel:
