@@ -266,14 +266,17 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
             s.scalars.append(f"const float b{bi} = gi{bi}.GetValue(c);")
             s.bias = f"b{bi}"
     _epilogue(s, kernel, pool)
-    if (min(256, Hp * P) + GL + GR) // 8 > 255:
-        raise Unsupported(f"{pool.op} padded by {pl} columns: a Brcb of the copies' chunk "
-                          "would take more than 255 repeats", node=pool)
+    need = 0
     for F in (256, 64, 8):  # a smaller chunk of the plane per Brcb when the UB is short
         s.F = min(F, Hp * P)
+        if (s.F + GL + GR) // 8 > 255 and s.made:  # (a Brcb takes at most 255 repeats)
+            continue
         need = _plan(s).budget().bytes(1, Wa)
         if need <= target.ub_bytes:
             break
+    if not need:
+        raise Unsupported(f"{pool.op} padded by {pl} columns: a Brcb of the padding around "
+                          "a chunk of the plane would take more than 255 repeats", node=pool)
     if need > target.ub_bytes:
         raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of {P}) and "
                           f"the kernel's rows need {need} bytes of UB, the target has "
