@@ -8,9 +8,9 @@ time, and the elementwise work on its result runs on each computed row in the sa
 PoolFormer's token mixer ``pool(x) - x``, scaled and added to the residual, is one launch
 instead of two; a depthwise convolution with its folded batch norm and ReLU6 one instead of
 two. The consumer joins when it is a kernel, or an elementwise op outside the kernels (a lone
-ReLU), whose every op the window kernel's epilogue takes and the result goes nowhere else. Each one is recorded for ``graphkernel explain``
-(pattern ``window_fusion``): fused with its neighbours, alone, or refused with the
-generator's reason (it then stays as it was).
+ReLU), whose every op the window kernel's epilogue takes and the result goes nowhere else.
+Each one is recorded for ``graphkernel explain`` (pattern ``window_fusion``): fused with its
+neighbours, alone, or refused with the generator's reason (it then stays as it was).
 """
 
 from __future__ import annotations
