@@ -18,13 +18,14 @@ convolution, ``Muls`` by each tap's weight and ``Add`` (the plane's channel's we
 bias are scalars read from GM). With a column stride the rows are computed at full column
 resolution and every stride-th column is picked by the scalar unit (a ``GatherMask`` would
 do it in the vector unit; not generated). A ReLU or a clamp by constants before a max pool
-runs on the copies (it is non-decreasing: it commutes with the max and keeps the padding
-the smallest value). A constant pad of the pool's input (BiT's stem pads by zeros before
-a max pool without padding of its own) is the kernel's padding, by the pad's value. The
-epilogue's instructions follow on each output row: its operands
+runs on the loaded copy and its padding before the shifted copies are made (it is
+non-decreasing: it commutes with the max and keeps the padding the smallest value). A
+constant pad of the pool's input (BiT's stem pads by zeros before a max pool without
+padding of its own) is the kernel's padding, by the pad's value. The epilogue's
+instructions follow on each output row: its operands
 are the pooled row, rows of inputs of the output's shape (loaded per plane), the pool's
 input itself when the pool keeps the plane's size (PoolFormer's ``pool(x) - x``: the
-unshifted copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
+loaded copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
 constants; a view of a result (``[N, C, H*W]``) is the same rows.
 
 What is refused (the reason goes to the fusion log; the op then stays an op of its own):
