@@ -3,8 +3,8 @@
 A launch is a fused kernel or any op left outside a kernel that needs one (opaque
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
-writes each output once, but for a window kernel (its pool's input once per column tap of
-the window, per-channel values once per plane: codegen/window.py). Symbolic dims count as
+writes each output once, but for a window kernel (per-channel values once per plane:
+codegen/window.py). Symbolic dims count as
 ``SYMBOL_SIZE``.
 """
 
@@ -63,7 +63,7 @@ def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
 
 def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
     """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands. A
-    window kernel reads its pool's input once per column tap (``window.window_reads``)."""
+    window kernel reads its per-channel values once per plane (``window.window_reads``)."""
     for n in graph.nodes:
         if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
@@ -108,7 +108,7 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
 
     A pool or depthwise convolution (a window kernel's op) joins the region of its users in
     the same way when that region is elementwise work (a window kernel's epilogue), its
-    input read once (the bound: the generated kernel reads it once per column tap).
+    input read once (as the generated kernel reads it).
 
     ``regions``: ``form_regions(graph, fusable)`` when the caller has it (its lists grow)."""
     from graphkernel.fusion import form_regions
@@ -192,6 +192,6 @@ def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:
     return sum(k["bytes_read"] + k["bytes_written"] for k in ks), len(ks), ks
 
 
-NOTE = (f"GM-traffic model: each launch reads its inputs once (a pool's or depthwise "
-        f"convolution's window kernel: its input once per column tap) and writes its outputs "
+NOTE = (f"GM-traffic model: each launch reads its inputs once (a window kernel: its "
+        f"per-channel values once per plane) and writes its outputs "
         f"once; constants and reshape views are free; symbolic dims count as {SYMBOL_SIZE}")

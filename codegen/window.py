@@ -2,30 +2,34 @@
 vector unit, with a ReLU before a max pool and the elementwise work on the result fused into
 the same kernel.
 
-A core takes whole (N*C) planes, one at a time. The input plane is loaded once per column
-tap ``dj`` of the window (``kw`` copies), each copy shifted so that column ``j`` of its rows
-holds the padded input's column ``j + dj``: a vector instruction's operands start on a
-32-byte UB block, so a shift by one element cannot be an offset into one copy, while a shift
-by whole rows can (the rows' pitch is whole blocks). The left and right padding of each row
-comes from ``DataCopyPad``'s padding (the pad value: the lowest float for a max, else 0),
-the top and bottom padding rows from ``Duplicate``. An output row is then ``kh * kw``
+A core takes whole (N*C) planes, one at a time. The input plane is read from GM once: a
+``Duplicate`` of the pad value (the lowest float for a max, else 0), then one ``DataCopyPad``
+of its rows, each at the start of a row of ``P`` elements whose gap after the W columns is
+that row's right padding and the next row's left. Each column tap ``dj`` needs a copy whose
+column ``j`` holds the padded input's column ``j + dj``: a vector instruction's operands
+start on a 32-byte UB block, so a shift by one element cannot be an offset into one copy,
+while a shift by whole rows can. The shifted copies are made in UB: ``Brcb`` spreads a chunk
+of the loaded copy one element per 32-byte block, where a shift by k elements is a shift by
+k whole blocks, and ``BlockReduceMax`` takes each block (8 equal values) back to one element
+in the shifted copy (exact). An output row is then ``kh * kw``
 whole-row instructions: ``Max``; or ``Add``, then a ``Div`` by the window's element counts
 (a row of counts built once per core times the row's count); or, for a depthwise
 convolution, ``Muls`` by each tap's weight and ``Add`` (the plane's channel's weights and
 bias are scalars read from GM). With a column stride the rows are computed at full column
 resolution and every stride-th column is picked by the scalar unit (a ``GatherMask`` would
 do it in the vector unit; not generated). A ReLU or a clamp by constants before a max pool
-runs on the copies (it is non-decreasing: it commutes with the max and keeps the padding
-the smallest value). A constant pad of the pool's input (BiT's stem pads by zeros before
-a max pool without padding of its own) is the kernel's padding, by the pad's value. The
-epilogue's instructions follow on each output row: its operands
+runs on the loaded copy and its padding before the shifted copies are made (it is
+non-decreasing: it commutes with the max and keeps the padding the smallest value). A
+constant pad of the pool's input (BiT's stem pads by zeros before a max pool without
+padding of its own) is the kernel's padding, by the pad's value. The epilogue's
+instructions follow on each output row: its operands
 are the pooled row, rows of inputs of the output's shape (loaded per plane), the pool's
 input itself when the pool keeps the plane's size (PoolFormer's ``pool(x) - x``: the
-unshifted copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
+loaded copy's rows), per-channel inputs (one value per plane, read from GM) and scalar
 constants; a view of a result (``[N, C, H*W]``) is the same rows.
 
 What is refused (the reason goes to the fusion log; the op then stays an op of its own):
-other than float32, not 2-D, a dilation, a row padding over 32 bytes (DataCopyPad's limit),
+other than float32, not 2-D, a dilation, a left padding too wide for one chunk's Brcb,
 symbolic shapes, a plane whose copies do not fit the UB (a band of rows with its halo is not
 generated), epilogue ops other than the table's, and operands of other shapes.
 """
@@ -117,8 +121,12 @@ class WindowSchedule:
     pt: int
     pl: int
     Hp: int                    # rows of a copy: the padded input's rows
-    Wa: int                    # a row's pitch in UB (elements: whole blocks)
-    copies: list[tuple[int, int, int, int]]  # per column tap: first column, length, pads
+    Wa: int                    # an output row's pitch in UB (elements: whole blocks)
+    P: int                     # a copy's row pitch: W columns, then the padding (whole blocks)
+    GL: int                    # padding elements before the loaded copy (whole blocks)
+    GR: int                    # ... and after it
+    F: int                     # elements of a copy made per Brcb (a chunk of the plane)
+    bases: list[int]           # per column tap: where its copy starts in the copies' buffer
     pool_input: int            # the pool's input among the kernel's inputs
     counts: list[float] | None  # an average's element counts along a row (None: a max)
     row_counts: list[float] | None  # ... and down the rows
@@ -139,14 +147,21 @@ class WindowSchedule:
     variant: None = None
 
     @property
-    def pitch(self) -> int:
-        """The pitch of a row of the input's copies (full column resolution)."""
-        return self.Waf if self.sw > 1 else self.Wa
+    def shifts(self) -> list[int]:
+        """Per column tap dj: its copy's shift against the loaded one (column j of the copy
+        is the loaded row's column j + dj - pl)."""
+        return [dj - self.pl for dj in range(self.kw)]
 
     @property
-    def width(self) -> int:
-        """The columns of a row of the input's copies."""
-        return self.Wf if self.sw > 1 else self.Wo
+    def loaded(self) -> int:
+        """The loaded copy's elements with its guards: the rows of the padded plane, one
+        block of padding (or more) before and after."""
+        return self.GL + self.Hp * self.P + self.GR
+
+    @property
+    def made(self) -> list[tuple[int, int]]:
+        """(base, shift) of each copy the vector unit makes from the loaded one."""
+        return [(b, sh) for b, sh in zip(self.bases, self.shifts) if sh]
 
     @property
     def pad_value(self) -> str:
@@ -218,11 +233,10 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
     Waf = -(-Wf // blk) * blk
     Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
-    copies = _copies(W, Wf, kw, pl)
-    for _, n, lp, rp in copies:
-        if n and (lp + rp) * 4 > target.block_bytes:
-            raise Unsupported(f"{pool.op}: a row padded by {lp} + {rp} elements (DataCopyPad "
-                              f"pads at most {target.block_bytes} bytes)", node=pool)
+    # a loaded row is W columns, then a gap of padding: the right padding of its taps (up to
+    # column Wf + kw - 2 of the padded row) and the left padding of the next row's
+    P = -(-(W + max(pl, Wf + kw - 1 - pl - W, 0)) // blk) * blk
+    GL, GR = -(-pl // blk) * blk, -(-max(kw - 1 - pl, 0) // blk) * blk
     counts = row_counts = None
     if conv and not all(isinstance(d, int) for d in pool.inputs[1].shape):
         raise Unsupported("a depthwise convolution of symbolic weights", node=pool)
@@ -238,9 +252,10 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
                        [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
                        {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
                        W, Ho, Wo, kh,
-                       kw, sh, pt, pl, Hp, Wa, copies, sub.inputs.index(x), counts, row_counts,
-                       sw=sw, Wf=Wf, Waf=Waf, fill=fill)
+                       kw, sh, pt, pl, Hp, Wa, P, GL, GR, 0, [], sub.inputs.index(x), counts,
+                       row_counts, sw=sw, Wf=Wf, Waf=Waf, fill=fill)
     s.prologue, s.prologue_nodes = prologue, pro_nodes
+    s.bases = _bases(s)
     if conv:
         wi = sub.inputs.index(pool.inputs[1])
         s.inputs[wi].kind = "weights"
@@ -252,10 +267,19 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
             s.scalars.append(f"const float b{bi} = gi{bi}.GetValue(c);")
             s.bias = f"b{bi}"
     _epilogue(s, kernel, pool)
-    need = _plan(s).budget().bytes(1, Wa)
+    need = 0
+    for F in (256, 64, 8):  # a smaller chunk of the plane per Brcb when the UB is short
+        s.F = min(F, Hp * P)
+        if (s.F + GL + GR) // 8 > 255 and s.made:  # (a Brcb takes at most 255 repeats)
+            continue
+        need = _plan(s).budget().bytes(1, Wa)
+        if need <= target.ub_bytes:
+            break
+    if not need:
+        raise Unsupported(f"{pool.op} padded by {pl} columns: a Brcb of the padding around "
+                          "a chunk of the plane would take more than 255 repeats", node=pool)
     if need > target.ub_bytes:
-        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of "
-                          f"{Waf if sw > 1 else Wa}) and "
+        raise Unsupported(f"{pool.op}: a plane's {kw} shifted copies ({Hp} rows of {P}) and "
                           f"the kernel's rows need {need} bytes of UB, the target has "
                           f"{target.ub_bytes} (a band of rows with its halo is not generated)",
                           node=pool)
@@ -263,29 +287,32 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
         s.notes.append(f"a column stride of {sw}: each pooled row is computed at full column "
                        f"resolution, then every {sw}th column picked by the scalar unit "
                        f"({Ho * Wo} GetValue/SetValue pairs per plane)")
-    s.notes.append(f"input {s.pool_input} is read {kw} times (one copy per column tap of the "
-                   "window: UB operands start on 32-byte blocks)" if kw > 1 else "")
+    if s.made:
+        s.notes.append(f"input {s.pool_input} is read once; its {len(s.made)} copies shifted "
+                       "by a column tap are made in UB: Brcb spreads each element over a "
+                       "32-byte block, so a shift by one element is a shift by one block, and "
+                       "BlockReduceMax takes the blocks back to one element each")
     s.notes = [n for n in s.notes if n]
     return s
 
 
-def _copies(W: int, Wf: int, kw: int, pl: int) -> list[tuple[int, int, int, int]]:
-    """Per column tap ``dj``: (first input column, columns read, left pad, right pad) of its
-    copy of a row of ``Wf`` columns (full column resolution) of an input ``W`` wide, padded
-    by ``pl`` on the left."""
-    out = []
-    for dj in range(kw):
-        c0, c1 = max(0, dj - pl), min(W, dj - pl + Wf)
-        lp = max(0, pl - dj)
-        n = max(0, c1 - c0)
-        out.append((c0, n, lp, Wf - lp - n if n else 0))
+def _bases(s: WindowSchedule) -> list[int]:
+    """Per column tap: where its copy of the padded plane starts in the copies' buffer. The
+    unshifted tap's copy is the loaded one (after its guard); the others follow it."""
+    out, nxt = [], s.loaded
+    for sh in s.shifts:
+        if sh == 0:
+            out.append(s.GL)
+        else:
+            out.append(nxt)
+            nxt += s.Hp * s.P
     return out
 
 
 def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] | None:
     """GM bytes a window kernel reads of each input, by the input's id (the traffic model's
-    count, the simulator's too): the pool's (or depthwise convolution's) input once per
-    column tap of the window, the columns that tap's copy holds; a per-channel value (the
+    count, the simulator's too): the pool's (or depthwise convolution's) input once (its
+    shifted copies are made in UB); a per-channel value (the
     convolution's weights and bias, an epilogue's channel operand) or a scalar once per
     plane (the scalar unit reads it per plane); a plane input once. None when the generator
     would not make the kernel."""
@@ -301,8 +328,7 @@ def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] |
     for io in s.inputs:
         v = io.value
         if io.index == s.pool_input:
-            cols = sum(n for _, n, _, _ in s.copies)
-            out[id(v)] = s.planes * s.H * cols * item
+            out[id(v)] = s.planes * s.H * s.W * item
         elif io.kind == "weights":
             out[id(v)] = s.planes * s.kh * s.kw * item
         elif io.kind in ("channel", "scalar"):
@@ -373,8 +399,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         if io.kind in ("weights", "channel") and s.mode == "dw":
             continue  # (the convolution's weights and bias: read per plane above)
         if io.index == s.pool_input:
-            if same and s.copies[s.pl][2:] == (0, 0):  # the unshifted copy's rows
-                expr[id(v)] = f"x[({s.pl * s.Hp + s.pt} + i) * {s.Wa}]"
+            if same:  # the loaded copy's rows
+                expr[id(v)] = f"x[{s.GL} + ({s.pt} + i) * {s.P}]"
                 kind[id(v)] = "row"
             continue
         if tuple(v.shape) == out_shape:
@@ -530,8 +556,7 @@ def _channel(v: Value, C: int) -> bool:
 def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None:
     """Output row i of the pool (``cols`` columns) into ``dst``: the window's taps combined,
     an average divided by its counts (with a column stride: after the columns are picked)."""
-    pitch = s.pitch
-    taps = [f"x[({dj * s.Hp} + i * {s.sh} + {di}) * {pitch}]"
+    taps = [f"x[{s.bases[dj]} + (i * {s.sh} + {di}) * {s.P}]"
             for di in range(s.kh) for dj in range(s.kw)]
     if s.mode == "dw":  # sum of weight * tap, then the bias
         body += [f"Muls({dst}, {taps[0]}, k0, {cols});", "PipeBarrier<PIPE_V>();"]
@@ -557,10 +582,15 @@ def _plan(s: WindowSchedule) -> BufferPlan:
     """The kernel's UB buffers (fixed sizes: a plane's rows)."""
     blk = s.target.block_bytes
     plane = s.Ho * s.Wa * 4
-    pitch = s.pitch
-    bufs = [Buffer("qx", f"the pool's input plane, {s.kw} copies shifted by a column tap",
-                   Kind.QUEUE_IN, "float", Linear(fixed=s.kw * s.Hp * pitch * 4),
-                   str(s.kw * s.Hp * pitch * 4), tensor="x")]
+    copies = (s.loaded + len(s.made) * s.Hp * s.P) * 4
+    bufs = [Buffer("qx", f"the pool's input plane, loaded, and {len(s.made)} copies shifted "
+                   "by a column tap", Kind.QUEUE_IN, "float", Linear(fixed=copies),
+                   str(copies), tensor="x")]
+    if s.made:
+        spread = (s.GL + s.F + s.GR) * 8 * 4
+        bufs.append(Buffer("be", "a chunk of the loaded copy, each element spread over a block",
+                           Kind.SCRATCH, "float", Linear(fixed=spread), str(spread),
+                           tensor="e"))
     if s.sw > 1:
         full = s.Ho * s.Waf * 4
         bufs += [Buffer("bf", "the pooled rows at full column resolution", Kind.TILE, "float",
@@ -577,8 +607,9 @@ def _plan(s: WindowSchedule) -> BufferPlan:
                            Linear(fixed=s.rows * s.Wa * 4), str(s.rows * s.Wa * 4),
                            tensor="w"))
     if s.mode == "dw":
+        row = (s.Waf if s.sw > 1 else s.Wa) * 4
         bufs.append(Buffer("bt", "a tap times its weight, a row", Kind.ROW, "float",
-                           Linear(fixed=pitch * 4), str(pitch * 4), tensor="tp"))
+                           Linear(fixed=row), str(row), tensor="tp"))
     if s.tmp:
         bufs.append(Buffer("bht", "the math library's temporary space, a row", Kind.SCRATCH,
                            "float", Linear(fixed=s.Wa * 4), str(s.Wa * 4), tensor="ht"))
@@ -601,7 +632,6 @@ def render_window(s: WindowSchedule) -> Rendered:
         common = 0.0
     ctx: dict[str, Any] = {
         "s": s, "plan": bplan, "node_comment": comment_text(s.node),
-        "loads": [(dj, *c) for dj, c in enumerate(s.copies) if c[1]],  # copies with columns
         "plane_inputs": [io for io in s.inputs if io.kind == "plane"
                          and io.index != s.pool_input],
         "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],
@@ -609,6 +639,7 @@ def render_window(s: WindowSchedule) -> Rendered:
         "sizes": {io.index: io.value.type.numel for io in [*s.inputs]},
         "osizes": {io.index: io.value.type.numel for io in s.outputs},
         "blk": s.target.block_bytes,
+        "lw": -(-s.W // 8) * 8,  # a loaded row's columns with DataCopyPad's right padding
     }
     jenv = env()
     files = {f"{s.name}.cpp": jenv.get_template("window.cpp.j2").render(ctx),

@@ -7,19 +7,21 @@ convolution a cube launch. A window kernel computes either in the vector unit on
 time, and the elementwise work on its result runs on each computed row in the same kernel:
 PoolFormer's token mixer ``pool(x) - x``, scaled and added to the residual, is one launch
 instead of two; a depthwise convolution with its folded batch norm and ReLU6 one instead of
-two. The consumer joins when it is a kernel whose every op the window kernel's epilogue
-takes and the result goes nowhere else. Each one is recorded for ``graphkernel explain``
-(pattern ``window_fusion``): fused with its neighbours, alone, or refused with the
-generator's reason (it then stays as it was).
+two. The consumer joins when it is a kernel, or an elementwise op outside the kernels (a lone
+ReLU), whose every op the window kernel's epilogue takes and the result goes nowhere else.
+Each one is recorded for ``graphkernel explain`` (pattern ``window_fusion``): fused with its
+neighbours, alone, or refused with the generator's reason (it then stays as it was).
 """
 
 from __future__ import annotations
 
+from graphkernel import ops
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.window import is_window_op, plan_window
 from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
+from graphkernel.ops import OpKind
 from graphkernel.registry import PassResult, counted
 from graphkernel.runlog import Attempt
 
@@ -27,12 +29,16 @@ PATTERN = "window_fusion"
 
 
 def _consumer(pool: Node) -> Node | None:
-    """The kernel that is the pool's result's only reader, if any."""
+    """The pool's result's only reader when it is a kernel, or an elementwise op left
+    outside the kernels (a lone ReLU after a depthwise convolution whose batch norm folded
+    into its weights: no kernel of its own to join), if any."""
     users = {id(u): u for u in pool.outputs[0].users}
     if len(users) != 1:
         return None
     (k,) = users.values()
-    return k if k.op == "GraphKernel" else None
+    if k.op == "GraphKernel":
+        return k
+    return k if ops.get(k.op).kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else None
 
 
 def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[Node]]:
@@ -64,14 +70,16 @@ def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
     """The window kernel ``k`` with ``before`` (ops outside the kernels) ahead of its nodes
     and ``cons``'s nodes (a kernel) after them, when the generator takes it; otherwise ``k``
     as it was (rebuilt), ``cons`` too, and the reason."""
-    pattern = cons.attrs["pattern"] if cons is not None else ""
+    pattern = cons.attrs["pattern"] if cons is not None and cons.op == "GraphKernel" else ""
     mine = [n for n in unfuse(graph, k) if n.op != "Constant"]
-    theirs = [n for n in unfuse(graph, cons) if n.op != "Constant"] if cons is not None else []
+    kernel = cons is not None and cons.op == "GraphKernel"
+    theirs = [n for n in unfuse(graph, cons) if n.op != "Constant"] if kernel else \
+        [cons] if cons is not None else []
     merged, why, back = _try(graph, [*before, *mine, *theirs], ctx)
     if merged is not None:
         return merged, ""
     mine = back[len(before):len(before) + len(mine)]
-    if theirs:
+    if theirs and kernel:  # (a lone op stays as it was)
         rest = back[len(before) + len(mine):]
         build_kernel(graph, rest, next_kernel_name(ctx.analyses, rest, pattern), pattern)
     k, _, _ = _try(graph, mine, ctx)

@@ -262,6 +262,10 @@ BLOCKS = {
         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()), 8,
         {"vector": 1, "mix": 1}),
+    # the batch norm folded, the ReLU alone (one op, no kernel of its own) joins the window
+    "depthwise_bn_relu": (lambda: nn.Sequential(
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU()), 8,
+        {"vector": 1}),
     "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 2}),
     # the ReLU before the max pool runs in the pool's window kernel
     "stem_conv_bn_relu_maxpool": (lambda: nn.Sequential(
@@ -291,6 +295,19 @@ def test_block_launches(name):
     run(m, torch.randn(2, c, 10, 9), train=False)
     got = {k: v for k, v in gt.stats()["launches"].items() if v}
     assert got == want
+
+
+def test_a_large_kernel_depthwise_block_is_one_window_kernel():
+    """A 19x19 depthwise convolution padded by 9 (a large-kernel network's token mixer) with
+    its folded batch norm and ReLU: one window kernel, its input read once, though the
+    padding is wider than DataCopyPad pads a row (the padding lives in the copies' rows)."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(8, 8, 19, padding=9, groups=8, bias=False),
+                      nn.BatchNorm2d(8), nn.ReLU()).eval()
+    m[1].running_mean.uniform_(-1, 1)
+    m[1].running_var.uniform_(0.5, 2)
+    run(m, torch.randn(2, 8, 12, 16), train=False)
+    assert {k: v for k, v in gt.stats()["launches"].items() if v} == {"vector": 1}
 
 
 def test_one_by_one_convolutions_in_training_stay_convolutions():

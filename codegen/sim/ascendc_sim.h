@@ -1366,6 +1366,46 @@ void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, int64_t repeat,
     }
 }
 
+// BlockReduceMax: repeat r reduces each of its 8 blocks of 32 bytes (block k at k * srcBlkStride
+// blocks, the repeat at r * srcRepStride blocks) over the elements the contiguous mask takes (the
+// first `mask` of the repeat's) to one value, dst[r * dstRepStride * 8 + k] (dstRepStride counts
+// a repeat's 8 results: 32 bytes of float, 16 of half); a block with no element in the mask
+// writes nothing. The source starts on a 32-byte block, the destination on 32 bytes (float) or
+// 16 (half): the public API's rules, checked here.
+template <typename T>
+void BlockReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t repeat,
+                    int32_t mask, int32_t dstRepStride, int32_t srcBlkStride,
+                    int32_t srcRepStride, loc where = loc::current()) {
+    takes<T>(FloatTypes{}, "BlockReduceMax", where);
+    const Instr in = vec(where);
+    check_repeat(repeat, where);
+    check_mask<T>(mask, where);
+    constexpr uint64_t EB = BLOCK_BYTES / sizeof(T);
+    Strided<T> S{src, stride_field(srcBlkStride, 255, "srcBlkStride", where),
+                 stride_field(srcRepStride, 255, "srcRepStride", where)};
+    const uint64_t dstep = stride_field(dstRepStride, 255, "dstRepStride", where) * 8;
+    const uint64_t blocks = (static_cast<uint64_t>(mask) + EB - 1) / EB;
+    const T* x = S.data(repeat, mask, where);
+    const size_t dalign = sizeof(T) == 2 ? 16 : BLOCK_BYTES;
+    T* z = dst.use(repeat ? (repeat - 1) * dstep + blocks : 0, where, dalign);
+    std::vector<float> v(8);
+    for (int64_t r = 0; r < repeat; ++r) {
+        for (uint64_t k = 0; k < blocks; ++k) {
+            float m = 0.0f;
+            for (uint64_t e = k * EB; e < std::min<uint64_t>((k + 1) * EB, mask); ++e) {
+                S.read(r, e, in);
+                const float y = static_cast<float>(x[S.index(r, e)]);
+                m = (e == k * EB || std::isnan(y) || y > m) && !std::isnan(m) ? y : m;
+            }
+            v[k] = m;
+        }
+        for (uint64_t k = 0; k < blocks; ++k) {
+            ub_write(dst.byte_at(r * dstep + k), sizeof(T), in);
+            z[r * dstep + k] = static_cast<T>(v[k]);
+        }
+    }
+}
+
 // WholeReduceSum/Max/Min: repeat r reduces its first `mask` elements (source blocks at
 // srcBlkStride, repeats at srcRepStride blocks) to dst[r * dstRepStride]: pairwise, in T's
 // precision, as ReduceSum. The source must be 32-byte aligned, the destination only

@@ -128,7 +128,9 @@ CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("pad_then_maxpool", _padded(value=-0.25), flags=""),
          Case("pad_then_avgpool", _padded("AvgPool"), flags=""),
          Case("causal_conv1d_silu", _causal_conv1d(), flags=""),
-         Case("causal_conv1d_k3_silu", _causal_conv1d(3, c=6, length=9), flags="")]
+         Case("causal_conv1d_k3_silu", _causal_conv1d(3, c=6, length=9), flags=""),
+         # a large-kernel depthwise convolution: padded by 9 columns, more than a block
+         Case("depthwise_19x19_padded_by_9", _depthwise(19, hw=(10, 16), c=4), flags="")]
 
 
 @pytest.fixture(scope="module")
@@ -154,15 +156,15 @@ def test_a_pool_and_its_neighbours_are_one_window_kernel(case, library):
     assert not judged.bad, f"{case.id}: {judged.reason}"
 
 
-def test_the_pool_reads_its_plane_once_per_column_tap(library):
-    """GM traffic: the input once per column tap (3: the shifted copies read their 6 columns
-    inside the input, the unshifted one all 7), the output once."""
+def test_the_pool_reads_its_plane_once(library):
+    """GM traffic: the input once (the copies shifted by a column tap are made in UB), the
+    output once."""
     case = CASES[2]
     feeds = case.feeds({})
     _, be = run_sim(case.result, feeds, library=library)
     (st,) = be.stats.values()
     plane = 2 * 8 * 9 * 7 * 4
-    assert st.input_reads[0] == plane * (6 + 7 + 6) // 7 and st.gm_written == plane
+    assert st.input_reads[0] == plane and st.gm_written == plane
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -316,3 +318,39 @@ def test_a_per_channel_operand_of_a_view_of_the_planes_stays_out_of_the_epilogue
     feeds = {"x": RNG.standard_normal((2, 4, 10)).astype(np.float32)}
     got, _ = run_sim(res, feeds)
     assert not Evaluator(g, feeds).judge(got).bad
+
+
+def test_copies_shifted_at_an_unaligned_destination_fail_in_the_simulator():
+    """The shift is made at the spread source (a whole-block offset), never at the
+    destination: the same kernel writing each copy one element further on starts a
+    BlockReduceMax destination off its 32-byte block, an error, not a pass."""
+    import re
+
+    case = Case("mixer_broken", _mixer(), flags="")
+    res = graphkernel.compile(case.graph, "", env={})
+
+    def shift_dst(name, files):
+        return {f: re.sub(r"BlockReduceMax\(x\[(\d+) \+ q\]", r"BlockReduceMax(x[\1 + q + 1]", t)
+                for f, t in files.items()}
+
+    backend.CORRUPT.append(shift_dst)
+    try:
+        with pytest.raises(SimulatorError, match="is not 32-byte aligned"):
+            run_sim(res, case.feeds({}))
+    finally:
+        backend.CORRUPT.remove(shift_dst)
+
+
+def test_a_left_padding_wider_than_a_brcb_can_spread_is_refused():
+    """The guard before the plane is spread with every chunk: a padding of more columns than
+    one Brcb's 255 repeats take (with the smallest chunk) is refused with the reason, and
+    the convolution stays an op of its own."""
+    g = Graph("wide")
+    x = g.add_input("x", TensorType((1, 2, 1, 8), "float32"))
+    w = g.const(RNG.standard_normal((2, 1, 1, 3)).astype("float32"))
+    g.set_outputs([g.add_node("Conv2D", [x, w], {"pads": [0, 2100, 0, 0], "group": 2})
+                   .output])
+    res = graphkernel.compile(g, "", env={})
+    (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"]
+    assert att.verdict == "rejected" and "more than 255 repeats" in att.reason
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["Conv2D"]
