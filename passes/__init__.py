@@ -26,6 +26,7 @@ from graphkernel.passes import (
     promote_precision,
     recompute,
     reshape_elim,
+    rotary_halves,
     rotary_pairs,
     scan,
     slice_phases,
@@ -57,6 +58,7 @@ PIPELINE = (
     Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
+    Step("simplify", 36.5, rotary_halves.rotary_halves, 2),  # after rotary_pairs' halves
     Step("simplify", 37, moe_routing.moe_routing, 2),
     Step("simplify", 38, slice_phases.slice_phases, 2),  # before the reshape/transpose folds
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
