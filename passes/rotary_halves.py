@@ -140,9 +140,9 @@ def rewrite(graph: Graph, cat: Node, x: Value, x1: Value, x2: Value, cos: Value,
 
 
 def rotary_halves(graph, ctx) -> PassResult:
-    """Rewrite ``cat(x1*cos - x2*sin, x2*cos + x1*sin)`` on the halves x1, x2 of x with
-    half-width tables → ``x*cat(cos, cos) + cat(-x2, x1)*cat(sin, sin)`` (bit-identical),
-    which the vector kernels take whole (each table read at one column offset)."""
+    """Rewrite cat(x1*cos - x2*sin, x2*cos + x1*sin) on the halves x1, x2 of x with
+    half-width tables → x*cat(cos, cos) + cat(-x2, x1)*cat(sin, sin) (bit-identical), which
+    the vector kernels take whole (each table read at one column offset)."""
     notes = []
     for cat in [n for n in graph.nodes if n.op == "Concat"]:
         got = match(cat)

@@ -12,6 +12,12 @@ into the rows of the frozen projection weights (and biases) that make Q and K, a
 cos/sin tables; nothing else may read the permuted values (V, the pass-through features and
 any other use stay as they were; a Q or K with another use, such as a KV cache a graph
 returns, is left alone).
+
+DeepSeek writes the rotated pairs back as halves (``cat(x1*cos - x2*sin, x2*cos + x1*sin)``):
+when the pair slices are the only readers of x, the same permutation of x's features in the
+product that makes it (through column slices, Splits, head splits and Transposes that keep the
+features last, each other reader of those values taking other columns) turns the slices into
+the halves and changes nothing else; ``rotary_halves`` then makes the rotary one kernel.
 """
 
 from __future__ import annotations
@@ -350,7 +356,8 @@ def rotary_pairs(graph, ctx) -> PassResult:
     """Rewrite interleaved rotary (x[..., ::2], x[..., 1::2], stacked back) on Q and K →
     split-half rotary on Q and K with their features permuted alike (evens, then odds) in
     the frozen projection weights, when both reach one attention (a FusedAttention or
-    Q·Kᵀ) and nothing else."""
+    Q·Kᵀ) and nothing else; and pairs read only by their two slices (written back as halves)
+    → the halves of that value, its features permuted in the frozen product making it."""
     notes, done = [], set()
     for rs in find(graph).values():
         qk = {_to_attention(graph, r.exit, r.head.shape[-1])[1] for r in rs}
@@ -374,12 +381,6 @@ def rotary_pairs(graph, ctx) -> PassResult:
 
 
 # ---------------------------------------------------------------- pairs read apart
-# DeepSeek rotates the pairs and writes the results back as halves, not interleaved:
-# ``cat(x1*cos - x2*sin, x2*cos + x1*sin)`` with ``x1, x2 = x[..., ::2], x[..., 1::2]``. When
-# the pair slices are the only readers of x, permuting x's features (evens, then odds) in the
-# frozen product that makes it changes nothing but the slices, which become the two halves;
-# no attention needs to be reached (the values leaving the slices are the same).
-
 @dataclass
 class Columns:
     """Where the features of the pairs' source sit in the product's output: feature j of the

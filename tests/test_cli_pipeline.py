@@ -39,7 +39,7 @@ def test_passes_by_level():
                          "matvec", "product_transpose", "transpose_hoist", "transpose_view",
                          "product_broadcast", "split_slices",
                          "small_ints",
-                         "rotary_pairs",
+                         "rotary_pairs", "rotary_halves",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout
