@@ -6,6 +6,7 @@ whole pipeline in the order it runs; importing this package registers it
 from graphkernel.passes import (
     arith_simplify,
     attention,
+    attention_sinks,
     axis_normalize,
     cast_elim,
     channels_last,
@@ -67,6 +68,7 @@ PIPELINE = (
     Step("simplify", 55, concat_sink.concat_sink, 2),
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),
+    Step("simplify", 94, attention_sinks.attention_sinks, 2),  # before attention
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("simplify", 96.5, conv_matmul.conv_matmul, 2),  # folded first; matvec takes 1 pixel
