@@ -55,13 +55,13 @@ def _product(v: Value) -> tuple[Value, Value] | None:
     return p.inputs[0], p.inputs[1]
 
 
-def _split(m: tuple[Value, Value], halves: dict[int, tuple[Value, int]]
-           ) -> tuple[int, Value] | None:
-    """(which half, table) of a product of a half and a table, else None."""
+def _split(m: tuple[Value, Value], x: Value) -> tuple[int, Value] | None:
+    """(which half of x, table) of a product of a half of x and a table, else None."""
     a, b = m
     for h, t in ((a, b), (b, a)):
-        if id(h) in halves and id(t) not in halves:
-            return halves[id(h)][1], t
+        got = _half(h)
+        if got is not None and got[0] is x:
+            return got[1], t
     return None
 
 
@@ -69,7 +69,8 @@ def match(cat: Node) -> tuple[Value, Value, Value, Value, Value] | None:
     """(x, x1, x2, cos, sin) when ``cat`` is ``Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)``
     along the last axis, x1 and x2 the halves of x, the tables of the halves' width (the
     products in either operand order, the sum in either order), each intermediate read only
-    there, and the result of x's shape; else None."""
+    there, and the result of x's shape; else None. (A table may itself be a half of a wider
+    one: x is the value whose halves every product reads.)"""
     out = cat.outputs[0]
     if cat.op != "Concat" or len(cat.inputs) != 2 or not out.type.rank or \
             cat.attrs["axis"] % out.type.rank != out.type.rank - 1:
@@ -82,16 +83,12 @@ def match(cat: Node) -> tuple[Value, Value, Value, Value, Value] | None:
     prods = [_product(v) for v in (*fp.inputs, *sp.inputs)]
     if any(p is None for p in prods):
         return None
-    halves = {}
-    for p in prods:
-        for v in p:
-            h = _half(v)
-            if h is not None:
-                halves[id(v)] = h
-    if len({id(h[0]) for h in halves.values()}) != 1:
+    sources = [{id(h[0]): h[0] for v in p if (h := _half(v)) is not None} for p in prods]
+    shared = set(sources[0]).intersection(*sources[1:])
+    if len(shared) != 1:
         return None
-    x = next(iter(halves.values()))[0]
-    picked = [_split(p, halves) for p in prods]
+    x = sources[0][shared.pop()]
+    picked = [_split(p, x) for p in prods]
     if any(p is None for p in picked):
         return None
     (h0, c0), (h1, s0), (h2, c1), (h3, s1) = picked
@@ -107,8 +104,8 @@ def match(cat: Node) -> tuple[Value, Value, Value, Value, Value] | None:
             return None
     if tuple(out.shape) != tuple(x.shape):
         return None
-    x1 = next(v for p in prods for v in p if halves.get(id(v), (None, 9))[1] == 0)
-    x2 = next(v for p in prods for v in p if halves.get(id(v), (None, 9))[1] == 1)
+    x1, x2 = (next(v for v in prods[k] if (h := _half(v)) is not None and h[0] is x)
+              for k in (0, 1))
     return x, x1, x2, c0, s0
 
 

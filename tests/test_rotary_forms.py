@@ -117,6 +117,25 @@ def test_interleaved_pairs_through_the_simulator():
     assert s["bugs"] == 0 and _total(s) == 5, s
 
 
+def test_computed_tables_sliced_from_wider_ones():
+    """The tables as the graph computes them when the positions are not constant: inputs,
+    each sliced to its first half by the rotary itself (DeepSeek's ``cos[..., :d/2]``); the
+    value whose halves the products read is told from the tables' own halves."""
+    class Computed(Interleaved):
+        def forward(self, x, cos, sin):
+            k_rot = self.k(x)[..., 32:].view(B, 1, S, ROPE)
+            _, k_rot = deepseek.apply_rotary_pos_emb_interleave(k_rot, k_rot, cos[None],
+                                                                sin[None])
+            return k_rot
+
+    cos, sin = _tables(ROPE, 7)
+    got, want, s = _compiled(Computed(7), (_x(7), cos, sin))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the product, the key's columns sliced, the rotary in one kernel; each table's half (a
+    # slice of an input) and its widening Concat still a launch each
+    assert s["launches"] == {"vector": 6, "cube": 1, "mix": 0, "extern": 0, "opaque": 0}, s
+
+
 def test_tables_differing_between_the_halves_are_left_alone():
     """``cat(x1*c - x2*s, x2*c2 + x1*s)`` is no rotary: widening one table would be wrong."""
     class Two(torch.nn.Module):
