@@ -41,6 +41,10 @@ A FusedAttention the frontend made (scaled_dot_product_attention, ONNX's Attenti
 read in the best layout the same way: its head splits read in place, the head merge written
 by the operator, Q's constant factor taken into the scale.
 
+Attention with sinks (``attention_sinks``) leaves the softmax's row max and sum read by the
+sink's share of each row as well: the operator then also returns its softmax statistics
+(``stats``), which replace them.
+
 Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
 recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
 reasons of the refused ones.
@@ -746,7 +750,7 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     why = limits(m.q.dtype, n1, n2, d)
     if why is not None:
         raise Refused(f"unsupported {why}")
-    bad = _used_outside(m, m.rows or ())
+    bad = _used_outside(m, m.rows if m.rows and _sink_share(m) else ())
     if bad is not None:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")
@@ -794,6 +798,32 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                                                             else "") + f", mask {kind}"
                           + (" + causal" if causal is not None else "")
                           + "".join(f"; {x}" for x in m.notes), name)
+
+
+def _sink_share(m: _Match) -> bool:
+    """Whether the softmax's row max ``m`` and row sum ``z`` are read outside the pattern only
+    by a sink's share of the row, ``z / (z + exp(sink - m))`` (``attention_sinks``). The
+    operator's statistics are the graph's values on every row with a key left; on a row
+    whose every key is masked out they are 0 and 0 where the graph has the mask's value and
+    the count of keys, and the share is 0 either way (as is the output row)."""
+    rmax, rsum = (n.outputs[0] for n in m.rows)
+    inside = {id(n) for n in m.nodes}
+
+    def outside(v: Value) -> list[Node]:
+        return [u for u in v.users if id(u) not in inside]
+
+    subs = outside(rmax)
+    if len(subs) != 1 or subs[0].op != "Sub" or subs[0].inputs[1] is not rmax:
+        return False
+    exp = subs[0].outputs[0].users
+    if len(exp) != 1 or exp[0].op != "Exp":
+        return False
+    add = exp[0].outputs[0].users
+    if len(add) != 1 or add[0].op != "Add" or not any(x is rsum for x in add[0].inputs):
+        return False
+    div = add[0].outputs[0].users
+    return len(div) == 1 and div[0].op == "Div" and div[0].inputs[0] is rsum and \
+        {id(u) for u in outside(rsum)} == {id(add[0]), id(div[0])}
 
 
 def _statistic(graph: Graph, row: Value, stat: Value, origin: tuple) -> None:

@@ -93,3 +93,22 @@ def test_probabilities_returned_too_are_left_alone():
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert s["attentions"] == 0, s
+
+
+def test_scores_read_elsewhere_keep_the_attention_as_written():
+    """The scores' row max also returned (the scores read outside the attention; a reader of
+    the softmax's own row max is refused too: tests/passes/test_attention_sinks.py): the
+    attention stays as written and the numbers are eager's."""
+    class RowMax(torch.nn.Module):
+        def forward(self, q, k, v):
+            s = q @ k.transpose(-1, -2) * D ** -0.5 + _causal()[0, 0]
+            return torch.softmax(s, dim=-1) @ v, s.amax(dim=-1, keepdim=True)
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, HEADS, S, D, generator=g) for _ in range(3))
+    with torch.no_grad():
+        want = RowMax()(q, k, v)
+        got = torch.compile(RowMax(), backend="graphkernel")(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert gt.stats()["attentions"] == 0, gt.stats()
