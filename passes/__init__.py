@@ -6,6 +6,7 @@ whole pipeline in the order it runs; importing this package registers it
 from graphkernel.passes import (
     arith_simplify,
     attention,
+    attention_sinks,
     axis_normalize,
     cast_elim,
     channels_last,
@@ -26,6 +27,7 @@ from graphkernel.passes import (
     promote_precision,
     recompute,
     reshape_elim,
+    rotary_halves,
     rotary_pairs,
     scan,
     scan_loop,
@@ -58,6 +60,7 @@ PIPELINE = (
     Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded
+    Step("simplify", 36.5, rotary_halves.rotary_halves, 2),  # after rotary_pairs' halves
     Step("simplify", 37, moe_routing.moe_routing, 2),
     Step("simplify", 38, slice_phases.slice_phases, 2),  # before the reshape/transpose folds
     Step("simplify", 40, reshape_elim.reshape_elim, 2),
@@ -66,6 +69,7 @@ PIPELINE = (
     Step("simplify", 55, concat_sink.concat_sink, 2),
     Step("simplify", 60, cast_elim.cast_elim, 2),
     Step("simplify", 90, dce.dce, 1),
+    Step("simplify", 94, attention_sinks.attention_sinks, 2),  # before attention
     Step("simplify", 95, attention.attention, 2),  # after dce: dead users are no uses
     Step("simplify", 96, conv_bn_fold.conv_bn_fold, 2),  # constants folded: alpha, beta
     Step("simplify", 96.5, conv_matmul.conv_matmul, 2),  # folded first; matvec takes 1 pixel

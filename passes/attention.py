@@ -41,6 +41,10 @@ A FusedAttention the frontend made (scaled_dot_product_attention, ONNX's Attenti
 read in the best layout the same way: its head splits read in place, the head merge written
 by the operator, Q's constant factor taken into the scale.
 
+Attention with sinks (``attention_sinks``) leaves the softmax's row max and sum read by the
+sink's share of each row as well: the operator then also returns its softmax statistics
+(``stats``), which replace them.
+
 Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
 recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
 reasons of the refused ones.
@@ -137,6 +141,8 @@ class _Match:
     # [B·N, S1, S2])
     masks: list[tuple[Value, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was done beyond the plain rewrite
+    # the softmax's row max and row sum: read elsewhere, they are the operator's statistics
+    rows: tuple[Node, Node] | None = None
 
 
 def _producer(v: Value, *ops: str) -> Node | None:
@@ -360,9 +366,12 @@ def _match(pv: Node) -> _Match | None:
             raise Refused(f"the probabilities are multiplied ({drop.name}) before ·V "
                           "(dropout, a head mask): the operator has no such input")
     p, guard = _guarded(p, inside)
+    start = len(inside)
     x = softmax_input(p, inside)
     if x is None:
         return None
+    rows = (next(n for n in inside[start:] if n.op == "ReduceMax"),
+            next(n for n in inside[start:] if n.op == "ReduceSum"))
     if pv.attrs["transpose_a"] or pv.attrs["transpose_b"]:
         raise Refused(f"the probabilities' product {pv.name} transposes an operand")
     if guard is not None and guard.inputs[0] is not x:
@@ -394,7 +403,7 @@ def _match(pv: Node) -> _Match | None:
         k, f = _scale_folded(k, inside)
         scale *= f
     return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
-                  k_bsnd=k_bsnd, k_heads=heads, kt=kt)
+                  k_bsnd=k_bsnd, k_heads=heads, kt=kt, rows=rows)
 
 
 def _same(a, b) -> bool:
@@ -688,12 +697,14 @@ def _boolean(mv: Value) -> tuple[Value | None, np.ndarray | None]:
     return None, None
 
 
-def _used_outside(m: _Match) -> Node | None:
-    """A node of the pattern whose result is read outside it (or is a graph output)."""
+def _used_outside(m: _Match, allowed: tuple[Node, ...] = ()) -> Node | None:
+    """A node of the pattern whose result is read outside it (or is a graph output), other
+    than those ``allowed`` read by nodes outside it."""
     ids = {id(n) for n in m.nodes}
     outputs = {id(v) for v in m.pv.graph.outputs}
     for n in m.nodes:
-        if n is m.pv:
+        if n is m.pv or any(n is a for a in allowed) and not any(
+                id(v) in outputs for v in n.outputs):
             continue
         for v in n.outputs:
             if id(v) in outputs or any(id(u) not in ids for u in v.users):
@@ -741,7 +752,7 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     why = limits(m.q.dtype, n1, n2, d)
     if why is not None:
         raise Refused(f"unsupported {why}")
-    bad = _used_outside(m)
+    bad = _used_outside(m, m.rows if m.rows and _sink_share(m) else ())
     if bad is not None:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")
@@ -764,10 +775,18 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     ins = [q.reads[layout], k.reads[layout], v.reads[layout], *masks]
     attrs = {"layout": layout, "head_num": n1, "scale": m.scale, "mask": kind,
              "causal": causal is not None, "window": causal or 0}
+    read = [] if _used_outside(m) is None else list(m.rows)  # (the statistics read)
+    if read:
+        attrs["stats"] = True
     try:
-        fa = graph.add_node("FusedAttention", ins, attrs, name=name, origin=origin).outputs[0]
+        node = graph.add_node("FusedAttention", ins, attrs, name=name, origin=origin)
     except GraphKernelError as e:  # a limit the checks above do not know of
         raise Refused(f"the operator does not take it: {e}") from None
+    fa = node.outputs[0]
+    for row, stat in zip(read, node.outputs[1:], strict=True):
+        _statistic(graph, row.outputs[0], stat, origin)
+    if read:
+        m.notes.append("its softmax's row max and sum read as the operator's statistics")
     target = out.reads[layout]
     if target.type != fa.type:
         fa = graph.add_node("Reshape", [fa], {"shape": list(target.type.shape)},
@@ -781,6 +800,50 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
                                                             else "") + f", mask {kind}"
                           + (" + causal" if causal is not None else "")
                           + "".join(f"; {x}" for x in m.notes), name)
+
+
+def _sink_share(m: _Match) -> bool:
+    """Whether the softmax's row max ``m`` and row sum ``z`` are read outside the pattern only
+    by a sink's share of the row, ``z / (z + exp(sink - m))`` (``attention_sinks``). The
+    operator's statistics are the graph's values on every row with a key left; on a row
+    whose every key is masked out they are 0 and 0 where the graph has the mask's value and
+    the count of keys, and the share is 0 either way (as is the output row)."""
+    rmax, rsum = (n.outputs[0] for n in m.rows)
+    inside = {id(n) for n in m.nodes}
+
+    def outside(v: Value) -> list[Node]:
+        return [u for u in v.users if id(u) not in inside]
+
+    subs = outside(rmax)
+    if len(subs) != 1 or subs[0].op != "Sub" or subs[0].inputs[1] is not rmax:
+        return False
+    exp = subs[0].outputs[0].users
+    if len(exp) != 1 or exp[0].op != "Exp":
+        return False
+    add = exp[0].outputs[0].users
+    if len(add) != 1 or add[0].op != "Add" or not any(x is rsum for x in add[0].inputs):
+        return False
+    div = add[0].outputs[0].users
+    return len(div) == 1 and div[0].op == "Div" and div[0].inputs[0] is rsum and \
+        {id(u) for u in outside(rsum)} == {id(add[0]), id(div[0])}
+
+
+def _statistic(graph: Graph, row: Value, stat: Value, origin: tuple) -> None:
+    """Redirect the readers of the softmax's row max or row sum ``row`` ([.., S1, 1] of the
+    scores) to the operator's statistic ``stat`` ([B, N1, S1, 8], each row's value 8 times):
+    the largest of a row's 8 copies (a row reduction the vector kernels take with the work
+    reading it; a slice of one column would be a strided load of its own), in ``row``'s
+    shape and type."""
+    def add(op: str, ins: list[Value], attrs: dict) -> Value:
+        return graph.add_node(op, ins, attrs, name=graph.fresh_name(f"{stat.name}/{op}"),
+                              origin=origin).outputs[0]
+
+    v = add("ReduceMax", [stat], {"axis": [stat.type.rank - 1], "keep_dims": True})
+    if v.dtype != row.dtype:
+        v = add("Cast", [v], {"dtype": row.dtype})
+    if tuple(v.shape) != tuple(row.shape):
+        v = add("Reshape", [v], {"shape": list(row.shape)})
+    graph.replace_all_uses(row, v)
 
 
 def _kept(fa: Node, reason: str) -> AttentionMatch:

@@ -12,6 +12,12 @@ into the rows of the frozen projection weights (and biases) that make Q and K, a
 cos/sin tables; nothing else may read the permuted values (V, the pass-through features and
 any other use stay as they were; a Q or K with another use, such as a KV cache a graph
 returns, is left alone).
+
+DeepSeek writes the rotated pairs back as halves (``cat(x1*cos - x2*sin, x2*cos + x1*sin)``):
+when the pair slices are the only readers of x, the same permutation of x's features in the
+product that makes it (through column slices, Splits, head splits and Transposes that keep the
+features last, each other reader of those values taking other columns) turns the slices into
+the halves and changes nothing else; ``rotary_halves`` then makes the rotary one kernel.
 """
 
 from __future__ import annotations
@@ -377,8 +383,9 @@ def rotary_pairs(graph, ctx) -> PassResult:
     """Rewrite interleaved rotary (x[..., ::2], x[..., 1::2], stacked back) on Q and K →
     split-half rotary on Q and K with their features permuted alike (evens, then odds) in
     the frozen projection weights, when both reach one attention (a FusedAttention or
-    Q·Kᵀ) and nothing else."""
-    notes = []
+    Q·Kᵀ) and nothing else; and pairs read only by their two slices (written back as halves)
+    → the halves of that value, its features permuted in the frozen product making it."""
+    notes, done = [], set()
     for rs in find(graph).values():
         qk = {_to_attention(graph, r.exit, r.head.shape[-1])[1] for r in rs}
         if len(rs) != 2 or qk != {0, 1} or len({(r.n, r.head.shape[-1]) for r in rs}) != 1:
@@ -388,7 +395,151 @@ def rotary_pairs(graph, ctx) -> PassResult:
             continue
         for r in rs:
             rewrite(graph, r)
+            done.add(id(r.root))
         notes.append(f"{rs[0].product.name}, {rs[1].product.name}: interleaved rotary of "
                      f"{rs[0].n} features as halves")
+    for root, cols, slices in pairs_apart(graph, done):
+        if not ctx.should_apply(f"rotary pairs {root.name}", [cols.product]):
+            continue
+        rewrite_apart(graph, root, cols, slices)
+        notes.append(f"{cols.product.name}: pairs of {root.shape[-1]} features read as halves")
     return PassResult(bool(notes), len(notes), notes,
                       f"{counted(len(notes), 'attention')} with split-half rotary")
+
+
+# ---------------------------------------------------------------- pairs read apart
+@dataclass
+class Columns:
+    """Where the features of the pairs' source sit in the product's output: feature j of the
+    source is column ``off + j + g * period`` of the product's last axis, for every group g."""
+
+    product: Node
+    bias: Node | None
+    off: int
+    period: int
+
+
+def _along(v: Value, child: Value, at: tuple[int, int]) -> bool:
+    """Whether every use of ``v`` other than the one making ``child`` reads columns of the last
+    axis outside ``[at[0], at[1])`` (a step-1 StridedSlice; a Split's other parts are its own
+    outputs)."""
+    for u, _ in v.uses:
+        if any(o is child for o in u.outputs) or not any(x.uses for x in u.outputs):
+            continue
+        cols = _columns(u)
+        if cols is None or not (cols[1] <= at[0] or cols[0] >= at[1]):
+            return False
+    return True
+
+
+def _source_columns(graph: Graph, root: Value) -> Columns | None:
+    """The product columns of ``root``'s features, walking up through column slices, Splits of
+    the last axis, Reshapes that split the last axis into groups and Transposes keeping it;
+    None when another reader could see the permutation or no frozen product makes them."""
+    n = root.shape[-1]
+    v, off, period = root, 0, n
+    while True:
+        p = v.producer
+        if p is None or graph.is_output(v):
+            return None
+        if p.op in ("MatMul", "BatchMatMul", "Add"):
+            break
+        x = p.inputs[0]
+        if not x.type.rank or not isinstance(x.shape[-1], int):
+            return None
+        w = x.shape[-1]
+        if p.op == "StridedSlice":
+            cols = _columns(p)
+            if cols is None or period != v.shape[-1]:
+                return None  # (a slice of a value already split into groups)
+            off += cols[0]
+            period = w
+        elif p.op == "Split" and p.attrs["axis"] % x.type.rank == x.type.rank - 1:
+            if period != v.shape[-1]:
+                return None
+            off += sum(p.attrs["sizes"][:p.outputs.index(v)])
+            period = w
+        elif p.op in ("Reshape", "ExpandDims"):  # rows kept, or each split into groups
+            d = v.shape[-1]
+            if w != d and (w % d or v.type.rank < 2 or v.shape[-2] != w // d):
+                return None
+        elif p.op != "Transpose" or p.attrs["perm"][-1] % x.type.rank != x.type.rank - 1:
+            return None  # (a Transpose keeping the last axis keeps the rows)
+        others = any(u is not p and any(y.uses for y in u.outputs) for u, _ in x.uses)
+        if off + n > period or others and (period != w or not _along(x, v, (off, off + n))):
+            return None
+        v = x
+    bias = None
+    if p.op == "Add":
+        c = [y for y in p.inputs if const_array(y) is not None]
+        rest = [y for y in p.inputs if const_array(y) is None]
+        if len(c) != 1 or len(rest) != 1 or c[0].type.rank != 1 or len(rest[0].uses) != 1:
+            return None
+        bias, p = p, rest[0].producer
+        if p is None:
+            return None
+    weight = const_array(p.inputs[1]) if p.op in ("MatMul", "BatchMatMul") else None
+    if weight is None or weight.ndim != 2 or p.attrs.get("transpose_a") or \
+            len(p.outputs[0].uses) != 1 or p.outputs[0].shape[-1] % period:
+        return None
+    return Columns(p, bias, off, period)
+
+
+def _interleaved_after(s: Node, depth: int = 8) -> bool:
+    """Whether the pairs from slice ``s`` are stacked back (GPT-J's interleave) within a few
+    elementwise steps: those are rewritten by ``find``/``rewrite``, or left as they are."""
+    frontier, seen = [s], 0
+    while frontier and seen < depth * 4:
+        m = frontier.pop()
+        seen += 1
+        for u, _ in m.outputs[0].uses:
+            if _stacked(u) is not None:
+                return True
+            if ops.get(u.op).kind == OpKind.ELEMWISE and len(u.outputs) == 1:
+                frontier.append(u)
+    return False
+
+
+def pairs_apart(graph: Graph, done: set[int]) -> list[tuple[Value, Columns, list[Node]]]:
+    """(source, its product columns, its two pair slices) for every value read only by its
+    even and odd pair slices, the pairs not stacked back; sources in ``done`` are skipped."""
+    found = []
+    for root in {id(n.inputs[0]): n.inputs[0] for n in graph.nodes
+                 if _pair_slice(n) is not None}.values():
+        if id(root) in done or not isinstance(root.shape[-1], int):
+            continue
+        slices = [u for u, _ in root.uses if any(x.uses for x in u.outputs)]
+        if len(slices) != 2 or {_pair_slice(u) for u in slices} != {0, 1} or \
+                any(_interleaved_after(u) for u in slices):
+            continue
+        cols = _source_columns(graph, root)
+        if cols is not None:
+            found.append((root, cols, slices))
+    return found
+
+
+def _permute_columns(arr: np.ndarray, c: Columns, n: int, axis: int) -> np.ndarray:
+    idx = np.arange(arr.shape[axis])
+    groups = arr.shape[axis] // c.period
+    for g in range(groups):
+        at = g * c.period + c.off
+        idx[at:at + n] = idx[at:at + n][_perm(n)]
+    return np.take(arr, idx, axis=axis)
+
+
+def rewrite_apart(graph: Graph, root: Value, c: Columns, slices: list[Node]) -> None:
+    """Permute the product's columns of ``root``'s features; its pair slices become halves."""
+    n, mm = root.shape[-1], c.product
+    axis = 0 if mm.attrs.get("transpose_b") else 1
+    graph.replace_input(mm, 1, _const(graph, mm, _permute_columns(
+        const_array(mm.inputs[1]), c, n, axis)))
+    if c.bias is not None:
+        k = next(i for i, x in enumerate(c.bias.inputs) if const_array(x) is not None)
+        graph.replace_input(c.bias, k, _const(graph, c.bias, _permute_columns(
+            const_array(c.bias.inputs[k]), c, n, 0)))
+    for s in slices:
+        half = n // 2 * _pair_slice(s)
+        v = graph.add_node("StridedSlice", [root], {"begin": [half], "end": [half + n // 2],
+                                                    "strides": [1], "axes": [_last(s)]},
+                           name=graph.fresh_name(f"{s.name}/pairs"), origin=s.origin)
+        graph.replace_all_uses(s.outputs[0], v.outputs[0])

@@ -34,13 +34,14 @@ def test_passes_by_level():
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
                          "promote_precision", "window_fusion",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
-                         "attention", "conv_bn_fold", "conv_matmul", "scan", "moe_routing",
+                         "attention", "attention_sinks", "conv_bn_fold", "conv_matmul",
+                         "scan", "moe_routing",
                          "slice_phases",
                          "matvec", "scan_loop", "product_transpose", "transpose_hoist",
                          "transpose_view",
                          "product_broadcast", "split_slices",
                          "small_ints",
-                         "rotary_pairs",
+                         "rotary_pairs", "rotary_halves",
                          "recompute", "parallel_fusion",
                          "super_kernel"}
     assert "level 2 > opt_level 1" in one.stdout

@@ -537,8 +537,12 @@ class _Planner:
         row = self.cols[id(n.inputs[0])][2]
         if not out.dtype.is_float:
             raise Unsupported(f"Concat of {out.dtype} data", node=n)
-        if not eq(out.shape[-1], row):
-            self.cols[id(out)] = (0, out.shape[-1], row)
+        if not eq(out.shape[-1], row):  # at the columns its pieces span (rotate-half of the
+            # rotary features past a head's others), else at column 0
+            spans = sorted((self.cols[id(x)][0], self.cols[id(x)][1]) for x in n.inputs)
+            at = spans[0][0] if all(isinstance(w, int) for _, w in spans) and all(
+                a + w == b for (a, w), (b, _) in zip(spans, spans[1:])) else 0
+            self.cols[id(out)] = (at, out.shape[-1], row)
         self.colcats.append(n)
         return True
 
