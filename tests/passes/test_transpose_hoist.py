@@ -101,6 +101,36 @@ def test_a_scan_and_broadcast_operands_move_with_the_root():
     assert_same_results(g, h, exact=False, rtol=1e-5)
 
 
+def _readout(keep_dims: bool = True) -> Graph:
+    """A selective scan's readout as the product pass leaves it: the state [B, D, L, N]
+    moved to [B, L, D, N], multiplied by C [B, L, 1, N] and summed over N, the result moved
+    back to [B, D, L] for the gate."""
+    g = Graph()
+    hs = g.add_input("hs", TensorType((2, 6, 5, 4), "float32"))     # [B, D, L, N]
+    c = g.add_input("c", TensorType((2, 5, 4), "float32"))          # [B, L, N]
+    row = g.add_node("Reshape", [c], {"shape": [2, 5, 1, 4]}).output
+    prod = g.add_node("Mul", [_t(g, hs, [0, 2, 1, 3], name="to_bld"), row]).output
+    red = g.add_node("ReduceSum", [prod], {"axis": [-1], "keep_dims": keep_dims}).output
+    y = g.add_node("Reshape", [red], {"shape": [2, 5, 6]}).output   # [B, L, D]
+    g.set_outputs([_t(g, y, name="back")])
+    return g
+
+
+def test_a_reduction_moves_with_the_root_and_the_state_transposes_cancel():
+    g = _readout()
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 1
+    assert "Transpose" not in ops_of(h)
+    red = next(n for n in h.nodes if n.op == "ReduceSum")
+    assert red.attrs["axis"] == [3] and list(red.inputs[0].shape) == [2, 6, 5, 4]
+    assert_same_results(g, h, exact=False, rtol=1e-5)
+
+
+def test_a_reduction_that_drops_its_axes_is_not_taken():
+    h, res = apply_pass("transpose_hoist", _readout(keep_dims=False))
+    assert res.rewrites == 0 and ops_of(h).count("Transpose") == 2
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.usefixtures("fresh_torch")
