@@ -163,3 +163,46 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             counts[flags] = sum(gt.stats()["launches"].values())
     assert counts[""] == counts[off] - 4
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.usefixtures("fresh_torch")
+@pytest.mark.parametrize("cls,kw", [
+    ("Mamba", dict(hidden_size=24, state_size=4, expand=3, conv_kernel=3)),
+    ("FalconMamba", dict(hidden_size=32, state_size=8)),
+])
+def test_a_mamba_layers_readout_keeps_the_scan_layout(monkeypatch, cls, kw):
+    """transformers' Mamba/FalconMamba (one layer, from its config, library defaults,
+    compiled through torch.compile): the readout ``h @ C`` (a batch-folded product of width
+    one) is summed in the scan's layout, so no transpose moving the last axis is left as a
+    launch of its own; outputs match eager."""
+    import torch
+    import transformers as T
+
+    import graphkernel
+    import graphkernel.torch as gt
+
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+    compiled = []
+    real = graphkernel.compile
+
+    def keep(*a, **k):
+        res = real(*a, **k)
+        compiled.append(res.graph)
+        return res
+
+    monkeypatch.setattr(graphkernel, "compile", keep)
+    torch.manual_seed(0)
+    cfg = getattr(T, f"{cls}Config")(num_hidden_layers=1, vocab_size=64, **kw)
+    model = getattr(T, f"{cls}Model")(cfg).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        got = torch.compile(lambda x: model(input_ids=x).last_hidden_state,
+                            backend="graphkernel")(ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert compiled and gt.stats()["graphs"] == 1
+    moved = [n.name for g in compiled for n in g.nodes if n.op == "Transpose"
+             and list(n.attrs["perm"])[-1] != n.inputs[0].type.rank - 1]
+    assert moved == []
