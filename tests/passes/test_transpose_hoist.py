@@ -168,15 +168,12 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.usefixtures("fresh_torch")
-@pytest.mark.parametrize("cls,kw", [
-    ("Mamba", dict(hidden_size=24, state_size=4, expand=3, conv_kernel=3)),
-    ("FalconMamba", dict(hidden_size=32, state_size=8)),
-])
-def test_a_mamba_layers_readout_keeps_the_scan_layout(monkeypatch, cls, kw):
-    """transformers' Mamba/FalconMamba (one layer, from its config, library defaults,
-    compiled through torch.compile): the readout ``h @ C`` (a batch-folded product of width
-    one) is summed in the scan's layout, so no transpose moving the last axis is left as a
-    launch of its own; outputs match eager."""
+def test_a_mamba_layers_readout_keeps_the_scan_layout(monkeypatch):
+    """transformers' Mamba (one layer, from its config with a non-default expansion, kernel
+    and state size, library defaults, compiled through torch.compile): the readout ``h @ C``
+    (a batch-folded product of width one) is summed in the scan's layout, so no transpose
+    moving the last axis is left as a launch of its own; outputs match eager. (FalconMamba
+    shares the mixer; benchmarks/RESULTS.md has both.)"""
     import torch
     import transformers as T
 
@@ -194,8 +191,9 @@ def test_a_mamba_layers_readout_keeps_the_scan_layout(monkeypatch, cls, kw):
 
     monkeypatch.setattr(graphkernel, "compile", keep)
     torch.manual_seed(0)
-    cfg = getattr(T, f"{cls}Config")(num_hidden_layers=1, vocab_size=64, **kw)
-    model = getattr(T, f"{cls}Model")(cfg).eval()
+    cfg = T.MambaConfig(num_hidden_layers=1, vocab_size=64, hidden_size=24, state_size=4,
+                        expand=3, conv_kernel=3)
+    model = T.MambaModel(cfg).eval()
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(input_ids=ids).last_hidden_state
