@@ -293,7 +293,8 @@ def _rewrite(plan: _Plan) -> Value:
 
 def transpose_hoist(graph, ctx) -> PassResult:
     """Rewrite T(f(a, b, ...)) -> f(T(a), T(b), ...) over a region of elementwise ops, views,
-    broadcasts and scans when the transposes at its leaves cancel, fold or are shared."""
+    broadcasts, scans and kept-axis reductions when the transposes at its leaves cancel, fold
+    or are shared."""
     notes = []
     for root in list(graph.nodes):
         if root.graph is None or root.op != "Transpose":
