@@ -55,7 +55,10 @@ def _unmerged(n: Node, wide: Value, other: Value) -> Value | None:
     return x
 
 
-def _rewrite(graph: Graph, n: Node) -> Value | None:
+def _rewrite(graph: Graph, n: Node, views: list[Value]) -> Value | None:
+    """The vector form of ``n`` (None: not rewritten). Made over unmerged batch axes, the
+    operand's merging view and the result's merged view are appended to ``views``: either
+    may be left with no reader."""
     a, b = n.inputs
     if not a.dtype.is_float or a.type.rank < 2 or b.type.rank < 2:
         return None
@@ -72,10 +75,12 @@ def _rewrite(graph: Graph, n: Node) -> Value | None:
 
     merged = None
     if n_ == 1 and not ta and _unmerged(n, a, b) is not None:  # [*bs, M, K] as it was made
+        views.append(a)
         a = _unmerged(n, a, b)
         b = add("Reshape", [_view(graph, n, b, tb)], shape=[*a.shape[:-2], k, 1])
         merged, tb = list(n.outputs[0].shape), False
     elif m == 1 and n_ != 1 and not tb and _unmerged(n, b, a) is not None:
+        views.append(b)
         b = _unmerged(n, b, a)
         a = add("Reshape", [_view(graph, n, a, ta)], shape=[*b.shape[:-2], 1, k])
         merged, ta = list(n.outputs[0].shape), False
@@ -95,7 +100,8 @@ def _rewrite(graph: Graph, n: Node) -> Value | None:
         for u in list(n.outputs[0].users):
             if u.op == "Reshape":
                 graph.replace_input(u, 0, y)
-        return add("Reshape", [y], shape=merged)
+        views.append(add("Reshape", [y], shape=merged))
+        return views[-1]
     if tuple(y.shape) != tuple(n.outputs[0].shape):  # (MatMul's operands broadcast alike)
         y = add("BroadcastTo", [y], shape=list(n.outputs[0].shape))
     return y
@@ -103,10 +109,15 @@ def _rewrite(graph: Graph, n: Node) -> Value | None:
 
 def matvec(graph, ctx) -> PassResult:
     """Rewrite MatMul/BatchMatMul with M = 1 or N = 1 and K <= MAX_K → Mul + ReduceSum."""
-    done = rewrite_each(graph, ctx, ("MatMul", "BatchMatMul"), "on the vector unit", _rewrite)
+    views: list[Value] = []
+    done = rewrite_each(graph, ctx, ("MatMul", "BatchMatMul"), "on the vector unit",
+                        lambda g, n: _rewrite(g, n, views))
+    for v in reversed(views):  # (the merged views no reader is left with)
+        if v.producer is not None and v.producer.graph is not None and not v.uses and \
+                not graph.is_output(v):
+            graph.erase_node(v.producer)
     notes = [f"{name}: a product of width 1 as Mul + ReduceSum" for name in done]
     if notes:
-        graph.remove_dead()
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,
                       f"{counted(len(notes), 'product')} on the vector unit")
