@@ -137,9 +137,9 @@ def test_a_reduction_that_drops_its_axes_is_not_taken():
 def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypatch):
     """transformers' MambaModel (one layer, from its config, library defaults): the four
     transposes around its projections (in_proj's and dt_proj's results to channels-first,
-    x_proj's and out_proj's channels-first operands) go into the products; outputs match
-    eager. (On this layer product_transpose leaves transpose_hoist nothing: the gate runs
-    in the layout of its neighbours.)"""
+    x_proj's and out_proj's channels-first operands) go into the products, and the readout's
+    transpose back to channels-first (above its sum, cancelling the state's) is taken by
+    transpose_hoist; outputs match eager."""
     import torch
     import transformers as T
 
@@ -162,7 +162,7 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
             got = fn(ids)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             counts[flags] = sum(gt.stats()["launches"].values())
-    assert counts[""] == counts[off] - 4
+    assert counts[""] == counts[off] - 5
 
 
 @pytest.mark.slow
