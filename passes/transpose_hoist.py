@@ -6,9 +6,10 @@ it has no in-UB transpose), so a layer that permutes ``[B, L, C]`` to ``[B, C, L
 elementwise work, a scan or a gate there, and permutes back pays two launches for layout alone.
 State-space blocks do this around their causal convolution, their selective scan and their
 output gate. Elementwise ops (with numpy broadcasting), views that only add or drop axes of size
-1, ``BroadcastTo`` and ``Scan`` commute with a permutation of their axes:
-``T(f(a, b)) == f(T(a), T(b))`` with each operand permuted the same way (a broadcast operand
-padded to the output's rank first), and ``T(Scan(x, axis)) == Scan(T(x), axis')``. So the
+1, ``BroadcastTo``, ``Scan`` and reductions that keep their axes commute with a permutation
+of their axes: ``T(f(a, b)) == f(T(a), T(b))`` with each operand permuted the same way (a
+broadcast operand padded to the output's rank first), ``T(Scan(x, axis)) == Scan(T(x),
+axis')`` and ``T(Reduce(x, axes)) == Reduce(T(x), axes')``. So the
 root transpose can be taken to the region's leaves instead, where a transpose
 
 - meets another transpose (their composition, often the identity: both disappear),
@@ -35,6 +36,7 @@ from graphkernel.registry import PassResult, counted
 
 MAX_REGION = 64  # nodes taken above one transpose (bounds the work per transpose)
 VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
+REDUCES = frozenset({"ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
 
 
 def _elementwise(n: Node) -> bool:
@@ -67,6 +69,9 @@ def _joins(n: Node) -> bool:
         return False
     if _elementwise(n) or n.op == "Scan":
         return True
+    if n.op in REDUCES:  # (a reduction that drops its axes is a view away from one that
+        # keeps them; only the kept form is taken)
+        return bool(n.attrs["keep_dims"])
     out, ins = n.outputs[0], n.inputs
     if n.op in VIEWS:
         return _view_perm(list(ins[0].shape), list(out.shape),
@@ -276,6 +281,11 @@ def _rewrite(plan: _Plan) -> Value:
             attrs = dict(n.attrs)
             attrs["axis"] = q.index(n.attrs["axis"] % out.type.rank)
             made[id(out)] = add_like(graph, n, "Scan", ins, attrs)
+        elif n.op in REDUCES:
+            attrs = dict(n.attrs)
+            if n.attrs["axis"]:  # (none: every axis, in any layout)
+                attrs["axis"] = sorted(q.index(a % out.type.rank) for a in n.attrs["axis"])
+            made[id(out)] = add_like(graph, n, n.op, ins, attrs)
         else:
             made[id(out)] = add_like(graph, n, n.op, ins, dict(n.attrs))
     return made[id(root.inputs[0])]
@@ -283,7 +293,8 @@ def _rewrite(plan: _Plan) -> Value:
 
 def transpose_hoist(graph, ctx) -> PassResult:
     """Rewrite T(f(a, b, ...)) -> f(T(a), T(b), ...) over a region of elementwise ops, views,
-    broadcasts and scans when the transposes at its leaves cancel, fold or are shared."""
+    broadcasts, scans and kept-axis reductions when the transposes at its leaves cancel, fold
+    or are shared."""
     notes = []
     for root in list(graph.nodes):
         if root.graph is None or root.op != "Transpose":

@@ -1406,6 +1406,60 @@ void BlockReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_
     }
 }
 
+// Gather (the count form, UB to UB): dst[i] = the element of src at byte srcBaseOffset +
+// srcOffset[i] of src (offsets in bytes, relative to src's start; the table is uint32).
+// Checked as the A2 headers document it: element types of 2 and 4 bytes; dst, src and the
+// table 32-byte aligned (vector operands); srcBaseOffset a multiple of sizeof(T) inside src;
+// count at most the elements of src and of the table; the count form issues count / (256 /
+// sizeof(T)) full repeats in one instruction, at most 255. Each gathered address must be a
+// whole element of src (a multiple of sizeof(T), inside src's buffer): the instruction reads
+// whatever lies there otherwise. dst sharing UB with src or the table is refused (what the
+// instruction reads of bytes it is writing is not documented).
+using GatherTypes = Types<int16_t, uint16_t, int32_t, uint32_t, half, bfloat16_t, float>;
+template <typename T>
+void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src,
+            const LocalTensor<uint32_t>& srcOffset, uint32_t srcBaseOffset, uint32_t count,
+            loc where = loc::current()) {
+    takes<T>(GatherTypes{}, "Gather", where);
+    const Instr in = vec(where);
+    if (count == 0) fail("Gather of 0 elements", where);
+    const uint64_t per_repeat = 256 / sizeof(T);
+    if (count / per_repeat > 255)
+        fail("Gather of " + std::to_string(count) + " elements: " +
+             std::to_string(count / per_repeat) + " repeats in one instruction (at most 255)",
+             where);
+    const uint64_t src_elems = src.bytes_left() / sizeof(T);
+    const uint64_t table = srcOffset.bytes_left() / sizeof(uint32_t);
+    if (count > src_elems || count > table)
+        fail("Gather count " + std::to_string(count) + " exceeds the elements of src (" +
+             std::to_string(src_elems) + ") or of srcOffset (" + std::to_string(table) + ")",
+             where);
+    const uint64_t src_bytes = src_elems * sizeof(T);
+    if (srcBaseOffset % sizeof(T) || srcBaseOffset >= src_bytes)
+        fail("Gather srcBaseOffset " + std::to_string(srcBaseOffset) + " is not a multiple of " +
+             std::to_string(sizeof(T)) + " inside src's " + std::to_string(src_bytes) + " bytes",
+             where);
+    const uint32_t* off = srcOffset.rd(count, in);
+    const T* x = src.rd(src_elems, in);
+    std::vector<T> vals(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint64_t at = static_cast<uint64_t>(srcBaseOffset) + off[i];
+        if (at % sizeof(T))
+            fail("Gather offset " + std::to_string(off[i]) + " (element " + std::to_string(i) +
+                 ") is not a multiple of " + std::to_string(sizeof(T)) + " bytes", where);
+        if (at + sizeof(T) > src_bytes)
+            fail("Gather offset " + std::to_string(off[i]) + " (element " + std::to_string(i) +
+                 ") lies outside src's " + std::to_string(src_bytes) + " bytes", where);
+        vals[i] = x[at / sizeof(T)];
+    }
+    const size_t d0 = dst.byte_at(0), d1 = dst.byte_at(count);
+    const bool on_src = d0 < src.byte_at(src_elems) && src.byte_at(0) < d1;
+    const bool on_table = d0 < srcOffset.byte_at(count) && srcOffset.byte_at(0) < d1;
+    if (on_src || on_table) fail("Gather with its destination sharing UB with an operand", where);
+    T* z = dst.wr(count, in);
+    for (uint32_t i = 0; i < count; ++i) z[i] = vals[i];
+}
+
 // WholeReduceSum/Max/Min: repeat r reduces its first `mask` elements (source blocks at
 // srcBlkStride, repeats at srcRepStride blocks) to dst[r * dstRepStride]: pairwise, in T's
 // precision, as ReduceSum. The source must be 32-byte aligned, the destination only

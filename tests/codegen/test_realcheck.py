@@ -260,3 +260,33 @@ def test_a_target_without_a_recipe_is_refused_with_the_reason(tmp_path, capsys):
     assert main(["realcheck", str(out), "--ascend-headers",
                  str(header_tree(tmp_path / "h"))]) == 2
     assert "no real-header recipe for NPU architecture 3510" in capsys.readouterr().err
+
+
+@needs_headers
+@pytest.mark.slow
+def test_the_simulators_ub_gather_has_the_real_apis_form(tmp_path):
+    """The in-UB Gather as the simulator takes it (float32 data, a uint32 byte-offset table,
+    a base offset and a count) compiles against the real headers inside a generated kernel.
+    (Its type, alignment and offset rules are run-time asserts there: the simulator's to
+    check.)"""
+    from graphkernel import Graph, TensorType
+
+    g = Graph("gather_form")
+    x = g.add_input("x", TensorType((4, 64), "float32"))
+    g.set_outputs([g.add_node("Add", [g.add_node("Exp", [x]).output, x]).output])
+    (r,) = render_all(schedules(graphkernel.compile(g, "", env={})))
+    text = r.files[f"{r.name}.cpp"]
+    anchor = next(ln for ln in text.splitlines() if "KERNEL_TASK_TYPE_DEFAULT(" in ln)
+    form = ("    {{ TPipe p; TBuf<TPosition::VECCALC> a, o, d; p.InitBuffer(a, 1024); "
+            "p.InitBuffer(o, 512); p.InitBuffer(d, 1024); Gather(d.Get<{t}>(), a.Get<{t}>(), "
+            "o.Get<uint32_t>(), (uint32_t)0, (uint32_t)128); }}")
+    units = []
+    for n, t in (("g_f32", "float"),):
+        folder = tmp_path / n
+        folder.mkdir()
+        for f, body in r.files.items():
+            (folder / f.replace(r.name, n)).write_text(body.replace(r.name, n).replace(
+                anchor, anchor + "\n" + form.format(t=t)))
+        units.append(realcheck.Unit(n, "vector", folder / f"{n}.cpp"))
+    results = {x.unit.name: x for x in realcheck.check(units, headers()) if x.mode == "vector"}
+    assert results["g_f32"].ok, results["g_f32"].line()

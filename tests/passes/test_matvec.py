@@ -54,3 +54,54 @@ def test_low_precision_operands_are_summed_in_float32():
 def test_wide_products_and_long_contractions_stay_on_the_cube(a, b):
     h, res = apply_pass("matvec", _product("MatMul", a, b))
     assert res.rewrites == 0 and ops_of(h) == ["MatMul"]
+
+
+
+def _batch_folded(x_shape, c_batch: int, col: bool = True) -> Graph:
+    """``torch.matmul`` of rank-4 tensors as traced: a view merging the batch axes, ``bmm``
+    and a view splitting them again: ``x [*bs, M, K] @ c [cb, K, 1]`` (or ``c [cb, 1, M] @
+    x [*bs, M, K]`` when ``col`` is False) with ``cb`` the merged batch or 1."""
+    g = Graph()
+    x = g.add_input("x", TensorType(x_shape, "float32"))
+    flat = int(np.prod(x_shape[:-2]))
+    m, k = x_shape[-2:]
+    c = g.add_input("c", TensorType((c_batch, k if col else m), "float32"))
+    xm = g.add_node("Reshape", [x], {"shape": [flat, m, k]}).output
+    if col:
+        cm = g.add_node("Reshape", [c], {"shape": [c_batch, k, 1]}).output
+        p = g.add_node("BatchMatMul", [xm, cm]).output
+        out = [*x_shape[:-1]]
+    else:
+        cm = g.add_node("Reshape", [c], {"shape": [c_batch, 1, m]}).output
+        p = g.add_node("BatchMatMul", [cm, xm]).output
+        out = [*x_shape[:-2], k]
+    g.set_outputs([g.add_node("Reshape", [p], {"shape": out}).output])
+    return g
+
+
+@pytest.mark.parametrize("col", [True, False])
+def test_a_batch_folded_product_is_summed_over_the_unmerged_axes(col):
+    """The product reads the operand as it was before the view merging its batch axes, and
+    the view splitting them again reads the sum directly: no merged shape is left."""
+    g = _batch_folded((2, 3, 8, 16), 6, col)
+    h, res = apply_pass("matvec", g)
+    assert res.rewrites == 1
+    mul = next(n for n in h.nodes if n.op == "Mul")
+    assert any(v.name == "x" for v in mul.inputs)
+    red = next(n for n in h.nodes if n.op == "ReduceSum")
+    assert red.outputs[0].type.rank == 4
+    assert h.outputs[0].producer.inputs[0] is red.outputs[0]
+    assert not any(6 in v.shape for n in h.nodes for v in n.outputs if n.op != "Reshape"
+                   or n.inputs[0].name != "c")
+    assert_close(g, h, 1e-5)
+
+
+def test_a_broadcast_batch_keeps_the_merged_product():
+    """The other operand broadcast over the merged batch (extent 1): the product is made on
+    the merged view, as before."""
+    g = _batch_folded((2, 3, 8, 16), 1)
+    h, res = apply_pass("matvec", g)
+    assert res.rewrites == 1
+    mul = next(n for n in h.nodes if n.op == "Mul")
+    assert not any(v.name == "x" for v in mul.inputs)
+    assert_close(g, h, 1e-5)
