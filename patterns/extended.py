@@ -1,4 +1,5 @@
-"""Extended fusions (AutoFuse's): concat and transpose (opt_level 2), gather (3)."""
+"""Extended fusions (AutoFuse's): concat, transpose and row lookups (opt_level 2), gather
+(3)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,41 @@ def gather(model, a):
         else None
 
 
+
+
+@pattern("lookup", order=113, direction="fwd", mode="width", level=2)
+def lookup(model, a):
+    """A Gather of whole rows of a table by integer indices (an embedding lookup) joins a
+    kernel that consumes its rows: elementwise work (a position table added, a scale) or a
+    reduction along the rows (LayerNorm, RMSNorm). The kernel loads each row of the table
+    by its index (the scalar unit reads the index); a row of the kernel's loop space is a
+    row of the table. Other readers of the rows (a decoder's first residual) read them
+    from the kernel, which stores them too."""
+    from graphkernel.fusion import row_lookup
+
+    if not _single(a, "Gather") or not row_lookup(a.nodes[0]):
+        return None
+    row = a.nodes[0].inputs[0].shape[-1]
+    for c in model.consumers(a)[0]:
+        if model.kind(c) > OpKind.REDUCE:
+            continue
+        got = fuse_if(model, "lookup", [c, a], [need(
+            lambda c=c: _rows_reduced(c, row),
+            lambda c=c: f"{c.name} reduces other than rows of {row} (each row of a kernel "
+                        "reading a lookup is one row of the table)")])
+        if got is not None:
+            return got
+    return None
+
+
+def _rows_reduced(a, row) -> bool:
+    """Whether every reduction of ``a`` is along the last axis only, of length ``row`` (or
+    ``a`` does not reduce)."""
+    from graphkernel import symbolic
+    from graphkernel.patterns.reduce import reduce_signatures
+
+    return all(axes == (len(shape) - 1,) and symbolic.eq(shape[-1], row)
+               for shape, axes in reduce_signatures(a))
 
 
 def _private_sources(a) -> bool:
