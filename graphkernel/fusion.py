@@ -61,14 +61,15 @@ def _pattern_on(pat: str, cfg: Config) -> bool:
 
 
 def row_lookup(node: Node) -> bool:
-    """A Gather of whole rows of a 2-D float table by integer indices (an embedding
-    lookup): the vector kernels load such rows by index (the scalar unit reads each index),
-    so the lookup joins the kernel that consumes its rows."""
+    """A Gather of whole rows of a 2-D float table (a weight: a constant or a graph input) by
+    integer indices (an embedding lookup): the vector kernels load such rows by index (the
+    scalar unit reads each index), so the lookup joins the kernel that consumes its rows."""
     if node.op != "Gather" or len(node.inputs) != 2:
         return False
     table, idx = node.inputs
     return (len(table.shape) == 2 and node.attrs.get("axis", 0) % 2 == 0
-            and table.dtype.is_float and idx.dtype in (DType.int32, DType.int64))
+            and table.dtype.is_float and idx.dtype in (DType.int32, DType.int64)
+            and (table.producer is None or table.producer.op == "Constant"))
 
 
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:

@@ -1182,6 +1182,11 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
     row or per column tile."""
     notes: list[str] = []
     for io in ins:
+        if io.lookup >= 0:
+            notes.append(f"input {io.index} ({io.value.name}) is a table whose rows are read "
+                         f"by index (input {io.lookup}): a row once per index naming it, rows "
+                         "no index names not at all")
+            continue
         if io.kind == PARTIAL and io.local is not io.value and not any(
                 eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
