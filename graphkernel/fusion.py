@@ -33,8 +33,10 @@ DEFAULT_CLUSTER_OPS = frozenset(
         "ReduceProd", "ElemAny", "Scan", "Reshape", "ExpandDims", "Squeeze", "Transpose",
         "Slice", "StridedSlice"})
 # AutoFuse's extended fusions: these ops join the list at their patterns' level (concat 2,
-# gather 3; lookup 2, for row lookups only), or with a pattern enabled
-EXTENDED_CLUSTER_OPS = {"Concat": ("concat",), "Gather": ("gather", "lookup")}
+# gather 3; lookup 2, for row lookups only; split_store 2, for Splits of an axis before the
+# last), or with a pattern enabled
+EXTENDED_CLUSTER_OPS = {"Concat": ("concat",), "Gather": ("gather", "lookup"),
+                        "Split": ("split_store",)}
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
                               DType.uint8, DType.int16, DType.int32, DType.bool})
@@ -93,6 +95,9 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return "op type in skip list (skip_node_names_cfg [ByNodeType])"
         if node.op not in allowed and node.op not in ops.PRODUCT_OPS:  # (matmul_depth's)
             return f"op {node.op} not in the cluster list"
+        if node.op == "Split" and node.attrs["axis"] % len(node.inputs[0].shape) == len(
+                node.inputs[0].shape) - 1:
+            return "Split of the last axis (its parts are columns of rows, not rows)"
         lookup = node.op == "Gather" and row_lookup(node)
         if node.op == "Gather" and not lookup and not gathers:
             return ("Gather of other than whole rows of a 2-D table (the gather pattern, "

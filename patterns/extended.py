@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from graphkernel.ops import VIEW_OPS, OpKind
+from graphkernel.ops import PRODUCT_OPS, VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
 
@@ -175,6 +175,21 @@ def lookup(model, a):
         if got is not None:
             return got
     return None
+
+
+@pattern("split_store", order=114, direction="fwd", mode="width", level=2)
+def split_store(model, a):
+    """A Split of an axis before the last joins the vector kernel that computes its operand:
+    that kernel stores each part's rows where the part lives (a fused QKV projection's
+    rotated Q and K and its V, written for the attention operator), instead of a launch
+    that copies the parts."""
+    if not _single(a, "Split"):
+        return None
+    prods = model.producer_areas(a)
+    if len(prods) != 1 or model.kind(prods[0]) > OpKind.CONCAT or any(
+            n.op in PRODUCT_OPS for n in prods[0].nodes):
+        return None
+    return fuse_if(model, "split_store", [prods[0], a], [])
 
 
 def _rows_reduced(a, row) -> bool:

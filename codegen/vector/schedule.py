@@ -91,6 +91,10 @@ class KernelIO:
     # of the index input numbered ``lookup`` (-1: not a lookup); ``lookup_rows``: its rows
     lookup: int = -1
     lookup_rows: Dim = 0
+    # an output that is one part of a Split of a computed value along an axis before the
+    # last: (rows of L per block of the value, the part's first row in a block, its rows per
+    # block); the rows of each block in that range are stored, the others belong to others
+    part: tuple[Dim, Dim, Dim] | None = None
 
 
 @dataclass
@@ -315,6 +319,7 @@ class _Planner:
         self.partial: dict[int, tuple] = {}
         self.concats: list[Node] = []
         self.gathers: list[Node] = []  # Concats of kernel inputs loaded into one tile
+        self.parts: dict[int, tuple[Node, int]] = {}  # id(Split output) -> (Split, its number)
         self.shown: dict[int, Node] = {}  # id(view of a computed value) -> the view node
         # id(kernel output) -> (shape, strides): where the elements of a computed value of that
         # shape land in the output's buffer (the output is a chain of views of it)
@@ -369,6 +374,8 @@ class _Planner:
                 steps.append(n)  # column pieces copied into one tile
             elif n.op == "Concat" and self._gather(n):
                 pass  # loaded piece by piece into one tile
+            elif n.op == "Split":
+                self._split(n)  # each part stored from the tile of the value it splits
             elif n.op == "Gather" and any(n is g for g in self.lookups):
                 self._lookup(n)  # the table's rows loaded by index into one tile
             elif n.op == "Concat":  # stored operand by operand into the output's blocks
@@ -422,13 +429,15 @@ class _Planner:
         outs = [self._concat_io(i, v, cat[id(self.owner(v))], kind, N, L)  # (or its Cast)
                 if id(self.owner(v)) in cat else self._io(i, v, kind, False, L)
                 for i, v in enumerate(sub.outputs)]
+        self._part_io(outs, L)
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value",
                                   about=(o.value,))
             total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
-            if o.kind == FULL and not o.pieces and not eq(o.value.type.numel, total):
+            if o.kind == FULL and not o.pieces and not o.part and not eq(o.value.type.numel,
+                                                                          total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
                                   "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
@@ -645,6 +654,47 @@ class _Planner:
                 symbolic.numel(shape[a:]), L)
             for x in n.inputs[1:]:
                 index[id(self.owner(x))].kind = PIECE
+
+    def _split(self, n: Node) -> None:
+        """A Split of a computed value along an axis before the last whose parts only leave
+        the kernel: each part shares the value's tile and is stored by rows (a fused QKV
+        projection's rotated Q, K and V written where the attention operator reads them)."""
+        src = self.owner(n.inputs[0])
+        a = n.attrs["axis"] % len(n.inputs[0].shape)
+        if any(src is v for v in self.sub.inputs) or a == len(n.inputs[0].shape) - 1:
+            raise Unsupported("Split of a kernel input or of the last axis (parts are stored "
+                              "by rows of a computed value)", node=n)
+        outs = {id(v) for v in self.sub.outputs}
+        for k, o in enumerate(n.outputs):
+            if o.users or id(o) not in outs:
+                raise Unsupported("a part of a Split read inside its kernel (the parts are "
+                                  "only stored)", node=n)
+            self.root[id(o)] = src
+            self.parts[id(o)] = (n, k)
+
+    def _part_rows(self) -> set | None:
+        """Row lengths under which every row of a split value lies in one part."""
+        out = None
+        for n, _ in self.parts.values():
+            shape = tuple(n.inputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            ok = {symbolic.canon(symbolic.numel(shape[k:])) for k in range(a + 1, len(shape))}
+            out = ok if out is None else out & ok
+        return out
+
+    def _part_io(self, outs: list[KernelIO], L: Dim) -> None:
+        for io in outs:
+            if id(io.value) not in self.parts:
+                continue
+            n, k = self.parts[id(io.value)]
+            shape = tuple(n.inputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            inner = symbolic.div(symbolic.numel(shape[a + 1:]), L)
+            if inner is None or self.col_reduce or self.row_chunks or self.batch != 1:
+                raise Unsupported(f"Split along axis {a}: rows of {L} cross its parts", node=n)
+            first = sum(n.attrs["sizes"][:k])
+            io.part = (symbolic.mul(shape[a], inner), symbolic.mul(first, inner),
+                       symbolic.mul(n.attrs["sizes"][k], inner))
 
     def _lookup(self, n: Node) -> None:
         """A Gather of whole rows of a table input: the table is loaded as the Gather's
@@ -966,14 +1016,15 @@ class _Planner:
         stored = {id(n.outputs[0]) for n in self.concats}  # stored by blocks, not rows
         for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
             if id(self.owner(v)) not in stored and id(v) not in self.store_maps and \
-                    self._needs_rows(v, N):
+                    id(v) not in self.parts and self._needs_rows(v, N):
                 S = v.shape
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
         col_rows = {symbolic.canon(row) for _, _, row in self.cols.values()} or None
         lookup_rows = {symbolic.canon(n.outputs[0].shape[-1]) for n in self.lookups} or None
-        for rows in (self._store_rows(), self._gather_rows(), col_rows, lookup_rows):
+        for rows in (self._store_rows(), self._gather_rows(), col_rows, lookup_rows,
+                     self._part_rows()):
             if rows is not None:  # rows contiguous in stored maps, rows of one Concat operand
                 candidates = rows if candidates is None else candidates & rows
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block

@@ -409,6 +409,13 @@ def pattern_cases() -> list[Case]:
     e = g.add_node("Gather", [v["table"], ids], {"axis": 0}).output
     add("embedding-lookup-rmsnorm-dynamic", g, g.add_node("RMSNorm", [e, v["w"]], {}).outputs[0],
         e, dims=[{"b": 1}, {"b": 5}], feeds_for=lookup_feeds(g, 40))
+    # a grouped QKV projection's parts (a Split of the heads' axis) stored by the kernel
+    # computing the value they are cut from
+    g, v = _g("split_parts", {"x": (2, "s", 2, 4, 16), "c": (16,)})
+    y = g.add_node("Mul", [g.add_node("Exp", [v["x"]]).output, v["c"]]).output
+    add("split-parts-dynamic", g,
+        *g.add_node("Split", [y], {"axis": 3, "sizes": [2, 1, 1]}).outputs,
+        dims=[{"s": 1}, {"s": 9}], feeds_for=symbolic_feeds(g))
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
