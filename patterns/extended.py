@@ -152,7 +152,8 @@ def gather(model, a):
 
 
 
-@pattern("lookup", order=113, direction="fwd", mode="width", level=2)
+@pattern("lookup", order=113, direction="fwd", mode="width", level=2,
+         refuses=("GK209",))
 def lookup(model, a):
     """A Gather of whole rows of a table by integer indices (an embedding lookup) joins a
     kernel that consumes its rows: elementwise work (a position table added, a scale) or a

@@ -14,6 +14,7 @@ from graphkernel.codegen import backend as codegen_backend
 from graphkernel.codegen.backend import run_sim
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.interpreter import Interpreter
+from graphkernel.refusals import classify
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
@@ -59,8 +60,8 @@ def test_a_split_of_the_last_axis_stays_apart():
     Split stays an op of its own, with the reason."""
     res = graphkernel.compile(_grouped_qkv(axis=4), "--opt_level=2", env={})
     assert "Split" in [n.op for n in res.graph.nodes]
-    assert any("Split of the last axis" in why
-               for why in res.analyses.cluster.reasons.values())
+    whys = [w for w in res.analyses.cluster.reasons.values() if "Split of the last" in w]
+    assert whys and {classify(w).code for w in whys} == {"GK117"}
 
 
 def test_a_kernel_storing_another_parts_rows_fails_in_the_simulator():
