@@ -161,13 +161,15 @@ def lookup(model, a):
     by its index (the scalar unit reads the index); a row of the kernel's loop space is a
     row of the table. Other readers of the rows (a decoder's first residual) read them
     from the kernel, which stores them too."""
+    from graphkernel import ops
     from graphkernel.fusion import row_lookup
 
     if not _single(a, "Gather") or not row_lookup(a.nodes[0]):
         return None
     row = a.nodes[0].inputs[0].shape[-1]
     for c in model.consumers(a)[0]:
-        if model.kind(c) > OpKind.REDUCE:
+        if model.kind(c) > OpKind.REDUCE and any(  # (other lookups it took are loads too)
+                ops.get(n.op).kind > OpKind.REDUCE and not row_lookup(n) for n in c.nodes):
             continue
         got = fuse_if(model, "lookup", [c, a], [need(
             lambda c=c: _rows_reduced(c, row),

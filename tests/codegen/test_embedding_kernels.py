@@ -237,3 +237,27 @@ def test_an_index_outside_the_table_is_clamped_and_unclamped_the_simulator_catch
             run_sim(graphkernel.compile(g, "--opt_level=2", env={}), feeds)
     finally:
         codegen_backend.CORRUPT.remove(unclamped)
+
+
+def test_token_and_position_rows_are_loaded_by_one_kernel():
+    """Two lookups into one sum (token rows by id, position rows by a computed int32 id, as
+    an encoder numbering its positions from the mask), then the norm: one kernel loading
+    both tables' rows, each by its own index."""
+    g = Graph("two_lookups")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    pos = g.add_input("pos", TensorType((2, 16), "int32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    rng = np.random.default_rng(9)
+    tok = g.const(rng.standard_normal((50, 64)).astype(np.float32))
+    ptab = g.const(rng.standard_normal((20, 64)).astype(np.float32))
+    e = g.add_node("Add", [g.add_node("Gather", [tok, ids], {"axis": 0}).output,
+                           g.add_node("Gather", [ptab, pos], {"axis": 0}).output]).output
+    g.set_outputs([g.add_node("LayerNorm", [e, w, w], {"epsilon": 1e-5}).outputs[0]])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    feeds = {"ids": rng.integers(0, 50, (2, 16)), "pos": rng.integers(0, 20, (2, 16)).astype(
+        np.int32), "w": rng.standard_normal(64).astype(np.float32)}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
