@@ -190,8 +190,9 @@ def split_store(model, a):
         return None
     prods = model.producer_areas(a)
     if len(prods) != 1 or model.kind(prods[0]) > OpKind.CONCAT or any(
-            n.op in PRODUCT_OPS for n in prods[0].nodes):
-        return None
+            n.op in PRODUCT_OPS for n in prods[0].nodes) or all(
+            n.op in VIEW_OPS for n in prods[0].nodes):
+        return None  # (a value the kernel computes: parts of an input are views of it)
     return fuse_if(model, "split_store", [prods[0], a], [])
 
 
