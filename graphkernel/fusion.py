@@ -70,7 +70,8 @@ def row_lookup(node: Node) -> bool:
         return False
     table, idx = node.inputs
     return (len(table.shape) == 2 and node.attrs.get("axis", 0) % 2 == 0
-            and table.dtype.is_float and idx.dtype in (DType.int32, DType.int64)
+            and isinstance(table.shape[0], int) and table.dtype.is_float
+            and idx.dtype in (DType.int32, DType.int64)
             and (table.producer is None or table.producer.op == "Constant"))
 
 
