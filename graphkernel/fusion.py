@@ -75,6 +75,23 @@ def row_lookup(node: Node) -> bool:
             and (table.producer is None or table.producer.op == "Constant"))
 
 
+def _split_reason(node: Node) -> str | None:
+    """Why a vector kernel cannot store a Split's parts (None when one can): a kernel stores
+    the parts by rows of a value it computes, so the axis is not the last and the operand
+    (seen through views) comes from vector work, not a product, a constant or an input."""
+    x = node.inputs[0]
+    if node.attrs["axis"] % len(x.shape) == len(x.shape) - 1:
+        return "Split of the last axis (its parts are columns of rows, not rows)"
+    while x.producer is not None and x.producer.op in ops.VIEW_OPS:
+        x = x.producer.inputs[0]
+    src = x.producer
+    if src is None or src.op == "Constant" or src.op in ops.PRODUCT_OPS or \
+            ops.get(src.op).kind > OpKind.CONCAT:
+        return ("Split of a value no vector kernel computes (an input, a constant, a "
+                "product's or another operator's result: the Split copies the parts)")
+    return None
+
+
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
     """Why ``node`` cannot join a fused kernel, or None when it can."""
     return reason_checker(allowed, cfg)(node)
@@ -96,9 +113,10 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return "op type in skip list (skip_node_names_cfg [ByNodeType])"
         if node.op not in allowed and node.op not in ops.PRODUCT_OPS:  # (matmul_depth's)
             return f"op {node.op} not in the cluster list"
-        if node.op == "Split" and node.attrs["axis"] % len(node.inputs[0].shape) == len(
-                node.inputs[0].shape) - 1:
-            return "Split of the last axis (its parts are columns of rows, not rows)"
+        if node.op == "Split":
+            why = _split_reason(node)
+            if why is not None:
+                return why
         lookup = node.op == "Gather" and row_lookup(node)
         if node.op == "Gather" and not lookup and not gathers:
             return ("Gather of other than whole rows of a 2-D table (the gather pattern, "

@@ -52,8 +52,9 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("GK116", "not-row-lookup", "a Gather other than a lookup of whole rows of a 2-D "
        "table (the general gather fusion is off below opt_level 3)",
        r"^Gather of other than whole rows"),
-    _r("GK117", "split-last-axis", "a Split of the last axis (its parts are columns of every "
-       "row; a kernel stores parts by rows)", r"^Split of the last axis"),
+    _r("GK117", "split-not-stored", "a Split no vector kernel stores: of the last axis (its "
+       "parts are columns of every row; a kernel stores parts by rows), or of a value no "
+       "vector kernel computes", r"^Split of (the last axis|a value no vector kernel)"),
     # the pattern's own rules
     _r("GK201", "cycle", "fusing would make the kernel feed itself (a path between the "
        "areas leaves them)", r"^cycle:", "NF1002"),
