@@ -89,10 +89,10 @@ def test_a_split_of_a_product_stays_out_of_the_kernels():
     its gate) is no value a vector kernel computes: the Split is not a cluster op there, so
     the regions of the work after it are those without it (GK117)."""
     g = Graph("in_proj")
-    x = g.add_input("x", TensorType((2, 32, 16), "float32"))
+    x = g.add_input("x", TensorType((32, 16), "float32"))
     w = g.add_input("w", TensorType((64, 32), "float32"))
-    y = g.add_node("MatMul", [w, x]).output  # [2, 64, 16]
-    a, b = g.add_node("Split", [y], {"axis": 1, "sizes": [32, 32]}).outputs
+    y = g.add_node("MatMul", [w, x]).output  # [64, 16]
+    a, b = g.add_node("Split", [y], {"axis": 0, "sizes": [32, 32]}).outputs
     g.set_outputs([g.add_node("Mul", [g.add_node("Sigmoid", [b]).output, a]).output])
     res = graphkernel.compile(g, "--opt_level=2", env={})
     whys = [w for w in res.analyses.cluster.reasons.values() if "Split of a value" in w]
