@@ -86,9 +86,10 @@ def _split_reason(node: Node) -> str | None:
         x = x.producer.inputs[0]
     src = x.producer
     if src is None or src.op == "Constant" or src.op in ops.PRODUCT_OPS or \
-            ops.get(src.op).kind > OpKind.CONCAT:
+            ops.get(src.op).kind > OpKind.REDUCE:
         return ("Split of a value no vector kernel computes (an input, a constant, a "
-                "product's or another operator's result: the Split copies the parts)")
+                "product's, a data movement's or another operator's result: the Split "
+                "copies the parts)")
     return None
 
 
