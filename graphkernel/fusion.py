@@ -69,6 +69,10 @@ def row_lookup(node: Node) -> bool:
     if node.op != "Gather" or len(node.inputs) != 2:
         return False
     table, idx = node.inputs
+    while idx.producer is not None and idx.producer.op in ops.VIEW_OPS:
+        idx = idx.producer.inputs[0]
+    if idx.producer is not None and idx.producer.op == "BroadcastTo":
+        return False  # (the kernel reads each row's index from GM: a broadcast is no array)
     return (len(table.shape) == 2 and node.attrs.get("axis", 0) % 2 == 0
             and isinstance(table.shape[0], int) and table.dtype.is_float
             and idx.dtype in (DType.int32, DType.int64)

@@ -261,3 +261,31 @@ def test_token_and_position_rows_are_loaded_by_one_kernel():
     got, backend = run_sim(res, feeds)
     assert not backend.unscheduled, backend.unscheduled
     np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_lookup_by_a_broadcast_index_stays_apart_and_nothing_falls_back():
+    """Token-type ids as an exported BERT passes them, one row [1, S] broadcast over the
+    batch: the kernel reads each row's index from GM, and a broadcast is no array there, so
+    that lookup stays an op (the token lookup joins the norm's kernel; no codegen
+    fallback)."""
+    g = Graph("types")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    types = g.add_input("types", TensorType((1, 16), "int64"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    rng = np.random.default_rng(10)
+    tok = g.const(rng.standard_normal((50, 64)).astype(np.float32))
+    ttab = g.const(rng.standard_normal((2, 64)).astype(np.float32))
+    wide = g.add_node("BroadcastTo", [types], {"shape": [2, 16]}).output
+    e = g.add_node("Add", [g.add_node("Gather", [tok, ids], {"axis": 0}).output,
+                           g.add_node("Gather", [ttab, wide], {"axis": 0},
+                                      name="type_lookup").output]).output
+    g.set_outputs([g.add_node("LayerNorm", [e, w, w], {"epsilon": 1e-5}).outputs[0]])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert "type_lookup" in [n.name for n in res.graph.nodes]
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "Gather" in [m.op for m in kernel.subgraph.nodes]
+    feeds = {"ids": rng.integers(0, 50, (2, 16)), "types": rng.integers(0, 2, (1, 16)),
+             "w": rng.standard_normal(64).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
