@@ -42,7 +42,7 @@ from graphkernel.codegen.refusal import Unsupported
 from graphkernel.ir import DType, Node, Value
 
 C_TYPE = {DType.float32: "float", DType.float16: "half", DType.bfloat16: "bfloat16_t",
-          DType.bool: "uint8_t", BITS: "int32_t"}
+          DType.bool: "uint8_t", BITS: "int32_t", DType.int64: "int64_t"}
 MASK = "mask"  # the pool of bit masks (a comparison's result: whole tiles)
 
 

@@ -71,7 +71,7 @@ KEYS: dict[str, AnchorKey] = dict([
        "slice, split, gather, transpose, matmul, conv); each is off unless listed", MAPPED,
        "enable_fusion_pattern (the patterns of each name); with AutoFuse's vocabulary the "
        "names not listed are turned off",
-       "split and conv have no fusion in graphkernel (accepted, no effect); a name in both "
+       "conv has no fusion in graphkernel (accepted, no effect); a name in both "
        "lists of one string is an error (AutoFuse warns and turns it off)"),
     _k("autofuse_disable_pass", AF, "turn off the extended fusions listed", MAPPED,
        "disable_fusion_pattern and disable_cluster_ops (the patterns and ops of each name)",
@@ -278,8 +278,8 @@ AUTOFUSE_GROUPS: dict[str, FusionGroup] = {
                           ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ElemAny")),
     "concat": FusionGroup(("concat",), ("Concat",)),
     "slice": FusionGroup(("slice",), ("Slice", "StridedSlice")),
-    "split": FusionGroup((), (), "graphkernel never fuses Split"),
-    "gather": FusionGroup(("gather",), ("Gather",)),
+    "split": FusionGroup(("split_store",), ("Split",)),
+    "gather": FusionGroup(("gather", "lookup"), ("Gather",)),
     "transpose": FusionGroup(("transpose",), ("Transpose",)),
     "matmul": FusionGroup(("matmul_depth",), ()),
     "conv": FusionGroup((), (), "graphkernel has no convolution fusion"),

@@ -32,9 +32,11 @@ DEFAULT_CLUSTER_OPS = frozenset(
         "Cast", "Select", "BroadcastTo", "ReduceSum", "ReduceMax", "ReduceMin",
         "ReduceProd", "ElemAny", "Scan", "Reshape", "ExpandDims", "Squeeze", "Transpose",
         "Slice", "StridedSlice"})
-# AutoFuse's extended fusions: these ops join the list at their pattern's level (concat 2,
-# gather 3), or with their pattern enabled
-EXTENDED_CLUSTER_OPS = {"Concat": "concat", "Gather": "gather"}
+# AutoFuse's extended fusions: these ops join the list at their patterns' level (concat 2,
+# gather 3; lookup 2, for row lookups only; split_store 2, for Splits of an axis before the
+# last), or with a pattern enabled
+EXTENDED_CLUSTER_OPS = {"Concat": ("concat",), "Gather": ("gather", "lookup"),
+                        "Split": ("split_store",)}
 # the vector unit has no float64 and limited int64
 SUPPORTED_DTYPES = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.int8,
                               DType.uint8, DType.int16, DType.int32, DType.bool})
@@ -46,14 +48,53 @@ def cluster_ops(cfg: Config) -> frozenset[str]:
     (Concat/Gather from their extended pattern's level, or when it is enabled)."""
     if cfg.enable_cluster_ops_only:
         return frozenset(cfg.enable_cluster_ops_only)
-    from graphkernel.registry import PATTERNS
 
-    extended = {op for op, pat in EXTENDED_CLUSTER_OPS.items()
-                if cfg.opt_level >= (PATTERNS[pat].level if pat in PATTERNS else 3)
-                or pat in cfg.enable_fusion_pattern
-                or pat in cfg.enable_fusion_pattern_only}
+    extended = {op for op, pats in EXTENDED_CLUSTER_OPS.items() if any(
+        _pattern_on(pat, cfg) for pat in pats)}
     return frozenset((DEFAULT_CLUSTER_OPS | extended | set(cfg.enable_cluster_ops))
                      - set(cfg.disable_cluster_ops))
+
+
+def _pattern_on(pat: str, cfg: Config) -> bool:
+    from graphkernel.registry import PATTERNS
+
+    return (cfg.opt_level >= (PATTERNS[pat].level if pat in PATTERNS else 3)
+            or pat in cfg.enable_fusion_pattern or pat in cfg.enable_fusion_pattern_only)
+
+
+def row_lookup(node: Node) -> bool:
+    """A Gather of whole rows of a 2-D float table (a weight: a constant or a graph input) by
+    integer indices (an embedding lookup): the vector kernels load such rows by index (the
+    scalar unit reads each index), so the lookup joins the kernel that consumes its rows."""
+    if node.op != "Gather" or len(node.inputs) != 2:
+        return False
+    table, idx = node.inputs
+    while idx.producer is not None and idx.producer.op in ops.VIEW_OPS:
+        idx = idx.producer.inputs[0]
+    if idx.producer is not None and idx.producer.op == "BroadcastTo":
+        return False  # (the kernel reads each row's index from GM: a broadcast is no array)
+    return (len(table.shape) == 2 and node.attrs.get("axis", 0) % 2 == 0
+            and isinstance(table.shape[0], int) and table.dtype.is_float
+            and idx.dtype in (DType.int32, DType.int64)
+            and (table.producer is None or table.producer.op == "Constant"))
+
+
+def _split_reason(node: Node) -> str | None:
+    """Why a vector kernel cannot store a Split's parts (None when one can): a kernel stores
+    the parts by rows of a value it computes, so the axis is not the last and the operand
+    (seen through views) comes from vector work, not a product, a constant or an input."""
+    x = node.inputs[0]
+    if node.attrs["axis"] % len(x.shape) == len(x.shape) - 1:
+        return "Split of the last axis (its parts are columns of rows, not rows)"
+    while x.producer is not None and x.producer.op in ops.VIEW_OPS:
+        x = x.producer.inputs[0]
+    src = x.producer
+    if src is None or src.op == "Constant" or src.op in ops.PRODUCT_OPS or \
+            ops.get(src.op).kind > OpKind.REDUCE:
+        return ("Split of a value no vector kernel computes (an input, a constant, a "
+                "product's, a data movement's or another operator's result: the Split "
+                "copies the parts)")
+    return None
 
 
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
@@ -64,6 +105,8 @@ def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | No
 def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str | None]:
     """``fusable_reason`` for many nodes: the skip lists read from the flags once."""
     skip_names, skip_types = cfg.skip_node_names, cfg.skip_node_types
+    gathers = _pattern_on("gather", cfg) or "Gather" in cfg.enable_cluster_ops or \
+        "Gather" in cfg.enable_cluster_ops_only
 
     def reason(node: Node) -> str | None:
         if node.op == "Constant":
@@ -75,7 +118,15 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return "op type in skip list (skip_node_names_cfg [ByNodeType])"
         if node.op not in allowed and node.op not in ops.PRODUCT_OPS:  # (matmul_depth's)
             return f"op {node.op} not in the cluster list"
-        for v in (*node.inputs, *node.outputs):
+        if node.op == "Split":
+            why = _split_reason(node)
+            if why is not None:
+                return why
+        lookup = node.op == "Gather" and row_lookup(node)
+        if node.op == "Gather" and not lookup and not gathers:
+            return ("Gather of other than whole rows of a 2-D table (the gather pattern, "
+                    "opt_level 3)")
+        for v in (node.outputs if lookup else (*node.inputs, *node.outputs)):
             if v.dtype not in SUPPORTED_DTYPES:
                 return f"dtype {v.dtype.value} not supported by the vector unit"
         return None

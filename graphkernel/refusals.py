@@ -49,6 +49,12 @@ REFUSALS: tuple[Refusal, ...] = (
        r"^dtype \S+ not supported"),
     _r("GK115", "constant", "a constant is an input of kernels, never a member",
        r"^constant \(an input of kernels"),
+    _r("GK116", "not-row-lookup", "a Gather other than a lookup of whole rows of a 2-D "
+       "table (the general gather fusion is off below opt_level 3)",
+       r"^Gather of other than whole rows"),
+    _r("GK117", "split-not-stored", "a Split no vector kernel stores: of the last axis (its "
+       "parts are columns of every row; a kernel stores parts by rows), or of a value no "
+       "vector kernel computes", r"^Split of (the last axis|a value no vector kernel)"),
     # the pattern's own rules
     _r("GK201", "cycle", "fusing would make the kernel feed itself (a path between the "
        "areas leaves them)", r"^cycle:", "NF1002"),
@@ -68,7 +74,7 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("GK209", "generator-layout", "the code generator cannot lay the fused values out "
        "(operands of different shapes, a moved last axis, rows that do not fit)",
        r"(operands of different shapes|moves the last axis|code generator cannot hold the "
-       r"rows|broadcast over a middle axis)"),
+       r"rows|broadcast over a middle axis|reduces other than rows of)"),
     _r("GK211", "left-outside", "a consumer a matmul epilogue cannot take stays outside "
        "its kernel (the reason follows)", r"^left outside:"),
     _r("GK210", "epilogue", "a matmul epilogue takes only elementwise work and reductions "

@@ -1,8 +1,9 @@
-"""Extended fusions (AutoFuse's): concat and transpose (opt_level 2), gather (3)."""
+"""Extended fusions (AutoFuse's): concat, transpose and row lookups (opt_level 2), gather
+(3)."""
 
 from __future__ import annotations
 
-from graphkernel.ops import VIEW_OPS, OpKind
+from graphkernel.ops import PRODUCT_OPS, VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
 
@@ -149,6 +150,60 @@ def gather(model, a):
         else None
 
 
+
+
+@pattern("lookup", order=113, direction="fwd", mode="width", level=2,
+         refuses=("GK209",))
+def lookup(model, a):
+    """A Gather of whole rows of a table by integer indices (an embedding lookup) joins a
+    kernel that consumes its rows: elementwise work (a position table added, a scale) or a
+    reduction along the rows (LayerNorm, RMSNorm). The kernel loads each row of the table
+    by its index (the scalar unit reads the index); a row of the kernel's loop space is a
+    row of the table. Other readers of the rows (a decoder's first residual) read them
+    from the kernel, which stores them too."""
+    from graphkernel import ops
+    from graphkernel.fusion import row_lookup
+
+    if not _single(a, "Gather") or not row_lookup(a.nodes[0]):
+        return None
+    row = a.nodes[0].inputs[0].shape[-1]
+    for c in model.consumers(a)[0]:
+        if model.kind(c) > OpKind.REDUCE and any(  # (other lookups it took are loads too)
+                ops.get(n.op).kind > OpKind.REDUCE and not row_lookup(n) for n in c.nodes):
+            continue
+        got = fuse_if(model, "lookup", [c, a], [need(
+            lambda c=c: _rows_reduced(c, row),
+            lambda c=c: f"{c.name} reduces other than rows of {row} (each row of a kernel "
+                        "reading a lookup is one row of the table)")])
+        if got is not None:
+            return got
+    return None
+
+
+@pattern("split_store", order=114, direction="fwd", mode="width", level=2)
+def split_store(model, a):
+    """A Split of an axis before the last joins the vector kernel that computes its operand:
+    that kernel stores each part's rows where the part lives (a fused QKV projection's
+    rotated Q and K and its V, written for the attention operator), instead of a launch
+    that copies the parts."""
+    if not _single(a, "Split"):
+        return None
+    prods = model.producer_areas(a)
+    if len(prods) != 1 or model.kind(prods[0]) > OpKind.CONCAT or any(
+            n.op in PRODUCT_OPS for n in prods[0].nodes) or all(
+            n.op in VIEW_OPS for n in prods[0].nodes):
+        return None  # (a value the kernel computes: parts of an input are views of it)
+    return fuse_if(model, "split_store", [prods[0], a], [])
+
+
+def _rows_reduced(a, row) -> bool:
+    """Whether every reduction of ``a`` is along the last axis only, of length ``row`` (or
+    ``a`` does not reduce)."""
+    from graphkernel import symbolic
+    from graphkernel.patterns.reduce import reduce_signatures
+
+    return all(axes == (len(shape) - 1,) and symbolic.eq(shape[-1], row)
+               for shape, axes in reduce_signatures(a))
 
 
 def _private_sources(a) -> bool:

@@ -179,7 +179,8 @@ def test_flags_output_says_per_key_that_autofuse_semantics_applied(monkeypatch, 
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("disable_fusion_pattern"))
     assert "AutoFuse semantics" in line
-    assert "note: AutoFuse semantics: concat, slice, gather, transpose, matmul fusion off" in out
+    assert ("note: AutoFuse semantics: concat, slice, split, gather, transpose, matmul fusion "
+            "off") in out
     assert main(["flags", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert "reduce" not in d["disable_fusion_pattern"]["note"].split(":")[1].split("fusion")[0]
@@ -204,8 +205,8 @@ def test_a_flags_file_may_not_choose_kernels_to_build(tmp_path):
 
 # ---------------------------------------------------------------- flags --from
 def test_flags_from_autofuse_gives_a_verdict_per_key(capsys):
-    text = ("--enable_autofuse=true;--autofuse_enable_pass=reduce,concat,slice,split,gather,"
-            "transpose;--max_fusion_size=32 --att_profiling=true")
+    text = ("--enable_autofuse=true;--autofuse_enable_pass=reduce,concat,slice,split,conv,"
+            "gather,transpose;--max_fusion_size=32 --att_profiling=true")
     assert main(["flags", "--from", "autofuse", text, "--json"]) == 0
     t = json.loads(capsys.readouterr().out)
     by = {i["key"]: i for i in t["items"]}
@@ -218,7 +219,7 @@ def test_flags_from_autofuse_gives_a_verdict_per_key(capsys):
     assert any("AutoFuse does not read this item" in d for d in by["max_fusion_size"]["differs"])
     assert not any("does not read" in d for d in by["enable_autofuse"]["differs"])
     assert any("matmul fusion off" in n for n in t["notes"])
-    assert any(n.startswith("split: no such fusion") for n in t["notes"])
+    assert any(n.startswith("conv: no such fusion") for n in t["notes"])
     assert t["effective"]["composite_op_limit_size"] == 32
     assert "--disable_fusion_pattern=matmul_depth" in t["flags"]
     # the effective string reproduces the configuration

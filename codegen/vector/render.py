@@ -47,6 +47,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     opitch = {io.index: _pitch(io, refs) for io in s.outputs if io.outer}
     gather = {io.index: (c_dim(io.block_rows, refs), [c_dim(r, refs) for _, r in io.gather])
               for io in s.inputs if io.gather}
+    lookup = {io.index: c_dim(io.lookup_rows, refs) for io in s.inputs if io.lookup >= 0}
+    parts = {io.index: [c_dim(d, refs) for d in io.part] for io in s.outputs if io.part}
     tg = s.target
     ctx = {
         "s": s, "ir": ir, "plan": bplan, "ub": ub,
@@ -64,7 +66,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
         "tpitch": tpitch, "tiles_per_core": resident.TILES_PER_CORE,
-        "gather": gather,
+        "gather": gather, "lookup": lookup, "parts": parts,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
                    for io in s.outputs},
         "late": {io.index for io in s.outputs  # stored once a reduction completes

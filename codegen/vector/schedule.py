@@ -87,6 +87,14 @@ class KernelIO:
     # 0: its rows are loaded with every tile
     table: int = 0
     table_repeat: int = 1  # a table: consecutive rows of the loop space each GM row serves
+    # an embedding table ([rows, L]): row r of the tile is the table's row named by element r
+    # of the index input numbered ``lookup`` (-1: not a lookup); ``lookup_rows``: its rows
+    lookup: int = -1
+    lookup_rows: Dim = 0
+    # an output that is one part of a Split of a computed value along an axis before the
+    # last: (rows of L per block of the value, the part's first row in a block, its rows per
+    # block); the rows of each block in that range are stored, the others belong to others
+    part: tuple[Dim, Dim, Dim] | None = None
 
 
 @dataclass
@@ -311,6 +319,7 @@ class _Planner:
         self.partial: dict[int, tuple] = {}
         self.concats: list[Node] = []
         self.gathers: list[Node] = []  # Concats of kernel inputs loaded into one tile
+        self.parts: dict[int, tuple[Node, int]] = {}  # id(Split output) -> (Split, its number)
         self.shown: dict[int, Node] = {}  # id(view of a computed value) -> the view node
         # id(kernel output) -> (shape, strides): where the elements of a computed value of that
         # shape land in the output's buffer (the output is a chain of views of it)
@@ -320,6 +329,10 @@ class _Planner:
         self.colslices: list[Node] = []
         self.colcats: list[Node] = []
         self.colinputs: dict[int, tuple[int, Dim, Dim]] = {}  # id(kernel input) -> its columns
+        # row lookups (Gather of whole rows of a table input by an index input), and their
+        # index inputs: read by the scalar unit, never loaded into UB
+        self.lookups: list[Node] = [n for n in self.sub.nodes if _row_lookup(self.sub, n)]
+        self.indices = {id(follow_views(n.inputs[1])) for n in self.lookups}
 
     def owner(self, v: Value) -> Value:
         return follow(self.root, v)
@@ -327,13 +340,16 @@ class _Planner:
     def plan(self) -> Schedule:
         sub = self.sub
         for v in (*sub.inputs, *sub.outputs):  # bool: bytes in GM, 0/1 or a mask in UB
+            if id(v) in self.indices:
+                continue  # (an index: read by the scalar unit)
             if v.dtype not in FLOATS and v.dtype not in (DType.bool, BITS):
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
                                   "float32, bool, and int32 in bitwise ops)")
         self._check_bits()
         for v in sub.inputs:
-            self.views[id(v)] = View.contiguous(tuple(v.shape))
             self.loaded[id(v)] = v
+            if id(v) not in self.indices:
+                self.views[id(v)] = View.contiguous(tuple(v.shape))
         steps = []
         concats: list[Node] = self.concats
         for n in sub.nodes:
@@ -358,6 +374,10 @@ class _Planner:
                 steps.append(n)  # column pieces copied into one tile
             elif n.op == "Concat" and self._gather(n):
                 pass  # loaded piece by piece into one tile
+            elif n.op == "Split":
+                self._split(n)  # each part stored from the tile of the value it splits
+            elif n.op == "Gather" and any(n is g for g in self.lookups):
+                self._lookup(n)  # the table's rows loaded by index into one tile
             elif n.op == "Concat":  # stored operand by operand into the output's blocks
                 self._no_columns(n)
                 if any(tuple(x.shape) != tuple(n.inputs[0].shape) for x in n.inputs):
@@ -401,19 +421,23 @@ class _Planner:
         if M is None:
             raise Unsupported(f"row length {L} does not divide the element count {N}")
         kind = self._layouts(steps, N, L)
-        ins = [self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
+        ins = [KernelIO(i, v, PIECE, v.dtype, tuple(v.shape)) if id(v) in self.indices
+               else self._io(i, v, kind, True) for i, v in enumerate(sub.inputs)]
         self._gather_io(ins, L)
+        self._lookup_io(ins, L)
         cat = {id(n.outputs[0]): n for n in concats}
         outs = [self._concat_io(i, v, cat[id(self.owner(v))], kind, N, L)  # (or its Cast)
                 if id(self.owner(v)) in cat else self._io(i, v, kind, False, L)
                 for i, v in enumerate(sub.outputs)]
+        self._part_io(outs, L)
         for o in outs:
             allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value",
                                   about=(o.value,))
             total = symbolic.mul(N, int(np.prod([e for e, _ in o.copies])))
-            if o.kind == FULL and not o.pieces and not eq(o.value.type.numel, total):
+            if o.kind == FULL and not o.pieces and not o.part and not eq(o.value.type.numel,
+                                                                          total):
                 raise Unsupported(f"output {o.value.name} is smaller than the loop space "
                                   "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
@@ -635,6 +659,73 @@ class _Planner:
             for x in n.inputs[1:]:
                 index[id(self.owner(x))].kind = PIECE
 
+    def _split(self, n: Node) -> None:
+        """A Split of a computed value along an axis before the last whose parts only leave
+        the kernel: each part shares the value's tile and is stored by rows (a fused QKV
+        projection's rotated Q, K and V written where the attention operator reads them)."""
+        src = self.owner(n.inputs[0])
+        a = n.attrs["axis"] % len(n.inputs[0].shape)
+        if any(src is v for v in self.sub.inputs) or a == len(n.inputs[0].shape) - 1:
+            raise Unsupported("Split of a kernel input or of the last axis (parts are stored "
+                              "by rows of a computed value)", node=n)
+        outs = {id(v) for v in self.sub.outputs}
+        for k, o in enumerate(n.outputs):
+            if o.users or id(o) not in outs:
+                raise Unsupported("a part of a Split read inside its kernel (the parts are "
+                                  "only stored)", node=n)
+            self.root[id(o)] = src
+            self.parts[id(o)] = (n, k)
+
+    def _part_rows(self) -> set | None:
+        """Row lengths under which every row of a split value lies in one part."""
+        out = None
+        for n, _ in self.parts.values():
+            shape = tuple(n.inputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            ok = {symbolic.canon(symbolic.numel(shape[k:])) for k in range(a + 1, len(shape))}
+            out = ok if out is None else out & ok
+        return out
+
+    def _part_io(self, outs: list[KernelIO], L: Dim) -> None:
+        for io in outs:
+            if id(io.value) not in self.parts:
+                continue
+            n, k = self.parts[id(io.value)]
+            shape = tuple(n.inputs[0].shape)
+            a = n.attrs["axis"] % len(shape)
+            inner = symbolic.div(symbolic.numel(shape[a + 1:]), L)
+            if inner is None or self.col_reduce or self.row_chunks or self.batch != 1:
+                raise Unsupported(f"Split along axis {a}: rows of {L} cross its parts", node=n)
+            first = sum(n.attrs["sizes"][:k])
+            io.part = (symbolic.mul(shape[a], inner), symbolic.mul(first, inner),
+                       symbolic.mul(n.attrs["sizes"][k], inner))
+
+    def _lookup(self, n: Node) -> None:
+        """A Gather of whole rows of a table input: the table is loaded as the Gather's
+        value, row by row at the rows its index input names."""
+        table, out = self.owner(n.inputs[0]), n.outputs[0]
+        self.loaded[id(table)] = out
+        del self.views[id(table)]
+        self.views[id(out)] = View.contiguous(tuple(out.shape))
+
+    def _lookup_io(self, ins: list[KernelIO], L: Dim) -> None:
+        """The table's input loads the lookup's tile: a row of the loop space is a row of
+        the table (rows of L = the table's row length), taken by the scalar unit's read of
+        its index."""
+        index = {id(io.value): io for io in ins}
+        for n in self.lookups:
+            table = index[id(self.owner(n.inputs[0]))]
+            row = n.inputs[0].shape[-1]
+            if self.col_reduce or self.row_chunks or not eq(L, row):
+                raise Unsupported(f"Gather of table rows of {row} in a kernel whose rows are "
+                                  f"{L} long{' reduced over the rows' if self.col_reduce else ''}"
+                                  " (each row of a tile is one row of the table)", node=n)
+            if table.kind != FULL:
+                raise Unsupported(f"Gather of table rows read as a {table.kind} value",
+                                  node=n)
+            table.lookup = index[id(follow_views(n.inputs[1]))].index
+            table.lookup_rows = n.inputs[0].shape[0]
+
     def _place_stores(self, steps: list[Node]) -> None:
         """Transposes of computed values that only reach kernel outputs: each such output is
         stored through the map of the view chain (the rows of the computed value go straight
@@ -758,7 +849,7 @@ class _Planner:
         """fp16 when the body states fp16 for every float value (promote_precision did not
         widen it: opt_level 1, or enable_low_precision), else fp32. Rewritten composites and
         integer words keep fp32 (their forms and buffers assume 4-byte elements)."""
-        dts = {v.dtype for v in self._all_values()}
+        dts = {v.dtype for v in self._all_values() if id(follow_views(v)) not in self.indices}
         floats = {d for d in dts if d.is_float}
         if floats == {DType.float16} and BITS not in dts and not self.origin:
             return DType.float16
@@ -768,6 +859,9 @@ class _Planner:
         """int32 values flow only between kernel inputs, constants, views, bitwise ops and
         kernel outputs (they are raw words in UB: no arithmetic, no broadcast)."""
         for n in self.sub.nodes:
+            if any(n is g for g in self.lookups) or (n.op in VIEW_OPS and id(
+                    follow_views(n.inputs[0])) in self.indices):
+                continue  # an index read by the scalar unit
             ints = [v for v in (*n.inputs, *n.outputs) if v.dtype == BITS]
             rule = INSTRUCTIONS.get(n.op)
             if ints and n.op not in VIEW_OPS and n.op != "Constant" and (
@@ -926,13 +1020,15 @@ class _Planner:
         stored = {id(n.outputs[0]) for n in self.concats}  # stored by blocks, not rows
         for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
             if id(self.owner(v)) not in stored and id(v) not in self.store_maps and \
-                    self._needs_rows(v, N):
+                    id(v) not in self.parts and self._needs_rows(v, N):
                 S = v.shape
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
                 candidates = ok if candidates is None else candidates & ok
         col_rows = {symbolic.canon(row) for _, _, row in self.cols.values()} or None
-        for rows in (self._store_rows(), self._gather_rows(), col_rows):
+        lookup_rows = {symbolic.canon(n.outputs[0].shape[-1]) for n in self.lookups} or None
+        for rows in (self._store_rows(), self._gather_rows(), col_rows, lookup_rows,
+                     self._part_rows()):
             if rows is not None:  # rows contiguous in stored maps, rows of one Concat operand
                 candidates = rows if candidates is None else candidates & rows
         for n in self.concats:  # rows of a Concat's blocks, unless there is one block
@@ -1141,6 +1237,11 @@ def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:
     row or per column tile."""
     notes: list[str] = []
     for io in ins:
+        if io.lookup >= 0:
+            notes.append(f"input {io.index} ({io.value.name}) is a table whose rows are read "
+                         f"by index (input {io.lookup}): a row once per index naming it, rows "
+                         "no index names not at all")
+            continue
         if io.kind == PARTIAL and io.local is not io.value and not any(
                 eq(st, 0) for st in io.strides):
             continue  # a slice: strided rows, each read once
@@ -1174,6 +1275,26 @@ def elementwise(n: Node) -> bool:
     rule = INSTRUCTIONS.get(n.op)
     return (rule is not None and rule.form in SINKABLE_FORMS and n.op not in REDUCE_OPS
             and all(v.dtype.is_float for v in (*n.inputs, *n.outputs)))
+
+
+def follow_views(v: Value) -> Value:
+    """``v``'s source through a chain of views (itself when it is not a view)."""
+    while v.producer is not None and v.producer.op in VIEW_OPS:
+        v = v.producer.inputs[0]
+    return v
+
+
+def _row_lookup(sub, n: Node) -> bool:
+    """A Gather along axis 0 of a 2-D float table that is a kernel input read only by it,
+    by integer indices that are a kernel input (seen through views) read only by it: an
+    embedding lookup, whose rows the kernel loads by index."""
+    if n.op != "Gather" or len(n.inputs[0].shape) != 2 or n.attrs["axis"] % 2 != 0:
+        return False
+    table, idx = n.inputs[0], follow_views(n.inputs[1])
+    inputs = {id(v) for v in sub.inputs}
+    return (id(table) in inputs and len(table.uses) == 1 and table.dtype in FLOATS
+            and id(idx) in inputs and idx.dtype in (DType.int32, DType.int64)
+            and _single_use_chain(n.inputs[1], idx) and isinstance(table.shape[0], int))
 
 
 def _single_use_chain(v: Value, src: Value) -> bool:

@@ -378,6 +378,44 @@ def pattern_cases() -> list[Case]:
         add(f"scan-{combine}-{'x'.join(map(str, shape))}", g,
             g.add_node("Scan", [x], {"axis": axis, "combine": combine}).output,
             flags="--opt_level=2 --enable_single_node_fusion")
+    # embedding lookups: a table's rows loaded by index (negative ones count from the end)
+    # into the kernel that adds the position table and normalizes the rows; int64 or int32
+    # indices, the rows also stored for another reader (a decoder's residual)
+    def lookup_feeds(g, rows):
+        def feeds(dims):
+            rng = np.random.default_rng(4)
+            out = {}
+            for v in g.inputs:
+                shape = v.type.concrete(dims)
+                out[v.name] = (rng.integers(-rows, rows, shape).astype(v.dtype.np)
+                               if v.name == "ids" else
+                               rng.standard_normal(shape).astype(np.float32))
+            return out
+        return feeds
+
+    g = Graph("lookup_norm")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    v = {k: g.add_input(k, TensorType(s, "float32"))
+         for k, s in (("table", (50, 64)), ("pos", (16, 64)), ("w", (64,)), ("b", (64,)))}
+    e = g.add_node("Gather", [v["table"], ids], {"axis": 0}).output
+    s = g.add_node("Add", [e, v["pos"]]).output
+    add("embedding-lookup-layernorm", g,
+        g.add_node("LayerNorm", [s, v["w"], v["b"]], {"epsilon": 1e-5}).outputs[0],
+        feeds_for=lookup_feeds(g, 50))
+    g = Graph("lookup_rms")
+    ids = g.add_input("ids", TensorType(("b", 24), "int32"))
+    v = {k: g.add_input(k, TensorType(s, "float32")) for k, s in (("table", (40, 48)),
+                                                                 ("w", (48,)))}
+    e = g.add_node("Gather", [v["table"], ids], {"axis": 0}).output
+    add("embedding-lookup-rmsnorm-dynamic", g, g.add_node("RMSNorm", [e, v["w"]], {}).outputs[0],
+        e, dims=[{"b": 1}, {"b": 5}], feeds_for=lookup_feeds(g, 40))
+    # a grouped QKV projection's parts (a Split of the heads' axis) stored by the kernel
+    # computing the value they are cut from
+    g, v = _g("split_parts", {"x": (2, "s", 2, 4, 16), "c": (16,)})
+    y = g.add_node("Mul", [g.add_node("Exp", [v["x"]]).output, v["c"]]).output
+    add("split-parts-dynamic", g,
+        *g.add_node("Split", [y], {"axis": 3, "sizes": [2, 1, 1]}).outputs,
+        dims=[{"s": 1}, {"s": 9}], feeds_for=symbolic_feeds(g))
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

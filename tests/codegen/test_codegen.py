@@ -7,6 +7,8 @@ graph op by op within accuracy.md's tolerance for the output dtype.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -427,7 +429,9 @@ def test_per_row_values_stay_on_the_vector_unit(library):
     """No scalar GetValue/SetValue inside a loop over rows in any generated kernel (a scalar
     round trip there would need a V->S and an S->V sync per row): row reductions are
     WholeReduce*, a column against rows is Brcb then strided vector instructions. A product
-    along rows has no vector instruction: the scalar unit walks it, fenced once per tile."""
+    along rows has no vector instruction: the scalar unit walks it, fenced once per tile. (An
+    embedding lookup's read of each row's index is a GetValue of GM, not of UB: no vector
+    result is waited for.)"""
     from graphkernel.codegen.backend import render_all, schedules
 
     loops = 0
@@ -437,7 +441,8 @@ def test_per_row_values_stay_on_the_vector_unit(library):
         for r in render_all(schedules(case.result)):
             for loop in _row_loops(r.files[f"{r.name}.cpp"]):
                 loops += 1
-                assert "GetValue" not in loop and "SetValue" not in loop, (case.id, loop)
+                ub = re.sub(r"\bgi\d+\.GetValue", "", loop)  # (GM reads of indices)
+                assert "GetValue" not in ub and "SetValue" not in ub, (case.id, loop)
     assert loops > 50  # the check saw the row loops it is about
 
 

@@ -4,7 +4,9 @@ A float value cast to int32 as a kernel output: the store truncates it toward ze
 float -> int), so indices computed in floats (position ids from a running count of tokens)
 leave the kernel that computes them instead of a Cast kernel of their own. Token embeddings
 plus a position table shared by the batch, then LayerNorm: the table repeats whole rows of
-what the norm reduces, so the sum and the norm are one kernel."""
+what the norm reduces, so the sum and the norm are one kernel. The token embeddings
+themselves (a Gather of whole rows of the weight by the token ids) are loaded by that kernel:
+the scalar unit reads each row's index, clamps it into the table, and copies the row."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType
+from graphkernel.codegen import backend as codegen_backend
 from graphkernel.codegen.backend import run_sim
+from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.interpreter import Interpreter
+from graphkernel.refusals import classify
 
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
@@ -132,3 +137,155 @@ def test_an_argmax_index_is_loaded_widened_and_wrapped_in_one_kernel():
     got, backend = run_sim(res, feeds)
     assert not backend.unscheduled, backend.unscheduled
     np.testing.assert_array_equal(got[0], Interpreter(g).run(feeds)[0])
+
+
+def _lookup_norm(ids_dtype="int64", rows=50, norm="LayerNorm", axis=0) -> Graph:
+    """Token embeddings as a transformer's first layer reads them: rows of a weight (a
+    constant, as frozen for inference) picked by the ids, a position table added, the rows
+    normalized."""
+    g = Graph("lookup")
+    ids = g.add_input("ids", TensorType((2, 16), ids_dtype))
+    pos = g.add_input("pos", TensorType((16, 64), "float32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    shape = (rows, 64) if axis == 0 else (64, rows)
+    table = g.const(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
+    e = g.add_node("Gather", [table, ids], {"axis": axis}, name="lookup").output
+    if axis == 1:  # [64, 2, 16]: the ids' positions to the front, the rows last
+        e = g.add_node("Transpose", [e], {"perm": [1, 2, 0]}).output
+    s = g.add_node("Add", [e, pos], name="sum").output
+    args = [s, w, w] if norm == "LayerNorm" else [s, w]
+    g.set_outputs([g.add_node(norm, args, {"epsilon": 1e-5}, name="norm").outputs[0]])
+    return g
+
+
+def _lookup_feeds(ids_dtype="int64", rows=50, seed=6) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, rows, (2, 16)).astype(ids_dtype)
+    ids[0, :3] = (-1, -rows, rows - 1)  # counted from the end, the first and the last row
+    return {"ids": ids, "pos": rng.standard_normal((16, 64)).astype(np.float32),
+            "w": rng.standard_normal(64).astype(np.float32)}
+
+
+@pytest.mark.parametrize("ids_dtype,norm", [("int64", "LayerNorm"), ("int32", "RMSNorm")])
+def test_an_embedding_lookup_is_loaded_by_the_kernel_that_normalizes_its_rows(ids_dtype, norm):
+    g = _lookup_norm(ids_dtype, norm=norm)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert {"lookup", "sum"} <= {m.name for m in kernel.subgraph.nodes}
+    feeds = _lookup_feeds(ids_dtype)
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    (st,) = backend.stats.values()
+    assert st.scalar >= 32  # the scalar unit reads each row's index
+    item = np.dtype(ids_dtype).itemsize  # the 32 rows used of 50, each index once
+    assert {32 * 64 * 4, 32 * item} <= set(st.input_reads), st.input_reads
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_lookup_of_other_than_whole_rows_stays_apart():
+    """A Gather along the table's last axis picks columns, not rows: it is no lookup the
+    kernels load, and stays an op of its own (with the reason)."""
+    res = graphkernel.compile(_lookup_norm(axis=1), "--opt_level=2", env={})
+    assert "Gather" in [n.op for n in res.graph.nodes]
+    whys = [w for w in res.analyses.cluster.reasons.values() if "Gather of other" in w]
+    assert whys and {classify(w).code for w in whys} == {"GK116"}
+
+
+def test_a_lookup_read_by_a_reduction_over_the_tokens_stays_apart():
+    """A sum over the sequence (mean pooling of the embeddings) reduces across the table's
+    rows, not along them: the lookup pattern refuses it with the reason."""
+    g = Graph("pool")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    table = g.const(np.random.default_rng(7).standard_normal((50, 64)).astype(np.float32))
+    e = g.add_node("Gather", [table, ids], {"axis": 0}, name="lookup").output
+    g.set_outputs([g.add_node("ReduceSum", [g.add_node("Exp", [e]).output],
+                              {"axis": [1]}).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert "Gather" in [n.op for n in res.graph.nodes]
+    refused = [a.reason for a in res.analyses.fusion_attempts
+               if a.pattern == "lookup" and a.verdict == "rejected"]
+    assert any("reduces other than rows of 64" in r for r in refused), refused
+    assert {classify(r).code for r in refused} == {"GK209"}
+    feeds = {"ids": np.random.default_rng(8).integers(0, 50, (2, 16))}
+    np.testing.assert_allclose(Interpreter(res.graph).run(feeds)[0],
+                               Interpreter(g).run(feeds)[0], rtol=1e-5)
+
+
+def test_an_index_outside_the_table_is_clamped_and_unclamped_the_simulator_catches_it():
+    """torch raises on an index outside the table; the kernel never reads outside it: the
+    index is clamped to the first or last row. The same kernel without the clamp reads past
+    the table's end, which the simulator reports as an out-of-bounds GM access."""
+    g = _lookup_norm()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    feeds = _lookup_feeds()
+    feeds["ids"][1, :2] = (50, 10**6)  # past the end: read as the last row
+    got, _ = run_sim(res, feeds)
+    clamped = dict(feeds, ids=np.clip(feeds["ids"], -50, 49))
+    np.testing.assert_allclose(got[0], Interpreter(g).run(clamped)[0], rtol=2e-5, atol=2e-5)
+
+    def unclamped(name, files):
+        out = {f: "\n".join(line for line in t.split("\n") if "clamped:" not in line)
+               for f, t in files.items()}
+        assert out != files  # the clamp was there to drop
+        return out
+
+    codegen_backend.CORRUPT.append(unclamped)
+    try:
+        with pytest.raises(SimulatorError, match="out of bounds"):
+            run_sim(graphkernel.compile(g, "--opt_level=2", env={}), feeds)
+    finally:
+        codegen_backend.CORRUPT.remove(unclamped)
+
+
+def test_token_and_position_rows_are_loaded_by_one_kernel():
+    """Two lookups into one sum (token rows by id, position rows by a computed int32 id, as
+    an encoder numbering its positions from the mask), then the norm: one kernel loading
+    both tables' rows, each by its own index."""
+    g = Graph("two_lookups")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    pos = g.add_input("pos", TensorType((2, 16), "int32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    rng = np.random.default_rng(9)
+    tok = g.const(rng.standard_normal((50, 64)).astype(np.float32))
+    ptab = g.const(rng.standard_normal((20, 64)).astype(np.float32))
+    e = g.add_node("Add", [g.add_node("Gather", [tok, ids], {"axis": 0}).output,
+                           g.add_node("Gather", [ptab, pos], {"axis": 0}).output]).output
+    g.set_outputs([g.add_node("LayerNorm", [e, w, w], {"epsilon": 1e-5}).outputs[0]])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    feeds = {"ids": rng.integers(0, 50, (2, 16)), "pos": rng.integers(0, 20, (2, 16)).astype(
+        np.int32), "w": rng.standard_normal(64).astype(np.float32)}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_lookup_by_a_broadcast_index_stays_apart_and_nothing_falls_back():
+    """Token-type ids as an exported BERT passes them, one row [1, S] broadcast over the
+    batch: the kernel reads each row's index from GM, and a broadcast is no array there, so
+    that lookup stays an op (the token lookup joins the norm's kernel; no codegen
+    fallback)."""
+    g = Graph("types")
+    ids = g.add_input("ids", TensorType((2, 16), "int64"))
+    types = g.add_input("types", TensorType((1, 16), "int64"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    rng = np.random.default_rng(10)
+    tok = g.const(rng.standard_normal((50, 64)).astype(np.float32))
+    ttab = g.const(rng.standard_normal((2, 64)).astype(np.float32))
+    wide = g.add_node("BroadcastTo", [types], {"shape": [2, 16]}).output
+    e = g.add_node("Add", [g.add_node("Gather", [tok, ids], {"axis": 0}).output,
+                           g.add_node("Gather", [ttab, wide], {"axis": 0},
+                                      name="type_lookup").output]).output
+    g.set_outputs([g.add_node("LayerNorm", [e, w, w], {"epsilon": 1e-5}).outputs[0]])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    assert "type_lookup" in [n.name for n in res.graph.nodes]
+    (kernel,) = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "Gather" in [m.op for m in kernel.subgraph.nodes]
+    feeds = {"ids": rng.integers(0, 50, (2, 16)), "types": rng.integers(0, 2, (1, 16)),
+             "w": rng.standard_normal(64).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)

@@ -290,3 +290,24 @@ def test_the_simulators_ub_gather_has_the_real_apis_form(tmp_path):
         units.append(realcheck.Unit(n, "vector", folder / f"{n}.cpp"))
     results = {x.unit.name: x for x in realcheck.check(units, headers()) if x.mode == "vector"}
     assert results["g_f32"].ok, results["g_f32"].line()
+
+
+@needs_headers
+def test_lookup_and_split_kernels_compile_against_the_real_headers():
+    """The lookup's scalar read of an int64 and an int32 index from GM (GlobalTensor's
+    GetValue) and its per-row DataCopyPad from the table, and a Split's parts stored by runs
+    of rows, type-check against the real API, in every mode of the kernel, with its host
+    tiling."""
+    cases = [c for c in pattern_cases() if c.id.startswith(("embedding-lookup",
+                                                            "split-parts"))]
+    assert len(cases) == 3
+    rendered = []
+    for c in cases:
+        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    texts = ["".join(r.files.values()) for r in rendered]
+    assert sum("GetValue(r0 + i)" in t for t in texts) == 2
+    assert sum("a part of a Split" in t for t in texts) == 1
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
