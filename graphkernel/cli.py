@@ -562,9 +562,8 @@ def _write_outputs(args: argparse.Namespace, res: Any, previous: list | None = N
 
             # names from the model never become paths: the graph's name is sanitized and
             # every file is checked to stay inside -o. The compiled graph is encoded and
-            # written by a child process (when a core is idle) while this one writes the
-            # report and kernels; the manifest, written last, waits for it (it records
-            # every file's digest)
+            # written by a child process while this one writes the report and kernels; the
+            # manifest, written last, waits for it (it records every file's digest)
             folder = outputs.Folder(args.out)
             graph_files = start_save_graph(res.graph, folder.path(
                 outputs.file_name(res.graph.name) + ".compiled.json"), share_data=True)

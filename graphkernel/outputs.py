@@ -453,25 +453,9 @@ def _replace(tmp: str, path: Path) -> None:
 
 
 # ------------------------------------------------------------ files written apart
-# Whether ``write_apart`` forks: None (the default) when a core is idle (``_fork_pays``),
-# True always, False never (tests choose; a system without fork always writes in-process).
-APART: bool | None = None
-
-
-def _fork_pays() -> bool:
-    """Whether a child process would run beside this one rather than take turns with it:
-    fork available, and more cores than the load average (this process included) keeps
-    busy. (On a busy machine the child's copies of the pages it touches only add work.)"""
-    if not hasattr(os, "fork") or APART is False:
-        return False
-    if APART:
-        return True
-    try:
-        cores = len(os.sched_getaffinity(0))
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return False
-    return cores >= 2 and load < cores - 0.5
+# Whether ``write_apart`` may fork (a test turns it off to check the in-process path gives
+# the same files; a system without fork always writes in-process).
+APART = hasattr(os, "fork")
 
 
 class Apart:
@@ -553,10 +537,9 @@ def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]]
     """Write the files ``paths`` in a child process (a fork of this one: it sees everything
     as it is now) while this one goes on; ``write(files)`` writes into their temporary files
     and says which to keep (a file it had nothing for is dropped). A failure of ``write``
-    (its exception, pickled back) is raised by ``finish()``. Where a child would not run
-    beside this one (``_fork_pays``) or ``fork`` is off, ``write`` runs here, now. The child
-    writes nothing but these files: it leaves at once when done, running no exit handler
-    of this process."""
+    (its exception, pickled back) is raised by ``finish()``. Where the system cannot fork
+    (or ``APART`` or ``fork`` is off), ``write`` runs here, now. The child writes nothing but these
+    files: it leaves at once when done, running no exit handler of this process."""
     stage = _STAGE.get()
     tmps: list[str] = []
     fds: list[int] = []
@@ -585,7 +568,7 @@ def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]]
     # (made here: a hash object of the child's own making could wait forever on a lock a
     # thread of this process, digesting a data file, held when it forked)
     hashers = [hashlib.sha256() for _ in paths]
-    if not (fork and _fork_pays()):
+    if not (APART and fork):
         try:
             job.outcome = _written(fds, tmps, paths, write, hashers)
         except BaseException:

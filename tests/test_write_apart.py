@@ -19,12 +19,6 @@ from graphkernel.frontends.json_format import load_graph, save_graph, start_save
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
 
-@pytest.fixture(autouse=True)
-def forking(monkeypatch):
-    """A child process whatever the machine's load (by default only with a core idle)."""
-    monkeypatch.setattr(outputs, "APART", True)
-
-
 def mlp(seed: int = 0) -> Graph:
     rng = np.random.default_rng(seed)
     g = Graph("mlp")
@@ -135,27 +129,3 @@ def test_an_exception_that_does_not_pickle_comes_back_as_its_text(tmp_path):
     with pytest.raises(OutputError, match="this and that"):
         job.finish()
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_child_is_forked_only_when_a_core_is_idle(monkeypatch):
-    monkeypatch.setattr(outputs, "APART", None)
-    monkeypatch.setattr(outputs.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    for load, forks in [(0.9, True), (1.4, True), (1.6, False), (7.0, False)]:
-        monkeypatch.setattr(outputs.os, "getloadavg", lambda load=load: (load, load, load))
-        assert outputs._fork_pays() is forks
-    monkeypatch.setattr(outputs.os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    monkeypatch.setattr(outputs.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert outputs._fork_pays() is False  # one core: the child would only take turns
-    monkeypatch.setattr(outputs, "APART", False)
-    monkeypatch.setattr(outputs.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert outputs._fork_pays() is False
-
-
-def test_on_a_busy_machine_the_files_are_written_here(tmp_path, monkeypatch):
-    monkeypatch.setattr(outputs, "APART", None)
-    monkeypatch.setattr(outputs.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
-    here = save_graph(mlp(), tmp_path / "here" / "c.json")
-    job = start_save_graph(mlp(), tmp_path / "apart" / "c.json")
-    assert job.job.pid is None  # written already, in this process
-    assert [p.name for p in job.finish()] == [p.name for p in here]
-    assert files_of(tmp_path / "apart") == files_of(tmp_path / "here")

@@ -371,10 +371,10 @@ class SavedGraph:
 def start_save_graph(graph: Graph, path: str | os.PathLike, *, share_data: bool = False,
                      apart: bool = True) -> SavedGraph:
     """``save_graph``, the JSON text and the graph's own ``.npz`` written by a child process
-    (``outputs.write_apart``; ``apart``, and a core idle) while the caller goes on: encoding
-    a large compiled graph takes a second or more, and the caller has other files to write.
-    Everything the files depend on is settled here first (which data files are shared: those
-    links are made here), so the child only encodes and writes."""
+    (``outputs.write_apart``; ``apart``) while the caller goes on: encoding a large compiled
+    graph takes a second or more, and the caller has other files to write. Everything the
+    files depend on is settled here first (which data files are shared: those links are
+    made here), so the child only encodes and writes."""
     path = Path(path)
     if path.suffix not in (".json", ".yaml", ".yml"):
         raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
