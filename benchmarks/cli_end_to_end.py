@@ -20,10 +20,7 @@ Then, for each format, every command in a fresh process, ``--repeat`` times:
   process: start (interpreter and imports), load, the pipeline (its ``validate`` pass apart),
   each output writer, the cleanup of the previous run, the rest of the command, and the
   process exit; wall and CPU seconds and the peak RSS within each phase (the kernel's
-  high-water mark, reset as each phase starts). Where the compiled graph is written by a
-  child process (``start_save_graph``), its start is a phase of its own, the wait for it
-  falls in the kernels' phase (the manifest waits), and its CPU seconds count only in the
-  total (the command's own and its child's).
+  high-water mark, reset as each phase starts).
 
 ``--check`` then loads the compiled graph that ``-o`` wrote and runs it and the input model on
 the same seeded inputs through the numpy interpreter: the outputs must agree (the compiled
@@ -242,8 +239,6 @@ def phases_child(model: str, out: str, started: float) -> None:
             ("graphkernel.api", "compile", "pipeline"),
             ("graphkernel.frontends.json_format", "save_graph", "write compiled graph"),
             ("graphkernel.frontends.json_format", "save_compiled", "write compiled graph"),
-            ("graphkernel.frontends.json_format", "start_save_graph",
-             "start compiled graph writer"),
             ("graphkernel.dump", "to_json", "write report.json"),
             ("graphkernel.api", "write_report_file", "write report.json"),
             ("graphkernel.codegen.backend", "write_project", "write kernels + manifest"),
@@ -274,8 +269,8 @@ def phases_child(model: str, out: str, started: float) -> None:
         r[2] = max(r[2], peak)
     validate = sum(p.seconds for p in results["passes"] if p.ran and p.name == "validate")
     table = [["start (interpreter, imports)", start_wall, start_cpu, None]]
-    for label in ["load", "pipeline", "write compiled graph", "start compiled graph writer",
-                  "write report.json", "write kernels + manifest", "clean previous run"]:
+    for label in ["load", "pipeline", "write compiled graph", "write report.json",
+                  "write kernels + manifest", "clean previous run"]:
         if label in rows:
             w, c, peak = rows[label]
             table.append([label, w, c, peak])

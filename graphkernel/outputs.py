@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import gc
 import hashlib
 import os
 import pickle
 import re
-import signal
 import sys
 import tempfile
 import threading
@@ -500,7 +498,7 @@ class Apart:
             return
         if self.pid is not None:
             with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, 9)
             self._reap()
         for tmp in self.tmps:
             with contextlib.suppress(OSError):
@@ -510,6 +508,7 @@ class Apart:
 
     def _outcome(self) -> tuple[str, Any]:
         if self.outcome is None:
+            data = b""
             with os.fdopen(self.pipe, "rb") as f:  # (until the child closes its end)
                 self.pipe = None
                 data = f.read()
@@ -565,12 +564,9 @@ def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]]
         raise OutputError(f"{printable(str(failed))}: cannot be written "
                           f"({e.strerror or e})") from e
     job = Apart(list(paths), tmps, stage)
-    # (made here: a hash object of the child's own making could wait forever on a lock a
-    # thread of this process, digesting a data file, held when it forked)
-    hashers = [hashlib.sha256() for _ in paths]
     if not (APART and fork):
         try:
-            job.outcome = _written(fds, tmps, paths, write, hashers)
+            job.outcome = _written(fds, tmps, paths, write)
         except BaseException:
             job.abandon()
             raise
@@ -581,13 +577,14 @@ def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]]
     pid = os.fork()
     if pid == 0:  # the child: write, say how it went, leave
         try:
+            import gc
+
             gc.disable()  # (collecting would touch, and so copy, every object of the parent)
             os.close(r)
-            outcome = _written(fds, tmps, paths, write, hashers)
+            outcome = _written(fds, tmps, paths, write)
             try:
                 data = pickle.dumps(outcome)
-                pickle.loads(data)  # (an exception that does not come back whole: its text)
-            except Exception:
+            except Exception:  # (an exception that does not pickle: its text)
                 data = pickle.dumps(("error", OutputError(str(outcome[1]))))
             with os.fdopen(w, "wb") as f:
                 f.write(data)
@@ -601,8 +598,7 @@ def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]]
 
 
 def _written(fds: list[int], tmps: list[str], paths: list[Path],
-             write: Callable[[list[BinaryIO]], list[bool]], hashers: list[Any]
-             ) -> tuple[str, Any]:
+             write: Callable[[list[BinaryIO]], list[bool]]) -> tuple[str, Any]:
     """Run ``write`` on the open temporary files: ("ok", (kept, digests)) or ("error", e)."""
     try:
         with contextlib.ExitStack() as stack:
@@ -611,12 +607,10 @@ def _written(fds: list[int], tmps: list[str], paths: list[Path],
         if len(kept) != len(tmps):
             raise ValueError(f"write_apart: {len(kept)} answers for {len(tmps)} files")
         digests = []
-        for tmp, keep, h in zip(tmps, kept, hashers, strict=True):
+        for tmp, keep in zip(tmps, kept, strict=True):
             if keep:
                 with open(tmp, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        h.update(chunk)
-                digests.append(h.hexdigest())
+                    digests.append(hashlib.file_digest(f, "sha256").hexdigest())
             else:
                 digests.append(None)
         return ("ok", (kept, digests))

@@ -112,20 +112,3 @@ def test_without_fork_the_files_are_written_here(tmp_path, monkeypatch):
     assert job.job.pid is None and job.job.outcome is not None  # written already
     doc = json.loads(job.finish()[0].read_text())
     assert doc["name"] == "mlp"
-
-
-class _Odd(Exception):
-    """An exception that cannot be rebuilt from its pickle (its constructor wants two)."""
-
-    def __init__(self, a, b):
-        super().__init__(f"{a} and {b}")
-
-
-def test_an_exception_that_does_not_pickle_comes_back_as_its_text(tmp_path):
-    def write(files):
-        raise _Odd("this", "that")
-
-    job = outputs.write_apart([tmp_path / "a.txt"], write)
-    with pytest.raises(OutputError, match="this and that"):
-        job.finish()
-    assert list(tmp_path.iterdir()) == []
