@@ -205,8 +205,7 @@ def _binding(graph: Graph, node: str) -> dict[str, Any]:
             "origin": list(n.origin)}
 
 
-def write_project(result: Any, out_dir: str | Path,
-                  also: Sequence[str | Path] | Callable[[], Sequence[str | Path]] = ()
+def write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path] = ()
                   ) -> list[Path]:
     """``out_dir/kernels/<name>.cpp, _tiling.h, _tiling.cpp``, each kernel's CPU-model driver
     and data (``kernels/cpu/``, codegen/harness.py), ``CMakeLists.txt`` and, last,
@@ -214,15 +213,12 @@ def write_project(result: Any, out_dir: str | Path,
     the manifest maps every kernel instance to its code). The manifest's ``files`` lists
     everything of this run in ``out_dir`` (these files and ``also``, the others written
     there), so the next run into the folder can remove what it does not write again
-    (graphkernel.outdir). ``also`` may be a function giving them, called just before the
-    manifest is made (files another process is still writing: it waits for them)."""
+    (graphkernel.outdir)."""
     with collector_paused():
         return _write_project(result, out_dir, also)
 
 
-def _write_project(result: Any, out_dir: str | Path,
-                   also: Sequence[str | Path] | Callable[[], Sequence[str | Path]]
-                   ) -> list[Path]:
+def _write_project(result: Any, out_dir: str | Path, also: Sequence[str | Path]) -> list[Path]:
     from graphkernel.outdir import FORMAT, MANIFEST, file_entries
 
     out = Folder(out_dir)  # every file name is checked safe and inside out_dir
@@ -283,8 +279,7 @@ def _write_project(result: Any, out_dir: str | Path,
         # the CPU-model drivers (kernels/CMakeLists.txt, -DGK_CPU_MODEL=ON)
         "cpu_model": [{"kernel": h.kernel, "driver": f"kernels/{harness.FOLDER}/{h.kernel}_cpu.cpp"
                        if h.files else None, "note": h.note} for h in harnesses],
-        **file_entries(out.root, [*(also() if callable(also) else also), *written,
-                                  out.path(MANIFEST)]),
+        **file_entries(out.root, [*also, *written, out.path(MANIFEST)]),
     }
     written.append(out.write_json(MANIFEST, manifest))
     return written

@@ -558,27 +558,16 @@ def _write_outputs(args: argparse.Namespace, res: Any, previous: list | None = N
             written.append(Path(write_html(res, args.html, notes)))
         if args.out:
             from graphkernel.codegen.backend import write_project
-            from graphkernel.frontends.json_format import start_save_graph
+            from graphkernel.frontends.json_format import save_graph
 
             # names from the model never become paths: the graph's name is sanitized and
-            # every file is checked to stay inside -o. The compiled graph is encoded and
-            # written by a child process while this one writes the report and kernels; the
-            # manifest, written last, waits for it (it records every file's digest)
+            # every file is checked to stay inside -o
             folder = outputs.Folder(args.out)
-            graph_files = start_save_graph(res.graph, folder.path(
+            written += save_graph(res.graph, folder.path(
                 outputs.file_name(res.graph.name) + ".compiled.json"), share_data=True)
-            try:
-                report = folder.write_json("report.json", report_document(res.report),
-                                           as_json)
-                before = list(written)
-
-                def finished() -> list[Path]:
-                    written[:] = [*before, *graph_files.finish(), report]
-                    return [*written, *res.dumps]
-
-                written += write_project(res, args.out, finished)
-            finally:
-                graph_files.abandon()
+            written.append(folder.write_json("report.json", report_document(res.report),
+                                             as_json))
+            written += write_project(res, args.out, [*written, *res.dumps])
     for note in notes:
         progress.write(f"graphkernel: note: {note}")
     if args.out:

@@ -14,9 +14,6 @@ Every writer goes through this module:
   that is a hard link to (or, where no link can be made, a copy of) a model's data file.
 - ``with transaction():`` holds every write back until the block succeeds; when it fails,
   none of its files appears (a command writing several outputs is all or nothing).
-- ``write_apart(paths, write)`` writes files in a child process (where the system can fork)
-  while this one goes on with other work; ``finish()`` puts them in place as ``write_stream``
-  would have, so the caller's other writers and a large file's encoding share the cores.
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ import contextlib
 import contextvars
 import hashlib
 import os
-import pickle
 import re
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -448,177 +443,6 @@ def _replace(tmp: str, path: Path) -> None:
     os.replace(tmp, path)
     if os.path.lexists(tmp):
         os.unlink(tmp)
-
-
-# ------------------------------------------------------------ files written apart
-# Whether ``write_apart`` may fork (a test turns it off to check the in-process path gives
-# the same files; a system without fork always writes in-process).
-APART = hasattr(os, "fork")
-
-
-class Apart:
-    """Files being written by ``write_apart``: ``finish()`` waits for them and puts them in
-    place (in the enclosing transaction, if any), returning those the writer kept;
-    ``abandon()`` (a no-op once finished) stops the writer and removes its files."""
-
-    def __init__(self, paths: list[Path], tmps: list[str], stage: _Stage | None) -> None:
-        self.paths, self.tmps, self.stage = paths, tmps, stage
-        self.pid: int | None = None
-        self.pipe: int | None = None
-        self.outcome: tuple[str, Any] | None = None  # ("ok", (kept, digests)) or ("error", e)
-        self.done: list[Path] | None = None
-
-    def finish(self) -> list[Path]:
-        if self.done is not None:
-            return list(self.done)
-        status, value = self._outcome()
-        if status != "ok":
-            self.abandon()
-            raise value
-        kept, digests = value
-        done = []
-        for path, tmp, keep, sha in zip(self.paths, self.tmps, kept, digests, strict=True):
-            if not keep:
-                os.unlink(tmp)
-                continue
-            real = os.path.realpath(path)
-            _DIGESTS[real] = sha
-            _SHARED.pop(real, None)
-            if self.stage is not None:
-                self.stage.pending.append((tmp, path))
-            else:
-                _replace(tmp, path)
-            done.append(path)
-        self.tmps = []
-        self.done = done
-        return list(done)
-
-    def abandon(self) -> None:
-        if self.done is not None:
-            return
-        if self.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, 9)
-            self._reap()
-        for tmp in self.tmps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        self.tmps = []
-        self.done = []
-
-    def _outcome(self) -> tuple[str, Any]:
-        if self.outcome is None:
-            data = b""
-            with os.fdopen(self.pipe, "rb") as f:  # (until the child closes its end)
-                self.pipe = None
-                data = f.read()
-            self._reap()
-            try:
-                self.outcome = pickle.loads(data)
-            except Exception:  # the child died before it could say (killed, out of memory)
-                self.outcome = ("error", OutputError(
-                    f"{printable(str(self.paths[0]))}: cannot be written (the process "
-                    "writing it ended without finishing)"))
-        return self.outcome
-
-    def _reap(self) -> None:
-        if self.pipe is not None:
-            os.close(self.pipe)
-            self.pipe = None
-        if self.pid is not None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, 0)
-            self.pid = None
-
-
-def write_apart(paths: list[Path], write: Callable[[list[BinaryIO]], list[bool]], *,
-                fork: bool = True) -> Apart:
-    """Write the files ``paths`` in a child process (a fork of this one: it sees everything
-    as it is now) while this one goes on; ``write(files)`` writes into their temporary files
-    and says which to keep (a file it had nothing for is dropped). A failure of ``write``
-    (its exception, pickled back) is raised by ``finish()``. Where the system cannot fork
-    (or ``APART`` or ``fork`` is off), ``write`` runs here, now. The child writes nothing but these
-    files: it leaves at once when done, running no exit handler of this process."""
-    stage = _STAGE.get()
-    tmps: list[str] = []
-    fds: list[int] = []
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        for path in paths:
-            made = _make_dirs(path.parent)
-            if stage is not None:
-                stage.made_dirs += made
-            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.",
-                                        suffix=".tmp")
-            tmps.append(name)
-            fds.append(fd)
-            os.fchmod(fd, 0o666 & ~umask)
-    except OSError as e:
-        for fd in fds:
-            os.close(fd)
-        for tmp in tmps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        failed = paths[min(len(fds), len(paths) - 1)]
-        raise OutputError(f"{printable(str(failed))}: cannot be written "
-                          f"({e.strerror or e})") from e
-    job = Apart(list(paths), tmps, stage)
-    if not (APART and fork):
-        try:
-            job.outcome = _written(fds, tmps, paths, write)
-        except BaseException:
-            job.abandon()
-            raise
-        return job
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: write, say how it went, leave
-        try:
-            import gc
-
-            gc.disable()  # (collecting would touch, and so copy, every object of the parent)
-            os.close(r)
-            outcome = _written(fds, tmps, paths, write)
-            try:
-                data = pickle.dumps(outcome)
-            except Exception:  # (an exception that does not pickle: its text)
-                data = pickle.dumps(("error", OutputError(str(outcome[1]))))
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-        finally:
-            os._exit(0)
-    os.close(w)
-    for fd in fds:
-        os.close(fd)
-    job.pid, job.pipe = pid, r
-    return job
-
-
-def _written(fds: list[int], tmps: list[str], paths: list[Path],
-             write: Callable[[list[BinaryIO]], list[bool]]) -> tuple[str, Any]:
-    """Run ``write`` on the open temporary files: ("ok", (kept, digests)) or ("error", e)."""
-    try:
-        with contextlib.ExitStack() as stack:
-            files = [stack.enter_context(os.fdopen(fd, "wb")) for fd in fds]
-            kept = list(write(files))
-        if len(kept) != len(tmps):
-            raise ValueError(f"write_apart: {len(kept)} answers for {len(tmps)} files")
-        digests = []
-        for tmp, keep in zip(tmps, kept, strict=True):
-            if keep:
-                with open(tmp, "rb") as f:
-                    digests.append(hashlib.file_digest(f, "sha256").hexdigest())
-            else:
-                digests.append(None)
-        return ("ok", (kept, digests))
-    except OSError as e:
-        return ("error", OutputError(f"{printable(str(paths[0]))}: cannot be written "
-                                     f"({e.strerror or e})"))
-    except Exception as e:
-        return ("error", e)
 
 
 @contextlib.contextmanager

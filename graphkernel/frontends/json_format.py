@@ -44,7 +44,7 @@ from graphkernel.fileio import (
 )
 from graphkernel.frontends.opaque import file_problem as opaque_file_problem
 from graphkernel.ir import DType, Graph, TensorType
-from graphkernel.outputs import share_file, write_apart
+from graphkernel.outputs import share_file, write_file, write_stream
 
 FORMAT = "graphkernel/1"
 INLINE_LIMIT = 64
@@ -350,31 +350,6 @@ def save_graph(graph: Graph, path: str | os.PathLike, *, share_data: bool = Fals
     graph's folder shares (``<stem>.weights.npz``: a hard link to it, or a copy made by the
     kernel where no link can be made); only new or changed constants go to ``<stem>.npz``.
     A JSON file is written piece by piece (the text of the whole graph is never held)."""
-    return start_save_graph(graph, path, share_data=share_data, apart=False).finish()
-
-
-class SavedGraph:
-    """A ``save_graph`` under way (``start_save_graph``): ``finish()`` returns the files
-    written, as ``save_graph`` does, once they are; ``abandon()`` (a no-op once finished)
-    stops the writing and removes what it wrote."""
-
-    def __init__(self, job: Any, more: list[Path]) -> None:
-        self.job, self.more = job, more
-
-    def finish(self) -> list[Path]:
-        return self.job.finish() + self.more
-
-    def abandon(self) -> None:
-        self.job.abandon()
-
-
-def start_save_graph(graph: Graph, path: str | os.PathLike, *, share_data: bool = False,
-                     apart: bool = True) -> SavedGraph:
-    """``save_graph``, the JSON text and the graph's own ``.npz`` written by a child process
-    (``outputs.write_apart``; ``apart``) while the caller goes on: encoding a large compiled
-    graph takes a second or more, and the caller has other files to write. Everything the
-    files depend on is settled here first (which data files are shared: those links are
-    made here), so the child only encodes and writes."""
     path = Path(path)
     if path.suffix not in (".json", ".yaml", ".yml"):
         raise FormatError(f"{path}: unknown graph file extension {path.suffix!r} "
@@ -391,27 +366,23 @@ def start_save_graph(graph: Graph, path: str | os.PathLike, *, share_data: bool 
     head: dict[str, Any] = {"format": FORMAT, "name": graph.name}
     if files:
         head["data_file"] = files[0] if len(files) == 1 else files
-    targets = [path] + ([path.with_suffix(".npz")] if own else [])
-
-    def write(f: list[BinaryIO]) -> list[bool]:
-        if path.suffix == ".json":
+    if path.suffix == ".json":
+        def put(f: BinaryIO) -> None:
             for piece in _json_pieces(graph, head, side, shared):
-                f[0].write(piece.encode())
-        else:
-            doc = head | {k: v for k, v in graph_to_dict(graph, side=side, shared=shared).items()
-                          if k not in head}
-            f[0].write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None,
-                                      width=100).encode())
-        if side:  # (only an array nothing shares goes there: ``own`` said there is one)
-            _write_npz(f[1], side)
-        return [True, bool(side)][:len(f)]
+                f.write(piece.encode())
 
-    saved = write_apart(targets, write, fork=apart and path.suffix == ".json")
-    try:
-        return SavedGraph(saved, [] if shared is None else shared.write())
-    except BaseException:
-        saved.abandon()
-        raise
+        write_stream(path, put)
+    else:
+        doc = head | {k: v for k, v in graph_to_dict(graph, side=side, shared=shared).items()
+                      if k not in head}
+        write_file(path, yaml.safe_dump(doc, sort_keys=False, default_flow_style=None,
+                                        width=100).encode())
+    written = [path]
+    if side:
+        written.append(write_stream(path.with_suffix(".npz"), lambda f: _write_npz(f, side)))
+    if shared is not None:
+        written += shared.write()
+    return written
 
 
 def _json_pieces(graph: Graph, head: dict[str, Any], side: dict[str, np.ndarray],
