@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphkernel import ops
-from graphkernel.fusion import nbytes
+from graphkernel.fusion import SUPPORTED_DTYPES, nbytes
 from graphkernel.kernels import inline_producer
 from graphkernel.ops import OpKind
 from graphkernel.registry import PassResult
@@ -24,8 +24,10 @@ def cheap(node) -> bool:
     members = _members(node)
     if not members or len(members) > MAX_OPS:
         return False
+    # (a single op recomputed inside a kernel must be one a kernel computes: the cluster's
+    # dtypes, so no float -> int64 Cast of an index taken into the kernel reading it)
     return all(ops.get(n.op).kind <= OpKind.BROADCAST and not ops.get(n.op).writes
-               for n in members)
+               and all(v.dtype in SUPPORTED_DTYPES for v in n.outputs) for n in members)
 
 
 def gain(producer, value, consumers) -> int:
