@@ -95,10 +95,11 @@ def _recurrence(mul: Node) -> tuple[Value, Value, int, list[Value]] | None:
     constant zero in ``mul``."""
     for i, zero in enumerate(mul.inputs):
         a0 = mul.inputs[1 - i]
-        if zero.producer is None or zero.producer.op != "Constant" or splat(zero) != 0.0:
+        if zero.producer is None or zero.producer.op != "Constant":
             continue
-        pos = _position(a0)
-        if pos is None or not pos[3] or pos[2] != 0 or not a0.dtype.is_float:
+        pos = _position(a0)  # (before the constant's values: a splat reads a whole weight)
+        if pos is None or not pos[3] or pos[2] != 0 or not a0.dtype.is_float or \
+                splat(zero) != 0.0:
             continue
         A, axis = pos[0], pos[1]
         if mul.outputs[0].type != a0.type:  # the zero only broadcast into a_0's shape
@@ -243,8 +244,8 @@ class _Reroll:
                 batched.append(None)
             else:
                 batched.append(self.build(vs))
-        places = [p + rank - len(vs[0].shape) for b, vs in zip(batched, args, strict=True)
-                  if b is not None for p in [b[1]]]
+        places = [b[1] + rank - len(vs[0].shape) for b, vs in zip(batched, args, strict=True)
+                  if b is not None]
         for q in dict.fromkeys(places):
             try:
                 ins = [self.operand(vs, b, rank, q) for vs, b in zip(args, batched, strict=True)]
@@ -269,7 +270,7 @@ class _Reroll:
     def unary(self, n0: Node, x: Value, p: int, per_in: list, per_out: list
               ) -> tuple[Value, int]:
         g, op, a = self.graph, n0.op, n0.attrs
-        if op == "Cast" or ops.get(op).kind == OpKind.ELEMWISE:
+        if op == "Cast":
             return add_like(g, n0, op, [x], dict(a)), p
         if op.startswith("Reduce"):
             axes = sorted(ax % len(per_in) for ax in (a.get("axis") or range(len(per_in))))
