@@ -294,11 +294,11 @@ def training_table(zoo) -> None:
             launches = r["stats"]["launches"]
             rows[name] = (sum(launches.values()), k + e)
             ours = [p for p, v in r["judged"].items() if v == "graphkernel's"]
-            if ours or not r["forward"] and not r["judged"]:
+            if ours or r["forward"] == "DIFF" and not r["judged"]:
                 wrong.append(name)
             notes = sorted({v for v in r["judged"].values() if v != "graphkernel's"})
             progress.write(_row(name, k, e, launches,
-                                f"{'match' if r['forward'] else 'DIFF':<6} "
+                                f"{r['forward']:<6} "
                                 f"{len(r['differ'])}/{r['params']}"
                                 + (f" ({len(ours)} graphkernel's; {'; '.join(notes)})"
                                    if r["differ"] else "")), sys.stdout)

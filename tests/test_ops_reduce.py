@@ -45,6 +45,21 @@ def test_fp16_sum_accumulates_in_fp32():
     assert float(run_op("ReduceSum", [x], {"axis": [0]})) == 4096.0
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+def test_float32_sums_over_outer_axes_of_a_transposed_view_are_rounded_once(op, rng):
+    """A batch norm's statistics: a sum over N, H and W of a transposed view (a
+    convolution's output), thousands of values of one sign. Summed one by one in float32
+    (numpy's order over non-contiguous axes) the result is off by many ulps; accumulated in
+    float64 and rounded once it is within one ulp of the exact value, whatever the layout."""
+    x = (rng.standard_normal((2, 32, 32, 16)) + 1.25).astype(np.float32).transpose(0, 3, 1, 2)
+    got = run_op(op, [x], {"axis": [0, 2, 3], "keep_dims": False})
+    exact = x.astype(np.float64).sum(axis=(0, 2, 3))
+    if op == "ReduceMean":
+        exact /= 2 * 32 * 32
+    ulps = np.abs(got.astype(np.float64) - exact) / np.spacing(np.abs(exact).astype(np.float32))
+    assert got.dtype == np.float32 and float(ulps.max()) <= 1.0
+
+
 @pytest.mark.parametrize("op,fn", [("ArgMax", torch.argmax), ("ArgMin", torch.argmin)])
 def test_arg_reductions(op, fn, rng):
     x = rng.standard_normal((3, 5)).astype(np.float32)

@@ -15,7 +15,7 @@ from graphkernel.opdefs.composite import (
     elementwise_infer,
     scalar_attrs_fit,
 )
-from graphkernel.opdefs.reduce import ReduceAttrs, reduce_axes, reduced_shape
+from graphkernel.opdefs.reduce import ReduceAttrs, float_mean, reduce_axes, reduced_shape
 from graphkernel.ops import Attrs, OpKind, check_dtype, dim_axis
 from graphkernel.tensor_types import TensorType
 
@@ -82,8 +82,8 @@ def _mean_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
 
 
 composite("ReduceMean", (1, 1), _mean_infer,
-          lambda xs, a, ctx: np.mean(xs[0], axis=tuple(reduce_axes(xs[0].ndim, a["axis"])),
-                                     keepdims=a["keep_dims"]),
+          lambda xs, a, ctx: float_mean(xs[0], tuple(reduce_axes(xs[0].ndim, a["axis"])),
+                                        a["keep_dims"]),
           ReduceAttrs, aliases=("MeanExt",), category=C, kind=OpKind.REDUCE)
 
 

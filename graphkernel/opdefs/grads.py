@@ -13,6 +13,7 @@ from graphkernel.opdefs.arithmetic import BiasAddAttrs, channel_axis
 from graphkernel.opdefs.composite import composite, elementwise, erf, sigmoid
 from graphkernel.opdefs.norms import LayerNormAttrs, SoftmaxAttrs, ln_axes, softmax_axes
 from graphkernel.opdefs.pooling import window_out
+from graphkernel.opdefs.reduce import float_sum
 from graphkernel.ops import Attrs, OpKind, check_dtype
 from graphkernel.tensor_types import TensorType
 
@@ -70,7 +71,7 @@ def _bias_add_grad_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]
 def _bias_add_grad_ref(xs, a, ctx):
     dy = xs[0]
     c = channel_axis(dy.ndim, a["data_format"])
-    return dy.sum(axis=tuple(i for i in range(dy.ndim) if i != c))
+    return float_sum(dy, tuple(i for i in range(dy.ndim) if i != c))
 
 
 composite("BiasAddGrad", (1, 1), _bias_add_grad_infer, _bias_add_grad_ref, BiasAddAttrs,
@@ -130,7 +131,7 @@ def _ln_grad_ref(xs, a, ctx):
     dx = rstd / n * (n * dxhat - dxhat.sum(axis=ax, keepdims=True)
                      - xhat * (dxhat * xhat).sum(axis=ax, keepdims=True))
     batch = tuple(range(p))
-    return dx, (dy * xhat).sum(axis=batch), dy.sum(axis=batch)
+    return dx, float_sum(dy * xhat, batch), float_sum(dy, batch)
 
 
 composite("LayerNormGrad", (5, 5), _ln_grad_infer, _ln_grad_ref, LayerNormAttrs, category=G,

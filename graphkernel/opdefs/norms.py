@@ -6,6 +6,7 @@ import numpy as np
 
 from graphkernel.errors import ShapeError
 from graphkernel.opdefs.composite import composite
+from graphkernel.opdefs.reduce import float_mean, float_sum
 from graphkernel.ops import Attrs, OpKind, check_dtype, dim_axis, normalize_axes, normalize_axis
 from graphkernel.tensor_types import TensorType
 
@@ -183,8 +184,8 @@ def _bn_train_ref(xs, a, ctx):
     c, axes = bn_axes(x.ndim, a["axis"])
     ax = tuple(axes)
     n = x.size // x.shape[c]
-    mean = x.mean(axis=ax)
-    var = ((x - _per_channel(mean, x.ndim, c)) ** 2).mean(axis=ax)
+    mean = float_mean(x, ax)  # (accumulated in float64, as PyTorch's CPU batch norm)
+    var = float_mean((x - _per_channel(mean, x.ndim, c)) ** 2, ax)
     rstd = 1 / np.sqrt(var + a["epsilon"])
     y = (x - _per_channel(mean, x.ndim, c)) * _per_channel(scale * rstd, x.ndim, c) \
         + _per_channel(bias, x.ndim, c)
@@ -218,8 +219,8 @@ def _bn_grad_ref(xs, a, ctx):
     n = x.size // x.shape[c]
     pc = lambda v: _per_channel(v, x.ndim, c)  # noqa: E731
     xhat = (x - pc(mean)) * pc(rstd)
-    dbias = dy.sum(axis=ax)
-    dscale = (dy * xhat).sum(axis=ax)
+    dbias = float_sum(dy, ax)
+    dscale = float_sum(dy * xhat, ax)
     dx = pc(scale * rstd / n) * (n * dy - pc(dbias) - xhat * pc(dscale))
     return dx, dscale, dbias
 

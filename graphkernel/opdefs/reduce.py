@@ -49,11 +49,40 @@ def _reduce_infer(cls: str):
     return infer
 
 
+def float_sum(x: np.ndarray, axis: tuple[int, ...] | int | None = None,
+              keepdims: bool = False) -> np.ndarray:
+    """The sum of ``x`` over ``axis`` in ``x``'s dtype; a float narrower than float64 is
+    accumulated in float64 and rounded once. numpy sums float32 pairwise only along a
+    contiguous inner run: over the outer axes of an array, or over a transposed view (a
+    convolution's output, a batch norm's N, H and W), it adds one by one, and the rounding
+    grows with the count and depends on the layout. PyTorch's CPU batch norm accumulates
+    its statistics and its gradient's sums in float64; a reference that does not drifts
+    from it by several ulps on a mean of thousands of values, which a float64 judge of a
+    training step then blames on the compiled graph."""
+    if x.dtype.kind == "f" and x.dtype.itemsize < 8:
+        return np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)
+    return np.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
+
+
+def float_mean(x: np.ndarray, axis: tuple[int, ...] | int | None = None,
+               keepdims: bool = False) -> np.ndarray:
+    """The mean of a float ``x`` over ``axis``, its sum accumulated as ``float_sum``'s (a
+    mean of nothing is NaN, as numpy's)."""
+    if not (x.dtype.kind == "f" and x.dtype.itemsize < 8):
+        return np.mean(x, axis=axis, keepdims=keepdims)
+    axes = range(x.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+    count = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    s = np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64)
+    return (s / count if count else np.full_like(s, np.nan)).astype(x.dtype)
+
+
 def _reduce_ref(fn):
     def ref(xs, a, ctx):
         x = xs[0]
         axes = tuple(reduce_axes(x.ndim, a["axis"]))
-        if fn is np.sum or fn is np.prod:
+        if fn is np.sum:
+            return float_sum(x, axes, a["keep_dims"])
+        if fn is np.prod:
             return fn(x, axis=axes, keepdims=a["keep_dims"], dtype=x.dtype)
         if x.size == 0:  # max/min of nothing: the identity of the reduction
             shape = ctx.out_shapes[0]
