@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     from export_models import ATTENTION, select
 
+    if a.held_out and not a.cnn:
+        print("error: --held-out needs --cnn (the held-out set is of CNN families)",
+              file=sys.stderr)
+        return 2
     variants = [v.strip() for v in a.attn.split(",") if v.strip()]
     bad = sorted(set(variants) - set(ATTENTION))
     if bad or not variants:
