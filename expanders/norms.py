@@ -51,7 +51,7 @@ def batch_norm(b, x, scale, bias, mean, var, *, epsilon, axis):
 @expander("BatchNormTraining", validators=[static_dims(_bn_stat_dims, "reduced dims")])
 def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
     # shifted data: k = the channel's first element, d = x - k (exact for x near k);
-    # mean = k + sum(d)/N; var = sum((d - mean_d)^2)/N over every axis but the channel's;
+    # mean = sum(x)/N; var = sum((d - mean_d)^2)/N over every axis but the channel's;
     # rstd = 1 / sqrt(var + eps); y = (d - mean_d) alpha + bias, alpha = scale rstd.
     # A channel of large mean and small spread (a nearly saturated activation) keeps its
     # digits as PyTorch's, which accumulates in float64: the mean's rounding, times an rstd
@@ -68,7 +68,11 @@ def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
     mean_d = b.reduce_mean(d, axes, keep_dims=True)
     centered = b.sub(d, mean_d)
     var = b.reduce_mean(b.square(centered), axes)
-    mean = b.reshape(b.add(k, mean_d), [x.shape[c]])
+    # the mean returned (the running mean's and the backward's) is summed directly: k +
+    # mean(d) cancels when |k| is far above |mean| (a channel of mean ~0.01 whose first
+    # element is ~1) and keeps an ulp of k, which (x - mean) rstd in the backward carries
+    # into every gradient of the channel; the direct sum's rounding is the mean's own
+    mean = b.reduce_mean(x, axes)
     rstd = b.div(1.0, b.sqrt(b.add(var, epsilon)))
     alpha = b.mul(scale, rstd)
     y = b.add(b.mul(centered, b.reshape(alpha, shape)), b.reshape(bias, shape))
