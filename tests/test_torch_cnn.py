@@ -170,6 +170,27 @@ def test_training_batch_norm_after_a_strided_convolution_is_as_exact_as_eager():
     assert err["ours"] <= 2 * err["eager"] + float(torch.finfo(torch.float32).eps), err
 
 
+def test_training_batch_norm_mean_keeps_its_own_digits_when_the_first_element_is_large():
+    """The statistics are taken on data shifted by each channel's first element k; the mean
+    returned (the running mean's, and the backward's in (x - mean) rstd) must not be k +
+    mean(x - k), which cancels when |k| is far above |mean| and keeps an ulp of k: ~1e-7
+    on a mean of ~0.01 whose first element is 3, where eager is within ~1e-9. That error is
+    the same in every element of the channel and went into every gradient through it."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16, 16)
+    x -= x.mean(dim=(0, 2, 3), keepdim=True) - 0.01
+    x[0, :, 0, 0] = 3.0
+    m = nn.BatchNorm2d(4, momentum=1.0).train()  # the running mean is the batch mean
+    exact = copy.deepcopy(m).double()
+    exact(x.double())
+    eager, ours = copy.deepcopy(m), copy.deepcopy(m)
+    eager(x)
+    torch.compile(ours, backend="graphkernel")(x)
+    err = {k: float((v.running_mean.double() - exact.running_mean).abs().max())
+           for k, v in (("eager", eager), ("ours", ours))}
+    assert err["ours"] <= 2 * err["eager"] + 1e-9, err
+
+
 def _zoo(name):
     import sys
     from pathlib import Path
