@@ -350,6 +350,38 @@ def test_dynamic_shapes_specialise_only_what_graphkernel_cannot_keep(monkeypatch
     assert gt.stats()["graphs"] == 2
 
 
+class PatchRows(torch.nn.Module):
+    """A patchify convolution whose rows are flattened and viewed back by a height computed
+    from the flattened length (``(h*w)//w``): a size that divides by a symbol."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 4, stride=4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        w = y.shape[3]
+        z = y.flatten(2)                                             # [B, 4, h*w]
+        return z.view(x.shape[0], 4, z.shape[2] // w, w) * 2
+
+
+def test_dynamic_shapes_take_a_size_divided_by_a_symbol(monkeypatch):
+    """A view whose size divides by the image side's symbol compiles (the side specialised,
+    the batch symbolic) instead of the whole graph running through torch."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = PatchRows().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = torch.rand(b, 3, 16, 16, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+    (g,) = graphs
+    assert isinstance(g.inputs[0].type.shape[0], str)
+
+
 def test_a_read_only_array_reaches_torch_as_a_writable_copy():
     import warnings
 

@@ -1947,7 +1947,10 @@ def _counts_back(n: Any) -> bool:
         return False
     expr = _settled(val)
     syms_ = list(expr.free_symbols)
-    if len(syms_) != 1 or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
+    # a size that divides by its symbol (a view's ``numel // s0``) is not ``L - s``, and
+    # setting the symbol to 0 in it would divide by zero
+    if len(syms_) != 1 or not expr.is_polynomial(syms_[0]) \
+            or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
         return False
     return bool(n.users) and all(_slices_to_end(u, n) or _counts_back(u) for u in n.users)
 
