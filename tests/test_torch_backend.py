@@ -451,6 +451,41 @@ def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     assert s["per_graph"][0]["codegen_fallbacks"] == 0
 
 
+class AlibiRows(torch.nn.Module):
+    """MPT's attention in small: the ALiBi bias one row per head ([N, 1, L]), sliced to the
+    last ``s`` keys -- under dynamic=True a computed value, not a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 64)
+        self.qkv = torch.nn.Linear(64, 192)
+        slopes = torch.tensor([2.0 ** -i for i in range(1, 5)]).view(4, 1, 1)
+        self.register_buffer("alibi", slopes * torch.arange(1 - 32, 1).view(1, 1, 32).float())
+
+    def forward(self, ids):
+        b, s = ids.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2)
+                   for t in self.qkv(self.emb(ids)).split(64, -1))
+        scores = q @ k.transpose(-1, -2) * 16 ** -0.5 + self.alibi[:, :, -s:]
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, 64)
+
+
+def test_dynamic_shapes_keep_a_computed_alibi_row_in_the_fused_attention(monkeypatch):
+    """A bias of one row per head computed under dynamic=True is the operator's pse,
+    broadcast to [B, N, 1, S2] (S1 times fewer values than the scores): one fused attention
+    for every length, where the whole attention ran as products and a softmax."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = AlibiRows().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    _match_eager_at_three_lengths(c, m)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    (g,) = graphs
+    assert isinstance(g.inputs[0].type.shape[1], str)
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs["mask"] == "pse"
+
+
 def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):
     graphs = _compiled_graphs(monkeypatch)
     m = ScaledAttention().eval()
