@@ -7,8 +7,10 @@ package; with ``--cnn``, the CNN zoo (examples/cnn_models.py) exported to ONNX i
 mode (``torch.onnx.export``, opset 17, into a temporary folder) instead; with
 ``--transformers``, the transformer zoo of ``vs_inductor.py`` (every family, with the
 mixture-of-experts and state-space models) through both export paths: torch.export
-(``graphkernel.torch.export_graph``) and an ONNX export (``torch.onnx.export``, opset 17),
-where torch can export the model (a model it cannot export is listed with torch's reason).
+(``graphkernel.torch.export_graph``) and an ONNX export (``torch.onnx.export``, opset 17;
+where that TorchScript exporter has no conversion -- grouped-query attention -- torch's dynamo
+exporter, which needs ``onnxscript``: the ``export`` extra), where torch can export the model
+(a model neither exporter converts is listed with torch's reasons).
 "ideal" puts every connected group of cluster-able ops in one kernel, ignoring every limit
 (the lower bound); target: fused/ideal <= 1.10.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -107,10 +110,7 @@ def transformers_table(names: list[str], opt_level: int) -> int:
     """fused/ideal GM bytes of each transformer-zoo model's inference graph, exported by
     torch.export and by the ONNX exporter."""
     import logging
-    import tempfile
     import warnings
-
-    import torch
 
     import graphkernel.torch as gt
 
@@ -142,14 +142,9 @@ def transformers_table(names: list[str], opt_level: int) -> int:
             except Exception as e:  # noqa: BLE001 - torch.export's own limit: listed
                 cells.append(None)
                 why.append(f"torch.export: {str(e).splitlines()[0][:90]}")
-            try:
-                with tempfile.TemporaryDirectory() as folder, _stdout_silenced():
-                    path = os.path.join(folder, f"{name}.onnx")
-                    torch.onnx.export(model, args, path, dynamo=False, opset_version=17)
-                    cells.append(_ratio(load_model(path), opt_level))
-            except Exception as e:  # noqa: BLE001 - the exporter's own limit: listed
-                cells.append(None)
-                why.append(f"ONNX: {str(e).splitlines()[0][:90]}")
+            cell, reason = _onnx_ratio(model, args, name, opt_level)
+            cells.append(cell)
+            why += [reason] if reason else []
             for key, cell in zip(worst, cells, strict=True):
                 if cell is not None and cell > worst[key][0]:
                     worst[key] = (cell, name)
@@ -160,6 +155,53 @@ def transformers_table(names: list[str], opt_level: int) -> int:
     for key, (ratio, name) in worst.items():
         print(f"worst fused/ideal, {key}: {ratio:.3f} ({name}; target <= 1.05)")
     return 0
+
+
+def _onnx_export(model, args, path: str) -> str:
+    """Export ``model`` to ``path`` with the TorchScript exporter (opset 17) or, where it has
+    no conversion (grouped-query ``scaled_dot_product_attention``), with torch's dynamo
+    exporter when ``onnxscript`` is installed. Returns which exporter wrote the file."""
+    import torch
+
+    try:
+        with _stdout_silenced():
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=17)
+        return "torchscript"
+    except Exception as first:  # noqa: BLE001 - the dynamo exporter may still convert it
+        try:
+            import onnxscript  # noqa: F401 - the dynamo exporter needs it
+        except ImportError:
+            raise first from None
+        try:
+            with _stdout_silenced(), contextlib.redirect_stderr(io.StringIO()):
+                torch.onnx.export(model, args, path, dynamo=True, external_data=False)
+        except Exception as second:  # noqa: BLE001 - both exporters' reasons are listed
+            raise RuntimeError(f"{str(first).splitlines()[0][:70]}; dynamo exporter: "
+                               f"{_first_line(second)[:90]}") from None
+        return "dynamo"
+
+
+def _first_line(e: Exception) -> str:
+    """The dynamo exporter's cause: its exception summary's first entry, else the first line."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    cause = next((x.split(">: ", 1)[1] for x in lines if x.startswith("<class") and ">: " in x),
+                 None)
+    return cause or (lines[0] if lines else type(e).__name__)
+
+
+def _onnx_ratio(model, args, name: str, opt_level: int) -> tuple[float | None, str]:
+    """fused/ideal of ``model``'s ONNX export, and a note: which exporter when it was the
+    dynamo one, torch's reason when neither exports it."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, f"{name}.onnx")
+            how = _onnx_export(model, args, path)
+            ratio = _ratio(load_model(path), opt_level)
+    except Exception as e:  # noqa: BLE001 - the exporter's own limit: listed
+        return None, f"ONNX: {str(e).splitlines()[0][:170]}"
+    return ratio, ("ONNX by torch's dynamo exporter" if how == "dynamo" else "")
 
 
 def table(todo: list[tuple[str, str]], opt_level: int) -> int:

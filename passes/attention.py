@@ -644,6 +644,10 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
         pse = graph.add_node("Reshape", [pse], {"shape": list(full)},
                              name=graph.fresh_name(f"{node.name}/pse_view"),
                              origin=origin).outputs[0]
+    if want != full:
+        pse = graph.add_node("BroadcastTo", [pse], {"shape": list(want)},
+                             name=graph.fresh_name(f"{node.name}/pse_rows"),
+                             origin=origin).outputs[0]
     return "pse", pse
 
 
@@ -651,14 +655,18 @@ def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
     """The documented pse shape a bias of 4-d shape ``full`` is given as: itself when
     documented, else, for a constant, the smallest documented shape it broadcasts to —
     [1, N, S1, S2] when its values do not vary over the batch, else [B, N, S1, S2]. A
-    computed bias in another shape is refused (growing it would be a launch writing
-    B·N·S1·S2 values)."""
+    computed bias of one row per head ([.., N, 1, S2]) is broadcast to [B, N, 1, S2]; one in
+    another shape is refused (growing it would be a launch writing B·N·S1·S2 values)."""
     b, n1, s1, s2 = shape4
     documented = mask_shapes("pse", b, n1, s1, s2)
     if full in documented:
         return full
     arr = const_array(mv)
     fits = all(_same(x, 1) or _same(x, y) for x, y in zip(full, shape4, strict=True))
+    if arr is None and fits and _same(full[2], 1):
+        # one row of biases per head (ALiBi sliced by a symbolic length): broadcast to
+        # [B, N, 1, S2], S1 times fewer values than the scores
+        return (b, n1, 1, s2)
     if arr is None or not fits or not all(isinstance(x, int) for x in shape4[1:]):
         raise Refused(f"mask {mv.name} of shape {list(mv.type.shape)}: the operator's pse "
                       f"takes {' or '.join(str(list(x)) for x in documented)} (a constant "

@@ -188,7 +188,8 @@ def _region(graph: Graph, root: Value
             if _pair_slice(u) is not None and kinds[id(v)] == FULL:
                 kinds[id(out)] = HALF
             elif ops.get(u.op).kind == OpKind.ELEMWISE and all(
-                    id(x) in kinds or const_array(x) is not None for x in u.inputs):
+                    id(x) in kinds or const_array(x) is not None or _pair_repeat(x) is not None
+                    for x in u.inputs):
                 ks = {kinds[id(x)] for x in u.inputs if id(x) in kinds}
                 if len(ks) != 1 or tuple(out.shape) != tuple(v.shape):
                     return None
@@ -225,6 +226,34 @@ def _region(graph: Graph, root: Value
            for a in _interleave(m)):
         return None
     return list(nodes.values()), folded, kinds, out
+
+
+def _pair_repeat(x: Value) -> Value | None:
+    """``t`` of shape [..., h, 1] when ``x`` repeats each entry of ``t``'s rows twice along its
+    last axis (torch's ``repeat_interleave(t, 2, -1)``: broadcast to [..., h, 2], flattened),
+    else None. GPT-J's cos/sin tables are such repeats; computed, not constant, when the
+    positions are a symbolic range (``dynamic=True``). Under the evens-then-odds permutation
+    such a table is ``t`` twice: a Concat of its halves, no gather."""
+    if not x.type.rank:
+        return None
+    v = x  # up through views that keep the last axis (unit axes added or dropped)
+    while v.producer is not None and v.producer.op in ("Reshape", "ExpandDims") and \
+            v.producer.inputs[0].type.rank and v.producer.inputs[0].shape[-1] == x.shape[-1]:
+        if v.producer.inputs[0].producer is not None and \
+                v.producer.inputs[0].producer.op == "BroadcastTo":
+            break
+        v = v.producer.inputs[0]
+    p = v.producer
+    b = p.inputs[0].producer if p is not None and p.op == "Reshape" else None
+    if b is None or b.op != "BroadcastTo":
+        return None
+    y, wide = b.inputs[0], tuple(b.outputs[0].shape)
+    h = wide[-2] if len(wide) >= 2 else None
+    if y.type.rank != len(wide) or y.shape[-1] != 1 or wide[-1] != 2 or \
+            tuple(y.shape[:-1]) != wide[:-1] or not isinstance(h, int) or \
+            tuple(v.shape) != (*wide[:-2], 2 * h):
+        return None
+    return y
 
 
 def _scalar_mul(u: Node, v: Value) -> bool:
@@ -335,8 +364,9 @@ def _const(graph: Graph, like: Node, arr: np.ndarray) -> Value:
                           origin=like.origin).outputs[0]
 
 
-def rewrite(graph: Graph, r: Rotary) -> None:
-    """Permute the projection's rows and rebuild the rotary in split-half form."""
+def rewrite(graph: Graph, r: Rotary, tables: dict[int, Value]) -> None:
+    """Permute the projection's rows and rebuild the rotary in split-half form; ``tables``
+    keeps the permuted repeated tables, which every rotary of the graph shares."""
     heads, d, n = r.head.shape[-2], r.head.shape[-1], r.n
     mm = r.product
     w = _permute_rows(const_array(mm.inputs[1]), heads, d, n,
@@ -353,9 +383,20 @@ def rewrite(graph: Graph, r: Rotary) -> None:
         if id(x) in new:
             return new[id(x)]
         arr = const_array(x)
-        if arr is not None and id(x) not in r.kinds and arr.ndim and arr.shape[-1] == n and \
-                r.kinds.get(id(at.outputs[0])) == FULL:
+        full = id(x) not in r.kinds and r.kinds.get(id(at.outputs[0])) == FULL
+        if full and arr is not None and arr.ndim and arr.shape[-1] == n:
             return _const(graph, at, np.take(arr, perm, axis=-1))
+        t = _pair_repeat(x) if full and arr is None and x.shape[-1] == n else None
+        if t is not None and id(x) in tables:
+            return tables[id(x)]
+        if t is not None:  # the repeated table permuted: its half twice
+            half = graph.add_node("Reshape", [t], {"shape": list(x.shape[:-1]) + [n // 2]},
+                                  name=graph.fresh_name(f"{at.name}/pairs_t"),
+                                  origin=at.origin).outputs[0]
+            tables[id(x)] = graph.add_node("Concat", [half, half], {"axis": x.type.rank - 1},
+                                           name=graph.fresh_name(f"{at.name}/pairs_t"),
+                                           origin=at.origin).outputs[0]
+            return tables[id(x)]
         return x
 
     for m in r.nodes:
@@ -386,6 +427,7 @@ def rotary_pairs(graph, ctx) -> PassResult:
     Q·Kᵀ) and nothing else; and pairs read only by their two slices (written back as halves)
     → the halves of that value, its features permuted in the frozen product making it."""
     notes, done = [], set()
+    tables: dict[int, Value] = {}  # repeated cos/sin tables, permuted (read where FULL)
     for rs in find(graph).values():
         qk = {_to_attention(graph, r.exit, r.head.shape[-1])[1] for r in rs}
         if len(rs) != 2 or qk != {0, 1} or len({(r.n, r.head.shape[-1]) for r in rs}) != 1:
@@ -394,7 +436,7 @@ def rotary_pairs(graph, ctx) -> PassResult:
                                 [r.product for r in rs]):
             continue
         for r in rs:
-            rewrite(graph, r)
+            rewrite(graph, r, tables)
             done.add(id(r.root))
         notes.append(f"{rs[0].product.name}, {rs[1].product.name}: interleaved rotary of "
                      f"{rs[0].n} features as halves")

@@ -350,6 +350,38 @@ def test_dynamic_shapes_specialise_only_what_graphkernel_cannot_keep(monkeypatch
     assert gt.stats()["graphs"] == 2
 
 
+class PatchRows(torch.nn.Module):
+    """A patchify convolution whose rows are flattened and viewed back by a height computed
+    from the flattened length (``(h*w)//w``): a size that divides by a symbol."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 4, stride=4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        w = y.shape[3]
+        z = y.flatten(2)                                             # [B, 4, h*w]
+        return z.view(x.shape[0], 4, z.shape[2] // w, w) * 2
+
+
+def test_dynamic_shapes_take_a_size_divided_by_a_symbol(monkeypatch):
+    """A view whose size divides by the image side's symbol compiles (the side specialised,
+    the batch symbolic) instead of the whole graph running through torch."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = PatchRows().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = torch.rand(b, 3, 16, 16, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+    (g,) = graphs
+    assert isinstance(g.inputs[0].type.shape[0], str)
+
+
 def test_a_read_only_array_reaches_torch_as_a_writable_copy():
     import warnings
 
@@ -417,6 +449,41 @@ def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
     assert fa.attrs.get("causal") and fa.attrs["mask"] == "none"
     assert s["per_graph"][0]["codegen_fallbacks"] == 0
+
+
+class AlibiRows(torch.nn.Module):
+    """MPT's attention in small: the ALiBi bias one row per head ([N, 1, L]), sliced to the
+    last ``s`` keys -- under dynamic=True a computed value, not a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 64)
+        self.qkv = torch.nn.Linear(64, 192)
+        slopes = torch.tensor([2.0 ** -i for i in range(1, 5)]).view(4, 1, 1)
+        self.register_buffer("alibi", slopes * torch.arange(1 - 32, 1).view(1, 1, 32).float())
+
+    def forward(self, ids):
+        b, s = ids.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2)
+                   for t in self.qkv(self.emb(ids)).split(64, -1))
+        scores = q @ k.transpose(-1, -2) * 16 ** -0.5 + self.alibi[:, :, -s:]
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, 64)
+
+
+def test_dynamic_shapes_keep_a_computed_alibi_row_in_the_fused_attention(monkeypatch):
+    """A bias of one row per head computed under dynamic=True is the operator's pse,
+    broadcast to [B, N, 1, S2] (S1 times fewer values than the scores): one fused attention
+    for every length, where the whole attention ran as products and a softmax."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = AlibiRows().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    _match_eager_at_three_lengths(c, m)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    (g,) = graphs
+    assert isinstance(g.inputs[0].type.shape[1], str)
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs["mask"] == "pse"
 
 
 def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):

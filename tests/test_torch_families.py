@@ -155,7 +155,7 @@ class InterleavedRotary(torch.nn.Module):
 
         def rotary(y):
             r, rest = y[..., :self.rot], y[..., self.rot:]
-            cos, sin = self.cos[:, :t], self.sin[:, :t]
+            cos, sin = self.tables(t)
             return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
 
         q, k = rotary(heads(self.q)), rotary(heads(self.k))
@@ -163,6 +163,9 @@ class InterleavedRotary(torch.nn.Module):
                                            heads(self.v).transpose(1, 2), is_causal=True)
         out = self.o(a.transpose(1, 2).reshape(b, t, 32))
         return (out, k) if self.keep_k else out
+
+    def tables(self, t: int):
+        return self.cos[:, :t], self.sin[:, :t]
 
 
 def _compiled(model, args, flags: str = ""):
@@ -241,6 +244,45 @@ def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches == strided
+
+
+class PositionRotary(InterleavedRotary):
+    """GPT-J's attention with its cos/sin tables computed from the positions in the forward
+    (``repeat_interleave(2)`` of the half tables): under ``dynamic=True`` the positions are a
+    symbolic range, so the tables are computed values, not constants."""
+
+    def __init__(self, rot: int = 8):
+        super().__init__(rot)
+        self.register_buffer("inv", 1.0 / 10000 ** (torch.arange(0, rot, 2).float() / rot))
+
+    def tables(self, t):
+        angles = torch.arange(t, dtype=torch.float32)[:, None] * self.inv[None, :]
+        return (angles.cos().repeat_interleave(2, -1)[None, :, None],
+                angles.sin().repeat_interleave(2, -1)[None, :, None])
+
+
+def _dynamic_launches(model, lengths, flags: str = "") -> int:
+    torch._dynamo.reset()
+    gt.reset_stats()
+    c = torch.compile(model, backend="graphkernel", dynamic=True, options={"flags": flags})
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(2, n, 32)
+            torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
+    return sum(s["launches"].values())
+
+
+def test_interleaved_rotary_with_computed_tables_under_dynamic_shapes():
+    """Tables computed from a symbolic range of positions are not constants to permute; a
+    table repeating each entry twice, permuted evens-then-odds, is its half twice (a Concat
+    shared by Q's and K's rotary): the rotary is rewritten under dynamic=True as well."""
+    torch.manual_seed(0)
+    model = PositionRotary().eval()
+    on = _dynamic_launches(model, (12, 16, 20))
+    off = _dynamic_launches(model, (12, 16, 20), "--disable_pass=rotary_pairs")
+    assert on < off - 4, (on, off)
 
 
 def test_one_k_v_head_lets_attention_read_q_and_write_its_output_in_bsnd():

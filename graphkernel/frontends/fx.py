@@ -532,15 +532,18 @@ def _slice(c: Ctx):
 
 
 def _slice_last(c: Ctx, x: Value, dim: int, start: SymOffset, n: Any) -> Value:
-    """``x[L - n:]`` of a static axis of length ``L`` with a symbolic ``n`` (MPT's alibi
-    table sliced to the sequence): the rows ``L - n + arange(n)``, gathered. A SymOffset
-    start is made only for step-1 slices to a static axis' end (``_slices_to_end``); here
-    the start must be exactly ``L - n``, checked on the expressions."""
+    """``x[L - n:]`` or ``x[-n:]`` of a static axis of length ``L`` with a symbolic ``n``
+    (MPT's alibi table sliced to the sequence): the rows ``L - n + arange(n)``, gathered.
+    A SymOffset start is made only for step-1 slices to a static axis' end
+    (``_slices_to_end``); here the start must be exactly ``L - n`` or ``-n``, checked on the
+    expressions."""
     import sympy
 
     length = x.shape[dim]
-    out = c.node.meta["val"].shape[dim]
-    if not isinstance(n, str) or sympy.simplify(start.expr - (length - _settled(out))) != 0:
+    out = _settled(c.node.meta["val"].shape[dim])
+    # ``x[-n:]`` (a negative start counts from the end) is the same rows as ``x[L - n:]``
+    if not isinstance(n, str) or (sympy.simplify(start.expr - (length - out)) != 0
+                                  and sympy.simplify(start.expr + out) != 0):
         raise Unmapped(f"slice from {start.expr} of an axis of {length}")
     rows = c.emit("Range", [], {"start": 0, "length": n, "dtype": DType.int64})
     count = _size_value(c, n, TensorType((), DType.int64))
@@ -1947,7 +1950,10 @@ def _counts_back(n: Any) -> bool:
         return False
     expr = _settled(val)
     syms_ = list(expr.free_symbols)
-    if len(syms_) != 1 or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
+    # a size that divides by its symbol (a view's ``numel // s0``) is not ``L - s``, and
+    # setting the symbol to 0 in it would divide by zero
+    if len(syms_) != 1 or not expr.is_polynomial(syms_[0]) \
+            or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
         return False
     return bool(n.users) and all(_slices_to_end(u, n) or _counts_back(u) for u in n.users)
 

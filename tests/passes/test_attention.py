@@ -103,10 +103,23 @@ def test_pse_mask_is_divided_by_the_scale(causal):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_a_computed_bias_of_one_row_per_head_is_broadcast_to_the_pse_rows():
+    """A computed additive mask [B, 1, 1, S2] (a padding mask, an ALiBi row) is broadcast to
+    the operator's [B, N, 1, S2]: S1 times fewer values than the scores, not refused."""
+    g = _attention(mask=(2, 1, 1, 8))
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse"
+    assert tuple(fa.inputs[3].type.shape) == (2, 4, 1, 8)
+    feeds = random_inputs(g, seed=3)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("graph,reason", [
     (lambda: _attention(probs_out=True), r"probs.* is also used outside the attention"),
     (lambda: _attention(dim=20), r"head size D=20 .*multiple of 16"),
-    (lambda: _attention(mask=(2, 1, 1, 8)), r"mask mask of shape \[2, 1, 1, 8\].*pse takes"),
+    (lambda: _attention(mask=(2, 1, 8, 1)), r"mask mask of shape \[2, 1, 8, 1\].*pse takes"),
     (lambda: _attention(dtype="float64"), r"dtype float64"),
 ])
 def test_refusals_say_why(graph, reason):
