@@ -447,6 +447,8 @@ def _rewrite_picks(graph: Graph, cat: Node, tops: list[Node]) -> None:
     for j, t in enumerate(tops):
         v, i = t.outputs
         top = add("ReduceMax", [scores], {"axis": last, "keep_dims": True}, f"max{j}")
+        # the pick's readers get a ReduceMax of their own (the same value): the split model
+        # joins a reduction to the vector work after it only when one area reads it
         graph.replace_all_uses(v, add("ReduceMax", [scores], {"axis": last, "keep_dims": True},
                                       f"max{j}"))
         holds = add("LogicalOr", [add("Equal", [scores, top], name=f"holds{j}"),
