@@ -613,6 +613,8 @@ class SplitModel:
                     seen |= self.reach.get(id(u), 0)
         if seen & union:
             return True
+        if not seen:  # no path leaves the union into the region
+            return False
         fused = [a for a in self._multi.values() if not a.mask & union]
         grew = True
         while grew and fused:  # into an area at one node, out of it at every other
