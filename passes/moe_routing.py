@@ -28,7 +28,9 @@ The router in front, a softmax over the experts and the TopK of its K largest (t
 weights perhaps divided by their sum), becomes the vendor's gating operator
 ``MoeGatingTopKSoftmax`` (renorm 1 where the division is there) when every reader of the
 ids casts them to int32 (as the routing operators read them): one launch in place of the
-softmax, the TopK, the division and the cast.
+softmax, the TopK, the division and the cast. A TopK over the experts read for its ids
+alone (its values unread, its ids cast to int32 and perhaps gathering the weights: DeepSeek's
+ranking of biased scores) is the gating operator's ids (renorm 1: a TopK of the scores).
 
 A router that picks its experts one by one (the max of the scores, then the max of the
 scores with that expert set to -inf, ...: PhiMoE's sparsemixer) and concatenates the picks'
@@ -345,6 +347,41 @@ def _softmax_of(vals: Value) -> Node | None:
     return divs[0]
 
 
+def _ranked(topk: Node) -> list[Node] | None:
+    """The readers of the ids of ``topk`` when it ranks the experts' scores (the K largest
+    along a static last axis of [N, E] or [B, N, E]) for their ids alone: its values unread,
+    its ids cast to int32 (the routing operators' ids) and perhaps read by gathers along the
+    last axis (the weights picked by them: DeepSeek's sigmoid scores, ranked after a bias
+    and a group mask). The gating operator's ids are those (renorm 1 ranks by the scores
+    themselves, the lower expert first on ties, as TopK) and int32 already: its weights go
+    unread."""
+    a, x = topk.attrs, topk.inputs[0]
+    rank = x.type.rank
+    vals, ids = topk.outputs
+    if topk.op != "TopK" or not a["largest"] or rank not in (2, 3) or \
+            a["axis"] % rank != rank - 1 or not x.dtype.is_float or \
+            not isinstance(x.shape[-1], int) or not 0 < a["k"] <= min(x.shape[-1], 1024) or \
+            vals.users or any(o is vals or o is ids for o in topk.graph.outputs):
+        return None
+    users = _users(ids)
+    casts = [u for u in users if u.op == "Cast" and u.attrs["dtype"] is DType.int32]
+    gathers = [u for u in users if u.op == "GatherElements" and u.inputs[1] is ids and
+               u.inputs[0] is not ids and u.attrs["axis"] % rank == rank - 1]
+    return users if casts and len(casts) + len(gathers) == len(users) else None
+
+
+def _rewrite_ranked(graph: Graph, topk: Node, users: list[Node]) -> None:
+    node = graph.add_node("MoeGatingTopKSoftmax", [topk.inputs[0]],
+                          {"k": topk.attrs["k"], "renorm": 1},
+                          name=graph.fresh_name(f"{topk.name}/gating"), origin=topk.origin)
+    ids = node.outputs[1]
+    for u in users:
+        if u.op == "Cast":
+            graph.replace_all_uses(u.outputs[0], ids)
+        else:
+            graph.replace_input(u, 1, ids)
+
+
 def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
                     casts: list[Node]) -> None:
     node = graph.add_node("MoeGatingTopKSoftmax", [logits],
@@ -522,6 +559,14 @@ def moe_routing(graph, ctx) -> PassResult:
                      f"{m[0].shape[-1]} experts"
                      f"{' renormalised' if m[1] is not None else ''} as the vendor's gating "
                      "operator")
+    for topk in [n for n in graph.nodes if n.op == "TopK"]:
+        if topk.graph is None or (users := _ranked(topk)) is None or \
+                not ctx.should_apply(f"MoE ranking of {topk.name}", [topk]):
+            continue
+        _rewrite_ranked(graph, topk, users)
+        gated += 1
+        notes.append(f"{topk.name}: top-{topk.attrs['k']} ids of {topk.inputs[0].shape[-1]} "
+                     "experts as the vendor's gating operator's")
     if gated:
         graph.remove_dead()
     picked = 0

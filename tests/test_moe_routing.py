@@ -518,3 +518,40 @@ def test_compile_command_lists_the_gating_extern(tmp_path, capsys):
     assert main(["compile", str(path), "-q"]) == 0
     out = capsys.readouterr().out
     assert "extern torch_npu.npu_moe_gating_top_k_softmax_v2 (k 2, renorm 1" in out, out
+
+
+def _ranked(logits, bias):
+    """DeepSeek's last router step: the experts ranked by biased scores for their ids alone,
+    the weights gathered from the unbiased ones, renormalised; the ids to int32."""
+    scores = torch.sigmoid(logits)
+    ids = torch.topk(scores + bias, K, dim=-1, sorted=False)[1]
+    w = scores.gather(1, ids)
+    return w / (w.sum(-1, keepdim=True) + 1e-20), ids.to(torch.int32)
+
+
+def test_a_top_k_read_for_its_ids_alone_is_the_gating_operators_ids():
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(N, E, generator=g)
+    logits[0] = torch.tensor([0.5, 0.5, -1.0, 0.5])  # ties: the lower expert first
+    bias = torch.randn(E, generator=g) * 0.1
+    bias[:] = torch.where(torch.arange(E) < 3, 0.0, bias)
+    got, want, s, ops = _ops(_ranked, (logits, bias))
+    # sorted=False: the order of tied experts is torch's own; compared expert by expert
+    (w1, i1), (w2, i2) = ((w.gather(1, i.argsort(-1)), i.sort(-1)[0]) for w, i in (got, want))
+    torch.testing.assert_close(w1, w2, rtol=1e-6, atol=1e-6)
+    assert torch.equal(i1, i2)
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    # the gating operator and the vector work around it (the TopK and the ids' cast gone)
+    assert s["launches"]["extern"] == 1 and sum(s["launches"].values()) <= 5, s
+
+
+def test_a_top_k_whose_values_are_read_or_ids_kept_int64_is_no_gating_operator():
+    def f(logits):
+        v, i = torch.topk(logits, K, dim=-1)
+        _, j = torch.topk(logits * 2.0, K, dim=-1)
+        return v, i.to(torch.int32), j
+
+    got, want, s, ops = _ops(f, (torch.randn(N, E, generator=torch.Generator().manual_seed(12)),))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 2, ops
