@@ -509,6 +509,7 @@ class SplitModel:
                 reach[id(n)] = r
         self.reach = reach
         self._seen: set[tuple] = set()  # rejections already recorded
+        self._multi: dict[int, Area] = {}  # areas of more than one node (the cycle check)
         self._bytes: dict[int, int] = {}
         self._area: dict[int, Area] = {  # id(node) -> its area
             id(n): Area([n], 1 << i, _label=label) for i, n in enumerate(region)}
@@ -595,20 +596,45 @@ class SplitModel:
     # ------------------------------------------------------------- checks
     def creates_cycle(self, areas: Iterable[Area]) -> bool:
         """Fusing ``areas`` is cyclic iff a path leaves the union (through the region or the
-        rest of the graph) and comes back."""
+        rest of the graph, and through the areas fused so far: a path that enters an area
+        leaves it from any of its nodes, since its kernel reads all its inputs before it
+        writes any output) and comes back."""
         union = 0
         group = list(areas)
         for a in group:
             union |= a.mask
+        seen = 0  # region nodes a path leaving the union reaches
         for a in group:
             for n in a.nodes:
                 for u in n.users:
                     j = self.index.get(id(u))
                     if j is not None and (union >> j) & 1:
                         continue
-                    if self.reach.get(id(u), 0) & union:
-                        return True
+                    seen |= self.reach.get(id(u), 0)
+        if seen & union:
+            return True
+        if not seen:  # no path leaves the union into the region
+            return False
+        fused = [a for a in self._multi.values() if not a.mask & union]
+        grew = True
+        while grew and fused:  # into an area at one node, out of it at every other
+            grew, rest = False, []
+            for a in fused:
+                if a.mask & seen:
+                    seen |= self._area_reach(a)
+                    grew = True
+                else:
+                    rest.append(a)
+            if seen & union:
+                return True
+            fused = rest
         return False
+
+    def _area_reach(self, a: Area) -> int:
+        r = 0
+        for n in a.nodes:
+            r |= self.reach.get(id(n), 0)
+        return r
 
     def score(self, areas: list[Area]) -> int:
         """GM bytes saved: every value passed between two of the areas is no longer read back,
@@ -681,6 +707,9 @@ class SplitModel:
             for n in other.nodes:
                 self._area[id(n)] = target
         target.nodes.sort(key=lambda n: self.index[id(n)])
+        for other in areas[1:]:
+            self._multi.pop(id(other), None)
+        self._multi[id(target)] = target
         target.patterns.append(pattern)
         target._dominant = target._kind = target._name = None
         target._in_edges = target._out_edges = None

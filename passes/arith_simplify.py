@@ -259,6 +259,30 @@ def _slice_of_slice(g: Graph, n: Node) -> Value | None:
                      "strides": [merged[a][2] for a in order], "axes": order})
 
 
+def _slice_of_concat(g: Graph, n: Node) -> Value | None:
+    """cat([a, b, …], axis)[.., i:j] -> the piece spanning exactly i:j of that axis (step 1,
+    static sizes): a view of a piece is the piece. Transformers' latent attention builds its
+    key as two slice copies into one buffer (``k[..., :d].copy_(k_nope)``, then
+    ``k[..., d:].copy_(k_rot)``): the second reads the first's result back through a slice
+    of exactly the piece the first wrote, two Concat kernels where one writes the key."""
+    cat = _producer(n.inputs[0], "Concat")
+    if cat is None or len(n.attrs["begin"]) != 1:
+        return None
+    x = n.inputs[0]
+    rank = x.type.rank
+    axis = (n.attrs["axes"][0] if n.attrs["axes"] is not None else 0) % rank
+    if axis != cat.attrs["axis"] % rank or (n.attrs["strides"] or [1])[0] != 1 or \
+            any(not isinstance(v.shape[axis], int) for v in cat.inputs):
+        return None
+    begin, end, _ = slice(n.attrs["begin"][0], n.attrs["end"][0]).indices(x.shape[axis])
+    at = 0
+    for piece in cat.inputs:
+        if (at, at + piece.shape[axis]) == (begin, end) and piece.type == n.outputs[0].type:
+            return piece
+        at += piece.shape[axis]
+    return None
+
+
 def _idempotent(op: str) -> Rewrite:
     def rw(g: Graph, n: Node) -> Value | None:
         return n.inputs[0] if _producer(n.inputs[0], op) is not None else None
@@ -312,6 +336,7 @@ RULES: list[Rule] = [
     Rule(22, "gather_splat_index", "Gather", _gather_splat_index),  # gather(T, k) -> T[k]
     Rule(23, "slice_of_slice", "StridedSlice", _slice_of_slice),  # x[a][b] -> x[a, b]
     Rule(24, "float_to_bool", "Cast", _float_to_bool),  # bool(x) -> x != 0 (x float)
+    Rule(25, "slice_of_concat", "StridedSlice", _slice_of_concat),  # cat(a, b)[a's span] -> a
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

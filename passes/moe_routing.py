@@ -28,7 +28,20 @@ The router in front, a softmax over the experts and the TopK of its K largest (t
 weights perhaps divided by their sum), becomes the vendor's gating operator
 ``MoeGatingTopKSoftmax`` (renorm 1 where the division is there) when every reader of the
 ids casts them to int32 (as the routing operators read them): one launch in place of the
-softmax, the TopK, the division and the cast.
+softmax, the TopK, the division and the cast. A TopK over the experts read for its ids
+alone (its values unread, its ids cast to int32 and perhaps gathering the weights: DeepSeek's
+ranking of biased scores) is the gating operator's ids (renorm 1: a TopK of the scores).
+
+A router that picks its experts one by one (the max of the scores, then the max of the
+scores with that expert set to -inf, ...: PhiMoE's sparsemixer) and concatenates the picks'
+ids for the routing operators picks the top K of the scores: the ids become the gating
+operator's (renorm 1: the K largest scores, the lower expert first on ties, as torch's max),
+and each pick the vector ops of its data flow (its max a ReduceMax; its expert the lowest one
+holding that max, or the first NaN; a one-hot mask over the experts, which masks the expert
+out of the next pick's scores and turns the pick's gathers into masked sums), which fuse with
+the router's own vector work. Assumed (not checked): no score is -inf where a pick must
+choose among -inf scores (there torch's max may pick the expert already masked out, the
+gating operator the next one).
 """
 
 from __future__ import annotations
@@ -334,6 +347,41 @@ def _softmax_of(vals: Value) -> Node | None:
     return divs[0]
 
 
+def _ranked(topk: Node) -> list[Node] | None:
+    """The readers of the ids of ``topk`` when it ranks the experts' scores (the K largest
+    along a static last axis of [N, E] or [B, N, E]) for their ids alone: its values unread,
+    its ids cast to int32 (the routing operators' ids) and perhaps read by gathers along the
+    last axis (the weights picked by them: DeepSeek's sigmoid scores, ranked after a bias
+    and a group mask). The gating operator's ids are those (renorm 1 ranks by the scores
+    themselves, the lower expert first on ties, as TopK) and int32 already: its weights go
+    unread."""
+    a, x = topk.attrs, topk.inputs[0]
+    rank = x.type.rank
+    vals, ids = topk.outputs
+    if topk.op != "TopK" or not a["largest"] or rank not in (2, 3) or \
+            a["axis"] % rank != rank - 1 or not x.dtype.is_float or \
+            not isinstance(x.shape[-1], int) or not 0 < a["k"] <= min(x.shape[-1], 1024) or \
+            vals.users or any(o is vals or o is ids for o in topk.graph.outputs):
+        return None
+    users = _users(ids)
+    casts = [u for u in users if u.op == "Cast" and u.attrs["dtype"] is DType.int32]
+    gathers = [u for u in users if u.op == "GatherElements" and u.inputs[1] is ids and
+               u.inputs[0] is not ids and u.attrs["axis"] % rank == rank - 1]
+    return users if casts and len(casts) + len(gathers) == len(users) else None
+
+
+def _rewrite_ranked(graph: Graph, topk: Node, users: list[Node]) -> None:
+    node = graph.add_node("MoeGatingTopKSoftmax", [topk.inputs[0]],
+                          {"k": topk.attrs["k"], "renorm": 1},
+                          name=graph.fresh_name(f"{topk.name}/gating"), origin=topk.origin)
+    ids = node.outputs[1]
+    for u in users:
+        if u.op == "Cast":
+            graph.replace_all_uses(u.outputs[0], ids)
+        else:
+            graph.replace_input(u, 1, ids)
+
+
 def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
                     casts: list[Node]) -> None:
     node = graph.add_node("MoeGatingTopKSoftmax", [logits],
@@ -345,6 +393,132 @@ def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
     graph.replace_all_uses(div.output if div is not None else topk.outputs[0], y)
     for c in casts:
         graph.replace_all_uses(c.output, ids)
+
+
+def _pick(n: Node | None) -> Value | None:
+    """The scores ``x`` [..., E] when ``n`` is a TopK of one over their last axis (a max and
+    its index: torch's ``max(dim=-1)``), E static."""
+    if n is None or n.op != "TopK" or n.attrs["k"] != 1 or not n.attrs["largest"]:
+        return None
+    x = n.inputs[0]
+    rank = x.type.rank
+    if rank < 1 or n.attrs["axis"] % rank != rank - 1 or not x.dtype.is_float or \
+            not isinstance(x.shape[-1], int):
+        return None
+    return x
+
+
+def _masked_out(x: Value, index: Value) -> bool:
+    """Whether ``x`` is ``scatter(scores, -1, index, -inf)``: the scores with the expert
+    ``index`` picked masked out (one index per row, the last axis)."""
+    p = x.producer
+    if p is None or p.op != "ScatterElements" or p.inputs[1] is not index or \
+            p.attrs.get("reduction", "none") != "none" or \
+            p.attrs["axis"] % x.type.rank != x.type.rank - 1:
+        return False
+    fill = _const(_through_broadcast(p.inputs[2]))
+    return fill is not None and fill.size >= 1 and bool(np.all(np.isneginf(fill)))
+
+
+def _through_broadcast(v: Value) -> Value:
+    while v.producer is not None and v.producer.op in ("BroadcastTo", "Reshape"):
+        v = v.producer.inputs[0]
+    return v
+
+
+def _picks(cat: Node) -> list[Node] | None:
+    """The TopKs of one whose indices ``cat`` concatenates, when they pick experts one by
+    one: the first the max of the scores, each next the max of the scores before it with
+    the expert just picked set to -inf (a top-k by repeated selection: PhiMoE's
+    sparsemixer), and every reader of the concatenated ids casts them to int32."""
+    ids = cat.outputs[0]
+    if cat.op != "Concat" or cat.attrs["axis"] % ids.type.rank != ids.type.rank - 1 or \
+            len(cat.inputs) < 2 or not ids.type.is_static:
+        return None
+    tops = [v.producer for v in cat.inputs]
+    if any(t is None or t.op != "TopK" or v is not t.outputs[1]
+           for t, v in zip(tops, cat.inputs, strict=True)):
+        return None
+    x = _pick(tops[0])
+    if x is None or x.type.rank not in (2, 3) or len(set(map(id, tops))) != len(tops) or \
+            len(tops) > x.shape[-1]:
+        return None
+    for before, t in zip(tops, tops[1:], strict=False):
+        if _pick(t) is None or not _masked_out(t.inputs[0], before.outputs[1]) or \
+                t.inputs[0].producer.inputs[0] is not before.inputs[0]:
+            return None
+    users = _users(ids)
+    if not users or any(u.op != "Cast" or u.attrs["dtype"] is not DType.int32 for u in users):
+        return None
+    if any(o is ids for o in cat.graph.outputs):
+        return None
+    return tops
+
+
+def _rewrite_picks(graph: Graph, cat: Node, tops: list[Node]) -> None:
+    """The concatenated ids as the gating operator's (renorm 1: the ids of a TopK of K, the
+    lower expert first on ties, as each pick's max); each pick in floats, from the scores it
+    saw: its max a ReduceMax, its expert the lowest one holding that max (or the first NaN,
+    which torch's max returns), a one-hot mask over the experts that masks the expert out
+    of the next pick's scores (the Scatter of -inf) and reads the pick's gathers (a masked
+    sum). Every op is a vector op: the picks and what reads them fuse."""
+    x = tops[0].inputs[0]
+    k, experts = len(tops), x.shape[-1]
+    rank = x.type.rank
+    last = [rank - 1]
+    origin = tuple(dict.fromkeys(o for t in tops for o in t.origin))
+
+    def add(op, ins, attrs=None, name="pick", outputs=1):
+        node = graph.add_node(op, ins, attrs or {}, name=graph.fresh_name(
+            f"{tops[0].name}/{name}"), origin=origin)
+        return node.outputs if outputs > 1 else node.outputs[0]
+
+    def const(value, dtype) -> Value:
+        return graph.const(np.asarray(value, dtype.np), name=graph.fresh_name(
+            f"{tops[0].name}/const"), origin=origin)
+
+    _, ids = add("MoeGatingTopKSoftmax", [x], {"k": k, "renorm": 1}, "gating", outputs=2)
+    iota = const(np.arange(experts), x.dtype)
+    none = const(experts, x.dtype)  # no expert: above every index
+    scores = x
+    for j, t in enumerate(tops):
+        v, i = t.outputs
+        top = add("ReduceMax", [scores], {"axis": last, "keep_dims": True}, f"max{j}")
+        # the pick's readers get a ReduceMax of their own (the same value): the split model
+        # joins a reduction to the vector work after it only when one area reads it
+        graph.replace_all_uses(v, add("ReduceMax", [scores], {"axis": last, "keep_dims": True},
+                                      f"max{j}"))
+        holds = add("LogicalOr", [add("Equal", [scores, top], name=f"holds{j}"),
+                                  add("IsNan", [scores], name=f"nan{j}")], name=f"holds{j}")
+        first = add("ReduceMin", [add("Select", [holds, iota, none], name=f"at{j}")],
+                    {"axis": last, "keep_dims": True}, f"at{j}")
+        hot = add("Equal", [iota, first], name=f"hot{j}")
+        index = None
+        for u in _users(i):
+            if u is cat:
+                continue
+            if j + 1 < k and u is tops[j + 1].inputs[0].producer:
+                scores = add("Select", [hot, const(-np.inf, x.dtype), scores],
+                             name=f"masked{j}")
+                graph.replace_all_uses(u.outputs[0], scores)
+            elif u.op == "GatherElements" and u.inputs[1] is i and u.inputs[0] is not i and \
+                    u.attrs["axis"] % rank == rank - 1 and \
+                    tuple(u.inputs[0].shape) == tuple(x.shape) and u.inputs[0].dtype.is_float:
+                y = u.inputs[0]
+                picked = add("ReduceSum", [add("Select", [hot, y, const(0, y.dtype)],
+                                                name=f"gather{j}")],
+                             {"axis": last, "keep_dims": True}, f"gather{j}")
+                graph.replace_all_uses(u.outputs[0], picked)
+            else:  # read as it is: the id, back in the index's type
+                if index is None:
+                    index = add("Cast", [add("StridedSlice", [ids], {
+                        "begin": [j], "end": [j + 1], "axes": last}, f"index{j}")],
+                        {"dtype": i.dtype}, f"index{j}")
+                for slot, x_in in enumerate(u.inputs):
+                    if x_in is i:
+                        graph.replace_input(u, slot, index)
+    for c in _users(cat.outputs[0]):
+        graph.replace_all_uses(c.outputs[0], ids)
 
 
 def moe_routing(graph, ctx) -> PassResult:
@@ -385,7 +559,26 @@ def moe_routing(graph, ctx) -> PassResult:
                      f"{m[0].shape[-1]} experts"
                      f"{' renormalised' if m[1] is not None else ''} as the vendor's gating "
                      "operator")
+    for topk in [n for n in graph.nodes if n.op == "TopK"]:
+        if topk.graph is None or (users := _ranked(topk)) is None or \
+                not ctx.should_apply(f"MoE ranking of {topk.name}", [topk]):
+            continue
+        _rewrite_ranked(graph, topk, users)
+        gated += 1
+        notes.append(f"{topk.name}: top-{topk.attrs['k']} ids of {topk.inputs[0].shape[-1]} "
+                     "experts as the vendor's gating operator's")
     if gated:
+        graph.remove_dead()
+    picked = 0
+    for cat in [n for n in graph.nodes if n.op == "Concat"]:
+        if cat.graph is None or (tops := _picks(cat)) is None or \
+                not ctx.should_apply(f"MoE picks of {cat.name}", tops):
+            continue
+        _rewrite_picks(graph, cat, tops)
+        picked += 1
+        notes.append(f"{cat.name}: {len(tops)} experts picked one by one as the top "
+                     f"{len(tops)} of the gating operator")
+    if picked:
         graph.remove_dead()
     if notes:
         graph.toposort()

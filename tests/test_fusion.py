@@ -134,6 +134,36 @@ def test_split_refuses_a_merge_that_would_make_the_graph_cyclic():
     assert model.try_fuse("p", [model.area(g.node("a")), model.area(g.node("s"))])
 
 
+def test_split_refuses_a_merge_whose_path_runs_through_an_area_fused_before():
+    """Two nodes with no path between them fused into one area (one kernel, reading all its
+    inputs before writing any output) carry a path from one's inputs to the other's
+    outputs: fusing ``a`` (read by ``b1``) with ``c`` (reading ``b2``) after ``b1`` and
+    ``b2`` share an area makes the kernels feed each other."""
+    from graphkernel.flags import resolve
+    from graphkernel.fusion import SplitModel
+
+    class Ctx:
+        def should_apply(self, what, nodes) -> bool:
+            return True
+
+    g = Graph("through_an_area")
+    x = g.add_input("x", TensorType((4, 8), "float32"))
+    a = g.add_node("Abs", [x], name="a").output
+    b1 = g.add_node("Neg", [a], name="b1").output
+    b2 = g.add_node("Exp", [x], name="b2").output
+    c = g.add_node("Add", [b2, a], name="c").output
+    g.set_outputs([b1, c])
+    region = [g.node(n) for n in ("a", "b1", "b2", "c")]
+    attempts: list = []
+    model = SplitModel(g, region, resolve("--opt_level=2", env={}), Ctx(), attempts)
+    assert model.try_fuse("p", [model.area(g.node("b1")), model.area(g.node("b2"))])
+    assert not model.try_fuse("p", [model.area(g.node("a")), model.area(g.node("c"))])
+    assert attempts[-1].reason.startswith("cycle: a path between these areas leaves them")
+    # with the area's other node alone, no path comes back: the merge is taken
+    model = SplitModel(g, region, resolve("--opt_level=2", env={}), Ctx(), attempts)
+    assert model.try_fuse("p", [model.area(g.node("a")), model.area(g.node("c"))])
+
+
 def test_cluster_lists_skip_lists_and_dtypes(tmp_path):
     g = load_model("examples/layernorm_residual.json")
     res = compiled(g, "--opt_level=2 --disable_cluster_ops=Rsqrt")

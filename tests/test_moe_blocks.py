@@ -92,3 +92,33 @@ def test_group_mask_of_a_grouped_router_is_one_kernel():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     # the scatter of the picked groups, then the mask's kernel
     assert s["launches"] == {"vector": 2, "cube": 0, "mix": 0, "extern": 0, "opaque": 0}, s
+
+
+def _latent_attention():
+    """transformers' DeepSeek-V3 attention (latent K/V, the key written into a buffer as
+    two slice copies), built from its config: 4 heads, no query LoRA, seeded."""
+    tr = pytest.importorskip("transformers")
+    if not hasattr(tr, "DeepseekV3Config"):
+        pytest.skip("transformers without DeepSeek-V3")
+    torch.manual_seed(0)
+    cfg = tr.DeepseekV3Config(hidden_size=64, num_attention_heads=HEADS,
+                              num_key_value_heads=HEADS,
+                              q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
+                              qk_nope_head_dim=8, v_head_dim=16, num_hidden_layers=1,
+                              vocab_size=32, max_position_embeddings=64)
+    return tr.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(cfg, 0).eval()
+
+
+def test_latent_key_written_by_two_slice_copies_is_one_concat():
+    """``key[..., :d].copy_(k_nope)`` then ``key[..., d:].copy_(k_rot)``: the second copy
+    reads back exactly the first's piece (a slice of a Concat that is one of its pieces),
+    so the key is one Concat of the two: one kernel (two before)."""
+    attn = _latent_attention()
+    g = torch.Generator().manual_seed(4)
+    kv = torch.randn(B, 1, S, 32, generator=g)
+    k_rot = torch.randn(B, 1, S, 8, generator=g)
+    got, want, s = _compiled(lambda a, b: attn.expand_kv(a, b), (kv, k_rot))
+    for x, y in zip(got, want, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    # the product, its head split, the key's Concat, the value's slice
+    assert s["launches"]["opaque"] == 0 and s["launches"]["vector"] <= 3, s

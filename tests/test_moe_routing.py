@@ -210,8 +210,72 @@ def test_experts_picked_one_by_one_are_routed_by_the_vendor_operators():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for op in ("MoeInitRouting", "MoeComputeExpertTokens", "MoeFinalizeRouting"):
         assert ops.count(op) == 1, ops
-    assert "ScatterElements" not in ops or ops.count("ScatterElements") == 1, ops  # the mask
-    assert ops.count("TopK") == 2, ops  # the two picks; the sort is gone
+    # the picks as the gating operator's ids (the sort, both TopKs and the mask are gone)
+    assert "ScatterElements" not in ops and "TopK" not in ops, ops
+    assert ops.count("MoeGatingTopKSoftmax") == 1, ops
+
+
+def _picked(fill: float = float("-inf"), jitter: bool = False):
+    """Experts picked one by one, the ids to int32 (as the routing operators read them);
+    ``fill``: what masks the first pick out; ``jitter``: PhiMoE's sparsemixer, each pick's
+    softmax over the scores near its max only."""
+    def near(scores, top, logits):
+        factor = logits.abs().clamp(min=top)
+        return scores.masked_fill((top - logits) / factor > 2 * 0.01, float("-inf"))
+
+    def pick(logits):
+        v1, i1 = torch.max(logits, dim=-1, keepdim=True)
+        rest = logits.scatter(-1, i1, fill)
+        v2, i2 = torch.max(rest, dim=-1, keepdim=True)
+        g1 = near(logits, v1, logits) if jitter else logits
+        g2 = near(rest, v2, logits) if jitter else rest
+        w = torch.cat([torch.softmax(g1, -1).gather(-1, i1),
+                       torch.softmax(g2, -1).gather(-1, i2)], dim=-1)
+        return w * 2.0, torch.cat([i1, i2], dim=-1).to(torch.int32)
+    return pick
+
+
+def _tied_logits(seed: int) -> torch.Tensor:
+    """Router scores with ties: two experts sharing the max, the second max shared, a row of
+    equal scores, scores a jitter threshold apart."""
+    x = torch.randn(N, E, generator=torch.Generator().manual_seed(seed))
+    x[0] = torch.tensor([1.0, 3.0, 3.0, 0.5])
+    x[1] = torch.tensor([2.0, 1.0, 2.0, 2.0])
+    x[2] = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    x[3] = torch.tensor([1.0, 0.995, -1.0, 0.999])
+    return x
+
+
+@pytest.mark.parametrize("jitter", [False, True])
+def test_experts_picked_one_by_one_are_the_gating_ids_and_vector_kernels(jitter):
+    """Each pick's max, its expert (the lowest holding the max, as torch's max), the mask
+    of the next pick's scores and the gathers of the pick's weights are vector ops; the ids
+    are the gating operator's top 2 (renorm 1: a TopK of the scores)."""
+    got, want, s, ops = _ops(_picked(jitter=jitter), (_tied_logits(3),))
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1], want[1])
+    assert ops.count("MoeGatingTopKSoftmax") == 1, ops
+    assert "TopK" not in ops and "ScatterElements" not in ops and \
+        "GatherElements" not in ops, ops
+    # the gating operator and the weights' vector kernels (the TopKs, the scatter, the
+    # gathers, the ids' Concat and cast as launches of their own: 10, 11 with the masks)
+    assert s["launches"]["extern"] == 1 and s["launches"]["opaque"] == 0, s
+    assert sum(s["launches"].values()) <= (7 if jitter else 6), s
+
+
+def test_picks_masked_with_a_finite_fill_or_ids_kept_int64_are_left_as_they_are():
+    """A pick masked out with a finite number is no top-k (a fill can be below the scores);
+    ids read as int64 are no gating operator's int32 ids."""
+    def kept(logits):
+        v1, i1 = torch.max(logits, dim=-1, keepdim=True)
+        v2, i2 = torch.max(logits.scatter(-1, i1, float("-inf")), dim=-1, keepdim=True)
+        return v1 + v2, torch.cat([i1, i2], dim=-1)
+
+    for fn in (_picked(fill=-1e4), kept):
+        got, want, s, ops = _ops(fn, (_tied_logits(5),))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+        assert ops.count("TopK") == 2 and "MoeGatingTopKSoftmax" not in ops, ops
 
 
 def _sort_routed(x, ids, w, up, down):
@@ -454,3 +518,40 @@ def test_compile_command_lists_the_gating_extern(tmp_path, capsys):
     assert main(["compile", str(path), "-q"]) == 0
     out = capsys.readouterr().out
     assert "extern torch_npu.npu_moe_gating_top_k_softmax_v2 (k 2, renorm 1" in out, out
+
+
+def _ranked(logits, bias):
+    """DeepSeek's last router step: the experts ranked by biased scores for their ids alone,
+    the weights gathered from the unbiased ones, renormalised; the ids to int32."""
+    scores = torch.sigmoid(logits)
+    ids = torch.topk(scores + bias, K, dim=-1, sorted=False)[1]
+    w = scores.gather(1, ids)
+    return w / (w.sum(-1, keepdim=True) + 1e-20), ids.to(torch.int32)
+
+
+def test_a_top_k_read_for_its_ids_alone_is_the_gating_operators_ids():
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(N, E, generator=g)
+    logits[0] = torch.tensor([0.5, 0.5, -1.0, 0.5])  # ties: the lower expert first
+    bias = torch.randn(E, generator=g) * 0.1
+    bias[:] = torch.where(torch.arange(E) < 3, 0.0, bias)
+    got, want, s, ops = _ops(_ranked, (logits, bias))
+    # sorted=False: the order of tied experts is torch's own; compared expert by expert
+    (w1, i1), (w2, i2) = ((w.gather(1, i.argsort(-1)), i.sort(-1)[0]) for w, i in (got, want))
+    torch.testing.assert_close(w1, w2, rtol=1e-6, atol=1e-6)
+    assert torch.equal(i1, i2)
+    assert ops.count("MoeGatingTopKSoftmax") == 1 and "TopK" not in ops, ops
+    # the gating operator and the vector work around it (the TopK and the ids' cast gone)
+    assert s["launches"]["extern"] == 1 and sum(s["launches"].values()) <= 5, s
+
+
+def test_a_top_k_whose_values_are_read_or_ids_kept_int64_is_no_gating_operator():
+    def f(logits):
+        v, i = torch.topk(logits, K, dim=-1)
+        _, j = torch.topk(logits * 2.0, K, dim=-1)
+        return v, i.to(torch.int32), j
+
+    got, want, s, ops = _ops(f, (torch.randn(N, E, generator=torch.Generator().manual_seed(12)),))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert "MoeGatingTopKSoftmax" not in ops and ops.count("TopK") == 2, ops

@@ -184,7 +184,7 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23, 24}  # (below)
+    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23, 24, 25}  # (below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
@@ -347,3 +347,26 @@ def test_rule_24_float_to_bool_is_a_comparison_with_zero():
     assert got[0].tolist() == [False, False, True, True, True, True]
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_rule_25_slice_of_exactly_one_piece_of_a_concat_is_that_piece():
+    """A key written into a buffer as two slice copies (transformers' latent attention):
+    the second copy reads back exactly the first piece. A slice spanning two pieces, of
+    another axis or with a step is left."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 4, 16, 8), "float32"))
+    r = g.add_input("r", TensorType((2, 4, 16, 8), "float32"))
+    buf = op(g, "Concat", x, g.const(np.zeros((2, 4, 16, 8), np.float32)), axis=3)
+    key = op(g, "Concat", op(g, "StridedSlice", buf, begin=[0], end=[8], strides=[1],
+                             axes=[-1]), r, axis=-1)
+    across = op(g, "StridedSlice", buf, begin=[4], end=[12], strides=[1], axes=[3])
+    stepped = op(g, "StridedSlice", buf, begin=[0], end=[8], strides=[2], axes=[3])
+    other = op(g, "StridedSlice", buf, begin=[0], end=[2], strides=[1], axes=[1])
+    g.set_outputs([key, across, stepped, other])
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 25 slice_of_concat: 1" in res.notes
+    h.remove_dead()
+    cats = [n for n in h.nodes if n.op == "Concat"]
+    assert any(n.inputs[0] is h.inputs[0] and n.inputs[1] is h.inputs[1] for n in cats)
+    assert ops_of(h).count("StridedSlice") == 3
+    assert_same_results(g, h)
