@@ -259,9 +259,14 @@ private:
             bad("the single-core block " + std::to_string(t.singleCoreM) + " x " +
                 std::to_string(t.singleCoreN) + " is not inside M x N");
         if (t.iterateOrder != 0 && t.iterateOrder != 1) bad("iterateOrder must be 0 or 1");
-        if (t.usedCoreNum < 1 || t.usedCoreNum < g_core->block_num)
-            bad("usedCoreNum " + std::to_string(t.usedCoreNum) + " is below the launch's " +
-                std::to_string(g_core->block_num) + " blocks");
+        // a block runs an object only when the tiling counts it among its cores (a kernel of
+        // one product launches usedCoreNum blocks; a kernel of several products launches the
+        // most any needs, and a block beyond a product's usedCoreNum skips that product)
+        if (t.usedCoreNum < 1 || t.usedCoreNum <= g_core->block_idx)
+            bad("usedCoreNum " + std::to_string(t.usedCoreNum) + " does not cover block " +
+                std::to_string(g_core->block_idx) + " of the launch's " +
+                std::to_string(g_core->block_num) + " (a block beyond the tiling's cores "
+                "registers no object)");
     }
     // A call on this object: refused after End and while another object is in use.
     void claim(const char* what, const loc& where) {
