@@ -170,6 +170,21 @@ def cube_group(product: Node) -> list[Node]:
 Namer = Callable[[list[Node]], str]
 
 
+def ungroup(graph: Graph, kernel: Node, name_for: Namer) -> list[Node]:
+    """A product group the generator refused, as the kernels of its products (each product
+    with its epilogue, as it was before the matmul_group pass joined them)."""
+    from graphkernel.codegen.cube.group import parts
+
+    pieces = parts(kernel.subgraph)
+    index = {id(n): i for i, n in enumerate(kernel.subgraph.nodes)}
+    nodes = unfuse(graph, kernel)
+    out = []
+    for piece in pieces:
+        group = [nodes[index[id(n)]] for n in piece]
+        out.append(build_kernel(graph, group, name_for(group), "cube"))
+    return out
+
+
 def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,
                  single_nodes: bool, before: bool = False) -> list[Node]:
     """Unfuse ``kernel``, then rebuild as kernels the connected groups of its nodes left when

@@ -209,3 +209,25 @@ def test_llama_projections_launch_as_one_kernel_per_layer():
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                        rtol=2e-3, atol=2e-3)
+
+
+def test_a_group_the_generator_refuses_runs_as_its_products_kernels(monkeypatch, library):
+    """When the code generator refuses a group (here: told to), the group falls back to its
+    products' own kernels, each with its epilogue, with the reason reported."""
+    from graphkernel.codegen import legalize
+    from graphkernel.codegen.refusal import Unsupported
+
+    def refuse(kernel, spec):
+        raise Unsupported("a refusal for the test")
+
+    monkeypatch.setattr(legalize, "plan_group", refuse)
+    case = CASES[1]
+    res = graphkernel.compile(case.graph, "", env={})
+    ks = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert len(ks) == 3 and not any(k.attrs["pattern"] == "matmul_group" for k in ks)
+    (fb,) = res.report.extra["fallbacks"]
+    assert fb["reason"] == "a refusal for the test" and "products' kernels" in fb["action"]
+    feeds = case.feeds({})
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled and len(backend.stats) == 3
+    assert not Evaluator(case.graph, feeds).judge(got).bad
