@@ -31,6 +31,9 @@
 //     writes) and waits for the tile before returning. So the tile counts as written by the
 //     vector pipe and complete: the vector unit may read it at once, and rewrite the buffer
 //     it read for the previous tile with no PipeBarrier<PIPE_V> in between.
+// A block registers an object only when the tiling's usedCoreNum counts it (a product group
+// launches the most blocks any of its products uses; a block beyond a product's usedCoreNum
+// skips that product, codegen/cube/group.py).
 // Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
 // than a base tile, any call after End, a second object used while another has not called
 // End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
