@@ -175,7 +175,7 @@ def ungroup(graph: Graph, kernel: Node, name_for: Namer) -> list[Node]:
     with its epilogue, as it was before the matmul_group pass joined them)."""
     from graphkernel.codegen.cube.group import parts
 
-    pieces = parts(kernel.subgraph)
+    pieces = parts(kernel)
     index = {id(n): i for i, n in enumerate(kernel.subgraph.nodes)}
     nodes = unfuse(graph, kernel)
     out = []

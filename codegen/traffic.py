@@ -4,8 +4,8 @@ A launch is a fused kernel or any op left outside a kernel that needs one (opaqu
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
 writes each output once, but for a window kernel (per-channel values once per plane:
-codegen/window.py) and a product group (the shared left operand once per product:
-codegen/cube/group.py). Symbolic dims count as
+codegen/window.py) and a product group (the shared left operand once per product, and a
+product's result read back by another once more: codegen/cube/group.py). Symbolic dims count as
 ``SYMBOL_SIZE``.
 """
 
@@ -68,10 +68,15 @@ def group_reads(kernel: Node) -> int:
     once per product (the products' Matmul objects do not share L1: codegen/cube/group.py)."""
     body = kernel.subgraph
     index = {id(v): i for i, v in enumerate(body.inputs)}
+    outs = {id(v): j for j, v in enumerate(body.outputs)}
     total = 0
-    for nodes in parts(body):
-        read = {index[id(v)] for n in nodes for v in n.inputs if id(v) in index}
-        total += sum(nbytes(kernel.inputs[i]) for i in read)
+    for nodes in parts(kernel):
+        ids = {id(n) for n in nodes}
+        read = {("in", index[id(v)]) if id(v) in index else ("out", outs[id(v)])
+                for n in nodes for v in n.inputs
+                if id(v) in index or (id(v) in outs and id(v.producer) not in ids)}
+        total += sum(nbytes(kernel.inputs[i] if w == "in" else kernel.outputs[i])
+                     for w, i in read)
     return total
 
 

@@ -74,15 +74,43 @@ def _left(unit: Node) -> tuple[int, bool] | None:
     return id(v), t
 
 
+def _independent(graph: Graph, a: Node, b: Node, order: dict[int, int]) -> bool:
+    """Whether units ``a`` and ``b`` (``a`` first) can run in one kernel, ``a`` first: no path
+    from one to the other, or only ``b`` reading ``a``'s result directly (read back from GM
+    by the group's later product: codegen/cube/group.py decides whether it can be)."""
+    if not reaches(graph, a, b, order):
+        return True
+    if b.op != "GraphKernel" or not any(v.producer is a for v in b.inputs):
+        return False
+    limit = order[id(b)]  # a path from a to b other than the direct edge refuses
+    stack = [u for v in a.outputs for u in v.users if u is not b]
+    seen = {id(u) for u in stack}
+    while stack:
+        n = stack.pop()
+        if n is b:
+            return False
+        for u in n.users:
+            if u is b:
+                return False
+            if id(u) not in seen and order.get(id(u), limit + 1) < limit:
+                seen.add(id(u))
+                stack.append(u)
+    return True
+
+
 def _joined(kernels: list[Node], name: str) -> tuple[Graph, list[Value]]:
     """The kernels' bodies side by side (shared inputs read once), and the outer values read."""
     new = Graph(name)
     params: dict[int, Value] = {}
     inputs: list[Value] = []
     outs: list[Value] = []
+    made: dict[int, Value] = {}  # an earlier kernel's outer output -> its value in the body
     for k in kernels:
         vmap: dict[int, Value] = {}
         for inner, outer in zip(k.subgraph.inputs, k.inputs, strict=True):
+            if id(outer) in made:  # read back from GM by a later product of the group
+                vmap[id(inner)] = made[id(outer)]
+                continue
             if id(outer) not in params:
                 params[id(outer)] = new.add_input(new.fresh_name(outer.name), outer.type)
                 inputs.append(outer)
@@ -90,6 +118,8 @@ def _joined(kernels: list[Node], name: str) -> tuple[Graph, list[Value]]:
         for n in k.subgraph.nodes:
             new.clone_node(n, vmap, rename=new.fresh_name)
         outs += [vmap[id(v)] for v in k.subgraph.outputs]
+        made.update({id(o): vmap[id(v)] for o, v in zip(k.outputs, k.subgraph.outputs,
+                                                       strict=True)})
     new.set_outputs(outs)
     return new, inputs
 
@@ -143,10 +173,8 @@ def matmul_group(graph, ctx) -> PassResult:
         units.sort(key=lambda u: order[id(u)])
         taken: list[Node] = []
         for u in units:
-            if any(reaches(graph, *sorted((t, u), key=lambda x: order[id(x)]), order)
-                   for t in taken):
-                continue
-            taken.append(u)
+            if all(_independent(graph, t, u, order) for t in taken):
+                taken.append(u)
         if len(taken) < 2:
             continue
         names = ", ".join(u.name for u in taken)

@@ -46,11 +46,15 @@ def is_group_kernel(kernel: Node) -> bool:
     return kernel.attrs.get("pattern") == PATTERN
 
 
-def parts(body: Graph) -> list[list[Node]]:
-    """The body's connected parts (nodes joined by the values they pass each other; shared
-    inputs of the body do not join), each in body order."""
-    owner: dict[int, int] = {}
-    root = list(range(len(body.nodes)))
+def parts(kernel: Node) -> list[list[Node]]:
+    """The group's products, each as its body nodes in body order, in the order they run.
+    The body's connected parts, but that a product's result written to GM (a body output)
+    and read by another product's epilogue does not join the two: the reader reads it back
+    from GM and runs after the product that writes it."""
+    body = kernel.subgraph
+    nodes = body.nodes
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    root = list(range(len(nodes)))
 
     def find(i: int) -> int:
         while root[i] != i:
@@ -58,60 +62,130 @@ def parts(body: Graph) -> list[list[Node]]:
             i = root[i]
         return i
 
-    for i, n in enumerate(body.nodes):
-        owner[id(n)] = i
+    outs = {id(v) for v in body.outputs}
+    cut: list[tuple[int, int]] = []
+    for i, n in enumerate(nodes):
         for v in n.inputs:
-            if v.producer is not None and id(v.producer) in owner:
-                root[find(i)] = find(owner[id(v.producer)])
+            p = v.producer
+            if p is None or id(p) not in pos:
+                continue
+            if p.op in PRODUCT_OPS and id(v) in outs:
+                cut.append((pos[id(p)], i))
+            else:
+                root[find(i)] = find(pos[id(p)])
+    has_product = {find(i) for i, n in enumerate(nodes) if n.op in PRODUCT_OPS}
+    for a, b in cut:  # a consumer with no product of its own is the product's epilogue
+        if find(b) not in has_product:
+            root[find(b)] = find(a)
     groups: dict[int, list[Node]] = {}
-    for i, n in enumerate(body.nodes):
+    for i, n in enumerate(nodes):
         groups.setdefault(find(i), []).append(n)
-    return list(groups.values())
+    after = {r: {find(a) for a, b in cut if find(b) == r and find(a) != r} for r in groups}
+    order: list[int] = []
+    while len(order) < len(groups):  # writers first, else in body order
+        r = next(r for r in groups if r not in order and after[r] <= set(order))
+        order.append(r)
+    return [groups[r] for r in order]
+
+
+Arg = tuple[str, int]  # ("in", group input index) or ("out", group output index)
 
 
 @dataclass
 class Member:
-    """One product of a group: its kernel (a body of its own), its schedule and where its
-    inputs and outputs sit among the group's."""
+    """One product of a group: its kernel (a body of its own), its schedule, the group's
+    arguments it reads (an input, or an earlier product's output, which it reads back from
+    GM) and the group outputs it writes, and the product whose core split it takes (a cube
+    product read back by a later product: every block then reads back only what it wrote)."""
 
     kernel: Node
     schedule: MatmulSchedule
-    inputs: list[int]   # group input index of each of the product's inputs
-    outputs: list[int]  # group output index of each of its outputs
+    inputs: list[Arg]
+    outputs: list[int]
+    split_of: int | None = None
+
+
+def reads(m: Member, kernel: Node) -> list[Value]:
+    """The outer values a product of group ``kernel`` reads."""
+    return [kernel.inputs[i] if w == "in" else kernel.outputs[i] for w, i in m.inputs]
 
 
 def members(kernel: Node, spec: targets.Target) -> list[Member]:
     """Each product of group ``kernel`` as a kernel of its own, planned by plan_matmul (its
-    refusal raised as it is)."""
+    refusal raised as it is); a product that reads an earlier one's result is checked to read
+    only the blocks it computes itself."""
     body = kernel.subgraph
+    in_index = {id(v): i for i, v in enumerate(body.inputs)}
+    out_index = {id(v): j for j, v in enumerate(body.outputs)}
     out: list[Member] = []
-    for j, nodes in enumerate(parts(body)):
+    made: dict[int, int] = {}  # id(body output) -> the product computing it
+    for j, nodes in enumerate(parts(kernel)):
         products = [n for n in nodes if n.op in PRODUCT_OPS]
         if len(products) != 1:
             raise Unsupported(f"a product group's part with {len(products)} products (each "
                               "part of the group's body is one product and its epilogue)",
                               node=products[1] if products else None)
         ids = {id(n) for n in nodes}
-        read = {id(v) for n in nodes for v in n.inputs}
-        ins = [i for i, v in enumerate(body.inputs) if id(v) in read]
+        read: list[Value] = []
+        for n in nodes:
+            for v in n.inputs:
+                if (v.producer is None or id(v.producer) not in ids) and v not in read:
+                    read.append(v)
+        args: list[Arg] = []
+        for v in read:
+            if id(v) in in_index:
+                args.append(("in", in_index[id(v)]))
+            elif id(v) in made:
+                args.append(("out", out_index[id(v)]))
+            else:
+                raise Unsupported("a product of a group reads a value another product "
+                                  "computes inside the kernel (only a result written to GM "
+                                  "can be read back)", node=v.producer)
         outs = [i for i, v in enumerate(body.outputs)
                 if v.producer is not None and id(v.producer) in ids]
-        sub = Graph(f"{kernel.name}_p{j}")
+        name = f"{kernel.name}_p{j}"
+        sub = Graph(name)
         vmap: dict[int, Value] = {}
-        for i in ins:
-            v = body.inputs[i]
+        for v in read:
             vmap[id(v)] = sub.add_input(v.name, v.type)
         for n in nodes:
             sub.clone_node(n, vmap)
         sub.set_outputs([vmap[id(body.outputs[i])] for i in outs])
         probe = Graph("probe")
-        k = probe.add_node("GraphKernel", [probe.add_input(body.inputs[i].name,
-                                                           body.inputs[i].type) for i in ins],
-                           {"subgraph": sub, "pattern": "cube"}, name=f"{kernel.name}_p{j}")
-        out.append(Member(k, plan_matmul(k, spec), ins, outs))
+        k = probe.add_node("GraphKernel", [probe.add_input(v.name, v.type) for v in read],
+                           {"subgraph": sub, "pattern": "cube"}, name=name)
+        m = Member(k, plan_matmul(k, spec), args, outs)
+        for w, i in args:
+            if w == "out":
+                _chain(out, m, made[id(body.outputs[i])], i, len(out))
+        out.append(m)
+        for i in outs:
+            made[id(body.outputs[i])] = j
     if len(out) < 2:
         raise Unsupported(f"a product group of {len(out)} product (a group runs several)")
     return out
+
+
+def _chain(done: list[Member], m: Member, p: int, o: int, j: int) -> None:
+    """Product ``j`` (``m``) reads product ``p``'s output ``o`` back: allowed when ``p`` is a
+    cube product whose one output is its product, ``m``'s epilogue reads it as a tile of
+    exactly its own product's extent, and no other product reads it back; ``p`` then takes
+    ``m``'s core split, so that each block reads back only the part it wrote."""
+    first = done[p]
+    epi = m.schedule.epilogue
+    if first.schedule.epilogue is not None or first.split_of is not None:
+        raise Unsupported("a product group's product reads back the result of a product with "
+                          "an epilogue, or one read back already (only a cube product's result "
+                          "is read back, by one product)", node=m.schedule.matmul)
+    at = m.inputs.index(("out", o))
+    rec = next((i for i in epi.inputs if i.index == at), None) if epi is not None else None
+    mine = m.schedule.matmul.outputs[0].type.shape
+    theirs = m.kernel.subgraph.inputs[at].type.shape
+    if rec is None or rec.layout != "tile" or tuple(mine) != tuple(theirs):
+        raise Unsupported("a product group's product reads another's result other than as a "
+                          "tile of its own product's extent (each block must read back only "
+                          "what it wrote)", node=m.schedule.matmul)
+    first.split_of = j
 
 
 @dataclass
@@ -168,8 +242,8 @@ def plan_group(kernel: Node, spec: targets.Target) -> GroupSchedule:
     return g
 
 
-def _left(m: Member) -> tuple[int, bool]:
-    """(the group input index A is read from, read transposed)."""
+def _left(m: Member) -> tuple[Arg, bool]:
+    """(the group argument A is read from, read transposed)."""
     return m.inputs[m.schedule.a], m.schedule.trans_a
 
 
@@ -208,7 +282,7 @@ def render_group(g: GroupSchedule) -> Rendered:
         if j:
             body.append("    PipeBarrier<PIPE_ALL>();  // the next product's TPipe takes the "
                         "UB again")
-        args = ", ".join([*(f"in{i}" for i in m.inputs), *(f"out{o}" for o in m.outputs),
+        args = ", ".join([*(f"{w}{i}" for w, i in m.inputs), *(f"out{o}" for o in m.outputs),
                           "workspace", f"tiling + {name}_offset[{j}]"])
         body += ["    {",
                  f"        {t} t;  // product {j + 1}'s tiling: which blocks it runs on",
@@ -246,7 +320,8 @@ def render_group(g: GroupSchedule) -> Rendered:
                    "    *blockDim = 0;",
                    "    *workspace = 0;"]
     for j, (m, r) in enumerate(zip(g.members, subs, strict=True)):
-        idx = [*m.inputs, *(ins + o for o in m.outputs)]
+        idx = [*(i if w == "in" else ins + i for w, i in m.inputs),
+               *(ins + o for o in m.outputs)]
         pos = [starts[i] + a for i in idx for a in range(ranks[i])]
         dims = ", ".join(f"shapes[{p}]" for p in pos) or "0"
         tiling_cpp += ["    {",
@@ -258,6 +333,27 @@ def render_group(g: GroupSchedule) -> Rendered:
                        "        if (b > *blockDim) *blockDim = b;",
                        "        if (w > *workspace) *workspace = w;",
                        "    }"]
+    for p, (m, r) in enumerate(zip(g.members, subs, strict=True)):
+        if m.split_of is None:
+            continue
+        q = subs[m.split_of].name
+        tiling_cpp += [
+            f"    {{  // product {p + 1}'s result is read back by product {m.split_of + 1}: the "
+            "same core split,",
+            "        // so that every block reads back only the part it wrote",
+            f"        {q}_TilingData src;",
+            f"        {r.name}_TilingData dst;",
+            f"        std::memcpy(&src, out + {name}_offset[{m.split_of}], sizeof src);",
+            f"        std::memcpy(&dst, out + {name}_offset[{p}], sizeof dst);",
+            "        if (dst.nc != 0) {",
+            "            dst.cube = src.cube;",
+            "            dst.coresM = src.coresM;",
+            "            dst.coresN = src.coresN;",
+            f"            dst.cube.transLength = dst.cube.baseM * dst.cube.baseN * "
+            f"{m.schedule.c_bytes};",
+            "        }",
+            f"        std::memcpy(out + {name}_offset[{p}], &dst, sizeof dst);",
+            "    }"]
     tiling_cpp += ["    return 0;", "}"]
     files = {f"{name}.cpp": "\n".join(body) + "\n",
              f"{name}_tiling.h": "\n".join(tiling_h) + "\n",
@@ -267,7 +363,8 @@ def render_group(g: GroupSchedule) -> Rendered:
         "inputs": [_io(io) for io in g.inputs], "outputs": [_io(io) for io in g.outputs],
         "products": [{**{k: r.manifest[k] for k in ("name", "kind", "matmul", "cube_tiling",
                                                       "buffers")},
-                      "inputs": m.inputs, "outputs": m.outputs}
+                      "inputs": [f"{w}{i}" for w, i in m.inputs], "outputs": m.outputs,
+                      "core_split_of": m.split_of}
                      for m, r in zip(g.members, subs, strict=True)],
         "tiling_fields": ["each product's tiling struct in order, 8-byte aligned"],
         "block_dim": "the most cube cores any product's tiling uses",

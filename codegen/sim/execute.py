@@ -118,7 +118,8 @@ def check_group_plan(lib: SimLibrary, r: Rendered, shapes: Sequence[Sequence[int
     n_in = len(r.schedule.inputs)
     bounds = []
     for m, sub in zip(r.schedule.members, r.members, strict=True):
-        mine = [shapes[i] for i in m.inputs] + [shapes[n_in + o] for o in m.outputs]
+        mine = [shapes[i if w == "in" else n_in + i] for w, i in m.inputs] + [
+            shapes[n_in + o] for o in m.outputs]
         _, block, f = lib.tiling(sub.name, mine, spec, cube=True)
         if block:
             bounds.append((sub.plan.budget().bytes(f["baseM"], f["baseN"]), sub.name))

@@ -170,9 +170,9 @@ public:
                 c.check(off, cols, where);
                 for (int32_t q = 0; q < cols; ++q)
                     c.addr()[off + q] = convert(acc[r * cols + q]);
+                count_write(c.addr() + off, cols * sizeof(TC));
             }
             const uint64_t bytes = static_cast<uint64_t>(rows) * cols * sizeof(TC);
-            g_core->gm_written += bytes;
             g_core->mm_bytes[3] += bytes;
         }
         next_ = tiles;

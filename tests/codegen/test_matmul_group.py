@@ -14,6 +14,7 @@ import pytest
 import graphkernel
 from graphkernel import Graph, TensorType
 from graphkernel.bisect import Evaluator
+from graphkernel.codegen import targets
 from graphkernel.codegen.backend import SimBackend, render_all, run_sim, schedules
 from graphkernel.codegen.cube.group import GroupSchedule
 from graphkernel.codegen.sim.execute import SimLibrary
@@ -22,6 +23,7 @@ from graphkernel.codegen.traffic import launches
 from graphkernel.interpreter import Interpreter
 from tests.codegen.cases import Case, compile_cases
 
+SPEC = targets.load("ascend910b")
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
 
 
@@ -57,6 +59,21 @@ def _weight_grads() -> Graph:
     return g
 
 
+def _glu(m, n, dtype="float16", up_bias=False) -> Graph:
+    """A gated MLP's projections: up = x·wu (with a bias: a MIX product), gate = x·wg, then
+    silu(gate) · up on gate's tiles, reading up's result back."""
+    g = Graph("glu")
+    x = g.add_input("x", TensorType((m, 64), dtype))
+    mm = {"transpose_a": False, "transpose_b": False}
+    up = g.add_node("MatMul", [x, g.add_input("wu", TensorType((64, n), dtype))], mm).output
+    if up_bias:
+        up = g.add_node("Add", [up, g.add_input("bu", TensorType((n,), dtype))]).output
+    gate = g.add_node("MatMul", [x, g.add_input("wg", TensorType((64, n), dtype))], mm).output
+    silu = g.add_node("Mul", [gate, g.add_node("Sigmoid", [gate]).output]).output
+    g.set_outputs([g.add_node("Mul", [silu, up]).output])
+    return g
+
+
 CASES = [
     Case("cube", _shared_left(50, (64, 32, 48)), flags=""),
     # the products' tilings differ in their cores (a block beyond one's skips it) and one
@@ -67,7 +84,13 @@ CASES = [
     Case("weight_grads", _weight_grads(), flags=""),
     Case("symbolic_m", _shared_left("s0", (64, 32), epilogue=(1,)), flags="",
          dims=[{"s0": 5}, {"s0": 300}]),
+    # gate's epilogue reads up's result back: up takes gate's core split (alone they split
+    # 3 x 5 and 3 x 6 over the cores)
+    Case("read_back", _glu(700, 1000), flags=""),
+    Case("read_back_symbolic", _glu("s0", 96, "bfloat16"), flags="",
+         dims=[{"s0": 7}, {"s0": 520}]),
 ]
+READ_BACK = {"read_back", "read_back_symbolic"}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +107,9 @@ def test_a_group_matches_the_interpreter_and_reads_what_its_products_read(case, 
     (k,) = [n for n in case.result.graph.nodes if n.op == "GraphKernel"]
     s = schedules(case.result)[k.name]
     assert isinstance(s, GroupSchedule) and not case.result.report.extra["fallbacks"]
-    assert len(s.members) == len(case.graph.outputs)
+    assert len(s.members) == (2 if case.id in READ_BACK else len(case.graph.outputs))
+    assert [m.split_of for m in s.members] == ([1, None] if case.id in READ_BACK
+                                               else [None] * len(s.members))
     alone = _alone(case)
     assert sum(n.op == "GraphKernel" for n in alone.graph.nodes) == len(s.members)
     for dims in case.dims:
@@ -95,11 +120,18 @@ def test_a_group_matches_the_interpreter_and_reads_what_its_products_read(case, 
         assert not judged.bad, f"{case.id} {dims}: {judged.reason}"
         (st,) = backend.stats.values()
         assert st.launches == 1
-        assert st.gm_written == sum(a.nbytes for a in got)
-        # each product reads what it read as a kernel of its own: A once per product
         _, apart = run_sim(alone, feeds)
-        assert st.gm_read == sum(x.gm_read for x in apart.stats.values())
+        assert st.gm_written == sum(x.gm_written for x in apart.stats.values())
         assert st.block_dim == max(x.block_dim for x in apart.stats.values())
+        if case.id not in READ_BACK:
+            assert st.gm_written == sum(a.nbytes for a in got)
+            # each product reads what it read as a kernel of its own: A once per product
+            assert st.gm_read == sum(x.gm_read for x in apart.stats.values())
+        else:  # up's result, written and read back as when the two were kernels of their own
+            assert st.gm_written == 2 * got[0].nbytes
+            # up runs on gate's tiling: it reads A exactly as gate does
+            (gate,) = [x for x in apart.stats.values() if len(x.input_reads) == 3]
+            assert st.input_reads[0] == 2 * gate.input_reads[0]
 
 
 def test_the_traffic_model_counts_the_left_operand_once_per_product(library):
@@ -156,15 +188,26 @@ def _group_kernel(case: Case):
 @pytest.mark.parametrize(("wrong", "message"), [
     ("no_end", "never called End|another has not called End"),
     ("all_blocks", "does not cover block"),
+    ("own_split", "which block [0-9]+ wrote in this launch"),
 ])
 def test_a_broken_group_fails_in_the_simulator(wrong, message, library):
     """A group whose first product keeps its Matmul object open (no End() before the next
-    product's object is used), or whose blocks all run a product with fewer cores in its
-    tiling, is refused by the simulator."""
-    case = CASES[1]
+    product's object is used), whose blocks all run a product with fewer cores in its
+    tiling, or whose read-back product keeps its own core split (a block then reads results
+    another block wrote, with nothing ordering the two), is refused by the simulator."""
+    case = next(c for c in CASES if c.id == ("read_back" if wrong == "own_split" else
+                                             "mix_cores"))
     k, s, r = _group_kernel(case)
     src = r.files[f"{s.name}.cpp"]
-    if wrong == "no_end":
+    name = f"{s.name}_tiling.cpp"
+    if wrong == "own_split":  # up keeps its own core split: blocks read others' results
+        host = r.files[name]
+        r = dataclasses.replace(r, files={**r.files, name: host.replace(
+            "dst.cube = src.cube;", "").replace("dst.coresM = src.coresM;", "").replace(
+            "dst.coresN = src.coresN;", "")})
+        assert r.files[name] != host
+        broken = src + "\n"
+    elif wrong == "no_end":
         first = s.members[0].schedule.name
         body = src.index(f"void {first}(")
         end = src.index("    mm.End();\n", body)
@@ -181,7 +224,8 @@ def test_a_broken_group_fails_in_the_simulator(wrong, message, library):
 
 def test_llama_projections_launch_as_one_kernel_per_layer():
     """A LlamaConfig decoder (2 layers, hidden 64, library defaults): each layer's q, k and v
-    projections of the normed hidden state are one launch."""
+    projections of the normed hidden state are one launch, and its MLP's up and gate
+    projections another (gate's epilogue reading up's result back)."""
     pytest.importorskip("transformers")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -199,9 +243,10 @@ def test_llama_projections_launch_as_one_kernel_per_layer():
     off = graphkernel.compile(g, "--disable_pass=matmul_group", env={})
     count = lambda r: sum(n.op == "GraphKernel" for n in r.graph.nodes)  # noqa: E731
     groups = [n for n in on.graph.nodes if n.attrs.get("pattern") == "matmul_group"]
-    assert len(groups) == 2
-    assert all(sum(m.op == "MatMul" for m in k.subgraph.nodes) == 3 for k in groups)
-    assert count(on) == count(off) - 4
+    assert len(groups) == 4  # per layer: q, k, v; up, then gate reading up back
+    assert sorted(sum(m.op == "MatMul" for m in k.subgraph.nodes) for k in groups) == [
+        2, 2, 3, 3]
+    assert count(on) == count(off) - 6
     feeds = {v.name: np.asarray(ids) for v in g.inputs if v.dtype.value == "int64"}
     if len(feeds) == len(g.inputs):
         got, backend = run_sim(on, feeds)
@@ -231,3 +276,42 @@ def test_a_group_the_generator_refuses_runs_as_its_products_kernels(monkeypatch,
     got, backend = run_sim(res, feeds)
     assert not backend.unscheduled and len(backend.stats) == 3
     assert not Evaluator(case.graph, feeds).judge(got).bad
+
+
+def _group_of(body: Graph):
+    probe = Graph("probe")
+    return probe.add_node("GraphKernel", [probe.add_input(v.name, v.type) for v in body.inputs],
+                          {"subgraph": body, "pattern": "matmul_group"}, name="g")
+
+
+@pytest.mark.parametrize(("first", "message"), [
+    ("relu", "part with 2 products"),  # not a product's result: one part, two products
+    ("twice", "or one read back already"),
+    ("row", "other than as a tile of its own product's extent"),
+])
+def test_what_a_product_cannot_read_back_is_refused(first, message):
+    """A product whose epilogue reads another's result from GM: refused when that result is
+    computed by an epilogue (only a product's own result is written for a later product), when
+    two products read it back (it cannot keep both readers' core splits), or when it is read
+    other than tile for tile (a row of it: blocks would read others' parts)."""
+    from graphkernel.codegen.cube.group import plan_group
+    from graphkernel.codegen.refusal import Unsupported
+
+    b = Graph("body")
+    x = b.add_input("x", TensorType((64, 64), "float16"))
+    mm = {"transpose_a": False, "transpose_b": False}
+    n_up = 1 if first == "row" else 96
+    y1 = b.add_node("MatMul", [x, b.add_input("wu", TensorType((64, n_up), "float16"))],
+                    mm).output
+    if first == "relu":
+        y1 = b.add_node("Relu", [y1]).output
+    y2 = b.add_node("MatMul", [x, b.add_input("wg", TensorType((64, 96), "float16"))],
+                    mm).output
+    outs = [y1, b.add_node("Mul", [y2, y1]).output]
+    if first == "twice":
+        y3 = b.add_node("MatMul", [x, b.add_input("wh", TensorType((64, 96), "float16"))],
+                        mm).output
+        outs.append(b.add_node("Add", [y3, y1]).output)
+    b.set_outputs(outs)
+    with pytest.raises(Unsupported, match=message):
+        plan_group(_group_of(b), SPEC)
