@@ -10,8 +10,10 @@ transposes of its operands folded in) or a MIX kernel (with its epilogue): the k
 formed so far, and the products the fusion left outside any kernel (wrapped here as the
 codegen pass would wrap them).
 
-Refused: a product that depends on another of the group (a path from one to the other), a
-group whose kernel would take more inputs than the target's ``max_kernel_inputs``, and a
+Refused: a product that depends on another of the group (a path from one to the other) but
+for a product whose epilogue reads another's result directly (a gated MLP's gate reading up:
+it reads it back from GM, codegen/cube/group.py decides whether it can), a group whose
+kernel would take more inputs than the target's ``max_kernel_inputs``, and a
 product the generator cannot plan next to the others (a shape it cannot tile, statically or
 at run time: codegen/cube/group.py asks each product's own planner). The products run one
 after another, each in its own UB (a TPipe per product): the group adds nothing to a

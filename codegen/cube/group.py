@@ -16,6 +16,12 @@ What is saved is the launches (one instead of one per product). What is not: A i
 GM by each product as its own kernel read it (the objects do not share L1: A is re-read per
 product; the traffic model counts it so, codegen/traffic.py).
 
+A product whose epilogue reads another product's result (gate's ``silu(x·Wg) · up``) runs
+after it and reads it back from GM tile by tile; the read (cube) product takes the reader's
+core split, so that every block reads back only what it wrote itself (the blocks of a launch
+are not synchronised; the simulator refuses a read of bytes another block wrote), and its
+synchronous ``IterateAll`` has returned, C written, before the reader's object runs.
+
 The tiling buffer holds each product's tiling struct in order, each at a multiple of 8
 bytes; the group's host function fills them from the products' host functions and launches
 the most blocks any product uses. Body layout: the products' nodes side by side (the
