@@ -244,6 +244,11 @@ def plan_group(kernel: Node, spec: targets.Target) -> GroupSchedule:
     g.notes = [f"{len(ms)} products of one left operand run one after another in one launch; "
                "each reads A from GM itself (the products' Matmul objects do not share L1)"]
     for j, m in enumerate(ms):
+        if m.split_of is not None:
+            g.notes.append(f"product {j + 1} runs on product {m.split_of + 1}'s tiling (its "
+                           "result is read back by it, each block reading what it wrote): "
+                           "its reads of A and B are that split's")
+            continue
         g.notes += [f"product {j + 1}: {x}" for x in m.schedule.notes]
     return g
 
