@@ -12,6 +12,7 @@ import numpy as np
 
 from graphkernel import progress
 from graphkernel.codegen import cost, extern, harness, targets
+from graphkernel.codegen.cube.group import GroupSchedule, render_group
 from graphkernel.codegen.cube.render import render_matmul
 from graphkernel.codegen.cube.schedule import MatmulSchedule
 from graphkernel.codegen.vector.render import Rendered, io_entry, render
@@ -54,6 +55,7 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
             shown.describe(name)
             s = scheds[name]  # a cube or MIX kernel is rendered on the Matmul API
             r = render_matmul(s) if isinstance(s, MatmulSchedule) else \
+                render_group(s) if isinstance(s, GroupSchedule) else \
                 render_window(s) if isinstance(s, WindowSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from graphkernel.codegen.cube.group import is_group_kernel, plan_group
 from graphkernel.codegen.cube.schedule import (
     MatmulSchedule,
     is_matmul_kernel,
@@ -55,19 +56,28 @@ def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSch
     kernel holding a matrix product is a cube or MIX kernel (codegen/cube/schedule.py)."""
     if is_window_kernel(kernel):
         return plan_window(kernel, target)
+    if is_group_kernel(kernel):  # products of one left operand, one after another
+        g = plan_group(kernel, target)
+        for m in g.members:
+            _host_dims_matmul(m.schedule)
+        return g
     if is_matmul_kernel(kernel):
         s = plan_matmul(kernel, target)
-        epi = s.epilogue
-        _host_dims(s, (s.M, s.N, s.K, *s.batch, *s.a_strides, *s.b_strides,
-                       *(io.value.type.numel for io in s.inputs),
-                       *(epi.batch if epi else ()),
-                       *(st for i in (epi.inputs if epi else ()) for st in i.strides)))
+        _host_dims_matmul(s)
         return s
     s = plan(kernel, target=target)
     ir = lower(s)  # the steps lower (a trial: rendering lowers the final schedule)
     _host_dims(s, (s.M, s.L, s.batch, *(io.value.type.numel for io in (*s.inputs,
                                                                           *s.outputs))))
     return layouts.choose(kernel, s, ir, target)
+
+
+def _host_dims_matmul(s: MatmulSchedule) -> None:
+    epi = s.epilogue
+    _host_dims(s, (s.M, s.N, s.K, *s.batch, *s.a_strides, *s.b_strides,
+                   *(io.value.type.numel for io in s.inputs),
+                   *(epi.batch if epi else ()),
+                   *(st for i in (epi.inputs if epi else ()) for st in i.strides)))
 
 
 def _host_dims(s: Schedule | MatmulSchedule, dims: tuple[Dim, ...]) -> None:
@@ -158,6 +168,21 @@ def cube_group(product: Node) -> list[Node]:
 
 
 Namer = Callable[[list[Node]], str]
+
+
+def ungroup(graph: Graph, kernel: Node, name_for: Namer) -> list[Node]:
+    """A product group the generator refused, as the kernels of its products (each product
+    with its epilogue, as it was before the matmul_group pass joined them)."""
+    from graphkernel.codegen.cube.group import parts
+
+    pieces = parts(kernel)
+    index = {id(n): i for i, n in enumerate(kernel.subgraph.nodes)}
+    nodes = unfuse(graph, kernel)
+    out = []
+    for piece in pieces:
+        group = [nodes[index[id(n)]] for n in piece]
+        out.append(build_kernel(graph, group, name_for(group), "cube"))
+    return out
 
 
 def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,

@@ -37,6 +37,7 @@ class Rendered:
     manifest: dict[str, Any]
     plan: BufferPlan              # the kernel's UB buffers
     variant: Rendered | None = None  # the rows-in-chunks variant (tiling key 1), if any
+    members: list[Rendered] | None = None  # a product group's products (codegen/cube/group.py)
 
     @property
     def name(self) -> str:

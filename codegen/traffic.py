@@ -4,7 +4,8 @@ A launch is a fused kernel or any op left outside a kernel that needs one (opaqu
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
 writes each output once, but for a window kernel (per-channel values once per plane:
-codegen/window.py). Symbolic dims count as
+codegen/window.py) and a product group (the shared left operand once per product, and a
+product's result read back by another once more: codegen/cube/group.py). Symbolic dims count as
 ``SYMBOL_SIZE``.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from graphkernel import ops, symbolic
 from graphkernel.codegen.cube.epilogue import reduces_along
+from graphkernel.codegen.cube.group import is_group_kernel, parts
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
 from graphkernel.codegen.extern import is_extern
 from graphkernel.codegen.targets import Target
@@ -61,6 +63,23 @@ def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
     return read, sum(nbytes(v) for v in outputs)
 
 
+def group_reads(kernel: Node) -> int:
+    """GM bytes a product group reads: each product its own inputs, the shared left operand
+    once per product (the products' Matmul objects do not share L1: codegen/cube/group.py)."""
+    body = kernel.subgraph
+    index = {id(v): i for i, v in enumerate(body.inputs)}
+    outs = {id(v): j for j, v in enumerate(body.outputs)}
+    total = 0
+    for nodes in parts(kernel):
+        ids = {id(n) for n in nodes}
+        read = {("in", index[id(v)]) if id(v) in index else ("out", outs[id(v)])
+                for n in nodes for v in n.inputs
+                if id(v) in index or (id(v) in outs and id(v.producer) not in ids)}
+        total += sum(nbytes(kernel.inputs[i] if w == "in" else kernel.outputs[i])
+                     for w, i in read)
+    return total
+
+
 def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
     """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands. A
     window kernel reads its per-channel values once per plane (``window.window_reads``)."""
@@ -71,6 +90,8 @@ def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
         reads = window_reads(n) if n.op == "GraphKernel" and is_window_kernel(n) else None
         if reads:  # (each input of a kernel is a distinct value)
             r = sum(reads.values())
+        elif n.op == "GraphKernel" and is_group_kernel(n):
+            r = group_reads(n)
         yield n, r, w
 
 

@@ -23,6 +23,7 @@ FLAG_USES: dict[str, tuple[str, ...]] = {
     "enable_recompute_fusion": (*_FUSION, "recompute"),
     "recompute_max_consumers": (*_FUSION, "recompute"),
     "enable_parallel_fusion": (*_FUSION, "parallel_fusion"),
+    "enable_matmul_group": ("matmul_group",),
     "enable_super_kernel": (*_FUSION, "super_kernel", "codegen"),
     "super_kernel_scope": (*_FUSION, "super_kernel", "codegen"),
     "composite_op_limit_size": _FUSION,

@@ -90,6 +90,7 @@ class FlagValues(BaseModel):
     broadcast_fuse_depth: int = Field(6, ge=1)
     enable_recompute_fusion: bool | None = None
     enable_parallel_fusion: bool | None = None
+    enable_matmul_group: bool | None = None
     enable_single_node_fusion: bool = False
     enable_super_kernel: bool | None = None
     super_kernel_scope: list[str] = []
@@ -158,6 +159,9 @@ SPECS: dict[str, FlagSpec] = {
                                         level=2),
     "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels sharing inputs "
                                                "(horizontal fusion)", level=3),
+    "enable_matmul_group": FlagSpec("bool", "run independent products of one left operand "
+                                            "as one kernel (horizontal matmul fusion)",
+                                    level=2),
     "enable_single_node_fusion": FlagSpec("bool", "a lone vector op still becomes a kernel"),
     "enable_super_kernel": FlagSpec("bool", "merge kernels of a scope into one launch",
                                     level=3),

@@ -19,6 +19,7 @@ from graphkernel.passes import (
     cse,
     dce,
     expand,
+    matmul_group,
     matvec,
     moe_routing,
     parallel_fusion,
@@ -86,6 +87,7 @@ PIPELINE = (
     Step("postfusion", 10, parallel_fusion.parallel_fusion, 3, feature="enable_parallel_fusion"),
     Step("postfusion", 20, window_fusion.window_fusion, 2),  # pools: window kernels
     Step("postfusion", 30, promote_precision.promote_precision, 2),
+    Step("postfusion", 40, matmul_group.matmul_group, 2, feature="enable_matmul_group"),
     Step("postfusion", 50, super_kernel.super_kernel, 3, feature="enable_super_kernel"),
     Step("codegen", 50, codegen.codegen, 1),
 )

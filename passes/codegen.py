@@ -179,13 +179,19 @@ def codegen(graph, ctx) -> PassResult:
             changed += 1
             index = next((i for i, n in enumerate(body) if n is bad), None)
             around = index if depth[id(k)] < legalize.MAX_SPLIT_DEPTH else None
-            parts = legalize.split_around(graph, k, around, _namer(ctx, k),
-                                          ctx.flags.enable_single_node_fusion, before)
+            if legalize.is_group_kernel(k):  # a product group: its products' own kernels
+                parts = legalize.ungroup(graph, k, _namer(ctx, k))
+                bad = None
+            else:
+                parts = legalize.split_around(graph, k, around, _namer(ctx, k),
+                                              ctx.flags.enable_single_node_fusion, before)
             for p in parts:
                 depth[id(p)] = depth[id(k)] + 1
             work.extendleft(reversed(parts))
             shown.add_total(len(parts))
             action = (f"split around {bad.op}; retried as {', '.join(p.name for p in parts)}"
+                      if parts and bad is not None else
+                      f"retried as its products' kernels {', '.join(p.name for p in parts)}"
                       if parts else "unfused")
             fallbacks.append({"kernel": k.name, "nodes": members, "reason": reason,
                               "action": action})

@@ -43,7 +43,7 @@ def test_passes_by_level():
                          "small_ints",
                          "rotary_pairs", "rotary_halves",
                          "recompute", "parallel_fusion",
-                         "super_kernel"}
+                         "super_kernel", "matmul_group"}
     assert "level 2 > opt_level 1" in one.stdout
 
 

@@ -22,7 +22,7 @@ CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2
              "channels_last": 2, "concat_sink": 2, "cast_elim": 2, "attention": 2,
              "conv_bn_fold": 2, "conv_matmul": 2, "dce": 1,
              "cluster": 1, "split": 1, "recompute": 2,
-             "parallel_fusion": 3, "codegen": 1, "super_kernel": 3,
+             "parallel_fusion": 3, "codegen": 1, "super_kernel": 3, "matmul_group": 2,
              "promote_precision": 2, "scan": 2, "matvec": 2, "transpose_view": 2,
              "product_broadcast": 2, "small_ints": 2, "rotary_pairs": 2, "rotary_halves": 2,
              "attention_sinks": 2,

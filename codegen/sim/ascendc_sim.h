@@ -127,6 +127,10 @@ struct Core {
     uint8_t** args = nullptr;
     const uint64_t* arg_bytes = nullptr;
     std::vector<uint64_t> arg_reads;
+    // the block that wrote each byte of each argument in this launch (-1: none; shared by the
+    // launch's cores, which run one after another; none for a SuperKernel, whose SyncAll
+    // orders its cores' writes and reads)
+    std::vector<std::vector<int32_t>>* writers = nullptr;
     uint64_t scalar_ops = 0;   // GetValue/SetValue (scalar pipe) of UB or GM
     uint64_t syncs = 0;        // SetFlag/WaitFlag pairs and PipeBarrier<PIPE_ALL>
     uint64_t vector_ops = 0;   // vector instructions issued
@@ -151,6 +155,8 @@ struct Core {
 inline thread_local Core* g_core = nullptr;
 
 // GM bytes read at `at`: counted in all and against the argument whose buffer holds them.
+// Bytes another block wrote in this launch are refused: the cores of a launch are not
+// synchronised with each other, so nothing orders that write before this read.
 inline void count_read(const void* at, uint64_t bytes) {
     Core& c = *g_core;
     c.gm_read += bytes;
@@ -158,6 +164,36 @@ inline void count_read(const void* at, uint64_t bytes) {
     for (size_t i = 0; i < c.arg_reads.size(); ++i)
         if (p >= c.args[i] && p < c.args[i] + c.arg_bytes[i]) {
             c.arg_reads[i] += bytes;
+            if (c.writers != nullptr && !(*c.writers)[i].empty()) {
+                const auto& w = (*c.writers)[i];
+                const uint64_t first = p - c.args[i];
+                const uint64_t last = std::min<uint64_t>(first + bytes, c.arg_bytes[i]);
+                for (uint64_t k = first; k < last; ++k)
+                    if (w[k] >= 0 && w[k] != c.block_idx)
+                        throw SimError(c.kernel + ": block " + std::to_string(c.block_idx) +
+                                       " reads byte " + std::to_string(k) + " of argument " +
+                                       std::to_string(i) + ", which block " +
+                                       std::to_string(w[k]) + " wrote in this launch (the "
+                                       "cores of a launch are not synchronised: a block may "
+                                       "read back only what it wrote itself)");
+            }
+            return;
+        }
+}
+
+// GM bytes written at `at`: which block wrote them, for the reads above.
+inline void count_write(const void* at, uint64_t bytes) {
+    Core& c = *g_core;
+    c.gm_written += bytes;
+    if (c.writers == nullptr) return;
+    const uint8_t* p = static_cast<const uint8_t*>(at);
+    for (size_t i = 0; i < c.arg_reads.size(); ++i)
+        if (p >= c.args[i] && p < c.args[i] + c.arg_bytes[i]) {
+            auto& w = (*c.writers)[i];
+            if (w.empty()) w.assign(c.arg_bytes[i], -1);
+            const uint64_t first = p - c.args[i];
+            const uint64_t last = std::min<uint64_t>(first + bytes, c.arg_bytes[i]);
+            for (uint64_t k = first; k < last; ++k) w[k] = c.block_idx;
             return;
         }
 }
@@ -727,7 +763,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
              " bytes is not a multiple of 32 (use DataCopyPad)", where);
     dst.check(0, count, where);
     std::memcpy(dst.addr(), src.rd(count, in), count * sizeof(T));
-    g_core->gm_written += count * sizeof(T);
+    count_write(dst.addr(), count * sizeof(T));
 }
 
 struct DataCopyExtParams {
@@ -799,7 +835,7 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
         size_t first = b * row_blocks * BLOCK_BYTES / sizeof(T);
         ub_read(src.byte_at(first), p.blockLen, in);
         std::memcpy(dst.addr() + b * gm_step, inp + first, p.blockLen);
-        g_core->gm_written += p.blockLen;
+        count_write(dst.addr() + b * gm_step, p.blockLen);
     }
 }
 
@@ -1584,6 +1620,9 @@ inline int launch(KernelCall call, const char* name, int32_t kernel_nargs, uint8
     }
     std::vector<Core> cores(blocks);
     std::vector<std::string> errors(blocks);
+    std::vector<std::vector<int32_t>> writers(nargs);
+    if (!threads)
+        for (auto& c : cores) c.writers = &writers;
     if (threads) {
         std::barrier<> bar(blocks);
         std::vector<std::thread> pool;

@@ -108,6 +108,28 @@ def check_plan(r: Rendered, fields: dict[str, int], counts: Counts) -> None:
             f"(a buffer the plan does not count: {[b.name for b in chosen.plan.buffers]})")
 
 
+def check_group_plan(lib: SimLibrary, r: Rendered, shapes: Sequence[Sequence[int]],
+                     spec: Target, counts: Counts) -> None:
+    """A product group's launch reserved no more UB than the largest of its products' buffer
+    plans allows for the tile that product's host tiling chose (the products' TPipes take the
+    UB one after another)."""
+    if not counts.ub_peak:
+        return
+    n_in = len(r.schedule.inputs)
+    bounds = []
+    for m, sub in zip(r.schedule.members, r.members, strict=True):
+        mine = [shapes[i if w == "in" else n_in + i] for w, i in m.inputs] + [
+            shapes[n_in + o] for o in m.outputs]
+        _, block, f = lib.tiling(sub.name, mine, spec, cube=True)
+        if block:
+            bounds.append((sub.plan.budget().bytes(f["baseM"], f["baseN"]), sub.name))
+    bound = max(bounds, default=(0, r.name))
+    if counts.ub_peak > bound[0]:
+        raise SimulatorError(
+            f"{r.name}: InitBuffer reserved {counts.ub_peak} bytes of UB, the largest of its "
+            f"products' buffer plans ({bound[1]}) allows {bound[0]}")
+
+
 class SimLibrary:
     """Kernels (and SuperKernels over them) compiled together: one g++ run, cached by
     content."""
@@ -122,10 +144,14 @@ class SimLibrary:
         srcs += [super_sim_source(sr) for sr in self.supers.values()]
         self.lib = build(srcs) if srcs else None
 
-    def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: Target
-               ) -> tuple[bytes, int, dict[str, int]]:
+    def tiling(self, name: str, shapes: Sequence[Sequence[int]], spec: Target,
+               cube: bool | None = None) -> tuple[bytes, int, dict[str, int]]:
+        """The host tiling function's struct, blockDim and fields for ``shapes`` (``cube``:
+        the kernel is a cube one, for a product group's product, which is no kernel of the
+        library's own)."""
         lib = self.lib
-        cube = name in self.kernels and _is_cube(self.kernels[name])
+        if cube is None:
+            cube = name in self.kernels and _is_cube(self.kernels[name])
         cores = spec.aic_cores if cube else spec.aiv_cores  # a cube kernel: one per AIC
         size = getattr(lib, f"{name}_tiling_size")
         size.restype = ctypes.c_uint32
@@ -217,6 +243,10 @@ class SimLibrary:
         tiling = np.frombuffer(raw, dtype=np.uint8).copy()
         workspace = np.zeros(32, np.uint8)
         counts = launch(self.lib, name, [*ins, *outs, workspace, tiling], block, spec.ub_bytes)
-        check_plan(r, fields, counts)
+        if r.members is not None:  # a product group: each product's plan for its own tile
+            shapes = [*(a.shape for a in ins), *(o.shape for o in outs)]
+            check_group_plan(self, r, shapes, spec, counts)
+        else:
+            check_plan(r, fields, counts)
         # the tiling bytes the kernel unpacks are an argument, not data traffic
         return Launch(outs, block, counts, fields)

@@ -31,6 +31,9 @@
 //     writes) and waits for the tile before returning. So the tile counts as written by the
 //     vector pipe and complete: the vector unit may read it at once, and rewrite the buffer
 //     it read for the previous tile with no PipeBarrier<PIPE_V> in between.
+// A block registers an object only when the tiling's usedCoreNum counts it (a product group
+// launches the most blocks any of its products uses; a block beyond a product's usedCoreNum
+// skips that product, codegen/cube/group.py).
 // Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
 // than a base tile, any call after End, a second object used while another has not called
 // End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
@@ -167,9 +170,9 @@ public:
                 c.check(off, cols, where);
                 for (int32_t q = 0; q < cols; ++q)
                     c.addr()[off + q] = convert(acc[r * cols + q]);
+                count_write(c.addr() + off, cols * sizeof(TC));
             }
             const uint64_t bytes = static_cast<uint64_t>(rows) * cols * sizeof(TC);
-            g_core->gm_written += bytes;
             g_core->mm_bytes[3] += bytes;
         }
         next_ = tiles;
@@ -259,9 +262,14 @@ private:
             bad("the single-core block " + std::to_string(t.singleCoreM) + " x " +
                 std::to_string(t.singleCoreN) + " is not inside M x N");
         if (t.iterateOrder != 0 && t.iterateOrder != 1) bad("iterateOrder must be 0 or 1");
-        if (t.usedCoreNum < 1 || t.usedCoreNum < g_core->block_num)
-            bad("usedCoreNum " + std::to_string(t.usedCoreNum) + " is below the launch's " +
-                std::to_string(g_core->block_num) + " blocks");
+        // a block runs an object only when the tiling counts it among its cores (a kernel of
+        // one product launches usedCoreNum blocks; a kernel of several products launches the
+        // most any needs, and a block beyond a product's usedCoreNum skips that product)
+        if (t.usedCoreNum < 1 || t.usedCoreNum <= g_core->block_idx)
+            bad("usedCoreNum " + std::to_string(t.usedCoreNum) + " does not cover block " +
+                std::to_string(g_core->block_idx) + " of the launch's " +
+                std::to_string(g_core->block_num) + " (a block beyond the tiling's cores "
+                "registers no object)");
     }
     // A call on this object: refused after End and while another object is in use.
     void claim(const char* what, const loc& where) {

@@ -170,16 +170,17 @@ def case_kernels() -> dict[str, tuple]:
     """Each distinct kernel of the code generator's test cases (vector: single ops, patterns,
     the mask graphs and fuzz seeds kept as tests, the pools' window kernels; cube: the Matmul
     API cases; MIX: a product with each epilogue, and the convolution blocks through the
-    pipeline): name -> (rendered, case ids)."""
+    pipeline; product groups of cube and MIX products): name -> (rendered, case ids)."""
     from graphkernel.codegen.legalize import check
     from tests.codegen import test_cnn_kernels as cnn
     from tests.codegen import test_fuzz_sim as fz
+    from tests.codegen import test_matmul_group as grp
     from tests.codegen import test_matmul_kernels as mm
     from tests.codegen import test_window_kernels as win
     from tests.fuzz.generator import random_case
 
     runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES
-            + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES]
+            + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES + grp.CASES]
     runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
     for name, (seed, level) in fz.REAL_API_SEEDS.items():
         case = random_case(seed, level, fz.CI_MAX_OPS)
