@@ -97,6 +97,14 @@ def _split_reason(node: Node) -> str | None:
     return None
 
 
+def _widening(node: Node) -> bool:
+    """A Cast of int64 data to float32: a kernel loads the int64 values and converts them (a
+    KV-cache step's positions, from which its rotary angles are computed), though it
+    computes nothing in int64."""
+    return node.op == "Cast" and node.inputs[0].dtype == DType.int64 and \
+        node.outputs[0].dtype == DType.float32
+
+
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
     """Why ``node`` cannot join a fused kernel, or None when it can."""
     return reason_checker(allowed, cfg)(node)
@@ -126,7 +134,8 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
         if node.op == "Gather" and not lookup and not gathers:
             return ("Gather of other than whole rows of a 2-D table (the gather pattern, "
                     "opt_level 3)")
-        for v in (node.outputs if lookup else (*node.inputs, *node.outputs)):
+        loaded = lookup or _widening(node)  # (int64 data it only loads)
+        for v in (node.outputs if loaded else (*node.inputs, *node.outputs)):
             if v.dtype not in SUPPORTED_DTYPES:
                 return f"dtype {v.dtype.value} not supported by the vector unit"
         return None

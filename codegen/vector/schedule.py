@@ -293,8 +293,8 @@ def slice_view(n: Node) -> View:
 
 
 def read_as_floats(x: Value) -> bool:
-    """Whether a kernel's int32 input ``x`` is read only through Casts to float32 (the load
-    converts it: ``_Planner._widening_load``)."""
+    """Whether a kernel's int32 or int64 input ``x`` is read only through Casts to float32
+    (the load converts it: ``_Planner._widening_load``)."""
     return bool(x.users) and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
                                  for u in x.users)
 
@@ -342,6 +342,8 @@ class _Planner:
         for v in (*sub.inputs, *sub.outputs):  # bool: bytes in GM, 0/1 or a mask in UB
             if id(v) in self.indices:
                 continue  # (an index: read by the scalar unit)
+            if v.dtype == DType.int64 and any(v is x for x in sub.inputs) and read_as_floats(v):
+                continue  # (int64 positions: converted to float32 on loading)
             if v.dtype not in FLOATS and v.dtype not in (DType.bool, BITS):
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
                                   "float32, bool, and int32 in bitwise ops)")
@@ -887,10 +889,12 @@ class _Planner:
                 and not out.users and any(o is out for o in self.sub.outputs))
 
     def _widening_load(self, n: Node) -> bool:
-        """A Cast to float32 of an int32 kernel input that nothing else in the kernel reads:
-        the load converts it (an index an ArgMax returned, computed on in floats)."""
+        """A Cast to float32 of an int32 or int64 kernel input that nothing else in the kernel
+        reads: the load converts it (an index an ArgMax returned, the positions a KV-cache
+        step's rotary angles are computed from)."""
         x = n.inputs[0]
-        return (n.op == "Cast" and x.dtype == BITS and any(x is v for v in self.sub.inputs)
+        return (n.op == "Cast" and x.dtype in (BITS, DType.int64)
+                and any(x is v for v in self.sub.inputs)
                 and read_as_floats(x))
 
     def _cast_is_view(self, n: Node) -> bool:
