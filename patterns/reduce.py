@@ -6,7 +6,7 @@ from graphkernel import ops, symbolic
 from graphkernel.fusion import BROADCAST, edge_relation
 from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
-from graphkernel.ops import OpKind
+from graphkernel.ops import VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
 
 
@@ -130,9 +130,7 @@ def chain(model, a):
     ((shape, axes),) = sigs
     rank = len(shape)
     row = shape[-1] if shape else None
-    if axes != (rank - 1,) or not isinstance(row, int) or any(
-            q.nodes and any(n.op in ops.PRODUCT_OPS for n in q.nodes)
-            for q in model.producer_areas(p)):
+    if axes != (rank - 1,) or not isinstance(row, int) or _reads_product(p):
         return None
     ub = targets.load(model.cfg.target).ub_bytes
     return fuse_if(model, "reduce_chain", [a, p], [
@@ -143,6 +141,17 @@ def chain(model, a):
         need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
              lambda: f"rows of {row} too long to hold whole for two norms"),
     ])
+
+
+def _reads_product(p) -> bool:
+    """Whether area ``p`` reads a matrix product's result (seen through views)."""
+    for n in p.nodes:
+        for v in n.inputs:
+            while v.producer is not None and v.producer.op in VIEW_OPS:
+                v = v.producer.inputs[0]
+            if v.producer is not None and v.producer.op in ops.PRODUCT_OPS:
+                return True
+    return False
 
 
 def reduce_signatures(area) -> set[tuple]:
