@@ -87,7 +87,7 @@ def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
     p = probe.add_node(producer.op, [outer[id(v)] for v in producer.inputs],
                        dict(producer.attrs), name=producer.name)
     made = {id(v): nv for v, nv in zip(producer.outputs, p.outputs, strict=True)}
-    c = probe.add_node("GraphKernel", [made.get(id(v)) or outer[id(v)]
+    c = probe.add_node("GraphKernel", [made[id(v)] if id(v) in made else outer[id(v)]
                                        for v in consumer.inputs],
                        dict(consumer.attrs), name=consumer.name)
     return _scheduled(inline_producer(probe, c, p, made[id(value)]))
@@ -108,8 +108,6 @@ def recompute(graph, ctx) -> PassResult:
             consumers = [u for u in value.users if u.op == "GraphKernel" and u is not producer]
             if not consumers or in_bytes > MAX_INPUT_RATIO * nbytes(value):
                 continue
-            if not all(_still_scheduled(c, producer, value) for c in consumers):
-                continue  # kept materialized: a consumer could not hold it
             most = ctx.flags.recompute_max_consumers
             if 0 <= most < len(consumers):
                 continue  # read by more kernels than recompute_max_consumers: materialized
@@ -122,6 +120,8 @@ def recompute(graph, ctx) -> PassResult:
                 continue  # a consumer would exceed composite_op_limit_size
             if _too_many_inputs(producer, value, consumers, ctx.flags.max_kernel_inputs):
                 continue  # a consumer would read more than max_kernel_inputs values
+            if not all(_still_scheduled(c, producer, value) for c in consumers):
+                continue  # kept materialized: a consumer could not hold it
             names = ", ".join(c.name for c in consumers)
             if not ctx.should_apply(f"{producer.name} into {names}",
                                     [producer, *consumers]):
