@@ -119,7 +119,8 @@ def _sink(graph: Graph, concat: Node) -> Value | None:
 
 def concat_sink(graph, ctx) -> PassResult:
     """Rewrite cat(f(x1, c1), f(x2, c2)) -> f(cat(x1, x2), cat(c1, c2)) for an elementwise
-    f whose constants broadcast along the Concat's axis; repeated, a whole BatchNorm + ReLU
+    f whose constants broadcast along the Concat's axis (and cat(f(p, c1), f(p, c2)) ->
+    f(p, cat(c1, c2)) for one p broadcast along it); repeated, a whole BatchNorm + ReLU
     chain per branch sinks below the Concat."""
     changed = 0
     work = [n for n in graph.nodes if n.op == "Concat"]

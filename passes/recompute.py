@@ -97,7 +97,8 @@ def recompute(graph, ctx) -> PassResult:
     """Rewrite kernel(value of cheap producer P) -> kernel(P recomputed inside) when P is a
     short elementwise/broadcast chain whose inputs are much smaller than its output (a
     broadcast) and the GM bytes saved are positive, into at most recompute_max_consumers
-    kernels, none of them taken over composite_op_limit_size or max_kernel_inputs."""
+    kernels, none of them taken over composite_op_limit_size or max_kernel_inputs, nor made a
+    kernel the vector code generator no longer schedules."""
     done = 0
     notes = []
     for producer in graph.nodes:
