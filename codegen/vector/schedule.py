@@ -447,6 +447,11 @@ class _Planner:
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
                  self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
         steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        for io in ins:  # int64 is converted as tiles and values per row are loaded only
+            if io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL) and \
+                    id(io.value) not in self.indices and read_as_floats(io.value):
+                raise Unsupported(f"int64 input {io.value.name} broadcast ({io.kind})",
+                                  node=io.value.users[0], about=(io.value,))
         if self.batch != 1:  # blocks of rows reduced separately
             M = symbolic.div(M, self.batch)
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
