@@ -361,3 +361,25 @@ def test_int64_data_a_kernel_would_compute_on_stays_out():
     assert not backend.unscheduled, backend.unscheduled
     for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_int64_values_a_reader_broadcasts_over_rows_are_converted_apart():
+    """int64 values compared with every bin of a histogram (a row of them broadcast over the
+    bins' rows): the kernel converts int64 only as tiles or one value per row, so the Cast
+    stays a launch of its own and the comparisons stay one kernel, with no fallback."""
+    g = Graph("bins")
+    ids = g.add_input("ids", TensorType((1, 20), "int64"))
+    f = g.add_node("Cast", [ids], {"dtype": "float32"}, name="to_float").output
+    edges = g.const(np.arange(6, dtype=np.float32).reshape(6, 1))
+    hit = g.add_node("Less", [f, edges]).output
+    g.set_outputs([g.add_node("Select", [hit, g.const(np.float32(1.0)),
+                                         g.const(np.float32(0.0))]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    inside = {m.name for k in res.graph.nodes if k.op == "GraphKernel"
+              for m in k.subgraph.nodes}
+    assert "to_float" not in inside and inside
+    feeds = {"ids": np.arange(20, dtype=np.int64).reshape(1, 20) % 7}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_array_equal(got[0], Interpreter(g).run(feeds)[0])
