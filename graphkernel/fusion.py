@@ -97,6 +97,38 @@ def _split_reason(node: Node) -> str | None:
     return None
 
 
+def _widening(node: Node) -> bool:
+    """A Cast of int64 data to float32: a kernel loads the int64 values and converts them (a
+    KV-cache step's positions, from which its rotary angles are computed), though it
+    computes nothing in int64. The kernel converts them as tiles or as one value per row
+    only: not when a reader broadcasts them over leading axes (a row of values compared
+    with every bin of a histogram)."""
+    if node.op != "Cast" or node.inputs[0].dtype != DType.int64 or \
+            node.outputs[0].dtype != DType.float32:
+        return False
+    todo, seen = [node.outputs[0]], 0
+    while todo and seen < 64:
+        v = todo.pop()
+        seen += 1
+        for u in v.users:
+            if u.op in ops.VIEW_OPS:
+                todo.extend(u.outputs)
+            elif u.outputs and not _broadcast_trailing(v, u.outputs[0]):
+                return False
+    return not todo
+
+
+def _broadcast_trailing(v: Value, out: Value) -> bool:
+    """Whether ``v``, read for ``out``, is broadcast over trailing axes only (or not at all)."""
+    vs, os_ = list(v.shape), list(out.shape)
+    if len(vs) > len(os_):
+        return True  # (not a broadcast read: a reduction or a view of it)
+    vs = [1] * (len(os_) - len(vs)) + vs
+    spread = [a == 1 and b != 1 for a, b in zip(vs, os_, strict=True)]
+    first = spread.index(True) if True in spread else len(spread)
+    return all(spread[k] or vs[k] == os_[k] == 1 for k in range(first, len(spread)))
+
+
 def fusable_reason(node: Node, allowed: frozenset[str], cfg: Config) -> str | None:
     """Why ``node`` cannot join a fused kernel, or None when it can."""
     return reason_checker(allowed, cfg)(node)
@@ -126,7 +158,8 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
         if node.op == "Gather" and not lookup and not gathers:
             return ("Gather of other than whole rows of a 2-D table (the gather pattern, "
                     "opt_level 3)")
-        for v in (node.outputs if lookup else (*node.inputs, *node.outputs)):
+        loaded = lookup or _widening(node)  # (int64 data it only loads)
+        for v in (node.outputs if loaded else (*node.inputs, *node.outputs)):
             if v.dtype not in SUPPORTED_DTYPES:
                 return f"dtype {v.dtype.value} not supported by the vector unit"
         return None

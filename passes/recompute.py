@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from graphkernel import ops
 from graphkernel.fusion import SUPPORTED_DTYPES, nbytes
+from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import inline_producer
 from graphkernel.ops import OpKind
 from graphkernel.registry import PassResult
@@ -52,11 +53,52 @@ def _too_many_inputs(producer, value, consumers, cap: int) -> bool:
                for c in consumers)
 
 
+def _scheduled(k: Node) -> bool:
+    """Whether the vector code generator schedules kernel ``k`` (phase kernels count)."""
+    from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+    from graphkernel.codegen.vector.schedule import plan
+
+    try:
+        plan(k)
+    except NeedsPhases:
+        return True
+    except Unsupported:
+        return False
+    return True
+
+
+def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
+    """Whether ``consumer`` recomputing ``value`` is a kernel the vector code generator
+    schedules when ``consumer`` itself is one: a table of rotary angles read by heads is
+    loaded as a table, but computed in the kernel it is a value smaller than the loop space
+    that no layout holds, and the fallback would take the kernel apart op by op. Tried on a
+    copy (a probe graph holding the two kernels), never on ``graph``."""
+    if not _scheduled(consumer):
+        return True  # a product's kernel, or one refused already: as before
+    probe = Graph("probe")
+    outer: dict[int, Value] = {}
+    for v in (*producer.inputs, *consumer.inputs):
+        if v.producer is producer or id(v) in outer:
+            continue
+        src = v.producer
+        outer[id(v)] = probe.const(src.attrs["value"], name=src.name) \
+            if src is not None and src.op == "Constant" else \
+            probe.add_input(probe.fresh_name(v.name), v.type)
+    p = probe.add_node(producer.op, [outer[id(v)] for v in producer.inputs],
+                       dict(producer.attrs), name=producer.name)
+    made = {id(v): nv for v, nv in zip(producer.outputs, p.outputs, strict=True)}
+    c = probe.add_node("GraphKernel", [made[id(v)] if id(v) in made else outer[id(v)]
+                                       for v in consumer.inputs],
+                       dict(consumer.attrs), name=consumer.name)
+    return _scheduled(inline_producer(probe, c, p, made[id(value)]))
+
+
 def recompute(graph, ctx) -> PassResult:
     """Rewrite kernel(value of cheap producer P) -> kernel(P recomputed inside) when P is a
     short elementwise/broadcast chain whose inputs are much smaller than its output (a
     broadcast) and the GM bytes saved are positive, into at most recompute_max_consumers
-    kernels, none of them taken over composite_op_limit_size or max_kernel_inputs."""
+    kernels, none of them taken over composite_op_limit_size or max_kernel_inputs, nor made a
+    kernel the vector code generator no longer schedules."""
     done = 0
     notes = []
     for producer in graph.nodes:
@@ -79,6 +121,8 @@ def recompute(graph, ctx) -> PassResult:
                 continue  # a consumer would exceed composite_op_limit_size
             if _too_many_inputs(producer, value, consumers, ctx.flags.max_kernel_inputs):
                 continue  # a consumer would read more than max_kernel_inputs values
+            if not all(_still_scheduled(c, producer, value) for c in consumers):
+                continue  # kept materialized: a consumer could not hold it
             names = ", ".join(c.name for c in consumers)
             if not ctx.should_apply(f"{producer.name} into {names}",
                                     [producer, *consumers]):

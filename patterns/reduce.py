@@ -6,7 +6,7 @@ from graphkernel import ops, symbolic
 from graphkernel.fusion import BROADCAST, edge_relation
 from graphkernel.ir import DType
 from graphkernel.opdefs.reduce import reduce_axes
-from graphkernel.ops import OpKind
+from graphkernel.ops import VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, fuse_qualifying, need, pattern, pull_in_conditions
 
 
@@ -101,6 +101,57 @@ def fwd_width(model, a):
     return fuse_qualifying(model, "reduce_fwd_width", a, model.producer_areas(a),
                            lambda p: _fwd_conditions(model, a, p),
                            limit=model.cfg.reduce_fuse_depth)
+
+
+# float32 rows a kernel of two stacked norms keeps in UB per row of the loop space, with margin
+CHAIN_ROW_BUFFERS = 24
+
+
+@pattern("reduce_chain", order=77, direction="fwd", mode="depth", level=2,
+         refuses=("GK202", "GK205", "GK208"))
+def chain(model, a):
+    """A row reduction pulls in the row reduction whose result it reads (stacked norms: a
+    vision encoder's pre-layernorm, then its first layer's norm) when both reduce the same
+    trailing axes of one shape over an INJECTIVE edge: the kernel holds each row whole for
+    both, and the first one's result, read elsewhere too (the residual), is stored as well.
+    Not a first reduction that reads a matrix product's result (that one is the product's
+    epilogue), nor rows too long for whole rows in UB."""
+    from graphkernel.codegen import targets
+
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    prods = [p for p in model.producer_areas(a) if model.kind(p) == OpKind.REDUCE]
+    if len(prods) != 1:
+        return None
+    p = prods[0]
+    sigs = reduce_signatures(a) | reduce_signatures(p)
+    if len(sigs) != 1 or any(n.op in ("Scan", "ElemAny") for n in (*a.nodes, *p.nodes)):
+        return None
+    ((shape, axes),) = sigs
+    rank = len(shape)
+    row = shape[-1] if shape else None
+    if axes != (rank - 1,) or not isinstance(row, int) or _reads_product(p):
+        return None
+    ub = targets.load(model.cfg.target).ub_bytes
+    return fuse_if(model, "reduce_chain", [a, p], [
+        need(lambda: model.relation(p, a) != BROADCAST,
+             lambda: f"edge relation: {p.name} -> {a.name} is BROADCAST (needs INJECTIVE)"),
+        need(lambda: model.size(p) == model.size(a),
+             lambda: f"compute size mismatch: {model.size(p)} vs {model.size(a)}"),
+        need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
+             lambda: f"rows of {row} too long to hold whole for two norms"),
+    ])
+
+
+def _reads_product(p) -> bool:
+    """Whether area ``p`` reads a matrix product's result (seen through views)."""
+    for n in p.nodes:
+        for v in n.inputs:
+            while v.producer is not None and v.producer.op in VIEW_OPS:
+                v = v.producer.inputs[0]
+            if v.producer is not None and v.producer.op in ops.PRODUCT_OPS:
+                return True
+    return False
 
 
 def reduce_signatures(area) -> set[tuple]:

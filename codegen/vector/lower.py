@@ -126,6 +126,9 @@ class VectorLowerer(Lowerer):
                 self.refs[id(v)] = self.held(FULL, buf)
             else:  # raw words, used in place
                 self.refs[id(v)] = Ref(FULL, loaded, store="xi")
+        elif io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL):
+            raise Unsupported(f"int64 input {io.value.name} broadcast ({io.kind})",
+                              about=(io.value,))
         elif io.kind in (FULL, PARTIAL, COL):
             kind = COL if io.kind == COL else FULL
             if lowp:
@@ -203,7 +206,9 @@ class VectorLowerer(Lowerer):
             self.call("Cast", "hh", op(loaded), "RoundMode::CAST_NONE", count=count,
                       to=self.prologue)
             loaded = "hh"
-        self.call("Cast", dst, op(loaded), "RoundMode::CAST_NONE", count=count,
+        # (int64 -> float32 rounds: the vector unit's cast of it takes a rounding mode only)
+        mode = "CAST_RINT" if dtype == DType.int64 else "CAST_NONE"
+        self.call("Cast", dst, op(loaded), f"RoundMode::{mode}", count=count,
                   to=self.prologue)
 
     def _narrow_bool(self, y: str, src: str, count: str, to: list[Instr]) -> None:

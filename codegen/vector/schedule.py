@@ -293,8 +293,8 @@ def slice_view(n: Node) -> View:
 
 
 def read_as_floats(x: Value) -> bool:
-    """Whether a kernel's int32 input ``x`` is read only through Casts to float32 (the load
-    converts it: ``_Planner._widening_load``)."""
+    """Whether a kernel's int32 or int64 input ``x`` is read only through Casts to float32
+    (the load converts it: ``_Planner._widening_load``)."""
     return bool(x.users) and all(u.op == "Cast" and u.outputs[0].dtype == DType.float32
                                  for u in x.users)
 
@@ -342,6 +342,8 @@ class _Planner:
         for v in (*sub.inputs, *sub.outputs):  # bool: bytes in GM, 0/1 or a mask in UB
             if id(v) in self.indices:
                 continue  # (an index: read by the scalar unit)
+            if v.dtype == DType.int64 and any(v is x for x in sub.inputs) and read_as_floats(v):
+                continue  # (int64 positions: converted to float32 on loading)
             if v.dtype not in FLOATS and v.dtype not in (DType.bool, BITS):
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
                                   "float32, bool, and int32 in bitwise ops)")
@@ -445,6 +447,11 @@ class _Planner:
         final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
                  self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
         steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        for io in ins:  # int64 is converted as tiles and values per row are loaded only
+            if io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL) and \
+                    id(io.value) not in self.indices and read_as_floats(io.value):
+                raise Unsupported(f"int64 input {io.value.name} broadcast ({io.kind})",
+                                  node=io.value.users[0], about=(io.value,))
         if self.batch != 1:  # blocks of rows reduced separately
             M = symbolic.div(M, self.batch)
         sched = Schedule(self.kernel.name, kernel_symbol(self.kernel), M, L,
@@ -887,10 +894,12 @@ class _Planner:
                 and not out.users and any(o is out for o in self.sub.outputs))
 
     def _widening_load(self, n: Node) -> bool:
-        """A Cast to float32 of an int32 kernel input that nothing else in the kernel reads:
-        the load converts it (an index an ArgMax returned, computed on in floats)."""
+        """A Cast to float32 of an int32 or int64 kernel input that nothing else in the kernel
+        reads: the load converts it (an index an ArgMax returned, the positions a KV-cache
+        step's rotary angles are computed from)."""
         x = n.inputs[0]
-        return (n.op == "Cast" and x.dtype == BITS and any(x is v for v in self.sub.inputs)
+        return (n.op == "Cast" and x.dtype in (BITS, DType.int64)
+                and any(x is v for v in self.sub.inputs)
                 and read_as_floats(x))
 
     def _cast_is_view(self, n: Node) -> bool:

@@ -409,6 +409,14 @@ def pattern_cases() -> list[Case]:
     e = g.add_node("Gather", [v["table"], ids], {"axis": 0}).output
     add("embedding-lookup-rmsnorm-dynamic", g, g.add_node("RMSNorm", [e, v["w"]], {}).outputs[0],
         e, dims=[{"b": 1}, {"b": 5}], feeds_for=lookup_feeds(g, 40))
+    # rotary tables from the int64 positions a KV-cache step is given: the positions
+    # converted on loading (int64 -> float32 rounds to nearest), scaled, cos and sin
+    g = Graph("rotary_tables")
+    pos = g.add_input("ids", TensorType((2, 9, 1), "int64"))
+    f = g.add_node("Cast", [pos], {"dtype": "float32"}).output
+    a = g.add_node("Mul", [f, g.const((0.5 ** np.arange(16)).astype(np.float32))]).output
+    add("rotary-tables-int64-positions", g, g.add_node("Cos", [a]).output,
+        g.add_node("Sin", [a]).output, feeds_for=lookup_feeds(g, 2 ** 25))
     # a grouped QKV projection's parts (a Split of the heads' axis) stored by the kernel
     # computing the value they are cut from
     g, v = _g("split_parts", {"x": (2, "s", 2, 4, 16), "c": (16,)})

@@ -289,3 +289,97 @@ def test_a_lookup_by_a_broadcast_index_stays_apart_and_nothing_falls_back():
              "w": rng.standard_normal(64).astype(np.float32)}
     got, _ = run_sim(res, feeds)
     np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def _rotary(positions="int64", steps=1, kv_heads=2, half=8) -> Graph:
+    """A decoder's rotary embedding of Q and K from the positions it is given (a KV-cache
+    step's): angles = positions x frequencies, concatenated with themselves, their cos and
+    sin as tables [B, 1, S, D] read by the rotation of each head."""
+    g = Graph("rotary")
+    pos = g.add_input("pos", TensorType((2, steps), positions))
+    inv = g.const((1.0 / 10000 ** (np.arange(half) / half)).astype(np.float32))
+    p = g.add_node("ExpandDims", [pos], {"axis": [2]}).output
+    f = g.add_node("Cast", [p], {"dtype": "float32"}).output
+    m = g.add_node("Mul", [f, inv]).output
+    c = g.add_node("Concat", [m, m], {"axis": 2}).output
+    cos, sin = (g.add_node("ExpandDims", [g.add_node(op, [c]).output], {"axis": [1]}).output
+                for op in ("Cos", "Sin"))
+    outs = []
+    for name, heads in (("q", 4), ("k", kv_heads)):
+        x = g.add_input(name, TensorType((2, heads, steps, 2 * half), "float32"))
+        lo = g.add_node("StridedSlice", [x], {"begin": [0], "end": [half], "strides": [1],
+                                             "axes": [3]}).output
+        hi = g.add_node("StridedSlice", [x], {"begin": [half], "end": [2 * half],
+                                             "strides": [1], "axes": [3]}).output
+        rot = g.add_node("Concat", [g.add_node("Neg", [hi]).output, lo], {"axis": 3}).output
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, cos]).output,
+                                       g.add_node("Mul", [rot, sin]).output]).output)
+    g.set_outputs(outs)
+    return g
+
+
+@pytest.mark.parametrize("steps", [1, 8])
+def test_rotary_tables_from_int64_positions_are_one_kernel(steps):
+    """The kernel loads the int64 positions (a Cast on loading, rounding as the device's
+    int64 -> float32 cast must) and computes both tables; each rotation reads them as
+    tables (recomputed there, they would be values smaller than the rotation's loop space:
+    no layout holds them). Three launches where there were six."""
+    g = _rotary(steps=steps)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    kernels = [n for n in res.graph.nodes if n.op != "Constant" and n.op not in (
+        "Reshape", "ExpandDims")]
+    assert [n.op for n in kernels] == ["GraphKernel"] * 3, [n.op for n in kernels]
+    tables = next(k for k in kernels if k.inputs[0].dtype.value == "int64")
+    assert {"Cast", "Cos", "Sin"} <= {m.op for m in tables.subgraph.nodes}
+    rng = np.random.default_rng(7)
+    feeds = {"pos": np.array([[5, 2**24 + 1] * 4, [0, 63] * 4], np.int64)[:, :steps],
+             "q": rng.standard_normal((2, 4, steps, 16)).astype(np.float32),
+             "k": rng.standard_normal((2, 2, steps, 16)).astype(np.float32)}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
+
+
+def test_int64_data_a_kernel_would_compute_on_stays_out():
+    """A kernel loads int64 data only to convert it to float32: an int64 Cast to half, or
+    int64 arithmetic, is no kernel's (GK114)."""
+    g = Graph("ints")
+    pos = g.add_input("pos", TensorType((2, 8), "int64"))
+    h = g.add_node("Cast", [pos], {"dtype": "float16"}, name="to_half").output
+    n = g.add_node("Add", [pos, g.const(np.int64(3))], name="shift").output
+    f = g.add_node("Cast", [n], {"dtype": "float32"}, name="to_float").output
+    g.set_outputs([g.add_node("Mul", [h, h]).output, g.add_node("Exp", [f]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    inside = {m.name for k in res.graph.nodes if k.op == "GraphKernel"
+              for m in k.subgraph.nodes}
+    assert "to_half" not in inside and "shift" not in inside
+    assert "to_float" in inside  # (it loads the Add's int64 result)
+    feeds = {"pos": np.arange(16, dtype=np.int64).reshape(2, 8) - 5}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_int64_values_a_reader_broadcasts_over_rows_are_converted_apart():
+    """int64 values compared with every bin of a histogram (a row of them broadcast over the
+    bins' rows): the kernel converts int64 only as tiles or one value per row, so the Cast
+    stays a launch of its own and the comparisons stay one kernel, with no fallback."""
+    g = Graph("bins")
+    ids = g.add_input("ids", TensorType((1, 20), "int64"))
+    f = g.add_node("Cast", [ids], {"dtype": "float32"}, name="to_float").output
+    edges = g.const(np.arange(6, dtype=np.float32).reshape(6, 1))
+    hit = g.add_node("Less", [f, edges]).output
+    g.set_outputs([g.add_node("Select", [hit, g.const(np.float32(1.0)),
+                                         g.const(np.float32(0.0))]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
+    inside = {m.name for k in res.graph.nodes if k.op == "GraphKernel"
+              for m in k.subgraph.nodes}
+    assert "to_float" not in inside and inside
+    feeds = {"ids": np.arange(20, dtype=np.int64).reshape(1, 20) % 7}
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    np.testing.assert_array_equal(got[0], Interpreter(g).run(feeds)[0])

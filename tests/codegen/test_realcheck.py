@@ -294,6 +294,21 @@ def test_the_simulators_ub_gather_has_the_real_apis_form(tmp_path):
 
 
 @needs_headers
+def test_an_int64_input_converted_on_loading_compiles_against_the_real_headers():
+    """int64 positions loaded and cast to float32 (``Cast(..., RoundMode::CAST_RINT)``, the
+    int64 -> float cast of the A2/A3 vector unit) type-check against the real API, in every
+    mode of the kernel."""
+    (case,) = [c for c in pattern_cases() if c.id == "rotary-tables-int64-positions"]
+    rendered = render_all(schedules(graphkernel.compile(case.graph, case.flags, env={})))
+    assert len(rendered) == 1
+    assert "RoundMode::CAST_RINT" in "".join(rendered[0].files.values())
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+@needs_headers
 def test_lookup_and_split_kernels_compile_against_the_real_headers():
     """The lookup's scalar read of an int64 and an int32 index from GM (GlobalTensor's
     GetValue) and its per-row DataCopyPad from the table, and a Split's parts stored by runs

@@ -80,3 +80,47 @@ def test_the_branches_and_their_concat_are_one_simulated_kernel():
         ex = case.result.report.extra
         assert not ex.get("fallbacks"), ex["fallbacks"]
         assert ex["kernels_fused"] == 1, case.id
+
+
+def angles(shared=True, steps=1):
+    """Rotary angles as a decoder computes them from positions: the position column times
+    the frequencies, the product concatenated with itself (``cat(freqs, freqs)``); the cos
+    and the sin read it."""
+    g = Graph("angles")
+    p = g.add_input("p", TensorType((2, steps, 1), "float32"))
+    other = p if shared else g.add_input("q", TensorType((2, steps, 1), "float32"))
+    inv = g.const((1.0 / 10000 ** (np.arange(8) / 8)).astype(np.float32))
+    m = g.add_node("Mul", [p, inv], {}).output
+    m2 = m if shared else g.add_node("Mul", [other, inv], {}).output
+    c = g.add_node("Concat", [m, m2], {"axis": 2}).output
+    g.set_outputs([g.add_node("Cos", [c], {}).output, g.add_node("Sin", [c], {}).output])
+    return g
+
+
+def test_a_shared_operand_broadcast_along_the_axis_is_read_as_it_is():
+    """cat(p * f, p * f) -> p * cat(f, f): one product whose cos and sin one kernel takes."""
+    g = angles()
+    h, res = apply_pass("concat_sink", g)
+    h.remove_dead()
+    assert res.rewrites == 1 and ops_of(h) == ["Mul", "Cos", "Sin"]
+    (mul,) = [n for n in h.nodes if n.op == "Mul"]
+    assert mul.inputs[0].name == "p" and tuple(mul.inputs[1].shape) == (1, 1, 16)
+    assert_same_results(g, h)
+
+
+@pytest.mark.parametrize("why", ["two positions", "not broadcast along the axis"])
+def test_a_shared_operand_that_does_not_qualify(why):
+    if why == "two positions":  # each piece its own variable operand of extent 1: no Concat
+        g = angles(shared=False)  # of them would have the pieces' shape
+    else:  # the shared operand spans the Concat's axis already: it is no broadcast
+        g = Graph("t")
+        x = g.add_input("x", TensorType((2, 8), "float32"))
+        m = g.add_node("Mul", [x, g.const(np.float32(2.0))], {}).output
+        g.set_outputs([g.add_node("Concat", [m, m], {"axis": 1}).output])
+    h, res = apply_pass("concat_sink", g)
+    if why == "two positions":
+        assert not res.modified and ops_of(h) == ops_of(g)
+    else:  # (the same product twice: its operand is concatenated, as for any pieces)
+        h.remove_dead()
+        assert ops_of(h) == ["Concat", "Mul"]
+        assert_same_results(g, h)
