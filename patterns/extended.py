@@ -227,16 +227,39 @@ def transpose(model, a):
     perm = list(moved[0].attrs["perm"])
     keeps_last = [need(lambda: perm[-1] == len(perm) - 1,
                        lambda: f"{a.name} moves the last axis (the code generator moves rows "
-                               "of a transposed value; it has no in-UB transpose)")]
+                               "of a transposed value; it transposes in UB only a value its "
+                               "kernel computes and stores)")]
     prods = [p for p in model.producer_areas(a)
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
-    if prods:
-        return fuse_if(model, "transpose", [a] + prods, keeps_last)
+    if prods:  # the producers' kernel stores the transposed value (rows, or gathered in UB)
+        why = _in_ub_refusal(moved[0])
+        stored = [need(lambda: perm[-1] == len(perm) - 1 or not why,
+                       lambda: f"{a.name} moves the last axis and cannot be transposed in "
+                               f"UB: {why}")]
+        return fuse_if(model, "transpose", [a] + prods, stored)
     cons, external = model.consumers(a)
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
                                             or _row_work(cons[0], model.cfg)):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)
     return None
+
+
+def _in_ub_refusal(t) -> str:
+    """Why the code generator cannot transpose the value of Transpose ``t`` in UB (a Gather
+    of the whole value as one tile); "" when it can."""
+    import numpy as np
+
+    from graphkernel.codegen.vector.schedule import gather_transpose_refusal
+
+    shape, perm = tuple(t.inputs[0].shape), list(t.attrs["perm"])
+    if not all(isinstance(d, int) for d in shape):
+        return "symbolic extents"
+    out = [shape[p] for p in perm]
+    ostrides = [int(np.prod(out[k + 1:], dtype=np.int64)) for k in range(len(out))]
+    strides = [0] * len(shape)
+    for k, p in enumerate(perm):
+        strides[p] = ostrides[k]
+    return gather_transpose_refusal(shape, tuple(strides), t.outputs[0].dtype)
 
 
 def _scans(a) -> bool:

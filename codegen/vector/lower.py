@@ -11,6 +11,8 @@ the steps that run once a reduction accumulated across tiles is complete (``fini
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphkernel.codegen.instructions import (
     BITS,
     INSTRUCTIONS,
@@ -37,6 +39,7 @@ from graphkernel.codegen.kernel_ir import (
 from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import Schedule, read_as_floats
+from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import DType, Node
 
 CT = "CT"  # the kernel's alias of its compute type
@@ -148,7 +151,7 @@ class VectorLowerer(Lowerer):
                                                      or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
+            if io.transpose is None and (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
                     and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
@@ -170,6 +173,9 @@ class VectorLowerer(Lowerer):
         if direct.get(id(v)) == io.index:
             return
         src = self.refs[id(v)]
+        if io.transpose is not None:
+            self._gather_store(io, src)
+            return
         count = self.space.counts[io.kind]
         if src.kind != io.kind:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
@@ -194,6 +200,33 @@ class VectorLowerer(Lowerer):
             self.call("Muls", y, op(src.expr), "CT(1.0f)", count=count, to=to)
         else:
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_RINT", count=count, to=to)
+
+    def _gather_store(self, io, src: Ref) -> None:
+        """An output transposed in UB (the whole value is the kernel's one tile): a table of
+        byte offsets, built by the scalar unit, places each element of the tile at its
+        place in the output's tile (row pitch ``t_.ctp``, as every stored tile), and one
+        Gather moves them into the output's queue tensor."""
+        s = self.s
+        if src.kind != FULL or io.dtype != s.compute:
+            raise Unsupported(f"output {io.value.name}: a transpose of a {src.kind} value "
+                              f"of {io.dtype}", about=(io.value,))
+        shape, strides = io.transpose
+        n, L, tab = int(np.prod(shape, dtype=np.int64)), int(s.L), f"gt{io.index}"
+        walk = []  # the output position p of element i of the computed value
+        for d, st in zip(reversed(shape), reversed(strides), strict=True):
+            walk.append(f"p += r % {d}u * {st}u; r /= {d}u;")
+        lines = ["{  // the in-UB transpose's table: output place -> byte offset in the tile"]
+        if L % align_elems(s):  # padded rows: the pad places read element 0
+            lines.append(f"    for (uint32_t q = 0; q < rows * t_.ctp; ++q) {tab}.SetValue(q, 0u);")
+        lines += [f"    for (uint32_t i = 0; i < {n}u; ++i) {{",
+                  "        uint32_t r = i, p = 0;",
+                  *(f"        {w}" for w in walk),
+                  f"        {tab}.SetValue(p / {L}u * t_.ctp + p % {L}u, (i / {L}u * t_.ctp + "
+                  f"i % {L}u) * (uint32_t)sizeof(CT));",
+                  "    }", "}"]
+        self.scalar_code(lines, [], [tab])
+        self.call("Gather", f"yo{io.index}", op(src.expr), op(tab), "(uint32_t)0",
+                  count="rows * t_.ctp", to=self.epilogue)
 
     def _widen(self, dst: str, loaded: str, dtype: DType, count: str) -> None:
         """A loaded tile of ``dtype`` into the compute type. The vector unit casts bytes
@@ -355,6 +388,9 @@ class VectorLowerer(Lowerer):
                          t, size, f"yc{i}_{k}")
             elif io.kind == FULL:
                 tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+                if io.transpose is not None:
+                    tile(f"bgt{i}", f"output {i}'s in-UB transpose table (byte offsets)",
+                         Kind.TILE, 1, "uint32_t", 4, f"gt{i}")
             elif io.kind == ROW:
                 rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
             elif s.row_chunks:
