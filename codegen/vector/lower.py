@@ -151,7 +151,8 @@ class VectorLowerer(Lowerer):
                                                      or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if io.transpose is None and (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
+            if io.transpose is None and (
+                    io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
                     and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
