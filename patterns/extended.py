@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from graphkernel import symbolic
 from graphkernel.ops import PRODUCT_OPS, VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
@@ -224,6 +225,7 @@ def transpose(model, a):
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
         return None
+    rows = keeps_rows(moved[0])
     perm = list(moved[0].attrs["perm"])
     keeps_last = [need(lambda: perm[-1] == len(perm) - 1,
                        lambda: f"{a.name} moves the last axis (the code generator moves rows "
@@ -233,7 +235,7 @@ def transpose(model, a):
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
     if prods:  # the producers' kernel stores the transposed value (rows, or gathered in UB)
         why = _in_ub_refusal(moved[0])
-        stored = [need(lambda: perm[-1] == len(perm) - 1 or not why,
+        stored = [need(lambda: rows or not why,
                        lambda: f"{a.name} moves the last axis and cannot be transposed in "
                                f"UB: {why}")]
         return fuse_if(model, "transpose", [a] + prods, stored)
@@ -242,6 +244,15 @@ def transpose(model, a):
                                             or _row_work(cons[0], model.cfg)):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)
     return None
+
+
+def keeps_rows(t) -> bool:
+    """Whether Transpose ``t`` keeps the rows of its input whole: the last axis of extent
+    other than 1 stays the last such axis (axes of extent 1 move no data)."""
+    shape, perm = tuple(t.inputs[0].shape), list(t.attrs["perm"])
+    real = [k for k in range(len(shape)) if not symbolic.eq(shape[k], 1)]
+    moved = [k for k in perm if not symbolic.eq(shape[k], 1)]
+    return not real or moved[-1] == real[-1]
 
 
 def _in_ub_refusal(t) -> str:

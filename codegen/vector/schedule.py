@@ -1294,12 +1294,9 @@ def gather_transpose_refusal(shape: tuple[Dim, ...], strides: tuple[Dim, ...],
         return "symbolic extents (the in-UB transpose's table is built for static shapes)"
     if dtype not in (DType.float32, DType.float16, DType.bfloat16):
         return f"{dtype} data (the in-UB transpose gathers float32, float16 and bfloat16)"
-    per = repeat_bytes // dtype.itemsize
-    rows, L = int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
-    padded = rows * (-(-L // per) * per)
-    if padded // per > GATHER_REPEATS:
-        return (f"{int(np.prod(shape, dtype=np.int64))} elements (one in-UB gather moves at "
-                f"most {GATHER_REPEATS} repeats of {per})")
+    per, n = repeat_bytes // dtype.itemsize, int(np.prod(shape, dtype=np.int64))
+    if n // per > GATHER_REPEATS:  # (the tile's padded rows are counted by _single_tile)
+        return f"{n} elements (one in-UB gather moves at most {GATHER_REPEATS} repeats of {per})"
     return ""
 
 
