@@ -219,30 +219,34 @@ def _private_sources(a) -> bool:
          refuses=("GK209",))
 def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
-    when the last axis stays last: the code generator moves rows of a transposed value
-    (strided loads and stores); it has no in-UB transpose."""
+    when the last axis stays last (the code generator moves rows of a transposed value:
+    strided loads and stores), or when the whole value is transposed in UB by one Gather
+    (its kernel then runs as one tile on one core)."""
     moved = [n for n in a.nodes if n.op not in VIEW_OPS]
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
         return None
-    rows = keeps_rows(moved[0])
+    rows, why = keeps_rows(moved[0]), _in_ub_refusal(moved[0])
+    # rows of the transposed value moved by strided copies, or the whole value gathered in UB
+    moved_whole = [need(lambda: rows or not why,
+                        lambda: f"{a.name} moves the last axis and cannot be transposed in "
+                                f"UB: {why}")]
     perm = list(moved[0].attrs["perm"])
-    keeps_last = [need(lambda: perm[-1] == len(perm) - 1,
-                       lambda: f"{a.name} moves the last axis (the code generator moves rows "
-                               "of a transposed value; it transposes in UB only a value its "
-                               "kernel computes and stores)")]
+    keeps_last = [need(lambda: perm[-1] == len(perm) - 1 or (not rows and not why),
+                       lambda: f"{a.name} moves the last axis " + (
+                           f"and cannot be transposed in UB: {why}" if why else
+                           "past axes of extent 1 (a strided load of its rows would be rows "
+                           "of another length than the kernel's)"))]
     prods = [p for p in model.producer_areas(a)
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
-    if prods:  # the producers' kernel stores the transposed value (rows, or gathered in UB)
-        why = _in_ub_refusal(moved[0])
-        stored = [need(lambda: rows or not why,
-                       lambda: f"{a.name} moves the last axis and cannot be transposed in "
-                               f"UB: {why}")]
-        return fuse_if(model, "transpose", [a] + prods, stored)
+    if prods:  # the producers' kernel stores the transposed value (a scan's: rows only, its
+        # kernel runs over blocks of rows, never one tile)
+        return fuse_if(model, "transpose", [a] + prods, keeps_last if any(
+            _scans(p) for p in prods) else moved_whole)
     cons, external = model.consumers(a)
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
                                             or _row_work(cons[0], model.cfg)):
-        return fuse_if(model, "transpose", [cons[0], a], keeps_last)
+        return fuse_if(model, "transpose", [cons[0], a], keeps_last)  # (gathered whole)
     return None
 
 

@@ -34,6 +34,7 @@ from graphkernel.codegen.kernel_ir import (
     KernelIR,
     Kind,
     Linear,
+    ScalarCode,
     arg_text,
 )
 from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
@@ -129,6 +130,15 @@ class VectorLowerer(Lowerer):
                 self.refs[id(v)] = self.held(FULL, buf)
             else:  # raw words, used in place
                 self.refs[id(v)] = Ref(FULL, loaded, store="xi")
+        elif io.transpose is not None:  # loaded as it lies, gathered into the steps' order
+            if lowp:
+                raise Unsupported(f"input {io.value.name}: a transpose gathered in UB of "
+                                  f"{io.dtype} data in a {s.compute} kernel", about=(io.value,))
+            buf = self.alloc(FULL)
+            self._table(io, to_gm=False)
+            self.call("Gather", buf, op(loaded), op(f"gti{io.index}"), "(uint32_t)0",
+                      count="rows * t_.ctp", to=self.prologue)
+            self.refs[id(v)] = self.held(FULL, buf)
         elif io.kind in (FULL, PARTIAL, COL):
             kind = COL if io.kind == COL else FULL
             if lowp:
@@ -211,23 +221,37 @@ class VectorLowerer(Lowerer):
         if src.kind != FULL or io.dtype != s.compute:
             raise Unsupported(f"output {io.value.name}: a transpose of a {src.kind} value "
                               f"of {io.dtype}", about=(io.value,))
+        self._table(io, to_gm=True)
+        self.call("Gather", f"yo{io.index}", op(src.expr), op(f"gto{io.index}"), "(uint32_t)0",
+                  count="rows * t_.ctp", to=self.epilogue)
+
+    def _table(self, io, to_gm: bool) -> None:
+        """The scalar unit's loop filling the table (``gto<index>`` of an output,
+        ``gti<index>`` of an input) of an in-UB transpose.
+        Element i of the steps' value (of the map's shape) sits at place i of the tile; its
+        place in GM is p = sum(i_j * strides[j]). A place q of a tile (row q / L, column
+        q % L) is at q / L * t_.ctp + q % L in UB. An output's table gives each output
+        place the byte offset of its element in the value's tile; an input's gives each
+        place of the value's tile the byte offset of its element in the loaded tile."""
+        s = self.s
         shape, strides = io.transpose
-        n, L, tab = int(np.prod(shape, dtype=np.int64)), int(s.L), f"gt{io.index}"
-        walk = []  # the output position p of element i of the computed value
-        for d, st in zip(reversed(shape), reversed(strides), strict=True):
-            walk.append(f"p += r % {d}u * {st}u; r /= {d}u;")
-        lines = ["{  // the in-UB transpose's table: output place -> byte offset in the tile"]
+        n, L = int(np.prod(shape, dtype=np.int64)), int(s.L)
+        tab = f"gt{'o' if to_gm else 'i'}{io.index}"
+        walk = [f"p += r % {d}u * {st}u; r /= {d}u;"
+                for d, st in zip(reversed(shape), reversed(strides), strict=True)]
+        here, there = f"i / {L}u * t_.ctp + i % {L}u", f"p / {L}u * t_.ctp + p % {L}u"
+        at, off = (there, here) if to_gm else (here, there)
+        lines = ["{  // the in-UB transpose's table: a place of the tile -> the byte offset "
+                 "it reads"]
         if L % align_elems(s):  # padded rows: the pad places read element 0
             lines.append(f"    for (uint32_t q = 0; q < rows * t_.ctp; ++q) {tab}.SetValue(q, 0u);")
         lines += [f"    for (uint32_t i = 0; i < {n}u; ++i) {{",
                   "        uint32_t r = i, p = 0;",
                   *(f"        {w}" for w in walk),
-                  f"        {tab}.SetValue(p / {L}u * t_.ctp + p % {L}u, (i / {L}u * t_.ctp + "
-                  f"i % {L}u) * (uint32_t)sizeof(CT));",
+                  f"        {tab}.SetValue({at}, ({off}) * (uint32_t)sizeof(CT));",
                   "    }", "}"]
-        self.scalar_code(lines, [], [tab])
-        self.call("Gather", f"yo{io.index}", op(src.expr), op(tab), "(uint32_t)0",
-                  count="rows * t_.ctp", to=self.epilogue)
+        code = ScalarCode(tuple(lines), frozenset(), frozenset([tab]))
+        (self.body if to_gm else self.prologue).append(code)
 
     def _widen(self, dst: str, loaded: str, dtype: DType, count: str) -> None:
         """A loaded tile of ``dtype`` into the compute type. The vector unit casts bytes
@@ -368,6 +392,9 @@ class VectorLowerer(Lowerer):
                                   f"(t.rt + {r}) * t.ctp * sizeof({t})", 1, f"xi{i}"))
             elif io.kind in (FULL, PARTIAL):
                 tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, 2, t, size, f"xi{i}")
+                if io.transpose is not None:
+                    tile(f"bgti{i}", f"input {i}'s in-UB transpose table (byte offsets)",
+                         Kind.TILE, 1, "uint32_t", 4, f"gti{i}")
             elif io.kind == COL:
                 column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, 2, t, size,
                        f"xi{i}")
@@ -390,8 +417,8 @@ class VectorLowerer(Lowerer):
             elif io.kind == FULL:
                 tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
                 if io.transpose is not None:
-                    tile(f"bgt{i}", f"output {i}'s in-UB transpose table (byte offsets)",
-                         Kind.TILE, 1, "uint32_t", 4, f"gt{i}")
+                    tile(f"bgto{i}", f"output {i}'s in-UB transpose table (byte offsets)",
+                         Kind.TILE, 1, "uint32_t", 4, f"gto{i}")
             elif io.kind == ROW:
                 rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
             elif s.row_chunks:

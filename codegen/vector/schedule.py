@@ -98,7 +98,9 @@ class KernelIO:
     # an output that is a transpose of a computed value moving its last axis: (shape,
     # strides), element (i0, i1, ...) of the computed value (of that shape) lands at
     # sum(i_j * strides[j]) of the output; the whole value is one tile, rearranged in UB by a
-    # Gather through a table of byte offsets before it is stored (``Schedule.single_tile``)
+    # Gather through a table of byte offsets before it is stored (``Schedule.single_tile``).
+    # An input: its transpose (of that shape) read by the steps takes element (i0, i1, ...)
+    # from sum(i_j * strides[j]) of the input, loaded as it lies and gathered in UB.
     transpose: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
@@ -333,6 +335,9 @@ class _Planner:
         # shape land in the output's buffer (the output is a chain of views of it)
         self.store_maps: dict[int, tuple[tuple[Dim, ...], tuple[Dim, ...]]] = {}
         self.transposed: set[int] = set()  # id(output) whose map moves the last axis
+        # id(kernel input) -> (shape, strides): a transpose of it moving the last axis, loaded
+        # as it lies in GM and gathered in UB (element i of the shape from sum(i_j * s_j))
+        self.gathered_in: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         # column values (Schedule.cols), the slices that start them and the Concats of them
         self.cols: dict[int, tuple[int, Dim, Dim]] = {}
         self.colslices: list[Node] = []
@@ -462,7 +467,7 @@ class _Planner:
                          row_chunks=self.row_chunks, compute=self._compute_type(),
                          batch=self.batch, cols=self.cols)
         sched.notes = io_notes(ins, bool(reduces))
-        if self.transposed:
+        if self.transposed or self.gathered_in:
             self._single_tile(sched)
         return sched
 
@@ -470,6 +475,8 @@ class _Planner:
         """A kernel with an output transposed in UB runs as one tile on one core: the
         transposed elements cross rows, so the tile must hold the whole loop space."""
         t = next(iter(self.shown.values()), None)
+        if t is None:
+            t = next((n for n in self.sub.nodes if n.op == "Transpose"), None)
         if s.col_reduce or s.row_chunks or not eq(s.batch, 1):
             raise Unsupported("Transpose of a computed value that moves its last axis in a "
                               "kernel reducing over the rows (the in-UB transpose needs the "
@@ -478,7 +485,7 @@ class _Planner:
             raise Unsupported(f"Transpose of a computed value that moves its last axis in a "
                               f"loop space of {s.M} rows (the in-UB transpose holds the whole "
                               f"value in one tile of at most {MAX_TILE_ROWS} rows)", node=t)
-        if any(io.dtype != s.compute for io in s.outputs if io.transpose):
+        if any(io.dtype != s.compute for io in (*s.inputs, *s.outputs) if io.transpose):
             raise Unsupported("Transpose of a computed value that moves its last axis, "
                               "stored in another type than the kernel computes in", node=t)
         from graphkernel.codegen.vector.tiling import align_elems  # (it imports this module)
@@ -632,7 +639,19 @@ class _Planner:
         out = n.outputs[0]
         if n.op == "Transpose":
             strides = View.contiguous(tuple(n.inputs[0].shape)).strides
-            self.views[id(out)] = View(0, tuple(strides[p] for p in n.attrs["perm"]))
+            strides = tuple(strides[p] for p in n.attrs["perm"])
+            shape = tuple(out.shape)
+            real = [k for k in range(len(shape)) if not eq(shape[k], 1)]
+            if real and not eq(strides[real[-1]], 1):  # rows cross: gathered in UB
+                why = gather_transpose_refusal(shape, strides, out.dtype)
+                if why:
+                    raise Unsupported("Transpose of a kernel input that moves its last axis: "
+                                      f"{why}", node=n)
+                self.gathered_in[id(src)] = (tuple(int(d) for d in shape),
+                                             tuple(int(d) for d in strides))
+                self.views[id(out)] = View.contiguous(shape)
+            else:
+                self.views[id(out)] = View(0, strides)
         else:
             self.views[id(out)] = slice_view(n)
         self.loaded[id(src)] = out
@@ -1242,6 +1261,12 @@ class _Planner:
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool, L: Dim = 1
             ) -> KernelIO:
         local = self.loaded[id(v)] if is_input else v
+        if is_input and id(v) in self.gathered_in:
+            if kind.get(id(self.owner(local))) != FULL:
+                raise Unsupported(f"input {v.name}: a transpose of it moving the last axis read "
+                                  "broadcast (gathered in UB, it is a full tile)", about=(v,))
+            return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), local=local,
+                            transpose=self.gathered_in[id(v)])
         if not is_input and id(v) in self.transposed:
             shape, strides = self.store_maps[id(v)]
             if self.kind_of(kind, v) != FULL or self.copies.get(id(v)):

@@ -55,6 +55,33 @@ def _exp_moved_before_a_unit_axis(shape=(2, 4, 8, 8, 1)) -> Graph:
     return g
 
 
+def _moved_input_times(shape=(3, 6, 5)) -> Graph:
+    """exp of a kernel input moved to [.., 5, 6], times another input: the transpose joins
+    its consumer, which loads the input as it lies and gathers it in UB."""
+    g = Graph("moved_in")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    y = g.add_input("y", TensorType((shape[0], shape[2], shape[1]), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 1]}).output
+    g.set_outputs([g.add_node("Mul", [g.add_node("Exp", [t]).output, y]).output])
+    return g
+
+
+def test_a_moved_input_is_gathered_by_the_kernel_that_reads_it():
+    """One launch (not a transpose kernel and the product's), its input's Gather in the
+    code, and the simulator's numbers match."""
+    g = _moved_input_times()
+    res = graphkernel.compile(g, "", env={})
+    feeds = {"x": RNG.standard_normal((3, 6, 5)).astype(np.float32),
+             "y": RNG.standard_normal((3, 5, 6)).astype(np.float32)}
+    got, be = run_sim(res, feeds)
+    assert not be.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=1e-6, atol=1e-6)
+    assert len(launches(res.graph)) == 1
+    (r,) = render_all(schedules(res))
+    assert r.schedule.single_tile and "Gather(wf" in r.files[f"{r.name}.cpp"]
+    assert [io.transpose is not None for io in r.schedule.inputs] == [True, False]
+
+
 def _check(g: Graph, shape) -> tuple:
     res = graphkernel.compile(g, "", env={})
     feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
