@@ -148,7 +148,7 @@ def test_the_table_needs_its_scalar_to_vector_sync():
 
     codegen_backend.CORRUPT.append(unsynced)
     try:
-        with pytest.raises(SimulatorError):
+        with pytest.raises(SimulatorError, match="PIPE_V reads UB byte .* that PIPE_S wrote"):
             run_sim(graphkernel.compile(g, "", env={}), feeds)
     finally:
         codegen_backend.CORRUPT.remove(unsynced)
