@@ -365,6 +365,7 @@ class VectorLowerer(Lowerer):
         s = self.s
         blk, cs = s.target.block_bytes, s.compute.itemsize
         out: list[Buffer] = []
+        depth = 1 if s.single_tile else 2  # (one tile: nothing to overlap its copies with)
 
         def tile(name, role, kind, depth, ctype, size, tensor="", finish=False):
             out.append(Buffer(name, role, kind, ctype, Linear(tile=size), _tile(ctype), depth,
@@ -391,12 +392,12 @@ class VectorLowerer(Lowerer):
                                   Kind.TABLE, t, Linear(tile=size, col=r * size),
                                   f"(t.rt + {r}) * t.ctp * sizeof({t})", 1, f"xi{i}"))
             elif io.kind in (FULL, PARTIAL):
-                tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, 2, t, size, f"xi{i}")
+                tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, depth, t, size, f"xi{i}")
                 if io.transpose is not None:
                     tile(f"bgti{i}", f"input {i}'s in-UB transpose table (byte offsets)",
                          Kind.TILE, 1, "uint32_t", 4, f"gti{i}")
             elif io.kind == COL:
-                column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, 2, t, size,
+                column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, depth, t, size,
                        f"xi{i}")
             elif io.kind == ROW:
                 rowvec(f"bri{i}", f"input {i} (a row broadcast over the rows)", Kind.ROW, 1, CT,
@@ -412,20 +413,20 @@ class VectorLowerer(Lowerer):
             t, i, size = C_TYPE[io.dtype], io.index, io.dtype.itemsize
             if io.pieces:
                 for k in range(len(io.pieces)):
-                    tile(f"qc{i}_{k}", f"output {i}, Concat operand {k}", Kind.QUEUE_OUT, 2,
+                    tile(f"qc{i}_{k}", f"output {i}, Concat operand {k}", Kind.QUEUE_OUT, depth,
                          t, size, f"yc{i}_{k}")
             elif io.kind == FULL:
-                tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+                tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, depth, t, size, f"yo{i}")
                 if io.transpose is not None:
                     tile(f"bgto{i}", f"output {i}'s in-UB transpose table (byte offsets)",
                          Kind.TILE, 1, "uint32_t", 4, f"gto{i}")
             elif io.kind == ROW:
-                rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+                rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, depth, t, size, f"yo{i}")
             elif s.row_chunks:
                 block(f"qo{i}", f"output {i} (one value per row, a row at a time)",
-                      Kind.QUEUE_OUT, 2, t, f"yo{i}")
+                      Kind.QUEUE_OUT, depth, t, f"yo{i}")
             else:
-                column(f"qo{i}", f"output {i} (a value per row)", Kind.QUEUE_OUT, 2, t, size,
+                column(f"qo{i}", f"output {i} (a value per row)", Kind.QUEUE_OUT, depth, t, size,
                        f"yo{i}")
         out += self.pool_buffers()
         rowvec("btr0", "row scratch", Kind.ROW, 1, CT, cs, "tr0", True)

@@ -152,3 +152,20 @@ def test_the_table_needs_its_scalar_to_vector_sync():
             run_sim(graphkernel.compile(g, "", env={}), feeds)
     finally:
         codegen_backend.CORRUPT.remove(unsynced)
+
+
+def test_a_tile_beyond_the_ub_splits_off_the_transpose_only():
+    """Six inputs of 96 x 96 summed, then transposed: one Gather would move the value, but
+    the one tile of every input does not fit the UB. The kernel is split around the
+    transpose (named in the refusal): the sum stays one kernel, the transpose one more --
+    the ops are not left one launch each."""
+    g = Graph("wide")
+    xs = [g.add_input(f"x{k}", TensorType((96, 96), "float32")) for k in range(6)]
+    y = xs[0]
+    for x in xs[1:]:
+        y = g.add_node("Add", [y, x]).output
+    g.set_outputs([g.add_node("Transpose", [y], {"perm": [1, 0]}).output])
+    res = graphkernel.compile(g, "", env={})
+    assert len(launches(res.graph)) == 2
+    (fb,) = explain(res)["fallbacks"]
+    assert "in one tile" in fb["reason"] and "bytes of UB" in fb["reason"]
