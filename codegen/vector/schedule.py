@@ -488,8 +488,6 @@ class _Planner:
         if any(io.dtype != s.compute for io in (*s.inputs, *s.outputs) if io.transpose):
             raise Unsupported("Transpose of a computed value that moves its last axis, "
                               "stored in another type than the kernel computes in", node=t)
-        from graphkernel.codegen.vector.tiling import align_elems  # (it imports this module)
-
         a, per = align_elems(s), s.target.repeat_elems(s.compute.itemsize)
         if s.M * (-(-s.L // a) * a) // per > GATHER_REPEATS:
             raise Unsupported(f"Transpose of a computed value that moves its last axis: a tile "
@@ -1303,6 +1301,14 @@ class _Planner:
             raise Unsupported(f"output {v.name}: copies of a {k} value", about=(v,))
         return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                         copies=copies)
+
+
+def align_elems(s: Schedule) -> int:
+    """Elements per row-pitch step: a UB block of the narrowest type loaded or stored, or
+    whole repeats of the compute type when Compare is used."""
+    if s.masks:
+        return s.target.repeat_elems(s.compute.itemsize)
+    return s.target.block_elems(min(io.dtype.itemsize for io in (*s.inputs, *s.outputs)))
 
 
 MAX_TILE_ROWS = 4095  # a tile's rows: DataCopyPad's block count (a 12-bit field)
