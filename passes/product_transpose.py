@@ -2,10 +2,11 @@
 the transposed product, and of an operand whose leading axes were merged into rows, by a
 batched product reading the operand with its transpose flag.
 
-A transpose that moves the last axis is a kernel of its own (the vector code generator has no
-in-UB transpose), while the cube unit reads either operand transposed for free (the Matmul
-API's ``isTransA``/``isTransB``). The frontend already folds ``x.transpose(-1, -2)`` feeding a
-product; two forms stay, both common around a state-space block's projections:
+A transpose that moves the last axis is a kernel of its own (the vector code generator transposes
+in UB only a small value, its kernel then one tile on one core), while the cube unit reads either
+operand transposed for free (the Matmul API's ``isTransA``/``isTransB``). The frontend already
+folds ``x.transpose(-1, -2)`` feeding a product; two forms stay, both common around a state-space
+block's projections:
 
 - the product's result moved: ``(x @ W.T).view(B, L, C).transpose(1, 2)`` (a projection to
   channels-first for a convolution or a scan). With ``(A·B)ᵀ = Bᵀ·Aᵀ`` it is

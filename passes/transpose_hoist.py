@@ -1,16 +1,16 @@
 """Move a Transpose above the elementwise work that computes its operand, where that makes
 transposes cancel.
 
-A transpose of the last two axes is a kernel of its own (the vector code generator moves rows;
-it has no in-UB transpose), so a layer that permutes ``[B, L, C]`` to ``[B, C, L]``, runs
-elementwise work, a scan or a gate there, and permutes back pays two launches for layout alone.
-State-space blocks do this around their causal convolution, their selective scan and their
-output gate. Elementwise ops (with numpy broadcasting), views that only add or drop axes of size
-1, ``BroadcastTo``, ``Scan`` and reductions that keep their axes commute with a permutation
-of their axes: ``T(f(a, b)) == f(T(a), T(b))`` with each operand permuted the same way (a
-broadcast operand padded to the output's rank first), ``T(Scan(x, axis)) == Scan(T(x),
-axis')`` and ``T(Reduce(x, axes)) == Reduce(T(x), axes')``. So the
-root transpose can be taken to the region's leaves instead, where a transpose
+A transpose of the last two axes is a kernel of its own (the vector code generator moves rows; it
+transposes in UB only a small value, its kernel then one tile on one core), so a layer that
+permutes ``[B, L, C]`` to ``[B, C, L]``, runs elementwise work, a scan or a gate there, and
+permutes back pays two launches for layout alone. State-space blocks do this around their causal
+convolution, their selective scan and their output gate. Elementwise ops (with numpy broadcasting),
+views that only add or drop axes of size 1, ``BroadcastTo``, ``Scan`` and reductions that keep
+their axes commute with a permutation of their axes: ``T(f(a, b)) == f(T(a), T(b))`` with each
+operand permuted the same way (a broadcast operand padded to the output's rank first), ``T(Scan(x,
+axis)) == Scan(T(x), axis')`` and ``T(Reduce(x, axes)) == Reduce(T(x), axes')``. So the root
+transpose can be taken to the region's leaves instead, where a transpose
 
 - meets another transpose (their composition, often the identity: both disappear),
 - lands on a constant (folded here),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from graphkernel import symbolic
 from graphkernel.ops import PRODUCT_OPS, VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
 
@@ -218,25 +219,62 @@ def _private_sources(a) -> bool:
          refuses=("GK209",))
 def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
-    when the last axis stays last: the code generator moves rows of a transposed value
-    (strided loads and stores); it has no in-UB transpose."""
+    when the last axis stays last (the code generator moves rows of a transposed value:
+    strided loads and stores), or when the whole value is transposed in UB by one Gather
+    (its kernel then runs as one tile on one core)."""
     moved = [n for n in a.nodes if n.op not in VIEW_OPS]
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
         return None
+    rows, why = keeps_rows(moved[0]), _in_ub_refusal(moved[0])
+    # rows of the transposed value moved by strided copies, or the whole value gathered in UB
+    moved_whole = [need(lambda: rows or not why,
+                        lambda: f"{a.name} moves the last axis and cannot be transposed in "
+                                f"UB: {why}")]
     perm = list(moved[0].attrs["perm"])
-    keeps_last = [need(lambda: perm[-1] == len(perm) - 1,
-                       lambda: f"{a.name} moves the last axis (the code generator moves rows "
-                               "of a transposed value; it has no in-UB transpose)")]
+    keeps_last = [need(lambda: perm[-1] == len(perm) - 1 or (not rows and not why),
+                       lambda: f"{a.name} moves the last axis " + (
+                           f"and cannot be transposed in UB: {why}" if why else
+                           "past axes of extent 1 (a strided load of its rows would be rows "
+                           "of another length than the kernel's)"))]
     prods = [p for p in model.producer_areas(a)
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
-    if prods:
-        return fuse_if(model, "transpose", [a] + prods, keeps_last)
+    if prods:  # the producers' kernel stores the transposed value (a scan's: rows only, its
+        # kernel runs over blocks of rows, never one tile)
+        return fuse_if(model, "transpose", [a] + prods, keeps_last if any(
+            _scans(p) for p in prods) else moved_whole)
     cons, external = model.consumers(a)
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
                                             or _row_work(cons[0], model.cfg)):
-        return fuse_if(model, "transpose", [cons[0], a], keeps_last)
+        return fuse_if(model, "transpose", [cons[0], a], keeps_last)  # (gathered whole)
     return None
+
+
+def keeps_rows(t) -> bool:
+    """Whether Transpose ``t`` keeps the rows of its input whole: the last axis of extent
+    other than 1 stays the last such axis (axes of extent 1 move no data)."""
+    shape, perm = tuple(t.inputs[0].shape), list(t.attrs["perm"])
+    real = [k for k in range(len(shape)) if not symbolic.eq(shape[k], 1)]
+    moved = [k for k in perm if not symbolic.eq(shape[k], 1)]
+    return not real or moved[-1] == real[-1]
+
+
+def _in_ub_refusal(t) -> str:
+    """Why the code generator cannot transpose the value of Transpose ``t`` in UB (a Gather
+    of the whole value as one tile); "" when it can."""
+    import numpy as np
+
+    from graphkernel.codegen.vector.schedule import gather_transpose_refusal
+
+    shape, perm = tuple(t.inputs[0].shape), list(t.attrs["perm"])
+    if not all(isinstance(d, int) for d in shape):
+        return "symbolic extents"
+    out = [shape[p] for p in perm]
+    ostrides = [int(np.prod(out[k + 1:], dtype=np.int64)) for k in range(len(out))]
+    strides = [0] * len(shape)
+    for k, p in enumerate(perm):
+        strides[p] = ostrides[k]
+    return gather_transpose_refusal(shape, tuple(strides), t.outputs[0].dtype)
 
 
 def _scans(a) -> bool:

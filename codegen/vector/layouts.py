@@ -24,13 +24,23 @@ from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector import resident
 from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import Schedule, plan
-from graphkernel.codegen.vector.tiling import row_bytes
+from graphkernel.codegen.vector.tiling import align_elems, budget, row_bytes
 from graphkernel.ir import Node
 
 
 def choose(kernel: Node, s: Schedule, ir: KernelIR, target: Target) -> Schedule:
     """The schedule of ``kernel`` with its layout choices made, from ``s`` (its plan) and
     ``ir`` (a trial lowering of it)."""
+    if s.single_tile:  # an output transposed in UB: the whole loop space in one tile
+        a = align_elems(s)
+        need = budget(s, ir).bytes(int(s.M), -(-int(s.L) // a) * a)
+        if need > target.ub_bytes:  # (named: the kernel is split around the transpose)
+            t = next((n for n in kernel.subgraph.nodes if n.op == "Transpose"
+                      and n.attrs["perm"][-1] != len(n.attrs["perm"]) - 1), None)
+            raise Unsupported(f"a transpose in UB holds the whole loop space ({s.M} rows of "
+                              f"{s.L}) in one tile: {need} bytes of UB, the target has "
+                              f"{target.ub_bytes}", node=t)
+        return s
     need = row_bytes(s, ir) if s.reduce else None
     if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant
         try:

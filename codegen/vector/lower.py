@@ -11,6 +11,8 @@ the steps that run once a reduction accumulated across tiles is complete (``fini
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphkernel.codegen.instructions import (
     BITS,
     INSTRUCTIONS,
@@ -32,11 +34,13 @@ from graphkernel.codegen.kernel_ir import (
     KernelIR,
     Kind,
     Linear,
+    ScalarCode,
     arg_text,
 )
 from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import Schedule, read_as_floats
+from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import DType, Node
 
 CT = "CT"  # the kernel's alias of its compute type
@@ -129,6 +133,15 @@ class VectorLowerer(Lowerer):
         elif io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL):
             raise Unsupported(f"int64 input {io.value.name} broadcast ({io.kind})",
                               about=(io.value,))
+        elif io.transpose is not None:  # loaded as it lies, gathered into the steps' order
+            if lowp:
+                raise Unsupported(f"input {io.value.name}: a transpose gathered in UB of "
+                                  f"{io.dtype} data in a {s.compute} kernel", about=(io.value,))
+            buf = self.alloc(FULL)
+            self._table(io, to_gm=False)
+            self.call("Gather", buf, op(loaded), op(f"gti{io.index}"), "(uint32_t)0",
+                      count="rows * t_.ctp", to=self.prologue)
+            self.refs[id(v)] = self.held(FULL, buf)
         elif io.kind in (FULL, PARTIAL, COL):
             kind = COL if io.kind == COL else FULL
             if lowp:
@@ -151,7 +164,8 @@ class VectorLowerer(Lowerer):
                                                      or INSTRUCTIONS[n.op].api is None))}
         for io in s.outputs:
             v = s.storage(io.value)
-            if (io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
+            if io.transpose is None and (
+                    io.dtype in (s.compute, BITS) and (io.dtype == BITS) == (v.dtype == BITS)
                     and id(v) in produced and id(v) not in out
                     and s.layout(v) == io.kind and id(v) not in self.refs):
                 out[id(v)] = io.index
@@ -173,6 +187,9 @@ class VectorLowerer(Lowerer):
         if direct.get(id(v)) == io.index:
             return
         src = self.refs[id(v)]
+        if io.transpose is not None:
+            self._gather_store(io, src)
+            return
         count = self.space.counts[io.kind]
         if src.kind != io.kind:
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
@@ -197,6 +214,47 @@ class VectorLowerer(Lowerer):
             self.call("Muls", y, op(src.expr), "CT(1.0f)", count=count, to=to)
         else:
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_RINT", count=count, to=to)
+
+    def _gather_store(self, io, src: Ref) -> None:
+        """An output transposed in UB (the whole value is the kernel's one tile): a table of
+        byte offsets, built by the scalar unit, places each element of the tile at its
+        place in the output's tile (row pitch ``t_.ctp``, as every stored tile), and one
+        Gather moves them into the output's queue tensor."""
+        s = self.s
+        if src.kind != FULL or io.dtype != s.compute:
+            raise Unsupported(f"output {io.value.name}: a transpose of a {src.kind} value "
+                              f"of {io.dtype}", about=(io.value,))
+        self._table(io, to_gm=True)
+        self.call("Gather", f"yo{io.index}", op(src.expr), op(f"gto{io.index}"), "(uint32_t)0",
+                  count="rows * t_.ctp", to=self.epilogue)
+
+    def _table(self, io, to_gm: bool) -> None:
+        """The scalar unit's loop filling the table (``gto<index>`` of an output,
+        ``gti<index>`` of an input) of an in-UB transpose.
+        Element i of the steps' value (of the map's shape) sits at place i of the tile; its
+        place in GM is p = sum(i_j * strides[j]). A place q of a tile (row q / L, column
+        q % L) is at q / L * t_.ctp + q % L in UB. An output's table gives each output
+        place the byte offset of its element in the value's tile; an input's gives each
+        place of the value's tile the byte offset of its element in the loaded tile."""
+        s = self.s
+        shape, strides = io.transpose
+        n, L = int(np.prod(shape, dtype=np.int64)), int(s.L)
+        tab = f"gt{'o' if to_gm else 'i'}{io.index}"
+        walk = [f"p += r % {d}u * {st}u; r /= {d}u;"
+                for d, st in zip(reversed(shape), reversed(strides), strict=True)]
+        here, there = f"i / {L}u * t_.ctp + i % {L}u", f"p / {L}u * t_.ctp + p % {L}u"
+        at, off = (there, here) if to_gm else (here, there)
+        lines = ["{  // the in-UB transpose's table: a place of the tile -> the byte offset "
+                 "it reads"]
+        if L % align_elems(s):  # padded rows: the pad places read element 0
+            lines.append(f"    for (uint32_t q = 0; q < rows * t_.ctp; ++q) {tab}.SetValue(q, 0u);")
+        lines += [f"    for (uint32_t i = 0; i < {n}u; ++i) {{",
+                  "        uint32_t r = i, p = 0;",
+                  *(f"        {w}" for w in walk),
+                  f"        {tab}.SetValue({at}, ({off}) * (uint32_t)sizeof(CT));",
+                  "    }", "}"]
+        code = ScalarCode(tuple(lines), frozenset(), frozenset([tab]))
+        (self.body if to_gm else self.prologue).append(code)
 
     def _widen(self, dst: str, loaded: str, dtype: DType, count: str) -> None:
         """A loaded tile of ``dtype`` into the compute type. The vector unit casts bytes
@@ -312,6 +370,7 @@ class VectorLowerer(Lowerer):
         s = self.s
         blk, cs = s.target.block_bytes, s.compute.itemsize
         out: list[Buffer] = []
+        depth = 1 if s.single_tile else 2  # (one tile: nothing to overlap its copies with)
 
         def tile(name, role, kind, depth, ctype, size, tensor="", finish=False):
             out.append(Buffer(name, role, kind, ctype, Linear(tile=size), _tile(ctype), depth,
@@ -338,9 +397,12 @@ class VectorLowerer(Lowerer):
                                   Kind.TABLE, t, Linear(tile=size, col=r * size),
                                   f"(t.rt + {r}) * t.ctp * sizeof({t})", 1, f"xi{i}"))
             elif io.kind in (FULL, PARTIAL):
-                tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, 2, t, size, f"xi{i}")
+                tile(f"qi{i}", f"input {i} tiles", Kind.QUEUE_IN, depth, t, size, f"xi{i}")
+                if io.transpose is not None:
+                    tile(f"bgti{i}", f"input {i}'s in-UB transpose table (byte offsets)",
+                         Kind.TILE, 1, "uint32_t", 4, f"gti{i}")
             elif io.kind == COL:
-                column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, 2, t, size,
+                column(f"qi{i}", f"input {i} (a value per row)", Kind.QUEUE_IN, depth, t, size,
                        f"xi{i}")
             elif io.kind == ROW:
                 rowvec(f"bri{i}", f"input {i} (a row broadcast over the rows)", Kind.ROW, 1, CT,
@@ -356,17 +418,20 @@ class VectorLowerer(Lowerer):
             t, i, size = C_TYPE[io.dtype], io.index, io.dtype.itemsize
             if io.pieces:
                 for k in range(len(io.pieces)):
-                    tile(f"qc{i}_{k}", f"output {i}, Concat operand {k}", Kind.QUEUE_OUT, 2,
+                    tile(f"qc{i}_{k}", f"output {i}, Concat operand {k}", Kind.QUEUE_OUT, depth,
                          t, size, f"yc{i}_{k}")
             elif io.kind == FULL:
-                tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+                tile(f"qo{i}", f"output {i} tiles", Kind.QUEUE_OUT, depth, t, size, f"yo{i}")
+                if io.transpose is not None:
+                    tile(f"bgto{i}", f"output {i}'s in-UB transpose table (byte offsets)",
+                         Kind.TILE, 1, "uint32_t", 4, f"gto{i}")
             elif io.kind == ROW:
-                rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, 2, t, size, f"yo{i}")
+                rowvec(f"qo{i}", f"output {i} (a row)", Kind.QUEUE_OUT, depth, t, size, f"yo{i}")
             elif s.row_chunks:
                 block(f"qo{i}", f"output {i} (one value per row, a row at a time)",
-                      Kind.QUEUE_OUT, 2, t, f"yo{i}")
+                      Kind.QUEUE_OUT, depth, t, f"yo{i}")
             else:
-                column(f"qo{i}", f"output {i} (a value per row)", Kind.QUEUE_OUT, 2, t, size,
+                column(f"qo{i}", f"output {i} (a value per row)", Kind.QUEUE_OUT, depth, t, size,
                        f"yo{i}")
         out += self.pool_buffers()
         rowvec("btr0", "row scratch", Kind.ROW, 1, CT, cs, "tr0", True)

@@ -95,6 +95,13 @@ class KernelIO:
     # last: (rows of L per block of the value, the part's first row in a block, its rows per
     # block); the rows of each block in that range are stored, the others belong to others
     part: tuple[Dim, Dim, Dim] | None = None
+    # an output that is a transpose of a computed value moving its last axis: (shape,
+    # strides), element (i0, i1, ...) of the computed value (of that shape) lands at
+    # sum(i_j * strides[j]) of the output; the whole value is one tile, rearranged in UB by a
+    # Gather through a table of byte offsets before it is stored (``Schedule.single_tile``).
+    # An input: its transpose (of that shape) read by the steps takes element (i0, i1, ...)
+    # from sum(i_j * strides[j]) of the input, loaded as it lies and gathered in UB.
+    transpose: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 @dataclass
@@ -128,6 +135,9 @@ class Schedule:
     # narrower than the row). It sits in a full tile at that column offset (the slice shares
     # its source's tile); only those columns of each row are meaningful.
     cols: dict[int, tuple[int, Dim, Dim]] = field(default_factory=dict)
+    # one core, one tile holding the whole loop space: an output is transposed in UB (its
+    # elements move across rows, so no tile may hold a part of it)
+    single_tile: bool = False
 
     @property
     def whole_rows(self) -> bool:
@@ -324,6 +334,10 @@ class _Planner:
         # id(kernel output) -> (shape, strides): where the elements of a computed value of that
         # shape land in the output's buffer (the output is a chain of views of it)
         self.store_maps: dict[int, tuple[tuple[Dim, ...], tuple[Dim, ...]]] = {}
+        self.transposed: set[int] = set()  # id(output) whose map moves the last axis
+        # id(kernel input) -> (shape, strides): a transpose of it moving the last axis, loaded
+        # as it lies in GM and gathered in UB (element i of the shape from sum(i_j * s_j))
+        self.gathered_in: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         # column values (Schedule.cols), the slices that start them and the Concats of them
         self.cols: dict[int, tuple[int, Dim, Dim]] = {}
         self.colslices: list[Node] = []
@@ -460,7 +474,33 @@ class _Planner:
                          row_chunks=self.row_chunks, compute=self._compute_type(),
                          batch=self.batch, cols=self.cols)
         sched.notes = io_notes(ins, bool(reduces))
+        if self.transposed or self.gathered_in:
+            self._single_tile(sched)
         return sched
+
+    def _single_tile(self, s: Schedule) -> None:
+        """A kernel with an output transposed in UB runs as one tile on one core: the
+        transposed elements cross rows, so the tile must hold the whole loop space."""
+        t = next(iter(self.shown.values()), None)
+        if t is None:
+            t = next((n for n in self.sub.nodes if n.op == "Transpose"), None)
+        if s.col_reduce or s.row_chunks or not eq(s.batch, 1):
+            raise Unsupported("Transpose of a computed value that moves its last axis in a "
+                              "kernel reducing over the rows (the in-UB transpose needs the "
+                              "whole value in one tile of whole rows)", node=t)
+        if not isinstance(s.M, int) or not isinstance(s.L, int) or s.M > MAX_TILE_ROWS:
+            raise Unsupported(f"Transpose of a computed value that moves its last axis in a "
+                              f"loop space of {s.M} rows (the in-UB transpose holds the whole "
+                              f"value in one tile of at most {MAX_TILE_ROWS} rows)", node=t)
+        if any(io.dtype != s.compute for io in (*s.inputs, *s.outputs) if io.transpose):
+            raise Unsupported("Transpose of a computed value that moves its last axis, "
+                              "stored in another type than the kernel computes in", node=t)
+        a, per = align_elems(s), s.target.repeat_elems(s.compute.itemsize)
+        if s.M * (-(-s.L // a) * a) // per > GATHER_REPEATS:
+            raise Unsupported(f"Transpose of a computed value that moves its last axis: a tile "
+                              f"of {s.M} rows of {s.L} is more than one in-UB gather moves "
+                              f"({GATHER_REPEATS} repeats of {per})", node=t)
+        s.single_tile = True
 
     def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...]
                      ) -> set[int]:
@@ -604,7 +644,19 @@ class _Planner:
         out = n.outputs[0]
         if n.op == "Transpose":
             strides = View.contiguous(tuple(n.inputs[0].shape)).strides
-            self.views[id(out)] = View(0, tuple(strides[p] for p in n.attrs["perm"]))
+            strides = tuple(strides[p] for p in n.attrs["perm"])
+            shape = tuple(out.shape)
+            real = [k for k in range(len(shape)) if not eq(shape[k], 1)]
+            if real and not eq(strides[real[-1]], 1):  # rows cross: gathered in UB
+                why = gather_transpose_refusal(shape, strides, out.dtype)
+                if why:
+                    raise Unsupported("Transpose of a kernel input that moves its last axis: "
+                                      f"{why}", node=n)
+                self.gathered_in[id(src)] = (tuple(int(d) for d in shape),
+                                             tuple(int(d) for d in strides))
+                self.views[id(out)] = View.contiguous(shape)
+            else:
+                self.views[id(out)] = View(0, strides)
         else:
             self.views[id(out)] = slice_view(n)
         self.loaded[id(src)] = out
@@ -837,16 +889,21 @@ class _Planner:
         shape = tuple(cur.shape)
         if shape and not eq(shape[-1], 1) and not eq(strides[-1], 1):
             t = next(iter(self.shown.values()), None)
-            raise Unsupported("Transpose of a computed value that moves its last axis (the "
-                              "reference documents no in-UB transpose; rows must stay "
-                              "contiguous)", node=t)
+            why = gather_transpose_refusal(shape, strides, v.dtype)
+            if why:
+                raise Unsupported("Transpose of a computed value that moves its last axis: "
+                                  f"{why}", node=t)
+            self.transposed.add(id(v))
         return shape, strides
 
     def _store_rows(self) -> set | None:
         """Row lengths under which every output stored through a map keeps its rows
-        contiguous in GM (None: no such output)."""
+        contiguous in GM (None: no such output). An output transposed in UB is stored
+        whole from one tile: any row length serves it."""
         out = None
-        for shape, strides in self.store_maps.values():
+        for vid, (shape, strides) in self.store_maps.items():
+            if vid in self.transposed:
+                continue
             ok = {symbolic.canon(symbolic.numel(shape[k:])) for k in range(len(shape) + 1)
                   if classify(shape, shape, symbolic.numel(shape[k:]), View(0, strides))}
             out = ok if out is None else out & ok
@@ -1211,6 +1268,20 @@ class _Planner:
     def _io(self, i: int, v: Value, kind: dict[int, str], is_input: bool, L: Dim = 1
             ) -> KernelIO:
         local = self.loaded[id(v)] if is_input else v
+        if is_input and id(v) in self.gathered_in:
+            if kind.get(id(self.owner(local))) != FULL:
+                raise Unsupported(f"input {v.name}: a transpose of it moving the last axis read "
+                                  "broadcast (gathered in UB, it is a full tile)", about=(v,))
+            return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), local=local,
+                            transpose=self.gathered_in[id(v)])
+        if not is_input and id(v) in self.transposed:
+            shape, strides = self.store_maps[id(v)]
+            if self.kind_of(kind, v) != FULL or self.copies.get(id(v)):
+                raise Unsupported(f"output {v.name}: a transpose of a value smaller than the "
+                                  "loop space, or copied", about=(v,))
+            return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), local=self.owner(v),
+                            transpose=(tuple(int(d) for d in shape),
+                                       tuple(int(d) for d in strides)))
         if not is_input and id(v) in self.store_maps:
             shape, strides = self.store_maps[id(v)]
             c = classify(shape, shape, L, View(0, strides))
@@ -1239,6 +1310,34 @@ class _Planner:
             raise Unsupported(f"output {v.name}: copies of a {k} value", about=(v,))
         return KernelIO(i, v, k, v.dtype, tuple(v.shape), outer, strides, base, o,
                         copies=copies)
+
+
+def align_elems(s: Schedule) -> int:
+    """Elements per row-pitch step: a UB block of the narrowest type loaded or stored, or
+    whole repeats of the compute type when Compare is used."""
+    if s.masks:
+        return s.target.repeat_elems(s.compute.itemsize)
+    return s.target.block_elems(min(io.dtype.itemsize for io in (*s.inputs, *s.outputs)))
+
+
+MAX_TILE_ROWS = 4095  # a tile's rows: DataCopyPad's block count (a 12-bit field)
+GATHER_REPEATS = 255  # full repeats of one count-form Gather (an 8-bit repeat count)
+
+
+def gather_transpose_refusal(shape: tuple[Dim, ...], strides: tuple[Dim, ...],
+                             dtype: DType, repeat_bytes: int = 256) -> str:
+    """Why a computed value of ``shape`` stored through ``strides`` (a map that moves its
+    last axis) cannot be transposed in UB by one Gather; "" when it can. The whole value is
+    one tile, gathered by one count-form instruction: static extents, a float type of 2 or
+    4 bytes, at most 255 full repeats of elements (the tile's padded rows included)."""
+    if not all(isinstance(d, int) for d in (*shape, *strides)):
+        return "symbolic extents (the in-UB transpose's table is built for static shapes)"
+    if dtype not in (DType.float32, DType.float16, DType.bfloat16):
+        return f"{dtype} data (the in-UB transpose gathers float32, float16 and bfloat16)"
+    per, n = repeat_bytes // dtype.itemsize, int(np.prod(shape, dtype=np.int64))
+    if n // per > GATHER_REPEATS:  # (the tile's padded rows are counted by _single_tile)
+        return f"{n} elements (one in-UB gather moves at most {GATHER_REPEATS} repeats of {per})"
+    return ""
 
 
 def io_notes(ins: list[KernelIO], reduces: bool) -> list[str]:

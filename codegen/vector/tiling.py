@@ -14,20 +14,14 @@ from __future__ import annotations
 from graphkernel import symbolic
 from graphkernel.codegen.buffers import Linear, plan
 from graphkernel.codegen.kernel_ir import KernelIR
-from graphkernel.codegen.vector.schedule import Schedule
+from graphkernel.codegen.vector.schedule import Schedule, align_elems
+
+__all__ = ["align_elems", "budget", "row_bytes"]
 
 
 def budget(s: Schedule, ir: KernelIR) -> Linear:
     """UB bytes of a tile of ``rt`` rows and ``ctp`` columns: the buffer plan's sum."""
     return plan(ir, s.target.block_bytes).budget()
-
-
-def align_elems(s: Schedule) -> int:
-    """Elements per row-pitch step: a UB block of the narrowest type loaded or stored, or
-    whole repeats of the compute type when Compare is used."""
-    if s.masks:
-        return s.target.repeat_elems(s.compute.itemsize)
-    return s.target.block_elems(min(io.dtype.itemsize for io in (*s.inputs, *s.outputs)))
 
 
 def row_bytes(s: Schedule, ir: KernelIR) -> int | None:

@@ -424,6 +424,15 @@ def pattern_cases() -> list[Case]:
     add("split-parts-dynamic", g,
         *g.add_node("Split", [y], {"axis": 3, "sizes": [2, 1, 1]}).outputs,
         dims=[{"s": 1}, {"s": 9}], feeds_for=symbolic_feeds(g))
+    # transposes moving the last axis, done in UB by a Gather (the kernel one tile): of a
+    # value the kernel computes and stores, and of an input the kernel reads
+    g, v = _g("ub_transpose_store", {"x": (2, 16, 8), "w": (8,)})
+    y = g.add_node("Reshape", [g.add_node("Mul", [v["x"], v["w"]]).output],
+                   {"shape": [2, 2, 8, 8]}).output
+    add("ub-transpose-store", g, g.add_node("Transpose", [y], {"perm": [0, 3, 1, 2]}).output)
+    g, v = _g("ub_transpose_load", {"x": (3, 6, 5), "y": (3, 5, 6)})
+    t = g.add_node("Transpose", [v["x"]], {"perm": [0, 2, 1]}).output
+    add("ub-transpose-load", g, g.add_node("Mul", [g.add_node("Exp", [t]).output, v["y"]]).output)
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

@@ -174,10 +174,11 @@ def test_view_of_a_computed_value_is_fused_into_one_kernel(case, library):
     assert all(len(b.stats) == 1 for b in runs)
 
 
-def test_a_transpose_of_the_last_axis_of_a_computed_value_is_refused_naming_why():
-    """explain shows the pattern's refusal; a kernel built anyway falls back with the
-    schedule's reason (no in-UB transpose of the last axis)."""
-    g, v = _g("last", {"x": (8, 16)})
+def test_a_transpose_of_the_last_axis_beyond_one_gather_is_refused_naming_why():
+    """A value too large for the in-UB transpose (one Gather moves at most 255 repeats):
+    explain shows the pattern's refusal; a kernel built anyway falls back with the
+    schedule's reason."""
+    g, v = _g("last", {"x": (128, 256)})
     n = _n(g)
     g.set_outputs([n("Transpose", [n("Exp", [v["x"]])], perm=[1, 0])])
     res = graphkernel.compile(g, "--opt_level=2", env={})

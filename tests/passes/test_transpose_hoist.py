@@ -139,7 +139,8 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
     transposes around its projections (in_proj's and dt_proj's results to channels-first,
     x_proj's and out_proj's channels-first operands) go into the products, and the readout's
     transpose back to channels-first (above its sum, cancelling the state's) is taken by
-    transpose_hoist; outputs match eager."""
+    transpose_hoist; outputs match eager. Without the two passes, one of the five is done in
+    UB by the kernel computing its operand (a small value): four launches fewer."""
     import torch
     import transformers as T
 
@@ -162,7 +163,7 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
             got = fn(ids)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             counts[flags] = sum(gt.stats()["launches"].values())
-    assert counts[""] == counts[off] - 5
+    assert counts[""] == counts[off] - 4
 
 
 @pytest.mark.slow
