@@ -168,7 +168,7 @@ def inline_producer(graph: Graph, consumer: Node, producer: Node, value: Value) 
 
 def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
     """One kernel computing two independent kernels side by side (shared inputs read once)."""
-    new, inputs = parallel_body(first, second, name)
+    new, inputs = parallel_body([first, second], name)
     pattern = f"parallel({first.attrs['pattern']}|{second.attrs['pattern']})"
     k = graph.add_node("GraphKernel", inputs, {"subgraph": new, "pattern": pattern},
                        name=graph.fresh_name(name), origin=tuple(dict.fromkeys(first.origin
@@ -181,15 +181,37 @@ def merge_parallel(graph: Graph, first: Node, second: Node, name: str) -> Node:
     return k
 
 
-def parallel_body(first: Node, second: Node, name: str) -> tuple[Graph, list[Value]]:
-    """The body of ``first`` and ``second`` side by side, and the outer values it reads."""
+def scheduled(k: Node) -> bool:
+    """Whether the vector code generator schedules kernel ``k`` (a reduction needing several
+    passes over its rows counts: it becomes phase kernels, not a fallback). Passes probe a
+    rewrite with it before making one the code generator would take apart."""
+    from graphkernel.codegen.refusal import NeedsPhases, Unsupported
+    from graphkernel.codegen.vector.schedule import plan
+
+    try:
+        plan(k)
+    except NeedsPhases:
+        return True
+    except Unsupported:
+        return False
+    return True
+
+
+def parallel_body(kernels: Sequence[Node], name: str) -> tuple[Graph, list[Value]]:
+    """The bodies of ``kernels`` side by side (in order; a shared input read once), and the
+    outer values the body reads. A later kernel reading an earlier one's output takes it
+    from the body (a product group reads it back from GM); independent kernels read none."""
     new = Graph(name)
     params: dict[int, Value] = {}
     inputs: list[Value] = []
     outs: list[Value] = []
-    for k in (first, second):
+    made: dict[int, Value] = {}  # an earlier kernel's outer output -> its value in the body
+    for k in kernels:
         vmap: dict[int, Value] = {}
         for inner, outer in zip(k.subgraph.inputs, k.inputs, strict=True):
+            if id(outer) in made:
+                vmap[id(inner)] = made[id(outer)]
+                continue
             if id(outer) not in params:
                 params[id(outer)] = new.add_input(new.fresh_name(outer.name), outer.type)
                 inputs.append(outer)
@@ -197,6 +219,8 @@ def parallel_body(first: Node, second: Node, name: str) -> tuple[Graph, list[Val
         for n in k.subgraph.nodes:
             new.clone_node(n, vmap, rename=new.fresh_name)
         outs += [vmap[id(v)] for v in k.subgraph.outputs]
+        made.update({id(o): vmap[id(v)] for o, v in zip(k.outputs, k.subgraph.outputs,
+                                                       strict=True)})
     new.set_outputs(outs)
     return new, inputs
 

@@ -31,7 +31,7 @@ from graphkernel.codegen.cube.schedule import is_matmul_kernel, swaps_last_two
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.window import is_window_kernel
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.kernels import build_kernel, next_kernel_name
+from graphkernel.kernels import build_kernel, next_kernel_name, parallel_body
 from graphkernel.ops import PRODUCT_OPS
 from graphkernel.passes.parallel_fusion import reaches
 from graphkernel.registry import PassResult, counted
@@ -84,51 +84,14 @@ def _independent(graph: Graph, a: Node, b: Node, order: dict[int, int]) -> bool:
         return True
     if b.op != "GraphKernel" or not any(v.producer is a for v in b.inputs):
         return False
-    limit = order[id(b)]  # a path from a to b other than the direct edge refuses
-    stack = [u for v in a.outputs for u in v.users if u is not b]
-    seen = {id(u) for u in stack}
-    while stack:
-        n = stack.pop()
-        if n is b:
-            return False
-        for u in n.users:
-            if u is b:
-                return False
-            if id(u) not in seen and order.get(id(u), limit + 1) < limit:
-                seen.add(id(u))
-                stack.append(u)
-    return True
-
-
-def _joined(kernels: list[Node], name: str) -> tuple[Graph, list[Value]]:
-    """The kernels' bodies side by side (shared inputs read once), and the outer values read."""
-    new = Graph(name)
-    params: dict[int, Value] = {}
-    inputs: list[Value] = []
-    outs: list[Value] = []
-    made: dict[int, Value] = {}  # an earlier kernel's outer output -> its value in the body
-    for k in kernels:
-        vmap: dict[int, Value] = {}
-        for inner, outer in zip(k.subgraph.inputs, k.inputs, strict=True):
-            if id(outer) in made:  # read back from GM by a later product of the group
-                vmap[id(inner)] = made[id(outer)]
-                continue
-            if id(outer) not in params:
-                params[id(outer)] = new.add_input(new.fresh_name(outer.name), outer.type)
-                inputs.append(outer)
-            vmap[id(inner)] = params[id(outer)]
-        for n in k.subgraph.nodes:
-            new.clone_node(n, vmap, rename=new.fresh_name)
-        outs += [vmap[id(v)] for v in k.subgraph.outputs]
-        made.update({id(o): vmap[id(v)] for o, v in zip(k.outputs, k.subgraph.outputs,
-                                                       strict=True)})
-    new.set_outputs(outs)
-    return new, inputs
+    # a path from a to b other than the direct edge refuses
+    return not any(reaches(graph, u, b, order) for v in a.outputs for u in v.users
+                   if u is not b and order.get(id(u), order[id(b)]) < order[id(b)])
 
 
 def _plans(kernels: list[Node], ctx) -> str | None:
     """Why the code generator cannot run ``kernels`` as one group, or None when it can."""
-    body, ins = _joined(kernels, "probe")
+    body, ins = parallel_body(kernels, "probe")
     probe = Graph("probe")
     k = probe.add_node("GraphKernel", [probe.add_input(v.name, v.type) for v in ins],
                        {"subgraph": body, "pattern": PATTERN}, name="probe")
@@ -140,7 +103,7 @@ def _plans(kernels: list[Node], ctx) -> str | None:
 
 
 def _merge(graph: Graph, kernels: list[Node], name: str) -> Node:
-    body, inputs = _joined(kernels, name)
+    body, inputs = parallel_body(kernels, name)
     k = graph.add_node("GraphKernel", inputs, {"subgraph": body, "pattern": PATTERN},
                        name=graph.fresh_name(name),
                        origin=tuple(dict.fromkeys(o for m in kernels for o in m.origin)))

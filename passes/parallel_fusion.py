@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphkernel.ir import Graph, Node
-from graphkernel.kernels import merge_parallel, next_kernel_name, parallel_body
+from graphkernel.kernels import merge_parallel, next_kernel_name, parallel_body, scheduled
 from graphkernel.registry import PassResult, counted
 
 
@@ -26,32 +26,17 @@ def _ops(k: Node) -> int:
     return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
 
 
-def _scheduled(k: Node) -> bool:
-    """Whether the code generator schedules kernel ``k`` (a reduction needing several passes
-    over its rows counts: it becomes phase kernels, not a fallback)."""
-    from graphkernel.codegen.refusal import NeedsPhases, Unsupported
-    from graphkernel.codegen.vector.schedule import plan
-
-    try:
-        plan(k)
-    except NeedsPhases:
-        return True
-    except Unsupported:
-        return False
-    return True
-
-
 def refused_together(a: Node, b: Node) -> bool:
     """The code generator schedules ``a`` and ``b`` each, but not side by side: their loop
     spaces differ in a way one kernel cannot hold (q's and k's rotary embedding when k has
     fewer heads). Joining them would only be split again by the fallback."""
-    if not (_scheduled(a) and _scheduled(b)):
+    if not (scheduled(a) and scheduled(b)):
         return False  # a product's kernel, or one already refused: as before
-    body, ins = parallel_body(a, b, "probe")
+    body, ins = parallel_body([a, b], "probe")
     probe = Graph("probe")
     k = probe.add_node("GraphKernel", [probe.add_input(v.name, v.type) for v in ins],
                        {"subgraph": body, "pattern": "parallel"})
-    return not _scheduled(k)
+    return not scheduled(k)
 
 
 def parallel_fusion(graph, ctx) -> PassResult:

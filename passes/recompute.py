@@ -5,7 +5,7 @@ from __future__ import annotations
 from graphkernel import ops
 from graphkernel.fusion import SUPPORTED_DTYPES, nbytes
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.kernels import inline_producer
+from graphkernel.kernels import inline_producer, scheduled
 from graphkernel.ops import OpKind
 from graphkernel.registry import PassResult
 
@@ -53,27 +53,13 @@ def _too_many_inputs(producer, value, consumers, cap: int) -> bool:
                for c in consumers)
 
 
-def _scheduled(k: Node) -> bool:
-    """Whether the vector code generator schedules kernel ``k`` (phase kernels count)."""
-    from graphkernel.codegen.refusal import NeedsPhases, Unsupported
-    from graphkernel.codegen.vector.schedule import plan
-
-    try:
-        plan(k)
-    except NeedsPhases:
-        return True
-    except Unsupported:
-        return False
-    return True
-
-
 def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
     """Whether ``consumer`` recomputing ``value`` is a kernel the vector code generator
     schedules when ``consumer`` itself is one: a table of rotary angles read by heads is
     loaded as a table, but computed in the kernel it is a value smaller than the loop space
     that no layout holds, and the fallback would take the kernel apart op by op. Tried on a
     copy (a probe graph holding the two kernels), never on ``graph``."""
-    if not _scheduled(consumer):
+    if not scheduled(consumer):
         return True  # a product's kernel, or one refused already: as before
     probe = Graph("probe")
     outer: dict[int, Value] = {}
@@ -90,7 +76,7 @@ def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
     c = probe.add_node("GraphKernel", [made[id(v)] if id(v) in made else outer[id(v)]
                                        for v in consumer.inputs],
                        dict(consumer.attrs), name=consumer.name)
-    return _scheduled(inline_producer(probe, c, p, made[id(value)]))
+    return scheduled(inline_producer(probe, c, p, made[id(value)]))
 
 
 def recompute(graph, ctx) -> PassResult:
