@@ -163,3 +163,16 @@ def test_a_tail_past_the_operands_is_out_of_bounds():
     t = dataclasses.replace(BASE, M=40, singleCoreM=32, coresM=2, usedCoreNum=2, baseM=16)
     _err(t, TAIL_OOB, "GM access .* out of bounds")
     _run("f16", t, *_operands("f16", 40, 64, 64))  # the right tails run
+
+
+def test_a_launch_with_more_blocks_than_the_tilings_cores_is_refused():
+    """A block the tiling's usedCoreNum does not count must not register the Matmul object
+    (it would compute a block no core owns): a product launched on one block more than its
+    tiling uses fails in the simulator, naming the block."""
+    M, N, K = 50, 70, 90
+    t = tile(M, N, K, 2, 2, 2, SPEC)
+    t = dataclasses.replace(t, baseM=16, baseN=32, coresM=2, coresN=2, usedCoreNum=3,
+                            singleCoreM=32, singleCoreN=48)
+    a, b = _operands("f16", M, N, K)
+    with pytest.raises(SimulatorError, match="usedCoreNum 3 does not cover block 3"):
+        _run("f16", t, a, b)
