@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from graphkernel import symbolic
-from graphkernel.ir import DType, Value
+from graphkernel.ir import DType, Node, Value
 from graphkernel.ops import VIEW_OPS
 from graphkernel.passes.rewrite import splat
 
@@ -75,6 +75,15 @@ def _exact(dtype: DType, start: float, delta: float) -> bool:
     return dtype is DType.float64 and float(start).is_integer() and float(delta).is_integer()
 
 
+def _whole(p: Node) -> bool:
+    """A StridedSlice from 0 by 1 that keeps its input's type: the whole axis (a slice
+    ``[:]`` of a symbolic axis, as the frontend sees it before ``slice_whole`` drops it)."""
+    if p.op != "StridedSlice" or p.outputs[0].type != p.inputs[0].type:
+        return False
+    a = p.attrs
+    return all(b == 0 for b in a["begin"]) and all(st == 1 for st in (a["strides"] or [1]))
+
+
 def _position(v: Value) -> tuple[int, float, float, object, int] | None:
     """(axis from the end, start, delta, length, offset) when ``v`` is a Range seen through
     views that only add unit axes, plus or minus an integer constant; else None."""
@@ -82,8 +91,9 @@ def _position(v: Value) -> tuple[int, float, float, object, int] | None:
     if len(axes) != 1:
         return None
     axis, offset = axes[0], 0
-    while (p := v.producer) is not None and (p.op in VIEW_OPS or p.op in ("Add", "Sub")):
-        if p.op in VIEW_OPS:
+    while (p := v.producer) is not None and (p.op in VIEW_OPS or p.op in ("Add", "Sub")
+                                             or _whole(p)):
+        if p.op in VIEW_OPS or _whole(p):
             v = p.inputs[0]
         else:  # x + c, c + x, x - c
             sides = [(0, 1), (1, 0)] if p.op == "Add" else [(0, 1)]

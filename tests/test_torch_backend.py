@@ -486,6 +486,41 @@ def test_dynamic_shapes_keep_a_computed_alibi_row_in_the_fused_attention(monkeyp
     assert fa.attrs["mask"] == "pse"
 
 
+class SlicedCausalMask(torch.nn.Module):
+    """The causal mask as transformers builds it for sdpa: key and query positions taken
+    whole (``[..., :]``) before they are compared, the mask broadcast over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 64)
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2)
+                   for t in self.qkv(self.emb(ids)).split(64, -1))
+        pos = torch.arange(s)
+        keys, queries = pos[None, None, None, :][..., :], pos[None, None, :, None][:, :, :]
+        mask = (keys <= queries).expand(b, -1, -1, -1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return a.transpose(1, 2).reshape(b, s, 64)
+
+
+def test_dynamic_shapes_see_a_causal_mask_through_whole_slices(monkeypatch):
+    """Positions sliced whole under dynamic=True (a symbolic length: the slice is not
+    dropped at import) are still positions: the mask is the operator's causal mode, no mask
+    input computed and read."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = SlicedCausalMask().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    _match_eager_at_three_lengths(c, m)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    (g,) = graphs
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs.get("causal") and fa.attrs["mask"] == "none"
+
+
 def test_an_inlined_float_attribute_compiles_again_when_it_changes(monkeypatch):
     graphs = _compiled_graphs(monkeypatch)
     m = ScaledAttention().eval()
