@@ -451,21 +451,32 @@ def test_dynamic_shapes_keep_the_fused_attention(monkeypatch):
     assert s["per_graph"][0]["codegen_fallbacks"] == 0
 
 
-class AlibiRows(torch.nn.Module):
-    """MPT's attention in small: the ALiBi bias one row per head ([N, 1, L]), sliced to the
-    last ``s`` keys -- under dynamic=True a computed value, not a constant."""
+class FourHeads(torch.nn.Module):
+    """Token ids embedded, one Linear making Q, K and V of 4 heads of 16 ([B, N, S, D])."""
 
     def __init__(self):
         super().__init__()
         self.emb = torch.nn.Embedding(20, 64)
         self.qkv = torch.nn.Linear(64, 192)
+
+    def heads(self, ids):
+        b, s = ids.shape
+        return (t.view(b, s, 4, 16).transpose(1, 2)
+                for t in self.qkv(self.emb(ids)).split(64, -1))
+
+
+class AlibiRows(FourHeads):
+    """MPT's attention in small: the ALiBi bias one row per head ([N, 1, L]), sliced to the
+    last ``s`` keys -- under dynamic=True a computed value, not a constant."""
+
+    def __init__(self):
+        super().__init__()
         slopes = torch.tensor([2.0 ** -i for i in range(1, 5)]).view(4, 1, 1)
         self.register_buffer("alibi", slopes * torch.arange(1 - 32, 1).view(1, 1, 32).float())
 
     def forward(self, ids):
         b, s = ids.shape
-        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2)
-                   for t in self.qkv(self.emb(ids)).split(64, -1))
+        q, k, v = self.heads(ids)
         scores = q @ k.transpose(-1, -2) * 16 ** -0.5 + self.alibi[:, :, -s:]
         return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, 64)
 
@@ -486,19 +497,13 @@ def test_dynamic_shapes_keep_a_computed_alibi_row_in_the_fused_attention(monkeyp
     assert fa.attrs["mask"] == "pse"
 
 
-class SlicedCausalMask(torch.nn.Module):
+class SlicedCausalMask(FourHeads):
     """The causal mask as transformers builds it for sdpa: key and query positions taken
     whole (``[..., :]``) before they are compared, the mask broadcast over the batch."""
 
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(20, 64)
-        self.qkv = torch.nn.Linear(64, 192)
-
     def forward(self, ids):
         b, s = ids.shape
-        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2)
-                   for t in self.qkv(self.emb(ids)).split(64, -1))
+        q, k, v = self.heads(ids)
         pos = torch.arange(s)
         keys, queries = pos[None, None, None, :][..., :], pos[None, None, :, None][:, :, :]
         mask = (keys <= queries).expand(b, -1, -1, -1)
