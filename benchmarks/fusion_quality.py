@@ -74,10 +74,13 @@ def main() -> int:
                     help="the CNN zoo exported to ONNX instead of the bundled models")
     ap.add_argument("--transformers", action="store_true",
                     help="the transformer zoo through torch.export and ONNX exports")
+    ap.add_argument("--excess", type=int, metavar="N", default=0,
+                    help="with --transformers: under each model's row, the N ideal kernels "
+                         "whose fused kernels move the most bytes over them, and why")
     ap.add_argument("models", nargs="*", help="with --transformers: the models (default all)")
     args = ap.parse_args()
     if args.transformers:
-        return transformers_table(args.models, args.opt_level)
+        return transformers_table(args.models, args.opt_level, args.excess)
     if args.cnn:
         import tempfile
 
@@ -86,9 +89,84 @@ def main() -> int:
     return table(models(), args.opt_level)
 
 
-def _ratio(g, opt_level: int) -> float:
-    r = graphkernel.compile(g, f"--opt_level={opt_level}", env={}).report.extra
+def _ratio(g, opt_level: int, excess: int = 0, lines: list[str] | None = None) -> float:
+    """fused/ideal of ``g``; with ``excess``, the lines of ``excess_lines`` go to ``lines``."""
+    result = graphkernel.compile(g, f"--opt_level={opt_level}", env={})
+    r = result.report.extra
+    if excess and lines is not None:
+        lines += excess_lines(g, result, opt_level, excess)
     return r["gm_bytes_fused"] / r["gm_bytes_ideal"] if r["gm_bytes_ideal"] else 1.0
+
+
+# the passes after the cluster pass: without them the graph is the one the ideal is taken on
+_AFTER_CLUSTER = "split,recompute,parallel_fusion,window_fusion,promote_precision,matmul_group"
+
+
+def excess_lines(g, result, opt_level: int, top: int) -> list[str]:
+    """The ``top`` groups of ideal kernels (``traffic.ideal``'s launches, on the graph the
+    cluster pass saw) whose fused launches move the most bytes over them. A fused launch and
+    every ideal launch one of its nodes belongs to (by node name, else by the source node it
+    came from) are one group, joined transitively: so a region cut in two shows the bytes of
+    the cut, and a product the ideal runs alone shows with the kernel that took it."""
+    from graphkernel.codegen import targets, traffic
+    from graphkernel.fusion import cluster_ops, reason_checker
+    from graphkernel.ops import PRODUCT_OPS
+
+    before = graphkernel.compile(g, f"--opt_level={opt_level} --disable_pass={_AFTER_CLUSTER}",
+                                 env={})
+    graph = before.graph
+    why_not = reason_checker(cluster_ops(before.config), before.config)
+    ok = {id(n) for n in graph.nodes if why_not(n) is None}
+    vector = {id(n) for n in graph.nodes if id(n) in ok and n.op not in PRODUCT_OPS}
+    detail: list = []
+    traffic.ideal(graph, vector, ok - vector, targets.load(before.config.target), None, detail)
+    home = {n.name: k for k, (members, _) in enumerate(detail) for n in members}
+    by_origin: dict[str, set[int]] = {}
+    for k, (members, _) in enumerate(detail):
+        for n in members:
+            for o in n.origin:
+                by_origin.setdefault(o, set()).add(k)
+    parent = list(range(len(detail)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    launches: list[tuple[set[int], int, str]] = []
+    for n, r, w in traffic.launch_io(result.graph):
+        members = list(n.subgraph.nodes) if n.op == "GraphKernel" else [n]
+        ks = {home[m.name] for m in members if m.name in home}
+        ks |= {k for m in members if m.name not in home and m.op != "Constant"
+               for o in m.origin for k in by_origin.get(o, ())}
+        for k in ks:
+            parent[root(k)] = root(next(iter(ks)))
+        launches.append((ks, r + w, n.name))
+    groups: dict[int, list] = {}
+    for k, (_, b) in enumerate(detail):
+        groups.setdefault(root(k), [0, b, [], set()])[1:2] = [groups.get(root(k), [0, 0])[1] + b]
+        groups[root(k)][3] |= {m.op for m in detail[k][0] if m.op != "Constant"}
+    stray = []
+    for ks, size, name in launches:
+        if not ks:
+            stray.append((size, name))
+            continue
+        entry = groups[root(next(iter(ks)))]
+        entry[0] += size
+        entry[2].append(name)
+    rows = sorted(((f - b, f, b, names, kinds) for f, b, names, kinds in groups.values()),
+                  key=lambda row: -row[0])
+    out = []
+    for extra, f, b, names, kinds in rows[:top]:
+        if extra <= 0:
+            break
+        out.append(f"    +{extra:>9,} B  fused {f:,} B in {len(names)} launch(es) "
+                   f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}), ideal "
+                   f"{b:,} B; ops {', '.join(sorted(kinds)[:12])}")
+    for size, name in sorted(stray, reverse=True)[:top]:
+        out.append(f"    +{size:>9,} B  {name}: a launch of no node of the ideal's graph")
+    return out
 
 
 @contextlib.contextmanager
@@ -106,7 +184,7 @@ def _stdout_silenced():
         os.close(saved)
 
 
-def transformers_table(names: list[str], opt_level: int) -> int:
+def transformers_table(names: list[str], opt_level: int, excess: int = 0) -> int:
     """fused/ideal GM bytes of each transformer-zoo model's inference graph, exported by
     torch.export and by the ONNX exporter."""
     import logging
@@ -137,12 +215,14 @@ def transformers_table(names: list[str], opt_level: int) -> int:
             model, args = build(), inputs()
             args = args if isinstance(args, tuple) else (args,)
             cells, why = [], []
+            lines: dict[str, list[str]] = {"torch.export": [], "ONNX": []}
             try:
-                cells.append(_ratio(gt.export_graph(model, args, name=name), opt_level))
+                cells.append(_ratio(gt.export_graph(model, args, name=name), opt_level,
+                                    excess, lines["torch.export"]))
             except Exception as e:  # noqa: BLE001 - torch.export's own limit: listed
                 cells.append(None)
                 why.append(f"torch.export: {str(e).splitlines()[0][:90]}")
-            cell, reason = _onnx_ratio(model, args, name, opt_level)
+            cell, reason = _onnx_ratio(model, args, name, opt_level, excess, lines["ONNX"])
             cells.append(cell)
             why += [reason] if reason else []
             for key, cell in zip(worst, cells, strict=True):
@@ -151,6 +231,11 @@ def transformers_table(names: list[str], opt_level: int) -> int:
             shown_cells = [f"{c:.3f}" if c is not None else "-" for c in cells]
             progress.write(f"{name:<16} {shown_cells[0]:>12} {shown_cells[1]:>8}  "
                            + "; ".join(why), sys.stdout)
+            for key, more in lines.items():
+                if more:
+                    progress.write(f"  {key}: bytes over the ideal", sys.stdout)
+                    for line in more:
+                        progress.write(line, sys.stdout)
             shown.advance()
     for key, (ratio, name) in worst.items():
         print(f"worst fused/ideal, {key}: {ratio:.3f} ({name}; target <= 1.05)")
@@ -189,7 +274,8 @@ def _first_line(e: Exception) -> str:
     return cause or (lines[0] if lines else type(e).__name__)
 
 
-def _onnx_ratio(model, args, name: str, opt_level: int) -> tuple[float | None, str]:
+def _onnx_ratio(model, args, name: str, opt_level: int, excess: int = 0,
+                lines: list[str] | None = None) -> tuple[float | None, str]:
     """fused/ideal of ``model``'s ONNX export, and a note: which exporter when it was the
     dynamo one, torch's reason when neither exports it."""
     import tempfile
@@ -198,7 +284,7 @@ def _onnx_ratio(model, args, name: str, opt_level: int) -> tuple[float | None, s
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, f"{name}.onnx")
             how = _onnx_export(model, args, path)
-            ratio = _ratio(load_model(path), opt_level)
+            ratio = _ratio(load_model(path), opt_level, excess, lines)
     except Exception as e:  # noqa: BLE001 - the exporter's own limit: listed
         return None, f"ONNX: {str(e).splitlines()[0][:170]}"
     return ratio, ("ONNX by torch's dynamo exporter" if how == "dynamo" else "")

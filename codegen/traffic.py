@@ -111,8 +111,8 @@ def launches(graph: Graph) -> list[dict[str, Any]]:
 
 
 def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] = frozenset(),
-          spec: Target | None = None, regions: list[list[Node]] | None = None
-          ) -> tuple[int, int]:
+          spec: Target | None = None, regions: list[list[Node]] | None = None,
+          detail: list[tuple[list[Node], int]] | None = None) -> tuple[int, int]:
     """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
     every size limit and pattern rule: the lower bound fusion can reach.
 
@@ -131,7 +131,9 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
     the same way when that region is elementwise work (a window kernel's epilogue), its
     input read once (as the generated kernel reads it).
 
-    ``regions``: ``form_regions(graph, fusable)`` when the caller has it (its lists grow)."""
+    ``regions``: ``form_regions(graph, fusable)`` when the caller has it (its lists grow).
+    ``detail``: when given, receives (members, bytes) of each ideal launch, so a report can
+    set each fused kernel's bytes against the ideal launch its nodes belong to."""
     from graphkernel.fusion import form_regions
 
     outputs = {id(v) for v in graph.outputs}
@@ -173,12 +175,16 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
         r, w = _io_bytes(ins, outs)
         total += r + w
         count += 1
+        if detail is not None:
+            detail.append((members, r + w))
     for n in nodes:
         if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
         total += r + w
         count += 1
+        if detail is not None:
+            detail.append(([n], r + w))
     return total, count
 
 
