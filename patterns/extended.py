@@ -238,14 +238,18 @@ def transpose(model, a):
                            "past axes of extent 1 (a strided load of its rows would be rows "
                            "of another length than the kernel's)"))]
     prods = [p for p in model.producer_areas(a)
-             if (model.kind(p) <= OpKind.BROADCAST or _scans(p)) and model.only_consumer_is(p, a)]
+             if (model.kind(p) <= OpKind.BROADCAST or _scans(p)
+                 or _row_reductions(p, moved[0].inputs[0].shape[-1]))
+             and model.only_consumer_is(p, a)]
     if prods:  # the producers' kernel stores the transposed value (a scan's: rows only, its
         # kernel runs over blocks of rows, never one tile)
         return fuse_if(model, "transpose", [a] + prods, keeps_last if any(
             _scans(p) for p in prods) else moved_whole)
     cons, external = model.consumers(a)
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
-                                            or _row_work(cons[0], model.cfg)):
+                                            or _row_work(cons[0], model.cfg)
+                                            or _row_reductions(cons[0],
+                                                               moved[0].outputs[0].shape[-1])):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)  # (gathered whole)
     return None
 
@@ -275,6 +279,19 @@ def _in_ub_refusal(t) -> str:
     for k, p in enumerate(perm):
         strides[p] = ostrides[k]
     return gather_transpose_refusal(shape, tuple(strides), t.outputs[0].dtype)
+
+
+def _row_reductions(a, row) -> bool:
+    """An area that reduces, each reduction along the last axis only, of length ``row`` (the
+    transposed value's rows), and none a scan (LayerNorm, RMSNorm, softmax over rows): each
+    row is reduced within itself, so the whole value as one tile (the in-UB transpose) or
+    rows stored or loaded strided (a transpose keeping the last axis) serve it as they serve
+    elementwise work."""
+    from graphkernel import ops
+
+    reductions = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
+    return bool(reductions) and all(n.op != "Scan" for n in reductions) and \
+        _rows_reduced(a, row)
 
 
 def _scans(a) -> bool:

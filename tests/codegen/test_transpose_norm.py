@@ -1,0 +1,123 @@
+"""A transpose next to a normalisation over rows: a convolution's output moved channels-last
+and LayerNorm-ed (ConvNeXt's blocks, a patch embedding's `flatten(2).transpose(1, 2)` then
+LayerNorm in Swin, SigLIP and ViT-style models, an audio encoder's feature projection), and
+a LayerNorm's result cut into windows (Swin's window partition). Each row is reduced within
+itself, so the transpose joins the normalising kernel as it joins elementwise work: the
+kernel loads the input as it lies and gathers it in UB (or stores the result through the
+transposed map), and the transpose is no launch of its own. A reduction over other rows than
+the transposed value's stays apart. Checked in the simulator against the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Graph, TensorType
+from graphkernel.codegen.backend import run_sim
+from graphkernel.codegen.traffic import launches
+from graphkernel.interpreter import Interpreter
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+RNG = np.random.default_rng(11)
+
+
+def _layer_norm(g: Graph, x, width: int):
+    gamma = g.const(RNG.standard_normal(width).astype(np.float32))
+    beta = g.const(RNG.standard_normal(width).astype(np.float32))
+    attrs = {"begin_norm_axis": -1, "begin_params_axis": -1, "epsilon": 1e-6}
+    return g.add_node("LayerNorm", [x, gamma, beta], attrs).outputs[0]
+
+
+def _moved_then_normed(shape=(2, 16, 4, 4)) -> Graph:
+    """ConvNeXt's ``x.permute(0, 2, 3, 1)`` of a [B, C, H, W] value, then LayerNorm over C."""
+    g = Graph("moved_norm")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 3, 1]}).output
+    g.set_outputs([_layer_norm(g, t, shape[1])])
+    return g
+
+
+def _patches_then_normed(shape=(2, 16, 4, 4)) -> Graph:
+    """A patch embedding's ``flatten(2).transpose(1, 2)`` then LayerNorm over the channels."""
+    g = Graph("patches_norm")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    b, c, h, w = shape
+    f = g.add_node("Reshape", [x], {"shape": [b, c, h * w]}).output
+    t = g.add_node("Transpose", [f], {"perm": [0, 2, 1]}).output
+    g.set_outputs([_layer_norm(g, t, c)])
+    return g
+
+
+def _normed_then_windows(shape=(2, 8, 8, 16), window=4) -> Graph:
+    """Swin's LayerNorm then window partition: [B, H, W, C] viewed as
+    [B, H/w, w, W/w, w, C], moved to [B, H/w, W/w, w, w, C] (the channels stay last)."""
+    g = Graph("norm_windows")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    b, h, w, c = shape
+    y = _layer_norm(g, x, c)
+    y = g.add_node("Reshape", [y], {"shape": [b, h // window, window, w // window, window,
+                                              c]}).output
+    t = g.add_node("Transpose", [y], {"perm": [0, 1, 3, 2, 4, 5]}).output
+    g.set_outputs([g.add_node("Reshape", [t], {"shape": [-1, window * window, c]}).output])
+    return g
+
+
+def _normed_then_moved(shape=(2, 12, 16)) -> Graph:
+    """LayerNorm over the last axis, then the last two axes swapped (channels first again)."""
+    g = Graph("norm_moved")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    y = _layer_norm(g, x, shape[-1])
+    g.set_outputs([g.add_node("Transpose", [y], {"perm": [0, 2, 1]}).output])
+    return g
+
+
+def _run(g: Graph, shape):
+    res = graphkernel.compile(g, "", env={})
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    got, be = run_sim(res, feeds)
+    assert not be.unscheduled
+    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-5)
+    return res
+
+
+@pytest.mark.parametrize("make,shape", [(_moved_then_normed, (2, 16, 4, 4)),
+                                        (_patches_then_normed, (2, 16, 4, 4)),
+                                        (_normed_then_windows, (2, 8, 8, 16)),
+                                        (_normed_then_moved, (2, 12, 16))])
+def test_a_transpose_joins_the_layer_norm_beside_it(make, shape):
+    """One launch (not a transpose kernel and the LayerNorm's), the transpose inside it, no
+    fallback, and the simulator's numbers match the reference."""
+    res = _run(make(), shape)
+    ks = launches(res.graph)
+    assert len(ks) == 1, ks
+    assert "Transpose" in ks[0]["op_list"]
+    assert not res.report.extra["fallbacks"]
+
+
+def test_a_reduction_over_other_rows_keeps_the_transpose_apart():
+    """The moved value's rows are 16 channels, but the reduction sums rows of 64 (the
+    channels of four positions, viewed together): each row of the kernel is no row of the
+    transposed value, so the transpose stays a launch of its own."""
+    g = Graph("other_rows")
+    x = g.add_input("x", TensorType((2, 16, 4, 4), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 3, 1]}).output
+    v = g.add_node("Reshape", [t], {"shape": [2, 4, 64]}).output
+    g.set_outputs([_layer_norm(g, v, 64)])
+    res = _run(g, (2, 16, 4, 4))
+    ks = launches(res.graph)
+    assert len(ks) == 2
+    assert not any({"Transpose", "ReduceSum"} <= set(k.get("op_list", [k["op"]])) for k in ks)
+
+
+def test_a_column_reduction_keeps_the_transpose_apart():
+    """A sum over the positions (not within a row) of the moved value: the in-UB transpose
+    needs one tile of whole rows, so the transpose is not taken into the reducing kernel."""
+    g = Graph("columns")
+    x = g.add_input("x", TensorType((2, 16, 12), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 1]}).output
+    g.set_outputs([g.add_node("ReduceSum", [t], {"axis": [1], "keep_dims": True}).output])
+    res = _run(g, (2, 16, 12))
+    ks = launches(res.graph)
+    assert len(ks) == 2
+    assert not any({"Transpose", "ReduceSum"} <= set(k.get("op_list", [k["op"]])) for k in ks)
