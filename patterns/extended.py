@@ -240,7 +240,7 @@ def transpose(model, a):
     prods = [p for p in model.producer_areas(a)
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)
                  or _row_reductions(p, moved[0].inputs[0].shape[-1]))
-             and model.only_consumer_is(p, a)]
+             and (model.only_consumer_is(p, a) or perm[-1] == len(perm) - 1)]
     if prods:  # the producers' kernel stores the transposed value (a scan's: rows only, its
         # kernel runs over blocks of rows, never one tile)
         return fuse_if(model, "transpose", [a] + prods, keeps_last if any(

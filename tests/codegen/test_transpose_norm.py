@@ -63,6 +63,36 @@ def _normed_then_windows(shape=(2, 8, 8, 16), window=4) -> Graph:
     return g
 
 
+def _normed_kept_and_windowed(shape=(2, 8, 8, 16), window=4) -> Graph:
+    """Swin's first block: the LayerNorm's result is the residual (a graph output here) and,
+    cut into windows, the attention's input: the kernel stores both, the windows through the
+    transposed map (rows of the channels stay whole)."""
+    g = Graph("norm_kept_windows")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    b, h, w, c = shape
+    y = _layer_norm(g, x, c)
+    v = g.add_node("Reshape", [y], {"shape": [b, h // window, window, w // window, window,
+                                              c]}).output
+    t = g.add_node("Transpose", [v], {"perm": [0, 1, 3, 2, 4, 5]}).output
+    win = g.add_node("Reshape", [t], {"shape": [-1, window * window, c]}).output
+    g.set_outputs([win, y])
+    return g
+
+
+def _windows_merged_plus(shape=(2, 2, 2, 4, 4, 16)) -> Graph:
+    """Swin's window merge then the residual: [B, h, w, wh, ww, C] read as
+    [B, h, wh, w, ww, C] (its rows of C lie at offsets no one stride reaches), plus a value
+    of the merged shape. The kernel gathers the windows in UB."""
+    g = Graph("windows_merged")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    b, h, w, wh, ww, c = shape
+    r = g.add_input("r", TensorType((b, h * wh * w * ww, c), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 1, 3, 2, 4, 5]}).output
+    v = g.add_node("Reshape", [t], {"shape": [b, h * wh * w * ww, c]}).output
+    g.set_outputs([g.add_node("Add", [v, r]).output])
+    return g
+
+
 def _normed_then_moved(shape=(2, 12, 16)) -> Graph:
     """LayerNorm over the last axis, then the last two axes swapped (channels first again)."""
     g = Graph("norm_moved")
@@ -74,20 +104,26 @@ def _normed_then_moved(shape=(2, 12, 16)) -> Graph:
 
 def _run(g: Graph, shape):
     res = graphkernel.compile(g, "", env={})
-    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    feeds = {v.name: RNG.standard_normal(v.shape if v.name != "x" else shape).astype(
+        np.float32) for v in g.inputs}
     got, be = run_sim(res, feeds)
     assert not be.unscheduled
-    np.testing.assert_allclose(got[0], Interpreter(g).run(feeds)[0], rtol=1e-5, atol=1e-5)
+    want = Interpreter(g).run(feeds)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     return res
 
 
 @pytest.mark.parametrize("make,shape", [(_moved_then_normed, (2, 16, 4, 4)),
                                         (_patches_then_normed, (2, 16, 4, 4)),
                                         (_normed_then_windows, (2, 8, 8, 16)),
-                                        (_normed_then_moved, (2, 12, 16))])
-def test_a_transpose_joins_the_layer_norm_beside_it(make, shape):
-    """One launch (not a transpose kernel and the LayerNorm's), the transpose inside it, no
-    fallback, and the simulator's numbers match the reference."""
+                                        (_normed_then_moved, (2, 12, 16)),
+                                        (_normed_kept_and_windowed, (2, 8, 8, 16)),
+                                        (_windows_merged_plus, (2, 2, 2, 4, 4, 16))])
+def test_a_transpose_joins_the_kernel_beside_it(make, shape):
+    """One launch (not a transpose kernel and the LayerNorm's or the sum's), the transpose
+    inside it, no fallback, and the simulator's numbers match the reference."""
     res = _run(make(), shape)
     ks = launches(res.graph)
     assert len(ks) == 1, ks
