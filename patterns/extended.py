@@ -248,8 +248,8 @@ def transpose(model, a):
     cons, external = model.consumers(a)
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
                                             or _row_work(cons[0], model.cfg)
-                                            or _row_reductions(cons[0],
-                                                               moved[0].outputs[0].shape[-1])):
+                                            or _row_reductions(cons[0], None if _gathered(
+                                                moved[0]) else moved[0].outputs[0].shape[-1])):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)  # (gathered whole)
     return None
 
@@ -283,15 +283,30 @@ def _in_ub_refusal(t) -> str:
 
 def _row_reductions(a, row) -> bool:
     """An area that reduces, each reduction along the last axis only, of length ``row`` (the
-    transposed value's rows), and none a scan (LayerNorm, RMSNorm, softmax over rows): each
-    row is reduced within itself, so the whole value as one tile (the in-UB transpose) or
-    rows stored or loaded strided (a transpose keeping the last axis) serve it as they serve
-    elementwise work."""
+    transposed value's rows; None: any), and none a scan (LayerNorm, RMSNorm, softmax over
+    rows): each row is reduced within itself, so the whole value as one tile (the in-UB
+    transpose) or rows stored or loaded strided (a transpose keeping the last axis) serve it
+    as they serve elementwise work."""
     from graphkernel import ops
+    from graphkernel.patterns.reduce import reduce_signatures
 
     reductions = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
-    return bool(reductions) and all(n.op != "Scan" for n in reductions) and \
-        _rows_reduced(a, row)
+    if not reductions or any(n.op == "Scan" for n in reductions):
+        return False
+    if row is None:
+        return all(axes == (len(shape) - 1,) for shape, axes in reduce_signatures(a))
+    return _rows_reduced(a, row)
+
+
+def _gathered(t) -> bool:
+    """Whether the kernel reading Transpose ``t`` of its input gathers the whole value in UB
+    (the last axis moves, or the rows are read merged: a window merge, a patch merge; the
+    code generator's own test) rather than loading rows strided: its tile is then the
+    transposed value as it is, and a reduction may take rows of any length of it (Swin's
+    patch merge: rows of 4 C after a transpose of rows of C)."""
+    from graphkernel.codegen.vector.schedule import reshaped_read
+
+    return not _in_ub_refusal(t) and (not keeps_rows(t) or reshaped_read(t.outputs[0]))
 
 
 def _scans(a) -> bool:

@@ -647,8 +647,8 @@ class _Planner:
             strides = tuple(strides[p] for p in n.attrs["perm"])
             shape = tuple(out.shape)
             real = [k for k in range(len(shape)) if not eq(shape[k], 1)]
-            if real and (not eq(strides[real[-1]], 1) or not _rows_of_one_stride(
-                    shape, strides)):  # rows cross, or lie unevenly (windows): gathered in UB
+            if real and (not eq(strides[real[-1]], 1) or reshaped_read(out)):
+                # rows cross, or are read merged (a window merge): gathered in UB
                 why = gather_transpose_refusal(shape, strides, out.dtype)
                 if why:
                     raise Unsupported("Transpose of a kernel input that moves its last axis: "
@@ -1325,28 +1325,14 @@ MAX_TILE_ROWS = 4095  # a tile's rows: DataCopyPad's block count (a 12-bit field
 GATHER_REPEATS = 255  # full repeats of one count-form Gather (an 8-bit repeat count)
 
 
-def _rows_of_one_stride(shape: tuple[Dim, ...], strides: tuple[Dim, ...]) -> bool:
-    """Whether a transposed input that keeps its last axis loads as rows evenly spaced: for
-    some k, the axes from k on are contiguous (a row) and those before it step by one stride
-    (axes of extent 1 aside). Swin's window merge ([B, h, w, wh, ww, C] read as
-    [B, h, wh, w, ww, C]) is not: its rows lie at offsets no one stride reaches, so it is
-    gathered in UB instead."""
-    if not all(isinstance(d, int) for d in (*shape, *strides)):
-        return True  # (symbolic: a strided load as before)
-    for k in range(len(shape) - 1, -1, -1):
-        inner = 1
-        contiguous = True
-        for j in range(len(shape) - 1, k - 1, -1):
-            if shape[j] != 1 and strides[j] != inner:
-                contiguous = False
-                break
-            inner *= shape[j]
-        if not contiguous:
-            continue
-        outer = [(shape[j], strides[j]) for j in range(k) if shape[j] != 1]
-        if all(s == d2 * e2 for (_, s), (e2, d2) in zip(outer, outer[1:], strict=False)):
-            return True
-    return False
+def reshaped_read(v: Value) -> bool:
+    """Whether a transposed kernel input ``v`` that keeps its last axis is read in another
+    shape (a Reshape merging its axes: Swin's window merge ``[B, h, w, wh, ww, C]`` read as
+    ``[B, h, wh, w, ww, C]`` and then as ``[B, L, C]``, its patch merge as rows of 4 C). Its
+    rows are then no strided view the steps can read (a reshape of a strided map is no
+    affine map in general), so the kernel gathers the value in UB instead."""
+    return any(u.op in VIEW_OPS and tuple(o.shape) != tuple(v.shape)
+               for u in v.users for o in u.outputs)
 
 
 def gather_transpose_refusal(shape: tuple[Dim, ...], strides: tuple[Dim, ...],

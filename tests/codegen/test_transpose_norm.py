@@ -93,6 +93,20 @@ def _windows_merged_plus(shape=(2, 2, 2, 4, 4, 16)) -> Graph:
     return g
 
 
+def _patches_merged_then_normed(shape=(2, 8, 8, 16)) -> Graph:
+    """Swin's patch merge: the four positions of each 2 x 2 patch side by side
+    ([B, H/2, 2, W/2, 2, C] read as [B, H/2, W/2, 2, 2, C], rows of 4 C), then LayerNorm over
+    the 4 C: the kernel gathers the patches in UB and normalises rows of the gathered tile."""
+    g = Graph("patch_merge")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    b, h, w, c = shape
+    v = g.add_node("Reshape", [x], {"shape": [b, h // 2, 2, w // 2, 2, c]}).output
+    t = g.add_node("Transpose", [v], {"perm": [0, 1, 3, 4, 2, 5]}).output
+    m = g.add_node("Reshape", [t], {"shape": [b, h // 2, w // 2, 4 * c]}).output
+    g.set_outputs([_layer_norm(g, m, 4 * c)])
+    return g
+
+
 def _normed_then_moved(shape=(2, 12, 16)) -> Graph:
     """LayerNorm over the last axis, then the last two axes swapped (channels first again)."""
     g = Graph("norm_moved")
@@ -120,7 +134,8 @@ def _run(g: Graph, shape):
                                         (_normed_then_windows, (2, 8, 8, 16)),
                                         (_normed_then_moved, (2, 12, 16)),
                                         (_normed_kept_and_windowed, (2, 8, 8, 16)),
-                                        (_windows_merged_plus, (2, 2, 2, 4, 4, 16))])
+                                        (_windows_merged_plus, (2, 2, 2, 4, 4, 16)),
+                                        (_patches_merged_then_normed, (2, 8, 8, 16))])
 def test_a_transpose_joins_the_kernel_beside_it(make, shape):
     """One launch (not a transpose kernel and the LayerNorm's or the sum's), the transpose
     inside it, no fallback, and the simulator's numbers match the reference."""
@@ -131,16 +146,15 @@ def test_a_transpose_joins_the_kernel_beside_it(make, shape):
     assert not res.report.extra["fallbacks"]
 
 
-def test_a_reduction_over_other_rows_keeps_the_transpose_apart():
-    """The moved value's rows are 16 channels, but the reduction sums rows of 64 (the
-    channels of four positions, viewed together): each row of the kernel is no row of the
-    transposed value, so the transpose stays a launch of its own."""
-    g = Graph("other_rows")
-    x = g.add_input("x", TensorType((2, 16, 4, 4), "float32"))
-    t = g.add_node("Transpose", [x], {"perm": [0, 2, 3, 1]}).output
-    v = g.add_node("Reshape", [t], {"shape": [2, 4, 64]}).output
-    g.set_outputs([_layer_norm(g, v, 64)])
-    res = _run(g, (2, 16, 4, 4))
+def test_a_value_beyond_one_gather_keeps_the_transpose_apart():
+    """A [2, 64, 256] value moved to [2, 256, 64] is more than one in-UB Gather moves (255
+    repeats of 64 floats): the transpose stays a launch of its own beside the LayerNorm, and
+    both still match."""
+    g = Graph("too_large")
+    x = g.add_input("x", TensorType((2, 64, 256), "float32"))
+    t = g.add_node("Transpose", [x], {"perm": [0, 2, 1]}).output
+    g.set_outputs([_layer_norm(g, t, 64)])
+    res = _run(g, (2, 64, 256))
     ks = launches(res.graph)
     assert len(ks) == 2
     assert not any({"Transpose", "ReduceSum"} <= set(k.get("op_list", [k["op"]])) for k in ks)
