@@ -283,15 +283,17 @@ def _in_ub_refusal(t) -> str:
 
 def _row_reductions(a, row) -> bool:
     """An area that reduces, each reduction along the last axis only, of length ``row`` (the
-    transposed value's rows; None: any), and none a scan (LayerNorm, RMSNorm, softmax over
-    rows): each row is reduced within itself, so the whole value as one tile (the in-UB
-    transpose) or rows stored or loaded strided (a transpose keeping the last axis) serve it
-    as they serve elementwise work."""
+    transposed value's rows; None: any), none a scan and no matrix product among its ops
+    (LayerNorm, RMSNorm, softmax over rows; a MIX epilogue takes no transpose): each row is
+    reduced within itself, so the whole value as one tile (the in-UB transpose) or rows
+    stored or loaded strided (a transpose keeping the last axis) serve it as they serve
+    elementwise work."""
     from graphkernel import ops
     from graphkernel.patterns.reduce import reduce_signatures
 
     reductions = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
-    if not reductions or any(n.op == "Scan" for n in reductions):
+    if not reductions or any(n.op == "Scan" for n in reductions) or any(
+            n.op in PRODUCT_OPS for n in a.nodes):  # (no transpose in a MIX epilogue)
         return False
     if row is None:
         return all(axes == (len(shape) - 1,) for shape, axes in reduce_signatures(a))

@@ -171,3 +171,19 @@ def test_a_column_reduction_keeps_the_transpose_apart():
     ks = launches(res.graph)
     assert len(ks) == 2
     assert not any({"Transpose", "ReduceSum"} <= set(k.get("op_list", [k["op"]])) for k in ks)
+
+
+def test_a_product_normed_then_moved_keeps_the_transpose_out_of_the_mix_kernel():
+    """SigLIP's pooling head: a projection, LayerNorm over its rows (one MIX kernel: the
+    product and its epilogue), then the result moved sequence-first. A MIX epilogue takes no
+    transpose, so the transpose is not joined to that kernel (no fallback, which would run
+    the product's epilogue op by op), and the numbers match."""
+    g = Graph("product_norm_moved")
+    x = g.add_input("x", TensorType((32, 64), "float32"))
+    w = g.const(RNG.standard_normal((64, 64)).astype(np.float32) / 8)
+    y = _layer_norm(g, g.add_node("MatMul", [x, w]).output, 64)
+    y = g.add_node("Reshape", [y], {"shape": [2, 16, 64]}).output
+    g.set_outputs([g.add_node("Transpose", [y], {"perm": [1, 0, 2]}).output])
+    res = _run(g, (32, 64))
+    assert not res.report.extra["fallbacks"]
+    assert any(k["kind"] == "mix" for k in launches(res.graph))
