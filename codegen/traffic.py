@@ -3,10 +3,11 @@
 A launch is a fused kernel or any op left outside a kernel that needs one (opaque
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
-writes each output once, but for a window kernel (per-channel values once per plane:
-codegen/window.py) and a product group (the shared left operand once per product, and a
-product's result read back by another once more: codegen/cube/group.py). Symbolic dims count as
-``SYMBOL_SIZE``.
+writes each output once -- of an input it reads only through unit-step slices, the slices'
+bytes (a strided load: ``sliced_bytes``) -- but for a window kernel (per-channel values
+once per plane: codegen/window.py) and a product group (the shared left operand once per
+product, and a product's result read back by another once more: codegen/cube/group.py).
+Symbolic dims count as ``SYMBOL_SIZE``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ def _io_bytes(inputs: list[Value], outputs: list[Value]) -> tuple[int, int]:
     return read, sum(nbytes(v) for v in outputs)
 
 
+def sliced_bytes(v: Value, readers: list[Node]) -> int | None:
+    """GM bytes a kernel loads of ``v`` when ``readers`` (its ops reading ``v``) are all
+    slices of it with unit steps: the slices' bytes (a slice of a kernel input is a strided
+    load of the rows or columns it keeps: a fused QKV projection's V columns, a gate's half),
+    at most the whole value; None when something reads ``v`` whole."""
+    if not readers or not all(
+            r.op == "StridedSlice" and r.inputs[0] is v and all(
+                s == 1 for s in (r.attrs.get("strides") or [1])) for r in readers):
+        return None
+    return min(nbytes(v), sum(nbytes(r.outputs[0]) for r in readers))
+
+
+def _kernel_reads(n: Node) -> int:
+    """GM bytes launch ``n`` reads: each input once, or only its slices (``sliced_bytes``)."""
+    if n.op == "StridedSlice":
+        got = sliced_bytes(n.inputs[0], [n])
+        return nbytes(n.inputs[0]) if got is None else got
+    body = n.subgraph
+    total = 0
+    for outer, inner in zip(n.inputs, body.inputs, strict=True):
+        got = sliced_bytes(inner, list(dict.fromkeys(inner.users)))
+        total += nbytes(outer) if got is None else got
+    return total
+
+
 def group_reads(kernel: Node) -> int:
     """GM bytes a product group reads: each product its own inputs, the shared left operand
     once per product (the products' Matmul objects do not share L1: codegen/cube/group.py)."""
@@ -92,6 +118,8 @@ def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
             r = sum(reads.values())
         elif n.op == "GraphKernel" and is_group_kernel(n):
             r = group_reads(n)
+        elif n.op in ("GraphKernel", "StridedSlice"):
+            r = _kernel_reads(n)
         yield n, r, w
 
 
@@ -114,7 +142,9 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
           spec: Target | None = None, regions: list[list[Node]] | None = None,
           detail: list[tuple[list[Node], int]] | None = None) -> tuple[int, int]:
     """(bytes, launches) with every candidate region of fusable nodes as one kernel, ignoring
-    every size limit and pattern rule: the lower bound fusion can reach.
+    every size limit and pattern rule: the lower bound fusion can reach. Each ideal launch
+    reads and writes as a fused one does (``launch_io``'s rules: an input read only through
+    unit-step slices, the slices' bytes), so the two are counted alike for every model.
 
     Regions are the cluster pass's convex regions: a group whose members are connected only
     through a path that leaves it (DenseNet's concats, joined across convolutions) could
@@ -173,6 +203,9 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
         outs = [v for n in members for v in n.outputs
                 if id(v) in outputs or any(id(u) not in ids for u, _ in v.uses)]
         r, w = _io_bytes(ins, outs)
+        for v in {id(v): v for v in ins}.values():  # inputs only sliced: the slices' bytes
+            got = sliced_bytes(v, [u for u in dict.fromkeys(v.users) if id(u) in ids])
+            r -= 0 if got is None else nbytes(v) - got
         total += r + w
         count += 1
         if detail is not None:
@@ -181,6 +214,8 @@ def ideal(graph: Graph, fusable: set[int], products: frozenset[int] | set[int] =
         if id(n) in fusable or id(n) in joined or n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
+        if n.op == "StridedSlice":
+            r = _kernel_reads(n)
         total += r + w
         count += 1
         if detail is not None:
@@ -220,5 +255,6 @@ def summary(graph: Graph) -> tuple[int, int, list[dict[str, Any]]]:
 
 
 NOTE = (f"GM-traffic model: each launch reads its inputs once (a window kernel: its "
-        f"per-channel values once per plane) and writes its outputs "
+        f"per-channel values once per plane; an input read only through unit-step slices: "
+        f"the slices) and writes its outputs "
         f"once; constants and reshape views are free; symbolic dims count as {SYMBOL_SIZE}")

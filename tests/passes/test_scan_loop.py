@@ -137,4 +137,6 @@ def test_an_exported_sequential_scan_rolls_up_to_a_few_kernels():
     ex_on, ex_off = on.report.extra, off.report.extra
     # 12 steps: several launches each unrolled; one scan kernel and a few around it rolled up
     assert ex_on["kernels_fused"] <= 5 and ex_off["kernels_fused"] >= 3 * 12
-    assert ex_on["gm_bytes_fused"] * 5 < ex_off["gm_bytes_fused"]
+    # (each unrolled step loads only its slices a[:, :, t], b[:, :, t] and c[:, t]: the
+    # steps' launches still move three times the rolled-up kernels' bytes)
+    assert ex_on["gm_bytes_fused"] * 3 < ex_off["gm_bytes_fused"]
