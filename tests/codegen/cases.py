@@ -433,6 +433,18 @@ def pattern_cases() -> list[Case]:
     g, v = _g("ub_transpose_load", {"x": (3, 6, 5), "y": (3, 5, 6)})
     t = g.add_node("Transpose", [v["x"]], {"perm": [0, 2, 1]}).output
     add("ub-transpose-load", g, g.add_node("Mul", [g.add_node("Exp", [t]).output, v["y"]]).output)
+    # ... beside a LayerNorm over the rows: an input moved channels-last then normalised, and
+    # a patch merge (a transpose keeping the channels, read merged as rows of 4 C) normalised
+    ln = {"begin_norm_axis": -1, "begin_params_axis": -1, "epsilon": 1e-5}
+    g, v = _g("ub_transpose_norm", {"x": (2, 16, 4, 4), "w": (16,)})
+    t = g.add_node("Transpose", [v["x"]], {"perm": [0, 2, 3, 1]}).output
+    add("ub-transpose-norm", g, g.add_node("LayerNorm", [t, v["w"], v["w"]], ln).outputs[0])
+    g, v = _g("ub_transpose_merge_norm", {"x": (2, 8, 8, 8), "w": (32,)})
+    y = g.add_node("Reshape", [v["x"]], {"shape": [2, 4, 2, 4, 2, 8]}).output
+    y = g.add_node("Transpose", [y], {"perm": [0, 1, 3, 4, 2, 5]}).output
+    y = g.add_node("Reshape", [y], {"shape": [2, 4, 4, 32]}).output
+    add("ub-transpose-merge-norm", g,
+        g.add_node("LayerNorm", [y, v["w"], v["w"]], ln).outputs[0])
     # dynamic shapes: one kernel for every b
     g, v = _g("dyn", {"x": ("b", 33), "w": (33,)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731

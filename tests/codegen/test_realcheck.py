@@ -332,14 +332,15 @@ def test_lookup_and_split_kernels_compile_against_the_real_headers():
 @needs_headers
 def test_in_ub_transpose_kernels_compile_against_the_real_headers():
     """The in-UB transpose's table built by the scalar unit (LocalTensor SetValue) and its
-    count-form Gather, of a stored value and of a loaded input, type-check against the real
-    API in every mode of the kernel, with the one-tile host tiling."""
+    count-form Gather, of a stored value and of a loaded input (and of inputs a LayerNorm
+    then reduces by rows), type-check against the real API in every mode of the kernel,
+    with the one-tile host tiling."""
     cases = [c for c in pattern_cases() if c.id.startswith("ub-transpose-")]
-    assert len(cases) == 2
+    assert len(cases) == 4
     rendered = []
     for c in cases:
         rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
-    assert len(rendered) == 2 and all(r.schedule.single_tile for r in rendered)
+    assert len(rendered) == 4 and all(r.schedule.single_tile for r in rendered)
     texts = ["".join(r.files.values()) for r in rendered]
     assert all("Gather(" in t and ".SetValue(" in t for t in texts)
     results = realcheck.check_rendered(rendered, headers())
