@@ -275,9 +275,13 @@ enum KernelMetaType {
 };
 inline void declare_kernel_type(KernelMetaType t) { g_core->kernel_type = t; }
 inline Instr vec(const loc& where) {
-    if (g_core->kernel_type == KERNEL_TYPE_AIC_ONLY || g_core->aic)
-        fail("a vector instruction on the cube core (a KERNEL_TYPE_AIC_ONLY kernel, or a MIX "
-             "kernel before its REGIST_MATMUL_OBJ: the cube core has no vector unit)", where);
+    if (g_core->kernel_type == KERNEL_TYPE_AIC_ONLY)
+        fail("a vector instruction in a kernel declared KERNEL_TYPE_AIC_ONLY (the cube core "
+             "has no vector unit)", where);
+    if (g_core->aic)
+        fail("a vector instruction on the cube core of a MIX launch (before its "
+             "REGIST_MATMUL_OBJ, where the cube core leaves the function: it has no vector "
+             "unit)", where);
     ++g_core->vector_ops;
     return issue(PIPE_V, where);
 }
