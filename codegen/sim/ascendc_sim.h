@@ -9,7 +9,9 @@
 // pipes that read it since), and an access from another pipe with no sync in between
 // (SetFlag/WaitFlag, PipeBarrier<PIPE_ALL>, a queue's hand-over of its tile) is an error.
 // Every error names the kernel and the source line of the offending call. GM bytes read and
-// written, scalar UB accesses, syncs and vector instructions are counted per block.
+// written, scalar UB accesses, syncs and vector instructions are counted per block. A
+// KERNEL_TYPE_MIX_AIC_1_2 launch runs both vector cores of each block and its cube core, with
+// the system variables the A2 headers define (GetBlockIdx, GetSubBlockIdx, GetTaskRatio).
 #pragma once
 
 #include <algorithm>
