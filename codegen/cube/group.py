@@ -7,11 +7,12 @@ B, its tiling (computed by its own host function for the actual shapes), its epi
 is a MIX product, its outputs. The group's kernel calls each product's body in turn on every
 block; each body registers its own Matmul object, runs its blocks and calls ``End()`` before
 it returns, so no two objects are ever in use at once (the API's rule, which the simulator
-enforces). A block beyond a product's ``usedCoreNum`` skips that product. The test is on the block,
-``GetBlockIdx() / GetTaskRatio()``, which is the same on a MIX block's cube core and both its
-vector cores (``GetBlockIdx()`` alone is ``block * 2 + sub-block`` on a vector core of a MIX
-launch): all three must reach the same registrations, or the cube core's Matmul server waits
-for a vector core that never comes (docs/codegen.md, "Block indices"). Between
+enforces). A block beyond a product's ``usedCoreNum`` skips that product. The test is on
+the block: ``GetBlockIdx()`` in a cube-only group, ``GetBlockIdx() / GetTaskRatio()`` in a
+MIX group, the same value on a MIX block's cube core and both its vector cores
+(``GetBlockIdx()`` alone is ``block * 2 + sub-block`` on a vector core of a MIX launch): all
+three must reach the same registrations, or the cube core's Matmul server waits for a vector
+core that never comes (docs/codegen.md, "Block indices"). Between
 two products a ``PipeBarrier<PIPE_ALL>``: the next body's TPipe takes the UB again, so the
 previous body's copies out must be done.
 
@@ -299,14 +300,19 @@ def render_group(g: GroupSchedule) -> Rendered:
                         "UB again")
         args = ", ".join([*(f"{w}{i}" for w, i in m.inputs), *(f"out{o}" for o in m.outputs),
                           "workspace", f"tiling + {name}_offset[{j}]"])
+        # the block: on a cube-only launch GetBlockIdx(); on a MIX launch the same value on
+        # the block's cube core and both vector cores (GetBlockIdx() / GetTaskRatio())
+        guard = (["        // the block (the same on its cube core and both vector cores, "
+                  "which must all",
+                  "        // reach the same Matmul registrations)",
+                  "        if (t.nc != 0 && GetBlockIdx() / GetTaskRatio() < "
+                  "t.cube.usedCoreNum)"] if mix else
+                 ["        if (t.nc != 0 && GetBlockIdx() < t.cube.usedCoreNum)"])
         body += ["    {",
                  f"        {t} t;  // product {j + 1}'s tiling: which blocks it runs on",
                  "        for (uint32_t i = 0; i < sizeof(t); ++i) ((uint8_t*)&t)[i] = "
                  f"((const uint8_t*)tiling)[{name}_offset[{j}] + i];",
-                 "        // the block (the same on its cube core and both vector cores, "
-                 "which must all",
-                 "        // reach the same Matmul registrations)",
-                 "        if (t.nc != 0 && GetBlockIdx() / GetTaskRatio() < t.cube.usedCoreNum)",
+                 *guard,
                  f"            {r.name}({args});",
                  "    }"]
     body.append("}")
