@@ -30,12 +30,14 @@ DT_ENUM = {DType.float16: "DataType::DT_FLOAT16", DType.bfloat16: "DataType::DT_
            DType.float32: "DataType::DT_FLOAT"}
 
 
-def render_matmul(s: MatmulSchedule, node_comment: str | None = None, member: bool = False
-                  ) -> Rendered:
+def render_matmul(s: MatmulSchedule, node_comment: str | None = None, member: bool = False,
+                  in_mix: bool = False) -> Rendered:
     """The kernel's files and manifest entry (its buffer plan: none for a cube kernel).
     ``member``: the product is one of a product group's (codegen/cube/group.py): its entry is
     an inline device function the group's kernel calls, with no headers, kernel type or
-    tiler of its own (the group's files have them once)."""
+    tiler of its own (the group's files have them once). ``in_mix``: that group is a MIX
+    kernel, so a product without an epilogue is driven from the vector cores too and takes
+    its blocks by vector core (docs/codegen.md, "Block indices")."""
     refs = shape_refs(s)
     cd = lambda d: c_dim(d, refs)  # noqa: E731
     batch = [(cd(d), cd(a), cd(b)) for d, a, b in zip(s.batch, s.a_strides, s.b_strides,
@@ -63,7 +65,8 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None, member: bo
         "c_size": s.c_bytes, "ub_elem": s.ub_per_elem(bplan),
         "ub_reserved": s.ub_reserved(bplan),
         **target_facts(s.target), "row_reduce": True,
-        "s": s, "member": member, "node_comment": comment_text(node_comment or s.node),
+        "s": s, "member": member, "in_mix": in_mix,
+        "node_comment": comment_text(node_comment or s.node),
         "ctype": C_TYPE[s.dtype], "size": s.dtype.itemsize, "dt_enum": DT_ENUM[s.dtype],
         "M": cd(s.M), "N": cd(s.N), "K": cd(s.K), "batch": batch, "max_axes": MAX_BATCH_AXES,
         "na": cd(ins[s.a].value.type.numel), "nb": cd(ins[s.b].value.type.numel),

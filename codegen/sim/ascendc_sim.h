@@ -9,7 +9,9 @@
 // pipes that read it since), and an access from another pipe with no sync in between
 // (SetFlag/WaitFlag, PipeBarrier<PIPE_ALL>, a queue's hand-over of its tile) is an error.
 // Every error names the kernel and the source line of the offending call. GM bytes read and
-// written, scalar UB accesses, syncs and vector instructions are counted per block.
+// written, scalar UB accesses, syncs and vector instructions are counted per block. A
+// KERNEL_TYPE_MIX_AIC_1_2 launch runs both vector cores of each block and its cube core, with
+// the system variables the A2 headers define (GetBlockIdx, GetSubBlockIdx, GetTaskRatio).
 #pragma once
 
 #include <algorithm>
@@ -110,12 +112,18 @@ struct EventSlot {
     uint32_t snap[NPIPES] = {};  // what the source pipe had completed at SetFlag
 };
 
-// One simulated AI Vector core: its block index, its Unified Buffer, its pipes' ordering and
-// its counters.
+// One simulated core: its block (the launch's AI Core index), which core of the block it is,
+// its Unified Buffer, its pipes' ordering and its counters. A KERNEL_TYPE_MIX_AIC_1_2 launch
+// runs three per block: vector cores (AIV) 0 and 1 and the cube core (AIC), whose run stops at
+// its first REGIST_MATMUL_OBJ (the Matmul server; matmul_sim.h). Other launches run one vector
+// core per block (sub 0).
 struct Core {
     std::string kernel;
-    int32_t block_idx = 0;
-    int32_t block_num = 1;
+    int32_t block_idx = 0;        // the block: get_block_idx() in [0, blockDim)
+    int32_t block_num = 1;        // blockDim
+    int32_t sub = 0;              // the vector core of the block (get_subblockid())
+    bool aic = false;             // the cube core of a MIX launch
+    std::vector<uint32_t> regs;   // where each REGIST_MATMUL_OBJ this core reached is
     std::vector<uint8_t> ub;
     size_t ub_used = 0;           // UB the live TPipe has reserved
     size_t ub_peak = 0;           // the most any TPipe of this core reserved
@@ -154,6 +162,13 @@ struct Core {
 };
 inline thread_local Core* g_core = nullptr;
 
+// A core's number among a launch's cores that write GM (block * 2 + vector core), and its
+// name in messages.
+inline int32_t writer_id(const Core& c) { return c.block_idx * 2 + c.sub; }
+inline std::string writer_name(int32_t id) {
+    return "block " + std::to_string(id / 2) + " (vector core " + std::to_string(id % 2) + ")";
+}
+
 // GM bytes read at `at`: counted in all and against the argument whose buffer holds them.
 // Bytes another block wrote in this launch are refused: the cores of a launch are not
 // synchronised with each other, so nothing orders that write before this read.
@@ -169,13 +184,13 @@ inline void count_read(const void* at, uint64_t bytes) {
                 const uint64_t first = p - c.args[i];
                 const uint64_t last = std::min<uint64_t>(first + bytes, c.arg_bytes[i]);
                 for (uint64_t k = first; k < last; ++k)
-                    if (w[k] >= 0 && w[k] != c.block_idx)
-                        throw SimError(c.kernel + ": block " + std::to_string(c.block_idx) +
+                    if (w[k] >= 0 && w[k] != writer_id(c))
+                        throw SimError(c.kernel + ": " + writer_name(writer_id(c)) +
                                        " reads byte " + std::to_string(k) + " of argument " +
-                                       std::to_string(i) + ", which block " +
-                                       std::to_string(w[k]) + " wrote in this launch (the "
-                                       "cores of a launch are not synchronised: a block may "
-                                       "read back only what it wrote itself)");
+                                       std::to_string(i) + ", which " + writer_name(w[k]) +
+                                       " wrote in this launch (the cores of a launch are not "
+                                       "synchronised: a core may read back only what it "
+                                       "wrote itself)");
             }
             return;
         }
@@ -193,7 +208,15 @@ inline void count_write(const void* at, uint64_t bytes) {
             if (w.empty()) w.assign(c.arg_bytes[i], -1);
             const uint64_t first = p - c.args[i];
             const uint64_t last = std::min<uint64_t>(first + bytes, c.arg_bytes[i]);
-            for (uint64_t k = first; k < last; ++k) w[k] = c.block_idx;
+            for (uint64_t k = first; k < last; ++k) {
+                if (w[k] >= 0 && w[k] != writer_id(c))
+                    throw SimError(c.kernel + ": " + writer_name(writer_id(c)) +
+                                   " writes byte " + std::to_string(k) + " of argument " +
+                                   std::to_string(i) + ", which " + writer_name(w[k]) +
+                                   " wrote in this launch (two cores write the same output: "
+                                   "their order on the device is undefined)");
+                w[k] = writer_id(c);
+            }
             return;
         }
 }
@@ -257,6 +280,10 @@ inline Instr vec(const loc& where) {
     if (g_core->kernel_type == KERNEL_TYPE_AIC_ONLY)
         fail("a vector instruction in a kernel declared KERNEL_TYPE_AIC_ONLY (the cube core "
              "has no vector unit)", where);
+    if (g_core->aic)
+        fail("a vector instruction on the cube core of a MIX launch (before its "
+             "REGIST_MATMUL_OBJ, where the cube core leaves the function: it has no vector "
+             "unit)", where);
     ++g_core->vector_ops;
     return issue(PIPE_V, where);
 }
@@ -341,7 +368,19 @@ inline void ub_reclaim(size_t b0, size_t len, int producer, int consumer) {
     }
 }
 
-inline int32_t GetBlockIdx() { return g_core->block_idx; }
+// The system variables as the A2 headers define them (dav_c220 kernel_operator_sys_var_impl.h):
+// GetTaskRatio() is get_subblockdim() on a vector core (2 in a MIX_AIC_1_2 launch, else 1) and
+// 1 on the cube core; GetBlockIdx() is get_block_idx() * GetTaskRatio() + get_subblockid() on a
+// vector core (so [0, 2 * blockDim) in a MIX_AIC_1_2 launch) and get_block_idx() on the cube
+// core; GetBlockNum() is get_block_num(), the launch's blockDim, on both.
+inline int32_t GetTaskRatio() {
+    return !g_core->aic && g_core->kernel_type == KERNEL_TYPE_MIX_AIC_1_2 ? 2 : 1;
+}
+inline int32_t GetSubBlockNum() { return GetTaskRatio(); }
+inline int32_t GetSubBlockIdx() { return g_core->aic ? 0 : g_core->sub; }
+inline int32_t GetBlockIdx() {
+    return g_core->aic ? g_core->block_idx : g_core->block_idx * GetTaskRatio() + g_core->sub;
+}
 inline int32_t GetBlockNum() { return g_core->block_num; }
 
 // All-core synchronisation. Only a SuperKernel launch runs its cores as threads; elsewhere
@@ -1561,13 +1600,16 @@ using KernelCall = void (*)(uint8_t**);
 // One core of a launch: its own Unified Buffer and counters; returns the error, or "".
 inline std::string run_core(KernelCall call, uint8_t** args, const uint64_t* arg_bytes,
                             int32_t nargs, const char* name, int32_t b, int32_t blocks,
-                            uint64_t ub_bytes, Core& core, std::barrier<>* bar) {
+                            uint64_t ub_bytes, Core& core, std::barrier<>* bar,
+                            int32_t sub = 0, bool aic = false) {
     core.kernel = name;
     core.args = args;
     core.arg_bytes = arg_bytes;
     core.arg_reads.assign(nargs, 0);
     core.block_idx = b;
     core.block_num = blocks;
+    core.sub = sub;
+    core.aic = aic;
     core.sys_workspace = nargs >= 2 ? args[nargs - 2] : nullptr;
     core.ub.assign(ub_bytes, 0xA5);
     g_core = &core;
@@ -1618,11 +1660,13 @@ inline int launch(KernelCall call, const char* name, int32_t kernel_nargs, uint8
                       kernel_nargs, nargs);
         return 1;
     }
-    std::vector<Core> cores(blocks);
-    std::vector<std::string> errors(blocks);
+    // a MIX_AIC_1_2 launch has three cores a block (vector cores 0 and 1, the cube core)
+    std::vector<Core> cores(3 * static_cast<size_t>(blocks));
+    std::vector<std::string> errors(cores.size());
     std::vector<std::vector<int32_t>> writers(nargs);
     if (!threads)
         for (auto& c : cores) c.writers = &writers;
+    std::vector<bool> ran(cores.size(), false);
     if (threads) {
         std::barrier<> bar(blocks);
         std::vector<std::thread> pool;
@@ -1632,19 +1676,61 @@ inline int launch(KernelCall call, const char* name, int32_t kernel_nargs, uint8
                                      cores[b], &bar);
             });
         for (auto& t : pool) t.join();
+        for (int32_t b = 0; b < blocks; ++b) {
+            ran[b] = true;
+            if (errors[b].empty() && cores[b].kernel_type == KERNEL_TYPE_MIX_AIC_1_2)
+                errors[b] = std::string(name) + ": a KERNEL_TYPE_MIX_AIC_1_2 kernel launched "
+                            "with its cores as threads (a SuperKernel of vector kernels)";
+        }
     } else {
         for (int32_t b = 0; b < blocks; ++b) {
-            errors[b] = run_core(call, args, arg_bytes, nargs, name, b, blocks, ub_bytes,
-                                 cores[b], nullptr);
-            if (!errors[b].empty()) break;
+            Core& v0 = cores[3 * b];
+            errors[3 * b] = run_core(call, args, arg_bytes, nargs, name, b, blocks, ub_bytes,
+                                     v0, nullptr);
+            ran[3 * b] = true;
+            if (!errors[3 * b].empty()) break;
+            if (v0.kernel_type != KERNEL_TYPE_MIX_AIC_1_2) continue;
+            // the block's second vector core, then its cube core
+            for (int k = 1; k < 3 && errors[3 * b + k - 1].empty(); ++k) {
+                errors[3 * b + k] = run_core(call, args, arg_bytes, nargs, name, b, blocks,
+                                             ub_bytes, cores[3 * b + k], nullptr,
+                                             k == 1 ? 1 : 0, k == 2);
+                ran[3 * b + k] = true;
+            }
+            if (!errors[3 * b + 1].empty() || !errors[3 * b + 2].empty()) break;
+            // The cube core serves each Matmul object it registers until both vector cores'
+            // clients of it quit (the Matmul server counts a quit from each of the two), and a
+            // vector core's request is served only by an object the cube core registered: the
+            // three cores of a block must register the same objects, in the same order.
+            const Core& v1 = cores[3 * b + 1];
+            const Core& c = cores[3 * b + 2];
+            auto seq = [](const Core& x) {
+                std::string r;
+                for (uint32_t l : x.regs)
+                    r += (r.empty() ? "line " : ", line ") + std::to_string(l);
+                return r.empty() ? std::string("none") : r;
+            };
+            if (v0.regs != c.regs || v1.regs != c.regs) {
+                errors[3 * b] = std::string(name) + ": block " + std::to_string(b) +
+                                " of a KERNEL_TYPE_MIX_AIC_1_2 launch: its cube core registers "
+                                "Matmul objects at " + seq(c) + ", its vector cores at " +
+                                seq(v0) + " and " + seq(v1) + " (the cube core serves an "
+                                "object until both vector cores' clients quit: on the device "
+                                "the block would hang; every core of a block must reach the "
+                                "same REGIST_MATMUL_OBJ calls)";
+                break;
+            }
         }
     }
-    for (int32_t b = 0; b < blocks; ++b) {
+    for (size_t b = 0; b < cores.size(); ++b) {
         if (!errors[b].empty()) {
             std::strncpy(err, errors[b].c_str(), errlen - 1);
             err[errlen - 1] = 0;
             return 1;
         }
+    }
+    for (size_t b = 0; b < cores.size(); ++b) {
+        if (!ran[b]) continue;
         counters[0] += cores[b].gm_read;
         counters[1] += cores[b].gm_written;
         counters[2] += cores[b].scalar_ops;

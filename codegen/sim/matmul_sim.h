@@ -33,7 +33,11 @@
 //     it read for the previous tile with no PipeBarrier<PIPE_V> in between.
 // A block registers an object only when the tiling's usedCoreNum counts it (a product group
 // launches the most blocks any of its products uses; a block beyond a product's usedCoreNum
-// skips that product, codegen/cube/group.py).
+// skips that product, codegen/cube/group.py). A KERNEL_TYPE_MIX_AIC_1_2 launch runs the
+// block's two vector cores, each a client of its own (the API is driven from the vector
+// side; the cube core's server keeps a message queue per vector core), and the cube core up
+// to its REGIST_MATMUL_OBJ, where it serves them and returns; the three must register the
+// same objects (ascendc_sim.h, launch).
 // Strict: a tiling breaking a limit, unaligned base sizes, a GetTensorC destination smaller
 // than a base tile, any call after End, a second object used while another has not called
 // End, SetTail beyond the single-core block, and GM reads or writes out of bounds (through
@@ -84,7 +88,10 @@ class Matmul {
                   "the simulator models A and B in GM");
 
 public:
-    void sim_register(TPipe* pipe, uint8_t* workspace, const TCubeTiling* tiling,
+    // Returns true on the cube core of a MIX launch: there REGIST_MATMUL_OBJ runs the Matmul
+    // server, which serves the block's two vector cores until both quit, and then returns
+    // from the function that registered (the devkit's REGIST_MATMUL_OBJ on ASCEND_IS_AIC).
+    bool sim_register(TPipe* pipe, uint8_t* workspace, const TCubeTiling* tiling,
                       loc where = loc::current()) {
         if (pipe == nullptr) fail("REGIST_MATMUL_OBJ without a TPipe", where);
         if (g_core->kernel_type == KERNEL_TYPE_AIV_ONLY)
@@ -96,6 +103,8 @@ public:
         if (tiling == nullptr) fail("REGIST_MATMUL_OBJ without a TCubeTiling", where);
         t_ = *tiling;
         check_tiling(where);
+        g_core->regs.push_back(where.line());
+        if (g_core->aic) return true;
         if (!registered_) {
             ++g_core->mm_open;
             g_core->mm_open_line = where.line();
@@ -104,6 +113,7 @@ public:
         tail_m_ = t_.singleCoreM;
         tail_n_ = t_.singleCoreN;
         tail_k_ = t_.singleCoreK;
+        return false;
     }
     void SetTensorA(const GlobalTensor<TA>& g, bool trans = false, loc where = loc::current()) {
         claim("SetTensorA", where);
@@ -391,4 +401,4 @@ inline void SetSysWorkspace(GM_ADDR, loc where = loc::current()) {
 }  // namespace AscendC
 
 #define REGIST_MATMUL_OBJ(pipe, workspace, mm, tiling) \
-    (mm).sim_register((pipe), (workspace), (tiling))
+    if ((mm).sim_register((pipe), (workspace), (tiling))) return

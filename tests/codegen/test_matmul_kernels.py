@@ -304,7 +304,8 @@ def test_mix_kernels_match_the_interpreter(name, mix_library):
     (st,) = backend.stats.values()
     assert st.gm_written == sum(o.nbytes for o in got)  # each output tile written once
     # the product's operands as the tiler models them; a tile input once (a broadcast one
-    # once per batch element), a row once per tile, a scalar once per core
+    # once per batch element), a row once per tile, a scalar once per vector core with
+    # blocks (these products have no more blocks than AI Cores: one per block)
     t = s.tiling
     layout = {fused.inputs[i.index].name: i.layout for i in s.epilogue.inputs}
     size = got[0].size  # a tile input: the product's extent (a broadcast one re-read)
@@ -446,3 +447,59 @@ def test_a_broken_column_load_is_caught(wrong, message):
     backend = SimBackend(fused, {k.name: s}, library=lib)
     with pytest.raises(SimulatorError, match=message):
         Interpreter(fused, kernel_runner=backend).run(feeds)
+
+
+def _many_blocks():
+    """A batched product with a bias epilogue that has more blocks of work than the target
+    has cube cores: the launch's blocks take several each, so both vector cores of a block
+    have blocks to drive."""
+    a, b = (30, 40, 64), (30, 64, 40)
+    g, fused, k = _mix("many_blocks", a, b, lambda g, n, y: [n("Add", [y, _inp(g, "bias",
+                                                                               (40,))])],
+                       op="BatchMatMul")
+    from graphkernel.codegen.legalize import check
+
+    s = check(k, SPEC)
+    t = s.tiling
+    assert t.batch * t.coresM * t.coresN > t.usedCoreNum  # more blocks than the launch's
+    return g, fused, k, s
+
+
+OLD_LOOP = "for (uint64_t blk = GetBlockIdx(); blk < t.nBatch * per; blk += GetBlockNum()) {"
+NEW_LOOP = "for (uint64_t blk = w; blk < t.nBatch * per; blk += nw) {"
+
+
+@pytest.mark.parametrize("loop", ["vector_cores", "block_index"])
+def test_a_mix_kernel_takes_its_blocks_by_vector_core(loop):
+    """On a vector core of a MIX_AIC_1_2 launch GetBlockIdx() is block * 2 + sub-block and
+    GetBlockNum() the blocks: the kernel numbers its workers by vector core, so every output
+    tile is written once. The loop that took GetBlockIdx() for the block and stepped by
+    GetBlockNum() gives two vector cores the same blocks, which the simulator refuses."""
+    import dataclasses
+
+    from graphkernel.codegen.backend import SimBackend, render_all
+    from graphkernel.codegen.sim.execute import SimLibrary
+    from graphkernel.codegen.sim.runner import SimulatorError
+    from graphkernel.interpreter import Interpreter
+
+    g, fused, k, s = _many_blocks()
+    (r,) = render_all({"k": s})
+    src = r.files[f"{s.name}.cpp"]
+    assert NEW_LOOP in src and "GetSubBlockIdx() * GetBlockNum()" in src
+    if loop == "block_index":
+        r = dataclasses.replace(r, files={**r.files, f"{s.name}.cpp": src.replace(NEW_LOOP,
+                                                                                 OLD_LOOP)})
+    backend = SimBackend(fused, {k.name: s}, library=SimLibrary([r]))
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal([int(d) for d in v.shape]).astype(v.dtype.np)
+             for v in g.inputs}
+    if loop == "block_index":
+        with pytest.raises(SimulatorError, match="two cores write the same output"):
+            Interpreter(fused, kernel_runner=backend).run(feeds)
+        return
+    got = Interpreter(fused, kernel_runner=backend).run(feeds)
+    judged = Evaluator(g, feeds).judge(got)
+    assert not judged.bad, judged.reason
+    (st,) = backend.stats.values()
+    assert st.gm_written == got[0].nbytes  # each output tile written once
+    assert st.block_dim == s.tiling.usedCoreNum  # the launch is the tiling's, as before
