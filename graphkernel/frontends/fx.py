@@ -126,6 +126,12 @@ class SymOffset:
 
 def _sym_dim(expr: Any) -> int | str | None:
     """A sympy size expression as a graphkernel dim, or None when it is not one."""
+    got = _sym_dim_parts(expr)
+    return got if got is not None else _floor_form_dim(expr)
+
+
+def _sym_dim_parts(expr: Any) -> int | str | None:
+    """``_sym_dim`` of a symbol, a constant offset, floor division or product of such."""
     import sympy
     from torch.utils._sympy.functions import FloorDiv
 
@@ -153,6 +159,130 @@ def _sym_dim(expr: Any) -> int | str | None:
     except ShapeError:
         return None
     return None
+
+
+# A size in one symbol ``s`` with floor divisions and remainders by constants (a length padded
+# to a multiple of a chunk: ``s + Mod(8 - Mod(s, 8), 8)``, its chunk count ``that // 8``) as a
+# linear form: {key: coefficient}, the key ``None`` for the constant and ``(a, d)`` for
+# ``floor((s + a) / d)`` (``(0, 1)`` is ``s``). The rewrites below are identities over the
+# integers, so the form equals the expression for every length, not only the example's.
+_Floor = dict[Any, int]
+
+
+def _floor_form(expr: Any, sym: Any) -> _Floor | None:
+    import sympy
+    from torch.utils._sympy import functions as F
+
+    def add(a: _Floor, b: _Floor, k: int = 1) -> _Floor:
+        out = dict(a)
+        for key, c in b.items():
+            out[key] = out.get(key, 0) + k * c
+        return {key: c for key, c in out.items() if c}
+
+    if isinstance(expr, sympy.Integer):
+        return {None: int(expr)} if int(expr) else {}
+    if expr == sym:
+        return {(0, 1): 1}
+    if isinstance(expr, sympy.Add | sympy.Mul):
+        parts = [_floor_form(a, sym) for a in expr.args]
+        if any(p is None for p in parts):
+            return None
+        if isinstance(expr, sympy.Add):
+            out: _Floor = {}
+            for p in parts:
+                out = add(out, p)
+            return out
+        consts = [p for p in parts if set(p) <= {None}]
+        if len(parts) - len(consts) > 1:
+            return None  # a product of two terms in s: not linear
+        k = 1
+        for p in consts:
+            k *= p.get(None, 0)
+        rest = [p for p in parts if not set(p) <= {None}] or [{None: 1}]
+        return {key: k * c for key, c in rest[0].items() if k * c}
+    if type(expr) in (F.FloorDiv, F.Mod, F.PythonMod, F.CeilDiv) and len(expr.args) == 2:
+        num, den = (_floor_form(a, sym) for a in expr.args)
+        if num is None or den is None:
+            return None
+        n = den.get(None, 0) if set(den) <= {None} else None
+        if n is None:
+            # ``k*X // X`` (a chunk's length from a padded length and its chunk count): k
+            # for every X != 0, and a size torch divided by is not 0
+            ks = {num.get(key, 0) / c for key, c in den.items()}
+            k = ks.pop() if len(ks) == 1 and not set(num) - set(den) else None
+            ok = type(expr) is F.FloorDiv and k is not None and k == int(k)
+            return ({None: int(k)} if int(k) else {}) if ok else None
+        if n <= 0:
+            return None
+        if type(expr) is F.CeilDiv:  # ceil(x / n) = -floor(-x / n)
+            q = _floor_div(add({}, num, -1), n)
+            return None if q is None else add({}, q, -1)
+        q = _floor_div(num, n)
+        if q is None or type(expr) is F.FloorDiv:
+            return q
+        return add(num, q, -n)  # x mod n = x - n*floor(x / n) (sizes: x >= 0)
+    return None
+
+
+def _floor_div(num: _Floor, n: int) -> _Floor | None:
+    """``floor(num / n)`` as a linear form: the multiples of ``n`` come out whole and at most
+    one term of coefficient +-1 (mod n) is left inside, which composes with its own floor
+    (``floor((floor((s + a)/d) + b)/n) = floor((s + a + b*d)/(d*n))``)."""
+    out: _Floor = {}
+    inner: tuple[Any, int] | None = None
+    const = num.get(None, 0)
+    for key, c in num.items():
+        if key is None:
+            continue
+        r = 1 if (c - 1) % n == 0 else -1 if (c + 1) % n == 0 else 0
+        if c % n and (r == 0 or inner is not None):
+            return None
+        if c % n == 0:
+            r = 0
+        if r:
+            inner = (key, r)
+        if (c - r) // n:
+            out[key] = out.get(key, 0) + (c - r) // n
+    q0, r0 = divmod(const, n)
+    if q0:
+        out[None] = q0
+    if inner is None:
+        return {k: c for k, c in out.items() if c}
+    (a, d), sign = inner
+    if sign > 0:  # floor((X + r0) / n)
+        key, coef = (a + r0 * d, d * n), 1
+    else:  # floor((r0 - X) / n) = -floor((X - r0 + n - 1) / n)
+        key, coef = (a + (n - 1 - r0) * d, d * n), -1
+    if key[1] == 1:  # floor(s + a) is s + a
+        out[(0, 1)] = out.get((0, 1), 0) + coef
+        out[None] = out.get(None, 0) + coef * key[0]
+    else:
+        out[key] = out.get(key, 0) + coef
+    return {k: c for k, c in out.items() if c}
+
+
+def _floor_form_dim(expr: Any) -> int | str | None:
+    """A size with floor divisions and remainders of one symbol by constants as a dim:
+    ``k*floor((s + a)/d) + b`` (b a multiple of k) is ``k*<derived symbol>``."""
+    syms = list(getattr(expr, "free_symbols", ()))
+    if len(syms) != 1:
+        return None
+    form = _floor_form(expr, syms[0])
+    if form is None:
+        return None
+    b = form.pop(None, 0)
+    if not form:
+        return b if b >= 0 else None
+    if len(form) != 1:
+        return None
+    (a, d), k = next(iter(form.items()))
+    if k < 1 or b % k:
+        return None
+    try:
+        return symbolic.mul(k, symbolic.floor_affine(symbolic.floor_affine(str(syms[0]), a, d),
+                                                     b // k))
+    except ShapeError:
+        return None
 
 
 def meta_type(node: Any, where: str) -> TensorType | None:
@@ -594,6 +724,8 @@ def _constant_pad(c: Ctx):
     # pad = (before, after) per axis from the last one back: a negative amount slices the
     # axis, a positive one concatenates a block of the fill value on that side
     x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if len(pad) % 2 == 0 and any(isinstance(p, SymOffset) for p in pad):
+        return _pad_symbolic(c, x, pad, value)
     if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
         raise Unmapped("padding other than static amounts per axis")
     if _readers_pad(c, x, pad, value):
@@ -617,6 +749,58 @@ def _constant_pad(c: Ctx):
             x = c.emit("Concat", [p for side, p in parts if side == 0] + [x]
                        + [p for side, p in parts if side == 1], {"axis": axis})
     return x
+
+
+def _pad_symbolic(c: Ctx, x: Value, pad: list[Any], value: Any) -> Value:
+    """A pad whose amount after an axis is a size expression that is no dim (a length padded
+    up to a multiple of a chunk: ``(8 - L % 8) % 8``) while the padded length is one
+    (``8*ceil(L/8)``): the padded rows gathered from ``x`` with their index clamped to its
+    last row, and the fill value where the index is past its length. The amount is checked
+    against the output's size (padded = length + amount, as linear forms)."""
+    val = c.node.meta["val"]
+    src = c.node.args[0].meta["val"]
+    for k in range(len(pad) // 2):
+        axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if not isinstance(hi, SymOffset):
+            if not (lo == 0 and hi == 0):
+                raise Unmapped("a symbolic pad with a static one on another axis")
+            continue
+        if lo != 0:
+            raise Unmapped("a symbolic pad before an axis")
+        n_in, n_out = x.shape[axis], c.out_type.shape[axis]
+        diff = _settled(val.shape[axis]) - _settled(src.shape[axis]) - hi.expr
+        syms = list(diff.free_symbols)
+        if isinstance(n_out, int) or len(syms) > 1 or (syms and _floor_form(diff, syms[0]) != {})\
+                or (not syms and diff != 0):
+            raise Unmapped(f"pad by {hi.expr} to a length of {n_out}")
+        length = _size_value(c, n_in, TensorType((), DType.int64)) \
+            if isinstance(n_in, str) else c.const(n_in, DType.int64)
+        rows = c.emit("Range", [], {"start": 0, "length": n_out, "dtype": DType.int64})
+        last = c.emit("Sub", [length, c.const(1, DType.int64)])
+        taken = c.emit("Gather", [x, c.emit("Minimum", [rows, last])], {"axis": axis})
+        inside = c.emit("Less", [rows, length])
+        at = [1] * x.type.rank
+        at[axis] = -1
+        inside = c.emit("Reshape", [inside], {"shape": at})
+        x = c.emit("Where", [inside, taken, c.const(value, x.dtype)])
+    return x
+
+
+def _pad_amount(n: Any) -> bool:
+    """Whether the FX node ``n`` is a scalar size in one symbol with floor divisions and
+    remainders (``(8 - L % 8) % 8``) read only as the amount after an axis of constant pads
+    (``_pad_symbolic``) or by other such scalars, which needs no specialisation."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return False
+    expr = _settled(val)
+    syms = list(expr.free_symbols)
+    if len(syms) != 1 or _floor_form(expr, syms[0]) is None:
+        return False
+    return bool(n.users) and all(
+        (str(u.target) == "aten.constant_pad_nd.default" and len(u.args) > 1
+         and u.args[0] is not n and all(p is not n for p in u.args[1][0::2])
+         and not any(a is n for a in u.args[2:])) or _pad_amount(u) for u in n.users)
 
 
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
@@ -1883,7 +2067,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         odd: set[str] = set()
         spatial: set[str] = set()
         for n in gm.graph.nodes:
-            counts_back = _counts_back(n)
+            counts_back = _counts_back(n) or _pad_amount(n)
             for d in syms(n.meta.get("val")):
                 expr = _settled(d)
                 names = {str(x) for x in expr.free_symbols}
@@ -2063,7 +2247,8 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
         if isinstance(val, torch.SymInt):
             # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim; a start counted
             # back from a static end (see _counts_back) an offset
-            env[n] = SymOffset(_settled(val)) if _counts_back(n) else _dim(val)
+            env[n] = SymOffset(_settled(val)) if _counts_back(n) or _pad_amount(n) \
+                else _dim(val)
             continue
         handler = ATEN.get(str(n.target))
         reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n)
