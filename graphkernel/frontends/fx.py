@@ -647,7 +647,14 @@ def _slice(c: Ctx):
     start = 0 if start is None else start
     n = c.out_type.shape[dim]
     if isinstance(start, SymOffset):
+        if step == 1 and symbolic.eq(n, x.shape[dim]):
+            return c.emit("Identity", [x])  # as long as its input: the whole axis
         return _slice_last(c, x, dim, start, n)
+    if isinstance(x.shape[dim], str) and isinstance(start, int) and isinstance(end, int) \
+            and isinstance(n, int) and 0 <= start and end - start == n and step == 1:
+        # rows [start, end) of a symbolic axis (torch's output size says it is that long)
+        idx = c.const(np.arange(start, end, dtype=np.int64), DType.int64)
+        return c.emit("Gather", [x, idx], {"axis": dim})
     if isinstance(start, str) or isinstance(end, str):
         if n == x.shape[dim] and start == 0 and step == 1:
             return c.emit("Identity", [x])  # the whole axis, up to its symbolic size
@@ -800,7 +807,21 @@ def _pad_amount(n: Any) -> bool:
     return bool(n.users) and all(
         (str(u.target) == "aten.constant_pad_nd.default" and len(u.args) > 1
          and u.args[0] is not n and all(p is not n for p in u.args[1][0::2])
-         and not any(a is n for a in u.args[2:])) or _pad_amount(u) for u in n.users)
+         and not any(a is n for a in u.args[2:])) or _pad_amount(u) or _is_dim(u)
+        for u in n.users)
+
+
+def _is_dim(n: Any) -> bool:
+    """Whether the FX node ``n`` is a scalar size graphkernel names as a dim (its value is
+    taken from its own expression, not from the scalars it was computed from)."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return False
+    try:
+        _dim(val)
+    except FrontendError:
+        return False
+    return True
 
 
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
@@ -2077,6 +2098,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                 if not text.isdigit() and not _MONOMIAL.fullmatch(text) \
                         and _sym_dim(expr) is None and not counts_back:
                     odd |= names
+            odd |= _unequal_view(n)
             if n.op == "call_function" and str(n.target) in _STATIC_SPATIAL and n.args:
                 x = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
                 # 2-D and 3-D ones: a 1-D convolution's length is a derived symbol
@@ -2099,6 +2121,38 @@ def specialize_unmodelled(gm: Any) -> list[str]:
             return done
         guard_int(free[todo[0]])
         done.append(todo[0])
+
+
+_VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
+
+
+def _unequal_view(n: Any) -> set[str]:
+    """The symbols of a view whose input and output sizes, as graphkernel's dims, do not
+    have the same number of elements (Dynamo took a size that is 1 for the example as 1, a
+    chunk count ``ceil(L/8)`` under a guard, while graphkernel keeps the expression): such a
+    view is only valid for the lengths of the guard, so they are specialised."""
+    if n.op != "call_function" or str(n.target) not in _VIEWS or not n.args \
+            or not isinstance(n.args[0], torch.fx.Node):
+        return set()
+    src, out = n.args[0].meta.get("val"), n.meta.get("val")
+    if src is None or out is None or not hasattr(src, "shape") or not hasattr(out, "shape"):
+        return set()
+    sizes = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], list | tuple) else ()
+    try:
+        a = symbolic.numel([_dim(d) for d in src.shape])
+        b = symbolic.numel([_dim(d) for d in out.shape])
+        # a size argument other than the output's size (``[B, L, -1]`` taken as ``[B, 8*ceil(L/8),
+        # 128]`` under a guard that L is a multiple of 8)
+        args = [_dim(x.meta.get("val")) if isinstance(x, torch.fx.Node) else x for x in sizes]
+        same = len(args) != len(out.shape) or all(
+            x == -1 or (isinstance(x, int | str) and symbolic.eq(x, _dim(d)))
+            for x, d in zip(args, out.shape, strict=True))
+    except (FrontendError, ShapeError, TypeError):
+        return set()
+    if symbolic.eq(a, b) and same:
+        return set()
+    return {str(x) for d in (*src.shape, *out.shape) if isinstance(d, torch.SymInt)
+            for x in d.node.expr.free_symbols}
 
 
 def _settle_min_max(gm: Any) -> None:
@@ -2153,6 +2207,10 @@ def _slices_to_end(u: Any, start: Any) -> bool:
     length = x.shape[u.args[1]]
     end = u.args[3] if len(u.args) > 3 else None
     step = u.args[4] if len(u.args) > 4 else 1
+    if isinstance(length, torch.SymInt) and step == 1 and isinstance(end, int) \
+            and end >= INT64_MAX and isinstance(start.meta.get("val"), torch.SymInt):
+        # ``x[..., -L:]`` of an axis of length L: the whole axis
+        return _settled(start.meta["val"]) + _settled(length) == 0
     return isinstance(length, int) and step == 1 and (
         end is None or (isinstance(end, int) and end >= length))
 
