@@ -434,6 +434,28 @@ def test_dynamic_shapes_specialise_a_symbolic_pad_before_the_sequence():
     assert s["graphs"] == 3 and s["fallbacks"] == {}
 
 
+class HeadRowsAndTail(torch.nn.Module):
+    """The first row of a symbolic-length axis (``x[:, :1]``: a chunked scan's initial
+    state shaped from it) and the last ``L`` rows of an ``L``-long axis (``x[..., -L:]``)."""
+
+    def forward(self, x):
+        n = x.shape[1]
+        y = (x * 2)[:, -n:]
+        return torch.cat([y[:, :1] * 0.5, y], dim=1).exp()
+
+
+def test_dynamic_shapes_take_the_first_rows_and_the_whole_tail_of_a_length():
+    m = HeadRowsAndTail().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 14):
+            x = torch.rand(2, n, 6, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+
+
 def test_size_expressions_with_remainders_are_dims_for_every_length():
     """Floor divisions and remainders of one symbol by constants become a (derived) dim
     equal to the expression at every length; what no dim spells is refused (None)."""
