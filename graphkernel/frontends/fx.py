@@ -807,8 +807,38 @@ def _pad_amount(n: Any) -> bool:
     return bool(n.users) and all(
         (str(u.target) == "aten.constant_pad_nd.default" and len(u.args) > 1
          and u.args[0] is not n and all(p is not n for p in u.args[1][0::2])
-         and not any(a is n for a in u.args[2:])) or _pad_amount(u) or _is_dim(u)
-        for u in n.users)
+         and not any(a is n for a in u.args[2:]) and _pads_to_a_dim(u, n))
+        or _pad_amount(u) or _is_dim(u) for u in n.users)
+
+
+def _pads_to_a_dim(u: Any, amount: Any) -> bool:
+    """Whether every axis the pad ``u`` pads by the scalar ``amount`` gets a length that is a
+    symbolic dim equal to its length plus the amount (what ``_pad_symbolic`` takes)."""
+    src, out = u.args[0].meta.get("val"), u.meta.get("val")
+    if src is None or out is None:
+        return False
+    pads = list(u.args[1])
+    for k in range(len(pads) // 2):
+        if pads[2 * k + 1] is not amount:
+            continue
+        axis = out.dim() - 1 - k
+        n_out, n_in = out.shape[axis], src.shape[axis]
+        if not isinstance(n_out, torch.SymInt) or not _is_dim_value(n_out):
+            return False
+        diff = _settled(n_out) - (_settled(n_in) if isinstance(n_in, torch.SymInt) else n_in) \
+            - _settled(amount.meta["val"])
+        syms = list(getattr(diff, "free_symbols", ()))
+        if len(syms) > 1 or (syms and _floor_form(diff, syms[0]) != {}) \
+                or (not syms and diff != 0):
+            return False
+    return True
+
+
+def _is_dim_value(d: Any) -> bool:
+    try:
+        return isinstance(_dim(d), str)
+    except FrontendError:
+        return False
 
 
 def _is_dim(n: Any) -> bool:
