@@ -382,6 +382,103 @@ def test_dynamic_shapes_take_a_size_divided_by_a_symbol(monkeypatch):
     assert isinstance(g.inputs[0].type.shape[0], str)
 
 
+class PadToChunks(torch.nn.Module):
+    """A sequence padded to a multiple of a chunk and split into chunks, as a chunked scan
+    does (Mamba2): the pad amount ``(chunk - L % chunk) % chunk`` and the chunk count are
+    floor divisions and remainders of the length."""
+
+    def __init__(self, chunk: int = 8, before: bool = False):
+        super().__init__()
+        self.chunk, self.before = chunk, before
+        self.lin = torch.nn.Linear(12, 12)
+
+    def forward(self, x):
+        n = x.shape[1]
+        pad = (self.chunk - n % self.chunk) % self.chunk
+        y = F.pad(self.lin(x), (0, 0, pad, 0) if self.before else (0, 0, 0, pad))
+        y = y.reshape(x.shape[0], -1, self.chunk, x.shape[2])
+        return torch.cumsum(y.exp(), dim=2).sum(2) * 2
+
+
+def test_dynamic_shapes_pad_to_a_multiple_of_a_chunk_with_one_compile(monkeypatch):
+    """The padded length (``8*ceil(L/8)``) and the chunk count stay symbolic: one compile
+    serves lengths that pad by 0, 5 and 3 rows, and the padding is zeros."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = PadToChunks().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (16, 19, 29):
+            x = torch.rand(2, n, 12, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+    (g,) = graphs
+    length = g.inputs[0].type.shape[1]
+    assert isinstance(length, str)
+    (chunks,) = {d for n in g.nodes for v in n.outputs for d in v.type.shape
+                 if isinstance(d, str) and symbolic.derived(d)}
+    assert [symbolic.evaluate(chunks, {length: n}) for n in (16, 19, 29)] == [2, 3, 4]
+
+
+def test_dynamic_shapes_specialise_a_symbolic_pad_before_the_sequence():
+    """A pad by a size expression before the axis is not taken: the length is specialised
+    (one graph per length) and the outputs still match."""
+    m = PadToChunks(before=True).eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (16, 19, 29):
+            x = torch.rand(2, n, 12, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 3 and s["fallbacks"] == {}
+
+
+class HeadRowsAndTail(torch.nn.Module):
+    """The first row of a symbolic-length axis (``x[:, :1]``: a chunked scan's initial
+    state shaped from it) and the last ``L`` rows of an ``L``-long axis (``x[..., -L:]``)."""
+
+    def forward(self, x):
+        n = x.shape[1]
+        y = (x * 2)[:, -n:]
+        return torch.cat([y[:, :1] * 0.5, y], dim=1).exp()
+
+
+def test_dynamic_shapes_take_the_first_rows_and_the_whole_tail_of_a_length():
+    m = HeadRowsAndTail().eval()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 14):
+            x = torch.rand(2, n, 6, generator=R)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert s["launches"]["opaque"] == 0
+
+
+def test_size_expressions_with_remainders_are_dims_for_every_length():
+    """Floor divisions and remainders of one symbol by constants become a (derived) dim
+    equal to the expression at every length; what no dim spells is refused (None)."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    from graphkernel.frontends.fx import _sym_dim
+
+    s = sympy.Symbol("s3", integer=True, positive=True)
+    padded = s + Mod(8 - Mod(s, 8), 8)
+    taken = [padded, FloorDiv(padded, 8), FloorDiv(padded, 8) + 1, s + PythonMod(-s, 4),
+             FloorDiv(padded, FloorDiv(padded, 8)), 6 * FloorDiv(s + 5, 6) + 6,
+             FloorDiv(FloorDiv(s, 2) + 1, 3), 8 - Mod(s, 8) + s - 8]
+    for e in taken:
+        d = _sym_dim(e)
+        assert d is not None, e
+        for n in range(1, 50):
+            assert symbolic.evaluate(d, {"s3": n}) == int(e.subs(s, n)), (e, n)
+    for e in (Mod(8 - Mod(s, 8), 8), 3 * s + 2, FloorDiv(padded, 3), s * s,
+              FloorDiv(padded, s)):
+        assert _sym_dim(e) is None, e
+
+
 def test_a_read_only_array_reaches_torch_as_a_writable_copy():
     import warnings
 

@@ -126,6 +126,12 @@ class SymOffset:
 
 def _sym_dim(expr: Any) -> int | str | None:
     """A sympy size expression as a graphkernel dim, or None when it is not one."""
+    got = _sym_dim_parts(expr)
+    return got if got is not None else _floor_form_dim(expr)
+
+
+def _sym_dim_parts(expr: Any) -> int | str | None:
+    """``_sym_dim`` of a symbol, a constant offset, floor division or product of such."""
     import sympy
     from torch.utils._sympy.functions import FloorDiv
 
@@ -153,6 +159,130 @@ def _sym_dim(expr: Any) -> int | str | None:
     except ShapeError:
         return None
     return None
+
+
+# A size in one symbol ``s`` with floor divisions and remainders by constants (a length padded
+# to a multiple of a chunk: ``s + Mod(8 - Mod(s, 8), 8)``, its chunk count ``that // 8``) as a
+# linear form: {key: coefficient}, the key ``None`` for the constant and ``(a, d)`` for
+# ``floor((s + a) / d)`` (``(0, 1)`` is ``s``). The rewrites below are identities over the
+# integers, so the form equals the expression for every length, not only the example's.
+_Floor = dict[Any, int]
+
+
+def _floor_form(expr: Any, sym: Any) -> _Floor | None:
+    import sympy
+    from torch.utils._sympy import functions as F
+
+    def add(a: _Floor, b: _Floor, k: int = 1) -> _Floor:
+        out = dict(a)
+        for key, c in b.items():
+            out[key] = out.get(key, 0) + k * c
+        return {key: c for key, c in out.items() if c}
+
+    if isinstance(expr, sympy.Integer):
+        return {None: int(expr)} if int(expr) else {}
+    if expr == sym:
+        return {(0, 1): 1}
+    if isinstance(expr, sympy.Add | sympy.Mul):
+        parts = [_floor_form(a, sym) for a in expr.args]
+        if any(p is None for p in parts):
+            return None
+        if isinstance(expr, sympy.Add):
+            out: _Floor = {}
+            for p in parts:
+                out = add(out, p)
+            return out
+        consts = [p for p in parts if set(p) <= {None}]
+        if len(parts) - len(consts) > 1:
+            return None  # a product of two terms in s: not linear
+        k = 1
+        for p in consts:
+            k *= p.get(None, 0)
+        rest = [p for p in parts if not set(p) <= {None}] or [{None: 1}]
+        return {key: k * c for key, c in rest[0].items() if k * c}
+    if type(expr) in (F.FloorDiv, F.Mod, F.PythonMod, F.CeilDiv) and len(expr.args) == 2:
+        num, den = (_floor_form(a, sym) for a in expr.args)
+        if num is None or den is None:
+            return None
+        n = den.get(None, 0) if set(den) <= {None} else None
+        if n is None:
+            # ``k*X // X`` (a chunk's length from a padded length and its chunk count): k
+            # for every X != 0, and a size torch divided by is not 0
+            ks = {num.get(key, 0) / c for key, c in den.items()}
+            k = ks.pop() if len(ks) == 1 and not set(num) - set(den) else None
+            ok = type(expr) is F.FloorDiv and k is not None and k == int(k)
+            return ({None: int(k)} if int(k) else {}) if ok else None
+        if n <= 0:
+            return None
+        if type(expr) is F.CeilDiv:  # ceil(x / n) = -floor(-x / n)
+            q = _floor_div(add({}, num, -1), n)
+            return None if q is None else add({}, q, -1)
+        q = _floor_div(num, n)
+        if q is None or type(expr) is F.FloorDiv:
+            return q
+        return add(num, q, -n)  # x mod n = x - n*floor(x / n) (sizes: x >= 0)
+    return None
+
+
+def _floor_div(num: _Floor, n: int) -> _Floor | None:
+    """``floor(num / n)`` as a linear form: the multiples of ``n`` come out whole and at most
+    one term of coefficient +-1 (mod n) is left inside, which composes with its own floor
+    (``floor((floor((s + a)/d) + b)/n) = floor((s + a + b*d)/(d*n))``)."""
+    out: _Floor = {}
+    inner: tuple[Any, int] | None = None
+    const = num.get(None, 0)
+    for key, c in num.items():
+        if key is None:
+            continue
+        r = 1 if (c - 1) % n == 0 else -1 if (c + 1) % n == 0 else 0
+        if c % n and (r == 0 or inner is not None):
+            return None
+        if c % n == 0:
+            r = 0
+        if r:
+            inner = (key, r)
+        if (c - r) // n:
+            out[key] = out.get(key, 0) + (c - r) // n
+    q0, r0 = divmod(const, n)
+    if q0:
+        out[None] = q0
+    if inner is None:
+        return {k: c for k, c in out.items() if c}
+    (a, d), sign = inner
+    if sign > 0:  # floor((X + r0) / n)
+        key, coef = (a + r0 * d, d * n), 1
+    else:  # floor((r0 - X) / n) = -floor((X - r0 + n - 1) / n)
+        key, coef = (a + (n - 1 - r0) * d, d * n), -1
+    if key[1] == 1:  # floor(s + a) is s + a
+        out[(0, 1)] = out.get((0, 1), 0) + coef
+        out[None] = out.get(None, 0) + coef * key[0]
+    else:
+        out[key] = out.get(key, 0) + coef
+    return {k: c for k, c in out.items() if c}
+
+
+def _floor_form_dim(expr: Any) -> int | str | None:
+    """A size with floor divisions and remainders of one symbol by constants as a dim:
+    ``k*floor((s + a)/d) + b`` (b a multiple of k) is ``k*<derived symbol>``."""
+    syms = list(getattr(expr, "free_symbols", ()))
+    if len(syms) != 1:
+        return None
+    form = _floor_form(expr, syms[0])
+    if form is None:
+        return None
+    b = form.pop(None, 0)
+    if not form:
+        return b if b >= 0 else None
+    if len(form) != 1:
+        return None
+    (a, d), k = next(iter(form.items()))
+    if k < 1 or b % k:
+        return None
+    try:
+        return symbolic.mul(k, symbolic.floor_affine(symbolic.floor_affine(str(syms[0]), a, d),
+                                                     b // k))
+    except ShapeError:
+        return None
 
 
 def meta_type(node: Any, where: str) -> TensorType | None:
@@ -517,7 +647,14 @@ def _slice(c: Ctx):
     start = 0 if start is None else start
     n = c.out_type.shape[dim]
     if isinstance(start, SymOffset):
+        if step == 1 and symbolic.eq(n, x.shape[dim]):
+            return c.emit("Identity", [x])  # as long as its input: the whole axis
         return _slice_last(c, x, dim, start, n)
+    if isinstance(x.shape[dim], str) and isinstance(start, int) and isinstance(end, int) \
+            and isinstance(n, int) and 0 <= start and end - start == n and step == 1:
+        # rows [start, end) of a symbolic axis (torch's output size says it is that long)
+        idx = c.const(np.arange(start, end, dtype=np.int64), DType.int64)
+        return c.emit("Gather", [x, idx], {"axis": dim})
     if isinstance(start, str) or isinstance(end, str):
         if n == x.shape[dim] and start == 0 and step == 1:
             return c.emit("Identity", [x])  # the whole axis, up to its symbolic size
@@ -594,6 +731,8 @@ def _constant_pad(c: Ctx):
     # pad = (before, after) per axis from the last one back: a negative amount slices the
     # axis, a positive one concatenates a block of the fill value on that side
     x, pad, value = c.arg(0), list(c.arg(1)), c.arg(2, 0)
+    if len(pad) % 2 == 0 and any(isinstance(p, SymOffset) for p in pad):
+        return _pad_symbolic(c, x, pad, value)
     if len(pad) % 2 or len(pad) // 2 > x.type.rank or not all(isinstance(p, int) for p in pad):
         raise Unmapped("padding other than static amounts per axis")
     if _readers_pad(c, x, pad, value):
@@ -617,6 +756,102 @@ def _constant_pad(c: Ctx):
             x = c.emit("Concat", [p for side, p in parts if side == 0] + [x]
                        + [p for side, p in parts if side == 1], {"axis": axis})
     return x
+
+
+def _pad_symbolic(c: Ctx, x: Value, pad: list[Any], value: Any) -> Value:
+    """A pad whose amount after an axis is a size expression that is no dim (a length padded
+    up to a multiple of a chunk: ``(8 - L % 8) % 8``) while the padded length is one
+    (``8*ceil(L/8)``): the padded rows gathered from ``x`` with their index clamped to its
+    last row, and the fill value where the index is past its length. The amount is checked
+    against the output's size (padded = length + amount, as linear forms)."""
+    val = c.node.meta["val"]
+    src = c.node.args[0].meta["val"]
+    for k in range(len(pad) // 2):
+        axis, lo, hi = x.type.rank - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if not isinstance(hi, SymOffset):
+            if not (lo == 0 and hi == 0):
+                raise Unmapped("a symbolic pad with a static one on another axis")
+            continue
+        if lo != 0:
+            raise Unmapped("a symbolic pad before an axis")
+        n_in, n_out = x.shape[axis], c.out_type.shape[axis]
+        diff = _settled(val.shape[axis]) - _settled(src.shape[axis]) - hi.expr
+        syms = list(diff.free_symbols)
+        if isinstance(n_out, int) or len(syms) > 1 or (syms and _floor_form(diff, syms[0]) != {})\
+                or (not syms and diff != 0):
+            raise Unmapped(f"pad by {hi.expr} to a length of {n_out}")
+        length = _size_value(c, n_in, TensorType((), DType.int64)) \
+            if isinstance(n_in, str) else c.const(n_in, DType.int64)
+        rows = c.emit("Range", [], {"start": 0, "length": n_out, "dtype": DType.int64})
+        last = c.emit("Sub", [length, c.const(1, DType.int64)])
+        taken = c.emit("Gather", [x, c.emit("Minimum", [rows, last])], {"axis": axis})
+        inside = c.emit("Less", [rows, length])
+        at = [1] * x.type.rank
+        at[axis] = -1
+        inside = c.emit("Reshape", [inside], {"shape": at})
+        x = c.emit("Where", [inside, taken, c.const(value, x.dtype)])
+    return x
+
+
+def _pad_amount(n: Any) -> bool:
+    """Whether the FX node ``n`` is a scalar size in one symbol with floor divisions and
+    remainders (``(8 - L % 8) % 8``) read only as the amount after an axis of constant pads
+    (``_pad_symbolic``) or by other such scalars, which needs no specialisation."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return False
+    expr = _settled(val)
+    syms = list(expr.free_symbols)
+    if len(syms) != 1 or _floor_form(expr, syms[0]) is None:
+        return False
+    return bool(n.users) and all(
+        (str(u.target) == "aten.constant_pad_nd.default" and len(u.args) > 1
+         and u.args[0] is not n and all(p is not n for p in u.args[1][0::2])
+         and not any(a is n for a in u.args[2:]) and _pads_to_a_dim(u, n))
+        or _pad_amount(u) or _is_dim(u) for u in n.users)
+
+
+def _pads_to_a_dim(u: Any, amount: Any) -> bool:
+    """Whether every axis the pad ``u`` pads by the scalar ``amount`` gets a length that is a
+    symbolic dim equal to its length plus the amount (what ``_pad_symbolic`` takes)."""
+    src, out = u.args[0].meta.get("val"), u.meta.get("val")
+    if src is None or out is None:
+        return False
+    pads = list(u.args[1])
+    for k in range(len(pads) // 2):
+        if pads[2 * k + 1] is not amount:
+            continue
+        axis = out.dim() - 1 - k
+        n_out, n_in = out.shape[axis], src.shape[axis]
+        if not isinstance(n_out, torch.SymInt) or not _is_dim_value(n_out):
+            return False
+        diff = _settled(n_out) - (_settled(n_in) if isinstance(n_in, torch.SymInt) else n_in) \
+            - _settled(amount.meta["val"])
+        syms = list(getattr(diff, "free_symbols", ()))
+        if len(syms) > 1 or (syms and _floor_form(diff, syms[0]) != {}) \
+                or (not syms and diff != 0):
+            return False
+    return True
+
+
+def _is_dim_value(d: Any) -> bool:
+    try:
+        return isinstance(_dim(d), str)
+    except FrontendError:
+        return False
+
+
+def _is_dim(n: Any) -> bool:
+    """Whether the FX node ``n`` is a scalar size graphkernel names as a dim (its value is
+    taken from its own expression, not from the scalars it was computed from)."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return False
+    try:
+        _dim(val)
+    except FrontendError:
+        return False
+    return True
 
 
 @aten("aten.split.Tensor", "aten.split_with_sizes.default")
@@ -1883,7 +2118,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         odd: set[str] = set()
         spatial: set[str] = set()
         for n in gm.graph.nodes:
-            counts_back = _counts_back(n)
+            counts_back = _counts_back(n) or _pad_amount(n)
             for d in syms(n.meta.get("val")):
                 expr = _settled(d)
                 names = {str(x) for x in expr.free_symbols}
@@ -1893,6 +2128,7 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                 if not text.isdigit() and not _MONOMIAL.fullmatch(text) \
                         and _sym_dim(expr) is None and not counts_back:
                     odd |= names
+            odd |= _unequal_view(n)
             if n.op == "call_function" and str(n.target) in _STATIC_SPATIAL and n.args:
                 x = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
                 # 2-D and 3-D ones: a 1-D convolution's length is a derived symbol
@@ -1915,6 +2151,38 @@ def specialize_unmodelled(gm: Any) -> list[str]:
             return done
         guard_int(free[todo[0]])
         done.append(todo[0])
+
+
+_VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
+
+
+def _unequal_view(n: Any) -> set[str]:
+    """The symbols of a view whose input and output sizes, as graphkernel's dims, do not
+    have the same number of elements (Dynamo took a size that is 1 for the example as 1, a
+    chunk count ``ceil(L/8)`` under a guard, while graphkernel keeps the expression): such a
+    view is only valid for the lengths of the guard, so they are specialised."""
+    if n.op != "call_function" or str(n.target) not in _VIEWS or not n.args \
+            or not isinstance(n.args[0], torch.fx.Node):
+        return set()
+    src, out = n.args[0].meta.get("val"), n.meta.get("val")
+    if src is None or out is None or not hasattr(src, "shape") or not hasattr(out, "shape"):
+        return set()
+    sizes = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], list | tuple) else ()
+    try:
+        a = symbolic.numel([_dim(d) for d in src.shape])
+        b = symbolic.numel([_dim(d) for d in out.shape])
+        # a size argument other than the output's size (``[B, L, -1]`` taken as ``[B, 8*ceil(L/8),
+        # 128]`` under a guard that L is a multiple of 8)
+        args = [_dim(x.meta.get("val")) if isinstance(x, torch.fx.Node) else x for x in sizes]
+        same = len(args) != len(out.shape) or all(
+            x == -1 or (isinstance(x, int | str) and symbolic.eq(x, _dim(d)))
+            for x, d in zip(args, out.shape, strict=True))
+    except (FrontendError, ShapeError, TypeError):
+        return set()
+    if symbolic.eq(a, b) and same:
+        return set()
+    return {str(x) for d in (*src.shape, *out.shape) if isinstance(d, torch.SymInt)
+            for x in d.node.expr.free_symbols}
 
 
 def _settle_min_max(gm: Any) -> None:
@@ -1969,6 +2237,10 @@ def _slices_to_end(u: Any, start: Any) -> bool:
     length = x.shape[u.args[1]]
     end = u.args[3] if len(u.args) > 3 else None
     step = u.args[4] if len(u.args) > 4 else 1
+    if isinstance(length, torch.SymInt) and step == 1 and isinstance(end, int) \
+            and end >= INT64_MAX and isinstance(start.meta.get("val"), torch.SymInt):
+        # ``x[..., -L:]`` of an axis of length L: the whole axis
+        return _settled(start.meta["val"]) + _settled(length) == 0
     return isinstance(length, int) and step == 1 and (
         end is None or (isinstance(end, int) and end >= length))
 
@@ -2063,7 +2335,8 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
         if isinstance(val, torch.SymInt):
             # size arithmetic (sym_size, s0 * 5 ...) becomes a symbolic dim; a start counted
             # back from a static end (see _counts_back) an offset
-            env[n] = SymOffset(_settled(val)) if _counts_back(n) else _dim(val)
+            env[n] = SymOffset(_settled(val)) if _counts_back(n) or _pad_amount(n) \
+                else _dim(val)
             continue
         handler = ATEN.get(str(n.target))
         reason = UNMAPPED_WHY.get(str(n.target)) or _unmapped_why(n)
