@@ -272,10 +272,11 @@ def plan_conv(kernel: Node, spec: targets.Target) -> ConvSchedule:
 
 def conv_reads(kernel: Node, spec: targets.Target | None = None) -> tuple[int, int] | None:
     """(GM bytes read, GM bytes written) of a convolution kernel, by the traffic model: per
-    unit the input rows its windows cover (each channel's), the weights (the cube core's
-    panels of A: read once per unit when they fit L1, else per base tile: the tiling's
-    figure), the panel written and read back; the epilogue's inputs and outputs once (a
-    column per output tile). None when the generator would not make it."""
+    unit the input rows its windows cover (each channel's) and the weights (one N tile: each
+    M tile's panel of A once), the panel written (whole) and read back (its columns in use,
+    once when it stays in L1 across the M tiles); the epilogue's
+    inputs and outputs once (a column per unit). None when the generator would not make
+    it."""
     from graphkernel.flags import DEFAULT_TARGET
 
     try:
@@ -292,19 +293,20 @@ def conv_reads(kernel: Node, spec: targets.Target | None = None) -> tuple[int, i
         r1 = p1 // s.Wo * s.sh - s.pt + s.kh - 1
         rows = max(0, min(r1, s.H - 1) - max(r0, 0) + 1)
         read += s.N * s.C * rows * s.W * FLOAT
-    panel = s.K * s.Pb * FLOAT
-    read += s.units * (t.gm_bytes - panel)  # the weights (the tiling's reads less B's)
-    read += s.units * panel                 # the cube core reads the panel
-    written += s.units * panel              # ... the vector core wrote
+    kt = -(-s.K // t.baseK)
     tiles_m = -(-s.M // t.baseM)
+    held = t.depthB1 >= kt if t.iterateOrder == 0 else t.depthB1 // kt >= 1
+    read += s.units * s.M * s.K * FLOAT  # the weights: each M tile's panel once per unit
+    read += s.N * s.K * s.P * FLOAT * (1 if held else tiles_m)  # the panels, read back
+    written += s.units * s.K * s.Pb * FLOAT  # ... which the vector core wrote (whole)
     for i in s.epilogue.inputs:
         v = s.inputs[i.index].value
-        if i.layout == epilogue.COL_IN:
-            read += s.units * tiles_m * t.baseM * v.dtype.itemsize
+        if i.layout == epilogue.COL_IN:  # a tile's rows of the column, per unit
+            read += s.units * s.M * v.dtype.itemsize
         elif i.layout == epilogue.TILE:
             read += v.type.numel * v.dtype.itemsize
-        else:
-            read += v.dtype.itemsize * min(spec.aic_cores if spec else 1, s.units)
+        else:  # a scalar: once per core
+            read += v.dtype.itemsize * min(s.target.aic_cores, s.units)
     written += sum(o.value.type.numel * o.value.dtype.itemsize for o in s.outputs)
     return read, written
 
