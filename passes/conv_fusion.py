@@ -88,12 +88,16 @@ def conv_fusion(graph: Graph, ctx) -> PassResult:
     log = ctx.analyses.fusion_attempts
     fused = 0
     for conv in [n for n in graph.nodes if is_conv_op(n)]:
-        if conv.graph is None or refusal(conv) is not None:
-            continue
-        cons = _consumer(conv)
-        if cons is None or not ctx.should_apply(f"{PATTERN}: {conv.name}", [conv]):
+        cons = _consumer(conv) if conv.graph is not None else None
+        if cons is None:  # (nothing to join: it stays a cube launch)
             continue
         names = [conv.name, cons.name]
+        why = refusal(conv)
+        if why is not None:
+            log.append(Attempt(PATTERN, names, names, 0, "rejected", f"Conv2D of {why}"))
+            continue
+        if not ctx.should_apply(f"{PATTERN}: {conv.name}", [conv]):
+            continue
         saved = 2 * nbytes(conv.outputs[0])  # the result's round trip through GM
         bias = conv.inputs[2] if len(conv.inputs) == 3 else None
         pattern = cons.attrs["pattern"] if cons.op == "GraphKernel" else ""
