@@ -239,9 +239,6 @@ def plan_conv(kernel: Node, spec: targets.Target) -> ConvSchedule:
         s = ConvSchedule(kernel.name, kernel_symbol(kernel), conv, ins.index(conv.inputs[0]),
                          ins.index(conv.inputs[1]), Pb=Pb, Pp=Pp, GL=GL, R=R, epilogue=epi,
                          target=spec, notes=notes, **g)
-        if s.kh * s.kw * Pb // (spec.repeat_bytes // FLOAT) > spec.max_repeats:
-            last = f"{s.kh}x{s.kw} taps of {Pb} pixels exceed a Gather's repeats"
-            continue
         p = plan(lower(epi, spec), spec.block_bytes)
         b = p.budget()
         panel = sum(int(x.init) for x in s.panel_buffers())
