@@ -25,7 +25,7 @@ from graphkernel import ops
 from graphkernel.codegen.cube.conv import is_conv_op, plan_conv, refusal
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.fusion import nbytes
-from graphkernel.ir import Graph, Node, Value
+from graphkernel.ir import Graph, Node, TensorType, Value
 from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
 from graphkernel.ops import OpKind
 from graphkernel.passes.rewrite import add_like, const_array
@@ -45,6 +45,52 @@ def _consumer(conv: Node) -> Node | None:
     if k.op == "GraphKernel":
         return k
     return k if ops.get(k.op).kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else None
+
+
+def _trial(conv: Node, cons: Node, target) -> str | None:
+    """Why the generator refuses ``conv`` and ``cons`` as one kernel, or None: the kernel is
+    built apart from the graph (which a refusal leaves exactly as it was, names included),
+    its bias an input column ``[M, 1, 1]``."""
+    sub = Graph("conv_fusion_trial")
+    vmap: dict[int, Value] = {}
+
+    def take(v: Value) -> Value:
+        if id(v) not in vmap:
+            p = v.producer
+            if p is not None and p.op == "Constant" and p.attrs["value"].size == 1:
+                sub.clone_node(p, vmap)  # (a scalar constant is copied, as build_kernel does)
+            else:
+                vmap[id(v)] = sub.add_input(v.name, v.type)
+        return vmap[id(v)]
+
+    y = sub.add_node("Conv2D", [take(conv.inputs[0]), take(conv.inputs[1])],
+                     dict(conv.attrs)).outputs[0]
+    if len(conv.inputs) == 3:
+        m = int(conv.inputs[1].shape[0])
+        col = sub.add_input(f"{conv.name}_b", TensorType((m, 1, 1), conv.inputs[2].dtype))
+        y = sub.add_node("Add", [y, col]).outputs[0]
+    vmap[id(conv.outputs[0])] = y
+    if cons.op == "GraphKernel":
+        body = cons.subgraph
+        for outer, inner in zip(cons.inputs, body.inputs, strict=True):
+            vmap[id(inner)] = take(outer)
+        for n in body.nodes:
+            sub.clone_node(n, vmap)
+        outs = [vmap[id(v)] for v in body.outputs]
+    else:
+        for v in cons.inputs:
+            take(v)
+        outs = list(sub.clone_node(cons, vmap).outputs)
+    sub.set_outputs(outs)
+    host = Graph("conv_fusion_trial")
+    args = [host.add_input(v.name, v.type) for v in sub.inputs]
+    k = host.add_node("GraphKernel", args, {"subgraph": sub, "pattern": PATTERN},
+                      name=f"{PATTERN}_{conv.name}")
+    try:
+        plan_conv(k, target)
+    except Unsupported as e:
+        return str(e)
+    return None
 
 
 def _split_bias(g: Graph, conv: Node) -> list[Node]:
@@ -97,6 +143,11 @@ def conv_fusion(graph: Graph, ctx) -> PassResult:
             log.append(Attempt(PATTERN, names, names, 0, "rejected", f"Conv2D of {why}"))
             continue
         if not ctx.should_apply(f"{PATTERN}: {conv.name}", [conv]):
+            continue
+        why = _trial(conv, cons, ctx.target)
+        if why is not None:
+            log.append(Attempt(PATTERN, names, names, 0, "rejected", why))
+            ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")
             continue
         saved = 2 * nbytes(conv.outputs[0])  # the result's round trip through GM
         bias = conv.inputs[2] if len(conv.inputs) == 3 else None

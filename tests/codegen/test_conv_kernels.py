@@ -17,6 +17,7 @@ from graphkernel.codegen.backend import run_sim, schedules
 from graphkernel.codegen.cube.conv import ConvSchedule, conv_reads
 from graphkernel.codegen.sim.runner import SimulatorError
 from graphkernel.codegen.traffic import launches
+from graphkernel.textir import format_graph
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
@@ -116,8 +117,9 @@ def test_a_convolution_outside_the_kernel_s_model_keeps_its_launches(attrs, why)
 
 
 def test_a_reduction_after_the_convolution_is_refused_and_the_graph_kept():
-    """A consumer the epilogue cannot run (a mean over the pixels) is refused; the bias split
-    off for the trial is joined back: the convolution as it was, the numbers right."""
+    """A consumer the epilogue cannot run (a mean over the pixels) is refused, and the graph
+    is the one compiled without the pass, names included: the convolution with its bias,
+    the numbers right."""
     g = Graph("conv_mean")
     x = g.add_input("x", TensorType((2, 4, 8, 8), "float32"))
     w = g.const(RNG.standard_normal((6, 4, 3, 3)).astype("float32"))
@@ -131,6 +133,8 @@ def test_a_reduction_after_the_convolution_is_refused_and_the_graph_kept():
     assert att.verdict == "rejected"
     convs = [n for n in res.graph.nodes if n.op == "Conv2D"]
     assert len(convs) == 1 and len(convs[0].inputs) == 3
+    without = graphkernel.compile(g, "--disable_pass=conv_fusion", env={})
+    assert format_graph(res.graph) == format_graph(without.graph)
     feeds = _feeds(g)
     got, _ = run_sim(res, feeds)
     from graphkernel.bisect import Evaluator
