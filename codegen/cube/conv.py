@@ -235,7 +235,7 @@ def plan_conv(kernel: Node, spec: targets.Target) -> ConvSchedule:
         if Pb > -(-P // spec.cube_fractal) * spec.cube_fractal and Pb > spec.cube_fractal:
             continue  # a block wider than the image's pixels
         span = (Pb - 1 + g["Wo"] - 1) // g["Wo"] + 1  # output rows a block touches at most
-        R = min((span - 1) * g["sh"] + g["kh"], g["H"] + g["pt"] + g["kh"])
+        R = (min(span, g["Ho"]) - 1) * g["sh"] + g["kh"]
         s = ConvSchedule(kernel.name, kernel_symbol(kernel), conv, ins.index(conv.inputs[0]),
                          ins.index(conv.inputs[1]), Pb=Pb, Pp=Pp, GL=GL, R=R, epilogue=epi,
                          target=spec, notes=notes, **g)
