@@ -10,9 +10,9 @@ pixels, the cube core multiplies the weights by it, and the consumer's work runs
 output tile before it is written. A bias of the convolution becomes an ``Add`` of a
 per-channel column in the epilogue. The consumer joins when it is a kernel, or an
 elementwise op outside the kernels, whose every op the MIX epilogue runs, and the
-convolution's result goes nowhere else. Each one is recorded for ``graphkernel explain``
-(pattern ``conv_fusion``): fused, or refused with the generator's reason (the convolution
-then stays as it was).
+convolution's result goes nowhere else. Each fusion is recorded for ``graphkernel explain``
+(pattern ``conv_fusion``); a refusal goes to the pass's log with the generator's reason
+(the convolution then stays as it was).
 
 The launch saved costs GM traffic the separate launches do not have: the panel (``K = C*kh*kw``
 rows per output pixel) is written to a workspace and read back by the cube core, which the
@@ -140,14 +140,13 @@ def conv_fusion(graph: Graph, ctx) -> PassResult:
         names = [conv.name, cons.name]
         why = refusal(conv)
         if why is not None:
-            log.append(Attempt(PATTERN, names, names, 0, "rejected", f"Conv2D of {why}"))
+            ctx.log(f"{PATTERN}: {' + '.join(names)} refused: Conv2D of {why}")
             continue
         if not ctx.should_apply(f"{PATTERN}: {conv.name}", [conv]):
             continue
         why = _trial(conv, cons, ctx.target)
-        if why is not None:
-            log.append(Attempt(PATTERN, names, names, 0, "rejected", why))
-            ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")
+        if why is not None:  # (in the pass's log: conv_fusion is no fusion pattern with
+            ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")  # refusal codes)
             continue
         saved = 2 * nbytes(conv.outputs[0])  # the result's round trip through GM
         bias = conv.inputs[2] if len(conv.inputs) == 3 else None
