@@ -22,7 +22,7 @@ traffic model counts (codegen/cube/conv.py's ``conv_reads``).
 from __future__ import annotations
 
 from graphkernel import ops
-from graphkernel.codegen.cube.conv import is_conv_op, plan_conv, refusal
+from graphkernel.codegen.cube.conv import conv_reads, is_conv_op, plan_conv, refusal
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node, TensorType, Value
@@ -48,9 +48,10 @@ def _consumer(conv: Node) -> Node | None:
 
 
 def _trial(conv: Node, cons: Node, target) -> str | None:
-    """Why the generator refuses ``conv`` and ``cons`` as one kernel, or None: the kernel is
-    built apart from the graph (which a refusal leaves exactly as it was, names included),
-    its bias an input column ``[M, 1, 1]``."""
+    """Why ``conv`` and ``cons`` are not one kernel, or None: the generator refuses them, or
+    the joined kernel costs more time than the two apart (``_costlier``). The kernel is built
+    apart from the graph (which a refusal leaves exactly as it was, names included), its bias
+    an input column ``[M, 1, 1]``."""
     sub = Graph("conv_fusion_trial")
     vmap: dict[int, Value] = {}
 
@@ -69,7 +70,7 @@ def _trial(conv: Node, cons: Node, target) -> str | None:
         m = int(conv.inputs[1].shape[0])
         col = sub.add_input(f"{conv.name}_b", TensorType((m, 1, 1), conv.inputs[2].dtype))
         y = sub.add_node("Add", [y, col]).outputs[0]
-    vmap[id(conv.outputs[0])] = y
+    vmap[id(conv.outputs[0])] = y_conv = y
     if cons.op == "GraphKernel":
         body = cons.subgraph
         for outer, inner in zip(cons.inputs, body.inputs, strict=True):
@@ -90,7 +91,31 @@ def _trial(conv: Node, cons: Node, target) -> str | None:
         plan_conv(k, target)
     except Unsupported as e:
         return str(e)
-    return None
+    return _costlier(k, y_conv, target)
+
+
+def _costlier(k: Node, y: Value, target) -> str | None:
+    """Why the joined kernel costs more time than the convolution and its consumer apart, by
+    the target's model, or None. Apart, the convolution reads its input and weights once and
+    writes its result, which the consumer reads back; joined, the kernel writes and reads
+    back the im2col panel (``conv_reads``) and saves one launch. At small images the launch
+    dominates; at large ones the panel does, and the convolution stays apart."""
+    from graphkernel.codegen import targets
+    from graphkernel.flags import DEFAULT_TARGET
+
+    spec = target if target is not None else targets.load(DEFAULT_TARGET)
+    moved = conv_reads(k, spec)
+    if moved is None:
+        return None
+    body = k.subgraph
+    apart = (sum(nbytes(v) for v in body.inputs) + sum(nbytes(v) for v in body.outputs)
+             + 2 * nbytes(y))
+    extra_us = (sum(moved) - apart) / (spec.hbm_gbps * 1e3)
+    if extra_us <= spec.launch_overhead_us:
+        return None
+    return (f"the im2col panel moves {(sum(moved) - apart) / 1e6:.2f} MB more than the "
+            f"convolution and its consumer apart ({extra_us:.1f} us at the target's HBM rate, "
+            f"more than the {spec.launch_overhead_us:g} us launch it saves)")
 
 
 def _split_bias(g: Graph, conv: Node) -> list[Node]:

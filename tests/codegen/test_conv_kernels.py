@@ -144,6 +144,30 @@ def test_a_reduction_after_the_convolution_is_refused_and_the_graph_kept():
     assert not Evaluator(g, feeds).judge(got).bad
 
 
+def test_a_convolution_whose_panel_costs_more_than_its_launch_stays_apart():
+    """The joined kernel writes and reads back the im2col panel (``C*kh*kw`` values per output
+    pixel); on a large image that costs more time at the target's HBM rate than the launch it
+    saves, and the convolution stays apart (the same graph as without the pass), with the
+    reason in the pass's notes. The small image of the same convolution is joined."""
+    def graph(hw):
+        g = Graph("big")
+        x = g.add_input("x", TensorType((1, 32, hw, hw), "float32"))
+        w = g.const(RNG.standard_normal((32, 32, 3, 3)).astype("float32"))
+        y = g.add_node("Conv2D", [x, w], {"pads": [1, 1, 1, 1]}).output
+        g.set_outputs([g.add_node("ReLU", [y]).output])
+        return g
+
+    small = graphkernel.compile(graph(8), "", env={})
+    assert sorted(k["kind"] for k in launches(small.graph)) == ["mix"]
+    big = graph(128)
+    res = graphkernel.compile(big, "", env={})
+    assert sorted(k["kind"] for k in launches(res.graph)) == ["cube", "vector"]
+    without = graphkernel.compile(big, "--disable_pass=conv_fusion", env={})
+    assert format_graph(res.graph) == format_graph(without.graph)
+    rec = next(p for p in res.report.passes if p.name == "conv_fusion")
+    assert any("im2col panel moves" in n and "more than the" in n for n in rec.notes)
+
+
 def _broken(edit, match):
     g, _ = CASES["3x3_bias_relu"]
     res = graphkernel.compile(g, "", env={})
