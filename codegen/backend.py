@@ -12,6 +12,7 @@ import numpy as np
 
 from graphkernel import progress
 from graphkernel.codegen import cost, extern, harness, targets
+from graphkernel.codegen.cube.conv import ConvSchedule, render_conv
 from graphkernel.codegen.cube.group import GroupSchedule, render_group
 from graphkernel.codegen.cube.render import render_matmul
 from graphkernel.codegen.cube.schedule import MatmulSchedule
@@ -56,7 +57,8 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
             s = scheds[name]  # a cube or MIX kernel is rendered on the Matmul API
             r = render_matmul(s) if isinstance(s, MatmulSchedule) else \
                 render_group(s) if isinstance(s, GroupSchedule) else \
-                render_window(s) if isinstance(s, WindowSchedule) else render(s)
+                render_window(s) if isinstance(s, WindowSchedule) else \
+                render_conv(s) if isinstance(s, ConvSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))
             if replaced and r.name in replaced:

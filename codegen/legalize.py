@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from graphkernel.codegen.cube.conv import ConvSchedule, is_conv_kernel, plan_conv
 from graphkernel.codegen.cube.group import is_group_kernel, plan_group
 from graphkernel.codegen.cube.schedule import (
     MatmulSchedule,
@@ -56,6 +57,8 @@ def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSch
     kernel holding a matrix product is a cube or MIX kernel (codegen/cube/schedule.py)."""
     if is_window_kernel(kernel):
         return plan_window(kernel, target)
+    if is_conv_kernel(kernel):  # an implicit-GEMM convolution with its epilogue
+        return plan_conv(kernel, target)
     if is_group_kernel(kernel):  # products of one left operand, one after another
         g = plan_group(kernel, target)
         for m in g.members:
@@ -145,7 +148,7 @@ class Checker:
 def two_stage_parts(s: Schedule, target: Target) -> int | None:
     """The partial reductions (one per core) for a kernel reducing everything to one value on
     one core when there is work for every core; None for any other kernel."""
-    if isinstance(s, WindowSchedule):
+    if isinstance(s, (WindowSchedule, ConvSchedule)):
         return None
     M, L = s.M, s.L
     if not (s.reduce and M == 1 and isinstance(L, int)

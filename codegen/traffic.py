@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from graphkernel import ops, symbolic
+from graphkernel.codegen.cube.conv import conv_reads, is_conv_kernel
 from graphkernel.codegen.cube.epilogue import reduces_along
 from graphkernel.codegen.cube.group import is_group_kernel, parts
 from graphkernel.codegen.cube.schedule import whole_rows_refusal
@@ -108,14 +109,18 @@ def group_reads(kernel: Node) -> int:
 
 def launch_io(graph: Graph) -> Iterator[tuple[Node, int, int]]:
     """(node, bytes read, bytes written) of every kernel launch of ``graph`` as it stands. A
-    window kernel reads its per-channel values once per plane (``window.window_reads``)."""
+    window kernel reads its per-channel values once per plane (``window.window_reads``); a
+    convolution kernel its input rows per unit and its panel (``cube.conv.conv_reads``)."""
     for n in graph.nodes:
         if n.op == "Constant" or n.op in RESHAPE_OPS:
             continue
         r, w = _io_bytes(n.inputs, n.outputs)
         reads = window_reads(n) if n.op == "GraphKernel" and is_window_kernel(n) else None
+        conv = conv_reads(n) if n.op == "GraphKernel" and is_conv_kernel(n) else None
         if reads:  # (each input of a kernel is a distinct value)
             r = sum(reads.values())
+        elif conv is not None:  # the im2col panel: written to a workspace and read back
+            r, w = conv
         elif n.op == "GraphKernel" and is_group_kernel(n):
             r = group_reads(n)
         elif n.op in ("GraphKernel", "StridedSlice"):

@@ -282,7 +282,8 @@ AUTOFUSE_GROUPS: dict[str, FusionGroup] = {
     "gather": FusionGroup(("gather", "lookup"), ("Gather",)),
     "transpose": FusionGroup(("transpose",), ("Transpose",)),
     "matmul": FusionGroup(("matmul_depth",), ()),
-    "conv": FusionGroup((), (), "graphkernel has no convolution fusion"),
+    "conv": FusionGroup((), (), "graphkernel's convolution fusion is a pass, not a "
+                        "pattern: conv_fusion (on from opt_level 2)"),
 }
 # keys whose presence in one flag string means the string speaks AutoFuse
 AUTOFUSE_VOCABULARY = frozenset({"enable_autofuse", "autofuse_enable_pass",

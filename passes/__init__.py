@@ -15,6 +15,7 @@ from graphkernel.passes import (
     concat_sink,
     constant_fold,
     conv_bn_fold,
+    conv_fusion,
     conv_matmul,
     cse,
     dce,
@@ -86,6 +87,7 @@ PIPELINE = (
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
     Step("postfusion", 10, parallel_fusion.parallel_fusion, 3, feature="enable_parallel_fusion"),
     Step("postfusion", 20, window_fusion.window_fusion, 2),  # pools: window kernels
+    Step("postfusion", 25, conv_fusion.conv_fusion, 2),  # kxk convolutions: MIX kernels
     Step("postfusion", 30, promote_precision.promote_precision, 2),
     Step("postfusion", 40, matmul_group.matmul_group, 2, feature="enable_matmul_group"),
     Step("postfusion", 50, super_kernel.super_kernel, 3, feature="enable_super_kernel"),

@@ -32,7 +32,7 @@ def test_passes_by_level():
     assert on1 == {"validate", "axis_normalize", "expand", "dce:1", "dce:2", "cluster", "split",
                    "codegen"}
     assert on3 == on1 | {"constant_fold", "arith_simplify", "cse", "reshape_elim",
-                         "promote_precision", "window_fusion",
+                         "promote_precision", "window_fusion", "conv_fusion",
                          "transpose_elim", "channels_last", "concat_sink", "cast_elim",
                          "attention", "attention_sinks", "conv_bn_fold", "conv_matmul",
                          "scan", "moe_routing",

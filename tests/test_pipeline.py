@@ -26,7 +26,7 @@ CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2
              "promote_precision": 2, "scan": 2, "matvec": 2, "transpose_view": 2,
              "product_broadcast": 2, "small_ints": 2, "rotary_pairs": 2, "rotary_halves": 2,
              "attention_sinks": 2,
-             "moe_routing": 2, "window_fusion": 2, "transpose_hoist": 2,
+             "moe_routing": 2, "window_fusion": 2, "conv_fusion": 2, "transpose_hoist": 2,
              "product_transpose": 2, "slice_phases": 2, "split_slices": 2,
              "scan_loop": 2}
 

@@ -104,7 +104,8 @@ def test_cnn_layers_match_eager(name, train):
 
 def test_frozen_batch_norm_folds_into_the_convolution():
     """Under no_grad the parameters are constants: conv + BN + ReLU is one convolution and
-    the ReLU; with trainable parameters (requires grad) the BN stays an affine vector op."""
+    the ReLU (one MIX kernel: the folded bias an Add of its epilogue); with trainable
+    parameters (requires grad) the BN stays an affine vector op."""
     import graphkernel
 
     torch.manual_seed(2)
@@ -114,8 +115,9 @@ def test_frozen_batch_norm_folds_into_the_convolution():
     m[1].running_var.uniform_(0.5, 2)
     g = gt.export_graph(m, (torch.randn(2, 4, 9, 10),), name="t")
     res = graphkernel.compile(g, "--opt_level=2", env={})
-    ops = [n.op for n in res.graph.nodes if n.op != "Constant"]
-    assert ops == ["Conv2D", "Maximum"]
+    (k,) = [n for n in res.graph.nodes if n.op != "Constant"]
+    assert [n.op for n in k.subgraph.nodes if n.op != "Constant"] == ["Conv2D", "Add",
+                                                                      "Maximum"]
     assert sum(p.rewrites for p in res.report.passes if p.name == "conv_bn_fold") == 2
     run(m, torch.randn(2, 4, 9, 10), train=False)
 
@@ -293,6 +295,27 @@ class _NormTail(nn.Module):
         return torch.relu(self.norm(self.conv(x) + x)).mean((2, 3))
 
 
+class _BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock (its layout and defaults), with a projection when the
+    block downsamples."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1, self.relu = nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is a window kernel with its folded batch norm and activation;
@@ -322,6 +345,12 @@ BLOCKS = {
     # the product with the residual add in its tile; the whole group norm and ReLU; the
     # pool (rows of another length)
     "norm_then_global_pool": (_NormTail, 16, {"mix": 1, "vector": 2}),
+    # each 3x3 convolution an implicit-GEMM MIX kernel with its folded batch norm and ReLU,
+    # the second with the residual add too (four launches before: two cube, two vector)
+    "basic_block": (lambda: _BasicBlock(16, 16, 1), 16, {"mix": 2}),
+    # downsampling: the strided 1x1 projection stays a convolution (a cube launch) whose
+    # folded batch norm joins the second convolution's epilogue as its residual
+    "basic_block_downsample": (lambda: _BasicBlock(8, 16, 2), 8, {"cube": 1, "mix": 2}),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),

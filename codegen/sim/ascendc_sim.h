@@ -149,6 +149,9 @@ struct Core {
     int mm_open = 0;              // objects registered that have not called End()
     uint32_t mm_open_line = 0;    // where the last of them was registered
     uint8_t* sys_workspace = nullptr;  // the launch's workspace argument
+    // GM writes into the workspace (offset, bytes, the writing instruction's number): a Matmul
+    // operand the kernel wrote there (a convolution's im2col panel) is checked against them
+    std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> ws_writes;
     int kernel_type = -1;         // KERNEL_TASK_TYPE_DEFAULT's value (-1: none declared)
     // Instructions are numbered in program order (a sequence shared by all pipes).
     // known[d][s]: pipe d's next instruction is ordered after pipe s's instructions up to
@@ -161,6 +164,7 @@ struct Core {
     void* pipe = nullptr;         // the TPipe constructed last (GetTPipePtr)
 };
 inline thread_local Core* g_core = nullptr;
+inline thread_local uint32_t g_seq = 0;  // the last instruction's number (Instr.seq)
 
 // A core's number among a launch's cores that write GM (block * 2 + vector core), and its
 // name in messages.
@@ -200,6 +204,11 @@ inline void count_read(const void* at, uint64_t bytes) {
 inline void count_write(const void* at, uint64_t bytes) {
     Core& c = *g_core;
     c.gm_written += bytes;
+    const uint8_t* q = static_cast<const uint8_t*>(at);
+    const size_t ws = c.arg_reads.size() >= 2 ? c.arg_reads.size() - 2 : 0;
+    if (c.sys_workspace != nullptr && ws > 0 && q >= c.sys_workspace &&
+        q < c.sys_workspace + c.arg_bytes[ws])  // (the instruction writing is the last issued)
+        c.ws_writes.emplace_back(q - c.sys_workspace, bytes, g_seq);
     if (c.writers == nullptr) return;
     const uint8_t* p = static_cast<const uint8_t*>(at);
     for (size_t i = 0; i < c.arg_reads.size(); ++i)
@@ -251,7 +260,6 @@ struct UbShadow {
     }
 };
 inline thread_local UbShadow g_shadow;
-inline thread_local uint32_t g_seq = 0;
 
 inline int reader_slot(int pipe) {
     for (int k = 0; k < NREADERS; ++k)
@@ -382,6 +390,14 @@ inline int32_t GetBlockIdx() {
     return g_core->aic ? g_core->block_idx : g_core->block_idx * GetTaskRatio() + g_core->sub;
 }
 inline int32_t GetBlockNum() { return g_core->block_num; }
+// The simulator runs one vector core per block: the vector cores per cube core it models.
+inline int32_t GetTaskRatio() { return 1; }
+// The user's part of the launch's workspace. As in the devkit's CPU-debug build, the
+// workspace argument itself: the Matmul model keeps nothing in the system workspace.
+inline GM_ADDR GetUserWorkspace(GM_ADDR workspace, loc where = loc::current()) {
+    if (workspace == nullptr) fail("GetUserWorkspace of a null workspace", where);
+    return workspace;
+}
 
 // All-core synchronisation. Only a SuperKernel launch runs its cores as threads; elsewhere
 // the cores run one after another and a barrier among them would deadlock on the device.
@@ -1612,6 +1628,7 @@ inline std::string run_core(KernelCall call, uint8_t** args, const uint64_t* arg
     core.aic = aic;
     core.sys_workspace = nargs >= 2 ? args[nargs - 2] : nullptr;
     core.ub.assign(ub_bytes, 0xA5);
+    core.ws_writes.clear();
     g_core = &core;
     g_barrier = bar;
     // this thread's shadow of the UB is reused; numbers up to `base` count as complete

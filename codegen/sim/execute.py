@@ -140,6 +140,7 @@ class SimLibrary:
             for r in sr.members:
                 self.kernels.setdefault(r.name, r)
         self.supers = {sr.name: sr for sr in supers}
+        self.workspace: dict[str, int] = {}  # kernel -> the user workspace its tiling asked
         srcs = [sim_source(r) for r in self.kernels.values()]
         srcs += [super_sim_source(sr) for sr in self.supers.values()]
         self.lib = build(srcs) if srcs else None
@@ -168,6 +169,7 @@ class SimLibrary:
         if rc != 0:
             raise SimulatorError(f"{name}: the tiling function found no tile that fits the "
                                  f"Unified Buffer for shapes {[list(s) for s in shapes]}")
+        self.workspace[name] = int(ws.value)  # bytes the kernel's own work needs
         raw = bytes(out)
         if cube:  # the TCubeTiling at the struct's start
             return raw, int(block.value), dict(zip(CUBE_FIELDS, np.frombuffer(
@@ -241,7 +243,7 @@ class SimLibrary:
         if block == 0:
             return Launch(outs, 0, Counts(0, 0, 0, 0, 0, 0), fields)
         tiling = np.frombuffer(raw, dtype=np.uint8).copy()
-        workspace = np.zeros(32, np.uint8)
+        workspace = np.zeros(max(32, self.workspace.get(name, 0)), np.uint8)
         counts = launch(self.lib, name, [*ins, *outs, workspace, tiling], block, spec.ub_bytes)
         if r.members is not None:  # a product group: each product's plan for its own tile
             shapes = [*(a.shape for a in ins), *(o.shape for o in outs)]

@@ -31,6 +31,12 @@
 //     writes) and waits for the tile before returning. So the tile counts as written by the
 //     vector pipe and complete: the vector unit may read it at once, and rewrite the buffer
 //     it read for the previous tile with no PipeBarrier<PIPE_V> in between.
+//   - an operand the kernel itself wrote into the launch's workspace (a convolution's im2col
+//     panel, built by the vector core with MTE3 copies): the request that makes the cube core
+//     read it is the scalar unit's, so every MTE3 copy into the operand's block must be
+//     complete before the first Iterate (SetFlag/WaitFlag<HardEvent::MTE3_S>), and nothing
+//     may write into it again until Iterate has returned false (the cube core reads its
+//     panels while it computes the tiles);
 // A block registers an object only when the tiling's usedCoreNum counts it (a product group
 // launches the most blocks any of its products uses; a block beyond a product's usedCoreNum
 // skips that product, codegen/cube/group.py). A KERNEL_TYPE_MIX_AIC_1_2 launch runs the
@@ -169,6 +175,7 @@ public:
     void IterateAll(const GlobalTensor<TC>& c, uint8_t enAtomic = 0, loc where = loc::current()) {
         claim("IterateAll", where);
         ready(where);
+        workspace_ready(where);
         if (enAtomic) fail("IterateAll with atomic accumulation is not modelled", where);
         const int32_t tiles = tiles_m() * tiles_n();
         std::vector<Acc> acc;
@@ -192,6 +199,8 @@ public:
         claim("Iterate", where);
         ready(where);
         if (enPartialSum) fail("Iterate with partial sums is not modelled", where);
+        if (next_ == 0) workspace_ready(where);
+        else workspace_kept(where);
         if (next_ >= tiles_m() * tiles_n()) return false;
         auto [m0, n0, rows, cols] = tile_at(next_++);
         compute(m0, n0, rows, cols, cur_, where);
@@ -295,6 +304,44 @@ private:
     void ready(const loc& where) const {
         if (!has_a_ || !has_b_) fail("Iterate before SetTensorA and SetTensorB", where);
     }
+    // B's block in the launch's workspace, as byte offsets [lo, hi) (lo == hi: elsewhere).
+    std::pair<uint64_t, uint64_t> b_in_workspace() const {
+        const Core& c = *g_core;
+        const size_t ws = c.arg_reads.size() >= 2 ? c.arg_reads.size() - 2 : 0;
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(b_.addr());
+        if (c.sys_workspace == nullptr || ws == 0 || p < c.sys_workspace ||
+            p >= c.sys_workspace + c.arg_bytes[ws])
+            return {0, 0};
+        const uint64_t lo = p - c.sys_workspace;
+        return {lo, lo + (b_at(tail_k_ - 1, tail_n_ - 1) + 1) * sizeof(TB)};
+    }
+    // The first Iterate of a block: the kernel's MTE3 copies into B's block are complete and
+    // the scalar unit, which sends the request, has waited for them.
+    void workspace_ready(const loc& where) {
+        auto [lo, hi] = b_in_workspace();
+        iter_seq_ = g_seq;
+        if (lo == hi) return;
+        Core& c = *g_core;
+        for (const auto& [off, bytes, seq] : c.ws_writes)
+            if (off < hi && lo < off + bytes && seq > c.known[PIPE_S][PIPE_MTE3])
+                fail("Iterate reads B from the workspace, which an MTE3 copy (line " +
+                     std::to_string(line_of(seq)) + ") writes with no SetFlag/WaitFlag"
+                     "<HardEvent::MTE3_S> in between (the cube core would read the panel "
+                     "before it is complete)", where);
+        std::erase_if(c.ws_writes, [&](const auto& w) {
+            return std::get<2>(w) <= c.known[PIPE_S][PIPE_MTE3]; });
+    }
+    // A later Iterate: nothing wrote into B's block since the first (the cube core may still
+    // be reading it).
+    void workspace_kept(const loc& where) const {
+        auto [lo, hi] = b_in_workspace();
+        if (lo == hi) return;
+        for (const auto& [off, bytes, seq] : g_core->ws_writes)
+            if (off < hi && lo < off + bytes && seq > iter_seq_)
+                fail("B's block in the workspace is rewritten (line " +
+                     std::to_string(line_of(seq)) + ") while the cube core reads it (before "
+                     "Iterate returned false)", where);
+    }
     void restart() {
         next_ = 0;
         have_tile_ = false;
@@ -382,6 +429,7 @@ private:
     bool has_a_ = false, has_b_ = false, has_bias_ = false, trans_a_ = false, trans_b_ = false;
     int32_t tail_m_ = 0, tail_n_ = 0, tail_k_ = 0;
     int32_t next_ = 0;
+    uint32_t iter_seq_ = 0;  // the instruction number at the block's first Iterate
     std::vector<int32_t> held_a_, held_b_;
     std::vector<Acc> cur_;
     int32_t cur_rows_ = 0, cur_cols_ = 0;

@@ -169,10 +169,12 @@ def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
 def case_kernels() -> dict[str, tuple]:
     """Each distinct kernel of the code generator's test cases (vector: single ops, patterns,
     the mask graphs and fuzz seeds kept as tests, the pools' window kernels; cube: the Matmul
-    API cases; MIX: a product with each epilogue, and the convolution blocks through the
-    pipeline; product groups of cube and MIX products): name -> (rendered, case ids)."""
+    API cases; MIX: a product with each epilogue, the convolution blocks through the
+    pipeline and the kxk convolutions' implicit-GEMM kernels; product groups of cube and
+    MIX products): name -> (rendered, case ids)."""
     from graphkernel.codegen.legalize import check
     from tests.codegen import test_cnn_kernels as cnn
+    from tests.codegen import test_conv_kernels as conv
     from tests.codegen import test_fuzz_sim as fz
     from tests.codegen import test_matmul_group as grp
     from tests.codegen import test_matmul_kernels as mm
@@ -182,6 +184,7 @@ def case_kernels() -> dict[str, tuple]:
     runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES
             + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES + grp.CASES]
     runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
+    runs += [(f"conv-{name}", g, "") for name, (g, _) in conv.CASES.items()]
     for name, (seed, level) in fz.REAL_API_SEEDS.items():
         case = random_case(seed, level, fz.CI_MAX_OPS)
         runs.append((f"fuzz-{name}", case.graph, case.flags))
@@ -345,5 +348,24 @@ def test_in_ub_transpose_kernels_compile_against_the_real_headers():
     assert all("Gather(" in t and ".SetValue(" in t for t in texts)
     results = realcheck.check_rendered(rendered, headers())
     assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+@needs_headers
+def test_convolution_kernels_compile_against_the_real_headers():
+    """The kxk convolutions' MIX kernels (codegen/cube/conv.py: the im2col panel built with
+    Gather into the user workspace, GetTaskRatio's block index, the Matmul object reading it
+    from GM) type-check against the real API in every mode of the kernel, with their host
+    tiling."""
+    from tests.codegen import test_conv_kernels as conv
+
+    rendered = []
+    for g, _ in conv.CASES.values():
+        rendered += render_all(schedules(graphkernel.compile(g, "", env={})))
+    assert len(rendered) == len(conv.CASES)
+    assert all("GetUserWorkspace(workspace)" in r.files[f"{r.name}.cpp"] for r in rendered)
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"mix", "host"}
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)

@@ -103,4 +103,6 @@ def test_explain_shows_each_decision():
     assert [c["verdict"] for c in d["conv_products"]] == ["kept"]
     assert "strides [2, 2]" in d["conv_products"][0]["reason"]
     off = graphkernel.compile(conv_graph(), "--opt_level=2 --disable_pass=conv_matmul", env={})
-    assert "Conv2D" in {n.op for n in off.graph.nodes}
+    body = {m.op for n in off.graph.nodes if n.op == "GraphKernel" for m in n.subgraph.nodes}
+    ops = {n.op for n in off.graph.nodes} | body  # (a convolution kernel's, conv_fusion)
+    assert "Conv2D" in ops and not ops & {"MatMul", "BatchMatMul"}
