@@ -390,8 +390,6 @@ inline int32_t GetBlockIdx() {
     return g_core->aic ? g_core->block_idx : g_core->block_idx * GetTaskRatio() + g_core->sub;
 }
 inline int32_t GetBlockNum() { return g_core->block_num; }
-// The simulator runs one vector core per block: the vector cores per cube core it models.
-inline int32_t GetTaskRatio() { return 1; }
 // The user's part of the launch's workspace. As in the devkit's CPU-debug build, the
 // workspace argument itself: the Matmul model keeps nothing in the system workspace.
 inline GM_ADDR GetUserWorkspace(GM_ADDR workspace, loc where = loc::current()) {
