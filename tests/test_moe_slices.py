@@ -87,3 +87,50 @@ def test_an_operand_read_whole_and_in_parts_keeps_one_input():
                                           "axes": [1]}).outputs[0]
     g2.set_outputs([g2.add_node("Mul", [p, q], {}).outputs[0]])
     assert sliced_inputs(g2) == [y]
+
+
+def _rot(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), -1)
+
+
+def _latent_kv(x, w, g, cos, sin):
+    """Multi-head latent attention's compressed key/value: one product split into the latent
+    part (normalised) and the shared rotary key (a head axis of one, rotated)."""
+    kv = x @ w
+    latent, rope = torch.split(kv, [32, 8], dim=-1)
+    latent = latent * torch.rsqrt(latent.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+    rope = rope.view(2, 1, 16, 8)
+    return latent, rope * cos + _rot(rope) * sin
+
+
+def _latent_data(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 16, 64, generator=gen), torch.randn(64, 40, generator=gen) * 0.2,
+            torch.rand(32, generator=gen) + 0.5, torch.randn(1, 1, 16, 8, generator=gen),
+            torch.randn(1, 1, 16, 8, generator=gen))
+
+
+def test_latent_and_rotary_parts_are_read_by_their_kernels():
+    """Each part of the split is read in place by the kernel computing on it (the rotary
+    key through its head view): no launch copying the parts."""
+    got, want, s = _compiled(_latent_kv, _latent_data())
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert s["launches"] == {"vector": 2, "cube": 1, "mix": 0, "extern": 0, "opaque": 0}, s
+
+
+@pytest.mark.sim
+def test_latent_and_rotary_parts_through_the_simulator():
+    got, want, s = _compiled(_latent_kv, _latent_data(1), {"backend": "sim"})
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert s["launches"]["vector"] == 2 and s["bugs"] == 0, s
+
+
+def test_unit_axes_view_keeps_the_elements_in_place():
+    from graphkernel.codegen.vector.schedule import View, unit_axes_view
+
+    v = View(32, (640, 40, 1))  # columns 32.. of rows of 40: [2, 16, 8]
+    assert unit_axes_view(v, (2, 16, 8), (2, 1, 16, 8)) == View(32, (640, 0, 40, 1))
+    assert unit_axes_view(v, (2, 16, 8), (32, 8)) is None  # rows regrouped: no one view
