@@ -442,6 +442,23 @@ def pattern_cases() -> list[Case]:
     g, v = _g("dyn_flat", {"x": ("b", 16, 3)})
     add("dynamic-elementwise", g, g.add_node("Exp", [g.add_node("Neg", [v["x"]]).output]).output,
         dims=[{"b": 1}, {"b": 5}, {"b": 1000}])
+    # two halves of one input in one kernel (a gate/up product's silu(gate) * up): each half
+    # bound to an input of its own, loaded as a strided view of the one buffer
+    g, v = _g("gate_up", {"x": (33, 140)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    gate = n("StridedSlice", [v["x"]], begin=[0], end=[70], strides=[1], axes=[1])
+    up = n("StridedSlice", [v["x"]], begin=[70], end=[140], strides=[1], axes=[1])
+    add("gate-up-halves", g, n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])]), up]))
+    # a slice of the last axis viewed with a head axis of one, rotated (a latent attention's
+    # shared rotary key): the view is the slice's strided view
+    g, v = _g("rope_part", {"x": (2, 16, 40), "c": (1, 1, 16, 8)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    r = n("Reshape", [n("StridedSlice", [v["x"]], begin=[32], end=[40], strides=[1],
+                        axes=[2])], shape=[2, 1, 16, 8])
+    h1 = n("StridedSlice", [r], begin=[0], end=[4], strides=[1], axes=[3])
+    h2 = n("StridedSlice", [r], begin=[4], end=[8], strides=[1], axes=[3])
+    rot = n("Concat", [n("Neg", [h2]), h1], axis=3)
+    add("rope-of-a-slice-part", g, n("Add", [n("Mul", [r, v["c"]]), n("Mul", [rot, v["c"]])]))
     return cases
 
 
