@@ -449,16 +449,13 @@ def pattern_cases() -> list[Case]:
     gate = n("StridedSlice", [v["x"]], begin=[0], end=[70], strides=[1], axes=[1])
     up = n("StridedSlice", [v["x"]], begin=[70], end=[140], strides=[1], axes=[1])
     add("gate-up-halves", g, n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])]), up]))
-    # a slice of the last axis viewed with a head axis of one, rotated (a latent attention's
-    # shared rotary key): the view is the slice's strided view
+    # a slice of the last axis viewed with a head axis of one and scaled by a per-position
+    # table (a latent attention's shared rotary key): the view is the slice's strided view
     g, v = _g("rope_part", {"x": (2, 16, 48), "c": (1, 1, 16, 16)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
     r = n("Reshape", [n("StridedSlice", [v["x"]], begin=[32], end=[48], strides=[1],
                         axes=[2])], shape=[2, 1, 16, 16])
-    h1 = n("StridedSlice", [r], begin=[0], end=[8], strides=[1], axes=[3])
-    h2 = n("StridedSlice", [r], begin=[8], end=[16], strides=[1], axes=[3])
-    rot = n("Concat", [n("Neg", [h2]), h1], axis=3)
-    add("rope-of-a-slice-part", g, n("Add", [n("Mul", [r, v["c"]]), n("Mul", [rot, v["c"]])]))
+    add("head-view-of-a-slice-part", g, n("Exp", [n("Mul", [r, v["c"]])]))
     return cases
 
 
