@@ -14,7 +14,9 @@ def _computes(model, c: Area) -> OpKind:
     """The kind of what ``c`` computes, its slices aside: an area that already took in a
     slice of the same operand (a gate/up projection's other half, a key's part of a fused
     key/value product) is still elementwise or reducing work that loads its parts."""
-    if model.kind(c) != OpKind.SLICE:
+    if model.kind(c) != OpKind.SLICE or any(
+            n.op in SLICES and any(st != 1 for st in n.attrs.get("strides") or [1])
+            for n in c.nodes):  # (pairs of an interleaved rotary: not parts of a row)
         return model.kind(c)
     return max((ops.get(n.op).kind for n in c.nodes if n.op not in SLICES),
                default=OpKind.RESHAPE)
