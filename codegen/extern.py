@@ -33,15 +33,18 @@ OPERATORS = {"FusedAttention": "torch_npu.npu_fusion_attention",
              "MoeInitRouting": "torch_npu.npu_moe_init_routing",
              "MoeComputeExpertTokens": "torch_npu.npu_moe_compute_expert_tokens",
              "MoeFinalizeRouting": "torch_npu.npu_moe_finalize_routing",
-             "MoeGatingTopKSoftmax": "torch_npu.npu_moe_gating_top_k_softmax_v2"}
+             "MoeGatingTopKSoftmax": "torch_npu.npu_moe_gating_top_k_softmax_v2",
+             "MoeGatingTopK": "torch_npu.npu_moe_gating_top_k"}
 ACLNN = {"FusedAttention": "aclnnFlashAttentionScore",
          "FusedAttentionGrad": "aclnnFlashAttentionScoreGrad",
          "GroupedMatMul": "aclnnGroupedMatmul", "GroupedMatMulWeightGrad": "aclnnGroupedMatmul",
          "MoeInitRouting": "aclnnMoeInitRouting",
          "MoeComputeExpertTokens": "aclnnMoeComputeExpertTokens",
          "MoeFinalizeRouting": "aclnnMoeFinalizeRouting",
-         "MoeGatingTopKSoftmax": "aclnnMoeGatingTopKSoftmaxV2"}
+         "MoeGatingTopKSoftmax": "aclnnMoeGatingTopKSoftmaxV2",
+         "MoeGatingTopK": "aclnnMoeGatingTopK"}
 GROUPED = ("GroupedMatMul", "GroupedMatMulWeightGrad")
+GATING = ("MoeGatingTopKSoftmax", "MoeGatingTopK")  # routers: scores, ranking, top-k
 # a mixture of experts' token routing (graphkernel/opdefs/experts.py): operands and results
 # by role, in the operator's order; no products, the permutation is data movement
 ROUTING = {"MoeInitRouting": (["x", "row_idx", "expert_idx"],
@@ -131,10 +134,32 @@ def _gating_call(node: Node) -> dict[str, Any]:
             "result": outs[0], "results": outs}
 
 
+def _group_gating_call(node: Node) -> dict[str, Any]:
+    """A group-limited router as MoeGatingTopK: ``renorm`` 0 (the scores computed, then
+    ranked: the only order the operator takes), the scores themselves not returned
+    (``out_flag`` False)."""
+    a = node.attrs
+    outs = [{"role": r, "value": v.name, "dtype": str(v.dtype), "shape": list(v.type.shape)}
+            for r, v in zip(["y", "expert_idx"], node.outputs, strict=True)]
+    return {"node": node.name, "kind": "extern", "operator": OPERATORS[node.op],
+            "aclnn": ACLNN[node.op],
+            "arguments": {"k": a["k"], "k_group": a["k_group"], "group_count": a["group_count"],
+                          "group_select_mode": a["group_select_mode"], "renorm": 0,
+                          "norm_type": a["norm_type"], "out_flag": False,
+                          "routed_scaling_factor": a["routed_scaling_factor"],
+                          "eps": a["eps"]},
+            "operands": [{"role": r, "value": v.name, "dtype": str(v.dtype),
+                          "shape": list(v.type.shape)}
+                         for r, v in zip(["x", "bias"], node.inputs, strict=True)],
+            "result": outs[0], "results": outs}
+
+
 def call(node: Node) -> dict[str, Any]:
     """The vendor call a device build makes for ``node``: operator, arguments, operands."""
     if node.op == "MoeGatingTopKSoftmax":
         return _gating_call(node)
+    if node.op == "MoeGatingTopK":
+        return _group_gating_call(node)
     if node.op in GROUPED:
         return _grouped_call(node)
     if node.op in ROUTING:
@@ -174,7 +199,7 @@ def cube_flops(node: Node) -> float:
     the gradient's Q·Kᵀ again, dY·Vᵀ, Pᵀ·dY, dS·K and dSᵀ·Q); fp32 operands count twice, as
     the cube runs them at half rate. Grouped products: 2·S·K·N over all the groups; token
     routing and gating: none."""
-    if node.op in ROUTING or node.op == "MoeGatingTopKSoftmax":
+    if node.op in ROUTING or node.op in GATING:
         return 0.0
     if node.op in GROUPED:
         x, y = node.inputs[0].type, node.outputs[0].type
@@ -194,7 +219,7 @@ def vector_repeats(node: Node, repeat_bytes: int) -> int:
     over the logits."""
     if node.op in GROUPED:
         return 0
-    if node.op == "MoeGatingTopKSoftmax":
+    if node.op in GATING:
         return SOFTMAX_PASSES * math.ceil(
             math.prod(_int(d) for d in node.inputs[0].type.shape) * 4 / repeat_bytes)
     if node.op in ROUTING:

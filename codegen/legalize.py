@@ -43,7 +43,7 @@ from graphkernel.ir import Dim, Graph, Node
 
 if TYPE_CHECKING:  # (imported where a kernel is split: most compiles never do, and it is
     import networkx as nx  # a tenth of a second to import)
-from graphkernel.kernels import build_kernel, unfuse
+from graphkernel.kernels import build_kernel, sliced_inputs, unfuse
 from graphkernel.ops import CUBE_OPS, PRODUCT_OPS, RESHAPE_OPS
 
 MAX_SPLIT_DEPTH = 3         # a kernel made by splitting another is split again at most this often
@@ -186,6 +186,20 @@ def ungroup(graph: Graph, kernel: Node, name_for: Namer) -> list[Node]:
         group = [nodes[index[id(n)]] for n in piece]
         out.append(build_kernel(graph, group, name_for(group), "cube"))
     return out
+
+
+def rebind_slices(graph: Graph, kernel: Node, name_for: Namer) -> Node | None:
+    """A refused kernel that reads an input only through several slices, rebuilt with one
+    input per slice (``kernels.separate_slice_reads``): each part a strided load of its own,
+    where the generator refused the parts as column views of one tile at different offsets
+    (``silu(gate) * up`` of one product). None when it has no such input: kernels the
+    generator accepts keep their column views."""
+    if kernel.op != "GraphKernel" or is_group_kernel(kernel) or \
+            not sliced_inputs(kernel.subgraph):
+        return None
+    nodes = [n for n in unfuse(graph, kernel) if n.op != "Constant"]
+    return build_kernel(graph, nodes, name_for(nodes), kernel.attrs["pattern"],
+                        slice_inputs=True)
 
 
 def split_around(graph: Graph, kernel: Node, bad: int | None, name_for: Namer,

@@ -63,11 +63,14 @@ def next_kernel_name(analyses: Any, nodes: Sequence[Node], pattern: str) -> str:
     return kernel_name(nodes, analyses.kernel_counter, pattern)
 
 
-def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -> Node:
+def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
+                 slice_inputs: bool = False) -> Node:
     """Replace ``nodes`` (in topological order, a convex set) by one GraphKernel node.
 
     Scalar constants used by the kernel are copied inside it; every other value from
     outside becomes a kernel input. Values used outside (or graph outputs) become outputs.
+    ``slice_inputs``: a value from outside that the kernel reads only through slices is
+    bound once per slice (``separate_slice_reads``).
     """
     members = {id(n) for n in nodes}
     outputs_set = {id(v) for v in graph.outputs}
@@ -99,6 +102,8 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
         for n in nodes:
             sub.clone_node(n, vmap)
         sub.set_outputs([vmap[id(v)] for v in outs])
+        if slice_inputs:
+            separate_slice_reads(sub, inputs)
         k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
                            name=kname, origin=origin, output_names=out_names)
         for old, new in zip(outs, k.outputs, strict=True):
@@ -108,12 +113,46 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str) -
         return k
     graph.move_nodes(nodes, sub, vmap)
     sub.set_outputs(outs)
+    if slice_inputs:
+        separate_slice_reads(sub, inputs)
     k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
                        name=kname, origin=origin, output_names=out_names)
     for old, new in zip(outs, k.outputs, strict=True):
         for u, j in [(u, j) for u, j in old.uses if u.graph is graph]:
             graph.replace_input(u, j, new)
     return k
+
+
+SLICE_OPS = ("Slice", "StridedSlice")
+
+
+def sliced_inputs(sub: Graph) -> list[Value]:
+    """The inputs of a kernel body read only through two or more slices (and nothing else):
+    a product's gate and up halves, a fused key/value product's parts."""
+    out = []
+    for p in sub.inputs:
+        users = [u for u, _ in p.uses]
+        if len(users) >= 2 and all(u.op in SLICE_OPS and u.inputs[0] is p for u in users) \
+                and not any(p is o for o in sub.outputs):
+            out.append(p)
+    return out
+
+
+def separate_slice_reads(sub: Graph, inputs: list[Value]) -> int:
+    """Bind each slice of an input read only through slices (``sliced_inputs``) to an input
+    of its own, bound to the same outer value (``inputs``, the kernel's operands, grows to
+    match): the code generator loads each part as a strided view of the operand's buffer,
+    where one input read through several column views would have its parts computed on at
+    different column offsets of one tile. Returns how many inputs were added."""
+    added = 0
+    for p in sliced_inputs(sub):
+        outer = inputs[next(i for i, v in enumerate(sub.inputs) if v is p)]
+        for u in [u for u, _ in p.uses][1:]:
+            q = sub.add_input(sub.fresh_name(p.name), p.type)
+            sub.replace_input(u, 0, q)
+            inputs.append(outer)
+            added += 1
+    return added
 
 
 def kernel_body(node: Node) -> Graph:

@@ -163,6 +163,15 @@ def codegen(graph, ctx) -> PassResult:
             except Unsupported as e:
                 reason, bad = str(e), e.node
                 before = isinstance(e, SplitBefore)
+                again = legalize.rebind_slices(graph, k, _namer(ctx, k))
+                if again is not None:  # its parts loaded one by one: checked again first
+                    depth[id(again)] = depth[id(k)]
+                    work.appendleft(again)
+                    shown.add_total(1)
+                    changed += 1
+                    ctx.log(f"{k.name} ({reason}): inputs read through slices bound once "
+                            f"per slice; retried as {again.name}")
+                    continue
             if parts:  # k was replaced by kernels of its own parts: schedule them next
                 changed += 1
                 for p in parts:

@@ -42,6 +42,14 @@ out of the next pick's scores and turns the pick's gathers into masked sums), wh
 the router's own vector work. Assumed (not checked): no score is -inf where a pick must
 choose among -inf scores (there torch's max may pick the expert already masked out, the
 gating operator the next one).
+
+A group-limited router (DeepSeek-V3's: the experts ranked by their sigmoid or softmax scores
+plus a bias, only within the k_group best of G groups, each group scored by its best expert or
+its best two's sum, the others masked to -inf through a Scatter of the best groups' ids
+spread over their experts) is the vendor's ``MoeGatingTopK``: its ids the ranking's, and its
+weights the program's when it divides the gathered picked scores by their sum plus eps
+(perhaps then scaled). Ties rank the lower group and expert first, as the other gating
+operator.
 """
 
 from __future__ import annotations
@@ -521,6 +529,220 @@ def _rewrite_picks(graph: Graph, cat: Node, tops: list[Node]) -> None:
         graph.replace_all_uses(c.outputs[0], ids)
 
 
+def _uniform(v: Value) -> float | None:
+    """The one value every element of a constant ``v`` (seen through broadcasts) holds."""
+    c = _const(_through_broadcast(v))
+    if c is None or c.size == 0 or not np.all(c == c.reshape(-1)[0]):
+        return None
+    return float(c.reshape(-1)[0])
+
+
+def _prod(v: Value, *op_names: str) -> Node | None:
+    p = v.producer
+    return p if p is not None and p.op in op_names else None
+
+
+def _sigmoid_of(s: Value) -> Value | None:
+    """x when ``s`` is the expanded sigmoid ``1 / (1 + exp(-x))``."""
+    r = _prod(s, "Reciprocal")
+    add = _prod(r.inputs[0], "Add") if r is not None else None
+    if add is None:
+        return None
+    for e, one in (add.inputs, add.inputs[::-1]):
+        c = _const(one)
+        exp = _prod(e, "Exp")
+        neg = _prod(exp.inputs[0], "Neg") if exp is not None else None
+        if neg is not None and c is not None and c.size == 1 and float(c) == 1.0:
+            return neg.inputs[0]
+    return None
+
+
+def _router_scores(sv: Value) -> tuple[Value, int, Value, Value | None] | None:
+    """(logits x [N, E], norm_type, scores, bias [E] or None) when ``sv`` is sigmoid(x) or
+    softmax(x) over the experts, perhaps plus a bias over the experts."""
+    cands = [(sv, None)]
+    add = _prod(sv, "Add")
+    if add is not None:
+        cands += [(a, b) for a, b in (add.inputs, add.inputs[::-1])]
+    experts = sv.shape[-1]
+    for s, b in cands:
+        if b is not None:
+            b = _through_views(b)
+            while b.producer is not None and b.producer.op == "Reshape" and \
+                    b.type.numel == experts:
+                b = b.producer.inputs[0]
+            if tuple(b.shape) != (experts,) or b.dtype != s.dtype or \
+                    tuple(add.outputs[0].shape) != tuple(s.shape):
+                continue
+        x = _sigmoid_of(s)
+        norm = 1
+        if x is None:
+            x, norm = softmax_input(s, []), 0
+        if x is not None and x.type.rank == 2 and tuple(x.shape) == tuple(s.shape) and \
+                x.dtype == s.dtype:
+            return x, norm, s, b
+    return None
+
+
+def _spread(maskf: Value, n_groups: int) -> Value | None:
+    """gm [N, G] when ``maskf`` [N, E] is each group's value spread over its E / G experts
+    (``gm.unsqueeze(-1).expand(N, G, E // G).reshape(N, E)``)."""
+    r = _prod(maskf, "Reshape")
+    bc = _prod(r.inputs[0], "BroadcastTo") if r is not None else None
+    if bc is None:
+        return None
+    n, experts = maskf.shape
+    if tuple(bc.outputs[0].shape) != (n, n_groups, experts // n_groups):
+        return None
+    v = bc.inputs[0]
+    if tuple(v.shape) != (n, n_groups, 1) or _prod(v, "ExpandDims", "Reshape") is None:
+        return None
+    gm = v.producer.inputs[0]
+    return gm if tuple(gm.shape) == (n, n_groups) else None
+
+
+def _group_scores(gs: Value, sv: Value) -> int | None:
+    """The group_select_mode when ``gs`` [N, G] scores each group of ``sv`` [N, E] (viewed
+    [N, G, E / G]) by its best expert (0) or the sum of its best two (1)."""
+    red = _prod(gs, "ReduceSum", "ReduceMax")
+    sq = _prod(gs, "Squeeze", "Reshape")
+    best = _prod(sq.inputs[0], "TopK") if red is None and sq is not None else None
+    if best is not None:  # the best expert's score: a TopK of one, its index unread
+        v = best.inputs[0]
+        if v.type.rank != 3 or best.attrs["k"] != 1 or not best.attrs["largest"] or \
+                best.attrs["axis"] % 3 != 2 or best.outputs[1].users or \
+                sq.inputs[0] is not best.outputs[0] or tuple(gs.shape) != tuple(v.shape[:2]):
+            return None
+        red = best
+    elif red is None or red.attrs.get("keep_dims"):
+        return None
+    v = red.inputs[0]
+    rank = v.type.rank
+    if rank != 3 or (red is not best and
+                     [a % rank for a in (red.attrs.get("axis") or [])] != [2]):
+        return None
+    mode = 0
+    if red.op == "ReduceSum":
+        top = _prod(v, "TopK")
+        if top is None or v is not top.outputs[0] or top.attrs["k"] != 2 or \
+                not top.attrs["largest"] or top.attrs["axis"] % 3 != 2 or \
+                top.outputs[1].users or _users(v) != [red]:
+            return None
+        v, mode = top.inputs[0], 1
+    r = _prod(v, "Reshape")
+    if r is None or _through_views(r.inputs[0]) is not _through_views(sv):
+        return None
+    return mode
+
+
+def _renorm(g: Value) -> tuple[Value, float, float] | None:
+    """(the result, eps, scale) when the picked scores ``g`` are only divided by their sum
+    plus eps, perhaps then scaled by a constant: ``g / (g.sum(-1, keepdim) + eps) * s``."""
+    users = _users(g)
+    div = next((u for u in users if u.op == "Div" and u.inputs[0] is g), None)
+    add = _prod(div.inputs[1], "Add") if div is not None else None
+    if add is None or len(_users(add.outputs[0])) != 1:
+        return None
+    for t, e in (add.inputs, add.inputs[::-1]):
+        red = _prod(t, "ReduceSum")
+        c = _const(e)
+        if red is None or red.inputs[0] is not g or not reduces_last_axis(red) or \
+                c is None or c.size != 1 or _users(red.outputs[0]) != [add] or \
+                set(map(id, users)) != {id(div), id(red)}:
+            continue
+        out, scale = div.outputs[0], 1.0
+        mul = _users(out)
+        if len(mul) == 1 and mul[0].op == "Mul" and \
+                (k := _const(mul[0].inputs[1] if mul[0].inputs[0] is out
+                             else mul[0].inputs[0])) is not None and k.size == 1:
+            out, scale = mul[0].outputs[0], float(k)
+        if tuple(out.shape) != tuple(g.shape) or out.dtype != g.dtype:
+            return None
+        return out, float(c), scale
+    return None
+
+
+def _group_router(topk: Node) -> dict | None:
+    """DeepSeek-V3's group-limited router behind ``topk`` (its ids cast to int32 for the
+    routing operators, perhaps gathering the picked scores): the experts ranked by the scores
+    plus a bias, only those of the k_group best groups (a Scatter of the best groups' ids
+    spread over their experts, the others masked to -inf), and, when the picked scores are
+    renormalised by their sum, the weights. What the vendor's MoeGatingTopK computes, when it
+    takes the shapes."""
+    users = _ranked(topk)
+    m = topk.inputs[0]
+    sel = _prod(m, "Select")
+    if users is None or sel is None or m.type.rank != 2:
+        return None
+    fill = _const(_through_broadcast(sel.inputs[1]))
+    if fill is None or fill.size < 1 or not np.all(np.isneginf(fill)) or \
+            tuple(sel.inputs[2].shape) != tuple(m.shape):
+        return None
+    sv, cond = sel.inputs[2], sel.inputs[0]
+    nt = _prod(cond, "LogicalNot")
+    ne = _prod(nt.inputs[0], "NotEqual") if nt is not None else None
+    if ne is None:
+        return None
+    zero = _const(ne.inputs[1])
+    if zero is None or zero.size != 1 or float(zero) != 0.0:
+        return None
+    maskf = ne.inputs[0]
+    found = _router_scores(sv)
+    if found is None:
+        return None
+    x, norm, s, bias = found
+    experts = m.shape[-1]
+    for n_groups in sorted({d for d in range(1, experts + 1) if experts % d == 0}):
+        gm = _spread(maskf, n_groups)
+        if gm is not None:
+            break
+    else:
+        return None
+    sc = _prod(gm, "ScatterElements")
+    if sc is None or sc.attrs.get("reduction", "none") != "none" or sc.attrs["axis"] % 2 != 1:
+        return None
+    off, on = _uniform(sc.inputs[0]), _uniform(sc.inputs[2])
+    gt = _prod(sc.inputs[1], "TopK")
+    if off != 0.0 or on is None or on == 0.0 or gt is None or \
+            sc.inputs[1] is not gt.outputs[1] or not gt.attrs["largest"] or \
+            gt.attrs["axis"] % 2 != 1 or gt.outputs[0].users or _users(gt.outputs[1]) != [sc]:
+        return None
+    mode = _group_scores(gt.inputs[0], sv)
+    if mode is None:
+        return None
+    attrs = {"k": topk.attrs["k"], "k_group": gt.attrs["k"], "group_count": n_groups,
+             "group_select_mode": mode, "norm_type": norm}
+    weights = None
+    gathers = [u for u in users if u.op == "GatherElements"]
+    if len(gathers) == 1 and _through_views(gathers[0].inputs[0]) is s:
+        weights = _renorm(gathers[0].outputs[0])
+    if weights is not None:
+        attrs |= {"eps": weights[1], "routed_scaling_factor": weights[2]}
+    from graphkernel.opdefs.experts import group_gating_refusal
+
+    if group_gating_refusal(experts, attrs) is not None:
+        return None
+    return {"x": x, "bias": bias, "attrs": attrs, "users": users,
+            "weights": weights[0] if weights is not None else None}
+
+
+def _rewrite_group_router(graph: Graph, topk: Node, r: dict) -> None:
+    x = r["x"]
+    bias = r["bias"] if r["bias"] is not None else graph.const(
+        np.zeros(x.shape[-1], x.dtype.np), name=graph.fresh_name(f"{topk.name}/bias"),
+        origin=topk.origin)
+    node = graph.add_node("MoeGatingTopK", [x, bias], r["attrs"],
+                          name=graph.fresh_name(f"{topk.name}/gating"), origin=topk.origin)
+    y, ids = node.outputs
+    for u in r["users"]:
+        if u.op == "Cast":
+            graph.replace_all_uses(u.outputs[0], ids)
+        else:
+            graph.replace_input(u, 1, ids)
+    if r["weights"] is not None:
+        graph.replace_all_uses(r["weights"], y)
+
+
 def moe_routing(graph, ctx) -> PassResult:
     """Rewrite a MoE layer's sort-based token permutation (sort of the expert ids, rows and
     weights gathered by expert, the running count, the inverse permutation and the weighted
@@ -559,6 +781,16 @@ def moe_routing(graph, ctx) -> PassResult:
                      f"{m[0].shape[-1]} experts"
                      f"{' renormalised' if m[1] is not None else ''} as the vendor's gating "
                      "operator")
+    for topk in [n for n in graph.nodes if n.op == "TopK"]:
+        if topk.graph is None or (r := _group_router(topk)) is None or \
+                not ctx.should_apply(f"MoE group router of {topk.name}", [topk]):
+            continue
+        _rewrite_group_router(graph, topk, r)
+        gated += 1
+        a = r["attrs"]
+        notes.append(f"{topk.name}: top-{a['k']} of {topk.inputs[0].shape[-1]} experts in the "
+                     f"best {a['k_group']} of {a['group_count']} groups as the vendor's "
+                     "group-limited gating operator")
     for topk in [n for n in graph.nodes if n.op == "TopK"]:
         if topk.graph is None or (users := _ranked(topk)) is None or \
                 not ctx.should_apply(f"MoE ranking of {topk.name}", [topk]):

@@ -19,6 +19,7 @@ from graphkernel.passes.rewrite import add_like
 from graphkernel.registry import PassResult, counted
 
 VECTOR_KINDS = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.REDUCE)
+SLICES = ("Slice", "StridedSlice")
 
 
 def _vector_read(v: Value, outputs: set[int]) -> bool:
@@ -28,9 +29,11 @@ def _vector_read(v: Value, outputs: set[int]) -> bool:
     if not v.users or id(v) in outputs:
         return False
     for u in v.users:
-        if u.op in RESHAPE_OPS:
+        if u.op in RESHAPE_OPS or u.op in SLICES:
             if not all(_vector_read(o, outputs) for o in u.outputs):
                 return False
+        elif u.op == "Concat":  # (a rotate-half's halves swapped)
+            continue
         elif not ops.exists(u.op) or ops.get(u.op).kind not in VECTOR_KINDS or \
                 u.op == "Gather" or u.graph is None:
             return False

@@ -226,6 +226,17 @@ class View:
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
+def unit_axes_view(view: View, shape: tuple[Dim, ...], new: tuple[Dim, ...]) -> View | None:
+    """``view`` of a value of ``shape`` as the view of its reshape to ``new`` when the reshape
+    only adds or drops axes of one (a head axis of one inserted): the same elements at the
+    same places. None for any other reshape."""
+    real = [(d, st) for d, st in zip(shape, view.strides, strict=True) if not eq(d, 1)]
+    if [d for d, _ in real] != [d for d in new if not eq(d, 1)]:
+        return None
+    it = iter(real)
+    return View(view.base, tuple(0 if eq(d, 1) else next(it)[1] for d in new))
+
+
 def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | None = None):
     """Layout of a value of shape ``vshape`` (at GM ``view``, if it is loaded from GM) used in
     an op whose output (a FULL value) has shape ``S``, under row length ``L``:
@@ -979,7 +990,9 @@ class _Planner:
         view = self.views.get(id(o))
         if view is not None and not view.is_contiguous(tuple(o.shape)):
             if tuple(v.shape) != tuple(o.shape):
-                return None  # a reshape of a strided slice: not one view any more
+                view = unit_axes_view(view, tuple(o.shape), tuple(v.shape))
+                if view is None:
+                    return None  # a reshape of a strided slice: not one view any more
             return classify(tuple(v.shape), tuple(S), L, view)
         return classify(tuple(v.shape), tuple(S), L)
 

@@ -244,3 +244,96 @@ register(OpDef("MoeGatingTopKSoftmax", OpKind.OPAQUE, (1, 1), _gating_infer, _ga
                attrs=GatingAttrs, category="nn",
                doc="a router's softmax over the experts and its TopK (renorm 1: the picked "
                    "weights renormalised)"))
+
+
+# -------------------------------------------------------- group-limited gating
+# MoeGatingTopK (logits x [N, E], bias [E]) -> (weights y [N, K] of x's dtype, expert ids
+# [N, K] int32): DeepSeek-V3's router as the vendor's MoeGatingTopK defines it
+# (``torch_npu.npu_moe_gating_top_k``, aclnnMoeGatingTopK; codegen/extern.py). The scores
+# are sigmoid(x) (``norm_type`` 1) or softmax(x) (0); the experts are ranked by the scores
+# plus ``bias``, in ``group_count`` groups of E / group_count: each group scored by its best
+# expert (``group_select_mode`` 0) or the sum of its best two (1), the ``k_group`` best
+# groups kept and the K best experts of those picked. ``y`` is the picked experts' scores
+# (without the bias) divided by their sum plus ``eps``, times ``routed_scaling_factor``.
+# Ties: the lower group, the lower expert first. The operator's limits (the vendor's):
+# E <= 2048, E divisible by group_count into groups of more than group_select_mode experts,
+# 32-aligned groups within 2048 experts, 1 <= k_group <= group_count, k at most the
+# experts of k_group groups.
+EXPERTS_MAX = 2048
+
+
+class GroupGatingAttrs(Attrs):
+    k: int = 1
+    k_group: int = 1
+    group_count: int = 1
+    group_select_mode: int = 0
+    norm_type: int = 1
+    routed_scaling_factor: float = 1.0
+    eps: float = 1e-20
+
+
+def group_gating_refusal(experts: object, a: dict) -> str | None:
+    """Why the vendor's MoeGatingTopK cannot take ``experts`` experts with attributes ``a``
+    (None when it can)."""
+    g, kg, k = a["group_count"], a["k_group"], a["k"]
+    if not isinstance(experts, int) or not 0 < experts <= EXPERTS_MAX:
+        return f"E = {experts} experts (the operator takes a static E <= {EXPERTS_MAX})"
+    if a["group_select_mode"] not in (0, 1) or a["norm_type"] not in (0, 1):
+        return "group_select_mode and norm_type are 0 or 1"
+    if g <= 0 or experts % g or experts // g <= a["group_select_mode"]:
+        return (f"{g} groups of {experts} experts (E divisible by the groups, each of more "
+                "than group_select_mode experts)")
+    if -(-(experts // g) // 32) * 32 * g > EXPERTS_MAX:
+        return f"{g} groups of {experts // g} experts, 32-aligned, exceed {EXPERTS_MAX}"
+    if not 1 <= kg <= g or not 1 <= k <= kg * (experts // g):
+        return (f"k = {k} of k_group = {kg} groups of {g} (1 <= k_group <= groups, k at most "
+                "the experts of k_group groups)")
+    return None
+
+
+def _group_gating_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    x, bias = ins
+    check_dtype(x, "float", "MoeGatingTopK input")
+    experts = x.shape[-1] if x.rank else None
+    why = group_gating_refusal(experts, attrs) if x.rank == 2 else "x is not [N, E]"
+    if why is None and (bias.rank != 1 or bias.shape[0] != experts or bias.dtype != x.dtype):
+        why = f"bias {bias} is not [E] of x's dtype"
+    if why is not None:
+        raise ShapeError(f"MoeGatingTopK takes x [N, E] and bias [E]: {why}; got {x}, "
+                         f"{bias}")
+    shape = (x.shape[0], attrs["k"])
+    return [TensorType(shape, x.dtype), TensorType(shape, DType.int32)]
+
+
+def _top(v: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest along the last axis, the lower index first on ties."""
+    return np.argsort(-v, axis=-1, kind="stable")[..., :k]
+
+
+def _group_gating_ref(xs, a, ctx):
+    x, bias = xs
+    f = x.astype(np.float32)
+    scores = 1.0 / (1.0 + np.exp(-f)) if a["norm_type"] == 1 else _softmax_last(f)
+    value = scores + bias.astype(np.float32)
+    n, experts = value.shape
+    g = a["group_count"]
+    grouped = value.reshape(n, g, experts // g)
+    if a["group_select_mode"] == 1:
+        best = np.take_along_axis(grouped, _top(grouped, 2), axis=-1).sum(-1)
+    else:
+        best = grouped.max(-1)
+    keep = np.zeros((n, g), bool)
+    np.put_along_axis(keep, _top(best, a["k_group"]), True, axis=-1)
+    masked = np.where(np.repeat(keep, experts // g, axis=-1), value, -np.inf)
+    idx = _top(masked, a["k"])
+    y = np.take_along_axis(scores, idx, axis=-1)
+    y = y / (y.sum(-1, keepdims=True) + np.float32(a["eps"])) * np.float32(
+        a["routed_scaling_factor"])
+    return y.astype(x.dtype), idx.astype(np.int32)
+
+
+register(OpDef("MoeGatingTopK", OpKind.OPAQUE, (2, 2), _group_gating_infer, _group_gating_ref,
+               attrs=GroupGatingAttrs, category="nn",
+               doc="a group-limited router (sigmoid or softmax scores, a bias for the ranking, "
+                   "the best groups, then the best experts of those; the picked scores "
+                   "renormalised and scaled)"))

@@ -454,6 +454,20 @@ def pattern_cases() -> list[Case]:
     g, v = _g("dyn_flat", {"x": ("b", 16, 3)})
     add("dynamic-elementwise", g, g.add_node("Exp", [g.add_node("Neg", [v["x"]]).output]).output,
         dims=[{"b": 1}, {"b": 5}, {"b": 1000}])
+    # two halves of one input in one kernel (a gate/up product's silu(gate) * up): each half
+    # bound to an input of its own, loaded as a strided view of the one buffer
+    g, v = _g("gate_up", {"x": (33, 140)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    gate = n("StridedSlice", [v["x"]], begin=[0], end=[70], strides=[1], axes=[1])
+    up = n("StridedSlice", [v["x"]], begin=[70], end=[140], strides=[1], axes=[1])
+    add("gate-up-halves", g, n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])]), up]))
+    # a slice of the last axis viewed with a head axis of one and scaled by a per-position
+    # table (a latent attention's shared rotary key): the view is the slice's strided view
+    g, v = _g("rope_part", {"x": (2, 16, 48), "c": (1, 1, 16, 16)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    r = n("Reshape", [n("StridedSlice", [v["x"]], begin=[32], end=[48], strides=[1],
+                        axes=[2])], shape=[2, 1, 16, 16])
+    add("head-view-of-a-slice-part", g, n("Exp", [n("Mul", [r, v["c"]])]))
     return cases
 
 
