@@ -125,8 +125,10 @@ class ConvSchedule:
 
     @property
     def plane(self) -> int:
-        """Elements of the UB plane: the guard, then R rows of Pp."""
-        return self.GL + self.R * self.Pp
+        """Elements of the UB plane: the guard, then R rows of Pp; at least Pb, the count of
+        each Gather from it (a block wider than a small image's rows, a 1x1 convolution on
+        7x7 pixels taking 64: the Gather's count may not exceed its source's elements)."""
+        return max(self.GL + self.R * self.Pp, self.Pb)
 
     @property
     def inputs(self) -> list[KernelIO]:

@@ -57,12 +57,16 @@ CASES = {
     "7x7_stem": _conv(3, 24, (20, 18), k=(7, 7), stride=2, pads=(3, 3, 3, 3), bias=False),
     "1x3_many_channels": _conv(40, 48, (6, 30), k=(1, 3), pads=(0, 1, 0, 1),
                                act="Sigmoid"),
+    # a pixel block (64) wider than the image's plane rows (7 x 8): a ResNet's last stage
+    "1x1_block_wider_than_the_plane": _conv(16, 8, (7, 7), k=(1, 1), pads=(0, 0, 0, 0)),
 }
+FLAGS = {"1x1_block_wider_than_the_plane": "--disable_pass=conv_matmul"}
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    return {name: graphkernel.compile(g, "", env={}) for name, (g, _) in CASES.items()}
+    return {name: graphkernel.compile(g, FLAGS.get(name, ""), env={})
+            for name, (g, _) in CASES.items()}
 
 
 def _feeds(g: Graph) -> dict[str, np.ndarray]:
