@@ -184,7 +184,7 @@ def case_kernels() -> dict[str, tuple]:
     runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES
             + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES + grp.CASES]
     runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
-    runs += [(f"conv-{name}", g, "") for name, (g, _) in conv.CASES.items()]
+    runs += [(f"conv-{name}", g, conv.FLAGS.get(name, "")) for name, (g, _) in conv.CASES.items()]
     for name, (seed, level) in fz.REAL_API_SEEDS.items():
         case = random_case(seed, level, fz.CI_MAX_OPS)
         runs.append((f"fuzz-{name}", case.graph, case.flags))
@@ -361,8 +361,9 @@ def test_convolution_kernels_compile_against_the_real_headers():
     from tests.codegen import test_conv_kernels as conv
 
     rendered = []
-    for g, _ in conv.CASES.values():
-        rendered += render_all(schedules(graphkernel.compile(g, "", env={})))
+    for name, (g, _) in conv.CASES.items():
+        rendered += render_all(schedules(graphkernel.compile(g, conv.FLAGS.get(name, ""),
+                                                             env={})))
     assert len(rendered) == len(conv.CASES)
     assert all("GetUserWorkspace(workspace)" in r.files[f"{r.name}.cpp"] for r in rendered)
     results = realcheck.check_rendered(rendered, headers())
