@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from graphkernel import symbolic
 from graphkernel.ops import PRODUCT_OPS, VIEW_OPS, OpKind
 from graphkernel.patterns.base import fuse_if, need, pattern
@@ -249,7 +251,8 @@ def transpose(model, a):
     if len(cons) == 1 and not external and (model.kind(cons[0]) <= OpKind.BROADCAST
                                             or _row_work(cons[0], model.cfg)
                                             or _row_reductions(cons[0], None if _gathered(
-                                                moved[0]) else moved[0].outputs[0].shape[-1])):
+                                                moved[0]) else moved[0].outputs[0].shape[-1])
+                                            and _reduced_whole(cons[0], moved[0].outputs[0])):
         return fuse_if(model, "transpose", [cons[0], a], keeps_last)  # (gathered whole)
     return None
 
@@ -298,6 +301,26 @@ def _row_reductions(a, row) -> bool:
     if row is None:
         return all(axes == (len(shape) - 1,) for shape, axes in reduce_signatures(a))
     return _rows_reduced(a, row)
+
+
+def _reduced_whole(a, v) -> bool:
+    """Whether every reduction of area ``a`` reduces values as many as ``v`` has: ``v`` is
+    not read broadcast there (a relative-position bias of ``[heads, N, N]`` added to the
+    scores of every window before their softmax), which a transposed input the kernel gathers
+    in UB cannot be (the code generator refuses it, and the kernel would run op by op)."""
+    from graphkernel import ops
+
+    def numel(shape) -> int | None:
+        return math.prod(shape) if all(isinstance(d, int) for d in shape) else None
+
+    want = tuple(v.shape)
+    for n in a.nodes:
+        if ops.get(n.op).kind != OpKind.REDUCE:
+            continue
+        got = tuple(n.inputs[0].shape)
+        if got != want and (numel(got) is None or numel(got) != numel(want)):
+            return False
+    return True
 
 
 def _gathered(t) -> bool:

@@ -187,3 +187,23 @@ def test_a_product_normed_then_moved_keeps_the_transpose_out_of_the_mix_kernel()
     res = _run(g, (32, 64))
     assert not res.report.extra["fallbacks"]
     assert any(k["kind"] == "mix" for k in launches(res.graph))
+
+
+def test_a_transposed_bias_read_broadcast_by_a_softmax_stays_apart():
+    """Swin's relative-position bias: a ``[N, N, heads]`` table moved to ``[heads, N, N]`` and
+    added to every window's scores ``[windows, heads, N, N]`` before their softmax. The
+    transposed value is read broadcast there, which a value gathered in UB cannot be: the
+    transpose stays out of the softmax's kernel, and no kernel runs op by op."""
+    g = Graph("bias_softmax")
+    s = g.add_input("s", TensorType((4, 2, 8, 8), "float32"))
+    tab = g.add_input("tab", TensorType((8, 8, 2), "float32"))
+    t = g.add_node("Transpose", [tab], {"perm": [2, 0, 1]}).output
+    y = g.add_node("Add", [s, t]).output
+    g.set_outputs([g.add_node("Softmax", [y], {"axis": -1}).output])
+    res = graphkernel.compile(g, "", env={})
+    assert not res.report.extra["fallbacks"]
+    feeds = {"s": RNG.standard_normal((4, 2, 8, 8)).astype(np.float32),
+             "tab": RNG.standard_normal((8, 8, 2)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    want = Interpreter(g).run(feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
