@@ -111,6 +111,8 @@ def _tv_models(torch):
     class ResNet(nn.Module):
         """torchvision's ResNet-18 layout at a small width: two blocks per stage."""
 
+        block = BasicBlock  # (its residual block, for tests that build one alone)
+
         def __init__(self, widths=(16, 32, 64)) -> None:
             super().__init__()
             self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)

@@ -274,3 +274,17 @@ def unfuse(graph: Graph, kernel: Node) -> list[Node]:
         graph.replace_all_uses(old, vmap[id(inner)])
     graph.erase_node(kernel)
     return nodes  # the graph re-sorts itself on its next traversal
+
+
+def sole_reader(n: Node) -> Node | None:
+    """The only node reading ``n``'s result when it is a kernel, or an elementwise op left
+    outside the kernels (a lone ReLU with no kernel of its own to join); None otherwise. The
+    passes that grow a kernel of their own by its consumer (window and convolution kernels)
+    take this one."""
+    users = {id(u): u for u in n.outputs[0].users}
+    if len(users) != 1:
+        return None
+    (k,) = users.values()
+    if k.op == "GraphKernel":
+        return k
+    return k if ops.get(k.op).kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else None

@@ -21,30 +21,17 @@ traffic model counts (codegen/cube/conv.py's ``conv_reads``).
 
 from __future__ import annotations
 
-from graphkernel import ops
 from graphkernel.codegen.cube.conv import conv_reads, is_conv_op, plan_conv, refusal
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node, TensorType, Value
-from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
-from graphkernel.ops import OpKind
+from graphkernel.kernels import build_kernel, next_kernel_name, sole_reader, unfuse
 from graphkernel.passes.rewrite import add_like, const_array
 from graphkernel.registry import PassResult, counted
 from graphkernel.runlog import Attempt
 
 PATTERN = "conv_fusion"
 
-
-def _consumer(conv: Node) -> Node | None:
-    """The convolution's result's only reader when it is a kernel or an elementwise op left
-    outside the kernels."""
-    users = {id(u): u for u in conv.outputs[0].users}
-    if len(users) != 1:
-        return None
-    (k,) = users.values()
-    if k.op == "GraphKernel":
-        return k
-    return k if ops.get(k.op).kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else None
 
 
 def _trial(conv: Node, cons: Node, target) -> str | None:
@@ -159,7 +146,7 @@ def conv_fusion(graph: Graph, ctx) -> PassResult:
     log = ctx.analyses.fusion_attempts
     fused = 0
     for conv in [n for n in graph.nodes if is_conv_op(n)]:
-        cons = _consumer(conv) if conv.graph is not None else None
+        cons = sole_reader(conv) if conv.graph is not None else None
         if cons is None:  # (nothing to join: it stays a cube launch)
             continue
         names = [conv.name, cons.name]

@@ -15,30 +15,16 @@ neighbours, alone, or refused with the generator's reason (it then stays as it w
 
 from __future__ import annotations
 
-from graphkernel import ops
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.window import is_window_op, plan_window
 from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node
-from graphkernel.kernels import build_kernel, next_kernel_name, unfuse
-from graphkernel.ops import OpKind
+from graphkernel.kernels import build_kernel, next_kernel_name, sole_reader, unfuse
 from graphkernel.registry import PassResult, counted
 from graphkernel.runlog import Attempt
 
 PATTERN = "window_fusion"
 
-
-def _consumer(pool: Node) -> Node | None:
-    """The pool's result's only reader when it is a kernel, or an elementwise op left
-    outside the kernels (a lone ReLU after a depthwise convolution whose batch norm folded
-    into its weights: no kernel of its own to join), if any."""
-    users = {id(u): u for u in pool.outputs[0].users}
-    if len(users) != 1:
-        return None
-    (k,) = users.values()
-    if k.op == "GraphKernel":
-        return k
-    return k if ops.get(k.op).kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else None
 
 
 def _try(graph: Graph, nodes: list[Node], ctx) -> tuple[Node | None, str, list[Node]]:
@@ -102,7 +88,7 @@ def window_fusion(graph: Graph, ctx) -> PassResult:
             ctx.log(f"{PATTERN}: {pool.name} stays an op of its own: {why}")
             continue
         grown = False
-        for before, cons in (([pro], None), ([], _consumer(k))):
+        for before, cons in (([pro], None), ([], sole_reader(k))):
             if (before and before[0] is None) or (not before and cons is None):
                 continue
             names = [pool.name, *(n.name for n in before), *([cons.name] if cons else [])]

@@ -193,14 +193,19 @@ def test_training_batch_norm_mean_keeps_its_own_digits_when_the_first_element_is
     assert err["ours"] <= 2 * err["eager"] + 1e-9, err
 
 
-def _zoo(name):
+def _cnn_models():
+    """examples/cnn_models.py, the CNN zoo."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     import cnn_models
 
-    build, inputs = cnn_models.builders()[name]
+    return cnn_models
+
+
+def _zoo(name):
+    build, inputs = _cnn_models().builders()[name]
     return build(), inputs()[0]
 
 
@@ -295,25 +300,10 @@ class _NormTail(nn.Module):
         return torch.relu(self.norm(self.conv(x) + x)).mean((2, 3))
 
 
-class _BasicBlock(nn.Module):
+def _basic_block(cin: int, cout: int, stride: int):
     """torchvision's ResNet BasicBlock (its layout and defaults), with a projection when the
-    block downsamples."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1, self.relu = nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                            nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + identity)
+    block downsamples: the zoo's own (examples/cnn_models.py)."""
+    return _cnn_models()._tv_models(torch)["tv_resnet"].block(cin, cout, stride)
 
 
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
@@ -347,10 +337,10 @@ BLOCKS = {
     "norm_then_global_pool": (_NormTail, 16, {"mix": 1, "vector": 2}),
     # each 3x3 convolution an implicit-GEMM MIX kernel with its folded batch norm and ReLU,
     # the second with the residual add too (four launches before: two cube, two vector)
-    "basic_block": (lambda: _BasicBlock(16, 16, 1), 16, {"mix": 2}),
+    "basic_block": (lambda: _basic_block(16, 16, 1), 16, {"mix": 2}),
     # downsampling: the strided 1x1 projection stays a convolution (a cube launch) whose
     # folded batch norm joins the second convolution's epilogue as its residual
-    "basic_block_downsample": (lambda: _BasicBlock(8, 16, 2), 8, {"cube": 1, "mix": 2}),
+    "basic_block_downsample": (lambda: _basic_block(8, 16, 2), 8, {"cube": 1, "mix": 2}),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),
