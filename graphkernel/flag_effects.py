@@ -29,6 +29,7 @@ FLAG_USES: dict[str, tuple[str, ...]] = {
     "composite_op_limit_size": _FUSION,
     "max_kernel_inputs": _FUSION,
     "peak_memory_growth": _FUSION,
+    "conv_panel_growth": ("conv_fusion",),
     "reduce_fuse_depth": _FUSION,
     "broadcast_fuse_depth": _FUSION,
     "disable_fusion_pattern": _FUSION,

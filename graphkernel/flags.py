@@ -86,6 +86,7 @@ class FlagValues(BaseModel):
     composite_op_limit_size: int | None = Field(None, ge=0)  # None: the target's cap
     max_kernel_inputs: int | None = Field(None, ge=0)  # None: the target's cap
     peak_memory_growth: int = Field(-1, ge=-1)
+    conv_panel_growth: int = Field(5, ge=-1)
     reduce_fuse_depth: int = Field(10, ge=1)
     broadcast_fuse_depth: int = Field(6, ge=1)
     enable_recompute_fusion: bool | None = None
@@ -153,6 +154,10 @@ SPECS: dict[str, FlagSpec] = {
     "peak_memory_growth": FlagSpec("int", "percent a fusion that keeps a tensor alive longer "
                                           "may raise the estimated peak of live memory by (-1: "
                                           "no guard, AutoFuse's default)"),
+    "conv_panel_growth": FlagSpec("int", "percent more GM bytes a convolution joined with its "
+                                         "epilogue (conv_fusion: an im2col panel written and "
+                                         "read back) may move than the two apart (-1: no "
+                                         "bound)"),
     "reduce_fuse_depth": FlagSpec("int", "size limit of reduce_fwd patterns"),
     "broadcast_fuse_depth": FlagSpec("int", "size limit of elemwise_broadcast_bwd patterns"),
     "enable_recompute_fusion": FlagSpec("bool", "duplicate cheap producers into consumers",

@@ -16,7 +16,16 @@ convolution's result goes nowhere else. Each fusion is recorded for ``graphkerne
 
 The launch saved costs GM traffic the separate launches do not have: the panel (``K = C*kh*kw``
 rows per output pixel) is written to a workspace and read back by the cube core, which the
-traffic model counts (codegen/cube/conv.py's ``conv_reads``).
+traffic model counts (codegen/cube/conv.py's ``conv_reads``). Two bounds keep that honest:
+the joined kernel may move at most ``conv_panel_growth`` percent (5 by default) more GM
+bytes than the convolution and its consumer apart (what the ideal kernels move: the input
+and weights once, the result written and read back), and the extra bytes must take less
+time at the target's HBM rate than the launch they save. A 3x3 convolution's panel is
+about 18 times its input, so on activation-dominated layers the convolution stays apart;
+where the weights dominate (deep layers on small images) or the panel is the input's
+subset (a strided 1x1 convolution) it joins. Reading the input once instead needs the
+feature map in L1 as NC1HWC0 for the cube core's Load3D, which an NCHW input in GM does
+not give (docs/codegen.md, "Convolutions").
 """
 
 from __future__ import annotations
@@ -34,9 +43,10 @@ PATTERN = "conv_fusion"
 
 
 
-def _trial(conv: Node, cons: Node, target) -> str | None:
+def _trial(conv: Node, cons: Node, target, growth: int = -1) -> str | None:
     """Why ``conv`` and ``cons`` are not one kernel, or None: the generator refuses them, or
-    the joined kernel costs more time than the two apart (``_costlier``). The kernel is built
+    the joined kernel moves more than ``growth`` percent more GM bytes, or costs more time,
+    than the two apart (``_costlier``). The kernel is built
     apart from the graph (which a refusal leaves exactly as it was, names included), its bias
     an input column ``[M, 1, 1]``."""
     sub = Graph("conv_fusion_trial")
@@ -78,15 +88,18 @@ def _trial(conv: Node, cons: Node, target) -> str | None:
         plan_conv(k, target)
     except Unsupported as e:
         return str(e)
-    return _costlier(k, y_conv, target)
+    return _costlier(k, y_conv, target, growth)
 
 
-def _costlier(k: Node, y: Value, target) -> str | None:
-    """Why the joined kernel costs more time than the convolution and its consumer apart, by
-    the target's model, or None. Apart, the convolution reads its input and weights once and
-    writes its result, which the consumer reads back; joined, the kernel writes and reads
-    back the im2col panel (``conv_reads``) and saves one launch. At small images the launch
-    dominates; at large ones the panel does, and the convolution stays apart."""
+def _costlier(k: Node, y: Value, target, growth: int = -1) -> str | None:
+    """Why the joined kernel moves more GM bytes or costs more time than the convolution and
+    its consumer apart, by the target's model, or None. Apart, the convolution reads its
+    input and weights once and writes its result, which the consumer reads back (the ideal
+    kernels' bytes); joined, the kernel writes and reads back the im2col panel
+    (``conv_reads``) and saves one launch. ``growth`` (``conv_panel_growth``, -1: none)
+    bounds the extra bytes as a percent of the bytes apart, so the model's fused/ideal GM
+    bytes stay within it; the launch must also save more time than the panel costs (at
+    large images the panel dominates)."""
     from graphkernel.codegen import targets
     from graphkernel.flags import DEFAULT_TARGET
 
@@ -98,6 +111,10 @@ def _costlier(k: Node, y: Value, target) -> str | None:
     apart = (sum(nbytes(v) for v in body.inputs) + sum(nbytes(v) for v in body.outputs)
              + 2 * nbytes(y))
     extra_us = (sum(moved) - apart) / (spec.hbm_gbps * 1e3)
+    if growth >= 0 and sum(moved) * 100 > apart * (100 + growth):
+        return (f"the im2col panel makes the kernel move {sum(moved) / 1e6:.3f} MB, "
+                f"{sum(moved) / apart:.2f}x the {apart / 1e6:.3f} MB of the convolution and "
+                f"its consumer apart (more than conv_panel_growth={growth}%)")
     if extra_us <= spec.launch_overhead_us:
         return None
     return (f"the im2col panel moves {(sum(moved) - apart) / 1e6:.2f} MB more than the "
@@ -156,7 +173,7 @@ def conv_fusion(graph: Graph, ctx) -> PassResult:
             continue
         if not ctx.should_apply(f"{PATTERN}: {conv.name}", [conv]):
             continue
-        why = _trial(conv, cons, ctx.target)
+        why = _trial(conv, cons, ctx.target, ctx.flags.conv_panel_growth)
         if why is not None:  # (in the pass's log: conv_fusion is no fusion pattern with
             ctx.log(f"{PATTERN}: {' + '.join(names)} refused: {why}")  # refusal codes)
             continue

@@ -20,15 +20,16 @@ def _weights(y):
     return torch.linspace(-1, 1, y.numel()).reshape(y.shape)
 
 
-def run(m: nn.Module, x, train: bool) -> None:
-    """Compile ``m`` and check it against eager: the output, and in training the gradients
-    of the input and of every parameter and the updated buffers."""
+def run(m: nn.Module, x, train: bool, flags: str = "") -> None:
+    """Compile ``m`` (with ``flags``) and check it against eager: the output, and in training
+    the gradients of the input and of every parameter and the updated buffers."""
     torch.manual_seed(0)
     m.train(train)
     ours = copy.deepcopy(m)
     if not train:
+        opts = {"options": {"flags": flags}} if flags else {}
         with torch.no_grad():
-            want, got = m(x), torch.compile(ours, backend="graphkernel")(x)
+            want, got = m(x), torch.compile(ours, backend="graphkernel", **opts)(x)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     else:
         xe, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -335,12 +336,17 @@ BLOCKS = {
     # the product with the residual add in its tile; the whole group norm and ReLU; the
     # pool (rows of another length)
     "norm_then_global_pool": (_NormTail, 16, {"mix": 1, "vector": 2}),
-    # each 3x3 convolution an implicit-GEMM MIX kernel with its folded batch norm and ReLU,
-    # the second with the residual add too (four launches before: two cube, two vector)
-    "basic_block": (lambda: _basic_block(16, 16, 1), 16, {"mix": 2}),
+    # each 3x3 convolution a cube launch and its folded batch norm and ReLU (the second's
+    # with the residual add) a vector kernel: joined, the im2col panel would move several
+    # times the bytes of the two apart (conv_panel_growth, 5% by default)
+    "basic_block": (lambda: _basic_block(16, 16, 1), 16, {"cube": 2, "vector": 2}),
+    # with the bound off, each 3x3 convolution an implicit-GEMM MIX kernel with its epilogue
+    "basic_block_joined": (lambda: _basic_block(16, 16, 1), 16, {"mix": 2},
+                           "--conv_panel_growth=-1"),
     # downsampling: the strided 1x1 projection stays a convolution (a cube launch) whose
     # folded batch norm joins the second convolution's epilogue as its residual
-    "basic_block_downsample": (lambda: _basic_block(8, 16, 2), 8, {"cube": 1, "mix": 2}),
+    "basic_block_downsample": (lambda: _basic_block(8, 16, 2), 8, {"cube": 1, "mix": 2},
+                               "--conv_panel_growth=-1"),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),
@@ -350,14 +356,14 @@ BLOCKS = {
 
 @pytest.mark.parametrize("name", BLOCKS)
 def test_block_launches(name):
-    build, c, want = BLOCKS[name]
+    build, c, want, *flags = BLOCKS[name]
     torch.manual_seed(4)
     m = build().eval()
     for b in m.modules():
         if isinstance(b, nn.BatchNorm2d):
             b.running_mean.uniform_(-1, 1)
             b.running_var.uniform_(0.5, 2)
-    run(m, torch.randn(2, c, 10, 9), train=False)
+    run(m, torch.randn(2, c, 10, 9), train=False, flags=flags[0] if flags else "")
     got = {k: v for k, v in gt.stats()["launches"].items() if v}
     assert got == want
 
