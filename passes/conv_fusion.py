@@ -159,7 +159,8 @@ def _join_bias(g: Graph, nodes: list[Node], b: Value) -> Node:
 
 def conv_fusion(graph: Graph, ctx) -> PassResult:
     """Each kxk convolution outside the kernels with its elementwise consumer as one MIX
-    kernel, when the generator takes them."""
+    kernel, when the generator takes them and the im2col panel keeps the kernel's GM bytes
+    within conv_panel_growth percent of the two apart."""
     log = ctx.analyses.fusion_attempts
     fused = 0
     for conv in [n for n in graph.nodes if is_conv_op(n)]:
