@@ -22,9 +22,9 @@ bytes than the convolution and its consumer apart (what the ideal kernels move: 
 and weights once, the result written and read back), and the extra bytes must take less
 time at the target's HBM rate than the launch they save. A 3x3 convolution's panel is
 about 18 times its input, so on activation-dominated layers the convolution stays apart;
-where the panel is a subset of the input (a strided 1x1 convolution) it joins. Reading the input once instead needs the
-feature map in L1 as NC1HWC0 for the cube core's Load3D, which an NCHW input in GM does
-not give (docs/codegen.md, "Convolutions").
+where the panel is a subset of the input (a strided 1x1 convolution) it joins. Reading the
+input once instead needs the feature map in L1 as NC1HWC0 for the cube core's Load3D,
+which an NCHW input in GM does not give (docs/codegen.md, "Convolutions").
 """
 
 from __future__ import annotations
