@@ -104,9 +104,11 @@ def test_cnn_layers_match_eager(name, train):
 
 
 def test_frozen_batch_norm_folds_into_the_convolution():
-    """Under no_grad the parameters are constants: conv + BN + ReLU is one convolution and
-    the ReLU (one MIX kernel: the folded bias an Add of its epilogue); with trainable
-    parameters (requires grad) the BN stays an affine vector op."""
+    """Under no_grad the parameters are constants: conv + BN + ReLU is one convolution with
+    the folded bias and the ReLU; joined (the panel's bound off: at this small image the
+    im2col panel moves several times the bytes of the two apart) one MIX kernel, the folded
+    bias an Add of its epilogue; with trainable parameters (requires grad) the BN stays an
+    affine vector op."""
     import graphkernel
 
     torch.manual_seed(2)
@@ -116,6 +118,13 @@ def test_frozen_batch_norm_folds_into_the_convolution():
     m[1].running_var.uniform_(0.5, 2)
     g = gt.export_graph(m, (torch.randn(2, 4, 9, 10),), name="t")
     res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(p.rewrites for p in res.report.passes if p.name == "conv_bn_fold") == 2
+    (conv,) = [n for n in res.graph.nodes if n.op == "Conv2D"]
+    assert len(conv.inputs) == 3  # the folded bias
+    ops = {m.op for n in res.graph.nodes
+           for m in (n.subgraph.nodes if n.op == "GraphKernel" else [n])}
+    assert ops - {"Constant"} <= {"Conv2D", "Maximum", "ReLU"}  # no affine left
+    res = graphkernel.compile(g, "--opt_level=2 --conv_panel_growth=-1", env={})
     (k,) = [n for n in res.graph.nodes if n.op != "Constant"]
     assert [n.op for n in k.subgraph.nodes if n.op != "Constant"] == ["Conv2D", "Add",
                                                                       "Maximum"]
