@@ -23,7 +23,7 @@ FAMILY = {
     "phimoe": "mixture-of-experts",
 }
 HELD_OUT_FAMILY = dict.fromkeys(
-    ("glm4_moe", "dots1", "granitemoe", "ernie4_5_moe", "jetmoe", "deepseek_v2"),
+    ("glm4_moe", "dots1", "granitemoe", "ernie4_5_moe", "jetmoe", "deepseek_v2", "llama4"),
     "mixture-of-experts")
 
 
@@ -94,8 +94,9 @@ def held_out_builders(attn: str = "sdpa"):
     """name -> (build model, example inputs) of the held-out mixture-of-experts decoders
     (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's: GLM-4-MoE and dots.llm1
     (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
-    and of MLPs, experts split by their token counts) and DeepSeek-V2 (rotary as complex
-    products: ``torch.polar``, ``view_as_complex``)."""
+    and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
+    (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
+    layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
     import torch
     import transformers as T
 
@@ -141,6 +142,8 @@ def held_out_builders(attn: str = "sdpa"):
                              moe_intermediate_size=FF, q_lora_rank=32, kv_lora_rank=32,
                              qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                              num_experts_per_tok=2, **moe),
+        "llama4": build(T.Llama4TextConfig, T.Llama4TextModel, num_local_experts=EXPERTS,
+                        intermediate_size_mlp=FF, head_dim=H // HEADS, **moe),
     }
 
 

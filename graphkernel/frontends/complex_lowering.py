@@ -105,9 +105,7 @@ def lower_complex(gm: GraphModule, example_inputs: Sequence[Any]) -> Lowered | N
                 p.meta = dict(n.meta)
                 i, placeholders = placeholders, placeholders + 1
                 if _is_complex(n):
-                    p.meta["val"] = torch.view_as_real(n.meta["val"])
-                    if i < len(examples) and isinstance(examples[i], torch.Tensor):
-                        examples[i] = torch.view_as_real(examples[i].resolve_conj())
+                    p.meta["val"] = torch.view_as_real(n.meta["val"].resolve_conj())
                     inputs.append(i)
                 env[n] = p
             elif n.op == "output":
@@ -117,7 +115,7 @@ def lower_complex(gm: GraphModule, example_inputs: Sequence[Any]) -> Lowered | N
                 mapped = torch.fx.node.map_arg(outs, lambda a: env[a])
                 b.graph.output(mapped)
                 lowered = GraphModule(gm, b.graph)
-                return Lowered(lowered, examples, inputs, cplx)
+                break
             elif n.op == "call_function" and _touches_complex(n):
                 rule = _RULES.get(n.target)
                 if rule is None:
@@ -130,7 +128,23 @@ def lower_complex(gm: GraphModule, example_inputs: Sequence[Any]) -> Lowered | N
                 if n.op == "get_attr" and _is_complex(n):
                     raise NotLowered("complex values: a complex constant of the graph")
                 env[n] = b.graph.node_copy(n, lambda a: env[a])
-    raise NotLowered("complex values: the graph has no output")  # (a GraphModule has one)
+        else:
+            raise NotLowered("complex values: the graph has no output")  # (GraphModules have)
+    for i in inputs:  # (outside the tracing mode: an example may be a real tensor, frozen)
+        if i < len(examples) and isinstance(examples[i], torch.Tensor):
+            examples[i] = _as_pairs(examples[i])
+    return Lowered(lowered, examples, inputs, cplx)
+
+
+def _as_pairs(t: torch.Tensor) -> torch.Tensor:
+    """A complex example input as its real pairs (a fake tensor in its own mode)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    if isinstance(t, FakeTensor):
+        with t.fake_mode:
+            return torch.view_as_real(t.resolve_conj())
+    with unset_fake_temporarily():
+        return torch.view_as_real(t.resolve_conj())
 
 
 def _touches_complex(n: Node) -> bool:
@@ -161,10 +175,16 @@ class _Builder:
 
     # -- parts of a value: (real, imaginary), imaginary None when it is zero
     def re(self, x: Node) -> Node:
-        return self.call(aten.select.int, x, -1, 0)
+        return self.part(x, 0)
 
     def im(self, x: Node) -> Node:
-        return self.call(aten.select.int, x, -1, 1)
+        return self.part(x, 1)
+
+    def part(self, x: Node, k: int) -> Node:
+        """The real (``k`` 0) or imaginary (1) part of a pair: a select of its last axis.
+        (Not a step-2 slice of the real tensor a pair views: the vector kernels generate
+        strided slices of kernel inputs only, and a rotary's query is computed.)"""
+        return self.call(aten.select.int, x, -1, k)
 
     def pack(self, re: Any, im: Any) -> Node:
         if im is None:

@@ -18,9 +18,10 @@ Options (``torch.compile(..., options={...})``):
 - ``strict``: raise graphkernel's own failures instead of running the graph through torch
   (default: the environment's ``GRAPHKERNEL_TORCH_STRICT=1``, else off; tests run strict).
 
-The backend never raises where eager runs. A graph it cannot take (a complex or unsigned
-dtype, an effect token, a higher-order op, a size it cannot model) runs through torch as
-Dynamo gave it, with one logged reason; an op it has no kernel for (an ATen op without a
+The backend never raises where eager runs. Complex tensors become real pairs (a last axis
+of 2, ``complex_lowering``). A graph it cannot take (a complex op without a real lowering, an
+unsigned dtype, an effect token, a higher-order op, a size it cannot model) runs through torch
+as Dynamo gave it, with one logged reason; an op it has no kernel for (an ATen op without a
 mapping, or a custom op of any namespace the program called) runs through torch inside the
 compiled graph. A failure of graphkernel itself on a graph it accepted (a pass, the import,
 the compiled graph's run) is a bug: it is logged with its traceback as a bug report and the
@@ -358,8 +359,9 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if lowered:
         example_inputs = lowered.example_inputs
         if frozen:
-            frozen = {i: torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
-                      for i, t in frozen.items()}
+            with _real_tensors():
+                frozen = {i: torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+                          for i, t in frozen.items()}
     why = unsupported(work)
     if why is not None:
         return through_torch(why)
