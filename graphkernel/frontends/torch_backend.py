@@ -350,6 +350,7 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return gm, {}, name
 
     from graphkernel.frontends.complex_lowering import NotLowered, lower_complex
+    from graphkernel.frontends.expert_segments import group_segmented_products
 
     try:  # complex values as real pairs; the caller's signature kept by ``wrap``
         lowered = lower_complex(gm, example_inputs)
@@ -367,6 +368,8 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return through_torch(why)
     frozen = _frozen_here(work, frozen) if role != "backward" else {}
     try:
+        # rows split by (data-dependent) sizes, one product per part: one grouped product
+        work = group_segmented_products(work) or work
         fixed = specialize_unmodelled(work)
         if fixed:
             log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot "
