@@ -125,23 +125,31 @@ def test_expert_segments_train_with_eager_gradients(monkeypatch):
 
 
 def test_a_split_by_symbolic_counts_without_products_still_runs_through_torch(caplog):
-    """Parts reduced rather than multiplied: no grouped product; the graph keeps running
-    through torch, with the symbolic size named in the logged reason."""
+    """Parts reduced rather than multiplied: no grouped product; that graph keeps running
+    through torch, with the symbolic size named in the logged reason, while the experts'
+    graph of the same counts compiles."""
     def fn(x):
         counts = (x[:, 0] > 0).long() + 1
         sizes = [int(c) for c in counts.tolist()]
         parts = torch.ones(sum(sizes), 3).split(sizes, dim=0)
         return torch.cat([p.sum(0, keepdim=True) * (i + 1) for i, p in enumerate(parts)])
 
+    torch.manual_seed(0)
+    model = ScatterMoE().eval()
+    experts = torch.compile(model, backend="graphkernel")
     compiled = torch.compile(fn, backend="graphkernel")
-    with caplog.at_level(logging.WARNING, logger="graphkernel.torch"):
-        for seed in (1, 2, 3):
-            x = _g(3, 2, seed=seed)
-            torch.testing.assert_close(compiled(x), fn(x))
+    with caplog.at_level(logging.WARNING, logger="graphkernel.torch"), torch.no_grad():
+        for seed, x in zip((1, 2, 3), _inputs() + [_g(2, 8, 16, seed=3)], strict=True):
+            torch.testing.assert_close(experts(x), model(x), rtol=1e-4, atol=2e-5)
+            y = _g(3, 2, seed=seed)
+            torch.testing.assert_close(compiled(y), fn(y))
     s = gt.stats()
     assert s["bugs"] == 0
     reasons = list(s["graphs_through_torch"])
     assert reasons and all("symbolic size" in r for r in reasons), reasons
+    through = [g for g in s["per_graph"] if g["through_torch"]]
+    assert through and all(g["aten_ops"] < 20 for g in through), through  # not the experts'
+    assert any(g["recompile"] and g["launches"].get("extern") for g in s["per_graph"])
 
 
 def test_the_rewrite_is_structural_and_exact():
