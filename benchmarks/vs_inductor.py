@@ -4,6 +4,7 @@
                                      [--export] [model ...]
     python benchmarks/vs_inductor.py --cnn [--export] [model ...]   # the CNN zoo
     python benchmarks/vs_inductor.py --cnn --held-out [model ...]   # the held-out CNN families
+    python benchmarks/vs_inductor.py --held-out [--training] [model ...]  # held-out MoE decoders
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
@@ -382,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cnn", action="store_true",
                     help="the convolutional networks of examples/cnn_models.py instead")
     ap.add_argument("--held-out", action="store_true",
-                    help="with --cnn: the held-out CNN families (not the zoo)")
+                    help="the held-out families (not the zoo): with --cnn the CNNs', else the "
+                         "mixture-of-experts decoders of moe_ssm_models.held_out_builders")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging
@@ -395,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         import cnn_models
 
         zoo = cnn_models.select(a.models, held_out=a.held_out)
+    elif a.held_out:
+        import moe_ssm_models
+
+        zoo = moe_ssm_models.select_held_out(a.models, a.attn)
     else:
         zoo = select(a.models, a.attn, more=not a.zoo)
-    if a.held_out and not a.cnn:
-        print("error: --held-out is a choice among the CNNs: give --cnn too", file=sys.stderr)
-        return 2
     if zoo is None:
         return 2
     progress.auto()  # on a terminal: which model

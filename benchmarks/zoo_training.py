@@ -3,6 +3,7 @@
     python benchmarks/zoo_training.py [--attn sdpa,eager] [--families] [model ...]
     python benchmarks/zoo_training.py --cnn [--held-out] [model ...]   # the CNN zoo (batch
                                                                         # norm in train)
+    python benchmarks/zoo_training.py --held-out [model ...]  # held-out MoE decoders
 
 Each zoo model, built with each attention implementation (``sdpa``: the library default,
 ``F.scaled_dot_product_attention``; ``eager``: explicit matmuls and softmax), runs one step of
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cnn", action="store_true",
                     help="the convolutional networks of examples/cnn_models.py instead")
     ap.add_argument("--held-out", action="store_true",
-                    help="with --cnn: the held-out CNN families instead of the zoo")
+                    help="the held-out families instead of the zoo: with --cnn the CNNs', "
+                         "else the mixture-of-experts decoders (moe_ssm_models)")
     ap.add_argument("--families", action="store_true",
                     help="also the architectures outside the zoo (partial rotary, "
                          "encoder-decoder, mixture of experts: export_models.families)")
@@ -225,10 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     from export_models import ATTENTION, select
 
-    if a.held_out and not a.cnn:
-        print("error: --held-out needs --cnn (the held-out set is of CNN families)",
-              file=sys.stderr)
-        return 2
     variants = [v.strip() for v in a.attn.split(",") if v.strip()]
     bad = sorted(set(variants) - set(ATTENTION))
     if bad or not variants:
@@ -238,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         import cnn_models
 
         zoos = {"-": cnn_models.select(a.models, held_out=a.held_out)}
+    elif a.held_out:
+        import moe_ssm_models
+
+        zoos = {v: moe_ssm_models.select_held_out(a.models, v) for v in variants}
     else:
         zoos = {v: select(a.models, v, a.families) for v in variants}
     if any(z is None for z in zoos.values()):

@@ -327,9 +327,10 @@ PROVIDERS: list = []
 
 
 def _register(module) -> None:
-    """A provider module: its ``builders(attn)`` and its ``FAMILY`` table."""
+    """A provider module: its ``builders(attn)`` and its ``FAMILY`` table (with the families
+    of its held-out models, ``HELD_OUT_FAMILY``, when it has some)."""
     PROVIDERS.append(module.builders)
-    for name, fam in module.FAMILY.items():
+    for name, fam in (module.FAMILY | getattr(module, "HELD_OUT_FAMILY", {})).items():
         FAMILY.setdefault(name, fam)
 
 

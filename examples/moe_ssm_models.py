@@ -2,9 +2,12 @@
 its ``transformers`` config with the library's defaults (attention implementation, experts
 implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weights, no
 download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
-model, example inputs); ``FAMILY`` says which family each belongs to.
+model, example inputs); ``FAMILY`` says which family each belongs to. ``held_out_builders()``
+has further mixture-of-experts decoders built the same way, kept out of the zoo: the mechanisms
+are tuned on the zoo, these check that they carry over.
 
     python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
+    python benchmarks/vs_inductor.py --held-out  # the held-out decoders vs Inductor
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ FAMILY = {
     "deepseek_v3": "mixture-of-experts", "gpt_oss": "mixture-of-experts",
     "phimoe": "mixture-of-experts",
 }
+HELD_OUT_FAMILY = dict.fromkeys(
+    ("glm4_moe", "dots1", "granitemoe", "ernie4_5_moe", "jetmoe", "deepseek_v2", "llama4"),
+    "mixture-of-experts")
 
 
 def _inputs(torch):
@@ -82,3 +88,74 @@ def builders(attn: str = "sdpa"):
         # the sparsemixer router (experts picked by max and masks, no TopK)
         "phimoe": build(T.PhimoeConfig, T.PhimoeModel, num_local_experts=EXPERTS, **moe),
     }
+
+
+def held_out_builders(attn: str = "sdpa"):
+    """name -> (build model, example inputs) of the held-out mixture-of-experts decoders
+    (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's: GLM-4-MoE and dots.llm1
+    (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
+    and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
+    (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
+    layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
+    import torch
+    import transformers as T
+
+    if attn not in ("sdpa", "eager"):
+        raise ValueError(f"attention implementation {attn!r} (accepted: sdpa, eager)")
+    common = dict(attn_implementation="eager") if attn == "eager" else {}
+
+    class Hidden(torch.nn.Module):
+        """Returns the model's last hidden state only."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_ids=x).last_hidden_state
+
+    def build(cfg_cls, model_cls, **kw):
+        def make():
+            torch.manual_seed(SEED)
+            return Hidden(model_cls(cfg_cls(**kw, **common)).eval())
+        return make, lambda: _inputs(torch)
+
+    moe = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+               num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
+               max_position_embeddings=64)
+    group = dict(n_routed_experts=2 * EXPERTS, n_group=2, topk_group=1, n_shared_experts=1,
+                 first_k_dense_replace=1, moe_intermediate_size=FF, num_experts_per_tok=2)
+    return {
+        "glm4_moe": build(T.Glm4MoeConfig, T.Glm4MoeModel, **group, **moe),
+        "dots1": build(T.Dots1Config, T.Dots1Model, **group, **moe),
+        "granitemoe": build(T.GraniteMoeConfig, T.GraniteMoeModel, num_local_experts=EXPERTS,
+                            num_experts_per_tok=2, **moe),
+        "ernie4_5_moe": build(T.Ernie4_5_MoeConfig, T.Ernie4_5_MoeModel,
+                              moe_num_experts=EXPERTS, moe_k=2, moe_intermediate_size=FF,
+                              moe_num_shared_experts=1, **moe),
+        "jetmoe": build(T.JetMoeConfig, T.JetMoeModel, num_hidden_layers=LAYERS, hidden_size=H,
+                        num_key_value_heads=2, kv_channels=16, intermediate_size=FF,
+                        vocab_size=VOCAB, max_position_embeddings=64,
+                        num_local_experts=EXPERTS, num_experts_per_tok=2),
+        "deepseek_v2": build(T.DeepseekV2Config, T.DeepseekV2Model, n_routed_experts=EXPERTS,
+                             n_group=2, topk_group=1, first_k_dense_replace=1,
+                             moe_intermediate_size=FF, q_lora_rank=32, kv_lora_rank=32,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                             num_experts_per_tok=2, **moe),
+        "llama4": build(T.Llama4TextConfig, T.Llama4TextModel, num_local_experts=EXPERTS,
+                        intermediate_size_mlp=FF, head_dim=H // HEADS, **moe),
+    }
+
+
+def select_held_out(names, attn: str = "sdpa") -> dict | None:
+    """The held-out builders named in ``names`` (every one when empty); None, after printing
+    what is accepted, when a name is not one of them (the benchmarks exit 2)."""
+    import sys
+
+    zoo = held_out_builders(attn)
+    unknown = sorted(set(names) - set(zoo))
+    if unknown:
+        print(f"error: unknown held-out model(s) {', '.join(unknown)} (accepted: "
+              f"{', '.join(zoo)})", file=sys.stderr)
+        return None
+    return {k: v for k, v in zoo.items() if not names or k in names}

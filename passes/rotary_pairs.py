@@ -318,6 +318,9 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
             if cols[0] != 0:
                 continue
             head = p.inputs[0]
+        elif p is not None and p.op == "Transpose" and \
+                p.attrs["perm"][-1] == root.type.rank - 1:
+            head = p.inputs[0]  # rotated with the heads' axis moved ([B, N, S, D]), features last
         else:
             head = root
         proj = _projection(head)

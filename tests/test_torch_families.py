@@ -534,3 +534,51 @@ def test_the_token_lookup_is_read_by_the_kernel_that_normalizes_the_embeddings()
     assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
     assert s["launches"]["vector"] == 1 and sum(s["launches"].values()) == 1, s["launches"]
 
+
+
+class HeadsFirstInterleavedRotary(torch.nn.Module):
+    """ERNIE 4.5's (GLM-style) attention: projections viewed [B, S, N, D] and transposed to
+    [B, N, S, D] before the rotary; every pair of adjacent features rotated, the cos/sin
+    tables computed from the positions in the forward (the half tables repeated
+    interleaved), grouped K/V heads, causal attention."""
+
+    def __init__(self, kv_heads: int = 2):
+        super().__init__()
+        self.kv = kv_heads
+        self.q = torch.nn.Linear(32, 32, bias=False)
+        self.k, self.v = (torch.nn.Linear(32, 8 * kv_heads, bias=False) for _ in range(2))
+        self.o = torch.nn.Linear(32, 32, bias=False)
+        self.register_buffer("inv", 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8),
+                             persistent=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        pos = torch.arange(t).float()[None, :, None]
+        emb = torch.cat([pos * self.inv, pos * self.inv], -1)  # [1, S, D]
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        q = self.q(x).view(b, t, -1, 8).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, 8).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, 8).transpose(1, 2)
+        q = q * cos + rotate_every_two(q) * sin
+        k = k * cos + rotate_every_two(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_interleaved_rotary_after_the_heads_transpose_is_split_half(kv_heads):
+    """The pairs' permutation folds into the projections' rows through the Transpose that
+    puts the heads first (it keeps the features last): the rotary of Q and of K as halves,
+    fewer launches than with the pass off (where each rotary is strided slices and an
+    interleave, launch by launch), outputs equal to eager's."""
+    torch.manual_seed(0)
+    model = HeadsFirstInterleavedRotary(kv_heads).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches <= strided - 4, (launches, strided)

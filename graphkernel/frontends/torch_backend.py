@@ -18,9 +18,10 @@ Options (``torch.compile(..., options={...})``):
 - ``strict``: raise graphkernel's own failures instead of running the graph through torch
   (default: the environment's ``GRAPHKERNEL_TORCH_STRICT=1``, else off; tests run strict).
 
-The backend never raises where eager runs. A graph it cannot take (a complex or unsigned
-dtype, an effect token, a higher-order op, a size it cannot model) runs through torch as
-Dynamo gave it, with one logged reason; an op it has no kernel for (an ATen op without a
+The backend never raises where eager runs. Complex tensors become real pairs (a last axis
+of 2, ``complex_lowering``). A graph it cannot take (a complex op without a real lowering, an
+unsigned dtype, an effect token, a higher-order op, a size it cannot model) runs through torch
+as Dynamo gave it, with one logged reason; an op it has no kernel for (an ATen op without a
 mapping, or a custom op of any namespace the program called) runs through torch inside the
 compiled graph. A failure of graphkernel itself on a graph it accepted (a pass, the import,
 the compiled graph's run) is a bug: it is logged with its traceback as a bug report and the
@@ -348,19 +349,35 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         log.info("%s", summary.line())
         return gm, {}, name
 
-    why = unsupported(gm)
+    from graphkernel.frontends.complex_lowering import NotLowered, lower_complex
+    from graphkernel.frontends.expert_segments import group_segmented_products
+
+    try:  # complex values as real pairs; the caller's signature kept by ``wrap``
+        lowered = lower_complex(gm, example_inputs)
+    except NotLowered as e:
+        return through_torch(str(e))
+    work = lowered.gm if lowered else gm  # (gm itself stays what runs through torch)
+    if lowered:
+        example_inputs = lowered.example_inputs
+        if frozen:
+            with _real_tensors():
+                frozen = {i: torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+                          for i, t in frozen.items()}
+    why = unsupported(work)
     if why is not None:
         return through_torch(why)
-    frozen = _frozen_here(gm, frozen) if role != "backward" else {}
+    frozen = _frozen_here(work, frozen) if role != "backward" else {}
     try:
-        fixed = specialize_unmodelled(gm)
+        # rows split by (data-dependent) sizes, one product per part: one grouped product
+        work = group_segmented_products(work) or work
+        fixed = specialize_unmodelled(work)
         if fixed:
             log.info("%s: sizes %s specialised (a convolution's or a size graphkernel cannot "
                      "keep symbolic); Dynamo recompiles when they change", name,
                      ", ".join(fixed))
         with _real_tensors():  # graph constants are real tensors; read them as such
             consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
-            imported = import_fx_module(gm, example_inputs, name=name, constants=consts,
+            imported = import_fx_module(work, example_inputs, name=name, constants=consts,
                                         strict=strict)
     except FrontendError as e:  # the graph holds what graphkernel cannot model
         return through_torch(str(e))
@@ -399,6 +416,8 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         _write_index(os.path.dirname(dump_dir), asdict(summary) |
                      {"dir": os.path.basename(dump_dir)})
     run = _runner(imported, res.graph, runner)
+    if lowered:
+        run = lowered.wrap(run)
     return _falling_back(run, gm, name, strict), frozen, name
 
 
