@@ -306,6 +306,16 @@ def _basic_block(cin: int, cout: int, stride: int):
     return _cnn_models()._tv_models(torch)["tv_resnet"].block(cin, cout, stride)
 
 
+def _bit_block(cin: int, cout: int):
+    """BiT's pre-activation bottleneck with its projection shortcut, as transformers builds
+    it (weight-standardised convolutions, group norms with ReLU)."""
+    import transformers as T
+    from transformers.models.bit.modeling_bit import BitPreActivationBottleneckLayer
+
+    return BitPreActivationBottleneckLayer(T.BitConfig(num_groups=4), cin, cout,
+                                           is_first_layer=True)
+
+
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is a window kernel with its folded batch norm and activation;
@@ -341,6 +351,12 @@ BLOCKS = {
     # downsampling: the strided 1x1 projection stays a convolution (a cube launch) whose
     # folded batch norm joins the second convolution's epilogue as its residual
     "basic_block_downsample": (lambda: _basic_block(8, 16, 2), 8, {"cube": 1, "mix": 2}),
+    # BiT's block: the weight standardisation folded into the frozen weights; the projection
+    # and the first 1x1 convolution read the first norm's output: one launch of two
+    # products of one right operand; the 3x3 convolution (read by a group norm) a cube
+    # launch; the last 1x1 convolution with the residual add in its tile
+    "bit_preact_bottleneck": (lambda: _bit_block(16, 32), 16,
+                              {"vector": 3, "cube": 2, "mix": 1}),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),

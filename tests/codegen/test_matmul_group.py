@@ -59,6 +59,26 @@ def _weight_grads() -> Graph:
     return g
 
 
+def _shared_input(widths=(32, 8), relu=(1,)) -> Graph:
+    """1x1 convolutions of one NCHW input (a projection shortcut and a bottleneck's first
+    convolution): products ``W_i[M_i, C] @ x[n][C, H*W]`` of one right operand, the first
+    given a bias, those in ``relu`` a ReLU (MIX)."""
+    g = Graph("shared_input")
+    x = g.add_input("x", TensorType((2, 16, 8, 8), "float32"))
+    rng = np.random.default_rng(3)
+    outs = []
+    for i, m in enumerate(widths):
+        ins = [x, g.const(rng.standard_normal((m, 16, 1, 1)).astype(np.float32))]
+        if i == 0:
+            ins.append(g.const(rng.standard_normal(m).astype(np.float32)))
+        y = g.add_node("Conv2D", ins, {"strides": [1, 1], "pads": [0, 0, 0, 0],
+                                       "dilations": [1, 1], "group": 1,
+                                       "data_format": "NCHW"}).output
+        outs.append(g.add_node("Relu", [y]).output if i in relu else y)
+    g.set_outputs(outs)
+    return g
+
+
 def _glu(m, n, dtype="float16", up_bias=False) -> Graph:
     """A gated MLP's projections: up = x·wu (with a bias: a MIX product), gate = x·wg, then
     silu(gate) · up on gate's tiles, reading up's result back."""
@@ -82,6 +102,9 @@ CASES = [
          flags=""),
     Case("bf16_mix_all", _shared_left(40, (96, 80), "bfloat16", epilogue=(0, 1)), flags=""),
     Case("weight_grads", _weight_grads(), flags=""),
+    # one right operand: convolutions of one input as products W_i @ x (one cube, one MIX)
+    Case("shared_right", _shared_input(), flags=""),
+    Case("shared_right_three", _shared_input((32, 8, 24), relu=(0, 2)), flags=""),
     Case("symbolic_m", _shared_left("s0", (64, 32), epilogue=(1,)), flags="",
          dims=[{"s0": 5}, {"s0": 300}]),
     # gate's epilogue reads up's result back: up takes gate's core split (alone they split
