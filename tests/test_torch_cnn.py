@@ -399,6 +399,37 @@ def test_one_by_one_convolutions_in_training_stay_convolutions():
     assert gt.stats()["launches"]["cube"] >= 2
 
 
+def test_a_training_norm_over_rows_of_one_channel_needs_no_phases():
+    """A training batch norm over [1, C, K] (a weight standardisation's: the statistics of
+    each filter) reduces over the axis of one element too: left out, each channel is one row,
+    reduced in one pass, where axes (0, 2) were two runs split into phase kernels."""
+    import numpy as np
+
+    from graphkernel import Graph, TensorType
+
+    g = Graph("standardise")
+    x = g.add_input("w", TensorType((1, 16, 72), "float32"))
+    n = g.add_node("BatchNormTraining", [x, g.const(np.ones(16, np.float32)),
+                                         g.const(np.zeros(16, np.float32))],
+                   {"epsilon": 1e-8, "momentum": 0.0, "axis": 1})
+    g.set_outputs(list(n.outputs))
+    import graphkernel
+
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    pats = [k.attrs["pattern"] for k in res.graph.nodes if k.op == "GraphKernel"]
+    assert pats and not [p for p in pats if "/phase" in p]
+
+
+def test_a_weight_standardised_convolution_trains_as_eager():
+    """BiT's weight-standardised convolution (transformers' own) in a training step: the
+    statistics of each filter computed from the weights each step; gradients as eager's."""
+    from transformers.models.bit.modeling_bit import WeightStandardizedConv2d
+
+    torch.manual_seed(2)
+    m = WeightStandardizedConv2d(8, 16, 3, eps=1e-8)
+    run(m, torch.randn(2, 8, 10, 10), train=True)
+
+
 def test_a_norm_read_by_a_pool_of_other_rows_stays_whole():
     """The group norm's normalisation reads its statistics per group of channels: pushed into
     the global pool's reduction (rows of one channel) the generator could not lay them out,
