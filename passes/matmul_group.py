@@ -1,9 +1,12 @@
-"""Horizontal matmul fusion: independent products that read the same left operand become one
-kernel that runs them one after another (codegen/cube/group.py).
+"""Horizontal matmul fusion: independent products that read the same left operand (or, among
+the products left apart, the same right operand) become one kernel that runs them one after
+another (codegen/cube/group.py).
 
 q, k and v projections of one hidden state, the key and value projections of cross
 attention from the encoder's output, an MLP's gate and up projections, the weight gradients
-``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV`` of training: each is a product of its own with its own
+``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV`` of training, and in NCHW the 1x1 convolutions of one input
+as products ``W_i @ x`` (a pre-activation block's projection shortcut and first
+convolution, both reading the norm's output as B): each is a product of its own with its own
 weight, tiling and (for a MIX product) epilogue, and each is a launch. Joined, each keeps
 all of that and the group is one launch. A product is a cube kernel (the product, with the
 transposes of its operands folded in) or a MIX kernel (with its epilogue): the kernels

@@ -1,6 +1,9 @@
-"""A product group: independent matrix products that read the same left operand, as one
-kernel that runs them one after another (q, k and v projections of one hidden state, the
-weight gradients ``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV``).
+"""A product group: independent matrix products that read the same left operand, or the same
+right operand, as one kernel that runs them one after another (q, k and v projections of
+one hidden state, the weight gradients ``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV``; NCHW 1x1
+convolutions of one input, ``W_i @ x``). Nothing in the kernel relies on the operand being
+shared: each product reads its own A and B as its own kernel would; the shared operand is
+what makes the products independent work of one stage of the graph.
 
 Each product keeps everything it had as a kernel of its own (codegen/cube/schedule.py): its
 B, its tiling (computed by its own host function for the actual shapes), its epilogue if it
