@@ -185,6 +185,27 @@ def test_a_product_that_depends_on_another_is_not_joined():
     assert "matmul_group" not in pats and len(pats) >= 2
 
 
+def test_products_of_one_right_operand_that_depend_on_each_other_are_not_joined():
+    """W1 @ x and (W2 + rowsum(W1 @ x)) @ x read one B, but the second's A is computed from
+    the first's result: not one kernel. Independent, the same two products are joined."""
+    def build(dependent: bool) -> Graph:
+        g = Graph("dependent_right")
+        x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+        w1 = g.add_input("w1", TensorType((8, 16), "float32"))
+        w2 = g.add_input("w2", TensorType((8, 16), "float32"))
+        y1 = g.add_node("BatchMatMul", [w1, x]).output
+        if dependent:
+            s = g.add_node("ReduceSum", [y1], {"axis": [0, 2], "keep_dims": False}).output
+            s = g.add_node("Reshape", [s], {"shape": [8, 1]}).output
+            w2 = g.add_node("Add", [w2, s]).output
+        g.set_outputs([y1, g.add_node("BatchMatMul", [w2, x]).output])
+        return g
+
+    assert "matmul_group" in _kernels(build(False))
+    pats = _kernels(build(True))
+    assert "matmul_group" not in pats and len(pats) >= 2
+
+
 def test_a_group_beyond_the_kernel_input_cap_is_not_joined():
     g = _shared_left(50, (64, 32, 48))  # x and three weights: 4 inputs
     assert _kernels(g).count("matmul_group") == 1
