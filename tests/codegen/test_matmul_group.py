@@ -206,6 +206,16 @@ def test_products_of_one_right_operand_that_depend_on_each_other_are_not_joined(
     assert "matmul_group" not in pats and len(pats) >= 2
 
 
+def test_at_opt_level_3_products_of_one_input_are_a_group_not_a_parallel_kernel():
+    """At level 3 the horizontal fusion (parallel_fusion, earlier) leaves two kernels that
+    each hold a product to the product group: joined, they would be one kernel of two
+    products, which the generator refuses and splits again (a fallback)."""
+    res = graphkernel.compile(_shared_input(), "--opt_level=3", env={})
+    assert not res.report.extra["fallbacks"]
+    pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert pats == ["matmul_group"]
+
+
 def test_a_group_beyond_the_kernel_input_cap_is_not_joined():
     g = _shared_left(50, (64, 32, 48))  # x and three weights: 4 inputs
     assert _kernels(g).count("matmul_group") == 1
