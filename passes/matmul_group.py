@@ -164,10 +164,11 @@ def _join(graph: Graph, ctx, units: list[Node], max_inputs: int, refused: list[s
 
 def matmul_group(graph, ctx) -> PassResult:
     """Join independent products (cube or MIX kernels, or products outside any kernel) that
-    read the same left operand into one product-group kernel, within max_kernel_inputs and
-    what the code generator plans; each product keeps its own tiling and epilogue. Then the
-    same for products left apart that read the same right operand (convolutions of one input
-    as NCHW products ``W @ x``: a projection shortcut and the block's first 1x1 convolution)."""
+    read the same left operand, then those left apart that read the same right operand, into
+    one product-group kernel, within max_kernel_inputs and what the code generator plans;
+    each product keeps its own tiling and epilogue. (One right operand: convolutions of one
+    input as NCHW products ``W @ x``, a projection shortcut and the block's first 1x1
+    convolution.)"""
     max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
     joined, products, refused = 0, 0, []
     for side in (0, 1):  # a shared A first; then a shared B among the products left apart
