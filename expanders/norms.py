@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from graphkernel.expanders.base import expander, static_dims
 from graphkernel.opdefs.norms import bn_axes, bn_param_shape, ln_axes
 
@@ -37,6 +39,19 @@ def _bn_stat_dims(node):
     return bn_axes(node.inputs[0].type.rank, node.attrs["axis"])[1]
 
 
+def _bn_reduced(x, axis) -> tuple[int, list[int], Callable]:
+    """(the channel axis, the axes of more than one element the statistics reduce over, a
+    function viewing a reduction over them as the channel's [C]). An axis of one element
+    reduces nothing: left out, the reductions of a norm over [1, C, K] (a weight
+    standardisation's, a batch of one image's) are over one run of trailing axes, whole rows
+    a kernel reduces in one pass, not runs split into passes."""
+    c, axes = bn_axes(x.type.rank, axis)
+    red = [a for a in axes if x.shape[a] != 1] or axes
+    if red == axes:
+        return c, axes, lambda b, v: v
+    return c, red, lambda b, v: b.reshape(v, [x.shape[c]])
+
+
 @expander("BatchNorm")
 def batch_norm(b, x, scale, bias, mean, var, *, epsilon, axis):
     # PyTorch's CPU form: alpha = scale / sqrt(var + eps); beta = bias - mean alpha;
@@ -57,7 +72,7 @@ def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
     # digits as PyTorch's, which accumulates in float64: the mean's rounding, times an rstd
     # of up to 1/sqrt(eps), would otherwise be noise in y and in every gradient through it.
     # running stats: (1 - m) r + m mean, (1 - m) r + m var N / (N - 1)
-    c, axes = bn_axes(x.type.rank, axis)
+    c, axes, per_channel = _bn_reduced(x, axis)
     shape = bn_param_shape(x.type.rank, c)
     n = 1
     for a in axes:
@@ -67,12 +82,12 @@ def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
     d = b.sub(x, k)
     mean_d = b.reduce_mean(d, axes, keep_dims=True)
     centered = b.sub(d, mean_d)
-    var = b.reduce_mean(b.square(centered), axes)
+    var = per_channel(b, b.reduce_mean(b.square(centered), axes))
     # the mean returned (the running mean's and the backward's) is summed directly: k +
     # mean(d) cancels when |k| is far above |mean| (a channel of mean ~0.01 whose first
     # element is ~1) and keeps an ulp of k, which (x - mean) rstd in the backward carries
     # into every gradient of the channel; the direct sum's rounding is the mean's own
-    mean = b.reduce_mean(x, axes)
+    mean = per_channel(b, b.reduce_mean(x, axes))
     rstd = b.div(1.0, b.sqrt(b.add(var, epsilon)))
     alpha = b.mul(scale, rstd)
     y = b.add(b.mul(centered, b.reshape(alpha, shape)), b.reshape(bias, shape))
@@ -89,15 +104,15 @@ def batch_norm_training(b, x, scale, bias, *running, epsilon, momentum, axis):
 def batch_norm_grad(b, dy, x, scale, mean, rstd, *, epsilon, axis):
     # xhat = (x - mean) rstd; dbias = sum(dy); dscale = sum(dy xhat);
     # dx = scale rstd / N (N dy - dbias - xhat dscale)
-    c, axes = bn_axes(x.type.rank, axis)
+    c, axes, per_channel = _bn_reduced(x, axis)
     shape = bn_param_shape(x.type.rank, c)
     n = 1
     for a in axes:
         n *= x.shape[a]
     pc = lambda v: b.reshape(v, shape)  # noqa: E731
     xhat = b.mul(b.sub(x, pc(mean)), pc(rstd))
-    dbias = b.reduce_sum(dy, axes)
-    dscale = b.reduce_sum(b.mul(dy, xhat), axes)
+    dbias = per_channel(b, b.reduce_sum(dy, axes))
+    dscale = per_channel(b, b.reduce_sum(b.mul(dy, xhat), axes))
     inner = b.sub(b.sub(b.mul(dy, float(n)), pc(dbias)), b.mul(xhat, pc(dscale)))
     dx = b.mul(pc(b.mul(b.mul(scale, rstd), 1.0 / n)), inner)
     return [dx, dscale, dbias]

@@ -164,7 +164,7 @@ SPECS: dict[str, FlagSpec] = {
                                         level=2),
     "enable_parallel_fusion": FlagSpec("bool", "merge independent kernels sharing inputs "
                                                "(horizontal fusion)", level=3),
-    "enable_matmul_group": FlagSpec("bool", "run independent products of one left operand "
+    "enable_matmul_group": FlagSpec("bool", "run independent products of one operand "
                                             "as one kernel (horizontal matmul fusion)",
                                     level=2),
     "enable_single_node_fusion": FlagSpec("bool", "a lone vector op still becomes a kernel"),

@@ -76,6 +76,17 @@ def _weight(g: Graph, n: Node) -> Value:
                    name=g.fresh_name(f"{n.name}_w"))
 
 
+def _view(g: Graph, n: Node, x: Value, shape: list) -> Value:
+    """``x`` viewed as ``shape``: a Reshape another convolution of ``x`` already made, else a
+    new one. Two products of one input (a projection shortcut and the block's first 1x1
+    convolution) then read one value, which the kernel computing ``x`` writes once and which
+    ``matmul_group`` sees as their shared operand."""
+    for u in x.users:
+        if u.op == "Reshape" and u.graph is g and list(u.outputs[0].shape) == list(shape):
+            return u.outputs[0]
+    return add_like(g, n, "Reshape", [x], {"shape": shape})
+
+
 def _rewrite(g: Graph, n: Node) -> Value:
     x, w2 = n.inputs[0], _weight(g, n)
     # NHWC, or one pixel per image (its channels are then contiguous either way): the
@@ -88,12 +99,12 @@ def _rewrite(g: Graph, n: Node) -> Value:
         else:
             nb, c, h, wd = x.shape
         rows = symbolic.numel((nb, h, wd))
-        x2 = add_like(g, n, "Reshape", [x], {"shape": [rows, c]})
+        x2 = _view(g, n, x, [rows, c])
         y = add_like(g, n, "MatMul", [x2, w2], {"transpose_b": True})  # [N*H*W, M]
         bias_shape = [w2.shape[0]]
     else:
         nb, c, h, wd = x.shape
-        x3 = add_like(g, n, "Reshape", [x], {"shape": [nb, c, symbolic.mul(h, wd)]})
+        x3 = _view(g, n, x, [nb, c, symbolic.mul(h, wd)])
         y = add_like(g, n, "BatchMatMul", [w2, x3])  # [N, M, H*W]: W broadcast over N
         bias_shape = [out.shape[1], 1]
     if len(n.inputs) == 3:

@@ -1,9 +1,12 @@
-"""Horizontal matmul fusion: independent products that read the same left operand become one
-kernel that runs them one after another (codegen/cube/group.py).
+"""Horizontal matmul fusion: independent products that read the same left operand (or, among
+the products left apart, the same right operand) become one kernel that runs them one after
+another (codegen/cube/group.py).
 
 q, k and v projections of one hidden state, the key and value projections of cross
 attention from the encoder's output, an MLP's gate and up projections, the weight gradients
-``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV`` of training: each is a product of its own with its own
+``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV`` of training, and in NCHW the 1x1 convolutions of one input
+as products ``W_i @ x`` (a pre-activation block's projection shortcut and first
+convolution, both reading the norm's output as B): each is a product of its own with its own
 weight, tiling and (for a MIX product) epilogue, and each is a launch. Joined, each keeps
 all of that and the group is one launch. A product is a cube kernel (the product, with the
 transposes of its operands folded in) or a MIX kernel (with its epilogue): the kernels
@@ -56,22 +59,22 @@ def _product(k: Node) -> Node | None:
     return ps[0] if len(ps) == 1 else None
 
 
-def _left(unit: Node) -> tuple[int, bool] | None:
-    """(id of the outer value a unit's product reads as A, read transposed), for a cube/MIX
-    kernel or a product left outside the kernels."""
+def _operand(unit: Node, side: int) -> tuple[int, bool] | None:
+    """(id of the outer value a unit's product reads as A (``side`` 0) or B (1), read
+    transposed), for a cube/MIX kernel or a product left outside the kernels."""
     from graphkernel.codegen.legalize import cube_group
 
+    flag = ("transpose_a", "transpose_b")[side]
     if unit.op == "GraphKernel":
         mm = _product(unit)
         if mm is None:
             return None
         body = unit.subgraph
-        v, t = _source(mm.inputs[0], bool(mm.attrs.get("transpose_a")),
-                       {id(n) for n in body.nodes})
+        v, t = _source(mm.inputs[side], bool(mm.attrs.get(flag)), {id(n) for n in body.nodes})
         if v not in body.inputs:
             return None
         return id(unit.inputs[body.inputs.index(v)]), t
-    v, t = _source(unit.inputs[0], bool(unit.attrs.get("transpose_a")),
+    v, t = _source(unit.inputs[side], bool(unit.attrs.get(flag)),
                    {id(n) for n in cube_group(unit)})
     return id(v), t
 
@@ -115,63 +118,77 @@ def _merge(graph: Graph, kernels: list[Node], name: str) -> Node:
     return k
 
 
-def matmul_group(graph, ctx) -> PassResult:
-    """Join independent products (cube or MIX kernels, or products outside any kernel) that
-    read the same left operand into one product-group kernel, within max_kernel_inputs and
-    what the code generator plans; each product keeps its own tiling and epilogue."""
+def _join(graph: Graph, ctx, units: list[Node], max_inputs: int, refused: list[str]
+          ) -> tuple[Node, list[str]] | None:
+    """The product-group kernel of the independent ``units`` the generator plans together
+    and its members' names (None when fewer than two are left); refusals are appended to
+    ``refused``."""
     from graphkernel.codegen.legalize import cube_group
 
+    order = {id(n): i for i, n in enumerate(graph.nodes)}  # (earlier groups joined)
+    units.sort(key=lambda u: order[id(u)])
+    taken: list[Node] = []
+    for u in units:
+        if all(_independent(graph, t, u, order) for t in taken):
+            taken.append(u)
+    if len(taken) < 2:
+        return None
+    names = ", ".join(u.name for u in taken)
+    if not ctx.should_apply(f"one kernel for the products {names}", taken):
+        return None
+    kernels = []
+    for u in taken:  # a product outside the kernels: its cube kernel, as codegen makes it
+        if u.op != "GraphKernel":
+            group = cube_group(u)
+            u = build_kernel(graph, group, next_kernel_name(ctx.analyses, group, "cube"),
+                             "cube")
+        kernels.append(u)
+    group_ks: list[Node] = []
+    for k in kernels:  # greedily, each product that the generator plans beside the rest
+        trial = [*group_ks, k]
+        if max_inputs and len({id(x) for m in trial for x in m.inputs}) > max_inputs:
+            refused.append(f"{k.name}: more than {max_inputs} kernel inputs")
+            continue
+        why = _plans(trial, ctx) if len(trial) > 1 else None
+        if why is not None:
+            refused.append(f"{k.name}: {why}")
+            continue
+        group_ks = trial
+    if len(group_ks) < 2:
+        return None
+    name = next_kernel_name(ctx.analyses, [n for k in group_ks for n in k.subgraph.nodes],
+                            PATTERN)
+    members = [m.name for m in group_ks]
+    return _merge(graph, group_ks, name), members
+
+
+def matmul_group(graph, ctx) -> PassResult:
+    """Join independent products (cube or MIX kernels, or products outside any kernel) that
+    read the same left operand, then those left apart that read the same right operand, into
+    one product-group kernel, within max_kernel_inputs and what the code generator plans;
+    each product keeps its own tiling and epilogue. (One right operand: convolutions of one
+    input as NCHW products ``W @ x``, a projection shortcut and the block's first 1x1
+    convolution.)"""
     max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
-    nodes = graph.nodes
-    order = {id(n): i for i, n in enumerate(nodes)}
-    by_left: dict[tuple[int, bool], list[Node]] = {}
-    for n in nodes:
-        if n.op == "GraphKernel" or n.op in PRODUCT_OPS:
-            key = _left(n)
-            if key is not None:
-                by_left.setdefault(key, []).append(n)
     joined, products, refused = 0, 0, []
-    for units in by_left.values():
-        if len(units) < 2:
-            continue
-        order = {id(n): i for i, n in enumerate(graph.nodes)}  # (earlier groups joined)
-        units.sort(key=lambda u: order[id(u)])
-        taken: list[Node] = []
-        for u in units:
-            if all(_independent(graph, t, u, order) for t in taken):
-                taken.append(u)
-        if len(taken) < 2:
-            continue
-        names = ", ".join(u.name for u in taken)
-        if not ctx.should_apply(f"one kernel for the products {names}", taken):
-            continue
-        kernels = []
-        for u in taken:  # a product outside the kernels: its cube kernel, as codegen makes it
-            if u.op != "GraphKernel":
-                group = cube_group(u)
-                u = build_kernel(graph, group, next_kernel_name(ctx.analyses, group, "cube"),
-                                 "cube")
-            kernels.append(u)
-        group_ks: list[Node] = []
-        for k in kernels:  # greedily, each product that the generator plans beside the rest
-            trial = [*group_ks, k]
-            if max_inputs and len({id(x) for m in trial for x in m.inputs}) > max_inputs:
-                refused.append(f"{k.name}: more than {max_inputs} kernel inputs")
+    for side in (0, 1):  # a shared A first; then a shared B among the products left apart
+        by_operand: dict[tuple[int, bool], list[Node]] = {}
+        for n in graph.nodes:
+            if n.op == "GraphKernel" or n.op in PRODUCT_OPS:
+                key = _operand(n, side)
+                if key is not None:
+                    by_operand.setdefault(key, []).append(n)
+        for units in by_operand.values():
+            if len(units) < 2:
                 continue
-            why = _plans(trial, ctx) if len(trial) > 1 else None
-            if why is not None:
-                refused.append(f"{k.name}: {why}")
+            got = _join(graph, ctx, units, max_inputs, refused)
+            if got is None:
                 continue
-            group_ks = trial
-        if len(group_ks) < 2:
-            continue
-        name = next_kernel_name(ctx.analyses, [n for k in group_ks for n in k.subgraph.nodes],
-                                PATTERN)
-        k = _merge(graph, group_ks, name)
-        ctx.log(f"{k.name}: one launch for {len(group_ks)} products of one left operand "
-                f"({', '.join(m.name for m in group_ks)})")
-        joined += 1
-        products += len(group_ks)
+            k, members = got
+            ctx.log(f"{k.name}: one launch for {len(members)} products of one "
+                    f"{('left', 'right')[side]} operand ({', '.join(members)})")
+            joined += 1
+            products += len(members)
     for r in refused:
         ctx.log(f"matmul_group: not joined: {r}")
     notes = [f"{counted(joined, 'product group')} of {counted(products, 'product')}"

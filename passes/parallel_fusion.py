@@ -29,7 +29,13 @@ def _ops(k: Node) -> int:
 def refused_together(a: Node, b: Node) -> bool:
     """The code generator schedules ``a`` and ``b`` each, but not side by side: their loop
     spaces differ in a way one kernel cannot hold (q's and k's rotary embedding when k has
-    fewer heads). Joining them would only be split again by the fallback."""
+    fewer heads). Joining them would only be split again by the fallback. Two kernels that
+    each hold a matrix product are refused too: a kernel runs one product, and independent
+    products of one operand are a product group's (``matmul_group``, later)."""
+    from graphkernel.codegen.cube.schedule import is_matmul_kernel
+
+    if is_matmul_kernel(a) and is_matmul_kernel(b):
+        return True
     if not (scheduled(a) and scheduled(b)):
         return False  # a product's kernel, or one already refused: as before
     body, ins = parallel_body([a, b], "probe")

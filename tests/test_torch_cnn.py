@@ -316,6 +316,16 @@ def _basic_block(cin: int, cout: int, stride: int):
     return _cnn_models()._tv_models(torch)["tv_resnet"].block(cin, cout, stride)
 
 
+def _bit_block(cin: int, cout: int):
+    """BiT's pre-activation bottleneck with its projection shortcut, as transformers builds
+    it (weight-standardised convolutions, group norms with ReLU)."""
+    import transformers as T
+    from transformers.models.bit.modeling_bit import BitPreActivationBottleneckLayer
+
+    return BitPreActivationBottleneckLayer(T.BitConfig(num_groups=4), cin, cout,
+                                           is_first_layer=True)
+
+
 # launches of small blocks in inference (frozen batch norm): a 1x1 convolution is a product
 # whose folded batch norm, activation and residual add run in its output tile (one MIX
 # kernel); a depthwise convolution is a window kernel with its folded batch norm and activation;
@@ -356,6 +366,12 @@ BLOCKS = {
     # folded batch norm joins the second convolution's epilogue as its residual
     "basic_block_downsample": (lambda: _basic_block(8, 16, 2), 8, {"cube": 1, "mix": 2},
                                "--conv_panel_growth=-1"),
+    # BiT's block: the weight standardisation folded into the frozen weights; the projection
+    # and the first 1x1 convolution read the first norm's output: one launch of two
+    # products of one right operand; the 3x3 convolution (read by a group norm) a cube
+    # launch; the last 1x1 convolution with the residual add in its tile
+    "bit_preact_bottleneck": (lambda: _bit_block(16, 32), 16,
+                              {"vector": 3, "cube": 2, "mix": 1}),
     # BiT's stem: the zero pad is the max pool's padding (one window kernel)
     "stem_conv_pad_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.ConstantPad2d(1, 0.0),
@@ -396,6 +412,37 @@ def test_one_by_one_convolutions_in_training_stay_convolutions():
     m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), _Residual())
     run(m, torch.randn(2, 8, 6, 7), train=True)
     assert gt.stats()["launches"]["cube"] >= 2
+
+
+def test_a_training_norm_over_rows_of_one_channel_needs_no_phases():
+    """A training batch norm over [1, C, K] (a weight standardisation's: the statistics of
+    each filter) reduces over the axis of one element too: left out, each channel is one row,
+    reduced in one pass, where axes (0, 2) were two runs split into phase kernels."""
+    import numpy as np
+
+    from graphkernel import Graph, TensorType
+
+    g = Graph("standardise")
+    x = g.add_input("w", TensorType((1, 16, 72), "float32"))
+    n = g.add_node("BatchNormTraining", [x, g.const(np.ones(16, np.float32)),
+                                         g.const(np.zeros(16, np.float32))],
+                   {"epsilon": 1e-8, "momentum": 0.0, "axis": 1})
+    g.set_outputs(list(n.outputs))
+    import graphkernel
+
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    pats = [k.attrs["pattern"] for k in res.graph.nodes if k.op == "GraphKernel"]
+    assert pats and not [p for p in pats if "/phase" in p]
+
+
+def test_a_weight_standardised_convolution_trains_as_eager():
+    """BiT's weight-standardised convolution (transformers' own) in a training step: the
+    statistics of each filter computed from the weights each step; gradients as eager's."""
+    from transformers.models.bit.modeling_bit import WeightStandardizedConv2d
+
+    torch.manual_seed(2)
+    m = WeightStandardizedConv2d(8, 16, 3, eps=1e-8)
+    run(m, torch.randn(2, 8, 10, 10), train=True)
 
 
 def test_a_norm_read_by_a_pool_of_other_rows_stays_whole():

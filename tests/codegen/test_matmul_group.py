@@ -59,6 +59,26 @@ def _weight_grads() -> Graph:
     return g
 
 
+def _shared_input(widths=(32, 8), relu=(1,)) -> Graph:
+    """1x1 convolutions of one NCHW input (a projection shortcut and a bottleneck's first
+    convolution): products ``W_i[M_i, C] @ x[n][C, H*W]`` of one right operand, the first
+    given a bias, those in ``relu`` a ReLU (MIX)."""
+    g = Graph("shared_input")
+    x = g.add_input("x", TensorType((2, 16, 8, 8), "float32"))
+    rng = np.random.default_rng(3)
+    outs = []
+    for i, m in enumerate(widths):
+        ins = [x, g.const(rng.standard_normal((m, 16, 1, 1)).astype(np.float32))]
+        if i == 0:
+            ins.append(g.const(rng.standard_normal(m).astype(np.float32)))
+        y = g.add_node("Conv2D", ins, {"strides": [1, 1], "pads": [0, 0, 0, 0],
+                                       "dilations": [1, 1], "group": 1,
+                                       "data_format": "NCHW"}).output
+        outs.append(g.add_node("Relu", [y]).output if i in relu else y)
+    g.set_outputs(outs)
+    return g
+
+
 def _glu(m, n, dtype="float16", up_bias=False) -> Graph:
     """A gated MLP's projections: up = x·wu (with a bias: a MIX product), gate = x·wg, then
     silu(gate) · up on gate's tiles, reading up's result back."""
@@ -82,6 +102,9 @@ CASES = [
          flags=""),
     Case("bf16_mix_all", _shared_left(40, (96, 80), "bfloat16", epilogue=(0, 1)), flags=""),
     Case("weight_grads", _weight_grads(), flags=""),
+    # one right operand: convolutions of one input as products W_i @ x (one cube, one MIX)
+    Case("shared_right", _shared_input(), flags=""),
+    Case("shared_right_three", _shared_input((32, 8, 24), relu=(0, 2)), flags=""),
     Case("symbolic_m", _shared_left("s0", (64, 32), epilogue=(1,)), flags="",
          dims=[{"s0": 5}, {"s0": 300}]),
     # gate's epilogue reads up's result back: up takes gate's core split (alone they split
@@ -160,6 +183,37 @@ def test_a_product_that_depends_on_another_is_not_joined():
     g.set_outputs([y1, y2])
     pats = _kernels(g)
     assert "matmul_group" not in pats and len(pats) >= 2
+
+
+def test_products_of_one_right_operand_that_depend_on_each_other_are_not_joined():
+    """W1 @ x and (W2 + rowsum(W1 @ x)) @ x read one B, but the second's A is computed from
+    the first's result: not one kernel. Independent, the same two products are joined."""
+    def build(dependent: bool) -> Graph:
+        g = Graph("dependent_right")
+        x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+        w1 = g.add_input("w1", TensorType((8, 16), "float32"))
+        w2 = g.add_input("w2", TensorType((8, 16), "float32"))
+        y1 = g.add_node("BatchMatMul", [w1, x]).output
+        if dependent:
+            s = g.add_node("ReduceSum", [y1], {"axis": [0, 2], "keep_dims": False}).output
+            s = g.add_node("Reshape", [s], {"shape": [8, 1]}).output
+            w2 = g.add_node("Add", [w2, s]).output
+        g.set_outputs([y1, g.add_node("BatchMatMul", [w2, x]).output])
+        return g
+
+    assert "matmul_group" in _kernels(build(False))
+    pats = _kernels(build(True))
+    assert "matmul_group" not in pats and len(pats) >= 2
+
+
+def test_at_opt_level_3_products_of_one_input_are_a_group_not_a_parallel_kernel():
+    """At level 3 the horizontal fusion (parallel_fusion, earlier) leaves two kernels that
+    each hold a product to the product group: joined, they would be one kernel of two
+    products, which the generator refuses and splits again (a fallback)."""
+    res = graphkernel.compile(_shared_input(), "--opt_level=3", env={})
+    assert not res.report.extra["fallbacks"]
+    pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert pats == ["matmul_group"]
 
 
 def test_a_group_beyond_the_kernel_input_cap_is_not_joined():
