@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from graphkernel import symbolic
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.passes.rewrite import rewrite_each
 from graphkernel.registry import PassResult, counted
@@ -55,6 +56,18 @@ def _unmerged(n: Node, wide: Value, other: Value) -> Value | None:
     return x
 
 
+def _broadcast_over_batch(n: Node, wide: Value) -> bool:
+    """Whether ``wide`` (the operand of N columns when M = 1, of M rows when N = 1) is shared
+    by batch elements of the product ``n``: a projection's weight applied to ``[B, 1, K]``
+    (one token per batch element, as an ONNX export leaves an attention pooling head's
+    MLP). The product is then M = B rows of one matrix product, a cube launch; as Mul +
+    ReduceSum it would write the weight B times over."""
+    out = list(n.outputs[0].shape[:-2])
+    own = list(wide.shape[:-2])
+    own = [1] * (len(out) - len(own)) + own
+    return any(symbolic.canon(x) != symbolic.canon(y) for x, y in zip(own, out, strict=True))
+
+
 def _rewrite(graph: Graph, n: Node, views: list[Value]) -> Value | None:
     """The vector form of ``n`` (None: not rewritten). Made over unmerged batch axes, the
     operand's merging view and the result's merged view are appended to ``views``: either
@@ -66,6 +79,8 @@ def _rewrite(graph: Graph, n: Node, views: list[Value]) -> Value | None:
     m, k = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
     n_ = b.shape[-2] if tb else b.shape[-1]
     if not isinstance(k, int) or k > MAX_K or (n_ != 1 and m != 1):
+        return None
+    if _broadcast_over_batch(n, b if n_ != 1 else a):
         return None
     out_t = n.outputs[0].dtype
 
