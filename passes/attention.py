@@ -24,7 +24,11 @@ multi-query) are read with their N2 heads, and so are K/V repeated before their 
 or BSH, with per-head work on the repeated K (rotary embedding) done on its N2 heads; the
 head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
 operator takes one layout for Q, K, V and the output, so the layout is the best all four
-allow (BNSD when any of them is not a head split/merge).
+allow (BNSD when any of them is not a head split/merge). nn.MultiheadAttention's heads are
+split sequence first (``[S, B, H]`` viewed ``[S, B·N, D]``, ``Transpose(1, 0, 2)``; an ONNX
+export moves K to Kᵀ by ``Transpose(1, 2, 0)``) and merged back the same way: when all four
+are, the layout is SBH. A constant operand (a pooling head's learned query, projected and
+scaled at compile time) is laid out at compile time in whichever layout the others need.
 
 Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and the condition of

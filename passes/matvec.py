@@ -7,7 +7,10 @@ launch, with the operands usually laid out for it by a transpose kernel (a state
 model's readout ``h @ C`` per token, a gate of one output); on the vector unit it is an
 elementwise product and a reduction that fuse with the work around them. ``M = 1`` is the
 same along the other axis. Low-precision operands are widened to float32 first, as the
-cube unit accumulates them. Runs after the attention pass, whose matching reads products.
+cube unit accumulates them. A product whose wide operand is shared by batch elements (``[B,
+1, K] @ [K, N]``) stays: it is B rows of one matrix product, and the elementwise product
+would be ``[B, K, N]``, the weight written B times over. Runs after the attention pass,
+whose matching reads products.
 
 ``torch.matmul`` of tensors of rank 4 or more is traced as a view merging the batch axes, a
 ``bmm`` and a view splitting them again. The product and sum are then made over the batch
