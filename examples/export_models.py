@@ -380,8 +380,9 @@ def trainable(model) -> bool:
 
 
 def attention_layers(model, args) -> int:
-    """The attention layers a model runs: its calls of scaled_dot_product_attention and of
-    softmax over attention scores in one forward (no grad). Scores have a head or batch axis
+    """The attention layers a model runs: its calls of scaled_dot_product_attention, of
+    nn.MultiheadAttention's forward and of softmax over attention scores in one forward (no
+    grad). Scores have a head or batch axis
     besides the query's and key's ([B, H, L, S] or [B*H, L, S]); a softmax over a 2-D
     tensor (a mixture of experts' router over [tokens, experts]) is no attention layer."""
     import torch
@@ -394,8 +395,8 @@ def attention_layers(model, args) -> int:
         calls = 0
 
         def __torch_function__(self, func, types, a=(), kw=None):
-            if func is F.scaled_dot_product_attention:
-                Count.calls += 1
+            if func in (F.scaled_dot_product_attention, F.multi_head_attention_forward):
+                Count.calls += 1  # (nn.MultiheadAttention: its softmax runs unseen inside)
             elif func in softmax:
                 x = a[0] if a else (kw or {}).get("input")
                 Count.calls += isinstance(x, torch.Tensor) and x.dim() >= 3

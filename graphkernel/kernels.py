@@ -63,6 +63,29 @@ def next_kernel_name(analyses: Any, nodes: Sequence[Node], pattern: str) -> str:
     return kernel_name(nodes, analyses.kernel_counter, pattern)
 
 
+def views_left_outside(graph: Graph, nodes: Sequence[Node]) -> list[Node]:
+    """``nodes`` without the views that would make a kernel write one value twice: a view
+    (Reshape, ExpandDims, Squeeze) of a value the kernel computes and stores anyway for a
+    reader outside, whose own result only readers outside the kernel take (and is no graph
+    output), is left outside as a view of the stored value. In the kernel it would be one
+    more output holding the same bytes again (a projection's result read by the residual
+    and, viewed with an axis of 1 added, by a convolution; a LayerNorm's result read as it
+    is and merged into rows by the next product)."""
+    members = {id(n) for n in nodes}
+    outputs = {id(v) for v in graph.outputs}
+    keep = []
+    for n in nodes:
+        if n.op in ops.RESHAPE_OPS and len(n.inputs) == 1 and n.inputs[0].producer is not None \
+                and id(n.inputs[0].producer) in members and id(n.outputs[0]) not in outputs \
+                and n.outputs[0].users and \
+                all(id(u) not in members for u in n.outputs[0].users):
+            x = n.inputs[0]
+            if id(x) in outputs or any(id(u) not in members and u is not n for u in x.users):
+                continue
+        keep.append(n)
+    return keep
+
+
 def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
                  slice_inputs: bool = False) -> Node:
     """Replace ``nodes`` (in topological order, a convex set) by one GraphKernel node.
@@ -72,6 +95,7 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
     ``slice_inputs``: a value from outside that the kernel reads only through slices is
     bound once per slice (``separate_slice_reads``).
     """
+    nodes = views_left_outside(graph, nodes)
     members = {id(n) for n in nodes}
     outputs_set = {id(v) for v in graph.outputs}
     sub = Graph(name)

@@ -24,7 +24,11 @@ multi-query) are read with their N2 heads, and so are K/V repeated before their 
 or BSH, with per-head work on the repeated K (rotary embedding) done on its N2 heads; the
 head merge on the output (``Transpose(0,2,1,3)``) is written by the operator in BSH/BSND. The
 operator takes one layout for Q, K, V and the output, so the layout is the best all four
-allow (BNSD when any of them is not a head split/merge).
+allow (BNSD when any of them is not a head split/merge). nn.MultiheadAttention's heads are
+split sequence first (``[S, B, H]`` viewed ``[S, B·N, D]``, ``Transpose(1, 0, 2)``; an ONNX
+export moves K to Kᵀ by ``Transpose(1, 2, 0)``) and merged back the same way: when all four
+are, the layout is SBH. A constant operand (a pooling head's learned query, projected and
+scaled at compile time) is laid out at compile time in whichever layout the others need.
 
 Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the fp16 lowest:
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and the condition of
@@ -61,7 +65,7 @@ from graphkernel import symbolic
 from graphkernel.analyses import AttentionMatch
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType, Graph, Node, Value
-from graphkernel.opdefs.attention import limits, mask_shapes
+from graphkernel.opdefs.attention import from_bnsd, limits, mask_shapes
 from graphkernel.ops import RESHAPE_OPS, VIEW_OPS
 from graphkernel.passes.causal_mask import causal_band
 from graphkernel.passes.head_layout import Rebuild, bsnd_builder
@@ -98,7 +102,8 @@ class _Operand:
     @property
     def best(self) -> int:
         views = ("BSND", "BSH") if self.one_head else ()
-        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds, *views, *self.lazy))
+        return max(LAYOUTS.index(k) for k in (*self.reads, *self.builds, *views, *self.lazy)
+                   if k in LAYOUTS)
 
     def offers(self, layout: str) -> bool:
         """Whether the operand can be read in ``layout``."""
@@ -135,6 +140,7 @@ class _Match:
     v: Value
     scale: float = 1.0
     k_bsnd: bool = False  # k is [B, S, N, D] (its head split and Kᵀ were one Transpose)
+    k_sbh: bool = False  # k is [S, B·N, D] (sequence first; head split and Kᵀ one Transpose)
     k_heads: int = 1  # Kᵀ broadcast from one head to this many (multi-query attention)
     kt: Node | None = None  # the Transpose making Kᵀ (it may stay, read elsewhere too)
     # each additive mask and the rank of the scores it is added to ([B, N, S1, S2] or
@@ -385,7 +391,7 @@ def _match(pv: Node) -> _Match | None:
     q, k = qk.inputs
     q, f = _scale_folded(q, inside)  # the scale folded into Q
     scale *= f
-    k_bsnd, heads, kt = False, 1, None
+    k_bsnd, k_sbh, heads, kt = False, False, 1, None
     if not qk.attrs["transpose_b"]:  # Kᵀ by a Transpose of K's last two axes (views after)
         k, f, heads = _key_side(k, inside)  # (the scale on Kᵀ, its heads repeated)
         scale *= f
@@ -394,6 +400,8 @@ def _match(pv: Node) -> _Match | None:
         perm = list(t.attrs["perm"]) if t is not None else []
         if perm == [0, 2, 3, 1]:  # [B, S, N, D] -> [B, N, D, S]: head split and Kᵀ at once
             k_bsnd = True
+        elif perm == [1, 2, 0] and heads == 1:  # [S, B·N, D] -> [B·N, D, S] (sequence first)
+            k_sbh = True
         elif perm != [*range(rank - 2), rank - 1, rank - 2]:
             raise Refused(f"the scores' product {qk.name} does not read Kᵀ (no transpose of "
                           "K's last two axes)")
@@ -403,20 +411,31 @@ def _match(pv: Node) -> _Match | None:
         k, f = _scale_folded(k, inside)
         scale *= f
     return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
-                  k_bsnd=k_bsnd, k_heads=heads, kt=kt, rows=rows)
+                  k_bsnd=k_bsnd, k_sbh=k_sbh, k_heads=heads, kt=kt, rows=rows)
+
+
+def _layout(*operands: _Operand) -> str:
+    """The layout the operator reads Q, K, V and writes its output in: SBH when all four
+    offer it (sequence-first head splits and merges: nn.MultiheadAttention), else the best
+    of BNSD, BSND and BSH that all allow."""
+    if all(x.offers("SBH") for x in operands):
+        return "SBH"
+    return LAYOUTS[min(x.best for x in operands)]
 
 
 def _same(a, b) -> bool:
     return symbolic.canon(a) == symbolic.canon(b)
 
 
-def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False
-           ) -> tuple[_Operand, int]:
+def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
+           batch=None) -> tuple[_Operand, int]:
     """Q, K or V (an operand of a product, [B·N, S, D] or [B, N, S, D]) as its [B, N, S, D]
     value and the layouts it can be read in; the second item is how many times each head
     is repeated (grouped-query K/V: N1/N2). ``inside``: ids of the pattern's nodes. With
     ``kv``, heads repeated in BSND before the head split (``_repeated``) are read with their
-    N2 heads too (only in the layouts ``_grouped`` offers)."""
+    N2 heads too (only in the layouts ``_grouped`` offers). A constant operand (a learned
+    query, folded) is read in every layout (``_constant``; ``batch``: B, when it is
+    [B·N, S, D]); a sequence-first head split (``_seq_first``) in BNSD and SBH."""
     seen: list[Node] = []
     base = _views(v, seen)
     repeat = 1
@@ -433,6 +452,10 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False
         if tuple(src.type.shape) == (b, 1, s, d) and isinstance(r, int):
             base, repeat = src, r
             seen.append(bt)
+    if repeat == 1 and const_array(base) is not None:
+        return _constant(v, base, batch), 1
+    if repeat == 1 and (first := _seq_first(v, base)) is not None:
+        return first, 1
     if base.type.rank != 4:
         raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
                       "[B, N, S, D] (batch and heads cannot be told apart)")
@@ -458,6 +481,110 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False
                 return _grouped(rep[0], rep[1], build), rep[2]
             op.builds["BSND"] = build
     return op, repeat
+
+
+def _constant(v: Value, base: Value, batch) -> _Operand:
+    """A constant operand: a learned query (an attention pooling head's probe, projected and
+    scaled at compile time) is [B, N, S, D], or [B·N, S, D] with B the other operands' batch
+    (``batch``). Any layout of a constant is another constant: every layout is offered,
+    made when it is picked."""
+    arr = const_array(base)
+    shape = tuple(base.type.shape if base.type.rank == 4 else v.type.shape)
+    if len(shape) == 3 and isinstance(batch, int) and batch > 0 and shape[0] % batch == 0:
+        shape = (batch, shape[0] // batch, *shape[1:])
+    if len(shape) != 4:
+        raise Refused(f"constant operand {v.name} of shape {list(v.type.shape)} is not seen "
+                      "as [B, N, S, D] (its batch is not known)")
+    arr = np.asarray(arr).reshape(shape)
+    op = _Operand(shape)
+    graph = base.graph
+    origin = base.producer.origin
+
+    def read(layout: str) -> Callable[[list[str]], Value]:
+        def make(notes: list[str]) -> Value:
+            notes.append(f"constant {v.name} laid out in {layout} at compile time")
+            return graph.const(np.ascontiguousarray(from_bnsd(arr, layout)), v.dtype,
+                               name=graph.fresh_name(f"{v.name}/{layout.lower()}"),
+                               origin=origin)
+        return make
+
+    op.lazy = {layout: read(layout) for layout in (*LAYOUTS, "SBH")}
+    return op
+
+
+def _seq_first(v: Value | None, base: Value) -> _Operand | None:
+    """nn.MultiheadAttention's head split, sequence first: ``base`` [B·N, S, D] is a
+    Transpose(1, 0, 2) of [S, B·N, D] (the operand ``v`` is ``base`` or a [B, N, S, D] view
+    of it), or with ``v`` None, ``base`` is that [S, B·N, D] value itself (an ONNX export
+    moves it straight to Kᵀ). It is a view of the [S, B, H] projection (H = N·D): read in SBH
+    as that projection (a view), in BNSD as the head split viewed. B and N come from the
+    view farthest back of the form [.., S, B, H] or [.., S, B, N, D] (leading axes of 1):
+    the projection's own batch and heads. None when ``base`` is no such value."""
+    graph = base.graph
+    if v is None:
+        x, t = base, None
+        if x.type.rank != 3:
+            return None
+        s, bn, d = x.type.shape
+    else:
+        t = _producer(base, "Transpose")
+        if t is None or list(t.attrs["perm"]) != [1, 0, 2] or base.type.rank != 3:
+            return None
+        x = t.inputs[0]
+        bn, s, d = base.type.shape
+    if not isinstance(d, int):
+        return None
+    chain = [x]
+    while (p := chain[-1].producer) is not None and p.op in VIEW_OPS:
+        chain.append(p.inputs[0])
+    found = next(((u, dims) for u in reversed(chain)
+                  if (dims := _sbh_dims(list(u.type.shape), bn, s, d)) is not None), None)
+    if found is None:
+        return None
+    u, (b, n) = found
+    origin = t.origin if t is not None else x.producer.origin if x.producer else ()
+    op = _Operand((b, n, s, d))
+
+    def view(y: Value, want: list, perm: list | None = None) -> Callable[[list[str]], Value]:
+        def make(notes: list[str]) -> Value:
+            if perm is not None:
+                y2 = graph.add_node("Transpose", [y], {"perm": perm}, origin=origin,
+                                    name=graph.fresh_name(f"{y.name}/heads")).outputs[0]
+            else:
+                y2 = y
+            if tuple(y2.type.shape) == tuple(want):
+                return y2
+            return graph.add_node("Reshape", [y2], {"shape": want}, origin=origin,
+                                  name=graph.fresh_name(f"{y.name}/heads")).outputs[0]
+        return make
+
+    if v is not None and tuple(v.type.shape) == (b, n, s, d):
+        op.reads["BNSD"] = v
+    elif v is not None:
+        op.lazy["BNSD"] = view(base, [b, n, s, d])
+    else:  # (the head split the graph did not have: a copy, made only if BNSD is picked)
+        op.lazy["BNSD"] = view(x, [b, n, s, d], [1, 0, 2])
+    src = view(u, [s, b, n * d])
+
+    def sbh(notes: list[str]) -> Value:
+        notes.append(f"{u.name}'s heads read sequence first (SBH), not transposed")
+        return src(notes)
+    op.lazy["SBH"] = sbh
+    return op
+
+
+def _sbh_dims(shape: list, bn, s, d: int) -> tuple | None:
+    """(B, N) when ``shape`` is [S, B, N·D] or [S, B, N, D] (after leading axes of 1) with
+    B·N = ``bn``, else None."""
+    while True:
+        dims = shape if len(shape) == 3 else [*shape[:2], shape[2] * d] if len(shape) == 4 \
+            and shape[3] == d and isinstance(shape[2], int) else None
+        if dims is not None and _same(dims[0], s) and isinstance(dims[2], int) and \
+                dims[2] % d == 0 and _same(symbolic.mul(dims[1], dims[2] // d), bn):
+            return dims[1], dims[2] // d
+        if len(shape) <= 3 or shape[0] != 1:
+            return None
+        shape = shape[1:]
 
 
 def _repeated(x: Value) -> tuple[Value, int, int] | None:
@@ -550,12 +677,29 @@ def _bsnd(v: Value) -> tuple[_Operand, int]:
     return op, 1
 
 
+def _sbh(v: Value) -> tuple[_Operand, int]:
+    """K given as its sequence-first [S, B·N, D] value (``_seq_first``)."""
+    op = _seq_first(None, v)
+    if op is None:
+        raise Refused(f"K {v.name} of shape {list(v.type.shape)} is not seen as a "
+                      "sequence-first [S, B, N·D] projection")
+    return op, 1
+
+
 def _output(pv: Node, b, n, s, d) -> _Operand:
     """The product ``pv``'s result as [B, N, S1, D] and, when its only use is a head merge,
     the value each layout would replace."""
     out = pv.outputs[0]
     op = _Operand((b, n, s, d), {"BNSD": out})
     users = out.users
+    # sequence first (nn.MultiheadAttention): [B·N, S1, D] moved by Transpose(1, 0, 2), or
+    # [B, N, S1, D] by Transpose(2, 0, 1, 3), is [S1, B, H] viewed: what SBH writes
+    first = {3: ([1, 0, 2], (symbolic.mul(b, n), s, d)), 4: ([2, 0, 1, 3], (b, n, s, d))}
+    perm, dims = first.get(out.type.rank, (None, None))
+    if len(users) == 1 and users[0].op == "Transpose" and list(users[0].attrs["perm"]) == perm \
+            and all(_same(x, y) for x, y in zip(out.type.shape, dims, strict=True)) \
+            and not pv.graph.is_output(out):
+        op.reads["SBH"] = users[0].outputs[0]
     while len(users) == 1 and users[0].op in RESHAPE_OPS and users[0].outputs[0].type.rank == 4:
         out = users[0].outputs[0]
         users = out.users
@@ -745,10 +889,17 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     (The operator's limits are checked before the pattern's other uses: the reason a
     candidate could never be one launch comes first.)"""
     inside = frozenset(map(id, [*m.nodes, *([m.kt] if m.kt is not None else [])]))
-    q, _ = _heads(m.q, inside)
-    k, rep_k = _bsnd(m.k) if m.k_bsnd else _heads(m.k, inside)
+    try:
+        q, _ = _heads(m.q, inside)
+    except Refused:  # a constant [B·N, S, D] query: B is K's
+        if const_array(_views(m.q, [])) is None:
+            raise
+        q = None
+    k, rep_k = _bsnd(m.k) if m.k_bsnd else _sbh(m.k) if m.k_sbh else _heads(m.k, inside)
     rep_k *= m.k_heads
     v, rep_v = _heads(m.v, inside)
+    if q is None:
+        q, _ = _heads(m.q, inside, batch=k.shape[0])
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k != rep_v or k.shape != v.shape or dk != d:
@@ -767,11 +918,11 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     if not isinstance(m.scale, float) or not np.isfinite(m.scale):
         raise Refused(f"scale {m.scale} is not a finite number")
     out = _output(m.pv, b, n1, s1, d)
-    layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+    layout = _layout(q, k, v, out)
     origin = tuple(dict.fromkeys(o for n in m.nodes for o in n.origin))
     q.reads[layout], factor = _unscaled(graph, q.read(layout, "Q", m.notes), origin)
     for what, x in (("K", k), ("V", v)):
-        if layout in x.builds:
+        if layout in x.builds or layout in x.lazy:
             x.read(layout, what, m.notes)
     m.scale *= factor
     kind, masks, causal = _masks(graph, m, m.pv, (b, n1, s1, s2))
@@ -884,7 +1035,7 @@ def _relayout(graph: Graph, fa: Node) -> AttentionMatch:
             v = _Operand(tuple(fa.inputs[2].shape), {"BNSD": fa.inputs[2]})
         for x in (k, v):  # multi-query K/V of one head: any layout is a view of it
             x.one_head = x.shape[1] == 1 and "BNSD" in x.reads
-        layout = LAYOUTS[min(x.best for x in (q, k, v, out))]
+        layout = _layout(q, k, v, out)
         if all(x.offers(layout) for x in (k, v)):
             break
     notes: list[str] = []

@@ -7,7 +7,10 @@ launch, with the operands usually laid out for it by a transpose kernel (a state
 model's readout ``h @ C`` per token, a gate of one output); on the vector unit it is an
 elementwise product and a reduction that fuse with the work around them. ``M = 1`` is the
 same along the other axis. Low-precision operands are widened to float32 first, as the
-cube unit accumulates them. Runs after the attention pass, whose matching reads products.
+cube unit accumulates them. A product whose wide operand is shared by batch elements (``[B,
+1, K] @ [K, N]``) stays: it is B rows of one matrix product, and the elementwise product
+would be ``[B, K, N]``, the weight written B times over. Runs after the attention pass,
+whose matching reads products.
 
 ``torch.matmul`` of tensors of rank 4 or more is traced as a view merging the batch axes, a
 ``bmm`` and a view splitting them again. The product and sum are then made over the batch
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from graphkernel import symbolic
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.passes.rewrite import rewrite_each
 from graphkernel.registry import PassResult, counted
@@ -55,6 +59,18 @@ def _unmerged(n: Node, wide: Value, other: Value) -> Value | None:
     return x
 
 
+def _broadcast_over_batch(n: Node, wide: Value) -> bool:
+    """Whether ``wide`` (the operand of N columns when M = 1, of M rows when N = 1) is shared
+    by batch elements of the product ``n``: a projection's weight applied to ``[B, 1, K]``
+    (one token per batch element, as an ONNX export leaves an attention pooling head's
+    MLP). The product is then M = B rows of one matrix product, a cube launch; as Mul +
+    ReduceSum it would write the weight B times over."""
+    out = list(n.outputs[0].shape[:-2])
+    own = list(wide.shape[:-2])
+    own = [1] * (len(out) - len(own)) + own
+    return any(symbolic.canon(x) != symbolic.canon(y) for x, y in zip(own, out, strict=True))
+
+
 def _rewrite(graph: Graph, n: Node, views: list[Value]) -> Value | None:
     """The vector form of ``n`` (None: not rewritten). Made over unmerged batch axes, the
     operand's merging view and the result's merged view are appended to ``views``: either
@@ -66,6 +82,8 @@ def _rewrite(graph: Graph, n: Node, views: list[Value]) -> Value | None:
     m, k = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
     n_ = b.shape[-2] if tb else b.shape[-1]
     if not isinstance(k, int) or k > MAX_K or (n_ != 1 and m != 1):
+        return None
+    if _broadcast_over_batch(n, b if n_ != 1 else a):
         return None
     out_t = n.outputs[0].dtype
 

@@ -117,14 +117,21 @@ def _product_read(model, a):
     return None
 
 
+def _computing(a) -> int:
+    """The ops of area ``a`` that compute: views (Reshape, ExpandDims, Squeeze) move no data
+    and run no instruction, so they do not count toward broadcast_fuse_depth (a
+    convolution's result squeezed before its activation is as short a chain as without)."""
+    return sum(n.op not in RESHAPE_OPS for n in a.nodes)
+
+
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
         need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
         need(lambda: not external,
              lambda: f"{a.name} has a consumer outside the fusable region"),
-        need(lambda: a.ops <= depth,
-             lambda: f"size limit: {a.ops} ops > broadcast_fuse_depth={depth}"),
+        need(lambda: _computing(a) <= depth,
+             lambda: f"size limit: {_computing(a)} ops > broadcast_fuse_depth={depth}"),
     ]
     computed = [v for n in a.nodes for v in n.outputs if _computed(v, a)]
     for c in consumers:
@@ -162,11 +169,11 @@ def _bwd_conditions(model, a, consumers, external):
 @pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
          refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
-    """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops,
-    pushes itself into its single consumer (a REDUCE consumer only over an INJECTIVE edge,
-    for an ELEMWISE area or one broadcasting only whole rows of what is reduced; work on a
-    matrix product's result not into a consumer of views alone: it is the product's
-    epilogue)."""
+    """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops
+    (views, which compute nothing, not counted), pushes itself into its single consumer (a
+    REDUCE consumer only over an INJECTIVE edge, for an ELEMWISE area or one broadcasting
+    only whole rows of what is reduced; work on a matrix product's result not into a
+    consumer of views alone: it is the product's epilogue)."""
     if model.kind(a) not in EB:
         return None
     cons, external = model.consumers(a)

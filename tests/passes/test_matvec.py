@@ -56,6 +56,19 @@ def test_wide_products_and_long_contractions_stay_on_the_cube(a, b):
     assert res.rewrites == 0 and ops_of(h) == ["MatMul"]
 
 
+def test_one_row_per_batch_element_of_one_shared_weight_stays_one_product():
+    """[B, 1, K] @ [K, N] (an ONNX export's projection of one token per batch element) is
+    B rows of one product: as Mul + ReduceSum it would write [B, K, N], the weight B times
+    over. Per-batch matrices [B, K, N] (nothing shared) still take the vector form."""
+    h, res = apply_pass("matvec", _product("BatchMatMul", (2, 1, 64), (64, 128)))
+    assert res.rewrites == 0 and ops_of(h) == ["BatchMatMul"]
+    h, res = apply_pass("matvec", _product("BatchMatMul", (2, 1, 64), (1, 64, 128)))
+    assert res.rewrites == 0
+    g = _product("BatchMatMul", (2, 1, 64), (2, 64, 128))
+    h, res = apply_pass("matvec", g)
+    assert res.rewrites == 1 and {"Mul", "ReduceSum"} <= set(ops_of(h))
+    assert_close(g, h, 1e-5)
+
 
 def _batch_folded(x_shape, c_batch: int, col: bool = True) -> Graph:
     """``torch.matmul`` of rank-4 tensors as traced: a view merging the batch axes, ``bmm``

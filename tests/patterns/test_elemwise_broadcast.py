@@ -185,3 +185,21 @@ def test_bwd_does_not_push_a_computed_value_into_a_middle_axis_broadcast():
                for r in reasons(res, "elemwise_broadcast_bwd_depth"))
     for shape in ((4, 6, 1), (1, 1, 8)):
         assert {"r", "n", "m"} in kernels(fuse(_rms_times(shape), only))
+
+
+def test_bwd_size_limit_counts_the_ops_that_compute():
+    """A view in the chain (a convolution's result squeezed before its activation) computes
+    nothing: three ops and a Squeeze are within broadcast_fuse_depth=3, four ops are not."""
+    for n_ops, fused in ((3, True), (4, False)):
+        b = G()
+        x = b.input("x", (4, 1, 8))
+        v = b.op("Squeeze", x, name="sq", axis=[1])
+        for i in range(n_ops):
+            v = b.op("Exp", v, name=f"e{i}")
+        s1 = b.op("ReduceSum", v, name="s1", axis=[1])
+        s2 = b.op("ReduceMax", v, name="s2", axis=[1])
+        res = fuse(b.out(s1, s2), "--enable_fusion_pattern_only=elemwise_broadcast_fwd_depth,"
+                                  f"{BWD_W} --broadcast_fuse_depth=3")
+        assert bool(attempts(res, BWD_W, "fused")) == fused, reasons(res, BWD_W)
+        if not fused:
+            assert f"size limit: {n_ops} ops > broadcast_fuse_depth=3" in reasons(res, BWD_W)
