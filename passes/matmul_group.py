@@ -56,24 +56,44 @@ def _product(k: Node) -> Node | None:
     return ps[0] if len(ps) == 1 else None
 
 
-def _left(unit: Node) -> tuple[int, bool] | None:
-    """(id of the outer value a unit's product reads as A, read transposed), for a cube/MIX
-    kernel or a product left outside the kernels."""
+def _operand(unit: Node, side: int) -> tuple[int, bool] | None:
+    """(id of the outer value a unit's product reads as A (``side`` 0) or B (1), read
+    transposed), for a cube/MIX kernel or a product left outside the kernels."""
     from graphkernel.codegen.legalize import cube_group
 
+    flag = ("transpose_a", "transpose_b")[side]
     if unit.op == "GraphKernel":
         mm = _product(unit)
         if mm is None:
             return None
         body = unit.subgraph
-        v, t = _source(mm.inputs[0], bool(mm.attrs.get("transpose_a")),
+        v, t = _source(mm.inputs[side], bool(mm.attrs.get(flag)),
                        {id(n) for n in body.nodes})
         if v not in body.inputs:
             return None
         return id(unit.inputs[body.inputs.index(v)]), t
-    v, t = _source(unit.inputs[0], bool(unit.attrs.get("transpose_a")),
+    v, t = _source(unit.inputs[side], bool(unit.attrs.get(flag)),
                    {id(n) for n in cube_group(unit)})
+    if v.producer is not None and v.producer.op == "Constant":
+        return None  # (a shared constant: a tied weight, not one activation read twice)
     return id(v), t
+
+
+def _left(unit: Node) -> tuple[int, bool] | None:
+    return _operand(unit, 0)
+
+
+def _right(unit: Node) -> tuple[int, bool] | None:
+    """The right operand's key, when it is no constant: products of one activation by the
+    pieces of a weight cut along M (``split_slices``) read it as B."""
+    key = _operand(unit, 1)
+    if key is None or unit.op != "GraphKernel":
+        return key
+    mm = _product(unit)
+    body = unit.subgraph
+    v, _ = _source(mm.inputs[1], False, {id(n) for n in body.nodes})
+    outer = unit.inputs[body.inputs.index(v)]
+    return None if outer.producer is not None and outer.producer.op == "Constant" else key
 
 
 def _independent(graph: Graph, a: Node, b: Node, order: dict[int, int]) -> bool:
@@ -122,56 +142,61 @@ def matmul_group(graph, ctx) -> PassResult:
     from graphkernel.codegen.legalize import cube_group
 
     max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
-    nodes = graph.nodes
-    order = {id(n): i for i, n in enumerate(nodes)}
-    by_left: dict[tuple[int, bool], list[Node]] = {}
-    for n in nodes:
-        if n.op == "GraphKernel" or n.op in PRODUCT_OPS:
-            key = _left(n)
-            if key is not None:
-                by_left.setdefault(key, []).append(n)
     joined, products, refused = 0, 0, []
-    for units in by_left.values():
-        if len(units) < 2:
-            continue
-        order = {id(n): i for i, n in enumerate(graph.nodes)}  # (earlier groups joined)
-        units.sort(key=lambda u: order[id(u)])
-        taken: list[Node] = []
-        for u in units:
-            if all(_independent(graph, t, u, order) for t in taken):
-                taken.append(u)
-        if len(taken) < 2:
-            continue
-        names = ", ".join(u.name for u in taken)
-        if not ctx.should_apply(f"one kernel for the products {names}", taken):
-            continue
-        kernels = []
-        for u in taken:  # a product outside the kernels: its cube kernel, as codegen makes it
-            if u.op != "GraphKernel":
-                group = cube_group(u)
-                u = build_kernel(graph, group, next_kernel_name(ctx.analyses, group, "cube"),
-                                 "cube")
-            kernels.append(u)
-        group_ks: list[Node] = []
-        for k in kernels:  # greedily, each product that the generator plans beside the rest
-            trial = [*group_ks, k]
-            if max_inputs and len({id(x) for m in trial for x in m.inputs}) > max_inputs:
-                refused.append(f"{k.name}: more than {max_inputs} kernel inputs")
+
+    def by(key_of) -> list[list[Node]]:
+        groups: dict[tuple[int, bool], list[Node]] = {}
+        for n in graph.nodes:
+            if n.op == "GraphKernel" or n.op in PRODUCT_OPS:
+                key = key_of(n)
+                if key is not None:
+                    groups.setdefault(key, []).append(n)
+        return [units for units in groups.values() if len(units) > 1]
+
+    # products of one left operand; then, of those left, products of one right operand
+    for side, key_of in (("left", _left), ("right", _right)):
+        for units in by(key_of):
+            units = [u for u in units if u.graph is not None]  # (not joined on the left)
+            if len(units) < 2:
                 continue
-            why = _plans(trial, ctx) if len(trial) > 1 else None
-            if why is not None:
-                refused.append(f"{k.name}: {why}")
+            order = {id(n): i for i, n in enumerate(graph.nodes)}  # (earlier groups joined)
+            units.sort(key=lambda u: order[id(u)])
+            taken: list[Node] = []
+            for u in units:
+                if all(_independent(graph, t, u, order) for t in taken):
+                    taken.append(u)
+            if len(taken) < 2:
                 continue
-            group_ks = trial
-        if len(group_ks) < 2:
-            continue
-        name = next_kernel_name(ctx.analyses, [n for k in group_ks for n in k.subgraph.nodes],
-                                PATTERN)
-        k = _merge(graph, group_ks, name)
-        ctx.log(f"{k.name}: one launch for {len(group_ks)} products of one left operand "
-                f"({', '.join(m.name for m in group_ks)})")
-        joined += 1
-        products += len(group_ks)
+            names = ", ".join(u.name for u in taken)
+            if not ctx.should_apply(f"one kernel for the products {names}", taken):
+                continue
+            kernels = []
+            for u in taken:  # a product outside the kernels: its cube kernel, as codegen makes
+                if u.op != "GraphKernel":
+                    group = cube_group(u)
+                    u = build_kernel(graph, group,
+                                     next_kernel_name(ctx.analyses, group, "cube"), "cube")
+                kernels.append(u)
+            group_ks: list[Node] = []
+            for k in kernels:  # greedily, each product the generator plans beside the rest
+                trial = [*group_ks, k]
+                if max_inputs and len({id(x) for m in trial for x in m.inputs}) > max_inputs:
+                    refused.append(f"{k.name}: more than {max_inputs} kernel inputs")
+                    continue
+                why = _plans(trial, ctx) if len(trial) > 1 else None
+                if why is not None:
+                    refused.append(f"{k.name}: {why}")
+                    continue
+                group_ks = trial
+            if len(group_ks) < 2:
+                continue
+            name = next_kernel_name(ctx.analyses,
+                                    [n for k in group_ks for n in k.subgraph.nodes], PATTERN)
+            k = _merge(graph, group_ks, name)
+            ctx.log(f"{k.name}: one launch for {len(group_ks)} products of one {side} "
+                    f"operand ({', '.join(m.name for m in group_ks)})")
+            joined += 1
+            products += len(group_ks)
     for r in refused:
         ctx.log(f"matmul_group: not joined: {r}")
     notes = [f"{counted(joined, 'product group')} of {counted(products, 'product')}"

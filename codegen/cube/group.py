@@ -239,9 +239,11 @@ def plan_group(kernel: Node, spec: targets.Target) -> GroupSchedule:
     generated (or why the products cannot share one kernel)."""
     ms = members(kernel, spec)
     a = [_left(m) for m in ms]
-    if any(x != a[0] for x in a[1:]):
+    b = [_right(m) for m in ms]
+    if any(x != a[0] for x in a[1:]) and any(x != b[0] for x in b[1:]):
         raise Unsupported("a product group whose products read different left operands "
-                          f"(inputs {sorted(set(a))})", node=ms[1].schedule.matmul)
+                          f"(inputs {sorted(set(a))}) and different right ones",
+                          node=ms[1].schedule.matmul)
     name = kernel_symbol(kernel)
     kind = "mix" if any(m.schedule.epilogue is not None for m in ms) else "cube"
     g = GroupSchedule(node=kernel.name, name=name, body=kernel.subgraph, members=ms,
@@ -261,6 +263,12 @@ def plan_group(kernel: Node, spec: targets.Target) -> GroupSchedule:
 def _left(m: Member) -> tuple[Arg, bool]:
     """(the group argument A is read from, read transposed)."""
     return m.inputs[m.schedule.a], m.schedule.trans_a
+
+
+def _right(m: Member) -> tuple[Arg, bool]:
+    """(the group argument B is read from, read transposed): products of one activation by
+    the pieces of a weight cut along M share B (each still reads it itself)."""
+    return m.inputs[m.schedule.b], m.schedule.trans_b
 
 
 def render_group(g: GroupSchedule) -> Rendered:
