@@ -129,7 +129,8 @@ def _cut(graph: Graph, n: Node) -> list[Value] | None:
 
 
 def split_slices(graph, ctx) -> PassResult:
-    """Rewrite Split(x, last axis) → StridedSlice per part when only vector work reads it."""
+    """Rewrite Split(x, last axis) → StridedSlice per part when only vector work reads it;
+    a Split of a constant weight's product → one product per part on its rows of the weight."""
     notes = []
     for n in list(graph.nodes):
         if n.graph is None or n.op != "Split" or not ctx.should_apply(
@@ -166,4 +167,4 @@ def split_slices(graph, ctx) -> PassResult:
     if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,
-                      f"{counted(len(notes), 'Split')} read as slices")
+                      f"{counted(len(notes), 'Split')} read as slices or cut into products")
