@@ -1,5 +1,7 @@
 """Horizontal matmul fusion: independent products that read the same left operand become one
-kernel that runs them one after another (codegen/cube/group.py).
+kernel that runs them one after another (codegen/cube/group.py). Then, of the products left,
+those reading the same right operand that is no constant (one activation by the pieces of a
+weight cut along its rows: passes/split_slices.py) join the same way.
 
 q, k and v projections of one hidden state, the key and value projections of cross
 attention from the encoder's output, an MLP's gate and up projections, the weight gradients
@@ -137,8 +139,9 @@ def _merge(graph: Graph, kernels: list[Node], name: str) -> Node:
 
 def matmul_group(graph, ctx) -> PassResult:
     """Join independent products (cube or MIX kernels, or products outside any kernel) that
-    read the same left operand into one product-group kernel, within max_kernel_inputs and
-    what the code generator plans; each product keeps its own tiling and epilogue."""
+    read the same left operand (or, then, the same non-constant right operand) into one
+    product-group kernel, within max_kernel_inputs and what the code generator plans; each
+    product keeps its own tiling and epilogue."""
     from graphkernel.codegen.legalize import cube_group
 
     max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
