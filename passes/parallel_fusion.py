@@ -22,6 +22,14 @@ def reaches(graph: Graph, src: Node, dst: Node, order: dict[int, int]) -> bool:
     return False
 
 
+def _product(k: Node) -> bool:
+    """Whether ``k`` holds a matrix product: a cube kernel runs one, and products that share
+    an operand are joined by matmul_group as a product group instead."""
+    from graphkernel.ops import PRODUCT_OPS
+
+    return any(n.op in PRODUCT_OPS for n in k.subgraph.nodes)
+
+
 def _ops(k: Node) -> int:
     return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
 
@@ -56,7 +64,7 @@ def parallel_fusion(graph, ctx) -> PassResult:
             for i in range(len(kernels)):
                 for j in range(i + 1, len(kernels)):
                     a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
-                    if _ops(a) + _ops(b) > limit:
+                    if _ops(a) + _ops(b) > limit or _product(a) or _product(b):
                         continue
                     if max_inputs and len({id(x) for x in (*a.inputs, *b.inputs)}) > max_inputs:
                         continue

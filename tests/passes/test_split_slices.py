@@ -171,3 +171,16 @@ def test_a_mamba_layer_built_by_the_library_keeps_no_split(monkeypatch):
     pats = [n.attrs.get("pattern") for g in graphs[""] for n in g.nodes]
     assert "Split" not in ops and pats.count("matmul_group") == 2
     assert counts[""] == counts[off] - 2
+
+
+def test_the_cut_products_launch_as_one_group_at_every_level():
+    """Through the pipeline at opt levels 2 and 3: the pieces are one product-group kernel
+    (at level 3 the parallel fusion, which would put them in one kernel the generator refuses
+    and splits again, leaves products to matmul_group); no fallback."""
+    import graphkernel
+
+    g = _product_split()
+    for level in (2, 3):
+        res = graphkernel.compile(g, f"--opt_level={level}", env={})
+        pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+        assert "matmul_group" in pats and not res.report.extra["fallbacks"], (level, pats)
