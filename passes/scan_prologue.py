@@ -111,6 +111,10 @@ def _rewrite(graph: Graph, e: Node, cone: list[Node], shape: tuple) -> bool:
     full = [x for x in leaves if _same_shape(x.shape, w.shape)]
     if not full or any(x.type.rank > w.type.rank for x in leaves):
         return False
+    if any(x.type.rank and const_array(x) is None and all(x is not y for y in full)
+           for x in leaves):
+        return False  # a computed or input operand smaller than the value (a training
+        #               graph's bias): broadcast along the state, no kernel places it
     axes = list(e.attrs["axis"])
     rank = w.type.rank
     vmap: dict[int, Value] = {}

@@ -79,3 +79,15 @@ def test_the_scan_kernel_runs_its_prologue_in_the_simulator():
     sim, backend = run_sim(res, feeds)
     assert not backend.unscheduled
     np.testing.assert_allclose(sim[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_that_is_an_input_keeps_the_work_apart():
+    """A training graph's bias is an input, not a constant: spread along the state it would
+    be a value no kernel places; the work stays as it was."""
+    g = _selective()
+    bias = next(n for n in g.nodes if n.op == "Add").inputs[1]
+    arr = bias.producer.attrs["value"]
+    b = g.add_input("bias", TensorType(arr.shape, "float32"))
+    g.replace_all_uses(bias, b)
+    h, res = apply_pass("scan_prologue", g)
+    assert res.rewrites == 0 and ops_of(h) == ops_of(g)
