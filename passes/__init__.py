@@ -33,6 +33,7 @@ from graphkernel.passes import (
     rotary_pairs,
     scan,
     scan_loop,
+    scan_prologue,
     slice_phases,
     small_ints,
     split,
@@ -82,6 +83,7 @@ PIPELINE = (
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
     Step("simplify", 99.5, split_slices.split_slices, 2),  # after the products' rewrites
+    Step("simplify", 99.7, scan_prologue.scan_prologue, 2),  # after the transposes' folds
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

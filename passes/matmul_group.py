@@ -61,7 +61,9 @@ def _product(k: Node) -> Node | None:
 
 def _operand(unit: Node, side: int) -> tuple[int, bool] | None:
     """(id of the outer value a unit's product reads as A (``side`` 0) or B (1), read
-    transposed), for a cube/MIX kernel or a product left outside the kernels."""
+    transposed), for a cube/MIX kernel or a product left outside the kernels. A constant B
+    has no key: products sharing only a constant right operand (a tied weight) share no
+    activation, so nothing makes them one stage of the graph."""
     from graphkernel.codegen.legalize import cube_group
 
     flag = ("transpose_a", "transpose_b")[side]
@@ -73,9 +75,12 @@ def _operand(unit: Node, side: int) -> tuple[int, bool] | None:
         v, t = _source(mm.inputs[side], bool(mm.attrs.get(flag)), {id(n) for n in body.nodes})
         if v not in body.inputs:
             return None
-        return id(unit.inputs[body.inputs.index(v)]), t
-    v, t = _source(unit.inputs[side], bool(unit.attrs.get(flag)),
-                   {id(n) for n in cube_group(unit)})
+        v = unit.inputs[body.inputs.index(v)]
+    else:
+        v, t = _source(unit.inputs[side], bool(unit.attrs.get(flag)),
+                       {id(n) for n in cube_group(unit)})
+    if side == 1 and v.producer is not None and v.producer.op == "Constant":
+        return None
     return id(v), t
 
 
@@ -164,11 +169,12 @@ def _join(graph: Graph, ctx, units: list[Node], max_inputs: int, refused: list[s
 
 def matmul_group(graph, ctx) -> PassResult:
     """Join independent products (cube or MIX kernels, or products outside any kernel) that
-    read the same left operand, then those left apart that read the same right operand, into
-    one product-group kernel, within max_kernel_inputs and what the code generator plans;
-    each product keeps its own tiling and epilogue. (One right operand: convolutions of one
-    input as NCHW products ``W @ x``, a projection shortcut and the block's first 1x1
-    convolution.)"""
+    read the same left operand, then those left apart that read the same non-constant right
+    operand, into one product-group kernel, within max_kernel_inputs and what the code
+    generator plans; each product keeps its own tiling and epilogue. (One right operand:
+    convolutions of one input as NCHW products ``W @ x``, a projection shortcut and the
+    block's first 1x1 convolution; one activation by the pieces of a weight cut along its
+    rows by ``split_slices``.)"""
     max_inputs = ctx.flags.max_kernel_inputs  # the target's cap (0: none)
     joined, products, refused = 0, 0, []
     for side in (0, 1):  # a shared A first; then a shared B among the products left apart

@@ -22,6 +22,14 @@ def reaches(graph: Graph, src: Node, dst: Node, order: dict[int, int]) -> bool:
     return False
 
 
+def _product(k: Node) -> bool:
+    """Whether ``k`` holds a matrix product: a cube kernel runs one, and products that share
+    an operand are joined by matmul_group as a product group instead."""
+    from graphkernel.ops import PRODUCT_OPS
+
+    return any(n.op in PRODUCT_OPS for n in k.subgraph.nodes)
+
+
 def _ops(k: Node) -> int:
     return sum(1 for n in k.subgraph.nodes if n.op != "Constant")
 
@@ -29,13 +37,8 @@ def _ops(k: Node) -> int:
 def refused_together(a: Node, b: Node) -> bool:
     """The code generator schedules ``a`` and ``b`` each, but not side by side: their loop
     spaces differ in a way one kernel cannot hold (q's and k's rotary embedding when k has
-    fewer heads). Joining them would only be split again by the fallback. Two kernels that
-    each hold a matrix product are refused too: a kernel runs one product, and independent
-    products of one operand are a product group's (``matmul_group``, later)."""
-    from graphkernel.codegen.cube.schedule import is_matmul_kernel
-
-    if is_matmul_kernel(a) and is_matmul_kernel(b):
-        return True
+    fewer heads). Joining them would only be split again by the fallback. (A kernel that
+    holds a matrix product is never a candidate: see ``_product``.)"""
     if not (scheduled(a) and scheduled(b)):
         return False  # a product's kernel, or one already refused: as before
     body, ins = parallel_body([a, b], "probe")
@@ -62,7 +65,7 @@ def parallel_fusion(graph, ctx) -> PassResult:
             for i in range(len(kernels)):
                 for j in range(i + 1, len(kernels)):
                     a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
-                    if _ops(a) + _ops(b) > limit:
+                    if _ops(a) + _ops(b) > limit or _product(a) or _product(b):
                         continue
                     if max_inputs and len({id(x) for x in (*a.inputs, *b.inputs)}) > max_inputs:
                         continue

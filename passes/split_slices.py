@@ -8,14 +8,26 @@ A state-space layer's ``x_proj`` output cut into ``dt``, ``B`` and ``C`` (each n
 FalconMamba) and Mamba2's convolved ``x``, ``B`` and ``C`` are read so. A part that a matrix
 product, a convolution or another operator reads keeps the Split (a slice would be a launch
 of its own for each such part, and no fewer launches than the one Split).
+
+Such a Split of a matrix product's result along the axis a constant weight spans (its rows
+N, or M when the weight is the left operand) is instead taken into the product: one product
+per part, each on its rows of the weight (sliced when compiling), the result's views
+repeated on each: ``(A·W)[..., a:b] = A·W[a:b]``, exactly, each element being the same sum
+of the same products. A state-space layer's ``in_proj`` (``x`` for the convolution, the gate
+``z``) and ``x_proj`` (``dt`` for ``dt_proj``, ``B``, ``C``) are cut so. The pieces read one
+operand in common, so the products join as one product-group kernel (``matmul_group``): one
+launch where the product and the Split were two. A weight that is a graph input (training)
+keeps the Split: a slice of it would be a copy of its own.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import RESHAPE_OPS, OpKind
-from graphkernel.passes.rewrite import add_like
+from graphkernel.passes.rewrite import add_like, const_array
 from graphkernel.registry import PassResult, counted
 
 VECTOR_KINDS = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.REDUCE)
@@ -55,8 +67,70 @@ def _parts(graph: Graph, n: Node) -> list[Value] | None:
     return out
 
 
+def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
+    """(the product, the views between it and Split ``n``, which of its operands is the
+    constant weight, the weight's axis the parts cut) when ``n`` splits a product's result
+    along the rows or columns of a constant rank-2 weight and nothing else reads the
+    product; else None."""
+    x = n.inputs[0]
+    rank = x.type.rank
+    axis = n.attrs["axis"] % rank
+    views: list[Node] = []
+    v = x
+    while v.producer is not None and v.producer.op == "Reshape":
+        p = v.producer
+        src = p.inputs[0]
+        if axis != rank - 1 or not src.shape or len(src.users) != 1 or \
+                src.shape[-1] != x.shape[-1]:
+            return None  # a view keeping the last axis whole, the parts cut along it
+        views.insert(0, p)
+        v = src
+    mm = v.producer
+    if mm is None or mm.op not in ("MatMul", "BatchMatMul") or len(v.users) != 1 or \
+            set(mm.attrs) - {"transpose_a", "transpose_b"}:
+        return None
+    r = v.type.rank
+    out_axis = r - 1 if views else axis
+    if out_axis == r - 1:  # columns N: rows of a [N, K] weight, or columns of a [K, N] one
+        which, w_axis = 1, 0 if mm.attrs.get("transpose_b") else 1
+    elif out_axis == r - 2:  # rows M: rows of an [M, K] weight, or columns of a [K, M] one
+        which, w_axis = 0, 1 if mm.attrs.get("transpose_a") else 0
+    else:
+        return None
+    w = const_array(mm.inputs[which])
+    if w is None or w.ndim != 2 or mm.inputs[1 - which] is mm.inputs[which]:
+        return None
+    return mm, views, which, w_axis
+
+
+def _cut(graph: Graph, n: Node) -> list[Value] | None:
+    """Split ``n`` of a constant-weight product's result -> one product per part on its rows
+    of the weight (the views between repeated on each), or None."""
+    found = _weight_cut(n)
+    if found is None:
+        return None
+    mm, views, which, w_axis = found
+    wv = mm.inputs[which]
+    w = const_array(wv)
+    out, start = [], 0
+    for size in n.attrs["sizes"]:
+        piece = np.ascontiguousarray(np.take(w, range(start, start + size), axis=w_axis))
+        c = graph.add_node("Constant", [], {"value": piece},
+                           name=graph.fresh_name(f"{wv.name}_rows"),
+                           origin=wv.producer.origin).outputs[0]
+        ins = [mm.inputs[0], c] if which == 1 else [c, mm.inputs[1]]
+        cur = add_like(graph, mm, mm.op, ins, dict(mm.attrs))
+        for p in views:
+            cur = add_like(graph, p, "Reshape", [cur],
+                           {**p.attrs, "shape": [*p.attrs["shape"][:-1], size]})
+        out.append(cur)
+        start += size
+    return out
+
+
 def split_slices(graph, ctx) -> PassResult:
-    """Rewrite Split(x, last axis) → StridedSlice per part when only vector work reads it."""
+    """Rewrite Split(x, last axis) → StridedSlice per part when only vector work reads it;
+    a Split of a constant weight's product → one product per part on its rows of the weight."""
     notes = []
     for n in list(graph.nodes):
         if n.graph is None or n.op != "Split" or not ctx.should_apply(
@@ -64,15 +138,33 @@ def split_slices(graph, ctx) -> PassResult:
             continue
         with graph.recording() as made:
             parts = _parts(graph, n)
+        cut = False
         if parts is None:
             for m in reversed(made):
                 graph.erase_node(m)
-            continue
+            if _weight_cut(n) is None or not ctx.should_apply(
+                    f"{n.name} as products on the weight's rows", [n]):
+                continue
+            with graph.recording() as made:
+                parts = _cut(graph, n)
+            if parts is None:
+                for m in reversed(made):
+                    graph.erase_node(m)
+                continue
+            cut = True
+        dead = _weight_cut(n) if cut else None
         for old, new in zip(n.outputs, parts, strict=True):
             graph.replace_all_uses(old, new)
         graph.erase_node(n)
+        if dead is not None:  # the whole product and its views, now read by nothing
+            mm, views, _, _ = dead
+            for m in reversed([mm, *views]):
+                graph.erase_node(m)
+            notes.append(f"{n.name}: {len(parts)} parts, each a product on its rows of "
+                         f"{mm.name}'s weight")
+            continue
         notes.append(f"{n.name}: {len(parts)} parts read in place as slices of the last axis")
     if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,
-                      f"{counted(len(notes), 'Split')} read as slices")
+                      f"{counted(len(notes), 'Split')} read as slices or cut into products")

@@ -14,7 +14,11 @@ from graphkernel.patterns.base import (
     pattern,
     pull_in_conditions,
 )
-from graphkernel.patterns.reduce import reduce_signatures, repeats_whole_rows
+from graphkernel.patterns.reduce import (
+    reduce_signatures,
+    repeats_whole_rows,
+    scan_prologue_area,
+)
 
 EB = (OpKind.ELEMWISE, OpKind.BROADCAST)
 PASSTHROUGH = RESHAPE_OPS | {"BroadcastTo"}  # ops that move a value without computing it
@@ -117,11 +121,14 @@ def _product_read(model, a):
     return None
 
 
-def _computing(a) -> int:
+def _computing(a, broadcasts: bool = True) -> int:
     """The ops of area ``a`` that compute: views (Reshape, ExpandDims, Squeeze) move no data
     and run no instruction, so they do not count toward broadcast_fuse_depth (a
-    convolution's result squeezed before its activation is as short a chain as without)."""
-    return sum(n.op not in RESHAPE_OPS for n in a.nodes)
+    convolution's result squeezed before its activation is as short a chain as without).
+    With ``broadcasts`` False, broadcasts do not count either (a scan's prologue broadcast to
+    the scan's shape costs its kernel no instruction for them)."""
+    return sum(1 for n in a.nodes if n.op not in RESHAPE_OPS
+               and (broadcasts or ops.get(n.op).kind is not OpKind.BROADCAST))
 
 
 def _bwd_conditions(model, a, consumers, external):
@@ -130,7 +137,9 @@ def _bwd_conditions(model, a, consumers, external):
         need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
         need(lambda: not external,
              lambda: f"{a.name} has a consumer outside the fusable region"),
-        need(lambda: _computing(a) <= depth,
+        need(lambda: _computing(a) <= depth or (
+            _computing(a, broadcasts=False) <= depth
+            and all(scan_prologue_area(c, a) for c in consumers)),
              lambda: f"size limit: {_computing(a)} ops > broadcast_fuse_depth={depth}"),
     ]
     computed = [v for n in a.nodes for v in n.outputs if _computed(v, a)]
@@ -153,13 +162,14 @@ def _bwd_conditions(model, a, consumers, external):
                           f"the product {_product_read(model, a).name} in its shape, which "
                           f"{c.name} broadcasts (the product's epilogue)"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or (
-            (model.kind(a) == OpKind.ELEMWISE or repeats_whole_rows(c, a))
-            and model.relation(a, c) == INJECTIVE),
+            (model.kind(a) == OpKind.ELEMWISE or repeats_whole_rows(c, a) or
+             scan_prologue_area(c, a)) and model.relation(a, c) == INJECTIVE),
             lambda c=c: f"kind mismatch: a REDUCE consumer ({c.name}) takes only an "
                         "ELEMWISE area (or one broadcasting whole rows of what it reduces) "
                         "over an INJECTIVE edge"))
         conds.append(need(lambda c=c: model.kind(c) != OpKind.REDUCE or
-                          _broadcast_off_rows(model, a, c) is None,
+                          _broadcast_off_rows(model, a, c) is None or
+                          scan_prologue_area(c, a),
                           lambda c=c: f"operands of different shapes: {a.name} reads "
                           f"{_broadcast_off_rows(model, a, c).name} broadcast in another shape "
                           f"than the rows {c.name} reduces"))

@@ -55,6 +55,28 @@ def repeats_whole_rows(a, p) -> bool:
     return True
 
 
+def scan_prologue_area(a, p) -> bool:
+    """Whether area ``p``, pushed into the area ``a`` that consumes it (elemwise_broadcast_bwd),
+    is work computed in the shape of ``a``'s scans (passes/scan_prologue.py): ``a`` reduces
+    only by Scans of one shape and axis, ``p`` holds elementwise work, broadcasts and views,
+    and every value of ``p`` that ``a`` reads has that whole shape. Each such value is then a
+    full tile of the scan's loop space, read as the scan reads its own operands (no value of
+    ``p`` is broadcast inside ``a``), and the scan combines exactly the values the graph
+    computes."""
+    sigs = reduce_signatures(a)
+    if len(sigs) != 1 or any(ops.get(n.op).kind == OpKind.REDUCE and n.op != "Scan"
+                             for n in a.nodes):
+        return False
+    ((shape, _),) = sigs
+    if any(n.op != "Constant" and ops.get(n.op).kind not in
+           (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.RESHAPE) for n in p.nodes):
+        return False
+    inside = {id(n) for n in a.nodes}
+    read = [v for n in p.nodes for v in n.outputs if any(id(u) in inside for u in v.users)]
+    return bool(read) and all(
+        len(v.shape) == len(shape) and all(map(symbolic.eq, v.shape, shape)) for v in read)
+
+
 def _reads_broadcast_only(p, a) -> bool:
     """Whether the broadcasts of area ``p`` are all of values it reads from outside itself
     whole rows at a time (broadcast over outer axes, not the last: a stride-0 load of each

@@ -46,6 +46,23 @@ def _shared_left(m, widths, dtype="float16", epilogue=(), trans=()) -> Graph:
     return g
 
 
+def _shared_right(n, heights, dtype="float32", epilogue=()) -> Graph:
+    """Products w_i·xᵀ (x: [n, 64] read transposed, w_i: [m_i, 64]): a weight cut along its
+    rows M, each piece by one activation (a state-space layer's ``in_proj`` in the channels-
+    first layout); ``epilogue``: the products given a Sigmoid (MIX)."""
+    g = Graph("shared_right")
+    x = g.add_input("x", TensorType((n, 64), dtype))
+    outs = []
+    for i, m in enumerate(heights):
+        w = g.add_input(f"w{i}", TensorType((m, 64), dtype))
+        y = g.add_node("MatMul", [w, x], {"transpose_a": False, "transpose_b": True}).output
+        if i in epilogue:
+            y = g.add_node("Sigmoid", [y]).output
+        outs.append(y)
+    g.set_outputs(outs)
+    return g
+
+
 def _weight_grads() -> Graph:
     """Training's weight gradients xᵀ·dQ, xᵀ·dK, xᵀ·dV: one A read transposed."""
     g = Graph("weight_grads")
@@ -105,6 +122,7 @@ CASES = [
     # one right operand: convolutions of one input as products W_i @ x (one cube, one MIX)
     Case("shared_right", _shared_input(), flags=""),
     Case("shared_right_three", _shared_input((32, 8, 24), relu=(0, 2)), flags=""),
+    Case("shared_right_activation", _shared_right(48, (96, 96), epilogue=(1,)), flags=""),
     Case("symbolic_m", _shared_left("s0", (64, 32), epilogue=(1,)), flags="",
          dims=[{"s0": 5}, {"s0": 300}]),
     # gate's epilogue reads up's result back: up takes gate's core split (alone they split
@@ -214,6 +232,21 @@ def test_at_opt_level_3_products_of_one_input_are_a_group_not_a_parallel_kernel(
     assert not res.report.extra["fallbacks"]
     pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
     assert pats == ["matmul_group"]
+
+
+def test_products_sharing_only_a_constant_right_operand_are_not_joined():
+    """x1·W and x2·W (a tied weight, constant): no activation is shared, nothing joins; the
+    same products by one activation x as B do join."""
+    g = Graph("tied")
+    w = g.const(np.ones((64, 32), np.float32))
+    outs = []
+    for i in range(2):
+        x = g.add_input(f"x{i}", TensorType((48, 64), "float32"))
+        outs.append(g.add_node("MatMul", [x, w], {"transpose_a": False, "transpose_b": False}
+                               ).output)
+    g.set_outputs(outs)
+    assert "matmul_group" not in _kernels(g)
+    assert _kernels(_shared_right(48, (32, 32))) == ["matmul_group"]
 
 
 def test_a_group_beyond_the_kernel_input_cap_is_not_joined():

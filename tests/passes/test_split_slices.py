@@ -1,7 +1,10 @@
 """split_slices: a Split of the last axis read only by vector work becomes one slice per
-part (read in place by the kernels); a part read by a product keeps the Split."""
+part (read in place by the kernels); a part read by a product keeps the Split, unless it
+splits a product by a constant weight: then one product per part on its rows of the
+weight."""
 
 import numpy as np
+import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.interpreter import random_inputs, run_graph
@@ -53,3 +56,131 @@ def test_a_split_whose_part_is_a_graph_output_is_kept():
     g.set_outputs([*g.outputs, a])
     h, res = apply_pass("split_slices", g)
     assert res.rewrites == 0 and "Split" in ops_of(h)
+
+
+def _product_split(left_weight=False, weight_input=False, also_read=False) -> Graph:
+    """x·Wᵀ (W [16, 8] constant, read transposed) viewed [6, 16] -> [2, 3, 16], split along
+    its columns into [4, 12]: the first part read by a product, the second by vector work.
+    ``left_weight``: W·xᵀ instead ([2, 16, 3], split along its rows M); ``weight_input``: W
+    a graph input (a training graph); ``also_read``: the product's result read beside the
+    Split."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 3, 8), "float32"))
+    arr = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    w = g.add_input("w", TensorType((16, 8), "float32")) if weight_input else g.const(arr)
+    if left_weight:
+        y = g.add_node("BatchMatMul", [w, x], {"transpose_a": False, "transpose_b": True}
+                       ).output
+        axis, view = 1, y
+    else:
+        y = g.add_node("BatchMatMul", [x, w], {"transpose_a": False, "transpose_b": True}
+                       ).output
+        flat = g.add_node("Reshape", [y], {"shape": [6, 16]}).output
+        axis, view = 2, g.add_node("Reshape", [flat], {"shape": [2, 3, 16]}).output
+    a, b = g.add_node("Split", [view], {"axis": axis, "sizes": [4, 12]}).outputs
+    w2 = g.const(np.random.default_rng(4).standard_normal((4, 5)).astype(np.float32))
+    pa = g.add_node("MatMul", [g.add_node("Reshape", [a], {"shape": [-1, 4]}).output, w2]
+                    ).output if not left_weight else g.add_node("Exp", [a]).output
+    pb = g.add_node("Exp", [b]).output
+    outs = [pa, pb]
+    if also_read:
+        outs.append(g.add_node("Neg", [y]).output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_a_split_of_a_constant_weights_product_becomes_products_on_its_rows():
+    """(x·Wᵀ)[..., a:b] = x·W[a:b]ᵀ: the Split a product reads is taken into the product, one
+    per part, the views repeated on each; the same numbers (each element the same sum)."""
+    g = _product_split()
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 1 and "Split" not in ops_of(h)
+    assert ops_of(h).count("BatchMatMul") == 2 and "a product on its rows" in res.notes[0]
+    mms = [n for n in h.nodes if n.op == "BatchMatMul"]
+    assert sorted(tuple(n.outputs[0].shape) for n in mms) == [(2, 3, 4), (2, 3, 12)]
+    _same(g, h)
+
+
+def test_a_split_along_the_rows_of_a_left_weight_is_cut_too():
+    g = _product_split(left_weight=True)
+    split = next(n for n in g.nodes if n.op == "Split")
+    conv_like = g.add_node("MatMul", [g.add_node("Reshape", [split.outputs[0]],
+                                                 {"shape": [-1, 3]}).output,
+                                      g.const(np.ones((3, 2), np.float32))]).output
+    g.set_outputs([*g.outputs, conv_like])
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 1 and "Split" not in ops_of(h)
+    mms = [n for n in h.nodes if n.op == "BatchMatMul"]
+    assert sorted(tuple(n.outputs[0].shape) for n in mms) == [(2, 4, 3), (2, 12, 3)]
+    _same(g, h)
+
+
+def test_a_split_of_a_weight_input_or_of_a_result_read_elsewhere_is_kept():
+    """A weight that is a graph input (training) would need a copy per slice; a result read
+    beside the Split would need the whole product as well."""
+    for g in (_product_split(weight_input=True), _product_split(also_read=True)):
+        h, res = apply_pass("split_slices", g)
+        assert res.rewrites == 0 and "Split" in ops_of(h)
+        assert ops_of(h).count("BatchMatMul") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.usefixtures("fresh_torch")
+def test_a_mamba_layer_built_by_the_library_keeps_no_split(monkeypatch):
+    """transformers' MambaModel (one layer, from its config with a non-default expansion,
+    kernel and state size; library defaults; torch.compile): ``in_proj``'s result split
+    between the convolution and the gate, and ``x_proj``'s between ``dt_proj`` and the scan,
+    are taken into their products; the pieces launch as one product group each, so the
+    layer launches twice fewer than with the Splits; outputs match eager."""
+    import torch
+    import transformers as T
+
+    import graphkernel
+    import graphkernel.torch as gt
+
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+    compiled = []
+    real = graphkernel.compile
+
+    def keep(*a, **k):
+        res = real(*a, **k)
+        compiled.append(res.graph)
+        return res
+
+    monkeypatch.setattr(graphkernel, "compile", keep)
+    torch.manual_seed(0)
+    cfg = T.MambaConfig(num_hidden_layers=1, vocab_size=64, hidden_size=24, state_size=4,
+                        expand=3, conv_kernel=3)
+    model = T.MambaModel(cfg).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    counts, graphs = {}, {}
+    off = "--disable_pass=split_slices"
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        for flags in ("", off):
+            torch._dynamo.reset()
+            gt.reset_stats()
+            compiled.clear()
+            got = torch.compile(lambda x: model(input_ids=x).last_hidden_state,
+                                backend="graphkernel", options={"flags": flags})(ids)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            counts[flags] = sum(gt.stats()["launches"].values())
+            graphs[flags] = list(compiled)
+    ops = [n.op for g in graphs[""] for n in g.nodes]
+    pats = [n.attrs.get("pattern") for g in graphs[""] for n in g.nodes]
+    assert "Split" not in ops and pats.count("matmul_group") == 2
+    assert counts[""] == counts[off] - 2
+
+
+def test_the_cut_products_launch_as_one_group_at_every_level():
+    """Through the pipeline at opt levels 2 and 3: the pieces are one product-group kernel
+    (at level 3 the parallel fusion, which would put them in one kernel the generator refuses
+    and splits again, leaves products to matmul_group); no fallback."""
+    import graphkernel
+
+    g = _product_split()
+    for level in (2, 3):
+        res = graphkernel.compile(g, f"--opt_level={level}", env={})
+        pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+        assert "matmul_group" in pats and not res.report.extra["fallbacks"], (level, pats)

@@ -140,7 +140,9 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
     x_proj's and out_proj's channels-first operands) go into the products, and the readout's
     transpose back to channels-first (above its sum, cancelling the state's) is taken by
     transpose_hoist; outputs match eager. Without the two passes, one of the five is done in
-    UB by the kernel computing its operand (a small value): four launches fewer."""
+    UB by the kernel computing its operand (a small value), and in_proj's channels-first
+    result is a transpose, not a product whose Split split_slices takes into it: five
+    launches fewer."""
     import torch
     import transformers as T
 
@@ -163,7 +165,7 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
             got = fn(ids)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             counts[flags] = sum(gt.stats()["launches"].values())
-    assert counts[""] == counts[off] - 4
+    assert counts[""] == counts[off] - 5
 
 
 @pytest.mark.slow
