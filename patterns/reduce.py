@@ -146,60 +146,60 @@ def chain(model, a):
 @pattern("reduce_rows", order=105, direction="fwd", mode="width", level=2,
          refuses=("GK202", "GK208", "GK209"))
 def rows(model, a):
-    """A row reduction pulls in every row reduction whose results it reads, read elsewhere
-    too or not, when all of them reduce the last axis of one shape and compute only in its
-    rows (each value a whole row or one value per row): the kernel holds each row whole for
-    all of them and stores what other readers need. A router that picks its experts one by
-    one (each pick a max, the next pick's scores masked by it, each pick's weight a softmax
-    read at it) is such a web of reductions over the experts, each read by several others; it
-    runs after the products have taken their epilogues, and not for rows too long to hold
-    whole in UB."""
+    """A row reduction pulls in the row reductions whose results it reads, and the row-wise
+    work between them (elementwise work on values of its rows that reads a per-row value
+    broadcast over the row), read elsewhere too or not, when all of them reduce the last axis
+    of one shape and compute only in its rows (each value a whole row or one value per row):
+    the kernel holds each row whole for all of them and stores what other readers need. A
+    router that picks its experts one by one (each pick a max and the expert holding it, the
+    next pick's scores masked by it, each pick's weight a softmax read at it) is such a web of
+    reductions over the experts, each read by several others. It runs after the products have
+    taken their epilogues, and not for rows too long to hold whole in UB."""
     from graphkernel.codegen import targets
 
-    if model.kind(a) != OpKind.REDUCE:
+    sig = reduce_signatures(a)
+    if model.kind(a) != OpKind.REDUCE or len(sig) != 1:
         return None
-    prods = [p for p in model.producer_areas(a) if model.kind(p) == OpKind.REDUCE]
+    ((shape, axes),) = sig
+    prods = [p for p in model.producer_areas(a)
+             if model.kind(p) in (OpKind.REDUCE, OpKind.BROADCAST)]
     if not prods:
         return None
     ub = targets.load(model.cfg.target).ub_bytes
+    row = shape[-1] if shape else None
 
     def conditions(p):
-        sigs = reduce_signatures(a) | reduce_signatures(p)
-        ((shape, _),) = sigs if len(sigs) == 1 else ((None, None),)
         return [
-            need(lambda: len(sigs) == 1, lambda: "the reductions differ in shape or axes"),
-            *(need(lambda x=x: _row_area(x), lambda x=x: f"kind mismatch: {x.name} computes "
-                   "other than values of its rows (needs row reductions of the last axis and "
-                   "elementwise work)") for x in (a, p)),
-            need(lambda: shape[-1] * 4 * CHAIN_ROW_BUFFERS <= ub,
-                 lambda: f"the code generator cannot hold the rows of {shape[-1]} whole in UB "
-                         "for every reduction"),
+            need(lambda: reduce_signatures(p) <= sig,
+                 lambda: "the reductions differ in shape or axes"),
+            *(need(lambda x=x: _row_area(x, shape, axes),
+                   lambda x=x: f"kind mismatch: {x.name} computes other than values of its "
+                   "rows (needs reductions of the last axis of one shape, elementwise work on "
+                   "its rows)") for x in (a, p)),
+            need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
+                 lambda: f"the code generator cannot hold the rows of {row} whole in UB for "
+                         "every reduction"),
         ]
 
     return fuse_qualifying(model, "reduce_rows", a, prods, conditions)
 
 
-def _row_area(area) -> bool:
-    """Whether ``area`` reduces the last axis of one shape S (static) and computes only
-    values of its rows: every op elementwise, a broadcast or such a reduction, every value
-    S or one per row (S with a last axis of one), every operand read whole rows or one value
-    per row (or a row shared by all rows, or a scalar)."""
-    sigs = reduce_signatures(area)
-    if len(sigs) != 1:
-        return False
-    ((shape, axes),) = sigs
+def _row_area(area, shape: tuple, axes: tuple) -> bool:
+    """Whether ``area`` computes only values of the rows of ``shape`` (static last axis, the
+    one ``axes`` reduces): every op elementwise, a broadcast or such a reduction (keeping the
+    axis), every value a whole row or one value per row, every operand read whole rows, one
+    value per row, a row shared by all rows (an iota over the experts) or a scalar."""
     rank = len(shape)
     if rank < 1 or axes != (rank - 1,) or not isinstance(shape[-1], int):
         return False
+
     def fits(s, whole_rows: bool) -> bool:
         s = tuple(s)
         if len(s) == rank and all(map(symbolic.eq, s[:-1], shape[:-1])):
             return symbolic.eq(s[-1], shape[-1]) or symbolic.eq(s[-1], 1)
-        if whole_rows:
-            return False
-        # a row shared by every row (an iota over the experts), or a scalar
-        return all(symbolic.eq(d, 1) for d in s[:-1]) and (
-            not s or symbolic.eq(s[-1], shape[-1]) or symbolic.eq(s[-1], 1))
+        return not whole_rows and len(s) <= rank and \
+            all(symbolic.eq(d, 1) for d in s[:-1]) and \
+            (not s or symbolic.eq(s[-1], shape[-1]) or symbolic.eq(s[-1], 1))
 
     for n in area.nodes:
         if n.op == "Constant":
