@@ -39,7 +39,7 @@ def test_passes_by_level():
                          "slice_phases",
                          "matvec", "scan_loop", "product_transpose", "transpose_hoist",
                          "transpose_view",
-                         "product_broadcast", "split_slices",
+                         "product_broadcast", "split_slices", "interleaved_columns",
                          "small_ints",
                          "rotary_pairs", "rotary_halves",
                          "recompute", "parallel_fusion",

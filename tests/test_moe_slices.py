@@ -157,7 +157,8 @@ def test_interleaved_gate_and_up_columns_are_read_by_one_kernel(backend):
 def test_gpt_oss_experts_built_from_the_config_read_the_pairs_in_place():
     """GPT-OSS's MoE block as the library builds it (its decoder from a config with the
     library's defaults, seeded; the first layer's block): the interleaved gate/up columns of
-    the grouped product read by the activation kernel, no launch copying one part."""
+    the grouped product read by the activation kernel, no launch copying one part; frozen,
+    the experts' columns are reordered so that each part is a block of the product's rows."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -166,11 +167,28 @@ def test_gpt_oss_experts_built_from_the_config_read_the_pairs_in_place():
                                     vocab_size=256)
     block = transformers.GptOssModel(cfg).layers[0].mlp.eval()
     x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
-    got, want, s = _compiled(block, (x,))
+    import graphkernel
+
+    results, orig = [], graphkernel.compile
+
+    def capture(*a, **k):
+        results.append(orig(*a, **k))
+        return results[-1]
+
+    try:
+        graphkernel.compile = capture
+        got, want, s = _compiled(block, (x,))
+    finally:
+        graphkernel.compile = orig
     torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
                                want[0] if isinstance(want, tuple) else want,
                                rtol=1e-5, atol=1e-5)
     assert s["launches"]["opaque"] == 0 and s["launches"]["vector"] == 1, s
+    # the frozen experts' columns reordered (interleaved_columns): each part a block of
+    # every row, no slice with a step left
+    steps = [m.attrs["strides"] for r in results for k in r.graph.nodes
+             if k.op == "GraphKernel" for m in k.subgraph.nodes if m.op == "StridedSlice"]
+    assert steps and all(st == [1] for st in steps), steps
 
 
 def test_stepped_parts_put_back_together_stay_apart():
