@@ -478,13 +478,13 @@ def pattern_cases() -> list[Case]:
     r = n("Reshape", [n("StridedSlice", [v["x"]], begin=[32], end=[48], strides=[1],
                         axes=[2])], shape=[2, 1, 16, 16])
     add("head-view-of-a-slice-part", g, n("Exp", [n("Mul", [r, v["c"]])]))
-    # a router picking two of 6 experts one by one behind its product (PhiMoE's, after
-    # moe_routing): each pick's max and lowest expert holding it, the next pick's scores
-    # masked by it, each pick's softmax of the scores near its max read at it; row
-    # reductions read by several others, one kernel (reduce_rows)
-    g, v = _g("router_picks", {"h": (37, 16), "w": (16, 6)})
+    # a router picking two of 6 experts one by one (PhiMoE's, after moe_routing): each
+    # pick's max and lowest expert holding it, the next pick's scores masked by it, each
+    # pick's softmax of the scores near its max read at it; row reductions read by several
+    # others, one kernel
+    g, v = _g("router_picks", {"x": (37, 6)})
     n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
-    x = n("MatMul", [v["h"], v["w"]])
+    x = v["x"]
     iota, ninf = g.const(np.arange(6, dtype=np.float32)), g.const(np.float32(-np.inf))
     row = dict(axis=[1], keep_dims=True)
     scores, picked = x, []
