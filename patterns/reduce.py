@@ -176,12 +176,31 @@ def rows(model, a):
                    lambda x=x: f"kind mismatch: {x.name} computes other than values of its "
                    "rows (needs reductions of the last axis of one shape, elementwise work on "
                    "its rows)") for x in (a, p)),
+            need(lambda: not _spreads_outside_rows(p, a, row),
+                 lambda: f"kind mismatch: {p.name} broadcasts a per-row value read from "
+                         "outside along the rows (it stays before the reductions' kernel)"),
             need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
                  lambda: f"the code generator cannot hold the rows of {row} whole in UB for "
                          "every reduction"),
         ]
 
     return fuse_qualifying(model, "reduce_rows", a, prods, conditions)
+
+
+def _spreads_outside_rows(p, a, row: int) -> bool:
+    """Whether area ``p`` reads a value from outside ``p`` and ``a`` that holds one value per
+    row (a last axis of one, more than one value) and spreads it along the rows, other than
+    a row reduction's result: the per-row values the group may spread are those reductions
+    compute (a per-row bias or input stays before the reductions' kernel)."""
+    inside = {id(n) for n in (*p.nodes, *a.nodes)}
+    for n in p.nodes:
+        for v in n.inputs:
+            q = v.producer
+            if (q is None or id(q) not in inside) and v.type.rank and \
+                    symbolic.eq(v.shape[-1], 1) and v.type.numel != 1 and row != 1 and \
+                    (q is None or ops.get(q.op).kind != OpKind.REDUCE):
+                return True
+    return False
 
 
 def _row_area(area, shape: tuple, axes: tuple) -> bool:
