@@ -147,8 +147,9 @@ def chain(model, a):
          refuses=("GK202", "GK208", "GK209"))
 def rows(model, a):
     """A row reduction pulls in the row reductions whose results it reads, and the row-wise
-    work between them (elementwise work on values of its rows that reads a per-row value
-    broadcast over the row), read elsewhere too or not, when all of them reduce the last axis
+    work between them (elementwise work on values of its rows that spreads a reduction's
+    per-row result over the row; a per-row bias or input read from outside stays before the
+    kernel), read elsewhere too or not, when all of them reduce the last axis
     of one shape and compute only in its rows (each value a whole row or one value per row):
     the kernel holds each row whole for all of them and stores what other readers need. A
     router that picks its experts one by one (each pick a max and the expert holding it, the
