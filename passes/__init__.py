@@ -20,6 +20,7 @@ from graphkernel.passes import (
     cse,
     dce,
     expand,
+    interleaved_columns,
     matmul_group,
     matvec,
     moe_routing,
@@ -84,6 +85,7 @@ PIPELINE = (
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
     Step("simplify", 99.5, split_slices.split_slices, 2),  # after the products' rewrites
     Step("simplify", 99.7, scan_prologue.scan_prologue, 2),  # after the transposes' folds
+    Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

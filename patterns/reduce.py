@@ -165,6 +165,98 @@ def chain(model, a):
     ])
 
 
+@pattern("reduce_rows", order=105, direction="fwd", mode="width", level=2,
+         refuses=("GK202", "GK208", "GK209"))
+def rows(model, a):
+    """A row reduction pulls in the row reductions whose results it reads, and the row-wise
+    work between them (elementwise work on values of its rows that spreads a reduction's
+    per-row result over the row; a per-row bias or input read from outside stays before the
+    kernel), read elsewhere too or not, when all of them reduce the last axis
+    of one shape and compute only in its rows (each value a whole row or one value per row):
+    the kernel holds each row whole for all of them and stores what other readers need. A
+    router that picks its experts one by one (each pick a max and the expert holding it, the
+    next pick's scores masked by it, each pick's weight a softmax read at it) is such a web of
+    reductions over the experts, each read by several others. It runs after the products have
+    taken their epilogues, and not for rows too long to hold whole in UB."""
+    from graphkernel.codegen import targets
+
+    sig = reduce_signatures(a)
+    if model.kind(a) != OpKind.REDUCE or len(sig) != 1:
+        return None
+    ((shape, axes),) = sig
+    prods = [p for p in model.producer_areas(a)
+             if model.kind(p) in (OpKind.REDUCE, OpKind.BROADCAST)]
+    if not prods:
+        return None
+    ub = targets.load(model.cfg.target).ub_bytes
+    row = shape[-1] if shape else None
+
+    def conditions(p):
+        return [
+            need(lambda: reduce_signatures(p) <= sig,
+                 lambda: "the reductions differ in shape or axes"),
+            *(need(lambda x=x: _row_area(x, shape, axes),
+                   lambda x=x: f"kind mismatch: {x.name} computes other than values of its "
+                   "rows (needs reductions of the last axis of one shape, elementwise work on "
+                   "its rows)") for x in (a, p)),
+            need(lambda: not _spreads_outside_rows(p, a, row),
+                 lambda: f"kind mismatch: {p.name} broadcasts a per-row value read from "
+                         "outside along the rows (it stays before the reductions' kernel)"),
+            need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
+                 lambda: f"the code generator cannot hold the rows of {row} whole in UB for "
+                         "every reduction"),
+        ]
+
+    return fuse_qualifying(model, "reduce_rows", a, prods, conditions)
+
+
+def _spreads_outside_rows(p, a, row: int) -> bool:
+    """Whether area ``p`` reads a value from outside ``p`` and ``a`` that holds one value per
+    row (a last axis of one, more than one value) and spreads it along the rows, other than
+    a row reduction's result: the per-row values the group may spread are those reductions
+    compute (a per-row bias or input stays before the reductions' kernel)."""
+    inside = {id(n) for n in (*p.nodes, *a.nodes)}
+    for n in p.nodes:
+        for v in n.inputs:
+            q = v.producer
+            if (q is None or id(q) not in inside) and v.type.rank and \
+                    symbolic.eq(v.shape[-1], 1) and v.type.numel != 1 and row != 1 and \
+                    (q is None or ops.get(q.op).kind != OpKind.REDUCE):
+                return True
+    return False
+
+
+def _row_area(area, shape: tuple, axes: tuple) -> bool:
+    """Whether ``area`` computes only values of the rows of ``shape`` (static last axis, the
+    one ``axes`` reduces): every op elementwise, a broadcast or such a reduction (keeping the
+    axis), every value a whole row or one value per row, every operand read whole rows, one
+    value per row, a row shared by all rows (an iota over the experts) or a scalar."""
+    rank = len(shape)
+    if rank < 1 or axes != (rank - 1,) or not isinstance(shape[-1], int):
+        return False
+
+    def fits(s, whole_rows: bool) -> bool:
+        s = tuple(s)
+        if len(s) == rank and all(map(symbolic.eq, s[:-1], shape[:-1])):
+            return symbolic.eq(s[-1], shape[-1]) or symbolic.eq(s[-1], 1)
+        return not whole_rows and len(s) <= rank and \
+            all(symbolic.eq(d, 1) for d in s[:-1]) and \
+            (not s or symbolic.eq(s[-1], shape[-1]) or symbolic.eq(s[-1], 1))
+
+    for n in area.nodes:
+        if n.op == "Constant":
+            continue
+        kind = ops.get(n.op).kind
+        if kind not in (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.REDUCE) or \
+                n.op in ("Scan", "ElemAny") or \
+                (kind == OpKind.REDUCE and not n.attrs.get("keep_dims")):
+            return False
+        if any(not fits(v.shape, True) for v in n.outputs) or \
+                any(not fits(v.shape, False) for v in n.inputs):
+            return False
+    return True
+
+
 def _reads_product(p) -> bool:
     """Whether area ``p`` reads a matrix product's result (seen through views)."""
     for n in p.nodes:

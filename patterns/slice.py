@@ -13,13 +13,19 @@ SLICES = ("Slice", "StridedSlice")
 def _computes(model, c: Area) -> OpKind:
     """The kind of what ``c`` computes, its slices aside: an area that already took in a
     slice of the same operand (a gate/up projection's other half, a key's part of a fused
-    key/value product) is still elementwise or reducing work that loads its parts."""
-    if model.kind(c) != OpKind.SLICE or any(
-            n.op in SLICES and any(st != 1 for st in n.attrs.get("strides") or [1])
-            for n in c.nodes):  # (pairs of an interleaved rotary: not parts of a row)
+    key/value product) is still elementwise or reducing work that loads its parts. Slices
+    with a step (an interleaved gate/up product's even and odd columns) count so only when
+    the area computes elementwise work alone: the pairs of an interleaved rotary, put back
+    together by a Concat or a reshape, are not parts of a row."""
+    if model.kind(c) != OpKind.SLICE:
         return model.kind(c)
-    return max((ops.get(n.op).kind for n in c.nodes if n.op not in SLICES),
+    rest = max((ops.get(n.op).kind for n in c.nodes if n.op not in SLICES),
                default=OpKind.RESHAPE)
+    stepped = any(n.op in SLICES and any(st != 1 for st in n.attrs.get("strides") or [1])
+                  for n in c.nodes)
+    if stepped and (any(n.op in RESHAPE_OPS for n in c.nodes) or rest > OpKind.BROADCAST):
+        return model.kind(c)
+    return rest
 
 
 @pattern("slice", order=80, direction="bwd", mode="width",

@@ -423,6 +423,37 @@ def test_routed_experts_through_the_simulators_kernels():
     assert s["launches"]["extern"] == 6 and s["bugs"] == 0, s
 
 
+def _phimoe_block(seed: int = 0):
+    """PhiMoE's sparse MoE block as the library builds it (its decoder from a config with
+    the library's defaults, seeded; the first layer's block) and hidden states for it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.PhimoeConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    num_local_experts=4, num_experts_per_tok=2,
+                                    vocab_size=256)
+    block = transformers.PhimoeModel(cfg).layers[0].mlp.eval()
+    return block, torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(seed + 1))
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("sim", marks=pytest.mark.sim)])
+def test_a_router_picking_experts_one_by_one_is_one_vector_kernel(backend):
+    """PhiMoE's sparsemixer after moe_routing: each pick's max and expert, the next pick's
+    scores masked by it, each pick's softmax of the scores near its max read at it -- row
+    reductions over the experts, several read by several others, behind the router's product
+    -- are one kernel (reduce_rows; they were four). The block's launches: the router product,
+    the router kernel, the weights' Concat, the gated activation, the gating operator, the
+    three routing operators and the two grouped products."""
+    block, x = _phimoe_block()
+    with torch.no_grad():
+        want = block(x)
+        got = torch.compile(block, backend="graphkernel", options={"backend": backend})(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["launches"] == {"vector": 3, "cube": 1, "mix": 0, "extern": 6, "opaque": 0}, s
+    assert s["bugs"] == 0, s
+
+
 # ------------------------------------------------------------- the router as one operator
 def _gated(form: str):
     """A router as the MoE decoders write it: softmax over the experts, TopK, the picked

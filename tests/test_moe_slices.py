@@ -134,3 +134,73 @@ def test_unit_axes_view_keeps_the_elements_in_place():
     v = View(32, (640, 40, 1))  # columns 32.. of rows of 40: [2, 16, 8]
     assert unit_axes_view(v, (2, 16, 8), (2, 1, 16, 8)) == View(32, (640, 0, 40, 1))
     assert unit_axes_view(v, (2, 16, 8), (32, 8)) is None  # rows regrouped: no one view
+
+
+def _interleaved(x, w):
+    """GPT-OSS's gated activation: gate the even columns of one product, up the odd ones,
+    each clamped (transformers' GptOssExperts._apply_gate)."""
+    h = x @ w
+    gate, up = h[..., ::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("sim", marks=pytest.mark.sim)])
+def test_interleaved_gate_and_up_columns_are_read_by_one_kernel(backend):
+    """Both every-second-column parts of the product are strided loads of one kernel (before:
+    a launch copying one part, the activation kernel reading the copy and the other)."""
+    got, want, s = _compiled(_interleaved, _gate_up(4), {"backend": backend})
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert s["launches"] == {"vector": 1, "cube": 1, "mix": 0, "extern": 0, "opaque": 0}, s
+    assert s["bugs"] == 0, s
+
+
+def test_gpt_oss_experts_built_from_the_config_read_the_pairs_in_place():
+    """GPT-OSS's MoE block as the library builds it (its decoder from a config with the
+    library's defaults, seeded; the first layer's block): the interleaved gate/up columns of
+    the grouped product read by the activation kernel, no launch copying one part; frozen,
+    the experts' columns are reordered so that each part is a block of the product's rows."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    num_local_experts=4, num_experts_per_tok=2,
+                                    vocab_size=256)
+    block = transformers.GptOssModel(cfg).layers[0].mlp.eval()
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    import graphkernel
+
+    results, orig = [], graphkernel.compile
+
+    def capture(*a, **k):
+        results.append(orig(*a, **k))
+        return results[-1]
+
+    try:
+        graphkernel.compile = capture
+        got, want, s = _compiled(block, (x,))
+    finally:
+        graphkernel.compile = orig
+    torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
+                               want[0] if isinstance(want, tuple) else want,
+                               rtol=1e-5, atol=1e-5)
+    assert s["launches"]["opaque"] == 0 and s["launches"]["vector"] == 1, s
+    # the frozen experts' columns reordered (interleaved_columns): each part a block of
+    # every row, no slice with a step left
+    steps = [m.attrs["strides"] for r in results for k in r.graph.nodes
+             if k.op == "GraphKernel" for m in k.subgraph.nodes if m.op == "StridedSlice"]
+    assert steps and all(st == [1] for st in steps), steps
+
+
+def test_stepped_parts_put_back_together_stay_apart():
+    """An interleaved rotary's pairs (x[..., ::2] and x[..., 1::2] rotated and stacked back
+    into pairs): the stepped parts are no parts of a row the kernel computes on, and the
+    slice pattern leaves them as before (three launches: each part's kernel, the pairs'
+    stack)."""
+    def rotate(x):
+        a, b = x[..., ::2], x[..., 1::2]
+        return torch.stack((-b, a), dim=-1).flatten(-2) * 2.0
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(5))
+    got, want, s = _compiled(rotate, (x,))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert s["launches"] == {"vector": 3, "cube": 0, "mix": 0, "extern": 0, "opaque": 0}, s

@@ -461,6 +461,16 @@ def pattern_cases() -> list[Case]:
     gate = n("StridedSlice", [v["x"]], begin=[0], end=[70], strides=[1], axes=[1])
     up = n("StridedSlice", [v["x"]], begin=[70], end=[140], strides=[1], axes=[1])
     add("gate-up-halves", g, n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])]), up]))
+    # an interleaved gate/up product (GPT-OSS's experts: gate the even columns, up the odd
+    # ones, each clamped): each a strided load of every second element of the one buffer
+    g, v = _g("gate_up_pairs", {"x": (33, 140)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    gate = n("Minimum", [n("StridedSlice", [v["x"]], begin=[0], end=[140], strides=[2],
+                           axes=[1]), g.const(np.float32(0.5))])
+    up = n("StridedSlice", [v["x"]], begin=[1], end=[140], strides=[2], axes=[1])
+    up = n("Maximum", [n("Minimum", [up, g.const(np.float32(0.5))]), g.const(np.float32(-0.5))])
+    add("gate-up-interleaved", g, n("Mul", [n("Add", [up, g.const(np.float32(1.0))]),
+                                            n("Mul", [gate, n("Sigmoid", [gate])])]))
     # a slice of the last axis viewed with a head axis of one and scaled by a per-position
     # table (a latent attention's shared rotary key): the view is the slice's strided view
     g, v = _g("rope_part", {"x": (2, 16, 48), "c": (1, 1, 16, 16)})
@@ -468,6 +478,28 @@ def pattern_cases() -> list[Case]:
     r = n("Reshape", [n("StridedSlice", [v["x"]], begin=[32], end=[48], strides=[1],
                         axes=[2])], shape=[2, 1, 16, 16])
     add("head-view-of-a-slice-part", g, n("Exp", [n("Mul", [r, v["c"]])]))
+    # a router picking two of 6 experts one by one (PhiMoE's, after moe_routing): each
+    # pick's max and lowest expert holding it, the next pick's scores masked by it, each
+    # pick's softmax of the scores near its max read at it; row reductions read by several
+    # others, one kernel
+    g, v = _g("router_picks", {"x": (37, 6)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    x = v["x"]
+    iota, ninf = g.const(np.arange(6, dtype=np.float32)), g.const(np.float32(-np.inf))
+    row = dict(axis=[1], keep_dims=True)
+    scores, picked = x, []
+    for _ in range(2):
+        holds = n("Equal", [scores, n("ReduceMax", [scores], **row)])
+        first = n("ReduceMin", [n("Select", [holds, iota, g.const(np.float32(6))])], **row)
+        hot = n("Equal", [iota, first])
+        top = n("ReduceMax", [scores], **row)
+        rel = n("Div", [n("Sub", [top, x]), n("Maximum", [n("Abs", [x]), top])])
+        near = n("Select", [n("Greater", [rel, g.const(np.float32(0.02))]), ninf, scores])
+        e = n("Exp", [n("Sub", [near, n("ReduceMax", [near], **row)])])
+        p = n("Div", [e, n("ReduceSum", [e], **row)])
+        picked.append(n("ReduceSum", [n("Select", [hot, p, g.const(np.float32(0))])], **row))
+        scores = n("Select", [hot, ninf, scores])
+    add("router-picks-one-by-one", g, *picked)
     return cases
 
 

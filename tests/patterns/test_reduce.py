@@ -1,3 +1,5 @@
+import numpy as np
+
 from tests.patterns.conftest import G, attempts, fuse, kernels, reasons
 
 
@@ -124,3 +126,65 @@ def test_reduce_output_keeps_the_rounding_of_a_half_precision_sum():
                "--enable_fusion_pattern_only=reduce_output")
     assert kernels(res) == []
     assert any("reads reduced values of float16" in r for r in reasons(res, "reduce_output"))
+
+
+
+def _picks(b, rows, experts):
+    """Two experts picked one by one from router scores [rows, E] (a product's result, as
+    PhiMoE's router computes them after moe_routing): each pick a max and the lowest expert
+    holding it (a one-hot mask that masks the next pick's scores), each pick's weight a
+    softmax of the scores near its max read at it; every reduction along the experts, several
+    read by several others. Returns the two weights and the scores."""
+    x = b.op("MatMul", b.input("h", (rows, 8)), b.input("wt", (8, experts)), name="router")
+    iota, none = b.const(np.arange(experts)), b.const(float(experts))
+    ninf = b.const(-np.inf)
+    scores, outs = x, []
+    for j in range(2):
+        m = b.op("ReduceMax", scores, name=f"m{j}", axis=[1], keep_dims=True)
+        holds = b.op("Equal", scores, m, name=f"holds{j}")
+        first = b.op("ReduceMin", b.op("Select", holds, iota, none, name=f"at{j}"),
+                     name=f"first{j}", axis=[1], keep_dims=True)
+        hot = b.op("Equal", iota, first, name=f"hot{j}")
+        top = b.op("ReduceMax", scores, name=f"top{j}", axis=[1], keep_dims=True)
+        factor = b.op("Maximum", b.op("Abs", x, name=f"abs{j}"), top, name=f"factor{j}")
+        rel = b.op("Div", b.op("Sub", top, x, name=f"gap{j}"), factor, name=f"rel{j}")
+        near = b.op("Select", b.op("Greater", rel, b.const(0.02), name=f"far{j}"), ninf,
+                    scores, name=f"near{j}")
+        e = b.op("Exp", b.op("Sub", near, b.op("ReduceMax", near, name=f"sm{j}", axis=[1],
+                                               keep_dims=True), name=f"d{j}"), name=f"e{j}")
+        p = b.op("Div", e, b.op("ReduceSum", e, name=f"z{j}", axis=[1], keep_dims=True),
+                 name=f"p{j}")
+        outs.append(b.op("ReduceSum", b.op("Select", hot, p, b.const(0.0), name=f"pa{j}"),
+                         name=f"w{j}", axis=[1], keep_dims=True))
+        if j == 0:
+            scores = b.op("Select", hot, ninf, scores, name="rest")
+    return (*outs, x)
+
+
+def test_reduce_rows_joins_row_reductions_read_by_several_into_one_kernel():
+    b = G()
+    w1, w2, _ = _picks(b, 16, 4)
+    res = fuse(b.out(w1, w2))
+    # the product is a kernel of its own (its epilogue takes no comparison); the picks one
+    assert [k for k in kernels(res) if "m0" in k] == [k for k in kernels(res) if "m1" in k]
+    assert len(kernels(res)) == 1 and "router" not in kernels(res)[0], kernels(res)
+    assert attempts(res, "reduce_rows", "fused")
+    # without it, each pick is a kernel of its own
+    assert len(kernels(fuse(b.g, "--disable_fusion_pattern=reduce_rows"))) == 2
+
+
+def test_reduce_rows_refuses_rows_too_long_and_other_axes():
+    b = G()
+    w1, w2, _ = _picks(b, 4, 4096)
+    res = fuse(b.out(w1, w2))
+    assert len(kernels(res)) == 2
+    assert any("cannot hold the rows of 4096" in r for r in reasons(res, "reduce_rows"))
+
+    b = G()
+    w1, w2, x = _picks(b, 16, 4)
+    # a column sum of the scores times the first pick's weight: a reduction of another axis
+    col = b.op("ReduceSum", b.op("Mul", x, w1, name="xw"), name="col", axis=[0],
+               keep_dims=True)
+    res = fuse(b.out(col, w2))
+    assert not any("col" in k and "m1" in k for k in kernels(res)), kernels(res)
+    assert "the reductions differ in shape or axes" in reasons(res, "reduce_rows")

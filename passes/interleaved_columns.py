@@ -1,0 +1,137 @@
+"""Rewrite every-s-th-column slices of a product with constant weights → contiguous blocks.
+
+An interleaved gate/up product (GPT-OSS's experts: ``gate, up = h[..., ::2], h[..., 1::2]``)
+is read through slices with a step: a kernel loads each part element by element, and the
+strided loads pull the whole rows once per part. When the product's right operand is a
+constant whose columns are the product's last axis (frozen weights: a MatMul without
+``transpose_b``, a GroupedMatMul's [E, K, N] experts), and so is everything added to the
+product on the way (a constant, or a constant table's rows gathered by index: the experts'
+biases by expert id), the columns can be reordered in the constants instead: residue class
+k of step s goes to the block [k*N/s, (k+1)*N/s). Every output column is the same dot
+product (and the same sums, products) as before, only in another place; each part is then a
+contiguous block of every row, read in place as a half is (``silu(gate) * up`` of one
+product). Only where the slices are the value's only readers, together take every column
+once, and every value on the way is read by the next op alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.passes.rewrite import add_like
+from graphkernel.registry import PassResult, counted
+
+PRODUCTS = ("MatMul", "GroupedMatMul")
+ADDS = ("Add", "Sub", "Mul")  # elementwise: every operand's columns move alike
+
+
+def _const(v: Value) -> np.ndarray | None:
+    p = v.producer
+    return None if p is None or p.op != "Constant" else np.asarray(p.attrs["value"])
+
+
+def _parts(v: Value) -> tuple[int, list[Node]] | None:
+    """(s, the slices) when ``v``'s only readers are StridedSlices of its static last axis
+    with one step s > 1, each taking the whole residue class of its start, every class
+    once."""
+    rank, n = v.type.rank, v.shape[-1] if v.type.rank else None
+    users = list(dict.fromkeys(v.users))
+    if not users or not isinstance(n, int) or len(users) != len(v.users):
+        return None
+    step, starts = None, []
+    for u in users:
+        a = u.attrs if u.op == "StridedSlice" else None
+        if a is None or u.inputs[0] is not v or len(a["begin"]) != 1 or \
+                (a["axes"] if a["axes"] is not None else [0])[0] % rank != rank - 1:
+            return None
+        b, e, s = slice(a["begin"][0], a["end"][0], (a["strides"] or [1])[0]).indices(n)
+        if s <= 1 or (step is not None and s != step) or n % s or \
+                len(range(b, e, s)) != n // s:
+            return None
+        step = s
+        starts.append(b)
+    if sorted(starts) != list(range(step)):
+        return None
+    return step, users
+
+
+def _edges(v: Value, n: int) -> list[tuple[Node, int]] | None:
+    """The (node, input slot) of every constant (or gathered constant table) to reorder so
+    that ``v``'s columns move, or None when ``v`` is not such a product, perhaps plus such
+    values."""
+    p = v.producer
+    if p is None:
+        return None
+    if p.op in PRODUCTS:
+        w = p.inputs[1]
+        c = _const(w)
+        if c is None or c.shape[-1] != n or p.attrs.get("transpose_b") or \
+                c.ndim < 2 or len(w.users) != 1:
+            return None
+        return [(p, 1)]
+    if p.op not in ADDS or len(p.outputs) != 1:
+        return None
+    out: list[tuple[Node, int]] = []
+    for slot, x in enumerate(p.inputs):
+        c = _const(x)
+        if c is not None:
+            if c.ndim and c.shape[-1] == n:
+                if len(x.users) != 1:
+                    return None
+                out.append((p, slot))
+            elif c.ndim and c.shape[-1] != 1:
+                return None
+            continue
+        if x.type.rank and x.shape[-1] == 1 and n != 1:
+            continue  # one value per row: the same for every column
+        if len(x.users) != 1 or not x.type.rank or x.shape[-1] != n:
+            return None
+        g = x.producer
+        if g is not None and g.op == "Gather" and g.attrs.get("axis", 0) == 0 and \
+                (t := _const(g.inputs[0])) is not None and t.ndim == 2 and t.shape[1] == n \
+                and len(g.inputs[0].users) == 1:
+            out.append((g, 0))  # a table's rows gathered by index: its columns move
+            continue
+        got = _edges(x, n)
+        if got is None:
+            return None
+        out += got
+    return out if out else None
+
+
+def _reorder(graph: Graph, node: Node, slot: int, perm: np.ndarray) -> None:
+    x = node.inputs[slot]
+    c = np.take(_const(x), perm, axis=-1)
+    graph.replace_input(node, slot, graph.const(c, name=graph.fresh_name(f"{x.name}/blocks"),
+                                                origin=x.producer.origin))
+
+
+def interleaved_columns(graph, ctx) -> PassResult:
+    """Rewrite every-s-th-column slices of a product whose weights (and what is added to it)
+    are constants → contiguous column blocks, the constants' columns reordered."""
+    notes = []
+    for v in [o for n in graph.nodes if n.op in PRODUCTS + ADDS for o in n.outputs]:
+        if v.graph is None or graph.is_output(v) or (m := _parts(v)) is None:
+            continue
+        step, slices = m
+        n = v.shape[-1]
+        edges = _edges(v, n)
+        if edges is None or not ctx.should_apply(f"{v.name}: columns in blocks", slices):
+            continue
+        perm = np.concatenate([np.arange(k, n, step) for k in range(step)])
+        for node, slot in edges:
+            _reorder(graph, node, slot, perm)
+        width = n // step
+        for u in slices:
+            k = u.attrs["begin"][0] % n
+            graph.replace_all_uses(u.outputs[0], add_like(graph, u, "StridedSlice", [v], {
+                "begin": [k * width], "end": [(k + 1) * width], "strides": [1],
+                "axes": [v.type.rank - 1]}))
+        notes.append(f"{v.name}: {step} interleaved parts of {n} columns as contiguous blocks "
+                     f"({len(edges)} constant(s) reordered)")
+    if notes:
+        graph.remove_dead()
+        graph.toposort()
+    return PassResult(bool(notes), len(notes), notes,
+                      f"{counted(len(notes), 'interleaved product')} read in blocks")
