@@ -17,7 +17,8 @@ from tests.test_module_graph import modules
 FX_NODE_OPS = frozenset({"placeholder", "get_attr", "call_function", "call_method",
                          "call_module", "output"})
 FX_MODULES = frozenset({"graphkernel.frontends.fx", "graphkernel.frontends.torch_backend",
-                        "graphkernel.torch"})
+                        "graphkernel.frontends.complex_lowering",
+                        "graphkernel.frontends.expert_segments", "graphkernel.torch"})
 
 
 def _strings(node: ast.AST, consts: dict[str, ast.AST]) -> list[str] | None:
