@@ -17,7 +17,11 @@ of the same products. A state-space layer's ``in_proj`` (``x`` for the convoluti
 ``z``) and ``x_proj`` (``dt`` for ``dt_proj``, ``B``, ``C``) are cut so. The pieces read one
 operand in common, so the products join as one product-group kernel (``matmul_group``): one
 launch where the product and the Split were two. A weight that is a graph input (training)
-keeps the Split: a slice of it would be a copy of its own.
+keeps the Split: a slice of it would be a copy of its own. The cut is taken before the
+slices when a part is normalised along the cut axis (FalconMamba's RMS norms of ``dt``,
+``B`` and ``C``): as slices each part's reduction is a vector kernel of its own, while cut,
+each runs in its product's epilogue and the products share one launch (each reads the
+activation again: a few KB here, against three launches a layer).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.opdefs.reduce import reduce_axes
 from graphkernel.ops import RESHAPE_OPS, OpKind
 from graphkernel.passes.rewrite import add_like, const_array
 from graphkernel.registry import PassResult, counted
@@ -70,8 +75,10 @@ def _parts(graph: Graph, n: Node) -> list[Value] | None:
 def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
     """(the product, the views between it and Split ``n``, which of its operands is the
     constant weight, the weight's axis the parts cut) when ``n`` splits a product's result
-    along the rows or columns of a constant rank-2 weight and nothing else reads the
-    product; else None."""
+    along the rows or columns of a constant weight and nothing else reads the
+    product; else None. A batched constant weight (``[B, N, K]``, a channels-first product's
+    weight repeated per batch element) is cut along the same matrix axis of each of its
+    matrices."""
     x = n.inputs[0]
     rank = x.type.rank
     axis = n.attrs["axis"] % rank
@@ -98,9 +105,41 @@ def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
     else:
         return None
     w = const_array(mm.inputs[which])
-    if w is None or w.ndim != 2 or mm.inputs[1 - which] is mm.inputs[which]:
+    if w is None or w.ndim < 2 or mm.inputs[1 - which] is mm.inputs[which]:
         return None
-    return mm, views, which, w_axis
+    return mm, views, which, w_axis + w.ndim - 2  # (a batched weight: its matrix axes last)
+
+
+def _reduced_along_last(v: Value, seen: set[int] | None = None) -> bool:
+    """Whether vector work reading ``v`` (through views that keep its last axis, and
+    elementwise ops) reduces its last axis: a normalisation of the part, which a kernel of its
+    own computes over the part's width."""
+    seen = set() if seen is None else seen
+    if id(v) in seen or not v.type.rank:
+        return False
+    seen.add(id(v))
+    last = v.shape[-1]
+    for u in v.users:
+        if not ops.exists(u.op):
+            continue
+        kind = ops.get(u.op).kind
+        if kind is OpKind.REDUCE and u.op.startswith("Reduce"):
+            if v.type.rank - 1 in reduce_axes(v.type.rank, u.attrs.get("axis")):
+                return True
+        elif (u.op in RESHAPE_OPS and u.outputs[0].type.rank
+              and u.outputs[0].shape[-1] == last) or kind is OpKind.ELEMWISE:
+            if any(_reduced_along_last(o, seen) for o in u.outputs
+                   if o.type.rank and o.shape[-1] == last):
+                return True
+    return False
+
+
+def _normalised_parts(n: Node) -> bool:
+    """Whether a part of Split ``n`` is normalised along the cut axis (FalconMamba's ``dt``,
+    ``B`` and ``C`` RMS norms of ``x_proj``'s columns): read in place as slices, each part's
+    reduction is a vector kernel of its own beside the product; cut into products, each
+    reduction runs in its product's epilogue and the products share one launch."""
+    return any(_reduced_along_last(o) for o in n.outputs)
 
 
 def _cut(graph: Graph, n: Node) -> list[Value] | None:
@@ -130,14 +169,16 @@ def _cut(graph: Graph, n: Node) -> list[Value] | None:
 
 def split_slices(graph, ctx) -> PassResult:
     """Rewrite Split(x, last axis) → StridedSlice per part when only vector work reads it;
-    a Split of a constant weight's product → one product per part on its rows of the weight."""
+    a Split of a constant weight's product → one product per part on its rows of the weight
+    (before the slices when a part is normalised along the cut axis)."""
     notes = []
     for n in list(graph.nodes):
         if n.graph is None or n.op != "Split" or not ctx.should_apply(
                 f"{n.name} as slices", [n]):
             continue
         with graph.recording() as made:
-            parts = _parts(graph, n)
+            parts = None if _normalised_parts(n) and _weight_cut(n) is not None else \
+                _parts(graph, n)
         cut = False
         if parts is None:
             for m in reversed(made):

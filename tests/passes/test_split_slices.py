@@ -184,3 +184,73 @@ def test_the_cut_products_launch_as_one_group_at_every_level():
         res = graphkernel.compile(g, f"--opt_level={level}", env={})
         pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
         assert "matmul_group" in pats and not res.report.extra["fallbacks"], (level, pats)
+
+
+def _normalised_split(weight_input=False, normalised=True) -> Graph:
+    """FalconMamba's ``x_proj``: a channels-first activation ``[2, 8, 6]`` by a constant
+    weight repeated per batch element (``[2, 12, 8]``, read transposed), its ``[2, 6, 12]``
+    result split along its columns into ``[4, 4, 4]``, each part RMS-normalised over its
+    columns (``normalised``; else each part only exponentiated)."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 6), "float32"))
+    arr = np.random.default_rng(5).standard_normal((12, 8)).astype(np.float32)
+    w = g.add_input("w", TensorType((2, 12, 8), "float32")) if weight_input else \
+        g.const(np.stack([arr, arr]))
+    y = g.add_node("BatchMatMul", [x, w], {"transpose_a": True, "transpose_b": True}).output
+    outs = []
+    for part in g.add_node("Split", [y], {"axis": 2, "sizes": [4, 4, 4]}).outputs:
+        if not normalised:
+            outs.append(g.add_node("Exp", [part]).output)
+            continue
+        sq = g.add_node("Mul", [part, part]).output
+        ms = g.add_node("ReduceSum", [sq], {"axis": [2], "keep_dims": True}).output
+        ms = g.add_node("Div", [ms, g.const(np.float32(4.0))]).output
+        r = g.add_node("Rsqrt", [g.add_node("Add", [ms, g.const(np.float32(1e-6))]).output]
+                       ).output
+        outs.append(g.add_node("Mul", [part, r]).output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_parts_normalised_along_the_cut_axis_are_cut_into_products():
+    """Read in place as slices, each part's norm is a vector kernel of its own beside the
+    product; cut along the rows of the (batched) constant weight, each norm can run in its
+    product's epilogue: one product per part, the same numbers."""
+    g = _normalised_split()
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 1 and "Split" not in ops_of(h) and "StridedSlice" not in ops_of(h)
+    mms = [n for n in h.nodes if n.op == "BatchMatMul"]
+    assert [tuple(n.inputs[1].shape) for n in mms] == [(2, 4, 8)] * 3
+    _same(g, h)
+
+
+def test_parts_not_normalised_or_of_a_weight_input_stay_slices():
+    """Elementwise readers share one kernel reading the slices in place; a weight that is a
+    graph input is not cut (a copy per slice)."""
+    for g in (_normalised_split(normalised=False), _normalised_split(weight_input=True)):
+        h, res = apply_pass("split_slices", g)
+        assert res.rewrites == 1 and "Split" not in ops_of(h)
+        assert ops_of(h).count("BatchMatMul") == 1 and ops_of(h).count("StridedSlice") == 3
+        _same(g, h)
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_normalised_parts_run_in_their_products_epilogues_in_the_simulator():
+    """Through the pipeline: the three products with their norms are one product-group
+    launch (a cube launch and three norm kernels without the cut); the simulator matches the
+    reference."""
+    import graphkernel
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.codegen.traffic import launches
+
+    g = _normalised_split()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert pats == ["matmul_group"] and not res.report.extra["fallbacks"]
+    assert len(launches(res.graph)) == 1
+    feeds = random_inputs(g, 0)
+    sim, backend = run_sim(res, feeds)
+    assert not backend.unscheduled
+    for got, want in zip(sim, run_graph(g, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
