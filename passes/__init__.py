@@ -25,6 +25,7 @@ from graphkernel.passes import (
     matvec,
     moe_routing,
     parallel_fusion,
+    pool_into_product,
     product_broadcast,
     product_transpose,
     promote_precision,
@@ -86,6 +87,7 @@ PIPELINE = (
     Step("simplify", 99.5, split_slices.split_slices, 2),  # after the products' rewrites
     Step("simplify", 99.7, scan_prologue.scan_prologue, 2),  # after the transposes' folds
     Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
+    Step("simplify", 99.9, pool_into_product.pool_into_product, 2),  # constants folded
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
