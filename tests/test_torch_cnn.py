@@ -345,7 +345,8 @@ BLOCKS = {
     "depthwise_bn_relu": (lambda: nn.Sequential(
         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU()), 8,
         {"vector": 1}),
-    "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 2}),
+    # the pool taken into the first 1x1 convolution's weight (pool_into_product)
+    "squeeze_excite": (_SqueezeExcite, 16, {"mix": 2, "vector": 1}),
     # the ReLU before the max pool runs in the pool's window kernel
     "stem_conv_bn_relu_maxpool": (lambda: nn.Sequential(
         nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
