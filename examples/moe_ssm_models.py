@@ -32,12 +32,11 @@ def _inputs(torch):
     return (torch.randint(0, VOCAB, (2, 16), generator=g),)
 
 
-def builders(attn: str = "sdpa"):
-    """name -> (build model, example inputs); each model returns its last hidden state.
-    ``attn``: the attention implementation of the MoE decoders, the library default
-    (``sdpa``) or ``eager``; the state-space models have no attention."""
+def _builder(attn: str):
+    """``build(config class, model class, attention=True, **config)`` -> (build model,
+    example inputs), the model returning its last hidden state; ``attn`` the attention
+    implementation (the library default ``sdpa``, or ``eager``) of models with attention."""
     import torch
-    import transformers as T
 
     if attn not in ("sdpa", "eager"):
         raise ValueError(f"attention implementation {attn!r} (accepted: sdpa, eager)")
@@ -60,6 +59,16 @@ def builders(attn: str = "sdpa"):
             return Hidden(model_cls(cfg).eval())
         return make, lambda: _inputs(torch)
 
+    return build
+
+
+def builders(attn: str = "sdpa"):
+    """name -> (build model, example inputs); each model returns its last hidden state.
+    ``attn``: the attention implementation of the MoE decoders, the library default
+    (``sdpa``) or ``eager``; the state-space models have no attention."""
+    import transformers as T
+
+    build = _builder(attn)
     ssm = dict(hidden_size=H, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=16)
     moe = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
                num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
@@ -97,29 +106,9 @@ def held_out_builders(attn: str = "sdpa"):
     and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
     (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
     layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
-    import torch
     import transformers as T
 
-    if attn not in ("sdpa", "eager"):
-        raise ValueError(f"attention implementation {attn!r} (accepted: sdpa, eager)")
-    common = dict(attn_implementation="eager") if attn == "eager" else {}
-
-    class Hidden(torch.nn.Module):
-        """Returns the model's last hidden state only."""
-
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model(input_ids=x).last_hidden_state
-
-    def build(cfg_cls, model_cls, **kw):
-        def make():
-            torch.manual_seed(SEED)
-            return Hidden(model_cls(cfg_cls(**kw, **common)).eval())
-        return make, lambda: _inputs(torch)
-
+    build = _builder(attn)
     moe = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
                num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
                max_position_embeddings=64)

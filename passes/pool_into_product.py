@@ -30,12 +30,10 @@ def _scale(v: Value) -> tuple[float, Node] | None:
     if len(v.users) != 1 or v.users[0].op not in ("Div", "Mul"):
         return None
     u = v.users[0]
-    if u.inputs[0] is not v or const_array(u.inputs[1]) is None or \
-            np.asarray(const_array(u.inputs[1])).size != 1:
+    c = const_array(u.inputs[1]) if u.inputs[0] is v else None
+    if c is None or np.asarray(c).size != 1 or float(np.asarray(c).reshape(())) == 0.0:
         return None
-    c = float(np.asarray(const_array(u.inputs[1])).reshape(()))
-    if c == 0.0:
-        return None
+    c = float(np.asarray(c).reshape(()))
     return (1.0 / c if u.op == "Div" else c), u
 
 
@@ -75,12 +73,6 @@ def _head(graph: Graph, pool: Node) -> tuple[Node, list[Node], float] | None:
     return mm, between, factor
 
 
-def _extra_bytes(x: Value, mm: Node) -> int:
-    """The weight's growth: P - 1 more copies of it."""
-    w = const_array(mm.inputs[1])
-    return (math.prod(x.shape[2:]) - 1) * w.size * w.dtype.itemsize
-
-
 def pool_into_product(graph, ctx) -> PassResult:
     """Rewrite ReduceMean(y, spatial axes) → MatMul(W) → one MatMul of y's flattened values
     by W repeated along K (divided by the pooled count), when the weight's extra bytes cost
@@ -98,16 +90,16 @@ def pool_into_product(graph, ctx) -> PassResult:
             continue
         mm, between, factor = found
         x = mean.inputs[0]
-        extra_us = _extra_bytes(x, mm) / (spec.hbm_gbps * 1e3)
+        p = math.prod(x.shape[2:])
+        w = const_array(mm.inputs[1])
+        extra_us = (p - 1) * w.nbytes / (spec.hbm_gbps * 1e3)  # the weight P times, not once
         if extra_us > spec.launch_overhead_us:
             ctx.log(f"pool_into_product: {mean.name} kept: the weight repeated "
-                    f"{math.prod(x.shape[2:])} times costs {extra_us:.1f} us at the target's "
+                    f"{p} times costs {extra_us:.1f} us at the target's "
                     f"HBM rate, more than the {spec.launch_overhead_us:g} us launch it saves")
             continue
         if not ctx.should_apply(f"{mean.name} into {mm.name}'s weight", [mean, mm]):
             continue
-        p = math.prod(x.shape[2:])
-        w = const_array(mm.inputs[1])
         tb = bool(mm.attrs.get("transpose_b"))
         wide = np.repeat(w, p, axis=1 if tb else 0) * np.asarray(factor, dtype=w.dtype)
         c = graph.add_node("Constant", [], {"value": wide.astype(w.dtype)},
