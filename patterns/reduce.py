@@ -213,6 +213,65 @@ def scan_readout(model, a):
     ])
 
 
+@pattern("scan_readout_epilogue", order=79, direction="bwd", mode="depth", level=2,
+         refuses=("GK202", "GK205", "GK207"))
+def scan_readout_epilogue(model, a):
+    """A scan's kernel that reduces each row of its tile (``scan_readout``) takes in its single
+    consumer area when that consumer is elementwise work (and views) on the reduced values,
+    one value per row of the tile: the readout's skip term and gate (``(y + u * D) * z``).
+    Every value it computes has the reduced values' element count, and every operand it
+    reads from outside is a scalar constant or a value of exactly the shape of the op that
+    reads it (one value per row of the tile, in the rows' order, loaded as a column): each
+    element is the same function of the same operands. The reduced values are then never
+    stored, only the consumer's results."""
+    if model.kind(a) != OpKind.REDUCE or not _readout_area(a):
+        return None
+    found = _one_consumer(model, a)
+    if found is None:
+        return None
+    c, external = found
+    red = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE and n.op != "Scan"]
+    rows = red[0].outputs[0].type.numel
+    return fuse_if(model, "scan_readout_epilogue", [a, c], [
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: all(n.op == "Constant" or ops.get(n.op).kind == OpKind.ELEMWISE or
+                         n.op in ("Reshape", "ExpandDims", "Squeeze") for n in c.nodes),
+             lambda: f"kind mismatch: consumer {c.name} holds other than elementwise work and "
+                     "views"),
+        need(lambda: all(symbolic.eq(v.type.numel, rows) for n in c.nodes
+                         if n.op != "Constant" for v in n.outputs),
+             lambda: f"compute size mismatch: {c.name} computes other than one value per "
+                     f"row ({rows})"),
+        need(lambda: _per_row_operands(a, c),
+             lambda: f"kind mismatch: consumer {c.name} reads a value from outside that is "
+                     "not one per row in the rows' order (or a scalar)"),
+    ])
+
+
+def _readout_area(a) -> bool:
+    """Whether area ``a`` holds Scans and reductions of rows of their tile (scan_readout's
+    kernel)."""
+    red = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
+    return any(n.op == "Scan" for n in red) and any(n.op != "Scan" for n in red)
+
+
+def _per_row_operands(a, c) -> bool:
+    """Whether every operand area ``c`` reads from outside ``a`` and ``c`` is a scalar or has
+    the shape of the op reading it."""
+    own = {id(n) for n in (*a.nodes, *c.nodes)}
+    for n in c.nodes:
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in own:
+                continue
+            if v.type.numel == 1:
+                continue
+            out = n.outputs[0].shape
+            if len(v.shape) != len(out) or not all(map(symbolic.eq, v.shape, out)):
+                return False
+    return True
+
+
 # float32 rows a scan's kernel with its readout keeps in UB per row of a tile, with margin
 # (its queues, double-buffered, and the prologue's scratch tiles)
 SCAN_ROW_BUFFERS = 48

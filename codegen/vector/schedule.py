@@ -1050,6 +1050,22 @@ class _Planner:
             return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
         return None
 
+    def _row_input(self, n: Node, v: Value, N: Dim, L: Dim) -> str | None:
+        """COL for a contiguous kernel input of one value per row of the loop space that
+        elementwise step ``n`` reads at its own shape, in a kernel reducing each row of a
+        scan's tile (the work on the readout, one value per row); else None. The reduced
+        values are one per row in the rows' order, and elementwise work on operands of one
+        shape (and views of it) keeps every value in that order: element i is row i's."""
+        view = self.views.get(id(self.owner(v)))
+        out = n.outputs[0].shape
+        if not self.row_reduces or view is None or not view.is_contiguous(
+                tuple(self.owner(v).shape)) or not eq(v.type.numel, symbolic.div(N, L)) or \
+                not any(self.loaded[id(i)] is self.owner(v) for i in self.sub.inputs) or \
+                not elementwise(n) or len(out) != len(v.shape) or \
+                not all(eq(a, b) for a, b in zip(out, v.shape)):
+            return None
+        return COL
+
     def kind_of(self, kind: dict[int, str], v: Value) -> str | None:
         return kind.get(id(self.owner(v)))
 
@@ -1219,7 +1235,7 @@ class _Planner:
                         self._check_placed(n, v, kind[id(o)], S, L)
                     continue
                 if not full_space:  # placed against a full-size value it broadcasts to
-                    c = self._compact_input(v, N, L)
+                    c = self._row_input(n, v, N, L) or self._compact_input(v, N, L)
                     if c is None:
                         raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
                                           "value) in the loop space", node=n, about=(v,))
