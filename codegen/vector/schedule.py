@@ -1184,8 +1184,8 @@ class _Planner:
             if not eq(n.inputs[0].type.numel, N):
                 raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
                                   node=n)
-            if not eq(r, L):
-                raise Unsupported(f"{n.op} along rows of {r} in a scan's kernel whose rows are "
+            if not eq(r, L):  # (the reduction apart, with the work after it)
+                raise SplitBefore(f"{n.op} along rows of {r} in a scan's kernel whose rows are "
                                   f"{L} long (the reduced axes split across the tile's rows)",
                                   node=n)
             if others:
