@@ -207,9 +207,9 @@ def scan_readout(model, a):
         need(lambda: len(scans) == 1 and _reads_scan_rows(shape, axes, next(iter(scans))),
              lambda: f"{a.name} reduces other than rows of the scan's tile (the axes after "
                      f"the scanned one of {list(next(iter(scans))[0])}, whole)"),
-        need(lambda: row is None or row * 4 * SCAN_ROW_BUFFERS <= ub,
+        need(lambda: row is not None and row * 4 * SCAN_ROW_BUFFERS <= ub,
              lambda: f"the code generator cannot hold the rows of {row} whole in UB beside "
-                     "the scan's buffers"),
+                     "the scan's buffers (or a symbolic row: its size is not known to fit)"),
     ])
 
 

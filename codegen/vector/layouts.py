@@ -43,7 +43,7 @@ def choose(kernel: Node, s: Schedule, ir: KernelIR, target: Target) -> Schedule:
         return s
     if s.whole_row_tiles:  # a scan's readout: its column tile is the whole row
         need = row_bytes(s, ir)
-        if need is not None and need > target.ub_bytes:
+        if need is None or need > target.ub_bytes:  # (a symbolic row: not known to fit)
             n = next((m for m in s.steps if id(m) in s.row_reduces), None)
             raise Unsupported(f"a reduction of each row in a scan's kernel holds the whole row "
                               f"({s.L} elements) in a column tile: {need} bytes of UB, the "
