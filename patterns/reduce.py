@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from graphkernel import ops, symbolic
 from graphkernel.fusion import BROADCAST, edge_relation
 from graphkernel.ir import DType
@@ -163,6 +165,126 @@ def chain(model, a):
         need(lambda: row * 4 * CHAIN_ROW_BUFFERS <= ub,
              lambda: f"rows of {row} too long to hold whole for two norms"),
     ])
+
+
+@pattern("scan_readout", order=78, direction="fwd", mode="depth", level=2,
+         refuses=("GK202", "GK203", "GK209"))
+def scan_readout(model, a):
+    """A row reduction pulls in the scan whose running values it reduces (a selective scan's
+    readout ``y[l, d] = sum_n h[l, d, n] * C[l, n]``) when it reduces, in the scan's shape,
+    exactly the axes after the scanned one: the scan's kernel runs the scanned axis down the
+    tile's rows, so each of its rows is one row of the reduction and the kernel reduces it
+    in the tile (its epilogue), and the state history is never written to GM. The reduction's
+    area holds only elementwise work, broadcasts and views besides its reductions; the scan's
+    area is read by nothing else (another reader of the history would need it stored), and a
+    whole row fits the UB with the scan's buffers (a column tile is then the whole row)."""
+    from graphkernel.codegen import targets
+
+    if model.kind(a) != OpKind.REDUCE or any(n.op in ("Scan", "ElemAny") for n in a.nodes):
+        return None
+    sig = reduce_signatures(a)
+    prods = [p for p in model.producer_areas(a) if any(n.op == "Scan" for n in p.nodes)]
+    if len(sig) != 1 or len(prods) != 1:
+        return None
+    p = prods[0]
+    ((shape, axes),) = sig
+    scans = reduce_signatures(p)
+    ub = targets.load(model.cfg.target).ub_bytes
+    row = math.prod(shape[axes[0]:]) if axes and all(
+        isinstance(d, int) for d in shape[axes[0]:]) else None
+    return fuse_if(model, "scan_readout", [a, p], [
+        need(lambda: all(ops.get(n.op).kind == OpKind.REDUCE and n.op == "Scan" or
+                         ops.get(n.op).kind < OpKind.REDUCE for n in p.nodes),
+             lambda: f"kind mismatch: {p.name} reduces other than by scans"),
+        need(lambda: all(n.op == "Constant" or ops.get(n.op).kind in
+                         (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.RESHAPE, OpKind.REDUCE)
+                         for n in a.nodes),
+             lambda: f"kind mismatch: {a.name} holds other than elementwise work, broadcasts "
+                     "and views beside its reductions"),
+        need(lambda: model.only_consumer_is(p, a),
+             lambda: f"producer {p.name} has other consumers (the scan's history would be "
+                     "stored for them)"),
+        need(lambda: len(scans) == 1 and _reads_scan_rows(shape, axes, next(iter(scans))),
+             lambda: f"{a.name} reduces other than rows of the scan's tile (the axes after "
+                     f"the scanned one of {list(next(iter(scans))[0])}, whole)"),
+        need(lambda: row is not None and row * 4 * SCAN_ROW_BUFFERS <= ub,
+             lambda: f"the code generator cannot hold the rows of {row} whole in UB beside "
+                     "the scan's buffers (or a symbolic row: its size is not known to fit)"),
+    ])
+
+
+@pattern("scan_readout_epilogue", order=79, direction="bwd", mode="depth", level=2,
+         refuses=("GK202", "GK205", "GK207"))
+def scan_readout_epilogue(model, a):
+    """A scan's kernel that reduces each row of its tile (``scan_readout``) takes in its single
+    consumer area when that consumer is elementwise work (and views) on the reduced values,
+    one value per row of the tile: the readout's skip term and gate (``(y + u * D) * z``).
+    Every value it computes has the reduced values' element count, and every operand it
+    reads from outside is a scalar constant or a value of exactly the shape of the op that
+    reads it (one value per row of the tile, in the rows' order, loaded as a column): each
+    element is the same function of the same operands. The reduced values are then never
+    stored, only the consumer's results."""
+    if model.kind(a) != OpKind.REDUCE or not _readout_area(a):
+        return None
+    found = _one_consumer(model, a)
+    if found is None:
+        return None
+    c, external = found
+    red = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE and n.op != "Scan"]
+    rows = red[0].outputs[0].type.numel
+    return fuse_if(model, "scan_readout_epilogue", [a, c], [
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: all(n.op == "Constant" or ops.get(n.op).kind == OpKind.ELEMWISE or
+                         n.op in ("Reshape", "ExpandDims", "Squeeze") for n in c.nodes),
+             lambda: f"kind mismatch: consumer {c.name} holds other than elementwise work and "
+                     "views"),
+        need(lambda: all(symbolic.eq(v.type.numel, rows) for n in c.nodes
+                         if n.op != "Constant" for v in n.outputs),
+             lambda: f"compute size mismatch: {c.name} computes other than one value per "
+                     f"row ({rows})"),
+        need(lambda: _per_row_operands(a, c),
+             lambda: f"kind mismatch: consumer {c.name} reads a value from outside that is "
+                     "not one per row in the rows' order (or a scalar)"),
+    ])
+
+
+def _readout_area(a) -> bool:
+    """Whether area ``a`` holds Scans and reductions of rows of their tile (scan_readout's
+    kernel)."""
+    red = [n for n in a.nodes if ops.get(n.op).kind == OpKind.REDUCE]
+    return any(n.op == "Scan" for n in red) and any(n.op != "Scan" for n in red)
+
+
+def _per_row_operands(a, c) -> bool:
+    """Whether every operand area ``c`` reads from outside ``a`` and ``c`` is a scalar or has
+    the shape of the op reading it."""
+    own = {id(n) for n in (*a.nodes, *c.nodes)}
+    for n in c.nodes:
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in own:
+                continue
+            if v.type.numel == 1:
+                continue
+            out = n.outputs[0].shape
+            if len(v.shape) != len(out) or not all(map(symbolic.eq, v.shape, out)):
+                return False
+    return True
+
+
+# float32 rows a scan's kernel with its readout keeps in UB per row of a tile, with margin
+# (its queues, double-buffered, and the prologue's scratch tiles)
+SCAN_ROW_BUFFERS = 48
+
+
+def _reads_scan_rows(shape: tuple, axes: tuple, scan: tuple) -> bool:
+    """Whether reductions of ``axes`` of ``shape`` reduce exactly the rows of a scan of
+    ``scan`` (its shape, (its axis,)): the same shape, and the reduced axes are every axis
+    after the scanned one."""
+    sshape, (axis,) = scan
+    rank = len(shape)
+    return len(sshape) == rank and all(map(symbolic.eq, sshape, shape)) and \
+        axis < rank - 1 and tuple(axes) == tuple(range(axis + 1, rank))
 
 
 @pattern("reduce_rows", order=105, direction="fwd", mode="width", level=2,

@@ -94,6 +94,33 @@ def test_unmapped_node_becomes_opaque_and_runs():
                                ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6)
 
 
+def test_a_matmul_of_a_transposed_operand_reads_it_transposed():
+    """MatMul(Cast(Transpose(x, [0, 2, 1])), W) with a Cast to x's own type between (a state-
+    space layer's output projection as torch's exporter writes it) is one BatchMatMul reading
+    x transposed; a Transpose of other axes stays."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    for perm, folded in (([0, 2, 1], True), ([1, 0, 2], False)):
+        nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+                 helper.make_node("Cast", ["t"], ["c"], to=onnx.TensorProto.FLOAT),
+                 helper.make_node("MatMul", ["c", "w"], ["y"])]
+        shape = [3, 6, 4] if folded else [4, 3, 6]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
+                                  [helper.make_tensor_value_info("y", 1, None)],
+                                  [numpy_helper.from_array(w, "w")])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        g = import_onnx(m)
+        live = [n for n in g.nodes if n.op != "Constant" and (n.outputs[0].users or
+                                                               g.is_output(n.outputs[0]))]
+        (mm,) = [n for n in g.nodes if n.op in ("MatMul", "BatchMatMul")]
+        assert mm.attrs.get("transpose_a", False) is folded
+        assert any(n.op == "Transpose" for n in live) is not folded
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(Interpreter(g).run({"x": x})[0],
+                                   ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_symbolic_batch_dim_is_kept():
     node = helper.make_node("Relu", ["x"], ["y"])
     graph = helper.make_graph([node], "g",

@@ -129,6 +129,24 @@ def test_a_traced_selective_scan_is_one_scan_fused_with_its_inputs(n):
     assert sum(1 for k in res.graph.nodes if k.op == "GraphKernel") <= 3
 
 
+@pytest.mark.parametrize("n", [16, 13])
+def test_the_selective_scans_readout_runs_in_the_scans_kernel(n):
+    """h.sum(-1) * u: the readout over the state and the gate after it are the scan's
+    kernel's epilogue (scan_readout, scan_readout_epilogue); no kernel writes the history
+    [B, D, L, N], and the result is the eager one."""
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(2, 6, n, generator=g), torch.randn(2, 6, n, generator=g))
+    res, got, want = _compiled(SelectiveScan(), args)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    (s,) = _scans(res)
+    kernel = next(k for k in res.graph.nodes if k.op == "GraphKernel" and any(
+        m is s for m in k.subgraph.nodes))
+    assert "ReduceSum" in {m.op for m in kernel.subgraph.nodes}
+    history = tuple(s.outputs[0].shape)
+    assert all(tuple(v.shape) != history for k in res.graph.nodes if k.op == "GraphKernel"
+               for v in k.outputs)
+
+
 @pytest.mark.parametrize("fn,combine", [(torch.add, "add"), (torch.mul, "mul"),
                                         (torch.maximum, "max"), (torch.minimum, "min")])
 def test_each_combine_rule_is_recognised(fn, combine):

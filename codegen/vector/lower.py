@@ -159,9 +159,10 @@ class VectorLowerer(Lowerer):
         """Outputs whose producing step can write straight into the output queue tensor."""
         s, out = self.s, {}
         produced = {id(n.outputs[0]) for n in s.steps if id(n) not in s.final
-                    and not (n.op in REDUCE_OPS and (s.col_reduce or s.row_chunks
-                                                     # a product: the scalar unit writes it
-                                                     or INSTRUCTIONS[n.op].api is None))}
+                    and not (n.op in REDUCE_OPS and (
+                        ((s.col_reduce or s.row_chunks) and id(n) not in s.row_reduces)
+                        or INSTRUCTIONS[n.op].api is None))}  # a product: the scalar unit
+        #                                                       writes it
         for io in s.outputs:
             v = s.storage(io.value)
             if io.transpose is None and (
@@ -283,7 +284,8 @@ class VectorLowerer(Lowerer):
         s, out = self.s, n.outputs[0]
         if kind == SCALAR:
             return self.scalar_dst()
-        if rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks):
+        if rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks) \
+                and id(n) not in s.row_reduces:  # (a row within the tile: as any kernel's)
             dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
             self.accumulators.append((dst.expr, rule.identity))
             return dst
@@ -439,6 +441,7 @@ class VectorLowerer(Lowerer):
         column("btc0", "column scratch", Kind.COLUMN, 1, CT, cs, "tc0", True)
         if s.reduce:
             block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red")
+        if s.reduce or s.whole_row_tiles:
             rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw")
         if any(c.api in ROW_FORMS for c in self._calls()):
             tg = s.target

@@ -121,6 +121,10 @@ class Schedule:
     col_reduce: bool = False       # steps reduce over the rows: a core owns whole columns
     batch: Dim = 1                 # col_reduce over middle axes [B, M, L]: independent blocks
     #                                of M rows (row r of block b is row b*M + r of the space)
+    # col_reduce with Scans: the steps that reduce each row of the tile within the tile (a
+    # selective scan's readout, sum over the state of h * C), one value per row; a column
+    # tile is then the whole row (``whole_row_tiles``)
+    row_reduces: frozenset[int] = frozenset()
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
@@ -138,6 +142,12 @@ class Schedule:
     # one core, one tile holding the whole loop space: an output is transposed in UB (its
     # elements move across rows, so no tile may hold a part of it)
     single_tile: bool = False
+
+    @property
+    def whole_row_tiles(self) -> bool:
+        """A kernel over the rows (a scan's) whose column tile holds the whole row: some step
+        reduces each row within the tile."""
+        return self.col_reduce and bool(self.row_reduces)
 
     @property
     def whole_rows(self) -> bool:
@@ -440,6 +450,7 @@ class _Planner:
             raise Unsupported("Concat in a kernel that reduces", node=concats[0])
         self.col_reduce = False
         self.batch: Dim = 1
+        self.row_reduces: frozenset[int] = frozenset()
         L = self._row_length(steps, reduces, N)
         if any(not eq(row, L) for _, _, row in self.cols.values()):
             raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
@@ -458,7 +469,8 @@ class _Planner:
                 for i, v in enumerate(sub.outputs)]
         self._part_io(outs, L)
         for o in outs:
-            allowed = (FULL, ROW) if self.col_reduce else (FULL, COL) if reduces else (FULL,)
+            allowed = ((FULL, ROW, COL) if self.row_reduces else (FULL, ROW)) if \
+                self.col_reduce else (FULL, COL) if reduces else (FULL,)
             if o.kind not in allowed:
                 raise Unsupported(f"output {o.value.name} is a broadcast ({o.kind}) value",
                                   about=(o.value,))
@@ -483,7 +495,7 @@ class _Planner:
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
-                         batch=self.batch, cols=self.cols)
+                         batch=self.batch, cols=self.cols, row_reduces=self.row_reduces)
         sched.notes = io_notes(ins, bool(reduces))
         if self.transposed or self.gathered_in:
             self._single_tile(sched)
@@ -522,6 +534,8 @@ class _Planner:
         final: set[int] = set()
         for n in steps:
             after = any(id(self.owner(v)) in late for v in n.inputs)
+            if id(n) in self.row_reduces and not after:
+                continue  # each row within its tile: complete in the tile, nothing accumulated
             if after:
                 if n.op in REDUCE_OPS:
                     raise Unsupported(f"{n.op} of a reduction accumulated across tiles",
@@ -1036,6 +1050,22 @@ class _Planner:
             return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
         return None
 
+    def _row_input(self, n: Node, v: Value, N: Dim, L: Dim) -> str | None:
+        """COL for a contiguous kernel input of one value per row of the loop space that
+        elementwise step ``n`` reads at its own shape, in a kernel reducing each row of a
+        scan's tile (the work on the readout, one value per row); else None. The reduced
+        values are one per row in the rows' order, and elementwise work on operands of one
+        shape (and views of it) keeps every value in that order: element i is row i's."""
+        view = self.views.get(id(self.owner(v)))
+        out = n.outputs[0].shape
+        if not self.row_reduces or view is None or not view.is_contiguous(
+                tuple(self.owner(v).shape)) or not eq(v.type.numel, symbolic.div(N, L)) or \
+                not any(self.loaded[id(i)] is self.owner(v) for i in self.sub.inputs) or \
+                not elementwise(n) or len(out) != len(v.shape) or \
+                not all(eq(a, b) for a, b in zip(out, v.shape)):
+            return None
+        return COL
+
     def kind_of(self, kind: dict[int, str], v: Value) -> str | None:
         return kind.get(id(self.owner(v)))
 
@@ -1051,9 +1081,12 @@ class _Planner:
         # a scan runs down the rows, as a reduction over them: its axis is the rows of
         # blocks [B, R, L] (L = 1 when it scans the last axis)
         scans = [n for n in steps if n.op in SCAN_OPS]
+        # with a scan: reductions of each row (the trailing axes) are the scan's readout,
+        # taken within the tile once the tile holds whole rows (checked below)
+        along = [n for n in reduces if self._along_row(n)] if scans else []
         if reduces or scans:
             L, kinds, batches = None, set(), []
-            for n in reduces + scans:
+            for n in [n for n in reduces if n not in along] + scans:
                 shape = n.inputs[0].shape
                 axes = n.attrs.get("axis")
                 axes = list(range(len(shape))) if axes is None or axes == [] else \
@@ -1083,6 +1116,7 @@ class _Planner:
             if scans and kinds != {"column"}:
                 raise Unsupported("a Scan and a reduction along the rows in one kernel",
                                   node=scans[0])
+            self._row_reduces(along, scans, reduces, L, N)
             self.col_reduce = kinds == {"column"}
             self._check_uses(steps, N, L)
             return L
@@ -1122,6 +1156,43 @@ class _Planner:
         if not candidates:
             raise Unsupported("no row split suits every broadcast and slice in the kernel")
         return max(candidates, key=_size)
+
+    @staticmethod
+    def _along_row(n: Node) -> bool:
+        """Whether reduction ``n`` reduces trailing axes of its operand (each row, for rows
+        that long)."""
+        shape, axes = n.inputs[0].shape, n.attrs.get("axis")
+        if axes is None or axes == [] or not shape:
+            return False
+        axes = sorted(a % len(shape) for a in axes)
+        return axes == list(range(len(shape) - len(axes), len(shape)))
+
+    def _row_reduces(self, along: list[Node], scans: list[Node], reduces: list[Node], L: Dim,
+                     N: Dim) -> None:
+        """Reductions of each row in a kernel over the rows (a scan's): a row of the tile is
+        one row of every value (the scanned axis runs down the rows), so reducing the
+        trailing axes, exactly the row's L elements, needs only the tile's own rows when a
+        column tile is the whole row. Each gives one value per row of the tile (a COL), stored
+        by the tile as it goes; nothing is accumulated across tiles."""
+        if not along:
+            return
+        others = [n for n in reduces if n not in along]
+        for n in along:
+            shape = n.inputs[0].shape
+            axes = sorted(a % len(shape) for a in n.attrs["axis"])
+            r = symbolic.numel(shape[axes[0]:])
+            if not eq(n.inputs[0].type.numel, N):
+                raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
+                                  node=n)
+            if not eq(r, L):  # (the reduction apart, with the work after it)
+                raise SplitBefore(f"{n.op} along rows of {r} in a scan's kernel whose rows are "
+                                  f"{L} long (the reduced axes split across the tile's rows)",
+                                  node=n)
+            if others:
+                raise Unsupported(f"{n.op} along the rows beside a reduction over them "
+                                  "(each row's result would be accumulated over the rows)",
+                                  node=n)
+        self.row_reduces = frozenset(id(n) for n in along)
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
@@ -1164,7 +1235,7 @@ class _Planner:
                         self._check_placed(n, v, kind[id(o)], S, L)
                     continue
                 if not full_space:  # placed against a full-size value it broadcasts to
-                    c = self._compact_input(v, N, L)
+                    c = self._row_input(n, v, N, L) or self._compact_input(v, N, L)
                     if c is None:
                         raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
                                           "value) in the loop space", node=n, about=(v,))
@@ -1184,7 +1255,8 @@ class _Planner:
             if n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
-                kind[id(out)] = ROW if self.col_reduce else COL
+                kind[id(out)] = ROW if self.col_reduce and id(n) not in self.row_reduces \
+                    else COL
             elif n.op == "BroadcastTo" and (srcs[0] in (FULL, PARTIAL) or not full_space):
                 self.root[id(out)] = self.owner(n.inputs[0])
             elif n.op == "BroadcastTo":

@@ -752,11 +752,34 @@ def _matmul(c: NodeCtx):
     if b.type.rank == 1:
         b = c.emit("ExpandDims", [b], {"axis": [1]})
         squeeze.append(-1)
-    y = c.emit("BatchMatMul", [a, b]) if (a.type.rank > 2 or b.type.rank > 2) else \
+    attrs = {}
+    if a.type.rank > 2 and b.type.rank >= 2:
+        src = _swapped(a)
+        if src is not None:  # A moved by its last two axes: the cube reads it transposed
+            a, attrs = src, {"transpose_a": True}
+    y = c.emit("BatchMatMul", [a, b], attrs) if (a.type.rank > 2 or b.type.rank > 2) else \
         c.emit("MatMul", [a, b])
     if squeeze:
         y = c.emit("Squeeze", [y], {"axis": [s + y.type.rank for s in squeeze]})
     return y
+
+
+def _swapped(v):
+    """The operand of a Transpose of the last two axes that ``v`` is (through Casts to its
+    own type, which change nothing: an exporter's ``Cast`` of a float32 to float32), or
+    None. ``MatMul(Transpose(x), W)`` is then ``BatchMatMul(x, W, transpose_a=True)``:
+    every output element the same dot product over the same K, as the torch frontend folds
+    ``x.transpose(-1, -2) @ W``."""
+    while v.producer is not None and v.producer.op == "Cast" and \
+            v.producer.inputs[0].dtype == v.dtype:
+        v = v.producer.inputs[0]
+    p = v.producer
+    if p is None or p.op != "Transpose":
+        return None
+    r = len(p.attrs["perm"])
+    if r < 3 or list(p.attrs["perm"]) != [*range(r - 2), r - 1, r - 2]:
+        return None
+    return p.inputs[0]
 
 
 @handles("Einsum")

@@ -369,6 +369,26 @@ def pattern_cases() -> list[Case]:
     h = n("Scan", [n("Exp", [n("Neg", [n("Abs", [v["x"]])])]), v["u"]], axis=2,
           combine="linear")
     add("scan-transposed-store", g, n("Transpose", [h], perm=[0, 2, 1, 3]))
+    # a selective scan's readout in the scan's kernel (scan_readout): the history h summed
+    # over the state with C (per batch, step and state, shared by the channels), one value
+    # per row of the scan's tile; rows of 8, of 20 (padded to the block), a symbolic batch,
+    # a maximum over the state, and the readout's skip term and gate in the kernel too
+    # (scan_readout_epilogue: per-row operands of the 3-D shape, a scalar)
+    for lead, state, red, tail in ((2, 8, "ReduceSum", False), (3, 20, "ReduceSum", True),
+                                   ("b", 16, "ReduceSum", True), (2, 8, "ReduceMax", False)):
+        g, v = _g("scan_readout", {"x": (lead, 6, 16, state), "u": (lead, 6, 16, state),
+                                   "c": (lead, 1, 16, state),
+                                   **({"w": (lead, 6, 16), "z": (lead, 6, 16)} if tail else {})})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        h = n("Scan", [n("Exp", [n("Neg", [n("Abs", [v["x"]])])]), n("Mul", [v["u"], v["x"]])],
+              axis=2, combine="linear")
+        y = n(red, [n("Mul", [h, v["c"]])], axis=[3], keep_dims=True)
+        if tail:
+            y = n("Reshape", [y], shape=[lead if lead != "b" else "b", 6, 16])
+            skip = n("Mul", [v["w"], g.const(np.float32(0.5))])
+            y = n("Mul", [n("Add", [y, skip]), n("Sigmoid", [v["z"]])])
+        add(f"scan-readout-{red}-{lead}x{state}{'-gated' if tail else ''}", g, y,
+            dims=[{"b": 1}, {"b": 3}] if lead == "b" else None)
     for combine, shape, axis in (("add", (300, 33), 0), ("max", (3, 7, 5), 1),
                                  ("mul", (4, 50), 1), ("min", (16, 2, 8, 16), 0)):
         g, v = _g("scan", {"x": shape})

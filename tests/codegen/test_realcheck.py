@@ -333,6 +333,25 @@ def test_lookup_and_split_kernels_compile_against_the_real_headers():
 
 
 @needs_headers
+def test_scan_readout_kernels_compile_against_the_real_headers():
+    """A scan's kernel that reduces each row of its tile (the selective scan's readout:
+    ``RowReduce`` in the loop over the rows, one value per row stored per tile) and the
+    whole-row column tile of its host tiling type-check against the real API."""
+    cases = [c for c in pattern_cases() if c.id.startswith("scan-readout-")]
+    assert len(cases) == 4
+    rendered = []
+    for c in cases:
+        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    readouts = [r for r in rendered if r.schedule.whole_row_tiles]
+    assert len(readouts) == 4
+    assert all("RowReduce(" in "".join(r.files.values()) for r in readouts)
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+@needs_headers
 def test_in_ub_transpose_kernels_compile_against_the_real_headers():
     """The in-UB transpose's table built by the scalar unit (LocalTensor SetValue) and its
     count-form Gather, of a stored value and of a loaded input (and of inputs a LayerNorm

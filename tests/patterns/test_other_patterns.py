@@ -285,3 +285,76 @@ def test_matmul_depth_leaves_out_a_consumer_the_epilogue_cannot_run():
     full = graphkernel.compile(g, "--opt_level=2", env={})
     assert sorted(e["kind"] for e in launches(full.graph)) == ["cube", "vector"]
     assert not full.report.extra.get("fallbacks")
+
+
+def _selective_scan(b, lead=2, state=8, axis=2):
+    """h = Scan(exp(-|x|), u * x) along ``axis`` of [lead, 6, 16, state], the readout
+    sum_n h * c with c shared by the channels (axis 1)."""
+    shape = (lead, 6, 16, state)
+    x, u = b.input("x", shape), b.input("u", shape)
+    c = b.input("c", (lead, 1, 16, state))
+    decay = b.op("Exp", b.op("Neg", b.op("Abs", x, name="abs"), name="neg"), name="exp")
+    h = b.op("Scan", decay, b.op("Mul", u, x, name="bu"), name="scan", axis=axis,
+             combine="linear")
+    return h, b.op("Mul", h, c, name="hc")
+
+
+SCAN_FLAGS = ""  # every pattern of opt_level 2
+
+
+def test_a_scans_readout_joins_the_scans_kernel():
+    """sum over the state of h * C reduces exactly the axes after the scanned one: one kernel,
+    the history never stored (without the pattern: the scan's kernel and the readout's)."""
+    b = G()
+    h, hc = _selective_scan(b)
+    y = b.op("ReduceSum", hc, name="y", axis=[3], keep_dims=True)
+    res = fuse(b.out(y), SCAN_FLAGS)
+    assert kernels(res) == [{"abs", "neg", "exp", "bu", "scan", "hc", "y"}]
+    assert attempts(res, "scan_readout", "fused")
+    res = fuse(b.out(y), "--disable_fusion_pattern=scan_readout")
+    assert len(kernels(res)) == 2
+
+
+def test_a_readout_the_scan_kernel_cannot_hold_is_refused_with_the_reason():
+    """Another reader of the history (it would be stored anyway), and a reduction of other
+    axes than the scan's rows (the state and the channels: rows of other tiles), stay apart."""
+    b = G()
+    h, hc = _selective_scan(b)
+    y = b.op("ReduceSum", hc, name="y", axis=[3], keep_dims=True)
+    res = fuse(b.out(y, b.op("Neg", h, name="other")), SCAN_FLAGS)
+    assert any("has other consumers" in r for r in reasons(res, "scan_readout"))
+    assert not attempts(res, "scan_readout", "fused")
+    b = G()
+    h, hc = _selective_scan(b)
+    y = b.op("ReduceSum", hc, name="y", axis=[1, 3], keep_dims=True)
+    res = fuse(b.out(y), SCAN_FLAGS)
+    assert any("reduces other than rows of the scan's tile" in r
+               for r in reasons(res, "scan_readout"))
+    assert not attempts(res, "scan_readout", "fused")
+
+
+def test_the_readouts_skip_term_and_gate_join_the_scans_kernel():
+    """(y + w * D) * sigmoid(z) on the readout, with w and z one value per row (the shape of
+    the ops reading them): the scan's kernel computes and stores it; an operand broadcast
+    along the rows (one value per channel) keeps the consumer apart."""
+    b = G()
+    h, hc = _selective_scan(b)
+    y = b.op("Reshape", b.op("ReduceSum", hc, name="y", axis=[3], keep_dims=True), name="y3",
+             shape=[2, 6, 16])
+    w, z = b.input("w", (2, 6, 16)), b.input("z", (2, 6, 16))
+    skip = b.op("Mul", w, b.const(0.5), name="skip")
+    out = b.op("Mul", b.op("Add", y, skip, name="add"), b.op("Sigmoid", z, name="gate"),
+               name="out")
+    res = fuse(b.out(out), SCAN_FLAGS)
+    (k,) = kernels(res)
+    assert {"scan", "hc", "y", "y3", "skip", "add", "out"} <= k and \
+        any(m.startswith("gate") for m in k)
+    assert attempts(res, "scan_readout_epilogue", "fused")
+    b = G()
+    h, hc = _selective_scan(b)
+    y = b.op("Reshape", b.op("ReduceSum", hc, name="y", axis=[3], keep_dims=True), name="y3",
+             shape=[2, 6, 16])
+    d = b.input("d", (6, 1))
+    res = fuse(b.out(b.op("Mul", y, d, name="per_channel")), SCAN_FLAGS)
+    assert any("not one per row" in r for r in reasons(res, "scan_readout_epilogue"))
+    assert len(kernels(res)) == 2
