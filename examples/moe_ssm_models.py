@@ -3,8 +3,9 @@ its ``transformers`` config with the library's defaults (attention implementatio
 implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weights, no
 download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
 model, example inputs); ``FAMILY`` says which family each belongs to. ``held_out_builders()``
-has further mixture-of-experts decoders built the same way, kept out of the zoo: the mechanisms
-are tuned on the zoo, these check that they carry over.
+has further architectures built the same way, kept out of the zoo (``HELD_OUT_FAMILY``: MoE
+decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision and
+speech models): the mechanisms are tuned on the zoo, these check that they carry over.
 
     python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
     python benchmarks/vs_inductor.py --held-out  # the held-out decoders vs Inductor
@@ -123,9 +124,9 @@ def builders(attn: str = "sdpa"):
 
 
 def held_out_builders(attn: str = "sdpa"):
-    """name -> (build model, example inputs) of the held-out mixture-of-experts decoders
-    (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's: GLM-4-MoE and dots.llm1
-    (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
+    """name -> (build model, example inputs) of the held-out architectures
+    (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's. MoE decoders: GLM-4-MoE
+    and dots.llm1 (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
     and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
     (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
     layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
