@@ -126,10 +126,11 @@ def builders(attn: str = "sdpa"):
 def held_out_builders(attn: str = "sdpa"):
     """name -> (build model, example inputs) of the held-out architectures
     (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's. MoE decoders: GLM-4-MoE
-    and dots.llm1 (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
-    and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
-    (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
-    layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
+    and dots.llm1 (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of
+    attention heads and of MLPs, experts split by their token counts), DeepSeek-V2 and
+    Llama 4's text model (rotary as complex products: ``torch.polar``, ``view_as_complex``;
+    Llama 4 also with layers without rotary, chunked attention and a shared expert beside a
+    top-1 router), DBRX; then the other families (see the comments at each)."""
     import transformers as T
 
     build = _builder(attn)
