@@ -4,7 +4,7 @@
                                      [--export] [model ...]
     python benchmarks/vs_inductor.py --cnn [--export] [model ...]   # the CNN zoo
     python benchmarks/vs_inductor.py --cnn --held-out [model ...]   # the held-out CNN families
-    python benchmarks/vs_inductor.py --held-out [--training] [model ...]  # held-out MoE decoders
+    python benchmarks/vs_inductor.py --held-out [--training] [model ...]  # held-out transformers
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
@@ -384,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the convolutional networks of examples/cnn_models.py instead")
     ap.add_argument("--held-out", action="store_true",
                     help="the held-out families (not the zoo): with --cnn the CNNs', else the "
-                         "mixture-of-experts decoders of moe_ssm_models.held_out_builders")
+                         "architectures of moe_ssm_models.held_out_builders (MoE, SSM and "
+                         "hybrid decoders, decoders, an encoder, vision and speech models)")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging

@@ -3,8 +3,9 @@ its ``transformers`` config with the library's defaults (attention implementatio
 implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weights, no
 download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
 model, example inputs); ``FAMILY`` says which family each belongs to. ``held_out_builders()``
-has further mixture-of-experts decoders built the same way, kept out of the zoo: the mechanisms
-are tuned on the zoo, these check that they carry over.
+has further architectures built the same way, kept out of the zoo (``HELD_OUT_FAMILY``: MoE
+decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision and
+speech models): the mechanisms are tuned on the zoo, these check that they carry over.
 
     python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
     python benchmarks/vs_inductor.py --held-out  # the held-out decoders vs Inductor
@@ -22,9 +23,14 @@ FAMILY = {
     "deepseek_v3": "mixture-of-experts", "gpt_oss": "mixture-of-experts",
     "phimoe": "mixture-of-experts",
 }
-HELD_OUT_FAMILY = dict.fromkeys(
-    ("glm4_moe", "dots1", "granitemoe", "ernie4_5_moe", "jetmoe", "deepseek_v2", "llama4"),
-    "mixture-of-experts")
+HELD_OUT_FAMILY = {
+    **dict.fromkeys(("glm4_moe", "dots1", "granitemoe", "ernie4_5_moe", "jetmoe", "deepseek_v2",
+                     "llama4", "dbrx"), "mixture-of-experts"),
+    **dict.fromkeys(("mamba_wide", "falcon_mamba_narrow", "mamba2_groups", "jamba", "bamba"),
+                    "state-space"),
+    **dict.fromkeys(("cohere", "phi3", "gemma2", "olmo2"), "decoder"),
+    "modernbert": "encoder", "dinov2": "vision", "convnextv2": "vision", "wavlm": "audio",
+}
 
 
 def _inputs(torch):
@@ -52,12 +58,30 @@ def _builder(attn: str):
         def forward(self, x):
             return self.model(input_ids=x).last_hidden_state
 
-    def build(cfg_cls, model_cls, attention=True, **kw):
+    class Named(Hidden):
+        """Returns the last hidden state of the model fed ``key`` (pixels, a waveform)."""
+
+        def __init__(self, model, key):
+            super().__init__(model)
+            self.key = key
+
+        def forward(self, x):
+            return self.model(**{self.key: x}).last_hidden_state
+
+    def build(cfg_cls, model_cls, attention=True, key=None, shape=None, **kw):
+        """``key``/``shape``: a model fed a float tensor of ``shape`` (uniform in [0, 1))
+        under that keyword instead of token ids."""
         def make():
             torch.manual_seed(SEED)
             cfg = cfg_cls(**kw, **(common if attention else {}))
-            return Hidden(model_cls(cfg).eval())
-        return make, lambda: _inputs(torch)
+            model = model_cls(cfg).eval()
+            return Named(model, key) if key else Hidden(model)
+
+        def inputs():
+            if not key:
+                return _inputs(torch)
+            return (torch.rand(*shape, generator=torch.Generator().manual_seed(SEED)),)
+        return make, inputs
 
     return build
 
@@ -100,18 +124,24 @@ def builders(attn: str = "sdpa"):
 
 
 def held_out_builders(attn: str = "sdpa"):
-    """name -> (build model, example inputs) of the held-out mixture-of-experts decoders
-    (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's: GLM-4-MoE and dots.llm1
-    (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of attention heads
-    and of MLPs, experts split by their token counts), DeepSeek-V2 and Llama 4's text model
-    (rotary as complex products: ``torch.polar``, ``view_as_complex``; Llama 4 also with
-    layers without rotary, chunked attention and a shared expert beside a top-1 router)."""
+    """name -> (build model, example inputs) of the held-out architectures
+    (``HELD_OUT_FAMILY``), built as ``builders`` builds the zoo's. MoE decoders: GLM-4-MoE
+    and dots.llm1 (group-limited routers), GraniteMoE, ERNIE-4.5-MoE, JetMoE (mixtures of
+    attention heads and of MLPs, experts split by their token counts), DeepSeek-V2 and
+    Llama 4's text model (rotary as complex products: ``torch.polar``, ``view_as_complex``;
+    Llama 4 also with layers without rotary, chunked attention and a shared expert beside a
+    top-1 router), DBRX; then the other families (see the comments at each)."""
     import transformers as T
 
     build = _builder(attn)
     moe = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
                num_key_value_heads=2, intermediate_size=FF, vocab_size=VOCAB,
                max_position_embeddings=64)
+    ids = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)  # within the small vocabulary
+    enc = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
+               intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
+    vis = dict(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+               intermediate_size=FF)
     group = dict(n_routed_experts=2 * EXPERTS, n_group=2, topk_group=1, n_shared_experts=1,
                  first_k_dense_replace=1, moe_intermediate_size=FF, num_experts_per_tok=2)
     return {
@@ -133,6 +163,51 @@ def held_out_builders(attn: str = "sdpa"):
                              num_experts_per_tok=2, **moe),
         "llama4": build(T.Llama4TextConfig, T.Llama4TextModel, num_local_experts=EXPERTS,
                         intermediate_size_mlp=FF, head_dim=H // HEADS, **moe),
+        # fused Wqkv clipped, experts as one stacked weight looped over in the forward
+        "dbrx": build(T.DbrxConfig, T.DbrxModel, d_model=H, n_heads=HEADS, n_layers=LAYERS,
+                      max_seq_len=64, vocab_size=VOCAB,
+                      attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0),
+                      ffn_config=dict(ffn_hidden_size=FF, moe_num_experts=EXPERTS, moe_top_k=2)),
+        # state-space models of other sizes than the zoo's (state, expansion, window)
+        "mamba_wide": build(T.MambaConfig, T.MambaModel, attention=False, hidden_size=H,
+                            num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=8, expand=4,
+                            conv_kernel=3),
+        "falcon_mamba_narrow": build(T.FalconMambaConfig, T.FalconMambaModel, attention=False,
+                                     hidden_size=H, num_hidden_layers=LAYERS, vocab_size=VOCAB,
+                                     state_size=32, expand=1, conv_kernel=2),
+        "mamba2_groups": build(T.Mamba2Config, T.Mamba2Model, attention=False, hidden_size=H,
+                               num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=16,
+                               num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
+        # hybrids: a Mamba layer with a dense MLP, then an attention layer with experts
+        "jamba": build(T.JambaConfig, T.JambaModel, num_experts=EXPERTS, attn_layer_period=2,
+                       attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                       mamba_d_state=16, **moe),
+        # a Mamba2 layer, then an attention layer (each with a gated MLP)
+        "bamba": build(T.BambaConfig, T.BambaModel, attn_layer_indices=[1], mamba_n_heads=8,
+                       mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
+                       **moe),
+        # decoders outside the zoo: parallel block with a LayerNorm without bias (Cohere),
+        # fused QKV and gate/up (Phi-3), soft-capped logits and sliding layers (Gemma 2),
+        # norms after attention and MLP with Q/K norms (OLMo 2)
+        "cohere": build(T.CohereConfig, T.CohereModel, **ids, **moe),
+        "phi3": build(T.Phi3Config, T.Phi3Model, **ids, **moe),
+        "gemma2": build(T.Gemma2Config, T.Gemma2Model, head_dim=H // HEADS, sliding_window=8,
+                        **moe),
+        "olmo2": build(T.Olmo2Config, T.Olmo2Model, **ids, **moe),
+        # an encoder with rotary, GeGLU and alternating local/global attention
+        "modernbert": build(T.ModernBertConfig, T.ModernBertModel, local_attention=8,
+                            cls_token_id=0, sep_token_id=0, **ids, **enc),
+        # vision: a ViT with layer scale (DINOv2), ConvNeXt with global response norms
+        "dinov2": build(T.Dinov2Config, T.Dinov2Model, key="pixel_values",
+                        shape=(2, 3, 32, 32), image_size=32, patch_size=8, **vis),
+        "convnextv2": build(T.ConvNextV2Config, T.ConvNextV2Model, key="pixel_values",
+                            shape=(2, 3, 32, 32), image_size=32, hidden_sizes=[16, 32],
+                            depths=[1, 1], num_stages=2, patch_size=4),
+        # speech: WavLM's gated relative position bias over a convolutional front end
+        "wavlm": build(T.WavLMConfig, T.WavLMModel, key="input_values", shape=(2, 400),
+                       conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                       num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                       vocab_size=VOCAB, **vis),
     }
 
 

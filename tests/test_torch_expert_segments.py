@@ -175,3 +175,52 @@ def test_the_rewrite_is_structural_and_exact():
 
     assert group_segmented_products(make_fx(part_read_twice, tracing_mode="fake")(x, w)) \
         is None
+
+
+def test_symbolic_counts_reach_the_graph_as_size_inputs():
+    """The counts read as numbers are scalar graph inputs the runner feeds with the symbols'
+    values (on the base tree each was a reduction over a tensor of ones of its length: two
+    launches per count, 14 launches for this graph): the graph with symbolic counts costs
+    two launches more than the static one (the running sum of the counts and their
+    concatenation), no more."""
+    torch.manual_seed(0)
+    model = ScatterMoE().eval()
+    fn = torch.compile(model, backend="graphkernel")
+    with torch.no_grad():
+        for x in _inputs():
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=2e-5)
+    static, symbolic = [g for g in gt.stats()["per_graph"] if g["aten_ops"] > 20]
+    assert not static["recompile"] and symbolic["recompile"]
+    assert sum(symbolic["launches"].values()) <= sum(static["launches"].values()) + 2, \
+        (static["launches"], symbolic["launches"])
+
+
+def test_a_size_read_as_a_number_is_fed_not_counted(monkeypatch):
+    """``torch.full((1,), x.shape[0])`` under ``dynamic=True``: the size is a scalar input of
+    the imported graph, fed with its value at each call (one launch: the product; the base
+    tree counted the size with a reduction over ones, 3 launches); every size matches eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphkernel.frontends.fx import import_fx_module
+
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+
+    def f(x):
+        return x * torch.full((1,), x.shape[0], dtype=torch.float32)
+
+    compiled = torch.compile(f, backend="graphkernel", dynamic=True)
+    for n in (5, 7, 9):
+        x = _g(n, 3, seed=n)
+        torch.testing.assert_close(compiled(x), f(x))
+    (g,) = gt.stats()["per_graph"]
+    assert g["symbols"] and not g["recompile"] and sum(g["launches"].values()) == 1, g
+
+    gm = make_fx(f, tracing_mode="symbolic")(_g(5, 3))
+    fed = import_fx_module(gm, None, sizes_in=True)
+    assert len(fed.sizes) == 1 and "ReduceSum" not in {n.op for n in fed.graph.nodes}
+    ((at, dim),) = fed.sizes.items()
+    # a scalar input holding x's row count (the symbol of x's first dim)
+    assert fed.graph.inputs[at].type.shape == () and dim == fed.graph.inputs[0].type.shape[0]
+    counted = import_fx_module(gm, None)  # exported graphs: no extra input, a count
+    assert not counted.sizes and len(counted.graph.inputs) == 1
+    assert "ReduceSum" in {n.op for n in counted.graph.nodes}

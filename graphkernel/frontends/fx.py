@@ -1012,12 +1012,33 @@ def _full(c: Ctx):
     t = c.out_type
     value = c.arg(1) if "full" in str(c.node.target) else c.arg(0)
     if isinstance(value, str):  # a symbolic size as a number (torch.tensor(x.size(-1)))
+        fed = c.env.get(_SIZES_IN)
+        if fed is not None:
+            return _size_input(c, fed, value, t)
         return _size_value(c, value, t)
     if isinstance(value, Value):
         raise Unmapped("a fill value computed at run time")
     if not t.is_static:  # one scalar broadcast to the symbolic shape
         return c.emit("BroadcastTo", [c.const(value, t.dtype)], {"shape": list(t.shape)})
     return c.const(np.full(t.shape, value), t.dtype)
+
+
+_SIZES_IN = "<sizes fed as inputs>"  # a key of the import's env: size -> its graph input
+
+
+def _size_input(c: Ctx, fed: dict, dim: str, t: TensorType) -> Value:
+    """A tensor of type ``t`` filled with the value of the symbolic size ``dim``, read from a
+    scalar graph input that the caller feeds with that value (``import_fx_module(sizes_in=
+    True)``: the torch backend, whose runner holds every symbol's value when it is called).
+    The value is exact: torch converts the Python int to ``t``'s dtype as numpy does. On the
+    device the host holds the sizes (they are in every kernel's tiling data); the scalar
+    crosses as an input, with no kernel computing it."""
+    key = (dim, t.dtype)
+    if key not in fed:
+        label = re.sub(r"\W+", "_", str(dim)).strip("_")
+        fed[key] = c.g.add_input(c.g.fresh_name(f"size_{label}"), TensorType((), t.dtype))
+    v = fed[key]
+    return c.emit("BroadcastTo", [v], {"shape": list(t.shape)}) if t.shape else v
 
 
 def _size_value(c: Ctx, dim: str, t: TensorType) -> Value:
@@ -2093,6 +2114,9 @@ class FxImport:
     graph: Graph
     inputs: list[int | str | None] = field(default_factory=list)
     outputs: list[tuple[str, Any]] = field(default_factory=list)
+    # graph input index -> the size whose value it holds (``import_fx_module(sizes_in=True)``:
+    # the caller feeds each the value of its size once the symbols are bound)
+    sizes: dict[int, Any] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)  # ATen op -> why it is Opaque
     bugs: dict[str, str] = field(default_factory=dict)  # op -> its handler's failure
 
@@ -2283,17 +2307,23 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None,
 def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
                      name: str = "fx_graph",
                      constants: dict[int, np.ndarray] | None = None,
-                     strict: bool = True) -> FxImport:
+                     strict: bool = True, sizes_in: bool = False) -> FxImport:
     """Import an ATen-level ``torch.fx.GraphModule`` with its call signature; the
     placeholders numbered in ``constants`` become Constant nodes (frozen parameters).
     Without ``strict``, a handler that fails unexpectedly (a bug) is logged with its
     traceback and its op runs through torch (``FxImport.bugs``); with it, the error is
-    raised."""
+    raised. With ``sizes_in``, a symbolic size the program reads as a number
+    (``scalar_tensor(s0)``, ``torch.tensor(x.size(0))``) becomes a scalar graph input that
+    the caller feeds with the size's value (``FxImport.sizes``: a caller that binds the
+    symbols when it runs the graph, the torch backend); without it (a graph exported to be
+    run by others), the value is counted on the device (``_size_value``)."""
     if torch is None:
         raise FrontendError("importing FX graphs needs torch: pip install 'graphkernel[torch]'")
     g = Graph(name)
     res = FxImport(g)
     env: dict[Any, Any] = {}
+    if sizes_in:
+        env[_SIZES_IN] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
     constants = constants or {}
@@ -2382,4 +2412,7 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             final.append(v)
     g.set_outputs(final)
     g.remove_dead()
+    for (dim, _), v in env.get(_SIZES_IN, {}).items():
+        if v in g.inputs:
+            res.sizes[g.inputs.index(v)] = dim
     return res

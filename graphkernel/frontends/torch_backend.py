@@ -193,6 +193,8 @@ def _recompile() -> bool:
 # ------------------------------------------------------------------- runner
 def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]:
     """The compiled graph as a callable with the FX graph's signature."""
+    import numpy as np
+
     from graphkernel import symbolic
     from graphkernel.frontends.fx import to_numpy, to_torch
     from graphkernel.interpreter import Interpreter
@@ -201,6 +203,8 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
     plain = [(i, d) for i, d in enumerate(imported.inputs)
              if isinstance(d, str) and d.isidentifier()]
 
+    graph_inputs = imported.graph.inputs
+
     def run(*args: Any) -> Any:
         feeds, symbols = {}, {}
         for spec, a in zip(imported.inputs, args, strict=False):
@@ -208,6 +212,15 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
                 feeds[names[spec]] = to_numpy(a)
         for i, d in plain:  # SymInt arguments bind their symbols directly
             symbols[d] = int(args[i])
+        if imported.sizes:  # sizes read as numbers: their values, the symbols bound
+            bound = dict(symbols)
+            for v in graph_inputs:
+                if v.name in feeds:
+                    for dim, actual in zip(v.type.shape, feeds[v.name].shape, strict=False):
+                        symbolic.bind(dim, actual, bound)
+            for i, dim in imported.sizes.items():
+                v = graph_inputs[i]
+                feeds[v.name] = np.asarray(symbolic.evaluate(dim, bound), v.type.dtype.np)
         interp = Interpreter(compiled, None, kernel_runner, symbols)
         outs = interp.run(feeds)
         result = []
@@ -378,7 +391,7 @@ def _compile_once(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         with _real_tensors():  # graph constants are real tensors; read them as such
             consts = {i: to_numpy(t).copy() for i, t in frozen.items()}
             imported = import_fx_module(work, example_inputs, name=name, constants=consts,
-                                        strict=strict)
+                                        strict=strict, sizes_in=True)
     except FrontendError as e:  # the graph holds what graphkernel cannot model
         return through_torch(str(e))
     except Exception as e:  # noqa: BLE001 - graphkernel's own failure: a bug, not the user's
