@@ -200,6 +200,10 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
     names = [v.name for v in imported.graph.inputs]
     plain = [(i, d) for i, d in enumerate(imported.inputs)
              if isinstance(d, str) and d.isidentifier()]
+    # a SymInt argument that is a multiple of a symbol (``8*s0x8``: a length the guards hold
+    # to be a multiple of 8) binds that symbol
+    scaled = [(i, d) for i, d in enumerate(imported.inputs)
+              if isinstance(d, str) and not d.isidentifier()]
 
     def run(*args: Any) -> Any:
         feeds, symbols = {}, {}
@@ -208,6 +212,8 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
                 feeds[names[spec]] = to_numpy(a)
         for i, d in plain:  # SymInt arguments bind their symbols directly
             symbols[d] = int(args[i])
+        for i, d in scaled:
+            symbolic.bind(d, int(args[i]), symbols)
         interp = Interpreter(compiled, None, kernel_runner, symbols)
         outs = interp.run(feeds)
         result = []
