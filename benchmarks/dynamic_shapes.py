@@ -71,6 +71,29 @@ def graphs_allowed(name: str) -> int:
     return 2 if family(name) == "kv-cache" else 1
 
 
+def dynamo_graphs(model, calls) -> int:
+    """Graphs Dynamo itself makes of ``model`` under ``dynamic=True`` over ``calls``, with a
+    backend that runs each graph as it is (``backend="eager"``): the floor no backend can go
+    under (a Python branch or a size-1 specialisation on the length recompiles whatever
+    the backend; Mamba's associative scan recurses on halves of the length)."""
+    import torch
+    from export_models import compile_model
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = compile_model(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for args in calls:
+            compiled(*args)
+    torch._dynamo.reset()
+    return len(graphs)
+
+
 def measure(model, calls) -> dict:
     import torch
     from export_models import compile_model

@@ -10,12 +10,15 @@ A symbol may be *derived* from another: ``s0__m10_d5`` is ``floor((s0 - 10) / 5)
 the end make of a symbolic length). Its name says how to compute it from its base, so it
 needs no table: ``evaluate`` computes it when the base is bound, and elsewhere it is a
 symbol like any other. Derived symbols compose (``floor((floor((x+a)/d) + b)/e)`` is
-``floor((x + a + b*d)/(d*e))``), so their base is always a plain symbol.
+``floor((x + a + b*d)/(d*e))``), so their base is always a plain symbol. The base may be
+scaled: ``q__t8_p3_d1`` is ``8*q + 3`` (a length the guards hold to be a multiple of 8,
+``8*q``, that a convolution pads by 3).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping, Sequence
 
@@ -65,19 +68,29 @@ def _parse_other(d: Dim) -> Monomial:
     return coef, tuple(sorted(syms))
 
 
-_DERIVED = re.compile(r"^(?P<base>[A-Za-z_][A-Za-z0-9_]*?)__(?P<sign>[pm])(?P<add>\d+)"
-                      r"_d(?P<div>[1-9]\d*)$")
+_DERIVED = re.compile(r"^(?P<base>[A-Za-z_][A-Za-z0-9_]*?)__(?:t(?P<mul>[2-9]|[1-9]\d+)_)?"
+                      r"(?P<sign>[pm])(?P<add>\d+)_d(?P<div>[1-9]\d*)$")
 
 
 def derived(d: str) -> tuple[str, int, int] | None:
-    """(base, a, d) of a derived symbol ``floor((base + a) / d)``; None for a plain one."""
+    """(base, a, d) of a derived symbol ``floor((base + a) / d)``; None for a plain one (or
+    one of a scaled base: ``scaled``)."""
+    got = scaled(d)
+    if got is None or got[1] != 1:
+        return None
+    return got[0], got[2], got[3]
+
+
+def scaled(d: str) -> tuple[str, int, int, int] | None:
+    """(base, m, a, d) of a derived symbol ``floor((m*base + a) / d)``; None for a plain
+    one."""
     m = _DERIVED.match(d)
     if m is None:
         return None
-    if len(m["add"]) > 12 or len(m["div"]) > 12:  # beyond any size: a plain name
-        return None
+    if len(m["add"]) > 12 or len(m["div"]) > 12 or len(m["mul"] or "") > 12:
+        return None  # beyond any size: a plain name
     add = int(m["add"]) * (-1 if m["sign"] == "m" else 1)
-    return m["base"], add, int(m["div"])
+    return m["base"], int(m["mul"] or 1), add, int(m["div"])
 
 
 def floor_affine(d: Dim, add: int, div: int = 1) -> Dim:
@@ -90,15 +103,23 @@ def floor_affine(d: Dim, add: int, div: int = 1) -> Dim:
             raise ShapeError(f"dim {d} {'+' if add >= 0 else '-'} {abs(add)} is negative")
         return (d + add) // div
     coef, syms = parse_dim(d)
-    if coef != 1 or len(syms) != 1:
+    got = scaled(syms[0]) if len(syms) == 1 else None
+    # a multiple of a plain symbol (``8*q``) is a scaled base: ``8*q + 3`` is ``q__t8_p3_d1``
+    if len(syms) != 1 or (coef != 1 and got is not None):
         raise ShapeError(f"cannot express floor(({d} {'+' if add >= 0 else '-'} {abs(add)})"
                          f" / {div}): only a single symbol can be offset or divided")
-    base, a0, d0 = derived(syms[0]) or (syms[0], 0, 1)
-    total_add, total_div = a0 + add * d0, d0 * div  # floor((floor((x+a0)/d0)+add)/div)
+    base, m, a0, d0 = got or (syms[0], coef, 0, 1)
+    # floor((floor((m*x+a0)/d0)+add)/div) = floor((m*x + a0 + add*d0)/(d0*div))
+    total_add, total_div = a0 + add * d0, d0 * div
+    # floor((m*x + a)/d) = floor((m/g*x + floor(a/g))/(d/g)) for g = gcd(m, d) (m/g*x is
+    # whole): one spelling per size (``floor((8*q + 7)/8)`` is ``q``)
+    g = math.gcd(m, total_div)
+    m, total_add, total_div = m // g, total_add // g, total_div // g
     if total_div == 1 and total_add == 0:
-        return base
+        return make_dim(m, [base])
     sign = "p" if total_add >= 0 else "m"
-    return f"{base}__{sign}{abs(total_add)}_d{total_div}"
+    mul = f"t{m}_" if m != 1 else ""
+    return f"{base}__{mul}{sign}{abs(total_add)}_d{total_div}"
 
 
 def pretty(d: Dim) -> str:
@@ -108,11 +129,12 @@ def pretty(d: Dim) -> str:
     coef, syms = parse_dim(d)
     parts = [str(coef)] if coef != 1 else []
     for s in syms:
-        got = derived(s)
+        got = scaled(s)
         if got is None:
             parts.append(s)
             continue
-        base, a, dv = got
+        base, m, a, dv = got
+        base = f"{m}*{base}" if m != 1 else base
         term = f"{base}{'+' if a >= 0 else '-'}{abs(a)}" if a else base
         parts.append(f"({term})" if dv == 1 and (parts or len(syms) > 1) else
                      term if dv == 1 else f"({term})//{dv}")
@@ -226,11 +248,11 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
 def _symbol_value(s: str, env: Mapping[str, int]) -> int:
     if s in env:
         return env[s]
-    got = derived(s)
+    got = scaled(s)
     if got is None:
         raise ShapeError(f"symbol {s!r} is not bound by any graph input")
-    base, add, div = got
-    return (_symbol_value(base, env) + add) // div
+    base, mul, add, div = got
+    return (mul * _symbol_value(base, env) + add) // div
 
 
 def bind(d: Dim, actual: int, env: dict[str, int]) -> bool:
@@ -251,11 +273,12 @@ def bind(d: Dim, actual: int, env: dict[str, int]) -> bool:
         return known == actual
     if len(free) != 1 or known == 0 or actual % known:
         return False
-    value, got = actual // known, derived(free[0])
-    if got is not None and got[2] == 1:
-        if value - got[1] < 0:
+    value, got = actual // known, scaled(free[0])
+    if got is not None and got[3] == 1:  # m*base + a: binds the base
+        base, m, a, _ = got
+        if value - a < 0 or (value - a) % m:
             return False
-        env[got[0]] = value - got[1]
+        env[base] = (value - a) // m
     else:
         env[free[0]] = value
     return True

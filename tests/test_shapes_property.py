@@ -100,6 +100,37 @@ def test_derived_symbols_compute_the_chain_they_name(x, chain):
     assert symbolic.evaluate(d, env) == want
 
 
+@given(st.integers(1, 2_000), st.integers(2, 16),
+       st.lists(st.tuples(st.integers(-20, 20), st.integers(1, 6)), min_size=1, max_size=5))
+def test_a_multiple_of_a_symbol_offset_and_divided_is_one_scaled_symbol(x, m, chain):
+    """A length the guards hold to be a multiple of m (``m*q``) through convolutions and
+    slices, floor((d + a) / k) step by step, is a dim that evaluates to the same integer,
+    and binds q back from its value (symbolic.scaled)."""
+    d: symbolic.Dim = f"{m}*q"
+    want = m * (x + 1000)
+    for a, k in chain:
+        d = symbolic.floor_affine(d, a, k)
+        want = (want + a) // k
+    assert symbolic.evaluate(d, {"q": x + 1000}) == want
+    env: dict[str, int] = {}
+    if symbolic.bind(d, want, env):  # (a floor division binds under its own name)
+        assert symbolic.evaluate(d, env) == want
+
+
+def test_a_scaled_symbol_has_one_spelling():
+    assert symbolic.floor_affine("8*q", 3) == "q__t8_p3_d1"
+    assert symbolic.pretty("q__t8_p3_d1") == "8*q+3"
+    assert symbolic.floor_affine("q__t8_p3_d1", -3) == "8*q"  # the convolution sliced back
+    assert symbolic.floor_affine("8*q", 7, 8) == "q"  # floor((8q + 7)/8): the gcd cancels
+    assert symbolic.floor_affine("q__t8_p3_d1", 0, 2) == "q__t4_p1_d1"
+    assert symbolic.derived("q__t8_p3_d1") is None  # (not an offset of a plain base)
+    env: dict[str, int] = {}
+    assert symbolic.bind("q__t8_p3_d1", 27, env) and env == {"q": 3}
+    assert not symbolic.bind("q__t8_p3_d1", 28, {})  # 25 is no multiple of 8
+    with pytest.raises(symbolic.ShapeError):
+        symbolic.floor_affine("2*q__t8_p3_d1", 1)
+
+
 def test_a_padded_convolution_and_a_slice_from_the_end_give_the_length_back():
     g = Graph()
     x = g.add_input("x", TensorType((2, 4, 1, "L"), "float32"))
@@ -112,7 +143,7 @@ def test_a_padded_convolution_and_a_slice_from_the_end_give_the_length_back():
                    {"strides": [1, 3], "group": 2}).output
     assert symbolic.pretty(s.type.shape[3]) == "(L-1)//3"
     with pytest.raises(symbolic.ShapeError):
-        symbolic.floor_affine("2*L", 1)  # only one symbol can be offset
+        symbolic.floor_affine("L*T", 1)  # only one symbol (or a multiple of one) is offset
 
 
 def test_a_kv_cache_grows_by_a_symbol_plus_one_and_its_last_rows_are_sliced():

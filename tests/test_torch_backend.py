@@ -279,6 +279,43 @@ def test_a_convolution_length_stays_symbolic(monkeypatch):
     assert frames in {d for v in g.outputs for d in v.type.shape}, g.outputs[0].type
 
 
+class PaddedChunks(torch.nn.Module):
+    """As a Mamba-2 layer: a causal depthwise convolution over the length, the length padded
+    to a multiple of a chunk (8), a sum within each chunk, the padding cut off only when
+    there is some (a Python branch on the size: Dynamo guards it), viewed back as ``L``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 4, groups=4, padding=3)
+
+    def forward(self, x):  # x [B, L, 4]
+        b, n = x.shape[0], x.shape[1]
+        h = torch.nn.functional.silu(self.conv(x.transpose(1, 2))[..., :n]).transpose(1, 2)
+        pad = (8 - n % 8) % 8
+        h = torch.nn.functional.pad(h, (0, 0, 0, pad))
+        y = h.reshape(b, -1, 8, 4).cumsum(2).reshape(b, -1, 4)
+        if pad > 0:
+            y = y[:, :n]
+        return y.reshape(b, n, -1) * 2
+
+
+def test_a_length_guarded_to_a_multiple_stays_symbolic(monkeypatch, caplog):
+    """Lengths that are multiples of the chunk: Dynamo guards that the padding is 0, under
+    which the padded length is the length; graphkernel writes the length as 8 times a symbol
+    (no guard of its own), so one compile serves three lengths, the convolution's ``L + 3``
+    included (a scaled derived symbol)."""
+    graphs = _compiled_graphs(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="graphkernel"):
+        s = _serves_three_sizes(PaddedChunks().eval(),
+                                lambda n: torch.rand(2, n, 4, generator=R), (16, 24, 40), 1e-5)
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    (g,) = graphs
+    length = g.inputs[0].type.shape[1]
+    assert isinstance(length, str) and length.startswith("8*")
+    assert "specialised" not in caplog.text
+    assert "under Dynamo's guards" in caplog.text
+
+
 class TableTail(torch.nn.Module):
     """A bias table of ``L`` positions sliced to the sequence's last ones, as MPT slices its
     alibi table: ``table[..., max(0, L - s):]``; ``stop`` ends the slice early (a slice

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,11 +91,18 @@ def _dim(d: Any) -> int | str:
 
 def _settled(d: Any) -> Any:
     """A SymInt's expression as its shape environment simplifies it under the guards taken
-    so far (``64 - Max(0, 64 - s0)`` is ``s0`` once ``s0 <= 64`` is guarded)."""
+    so far (``64 - Max(0, 64 - s0)`` is ``s0`` once ``s0 <= 64`` is guarded; ``s0`` is
+    ``8*s0x8`` once its remainder by 8 is guarded to be 0: see ``_settle_congruences``)."""
     env = getattr(d.node, "shape_env", None)
-    if env is None or not _min_max(d.node.expr):  # (simplify may respell a floor division)
+    if env is None:
         return d.node.expr
-    expr = env.simplify(d.node.expr)
+    expr = d.node.expr
+    multiples = _MULTIPLES.get(env)
+    if multiples and expr.free_symbols & multiples.keys():
+        expr = expr.xreplace(multiples)
+    if not _min_max(expr):  # (simplify may respell a floor division)
+        return expr
+    expr = env.simplify(expr)
     settled = {}
     for atom in _min_max(expr):
         a, b = atom.args
@@ -2141,12 +2150,18 @@ def specialize_unmodelled(gm: Any) -> list[str]:
         free: dict[str, Any] = {}
         odd: set[str] = set()
         spatial: set[str] = set()
+        back = {str(q): str(x) for table in _MULTIPLES.values() for x, w in table.items()
+                for q in w.free_symbols}
         for n in gm.graph.nodes:
             counts_back = _counts_back(n) or _pad_amount(n)
             for d in syms(n.meta.get("val")):
                 expr = _settled(d)
-                names = {str(x) for x in expr.free_symbols}
-                if len(names) == 1 and str(expr) in names:
+                # (a symbol written as a multiple, n*sNxn, is named and specialised as the
+                # guards' own symbol, through its SymInt)
+                names = {back.get(str(x), str(x)) for x in expr.free_symbols}
+                if isinstance(d.node.expr, sympy.Symbol):
+                    free.setdefault(str(d.node.expr), d)
+                elif len(names) == 1 and str(expr) in names:
                     free.setdefault(str(expr), d)
                 text = str(expr).replace(" ", "")
                 if not text.isdigit() and not _MONOMIAL.fullmatch(text) \
@@ -2162,8 +2177,12 @@ def specialize_unmodelled(gm: Any) -> list[str]:
                         spatial |= {str(s) for s in d.node.expr.free_symbols}
         return free, odd, spatial
 
+    import sympy
+
     _unify_attention_lengths(gm)
     _settle_min_max(gm)
+    for what in _settle_congruences(gm):
+        log.info("%s under Dynamo's guards (a size padded to a multiple of it)", what)
     done: list[str] = []
     while True:  # one symbol at a time, scanning again: a guard may make other sizes products
         free, odd, spatial = scan()
@@ -2209,6 +2228,79 @@ def _unequal_view(n: Any) -> set[str]:
             for x in d.node.expr.free_symbols}
 
 
+# shape environment -> {symbol: n * a fresh symbol} for each symbol its guards hold to be a
+# multiple of n (see ``_settle_congruences``)
+_MULTIPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _written() -> set[Any]:
+    """The fresh symbols of ``_settle_congruences`` (``q`` of a length ``8*q``)."""
+    return {q for table in _MULTIPLES.values() for w in table.values() for q in w.free_symbols}
+
+
+def _settle_congruences(gm: Any) -> list[str]:
+    """Write each symbol ``s`` that Dynamo's guards hold to be a multiple of ``n`` as ``n``
+    times a fresh symbol ``s`` x ``n`` (``s0`` -> ``8*s0x8``), for ``_settled``. Mamba-2
+    pads the length to a multiple of its chunk, ``L + Mod(8 - Mod(L, 8), 8)``, and branches
+    on that padding being 0: Dynamo guards ``Mod(8 - Mod(L, 8), 8) <= 0`` and the graph
+    then views the padded length ``8*ceil(L/8)`` as ``L``, equal only under that guard. A
+    remainder ``m`` by a constant ``n`` of one symbol that the guards hold to be 0 (asked of
+    the shape environment, which adds no guard), and that is 0 for one residue of the
+    symbol modulo ``n`` alone (``m`` is a function of the residue: evaluated for each),
+    makes the symbol that residue's multiples; for residue 0, ``n`` times a symbol, a size
+    graphkernel's dims spell (``8*ceil(8*q/8)`` is ``8*q``). Exact for every size the guards
+    admit; no guard is added, so Dynamo recompiles no more than it would. Returns the
+    symbols so written (for the log)."""
+    import sympy
+    from torch.utils._sympy import functions as F
+
+    found: dict[Any, dict[Any, int]] = {}  # env -> {symbol: modulus}
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        sizes = [v] if isinstance(v, torch.SymInt) else \
+            [d for d in getattr(v, "shape", ()) if isinstance(d, torch.SymInt)]
+        for d in sizes:
+            env = getattr(d.node, "shape_env", None)
+            if env is None:
+                continue
+            for m in sympy.preorder_traversal(d.node.expr):
+                if type(m) not in (F.Mod, F.PythonMod) or len(m.free_symbols) != 1 \
+                        or not isinstance(m.args[1], sympy.Integer) or int(m.args[1]) < 2:
+                    continue
+                (s,), mod = tuple(m.free_symbols), int(m.args[1])
+                if found.get(env, {}).get(s, 1) % mod == 0:
+                    continue
+                try:
+                    zero = env._maybe_evaluate_static(sympy.Eq(m, 0)) or \
+                        env._maybe_evaluate_static(sympy.Le(m, 0))
+                except Exception:  # noqa: BLE001 - a form the environment cannot decide
+                    zero = None
+                if zero is not sympy.true:
+                    continue
+                # the residues of s modulo mod for which m is 0 (m depends on the residue
+                # alone: checked at two multiples apart)
+                zeros = set()
+                for r in range(mod):
+                    vals = {m.xreplace({s: r + mod * k}) for k in (3, 17)}
+                    if len(vals) != 1 or not all(x.is_Integer for x in vals):
+                        zeros = None
+                        break
+                    if vals == {sympy.Integer(0)}:
+                        zeros.add(r)
+                if zeros != {0}:
+                    continue
+                mine = found.setdefault(env, {})
+                mine[s] = math.lcm(mine.get(s, 1), mod)
+    done = []
+    for env, mods in found.items():
+        table = _MULTIPLES.setdefault(env, {})
+        for s, mod in mods.items():
+            q = sympy.Symbol(f"{s}x{mod}", integer=True, positive=True)
+            table[s] = mod * q
+            done.append(f"{s} = {mod}*{q}")
+    return done
+
+
 def _settle_min_max(gm: Any) -> None:
     """Guard, for each ``Max``/``Min`` of one symbol in a size or size argument, the branch
     the example sizes take (as Dynamo guards a Python ``if`` on a size): MPT slices its
@@ -2244,8 +2336,12 @@ def _counts_back(n: Any) -> bool:
     syms_ = list(expr.free_symbols)
     # a size that divides by its symbol (a view's ``numel // s0``) is not ``L - s``, and
     # setting the symbol to 0 in it would divide by zero
-    if len(syms_) != 1 or not expr.is_polynomial(syms_[0]) \
-            or sympy.expand(expr - expr.subs(syms_[0], 0)) != -syms_[0]:
+    if len(syms_) != 1 or not expr.is_polynomial(syms_[0]):
+        return False
+    # (coefficient -1, or a negative multiple: ``-8*q`` for a length the guards hold to be a
+    # multiple of 8)
+    slope = sympy.expand(expr - expr.subs(syms_[0], 0)) / syms_[0]
+    if not (slope.is_Integer and (slope == -1 or (slope < 0 and syms_[0] in _written()))):
         return False
     return bool(n.users) and all(_slices_to_end(u, n) or _counts_back(u) for u in n.users)
 

@@ -202,6 +202,10 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
     names = [v.name for v in imported.graph.inputs]
     plain = [(i, d) for i, d in enumerate(imported.inputs)
              if isinstance(d, str) and d.isidentifier()]
+    # a SymInt argument that is a multiple of a symbol (``8*s0x8``: a length the guards hold
+    # to be a multiple of 8) binds that symbol
+    scaled = [(i, d) for i, d in enumerate(imported.inputs)
+              if isinstance(d, str) and not d.isidentifier()]
 
     graph_inputs = imported.graph.inputs
 
@@ -212,6 +216,8 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
                 feeds[names[spec]] = to_numpy(a)
         for i, d in plain:  # SymInt arguments bind their symbols directly
             symbols[d] = int(args[i])
+        for i, d in scaled:
+            symbolic.bind(d, int(args[i]), symbols)
         if imported.sizes:  # sizes read as numbers: their values, the symbols bound
             bound = dict(symbols)
             for v in graph_inputs:
