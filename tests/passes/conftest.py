@@ -25,7 +25,7 @@ def apply_pass(name: str, graph: Graph, flags: str = "") -> tuple[Graph, PassRes
 
 
 def assert_same_results(before: Graph, after: Graph, seeds=(0, 1, 2), exact: bool = True,
-                        rtol: float = 1e-6) -> None:
+                        rtol: float = 1e-6, atol: float = 0.0) -> None:
     for seed in seeds:
         feeds = random_inputs(before, seed)
         for a, b in zip(run_graph(before, feeds), run_graph(after, feeds), strict=True):
@@ -33,7 +33,7 @@ def assert_same_results(before: Graph, after: Graph, seeds=(0, 1, 2), exact: boo
             if exact:
                 np.testing.assert_array_equal(a32, b32)
             else:
-                np.testing.assert_allclose(b32, a32, rtol=rtol)
+                np.testing.assert_allclose(b32, a32, rtol=rtol, atol=atol)
 
 
 def ops_of(g: Graph) -> list[str]:

@@ -50,7 +50,9 @@ def test_interleaved_parts_of_a_product_become_blocks():
     assert res.rewrites == 1 and _steps(h) == [1, 1], res.notes
     begins = sorted(n.attrs["begin"][0] for n in h.nodes if n.op == "StridedSlice")
     assert begins == [0, N // 2]
-    assert_same_results(g, h)
+    # the same products of the same columns; a BLAS may sum a column differently by its
+    # position in the matrix, so the comparison is to float rounding, not bitwise
+    assert_same_results(g, h, exact=False, rtol=1e-5, atol=1e-6)
 
 
 def test_grouped_experts_and_their_gathered_biases_are_reordered():
@@ -58,14 +60,18 @@ def test_grouped_experts_and_their_gathered_biases_are_reordered():
     h, res = apply_pass("interleaved_columns", g)
     assert res.rewrites == 1 and _steps(h) == [1, 1], res.notes
     assert "2 constant(s) reordered" in res.notes[0]
-    assert_same_results(g, h)
+    # the same products of the same columns; a BLAS may sum a column differently by its
+    # position in the matrix, so the comparison is to float rounding, not bitwise
+    assert_same_results(g, h, exact=False, rtol=1e-5, atol=1e-6)
 
 
 def test_three_interleaved_parts():
     g = _gated(parts=(2, 0, 1), step=3)
     h, res = apply_pass("interleaved_columns", g)
     assert res.rewrites == 1 and _steps(h) == [1, 1, 1]
-    assert_same_results(g, h)
+    # the same products of the same columns; a BLAS may sum a column differently by its
+    # position in the matrix, so the comparison is to float rounding, not bitwise
+    assert_same_results(g, h, exact=False, rtol=1e-5, atol=1e-6)
 
 
 def test_left_as_they_are():
