@@ -206,3 +206,60 @@ def _leaving(model, c) -> list:
     """The values of area ``c`` read outside it (or graph outputs)."""
     return [v for n in c.nodes for v in n.outputs
             if id(v) in model.outputs or any(model.area(u) is not c for u in v.users)]
+
+
+def _views_only(a) -> bool:
+    """An area of views and transposes (and, read as an operand, broadcasts) alone."""
+    return all(n.op == "Transpose" or n.op in ops.RESHAPE_OPS or n.op == "BroadcastTo"
+               for n in a.nodes)
+
+
+def _strided_refusal(model, areas, mm) -> str | None:
+    """Why product ``mm`` cannot read its operands and write its result through the views of
+    ``areas`` taken into its kernel (``codegen/cube/strided.py``), or None."""
+    from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES
+    from graphkernel.codegen.cube.strided import plan
+
+    ids = {id(n) for a in areas for n in a.nodes}
+
+    def leaves(v) -> bool:
+        return id(v) in model.outputs or any(id(u) not in ids for u in v.users)
+
+    p = plan(mm, lambda n: id(n) in ids, leaves, MAX_BATCH_AXES)
+    if isinstance(p, str):
+        return p
+    taken = {id(mm), *(id(n) for n in p.views)}
+    if any(id(n) not in taken for n in (n for a in areas for n in a.nodes)):
+        return "the kernel would hold more than the product and its views"
+    return None
+
+
+@pattern("product_views", order=108, direction="fwd", mode="depth", level=2,
+         refuses=("GK202",))
+def product_views(model, a):
+    """A product with no epilogue (a cube kernel) takes in the views around it that move only
+    batch or row axes of an operand or of its result (a transpose of the heads and the
+    positions of a chunked scan's products, keeping each matrix row whole, with the reshapes
+    merging or splitting batch axes), and transposes swapping a matrix's two axes: the cube
+    unit reads each operand and writes C at row pitches and batch offsets of their own
+    (``SetOrgShape``, the offsets of ``SetTensorA``/``SetTensorB``/``IterateAll``), so such
+    a view costs no launch and no round trip of its own. A view area read by the product
+    alone, or reading the product's result alone, joins when the code generator's own plan
+    of the addressing holds (``codegen/cube/strided.py``)."""
+    mms = [n for n in a.nodes if n.op in MATMULS]
+    if len(mms) != 1 or not all(n is mms[0] or n.op == "Transpose" or n.op in ops.RESHAPE_OPS
+                                or n.op == "BroadcastTo" for n in a.nodes):
+        return None
+    mm = mms[0]
+    cands = [p for p in model.producer_areas(a) if _views_only(p) and
+             model.only_consumer_is(p, a)]
+    cons, _ = model.consumers(a)
+    cands += [c for c in cons if _views_only(c) and
+              all(model.area(x.producer) is a for n in c.nodes for x in n.inputs
+                  if x.producer is not None and model.area(x.producer) is not c)]
+    for c in cands:
+        why = _strided_refusal(model, [a, c], mm)
+        if why is None:
+            return fuse_if(model, "product_views", [a, c], [])
+        model.reject("product_views", [a, c], f"the product cannot address it: {why}")
+    return None

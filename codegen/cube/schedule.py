@@ -12,12 +12,13 @@ over the cube cores; a core takes blocks ``batch × coresM × coresN`` round rob
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
 from graphkernel.codegen import targets
 from graphkernel.codegen.buffers import NO_BUFFERS, BufferPlan, Linear, plan
-from graphkernel.codegen.cube import epilogue
+from graphkernel.codegen.cube import epilogue, strided
 from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
 from graphkernel.codegen.cube.lower import lower
 from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
@@ -58,6 +59,12 @@ class MatmulSchedule:
     target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)
     epilogue: Epilogue | None = None  # a MIX kernel's vector work on each base tile
+    # a product reading or writing through views that move batch or row axes only
+    # (codegen/cube/strided.py): C's element stride per batch dim, and the row pitches
+    # (orgM, orgN, orgKa, orgKb, orgKc) the kernel sets with SetOrgShape; None: the natural
+    # ones (C batch-major, rows of K, N, M as the operands' shapes say)
+    c_strides: tuple[int, ...] | None = None
+    pitches: tuple[int, int, int, int, int] | None = None
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
     variant: None = None        # no run-time variant
     reduce: bool = False        # (the vector schedule's question: never a reduction here)
@@ -182,7 +189,23 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
 
 
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
-    """The cube kernel of ``kernel``, or Unsupported naming what is outside the model."""
+    """The cube kernel of ``kernel``, or Unsupported naming what is outside the model. A
+    product whose operands or result the kernel reaches through views moving batch or row
+    axes only, which the plain form refuses, is planned with strided addressing
+    (``codegen/cube/strided.py``) when that holds it."""
+    try:
+        return _plan_matmul(kernel, spec)
+    except Unsupported as e:
+        try:
+            s = _plan_strided(kernel, spec)
+        except Unsupported:
+            s = None
+        if s is None:
+            raise e from None
+        return s
+
+
+def _plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     body = kernel.subgraph
     mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
     mm = mms[0]
@@ -273,3 +296,39 @@ def notes(s: MatmulSchedule) -> list[str]:
             out.append(f"epilogue input {i.index} ({name}) is broadcast over batch axes: read "
                        "once per output batch element")
     return out
+
+
+def _plan_strided(kernel: Node, spec: targets.Target) -> MatmulSchedule | None:
+    """A cube kernel (no epilogue) whose operands are views of kernel inputs and whose result
+    is a view written as the kernel's output, every view moving batch or row axes only (or
+    swapping a matrix's two axes): each operand read and C written at row pitches and
+    per-batch offsets of their own (``codegen/cube/strided.py``). None when the body is not
+    of that form; Unsupported when the tiling refuses it."""
+    body = kernel.subgraph
+    mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
+    if len(mms) != 1 or mms[0].outputs[0].dtype not in CUBE_DTYPES or len(body.outputs) != 1:
+        return None
+    mm, dt = mms[0], mms[0].outputs[0].dtype
+    ins, outs = list(body.inputs), list(body.outputs)
+    p = strided.plan(mm, lambda n: True, lambda v: any(v is o for o in outs), MAX_BATCH_AXES)
+    if isinstance(p, str) or any(not any(v is x for x in ins) for v in (p.src_a, p.src_b)):
+        return None
+    taken = {id(n) for n in (mm, *p.views)}
+    if any(id(n) not in taken for n in body.nodes if n.op != "Constant"):
+        return None
+    s = MatmulSchedule(
+        node=kernel.name, name=kernel_symbol(kernel), matmul=mm,
+        a=ins.index(p.src_a), b=ins.index(p.src_b), trans_a=p.trans_a, trans_b=p.trans_b,
+        M=p.M, N=p.N, K=p.K, batch=tuple(e for e, _ in p.pieces),
+        a_strides=tuple(st[0] for _, st in p.pieces), b_strides=tuple(st[1] for _, st in p.pieces),
+        dtype=dt, tiling=None, target=spec, c_strides=tuple(st[2] for _, st in p.pieces),
+        pitches=p.pitches)
+    try:
+        s.tiling = tile(p.M, p.N, p.K, dt.itemsize, dt.itemsize, s.c_bytes, spec,
+                        batch=math.prod(s.batch), ub_reserved=s.ub_reserved(NO_BUFFERS),
+                        ub_per_elem=s.c_bytes)
+    except NoTiling as e:
+        raise Unsupported(str(e), node=mm) from None
+    s.notes = [*notes(s), "operands and result read and written through views moving batch "
+               "and row axes only: row pitches (SetOrgShape) and per-batch offsets"]
+    return s

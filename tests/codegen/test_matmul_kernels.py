@@ -38,6 +38,42 @@ def _mm(shape_a, shape_b, dtype="float16", ta=False, tb=False, op="MatMul",
     return g
 
 
+def _strided(cid: str, dtype: str) -> Graph:
+    """Products read or written through views that move batch or row axes only (a chunked
+    scan's layouts: [b, c, l, h, p] moved to heads before positions and back)."""
+    g = Graph(cid)
+
+    def inp(name, shape):
+        return g.add_input(name, TensorType(shape, dtype))
+
+    def n(op, ins, **attrs):
+        return g.add_node(op, ins, attrs).output
+
+    bmm = "BatchMatMul"
+    if cid == "strided_result_rows":  # [b, c, h, l, n] -> [b, c, l, h, n]
+        y = n(bmm, [inp("a", (2, 3, 4, 8, 16)), inp("b", (2, 3, 4, 16, 24))])
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 4])
+    elif cid == "strided_operand_rows":  # A's heads and rows swapped before the product
+        a = n("Transpose", [inp("a", (2, 8, 3, 16))], perm=[0, 2, 1, 3])
+        out = n(bmm, [a, inp("b", (2, 3, 16, 24))])
+    elif cid == "strided_merged_batch_transposed":  # x [b, c, l, h, p] as [b c h, p, l]
+        a = n("Transpose", [inp("a", (2, 2, 8, 3, 16))], perm=[0, 1, 3, 4, 2])
+        a = n("Reshape", [a], shape=[12, 16, 8])
+        out = n(bmm, [a, inp("b", (12, 8, 20))])
+    elif cid == "strided_broadcast_split":  # C shared by heads; the result split, moved
+        a = n("BroadcastTo", [n("Reshape", [inp("a", (2, 2, 8, 16))], shape=[2, 2, 1, 8, 16])],
+              shape=[2, 2, 4, 8, 16])
+        y = n(bmm, [a, inp("b", (2, 2, 4, 16, 12))])
+        y = n("Reshape", [y], shape=[2, 2, 4, 8, 12, 1])
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 5, 4])
+    else:  # both operands and the result moved, B read transposed
+        a = n("Transpose", [inp("a", (2, 24, 3, 16))], perm=[0, 2, 1, 3])
+        b = n("Transpose", [inp("b", (2, 20, 3, 16))], perm=[0, 2, 3, 1])
+        out = n("Transpose", [n(bmm, [a, b])], perm=[0, 2, 1, 3])
+    g.set_outputs([out])
+    return g
+
+
 def _case(cid: str, graph: Graph, **kw) -> Case:
     return Case(cid, graph, flags="", **kw)  # the default pipeline
 
@@ -67,6 +103,11 @@ CASES = [
                                    dtype="float32")),
     _case("batch_read_transposed", _mm((2, 90, 50), (70, 90), op="BatchMatMul", ta=True,
                                        tb=True, dtype="float32")),
+    # views moving batch or row axes only, taken into the product's addressing (strided.py)
+    *[_case(cid, _strided(cid, dt)) for cid, dt in (
+        ("strided_result_rows", "float32"), ("strided_operand_rows", "float16"),
+        ("strided_merged_batch_transposed", "float32"), ("strided_broadcast_split", "float32"),
+        ("strided_both", "bfloat16"))],
 ]
 
 
@@ -80,7 +121,8 @@ def test_cube_kernels_match_the_interpreter(case, library):
     (k,) = [n for n in case.result.graph.nodes if n.op != "Constant"]
     s = schedules(case.result)[k.name]
     assert isinstance(s, MatmulSchedule) and not case.result.report.extra["fallbacks"]
-    assert s.trans_a == (case.id in ("ta", "ta_tb")) or "transpose" in case.id
+    assert s.trans_a == (case.id in ("ta", "ta_tb")) or "transpose" in case.id or \
+        case.id.startswith("strided")
     for dims in case.dims:
         feeds = case.feeds(dims)
         got, backend = run_sim(case.result, feeds, library=library)
