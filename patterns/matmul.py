@@ -209,9 +209,14 @@ def _leaving(model, c) -> list:
 
 
 def _views_only(a) -> bool:
-    """An area of views and transposes (and, read as an operand, broadcasts) alone."""
-    return all(n.op == "Transpose" or n.op in ops.RESHAPE_OPS or n.op == "BroadcastTo"
-               for n in a.nodes)
+    """An area of views and transposes (and, read as an operand, broadcasts and slices)
+    alone."""
+    return all(_addressing(n) for n in a.nodes)
+
+
+def _addressing(n) -> bool:
+    return n.op in ("Transpose", "BroadcastTo", "Slice", "StridedSlice") or \
+        n.op in ops.RESHAPE_OPS
 
 
 def _strided_refusal(model, areas, mm) -> str | None:
@@ -247,8 +252,7 @@ def product_views(model, a):
     alone, or reading the product's result alone, joins when the code generator's own plan
     of the addressing holds (``codegen/cube/strided.py``)."""
     mms = [n for n in a.nodes if n.op in MATMULS]
-    if len(mms) != 1 or not all(n is mms[0] or n.op == "Transpose" or n.op in ops.RESHAPE_OPS
-                                or n.op == "BroadcastTo" for n in a.nodes):
+    if len(mms) != 1 or not all(n is mms[0] or _addressing(n) for n in a.nodes):
         return None
     mm = mms[0]
     cands = [p for p in model.producer_areas(a) if _views_only(p) and

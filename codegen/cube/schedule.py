@@ -65,6 +65,7 @@ class MatmulSchedule:
     # ones (C batch-major, rows of K, N, M as the operands' shapes say)
     c_strides: tuple[int, ...] | None = None
     pitches: tuple[int, int, int, int, int] | None = None
+    offsets: tuple[int, int] = (0, 0)  # (with pitches) A's and B's first elements
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
     variant: None = None        # no run-time variant
     reduce: bool = False        # (the vector schedule's question: never a reduction here)
@@ -322,7 +323,7 @@ def _plan_strided(kernel: Node, spec: targets.Target) -> MatmulSchedule | None:
         M=p.M, N=p.N, K=p.K, batch=tuple(e for e, _ in p.pieces),
         a_strides=tuple(st[0] for _, st in p.pieces), b_strides=tuple(st[1] for _, st in p.pieces),
         dtype=dt, tiling=None, target=spec, c_strides=tuple(st[2] for _, st in p.pieces),
-        pitches=p.pitches)
+        pitches=p.pitches, offsets=p.offsets)
     try:
         s.tiling = tile(p.M, p.N, p.K, dt.itemsize, dt.itemsize, s.c_bytes, spec,
                         batch=math.prod(s.batch), ub_reserved=s.ub_reserved(NO_BUFFERS),

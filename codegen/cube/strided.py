@@ -95,6 +95,39 @@ def forward(layout: Layout, n: Node) -> Layout | None:
     return None
 
 
+SLICES = ("Slice", "StridedSlice")
+
+
+def sliced(layout: Layout, n: Node) -> tuple[Layout, int] | None:
+    """The layout of a slice's result given its input's, and the element offset of its
+    first element (static bounds, positive steps: every kept axis one atom)."""
+    shape = [int(d) for d in n.inputs[0].type.shape]
+    cuts = [slice(None)] * len(shape)
+    if n.op == "Slice":
+        for k, (b, sz) in enumerate(zip(n.attrs["begin"], n.attrs["size"], strict=True)):
+            cuts[k] = slice(b, None if sz == -1 else b + sz)
+    else:
+        a = n.attrs
+        steps = a.get("strides") or [1] * len(a["begin"])
+        axes = a.get("axes") if a.get("axes") is not None else list(range(len(a["begin"])))
+        for b, e, st, ax in zip(a["begin"], a["end"], steps, axes, strict=True):
+            cuts[ax % len(shape)] = slice(b, e, st)
+    out: Layout = []
+    offset = 0
+    for d, sl, dim in zip(layout, cuts, shape, strict=True):
+        start, _, step = sl.indices(dim)
+        keep = len(range(*sl.indices(dim)))
+        if keep == dim:
+            out.append(d)
+            continue
+        if step < 1 or len(d) > 1:
+            return None
+        st = d[0][1] if d else 0
+        offset += start * st
+        out.append(((keep, st * step),) if keep > 1 else ())
+    return out, offset
+
+
 def backward(layout: Layout, n: Node) -> Layout | None:
     """The layout of ``n``'s input given its result's (a view or a transpose; the result
     written, so nothing is read twice: no broadcast), or None."""
@@ -108,9 +141,11 @@ def backward(layout: Layout, n: Node) -> Layout | None:
     return None
 
 
-def _view(n: Node, broadcast: bool) -> bool:
-    return n.op == "Transpose" or n.op in ops.RESHAPE_OPS or (broadcast and
-                                                             n.op == "BroadcastTo")
+def _view(n: Node, operand: bool) -> bool:
+    """A node the product's addressing takes: a view or a transpose, and for an operand (read
+    only) a broadcast or a slice."""
+    return n.op == "Transpose" or n.op in ops.RESHAPE_OPS or (
+        operand and (n.op == "BroadcastTo" or n.op in SLICES))
 
 
 def operand_chain(v: Value, inside) -> tuple[Value, list[Node]] | None:
@@ -143,17 +178,27 @@ def result_chain(v: Value, inside, leaves) -> tuple[Value, list[Node]] | None:
     return v, chain
 
 
-def operand_layout(src: Value, chain: list[Node]) -> Layout | None:
+def operand_layout(src: Value, chain: list[Node]) -> tuple[Layout, int] | None:
+    """The operand's layout in ``src`` and the offset of its first element."""
     if not all(isinstance(d, int) for d in src.type.shape):
         return None
     lay: Layout | None = contiguous(src.type.shape)
+    offset = 0
     for n in chain:
-        if not all(isinstance(d, int) for d in n.outputs[0].type.shape):
+        if not all(isinstance(d, int) for d in (*n.inputs[0].type.shape,
+                                                 *n.outputs[0].type.shape)):
             return None
-        lay = forward(lay, n)
+        if n.op in SLICES:
+            got = sliced(lay, n)
+            if got is None:
+                return None
+            lay, off = got
+            offset += off
+        else:
+            lay = forward(lay, n)
         if lay is None:
             return None
-    return lay
+    return lay, offset
 
 
 def result_layout(dst: Value, chain: list[Node]) -> Layout | None:
@@ -267,6 +312,7 @@ class Plan:
     trans_b: bool
     pieces: tuple[tuple[int, tuple[int, int, int]], ...]
     pitches: tuple[int, int, int, int, int]
+    offsets: tuple[int, int] = (0, 0)  # A's and B's first element in their inputs
 
 
 def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
@@ -287,10 +333,11 @@ def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
     sa = mm.inputs[0].type.shape
     K = int(sa[-2] if ta0 else sa[-1])
     batch = tuple(int(d) for d in out[:-2])
-    la, lb = operand_layout(src_a, chain_a), operand_layout(src_b, chain_b)
+    ga, gb = operand_layout(src_a, chain_a), operand_layout(src_b, chain_b)
     lc = result_layout(dst, chain_c)
-    if la is None or lb is None or lc is None:
+    if ga is None or gb is None or lc is None:
         return "a reshape on the way is no view of the strided value (symbolic or not nested)"
+    (la, oa), (lb, ob) = ga, gb
     ma = matrix(la, *((K, M) if ta0 else (M, K)), ta0, batch)
     mb = matrix(lb, *((N, K) if tb0 else (K, N)), tb0, batch)
     mc = matrix(lc, M, N, False, batch)
@@ -308,4 +355,4 @@ def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
     pitches = (ma.pitch if ta else M, mb.pitch if not tb else N, ma.pitch if not ta else K,
                mb.pitch if tb else K, mc.pitch)
     return Plan(src_a, src_b, dst, (*chain_a, *chain_b, *chain_c), M, N, K, ta, tb,
-                tuple((e, (st[0], st[1], st[2])) for e, st in pieces), pitches)
+                tuple((e, (st[0], st[1], st[2])) for e, st in pieces), pitches, (oa, ob))

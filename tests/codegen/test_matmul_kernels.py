@@ -66,6 +66,12 @@ def _strided(cid: str, dtype: str) -> Graph:
         y = n(bmm, [a, inp("b", (2, 2, 4, 16, 12))])
         y = n("Reshape", [y], shape=[2, 2, 4, 8, 12, 1])
         out = n("Transpose", [y], perm=[0, 1, 3, 2, 5, 4])
+    elif cid == "strided_sliced_operand":  # chunk states after the first, moved [.., n, p]
+        b = n("StridedSlice", [inp("b", (2, 3, 4, 16, 12))], begin=[1], end=[3], strides=[1],
+              axes=[1])
+        b = n("Transpose", [b], perm=[0, 1, 2, 4, 3])
+        y = n(bmm, [inp("a", (2, 2, 4, 8, 16)), b], transpose_b=True)
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 4])
     else:  # both operands and the result moved, B read transposed
         a = n("Transpose", [inp("a", (2, 24, 3, 16))], perm=[0, 2, 1, 3])
         b = n("Transpose", [inp("b", (2, 20, 3, 16))], perm=[0, 2, 3, 1])
@@ -107,7 +113,7 @@ CASES = [
     *[_case(cid, _strided(cid, dt)) for cid, dt in (
         ("strided_result_rows", "float32"), ("strided_operand_rows", "float16"),
         ("strided_merged_batch_transposed", "float32"), ("strided_broadcast_split", "float32"),
-        ("strided_both", "bfloat16"))],
+        ("strided_both", "bfloat16"), ("strided_sliced_operand", "float32"))],
 ]
 
 
@@ -152,6 +158,27 @@ def test_transposes_fold_into_is_trans(library):
     assert "MatmulType<TPosition::GM, CubeFormat::ND, half, true>" in text
     assert "mm.End();" in text and "#define ASCENDC_CUBE_ONLY" in text
     assert "matmul_tiling::MatmulApiTiling" in r.files[f"{src.name}_tiling.cpp"]
+
+
+def test_views_moving_rows_are_the_products_addressing(library):
+    """Each strided case is one cube launch: the views around the product are its row
+    pitches (SetOrgShape) and batch offsets, none a kernel of its own."""
+    from graphkernel.codegen.backend import render_all
+
+    for case in (c for c in CASES if c.id.startswith("strided")):
+        (s,) = schedules(case.result).values()
+        assert s.pitches is not None and s.kernel_kind == "cube", case.id
+        (r,) = render_all({"k": s})
+        assert "mm.SetOrgShape((int)t.orgM" in r.files[f"{s.name}.cpp"]
+        assert "t.orgKc = " in r.files[f"{s.name}_tiling.cpp"]
+    (s,) = schedules(next(c for c in CASES if c.id == "strided_merged_batch_transposed")
+                     .result).values()
+    # A is x[b, c, l, h, p] read as [b c h][p, l]: the (b, c) and h batch pieces apart, the
+    # positions at a pitch of h * p, read transposed
+    assert s.batch == (4, 3) and s.a_strides == (8 * 3 * 16, 16) and s.trans_a
+    assert s.pitches[0] == 3 * 16
+    (s,) = schedules(next(c for c in CASES if c.id == "strided_sliced_operand").result).values()
+    assert s.offsets == (0, 4 * 16 * 12)  # B starts at its second chunk
 
 
 def test_the_host_tiler_is_the_python_tiler(library):
