@@ -239,6 +239,27 @@ def _strided_refusal(model, areas, mm) -> str | None:
     return None
 
 
+def _operand_refusal(model, areas, mm) -> str | None:
+    """Why a MIX kernel's product cannot read the operands the views of ``areas`` make
+    (one stride per batch axis: the epilogue indexes the product's batch), or None."""
+    from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES
+    from graphkernel.codegen.cube.strided import operand
+
+    ids = {id(n) for a in areas for n in a.nodes}
+    taken = set()
+    for i in (0, 1):
+        v = mm.inputs[i]
+        if v.producer is None or id(v.producer) not in ids:
+            continue
+        got = operand(mm, i, lambda n: id(n) in ids, MAX_BATCH_AXES)
+        if isinstance(got, str):
+            return got
+        taken.update(id(n) for n in got.views)
+    if not any(id(n) in taken for n in areas[1].nodes):
+        return "no operand of the product is read through these views"
+    return None
+
+
 @pattern("product_views", order=108, direction="fwd", mode="depth", level=2,
          refuses=("GK202",))
 def product_views(model, a):
@@ -252,17 +273,21 @@ def product_views(model, a):
     alone, or reading the product's result alone, joins when the code generator's own plan
     of the addressing holds (``codegen/cube/strided.py``)."""
     mms = [n for n in a.nodes if n.op in MATMULS]
-    if len(mms) != 1 or not all(n is mms[0] or _addressing(n) for n in a.nodes):
+    if len(mms) != 1:
         return None
     mm = mms[0]
+    mix = not all(n is mm or _addressing(n) for n in a.nodes)
+    if mix and not _epilogue_area(a):
+        return None
     cands = [p for p in model.producer_areas(a) if _views_only(p) and
              model.only_consumer_is(p, a)]
     cons, _ = model.consumers(a)
-    cands += [c for c in cons if _views_only(c) and
-              all(model.area(x.producer) is a for n in c.nodes for x in n.inputs
-                  if x.producer is not None and model.area(x.producer) is not c)]
+    cands += [] if mix else [c for c in cons if _views_only(c) and all(
+        model.area(x.producer) is a for n in c.nodes for x in n.inputs
+        if x.producer is not None and model.area(x.producer) is not c)]
     for c in cands:
-        why = _strided_refusal(model, [a, c], mm)
+        why = _operand_refusal(model, [a, c], mm) if mix else \
+            _strided_refusal(model, [a, c], mm)
         if why is None:
             return fuse_if(model, "product_views", [a, c], [])
         model.reject("product_views", [a, c], f"the product cannot address it: {why}")

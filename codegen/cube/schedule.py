@@ -189,6 +189,29 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
     return v, trans
 
 
+def _read(mm: Node, i: int, seen: set[int], wide: dict) -> tuple[Value, bool]:
+    """The kernel input operand ``i`` of ``mm`` reads and whether it is read transposed:
+    through transposes of the last two axes (``_operand``), else through views moving batch
+    or row axes only, read at a row pitch and batch strides of their own (``wide[i]``)."""
+    flag = bool(mm.attrs.get("transpose_b" if i else "transpose_a"))
+    try:
+        return _operand(mm.inputs[i], flag, mm, seen)
+    except Unsupported:
+        got = strided.operand(mm, i, lambda n: True, MAX_BATCH_AXES)
+        if isinstance(got, str):
+            raise
+    wide[i] = got
+    seen.update(id(n) for n in got.views)
+    return got.src, got.trans
+
+
+def _natural(batch, M, N) -> tuple:
+    out, inner = [], symbolic.mul(M, N)
+    for k in range(len(batch)):
+        out.append(symbolic.mul(inner, symbolic.numel(batch[k + 1:])))
+    return tuple(out)
+
+
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     """The cube kernel of ``kernel``, or Unsupported naming what is outside the model. A
     product whose operands or result the kernel reaches through views moving batch or row
@@ -214,8 +237,9 @@ def _plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         raise Unsupported(f"{len(mms)} matrix products in one kernel (a cube kernel runs one)",
                           node=mms[1])
     seen = {id(mm)}
-    src_a, ta = _operand(mm.inputs[0], bool(mm.attrs.get("transpose_a")), mm, seen)
-    src_b, tb = _operand(mm.inputs[1], bool(mm.attrs.get("transpose_b")), mm, seen)
+    wide: dict[int, strided.Operand] = {}  # operands read through row-moving views
+    src_a, ta = _read(mm, 0, seen, wide)
+    src_b, tb = _read(mm, 1, seen, wide)
     steps = [n for n in body.nodes if id(n) not in seen and n.op != "Constant"]
     dt = mm.outputs[0].dtype
     if dt not in CUBE_DTYPES:
@@ -225,7 +249,8 @@ def _plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     out = mm.outputs[0].type.shape
     M, N = out[-2], out[-1]
     sa, sb = src_a.type.shape, src_b.type.shape
-    K = sa[-2] if ta else sa[-1]
+    own = mm.inputs[0].type.shape  # (the operand as the product reads it)
+    K = own[-2] if mm.attrs.get("transpose_a") else own[-1]
     batch = tuple(out[:-2])
     if len(batch) > MAX_BATCH_AXES:
         raise Unsupported(f"{mm.op} with {len(batch)} batch axes (at most {MAX_BATCH_AXES})",
@@ -250,6 +275,15 @@ def _plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
         dtype=dt, tiling=None, target=spec, epilogue=epi,
         kernel_kind="mix" if epi is not None else "cube")
+    if wide:  # (static shapes: strided.operand refuses symbolic ones)
+        oa, ob = wide.get(0), wide.get(1)
+        s.a_strides = oa.strides if oa else s.a_strides
+        s.b_strides = ob.strides if ob else s.b_strides
+        s.pitches = (oa.pitch if oa and ta else int(M), ob.pitch if ob and not tb else int(N),
+                     oa.pitch if oa and not ta else int(K), ob.pitch if ob and tb else int(K),
+                     int(N))
+        s.offsets = (oa.offset if oa else 0, ob.offset if ob else 0)
+        s.c_strides = tuple(int(x) for x in _natural(batch, M, N))
     p = s.plan()  # the tiling's UB bound: the epilogue's buffer plan
     if all(symbolic.is_static(d) for d in (*out, K)):
         nb = int(symbolic.numel(batch)) if batch else 1

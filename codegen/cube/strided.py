@@ -356,3 +356,51 @@ def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
                mb.pitch if tb else K, mc.pitch)
     return Plan(src_a, src_b, dst, (*chain_a, *chain_b, *chain_c), M, N, K, ta, tb,
                 tuple((e, (st[0], st[1], st[2])) for e, st in pieces), pitches, (oa, ob))
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand read through its views, each batch axis one stride (no refinement: the
+    kernel's batch axes stay the product's, as a MIX epilogue indexes them)."""
+
+    src: Value
+    views: tuple[Node, ...]
+    trans: bool
+    pitch: int
+    strides: tuple[int, ...]
+    offset: int
+
+
+def operand(mm: Node, i: int, inside, max_axes: int) -> Operand | str:
+    """How product ``mm`` reads operand ``i`` through the views inside its kernel, with one
+    stride per batch axis of the product, or why it cannot."""
+    got = operand_chain(mm.inputs[i], inside)
+    if got is None:
+        return "the operand is computed inside the kernel (views and transposes only fold)"
+    src, chain = got
+    out = mm.outputs[0].type.shape
+    if not chain or not all(isinstance(d, int) for d in (*out, *mm.inputs[0].type.shape)):
+        return "symbolic extents"
+    batch = tuple(int(d) for d in out[:-2])
+    if len(batch) > max_axes:
+        return f"{len(batch)} batch axes (at most {max_axes})"
+    M, N = int(out[-2]), int(out[-1])
+    ta0, tb0 = bool(mm.attrs.get("transpose_a")), bool(mm.attrs.get("transpose_b"))
+    sa = mm.inputs[0].type.shape
+    K = int(sa[-2] if ta0 else sa[-1])
+    lay = operand_layout(src, chain)
+    if lay is None:
+        return "a reshape on the way is no view of the strided value (symbolic or not nested)"
+    layout, offset = lay
+    if i == 0:
+        m = matrix(layout, *((K, M) if ta0 else (M, K)), ta0, batch)
+    else:
+        m = matrix(layout, *((N, K) if tb0 else (K, N)), tb0, batch)
+    if isinstance(m, str):
+        return m
+    strides = []
+    for d in m.batch:
+        if len(d) > 1:
+            return "a batch axis of the operand is made of axes apart in memory"
+        strides.append(d[0][1] if d else 0)
+    return Operand(src, tuple(chain), m.trans, m.pitch, tuple(strides), offset)

@@ -572,3 +572,30 @@ def test_a_mix_kernel_takes_its_blocks_by_vector_core(loop):
     (st,) = backend.stats.values()
     assert st.gm_written == got[0].nbytes  # each output tile written once
     assert st.block_dim == s.tiling.usedCoreNum  # the launch is the tiling's, as before
+
+
+def test_a_mix_kernel_reads_a_broadcast_operand_in_place():
+    """C·Bᵀ of a chunked scan with C shared by the heads of its group and the decay mask
+    multiplied in the epilogue: the broadcast is the operand's batch stride 0 (one launch, a
+    MIX kernel; no copy of C over the heads), run in the simulator against the reference."""
+    from graphkernel.codegen.backend import render_all
+    from graphkernel.codegen.traffic import launches
+    from graphkernel.interpreter import random_inputs, run_graph
+
+    g = Graph("mix_strided")
+    c = g.add_input("c", TensorType((2, 2, 8, 16), "float32"))
+    bt = g.add_input("b", TensorType((2, 2, 4, 8, 16), "float32"))
+    mask = g.add_input("mask", TensorType((2, 2, 4, 8, 8), "float32"))
+    a = g.add_node("Reshape", [c], {"shape": [2, 2, 1, 8, 16]}).output
+    a = g.add_node("BroadcastTo", [a], {"shape": [2, 2, 4, 8, 16]}).output
+    y = g.add_node("BatchMatMul", [a, bt], {"transpose_b": True}).output
+    g.set_outputs([g.add_node("Mul", [y, mask]).output])
+    res = graphkernel.compile(g, "", env={})
+    assert [e["kind"] for e in launches(res.graph)] == ["mix"]
+    (s,) = schedules(res).values()
+    assert s.kernel_kind == "mix" and s.pitches is not None and s.a_strides[2] == 0
+    (r,) = render_all({"k": s})
+    assert "mm.SetOrgShape(" in r.files[f"{s.name}.cpp"]
+    feeds = random_inputs(g, 3)
+    got, _ = run_sim(res, feeds)
+    np.testing.assert_allclose(got[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-5)
