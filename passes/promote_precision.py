@@ -19,7 +19,7 @@ ALWAYS_PROMOTED = frozenset({"ReduceSum", "ReduceMean", "ReduceProd"})
 NOT_COMPUTED = frozenset({"Constant", "Cast", "Reshape", "ExpandDims", "Squeeze", "Identity"})
 # ops that move data only: beside a product in its kernel they are the product's addressing
 # (codegen/cube/strided.py), no vector op to compute in fp32
-MOVED = frozenset({"Transpose", "BroadcastTo"})
+MOVED = frozenset({"Transpose", "BroadcastTo", "Slice", "StridedSlice"})
 
 
 def blacklisted(names: list[str]) -> Callable[[str], bool]:

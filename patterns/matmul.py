@@ -279,16 +279,47 @@ def product_views(model, a):
     mix = not all(n is mm or _addressing(n) for n in a.nodes)
     if mix and not _epilogue_area(a):
         return None
-    cands = [p for p in model.producer_areas(a) if _views_only(p) and
-             model.only_consumer_is(p, a)]
-    cons, _ = model.consumers(a)
-    cands += [] if mix else [c for c in cons if _views_only(c) and all(
-        model.area(x.producer) is a for n in c.nodes for x in n.inputs
-        if x.producer is not None and model.area(x.producer) is not c)]
-    for c in cands:
-        why = _operand_refusal(model, [a, c], mm) if mix else \
-            _strided_refusal(model, [a, c], mm)
+    cands = [_up(model, p) for p in model.producer_areas(a)
+             if _views_only(p) and model.only_consumer_is(p, a)]
+    if not mix:
+        cands += [_down(model, c, a) for c in model.consumers(a)[0]
+                  if _views_only(c) and _reads_only(model, c, a)]
+    for chain in cands:
+        if all(n.op in ops.RESHAPE_OPS for c in chain for n in c.nodes):
+            continue  # reshapes alone are views outside any kernel already: nothing to take
+        why = _operand_refusal(model, [a, *chain], mm) if mix else \
+            _strided_refusal(model, [a, *chain], mm)
         if why is None:
-            return fuse_if(model, "product_views", [a, c], [])
-        model.reject("product_views", [a, c], f"the product cannot address it: {why}")
+            return fuse_if(model, "product_views", [a, *chain], [])
+        model.reject("product_views", [a, *chain], f"the product cannot address it: {why}")
     return None
+
+
+def _reads_only(model, c, a) -> bool:
+    """Whether area ``c`` reads nothing but area ``a``'s values (from inside the region)."""
+    return all(model.area(x.producer) is a for n in c.nodes for x in n.inputs
+               if x.producer is not None and model.area(x.producer) is not c)
+
+
+def _up(model, p) -> list:
+    """Views-only producer area ``p`` and the views-only areas above it, each read by the
+    one below alone (a transpose behind a reshape)."""
+    chain = [p]
+    while True:
+        ups = [q for q in model.producer_areas(chain[-1])
+               if _views_only(q) and model.only_consumer_is(q, chain[-1])]
+        if len(ups) != 1:
+            return chain
+        chain.append(ups[0])
+
+
+def _down(model, c, a) -> list:
+    """Views-only consumer area ``c`` of ``a`` and the views-only areas below it, each
+    reading the one above alone."""
+    chain = [c]
+    while True:
+        cons, external = model.consumers(chain[-1])
+        if external or len(cons) != 1 or not _views_only(cons[0]) or \
+                not _reads_only(model, cons[0], chain[-1]):
+            return chain
+        chain.append(cons[0])
