@@ -270,8 +270,10 @@ def product_views(model, a):
     unit reads each operand and writes C at row pitches and batch offsets of their own
     (``SetOrgShape``, the offsets of ``SetTensorA``/``SetTensorB``/``IterateAll``), so such
     a view costs no launch and no round trip of its own. A view area read by the product
-    alone, or reading the product's result alone, joins when the code generator's own plan
-    of the addressing holds (``codegen/cube/strided.py``)."""
+    alone, or (a product without an epilogue) reading the product's result alone, joins with
+    the view areas beyond it when the code generator's own plan of the addressing holds
+    (``codegen/cube/strided.py``; a MIX kernel's operands with one stride per batch axis);
+    reshapes alone are free views already and stay out."""
     mms = [n for n in a.nodes if n.op in MATMULS]
     if len(mms) != 1:
         return None
