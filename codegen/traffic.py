@@ -29,6 +29,9 @@ from graphkernel.ops import CUBE_OPS, RESHAPE_OPS, OpKind
 from graphkernel.structure import region_signature
 
 EPILOGUE = (OpKind.RESHAPE, OpKind.ELEMWISE, OpKind.BROADCAST)  # what a MIX kernel runs
+# ops beside a product that are its addressing (transposes into isTrans or row pitches,
+# broadcasts and slices of operands: codegen/cube/strided.py), no vector work
+ADDRESSING = frozenset({"Transpose", "BroadcastTo", "Slice", "StridedSlice"})
 
 
 def launch_kind(node: Node) -> str:
@@ -41,7 +44,7 @@ def launch_kind(node: Node) -> str:
             return "vector"
         body = [m.op for m in node.subgraph.nodes if m.op != "Constant" and m.op not in RESHAPE_OPS]
         if any(op in CUBE_OPS for op in body):  # (operand transposes fold into isTrans)
-            return "mix" if any(op not in CUBE_OPS | {"Transpose"} for op in body) else "cube"
+            return "mix" if any(op not in CUBE_OPS | ADDRESSING for op in body) else "cube"
         return "vector"
     if node.op in CUBE_OPS:
         return "cube"

@@ -281,7 +281,7 @@ AUTOFUSE_GROUPS: dict[str, FusionGroup] = {
     "split": FusionGroup(("split_store",), ("Split",)),
     "gather": FusionGroup(("gather", "lookup"), ("Gather",)),
     "transpose": FusionGroup(("transpose",), ("Transpose",)),
-    "matmul": FusionGroup(("matmul_depth",), ()),
+    "matmul": FusionGroup(("matmul_depth", "product_views"), ()),
     "conv": FusionGroup((), (), "graphkernel's convolution fusion is a pass, not a "
                         "pattern: conv_fusion (on from opt_level 2)"),
 }

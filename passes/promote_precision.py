@@ -17,6 +17,9 @@ LOW = (DType.float16, DType.bfloat16)
 # the blacklists say; views and casts are not computations
 ALWAYS_PROMOTED = frozenset({"ReduceSum", "ReduceMean", "ReduceProd"})
 NOT_COMPUTED = frozenset({"Constant", "Cast", "Reshape", "ExpandDims", "Squeeze", "Identity"})
+# ops that move data only: beside a product in its kernel they are the product's addressing
+# (codegen/cube/strided.py), no vector op to compute in fp32
+MOVED = frozenset({"Transpose", "BroadcastTo", "Slice", "StridedSlice"})
 
 
 def blacklisted(names: list[str]) -> Callable[[str], bool]:
@@ -37,6 +40,10 @@ def _promote(kernel: Node, keep_low: Callable[[str], bool] = lambda op: False) -
     if not any(v.dtype in LOW for n in sub.nodes if n.op != "Constant" and n.op not in CUBE_OPS
                for v in n.outputs):
         return None
+    if any(n.op in CUBE_OPS for n in sub.nodes) and any(n.op in MOVED for n in sub.nodes) \
+            and all(n.op in CUBE_OPS or n.op in NOT_COMPUTED or n.op in MOVED
+                    for n in sub.nodes):
+        return None  # a product read and written through views: its addressing, no vector op
     outputs = {id(v) for v in sub.outputs}
     new = Graph(sub.name)
     vmap: dict[int, Value] = {id(v): new.add_input(v.name, v.type) for v in sub.inputs}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphkernel import ops
+from graphkernel.codegen.cube.schedule import is_matmul_kernel
 from graphkernel.fusion import SUPPORTED_DTYPES, nbytes
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import inline_producer, scheduled
@@ -53,14 +54,40 @@ def _too_many_inputs(producer, value, consumers, cap: int) -> bool:
                for c in consumers)
 
 
-def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
+def _still_scheduled(consumer: Node, producer: Node, value: Value, target: str) -> bool:
     """Whether ``consumer`` recomputing ``value`` is a kernel the vector code generator
     schedules when ``consumer`` itself is one: a table of rotary angles read by heads is
     loaded as a table, but computed in the kernel it is a value smaller than the loop space
-    that no layout holds, and the fallback would take the kernel apart op by op. Tried on a
-    copy (a probe graph holding the two kernels), never on ``graph``."""
+    that no layout holds, and the fallback would take the kernel apart op by op. A product's
+    kernel the cube code generator plans keeps being planned (an operand it reads through
+    views from GM is not computed in it). Tried on a copy (a probe graph holding the two
+    kernels), never on ``graph``."""
+    if is_matmul_kernel(consumer):
+        return _cube_still_planned(consumer, producer, value, target)
     if not scheduled(consumer):
-        return True  # a product's kernel, or one refused already: as before
+        return True  # one refused already: as before
+    return scheduled(_probe(consumer, producer, value))
+
+
+def _cube_still_planned(consumer: Node, producer: Node, value: Value, target: str) -> bool:
+    from graphkernel.codegen import targets
+    from graphkernel.codegen.cube.schedule import plan_matmul
+    from graphkernel.codegen.refusal import Unsupported
+
+    spec = targets.load(target)
+    try:
+        plan_matmul(consumer, spec)
+    except Unsupported:
+        return True  # refused already: as before
+    try:
+        plan_matmul(_probe(consumer, producer, value), spec)
+    except Unsupported:
+        return False
+    return True
+
+
+def _probe(consumer: Node, producer: Node, value: Value) -> Node:
+    """``consumer`` with ``producer`` inlined, in a probe graph of their own."""
     probe = Graph("probe")
     outer: dict[int, Value] = {}
     for v in (*producer.inputs, *consumer.inputs):
@@ -76,7 +103,7 @@ def _still_scheduled(consumer: Node, producer: Node, value: Value) -> bool:
     c = probe.add_node("GraphKernel", [made[id(v)] if id(v) in made else outer[id(v)]
                                        for v in consumer.inputs],
                        dict(consumer.attrs), name=consumer.name)
-    return scheduled(inline_producer(probe, c, p, made[id(value)]))
+    return inline_producer(probe, c, p, made[id(value)])
 
 
 def recompute(graph, ctx) -> PassResult:
@@ -107,7 +134,8 @@ def recompute(graph, ctx) -> PassResult:
                 continue  # a consumer would exceed composite_op_limit_size
             if _too_many_inputs(producer, value, consumers, ctx.flags.max_kernel_inputs):
                 continue  # a consumer would read more than max_kernel_inputs values
-            if not all(_still_scheduled(c, producer, value) for c in consumers):
+            if not all(_still_scheduled(c, producer, value, ctx.flags.target)
+                           for c in consumers):
                 continue  # kept materialized: a consumer could not hold it
             names = ", ".join(c.name for c in consumers)
             if not ctx.should_apply(f"{producer.name} into {names}",

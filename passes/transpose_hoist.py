@@ -133,10 +133,14 @@ def _need(n: Node, q: list[int]) -> list[tuple[Value, list[int], list | None]]:
 
 
 def _moves_last(v: Value, q: list[int]) -> bool:
-    """Whether permuting ``v`` by ``q`` is a kernel of its own: it moves the last axis (a
-    permutation of outer axes is a strided copy that fuses into its consumers' copy-in) and
-    does not move only axes of size 1 (a view)."""
-    return bool(q) and q[-1] != len(q) - 1 and not moves_only_ones(v, q)
+    """Whether permuting ``v`` by ``q`` is a kernel of its own: it moves the last axis of
+    extent other than 1 (a permutation of outer axes is a strided copy that fuses into its
+    consumers' copy-in; trailing axes of extent 1 hold no rows) and does not move only axes
+    of size 1 (a view)."""
+    shape = list(v.shape)
+    real = [k for k in range(len(q)) if shape[k] != 1]
+    moved = [k for k in q if shape[k] != 1]
+    return bool(real) and moved[-1] != real[-1] and not moves_only_ones(v, q)
 
 
 def _split_part(v: Value) -> tuple[Node, int] | None:

@@ -206,3 +206,122 @@ def _leaving(model, c) -> list:
     """The values of area ``c`` read outside it (or graph outputs)."""
     return [v for n in c.nodes for v in n.outputs
             if id(v) in model.outputs or any(model.area(u) is not c for u in v.users)]
+
+
+def _views_only(a) -> bool:
+    """An area of views and transposes (and, read as an operand, broadcasts and slices)
+    alone."""
+    return all(_addressing(n) for n in a.nodes)
+
+
+def _addressing(n) -> bool:
+    return n.op in ("Transpose", "BroadcastTo", "Slice", "StridedSlice") or \
+        n.op in ops.RESHAPE_OPS
+
+
+def _strided_refusal(model, areas, mm) -> str | None:
+    """Why product ``mm`` cannot read its operands and write its result through the views of
+    ``areas`` taken into its kernel (``codegen/cube/strided.py``), or None."""
+    from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES
+    from graphkernel.codegen.cube.strided import plan
+
+    ids = {id(n) for a in areas for n in a.nodes}
+
+    def leaves(v) -> bool:
+        return id(v) in model.outputs or any(id(u) not in ids for u in v.users)
+
+    p = plan(mm, lambda n: id(n) in ids, leaves, MAX_BATCH_AXES)
+    if isinstance(p, str):
+        return p
+    taken = {id(mm), *(id(n) for n in p.views)}
+    if any(id(n) not in taken for n in (n for a in areas for n in a.nodes)):
+        return "the kernel would hold more than the product and its views"
+    return None
+
+
+def _operand_refusal(model, areas, mm) -> str | None:
+    """Why a MIX kernel's product cannot read the operands the views of ``areas`` make
+    (one stride per batch axis: the epilogue indexes the product's batch), or None."""
+    from graphkernel.codegen.cube.schedule import MAX_BATCH_AXES
+    from graphkernel.codegen.cube.strided import operand
+
+    ids = {id(n) for a in areas for n in a.nodes}
+    taken = set()
+    for i in (0, 1):
+        v = mm.inputs[i]
+        if v.producer is None or id(v.producer) not in ids:
+            continue
+        got = operand(mm, i, lambda n: id(n) in ids, MAX_BATCH_AXES)
+        if isinstance(got, str):
+            return got
+        taken.update(id(n) for n in got.views)
+    if not any(id(n) in taken for n in areas[1].nodes):
+        return "no operand of the product is read through these views"
+    return None
+
+
+@pattern("product_views", order=108, direction="fwd", mode="depth", level=2,
+         refuses=("GK202",))
+def product_views(model, a):
+    """A product with no epilogue (a cube kernel) takes in the views around it that move only
+    batch or row axes of an operand or of its result (a transpose of the heads and the
+    positions of a chunked scan's products, keeping each matrix row whole, with the reshapes
+    merging or splitting batch axes), and transposes swapping a matrix's two axes: the cube
+    unit reads each operand and writes C at row pitches and batch offsets of their own
+    (``SetOrgShape``, the offsets of ``SetTensorA``/``SetTensorB``/``IterateAll``), so such
+    a view costs no launch and no round trip of its own. A view area read by the product
+    alone, or (a product without an epilogue) reading the product's result alone, joins with
+    the view areas beyond it when the code generator's own plan of the addressing holds
+    (``codegen/cube/strided.py``; a MIX kernel's operands with one stride per batch axis);
+    reshapes alone are free views already and stay out."""
+    mms = [n for n in a.nodes if n.op in MATMULS]
+    if len(mms) != 1:
+        return None
+    mm = mms[0]
+    mix = not all(n is mm or _addressing(n) for n in a.nodes)
+    if mix and not _epilogue_area(a):
+        return None
+    cands = [_up(model, p) for p in model.producer_areas(a)
+             if _views_only(p) and model.only_consumer_is(p, a)]
+    if not mix:
+        cands += [_down(model, c, a) for c in model.consumers(a)[0]
+                  if _views_only(c) and _reads_only(model, c, a)]
+    for chain in cands:
+        if all(n.op in ops.RESHAPE_OPS for c in chain for n in c.nodes):
+            continue  # reshapes alone are views outside any kernel already: nothing to take
+        why = _operand_refusal(model, [a, *chain], mm) if mix else \
+            _strided_refusal(model, [a, *chain], mm)
+        if why is None:
+            return fuse_if(model, "product_views", [a, *chain], [])
+        model.reject("product_views", [a, *chain], f"the product cannot address it: {why}")
+    return None
+
+
+def _reads_only(model, c, a) -> bool:
+    """Whether area ``c`` reads nothing but area ``a``'s values (from inside the region)."""
+    return all(model.area(x.producer) is a for n in c.nodes for x in n.inputs
+               if x.producer is not None and model.area(x.producer) is not c)
+
+
+def _up(model, p) -> list:
+    """Views-only producer area ``p`` and the views-only areas above it, each read by the
+    one below alone (a transpose behind a reshape)."""
+    chain = [p]
+    while True:
+        ups = [q for q in model.producer_areas(chain[-1])
+               if _views_only(q) and model.only_consumer_is(q, chain[-1])]
+        if len(ups) != 1:
+            return chain
+        chain.append(ups[0])
+
+
+def _down(model, c, a) -> list:
+    """Views-only consumer area ``c`` of ``a`` and the views-only areas below it, each
+    reading the one above alone."""
+    chain = [c]
+    while True:
+        cons, external = model.consumers(chain[-1])
+        if external or len(cons) != 1 or not _views_only(cons[0]) or \
+                not _reads_only(model, cons[0], chain[-1]):
+            return chain
+        chain.append(cons[0])

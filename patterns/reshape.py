@@ -35,9 +35,23 @@ def isolate_reshape(model, a):
     producer."""
     if not _lone_reshape(model, a):
         return None
-    fused_consumers = [c for c in model.consumers(a)[0] if c.ops > 1]
+    # a consumer reading the view beside other areas would store it as an output: a view of
+    # one of its own inputs, no value it computes (the reshape stays a view outside)
+    readers = {id(model.area(u)) for u in a.nodes[0].outputs[0].users}
+    fused_consumers = [c for c in model.consumers(a)[0] if c.ops > 1 and
+                       (readers == {id(c)} or not _reads_outside(model, a))]
     fused_producers = [p for p in model.producer_areas(a) if p.ops > 1]
     for c in fused_consumers + fused_producers:
         if model.kind(c) < OpKind.SLICE:
             return fuse_if(model, "isolate_reshape", [c, a], [])
     return None
+
+
+def _reads_outside(model, a) -> bool:
+    """Whether lone reshape ``a`` reads a value from outside the region's areas or from an
+    area of views alone (no kernel computes it)."""
+    from graphkernel import ops
+
+    v = a.nodes[0].inputs[0]
+    p = None if v.producer is None else model.area(v.producer)
+    return p is None or all(ops.get(n.op).kind == OpKind.RESHAPE for n in p.nodes)

@@ -224,7 +224,7 @@ def test_flags_from_autofuse_gives_a_verdict_per_key(capsys):
     assert "--disable_fusion_pattern=matmul_depth" in t["flags"]
     # the effective string reproduces the configuration
     again = load_config(t["flags"], env={})
-    assert again.disable_fusion_pattern == ["matmul_depth"]
+    assert again.disable_fusion_pattern == ["matmul_depth", "product_views"]
 
 
 def test_flags_from_mindspore_reads_its_grammar(capsys):

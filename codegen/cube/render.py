@@ -92,9 +92,13 @@ def render_matmul(s: MatmulSchedule, node_comment: str | None = None, member: bo
         "outputs": [io_entry(io) for io in s.outputs],
         "matmul": {"M": symbolic.canon(s.M), "N": symbolic.canon(s.N),
                    "K": symbolic.canon(s.K), "batch": [symbolic.canon(d) for d in s.batch],
-                   "a": s.a, "b": s.b, "trans_a": s.trans_a, "trans_b": s.trans_b},
+                   "a": s.a, "b": s.b, "trans_a": s.trans_a, "trans_b": s.trans_b,
+                   **({"org_shape": list(s.pitches), "c_strides": list(s.c_strides or ())}
+                      if s.pitches else {})},
         "tiling_fields": ["cube (TCubeTiling)", "M", "N", "K", "coresM", "coresN", "nBatch",
-                          "na", "nb", "nc", "nDims", "bd", "sa", "sb"],
+                          "na", "nb", "nc", "nDims", "bd", "sa", "sb"] + (
+                              ["sc", "orgM", "orgN", "orgKa", "orgKb", "orgKc"]
+                              if s.pitches else []),
         "cube_tiling": t.fields() if t is not None else None,
         "block_dim": "the cube cores the tiling uses (usedCoreNum): min(cube cores, batch x "
                      "coresM x coresN)",

@@ -12,12 +12,13 @@ over the cube cores; a core takes blocks ``batch × coresM × coresN`` round rob
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from graphkernel import symbolic
 from graphkernel.codegen import targets
 from graphkernel.codegen.buffers import NO_BUFFERS, BufferPlan, Linear, plan
-from graphkernel.codegen.cube import epilogue
+from graphkernel.codegen.cube import epilogue, strided
 from graphkernel.codegen.cube.epilogue import Epilogue, batch_strides
 from graphkernel.codegen.cube.lower import lower
 from graphkernel.codegen.cube.tiling import CubeTiling, NoTiling, tile
@@ -58,6 +59,13 @@ class MatmulSchedule:
     target: targets.Target = field(default_factory=lambda: targets.load(DEFAULT_TARGET),
                                    repr=False, compare=False)
     epilogue: Epilogue | None = None  # a MIX kernel's vector work on each base tile
+    # a product reading or writing through views that move batch or row axes only
+    # (codegen/cube/strided.py): C's element stride per batch dim, and the row pitches
+    # (orgM, orgN, orgKa, orgKb, orgKc) the kernel sets with SetOrgShape; None: the natural
+    # ones (C batch-major, rows of K, N, M as the operands' shapes say)
+    c_strides: tuple[int, ...] | None = None
+    pitches: tuple[int, int, int, int, int] | None = None
+    offsets: tuple[int, int] = (0, 0)  # (with pitches) A's and B's first elements
     kernel_kind: str = "cube"   # report.json / manifest.json: vector, cube, mix, extern
     variant: None = None        # no run-time variant
     reduce: bool = False        # (the vector schedule's question: never a reduction here)
@@ -181,8 +189,47 @@ def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bo
     return v, trans
 
 
+def _read(mm: Node, i: int, seen: set[int], wide: dict) -> tuple[Value, bool]:
+    """The kernel input operand ``i`` of ``mm`` reads and whether it is read transposed:
+    through transposes of the last two axes (``_operand``), else through views moving batch
+    or row axes only, read at a row pitch and batch strides of their own (``wide[i]``)."""
+    flag = bool(mm.attrs.get("transpose_b" if i else "transpose_a"))
+    try:
+        return _operand(mm.inputs[i], flag, mm, seen)
+    except Unsupported:
+        got = strided.operand(mm, i, lambda n: True, MAX_BATCH_AXES)
+        if isinstance(got, str):
+            raise
+    wide[i] = got
+    seen.update(id(n) for n in got.views)
+    return got.src, got.trans
+
+
+def _natural(batch, M, N) -> tuple:
+    out, inner = [], symbolic.mul(M, N)
+    for k in range(len(batch)):
+        out.append(symbolic.mul(inner, symbolic.numel(batch[k + 1:])))
+    return tuple(out)
+
+
 def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
-    """The cube kernel of ``kernel``, or Unsupported naming what is outside the model."""
+    """The cube kernel of ``kernel``, or Unsupported naming what is outside the model. A
+    product whose operands or result the kernel reaches through views moving batch or row
+    axes only, which the plain form refuses, is planned with strided addressing
+    (``codegen/cube/strided.py``) when that holds it."""
+    try:
+        return _plan_matmul(kernel, spec)
+    except Unsupported as e:
+        try:
+            s = _plan_strided(kernel, spec)
+        except Unsupported:
+            s = None
+        if s is None:
+            raise e from None
+        return s
+
+
+def _plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     body = kernel.subgraph
     mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
     mm = mms[0]
@@ -190,8 +237,9 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         raise Unsupported(f"{len(mms)} matrix products in one kernel (a cube kernel runs one)",
                           node=mms[1])
     seen = {id(mm)}
-    src_a, ta = _operand(mm.inputs[0], bool(mm.attrs.get("transpose_a")), mm, seen)
-    src_b, tb = _operand(mm.inputs[1], bool(mm.attrs.get("transpose_b")), mm, seen)
+    wide: dict[int, strided.Operand] = {}  # operands read through row-moving views
+    src_a, ta = _read(mm, 0, seen, wide)
+    src_b, tb = _read(mm, 1, seen, wide)
     steps = [n for n in body.nodes if id(n) not in seen and n.op != "Constant"]
     dt = mm.outputs[0].dtype
     if dt not in CUBE_DTYPES:
@@ -201,7 +249,8 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
     out = mm.outputs[0].type.shape
     M, N = out[-2], out[-1]
     sa, sb = src_a.type.shape, src_b.type.shape
-    K = sa[-2] if ta else sa[-1]
+    own = mm.inputs[0].type.shape  # (the operand as the product reads it)
+    K = own[-2] if mm.attrs.get("transpose_a") else own[-1]
     batch = tuple(out[:-2])
     if len(batch) > MAX_BATCH_AXES:
         raise Unsupported(f"{mm.op} with {len(batch)} batch axes (at most {MAX_BATCH_AXES})",
@@ -226,6 +275,15 @@ def plan_matmul(kernel: Node, spec: targets.Target) -> MatmulSchedule:
         batch=batch, a_strides=batch_strides(sa, batch), b_strides=batch_strides(sb, batch),
         dtype=dt, tiling=None, target=spec, epilogue=epi,
         kernel_kind="mix" if epi is not None else "cube")
+    if wide:  # (static shapes: strided.operand refuses symbolic ones)
+        oa, ob = wide.get(0), wide.get(1)
+        s.a_strides = oa.strides if oa else s.a_strides
+        s.b_strides = ob.strides if ob else s.b_strides
+        s.pitches = (oa.pitch if oa and ta else int(M), ob.pitch if ob and not tb else int(N),
+                     oa.pitch if oa and not ta else int(K), ob.pitch if ob and tb else int(K),
+                     int(N))
+        s.offsets = (oa.offset if oa else 0, ob.offset if ob else 0)
+        s.c_strides = tuple(int(x) for x in _natural(batch, M, N))
     p = s.plan()  # the tiling's UB bound: the epilogue's buffer plan
     if all(symbolic.is_static(d) for d in (*out, K)):
         nb = int(symbolic.numel(batch)) if batch else 1
@@ -273,3 +331,39 @@ def notes(s: MatmulSchedule) -> list[str]:
             out.append(f"epilogue input {i.index} ({name}) is broadcast over batch axes: read "
                        "once per output batch element")
     return out
+
+
+def _plan_strided(kernel: Node, spec: targets.Target) -> MatmulSchedule | None:
+    """A cube kernel (no epilogue) whose operands are views of kernel inputs and whose result
+    is a view written as the kernel's output, every view moving batch or row axes only (or
+    swapping a matrix's two axes): each operand read and C written at row pitches and
+    per-batch offsets of their own (``codegen/cube/strided.py``). None when the body is not
+    of that form; Unsupported when the tiling refuses it."""
+    body = kernel.subgraph
+    mms = [n for n in body.nodes if n.op in PRODUCT_OPS]
+    if len(mms) != 1 or mms[0].outputs[0].dtype not in CUBE_DTYPES or len(body.outputs) != 1:
+        return None
+    mm, dt = mms[0], mms[0].outputs[0].dtype
+    ins, outs = list(body.inputs), list(body.outputs)
+    p = strided.plan(mm, lambda n: True, lambda v: any(v is o for o in outs), MAX_BATCH_AXES)
+    if isinstance(p, str) or any(not any(v is x for x in ins) for v in (p.src_a, p.src_b)):
+        return None
+    taken = {id(n) for n in (mm, *p.views)}
+    if any(id(n) not in taken for n in body.nodes if n.op != "Constant"):
+        return None
+    s = MatmulSchedule(
+        node=kernel.name, name=kernel_symbol(kernel), matmul=mm,
+        a=ins.index(p.src_a), b=ins.index(p.src_b), trans_a=p.trans_a, trans_b=p.trans_b,
+        M=p.M, N=p.N, K=p.K, batch=tuple(e for e, _ in p.pieces),
+        a_strides=tuple(st[0] for _, st in p.pieces), b_strides=tuple(st[1] for _, st in p.pieces),
+        dtype=dt, tiling=None, target=spec, c_strides=tuple(st[2] for _, st in p.pieces),
+        pitches=p.pitches, offsets=p.offsets)
+    try:
+        s.tiling = tile(p.M, p.N, p.K, dt.itemsize, dt.itemsize, s.c_bytes, spec,
+                        batch=math.prod(s.batch), ub_reserved=s.ub_reserved(NO_BUFFERS),
+                        ub_per_elem=s.c_bytes)
+    except NoTiling as e:
+        raise Unsupported(str(e), node=mm) from None
+    s.notes = [*notes(s), "operands and result read and written through views moving batch "
+               "and row axes only: row pitches (SetOrgShape) and per-batch offsets"]
+    return s

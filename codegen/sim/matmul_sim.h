@@ -11,13 +11,16 @@
 //     sizes, baseM*baseK*sizeof(A) <= L0A/2, baseK*baseN*sizeof(B) <= L0B/2 (double
 //     buffered), baseM*baseN*4 <= L0C, the L1 depths (and the bias row) within L1, K not
 //     split over cores;
+//   - SetOrgShape(orgM, orgN, orgKa, orgKb, orgKc): the operands' and C's row pitches (before
+//     SetTensorA/SetTensorB; each at least the block's row, so rows never overlap);
 //   - SetTensorA/SetTensorB (isTrans only where the MatmulType declares it), SetBias (fp32)
 //     or DisableBias, SetTail, then IterateAll(gmC) or `while (Iterate()) GetTensorC(ub)`,
 //     and End. Batches are the kernel's loop: new tensors per batch element, End once;
 //   - products of fp16/bf16 (or fp32) accumulated in fp32, int8 in int32, the bias added in
 //     the accumulator, converted to C's type on the way out (round to nearest);
 //   - operands in GM, row-major (ND) with the row pitches of the tiling's whole problem: A
-//     [M, Ka] (transposed: [Ka, M]), B [Kb, N] (transposed: [N, Kb]), C [M, N];
+//     [M, Ka] (transposed: [Ka, M]), B [Kb, N] (transposed: [N, Kb]), C [M, N], or those
+//     SetOrgShape gave;
 //   - the L1: a panel (a base tile row of A, baseM x K, or column of B, K x baseN) stays
 //     resident while depthA1 / ceil(K / baseK) (resp. depthB1) panels fit, least recently
 //     used out first; a panel that does not fit is streamed, read once per base tile. Base
@@ -119,7 +122,31 @@ public:
         tail_m_ = t_.singleCoreM;
         tail_n_ = t_.singleCoreN;
         tail_k_ = t_.singleCoreK;
+        org_m_ = t_.M;
+        org_n_ = t_.N;
+        org_ka_ = t_.Ka;
+        org_kb_ = t_.Kb;
+        org_kc_ = t_.N;
         return false;
+    }
+    // The original shapes the API computes GM offsets from (row pitches, in elements): A
+    // [orgM, orgKa] (stored transposed: [orgKa, orgM]), B [orgKb, orgN] (transposed: [orgN,
+    // orgKb]), C rows of orgKc (0: orgN). Not the product's own extents (SetTail's, the
+    // tiling's single-core block): set before SetTensorA/SetTensorB, which must follow it.
+    void SetOrgShape(int orgM, int orgN, int orgKa, int orgKb, int orgKc = 0,
+                     loc where = loc::current()) {
+        claim("SetOrgShape", where);
+        if (orgM < 1 || orgN < 1 || orgKa < 1 || orgKb < 1 || orgKc < 0)
+            fail("SetOrgShape(" + std::to_string(orgM) + ", " + std::to_string(orgN) + ", " +
+                 std::to_string(orgKa) + ", " + std::to_string(orgKb) + ", " +
+                 std::to_string(orgKc) + "): extents must be positive", where);
+        org_m_ = orgM;
+        org_n_ = orgN;
+        org_ka_ = orgKa;
+        org_kb_ = orgKb;
+        org_kc_ = orgKc ? orgKc : orgN;
+        has_a_ = has_b_ = false;  // the API takes it before SetTensorA and SetTensorB
+        restart();
     }
     void SetTensorA(const GlobalTensor<TA>& g, bool trans = false, loc where = loc::current()) {
         claim("SetTensorA", where);
@@ -183,7 +210,7 @@ public:
             auto [m0, n0, rows, cols] = tile_at(i);
             compute(m0, n0, rows, cols, acc, where);
             for (int32_t r = 0; r < rows; ++r) {
-                const uint64_t off = static_cast<uint64_t>(m0 + r) * t_.N + n0;
+                const uint64_t off = static_cast<uint64_t>(m0 + r) * org_kc_ + n0;
                 c.check(off, cols, where);
                 for (int32_t q = 0; q < cols; ++q)
                     c.addr()[off + q] = convert(acc[r * cols + q]);
@@ -303,6 +330,7 @@ private:
     }
     void ready(const loc& where) const {
         if (!has_a_ || !has_b_) fail("Iterate before SetTensorA and SetTensorB", where);
+        pitches_hold(where);
     }
     // B's block in the launch's workspace, as byte offsets [lo, hi) (lo == hi: elsewhere).
     std::pair<uint64_t, uint64_t> b_in_workspace() const {
@@ -394,10 +422,25 @@ private:
         }
     }
     uint64_t a_at(int64_t m, int64_t k) const {
-        return trans_a_ ? k * t_.M + m : m * t_.Ka + k;
+        return trans_a_ ? k * org_m_ + m : m * org_ka_ + k;
     }
     uint64_t b_at(int64_t k, int64_t n) const {
-        return trans_b_ ? n * t_.Kb + k : k * t_.N + n;
+        return trans_b_ ? n * org_kb_ + k : k * org_n_ + n;
+    }
+    // A block's rows must not overlap in GM: each row pitch spans the block's row (the ND
+    // copy into L1 reads the rows at the pitch; C's rows are written at it).
+    void pitches_hold(const loc& where) const {
+        auto bad = [&](const char* what, int64_t pitch, int64_t row) {
+            if (pitch < row)
+                fail(std::string("SetOrgShape: ") + what + " row pitch " +
+                     std::to_string(pitch) + " is shorter than the block's row of " +
+                     std::to_string(row) + " elements (rows would overlap)", where);
+        };
+        bad(trans_a_ ? "A's (transposed, orgM)" : "A's (orgKa)", trans_a_ ? org_m_ : org_ka_,
+            trans_a_ ? tail_m_ : tail_k_);
+        bad(trans_b_ ? "B's (transposed, orgKb)" : "B's (orgN)", trans_b_ ? org_kb_ : org_n_,
+            trans_b_ ? tail_k_ : tail_n_);
+        bad("C's (orgKc)", org_kc_, tail_n_);
     }
     void compute(int32_t m0, int32_t n0, int32_t rows, int32_t cols, std::vector<Acc>& acc,
                  const loc& where) {
@@ -428,6 +471,7 @@ private:
     GlobalTensor<TBias> bias_;
     bool has_a_ = false, has_b_ = false, has_bias_ = false, trans_a_ = false, trans_b_ = false;
     int32_t tail_m_ = 0, tail_n_ = 0, tail_k_ = 0;
+    int64_t org_m_ = 0, org_n_ = 0, org_ka_ = 0, org_kb_ = 0, org_kc_ = 0;  // row pitches
     int32_t next_ = 0;
     uint32_t iter_seq_ = 0;  // the instruction number at the block's first Iterate
     std::vector<int32_t> held_a_, held_b_;

@@ -93,7 +93,9 @@ def test_gpt2_layers_are_one_extern_each_next_to_generated_kernels():
     off = graphkernel.compile(load_model(zoo / "gpt2.json"),
                               "--opt_level=2 --disable_pass=attention", env={})
     assert "extern" not in [e["kind"] for e in launches(off.graph)]
-    assert len(launches(off.graph)) - len(kinds) >= 2 * 5  # per layer, 6 launches became 1
+    # per layer, 4 launches became 1 (unfused, the heads' transposes are the products'
+    # addressing: codegen/cube/strided.py)
+    assert len(launches(off.graph)) - len(kinds) >= 2 * 3
 
 
 def test_the_causal_mode_is_sparse_mode_2_with_the_operators_own_mask():

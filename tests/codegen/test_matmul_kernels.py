@@ -38,6 +38,48 @@ def _mm(shape_a, shape_b, dtype="float16", ta=False, tb=False, op="MatMul",
     return g
 
 
+def _strided(cid: str, dtype: str) -> Graph:
+    """Products read or written through views that move batch or row axes only (a chunked
+    scan's layouts: [b, c, l, h, p] moved to heads before positions and back)."""
+    g = Graph(cid)
+
+    def inp(name, shape):
+        return g.add_input(name, TensorType(shape, dtype))
+
+    def n(op, ins, **attrs):
+        return g.add_node(op, ins, attrs).output
+
+    bmm = "BatchMatMul"
+    if cid == "strided_result_rows":  # [b, c, h, l, n] -> [b, c, l, h, n]
+        y = n(bmm, [inp("a", (2, 3, 4, 8, 16)), inp("b", (2, 3, 4, 16, 24))])
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 4])
+    elif cid == "strided_operand_rows":  # A's heads and rows swapped before the product
+        a = n("Transpose", [inp("a", (2, 8, 3, 16))], perm=[0, 2, 1, 3])
+        out = n(bmm, [a, inp("b", (2, 3, 16, 24))])
+    elif cid == "strided_merged_batch_transposed":  # x [b, c, l, h, p] as [b c h, p, l]
+        a = n("Transpose", [inp("a", (2, 2, 8, 3, 16))], perm=[0, 1, 3, 4, 2])
+        a = n("Reshape", [a], shape=[12, 16, 8])
+        out = n(bmm, [a, inp("b", (12, 8, 20))])
+    elif cid == "strided_broadcast_split":  # C shared by heads; the result split, moved
+        a = n("BroadcastTo", [n("Reshape", [inp("a", (2, 2, 8, 16))], shape=[2, 2, 1, 8, 16])],
+              shape=[2, 2, 4, 8, 16])
+        y = n(bmm, [a, inp("b", (2, 2, 4, 16, 12))])
+        y = n("Reshape", [y], shape=[2, 2, 4, 8, 12, 1])
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 5, 4])
+    elif cid == "strided_sliced_operand":  # chunk states after the first, moved [.., n, p]
+        b = n("StridedSlice", [inp("b", (2, 3, 4, 16, 12))], begin=[1], end=[3], strides=[1],
+              axes=[1])
+        b = n("Transpose", [b], perm=[0, 1, 2, 4, 3])
+        y = n(bmm, [inp("a", (2, 2, 4, 8, 16)), b], transpose_b=True)
+        out = n("Transpose", [y], perm=[0, 1, 3, 2, 4])
+    else:  # both operands and the result moved, B read transposed
+        a = n("Transpose", [inp("a", (2, 24, 3, 16))], perm=[0, 2, 1, 3])
+        b = n("Transpose", [inp("b", (2, 20, 3, 16))], perm=[0, 2, 3, 1])
+        out = n("Transpose", [n(bmm, [a, b])], perm=[0, 2, 1, 3])
+    g.set_outputs([out])
+    return g
+
+
 def _case(cid: str, graph: Graph, **kw) -> Case:
     return Case(cid, graph, flags="", **kw)  # the default pipeline
 
@@ -67,6 +109,11 @@ CASES = [
                                    dtype="float32")),
     _case("batch_read_transposed", _mm((2, 90, 50), (70, 90), op="BatchMatMul", ta=True,
                                        tb=True, dtype="float32")),
+    # views moving batch or row axes only, taken into the product's addressing (strided.py)
+    *[_case(cid, _strided(cid, dt)) for cid, dt in (
+        ("strided_result_rows", "float32"), ("strided_operand_rows", "float16"),
+        ("strided_merged_batch_transposed", "float32"), ("strided_broadcast_split", "float32"),
+        ("strided_both", "bfloat16"), ("strided_sliced_operand", "float32"))],
 ]
 
 
@@ -80,7 +127,8 @@ def test_cube_kernels_match_the_interpreter(case, library):
     (k,) = [n for n in case.result.graph.nodes if n.op != "Constant"]
     s = schedules(case.result)[k.name]
     assert isinstance(s, MatmulSchedule) and not case.result.report.extra["fallbacks"]
-    assert s.trans_a == (case.id in ("ta", "ta_tb")) or "transpose" in case.id
+    assert s.trans_a == (case.id in ("ta", "ta_tb")) or "transpose" in case.id or \
+        case.id.startswith("strided")
     for dims in case.dims:
         feeds = case.feeds(dims)
         got, backend = run_sim(case.result, feeds, library=library)
@@ -110,6 +158,27 @@ def test_transposes_fold_into_is_trans(library):
     assert "MatmulType<TPosition::GM, CubeFormat::ND, half, true>" in text
     assert "mm.End();" in text and "#define ASCENDC_CUBE_ONLY" in text
     assert "matmul_tiling::MatmulApiTiling" in r.files[f"{src.name}_tiling.cpp"]
+
+
+def test_views_moving_rows_are_the_products_addressing(library):
+    """Each strided case is one cube launch: the views around the product are its row
+    pitches (SetOrgShape) and batch offsets, none a kernel of its own."""
+    from graphkernel.codegen.backend import render_all
+
+    for case in (c for c in CASES if c.id.startswith("strided")):
+        (s,) = schedules(case.result).values()
+        assert s.pitches is not None and s.kernel_kind == "cube", case.id
+        (r,) = render_all({"k": s})
+        assert "mm.SetOrgShape((int)t.orgM" in r.files[f"{s.name}.cpp"]
+        assert "t.orgKc = " in r.files[f"{s.name}_tiling.cpp"]
+    (s,) = schedules(next(c for c in CASES if c.id == "strided_merged_batch_transposed")
+                     .result).values()
+    # A is x[b, c, l, h, p] read as [b c h][p, l]: the (b, c) and h batch pieces apart, the
+    # positions at a pitch of h * p, read transposed
+    assert s.batch == (4, 3) and s.a_strides == (8 * 3 * 16, 16) and s.trans_a
+    assert s.pitches[0] == 3 * 16
+    (s,) = schedules(next(c for c in CASES if c.id == "strided_sliced_operand").result).values()
+    assert s.offsets == (0, 4 * 16 * 12)  # B starts at its second chunk
 
 
 def test_the_host_tiler_is_the_python_tiler(library):
@@ -503,3 +572,30 @@ def test_a_mix_kernel_takes_its_blocks_by_vector_core(loop):
     (st,) = backend.stats.values()
     assert st.gm_written == got[0].nbytes  # each output tile written once
     assert st.block_dim == s.tiling.usedCoreNum  # the launch is the tiling's, as before
+
+
+def test_a_mix_kernel_reads_a_broadcast_operand_in_place():
+    """C·Bᵀ of a chunked scan with C shared by the heads of its group and the decay mask
+    multiplied in the epilogue: the broadcast is the operand's batch stride 0 (one launch, a
+    MIX kernel; no copy of C over the heads), run in the simulator against the reference."""
+    from graphkernel.codegen.backend import render_all
+    from graphkernel.codegen.traffic import launches
+    from graphkernel.interpreter import random_inputs, run_graph
+
+    g = Graph("mix_strided")
+    c = g.add_input("c", TensorType((2, 2, 8, 16), "float32"))
+    bt = g.add_input("b", TensorType((2, 2, 4, 8, 16), "float32"))
+    mask = g.add_input("mask", TensorType((2, 2, 4, 8, 8), "float32"))
+    a = g.add_node("Reshape", [c], {"shape": [2, 2, 1, 8, 16]}).output
+    a = g.add_node("BroadcastTo", [a], {"shape": [2, 2, 4, 8, 16]}).output
+    y = g.add_node("BatchMatMul", [a, bt], {"transpose_b": True}).output
+    g.set_outputs([g.add_node("Mul", [y, mask]).output])
+    res = graphkernel.compile(g, "", env={})
+    assert [e["kind"] for e in launches(res.graph)] == ["mix"]
+    (s,) = schedules(res).values()
+    assert s.kernel_kind == "mix" and s.pitches is not None and s.a_strides[2] == 0
+    (r,) = render_all({"k": s})
+    assert "mm.SetOrgShape(" in r.files[f"{s.name}.cpp"]
+    feeds = random_inputs(g, 3)
+    got, _ = run_sim(res, feeds)
+    np.testing.assert_allclose(got[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-5)

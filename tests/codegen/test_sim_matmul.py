@@ -26,6 +26,7 @@ FIELDS = ["usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN", "si
           "baseM", "baseN", "baseK", "depthA1", "depthB1", "stepM", "stepN", "stepKa", "stepKb",
           "isBias", "iterateOrder", "transLength"]
 ITERATE, BIAS, AFTER_END, SECOND, SMALL_UB, TAIL_OOB = 1, 2, 4, 8, 16, 32
+ORG_SAME, ORG_SHORT, ORG_LATE = 64, 128, 256
 
 
 @functools.cache
@@ -155,6 +156,20 @@ def test_a_tiling_breaking_a_limit_is_refused(change, match):
 ], ids=["after_end", "second_object", "small_ub"])
 def test_misuse_of_the_object_is_refused(mode, match):
     _err(dataclasses.replace(BASE, baseM=64, baseN=64), mode, match)
+
+
+def test_row_pitches_set_by_set_org_shape_are_checked():
+    """SetOrgShape gives the operands' and C's row pitches (strided products,
+    codegen/cube/strided.py): the tiling's own shapes compute the same product; a pitch
+    shorter than the block's row (rows overlapping) is refused, and so is SetOrgShape after
+    the tensors (the API takes it before SetTensorA/SetTensorB)."""
+    a, b = _operands("f16", 64, 64, 64)
+    want, _ = _run("f16", BASE, a, b)
+    got, _ = _run("f16", BASE, a, b, mode=ORG_SAME)
+    np.testing.assert_array_equal(got, want)
+    _err(BASE, ORG_SHORT, "SetOrgShape: A's \\(orgKa\\) row pitch 32 is shorter than the "
+                          "block's row of 64 elements")
+    _err(BASE, ORG_LATE, "Iterate before SetTensorA and SetTensorB")
 
 
 def test_a_tail_past_the_operands_is_out_of_bounds():

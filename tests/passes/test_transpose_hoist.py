@@ -207,3 +207,21 @@ def test_a_mamba_layers_readout_keeps_the_scan_layout(monkeypatch):
     moved = [n.name for g in compiled for n in g.nodes if n.op == "Transpose"
              and list(n.attrs["perm"])[-1] != n.inputs[0].type.rank - 1]
     assert moved == []
+
+
+def test_a_last_axis_move_behind_a_trailing_axis_of_one_is_taken_up():
+    """A chunked scan's mask: G [b, c, h, l, s] and L [b, h, c, l, s] both moved to
+    [b, c, l, s, h], multiplied, given a trailing axis of 1 and moved back heads first: the
+    root keeps its literal last axis (the 1) but moves h, the last axis with rows; taken up,
+    G's transpose cancels and L's becomes a move of outer axes only."""
+    g = Graph()
+    gm = g.add_input("g", TensorType((2, 2, 3, 4, 4), "float32"))
+    lm = g.add_input("l", TensorType((2, 3, 2, 4, 4), "float32"))
+    m = g.add_node("Mul", [_t(g, gm, [0, 1, 3, 4, 2]), _t(g, lm, [0, 2, 3, 4, 1])]).output
+    m = g.add_node("ExpandDims", [m], {"axis": [5]}).output
+    g.set_outputs([_t(g, m, [0, 1, 4, 2, 3, 5], name="root")])
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 1, res.notes
+    (t,) = [n for n in h.nodes if n.op == "Transpose"]
+    assert t.inputs[0].name == "l" and list(t.attrs["perm"]) == [0, 2, 1, 3, 4]
+    assert_same_results(g, h)

@@ -358,3 +358,43 @@ def test_the_readouts_skip_term_and_gate_join_the_scans_kernel():
     res = fuse(b.out(b.op("Mul", y, d, name="per_channel")), SCAN_FLAGS)
     assert any("not one per row" in r for r in reasons(res, "scan_readout_epilogue"))
     assert len(kernels(res)) == 2
+
+def test_product_views_takes_row_moving_views_around_a_product():
+    """A chunked scan's product: x [b, c, l, h, p] moved to [b c h, p, l] (heads before
+    positions, the matrix transposed) and the result [b, c, h, l, n] moved back to
+    positions before heads: both transposes keep each matrix row whole, so the cube
+    kernel reads and writes through them (row pitches, batch offsets); a transpose moving
+    the result's last axis stays outside, with the reason."""
+    b = G()
+    x = b.input("x", (2, 2, 8, 3, 16))
+    w = b.input("w", (12, 8, 20))
+    t = b.op("Transpose", x, name="t", perm=[0, 1, 3, 4, 2])
+    r = b.op("Reshape", t, name="r", shape=[12, 16, 8])
+    p = b.op("BatchMatMul", r, w, name="p")
+    v = b.op("Reshape", p, name="v", shape=[2, 2, 3, 16, 20])
+    back = b.op("Transpose", v, name="back", perm=[0, 1, 3, 2, 4])
+    res = fuse(b.out(b.op("Exp", back, name="e")))
+    assert {"t", "r", "p", "v", "back"} in kernels(res)
+    assert attempts(res, "product_views", "fused")
+    b = G()
+    a = b.input("a", (2, 3, 8, 16))
+    w = b.input("w", (2, 3, 16, 24))
+    p = b.op("BatchMatMul", a, w, name="p")
+    moved = b.op("Transpose", p, name="moved", perm=[0, 3, 1, 2])
+    res = fuse(b.out(b.op("Exp", moved, name="e")))
+    assert not any("moved" in k and "p" in k for k in kernels(res))
+    assert any("result is written through views moving its last axis" in why
+               for why in reasons(res, "product_views"))
+
+
+def test_a_lone_reshape_read_by_two_kernels_stays_a_view():
+    """A view of an input read by a vector kernel and by a product's kernel is not taken
+    into the vector kernel (it would store a view of its own input as an output)."""
+    b = G()
+    x = b.input("x", (2, 16, 16))
+    r = b.op("Reshape", x, name="r", shape=[2, 2, 8, 16])
+    e = b.op("Exp", b.op("Neg", r, name="n"), name="e")
+    w = b.input("w", (2, 2, 16, 8))
+    p = b.op("BatchMatMul", r, w, name="p")
+    res = fuse(b.out(e, p))
+    assert not any("r" in k and "n" in k for k in kernels(res))

@@ -3,7 +3,8 @@ struct MmCase {
     TCubeTiling t;
     int32_t coresM, coresN, transA, transB, mode, tailM, tailN, pad;
 };
-enum { ITERATE = 1, BIAS = 2, AFTER_END = 4, SECOND = 8, SMALL_UB = 16, TAIL_OOB = 32 };
+enum { ITERATE = 1, BIAS = 2, AFTER_END = 4, SECOND = 8, SMALL_UB = 16, TAIL_OOB = 32,
+       ORG_SAME = 64, ORG_SHORT = 128, ORG_LATE = 256 };
 
 template <typename T, typename C, typename BiasT>
 void mm_case(GM_ADDR a, GM_ADDR b, GM_ADDR bias, GM_ADDR c, GM_ADDR ws, GM_ADDR tiling) {
@@ -34,8 +35,12 @@ void mm_case(GM_ADDR a, GM_ADDR b, GM_ADDR bias, GM_ADDR c, GM_ADDR ws, GM_ADDR 
     if (k.mode & TAIL_OOB) tm = k.t.singleCoreM;  // the last core's block runs past M
     uint64_t offA = k.transA ? m0 : (uint64_t)m0 * k.t.Ka;
     uint64_t offB = k.transB ? (uint64_t)n0 * k.t.Kb : n0;
+    // the original shapes (row pitches): as the tiling's, or A's rows shorter than K
+    if (k.mode & ORG_SAME) mm.SetOrgShape(k.t.M, k.t.N, k.t.Ka, k.t.Kb, k.t.N);
+    if (k.mode & ORG_SHORT) mm.SetOrgShape(k.t.M, k.t.N, k.t.Ka / 2, k.t.Kb, k.t.N);
     mm.SetTensorA(ga[offA], k.transA);
     mm.SetTensorB(gb[offB], k.transB);
+    if (k.mode & ORG_LATE) mm.SetOrgShape(k.t.M, k.t.N, k.t.Ka, k.t.Kb);  // after the tensors
     if (k.mode & BIAS) mm.SetBias(gbias[n0]); else mm.DisableBias();
     mm.SetTail(tm, tn);
     if (!(k.mode & ITERATE)) {
