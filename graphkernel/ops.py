@@ -365,6 +365,13 @@ def check_scalar_fits(value: float | None, t: TensorType, what: str) -> None:
                          f"(accepted: a number in {info.min}..{info.max})")
 
 
+def swaps_last_two(n: Any) -> bool:
+    """A Transpose node whose permutation swaps the last two axes and keeps the others."""
+    perm = list(n.attrs.get("perm") or [])
+    r = len(perm)
+    return r >= 2 and perm == [*range(r - 2), r - 1, r - 2]
+
+
 def normalize_axis(axis: int, rank: int) -> int:
     """``axis`` as an index in 0..rank-1. A 0-d tensor accepts axis 0 and -1 and both give 0,
     as torch wraps a scalar's dim: a reduction over them reduces nothing. An op that needs a

@@ -24,15 +24,11 @@ from __future__ import annotations
 import math
 
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.ops import swaps_last_two
 from graphkernel.passes.rewrite import add_like
 from graphkernel.registry import PassResult, counted
 
 PRODUCTS = ("MatMul", "BatchMatMul")
-
-
-def _swaps_last_two(n: Node) -> bool:
-    r = len(n.attrs["perm"])
-    return r >= 2 and list(n.attrs["perm"]) == [*range(r - 2), r - 1, r - 2]
 
 
 def _static(*vs: Value) -> bool:
@@ -75,7 +71,7 @@ def _operand_moved(graph: Graph, p: Node) -> Value | None:
     if rs is None or rs.op != "Reshape":
         return None
     t = rs.inputs[0].producer
-    if t is None or t.op != "Transpose" or not _swaps_last_two(t) or \
+    if t is None or t.op != "Transpose" or not swaps_last_two(t) or \
             len(a.uses) != 1 or len(t.outputs[0].uses) != 1 or graph.is_output(a) or \
             graph.is_output(t.outputs[0]):
         return None  # (read elsewhere, the transpose would stay: nothing saved)
@@ -97,7 +93,7 @@ def product_transpose(graph, ctx) -> PassResult:
         if n.graph is None or n.op not in ("Transpose", "MatMul"):
             continue
         result = n.op == "Transpose"
-        if result and not _swaps_last_two(n):
+        if result and not swaps_last_two(n):
             continue
         with graph.recording() as made:
             y = _result_moved(graph, n) if result else _operand_moved(graph, n)

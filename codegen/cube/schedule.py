@@ -26,7 +26,7 @@ from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.vector.schedule import FULL, KernelIO, kernel_symbol
 from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
-from graphkernel.ops import PRODUCT_OPS
+from graphkernel.ops import PRODUCT_OPS, swaps_last_two
 
 CUBE_DTYPES = (DType.float16, DType.bfloat16, DType.float32)
 MAX_BATCH_AXES = 8
@@ -165,13 +165,6 @@ def whole_rows_refusal(mm: Node, members: list[Node], leaving: list[Value],
 def is_matmul_kernel(kernel: Node) -> bool:
     """Whether the kernel's body holds a MatMul or BatchMatMul (planned by this module)."""
     return any(n.op in PRODUCT_OPS for n in kernel.subgraph.nodes)
-
-
-def swaps_last_two(n: Node) -> bool:
-    """A Transpose that swaps the last two axes and keeps the others."""
-    perm = list(n.attrs.get("perm") or [])
-    r = len(perm)
-    return r >= 2 and perm == [*range(r - 2), r - 1, r - 2]
 
 
 def _operand(v: Value, trans: bool, mm: Node, seen: set[int]) -> tuple[Value, bool]:

@@ -24,6 +24,7 @@ import numpy as np
 from graphkernel import symbolic
 from graphkernel.errors import FrontendError, GraphKernelError, ShapeError
 from graphkernel.ir import DType, Graph, TensorType, Value
+from graphkernel.ops import swaps_last_two
 
 log = logging.getLogger("graphkernel.fx")
 _LOGGED: set[str] = set()
@@ -908,10 +909,7 @@ def _untransposed(c: Ctx, v: Value) -> Value | None:
         chain.append(v.producer)
         v = src
     p = v.producer
-    if p is None or p.op != "Transpose":
-        return None
-    r = len(p.attrs["perm"])
-    if r < 2 or list(p.attrs["perm"]) != [*range(r - 2), r - 1, r - 2]:
+    if p is None or p.op != "Transpose" or not swaps_last_two(p):
         return None
     out = p.inputs[0]
     for node in reversed(chain):

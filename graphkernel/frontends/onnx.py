@@ -25,6 +25,7 @@ from graphkernel import fileio, limits, symbolic
 from graphkernel.errors import FrontendError, GraphKernelError
 from graphkernel.fileio import FileTooLarge, NotRegularFile, open_beneath, read_bounded
 from graphkernel.ir import DType, Graph, TensorType, Value
+from graphkernel.ops import swaps_last_two
 
 try:
     import onnx
@@ -774,10 +775,7 @@ def _swapped(v):
             v.producer.inputs[0].dtype == v.dtype:
         v = v.producer.inputs[0]
     p = v.producer
-    if p is None or p.op != "Transpose":
-        return None
-    r = len(p.attrs["perm"])
-    if r < 3 or list(p.attrs["perm"]) != [*range(r - 2), r - 1, r - 2]:
+    if p is None or p.op != "Transpose" or len(p.attrs["perm"]) < 3 or not swaps_last_two(p):
         return None
     return p.inputs[0]
 
