@@ -1,4 +1,5 @@
-"""Window kernels: a 2-D max or average pool, or a depthwise convolution, computed in the
+"""Window kernels: a 2-D max or average pool, or a depthwise convolution (NCHW, or NHWC:
+``_plan_nhwc``, a pixel a row of channels), computed in the
 vector unit, with a ReLU before a max pool and the elementwise work on the result fused into
 the same kernel.
 
@@ -61,11 +62,13 @@ LOWEST = "-3.40282347e+38f"  # a max pool's padding (the lowest float32)
 
 
 def is_depthwise(n: Node) -> bool:
-    """A convolution of each channel by its own window (group = channels = outputs), NCHW:
-    a per-plane stencil like a pool."""
-    if n.op != "Conv2D" or n.attrs["data_format"] != "NCHW":
+    """A convolution of each channel by its own window (group = channels = outputs): in
+    NCHW a per-plane stencil like a pool; in NHWC (channels last) a stencil of whole pixel
+    rows of C channels."""
+    if n.op != "Conv2D" or n.attrs["data_format"] not in ("NCHW", "NHWC"):
         return False
-    c, m = n.inputs[0].shape[1], n.inputs[1].shape[0]
+    c = n.inputs[0].shape[1 if n.attrs["data_format"] == "NCHW" else 3]
+    m = n.inputs[1].shape[0]
     return isinstance(c, int) and c == m == n.attrs["group"] and n.inputs[1].shape[1] == 1
 
 
@@ -145,6 +148,18 @@ class WindowSchedule:
     notes: list[str] = field(default_factory=list)
     kernel_kind: str = "vector"
     variant: None = None
+    nhwc: bool = False         # a channels-last depthwise convolution: a row is a pixel's C
+    Cp: int = 0                # (NHWC) a pixel row's pitch in UB (whole blocks)
+    Wp: int = 0                # (NHWC) pixels of a padded image row in UB
+    parts: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # output ->
+    # (split source, first column, columns): a Split's part, written from its source's rows
+    splits: int = 0            # (NHWC) values split into parts: a plane buffer each
+
+    @property
+    def row_len(self) -> int:
+        """The elements of one computed row: an output row (NCHW), a pixel's channels
+        (NHWC)."""
+        return self.channels if self.nhwc else self.Wo
 
     @property
     def shifts(self) -> list[int]:
@@ -182,6 +197,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
         raise Unsupported("a window kernel holds one pool or depthwise convolution",
                           node=pools[1])
     pool = pools[0]
+    if pool.op == "Conv2D" and pool.attrs["data_format"] == "NHWC":
+        return _plan_nhwc(kernel, pool, target)
     x = pool.inputs[0]
     a = dict(pool.attrs)
     conv = pool.op == "Conv2D"
@@ -296,6 +313,112 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     return s
 
 
+def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
+    """A channels-last (NHWC) depthwise convolution's schedule, or Unsupported. A core
+    takes whole images, one at a time: the image is loaded once into a zeroed padded copy,
+    each pixel a row of C channels at a pitch of whole blocks, so every tap of an output
+    pixel is a whole row at a whole-row offset (no shifted copies are made), multiplied by
+    the tap's row of per-channel weights (the weights, read once per core, are laid out a
+    row per tap by the scalar unit) and summed; the bias is a row too. The epilogue runs on
+    each output pixel's row; a Split of the result along the channels writes its parts as
+    the kernel's outputs, each a column range of the rows (starting on a 32-byte block)."""
+    sub = kernel.subgraph
+    x, wv = pool.inputs[0], pool.inputs[1]
+    if any(v not in sub.inputs for v in pool.inputs):
+        raise Unsupported("a channels-last depthwise convolution of a value computed in the "
+                          "kernel (its input, weights and bias are read as they are)",
+                          node=pool)
+    if x.dtype != DType.float32 or pool.outputs[0].dtype != DType.float32 or \
+            wv.dtype != DType.float32:
+        raise Unsupported(f"Conv2D of {x.dtype.value}: window kernels are generated for "
+                          "float32", node=pool)
+    if not all(isinstance(d, int) for d in (*x.shape, *wv.shape, *pool.outputs[0].shape)):
+        raise Unsupported(f"Conv2D of a symbolic shape {list(x.shape)}", node=pool)
+    a = pool.attrs
+    if list(a["dilations"]) != [1, 1]:
+        raise Unsupported(f"Conv2D with dilations {a['dilations']}", node=pool)
+    kh, kw = wv.shape[2:]
+    sh, sw = a["strides"]
+    pt, pl, pb, pr = a["pads"]
+    N, H, W, C = x.shape
+    Ho, Wo = pool.outputs[0].shape[1:3]
+    blk = target.block_bytes // 4
+    Cp = -(-C // blk) * blk
+    Wp = max(W + pl + pr, (Wo - 1) * sw + kw)
+    Hp = max(H + pt + pb, (Ho - 1) * sh + kh)
+    if max(W, Ho * Wo) > 4095:
+        raise Unsupported(f"Conv2D of {W} pixels a row, {Ho * Wo} an image: a DataCopyPad "
+                          "moves at most 4095 rows", node=pool)
+    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
+                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       "dw", N, C, H, W, Ho, Wo, kh, kw, sh, pt, pl, Hp, Cp, Wp * Cp, 0, 0,
+                       0, [], sub.inputs.index(x), None, None, sw=sw, nhwc=True, Cp=Cp,
+                       Wp=Wp)
+    s.inputs[sub.inputs.index(wv)].kind = "weights"
+    if len(pool.inputs) == 3:
+        s.inputs[sub.inputs.index(pool.inputs[2])].kind = "channel"
+        s.bias = "bs"
+    _epilogue(s, kernel, pool)
+    need = _plan(s).budget().bytes(1, s.Wa)
+    if need > target.ub_bytes:
+        raise Unsupported(f"Conv2D: an image's padded copy ({Hp}x{Wp} pixels of {Cp}) and "
+                          f"the kernel's planes need {need} bytes of UB, the target has "
+                          f"{target.ub_bytes} (a band of rows with its halo is not generated)",
+                          node=pool)
+    s.notes.append(f"channels last: each pixel a row of {C} channels (pitch {Cp}); input "
+                   f"{s.pool_input} is read once into a zero-padded copy, each of the "
+                   f"{kh * kw} taps of an output pixel a whole row of it times the tap's "
+                   "row of weights (laid out per tap once per core by the scalar unit)")
+    if s.parts:
+        s.notes.append(f"{len(s.parts)} outputs are a Split's parts: column ranges of the "
+                       "split value's rows, written from them")
+    return s
+
+
+def _pool_steps_nhwc(s: WindowSchedule, dst: str, body: list[str]) -> None:
+    """Output pixel i (a row of C channels) of a channels-last depthwise convolution into
+    ``dst``: each tap's input row times the tap's weights, summed, then the bias."""
+    C, Cp = s.channels, s.Cp
+    body.append(f"const uint32_t q = (i / {s.Wo}) * {s.sh * s.Wp} + (i % {s.Wo}) * {s.sw};")
+    taps = [(f"x[(q + {di * s.Wp + dj}) * {Cp}]", f"wt[{(di * s.kw + dj) * Cp}]")
+            for di in range(s.kh) for dj in range(s.kw)]
+    body += [f"Mul({dst}, {taps[0][0]}, {taps[0][1]}, {C});", "PipeBarrier<PIPE_V>();"]
+    for tap, wrow in taps[1:]:
+        body += [f"Mul(tp, {tap}, {wrow}, {C});", "PipeBarrier<PIPE_V>();",
+                 f"Add({dst}, {dst}, tp, {C});", "PipeBarrier<PIPE_V>();"]
+    if s.bias:
+        body += [f"Add({dst}, {dst}, bs, {C});", "PipeBarrier<PIPE_V>();"]
+
+
+def _split_parts(s: WindowSchedule, n: Node, expr: dict, kind: dict, outs: dict,
+                 split_src: dict, sub) -> None:
+    """A Split of computed rows along the channels (NHWC): each part is a kernel output
+    written from the split value's rows (a column range starting on a 32-byte block)."""
+    v = n.inputs[0]
+    src = expr.get(id(v), "")
+    axis = n.attrs["axis"] % len(v.shape)
+    if kind.get(id(v)) != "row" or not src.startswith("sp") or axis != len(v.shape) - 1 \
+            or v.shape[-1] != s.channels:
+        raise Unsupported(f"a Split of {v.name} {list(v.shape)} along axis {n.attrs['axis']}"
+                          f" (a window kernel splits its rows of {s.channels} channels)",
+                          node=n)
+    j = int(src[2:src.index("[")])
+    blk = s.target.block_bytes // 4
+    inside = {id(m) for m in sub.nodes}
+    c0 = 0
+    for part, size in zip(n.outputs, n.attrs["sizes"]):
+        if id(part) not in outs or any(id(u) in inside for u in part.users):
+            raise Unsupported(f"Split part {part.name} is read in the kernel (a window "
+                              "kernel writes a Split's parts as its outputs only)", node=n)
+        if c0 % blk:
+            raise Unsupported(f"Split part {part.name} starts at channel {c0}, not on a "
+                              "32-byte block", node=n)
+        s.parts[outs[id(part)]] = (j, c0, size)
+        expr[id(part)], kind[id(part)] = f"sp{j}[{c0}]", "part"
+        c0 += size
+
+
 def _bases(s: WindowSchedule) -> list[int]:
     """Per column tap: where its copy of the padded plane starts in the copies' buffer. The
     unshifted tap's copy is the loaded one (after its guard); the others follow it."""
@@ -325,10 +448,13 @@ def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] |
         return None
     item = 4  # (float32: the generator's only type)
     out = {}
+    cores = min(s.planes, (target or targets.load(DEFAULT_TARGET)).aiv_cores)
     for io in s.inputs:
         v = io.value
-        if io.index == s.pool_input:
-            out[id(v)] = s.planes * s.H * s.W * item
+        if s.nhwc and io.kind in ("weights", "channel"):  # once per core
+            out[id(v)] = cores * v.type.numel * item
+        elif io.index == s.pool_input:
+            out[id(v)] = s.planes * s.H * s.W * (s.channels if s.nhwc else 1) * item
         elif io.kind == "weights":
             out[id(v)] = s.planes * s.kh * s.kw * item
         elif io.kind in ("channel", "scalar"):
@@ -393,7 +519,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
     kind: dict[int, str] = {}  # value -> "row" or "scalar"
     x = s.inputs[s.pool_input].value
     same = not s.prologue and s.fill is None and tuple(x.shape) == out_shape and \
-        s.sh == 1 and s.sw == 1 and s.kh > s.pt and s.kw > s.pl
+        s.sh == 1 and s.sw == 1 and s.kh > s.pt and s.kw > s.pl and not s.nhwc
     for io in s.inputs:
         v = io.value
         if io.kind in ("weights", "channel") and s.mode == "dw":
@@ -405,7 +531,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             continue
         if tuple(v.shape) == out_shape:
             expr[id(v)], kind[id(v)] = f"a{io.index}[i * {s.Wa}]", "row"
-        elif _channel(v, C):
+        elif not s.nhwc and _channel(v, C):  # (channels last: a channel value is a row)
             io.kind = "channel"
             s.scalars.append(f"const float c{io.index} = gi{io.index}.GetValue(c);")
             expr[id(v)], kind[id(v)] = f"c{io.index}", "scalar"
@@ -423,9 +549,21 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         raise Unsupported(f"the pool's input {x.name} is read by the epilogue but is not a "
                           "plane of the output's shape", node=pool, about=(x,))
     scratch = 0
+    split_src: dict[int, int] = {}  # a value split into parts -> its plane buffer
+    for n in sub.nodes:
+        if n.op == "Split" and s.nhwc:
+            v = n.inputs[0]
+            while v.producer is not None and v.producer.op in RESHAPE_OPS and \
+                    v.producer in sub.nodes and v.producer is not pool and \
+                    v.producer.inputs[0].type.numel == v.type.numel:
+                v = v.producer.inputs[0]  # (a view of a computed row: that row's buffer)
+            split_src.setdefault(id(v), len(split_src))
+    s.splits = len(split_src)
 
     def row_of(v: Value) -> str:
         nonlocal scratch
+        if id(v) in split_src:
+            return f"sp{split_src[id(v)]}[i * {s.Wa}]"
         if id(v) in outs:
             return f"o{outs[id(v)]}[i * {s.Wa}]"
         scratch += 1
@@ -439,6 +577,14 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             continue
         if id(n) in s.prologue_nodes:
             continue  # (run on the copies)
+        if n is pool and s.nhwc:
+            dst = row_of(n.outputs[0])
+            _pool_steps_nhwc(s, dst, body)
+            expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
+            continue
+        if n.op == "Split" and s.nhwc:
+            _split_parts(s, n, expr, kind, outs, split_src, sub)
+            continue
         if n is pool:
             dst = row_of(n.outputs[0])
             if s.sw == 1:
@@ -465,7 +611,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
             src = expr[id(n.inputs[0])]
             if id(n.outputs[0]) in outs:  # stored: copied into its output's rows
                 dst = row_of(n.outputs[0])
-                body += [f"Muls({dst}, {src}, 1.0f, {s.Wo});", "PipeBarrier<PIPE_V>();"]
+                body += [f"Muls({dst}, {src}, 1.0f, {s.row_len});",
+                         "PipeBarrier<PIPE_V>();"]
                 src = dst
             expr[id(n.outputs[0])], kind[id(n.outputs[0])] = src, "row"
             continue
@@ -476,7 +623,7 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         dst = row_of(n.outputs[0])
         srcs = [expr[id(v)] for v in n.inputs]
         kinds = [kind[id(v)] for v in n.inputs]
-        cnt = s.Wo
+        cnt = s.row_len
         if n.op in UNARY and kinds == ["row"]:
             body.append(f"{UNARY[n.op]}({dst}, {srcs[0]}, {cnt});")
         elif n.op == "Neg" and kinds == ["row"]:
@@ -507,6 +654,8 @@ def _epilogue(s: WindowSchedule, kernel: Node, pool: Node) -> None:
         body.append("PipeBarrier<PIPE_V>();")
         expr[id(n.outputs[0])], kind[id(n.outputs[0])] = dst, "row"
     for k, v in enumerate(sub.outputs):
+        if k in s.parts:
+            continue
         if kind.get(id(v)) != "row" or expr[id(v)] != f"o{k}[i * {s.Wa}]":
             raise Unsupported(f"output {v.name} is not a row the kernel computes", about=(v,))
     s.rows = scratch
@@ -578,8 +727,46 @@ def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None
                  f"Div({dst}, {dst}, cnt, {s.Wo});", "PipeBarrier<PIPE_V>();"]
 
 
+def _plan_nhwc_buffers(s: WindowSchedule) -> BufferPlan:
+    """A channels-last window kernel's UB buffers (fixed sizes: an image's pixel rows)."""
+    blk = s.target.block_bytes
+    plane = s.Ho * s.Wo * s.Cp * 4
+    copy = s.Hp * s.Wp * s.Cp * 4
+    T = s.kh * s.kw
+    raw = -(-s.channels * T * 4 // blk) * blk
+
+    def fixed(name, role, kind, n, tensor):
+        return Buffer(name, role, kind, "float", Linear(fixed=n), str(n), tensor=tensor)
+
+    bufs = [fixed("qx", "the image, loaded into its zero-padded copy", Kind.QUEUE_IN, copy,
+                  "x"),
+            fixed("bwr", "the weights as read (a row of taps per channel)", Kind.SCRATCH, raw,
+                  "wr"),
+            fixed("bwt", "the weights, a row of channels per tap", Kind.SCRATCH,
+                  T * s.Cp * 4, "wt")]
+    if s.bias:
+        bufs.append(fixed("bbs", "the bias, a row of channels", Kind.SCRATCH, s.Cp * 4, "bs"))
+    bufs += [fixed(f"qi{io.index}", f"input {io.index}'s image", Kind.QUEUE_IN, plane,
+                   f"a{io.index}")
+             for io in s.inputs if io.kind == "plane" and io.index != s.pool_input]
+    bufs += [fixed(f"qo{io.index}", f"output {io.index}'s image", Kind.QUEUE_OUT, plane,
+                   f"o{io.index}") for io in s.outputs if io.index not in s.parts]
+    bufs += [fixed(f"qs{j}", f"split value {j}'s image (its parts are written from it)",
+                   Kind.QUEUE_OUT, plane, f"sp{j}") for j in range(s.splits)]
+    if s.rows:
+        bufs.append(fixed("bw", "the epilogue's values, a row each", Kind.ROW,
+                          s.rows * s.Cp * 4, "w"))
+    bufs.append(fixed("bt", "a tap times its weights, a row", Kind.ROW, s.Cp * 4, "tp"))
+    if s.tmp:
+        bufs.append(fixed("bht", "the math library's temporary space, a row", Kind.SCRATCH,
+                          s.Cp * 4, "ht"))
+    return BufferPlan(tuple(bufs), Linear(fixed=blk), "float")
+
+
 def _plan(s: WindowSchedule) -> BufferPlan:
     """The kernel's UB buffers (fixed sizes: a plane's rows)."""
+    if s.nhwc:
+        return _plan_nhwc_buffers(s)
     blk = s.target.block_bytes
     plane = s.Ho * s.Wa * 4
     copies = (s.loaded + len(s.made) * s.Hp * s.P) * 4
@@ -642,7 +829,16 @@ def render_window(s: WindowSchedule) -> Rendered:
         "lw": -(-s.W // 8) * 8,  # a loaded row's columns with DataCopyPad's right padding
     }
     jenv = env()
-    files = {f"{s.name}.cpp": jenv.get_template("window.cpp.j2").render(ctx),
+    if s.nhwc:
+        ctx["plane_inputs"] = [io for io in s.inputs if io.kind == "plane"
+                               and io.index != s.pool_input]
+        ctx["weights"] = next(io.index for io in s.inputs if io.kind == "weights")
+        ctx["bias_in"] = next((io.index for io in s.inputs if io.kind == "channel"), None)
+        ctx["full_outputs"] = [io for io in s.outputs if io.index not in s.parts]
+        ctx["parts"] = [(k, j, c0, n, (s.Cp - -(-n // 8) * 8) // 8)
+                        for k, (j, c0, n) in sorted(s.parts.items())]
+    template = "window_nhwc.cpp.j2" if s.nhwc else "window.cpp.j2"
+    files = {f"{s.name}.cpp": jenv.get_template(template).render(ctx),
              f"{s.name}_tiling.h": jenv.get_template("window_tiling.h.j2").render(ctx),
              f"{s.name}_tiling.cpp": jenv.get_template("window_tiling.cpp.j2").render(ctx)}
     manifest = {

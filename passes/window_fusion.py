@@ -51,6 +51,19 @@ def _prologue(pool: Node) -> Node | None:
     return p if pool.op == "MaxPool" and p.op in ("ReLU", "Maximum", "Minimum") else None
 
 
+def _split_of(k: Node) -> Node | None:
+    """The Split left outside the kernels that alone reads the window kernel's only result
+    (a channels-last convolution's channels split into parts: the kernel writes the parts
+    as its outputs, the split's copy goes)."""
+    if len(k.outputs) != 1:
+        return None
+    users = {id(u): u for u in k.outputs[0].users}
+    if len(users) != 1:
+        return None
+    (u,) = users.values()
+    return u if u.op == "Split" else None
+
+
 def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
           ) -> tuple[Node, str]:
     """The window kernel ``k`` with ``before`` (ops outside the kernels) ahead of its nodes
@@ -88,7 +101,9 @@ def window_fusion(graph: Graph, ctx) -> PassResult:
             ctx.log(f"{PATTERN}: {pool.name} stays an op of its own: {why}")
             continue
         grown = False
-        for before, cons in (([pro], None), ([], sole_reader(k))):
+        for step in ("prologue", "consumer", "split"):
+            before, cons = ([pro], None) if step == "prologue" else \
+                ([], _split_of(k) if step == "split" else sole_reader(k))
             if (before and before[0] is None) or (not before and cons is None):
                 continue
             names = [pool.name, *(n.name for n in before), *([cons.name] if cons else [])]

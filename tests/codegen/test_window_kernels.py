@@ -94,6 +94,36 @@ def _causal_conv1d(k=4, c=8, length=12):
     return g
 
 
+def _causal_nhwc(k=4, c=40, length=16, sizes=(24, 8, 8)):
+    """A state-space layer's causal depthwise 1-D convolution in channels last (the input
+    projection's ``[B, L, C]`` rows read as ``[B, 1, L, C]`` images), its row squeezed out,
+    SiLU, then the channels split into parts (the SSM's x, B and C): one window kernel
+    writing the parts."""
+    g = Graph(f"causal_nhwc{k}")
+    x = g.add_input("x", TensorType((2, 1, length, c), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, 1, k)).astype("float32"))
+    b = g.const(RNG.standard_normal(c).astype("float32"))
+    y = g.add_node("Conv2D", [x, w, b], {"pads": [0, k - 1, 0, 0], "group": c,
+                                         "data_format": "NHWC"}).output
+    y = g.add_node("Squeeze", [y], {"axis": [1]}).output
+    s = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
+    g.set_outputs(list(g.add_node("Split", [s], {"axis": -1, "sizes": list(sizes)}).outputs))
+    return g
+
+
+def _depthwise_nhwc(k=3, stride=2, hw=(9, 8), c=12):
+    """A channels-last 2-D depthwise convolution with strides and padding on every side,
+    no bias, then ReLU6."""
+    g = Graph(f"dw_nhwc{k}")
+    x = g.add_input("x", TensorType((2, *hw, c), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, k, k)).astype("float32"))
+    y = g.add_node("Conv2D", [x, w], {"strides": [stride] * 2, "pads": [k // 2] * 4,
+                                      "group": c, "data_format": "NHWC"}).output
+    y = g.add_node("Maximum", [y, g.const(np.array(0, np.float32))]).output
+    g.set_outputs([g.add_node("Minimum", [y, g.const(np.array(6, np.float32))]).output])
+    return g
+
+
 def _narrow():
     """A 2x2 max pool of stride 3 padded by 1 on planes 2 wide: the first column tap reads
     only padding (no load; the other taps' copies keep their places), then 2 * |x|."""
@@ -129,6 +159,10 @@ CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("pad_then_avgpool", _padded("AvgPool"), flags=""),
          Case("causal_conv1d_silu", _causal_conv1d(), flags=""),
          Case("causal_conv1d_k3_silu", _causal_conv1d(3, c=6, length=9), flags=""),
+         Case("causal_conv1d_nhwc_silu_split", _causal_nhwc(), flags=""),
+         # channels not a whole block (rows at a pitch of 40), a part of 12 of them
+         Case("causal_conv1d_nhwc_k3_c36", _causal_nhwc(3, 36, 11, (24, 12)), flags=""),
+         Case("depthwise_nhwc_3x3_s2_relu6", _depthwise_nhwc(), flags=""),
          # a large-kernel depthwise convolution: padded by 9 columns, more than a block
          Case("depthwise_19x19_padded_by_9", _depthwise(19, hw=(10, 16), c=4), flags="")]
 
@@ -354,3 +388,30 @@ def test_a_left_padding_wider_than_a_brcb_can_spread_is_refused():
     (att,) = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"]
     assert att.verdict == "rejected" and "more than 255 repeats" in att.reason
     assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["Conv2D"]
+
+
+def test_a_channels_last_split_part_off_a_block_stays_a_split_with_the_reason():
+    """A part starting at channel 12 (not on a 32-byte block): the kernel writes the SiLU's
+    result and the Split stays an op of its own; outputs still match."""
+    g = _causal_nhwc(sizes=(12, 28))
+    res = graphkernel.compile(g, "", env={})
+    assert [n.op for n in res.graph.nodes if n.op not in ("Constant", *RESHAPE_OPS)] == \
+        ["GraphKernel", "Split"]
+    refused = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"
+               and a.verdict == "rejected"]
+    assert refused and "starts at channel 12, not on a 32-byte block" in refused[0].reason
+    feeds = {"x": RNG.standard_normal((2, 1, 16, 40)).astype(np.float32)}
+    got, _ = run_sim(res, feeds)
+    assert not Evaluator(g, feeds).judge(got).bad
+
+
+def test_a_channels_last_convolution_reads_its_image_once_and_its_weights_once_per_core(
+        library):
+    """GM traffic: the image once (every tap a whole row of its padded copy in UB), the
+    weights and bias once per core taking images (2 images: 2 cores), the parts once."""
+    case = next(c for c in CASES if c.id == "causal_conv1d_nhwc_silu_split")
+    _, be = run_sim(case.result, case.feeds({}), library=library)
+    (st,) = be.stats.values()
+    image, weights, bias = 2 * 16 * 40 * 4, 40 * 4 * 4, 40 * 4
+    assert sorted(st.input_reads) == sorted([image, 2 * weights, 2 * bias])
+    assert st.gm_written == image
