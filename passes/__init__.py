@@ -28,6 +28,7 @@ from graphkernel.passes import (
     pool_into_product,
     product_broadcast,
     product_transpose,
+    product_zero_blocks,
     promote_precision,
     recompute,
     reshape_elim,
@@ -85,6 +86,7 @@ PIPELINE = (
     Step("simplify", 98, transpose_view.transpose_view, 2),  # after attention (head splits)
     Step("simplify", 99, product_broadcast.product_broadcast, 2),  # after attention
     Step("simplify", 99.5, split_slices.split_slices, 2),  # after the products' rewrites
+    Step("simplify", 99.6, product_zero_blocks.product_zero_blocks, 2),  # after the views
     Step("simplify", 99.7, scan_prologue.scan_prologue, 2),  # after the transposes' folds
     Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
     Step("simplify", 99.9, pool_into_product.pool_into_product, 2),  # constants folded

@@ -9,6 +9,9 @@ PoolFormer's token mixer ``pool(x) - x``, scaled and added to the residual, is o
 instead of two; a depthwise convolution with its folded batch norm and ReLU6 one instead of
 two. The consumer joins when it is a kernel, or an elementwise op outside the kernels (a lone
 ReLU), whose every op the window kernel's epilogue takes and the result goes nowhere else.
+A Split left outside the kernels that alone reads the result joins last (a channels-last
+convolution's channels split into parts, Mamba2's x, B and C after the causal conv and
+SiLU): the parts are the kernel's outputs, and the Split's copy is no launch.
 Each one is recorded for ``graphkernel explain`` (pattern ``window_fusion``): fused with its
 neighbours, alone, or refused with the generator's reason (it then stays as it was).
 """

@@ -41,6 +41,7 @@ def test_passes_by_level():
                          "transpose_view",
                          "product_broadcast", "split_slices", "scan_prologue",
                          "interleaved_columns", "pool_into_product",
+                         "product_zero_blocks",
                          "small_ints",
                          "rotary_pairs", "rotary_halves",
                          "recompute", "parallel_fusion",
