@@ -411,9 +411,10 @@ def _split_parts(s: WindowSchedule, n: Node, expr: dict, kind: dict, outs: dict,
         if id(part) not in outs or any(id(u) in inside for u in part.users):
             raise Unsupported(f"Split part {part.name} is read in the kernel (a window "
                               "kernel writes a Split's parts as its outputs only)", node=n)
-        if c0 % blk:
+        if c0 % blk or not size:
             raise Unsupported(f"Split part {part.name} starts at channel {c0}, not on a "
-                              "32-byte block", node=n)
+                              "32-byte block" if size else f"Split part {part.name} is empty",
+                              node=n)
         s.parts[outs[id(part)]] = (j, c0, size)
         expr[id(part)], kind[id(part)] = f"sp{j}[{c0}]", "part"
         c0 += size
