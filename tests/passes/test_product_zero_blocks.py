@@ -116,3 +116,18 @@ def test_through_the_pipeline_the_concat_is_no_launch_and_the_numbers_hold():
     feeds = {k: v for k, v in random_inputs(g, 1).items()}
     got, _ = run_sim(res, feeds)
     assert not Evaluator(g, feeds).judge(got).bad
+
+
+def test_a_zero_block_of_the_left_operand_slices_the_right_operands_rows():
+    """``[S, 0] · Wᵀ = S · W[:, :6]ᵀ`` (W's K its last axis, read transposed): W, an input,
+    is sliced along its last axis and the Concat goes."""
+    g = Graph("left")
+    s = g.add_input("s", TensorType((4, 6), "float32"))
+    cat = g.add_node("Concat", [s, g.const(np.zeros((4, 2), np.float32))], {"axis": 1}).output
+    w = g.add_input("w", TensorType((5, 8), "float32"))
+    g.set_outputs([g.add_node("MatMul", [cat, w], {"transpose_b": True}).output])
+    after, res = apply_pass("product_zero_blocks", g)
+    assert res.modified and "Concat" not in ops_of(after)
+    (sl,) = [n for n in after.nodes if n.op == "StridedSlice"]
+    assert (sl.attrs["begin"], sl.attrs["end"], sl.attrs["axes"]) == ([0], [6], [1])
+    assert_same_results(g, after, exact=False, rtol=1e-6, atol=1e-6)
