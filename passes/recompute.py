@@ -226,6 +226,11 @@ def _probe_ok(kernel: Node, s: Node, chain: list[Node], target: str) -> bool:
 def _slices_in_place(graph: Graph, ctx, notes: list[str]) -> int:
     """Each unit-step slice read only by kernels (through views) loaded in place by them."""
     done = 0
+    if ctx.flags.peak_memory_growth >= 0:
+        # a reader loading the slice later keeps the sliced value alive until it runs: the
+        # memory guard weighs such moves for the fusions, not here, so none is made
+        notes.append("slices left to their own launches: peak_memory_growth guards memory")
+        return 0
     limit = ctx.flags.composite_op_limit_size
     cap = ctx.flags.max_kernel_inputs
     most = ctx.flags.recompute_max_consumers

@@ -115,3 +115,13 @@ def test_a_reader_refusing_the_view_keeps_the_slice():
     assert not any("loaded in place" in note for note in rec.notes)
     assert any(e["op"] == "StridedSlice" or "StridedSlice" in (e.get("op_list") or [])
                for e in launches(res.graph))
+
+
+def test_with_the_memory_guard_on_no_slice_is_moved_into_its_readers():
+    """A reader loading the slice later keeps the sliced value alive until it runs; with
+    ``peak_memory_growth`` set, the pass leaves slices alone (and says so)."""
+    g, flags = _case("slice-read-in-place-by-two-kernels")
+    res = graphkernel.compile(g, f"{flags} --peak_memory_growth=10", env={})
+    rec = next(p for p in res.report.passes if p.name == "recompute")
+    assert not any("loaded in place" in note for note in rec.notes)
+    assert any("peak_memory_growth" in note for note in rec.notes)
