@@ -133,7 +133,10 @@ def test_unit_axes_view_keeps_the_elements_in_place():
 
     v = View(32, (640, 40, 1))  # columns 32.. of rows of 40: [2, 16, 8]
     assert unit_axes_view(v, (2, 16, 8), (2, 1, 16, 8)) == View(32, (640, 0, 40, 1))
-    assert unit_axes_view(v, (2, 16, 8), (32, 8)) is None  # rows regrouped: no one view
+    # the rows of the two batch elements lie end to end (640 = 16 * 40): merged, one view
+    assert unit_axes_view(v, (2, 16, 8), (32, 8)) == View(32, (40, 1))
+    # a row merged with its columns crosses the slice's gap (columns 32..39 of 40): no view
+    assert unit_axes_view(v, (2, 16, 8), (2, 128)) is None
 
 
 def _interleaved(x, w):

@@ -22,6 +22,7 @@ reason becomes the fallback message).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -242,9 +243,47 @@ def unit_axes_view(view: View, shape: tuple[Dim, ...], new: tuple[Dim, ...]) -> 
     same places. None for any other reshape."""
     real = [(d, st) for d, st in zip(shape, view.strides, strict=True) if not eq(d, 1)]
     if [d for d, _ in real] != [d for d in new if not eq(d, 1)]:
-        return None
+        return _split_view(view, real, new)
     it = iter(real)
     return View(view.base, tuple(0 if eq(d, 1) else next(it)[1] for d in new))
+
+
+def _split_view(view: View, real: list[tuple[Dim, Dim]], new: tuple[Dim, ...]) -> View | None:
+    """The view of a reshape (static extents) that splits axes of a strided view or merges
+    axes lying one after another in GM (a slice of a projection's columns viewed as heads:
+    ``[B, L, 128]`` of rows of 160 as ``[B, L, 8, 16]``): element places are unchanged, each
+    new axis' stride the stride of the old axis it splits times the extent after it within
+    that axis. None when an old axis is cut across (a merge of axes not laid end to end)."""
+    dims = [d for d in new if not eq(d, 1)]
+    if not all(isinstance(d, int) for d, _ in real) or not all(isinstance(d, int) for d in dims):
+        return None
+    strides: list[Dim] = []
+    i = j = 0
+    while i < len(real) and j < len(dims):
+        # the smallest group of old axes i..i2 and new axes j..j2 of equal element counts
+        i2, j2 = i + 1, j + 1
+        a, b = real[i][0], dims[j]
+        while a != b:
+            if a < b and i2 < len(real):
+                a *= real[i2][0]
+                i2 += 1
+            elif b < a and j2 < len(dims):
+                b *= dims[j2]
+                j2 += 1
+            else:
+                return None
+        group = real[i:i2]
+        for (_, s0), (d1, s1) in zip(group, group[1:], strict=False):
+            if not isinstance(s0, int) or not isinstance(s1, int) or s0 != s1 * d1:
+                return None  # merged axes not laid end to end
+        inner = group[-1][1]
+        for k in range(j, j2):
+            strides.append(symbolic.mul(inner, math.prod(dims[k + 1:j2])))
+        i, j = i2, j2
+    if i != len(real) or j != len(dims):
+        return None
+    it = iter(strides)
+    return View(view.base, tuple(0 if eq(d, 1) else next(it) for d in new))
 
 
 def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | None = None):

@@ -520,6 +520,29 @@ def pattern_cases() -> list[Case]:
         picked.append(n("ReduceSum", [n("Select", [hot, p, g.const(np.float32(0))])], **row))
         scores = n("Select", [hot, ninf, scores])
     add("router-picks-one-by-one", g, *picked)
+
+    # a projection's first 128 of 160 columns viewed as 8 heads of 16 (a reshape after the
+    # slice: the reshape splits the strided view's last axis), times a per-head step size
+    g, v = _g("sliced_heads", {"y": (2, 16, 160), "dt": (2, 16, 8, 1)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    x = n("StridedSlice", [v["y"]], begin=[0], end=[128], strides=[1], axes=[2])
+    add("slice-then-head-split", g, n("Mul", [n("Reshape", [x], shape=[2, 16, 8, 16]),
+                                              v["dt"]]),
+        flags="--opt_level=2 --disable_pass=reshape_elim")
+    # the same part read by two kernels a product separates (the gate before the product,
+    # the skip term after it): loaded in place by both (passes/recompute.py)
+    g, v = _g("part_in_place", {"y": (2, 16, 160), "dt": (2, 16, 8, 1),
+                                "w": (2, 16, 16, 16)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    u = n("Exp", [v["y"]])
+    x = n("Reshape", [n("StridedSlice", [u], begin=[0], end=[128], strides=[1], axes=[2])],
+          shape=[2, 16, 8, 16])
+    p = n("BatchMatMul", [n("Mul", [x, v["dt"]]), v["w"]])
+    d = g.const(np.linspace(0.5, 1.5, 8, dtype=np.float32).reshape(8, 1))
+    skip = n("Add", [n("Tanh", [n("ReduceSum", [p], axis=[1], keep_dims=True)]),
+                     n("Mul", [x, d])])
+    rest = n("Neg", [n("StridedSlice", [u], begin=[128], end=[160], strides=[1], axes=[2])])
+    add("slice-read-in-place-by-two-kernels", g, skip, rest)
     return cases
 
 

@@ -352,6 +352,22 @@ def test_scan_readout_kernels_compile_against_the_real_headers():
 
 
 @needs_headers
+def test_in_place_slice_kernels_compile_against_the_real_headers():
+    """A slice's columns split into heads (one strided view), and a part loaded in place by
+    the two kernels that read it (passes/recompute.py), type-check against the real API."""
+    cases = [c for c in pattern_cases() if c.id in ("slice-then-head-split",
+                                                     "slice-read-in-place-by-two-kernels")]
+    assert len(cases) == 2
+    rendered = []
+    for c in cases:
+        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+@needs_headers
 def test_in_ub_transpose_kernels_compile_against_the_real_headers():
     """The in-UB transpose's table built by the scalar unit (LocalTensor SetValue) and its
     count-form Gather, of a stored value and of a loaded input (and of inputs a LayerNorm

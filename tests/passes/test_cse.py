@@ -70,3 +70,58 @@ def test_constants_are_digested_only_when_their_samples_meet(monkeypatch):
     assert sorted(n.name for n in h.nodes if n.op == "Constant") == ["w1", "w3", "w4"]
     assert len(digested) == 3  # w1, w2 and w3, never w4
     assert_same_results(g, h)
+
+
+def test_merges_slices_taking_the_same_elements():
+    """``x[..., -1:]``, ``x[..., 7:8]`` (strides unset) and ``x[..., 7:huge]`` take the same
+    elements of a static last axis of 8: one slice; another position, a step, or a symbolic
+    axis keeps its own."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 3, 8), "float32"))
+    big = 9223372036854775807
+    spelt = [({"begin": [-1], "end": [big], "strides": [1], "axes": [2]}, "a"),
+             ({"begin": [7], "end": [8], "strides": None, "axes": [2]}, "b"),
+             ({"begin": [7], "end": [big], "strides": [1], "axes": [-1]}, "c"),
+             ({"begin": [6], "end": [7], "strides": [1], "axes": [2]}, "d"),
+             ({"begin": [-1], "end": [-9], "strides": [-2], "axes": [2]}, "e")]
+    outs = [g.add_node("StridedSlice", [x], attrs, name=name).output for attrs, name in spelt]
+    g.set_outputs(outs)
+    h, res = apply_pass("cse", g)
+    assert res.rewrites == 2  # b -> a, c -> a
+    assert [n.name for n in h.nodes if n.op == "StridedSlice"] == ["a", "d", "e"]
+    assert_same_results(g, h)
+
+    s = Graph()
+    y = s.add_input("y", TensorType(("L", 8), "float32"))
+    s.set_outputs([s.add_node("StridedSlice", [y], attrs | {"axes": [1]}, name=name).output
+                   for attrs, name in spelt[:2]])
+    _, res = apply_pass("cse", s)
+    assert res.rewrites == 0  # (a symbolic dim: compared as spelt)
+
+
+def test_slice_merge_saves_launches_on_a_scan_read_twice():
+    """A scan's row totals taken twice (``cs[..., -1:]`` to subtract, ``cs[..., -1]`` to pad
+    before a second scan): through the pipeline one slice kernel, not two."""
+    from graphkernel import compile as gk_compile
+    from graphkernel.codegen.traffic import launches
+
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 4, 3, 8), "float32"))
+    cs = g.add_node("CumSum", [x], {"axis": 3}, name="cs").output
+    last = g.add_node("StridedSlice", [cs], {"begin": [-1], "end": [9223372036854775807],
+                                             "strides": [1], "axes": [3]}, name="last").output
+    sel = g.add_node("StridedSlice", [cs], {"begin": [7], "end": [8], "axes": [3]},
+                     name="sel").output
+    sq = g.add_node("Squeeze", [sel], {"axis": [3]}, name="sq").output
+    z = g.add_node("BroadcastTo", [g.const(np.float32(0))], {"shape": [2, 4, 1]}).output
+    pad = g.add_node("Concat", [z, sq], {"axis": 2}, name="pad").output
+    decay = g.add_node("Exp", [g.add_node("Sub", [last, cs], name="sub").output]).output
+    g.set_outputs([decay, g.add_node("Exp", [pad], name="n").output])
+
+    def slices_and_launches(flags: str) -> tuple[int, int]:
+        got = launches(gk_compile(g, flags, env={}).graph)
+        return sum(e["op"] == "StridedSlice" for e in got), len(got)
+
+    spelt, merged = slices_and_launches("--disable_pass=cse"), slices_and_launches("")
+    assert spelt[0] == 2 and merged[0] == 1
+    assert merged[1] < spelt[1]
