@@ -276,3 +276,27 @@ def test_sizes_concatenated_and_summed_are_one_fed_vector(monkeypatch):
         x, y = _g(n, 3, seed=n), _g(n + 2, 3, seed=n + 1)
         torch.testing.assert_close(compiled(x, y), f(x, y))
     assert all(not g["through_torch"] for g in gt.stats()["per_graph"])
+
+
+def test_rows_added_back_at_their_tokens_are_one_index_put(monkeypatch):
+    """``zeros_like(x).index_add(0, rows, y)`` (the experts' rows added back to their tokens)
+    is one IndexPut at the 1-D rows: the rows' broadcast over the hidden axis (int64, a
+    launch of its own on the base tree) is gone; index_put of whole rows likewise; both
+    as eager, repeated rows included."""
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+
+    def f(x, y, rows):
+        added = torch.zeros_like(x).index_add(0, rows, y)
+        put = x.clone()
+        put[rows[:3]] = y[:3] * 2
+        return added * 2, put + 1
+
+    x, y = _g(6, 16, seed=1), _g(8, 16, seed=2)
+    rows = torch.tensor([0, 3, 5, 3, 1, 0, 0, 2])
+    compiled = torch.compile(f, backend="graphkernel")
+    for got, want in zip(compiled(x, y, rows), f(x, y, rows), strict=True):
+        torch.testing.assert_close(got, want)
+    (g,) = gt.stats()["per_graph"]
+    # the rows' slice, two IndexPuts, the doubled updates, the two results' ops (the base
+    # tree: 8, with the two broadcasts of the rows)
+    assert g["launches"]["opaque"] == 0 and sum(g["launches"].values()) <= 6, g["launches"]
