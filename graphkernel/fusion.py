@@ -594,6 +594,14 @@ class SplitModel:
                 out.setdefault(id(ua), ua)
         return list(out.values()), external
 
+    def outputs_of(self, a: Area) -> list:
+        """(value, reading node) of every read of ``a``'s values outside it."""
+        return list(self._outputs_of(a))
+
+    def area_of(self, n: Node) -> Area | None:
+        """The area holding node ``n`` in this region, None outside the region."""
+        return self._area.get(id(n))
+
     def is_output(self, a: Area) -> bool:
         outs = self.outputs
         return bool(outs) and any(id(v) in outs for n in a.nodes for v in n.outputs)

@@ -121,6 +121,23 @@ def _product_read(model, a):
     return None
 
 
+def _stored_by_one(model, a, consumers) -> bool:
+    """Whether graph-output area ``a`` may go into its consumers (both bwd patterns make
+    them and ``a`` one area), which then store it as well: ``a`` is elementwise work on the
+    consumers' own shape (a residual sum that leaves a graph after a break, normalised
+    there), so the one kernel computes it once and writes it once, as its separate launch
+    did, and reads its operands instead of it."""
+    return model.kind(a) == OpKind.ELEMWISE and all(
+        model.size(c) == model.size(a) and model.relation(a, c) == INJECTIVE
+        for c in consumers)
+
+
+def _inside_only(model, a) -> bool:
+    """Whether every op reading area ``a`` is in the region (its other reader a graph
+    output)."""
+    return all(model.area_of(u) is not None for _, u in model.outputs_of(a))
+
+
 def _computing(a, broadcasts: bool = True) -> int:
     """The ops of area ``a`` that compute: views (Reshape, ExpandDims, Squeeze) move no data
     and run no instruction, so they do not count toward broadcast_fuse_depth (a
@@ -134,8 +151,10 @@ def _computing(a, broadcasts: bool = True) -> int:
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
-        need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
-        need(lambda: not external,
+        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers),
+             lambda: f"{a.name} is a graph output"),
+        need(lambda: not external or (model.is_output(a) and _inside_only(model, a)
+                                      and _stored_by_one(model, a, consumers)),
              lambda: f"{a.name} has a consumer outside the fusable region"),
         need(lambda: _computing(a) <= depth or (
             _computing(a, broadcasts=False) <= depth
