@@ -118,6 +118,15 @@ def _widening(node: Node) -> bool:
     return not todo
 
 
+def _narrowing(node: Node) -> bool:
+    """A Cast of float32 data to int64 that no op reads (a graph output: counts summed in
+    float32, ``small_ints``): the kernel computing the floats stores them converted toward
+    zero (the vector unit's float -> int64 Cast), as torch's ``.long()``, computing nothing
+    in int64."""
+    return node.op == "Cast" and node.inputs[0].dtype == DType.float32 and \
+        node.outputs[0].dtype == DType.int64 and not node.outputs[0].uses
+
+
 def _broadcast_trailing(v: Value, out: Value) -> bool:
     """Whether ``v``, read for ``out``, is broadcast over trailing axes only (or not at all)."""
     vs, os_ = list(v.shape), list(out.shape)
@@ -159,7 +168,9 @@ def reason_checker(allowed: frozenset[str], cfg: Config) -> Callable[[Node], str
             return ("Gather of other than whole rows of a 2-D table (the gather pattern, "
                     "opt_level 3)")
         loaded = lookup or _widening(node)  # (int64 data it only loads)
-        for v in (node.outputs if loaded else (*node.inputs, *node.outputs)):
+        stored = _narrowing(node)  # (int64 data it only stores)
+        for v in (node.outputs if loaded else node.inputs if stored else
+                  (*node.inputs, *node.outputs)):
             if v.dtype not in SUPPORTED_DTYPES:
                 return f"dtype {v.dtype.value} not supported by the vector unit"
         return None
@@ -593,6 +604,14 @@ class SplitModel:
             else:
                 out.setdefault(id(ua), ua)
         return list(out.values()), external
+
+    def outputs_of(self, a: Area) -> list:
+        """(value, reading node) of every read of ``a``'s values outside it."""
+        return list(self._outputs_of(a))
+
+    def area_of(self, n: Node) -> Area | None:
+        """The area holding node ``n`` in this region, None outside the region."""
+        return self._area.get(id(n))
 
     def is_output(self, a: Area) -> bool:
         outs = self.outputs

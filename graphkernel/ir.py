@@ -237,6 +237,17 @@ class Graph:
         self._values[name] = v
         return v
 
+    def remove_input(self, v: Value) -> None:
+        """Remove an unused graph input (one a frontend added and then computed otherwise)."""
+        if v.graph is not self or v not in self.inputs:
+            raise GraphError(f"graph '{self.name}': {v.name!r} is not one of its inputs")
+        if v.uses or self.is_output(v):
+            raise GraphError(f"graph '{self.name}': input {v.name!r} is still used; replace "
+                             "its uses first")
+        self.inputs.remove(v)
+        del self._values[v.name]
+        v.graph = None
+
     def add_node(
         self,
         op: str,

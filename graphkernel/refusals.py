@@ -66,7 +66,8 @@ REFUSALS: tuple[Refusal, ...] = (
     _r("GK205", "compute-size", "the areas iterate over different element counts",
        r"^compute size mismatch"),
     _r("GK206", "graph-output", "the area is a graph output (it cannot be pushed into its "
-       "consumers)", r"^\S+ is a graph output$"),
+       "consumers, unless elementwise work of their shape that they store too)",
+       r"^\S+ is a graph output$"),
     _r("GK207", "outside-consumer", "a consumer lies outside the fusable region",
        r"has a consumer outside the fusable region$"),
     _r("GK208", "reduce-axes", "the reductions reduce different shapes or axes",

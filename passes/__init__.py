@@ -37,6 +37,7 @@ from graphkernel.passes import (
     scan,
     scan_loop,
     scan_prologue,
+    scatter_slices,
     slice_phases,
     small_ints,
     split,
@@ -90,6 +91,7 @@ PIPELINE = (
     Step("simplify", 99.7, scan_prologue.scan_prologue, 2),  # after the transposes' folds
     Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
     Step("simplify", 99.9, pool_into_product.pool_into_product, 2),  # constants folded
+    Step("simplify", 99.95, scatter_slices.scatter_slices, 2),  # after moe_routing's
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

@@ -14,7 +14,12 @@ op into the same ops on float32, cast back where a value leaves it: to int32 whe
 indexes a Gather (its values fit), else to its own type. An index an ArgMax/ArgMin returns
 along a static axis of n elements is within 0 .. n - 1: the arithmetic that wraps it
 (``index < 0 ? index + n : index``, then its row's offset — CLIP's pooled token) runs in
-float32 from it. Runs before ``scan``, which makes the float CumSum a Scan.
+float32 from it. A float32 value that is provably integral (a scatter of ones into zeros,
+a Select of integral constants, a bounded integer cast to float) casts to an integer type
+without truncating, so its cast joins a region too; a ReduceSum over static axes of n
+elements is at most n times its operand (a mixture of experts' token counts,
+``zeros.scatter(1, ids, 1).long().sum(0)``: summed in float32, the kernel storing them as
+int64). Runs before ``scan``, which makes the float CumSum a Scan.
 """
 
 from __future__ import annotations
@@ -87,8 +92,14 @@ def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
         return None
     if n.op in MOVES or n.op == "Concat":
         return min(r[0] for r in rs), max(r[1] for r in rs)
-    if n.op == "Cast":
-        return rs[0] if n.inputs[0].dtype in INTS | {DType.bool} else None
+    if n.op == "Cast":  # (of a float: known only when integral, see _float_bounds)
+        return rs[0]
+    if n.op == "ReduceSum":  # n addends: every partial sum within n times the extremes, and 0
+        count = _reduced_count(n)
+        if count is None:
+            return None
+        lo, hi = rs[0]
+        return min(0, count * lo), max(0, count * hi)
     if n.op == "CumSum":
         x = n.inputs[0]
         length = x.shape[n.attrs["axis"] % x.type.rank] if x.type.rank else 1
@@ -102,6 +113,49 @@ def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
     return None
 
 
+def _reduced_count(n: Node) -> int | None:
+    """The number of elements a ReduceSum adds into each result (None: a symbolic axis)."""
+    x = n.inputs[0]
+    axes = n.attrs.get("axis")
+    count = 1
+    for a in (range(x.type.rank) if not axes else axes):
+        d = x.shape[a % x.type.rank]
+        if not isinstance(d, int):
+            return None
+        count *= d
+    return count
+
+
+def _float_bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
+    """Bounds of a float32 value every element of which is an integer within ±2**24 (its
+    Cast to an integer type truncates nothing): an integral constant, a scatter of such
+    values into such a value (a one-hot count's ``zeros.scatter(1, ids, 1)``), a Select of
+    two, the max or min of one, a view of one, or a bounded integer cast to float32."""
+    arr = const_array(v)
+    if arr is not None:
+        if not arr.size or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            return None
+        r = int(arr.min()), int(arr.max())
+        return r if -EXACT <= r[0] and r[1] <= EXACT else None
+    n = v.producer
+    if n is None or len(n.outputs) != 1:
+        return None
+    if n.op == "Cast" and n.inputs[0].dtype in INTS | {DType.bool}:
+        r = known.get(id(n.inputs[0])) if n.inputs[0].dtype != DType.bool else (0, 1)
+        return r if r is not None and -EXACT <= r[0] and r[1] <= EXACT else None
+    if n.op == "ScatterElements" and n.attrs.get("reduction", "none") == "none":
+        rs = [known.get(id(n.inputs[0])), known.get(id(n.inputs[2]))]
+    elif n.op == "Select":
+        rs = [known.get(id(x)) for x in n.inputs[1:]]
+    elif n.op in ("ReduceMax", "ReduceMin") or n.op in MOVES:
+        rs = [known.get(id(n.inputs[0]))]
+    else:
+        return None
+    if any(r is None for r in rs):
+        return None
+    return min(r[0] for r in rs), max(r[1] for r in rs)
+
+
 def _member(n: Node, known: dict[int, Range | None]) -> bool:
     """An integer op of bounded values that float32 computes exactly, or a comparison of
     such values (float32 compares them exactly)."""
@@ -110,9 +164,10 @@ def _member(n: Node, known: dict[int, Range | None]) -> bool:
         return all(r is not None and -EXACT <= r[0] and r[1] <= EXACT for r in rs)
     if len(n.outputs) != 1 or n.outputs[0].dtype not in INTS:
         return False
-    if n.op not in ARITH and n.op not in MOVES and n.op != "Concat":
+    if n.op not in ARITH and n.op not in MOVES and n.op not in ("Concat", "ReduceSum"):
         return False
-    if n.op == "Cast" and n.inputs[0].dtype not in INTS | {DType.bool}:
+    if n.op == "Cast" and n.inputs[0].dtype not in INTS | {DType.bool} and \
+            known.get(id(n.inputs[0])) is None:  # (a float: an integral one only)
         return False
     r = known.get(id(n.outputs[0]))
     return r is not None and -EXACT <= r[0] and r[1] <= EXACT
@@ -211,7 +266,7 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
 def small_ints(graph, ctx) -> PassResult:
     """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
     int64 op) → the same ops on float32, cast back where its values are used."""
-    wide = ARITH - {"Cast"}
+    wide = ARITH - {"Cast"} | {"ReduceSum"}
     if not any(n.op in wide and len(n.outputs) == 1 and n.outputs[0].dtype == DType.int64
                for n in graph.nodes):  # (no region would hold one: no value ranges needed)
         return PassResult(False, 0, [], f"{counted(0, 'integer region')} in float32")
@@ -221,12 +276,13 @@ def small_ints(graph, ctx) -> PassResult:
         for v in n.outputs:
             if v.dtype in INTS or v.dtype == DType.bool:
                 known[id(v)] = value_range(v, known)
+            elif v.dtype == DType.float32:
+                known[id(v)] = _float_bounds(v, known)
         if n.op != "Constant" and _member(n, known):
             members.append(n)
     notes = []
     for region in _regions(graph, members):
-        if not any(n.outputs[0].dtype == DType.int64 and n.op in ARITH - {"Cast"}
-                   for n in region):
+        if not any(n.outputs[0].dtype == DType.int64 and n.op in wide for n in region):
             continue  # nothing the vector unit could not take already
         if not ctx.should_apply(f"float32 {region[0].name}..{region[-1].name}", region):
             continue

@@ -121,6 +121,26 @@ def _product_read(model, a):
     return None
 
 
+def _stored_by_one(model, a, consumers) -> bool:
+    """Whether graph-output area ``a`` may go into its consumers (both bwd patterns make
+    them and ``a`` one area), which then store it as well: ``a`` is elementwise work on the
+    consumers' own shape (a residual sum that leaves a graph after a break, normalised
+    there), so the one kernel computes it once and writes it once, as its separate launch
+    did, and reads its operands instead of it."""
+    ids = {id(c) for c in consumers}
+    return model.kind(a) == OpKind.ELEMWISE and all(
+        id(model.area_of(u)) in ids for _, u in model.outputs_of(a)) and all(
+        model.size(c) == model.size(a) and model.relation(a, c) == INJECTIVE
+        and tuple(v.shape) == tuple(u.outputs[0].shape)
+        for c in consumers for v, u in model.outputs_of(a) if model.area_of(u) is c)
+
+
+def _inside_only(model, a) -> bool:
+    """Whether every op reading area ``a`` is in the region (its other reader a graph
+    output)."""
+    return all(model.area_of(u) is not None for _, u in model.outputs_of(a))
+
+
 def _computing(a, broadcasts: bool = True) -> int:
     """The ops of area ``a`` that compute: views (Reshape, ExpandDims, Squeeze) move no data
     and run no instruction, so they do not count toward broadcast_fuse_depth (a
@@ -134,8 +154,10 @@ def _computing(a, broadcasts: bool = True) -> int:
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
-        need(lambda: not model.is_output(a), lambda: f"{a.name} is a graph output"),
-        need(lambda: not external,
+        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers),
+             lambda: f"{a.name} is a graph output"),
+        need(lambda: not external or (model.is_output(a) and _inside_only(model, a)
+                                      and _stored_by_one(model, a, consumers)),
              lambda: f"{a.name} has a consumer outside the fusable region"),
         need(lambda: _computing(a) <= depth or (
             _computing(a, broadcasts=False) <= depth
@@ -179,7 +201,9 @@ def _bwd_conditions(model, a, consumers, external):
 @pattern("elemwise_broadcast_bwd_depth", order=60, direction="bwd", mode="depth",
          refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
-    """An ELEMWISE/BROADCAST area, not a graph output, of at most broadcast_fuse_depth ops
+    """An ELEMWISE/BROADCAST area, not a graph output (unless elementwise work of its
+    consumer's shape read only in the region, which the consumer then stores too: a residual
+    sum leaving a graph), of at most broadcast_fuse_depth ops
     (views, which compute nothing, not counted), pushes itself into its single consumer (a
     REDUCE consumer only over an INJECTIVE edge, for an ELEMWISE area or one broadcasting
     only whole rows of what is reduced; work on a matrix product's result not into a

@@ -40,7 +40,7 @@ def test_passes_by_level():
                          "matvec", "scan_loop", "product_transpose", "transpose_hoist",
                          "transpose_view",
                          "product_broadcast", "split_slices", "scan_prologue",
-                         "interleaved_columns", "pool_into_product",
+                         "interleaved_columns", "pool_into_product", "scatter_slices",
                          "product_zero_blocks",
                          "small_ints",
                          "rotary_pairs", "rotary_halves",

@@ -224,3 +224,79 @@ def test_a_size_read_as_a_number_is_fed_not_counted(monkeypatch):
     counted = import_fx_module(gm, None)  # exported graphs: no extra input, a count
     assert not counted.sizes and len(counted.graph.inputs) == 1
     assert "ReduceSum" in {n.op for n in counted.graph.nodes}
+
+
+def test_running_sums_of_counts_are_fed_with_the_counts():
+    """The grouped product's offsets, the running sum of the counts read as numbers, are one
+    vector input the runner feeds (the host holds the counts): the graph with symbolic counts
+    costs no launch more than the static one, whose offsets are constants (on the base tree
+    the counts' Concat and CumSum were two launches more)."""
+    torch.manual_seed(0)
+    model = ScatterMoE().eval()
+    fn = torch.compile(model, backend="graphkernel")
+    with torch.no_grad():
+        for x in _inputs():
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=2e-5)
+    static, symbolic = [g for g in gt.stats()["per_graph"] if g["aten_ops"] > 20]
+    assert not static["recompile"] and symbolic["recompile"]
+    assert sum(symbolic["launches"].values()) <= sum(static["launches"].values()), \
+        (static["launches"], symbolic["launches"])
+
+
+def test_sizes_concatenated_and_summed_are_one_fed_vector(monkeypatch):
+    """``cumsum(cat(full((1,), n_i)))`` of symbolic sizes: one vector input of the running
+    sums (each element the sum of its sizes), no Concat or CumSum; a vector mixing a static
+    size in, and one of static sizes alone (constants: nothing fed); values as eager's at
+    every size under ``dynamic=True``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphkernel.frontends.fx import fed_size, import_fx_module
+
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+
+    def f(x, y):
+        n = torch.cat([torch.full((1,), x.shape[0], dtype=torch.int32),
+                       torch.full((1,), 3, dtype=torch.int32),
+                       torch.full((1,), y.shape[0], dtype=torch.int32)]).cumsum(0)
+        return x.sum(0) * n.float()[:, None].sum(0) + y.sum(0) * n[-1].float()
+
+    gm = make_fx(f, tracing_mode="symbolic")(_g(5, 3), _g(4, 3))
+    fed = import_fx_module(gm, None, sizes_in=True)
+    ops = {n.op for n in fed.graph.nodes}
+    assert "Concat" not in ops and "CumSum" not in ops, ops
+    vectors = [(i, s) for i, s in fed.sizes.items() if isinstance(s, tuple)]
+    assert len(vectors) == 1, fed.sizes
+    at, sums = vectors[0]
+    assert fed.graph.inputs[at].type.shape == (3,)
+    a, b = fed.graph.inputs[0].type.shape[0], fed.graph.inputs[1].type.shape[0]
+    assert fed_size(sums, {a: 5, b: 4}) == [5, 8, 12]
+
+    compiled = torch.compile(f, backend="graphkernel", dynamic=True)
+    for n in (5, 7, 9):
+        x, y = _g(n, 3, seed=n), _g(n + 2, 3, seed=n + 1)
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+    assert all(not g["through_torch"] for g in gt.stats()["per_graph"])
+
+
+def test_rows_added_back_at_their_tokens_are_one_index_put(monkeypatch):
+    """``zeros_like(x).index_add(0, rows, y)`` (the experts' rows added back to their tokens)
+    is one IndexPut at the 1-D rows: the rows' broadcast over the hidden axis (int64, a
+    launch of its own on the base tree) is gone; index_put of whole rows likewise; both
+    as eager, repeated rows included."""
+    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
+
+    def f(x, y, rows):
+        added = torch.zeros_like(x).index_add(0, rows, y)
+        put = x.clone()
+        put[rows[:3]] = y[:3] * 2
+        return added * 2, put + 1
+
+    x, y = _g(6, 16, seed=1), _g(8, 16, seed=2)
+    rows = torch.tensor([0, 3, 5, 3, 1, 0, 0, 2])
+    compiled = torch.compile(f, backend="graphkernel")
+    for got, want in zip(compiled(x, y, rows), f(x, y, rows), strict=True):
+        torch.testing.assert_close(got, want)
+    (g,) = gt.stats()["per_graph"]
+    # the rows' slice, two IndexPuts, the doubled updates, the two results' ops (the base
+    # tree: 8, with the two broadcasts of the rows)
+    assert g["launches"]["opaque"] == 0 and sum(g["launches"].values()) <= 6, g["launches"]

@@ -198,7 +198,7 @@ class VectorLowerer(Lowerer):
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
         to = self.final_epilogue if late else self.epilogue
         y = f"yo{io.index}"
-        if io.dtype == BITS and v.dtype != BITS:  # a float truncated into int32 words
+        if io.dtype in (BITS, DType.int64) and v.dtype != io.dtype:  # floats truncated
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_TRUNC", count=count, to=to)
         elif io.dtype == BITS:  # x | x copies the words
             x = op(src.expr, view="int16_t")

@@ -418,6 +418,9 @@ class _Planner:
                 continue  # (an index: read by the scalar unit)
             if v.dtype == DType.int64 and any(v is x for x in sub.inputs) and read_as_floats(v):
                 continue  # (int64 positions: converted to float32 on loading)
+            if v.dtype == DType.int64 and v.producer is not None and \
+                    self._truncating_store(v.producer):
+                continue  # (int64 counts: converted from float32 on storing)
             if v.dtype not in FLOATS and v.dtype not in (DType.bool, BITS):
                 raise Unsupported(f"{v.dtype} data (the generator handles float16/bfloat16/"
                                   "float32, bool, and int32 in bitwise ops)")
@@ -1007,12 +1010,14 @@ class _Planner:
             yield from n.outputs
 
     def _truncating_store(self, n: Node) -> bool:
-        """A Cast of a float value to int32 whose result only leaves the kernel: the store
-        converts it (a Cast toward zero into the output's words, as torch's float -> int),
+        """A Cast of a float value to int32 (or of float32 to int64) whose result only leaves
+        the kernel: the store converts it (a Cast toward zero, as torch's float -> int),
         so integer indices computed in floats (position ids from a running count) are
         written by the kernel that computes them."""
         out = n.outputs[0]
-        return (n.op == "Cast" and n.inputs[0].dtype in FLOATS and out.dtype == BITS
+        return (n.op == "Cast" and n.inputs[0].dtype in FLOATS
+                and (out.dtype == BITS or (out.dtype == DType.int64
+                                           and n.inputs[0].dtype == DType.float32))
                 and not out.users and any(o is out for o in self.sub.outputs))
 
     def _widening_load(self, n: Node) -> bool:

@@ -25,6 +25,7 @@ from graphkernel import symbolic
 from graphkernel.errors import FrontendError, GraphKernelError, ShapeError
 from graphkernel.ir import DType, Graph, TensorType, Value
 from graphkernel.ops import swaps_last_two
+from graphkernel.symbolic import Dim
 
 log = logging.getLogger("graphkernel.fx")
 _LOGGED: set[str] = set()
@@ -713,6 +714,9 @@ def _select(c: Ctx):
 
 @aten("aten.cat.default")
 def _cat(c: Ctx):
+    fed = _size_vector_input(c)
+    if fed is not None:
+        return fed
     xs = [v for v in c.arg(0) if not (v.type.rank == 1 and v.shape[0] == 0)]
     dt = c.out_type.dtype
     return c.emit("Concat", [c.cast(v, dt) for v in xs], {"axis": c.arg(1, 0)})
@@ -1048,6 +1052,68 @@ def _size_input(c: Ctx, fed: dict, dim: str, t: TensorType) -> Value:
     return c.emit("BroadcastTo", [v], {"shape": list(t.shape)}) if t.shape else v
 
 
+SizeSums = tuple[tuple[Dim, ...], ...]  # element i of a vector: the sum of the dims of entry i
+_SIZE_CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
+
+
+def _size_sums(env: dict, a: Any) -> SizeSums | None:
+    """The elements of a 0-d or 1-d integer tensor that the program computes from sizes
+    alone, each as the dims it sums: a size read as a number (``scalar_tensor(s0)``,
+    ``full([1], s0)``), viewed as one element (``unsqueeze``), cast to another integer type,
+    concatenated, or summed running (``cumsum``: a mixture of experts' offsets of the row
+    groups from its experts' token counts). None for anything else."""
+    if not isinstance(a, torch.fx.Node):
+        return None
+    val = a.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() > 1 or val.dtype == torch.bool or \
+            val.dtype.is_floating_point or val.dtype.is_complex:
+        return None
+    t, args = str(a.target), a.args
+    if t in ("aten.scalar_tensor.default", "aten.full.default"):
+        v = args[0] if t == "aten.scalar_tensor.default" else args[1]
+        d = env.get(v) if isinstance(v, torch.fx.Node) else v
+        ok = isinstance(d, int | str) and not isinstance(d, bool) and val.numel() == 1
+        return ((d,),) if ok else None
+    if t == "aten.unsqueeze.default" or t in _SIZE_CASTS:
+        return _size_sums(env, args[0])
+    if t == "aten.cat.default" and (args[1] if len(args) > 1 else 0) in (0, -1):
+        parts = [_size_sums(env, x) for x in args[0]]
+        return None if any(p is None for p in parts) else tuple(e for p in parts for e in p)
+    if t == "aten.cumsum.default" and val.dim() == 1 and args[1] in (0, -1):
+        inner = _size_sums(env, args[0])
+        if inner is None:
+            return None
+        return tuple(tuple(d for e in inner[:i + 1] for d in e) for i in range(len(inner)))
+    return None
+
+
+def _size_vector_input(c: Ctx) -> Value | None:
+    """A vector computed from symbolic sizes alone (``_size_sums``) as one graph input that
+    the caller feeds with its values (``import_fx_module(sizes_in=True)``), as a size read as
+    a number is: the host holds every size, so the few additions are the host's, not a
+    Concat's and a CumSum's launches. None when the value is not such a vector, holds no
+    symbolic size (constants fold it), or sizes are not fed."""
+    fed = c.env.get(_SIZES_IN)
+    t = c.out_type
+    if fed is None or t is None or t.rank != 1:
+        return None
+    sums = _size_sums(c.env, c.node)
+    if sums is None or not any(isinstance(d, str) for e in sums for d in e):
+        return None
+    key = (sums, t.dtype)
+    if key not in fed:
+        fed[key] = c.g.add_input(c.g.fresh_name("size_sums"), TensorType((len(sums),), t.dtype))
+    return fed[key]
+
+
+def fed_size(spec: Any, bound: dict[str, int]) -> Any:
+    """The value of a fed size (``FxImport.sizes``) with the symbols ``bound``: a size's, or
+    a vector's (``SizeSums``: each element the sum of its dims)."""
+    if isinstance(spec, tuple):
+        return [sum(symbolic.evaluate(d, bound) for d in e) for e in spec]
+    return symbolic.evaluate(spec, bound)
+
+
 def _size_value(c: Ctx, dim: str, t: TensorType) -> Value:
     """A tensor of type ``t`` filled with the value of the symbolic size ``dim``: the count of
     ``dim`` ones (in float32, exact below 2^24, for a float32 result; else in int32, exact
@@ -1224,6 +1290,9 @@ def _cumsum(c: Ctx):
         # the count of the elements below bin b's upper edge, one reduction, no scan
         with contextlib.suppress(Unmapped):
             return _histogram(c, src, cumulative=True, count_dtype=c.out_type.dtype)
+    fed = _size_vector_input(c)
+    if fed is not None:
+        return fed
     x = c.cast(c.arg(0), c.out_type.dtype)
     return c.emit("CumSum", [x], {"axis": c.arg(1)})
 
@@ -2506,7 +2575,11 @@ def import_fx_module(gm: Any, example_inputs: Sequence[Any] | None = None,
             final.append(v)
     g.set_outputs(final)
     g.remove_dead()
-    for (dim, _), v in env.get(_SIZES_IN, {}).items():
+    fed = env.get(_SIZES_IN, {})
+    for v in fed.values():  # (sizes read only by a vector fed whole: see _size_vector_input)
+        if v in g.inputs and not v.uses and not g.is_output(v):
+            g.remove_input(v)
+    for (dim, _), v in fed.items():
         if v in g.inputs:
             res.sizes[g.inputs.index(v)] = dim
     return res

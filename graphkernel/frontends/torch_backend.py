@@ -196,7 +196,7 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
     import numpy as np
 
     from graphkernel import symbolic
-    from graphkernel.frontends.fx import to_numpy, to_torch
+    from graphkernel.frontends.fx import fed_size, to_numpy, to_torch
     from graphkernel.interpreter import Interpreter
 
     names = [v.name for v in imported.graph.inputs]
@@ -226,7 +226,7 @@ def _runner(imported, compiled, kernel_runner: Any = None) -> Callable[..., Any]
                         symbolic.bind(dim, actual, bound)
             for i, dim in imported.sizes.items():
                 v = graph_inputs[i]
-                feeds[v.name] = np.asarray(symbolic.evaluate(dim, bound), v.type.dtype.np)
+                feeds[v.name] = np.asarray(fed_size(dim, bound), v.type.dtype.np)
         interp = Interpreter(compiled, None, kernel_runner, symbols)
         outs = interp.run(feeds)
         result = []

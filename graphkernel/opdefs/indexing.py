@@ -1,6 +1,7 @@
 """Index-driven ops: Range (an arithmetic sequence, its length possibly symbolic),
 GatherElements and ScatterElements (ONNX's element-wise gather and scatter along one axis),
-TopK (the k largest or smallest along an axis, with their indices)."""
+IndexPut (whole slices along one axis set or added at a 1-D index), TopK (the k largest or
+smallest along an axis, with their indices)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,41 @@ def _scatter_ref(xs, a, ctx):
 register(OpDef("ScatterElements", OpKind.OPAQUE, (3, 3), _scatter_infer, _scatter_ref,
                attrs=ScatterAttrs, category="shape",
                doc="data with data[..idx[..i..]..] = updates[..i..] (or += with 'add')"))
+
+
+class IndexPutAttrs(Attrs):
+    axis: int = 0
+    reduction: Literal["none", "add"] = "none"
+
+
+def _index_put_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
+    data, idx, upd = ins
+    check_dtype(idx, "int", "indices")
+    if idx.rank != 1:
+        raise ShapeError(f"IndexPut indices must be 1-D, got rank {idx.rank}")
+    axis = normalize_axis(attrs["axis"], data.rank)
+    if upd.dtype != data.dtype:
+        raise ShapeError(f"updates dtype {upd.dtype.value} != data dtype {data.dtype.value}")
+    want = (*data.shape[:axis], idx.shape[0], *data.shape[axis + 1:])
+    if upd.rank != data.rank or not all(map(symbolic.eq, upd.shape, want)):
+        raise ShapeError(f"updates shape {upd.shape} != {want} (the data's with the indexed "
+                         "axis the indices' length)")
+    return [data]
+
+
+def _index_put_ref(xs, a, ctx):
+    data, idx, upd = xs
+    axis = a["axis"] % data.ndim
+    shape = [1] * data.ndim
+    shape[axis] = idx.shape[0]
+    rows = np.broadcast_to(idx.reshape(shape), upd.shape)  # ScatterElements' indices
+    return _scatter_ref([data, rows, upd], a, ctx)
+
+
+register(OpDef("IndexPut", OpKind.OPAQUE, (3, 3), _index_put_infer, _index_put_ref,
+               attrs=IndexPutAttrs, category="shape",
+               doc="data with its slices idx[i] along axis set to (or += with 'add') the "
+                   "slices i of updates (torch's index_put / index_add with one index)"))
 
 
 # -------------------------------------------------------------------- TopK

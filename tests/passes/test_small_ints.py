@@ -132,3 +132,35 @@ def test_an_argmax_read_elsewhere_keeps_its_type_and_a_symbolic_axis_is_unbounde
     assert h.outputs[1].producer.op == "ArgMax"
     _, res = apply_pass("small_ints", _wrapped_argmax("s0"))
     assert res.rewrites == 0
+
+
+def _scattered_counts(update: float) -> Graph:
+    """``zeros.scatter(1, topk_ids, u).long().sum(0)``: counts when u is 1."""
+    g = Graph()
+    logits = g.add_input("logits", TensorType((16, 8), "float32"))
+    _, ids = g.add_node("TopK", [logits], {"k": 2, "axis": 1}).outputs
+    ups = g.add_node("BroadcastTo", [g.const(np.float32(update))], {"shape": [16, 2]}).output
+    sc = g.add_node("ScatterElements", [g.const(np.zeros((16, 8), np.float32)), ids, ups],
+                    {"axis": 1}).output
+    wide = g.add_node("Cast", [sc], {"dtype": "int64"}).output
+    g.set_outputs([g.add_node("ReduceSum", [wide], {"axis": [0], "keep_dims": False}).output])
+    return g
+
+
+def test_the_sum_of_an_integral_float_cast_to_int64_runs_in_float32():
+    """The scatter of ones into zeros holds 0 and 1 only: its ``.long()`` truncates nothing
+    and the sum over 16 rows stays within 16: summed in float32, cast to int64 once."""
+    g = _scattered_counts(1.0)
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 1
+    h.remove_dead()
+    (s,) = [n for n in h.nodes if n.op == "ReduceSum"]
+    assert s.outputs[0].dtype.value == "float32"
+    f = {"logits": np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(run_graph(h, f)[0], run_graph(g, f)[0])
+
+
+def test_a_float_with_fractions_cast_to_int64_stays_integer():
+    """Updates of 0.5: the ``.long()`` truncates, so the sum is left in int64."""
+    _, res = apply_pass("small_ints", _scattered_counts(0.5))
+    assert res.rewrites == 0

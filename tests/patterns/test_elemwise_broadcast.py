@@ -1,3 +1,5 @@
+import numpy as np
+
 from tests.patterns.conftest import G, attempts, fuse, kernels, reasons
 
 FWD_D = "elemwise_broadcast_fwd_depth"
@@ -203,3 +205,57 @@ def test_bwd_size_limit_counts_the_ops_that_compute():
         assert bool(attempts(res, BWD_W, "fused")) == fused, reasons(res, BWD_W)
         if not fused:
             assert f"size limit: {n_ops} ops > broadcast_fuse_depth=3" in reasons(res, BWD_W)
+
+
+def _residual_norm(read_outside: bool = False):
+    """``h = a + b`` leaving the graph (a residual sum before a graph break) and normalised
+    there (RMSNorm with a weight); with ``read_outside``, h also read by an op the region
+    cannot take (a TopK)."""
+    from graphkernel import Graph, TensorType
+
+    g = Graph()
+    a = g.add_input("a", TensorType((4, 16, 64), "float32"))
+    b = g.add_input("b", TensorType((4, 16, 64), "float32"))
+    w = g.add_input("w", TensorType((64,), "float32"))
+    h = g.add_node("Add", [a, b]).output
+    sq = g.add_node("Mul", [h, h]).output
+    ms = g.add_node("ReduceMean", [sq], {"axis": [-1], "keep_dims": True}).output
+    r = g.add_node("Rsqrt", [g.add_node("Add", [ms, g.const(np.float32(1e-6))]).output]).output
+    y = g.add_node("Mul", [g.add_node("Mul", [h, r]).output, w]).output
+    outs = [h, y]
+    if read_outside:
+        outs.append(g.add_node("TopK", [h], {"k": 2, "axis": -1}).outputs[0])
+    g.set_outputs(outs)
+    return g
+
+
+def test_a_residual_sum_that_leaves_the_graph_joins_its_norm():
+    """The sum is a graph output and its norm's input: one kernel computes it, stores it and
+    normalises it (two launches before: the sum alone, then the norm reading it back);
+    simulated outputs as the reference."""
+    import graphkernel
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.interpreter import run_graph
+    from graphkernel.torch import launch_counts
+
+    g = _residual_norm()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(launch_counts(res.graph).values()) == 1, launch_counts(res.graph)
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs}
+    outs, _ = run_sim(res, feeds)
+    got = outs if isinstance(outs, list) else list(outs.values())
+    for o, want in zip(got, run_graph(g, feeds), strict=True):
+        np.testing.assert_allclose(np.asarray(o), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_residual_sum_read_outside_the_region_stays_apart():
+    """Read also by an op no kernel takes: the sum stays a launch of its own, as before."""
+    import graphkernel
+    from graphkernel.torch import launch_counts
+
+    res = graphkernel.compile(_residual_norm(read_outside=True), "--opt_level=2", env={})
+    kernels = [n for n in res.graph.nodes if n.op == "GraphKernel"]
+    (norm,) = [k for k in kernels if "Rsqrt" in {m.op for m in k.subgraph.nodes}]
+    assert [m.op for m in norm.subgraph.nodes].count("Add") == 1  # (its epsilon's only)
+    assert sum(launch_counts(res.graph).values()) == 3, launch_counts(res.graph)
