@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import ml_dtypes
 import numpy as np
@@ -53,6 +54,24 @@ def test_round_trip_is_exact(tmp_path, ext):
     for a, b in zip(run_graph(g, feeds), run_graph(h, feeds), strict=True):
         np.testing.assert_array_equal(a.astype(np.float32), b.astype(np.float32))
     assert h.inputs[1].mutable
+
+
+@pytest.mark.parametrize("ext", ["json", "yaml"])
+def test_non_finite_float_attributes_read_back_as_floats(tmp_path, ext):
+    """A clamp bounded only below (torch's ``clamp(min=...)`` as exported: ``max=inf``) is
+    written with its bound as the string ``"inf"``; reading the file gives the float back."""
+    g = Graph("clamps")
+    x = g.add_input("x", TensorType((4,), "float32"))
+    y = g.add_node("ClampScalar", [x], {"min": -math.inf, "max": math.inf}).output
+    y = g.add_node("ClampScalar", [y], {"min": 0.0, "max": math.inf}).output
+    g.set_outputs([y])
+    g.validate()
+    save_graph(g, tmp_path / f"g.{ext}")
+    h = load_graph(tmp_path / f"g.{ext}")
+    assert [n.attrs["max"] for n in h.nodes if n.op == "ClampScalar"] == [math.inf, math.inf]
+    assert [n.attrs["min"] for n in h.nodes if n.op == "ClampScalar"] == [-math.inf, 0.0]
+    feeds = {"x": np.array([-2.0, -0.5, 0.5, 3e38], np.float32)}
+    np.testing.assert_array_equal(run_graph(h, feeds)[0], run_graph(g, feeds)[0])
 
 
 def test_examples_load_and_run():

@@ -940,10 +940,15 @@ def _strict_adapter(annotation: Any) -> TypeAdapter | None:
     return TypeAdapter(annotation, config=ConfigDict(strict=True))
 
 
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
 @functools.cache
-def _attr_rule(op: str, key: str) -> tuple[TypeAdapter, bool, str] | None:
+def _attr_rule(op: str, key: str) -> tuple[TypeAdapter, bool, str, bool] | None:
     """How attribute ``key`` of ``op`` is checked: its strict adapter, whether a string is a
-    symbolic dim in it, and its type as a message names it (None: not checked here)."""
+    symbolic dim in it, its type as a message names it, and whether a float is accepted
+    where no string is (then ``"nan"``, ``"inf"`` and ``"-inf"``, as ``save_graph`` writes
+    non-finite floats, are read back as those floats). None: not checked here."""
     field = ops.get(op).attrs.model_fields.get(key)
     if field is None:
         return None  # an unknown attribute: the op's own check names it
@@ -954,7 +959,16 @@ def _attr_rule(op: str, key: str) -> tuple[TypeAdapter, bool, str] | None:
     leaves = _leaves(annotation)
     text = str(annotation).replace("typing.", "")
     text = getattr(annotation, "__name__", text) if "[" not in text else text
-    return adapter, int in leaves and str in leaves, text
+    return adapter, int in leaves and str in leaves, text, float in leaves and str not in leaves
+
+
+def _nonfinite(value: Any) -> Any:
+    """``value`` with the strings naming non-finite floats read as those floats."""
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    if isinstance(value, list):
+        return [_nonfinite(v) for v in value]
+    return value
 
 
 def _check_attr_types(opdef: Any, attrs: dict[str, Any], where: str) -> None:
@@ -964,7 +978,9 @@ def _check_attr_types(opdef: Any, attrs: dict[str, Any], where: str) -> None:
         rule = _attr_rule(opdef.name, key)
         if rule is None:
             continue
-        adapter, dims, text = rule
+        adapter, dims, text, floats = rule
+        if floats:
+            value = attrs[key] = _nonfinite(value)
         try:
             adapter.validate_python(value)
         except ValidationError:
