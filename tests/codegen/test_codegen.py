@@ -479,6 +479,7 @@ def test_every_instruction_table_entry_is_generated_by_a_case(library):
     from graphkernel.codegen.instructions import INSTRUCTIONS
 
     seen = {n.op for case in ALL for s in schedules(case.result).values()
+            if hasattr(s, "steps")  # (a vector kernel's: a case's product is the cube's)
             for x in (s, s.variant) if x is not None for n in x.steps}
     assert len(seen) > 20
     assert set(INSTRUCTIONS) - seen == {"Sigmoid", "Cast"}
