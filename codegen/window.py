@@ -402,7 +402,7 @@ def _split_parts(s: WindowSchedule, n: Node, expr: dict, kind: dict, outs: dict,
             or v.shape[-1] != s.channels:
         raise Unsupported(f"a Split of {v.name} {list(v.shape)} along axis {n.attrs['axis']}"
                           f" (a window kernel splits its rows of {s.channels} channels)",
-                          node=n)
+                          node=n, about=(v,))
     j = int(src[2:src.index("[")])
     blk = s.target.block_bytes // 4
     inside = {id(m) for m in sub.nodes}
@@ -410,11 +410,12 @@ def _split_parts(s: WindowSchedule, n: Node, expr: dict, kind: dict, outs: dict,
     for part, size in zip(n.outputs, n.attrs["sizes"]):
         if id(part) not in outs or any(id(u) in inside for u in part.users):
             raise Unsupported(f"Split part {part.name} is read in the kernel (a window "
-                              "kernel writes a Split's parts as its outputs only)", node=n)
+                              "kernel writes a Split's parts as its outputs only)", node=n,
+                              about=(part,))
         if c0 % blk or not size:
             raise Unsupported(f"Split part {part.name} starts at channel {c0}, not on a "
                               "32-byte block" if size else f"Split part {part.name} is empty",
-                              node=n)
+                              node=n, about=(part,))
         s.parts[outs[id(part)]] = (j, c0, size)
         expr[id(part)], kind[id(part)] = f"sp{j}[{c0}]", "part"
         c0 += size
