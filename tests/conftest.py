@@ -110,8 +110,22 @@ def temp_pass():
         registry.PASSES.pop(name, None)
 
 
+def _shared_module_fixture(item) -> bool:
+    """Whether ``item`` reads a module-scoped fixture (a simulator library, compiled models)
+    that the tests of its module share."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope == "module" for name in info.names_closure
+               for d in info.name2fixturedefs.get(name, ()))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """``sim`` and ``e2e`` tests are ``slow`` too, and ``sim`` tests need g++."""
+    """``sim`` and ``e2e`` tests are ``slow`` too, and ``sim`` tests need g++. Under
+    pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-scoped
+    fixture form one group, run by one worker: the fixture is built once, not once per
+    worker."""
     no_gpp = pytest.mark.skip(reason="needs g++ (the simulator compiles kernels with it)")
     have_gpp = shutil.which("g++") is not None
     for item in items:
@@ -119,3 +133,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("sim") and not have_gpp:
             item.add_marker(no_gpp)
+        if _shared_module_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
