@@ -16,8 +16,8 @@ from __future__ import annotations
 from graphkernel import symbolic
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.kernels import merge_parallel, next_kernel_name
-from graphkernel.registry import PassResult, counted
 from graphkernel.passes.parallel_fusion import _ops, _product, reaches, refused_together
+from graphkernel.registry import PassResult, counted
 
 
 def _loop_space(k: Node) -> tuple | None:
