@@ -38,6 +38,7 @@ from graphkernel.passes import (
     scan_loop,
     scan_prologue,
     scatter_slices,
+    sibling_fusion,
     slice_phases,
     small_ints,
     split,
@@ -95,6 +96,7 @@ PIPELINE = (
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),
+    Step("split", 30, sibling_fusion.sibling_fusion, 2),  # after recompute's inlining
     Step("postfusion", 10, parallel_fusion.parallel_fusion, 3, feature="enable_parallel_fusion"),
     Step("postfusion", 20, window_fusion.window_fusion, 2),  # pools: window kernels
     Step("postfusion", 25, conv_fusion.conv_fusion, 2),  # kxk convolutions: MIX kernels

@@ -44,7 +44,7 @@ def test_passes_by_level():
                          "product_zero_blocks",
                          "small_ints",
                          "rotary_pairs", "rotary_halves",
-                         "recompute", "parallel_fusion",
+                         "recompute", "sibling_fusion", "parallel_fusion",
                          "super_kernel", "matmul_group"}
     assert "level 2 > opt_level 1" in one.stdout
 

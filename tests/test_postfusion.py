@@ -128,3 +128,51 @@ def test_promote_precision_computes_fp16_kernels_in_fp32_and_rounds_at_outputs()
     (k,) = [n for n in low.graph.nodes if n.op == "GraphKernel"]
     assert any(v.dtype.value == "float16" for n in k.subgraph.nodes if n.op == "Exp"
                for v in n.outputs)
+
+
+def scan_read_by_two() -> Graph:
+    """A running sum read by two kernels the patterns keep apart (a scan joins a single
+    consumer only): exp of it, transposed, and the row's last value minus it."""
+    g = Graph("sib")
+    x = g.add_input("x", TensorType((16, 2, 32), "float32"))
+    t = g.add_node("CumSum", [x], {"axis": -1}, name="cs").output
+    e = g.add_node("Transpose", [g.add_node("Exp", [t], name="e").output],
+                   {"perm": [1, 0, 2]}, name="te").output
+    n = g.add_node("Transpose", [g.add_node("Neg", [t], name="n").output],
+                   {"perm": [1, 0, 2]}, name="tn").output
+    g.set_outputs([e, n])
+    return g
+
+
+def test_sibling_fusion_joins_two_kernels_reading_one_value_in_one_loop_space():
+    g = scan_read_by_two()
+    off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
+    on = fusion(g, "--opt_level=2")
+    check_same(g, on)
+    assert len(kernels(on)) == len(kernels(off)) - 1
+    joined = [k for k in kernels(on) if k.attrs["pattern"].startswith("parallel(")]
+    assert len(joined) == 1 and {"e", "n"} <= set(joined[0].origin)
+    assert on.report.extra["gm_bytes_fused"] < off.report.extra["gm_bytes_fused"]
+    step = next(p for p in on.report.passes if p.name == "sibling_fusion")
+    assert step.rewrites == 1 and "cs" in step.notes[1]
+    # generated: the joined kernel is kept, nothing falls back
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra["fallbacks"]
+    assert len(kernels(res)) == len(kernels(on))
+
+
+def test_sibling_fusion_leaves_kernels_of_other_loop_spaces_apart():
+    """A reader computing in another shape (a row sum of the running values) is a kernel of
+    another loop space: not joined at level 2 (parallel_fusion may, at level 3)."""
+    g = Graph("sib2")
+    x = g.add_input("x", TensorType((16, 2, 32), "float32"))
+    t = g.add_node("CumSum", [x], {"axis": -1}, name="cs").output
+    e = g.add_node("Transpose", [g.add_node("Exp", [t], name="e").output],
+                   {"perm": [1, 0, 2]}, name="te").output
+    s = g.add_node("ReduceMax", [g.add_node("Neg", [t], name="n").output], {"axis": [0]},
+                   name="s").output
+    g.set_outputs([e, s])
+    on = fusion(g, "--opt_level=2")
+    assert len(kernels(on)) == len(kernels(fusion(g, "--opt_level=2 "
+                                                     "--disable_pass=sibling_fusion")))
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))

@@ -1,0 +1,72 @@
+"""Rewrite two vector kernels reading one value in one loop space -> one kernel: the value is
+read from GM once and one launch goes.
+
+Where a value's readers cannot join its producer (a scan's running values, read by several
+kernels; a product's result read by two epilogues the product group did not take), the
+patterns leave each reader a kernel of its own. When two such kernels compute every output in
+the same shape (one loop space: each element of each output is computed at one index of it),
+read the shared value whole, and do not depend on each other, one kernel computes both, as
+TorchInductor fuses nodes that share a read over the same iteration space. Unlike
+``parallel_fusion`` (level 3, any two kernels sharing an input), the loop spaces must be one,
+so the joined kernel runs the tiles each ran, and the code generator must schedule the joined
+body (probed before the rewrite)."""
+
+from __future__ import annotations
+
+from graphkernel import symbolic
+from graphkernel.ir import Graph, Node, Value
+from graphkernel.kernels import merge_parallel, next_kernel_name
+from graphkernel.passes.parallel_fusion import _ops, _product, reaches, refused_together
+from graphkernel.registry import PassResult, counted
+
+
+def _loop_space(k: Node) -> tuple | None:
+    """The one shape and dtype every output of kernel ``k`` has, or None."""
+    spaces = {(tuple(symbolic.canon(d) for d in v.shape), v.type.dtype) for v in k.outputs}
+    return next(iter(spaces)) if len(spaces) == 1 else None
+
+
+def _read_whole(v: Value, k: Node) -> bool:
+    """Whether kernel ``k`` reads ``v`` with as many elements as it computes per output."""
+    return symbolic.eq(v.type.numel, k.outputs[0].type.numel)
+
+
+def sibling_fusion(graph: Graph, ctx) -> PassResult:
+    """Rewrite two independent vector kernels reading one value whole, every output of both in
+    one shape -> one kernel (the value read once), when the code generator schedules it."""
+    limit = ctx.flags.composite_op_limit_size
+    max_inputs = ctx.flags.max_kernel_inputs
+    merged = 0
+    notes: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+        for v in [v for n in graph.nodes for v in n.outputs] + list(graph.inputs):
+            kernels = [u for u in dict.fromkeys(v.users) if u.op == "GraphKernel"
+                       and not _product(u) and _loop_space(u) is not None
+                       and _read_whole(v, u)]
+            for i in range(len(kernels)):
+                for j in range(i + 1, len(kernels)):
+                    a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
+                    if _loop_space(a) != _loop_space(b) or _ops(a) + _ops(b) > limit:
+                        continue
+                    if max_inputs and len({id(x) for x in (*a.inputs, *b.inputs)}) > max_inputs:
+                        continue
+                    if reaches(graph, a, b, order) or refused_together(a, b):
+                        continue
+                    if not ctx.should_apply(f"{a.name} | {b.name}", [a, b]):
+                        continue
+                    k = merge_parallel(graph, a, b, next_kernel_name(
+                        ctx.analyses, list(a.subgraph.nodes), "sibling"))
+                    notes.append(f"{a.name} | {b.name} -> {k.name} (both read {v.name})")
+                    merged += 1
+                    changed = True
+                    break
+                if changed:
+                    break
+            if changed:
+                break
+    return PassResult(merged > 0, merged, [f"{counted(merged, 'kernel pair')} reading one "
+                                           "value in one loop space joined", *notes]
+                      if merged else [])
