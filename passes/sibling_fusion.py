@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from graphkernel import symbolic
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.kernels import merge_parallel, next_kernel_name
-from graphkernel.passes.parallel_fusion import _ops, _product, reaches, refused_together
+from graphkernel.passes.parallel_fusion import _product, join_kernel_pairs
 from graphkernel.registry import PassResult, counted
 
 
@@ -34,39 +33,12 @@ def _read_whole(v: Value, k: Node) -> bool:
 def sibling_fusion(graph: Graph, ctx) -> PassResult:
     """Rewrite two independent vector kernels reading one value whole, every output of both in
     one shape -> one kernel (the value read once), when the code generator schedules it."""
-    limit = ctx.flags.composite_op_limit_size
-    max_inputs = ctx.flags.max_kernel_inputs
-    merged = 0
-    notes: list[str] = []
-    changed = True
-    while changed:
-        changed = False
-        order = {id(n): i for i, n in enumerate(graph.nodes)}
-        for v in [v for n in graph.nodes for v in n.outputs] + list(graph.inputs):
-            kernels = [u for u in dict.fromkeys(v.users) if u.op == "GraphKernel"
-                       and not _product(u) and _loop_space(u) is not None
-                       and _read_whole(v, u)]
-            for i in range(len(kernels)):
-                for j in range(i + 1, len(kernels)):
-                    a, b = sorted((kernels[i], kernels[j]), key=lambda k: order[id(k)])
-                    if _loop_space(a) != _loop_space(b) or _ops(a) + _ops(b) > limit:
-                        continue
-                    if max_inputs and len({id(x) for x in (*a.inputs, *b.inputs)}) > max_inputs:
-                        continue
-                    if reaches(graph, a, b, order) or refused_together(a, b):
-                        continue
-                    if not ctx.should_apply(f"{a.name} | {b.name}", [a, b]):
-                        continue
-                    k = merge_parallel(graph, a, b, next_kernel_name(
-                        ctx.analyses, list(a.subgraph.nodes), "sibling"))
-                    notes.append(f"{a.name} | {b.name} -> {k.name} (both read {v.name})")
-                    merged += 1
-                    changed = True
-                    break
-                if changed:
-                    break
-            if changed:
-                break
-    return PassResult(merged > 0, merged, [f"{counted(merged, 'kernel pair')} reading one "
-                                           "value in one loop space joined", *notes]
-                      if merged else [])
+    joined = join_kernel_pairs(
+        graph, ctx, lambda: [v for n in graph.nodes for v in n.outputs] + list(graph.inputs),
+        lambda v: [u for u in dict.fromkeys(v.users) if u.op == "GraphKernel"
+                   and not _product(u) and _loop_space(u) is not None and _read_whole(v, u)],
+        lambda a, b: _loop_space(a) == _loop_space(b), "sibling")
+    notes = [f"{a.name} | {b.name} -> {k.name} (both read {v.name})" for a, b, k, v in joined]
+    return PassResult(bool(joined), len(joined), [
+        f"{counted(len(joined), 'kernel pair')} reading one value in one loop space joined",
+        *notes] if joined else [])
