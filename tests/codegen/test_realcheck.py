@@ -139,6 +139,21 @@ needs_headers = pytest.mark.skipif(
            "tikicpulib's headers, stub_fun.h and kernel_tiling/ (or source CANN's set_env.sh)")
 
 
+def rendered_cases(cases) -> list:
+    """The rendered kernels of each pattern case, compiled under its flags."""
+    return [r for c in cases
+            for r in render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))]
+
+
+def assert_all_compile(rendered) -> None:
+    """Every rendered kernel type-checks against the real headers, in the vector mode and as
+    host tiling at least."""
+    results = realcheck.check_rendered(rendered, headers())
+    assert {r.mode for r in results} >= {"vector", "host"}
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
 @needs_headers
 @pytest.mark.slow
 def test_the_examples_and_the_zoo_compile_against_the_real_headers(tmp_path):
@@ -305,10 +320,7 @@ def test_an_int64_input_converted_on_loading_compiles_against_the_real_headers()
     rendered = render_all(schedules(graphkernel.compile(case.graph, case.flags, env={})))
     assert len(rendered) == 1
     assert "RoundMode::CAST_RINT" in "".join(rendered[0].files.values())
-    results = realcheck.check_rendered(rendered, headers())
-    assert {r.mode for r in results} >= {"vector", "host"}
-    failed = [r.line() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
+    assert_all_compile(rendered)
 
 
 @needs_headers
@@ -320,16 +332,11 @@ def test_lookup_and_split_kernels_compile_against_the_real_headers():
     cases = [c for c in pattern_cases() if c.id.startswith(("embedding-lookup",
                                                             "split-parts"))]
     assert len(cases) == 3
-    rendered = []
-    for c in cases:
-        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    rendered = rendered_cases(cases)
     texts = ["".join(r.files.values()) for r in rendered]
     assert sum("GetValue(r0 + i)" in t for t in texts) == 2
     assert sum("a part of a Split" in t for t in texts) == 1
-    results = realcheck.check_rendered(rendered, headers())
-    assert {r.mode for r in results} >= {"vector", "host"}
-    failed = [r.line() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
+    assert_all_compile(rendered)
 
 
 @needs_headers
@@ -339,16 +346,11 @@ def test_scan_readout_kernels_compile_against_the_real_headers():
     whole-row column tile of its host tiling type-check against the real API."""
     cases = [c for c in pattern_cases() if c.id.startswith("scan-readout-")]
     assert len(cases) == 4
-    rendered = []
-    for c in cases:
-        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    rendered = rendered_cases(cases)
     readouts = [r for r in rendered if r.schedule.whole_row_tiles]
     assert len(readouts) == 4
     assert all("RowReduce(" in "".join(r.files.values()) for r in readouts)
-    results = realcheck.check_rendered(rendered, headers())
-    assert {r.mode for r in results} >= {"vector", "host"}
-    failed = [r.line() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
+    assert_all_compile(rendered)
 
 
 @needs_headers
@@ -358,13 +360,8 @@ def test_in_place_slice_kernels_compile_against_the_real_headers():
     cases = [c for c in pattern_cases() if c.id in ("slice-then-head-split",
                                                      "slice-read-in-place-by-two-kernels")]
     assert len(cases) == 2
-    rendered = []
-    for c in cases:
-        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
-    results = realcheck.check_rendered(rendered, headers())
-    assert {r.mode for r in results} >= {"vector", "host"}
-    failed = [r.line() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
+    rendered = rendered_cases(cases)
+    assert_all_compile(rendered)
 
 
 @needs_headers
@@ -375,16 +372,11 @@ def test_in_ub_transpose_kernels_compile_against_the_real_headers():
     with the one-tile host tiling."""
     cases = [c for c in pattern_cases() if c.id.startswith("ub-transpose-")]
     assert len(cases) == 4
-    rendered = []
-    for c in cases:
-        rendered += render_all(schedules(graphkernel.compile(c.graph, c.flags, env={})))
+    rendered = rendered_cases(cases)
     assert len(rendered) == 4 and all(r.schedule.single_tile for r in rendered)
     texts = ["".join(r.files.values()) for r in rendered]
     assert all("Gather(" in t and ".SetValue(" in t for t in texts)
-    results = realcheck.check_rendered(rendered, headers())
-    assert {r.mode for r in results} >= {"vector", "host"}
-    failed = [r.line() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
+    assert_all_compile(rendered)
 
 
 @needs_headers
