@@ -72,6 +72,25 @@ def _parts(graph: Graph, n: Node) -> list[Value] | None:
     return out
 
 
+def _scalar_work(p: Node) -> int | None:
+    """The operand index of the one full-size operand of elementwise op ``p`` whose other
+    operands are single elements (a clamp's bounds: ``Maximum(x, -c)``), else None. Such work
+    commutes with cutting ``x`` along any axis: each element of a part is computed from the
+    same element of ``x`` and the same scalars."""
+    if not ops.exists(p.op) or ops.get(p.op).kind is not OpKind.ELEMWISE or \
+            len(p.outputs) != 1 or not p.inputs:
+        return None
+    out = p.outputs[0].type
+    full = [i for i, u in enumerate(p.inputs) if tuple(u.type.shape) == tuple(out.shape)
+            and u.dtype == out.dtype]
+    if len(full) != 1:
+        return None
+    rest = [u for i, u in enumerate(p.inputs) if i != full[0]]
+    if not all(const_array(u) is not None and const_array(u).size == 1 for u in rest):
+        return None
+    return full[0]
+
+
 def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
     """(the product, the views between it and Split ``n``, which of its operands is the
     constant weight, the weight's axis the parts cut) when ``n`` splits a product's result
@@ -84,20 +103,33 @@ def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
     axis = n.attrs["axis"] % rank
     views: list[Node] = []
     v = x
-    while v.producer is not None and v.producer.op == "Reshape":
+    if len(x.users) != 1:
+        return None  # (the whole is read beside the Split: it stays)
+    while v.producer is not None and (v.producer.op == "Reshape" or
+                                      _scalar_work(v.producer) is not None):
         p = v.producer
+        if p.op != "Reshape":  # elementwise work on scalars: on each part as on the whole
+            views.insert(0, p)
+            v = p.inputs[_scalar_work(p)]
+            if len(v.users) != 1:
+                return None
+            continue
         src = p.inputs[0]
         if axis != rank - 1 or not src.shape or len(src.users) != 1 or \
                 src.shape[-1] != x.shape[-1]:
             return None  # a view keeping the last axis whole, the parts cut along it
         views.insert(0, p)
         v = src
+    if any(p.op == "Reshape" for p in views):
+        out_rank = v.type.rank
+    else:
+        out_rank = None
     mm = v.producer
     if mm is None or mm.op not in ("MatMul", "BatchMatMul") or len(v.users) != 1 or \
             set(mm.attrs) - {"transpose_a", "transpose_b"}:
         return None
     r = v.type.rank
-    out_axis = r - 1 if views else axis
+    out_axis = r - 1 if out_rank is not None else axis
     if out_axis == r - 1:  # columns N: rows of a [N, K] weight, or columns of a [K, N] one
         which, w_axis = 1, 0 if mm.attrs.get("transpose_b") else 1
     elif out_axis == r - 2:  # rows M: rows of an [M, K] weight, or columns of a [K, M] one
@@ -160,6 +192,12 @@ def _cut(graph: Graph, n: Node) -> list[Value] | None:
         ins = [mm.inputs[0], c] if which == 1 else [c, mm.inputs[1]]
         cur = add_like(graph, mm, mm.op, ins, dict(mm.attrs))
         for p in views:
+            if p.op != "Reshape":  # x op scalars, the part in the whole's place
+                at = _scalar_work(p)
+                cur = add_like(graph, p, p.op, [cur if i == at else u
+                                                for i, u in enumerate(p.inputs)],
+                               dict(p.attrs))
+                continue
             cur = add_like(graph, p, "Reshape", [cur],
                            {**p.attrs, "shape": [*p.attrs["shape"][:-1], size]})
         out.append(cur)

@@ -130,7 +130,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
             need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
                  lambda: f"consumer {c.name} holds more than elementwise work"),
             need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
-                             for v in views),
+                             or _stored_view(model, c, v, last) for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
             need(lambda: _wider(c, mm) is None,
                  lambda: f"consumer {c.name} holds {_wider(c, mm).op}, which broadcasts the "

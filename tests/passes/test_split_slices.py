@@ -254,3 +254,77 @@ def test_normalised_parts_run_in_their_products_epilogues_in_the_simulator():
     assert not backend.unscheduled
     for got, want in zip(sim, run_graph(g, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _clipped_qkv(bound=None, also_read=False) -> Graph:
+    """DBRX's fused QKV projection clipped before its Split: ``x·Wᵀ`` ([32, 128], W constant)
+    viewed [2, 16, 128], ``Minimum(Maximum(y, -8), 8)`` (``bound``: the Maximum's other
+    operand instead of -8), split into Q [.., 64], K and V [.., 32], each viewed as heads of
+    16 and moved to [B, N, S, D] (graph outputs, as a cache keeps K and V); ``also_read``:
+    the clipped value read beside the Split."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+    w = g.const(np.random.default_rng(6).standard_normal((128, 64)).astype(np.float32))
+    y = g.add_node("MatMul", [g.add_node("Reshape", [x], {"shape": [32, 64]}).output, w],
+                   {"transpose_b": True}).output
+    y = g.add_node("Reshape", [y], {"shape": [2, 16, 128]}).output
+    low = g.const(np.float32(-8.0)) if bound is None else bound(g)
+    y = g.add_node("Maximum", [y, low]).output
+    c = g.add_node("Minimum", [y, g.const(np.float32(8.0))]).output
+    outs = []
+    for part in g.add_node("Split", [c], {"axis": 2, "sizes": [64, 32, 32]}).outputs:
+        heads = g.add_node("Reshape", [part], {"shape": [2, 16, -1, 16]}).output
+        outs.append(g.add_node("Transpose", [heads], {"perm": [0, 2, 1, 3]}).output)
+    if also_read:
+        outs.append(g.add_node("Exp", [c]).output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_a_split_of_a_clipped_product_is_cut_with_the_clip_on_each_part():
+    """Elementwise work whose other operands are single values (a clamp's bounds) computes
+    each element of a part from the same element of the whole: it is repeated on each
+    product, ``clip(x·Wᵀ)[..., a:b] = clip(x·W[a:b]ᵀ)``, exactly."""
+    g = _clipped_qkv()
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 1 and "Split" not in ops_of(h), ops_of(h)
+    assert ops_of(h).count("MatMul") == 3 and ops_of(h).count("Maximum") == 3
+    assert ops_of(h).count("Minimum") == 3
+    feeds = random_inputs(g, 0)  # (the interpreter's sums over K = 64 in another order)
+    for want, got in zip(run_graph(g, feeds), run_graph(h, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_clip_by_a_per_column_bound_or_read_elsewhere_keeps_the_split():
+    """A bound of one value per column would have to be cut too (not done); the clipped
+    whole read beside the Split would be computed twice."""
+    def per_column(g):
+        return g.const(np.linspace(-9, -7, 128).astype(np.float32))
+
+    for g in (_clipped_qkv(bound=per_column), _clipped_qkv(also_read=True)):
+        h, res = apply_pass("split_slices", g)
+        assert res.rewrites == 0 and "Split" in ops_of(h)
+
+
+def test_the_clipped_parts_are_one_product_group_with_the_clip_in_its_epilogues():
+    """Through the pipeline: the product with its clip, the Split and three transposes were
+    5 launches; the cut products run their clips in their epilogues, each storing its part
+    in the heads' view ([2, 16, N, 16]: the product's rows split, nothing in the kernel
+    reads it), one group kernel, and the transposes: 4. Simulated as the reference."""
+    import graphkernel
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.torch import launch_counts
+
+    g = _clipped_qkv()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(launch_counts(res.graph).values()) == 4, launch_counts(res.graph)
+    pats = [n.attrs["pattern"] for n in res.graph.nodes if n.op == "GraphKernel"]
+    assert "matmul_group" in pats and not res.report.extra["fallbacks"], pats
+    (group,) = [n for n in res.graph.nodes if n.op == "GraphKernel"
+                and n.attrs["pattern"] == "matmul_group"]
+    assert [n.op for n in group.attrs["subgraph"].nodes].count("Minimum") == 3
+    feeds = random_inputs(g, 0)
+    sim, backend = run_sim(res, feeds)
+    assert not backend.unscheduled
+    for got, want in zip(sim, run_graph(g, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
