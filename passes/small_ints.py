@@ -263,12 +263,59 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
                 graph.replace_input(u, i, back)
 
 
+def _small_constant(v: Value) -> np.ndarray | None:
+    """The values of integer constant ``v`` when every one is of magnitude below 2**24, else
+    None."""
+    arr = const_array(v)
+    if arr is None or v.dtype not in INTS or not arr.size:
+        return None
+    return arr if -EXACT < int(arr.min()) and int(arr.max()) < EXACT else None
+
+
+def _compared_with_constants(graph: Graph, ctx, known: dict[int, Range | None]
+                             ) -> list[str]:
+    """Rewrite a comparison of int64 values of unknown range (no region's) with an integer
+    constant below 2**24 in magnitude (``ids == arange(E)``: a one-hot of expert ids that are
+    a graph input) → the same comparison of the values converted to float32 (the vector unit's int64 ->
+    float32 Cast, made on loading) with the constant as float32. Exact for every int64 ``x``:
+    an integer below 2**24 in magnitude converts exactly, and one at or above it converts
+    to a float at or above 2**24 in magnitude (the conversion rounds monotonically), never
+    to a constant's value nor across it; so ``x == c``, ``x < c`` ... hold exactly when they
+    do in float32."""
+    notes = []
+    for n in list(graph.nodes):
+        if n.graph is None or n.op not in COMPARE or len(n.inputs) != 2:
+            continue
+        consts = [_small_constant(x) for x in n.inputs]
+        if _member(n, known):
+            continue  # (of bounded values: a region's)
+        at = [i for i, x in enumerate(n.inputs) if x.dtype == DType.int64 and consts[i] is None]
+        if len(at) != 1 or consts[1 - at[0]] is None or not ctx.should_apply(
+                f"{n.name} of int64 values in float32", [n]):
+            continue
+        x, c = n.inputs[at[0]], consts[1 - at[0]]
+        xf = graph.add_node("Cast", [x], {"dtype": DType.float32},
+                            name=graph.fresh_name(f"{x.name}/f32"), origin=n.origin).outputs[0]
+        cf = graph.add_node("Constant", [], {"value": c.astype(np.float32)},
+                            name=graph.fresh_name(f"{n.name}/f32"), origin=n.origin).outputs[0]
+        ins = [xf, cf] if at[0] == 0 else [cf, xf]
+        out = graph.add_node(n.op, ins, dict(n.attrs), name=graph.fresh_name(f"{n.name}/f32"),
+                             origin=n.origin).outputs[0]
+        graph.replace_all_uses(n.outputs[0], out)
+        graph.erase_node(n)
+        notes.append(f"{n.name}: int64 {x.name} compared with constants below 2**24 in "
+                     "float32")
+    return notes
+
+
 def small_ints(graph, ctx) -> PassResult:
     """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
-    int64 op) → the same ops on float32, cast back where its values are used."""
+    int64 op) → the same ops on float32, cast back where its values are used; a comparison
+    of int64 values of unknown range with small integer constants → float32 as well."""
     wide = ARITH - {"Cast"} | {"ReduceSum"}
     if not any(n.op in wide and len(n.outputs) == 1 and n.outputs[0].dtype == DType.int64
-               for n in graph.nodes):  # (no region would hold one: no value ranges needed)
+               or n.op in COMPARE and any(x.dtype == DType.int64 for x in n.inputs)
+               for n in graph.nodes):  # (nothing to rewrite: no value ranges needed)
         return PassResult(False, 0, [], f"{counted(0, 'integer region')} in float32")
     known: dict[int, Range | None] = {}
     members = []
@@ -280,6 +327,8 @@ def small_ints(graph, ctx) -> PassResult:
                 known[id(v)] = _float_bounds(v, known)
         if n.op != "Constant" and _member(n, known):
             members.append(n)
+    # (a comparison of bounded values is a region's: only the others here)
+    compared = _compared_with_constants(graph, ctx, known)
     notes = []
     for region in _regions(graph, members):
         if not any(n.outputs[0].dtype == DType.int64 and n.op in wide for n in region):
@@ -288,5 +337,9 @@ def small_ints(graph, ctx) -> PassResult:
             continue
         _rewrite(graph, region)
         notes.append(f"{', '.join(n.name for n in region)}: within ±2**24, in float32")
-    return PassResult(bool(notes), len(notes), notes,
-                      f"{counted(len(notes), 'integer region')} in float32")
+    if compared:
+        graph.toposort()
+    return PassResult(bool(notes or compared), len(notes) + len(compared), notes + compared,
+                      f"{counted(len(notes), 'integer region')} in float32"
+                      + (f", {counted(len(compared), 'comparison')} of int64 values"
+                         if compared else ""))

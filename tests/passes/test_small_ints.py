@@ -40,7 +40,7 @@ def feeds(seq: int = 16) -> dict:
 def test_position_ids_from_a_mask_run_in_float32_and_index_with_int32():
     g = position_ids()
     h, res = apply_pass("small_ints", g)
-    assert res.rewrites == 1
+    assert res.rewrites == 2  # the region, and the mask's comparison of the ids (below)
     h.remove_dead()  # (the integer ops left for dce)
     assert not [n for n in h.nodes if n.op != "NotEqual" and any(
         v.dtype.value == "int64" for v in n.outputs) and n.op != "Constant"], ops_of(h)
@@ -50,12 +50,12 @@ def test_position_ids_from_a_mask_run_in_float32_and_index_with_int32():
 
 
 def test_through_the_pipeline_the_ids_are_one_kernel_between_the_mask_and_the_gather():
-    """8 integer ops were 8 launches (no int64 in the vector unit); now the mask (it reads
-    the int64 ids) and one kernel (select, scan, mul, add and the index's cast to int32,
-    stored by it)."""
+    """8 integer ops were 8 launches (no int64 in the vector unit); now one kernel (the
+    mask, the ids converted to float32 on loading and compared with the pad id; select,
+    scan, mul, add and the index's cast to int32, stored by it)."""
     g = position_ids()
     res = graphkernel.compile(g, "--opt_level=2", env={})
-    assert launch_counts(res.graph)["vector"] == 3, launch_counts(res.graph)  # + the Gather
+    assert launch_counts(res.graph)["vector"] == 2, launch_counts(res.graph)  # + the Gather
     off = graphkernel.compile(g, "--opt_level=2 --disable_pass=small_ints", env={})
     assert launch_counts(off.graph)["vector"] == 9
     np.testing.assert_array_equal(run_graph(res.graph, feeds())[0], run_graph(g, feeds())[0])
@@ -71,7 +71,8 @@ def test_integers_without_bounds_stay_integers():
     h, res = apply_pass("small_ints", g)
     assert res.rewrites == 0 and ops_of(h) == ["Add", "Mul"]
     h, res = apply_pass("small_ints", position_ids("s"))
-    assert res.rewrites == 0
+    assert res.rewrites == 1 and "comparison" in res.summary  # (the mask's: exact, below)
+    assert [n.outputs[0].dtype.value for n in h.nodes if n.op == "CumSum"] == ["int64"]
 
 
 def test_a_sum_that_may_pass_2_to_the_24_stays_an_integer():
@@ -130,8 +131,10 @@ def test_an_argmax_read_elsewhere_keeps_its_type_and_a_symbolic_axis_is_unbounde
     h, res = apply_pass("small_ints", _wrapped_argmax(also_out=True))
     assert res.rewrites == 1 and h.outputs[1].dtype.value == "int64"
     assert h.outputs[1].producer.op == "ArgMax"
-    _, res = apply_pass("small_ints", _wrapped_argmax("s0"))
-    assert res.rewrites == 0
+    h, res = apply_pass("small_ints", _wrapped_argmax("s0"))
+    # the index's sign test alone, exact in float32 for any int64; its arithmetic stays int64
+    assert res.rewrites == 1 and "comparison" in res.summary
+    assert [n.outputs[0].dtype.value for n in h.nodes if n.op == "Add"] == ["int64", "int64"]
 
 
 def _scattered_counts(update: float) -> Graph:
@@ -164,3 +167,67 @@ def test_a_float_with_fractions_cast_to_int64_stays_integer():
     """Updates of 0.5: the ``.long()`` truncates, so the sum is left in int64."""
     _, res = apply_pass("small_ints", _scattered_counts(0.5))
     assert res.rewrites == 0
+
+
+def _expert_hits(top: int = 5, op: str = "Equal") -> Graph:
+    """DBRX's expert mask after a graph break: ``one_hot(ids, E).permute(2, 1, 0)`` of int64
+    ids that are a graph input (their range unknown), as int64, and ``mask.sum((-1, -2)) >
+    0``; ``top``: the largest constant compared with (``arange(top)``)."""
+    g = Graph()
+    ids = g.add_input("ids", TensorType((32, 2), "int64"))
+    col = g.add_node("ExpandDims", [ids], {"axis": [-1]}).output
+    hit = g.add_node(op, [col, g.const(np.arange(top - 5, top, dtype=np.int64))]).output
+    mask = g.add_node("Cast", [hit], {"dtype": "int64"}).output
+    moved = g.add_node("Transpose", [mask], {"perm": [2, 1, 0]}).output
+    total = g.add_node("ReduceSum", [moved], {"axis": [-1, -2], "keep_dims": False}).output
+    g.set_outputs([g.add_node("Greater", [total, g.const(np.int64(0))]).output, moved])
+    return g
+
+
+def _wild_ids() -> dict:
+    """Ids of every kind an int64 holds: the experts, and values float32 cannot hold (2**24
+    + 1 rounds to 2**24, 2**40, negative ones)."""
+    ids = np.random.default_rng(4).integers(0, 5, (32, 2)).astype(np.int64)
+    ids[:6, 0] = [2 ** 24 + 1, 2 ** 40, -(2 ** 24) - 1, -3, 2 ** 62, 2 ** 24 - 1]
+    return {"ids": ids}
+
+
+def test_int64_ids_compared_with_small_constants_are_compared_in_float32():
+    """The ids' range is unknown (a graph input), so no region takes them; compared with
+    constants below 2**24 in magnitude, the comparison is exact in float32 for every int64
+    (values at or above 2**24 convert to floats at or above it), so it reads the ids
+    converted: the vector unit's int64 -> float32 Cast."""
+    g = _expert_hits()
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 2 and "1 comparison" in res.summary, res.summary
+    h.remove_dead()
+    (eq,) = [n for n in h.nodes if n.op == "Equal"]
+    assert [x.dtype.value for x in eq.inputs] == ["float32", "float32"]
+    assert eq.inputs[0].producer.op == "Cast"
+    for want, got in zip(run_graph(g, _wild_ids()), run_graph(h, _wild_ids()), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_comparison_with_a_constant_of_2_to_the_24_stays_in_int64():
+    """2**24 + 1 converts to 2**24: compared with a constant of 2**24 it would be equal."""
+    for op in ("Equal", "Less"):
+        h, res = apply_pass("small_ints", _expert_hits(top=2 ** 24 + 1, op=op))
+        assert "comparison" not in res.summary
+        assert [x.dtype.value for n in h.nodes if n.op == op for x in n.inputs] == [
+            "int64", "int64"]
+
+
+def test_the_expert_mask_is_one_kernel_fewer_and_exact_in_the_simulator():
+    """The Equal of the int64 ids ran alone (no int64 in the vector unit): now the kernel
+    that selects and transposes the mask converts and compares them itself; the outputs,
+    simulated, equal the interpreter's on ids float32 cannot hold."""
+    from graphkernel.codegen.backend import run_sim
+
+    g = _expert_hits()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    off = graphkernel.compile(g, "--opt_level=2 --disable_pass=small_ints", env={})
+    assert sum(launch_counts(res.graph).values()) == 4, launch_counts(res.graph)
+    assert sum(launch_counts(off.graph).values()) > 4, launch_counts(off.graph)
+    got, _ = run_sim(res, _wild_ids())
+    for want, x in zip(run_graph(g, _wild_ids()), got, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), want)
