@@ -276,12 +276,12 @@ def _compared_with_constants(graph: Graph, ctx, known: dict[int, Range | None]
                              ) -> list[str]:
     """Rewrite a comparison of int64 values of unknown range (no region's) with an integer
     constant below 2**24 in magnitude (``ids == arange(E)``: a one-hot of expert ids that are
-    a graph input) → the same comparison of the values converted to float32 (the vector unit's int64 ->
-    float32 Cast, made on loading) with the constant as float32. Exact for every int64 ``x``:
-    an integer below 2**24 in magnitude converts exactly, and one at or above it converts
-    to a float at or above 2**24 in magnitude (the conversion rounds monotonically), never
-    to a constant's value nor across it; so ``x == c``, ``x < c`` ... hold exactly when they
-    do in float32."""
+    a graph input) → the same comparison of the values converted to float32 (the vector
+    unit's int64 -> float32 Cast, made on loading) with the constant as float32. Exact for
+    every int64 ``x``: an integer below 2**24 in magnitude converts exactly, and one at or
+    above it converts to a float at or above 2**24 in magnitude (the conversion rounds
+    monotonically), never to a constant's value nor across it; so ``x == c``, ``x < c`` ...
+    hold exactly when they do in float32."""
     notes = []
     for n in list(graph.nodes):
         if n.graph is None or n.op not in COMPARE or len(n.inputs) != 2:
