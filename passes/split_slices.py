@@ -16,7 +16,11 @@ repeated on each: ``(A·W)[..., a:b] = A·W[a:b]``, exactly, each element being 
 of the same products. A state-space layer's ``in_proj`` (``x`` for the convolution, the gate
 ``z``) and ``x_proj`` (``dt`` for ``dt_proj``, ``B``, ``C``) are cut so. The pieces read one
 operand in common, so the products join as one product-group kernel (``matmul_group``): one
-launch where the product and the Split were two. A weight that is a graph input (training)
+launch where the product and the Split were two. Elementwise work between the product and
+the Split whose other operands are single values (a clamp's bounds: DBRX's clipped fused
+QKV) is repeated on each piece, ``clip(A·W)[..., a:b] = clip(A·W[a:b])`` exactly (each
+element from the same element and the same values), and runs in the piece's epilogue. A
+weight that is a graph input (training)
 keeps the Split: a slice of it would be a copy of its own. The cut is taken before the
 slices when a part is normalised along the cut axis (FalconMamba's RMS norms of ``dt``,
 ``B`` and ``C``): as slices each part's reduction is a vector kernel of its own, while cut,
