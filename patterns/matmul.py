@@ -130,7 +130,7 @@ def _epilogue_conditions(model, c, last, mm) -> list:
             need(lambda: all(ops.get(n.op).kind in EPILOGUE_KINDS for n in c.nodes),
                  lambda: f"consumer {c.name} holds more than elementwise work"),
             need(lambda: all(keeps_rows(tuple(v.outputs[0].type.shape), rows, last)
-                             or _stored_view(model, c, v, last) for v in views),
+                             or _stored_heads(model, c, v, last) for v in views),
                  lambda: f"consumer {c.name} views the product with another last axis"),
             need(lambda: _wider(c, mm) is None,
                  lambda: f"consumer {c.name} holds {_wider(c, mm).op}, which broadcasts the "
@@ -200,6 +200,17 @@ def _stored_view(model, c, v, last) -> bool:
     return splits_rows(tuple(out.type.shape), last) and \
         all(model.area(u) is not c for u in out.users) and \
         v.inputs[0].type.shape[-1:] == (last,)
+
+
+def _stored_heads(model, c, v, last) -> bool:
+    """A view splitting the product's rows into heads that only names what an elementwise
+    epilogue stores (``_stored_view``: DBRX's clipped Q, K and V pieces seen as heads), when
+    the transposes reading the heads join their readers' kernels (the ``transpose`` pattern
+    runs): without it the product's own kernel writes the heads transposed
+    (``product_views``), which a view in its epilogue would prevent."""
+    from graphkernel.fusion import _pattern_on
+
+    return _pattern_on("transpose", model.cfg) and _stored_view(model, c, v, last)
 
 
 def _leaving(model, c) -> list:
