@@ -49,7 +49,8 @@ def test_small_ints_without_int64_arithmetic_computes_no_ranges(monkeypatch):
 
 def test_small_ints_still_rewrites_int64_arithmetic():
     h, res = apply_pass("small_ints", _ints("int64"))
-    assert res.rewrites == 1 and "CumSum" in ops_of(h)
+    # (and the ids' NotEqual with the pad id in float32: 2 rewrites)
+    assert res.summary.startswith("1 integer region") and "CumSum" in ops_of(h)
 
 
 def test_scan_without_strided_slices_or_cumsum_looks_for_no_leaves(monkeypatch):
