@@ -59,6 +59,10 @@ def test_through_the_pipeline_the_ids_are_one_kernel_between_the_mask_and_the_ga
     off = graphkernel.compile(g, "--opt_level=2 --disable_pass=small_ints", env={})
     assert launch_counts(off.graph)["vector"] == 9
     np.testing.assert_array_equal(run_graph(res.graph, feeds())[0], run_graph(g, feeds())[0])
+    from graphkernel.codegen.backend import run_sim
+
+    (got,), _ = run_sim(res, feeds())  # the ids converted and compared in the kernel
+    np.testing.assert_array_equal(np.asarray(got), run_graph(g, feeds())[0])
 
 
 def test_integers_without_bounds_stay_integers():
