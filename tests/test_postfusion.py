@@ -176,3 +176,42 @@ def test_sibling_fusion_leaves_kernels_of_other_loop_spaces_apart():
     assert len(kernels(on)) == len(kernels(fusion(g, "--opt_level=2 "
                                                      "--disable_pass=sibling_fusion")))
     assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
+
+
+def rotated_pair(k_heads: int = 4) -> Graph:
+    """Q and K ([B, S, heads, D], inputs of their own) each rotated by one constant angle
+    table [S, D] broadcast over the heads: two kernels that share only the table's read."""
+    g = Graph("rot")
+    q = g.add_input("q", TensorType((2, 16, 4, 16), "float32"))
+    k = g.add_input("k", TensorType((2, 16, k_heads, 16), "float32"))
+    rng = np.random.default_rng(0)
+    cos = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
+    sin = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
+    outs = []
+    for x, name in ((q, "q"), (k, "k")):
+        turned = g.add_node("Neg", [x], name=f"{name}_neg").output
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, cos]).output,
+                                       g.add_node("Mul", [turned, sin]).output],
+                               name=f"{name}_rot").output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_sibling_fusion_joins_kernels_sharing_a_broadcast_table_in_one_loop_space():
+    """Q's and K's rotary kernels in one shape read only the angle tables in common (each
+    broadcast over the heads): one kernel, one launch fewer, the tables' reads as before."""
+    g = rotated_pair()
+    off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
+    on = fusion(g, "--opt_level=2")
+    check_same(g, on)
+    assert len(kernels(off)) == 2 and len(kernels(on)) == 1
+    assert kernels(on)[0].attrs["pattern"].startswith("parallel(")
+    step = next(p for p in on.report.passes if p.name == "sibling_fusion")
+    assert step.rewrites == 1
+    assert on.report.extra["gm_bytes_fused"] <= off.report.extra["gm_bytes_fused"]
+
+
+def test_sibling_fusion_leaves_rotations_of_other_head_counts_apart():
+    """K with fewer heads than Q (grouped-query attention) is another loop space."""
+    on = fusion(rotated_pair(k_heads=2), "--opt_level=2")
+    assert len(kernels(on)) == 2

@@ -1250,6 +1250,22 @@ class _Planner:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}", node=n, about=(v,))
 
+    def _broadcast_edge(self, steps: list[Node], n: Node, N: Dim) -> Node | None:
+        """The first step after ``n`` that reads what ``n`` computes (through views and the
+        compact steps between) in a value of the full loop space: where compact work
+        (values smaller than the loop space, such as one value per row) is spread over the
+        loop space. A compact value the loop space cannot place is computed in a kernel of
+        its own loop space, split off before that step (``SplitBefore``); None when no
+        step after ``n`` does so."""
+        tainted = {id(self.owner(n.outputs[0]))}
+        for m in steps[steps.index(n) + 1:]:
+            if not any(id(self.owner(v)) in tainted for v in m.inputs):
+                continue
+            if eq(m.outputs[0].type.numel, N):
+                return m
+            tainted.add(id(self.owner(m.outputs[0])))
+        return None
+
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
         guessed: set[int] = set()  # rows/columns placed by shape alone, and what they compute
@@ -1281,8 +1297,14 @@ class _Planner:
                 if not full_space:  # placed against a full-size value it broadcasts to
                     c = self._row_input(n, v, N, L) or self._compact_input(v, N, L)
                     if c is None:
-                        raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                          "value) in the loop space", node=n, about=(v,))
+                        why = f"cannot place {v.name} (used by {n.op} on a compact value) " \
+                              "in the loop space"
+                        edge = self._broadcast_edge(steps, n, N)
+                        if edge is not None:
+                            raise SplitBefore(f"{why}: the compact work ends where "
+                                              f"{edge.op} spreads it over the loop space",
+                                              node=edge, about=(v,))
+                        raise Unsupported(why, node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
                         guessed.add(id(o))

@@ -1,0 +1,27 @@
+"""Two kernels in one loop space sharing only a broadcast constant table (Q's and K's rotary
+embedding), joined by sibling_fusion: the joined kernel runs in the simulator, its outputs
+those of the graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel.codegen.backend import run_sim
+from graphkernel.interpreter import Interpreter, random_inputs
+from tests.test_postfusion import rotated_pair
+
+pytestmark = pytest.mark.sim  # needs g++: skipped without it (tests/conftest.py)
+
+
+def test_the_joined_rotations_run_as_one_kernel_in_the_simulator():
+    g = rotated_pair()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks")
+    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    feeds = random_inputs(g, 1)
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
