@@ -17,10 +17,26 @@ body (probed before the rewrite)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from graphkernel import ops, symbolic
+from graphkernel.fusion import SUPPORTED_DTYPES
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.ops import OpKind
-from graphkernel.passes.parallel_fusion import _product, join_kernel_pairs
+from graphkernel.kernels import (
+    build_kernel,
+    merge_parallel,
+    next_kernel_name,
+    parallel_body,
+    scheduled,
+    separate_slice_reads,
+)
+from graphkernel.ops import RESHAPE_OPS, OpKind
+from graphkernel.passes.parallel_fusion import (
+    _ops,
+    _product,
+    join_kernel_pairs,
+    reaches,
+)
 from graphkernel.registry import PassResult, counted
 
 
@@ -56,6 +72,86 @@ def sibling_fusion(graph: Graph, ctx) -> PassResult:
                    and _shares(v, u)],
         lambda a, b: _loop_space(a) == _loop_space(b), "sibling")
     notes = [f"{a.name} | {b.name} -> {k.name} (both read {v.name})" for a, b, k, v in joined]
+    for s, k, merged in _join_lone_slices(graph, ctx):
+        joined.append((s, k, merged, s.inputs[0]))
+        notes.append(f"{s.name} (a slice copied alone) | {k.name} -> {merged.name} (both read "
+                     f"{_base(s.inputs[0]).name})")
     return PassResult(bool(joined), len(joined), [
         f"{counted(len(joined), 'kernel pair')} reading one value in one loop space joined",
         *notes] if joined else [])
+
+
+def _base(v: Value) -> Value:
+    """``v`` seen through reshape views."""
+    while v.producer is not None and v.producer.op in RESHAPE_OPS:
+        v = v.producer.inputs[0]
+    return v
+
+
+def _views_of(v: Value) -> list[Value]:
+    """``v`` and every value that is ``v`` through reshape views."""
+    out, todo = [], [v]
+    while todo:
+        x = todo.pop()
+        out.append(x)
+        todo += [o for u in x.users if u.op in RESHAPE_OPS for o in u.outputs]
+    return out
+
+
+def _joinable(k: Node, s: Node) -> bool:
+    """Whether the code generator schedules kernel ``k`` with the lone op ``s`` beside it
+    (probed on a graph of its own: ``graph`` is not touched)."""
+    body = Graph(s.name)
+    x = body.add_input(s.inputs[0].name, s.inputs[0].type)
+    body.set_outputs([body.add_node(s.op, [x], dict(s.attrs), name=s.name).outputs[0]])
+    alone = SimpleNamespace(subgraph=body, inputs=[s.inputs[0]], outputs=[s.outputs[0]])
+    if not scheduled(k):
+        return False
+    for rebound in (False, True):  # (the code generator's retry: one input per slice)
+        joined, ins = parallel_body([k, alone], "probe")
+        if rebound and not separate_slice_reads(joined, ins):
+            return False
+        probe = Graph("probe")
+        node = probe.add_node("GraphKernel", [probe.add_input(f"in{i}", v.type)
+                                              for i, v in enumerate(ins)],
+                              {"subgraph": joined, "pattern": "parallel"})
+        if scheduled(node):
+            return True
+    return False
+
+
+def _join_lone_slices(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
+    """A slice copied by a launch of its own (a fused projection's V part, copied because the
+    attention operator reads V whole while the K part beside it is rotated by a kernel)
+    joins a kernel of its loop space reading the same projection (through views, in part)
+    when neither depends on the other and the code generator schedules the two together:
+    the slice's rows are copied by that kernel's launch. Returns (slice, kernel, joined)."""
+    limit = ctx.flags.composite_op_limit_size
+    done = []
+    for s in [n for n in graph.nodes if n.op == "StridedSlice"]:
+        if any(st != 1 for st in (s.attrs.get("strides") or [1])) or \
+                s.outputs[0].dtype not in SUPPORTED_DTYPES:
+            continue
+        space = (tuple(symbolic.canon(d) for d in s.outputs[0].shape), s.outputs[0].dtype)
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+        partner = None
+        for v in _views_of(_base(s.inputs[0])):
+            for k in dict.fromkeys(v.users):
+                if k.op != "GraphKernel" or _product(k) or _loop_space(k) != space or \
+                        not _shares(v, k) or _ops(k) + 1 > limit:
+                    continue
+                a, b = sorted((s, k), key=lambda n: order[id(n)])
+                if reaches(graph, a, b, order) or not _joinable(k, s):
+                    continue
+                if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
+                    partner = k
+                    break
+            if partner is not None:
+                break
+        if partner is None:
+            continue
+        lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "slice"), "slice")
+        merged = merge_parallel(graph, partner, lone, next_kernel_name(
+            ctx.analyses, list(partner.subgraph.nodes), "sibling"))
+        done.append((s, partner, merged))
+    return done

@@ -215,3 +215,43 @@ def test_sibling_fusion_leaves_rotations_of_other_head_counts_apart():
     """K with fewer heads than Q (grouped-query attention) is another loop space."""
     on = fusion(rotated_pair(k_heads=2), "--opt_level=2")
     assert len(kernels(on)) == 2
+
+
+def fused_projection_parts() -> Graph:
+    """A fused QKV projection's result [B, S, 8 heads, D] (computed, so that its parts are
+    not graph inputs): Q (4 heads) and K (2) rotated by a table, V (2) copied out by a lone
+    slice (the attention operator reads it whole); each part seen through a head view of its
+    own, as Dynamo's graphs have them."""
+    g = Graph("qkv_parts")
+    x = g.add_input("x", TensorType((2, 16, 128), "float32"))
+    y = g.add_node("Mul", [x, g.const(np.float32(0.5))]).output
+    table = g.const(np.random.default_rng(1).standard_normal((16, 1, 16)).astype(np.float32))
+    outs = []
+    for name, lo, hi in (("q", 0, 4), ("k", 4, 6), ("v", 6, 8)):
+        heads = g.add_node("Reshape", [y], {"shape": [2, 16, 8, 16]}).output  # one view each
+        part = g.add_node("StridedSlice", [heads], {"begin": [lo], "end": [hi], "strides": [1],
+                                                    "axes": [2]}, name=name).output
+        if name != "v":
+            part = g.add_node("Add", [g.add_node("Mul", [part, table]).output,
+                                      g.add_node("Neg", [part]).output],
+                              name=f"{name}_rot").output
+        outs.append(part)
+    g.set_outputs(outs)
+    return g
+
+
+def test_sibling_fusion_joins_a_lone_slice_to_a_kernel_reading_the_same_projection():
+    """V's copy (a lone StridedSlice launch) joins K's rotation, a kernel of its loop space
+    reading the same projection through another slice: one launch fewer; Q (4 heads, another
+    loop space) stays apart."""
+    g = fused_projection_parts()
+    off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
+    on = fusion(g, "--opt_level=2")
+    check_same(g, on)
+    launches = lambda res: [n for n in res.graph.nodes  # noqa: E731
+                            if n.op not in ("Constant", "Reshape")]
+    assert "StridedSlice" in [n.op for n in launches(off)]
+    assert "StridedSlice" not in [n.op for n in launches(on)]
+    assert len(launches(on)) == len(launches(off)) - 1
+    step = next(p for p in on.report.passes if p.name == "sibling_fusion")
+    assert any("a slice copied alone" in note for note in step.notes), step.notes

@@ -25,3 +25,17 @@ def test_the_joined_rotations_run_as_one_kernel_in_the_simulator():
     assert not backend.unscheduled, backend.unscheduled
     for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_slice_joined_to_its_siblings_kernel_runs_in_the_simulator():
+    from tests.test_postfusion import fused_projection_parts
+
+    g = fused_projection_parts()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks")
+    assert "StridedSlice" not in [n.op for n in res.graph.nodes]
+    feeds = random_inputs(g, 2)
+    got, backend = run_sim(res, feeds)
+    assert not backend.unscheduled, backend.unscheduled
+    for a, b in zip(got, Interpreter(g).run(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
