@@ -1252,19 +1252,37 @@ class _Planner:
 
     def _broadcast_edge(self, steps: list[Node], n: Node, N: Dim) -> Node | None:
         """The first step after ``n`` that reads what ``n`` computes (through views and the
-        compact steps between) in a value of the full loop space: where compact work
-        (values smaller than the loop space, such as one value per row) is spread over the
-        loop space. A compact value the loop space cannot place is computed in a kernel of
-        its own loop space, split off before that step (``SplitBefore``); None when no
-        step after ``n`` does so."""
+        compact steps between) in a value of the full loop space: where compact work (values
+        smaller than the loop space, such as one value per row) is spread over the loop
+        space. A compact value the loop space cannot place is then computed in a kernel of
+        its own loop space, split off before that step (``SplitBefore``: the steps it does
+        not depend on). None when no step after ``n`` does so, or when those steps are not
+        all elementwise work computing values of one size (full-size work among them, or a
+        reduction: a loop space of their own would not hold them either)."""
         tainted = {id(self.owner(n.outputs[0]))}
+        edge = None
         for m in steps[steps.index(n) + 1:]:
             if not any(id(self.owner(v)) in tainted for v in m.inputs):
                 continue
             if eq(m.outputs[0].type.numel, N):
-                return m
+                edge = m
+                break
             tainted.add(id(self.owner(m.outputs[0])))
-        return None
+        if edge is None:
+            return None
+        after = {id(self.owner(edge.outputs[0]))}
+        first: list[Node] = []
+        for m in steps[steps.index(edge) + 1:]:
+            if any(id(self.owner(v)) in after for v in m.inputs):
+                after.add(id(self.owner(m.outputs[0])))
+        for m in steps:
+            if m is not edge and id(self.owner(m.outputs[0])) not in after:
+                first.append(m)
+        sizes = {symbolic.canon(m.outputs[0].type.numel) for m in first
+                 if not eq(m.outputs[0].type.numel, 1)}
+        if len(sizes) != 1 or any(m.op in REDUCE_OPS for m in first):
+            return None
+        return edge
 
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
