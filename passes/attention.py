@@ -49,6 +49,12 @@ Attention with sinks (``attention_sinks``) leaves the softmax's row max and sum 
 sink's share of each row as well: the operator then also returns its softmax statistics
 (``stats``), which replace them.
 
+A function of the scores before the softmax other than the scale and the masks (Gemma 2's
+soft-capping, ``cap * tanh(scores / cap)``) is refused, the function named: the operator
+computes ``softmax(mask(scale * (pse + Q·Kᵀ)))`` and takes no such function (none of its
+documented inputs is one), so the scores' product keeps the capping and the softmax in its
+MIX kernel and P·V is a cube kernel.
+
 Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
 recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
 reasons of the refused ones.
