@@ -5,12 +5,13 @@ Where a value's readers cannot join its producer (a scan's running values, read 
 kernels; a product's result read by two epilogues the product group did not take), the
 patterns leave each reader a kernel of its own. When two such kernels compute every output in
 the same shape (one loop space: each element of each output is computed at one index of it),
-share a read of one value (whole; or, not a scalar, in part or broadcast by kernels that
-reduce nothing), and do not depend on each other, one kernel computes
-both, as TorchInductor fuses nodes that share a read over the same iteration space. A value
-read whole by both is read from GM once; one read in part or broadcast (a rotary
-embedding's angle tables, read by the kernels rotating Q and K in one shape; slices of one
-fused projection) is read as each kernel read it, and one launch goes. Unlike
+share a read of one value, and do not depend on each other, one kernel computes both, as
+TorchInductor fuses nodes that share a read over the same iteration space. The value is read
+whole by both (then read from GM once), or is a computed value or graph input (not a
+constant) whose parts the two read, kernels that reduce nothing (each then reads what it
+read, and one launch goes): the kernels rotating Q and K in one shape read parts of one
+fused projection (its slices, or a Split's outputs). Two computations that only share a
+table read broadcast (a bias, the rotary angles) stay apart. Unlike
 ``parallel_fusion`` (level 3, any two kernels sharing an input), the loop spaces must be one,
 so the joined kernel runs the tiles each ran, and the code generator must schedule the joined
 body (probed before the rewrite)."""
@@ -51,26 +52,58 @@ def _read_whole(v: Value, k: Node) -> bool:
     return symbolic.eq(v.type.numel, k.outputs[0].type.numel)
 
 
-def _shares(v: Value, k: Node) -> bool:
-    """Whether ``v`` is a read kernel ``k`` shares with a sibling: read whole, or (not a
-    scalar) in part or broadcast by a kernel that reduces nothing, whose loop space is its
-    outputs' shape (a rotary embedding's angle tables, read by the kernels rotating Q and K;
-    a fused projection read through slices by each of its parts)."""
-    if _read_whole(v, k):
-        return True
-    return not symbolic.eq(v.type.numel, 1) and not any(
-        ops.get(n.op).kind == OpKind.REDUCE for n in k.subgraph.nodes)
+def _reduces(k: Node) -> bool:
+    return any(ops.get(n.op).kind == OpKind.REDUCE for n in k.subgraph.nodes)
+
+
+def _candidate(k: Node) -> bool:
+    return k.op == "GraphKernel" and not _product(k) and _loop_space(k) is not None
+
+
+def _sliced(k: Node, v: Value) -> bool:
+    """Whether kernel ``k`` reads ``v`` only through slices (of a view of it)."""
+    body = k.subgraph
+    for outer, inner in zip(k.inputs, body.inputs, strict=True):
+        if outer is not v:
+            continue
+        seen = [inner]
+        while seen:
+            x = seen.pop()
+            for u in x.users:
+                if u.op in RESHAPE_OPS:
+                    seen += list(u.outputs)
+                elif u.op not in ("Slice", "StridedSlice"):
+                    return False
+    return any(outer is v for outer in k.inputs)
+
+
+def _part_readers(v: Value) -> list[Node]:
+    """Kernels reading parts of ``v``, a computed value or a graph input, reducing nothing
+    (a kernel's loop space is then its outputs' shape): through slices (of views of ``v``),
+    or a whole output of those ``v``'s producer makes (a Split's parts): the kernels rotating
+    Q and K read parts of one fused projection. Not a constant, and not a value read
+    broadcast: two computations sharing only a table (a bias, the rotary angles) are not
+    siblings."""
+    if v.producer is not None and v.producer.op == "Constant":
+        return []
+    outs = v.producer.outputs if v.producer is not None else [v]
+    return [k for o in outs for w in _views_of(o) for k in dict.fromkeys(w.users)
+            if _candidate(k) and not _reduces(k)
+            and (_sliced(k, w) or len(outs) > 1 and _read_whole(w, k))]
 
 
 def sibling_fusion(graph: Graph, ctx) -> PassResult:
     """Rewrite two independent vector kernels sharing a read of one value, every output of
     both in one shape -> one kernel, when the code generator schedules it."""
+    same = lambda a, b: _loop_space(a) == _loop_space(b)  # noqa: E731
     joined = join_kernel_pairs(
         graph, ctx, lambda: [v for n in graph.nodes for v in n.outputs] + list(graph.inputs),
-        lambda v: [u for u in dict.fromkeys(v.users) if u.op == "GraphKernel"
-                   and not _product(u) and _loop_space(u) is not None
-                   and _shares(v, u)],
-        lambda a, b: _loop_space(a) == _loop_space(b), "sibling")
+        lambda v: [u for u in dict.fromkeys(v.users) if _candidate(u) and _read_whole(v, u)],
+        same, "sibling")
+    joined += join_kernel_pairs(
+        graph, ctx, lambda: [n.outputs[0] for n in graph.nodes
+                             if n.outputs and n.op != "Constant"] + list(graph.inputs),
+        lambda v: list(dict.fromkeys(_part_readers(v))), same, "sibling")
     notes = [f"{a.name} | {b.name} -> {k.name} (both read {v.name})" for a, b, k, v in joined]
     for s, k, merged in _join_lone_slices(graph, ctx):
         joined.append((s, k, merged, s.inputs[0]))
@@ -135,10 +168,10 @@ def _join_lone_slices(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
         space = (tuple(symbolic.canon(d) for d in s.outputs[0].shape), s.outputs[0].dtype)
         order = {id(n): i for i, n in enumerate(graph.nodes)}
         partner = None
-        for v in _views_of(_base(s.inputs[0])):
-            for k in dict.fromkeys(v.users):
-                if k.op != "GraphKernel" or _product(k) or _loop_space(k) != space or \
-                        not _shares(v, k) or _ops(k) + 1 > limit:
+        base = _base(s.inputs[0])
+        for v in [base]:
+            for k in _part_readers(v):
+                if _loop_space(k) != space or _ops(k) + 1 > limit:
                     continue
                 a, b = sorted((s, k), key=lambda n: order[id(n)])
                 if reaches(graph, a, b, order) or not _joinable(k, s):

@@ -179,16 +179,18 @@ def test_sibling_fusion_leaves_kernels_of_other_loop_spaces_apart():
 
 
 def rotated_pair(k_heads: int = 4) -> Graph:
-    """Q and K ([B, S, heads, D], inputs of their own) each rotated by one constant angle
-    table [S, D] broadcast over the heads: two kernels that share only the table's read."""
+    """Q and K, the two parts of one computed projection [B, S, 4 + k_heads, D] (a Split of
+    its heads, as a fused projection's), each rotated by one constant table [S, D]
+    broadcast over the heads: two kernels reading parts of one value."""
     g = Graph("rot")
-    q = g.add_input("q", TensorType((2, 16, 4, 16), "float32"))
-    k = g.add_input("k", TensorType((2, 16, k_heads, 16), "float32"))
+    x = g.add_input("x", TensorType((2, 16, 4 + k_heads, 16), "float32"))
+    y = g.add_node("Mul", [x, g.const(np.float32(0.5))], name="proj").output
     rng = np.random.default_rng(0)
     cos = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
     sin = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
+    parts = g.add_node("Split", [y], {"axis": 2, "sizes": [4, k_heads]}, name="qk").outputs
     outs = []
-    for x, name in ((q, "q"), (k, "k")):
+    for x, name in zip(parts, "qk", strict=True):
         turned = g.add_node("Neg", [x], name=f"{name}_neg").output
         outs.append(g.add_node("Add", [g.add_node("Mul", [x, cos]).output,
                                        g.add_node("Mul", [turned, sin]).output],
@@ -197,15 +199,29 @@ def rotated_pair(k_heads: int = 4) -> Graph:
     return g
 
 
-def test_sibling_fusion_joins_kernels_sharing_a_broadcast_table_in_one_loop_space():
-    """Q's and K's rotary kernels in one shape read only the angle tables in common (each
-    broadcast over the heads): one kernel, one launch fewer, the tables' reads as before."""
+def unrelated_pair() -> Graph:
+    """Two computations on inputs of their own that share only a constant table."""
+    g = Graph("two")
+    table = g.const(np.random.default_rng(0).standard_normal((16, 1, 16)).astype(np.float32))
+    outs = []
+    for name in "ab":
+        x = g.add_input(name, TensorType((2, 16, 4, 16), "float32"))
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, table]).output,
+                                       g.add_node("Neg", [x]).output]).output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_sibling_fusion_joins_kernels_reading_parts_of_one_value_in_one_loop_space():
+    """Q's and K's rotary kernels in one shape read parts of one projection (a Split's
+    outputs; the angle tables broadcast over the heads): one kernel, one launch fewer."""
     g = rotated_pair()
     off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
     on = fusion(g, "--opt_level=2")
     check_same(g, on)
-    assert len(kernels(off)) == 2 and len(kernels(on)) == 1
-    assert kernels(on)[0].attrs["pattern"].startswith("parallel(")
+    assert len(kernels(on)) == len(kernels(off)) - 1
+    joined = [k for k in kernels(on) if k.attrs["pattern"].startswith("parallel(")]
+    assert len(joined) == 1 and {"q_rot", "k_rot"} <= set(joined[0].origin)
     step = next(p for p in on.report.passes if p.name == "sibling_fusion")
     assert step.rewrites == 1
     assert on.report.extra["gm_bytes_fused"] <= off.report.extra["gm_bytes_fused"]
@@ -214,7 +230,14 @@ def test_sibling_fusion_joins_kernels_sharing_a_broadcast_table_in_one_loop_spac
 def test_sibling_fusion_leaves_rotations_of_other_head_counts_apart():
     """K with fewer heads than Q (grouped-query attention) is another loop space."""
     on = fusion(rotated_pair(k_heads=2), "--opt_level=2")
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
+
+
+def test_sibling_fusion_leaves_computations_sharing_only_a_constant_apart():
+    g = unrelated_pair()
+    on = fusion(g, "--opt_level=2")
     assert len(kernels(on)) == 2
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
 
 
 def fused_projection_parts() -> Graph:

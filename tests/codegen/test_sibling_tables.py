@@ -1,5 +1,5 @@
-"""Two kernels in one loop space sharing only a broadcast constant table (Q's and K's rotary
-embedding), joined by sibling_fusion: the joined kernel runs in the simulator, its outputs
+"""Two kernels in one loop space reading parts of one value (Q's and K's rotary embedding),
+joined by sibling_fusion: the joined kernel runs in the simulator, its outputs
 those of the graph."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ def test_the_joined_rotations_run_as_one_kernel_in_the_simulator():
     g = rotated_pair()
     res = graphkernel.compile(g, "--opt_level=2", env={})
     assert not res.report.extra.get("fallbacks")
-    assert [n.op for n in res.graph.nodes if n.op != "Constant"] == ["GraphKernel"]
+    launches = [n for n in res.graph.nodes if n.op != "Constant"]
+    assert [n.op for n in launches] == ["GraphKernel", "GraphKernel"]  # the parts; Q and K
+    assert launches[1].attrs["pattern"].startswith("parallel(")
     feeds = random_inputs(g, 1)
     got, backend = run_sim(res, feeds)
     assert not backend.unscheduled, backend.unscheduled
