@@ -49,6 +49,12 @@ Attention with sinks (``attention_sinks``) leaves the softmax's row max and sum 
 sink's share of each row as well: the operator then also returns its softmax statistics
 (``stats``), which replace them.
 
+A function of the scores before the softmax other than the scale and the masks (Gemma 2's
+soft-capping, ``cap * tanh(scores / cap)``) is refused, the function named: the operator
+computes ``softmax(mask(scale * (pse + Q·Kᵀ)))`` and takes no such function (none of its
+documented inputs is one), so the scores' product keeps the capping and the softmax in its
+MIX kernel and P·V is a cube kernel.
+
 Every candidate (a softmax between two products, or a FusedAttention from the frontend) is
 recorded in ``analyses.attention`` with its verdict; ``graphkernel explain`` shows the
 reasons of the refused ones.
@@ -233,6 +239,36 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
     return None if found is None else (found[0], found[1], [])
 
 
+def _score_function(x: Value, depth: int = 8) -> str | None:
+    """The ops other than the scale and masks (Add, Sub, Mul, Div, Select, Cast, views) on
+    the path from the scores' product to the softmax input ``x``: a function of the scores
+    the operator has no input for (Gemma 2's soft-capping: ``Tanh``); None when there is
+    none or the path does not end at a product."""
+    plain = {"Add", "Sub", "Mul", "Div", "Select", "Cast"}
+    found: list[str] = []
+    while depth > 0 and x.producer is not None:
+        p = x.producer
+        depth -= 1
+        if p.op == "BatchMatMul":
+            others = [op for op in dict.fromkeys(found) if op not in plain]
+            return ", ".join(others) if others else None
+        if p.op not in VIEW_OPS:
+            found.append(p.op)
+        # follow the operand that leads to a product (the scores), not a mask
+        x = next((v for v in p.inputs if _reaches_product(v, depth)), None)
+        if x is None:
+            return None
+    return None
+
+
+def _reaches_product(v: Value, depth: int) -> bool:
+    """Whether a product is ``v`` or behind it within ``depth`` ops."""
+    if v.producer is None or depth <= 0:
+        return False
+    p = v.producer
+    return p.op == "BatchMatMul" or any(_reaches_product(u, depth - 1) for u in p.inputs)
+
+
 def _scaled(x: Value, seen: list[Node]) -> tuple[Node, float] | None:
     """(product, scale) of ``x`` = product · c, c · product, product / c or the product."""
     x = _views(x, seen)
@@ -384,6 +420,12 @@ def _match(pv: Node) -> _Match | None:
         raise Refused("the masked-row guard tests other scores than the softmax's")
     found = _scores(x, inside)
     if found is None:
+        fn = _score_function(x)
+        if fn is not None:
+            raise Refused(f"the scores pass through {fn} before the softmax (a function of "
+                          "the scores, such as soft-capping cap · tanh(scores / cap)): the "
+                          "operator computes softmax(mask(scale · (pse + Q·Kᵀ))) and takes no "
+                          "function of the scores")
         raise Refused("the softmax's input is not Q·Kᵀ, scaled by a constant, plus at most "
                       "two masks")
     qk, scale, masks = found

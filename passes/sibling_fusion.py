@@ -1,21 +1,43 @@
-"""Rewrite two vector kernels reading one value in one loop space -> one kernel: the value is
-read from GM once and one launch goes.
+"""Rewrite two vector kernels sharing a read of one value in one loop space -> one kernel: one
+launch goes (and a value both read whole is read from GM once).
 
 Where a value's readers cannot join its producer (a scan's running values, read by several
 kernels; a product's result read by two epilogues the product group did not take), the
 patterns leave each reader a kernel of its own. When two such kernels compute every output in
 the same shape (one loop space: each element of each output is computed at one index of it),
-read the shared value whole, and do not depend on each other, one kernel computes both, as
-TorchInductor fuses nodes that share a read over the same iteration space. Unlike
+share a read of one value, and do not depend on each other, one kernel computes both, as
+TorchInductor fuses nodes that share a read over the same iteration space. The value is read
+whole by both (then read from GM once), or is a computed value or graph input (not a
+constant) whose parts the two read, kernels that reduce nothing (each then reads what it
+read, and one launch goes): the kernels rotating Q and K in one shape read parts of one
+fused projection (its slices, or a Split's outputs). Two computations that only share a
+table read broadcast (a bias, the rotary angles) stay apart. Unlike
 ``parallel_fusion`` (level 3, any two kernels sharing an input), the loop spaces must be one,
 so the joined kernel runs the tiles each ran, and the code generator must schedule the joined
 body (probed before the rewrite)."""
 
 from __future__ import annotations
 
-from graphkernel import symbolic
+from types import SimpleNamespace
+
+from graphkernel import ops, symbolic
+from graphkernel.fusion import SUPPORTED_DTYPES
 from graphkernel.ir import Graph, Node, Value
-from graphkernel.passes.parallel_fusion import _product, join_kernel_pairs
+from graphkernel.kernels import (
+    build_kernel,
+    merge_parallel,
+    next_kernel_name,
+    parallel_body,
+    scheduled,
+    separate_slice_reads,
+)
+from graphkernel.ops import RESHAPE_OPS, OpKind
+from graphkernel.passes.parallel_fusion import (
+    _ops,
+    _product,
+    join_kernel_pairs,
+    reaches,
+)
 from graphkernel.registry import PassResult, counted
 
 
@@ -30,15 +52,139 @@ def _read_whole(v: Value, k: Node) -> bool:
     return symbolic.eq(v.type.numel, k.outputs[0].type.numel)
 
 
+def _reduces(k: Node) -> bool:
+    return any(ops.get(n.op).kind == OpKind.REDUCE for n in k.subgraph.nodes)
+
+
+def _candidate(k: Node) -> bool:
+    return k.op == "GraphKernel" and not _product(k) and _loop_space(k) is not None
+
+
+def _sliced(k: Node, v: Value) -> bool:
+    """Whether kernel ``k`` reads ``v`` only through slices (of a view of it)."""
+    body = k.subgraph
+    for outer, inner in zip(k.inputs, body.inputs, strict=True):
+        if outer is not v:
+            continue
+        seen = [inner]
+        while seen:
+            x = seen.pop()
+            for u in x.users:
+                if u.op in RESHAPE_OPS:
+                    seen += list(u.outputs)
+                elif u.op not in ("Slice", "StridedSlice"):
+                    return False
+    return any(outer is v for outer in k.inputs)
+
+
+def _part_readers(v: Value) -> list[Node]:
+    """Kernels reading parts of ``v``, a computed value or a graph input, reducing nothing
+    (a kernel's loop space is then its outputs' shape): through slices (of views of ``v``),
+    or a whole output of those ``v``'s producer makes (a Split's parts): the kernels rotating
+    Q and K read parts of one fused projection. Not a constant, and not a value read
+    broadcast: two computations sharing only a table (a bias, the rotary angles) are not
+    siblings."""
+    if v.producer is not None and v.producer.op == "Constant":
+        return []
+    outs = v.producer.outputs if v.producer is not None else [v]
+    return [k for o in outs for w in _views_of(o) for k in dict.fromkeys(w.users)
+            if _candidate(k) and not _reduces(k)
+            and (_sliced(k, w) or len(outs) > 1 and _read_whole(w, k))]
+
+
 def sibling_fusion(graph: Graph, ctx) -> PassResult:
-    """Rewrite two independent vector kernels reading one value whole, every output of both in
-    one shape -> one kernel (the value read once), when the code generator schedules it."""
+    """Rewrite two independent vector kernels sharing a read of one value, every output of
+    both in one shape -> one kernel, when the code generator schedules it."""
+    same = lambda a, b: _loop_space(a) == _loop_space(b)  # noqa: E731
     joined = join_kernel_pairs(
         graph, ctx, lambda: [v for n in graph.nodes for v in n.outputs] + list(graph.inputs),
-        lambda v: [u for u in dict.fromkeys(v.users) if u.op == "GraphKernel"
-                   and not _product(u) and _loop_space(u) is not None and _read_whole(v, u)],
-        lambda a, b: _loop_space(a) == _loop_space(b), "sibling")
+        lambda v: [u for u in dict.fromkeys(v.users) if _candidate(u) and _read_whole(v, u)],
+        same, "sibling")
+    joined += join_kernel_pairs(
+        graph, ctx, lambda: [n.outputs[0] for n in graph.nodes
+                             if n.outputs and n.op != "Constant"] + list(graph.inputs),
+        lambda v: list(dict.fromkeys(_part_readers(v))), same, "sibling")
     notes = [f"{a.name} | {b.name} -> {k.name} (both read {v.name})" for a, b, k, v in joined]
+    for s, k, merged in _join_lone_slices(graph, ctx):
+        joined.append((s, k, merged, s.inputs[0]))
+        notes.append(f"{s.name} (a slice copied alone) | {k.name} -> {merged.name} (both read "
+                     f"{_base(s.inputs[0]).name})")
     return PassResult(bool(joined), len(joined), [
         f"{counted(len(joined), 'kernel pair')} reading one value in one loop space joined",
         *notes] if joined else [])
+
+
+def _base(v: Value) -> Value:
+    """``v`` seen through reshape views."""
+    while v.producer is not None and v.producer.op in RESHAPE_OPS:
+        v = v.producer.inputs[0]
+    return v
+
+
+def _views_of(v: Value) -> list[Value]:
+    """``v`` and every value that is ``v`` through reshape views."""
+    out, todo = [], [v]
+    while todo:
+        x = todo.pop()
+        out.append(x)
+        todo += [o for u in x.users if u.op in RESHAPE_OPS for o in u.outputs]
+    return out
+
+
+def _joinable(k: Node, s: Node) -> bool:
+    """Whether the code generator schedules kernel ``k`` with the lone op ``s`` beside it
+    (probed on a graph of its own: ``graph`` is not touched)."""
+    body = Graph(s.name)
+    x = body.add_input(s.inputs[0].name, s.inputs[0].type)
+    body.set_outputs([body.add_node(s.op, [x], dict(s.attrs), name=s.name).outputs[0]])
+    alone = SimpleNamespace(subgraph=body, inputs=[s.inputs[0]], outputs=[s.outputs[0]])
+    if not scheduled(k):
+        return False
+    for rebound in (False, True):  # (the code generator's retry: one input per slice)
+        joined, ins = parallel_body([k, alone], "probe")
+        if rebound and not separate_slice_reads(joined, ins):
+            return False
+        probe = Graph("probe")
+        node = probe.add_node("GraphKernel", [probe.add_input(f"in{i}", v.type)
+                                              for i, v in enumerate(ins)],
+                              {"subgraph": joined, "pattern": "parallel"})
+        if scheduled(node):
+            return True
+    return False
+
+
+def _join_lone_slices(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
+    """A slice copied by a launch of its own (a fused projection's V part, copied because the
+    attention operator reads V whole while the K part beside it is rotated by a kernel)
+    joins a kernel of its loop space reading the same projection (through views, in part)
+    when neither depends on the other and the code generator schedules the two together:
+    the slice's rows are copied by that kernel's launch. Returns (slice, kernel, joined)."""
+    limit = ctx.flags.composite_op_limit_size
+    done = []
+    for s in [n for n in graph.nodes if n.op == "StridedSlice"]:
+        if any(st != 1 for st in (s.attrs.get("strides") or [1])) or \
+                s.outputs[0].dtype not in SUPPORTED_DTYPES:
+            continue
+        space = (tuple(symbolic.canon(d) for d in s.outputs[0].shape), s.outputs[0].dtype)
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+        partner = None
+        base = _base(s.inputs[0])
+        for v in [base]:
+            for k in _part_readers(v):
+                if _loop_space(k) != space or _ops(k) + 1 > limit:
+                    continue
+                a, b = sorted((s, k), key=lambda n: order[id(n)])
+                if reaches(graph, a, b, order) or not _joinable(k, s):
+                    continue
+                if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
+                    partner = k
+                    break
+            if partner is not None:
+                break
+        if partner is None:
+            continue
+        lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "slice"), "slice")
+        merged = merge_parallel(graph, partner, lone, next_kernel_name(
+            ctx.analyses, list(partner.subgraph.nodes), "sibling"))
+        done.append((s, partner, merged))
+    return done

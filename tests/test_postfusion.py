@@ -176,3 +176,105 @@ def test_sibling_fusion_leaves_kernels_of_other_loop_spaces_apart():
     assert len(kernels(on)) == len(kernels(fusion(g, "--opt_level=2 "
                                                      "--disable_pass=sibling_fusion")))
     assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
+
+
+def rotated_pair(k_heads: int = 4) -> Graph:
+    """Q and K, the two parts of one computed projection [B, S, 4 + k_heads, D] (a Split of
+    its heads, as a fused projection's), each rotated by one constant table [S, D]
+    broadcast over the heads: two kernels reading parts of one value."""
+    g = Graph("rot")
+    x = g.add_input("x", TensorType((2, 16, 4 + k_heads, 16), "float32"))
+    y = g.add_node("Mul", [x, g.const(np.float32(0.5))], name="proj").output
+    rng = np.random.default_rng(0)
+    cos = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
+    sin = g.const(rng.standard_normal((16, 1, 16)).astype(np.float32))
+    parts = g.add_node("Split", [y], {"axis": 2, "sizes": [4, k_heads]}, name="qk").outputs
+    outs = []
+    for x, name in zip(parts, "qk", strict=True):
+        turned = g.add_node("Neg", [x], name=f"{name}_neg").output
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, cos]).output,
+                                       g.add_node("Mul", [turned, sin]).output],
+                               name=f"{name}_rot").output)
+    g.set_outputs(outs)
+    return g
+
+
+def unrelated_pair() -> Graph:
+    """Two computations on inputs of their own that share only a constant table."""
+    g = Graph("two")
+    table = g.const(np.random.default_rng(0).standard_normal((16, 1, 16)).astype(np.float32))
+    outs = []
+    for name in "ab":
+        x = g.add_input(name, TensorType((2, 16, 4, 16), "float32"))
+        outs.append(g.add_node("Add", [g.add_node("Mul", [x, table]).output,
+                                       g.add_node("Neg", [x]).output]).output)
+    g.set_outputs(outs)
+    return g
+
+
+def test_sibling_fusion_joins_kernels_reading_parts_of_one_value_in_one_loop_space():
+    """Q's and K's rotary kernels in one shape read parts of one projection (a Split's
+    outputs; the angle tables broadcast over the heads): one kernel, one launch fewer."""
+    g = rotated_pair()
+    off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
+    on = fusion(g, "--opt_level=2")
+    check_same(g, on)
+    assert len(kernels(on)) == len(kernels(off)) - 1
+    joined = [k for k in kernels(on) if k.attrs["pattern"].startswith("parallel(")]
+    assert len(joined) == 1 and {"q_rot", "k_rot"} <= set(joined[0].origin)
+    step = next(p for p in on.report.passes if p.name == "sibling_fusion")
+    assert step.rewrites == 1
+    assert on.report.extra["gm_bytes_fused"] <= off.report.extra["gm_bytes_fused"]
+
+
+def test_sibling_fusion_leaves_rotations_of_other_head_counts_apart():
+    """K with fewer heads than Q (grouped-query attention) is another loop space."""
+    on = fusion(rotated_pair(k_heads=2), "--opt_level=2")
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
+
+
+def test_sibling_fusion_leaves_computations_sharing_only_a_constant_apart():
+    g = unrelated_pair()
+    on = fusion(g, "--opt_level=2")
+    assert len(kernels(on)) == 2
+    assert not any(k.attrs["pattern"].startswith("parallel(") for k in kernels(on))
+
+
+def fused_projection_parts() -> Graph:
+    """A fused QKV projection's result [B, S, 8 heads, D] (computed, so that its parts are
+    not graph inputs): Q (4 heads) and K (2) rotated by a table, V (2) copied out by a lone
+    slice (the attention operator reads it whole); each part seen through a head view of its
+    own, as Dynamo's graphs have them."""
+    g = Graph("qkv_parts")
+    x = g.add_input("x", TensorType((2, 16, 128), "float32"))
+    y = g.add_node("Mul", [x, g.const(np.float32(0.5))]).output
+    table = g.const(np.random.default_rng(1).standard_normal((16, 1, 16)).astype(np.float32))
+    outs = []
+    for name, lo, hi in (("q", 0, 4), ("k", 4, 6), ("v", 6, 8)):
+        heads = g.add_node("Reshape", [y], {"shape": [2, 16, 8, 16]}).output  # one view each
+        part = g.add_node("StridedSlice", [heads], {"begin": [lo], "end": [hi], "strides": [1],
+                                                    "axes": [2]}, name=name).output
+        if name != "v":
+            part = g.add_node("Add", [g.add_node("Mul", [part, table]).output,
+                                      g.add_node("Neg", [part]).output],
+                              name=f"{name}_rot").output
+        outs.append(part)
+    g.set_outputs(outs)
+    return g
+
+
+def test_sibling_fusion_joins_a_lone_slice_to_a_kernel_reading_the_same_projection():
+    """V's copy (a lone StridedSlice launch) joins K's rotation, a kernel of its loop space
+    reading the same projection through another slice: one launch fewer; Q (4 heads, another
+    loop space) stays apart."""
+    g = fused_projection_parts()
+    off = fusion(g, "--opt_level=2 --disable_pass=sibling_fusion")
+    on = fusion(g, "--opt_level=2")
+    check_same(g, on)
+    launches = lambda res: [n for n in res.graph.nodes  # noqa: E731
+                            if n.op not in ("Constant", "Reshape")]
+    assert "StridedSlice" in [n.op for n in launches(off)]
+    assert "StridedSlice" not in [n.op for n in launches(on)]
+    assert len(launches(on)) == len(launches(off)) - 1
+    step = next(p for p in on.report.passes if p.name == "sibling_fusion")
+    assert any("a slice copied alone" in note for note in step.notes), step.notes

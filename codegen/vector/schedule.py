@@ -1250,6 +1250,40 @@ class _Planner:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}", node=n, about=(v,))
 
+    def _broadcast_edge(self, steps: list[Node], n: Node, N: Dim) -> Node | None:
+        """The first step after ``n`` that reads what ``n`` computes (through views and the
+        compact steps between) in a value of the full loop space: where compact work (values
+        smaller than the loop space, such as one value per row) is spread over the loop
+        space. A compact value the loop space cannot place is then computed in a kernel of
+        its own loop space, split off before that step (``SplitBefore``: the steps it does
+        not depend on). None when no step after ``n`` does so, or when those steps are not
+        all elementwise work computing values of one size (full-size work among them, or a
+        reduction: a loop space of their own would not hold them either)."""
+        tainted = {id(self.owner(n.outputs[0]))}
+        edge = None
+        for m in steps[steps.index(n) + 1:]:
+            if not any(id(self.owner(v)) in tainted for v in m.inputs):
+                continue
+            if eq(m.outputs[0].type.numel, N):
+                edge = m
+                break
+            tainted.add(id(self.owner(m.outputs[0])))
+        if edge is None:
+            return None
+        after = {id(self.owner(edge.outputs[0]))}
+        first: list[Node] = []
+        for m in steps[steps.index(edge) + 1:]:
+            if any(id(self.owner(v)) in after for v in m.inputs):
+                after.add(id(self.owner(m.outputs[0])))
+        for m in steps:
+            if m is not edge and id(self.owner(m.outputs[0])) not in after:
+                first.append(m)
+        sizes = {symbolic.canon(m.outputs[0].type.numel) for m in first
+                 if not eq(m.outputs[0].type.numel, 1)}
+        if len(sizes) != 1 or any(m.op in REDUCE_OPS for m in first):
+            return None
+        return edge
+
     def _layouts(self, steps: list[Node], N: Dim, L: Dim) -> dict[int, str]:
         kind: dict[int, str] = {}
         guessed: set[int] = set()  # rows/columns placed by shape alone, and what they compute
@@ -1281,8 +1315,14 @@ class _Planner:
                 if not full_space:  # placed against a full-size value it broadcasts to
                     c = self._row_input(n, v, N, L) or self._compact_input(v, N, L)
                     if c is None:
-                        raise Unsupported(f"cannot place {v.name} (used by {n.op} on a compact "
-                                          "value) in the loop space", node=n, about=(v,))
+                        why = f"cannot place {v.name} (used by {n.op} on a compact value) " \
+                              "in the loop space"
+                        edge = self._broadcast_edge(steps, n, N)
+                        if edge is not None:
+                            raise SplitBefore(f"{why}: the compact work ends where "
+                                              f"{edge.op} spreads it over the loop space",
+                                              node=edge, about=(v,))
+                        raise Unsupported(why, node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
                         guessed.add(id(o))

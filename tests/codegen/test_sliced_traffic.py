@@ -42,13 +42,18 @@ def _reads(res) -> int:
 
 def test_the_parts_of_a_sliced_projection_are_read_once_in_all():
     g = _qkv()
-    res = graphkernel.compile(g, "--opt_level=2", env={})
+    # (the parts' launches kept apart: sibling_fusion would join them, below)
+    res = graphkernel.compile(g, "--opt_level=2 --disable_pass=sibling_fusion", env={})
     x = nbytes(g.inputs[0])
     assert len(list(launch_io(res.graph))) == 3  # (the parts' launches: not one kernel)
     assert _reads(res) == x  # a third of the projection each, not all of it three times
     ex = res.report.extra
     assert ex["gm_bytes_fused"] == x + x  # read once, written once (three parts)
     assert ex["gm_bytes_fused"] <= ex["gm_bytes_ideal"]
+    # V's lone slice joined to a kernel of its loop space reading the same projection: two
+    # launches, the same reads
+    joined = graphkernel.compile(g, "--opt_level=2", env={})
+    assert len(list(launch_io(joined.graph))) == 2 and _reads(joined) == x
 
 
 def test_the_ideal_counts_slices_by_the_same_rule():

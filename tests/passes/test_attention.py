@@ -31,10 +31,11 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               causal=False, name="attn", q_scale=None) -> Graph:
+               causal=False, name="attn", q_scale=None, softcap=None) -> Graph:
     """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
     q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
-    ``causal`` adds a constant 0 / -inf causal mask."""
+    ``causal`` adds a constant 0 / -inf causal mask; ``softcap`` c soft-caps the scaled
+    scores, c · tanh(s / c), before the masks (Gemma 2)."""
     g = Graph(name)
     split = []
     for n in "qkv":
@@ -45,6 +46,9 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
         split.append(g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output)
     s = g.add_node("BatchMatMul", split[:2], {"transpose_b": True}, name="qk").output
     s = g.add_node("Div", [s, g.const(math.sqrt(dim), dtype)]).output
+    if softcap is not None:
+        s = g.add_node("Tanh", [g.add_node("Div", [s, g.const(softcap, dtype)]).output]).output
+        s = g.add_node("Mul", [s, g.const(softcap, dtype)]).output
     if mask is not None:
         s = g.add_node("Add", [s, g.add_input("mask", TensorType(mask, dtype))]).output
     if causal:
@@ -135,6 +139,24 @@ def test_refusals_say_why(graph, reason):
     feeds = random_inputs(g)
     for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_soft_capped_scores_are_refused_with_the_function_named():
+    """Gemma 2's soft-capping, cap · tanh(scores / cap) before the softmax: the vendor's
+    operator documents no function of the scores, so the candidate is refused and says so
+    (the scores' product with its softmax stays one MIX kernel, P·V a cube kernel)."""
+    g = _attention(softcap=50.0, causal=True)
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused"
+    assert re.search(r"scores pass through Tanh before the softmax.*takes no function of "
+                     r"the scores", rec.reason), rec.reason
+    feeds = random_inputs(g)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    # without the cap the same graph is one fused attention
+    assert len(_fused(_compile(_attention(causal=True)))) == 1
 
 
 def test_dropout_before_the_values_is_refused():
