@@ -11,7 +11,10 @@ GPT-NeoX write (``rotate_half``), one kernel reading column slices. The permutat
 into the rows of the frozen projection weights (and biases) that make Q and K, and into the
 cos/sin tables; nothing else may read the permuted values (V, the pass-through features and
 any other use stay as they were; a Q or K with another use, such as a KV cache a graph
-returns, is left alone).
+returns, is left alone). The rotated features may be the first columns of the heads after the
+Transpose that moves them first and keeps the features last (GLM's ``q.view(B, S, N, D)
+.transpose(1, 2)[..., :n]``, the other columns passed through): when that Transpose is the
+projection's heads' one reader, the permutation of the rows passes through it.
 
 DeepSeek writes the rotated pairs back as halves (``cat(x1*cos - x2*sin, x2*cos + x1*sin)``):
 when the pair slices are the only readers of x, the same permutation of x's features in the
@@ -302,6 +305,11 @@ def _to_attention(graph: Graph, v: Value, d: int) -> tuple[Node, int] | None:
         v = out
 
 
+def _live_uses(graph: Graph, v: Value) -> list[Node]:
+    """The nodes reading ``v`` whose results are read or returned (a dead use is dce's)."""
+    return [u for u, _ in v.uses if any(x.uses or graph.is_output(x) for x in u.outputs)]
+
+
 def find(graph: Graph) -> dict[int, list[Rotary]]:
     """Interleaved rotaries reaching the Q or K of an attention (a FusedAttention, or the
     product Q·Kᵀ), by attention node id."""
@@ -314,10 +322,15 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
         n = root.shape[-1]
         p = root.producer
         cols = _columns(p) if p is not None else None
+        view = None  # the heads moved ([B, N, S, D]) before the rotated features are sliced
         if cols is not None:
             if cols[0] != 0:
                 continue
             head = p.inputs[0]
+            t = head.producer
+            if t is not None and t.op == "Transpose" and \
+                    t.attrs["perm"][-1] % head.type.rank == head.type.rank - 1:
+                view, head = head, t.inputs[0]
         elif p is not None and p.op == "Transpose" and \
                 p.attrs["perm"][-1] == root.type.rank - 1:
             head = p.inputs[0]  # rotated with the heads' axis moved ([B, N, S, D]), features last
@@ -330,10 +343,15 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
         if proj is None or any(any(id(r.root) == id(root) for r in rs)
                                for rs in found.values()):
             continue
-        # the head's other uses: only its features past the rotated ones
-        others = [] if head is root else [  # (every use of the root: the region's)
-            u for u, _ in head.uses if u is not p and any(
-                x.uses or graph.is_output(x) for x in u.outputs)]
+        # the head's other uses: only its features past the rotated ones (those of the moved
+        # heads when the slices read them, the Transpose then being the head's one use)
+        if view is not None:
+            if _live_uses(graph, head) != [view.producer] or graph.is_output(view):
+                continue
+            others = [u for u in _live_uses(graph, view) if u is not p]
+        else:
+            others = [] if head is root else [  # (every use of the root: the region's)
+                u for u in _live_uses(graph, head) if u is not p]
         if any(_columns(u) is None or _columns(u)[0] < n for u in others):
             continue
         got = _region(graph, root)
