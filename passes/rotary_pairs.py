@@ -14,7 +14,11 @@ any other use stay as they were; a Q or K with another use, such as a KV cache a
 returns, is left alone). The rotated features may be the first columns of the heads after the
 Transpose that moves them first and keeps the features last (GLM's ``q.view(B, S, N, D)
 .transpose(1, 2)[..., :n]``, the other columns passed through): when that Transpose is the
-projection's heads' one reader, the permutation of the rows passes through it.
+projection's heads' one reader, the permutation of the rows passes through it. The heads
+may also be cut from a fused product (CodeGen's ``qkv.view(B, S, G, 3·W).split(W)``, each
+part reshaped into the heads): when each group of the product's columns holds one head of Q
+(and of K) and every other reader takes other columns (V's), the permutation goes to those
+columns of the product (``_source_columns``, as for pairs read apart).
 
 DeepSeek writes the rotated pairs back as halves (``cat(x1*cos - x2*sin, x2*cos + x1*sin)``):
 when the pair slices are the only readers of x, the same permutation of x's features in the
@@ -105,6 +109,7 @@ class Rotary:
     kinds: dict[int, str] = field(default_factory=dict)  # value id -> FULL or HALF
     nodes: list[Node] = field(default_factory=list)  # in graph order
     exit: Value | None = None
+    columns: Columns | None = None  # the heads' columns when cut from a wider product
 
 
 def _projection(head: Value) -> tuple[Node, Node | None] | None:
@@ -336,7 +341,10 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
             head = p.inputs[0]  # rotated with the heads' axis moved ([B, N, S, D]), features last
         else:
             head = root
-        proj = _projection(head)
+        proj, columns = _projection(head), None
+        if proj is None:  # each head's features cut from a fused product (CodeGen's QKV)
+            columns = _source_columns(graph, head)
+            proj = None if columns is None else (columns.product, columns.bias)
         if proj is not None and _returned(graph, head, proj[0].outputs[0]) or \
                 graph.is_output(root):
             continue  # (a graph output shows the projection's features in their places)
@@ -363,7 +371,7 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
             continue
         order = {id(m): k for k, m in enumerate(graph.nodes)}
         nodes.sort(key=lambda m: order[id(m)])
-        r = Rotary(root, n, head, proj[0], proj[1], kinds, nodes, exit_)
+        r = Rotary(root, n, head, proj[0], proj[1], kinds, nodes, exit_, columns)
         found.setdefault(id(attn[0]), []).append(r)
     return found
 
@@ -390,12 +398,18 @@ def rewrite(graph: Graph, r: Rotary, tables: dict[int, Value]) -> None:
     keeps the permuted repeated tables, which every rotary of the graph shares."""
     heads, d, n = r.head.shape[-2], r.head.shape[-1], r.n
     mm = r.product
-    w = _permute_rows(const_array(mm.inputs[1]), heads, d, n,
-                      0 if mm.attrs.get("transpose_b") else 1)
+
+    def permuted(arr: np.ndarray, axis: int) -> np.ndarray:
+        if r.columns is not None:  # (every group of the product's columns: one head's)
+            return _permute_columns(arr, r.columns, n, axis)
+        return _permute_rows(arr, heads, d, n, axis)
+
+    # (read again: Q and K cut from one product permute its disjoint columns in turn)
+    w = permuted(const_array(mm.inputs[1]), 0 if mm.attrs.get("transpose_b") else 1)
     graph.replace_input(mm, 1, _const(graph, mm, w))
     if r.bias is not None:
         k = next(i for i, x in enumerate(r.bias.inputs) if const_array(x) is not None)
-        b = _permute_rows(const_array(r.bias.inputs[k]), heads, d, n, 0)
+        b = permuted(const_array(r.bias.inputs[k]), 0)
         graph.replace_input(r.bias, k, _const(graph, r.bias, b))
     perm = _perm(n)
     new: dict[int, Value] = {}

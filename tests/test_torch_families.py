@@ -649,3 +649,62 @@ def test_partial_interleaved_rotary_of_heads_read_elsewhere_is_left_alone():
     _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     # (Q and K are permuted together or not at all: their dot products must not change)
     assert launches == strided, (launches, strided)
+
+
+class GroupedFusedQKVRotary(InterleavedRotary):
+    """CodeGen's attention: one fused projection viewed as ``groups`` rows of [Q | V | K]
+    (``qkv.view(B, S, groups, 3 * width).split(width)``), each part reshaped into the heads
+    [B, S, N, D]; the first ``rot`` features of each head of Q and K rotated pair by pair
+    (GPT-J's tables), the rest passed through, causal attention."""
+
+    def __init__(self, groups: int = 4, bias: bool = False):
+        super().__init__(rot=4)
+        self.groups = groups
+        self.qkv = torch.nn.Linear(32, 96, bias=bias)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, self.groups, 96 // self.groups)
+        q, v, k = qkv.split(32 // self.groups, dim=-1)
+        q, k, v = (y.reshape(b, t, 4, 8) for y in (q, k, v))
+
+        def rotary(y):
+            r, rest = y[..., :self.rot], y[..., self.rot:]
+            cos, sin = self.tables(t)
+            return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
+
+        a = F.scaled_dot_product_attention(rotary(q).transpose(1, 2),
+                                           rotary(k).transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_interleaved_rotary_of_heads_cut_from_a_fused_projection_is_one_kernel_each(bias):
+    """Each group of the fused product's columns holds one head of Q, of V and of K: the
+    pairs' permutation goes to the columns of Q's and of K's heads in that product (V's and
+    the unrotated ones untouched): one rotary kernel for Q and one for K instead of strided
+    slices and an interleave, launch by launch; outputs equal to eager's."""
+    torch.manual_seed(0)
+    model = GroupedFusedQKVRotary(4, bias).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches <= strided - 8, (launches, strided)
+
+
+def test_interleaved_rotary_of_several_heads_per_fused_group_is_left_alone():
+    """Two heads in each group of the fused product's columns: no one offset and period
+    name a head's features there, so the rotaries stay strided (the outputs eager's)."""
+    torch.manual_seed(0)
+    model = GroupedFusedQKVRotary(2).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided, (launches, strided)
