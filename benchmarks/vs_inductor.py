@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", action="store_true",
                     help="the held-out families (not the zoo): with --cnn the CNNs', else the "
                          "architectures of moe_ssm_models.held_out_builders (MoE, SSM and "
-                         "hybrid decoders, decoders, an encoder, vision and speech models)")
+                         "hybrid decoders, decoders, encoders, encoder-decoders, vision and "
+                         "speech models)")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import logging

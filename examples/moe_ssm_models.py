@@ -30,6 +30,17 @@ HELD_OUT_FAMILY = {
                     "state-space"),
     **dict.fromkeys(("cohere", "phi3", "gemma2", "olmo2"), "decoder"),
     "modernbert": "encoder", "dinov2": "vision", "convnextv2": "vision", "wavlm": "audio",
+    # a second held-out set
+    **dict.fromkeys(("starcoder2", "gemma3_text", "helium", "glm", "cohere2", "nemotron", "opt",
+                     "codegen", "biogpt", "xglm"), "decoder"),
+    **dict.fromkeys(("distilbert", "xlm_roberta", "mpnet", "convbert", "funnel"), "encoder"),
+    **dict.fromkeys(("pegasus", "marian", "mbart", "m2m100", "umt5", "longt5"),
+                    "encoder-decoder"),
+    **dict.fromkeys(("recurrent_gemma", "zamba2", "falcon_h1", "rwkv"), "state-space"),
+    **dict.fromkeys(("switch_transformers", "granitemoehybrid"), "mixture-of-experts"),
+    **dict.fromkeys(("beit", "data2vec_vision", "swinv2", "segformer", "levit", "mobilevit",
+                     "focalnet"), "vision"),
+    **dict.fromkeys(("sew", "unispeech", "data2vec_audio"), "audio"),
 }
 
 
@@ -68,13 +79,23 @@ def _builder(attn: str):
         def forward(self, x):
             return self.model(**{self.key: x}).last_hidden_state
 
-    def build(cfg_cls, model_cls, attention=True, key=None, shape=None, **kw):
+    class Seq2Seq(Hidden):
+        """An encoder-decoder fed the same ids on both sides; the decoder's last hidden
+        state."""
+
+        def forward(self, x):
+            return self.model(input_ids=x, decoder_input_ids=x).last_hidden_state
+
+    def build(cfg_cls, model_cls, attention=True, key=None, shape=None, seq2seq=False, **kw):
         """``key``/``shape``: a model fed a float tensor of ``shape`` (uniform in [0, 1))
-        under that keyword instead of token ids."""
+        under that keyword instead of token ids; ``seq2seq``: an encoder-decoder fed the
+        ids on both sides."""
         def make():
             torch.manual_seed(SEED)
             cfg = cfg_cls(**kw, **(common if attention else {}))
             model = model_cls(cfg).eval()
+            if seq2seq:
+                return Seq2Seq(model)
             return Named(model, key) if key else Hidden(model)
 
         def inputs():
@@ -130,7 +151,9 @@ def held_out_builders(attn: str = "sdpa"):
     attention heads and of MLPs, experts split by their token counts), DeepSeek-V2 and
     Llama 4's text model (rotary as complex products: ``torch.polar``, ``view_as_complex``;
     Llama 4 also with layers without rotary, chunked attention and a shared expert beside a
-    top-1 router), DBRX; then the other families (see the comments at each)."""
+    top-1 router), DBRX; then the other families (see the comments at each); then a second
+    set across the families (decoders, encoders, encoder-decoders, state-space and recurrent
+    models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller)."""
     import transformers as T
 
     build = _builder(attn)
@@ -208,6 +231,127 @@ def held_out_builders(attn: str = "sdpa"):
                        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
                        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
                        vocab_size=VOCAB, **vis),
+        # -- a second held-out set --
+        # decoders: sliding windows with LayerNorm and biased GELU MLPs (Starcoder2), Q/K
+        # norms and alternating sliding layers (Gemma 3), partial rotary (GLM, Nemotron's
+        # LayerNorm1p and squared ReLU), a parallel block with sliding layers (Cohere 2),
+        # learned positions with ReLU (OPT, XGLM's sinusoids), GPT-J style rotary (CodeGen)
+        "starcoder2": build(T.Starcoder2Config, T.Starcoder2Model, sliding_window=8, **ids,
+                            **moe),
+        "gemma3_text": build(T.Gemma3TextConfig, T.Gemma3TextModel, head_dim=H // HEADS,
+                             sliding_window=8, **ids, **moe),
+        "helium": build(T.HeliumConfig, T.HeliumModel, head_dim=H // HEADS, **ids, **moe),
+        "glm": build(T.GlmConfig, T.GlmModel, head_dim=H // HEADS, **ids, **moe),
+        "cohere2": build(T.Cohere2Config, T.Cohere2Model, sliding_window=8, **ids, **moe),
+        "nemotron": build(T.NemotronConfig, T.NemotronModel, head_dim=H // HEADS, **ids,
+                          **moe),
+        "opt": build(T.OPTConfig, T.OPTModel, hidden_size=H, num_hidden_layers=LAYERS,
+                     ffn_dim=FF, num_attention_heads=HEADS, vocab_size=VOCAB,
+                     max_position_embeddings=64, word_embed_proj_dim=H, **ids),
+        "codegen": build(T.CodeGenConfig, T.CodeGenModel, n_layer=LAYERS, n_embd=H,
+                         n_head=HEADS, n_inner=FF, vocab_size=VOCAB, n_positions=64, n_ctx=64,
+                         rotary_dim=8, bos_token_id=0, eos_token_id=0),
+        "biogpt": build(T.BioGptConfig, T.BioGptModel, **ids, **enc),
+        "xglm": build(T.XGLMConfig, T.XGLMModel, d_model=H, num_layers=LAYERS,
+                      attention_heads=HEADS, ffn_dim=FF, vocab_size=VOCAB,
+                      max_position_embeddings=64, **ids),
+        # encoders: DistilBERT, XLM-R, MPNet's relative bias, ConvBERT's span convolutions,
+        # Funnel's pooled blocks
+        "distilbert": build(T.DistilBertConfig, T.DistilBertModel, dim=H, n_layers=LAYERS,
+                            n_heads=HEADS, hidden_dim=FF, vocab_size=VOCAB,
+                            max_position_embeddings=64, pad_token_id=0),
+        "xlm_roberta": build(T.XLMRobertaConfig, T.XLMRobertaModel, pad_token_id=1, **enc),
+        "mpnet": build(T.MPNetConfig, T.MPNetModel, pad_token_id=1, **enc),
+        "convbert": build(T.ConvBertConfig, T.ConvBertModel, embedding_size=H, pad_token_id=0,
+                          **enc),
+        "funnel": build(T.FunnelConfig, T.FunnelBaseModel, block_sizes=[1, 1], d_model=H,
+                        n_head=HEADS, d_head=H // HEADS, d_inner=FF, vocab_size=VOCAB,
+                        pad_token_id=0),
+        # encoder-decoders: Pegasus (sinusoidal positions), Marian, mBART (pre-norm),
+        # M2M-100, UMT5 (a relative bias per layer), LongT5 (local attention)
+        **{name: build(cfg, model, seq2seq=True, d_model=H, encoder_layers=LAYERS,
+                       decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                       decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
+                       vocab_size=VOCAB, max_position_embeddings=64, decoder_start_token_id=0,
+                       **ids)
+           for name, cfg, model in (("pegasus", T.PegasusConfig, T.PegasusModel),
+                                    ("marian", T.MarianConfig, T.MarianModel),
+                                    ("mbart", T.MBartConfig, T.MBartModel),
+                                    ("m2m100", T.M2M100Config, T.M2M100Model))},
+        "umt5": build(T.UMT5Config, T.UMT5Model, seq2seq=True, num_layers=LAYERS, d_model=H,
+                      d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=0),
+        "longt5": build(T.LongT5Config, T.LongT5Model, seq2seq=True, num_layers=LAYERS,
+                        d_model=H, d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
+                        local_radius=4, decoder_start_token_id=0, pad_token_id=0,
+                        eos_token_id=0),
+        # state-space and recurrent: RecurrentGemma (an RG-LRU layer, then local attention),
+        # Zamba2 (Mamba2 with a shared attention block), Falcon-H1 (attention and Mamba2 in
+        # parallel), RWKV (a WKV recurrence)
+        "recurrent_gemma": build(T.RecurrentGemmaConfig, T.RecurrentGemmaModel, lru_width=H,
+                                 attention_window_size=8, block_types=["recurrent",
+                                                                       "attention"],
+                                 num_key_value_heads=1, **ids, **{k: v for k, v in moe.items()
+                                                                  if k not in (
+                                                                      "num_key_value_heads",
+                                                                      "max_position_embeddings")}),
+        "zamba2": build(T.Zamba2Config, T.Zamba2Model, hidden_size=H, num_hidden_layers=LAYERS,
+                        layers_block_type=["mamba", "hybrid"], mamba_d_state=16,
+                        n_mamba_heads=8, mamba_ngroups=1, chunk_size=8, intermediate_size=FF,
+                        num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                        vocab_size=VOCAB, max_position_embeddings=64, **ids),
+        "falcon_h1": build(T.FalconH1Config, T.FalconH1Model, mamba_n_heads=8, mamba_d_head=16,
+                           mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
+                           mamba_d_ssm=128, **ids, **moe),
+        "rwkv": build(T.RwkvConfig, T.RwkvModel, attention=False, hidden_size=H,
+                      num_hidden_layers=LAYERS, attention_hidden_size=H, intermediate_size=FF,
+                      vocab_size=VOCAB, context_length=64, bos_token_id=0, eos_token_id=0),
+        # mixtures of experts: Switch Transformers' top-1 router in an encoder-decoder,
+        # GraniteMoE hybrid (Mamba2 and attention layers with experts)
+        "switch_transformers": build(T.SwitchTransformersConfig,
+                                     T.SwitchTransformersModel, seq2seq=True,
+                                     num_layers=LAYERS, num_sparse_encoder_layers=1,
+                                     num_sparse_decoder_layers=1, d_model=H, d_kv=H // HEADS,
+                                     num_heads=HEADS, d_ff=FF, num_experts=EXPERTS,
+                                     vocab_size=VOCAB, decoder_start_token_id=0,
+                                     pad_token_id=0, eos_token_id=0),
+        "granitemoehybrid": build(T.GraniteMoeHybridConfig, T.GraniteMoeHybridModel,
+                                  layer_types=["mamba", "attention"], num_local_experts=EXPERTS,
+                                  num_experts_per_tok=2, mamba_n_heads=8, mamba_d_head=16,
+                                  mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
+                                  **ids, **moe),
+        # vision: BEiT (relative position bias, layer scale), Data2Vec-vision, Swin v2
+        # (cosine attention, a log-spaced position bias), SegFormer (reduced keys, mix-FFN),
+        # LeViT, MobileViT, FocalNet (focal modulation)
+        "beit": build(T.BeitConfig, T.BeitModel, key="pixel_values", shape=(2, 3, 32, 32),
+                      image_size=32, patch_size=8, use_relative_position_bias=True, **vis),
+        "data2vec_vision": build(T.Data2VecVisionConfig, T.Data2VecVisionModel,
+                                 key="pixel_values", shape=(2, 3, 32, 32), image_size=32,
+                                 patch_size=8, use_relative_position_bias=True, **vis),
+        "swinv2": build(T.Swinv2Config, T.Swinv2Model, key="pixel_values",
+                        shape=(2, 3, 32, 32), image_size=32, patch_size=4, embed_dim=32,
+                        depths=[1, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0),
+        "segformer": build(T.SegformerConfig, T.SegformerModel, key="pixel_values",
+                           shape=(2, 3, 32, 32), num_encoder_blocks=2, depths=[1, 1],
+                           sr_ratios=[2, 1], hidden_sizes=[32, 64], patch_sizes=[7, 3],
+                           strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
+        "levit": build(T.LevitConfig, T.LevitModel, key="pixel_values", shape=(2, 3, 64, 64),
+                       image_size=64, hidden_sizes=[32, 64, 96], num_attention_heads=[1, 2, 3],
+                       depths=[1, 1, 1], key_dim=[8, 8, 8]),
+        "mobilevit": build(T.MobileViTConfig, T.MobileViTModel, key="pixel_values",
+                           shape=(2, 3, 64, 64), image_size=64, hidden_sizes=[32, 48, 64],
+                           neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 160]),
+        "focalnet": build(T.FocalNetConfig, T.FocalNetModel, key="pixel_values",
+                          shape=(2, 3, 32, 32), image_size=32, patch_size=4, embed_dim=32,
+                          depths=[1, 1], hidden_sizes=[32, 64]),
+        # speech: SEW (squeezed frames), UniSpeech, Data2Vec-audio (stacked positional convs)
+        **{name: build(cfg, model, key="input_values", shape=(2, 400), conv_dim=(32, 32),
+                       conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                       num_conv_pos_embedding_groups=4, vocab_size=VOCAB, **vis)
+           for name, cfg, model in (("sew", T.SEWConfig, T.SEWModel),
+                                    ("unispeech", T.UniSpeechConfig, T.UniSpeechModel),
+                                    ("data2vec_audio", T.Data2VecAudioConfig,
+                                     T.Data2VecAudioModel))},
     }
 
 

@@ -11,7 +11,14 @@ GPT-NeoX write (``rotate_half``), one kernel reading column slices. The permutat
 into the rows of the frozen projection weights (and biases) that make Q and K, and into the
 cos/sin tables; nothing else may read the permuted values (V, the pass-through features and
 any other use stay as they were; a Q or K with another use, such as a KV cache a graph
-returns, is left alone).
+returns, is left alone). The rotated features may be the first columns of the heads after the
+Transpose that moves them first and keeps the features last (GLM's ``q.view(B, S, N, D)
+.transpose(1, 2)[..., :n]``, the other columns passed through): when that Transpose is the
+projection's heads' one reader, the permutation of the rows passes through it. The heads
+may also be cut from a fused product (CodeGen's ``qkv.view(B, S, G, 3·W).split(W)``, each
+part reshaped into the heads): when each group of the product's columns holds one head of Q
+(and of K) and every other reader takes other columns (V's), the permutation goes to those
+columns of the product (``_source_columns``, as for pairs read apart).
 
 DeepSeek writes the rotated pairs back as halves (``cat(x1*cos - x2*sin, x2*cos + x1*sin)``):
 when the pair slices are the only readers of x, the same permutation of x's features in the
@@ -102,6 +109,7 @@ class Rotary:
     kinds: dict[int, str] = field(default_factory=dict)  # value id -> FULL or HALF
     nodes: list[Node] = field(default_factory=list)  # in graph order
     exit: Value | None = None
+    columns: Columns | None = None  # the heads' columns when cut from a wider product
 
 
 def _projection(head: Value) -> tuple[Node, Node | None] | None:
@@ -302,6 +310,11 @@ def _to_attention(graph: Graph, v: Value, d: int) -> tuple[Node, int] | None:
         v = out
 
 
+def _live_uses(graph: Graph, v: Value) -> list[Node]:
+    """The nodes reading ``v`` whose results are read or returned (a dead use is dce's)."""
+    return [u for u, _ in v.uses if any(x.uses or graph.is_output(x) for x in u.outputs)]
+
+
 def find(graph: Graph) -> dict[int, list[Rotary]]:
     """Interleaved rotaries reaching the Q or K of an attention (a FusedAttention, or the
     product Q·Kᵀ), by attention node id."""
@@ -314,26 +327,39 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
         n = root.shape[-1]
         p = root.producer
         cols = _columns(p) if p is not None else None
+        view = None  # the heads moved ([B, N, S, D]) before the rotated features are sliced
         if cols is not None:
             if cols[0] != 0:
                 continue
             head = p.inputs[0]
+            t = head.producer
+            if t is not None and t.op == "Transpose" and \
+                    t.attrs["perm"][-1] % head.type.rank == head.type.rank - 1:
+                view, head = head, t.inputs[0]
         elif p is not None and p.op == "Transpose" and \
                 p.attrs["perm"][-1] == root.type.rank - 1:
             head = p.inputs[0]  # rotated with the heads' axis moved ([B, N, S, D]), features last
         else:
             head = root
-        proj = _projection(head)
+        proj, columns = _projection(head), None
+        if proj is None:  # each head's features cut from a fused product (CodeGen's QKV)
+            columns = _source_columns(graph, head)
+            proj = None if columns is None else (columns.product, columns.bias)
         if proj is not None and _returned(graph, head, proj[0].outputs[0]) or \
                 graph.is_output(root):
             continue  # (a graph output shows the projection's features in their places)
         if proj is None or any(any(id(r.root) == id(root) for r in rs)
                                for rs in found.values()):
             continue
-        # the head's other uses: only its features past the rotated ones
-        others = [] if head is root else [  # (every use of the root: the region's)
-            u for u, _ in head.uses if u is not p and any(
-                x.uses or graph.is_output(x) for x in u.outputs)]
+        # the head's other uses: only its features past the rotated ones (those of the moved
+        # heads when the slices read them, the Transpose then being the head's one use)
+        if view is not None:
+            if _live_uses(graph, head) != [view.producer] or graph.is_output(view):
+                continue
+            others = [u for u in _live_uses(graph, view) if u is not p]
+        else:
+            others = [] if head is root else [  # (every use of the root: the region's)
+                u for u in _live_uses(graph, head) if u is not p]
         if any(_columns(u) is None or _columns(u)[0] < n for u in others):
             continue
         got = _region(graph, root)
@@ -345,7 +371,7 @@ def find(graph: Graph) -> dict[int, list[Rotary]]:
             continue
         order = {id(m): k for k, m in enumerate(graph.nodes)}
         nodes.sort(key=lambda m: order[id(m)])
-        r = Rotary(root, n, head, proj[0], proj[1], kinds, nodes, exit_)
+        r = Rotary(root, n, head, proj[0], proj[1], kinds, nodes, exit_, columns)
         found.setdefault(id(attn[0]), []).append(r)
     return found
 
@@ -372,12 +398,18 @@ def rewrite(graph: Graph, r: Rotary, tables: dict[int, Value]) -> None:
     keeps the permuted repeated tables, which every rotary of the graph shares."""
     heads, d, n = r.head.shape[-2], r.head.shape[-1], r.n
     mm = r.product
-    w = _permute_rows(const_array(mm.inputs[1]), heads, d, n,
-                      0 if mm.attrs.get("transpose_b") else 1)
+
+    def permuted(arr: np.ndarray, axis: int) -> np.ndarray:
+        if r.columns is not None:  # (every group of the product's columns: one head's)
+            return _permute_columns(arr, r.columns, n, axis)
+        return _permute_rows(arr, heads, d, n, axis)
+
+    # (read again: Q and K cut from one product permute its disjoint columns in turn)
+    w = permuted(const_array(mm.inputs[1]), 0 if mm.attrs.get("transpose_b") else 1)
     graph.replace_input(mm, 1, _const(graph, mm, w))
     if r.bias is not None:
         k = next(i for i, x in enumerate(r.bias.inputs) if const_array(x) is not None)
-        b = _permute_rows(const_array(r.bias.inputs[k]), heads, d, n, 0)
+        b = permuted(const_array(r.bias.inputs[k]), 0)
         graph.replace_input(r.bias, k, _const(graph, r.bias, b))
     perm = _perm(n)
     new: dict[int, Value] = {}

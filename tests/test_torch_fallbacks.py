@@ -77,6 +77,21 @@ def test_reductions_of_a_scalar_over_explicit_dims_compile(dims):
     assert s["launches"]["vector"] >= 1  # graphkernel's own kernel
 
 
+def test_ordered_comparisons_of_booleans_compile():
+    # LongT5's local attention compares a bool mask with 0; graphkernel's ordered comparisons
+    # take numbers: booleans compare as 0 and 1 (int8, or torch's promotion with a scalar)
+    m = torch.tensor([[True, False, True], [False, False, True]])
+    x = _g(2, 3)
+
+    def fn(m, x):
+        return (m > 0, (m >= m.flip(-1)) | (m < 1), m.flip(0) <= m, m > 0.5, m < True,
+                torch.where(m > 0, x, -x))
+
+    want, got, s = _compiled(fn, m, x)
+    torch.testing.assert_close(got, want)
+    assert s["graphs_through_torch"] == {} and s["fallbacks"] == {}
+
+
 # ------------------------------------------------------------------ custom ops
 @torch.library.custom_op("gk_test::scaled_shift", mutates_args=())
 def scaled_shift(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -586,3 +586,129 @@ def test_interleaved_rotary_after_the_heads_transpose_is_split_half(kv_heads):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches <= strided - 4, (launches, strided)
+
+
+class HeadsFirstPartialRotary(HeadsFirstInterleavedRotary):
+    """GLM's attention: as ``HeadsFirstInterleavedRotary`` with only the first half of each
+    head's features rotated: the rotated columns sliced from the moved heads [B, N, S, D],
+    rotated pair by pair and concatenated back with the others; ``seen``: the projection's
+    heads also returned before the transpose (a reader the permutation would show to)."""
+
+    def __init__(self, kv_heads: int = 2, seen: bool = False):
+        super().__init__(kv_heads)
+        self.seen = seen
+        self.register_buffer("inv", 1.0 / 10000 ** (torch.arange(0, 4, 2).float() / 4),
+                             persistent=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        pos = torch.arange(t).float()[None, :, None]
+        emb = torch.cat([pos * self.inv, pos * self.inv], -1)  # [1, S, 4]
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        heads = self.q(x).view(b, t, -1, 8)
+        q = heads.transpose(1, 2)
+        k = self.k(x).view(b, t, -1, 8).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, 8).transpose(1, 2)
+
+        def rotary(y):
+            r, rest = y[..., :4], y[..., 4:]
+            return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
+
+        a = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True,
+                                           enable_gqa=True)
+        out = self.o(a.transpose(1, 2).reshape(b, t, 32))
+        return (out, heads) if self.seen else out
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_partial_interleaved_rotary_sliced_after_the_heads_transpose_is_split_half(kv_heads):
+    """The rotated columns sliced from the moved heads (the Transpose their one reader, the
+    other columns passed through): the permutation folds into the projection's rows through
+    the Transpose; one rotary kernel for Q and one for K instead of strided slices and an
+    interleave launch by launch; outputs equal to eager's."""
+    torch.manual_seed(0)
+    model = HeadsFirstPartialRotary(kv_heads).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches <= strided - 8, (launches, strided)
+
+
+def test_partial_interleaved_rotary_of_heads_read_elsewhere_is_left_alone():
+    """Q's heads before the transpose also returned: their features keep their order (the
+    pass leaves the rotaries strided), and the outputs are eager's."""
+    torch.manual_seed(0)
+    model = HeadsFirstPartialRotary(2, seen=True).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    # (Q and K are permuted together or not at all: their dot products must not change)
+    assert launches == strided, (launches, strided)
+
+
+class GroupedFusedQKVRotary(InterleavedRotary):
+    """CodeGen's attention: one fused projection viewed as ``groups`` rows of [Q | V | K]
+    (``qkv.view(B, S, groups, 3 * width).split(width)``), each part reshaped into the heads
+    [B, S, N, D]; the first ``rot`` features of each head of Q and K rotated pair by pair
+    (GPT-J's tables), the rest passed through, causal attention."""
+
+    def __init__(self, groups: int = 4, bias: bool = False):
+        super().__init__(rot=4)
+        self.groups = groups
+        self.qkv = torch.nn.Linear(32, 96, bias=bias)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, self.groups, 96 // self.groups)
+        q, v, k = qkv.split(32 // self.groups, dim=-1)
+        q, k, v = (y.reshape(b, t, 4, 8) for y in (q, k, v))
+
+        def rotary(y):
+            r, rest = y[..., :self.rot], y[..., self.rot:]
+            cos, sin = self.tables(t)
+            return torch.cat([r * cos + rotate_every_two(r) * sin, rest], -1)
+
+        a = F.scaled_dot_product_attention(rotary(q).transpose(1, 2),
+                                           rotary(k).transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_interleaved_rotary_of_heads_cut_from_a_fused_projection_is_one_kernel_each(bias):
+    """Each group of the fused product's columns holds one head of Q, of V and of K: the
+    pairs' permutation goes to the columns of Q's and of K's heads in that product (V's and
+    the unrotated ones untouched): one rotary kernel for Q and one for K instead of strided
+    slices and an interleave, launch by launch; outputs equal to eager's."""
+    torch.manual_seed(0)
+    model = GroupedFusedQKVRotary(4, bias).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches <= strided - 8, (launches, strided)
+
+
+def test_interleaved_rotary_of_several_heads_per_fused_group_is_left_alone():
+    """Two heads in each group of the fused product's columns: no one offset and period
+    name a head's features there, so the rotaries stay strided (the outputs eager's)."""
+    torch.manual_seed(0)
+    model = GroupedFusedQKVRotary(2).eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    assert launches == strided, (launches, strided)

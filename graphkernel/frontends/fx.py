@@ -416,11 +416,17 @@ def _operand_dtype(c: Ctx, a: Any, b: Any, op: str) -> DType:
         if op in ("LogicalAnd", "LogicalOr"):
             return DType.bool
         if ta and tb:
-            return torch_dtype(torch.promote_types(_to_t(ta), _to_t(tb)), c.name)
-        t = ta or tb
-        other = b if ta else a
-        if t.is_int and isinstance(other, float):
-            return DType.float32
+            t = torch_dtype(torch.promote_types(_to_t(ta), _to_t(tb)), c.name)
+        else:
+            t = ta or tb
+            other = b if ta else a
+            if (t.is_int or t == DType.bool) and isinstance(other, float):
+                return DType.float32
+            if t == DType.bool and isinstance(other, int) and not isinstance(other, bool):
+                return DType.int64  # torch's promotion: a bool tensor and an int scalar
+        if t == DType.bool and op not in ("Equal", "NotEqual"):
+            # ordered comparisons take numbers: False < True as 0 < 1, exactly
+            return DType.int8
         return t
     return c.out_type.dtype
 

@@ -91,3 +91,30 @@ def test_expanded_nodes_carry_the_composite_origin():
     res = compiled("")
     ln_nodes = [n for n in res.graph.nodes if n.name.startswith("ln1/")]
     assert ln_nodes and all(n.origin == ("ln1",) for n in ln_nodes)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_a_softmax_followed_by_axes_of_one_is_fused_as_a_row_softmax(op):
+    """ConvBERT's ``softmax(k.reshape(-1, K, 1), dim=1)``: the axis of 1 after the normalized
+    one dropped, the expansion's reductions are row reductions of the last axis: one kernel
+    with the product, as over ``[-1, K]``, where the reductions over axis 1 were three."""
+    from graphkernel.torch import launch_counts
+
+    def graph(shape, axis) -> Graph:
+        g = Graph("m")
+        x = g.add_input("x", TensorType((6, 16), "float32"))
+        w = g.const(np.random.default_rng(0).standard_normal((16, 9)).astype(np.float32))
+        y = g.add_node("MatMul", [x, w]).output
+        y = g.add_node("Reshape", [y], {"shape": list(shape)}).output
+        g.set_outputs([g.add_node(op, [y], {"axis": axis}).output])
+        return g
+
+    counts = []
+    for shape, axis in (((6, 9, 1), 1), ((6, 9), -1)):
+        g = graph(shape, axis)
+        res = graphkernel.compile(g, "--opt_level=2", env={})
+        feeds = random_inputs(g, 0)
+        np.testing.assert_allclose(run_graph(res.graph, feeds)[0], run_graph(g, feeds)[0],
+                                   rtol=1e-6, atol=1e-6)
+        counts.append(launch_counts(res.graph))
+    assert counts[0] == counts[1] and sum(counts[0].values()) == 1, counts
