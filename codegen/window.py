@@ -31,7 +31,9 @@ constants; a view of a result (``[N, C, H*W]``) is the same rows.
 
 What is refused (the reason goes to the fusion log; the op then stays an op of its own):
 other than float32, not 2-D, a dilation, a left padding too wide for one chunk's Brcb,
-symbolic shapes, a plane whose copies do not fit the UB (a band of rows with its halo is not
+symbolic shapes (but for a channels-last convolution of images of one row: ``_plan_band``,
+bands of output pixels with their halo, N and L read by the host tiling at run time), a
+plane whose copies do not fit the UB (a band of rows with its halo is not
 generated), epilogue ops other than the table's, and operands of other shapes.
 """
 
