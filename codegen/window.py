@@ -220,7 +220,9 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     if len(a["kernel_size"]) != 2:
         raise Unsupported(f"{pool.op} over {len(a['kernel_size'])} axes: window kernels are "
                           "2-D", node=pool)
-    if not all(isinstance(d, int) for d in x.shape):
+    batch = x.shape[0]  # a symbolic batch: planes counted at run time (``_symbolic_batch``)
+    if not all(isinstance(d, int) for d in (*x.shape[1:], *pool.outputs[0].shape[1:])) or \
+            (not isinstance(batch, int) and batch != pool.outputs[0].shape[0]):
         raise Unsupported(f"{pool.op} of a symbolic shape {list(x.shape)}", node=pool)
     prologue, pro_nodes, fill = [], set(), None
     while x not in sub.inputs:  # monotone work on a max pool's input (a ReLU) runs on its copies
@@ -252,6 +254,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     pt, pl, pb, pr = a["pads"]
     N, C, H, W = shape
     Ho, Wo = pool.outputs[0].shape[2:]
+    if not isinstance(N, int):
+        _symbolic_batch(sub, N)
     blk = target.block_bytes // 4
     Wa = -(-Wo // blk) * blk
     Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
@@ -274,7 +278,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
                        [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
-                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
+                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"),
+                       symbolic.mul(N, C), C, H,
                        W, Ho, Wo, kh,
                        kw, sh, pt, pl, Hp, Wa, P, GL, GR, 0, [], sub.inputs.index(x), counts,
                        row_counts, sw=sw, Wf=Wf, Waf=Waf, fill=fill)
@@ -318,6 +323,19 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
                        "BlockReduceMax takes the blocks back to one element each")
     s.notes = [n for n in s.notes if n]
     return s
+
+
+def _symbolic_batch(sub, N: str) -> None:
+    """Unsupported unless every input and output of the kernel is static but for a leading
+    ``N`` (the batch under ``dynamic=True``; the planes ``N * C`` are then the work units the
+    host counts from the pool input's first dim), or one per channel, or static."""
+    for v in [*sub.inputs, *sub.outputs]:
+        if all(isinstance(d, int) for d in v.shape):
+            continue
+        if v.shape[0] != N or not all(isinstance(d, int) for d in v.shape[1:]):
+            raise Unsupported(f"{v.name} {list(v.shape)}: a window kernel over a symbolic batch "
+                              f"takes values of a leading {symbolic.pretty(N)} only",
+                              about=(v,))
 
 
 def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
@@ -524,8 +542,8 @@ def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] |
         s = plan_window(kernel, target or targets.load(DEFAULT_TARGET))
     except Unsupported:
         return None
-    if s.band:  # (sizes known at run time: the traffic model counts what the kernel moves)
-        return None
+    if s.band or not isinstance(s.planes, int):  # (sizes known at run time: the traffic
+        return None  # model counts what the kernel moves)
     item = 4  # (float32: the generator's only type)
     out = {}
     cores = min(s.planes, (target or targets.load(DEFAULT_TARGET)).aiv_cores)
@@ -887,6 +905,20 @@ def _plan(s: WindowSchedule) -> BufferPlan:
     return BufferPlan(tuple(bufs), Linear(fixed=blk), "float")
 
 
+def _gm_size(s: WindowSchedule, numel) -> Any:
+    """A GM buffer's elements: a number, or over a symbolic batch a C expression of the
+    tiling's planes (``t.M``, N * C)."""
+    if isinstance(numel, int):
+        return numel
+    coef, _ = symbolic.parse_dim(numel)
+    return f"t.M / {s.channels}ull * {coef}ull"
+
+
+def _batch_dim(s: WindowSchedule) -> int:
+    """Where the pool input's first dim (the batch) is in the host's ``shapes``."""
+    return sum(len(io.shape) for io in s.inputs[:s.pool_input])
+
+
 def render_window(s: WindowSchedule) -> Rendered:
     """The kernel's files (``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp``) and its
     manifest entry."""
@@ -903,8 +935,10 @@ def render_window(s: WindowSchedule) -> Rendered:
                          and io.index != s.pool_input],
         "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],
         "row_counts": ", ".join(f"{c!r}f" for c in (s.row_counts or [])),
-        "sizes": {io.index: io.value.type.numel for io in [*s.inputs]},
-        "osizes": {io.index: io.value.type.numel for io in s.outputs},
+        "sizes": {io.index: _gm_size(s, io.value.type.numel) for io in [*s.inputs]},
+        "osizes": {io.index: _gm_size(s, io.value.type.numel) for io in s.outputs},
+        "planes_c": f"{s.planes}ull" if isinstance(s.planes, int) else
+        f"(uint64_t)shapes[{_batch_dim(s)}] * {s.channels}ull",
         "blk": s.target.block_bytes,
         "lw": 0 if s.band else -(-s.W // 8) * 8,  # a loaded row's columns with DataCopyPad's
         # right padding
