@@ -40,10 +40,10 @@ def _mixer(hw=(9, 7), c=8):
     return g
 
 
-def _stem(hw=(12, 11), c=8):
+def _stem(hw=(12, 11), c=8, batch=2):
     """A ReLU, then a 3x3 max pool of stride 2 padded by 1 (a residual network's stem)."""
-    g = Graph("stem")
-    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    g = Graph(f"stem_{batch}")
+    x = g.add_input("x", TensorType((batch, c, *hw), "float32"))
     y = g.add_node("Maximum", [x, g.const(np.array(0, np.float32))]).output
     g.set_outputs([g.add_node("MaxPool", [y], _attrs(3, 2, 1)).output])
     return g
@@ -194,6 +194,8 @@ BAND_CASES = [Case("causal_conv1d_band_silu_split", _causal_band(), flags="", di
               # NCHW planes over a symbolic batch (a static length: Dynamo specialised it)
               Case("causal_conv1d_symbolic_batch", _causal_conv1d(batch="b"), flags="",
                    dims=[{"b": 1}, {"b": 3}, {"b": 7}]),
+              Case("stem_relu_maxpool_symbolic_batch", _stem(batch="b"), flags="",
+                   dims=[{"b": 1}, {"b": 5}]),
               # channels not a whole block; padded at the end too: L + 2 outputs
               Case("causal_conv1d_band_k3_c36_longer", _causal_band(3, 36, None, pr=2),
                    flags="", dims=LENGTHS)]
@@ -450,10 +452,11 @@ def test_a_channels_last_convolution_reads_its_image_once_and_its_weights_once_p
 
 
 @pytest.mark.parametrize("case", BAND_CASES, ids=[c.id for c in BAND_CASES])
-def test_a_depthwise_convolution_over_a_symbolic_length_is_one_window_kernel(case, library):
-    """One compile serves every length: the host tiling reads N and L from the shapes and
-    splits the images into bands (with a halo of k-1 pixels); outputs match the reference
-    at each length, the last band of an image shorter, lengths shorter than the halo too."""
+def test_a_window_over_a_symbolic_length_or_batch_is_one_window_kernel(case, library):
+    """One compile serves every size: the host tiling reads N and L from the shapes and
+    splits the images into bands (with a halo of k-1 pixels), or counts the planes of a
+    symbolic batch; outputs match the reference at each size, the last band of an image
+    shorter, lengths shorter than the halo too."""
     nodes = [n for n in case.result.graph.nodes if n.op != "Constant"
              and n.op not in RESHAPE_OPS]
     assert [n.op for n in nodes] == ["GraphKernel"]
