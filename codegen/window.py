@@ -31,7 +31,9 @@ constants; a view of a result (``[N, C, H*W]``) is the same rows.
 
 What is refused (the reason goes to the fusion log; the op then stays an op of its own):
 other than float32, not 2-D, a dilation, a left padding too wide for one chunk's Brcb,
-symbolic shapes, a plane whose copies do not fit the UB (a band of rows with its halo is not
+symbolic shapes (but for a channels-last convolution of images of one row: ``_plan_band``,
+bands of output pixels with their halo, N and L read by the host tiling at run time), a
+plane whose copies do not fit the UB (a band of rows with its halo is not
 generated), epilogue ops other than the table's, and operands of other shapes.
 """
 
@@ -42,12 +44,14 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel import symbolic
 from graphkernel.codegen.buffers import BufferPlan
 from graphkernel.codegen.kernel_ir import Buffer, Kind, Linear, comment_text
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.render import Rendered, env, io_entry
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector.schedule import kernel_symbol
+from graphkernel.errors import ShapeError
 from graphkernel.ir import DType, Node, Value
 from graphkernel.ops import RESHAPE_OPS
 
@@ -154,6 +158,9 @@ class WindowSchedule:
     parts: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # output ->
     # (split source, first column, columns): a Split's part, written from its source's rows
     splits: int = 0            # (NHWC) values split into parts: a plane buffer each
+    band: int = 0              # (NHWC, a symbolic length) output pixels of a band: a work unit
+    x_dims: tuple[int, int] = (0, 0)  # (band) where N and W of the input are in ``shapes``
+    grow: int = 0              # (band) output pixels of an image less its input pixels
 
     @property
     def row_len(self) -> int:
@@ -213,7 +220,9 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     if len(a["kernel_size"]) != 2:
         raise Unsupported(f"{pool.op} over {len(a['kernel_size'])} axes: window kernels are "
                           "2-D", node=pool)
-    if not all(isinstance(d, int) for d in x.shape):
+    batch = x.shape[0]  # a symbolic batch: planes counted at run time (``_symbolic_batch``)
+    if not all(isinstance(d, int) for d in (*x.shape[1:], *pool.outputs[0].shape[1:])) or \
+            (not isinstance(batch, int) and batch != pool.outputs[0].shape[0]):
         raise Unsupported(f"{pool.op} of a symbolic shape {list(x.shape)}", node=pool)
     prologue, pro_nodes, fill = [], set(), None
     while x not in sub.inputs:  # monotone work on a max pool's input (a ReLU) runs on its copies
@@ -245,6 +254,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     pt, pl, pb, pr = a["pads"]
     N, C, H, W = shape
     Ho, Wo = pool.outputs[0].shape[2:]
+    if not isinstance(N, int):
+        _symbolic_batch(sub, N)
     blk = target.block_bytes // 4
     Wa = -(-Wo // blk) * blk
     Wf = (Wo - 1) * sw + 1  # a row at full column resolution (every column a window starts)
@@ -267,7 +278,8 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
                        [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
-                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"), N * C, C, H,
+                       {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"),
+                       symbolic.mul(N, C), C, H,
                        W, Ho, Wo, kh,
                        kw, sh, pt, pl, Hp, Wa, P, GL, GR, 0, [], sub.inputs.index(x), counts,
                        row_counts, sw=sw, Wf=Wf, Waf=Waf, fill=fill)
@@ -313,6 +325,19 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
     return s
 
 
+def _symbolic_batch(sub, N: str) -> None:
+    """Unsupported unless every input and output of the kernel is static but for a leading
+    ``N`` (the batch under ``dynamic=True``; the planes ``N * C`` are then the work units the
+    host counts from the pool input's first dim), or one per channel, or static."""
+    for v in [*sub.inputs, *sub.outputs]:
+        if all(isinstance(d, int) for d in v.shape):
+            continue
+        if v.shape[0] != N or not all(isinstance(d, int) for d in v.shape[1:]):
+            raise Unsupported(f"{v.name} {list(v.shape)}: a window kernel over a symbolic batch "
+                              f"takes values of a leading {symbolic.pretty(N)} only",
+                              about=(v,))
+
+
 def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
     """A channels-last (NHWC) depthwise convolution's schedule, or Unsupported. A core
     takes whole images, one at a time: the image is loaded once into a zeroed padded copy,
@@ -333,7 +358,7 @@ def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
         raise Unsupported(f"Conv2D of {x.dtype.value}: window kernels are generated for "
                           "float32", node=pool)
     if not all(isinstance(d, int) for d in (*x.shape, *wv.shape, *pool.outputs[0].shape)):
-        raise Unsupported(f"Conv2D of a symbolic shape {list(x.shape)}", node=pool)
+        return _plan_band(kernel, pool, target)
     a = pool.attrs
     if list(a["dilations"]) != [1, 1]:
         raise Unsupported(f"Conv2D with dilations {a['dilations']}", node=pool)
@@ -376,11 +401,80 @@ def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
     return s
 
 
+def _plan_band(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
+    """A channels-last depthwise convolution over a symbolic length (a causal 1-D
+    convolution of ``[N, 1, L, C]`` images under ``dynamic=True``): the work units are bands
+    of ``band`` output pixels of an image, ``N * ceil(Lo / band)`` of them, which the host
+    tiling computes from the actual N and L (``band`` at most the largest that fits the UB,
+    smaller when that leaves cores idle). A band loads its input pixels with the halo of
+    ``kw - 1`` pixels into a zeroed copy (the padding and the image's ends stay zero), so
+    every tap of an output pixel is a whole row of the copy, as in the whole-image form."""
+    sub = kernel.subgraph
+    x, wv, out = pool.inputs[0], pool.inputs[1], pool.outputs[0]
+    a = pool.attrs
+    N, H, W, C = x.shape
+    Ho, Wo = out.shape[1:3]
+    kh, kw = wv.shape[2:]
+    pt, pl, pb, pr = a["pads"]
+    if not all(isinstance(d, int) for d in (H, C, Ho, *wv.shape)) or H != 1 or Ho != 1 or \
+            kh != 1 or pt or pb:
+        raise Unsupported(f"Conv2D of a symbolic shape {list(x.shape)} (over a symbolic size "
+                          "a window kernel takes images of one row: a 1-D convolution along "
+                          "the length, in bands of output pixels)", node=pool)
+    if list(a["strides"]) != [1, 1] or list(a["dilations"]) != [1, 1]:
+        raise Unsupported(f"Conv2D with strides {list(a['strides'])}, dilations "
+                          f"{list(a['dilations'])} over a symbolic length", node=pool)
+    try:
+        same = symbolic.eq(symbolic.floor_affine(W, pl + pr - kw + 1), Wo)
+    except ShapeError:
+        same = False
+    if not same:
+        raise Unsupported(f"Conv2D of {symbolic.pretty(W)} pixels to "
+                          f"{symbolic.pretty(Wo)}: not the padded length's windows", node=pool)
+    blk = target.block_bytes // 4
+    Cp = -(-C // blk) * blk
+    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    xi = sub.inputs.index(x)
+    off = sum(len(v.shape) for v in sub.inputs[:xi])
+    s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
+                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       "dw", N, C, H, W, Ho, Wo, kh, kw, 1, 0, pl, 1, Cp, 0, 0, 0, 0, [], xi,
+                       None, None, nhwc=True, Cp=Cp, x_dims=(off, off + 2),
+                       grow=pl + pr - kw + 1, band=1)  # (the band's size: below)
+    s.inputs[sub.inputs.index(wv)].kind = "weights"
+    if len(pool.inputs) == 3:
+        s.inputs[sub.inputs.index(pool.inputs[2])].kind = "channel"
+        s.bias = "bs"
+    _epilogue(s, kernel, pool)
+    # the largest band that fits (the plan is linear in it), a DataCopyPad's rows at most
+    lo, hi = 0, 4095 - (kw - 1)
+    while lo < hi:
+        s.band = (lo + hi + 1) // 2
+        if _plan(s).budget().bytes(1, Cp) <= target.ub_bytes:
+            lo = s.band
+        else:
+            hi = s.band - 1
+    if lo < 1:
+        raise Unsupported(f"Conv2D: one output pixel of {C} channels with its {kw - 1} "
+                          "halo pixels and the kernel's rows do not fit the UB", node=pool)
+    s.band = lo
+    s.Wp = lo + kw - 1
+    s.notes.append(f"a symbolic length: bands of at most {lo} output pixels of {C} channels "
+                   f"(pitch {Cp}) per work unit, each loading its input pixels with a halo of "
+                   f"{kw - 1} into a zeroed copy; the host computes the bands from the actual "
+                   "N and L")
+    if s.parts:
+        s.notes.append(f"{len(s.parts)} outputs are a Split's parts: column ranges of the "
+                       "split value's rows, written from them")
+    return s
+
+
 def _pool_steps_nhwc(s: WindowSchedule, dst: str, body: list[str]) -> None:
     """Output pixel i (a row of C channels) of a channels-last depthwise convolution into
     ``dst``: each tap's input row times the tap's weights, summed, then the bias."""
     C, Cp = s.channels, s.Cp
-    body.append(f"const uint32_t q = (i / {s.Wo}) * {s.sh * s.Wp} + (i % {s.Wo}) * {s.sw};")
+    body.append("const uint32_t q = i;" if s.band else
+                f"const uint32_t q = (i / {s.Wo}) * {s.sh * s.Wp} + (i % {s.Wo}) * {s.sw};")
     taps = [(f"x[(q + {di * s.Wp + dj}) * {Cp}]", f"wt[{(di * s.kw + dj) * Cp}]")
             for di in range(s.kh) for dj in range(s.kw)]
     body += [f"Mul({dst}, {taps[0][0]}, {taps[0][1]}, {C});", "PipeBarrier<PIPE_V>();"]
@@ -448,6 +542,8 @@ def window_reads(kernel: Node, target: Target | None = None) -> dict[int, int] |
         s = plan_window(kernel, target or targets.load(DEFAULT_TARGET))
     except Unsupported:
         return None
+    if s.band or not isinstance(s.planes, int):  # (sizes known at run time: the traffic
+        return None  # model counts what the kernel moves)
     item = 4  # (float32: the generator's only type)
     out = {}
     cores = min(s.planes, (target or targets.load(DEFAULT_TARGET)).aiv_cores)
@@ -668,11 +764,11 @@ def _on_rows(n: Node, kind: dict[int, str], out_shape: tuple) -> bool:
     1-D convolution's ``[N, C, 1, W]``): every operand a computed row of the output's element
     count, or one number, so that nothing broadcasts and the rows are the output's rows in
     the same order (a per-channel operand is placed against the output's own shape only)."""
-    count = int(np.prod(out_shape))
-    if n.outputs[0].type.numel != count:
+    count = symbolic.numel(out_shape)
+    if not symbolic.eq(n.outputs[0].type.numel, count):
         return False
-    return all((kind.get(id(v)) == "row" and v.type.numel == count) or v.type.numel == 1
-               for v in n.inputs)
+    return all((kind.get(id(v)) == "row" and symbolic.eq(v.type.numel, count))
+               or v.type.numel == 1 for v in n.inputs)
 
 
 def _monotone(n: Node) -> tuple[str, str] | None:
@@ -732,8 +828,8 @@ def _pool_steps(s: WindowSchedule, dst: str, body: list[str], cols: int) -> None
 def _plan_nhwc_buffers(s: WindowSchedule) -> BufferPlan:
     """A channels-last window kernel's UB buffers (fixed sizes: an image's pixel rows)."""
     blk = s.target.block_bytes
-    plane = s.Ho * s.Wo * s.Cp * 4
-    copy = s.Hp * s.Wp * s.Cp * 4
+    plane = (s.band or s.Ho * s.Wo) * s.Cp * 4
+    copy = (s.band + s.kw - 1 if s.band else s.Hp * s.Wp) * s.Cp * 4
     T = s.kh * s.kw
     raw = -(-s.channels * T * 4 // blk) * blk
 
@@ -809,6 +905,20 @@ def _plan(s: WindowSchedule) -> BufferPlan:
     return BufferPlan(tuple(bufs), Linear(fixed=blk), "float")
 
 
+def _gm_size(s: WindowSchedule, numel) -> Any:
+    """A GM buffer's elements: a number, or over a symbolic batch a C expression of the
+    tiling's planes (``t.M``, N * C)."""
+    if isinstance(numel, int):
+        return numel
+    coef, _ = symbolic.parse_dim(numel)
+    return f"t.M / {s.channels}ull * {coef}ull"
+
+
+def _batch_dim(s: WindowSchedule) -> int:
+    """Where the pool input's first dim (the batch) is in the host's ``shapes``."""
+    return sum(len(io.shape) for io in s.inputs[:s.pool_input])
+
+
 def render_window(s: WindowSchedule) -> Rendered:
     """The kernel's files (``<name>.cpp``, ``<name>_tiling.h``, ``<name>_tiling.cpp``) and its
     manifest entry."""
@@ -825,10 +935,13 @@ def render_window(s: WindowSchedule) -> Rendered:
                          and io.index != s.pool_input],
         "common": f"{common!r}f", "edges": [(j, f"{c!r}f") for j, c in edges],
         "row_counts": ", ".join(f"{c!r}f" for c in (s.row_counts or [])),
-        "sizes": {io.index: io.value.type.numel for io in [*s.inputs]},
-        "osizes": {io.index: io.value.type.numel for io in s.outputs},
+        "sizes": {io.index: _gm_size(s, io.value.type.numel) for io in [*s.inputs]},
+        "osizes": {io.index: _gm_size(s, io.value.type.numel) for io in s.outputs},
+        "planes_c": f"{s.planes}ull" if isinstance(s.planes, int) else
+        f"(uint64_t)shapes[{_batch_dim(s)}] * {s.channels}ull",
         "blk": s.target.block_bytes,
-        "lw": -(-s.W // 8) * 8,  # a loaded row's columns with DataCopyPad's right padding
+        "lw": 0 if s.band else -(-s.W // 8) * 8,  # a loaded row's columns with DataCopyPad's
+        # right padding
     }
     jenv = env()
     if s.nhwc:
@@ -840,9 +953,15 @@ def render_window(s: WindowSchedule) -> Rendered:
         ctx["parts"] = [(k, j, c0, n, (s.Cp - -(-n // 8) * 8) // 8)
                         for k, (j, c0, n) in sorted(s.parts.items())]
     template = "window_nhwc.cpp.j2" if s.nhwc else "window.cpp.j2"
+    tiling = "window_tiling"
+    if s.band:  # GM sizes from the tiling's N and L; a part's sizes too
+        template, tiling = "window_band.cpp.j2", "window_band_tiling"
+        ctx["static"] = {io.index: io.value.type.numel for io in s.inputs
+                         if io.kind in ("weights", "channel")}
+        ctx["budget"] = bplan.budget().bytes(1, s.Cp)
     files = {f"{s.name}.cpp": jenv.get_template(template).render(ctx),
-             f"{s.name}_tiling.h": jenv.get_template("window_tiling.h.j2").render(ctx),
-             f"{s.name}_tiling.cpp": jenv.get_template("window_tiling.cpp.j2").render(ctx)}
+             f"{s.name}_tiling.h": jenv.get_template(f"{tiling}.h.j2").render(ctx),
+             f"{s.name}_tiling.cpp": jenv.get_template(f"{tiling}.cpp.j2").render(ctx)}
     manifest = {
         "name": s.name, "node": s.node, "kind": s.kernel_kind,
         "inputs": [io_entry(io) for io in s.inputs],

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel import symbolic
+from graphkernel.errors import ShapeError
+from graphkernel.ir import Dim, DType, Graph, Node, Value
 from graphkernel.passes.constant_fold import GROWTH_LIMIT
 from graphkernel.passes.rewrite import add_like, const_array, replace_with, splat
 from graphkernel.registry import PassResult
@@ -168,6 +170,58 @@ def _slice_conv_padding(g: Graph, n: Node) -> Value | None:
             g.erase_node(extra)
         return None
     return new
+
+
+def _gather_prefix_conv_padding(g: Graph, n: Node) -> Value | None:
+    """conv(x, pad end p)[..., Range(0, n)] -> conv(x, pad end p - m*stride) when the
+    convolution's output along that spatial axis is ``n + m`` (symbolically: a causal
+    convolution over a symbolic length ``L``, padded by ``k-1`` on both sides and sliced to
+    ``L``, which the torch frontend writes as a Gather of the rows ``0 .. L-1``). The kept
+    rows are the first ``n``, exactly the outputs of the convolution with ``m*stride`` less
+    padding at the end (as ``slice_conv_padding`` for a static slice)."""
+    x, idx = n.inputs
+    r = idx.producer
+    if r is None or r.op != "Range" or r.attrs["start"] != 0 or r.attrs["delta"] != 1 or \
+            len(idx.uses) != 1 or g.is_output(idx):
+        return None
+    axis = n.attrs["axis"] % x.type.rank
+    view = _producer(x, "Squeeze")
+    conv_out = view.inputs[0] if view is not None else x
+    conv = _producer(conv_out, "Conv2D")
+    if conv is None or view is not None and view.attrs["axis"] is None \
+            or any(len(v.uses) != 1 or g.is_output(v) for v in (x, conv_out)):
+        return None
+    if view is not None:  # the Squeeze's input axis that the gather's axis is
+        gone = {a % conv_out.type.rank for a in view.attrs["axis"]}
+        axis = [i for i in range(conv_out.type.rank) if i not in gone][axis]
+    spatial = (2, 3) if conv.attrs["data_format"] == "NCHW" else (1, 2)
+    if axis not in spatial:
+        return None
+    sp = spatial.index(axis)
+    pads, stride = list(conv.attrs["pads"]), conv.attrs["strides"][sp]
+    kept, length = r.attrs["length"], conv_out.shape[axis]
+    dropped = next((m for m in range(1, pads[2 + sp] // stride + 1)
+                    if _offset_eq(kept, m, length)), 0)
+    if not dropped:
+        return None
+    pads[2 + sp] -= dropped * stride
+    mark = len(g)
+    new = add_like(g, conv, "Conv2D", list(conv.inputs), dict(conv.attrs) | {"pads": pads})
+    if view is not None:
+        new = add_like(g, view, "Squeeze", [new], dict(view.attrs))
+    if new.type != n.outputs[0].type:  # a length the shapes cannot show equal: leave it
+        for extra in reversed(g.nodes[mark:]):
+            g.erase_node(extra)
+        return None
+    return new
+
+
+def _offset_eq(d: Dim, m: int, other: Dim) -> bool:
+    """Whether ``d + m`` is ``other`` (dims, symbolic or not)."""
+    try:
+        return symbolic.eq(symbolic.floor_affine(d, m), other)
+    except ShapeError:
+        return False
 
 
 def _pad_into_conv(g: Graph, n: Node) -> Value | None:
@@ -337,6 +391,8 @@ RULES: list[Rule] = [
     Rule(23, "slice_of_slice", "StridedSlice", _slice_of_slice),  # x[a][b] -> x[a, b]
     Rule(24, "float_to_bool", "Cast", _float_to_bool),  # bool(x) -> x != 0 (x float)
     Rule(25, "slice_of_concat", "StridedSlice", _slice_of_concat),  # cat(a, b)[a's span] -> a
+    Rule(26, "gather_prefix_conv_padding", "Gather",  # conv(x, pad p)[..., Range(0, n)]
+         _gather_prefix_conv_padding),                 # -> conv(x, pad p - m*stride)
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:

@@ -316,6 +316,44 @@ def test_a_length_guarded_to_a_multiple_stays_symbolic(monkeypatch, caplog):
     assert "under Dynamo's guards" in caplog.text
 
 
+class CausalConvMixer(torch.nn.Module):
+    """As a Mamba layer's convolution: the input projection's ``[B, L, C]`` rows, a causal
+    depthwise 1-D convolution (``padding=k-1`` sliced back to ``L``), SiLU, the output
+    projection."""
+
+    def __init__(self, c: int = 16, k: int = 4):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, c)
+        self.conv = torch.nn.Conv1d(c, c, k, groups=c, padding=k - 1)
+        self.out = torch.nn.Linear(c, 8)
+
+    def forward(self, x):  # x [B, L, 8]
+        h = self.inp(x).transpose(1, 2)
+        h = torch.nn.functional.silu(self.conv(h)[..., :x.shape[1]])
+        return self.out(h.transpose(1, 2))
+
+
+def test_a_causal_depthwise_convolution_over_a_symbolic_length_is_a_window_kernel(
+        monkeypatch):
+    """``conv(x)[..., :L]`` of a symbolic L is the convolution padded on the left only (the
+    frontend's Gather of the rows 0..L-1 folded into its padding), and that convolution with
+    its SiLU is one window kernel in bands of the length: one compile serves three lengths,
+    no op of the convolution is left outside a kernel, outputs match."""
+    graphs = _compiled_graphs(monkeypatch)
+    s = _serves_three_sizes(CausalConvMixer().eval(),  # (lengths other than the 8 features:
+                            lambda n: torch.rand(2, n, 8, generator=R),  # Dynamo would
+                            (12, 24, 40), 1e-5)  # specialise an 8 as equal to them)
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert all(g["codegen_fallbacks"] == 0 for g in s["per_graph"])
+    (g,) = graphs
+    assert not {"Conv2D", "Gather", "Range"} & {n.op for n in g.nodes}
+    (win,) = [n for n in g.nodes if n.op == "GraphKernel"
+              and n.attrs["pattern"] == "window_fusion"]
+    ops = {m.op for m in win.subgraph.nodes}
+    assert "Conv2D" in ops and "Exp" in ops  # (the SiLU, expanded)
+    assert any(isinstance(d, str) for v in win.inputs for d in v.type.shape)
+
+
 class TableTail(torch.nn.Module):
     """A bias table of ``L`` positions sliced to the sequence's last ones, as MPT slices its
     alibi table: ``table[..., max(0, L - s):]``; ``stop`` ends the slice early (a slice

@@ -197,7 +197,7 @@ def case_kernels() -> dict[str, tuple]:
     from tests.fuzz.generator import random_case
 
     runs = [(c.id, c.graph, c.flags) for c in single_op_cases() + pattern_cases() + mm.CASES
-            + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES + grp.CASES]
+            + cnn.CASES + [cnn.POOL] + cnn.SE + win.CASES + win.BAND_CASES + grp.CASES]
     runs += [(name, build()[0], "") for name, build in fz.MASK_GRAPHS.items()]
     runs += [(f"conv-{name}", g, conv.FLAGS.get(name, "")) for name, (g, _) in conv.CASES.items()]
     for name, (seed, level) in fz.REAL_API_SEEDS.items():
@@ -336,6 +336,22 @@ def test_lookup_and_split_kernels_compile_against_the_real_headers():
     texts = ["".join(r.files.values()) for r in rendered]
     assert sum("GetValue(r0 + i)" in t for t in texts) == 2
     assert sum("a part of a Split" in t for t in texts) == 1
+    assert_all_compile(rendered)
+
+
+@needs_headers
+def test_banded_window_kernels_compile_against_the_real_headers():
+    """A channels-last depthwise convolution over a symbolic length (bands of output pixels
+    with their halo, the band's rows counted at run time, GM sizes from the tiling), an NCHW
+    one and a max pool over a symbolic batch (the planes counted by the host) and their host tiling
+    type-check against the real API, in every mode of the kernel."""
+    from tests.codegen import test_window_kernels as win
+
+    rendered = rendered_cases(win.BAND_CASES)
+    assert len(rendered) == len(win.BAND_CASES)
+    texts = ["".join(r.files.values()) for r in rendered]
+    assert sum("in bands of at most" in t for t in texts) == 2
+    assert sum("(uint64_t)shapes[0] * 8ull" in t for t in texts) == 2
     assert_all_compile(rendered)
 
 

@@ -40,10 +40,10 @@ def _mixer(hw=(9, 7), c=8):
     return g
 
 
-def _stem(hw=(12, 11), c=8):
+def _stem(hw=(12, 11), c=8, batch=2):
     """A ReLU, then a 3x3 max pool of stride 2 padded by 1 (a residual network's stem)."""
-    g = Graph("stem")
-    x = g.add_input("x", TensorType((2, c, *hw), "float32"))
+    g = Graph(f"stem_{batch}")
+    x = g.add_input("x", TensorType((batch, c, *hw), "float32"))
     y = g.add_node("Maximum", [x, g.const(np.array(0, np.float32))]).output
     g.set_outputs([g.add_node("MaxPool", [y], _attrs(3, 2, 1)).output])
     return g
@@ -78,12 +78,12 @@ def _depthwise(k=3, stride=1, act="relu6", hw=(10, 9), c=8):
     return g
 
 
-def _causal_conv1d(k=4, c=8, length=12):
+def _causal_conv1d(k=4, c=8, length=12, batch=2):
     """A state-space layer's causal depthwise 1-D convolution as it is imported: ``[B, C, L]``
     expanded to planes of one row, padded on the left only, the row squeezed back out, then
     SiLU on ``[B, C, L]``; its result both as it is and expanded for a later broadcast."""
-    g = Graph(f"causal{k}")
-    x = g.add_input("x", TensorType((2, c, length), "float32"))
+    g = Graph(f"causal{k}_{batch}")
+    x = g.add_input("x", TensorType((batch, c, length), "float32"))
     w = g.const(RNG.standard_normal((c, 1, 1, k)).astype("float32"))
     b = g.const(RNG.standard_normal(c).astype("float32"))
     x4 = g.add_node("ExpandDims", [x], {"axis": [2]}).output
@@ -108,6 +108,26 @@ def _causal_nhwc(k=4, c=40, length=16, sizes=(24, 8, 8)):
     y = g.add_node("Squeeze", [y], {"axis": [1]}).output
     s = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
     g.set_outputs(list(g.add_node("Split", [s], {"axis": -1, "sizes": list(sizes)}).outputs))
+    return g
+
+
+def _causal_band(k=4, c=40, sizes=(24, 8, 8), pr=0):
+    """The causal convolution of ``_causal_nhwc`` over a symbolic batch ``b`` and length
+    ``L`` (``torch.compile(dynamic=True)``): a window kernel in bands of output pixels.
+    ``pr``: padding at the end too (an output longer than the input)."""
+    g = Graph(f"causal_band{k}_{pr}")
+    x = g.add_input("x", TensorType(("b", 1, "L", c), "float32"))
+    w = g.const(RNG.standard_normal((c, 1, 1, k)).astype("float32"))
+    b = g.const(RNG.standard_normal(c).astype("float32"))
+    y = g.add_node("Conv2D", [x, w, b], {"pads": [0, k - 1, 0, pr], "group": c,
+                                         "data_format": "NHWC"}).output
+    y = g.add_node("Squeeze", [y], {"axis": [1]}).output
+    s = g.add_node("Mul", [y, g.add_node("Sigmoid", [y]).output]).output
+    if sizes is None:
+        g.set_outputs([s])
+    else:
+        g.set_outputs(list(g.add_node("Split", [s], {"axis": -1, "sizes": list(sizes)})
+                           .outputs))
     return g
 
 
@@ -167,9 +187,23 @@ CASES = [Case("depthwise_relu6", _depthwise(), flags=""),
          Case("depthwise_19x19_padded_by_9", _depthwise(19, hw=(10, 16), c=4), flags="")]
 
 
+# over a symbolic batch and length: lengths shorter than the halo, of one band per core,
+# and longer than a band that fits the UB (the last band shorter)
+LENGTHS = [{"b": 2, "L": 16}, {"b": 3, "L": 2}, {"b": 1, "L": 77}, {"b": 2, "L": 3001}]
+BAND_CASES = [Case("causal_conv1d_band_silu_split", _causal_band(), flags="", dims=LENGTHS),
+              # NCHW planes over a symbolic batch (a static length: Dynamo specialised it)
+              Case("causal_conv1d_symbolic_batch", _causal_conv1d(batch="b"), flags="",
+                   dims=[{"b": 1}, {"b": 3}, {"b": 7}]),
+              Case("stem_relu_maxpool_symbolic_batch", _stem(batch="b"), flags="",
+                   dims=[{"b": 1}, {"b": 5}]),
+              # channels not a whole block; padded at the end too: L + 2 outputs
+              Case("causal_conv1d_band_k3_c36_longer", _causal_band(3, 36, None, pr=2),
+                   flags="", dims=LENGTHS)]
+
+
 @pytest.fixture(scope="module")
 def library():
-    return compile_cases(CASES)
+    return compile_cases(CASES + BAND_CASES)
 
 
 def _window_kernels(case):
@@ -415,3 +449,62 @@ def test_a_channels_last_convolution_reads_its_image_once_and_its_weights_once_p
     image, weights, bias = 2 * 16 * 40 * 4, 40 * 4 * 4, 40 * 4
     assert sorted(st.input_reads) == sorted([image, 2 * weights, 2 * bias])
     assert st.gm_written == image
+
+
+@pytest.mark.parametrize("case", BAND_CASES, ids=[c.id for c in BAND_CASES])
+def test_a_window_over_a_symbolic_length_or_batch_is_one_window_kernel(case, library):
+    """One compile serves every size: the host tiling reads N and L from the shapes and
+    splits the images into bands (with a halo of k-1 pixels), or counts the planes of a
+    symbolic batch; outputs match the reference at each size, the last band of an image
+    shorter, lengths shorter than the halo too."""
+    nodes = [n for n in case.result.graph.nodes if n.op != "Constant"
+             and n.op not in RESHAPE_OPS]
+    assert [n.op for n in nodes] == ["GraphKernel"]
+    assert not case.result.report.extra["fallbacks"]
+    (s,) = _window_kernels(case).values()
+    if s.nhwc:
+        assert 1 < s.band < 3001  # (a long length takes several bands)
+    for dims in case.dims:
+        feeds = {"x": RNG.standard_normal(case.graph.inputs[0].type.concrete(dims))
+                 .astype(np.float32)}
+        got, be = run_sim(case.result, feeds, library=library)
+        judged = Evaluator(case.graph, feeds).judge(got)
+        assert not judged.bad, f"{case.id} at {dims}: {judged.reason}"
+        (st,) = be.stats.values()
+        # the input once (and each band's halo inside the image once more)
+        assert st.input_reads[0] >= feeds["x"].nbytes
+        if not s.nhwc:  # the planes, counted by the host from the batch
+            assert st.tiling["units"] == dims["b"] * s.channels
+
+
+def test_bands_fill_the_cores_and_reread_only_their_halo(library):
+    """One image of 77 pixels: one band per vector core; each band reads its own pixels and
+    the k-1 before it (inside the image), so the input is read once plus 3 pixels a band."""
+    case = BAND_CASES[0]
+    feeds = {"x": RNG.standard_normal((1, 1, 77, 40)).astype(np.float32)}
+    _, be = run_sim(case.result, feeds, library=library)
+    (st,) = be.stats.values()
+    from graphkernel.codegen import targets
+
+    cores = targets.load(case.result.config.target).aiv_cores
+    band = -(-77 // min(cores, 77))
+    starts = range(0, 77, band)
+    assert st.block_dim == min(cores, len(starts))
+    # band [o, o + band): its pixels and the 3 before it that lie in the image
+    pixels = sum(min(o + band, 77) - max(o - 3, 0) for o in starts)
+    assert st.input_reads[0] == pixels * 40 * 4
+    assert st.gm_written == 77 * 40 * 4
+
+
+def test_a_symbolic_two_dimensional_depthwise_convolution_is_refused_with_the_reason():
+    """Over a symbolic size a window kernel takes images of one row (bands along the
+    length); a 2-D image stays a convolution of its own, with the reason logged."""
+    g = Graph("dw_sym2d")
+    x = g.add_input("x", TensorType(("b", 5, "L", 8), "float32"))
+    w = g.const(RNG.standard_normal((8, 1, 3, 3)).astype("float32"))
+    g.set_outputs([g.add_node("Conv2D", [x, w], {"pads": [1, 1, 1, 1], "group": 8,
+                                                 "data_format": "NHWC"}).output])
+    res = graphkernel.compile(g, "", env={})
+    refused = [a for a in res.analyses.fusion_attempts if a.pattern == "window_fusion"]
+    assert refused and refused[0].verdict == "rejected"
+    assert "takes images of one row" in refused[0].reason

@@ -154,6 +154,62 @@ def test_rule_17_keeps_a_slice_the_padding_cannot_absorb(kw):
     assert "StridedSlice" in ops_of(h)
 
 
+def gathered_conv(length, kept, pads=(0, 3, 0, 3), squeeze=True, fmt="NCHW"):
+    """x[1, 4, 1, length] -> Conv2D (kernel 1x4, group 2) -> [Squeeze] -> Gather of the rows
+    Range(0, kept) along the conv's W: a causal convolution over a symbolic length sliced
+    back to it, as the torch frontend writes ``conv(x)[..., :L]``."""
+    g = Graph("t")
+    shape = (1, 4, 1, length) if fmt == "NCHW" else (1, 1, length, 4)
+    x = g.add_input("x", TensorType(shape, "float32"))
+    w = g.const(np.random.default_rng(0).standard_normal((4, 2, 1, 4)).astype(np.float32))
+    y = op(g, "Conv2D", x, w, pads=list(pads), group=2, data_format=fmt)
+    axis = 3 if fmt == "NCHW" else 2
+    if squeeze:
+        y = op(g, "Squeeze", y, axis=[1 if fmt == "NHWC" else 2])
+        axis -= 1
+    idx = op(g, "Range", start=0, length=kept, dtype="int64")
+    g.set_outputs([op(g, "Gather", y, idx, axis=axis)])
+    return g
+
+
+@pytest.mark.parametrize("length,kept,kw", [
+    ("n", "n", {}), ("n", "n", {"fmt": "NHWC", "squeeze": False}),
+    ("8*q", "8*q", {}),                       # a length guarded to a multiple of 8
+    ("n", "n__p1_d1", {}),                    # one output past the input's length kept
+    (10, 10, {}),                             # static: 13 outputs, the first 10
+])
+def test_rule_26_prefix_gather_of_a_padded_conv_is_less_end_padding(length, kept, kw):
+    g = gathered_conv(length, kept, **kw)
+    h, res = apply_pass("arith_simplify", g)
+    h.remove_dead()
+    assert "rule 26 gather_prefix_conv_padding: 1" in res.notes
+    assert not {"Gather", "Range"} & set(ops_of(h))
+    conv = next(n for n in h.nodes if n.op == "Conv2D")
+    assert conv.attrs["pads"][3] == (1 if kept == "n__p1_d1" else 0)
+    assert h.outputs[0].type == g.outputs[0].type
+    syms = {"n": 13} if "n" in str(length) else {"q": 3} if "q" in str(length) else {}
+    feeds = random_inputs(g, 0, dims=syms)
+    for a, b in zip(run_graph(g, feeds), run_graph(h, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("why", ["not from 0", "not a prefix", "read elsewhere"])
+def test_rule_26_keeps_a_gather_the_padding_cannot_absorb(why):
+    """Rows from 1 on (not the first outputs), more rows dropped than the end padding holds
+    (the last real outputs), or the convolution read by other work: the Gather stays."""
+    # "not a prefix": n + 1 outputs (end padding 1), the first n - 3 kept: 4 dropped
+    g = gathered_conv("n", "n__m3_d1", pads=(0, 3, 0, 1)) if why == "not a prefix" else \
+        gathered_conv("n", "n")
+    if why == "not from 0":
+        next(n for n in g.nodes if n.op == "Range").attrs["start"] = 1
+    if why == "read elsewhere":
+        conv = next(n for n in g.nodes if n.op == "Conv2D")
+        g.set_outputs([g.outputs[0], conv.outputs[0]])
+    h, res = apply_pass("arith_simplify", g)
+    assert not any("rule 26" in n for n in res.notes)
+    assert "Gather" in ops_of(h)
+
+
 def test_rule_17_keeps_a_conv_read_elsewhere():
     g = sliced_conv(10)
     conv = next(n for n in g.nodes if n.op == "Conv2D")
@@ -184,7 +240,8 @@ def test_rule_7_not_not():
 
 
 def test_every_rule_is_tested():
-    assert {r.number for r in RULES} == set(CASES) | {7, 17, 19, 20, 21, 22, 23, 24, 25}  # (below)
+    assert {r.number for r in RULES} == \
+        set(CASES) | {7, 17, 19, 20, 21, 22, 23, 24, 25, 26}  # (below)
 
 
 def test_rule_18_whole_slice_of_a_symbolic_axis():
