@@ -78,6 +78,9 @@ REFUSALS: tuple[Refusal, ...] = (
        r"rows|broadcast over a middle axis|reduces other than rows of)"),
     _r("GK211", "left-outside", "a consumer a matmul epilogue cannot take stays outside "
        "its kernel (the reason follows)", r"^left outside:"),
+    _r("GK212", "product-views", "a matrix product's kernel cannot take the views next to it "
+       "into its addressing (a stride or a reader it cannot express; the reason follows)",
+       r"^the product cannot address it:"),
     _r("GK210", "epilogue", "a matmul epilogue takes only elementwise work and reductions "
        "along the product's last axis", r"^consumer \S+ (holds|views|reduces|writes)"),
     # caps

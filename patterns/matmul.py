@@ -272,7 +272,7 @@ def _operand_refusal(model, areas, mm) -> str | None:
 
 
 @pattern("product_views", order=108, direction="fwd", mode="depth", level=2,
-         refuses=("GK202",))
+         refuses=("GK202", "GK212"))
 def product_views(model, a):
     """A product with no epilogue (a cube kernel) takes in the views around it that move only
     batch or row axes of an operand or of its result (a transpose of the heads and the
