@@ -161,15 +161,7 @@ def _slice_conv_padding(g: Graph, n: Node) -> Value | None:
     if pads[2 + sp] < dropped * stride:
         return None
     pads[2 + sp] -= dropped * stride
-    mark = len(g)
-    new = add_like(g, conv, "Conv2D", list(conv.inputs), dict(conv.attrs) | {"pads": pads})
-    if view is not None:
-        new = add_like(g, view, "Squeeze", [new], dict(view.attrs))
-    if new.type != n.outputs[0].type:  # a length the shapes cannot show equal: leave it
-        for extra in reversed(g.nodes[mark:]):
-            g.erase_node(extra)
-        return None
-    return new
+    return _conv_with_pads(g, n, conv, view, pads)
 
 
 def _gather_prefix_conv_padding(g: Graph, n: Node) -> Value | None:
@@ -205,11 +197,18 @@ def _gather_prefix_conv_padding(g: Graph, n: Node) -> Value | None:
     if not dropped:
         return None
     pads[2 + sp] -= dropped * stride
+    return _conv_with_pads(g, n, conv, view, pads)
+
+
+def _conv_with_pads(g: Graph, n: Node, conv: Node, view: Node | None, pads: list) -> Value | None:
+    """``conv`` again with ``pads`` (and its Squeeze ``view`` after it), standing for ``n``'s
+    output; nothing added when its type is not ``n``'s (a length the shapes cannot show
+    equal)."""
     mark = len(g)
     new = add_like(g, conv, "Conv2D", list(conv.inputs), dict(conv.attrs) | {"pads": pads})
     if view is not None:
         new = add_like(g, view, "Squeeze", [new], dict(view.attrs))
-    if new.type != n.outputs[0].type:  # a length the shapes cannot show equal: leave it
+    if new.type != n.outputs[0].type:
         for extra in reversed(g.nodes[mark:]):
             g.erase_node(extra)
         return None
