@@ -186,19 +186,26 @@ def _launches(model, args, flags: str = ""):
     return got, sum(launches.values())
 
 
+def _against_strided_rotaries(model):
+    """``model`` (seeded before it is built) on one input: graphkernel's outputs, eager's,
+    and the launches with ``rotary_pairs`` on and off."""
+    model.eval()
+    args = (torch.randn(2, 12, 32),)
+    with torch.no_grad():
+        want = model(*args)
+    got, launches = _launches(model, args)
+    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
+    return got, want, launches, strided
+
+
 @pytest.mark.parametrize("rot,bias,saved", [(4, False, 8), (8, True, 4)])
 def test_interleaved_rotary_on_q_and_k_is_one_kernel_each(rot, bias, saved):
     """Q's and K's features permuted alike (evens, then odds, in the projection weights)
     make the pairs two halves: one rotary kernel per operand, as for split-half rotary,
     where the strided pairs were five launches each (three when every feature rotates)."""
     torch.manual_seed(0)
-    model = InterleavedRotary(rot, bias).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(InterleavedRotary(rot, bias))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches == strided - saved, (launches, strided)
 
 
@@ -237,14 +244,9 @@ def test_interleaved_rotary_of_an_onnx_export_is_one_kernel_each(tmp_path, rot):
 def test_interleaved_rotary_of_a_k_that_is_returned_is_left_alone():
     """A K the graph returns (a KV cache) must keep its features in place: no rewrite."""
     torch.manual_seed(0)
-    model = InterleavedRotary(keep_k=True).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(InterleavedRotary(keep_k=True))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches == strided
 
 
@@ -578,14 +580,10 @@ def test_interleaved_rotary_after_the_heads_transpose_is_split_half(kv_heads):
     fewer launches than with the pass off (where each rotary is strided slices and an
     interleave, launch by launch), outputs equal to eager's."""
     torch.manual_seed(0)
-    model = HeadsFirstInterleavedRotary(kv_heads).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(HeadsFirstInterleavedRotary(kv_heads))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches <= strided - 4, (launches, strided)
+
 
 
 class HeadsFirstPartialRotary(HeadsFirstInterleavedRotary):
@@ -629,13 +627,8 @@ def test_partial_interleaved_rotary_sliced_after_the_heads_transpose_is_split_ha
     the Transpose; one rotary kernel for Q and one for K instead of strided slices and an
     interleave launch by launch; outputs equal to eager's."""
     torch.manual_seed(0)
-    model = HeadsFirstPartialRotary(kv_heads).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(HeadsFirstPartialRotary(kv_heads))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches <= strided - 8, (launches, strided)
 
 
@@ -643,14 +636,9 @@ def test_partial_interleaved_rotary_of_heads_read_elsewhere_is_left_alone():
     """Q's heads before the transpose also returned: their features keep their order (the
     pass leaves the rotaries strided), and the outputs are eager's."""
     torch.manual_seed(0)
-    model = HeadsFirstPartialRotary(2, seen=True).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(HeadsFirstPartialRotary(2, seen=True))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     # (Q and K are permuted together or not at all: their dot products must not change)
     assert launches == strided, (launches, strided)
 
@@ -690,13 +678,8 @@ def test_interleaved_rotary_of_heads_cut_from_a_fused_projection_is_one_kernel_e
     the unrotated ones untouched): one rotary kernel for Q and one for K instead of strided
     slices and an interleave, launch by launch; outputs equal to eager's."""
     torch.manual_seed(0)
-    model = GroupedFusedQKVRotary(4, bias).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(GroupedFusedQKVRotary(4, bias))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches <= strided - 8, (launches, strided)
 
 
@@ -704,11 +687,6 @@ def test_interleaved_rotary_of_several_heads_per_fused_group_is_left_alone():
     """Two heads in each group of the fused product's columns: no one offset and period
     name a head's features there, so the rotaries stay strided (the outputs eager's)."""
     torch.manual_seed(0)
-    model = GroupedFusedQKVRotary(2).eval()
-    args = (torch.randn(2, 12, 32),)
-    with torch.no_grad():
-        want = model(*args)
-    got, launches = _launches(model, args)
+    got, want, launches, strided = _against_strided_rotaries(GroupedFusedQKVRotary(2))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    _, strided = _launches(model, args, "--disable_pass=rotary_pairs")
     assert launches == strided, (launches, strided)
