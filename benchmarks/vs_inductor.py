@@ -8,11 +8,13 @@
 
 Table 1 is what a PyTorch user gets: each zoo model compiled with ``torch.compile`` on both
 sides (inference, no grad, the same inputs, caches off, Dynamo reset in between).
-Inductor's launches are read from its generated code: fused kernels (``cpp_fused_*``) and
-extern calls (``extern_kernels.*``, its matmuls and convolutions, and the ATen ops it calls
-as they are, ``torch.ops.aten.*``: its attention with sdpa models). graphkernel's are its
-launches by kind (``graphkernel.torch.stats()``): vector kernels, cube (a matrix product
-alone), mix (a product with fused vector work), extern and Opaque (ops run through torch).
+Inductor's launches are read from its generated code: the calls of its fused kernels
+(``cpp_fused_*``; each call counts, since Inductor compiles one kernel for layers whose code
+is identical and calls it once per layer) and extern calls (``extern_kernels.*``, its matmuls
+and convolutions, and the ATen ops it calls as they are, ``torch.ops.aten.*``: its attention
+with sdpa models). graphkernel's are its launches by kind (``graphkernel.torch.stats()``):
+vector kernels, cube (a matrix product alone), mix (a product with fused vector work), extern
+and Opaque (ops run through torch).
 Compile time is the first call on both sides (Dynamo + AOT + the backend); graphkernel's
 outputs are checked against eager. The models are built with the library's default attention
 (``--attn sdpa``: ``F.scaled_dot_product_attention``) or with eager attention (``--attn
@@ -59,11 +61,13 @@ KINDS = ("vector", "cube", "mix", "extern", "opaque")
 
 
 def _count(code) -> tuple[int, int]:
-    """(fused kernels, extern calls) in Inductor's generated modules."""
+    """(fused-kernel launches, extern calls) in Inductor's generated modules: every call of a
+    ``cpp_fused_*`` kernel in a module's ``call()`` is a launch, however many calls share one
+    compiled kernel."""
     kernels = externs = 0
     for src in code:  # one module per compiled graph
         body = src[src.find("def call("):] if "def call(" in src else src
-        kernels += len(set(re.findall(r"cpp_fused_\w+", src)))
+        kernels += len(re.findall(r"\bcpp_fused_\w+\(", body))
         externs += len(re.findall(r"extern_kernels\.\w+\(", body))
         # ATen ops it calls as they are (its fallback kernels: scaled_dot_product_attention)
         externs += len(re.findall(r"= torch\.ops\.\w+\.\w+\.\w+\(", body))
