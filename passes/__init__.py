@@ -31,6 +31,7 @@ from graphkernel.passes import (
     product_zero_blocks,
     promote_precision,
     recompute,
+    reduce_merge,
     reshape_elim,
     rotary_halves,
     rotary_pairs,
@@ -93,6 +94,7 @@ PIPELINE = (
     Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
     Step("simplify", 99.9, pool_into_product.pool_into_product, 2),  # constants folded
     Step("simplify", 99.95, scatter_slices.scatter_slices, 2),  # after moe_routing's
+    Step("simplify", 99.97, reduce_merge.reduce_merge, 2),  # constants folded
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),
     Step("split", 20, recompute.recompute, 2, feature="enable_recompute_fusion"),

@@ -6,10 +6,16 @@ Squeeze) sit between transposes of [batch, time, channels] data. Each permute is
 
 Convolutions that feed one another directly form a group, tried together on a copy of the
 graph: each becomes T_nchw(conv_nhwc(T_nhwc(x))); the new input transposes move up (through
-ExpandDims) and the output transposes move down (through Squeeze, StridedSlice and
-elementwise ops whose other operands are transposed alike or constants) until they meet
-their inverse and cancel. The group switches to NHWC when the graph then holds fewer live
-Transposes; the choice and its reason are recorded for every convolution next to a permute
+ExpandDims, and through elementwise ops only they read: T(f(a, b)) = f(T(a), T(b)), a
+constant operand transposed at once) and the output transposes move down (through Squeeze,
+StridedSlice and elementwise ops whose other operands are transposed alike or constants)
+until they meet their inverse and cancel. So in a stack of convolutions each followed by a
+norm over the channels between permutes and an activation (data2vec-audio's positional
+convolutions: conv, transpose, LayerNorm, transpose, GELU), a convolution's input permute
+climbs through the activation before it to the permute that ended the norm before, and
+every norm reduces the last axis of NHWC data instead of a middle axis of NCHW data.
+The group switches to NHWC when the graph then holds fewer live Transposes; the choice
+and its reason are recorded for every convolution next to a permute
 (``analyses.layouts``, shown by explain). Exact: a transpose only moves data, and the
 convolution sums the same products.
 """
@@ -97,14 +103,18 @@ def _sink_through(g: Graph, t: Node, user: Node) -> Value | None:
 
 
 def _hoist_through(g: Graph, t: Node) -> Value | None:
-    """``t`` moved above its producer (a Transpose it folds with, or an ExpandDims only
-    ``t`` reads); None when it cannot move."""
+    """``t`` moved above its producer (a Transpose it folds with, or an ExpandDims or an
+    elementwise op only ``t`` reads); None when it cannot move."""
     prod = t.inputs[0].producer
     if prod is None:
         return None
     if prod.op == "Transpose":
         return _transpose(g, t, prod.inputs[0], _compose(prod, _perm(t)))
-    if prod.op != "ExpandDims" or len(t.inputs[0].uses) != 1:
+    if len(t.inputs[0].uses) != 1:
+        return None  # (another reader needs the value as it is)
+    if _elementwise(prod) and not g.is_output(t.inputs[0]):
+        return _hoist_above_elementwise(g, t, prod)
+    if prod.op != "ExpandDims":
         return None
     q = _perm(t)
     added = set(normalize_axes(prod.attrs["axis"], len(q)))
@@ -112,6 +122,32 @@ def _hoist_through(g: Graph, t: Node) -> Value | None:
     inner_perm = [q[j] - sum(a < q[j] for a in added) for j in range(len(q)) if q[j] not in added]
     moved = _transpose(g, t, prod.inputs[0], inner_perm)
     return add_like(g, prod, "ExpandDims", [moved], {"axis": new_axes})
+
+
+def _hoist_above_elementwise(g: Graph, t: Node, prod: Node) -> Value | None:
+    """T(f(a, b, ...)) -> f(T(a), T(b), ...) for an elementwise ``f`` only ``t`` reads: each
+    operand of the result's rank is transposed (a constant at once, reshaped to that rank
+    first; a scalar stays as it is); None when an operand of lower rank is computed (its
+    broadcast would need a reshape first). Exact: an elementwise op reads each element at
+    the same index in every operand, so permuting all of them permutes its result."""
+    p = _perm(t)
+    if any(const_array(v) is None and len(v.type.shape) != len(p) for v in prod.inputs) or \
+            any(c is not None and c.ndim > len(p) for c in map(const_array, prod.inputs)):
+        return None
+    operands = []
+    for v in prod.inputs:
+        c = const_array(v)
+        if c is not None:
+            if c.size == 1:
+                operands.append(v)
+                continue
+            full = c.reshape((1,) * (len(p) - c.ndim) + c.shape)
+            operands.append(g.const(np.ascontiguousarray(full.transpose(p)),
+                                    name=g.fresh_name(f"{v.producer.name}_t"),
+                                    origin=v.producer.origin))
+            continue
+        operands.append(_transpose(g, t, v, p))
+    return add_like(g, prod, prod.op, operands, dict(prod.attrs))
 
 
 def _settle(g: Graph, work: deque[tuple[Node, str]]) -> None:
@@ -125,7 +161,11 @@ def _settle(g: Graph, work: deque[tuple[Node, str]]) -> None:
             new = _hoist_through(g, t)
             if new is not None:
                 replace_with(g, t, new)
-                _queue(work, new.producer, UP)
+                if prod.op != "Transpose" and prod.op != "ExpandDims":
+                    for v in new.producer.inputs:  # the transposes now on its operands
+                        _queue(work, v.producer, UP)
+                else:
+                    _queue(work, new.producer, UP)
                 if prod.op == "Transpose" and prod.outputs[0].uses:
                     work.append((prod, DOWN))  # folded with one reader; the others may follow
                 _drop_dead(g, prod)

@@ -182,3 +182,105 @@ def test_a_transpose_does_not_pass_a_layout_bound_op():
     h, res = apply_pass("channels_last", g)
     assert conv_of(h).attrs["data_format"] == "NCHW"
     assert_same_results(g, h)
+
+
+def conv_norm_stack(layers: int = 3, c: int = 8, t: int = 9) -> Graph:
+    """A stack of 1-D grouped convolutions over [batch, time, channels] data, each followed
+    by a LayerNorm over the channels written as the models write it (transposed to
+    [batch, time, channels], normalised, transposed back) and a GELU in [batch, channels,
+    time] (data2vec-audio's positional convolutions); the stack's input and output in
+    [batch, time, channels]."""
+    g = Graph("stack")
+    x = g.add_input("x", TensorType((2, t, c), "float32"))
+    h = op(g, "Transpose", x, perm=[0, 2, 1])
+    for i in range(layers):
+        w = g.const(RNG.standard_normal((c, c // 4, 1, 5)).astype(np.float32))
+        b = g.const(RNG.standard_normal(c).astype(np.float32))
+        y = g.add_node("Conv2D", [op(g, "ExpandDims", h, axis=[2]), w, b],
+                       {"pads": [0, 2, 0, 2], "group": 4}, name=f"conv{i}").output
+        y = op(g, "Transpose", op(g, "Squeeze", y, axis=[2]), perm=[0, 2, 1])
+        scale = g.const(np.ones(c, np.float32))
+        shift = g.const(np.zeros(c, np.float32))
+        y = g.add_node("LayerNorm", [y, scale, shift], {}).outputs[0]
+        h = op(g, "GeLU", op(g, "Transpose", y, perm=[0, 2, 1]))
+    g.set_outputs([op(g, "Transpose", h, perm=[0, 2, 1])])
+    return g
+
+
+def activation_stack(act_out: bool = False) -> Graph:
+    """Two 1-D convolutions over [batch, time, channels] data; the first one's result
+    transposed to [batch, time, channels] (an Exp there), transposed back and put through
+    x * tanh(x) * scale (a per-channel constant [channels, 1]) before the second: the second
+    convolution's input permute has to pass an elementwise op with two computed operands
+    and a constant to meet its inverse. ``act_out``: that activation is a graph output too."""
+    g = Graph("act")
+    x = g.add_input("x", TensorType((2, 9, 8), "float32"))
+    h = op(g, "Transpose", x, perm=[0, 2, 1])
+    outs = []
+    for i in range(2):
+        w = g.const(RNG.standard_normal((8, 2, 1, 3)).astype(np.float32))
+        y = g.add_node("Conv2D", [op(g, "ExpandDims", h, axis=[2]), w],
+                       {"pads": [0, 1, 0, 1], "group": 4}, name=f"conv{i}").output
+        y = op(g, "Exp", op(g, "Transpose", op(g, "Squeeze", y, axis=[2]), perm=[0, 2, 1]))
+        if i == 0:
+            z = op(g, "Transpose", y, perm=[0, 2, 1])
+            scale = g.const(RNG.standard_normal((8, 1)).astype(np.float32))
+            h = op(g, "Mul", op(g, "Mul", z, op(g, "Tanh", z)), scale)
+            outs += [h] if act_out else []
+    g.set_outputs([y, *outs])
+    return g
+
+
+def test_a_permute_moves_up_through_elementwise_ops_to_meet_its_inverse():
+    """Each convolution's new input permute climbs through x * tanh(x) * scale (both
+    operands transposed, the constant transposed at once) and cancels the permute that
+    ends the layer before; every convolution runs in NHWC and no permute is left."""
+    g = activation_stack()
+    h, res = apply_pass("channels_last", g)
+    h.remove_dead()
+    assert {n.attrs["data_format"] for n in h.nodes if n.op == "Conv2D"} == {"NHWC"}
+    assert transposes(g) == 4 and transposes(h) == 0
+    assert any(n.startswith("conv1: NHWC: ") for n in res.notes), res.notes
+    assert_same_results(g, h, exact=False, rtol=1e-6)
+
+
+def test_a_permute_does_not_climb_past_a_value_read_elsewhere():
+    """When the activation's result is also a graph output, hoisting the permute above it
+    would compute it twice: it stays, and the second convolution gains nothing."""
+    g = activation_stack(act_out=True)
+    h, res = apply_pass("channels_last", g)
+    h.remove_dead()
+    assert any(n.startswith("conv1: NCHW: ") for n in res.notes), res.notes
+    assert_same_results(g, h, exact=False, rtol=1e-6)
+
+
+def test_a_permute_stops_at_an_operand_of_lower_rank():
+    """An operand computed at a lower rank (broadcast from the left) would need a reshape
+    before it could be transposed: the permute stays above the op, the results the same."""
+    g = Graph("t")
+    x = g.add_input("x", TensorType((2, 9, 8), "float32"))
+    v = g.add_input("v", TensorType((9,), "float32"))
+    h = op(g, "Transpose", x, perm=[0, 2, 1])
+    w = g.const(RNG.standard_normal((8, 2, 1, 3)).astype(np.float32))
+    y = g.add_node("Conv2D", [op(g, "ExpandDims", op(g, "Mul", h, op(g, "Exp", v)), axis=[2]),
+                              w], {"pads": [0, 1, 0, 1], "group": 4}, name="conv").output
+    g.set_outputs([op(g, "Transpose", op(g, "Squeeze", y, axis=[2]), perm=[0, 2, 1])])
+    h2, res = apply_pass("channels_last", g)
+    h2.remove_dead()
+    assert any(n.op == "Mul" and n.inputs[0].producer.op == "Transpose" for n in h2.nodes)
+    assert_same_results(g, h2, exact=False, rtol=1e-6)
+
+
+def test_a_stack_of_convolutions_with_channel_norms_is_one_vector_kernel_a_layer():
+    """Through the pipeline: the LayerNorm between permutes reduces the last axis of NHWC
+    data once the convolutions run in NHWC, so each layer's norm and GELU are one vector
+    kernel (with the permutes left, the norm reduced a middle axis and took six)."""
+    g = conv_norm_stack(layers=3)
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    kinds = [e["kind"] for e in launches(res.graph)]
+    assert kinds.count("vector") == 3 and len(kinds) == 6, launches(res.graph)
+    assert not any(n.op == "Transpose" for n in all_nodes(res.graph))
+    for seed in (0, 1):
+        feeds = random_inputs(g, seed)
+        np.testing.assert_allclose(run_graph(res.graph, feeds)[0], run_graph(g, feeds)[0],
+                                   rtol=1e-4, atol=1e-5)
