@@ -8,6 +8,10 @@ The pattern, as the frontends and the Softmax expander leave it::
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
     S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out)
+    S = Maximum(S, low)           optional, anywhere among the masks: masked-out scores kept
+                                  finite (XGLM clamps at the lowest float); low <= -65504
+                                  changes only scores below it, whose weight is 0 either way
+                                  (a row whose every key is masked out aside, as for masks)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
     P = Select(no key left, 0, P) optional: torch's guard of a row whose every key is masked
                                   out (not any(S != -inf)), or ONNX's Where(IsNaN(P), 0, P):
@@ -225,6 +229,17 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
                 seen += [add, *probe]
                 rank = add.outputs[0].type.rank
                 return found[0], found[1], [*found[2], (add.inputs[other], rank)]
+    clamp = _producer(x, "Maximum")
+    if clamp is not None:  # max(scores, lowest): masked-out scores kept finite (XGLM)
+        for side, other in ((0, 1), (1, 0)):
+            f = _fill(clamp.inputs[other])
+            if f is not None and f <= LOWEST and \
+                    clamp.inputs[side].type == clamp.outputs[0].type:
+                probe: list[Node] = []
+                found = _scores(clamp.inputs[side], probe, depth)
+                if found is not None:
+                    seen += [clamp, *probe]
+                    return found
     sel = _producer(x, "Select")
     if sel is not None and depth < 2:  # masked_fill(cond, low): the scores where cond is False
         cond, low, kept = sel.inputs

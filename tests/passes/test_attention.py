@@ -31,11 +31,12 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               causal=False, name="attn", q_scale=None, softcap=None) -> Graph:
+               causal=False, name="attn", q_scale=None, softcap=None, clamp=None) -> Graph:
     """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
     q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
     ``causal`` adds a constant 0 / -inf causal mask; ``softcap`` c soft-caps the scaled
-    scores, c · tanh(s / c), before the masks (Gemma 2)."""
+    scores, c · tanh(s / c), before the masks (Gemma 2); ``clamp`` c takes max(s, c) after
+    the masks (XGLM keeps masked-out scores at the lowest float)."""
     g = Graph(name)
     split = []
     for n in "qkv":
@@ -54,6 +55,8 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
     if causal:
         low = np.triu(np.full((seq, seq), -np.inf, dtype), 1)
         s = g.add_node("Add", [g.const(low), s]).output
+    if clamp is not None:
+        s = g.add_node("Maximum", [s, g.const(clamp, dtype)]).output
     p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
     o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
     o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
@@ -157,6 +160,33 @@ def test_soft_capped_scores_are_refused_with_the_function_named():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     # without the cap the same graph is one fused attention
     assert len(_fused(_compile(_attention(causal=True)))) == 1
+
+
+@pytest.mark.parametrize("mask", [None, (1, 4, 8, 8)])
+def test_scores_clamped_at_the_lowest_float_are_fused(mask):
+    """XGLM: max(scores + mask, lowest) before the softmax. The clamp changes only scores
+    below the lowest finite value (-inf: masked out), whose softmax weight is 0 either way,
+    so the operator takes the scores without it."""
+    g = _attention(mask=mask, causal=True, clamp=float(np.finfo(np.float32).min))
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == ("atten_mask" if mask is None else "pse_and_atten_mask")
+    assert not any(n.op == "Maximum" for n in res.graph.nodes)
+    feeds = random_inputs(g, seed=5)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_scores_clamped_at_a_finite_floor_are_refused():
+    """max(scores, -10) changes kept scores (a function of them): refused, named."""
+    g = _attention(causal=True, clamp=-10.0)
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused" and "Maximum" in rec.reason, rec.reason
+    feeds = random_inputs(g)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_dropout_before_the_values_is_refused():
