@@ -38,7 +38,8 @@ Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the 
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and the condition of
 a masked_fill of the scores with such a value become the boolean ``atten_mask`` (1 = masked
 out); any other additive mask becomes ``pse``, divided by the
-scale (the operator computes ``scale * (pse + Q·Kᵀ)``). BLOOM's ALiBi bias arrives as
+scale (the operator computes ``scale * (pse + Q·Kᵀ)``); two such biases are one pse, their
+sum (``_summed_biases``: exact up to the order of float summation). BLOOM's ALiBi bias arrives as
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
 vary over the batch, else [B,N,S1,S2]. Other
@@ -774,7 +775,7 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
     """The masks as the operator takes them: (the op's mask attr, the inputs in order, the
     causal mode's window (0: none) when it replaces a boolean mask, else None)."""
     got: dict[str, Value | int] = {}
-    for mv, rank in m.masks:
+    for mv, rank in _summed_biases(graph, m, node):
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
             what = "pse" if kind == "pse" else "atten_mask"  # causal is its own atten_mask
@@ -783,6 +784,27 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
     return "_and_".join(kinds) or "none", [got[k] for k in kinds], got.get("causal")
+
+
+def _summed_biases(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:
+    """The masks, two float biases added to the scores one after the other (neither only 0
+    and minus infinity: both would be the operator's pse) taken as their sum, one pse:
+    ``(S + a) + b`` is ``S + (a + b)`` up to the order of float summation (Funnel's
+    positional and token-type scores, a T5 position bias and a padding mask)."""
+    biases = [(mv, rank) for mv, rank in m.masks
+              if mv.dtype is not DType.bool and all(x is None for x in _boolean(mv))]
+    if len(biases) != 2:
+        return m.masks
+    (a, ra), (b, rb) = biases
+    if ra != rb or a.dtype != b.dtype or a.type.rank != b.type.rank:
+        return m.masks
+    try:
+        total = graph.add_node("Add", [a, b], name=graph.fresh_name(f"{node.name}/pse_sum"),
+                               origin=node.origin).outputs[0]
+    except GraphKernelError:  # shapes that do not broadcast together
+        return m.masks
+    m.notes.append(f"biases {a.name} and {b.name} summed into one pse")
+    return [x for x in m.masks if x[0] is not a and x[0] is not b] + [(total, ra)]
 
 
 def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: int

@@ -717,3 +717,27 @@ def test_an_in_place_multiply_on_a_view_is_not_written_back_and_read_again():
     _, kept = _launches(ShiftedScaledInPlace(), args, "--disable_pass=arith_simplify")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert launches <= kept - 2, (launches, kept)
+
+
+class EinsumRelativeAttention(torch.nn.Module):
+    """Funnel's relative attention: the content scores by einsum (torch views the operands
+    with an axis of 1 and permutes five axes), plus two computed biases (positional and
+    token-type scores), softmax, the values by einsum back to [B, S, N, D]."""
+
+    def forward(self, q, k, v, pos, seg):
+        content = torch.einsum("bind,bjnd->bnij", q * 0.25, k)
+        score = content + torch.tanh(pos) + seg * 2.0
+        return torch.einsum("bnij,bjnd->bind", torch.softmax(score, dim=-1), v)
+
+
+def test_einsum_attention_with_two_biases_is_one_fused_attention():
+    """The five-axis permutes are the 4-d head splits, merge and Kᵀ between views
+    (``transpose_elim``), and the two biases one pse, their sum: one FusedAttention."""
+    b, s, n, d = 2, 8, 4, 16
+    args = (torch.randn(b, s, n, d), torch.randn(b, s, n, d), torch.randn(b, s, n, d),
+            torch.randn(b, n, s, s), torch.randn(b, n, s, s))
+    with torch.no_grad():
+        want = EinsumRelativeAttention()(*args)
+    got, launches = _compiled(EinsumRelativeAttention(), args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert launches["extern"] == 1 and launches["mix"] == 0, launches

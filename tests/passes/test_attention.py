@@ -31,12 +31,14 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               causal=False, name="attn", q_scale=None, softcap=None, clamp=None) -> Graph:
+               causal=False, name="attn", q_scale=None, softcap=None, clamp=None,
+               bias=None) -> Graph:
     """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
     q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
     ``causal`` adds a constant 0 / -inf causal mask; ``softcap`` c soft-caps the scaled
     scores, c · tanh(s / c), before the masks (Gemma 2); ``clamp`` c takes max(s, c) after
-    the masks (XGLM keeps masked-out scores at the lowest float)."""
+    the masks (XGLM keeps masked-out scores at the lowest float); ``bias`` the shape of a
+    second float input added after ``mask``."""
     g = Graph(name)
     split = []
     for n in "qkv":
@@ -52,6 +54,8 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
         s = g.add_node("Mul", [s, g.const(softcap, dtype)]).output
     if mask is not None:
         s = g.add_node("Add", [s, g.add_input("mask", TensorType(mask, dtype))]).output
+    if bias is not None:
+        s = g.add_node("Add", [g.add_input("bias", TensorType(bias, dtype)), s]).output
     if causal:
         low = np.triu(np.full((seq, seq), -np.inf, dtype), 1)
         s = g.add_node("Add", [g.const(low), s]).output
@@ -175,6 +179,22 @@ def test_scores_clamped_at_the_lowest_float_are_fused(mask):
     feeds = random_inputs(g, seed=5)
     for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [(1, 4, 8, 8), (2, 1, 8, 8)])
+def test_two_float_biases_are_summed_into_one_pse(bias):
+    """Two float biases added to the scores (Funnel's positional and token-type scores, T5's
+    position bias and a padding mask): the operator takes one pse, their sum — a [2,1,8,8]
+    mask alone is no pse shape, summed with a [2,4,8,8] bias it is."""
+    g = _attention(mask=(2, 4, 8, 8), bias=bias)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse" and tuple(fa.inputs[3].type.shape) == (2, 4, 8, 8)
+    (rec,) = res.analyses.attention
+    assert "summed into one pse" in rec.reason, rec.reason
+    feeds = random_inputs(g, seed=7)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
 def test_scores_clamped_at_a_finite_floor_are_refused():
@@ -692,8 +712,8 @@ def test_work_that_differs_by_head_is_not_done_on_all_heads():
     _same_results(g, res)
 
 
-def test_two_biases_are_refused_as_two_pse():
-    """Two computed biases both map to pse: the refusal names pse, not the atten_mask."""
+def test_two_computed_biases_are_one_pse_their_sum():
+    """Two computed biases both map to pse: one pse, their sum (the sum's Add one more op)."""
     g = _attention(mask=(2, 4, 8, 8))
     add = next(n for n in g.nodes if n.op == "Add")
     extra = g.add_input("bias2", TensorType((2, 4, 8, 8), "float32"))
@@ -702,9 +722,11 @@ def test_two_biases_are_refused_as_two_pse():
     g.replace_input(next(n for n in g.nodes if n.op == "Softmax"), 0, total)
     g.validate()
     res = _compile(g)
-    assert not _fused(res)
-    reason = res.analyses.attention[0].reason
-    assert "two masks map to the operator's pse" in reason, reason
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse"
+    feeds = random_inputs(g, seed=2)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
 def _math_path(heads=4, seq=8, keys=8, dim=16, masked_rows=True, guard=True) -> Graph:
