@@ -981,6 +981,9 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         q, _ = _heads(m.q, inside, batch=k.shape[0])
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
+    if rep_k == rep_v and k.shape[:3] == v.shape[:3] and dk == d and v.shape[3] != d:
+        raise Refused(f"V's head size {v.shape[3]} differs from Q's and K's {d} (LeViT's "
+                      "wider values): the operator takes one head size D for Q, K and V")
     if rep_k != rep_v or k.shape != v.shape or dk != d:
         raise Refused("K and V differ in heads, sequence or head size")
     if n2 == 1 and rep_k == 1 and isinstance(n1, int):  # one K/V head broadcast by the

@@ -197,6 +197,21 @@ def test_two_float_biases_are_summed_into_one_pse(bias):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
+def test_values_wider_than_the_keys_are_refused_with_both_head_sizes():
+    """LeViT: V's heads 32 wide, Q's and K's 16: the operator has one D for all three."""
+    g = Graph("wide_v")
+    q, k = (g.add_input(n, TensorType((2, 4, 8, 16), "float32")) for n in "qk")
+    v = g.add_input("v", TensorType((2, 4, 8, 32), "float32"))
+    s = g.add_node("BatchMatMul", [q, k], {"transpose_b": True}, name="qk").output
+    p = g.add_node("Softmax", [g.add_node("Mul", [s, g.const(0.25, "float32")]).output],
+                   {"axis": -1}).output
+    g.set_outputs([g.add_node("BatchMatMul", [p, v]).output])
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert re.search(r"V's head size 32 differs from Q's and K's 16", rec.reason), rec.reason
+
+
 def test_scores_clamped_at_a_finite_floor_are_refused():
     """max(scores, -10) changes kept scores (a function of them): refused, named."""
     g = _attention(causal=True, clamp=-10.0)
