@@ -383,8 +383,10 @@ def attention_layers(model, args) -> int:
     """The attention layers a model runs: its calls of scaled_dot_product_attention, of
     nn.MultiheadAttention's forward and of softmax over attention scores in one forward (no
     grad). Scores have a head or batch axis
-    besides the query's and key's ([B, H, L, S] or [B*H, L, S]); a softmax over a 2-D
-    tensor (a mixture of experts' router over [tokens, experts]) is no attention layer."""
+    besides the query's and key's ([B, H, L, S] or [B*H, L, S]) and the softmax runs over
+    the keys, their last axis; a softmax over a 2-D tensor (a mixture of experts' router
+    over [tokens, experts]) or over another axis (ConvBERT's span-based convolution
+    weights, [B·S·H, k, 1] over k) is no attention layer."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -399,7 +401,9 @@ def attention_layers(model, args) -> int:
                 Count.calls += 1  # (nn.MultiheadAttention: its softmax runs unseen inside)
             elif func in softmax:
                 x = a[0] if a else (kw or {}).get("input")
-                Count.calls += isinstance(x, torch.Tensor) and x.dim() >= 3
+                dim = a[1] if len(a) > 1 else (kw or {}).get("dim")
+                Count.calls += isinstance(x, torch.Tensor) and x.dim() >= 3 and \
+                    isinstance(dim, int) and dim % x.dim() == x.dim() - 1
             return func(*a, **(kw or {}))
 
     if isinstance(model, Generate):  # the layers of one forward of the loop's model

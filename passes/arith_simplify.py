@@ -312,13 +312,68 @@ def _slice_of_slice(g: Graph, n: Node) -> Value | None:
                      "strides": [merged[a][2] for a in order], "axes": order})
 
 
+MOVES = ("Reshape", "ExpandDims", "Squeeze", "Identity", "Transpose")
+
+
+def _view_of(x: Value, op: str, depth: int = 16) -> Node | None:
+    """The ``op`` node whose result ``x`` is element for element, through a chain of views
+    and transposes that moves nothing: the chain, reduced (consecutive reshapes merged,
+    consecutive transposes composed, a transpose moving only axes of size 1 taken as a
+    reshape, a reshape to its input's shape dropped), is empty. None when there is no such
+    node or the chain moves data."""
+    chain: list[Node] = []
+    v = x
+    while (p := v.producer) is not None and p.op in MOVES and len(chain) < depth:
+        chain.append(p)
+        v = p.inputs[0]
+    src = v.producer
+    if src is None or src.op != op or not chain:
+        return src if src is not None and src.op == op else None
+    if not all(isinstance(d, int) for u in (v, *(c.outputs[0] for c in chain)) for d in u.shape):
+        return None
+    # forward, as (perm or None for a reshape, output shape)
+    steps: list[tuple[list[int] | None, tuple]] = [
+        (list(c.attrs["perm"]) if c.op == "Transpose" else None, tuple(c.outputs[0].shape))
+        for c in reversed(chain)]
+    start = tuple(v.shape)
+    changed = True
+    while changed:
+        changed = False
+        shape = start
+        for i, (perm, out) in enumerate(steps):
+            nxt = steps[i + 1] if i + 1 < len(steps) else None
+            if perm is not None and [p for p in perm if shape[p] != 1] == sorted(
+                    p for p in perm if shape[p] != 1):
+                steps[i] = (None, out)  # moves only axes of 1: a reshape
+            elif perm is None and out == shape:
+                del steps[i]
+            elif perm is None and nxt is not None and nxt[0] is None:
+                del steps[i]  # reshape then reshape: the second
+            elif perm is not None and nxt is not None and nxt[0] is not None:
+                composed = [perm[q] for q in nxt[0]]
+                del steps[i]
+                steps[i] = (composed, nxt[1])
+            else:
+                shape = out
+                continue
+            changed = True
+            break
+    return src if not steps else None
+
+
 def _slice_of_concat(g: Graph, n: Node) -> Value | None:
     """cat([a, b, …], axis)[.., i:j] -> the piece spanning exactly i:j of that axis (step 1,
     static sizes): a view of a piece is the piece. Transformers' latent attention builds its
     key as two slice copies into one buffer (``k[..., :d].copy_(k_nope)``, then
     ``k[..., d:].copy_(k_rot)``): the second reads the first's result back through a slice
-    of exactly the piece the first wrote, two Concat kernels where one writes the key."""
-    cat = _producer(n.inputs[0], "Concat")
+    of exactly the piece the first wrote, two Concat kernels where one writes the key.
+
+    The Concat may be seen through views and transposes that together move nothing (each
+    element where it was, the same shape): an in-place write into a view of a tensor
+    (Funnel's ``positional_attn *= cls_mask`` on a slice of a reshaped product) comes out of
+    functionalization as slice_scatters back into the whole tensor, which the next read
+    takes through the same views again (``_view_of``)."""
+    cat = _view_of(n.inputs[0], "Concat")
     if cat is None or len(n.attrs["begin"]) != 1:
         return None
     x = n.inputs[0]

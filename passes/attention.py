@@ -8,6 +8,10 @@ The pattern, as the frontends and the Softmax expander leave it::
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
     S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out)
+    S = Maximum(S, low)           optional, anywhere among the masks: masked-out scores kept
+                                  finite (XGLM clamps at the lowest float); low <= -65504
+                                  changes only scores below it, whose weight is 0 either way
+                                  (a row whose every key is masked out aside, as for masks)
     P = Div(E, ReduceSum(E)),  E = Exp(S - ReduceMax(S))   (casts around it in fp16/bf16)
     P = Select(no key left, 0, P) optional: torch's guard of a row whose every key is masked
                                   out (not any(S != -inf)), or ONNX's Where(IsNaN(P), 0, P):
@@ -34,7 +38,8 @@ Masks: a mask whose values are only 0 and "minus infinity" (at most -65504, the 
 exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and the condition of
 a masked_fill of the scores with such a value become the boolean ``atten_mask`` (1 = masked
 out); any other additive mask becomes ``pse``, divided by the
-scale (the operator computes ``scale * (pse + Q·Kᵀ)``). BLOOM's ALiBi bias arrives as
+scale (the operator computes ``scale * (pse + Q·Kᵀ)``); two such biases are one pse, their
+sum (``_summed_biases``: exact up to the order of float summation). BLOOM's ALiBi bias arrives as
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
 vary over the batch, else [B,N,S1,S2]. Other
@@ -225,6 +230,17 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
                 seen += [add, *probe]
                 rank = add.outputs[0].type.rank
                 return found[0], found[1], [*found[2], (add.inputs[other], rank)]
+    clamp = _producer(x, "Maximum")
+    if clamp is not None:  # max(scores, lowest): masked-out scores kept finite (XGLM)
+        for side, other in ((0, 1), (1, 0)):
+            f = _fill(clamp.inputs[other])
+            if f is not None and f <= LOWEST and \
+                    clamp.inputs[side].type == clamp.outputs[0].type:
+                probe: list[Node] = []
+                found = _scores(clamp.inputs[side], probe, depth)
+                if found is not None:
+                    seen += [clamp, *probe]
+                    return found
     sel = _producer(x, "Select")
     if sel is not None and depth < 2:  # masked_fill(cond, low): the scores where cond is False
         cond, low, kept = sel.inputs
@@ -759,7 +775,7 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
     """The masks as the operator takes them: (the op's mask attr, the inputs in order, the
     causal mode's window (0: none) when it replaces a boolean mask, else None)."""
     got: dict[str, Value | int] = {}
-    for mv, rank in m.masks:
+    for mv, rank in _summed_biases(graph, m, node):
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
             what = "pse" if kind == "pse" else "atten_mask"  # causal is its own atten_mask
@@ -768,6 +784,27 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
     return "_and_".join(kinds) or "none", [got[k] for k in kinds], got.get("causal")
+
+
+def _summed_biases(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:
+    """The masks, two float biases added to the scores one after the other (neither only 0
+    and minus infinity: both would be the operator's pse) taken as their sum, one pse:
+    ``(S + a) + b`` is ``S + (a + b)`` up to the order of float summation (Funnel's
+    positional and token-type scores, a T5 position bias and a padding mask)."""
+    biases = [(mv, rank) for mv, rank in m.masks
+              if mv.dtype is not DType.bool and all(x is None for x in _boolean(mv))]
+    if len(biases) != 2:
+        return m.masks
+    (a, ra), (b, rb) = biases
+    if ra != rb or a.dtype != b.dtype or a.type.rank != b.type.rank:
+        return m.masks
+    try:
+        total = graph.add_node("Add", [a, b], name=graph.fresh_name(f"{node.name}/pse_sum"),
+                               origin=node.origin).outputs[0]
+    except GraphKernelError:  # shapes that do not broadcast together
+        return m.masks
+    m.notes.append(f"biases {a.name} and {b.name} summed into one pse")
+    return [x for x in m.masks if x[0] is not a and x[0] is not b] + [(total, ra)]
 
 
 def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: int
@@ -944,6 +981,9 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         q, _ = _heads(m.q, inside, batch=k.shape[0])
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
+    if rep_k == rep_v and k.shape[:3] == v.shape[:3] and dk == d and v.shape[3] != d:
+        raise Refused(f"V's head size {v.shape[3]} differs from Q's and K's {d} (LeViT's "
+                      "wider values): the operator takes one head size D for Q, K and V")
     if rep_k != rep_v or k.shape != v.shape or dk != d:
         raise Refused("K and V differ in heads, sequence or head size")
     if n2 == 1 and rep_k == 1 and isinstance(n1, int):  # one K/V head broadcast by the

@@ -119,6 +119,26 @@ def test_a_moe_decoder_has_one_fused_attention_per_attention_layer():
     assert s["launches"]["opaque"] == 0, s
 
 
+class SpanWeightsAndScores(torch.nn.Module):
+    """ConvBERT's two softmaxes: the span-convolution weights over the kernel axis of
+    [B·S·H, k, 1], then attention scores over their last axis (the keys)."""
+
+    def forward(self, w, s):
+        return torch.softmax(w, dim=1).sum() + torch.softmax(s, dim=-1).sum() + \
+            s.softmax(3).sum()
+
+
+def test_attention_layers_count_softmaxes_over_the_scores_last_axis_only():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from export_models import attention_layers
+
+    args = (torch.randn(32, 9, 1), torch.randn(2, 4, 8, 8))
+    assert attention_layers(SpanWeightsAndScores(), args) == 2
+
+
 # ------------------------------------------------------------- the routing rewrite
 N, K, E, H, F = 12, 2, 4, 16, 24
 

@@ -690,3 +690,54 @@ def test_interleaved_rotary_of_several_heads_per_fused_group_is_left_alone():
     got, want, launches, strided = _against_strided_rotaries(GroupedFusedQKVRotary(2))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert launches == strided, (launches, strided)
+
+
+class ShiftedScaledInPlace(torch.nn.Module):
+    """Funnel's relative shift with its in-place multiply: the product seen through views, a
+    slice of rows and of columns taken (the shift), scaled in place (``*= cls_mask``), then
+    read again: functionalized, the multiply is written back into the product by two
+    slice_scatters that the next read takes through the same views."""
+
+    def forward(self, q, r, c):
+        b, n, s, d = q.shape
+        att = torch.einsum("bnid,tnd->bnit", q, r)  # [B, N, S, 2S]
+        att = att.reshape(b, n, 2 * s, s)[:, :, 1:].reshape(b, n, s, 2 * s - 1)[..., :s]
+        att *= c
+        return torch.softmax(att + 1.0, dim=-1)
+
+
+def test_an_in_place_multiply_on_a_view_is_not_written_back_and_read_again():
+    """The written-back product read again through views that move nothing is the piece
+    written (``arith_simplify`` rule 25 through views): no Concat launch, the slices and the
+    multiply one kernel with the softmax's reads; outputs as eager's."""
+    args = (torch.randn(2, 4, 8, 16), torch.randn(16, 4, 16), torch.rand(8, 8))
+    with torch.no_grad():
+        want = ShiftedScaledInPlace()(*args)
+    got, launches = _launches(ShiftedScaledInPlace(), args)
+    _, kept = _launches(ShiftedScaledInPlace(), args, "--disable_pass=arith_simplify")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert launches <= kept - 2, (launches, kept)
+
+
+class EinsumRelativeAttention(torch.nn.Module):
+    """Funnel's relative attention: the content scores by einsum (torch views the operands
+    with an axis of 1 and permutes five axes), plus two computed biases (positional and
+    token-type scores), softmax, the values by einsum back to [B, S, N, D]."""
+
+    def forward(self, q, k, v, pos, seg):
+        content = torch.einsum("bind,bjnd->bnij", q * 0.25, k)
+        score = content + torch.tanh(pos) + seg * 2.0
+        return torch.einsum("bnij,bjnd->bind", torch.softmax(score, dim=-1), v)
+
+
+def test_einsum_attention_with_two_biases_is_one_fused_attention():
+    """The five-axis permutes are the 4-d head splits, merge and Kᵀ between views
+    (``transpose_elim``), and the two biases one pse, their sum: one FusedAttention."""
+    b, s, n, d = 2, 8, 4, 16
+    args = (torch.randn(b, s, n, d), torch.randn(b, s, n, d), torch.randn(b, s, n, d),
+            torch.randn(b, n, s, s), torch.randn(b, n, s, s))
+    with torch.no_grad():
+        want = EinsumRelativeAttention()(*args)
+    got, launches = _compiled(EinsumRelativeAttention(), args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert launches["extern"] == 1 and launches["mix"] == 0, launches

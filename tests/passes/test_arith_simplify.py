@@ -427,3 +427,62 @@ def test_rule_25_slice_of_exactly_one_piece_of_a_concat_is_that_piece():
     assert any(n.inputs[0] is h.inputs[0] and n.inputs[1] is h.inputs[1] for n in cats)
     assert ops_of(h).count("StridedSlice") == 3
     assert_same_results(g, h)
+
+
+def _written_back(g: Graph, moves: str):
+    """Funnel's ``v = y.view(..)[:, :, 1:].view(..)[..., :16]; v *= c`` functionalized: the
+    product [4, 32, 32] seen as [2, 4, 32, 16] (through a transpose of an axis of 1), the
+    product written back by two slice_scatters (Concats), then read again through the same
+    views (``moves``: "identity" the views and transposes back; "swap" a transpose that
+    moves data)."""
+    y = g.add_input("y", TensorType((4, 32, 32), "float32"))
+    c = g.add_input("c", TensorType((2, 4, 16, 16), "float32"))
+
+    def view(v):
+        v = op(g, "Reshape", v, shape=[4, 2, 16, 1, 32])
+        v = op(g, "Transpose", v, perm=[1, 0, 2, 4, 3])
+        return op(g, "Reshape", op(g, "Reshape", v, shape=[2, 4, 16, 32]), shape=[2, 4, 32, 16])
+
+    def region(v):
+        rows = op(g, "StridedSlice", v, begin=[1], end=[32], strides=[1], axes=[2])
+        return rows, op(g, "StridedSlice", op(g, "Reshape", rows, shape=[2, 4, 16, 31]),
+                        begin=[0], end=[16], strides=[1], axes=[3])
+
+    base = view(y)
+    rows, inner = region(base)
+    scaled = op(g, "Mul", inner, c)
+    flat = op(g, "Reshape", rows, shape=[2, 4, 16, 31])
+    back = op(g, "Concat", scaled, op(g, "StridedSlice", flat, begin=[16], end=[31],
+                                      strides=[1], axes=[3]), axis=3)
+    whole = op(g, "Concat", op(g, "StridedSlice", base, begin=[0], end=[1], strides=[1],
+                               axes=[2]), op(g, "Reshape", back, shape=[2, 4, 31, 16]), axis=2)
+    v = op(g, "Reshape", whole, shape=[2, 4, 16, 32, 1])
+    v = op(g, "Transpose", v, perm=[1, 0, 2, 4, 3])
+    v = op(g, "Reshape", v, shape=[4, 32, 32])
+    if moves == "swap":
+        v = op(g, "Transpose", v, perm=[0, 2, 1])
+    _, again = region(view(v))
+    g.set_outputs([op(g, "Add", again, c)])
+    return scaled
+
+
+def test_rule_25_reads_a_written_back_view_through_views_that_move_nothing():
+    """The slices reading the written-back product through views and transposes that put
+    every element back where it was are the piece written: both Concats die."""
+    g = Graph()
+    _written_back(g, "identity")
+    h, res = apply_pass("arith_simplify", g)
+    assert "rule 25 slice_of_concat: 2" in res.notes
+    h.remove_dead()
+    assert "Concat" not in ops_of(h)
+    assert_same_results(g, h)
+
+
+def test_rule_25_keeps_a_concat_seen_through_a_transpose_that_moves_data():
+    g = Graph()
+    _written_back(g, "swap")
+    h, res = apply_pass("arith_simplify", g)
+    assert not any("slice_of_concat" in n for n in res.notes)
+    h.remove_dead()
+    assert ops_of(h).count("Concat") == 2
+    assert_same_results(g, h)

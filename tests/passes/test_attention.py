@@ -31,11 +31,14 @@ def _fused(res) -> list:
 
 
 def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask=None,
-               causal=False, name="attn", q_scale=None, softcap=None) -> Graph:
+               causal=False, name="attn", q_scale=None, softcap=None, clamp=None,
+               bias=None) -> Graph:
     """o = merge(softmax(split(q)·split(k)ᵀ / sqrt(dim) [+ mask] [+ causal]) · split(v)),
     q/k/v as [2, seq, heads·dim]; ``mask`` the shape of a float mask input, if any;
     ``causal`` adds a constant 0 / -inf causal mask; ``softcap`` c soft-caps the scaled
-    scores, c · tanh(s / c), before the masks (Gemma 2)."""
+    scores, c · tanh(s / c), before the masks (Gemma 2); ``clamp`` c takes max(s, c) after
+    the masks (XGLM keeps masked-out scores at the lowest float); ``bias`` the shape of a
+    second float input added after ``mask``."""
     g = Graph(name)
     split = []
     for n in "qkv":
@@ -51,9 +54,13 @@ def _attention(heads=4, seq=8, dim=16, dtype="float32", *, probs_out=False, mask
         s = g.add_node("Mul", [s, g.const(softcap, dtype)]).output
     if mask is not None:
         s = g.add_node("Add", [s, g.add_input("mask", TensorType(mask, dtype))]).output
+    if bias is not None:
+        s = g.add_node("Add", [g.add_input("bias", TensorType(bias, dtype)), s]).output
     if causal:
         low = np.triu(np.full((seq, seq), -np.inf, dtype), 1)
         s = g.add_node("Add", [g.const(low), s]).output
+    if clamp is not None:
+        s = g.add_node("Maximum", [s, g.const(clamp, dtype)]).output
     p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
     o = g.add_node("BatchMatMul", [p, split[2]], name="pv").output
     o = g.add_node("Transpose", [o], {"perm": [0, 2, 1, 3]}).output
@@ -157,6 +164,64 @@ def test_soft_capped_scores_are_refused_with_the_function_named():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     # without the cap the same graph is one fused attention
     assert len(_fused(_compile(_attention(causal=True)))) == 1
+
+
+@pytest.mark.parametrize("mask", [None, (1, 4, 8, 8)])
+def test_scores_clamped_at_the_lowest_float_are_fused(mask):
+    """XGLM: max(scores + mask, lowest) before the softmax. The clamp changes only scores
+    below the lowest finite value (-inf: masked out), whose softmax weight is 0 either way,
+    so the operator takes the scores without it."""
+    g = _attention(mask=mask, causal=True, clamp=float(np.finfo(np.float32).min))
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == ("atten_mask" if mask is None else "pse_and_atten_mask")
+    assert not any(n.op == "Maximum" for n in res.graph.nodes)
+    feeds = random_inputs(g, seed=5)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [(1, 4, 8, 8), (2, 1, 8, 8)])
+def test_two_float_biases_are_summed_into_one_pse(bias):
+    """Two float biases added to the scores (Funnel's positional and token-type scores, T5's
+    position bias and a padding mask): the operator takes one pse, their sum — a [2,1,8,8]
+    mask alone is no pse shape, summed with a [2,4,8,8] bias it is."""
+    g = _attention(mask=(2, 4, 8, 8), bias=bias)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse" and tuple(fa.inputs[3].type.shape) == (2, 4, 8, 8)
+    (rec,) = res.analyses.attention
+    assert "summed into one pse" in rec.reason, rec.reason
+    feeds = random_inputs(g, seed=7)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_values_wider_than_the_keys_are_refused_with_both_head_sizes():
+    """LeViT: V's heads 32 wide, Q's and K's 16: the operator has one D for all three."""
+    g = Graph("wide_v")
+    q, k = (g.add_input(n, TensorType((2, 4, 8, 16), "float32")) for n in "qk")
+    v = g.add_input("v", TensorType((2, 4, 8, 32), "float32"))
+    s = g.add_node("BatchMatMul", [q, k], {"transpose_b": True}, name="qk").output
+    p = g.add_node("Softmax", [g.add_node("Mul", [s, g.const(0.25, "float32")]).output],
+                   {"axis": -1}).output
+    g.set_outputs([g.add_node("BatchMatMul", [p, v]).output])
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert re.search(r"V's head size 32 differs from Q's and K's 16", rec.reason), rec.reason
+
+
+def test_scores_clamped_at_a_finite_floor_are_refused():
+    """max(scores, -10) changes kept scores (a function of them): refused, named."""
+    g = _attention(causal=True, clamp=-10.0)
+    res = _compile(g)
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused" and "Maximum" in rec.reason, rec.reason
+    feeds = random_inputs(g)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_dropout_before_the_values_is_refused():
@@ -662,8 +727,8 @@ def test_work_that_differs_by_head_is_not_done_on_all_heads():
     _same_results(g, res)
 
 
-def test_two_biases_are_refused_as_two_pse():
-    """Two computed biases both map to pse: the refusal names pse, not the atten_mask."""
+def test_two_computed_biases_are_one_pse_their_sum():
+    """Two computed biases both map to pse: one pse, their sum (the sum's Add one more op)."""
     g = _attention(mask=(2, 4, 8, 8))
     add = next(n for n in g.nodes if n.op == "Add")
     extra = g.add_input("bias2", TensorType((2, 4, 8, 8), "float32"))
@@ -672,9 +737,11 @@ def test_two_biases_are_refused_as_two_pse():
     g.replace_input(next(n for n in g.nodes if n.op == "Softmax"), 0, total)
     g.validate()
     res = _compile(g)
-    assert not _fused(res)
-    reason = res.analyses.attention[0].reason
-    assert "two masks map to the operator's pse" in reason, reason
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse"
+    feeds = random_inputs(g, seed=2)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
 def _math_path(heads=4, seq=8, keys=8, dim=16, masked_rows=True, guard=True) -> Graph:
