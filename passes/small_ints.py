@@ -397,6 +397,21 @@ def _compared_with_constants(graph: Graph, ctx, known: dict[int, Range | None]
     return notes
 
 
+def _mask_of_positions(graph: Graph, region: list[Node]) -> bool:
+    """Whether ``region`` reads a Range over a symbolic length and only booleans leave it: a
+    mask built from positions (LLaMA's causal mask, Mistral's sliding window under
+    ``dynamic=True``), which the attention pass takes as the operator's causal mode or band
+    from its int64 positions; it stays as it is."""
+    inside = {id(n) for n in region}
+    reads_range = any(x.producer is not None and x.producer.op == "Range"
+                      and not symbolic.is_static(x.producer.attrs["length"])
+                      for n in region for x in n.inputs)
+    leaving = [n.outputs[0] for n in region
+               if graph.is_output(n.outputs[0])
+               or any(id(u) not in inside for u in n.outputs[0].users)]
+    return reads_range and all(v.dtype == DType.bool for v in leaving)
+
+
 def small_ints(graph, ctx) -> PassResult:
     """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
     int64 op) → the same ops on float32, cast back where its values are used; a comparison
@@ -423,6 +438,8 @@ def small_ints(graph, ctx) -> PassResult:
     for region in _regions(graph, members):
         if not any(n.outputs[0].dtype == DType.int64 and n.op in wide for n in region):
             continue  # nothing the vector unit could not take already
+        if _mask_of_positions(graph, region):
+            continue  # (causal_mask reads it as the attention operator's causal mode or band)
         if not ctx.should_apply(f"float32 {region[0].name}..{region[-1].name}", region):
             continue
         _rewrite(graph, region)
