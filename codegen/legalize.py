@@ -195,7 +195,7 @@ def rebind_slices(graph: Graph, kernel: Node, name_for: Namer) -> Node | None:
     (``silu(gate) * up`` of one product). None when it has no such input: kernels the
     generator accepts keep their column views."""
     if kernel.op != "GraphKernel" or is_group_kernel(kernel) or \
-            not sliced_inputs(kernel.subgraph):
+            not sliced_inputs(kernel.subgraph, views=True):
         return None
     nodes = [n for n in unfuse(graph, kernel) if n.op != "Constant"]
     return build_kernel(graph, nodes, name_for(nodes), kernel.attrs["pattern"],

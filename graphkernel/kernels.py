@@ -127,7 +127,7 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
             sub.clone_node(n, vmap)
         sub.set_outputs([vmap[id(v)] for v in outs])
         if slice_inputs:
-            separate_slice_reads(sub, inputs)
+            separate_slice_reads(sub, inputs, views=True)
         k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
                            name=kname, origin=origin, output_names=out_names)
         for old, new in zip(outs, k.outputs, strict=True):
@@ -138,7 +138,7 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
     graph.move_nodes(nodes, sub, vmap)
     sub.set_outputs(outs)
     if slice_inputs:
-        separate_slice_reads(sub, inputs)
+        separate_slice_reads(sub, inputs, views=True)
     k = graph.add_node("GraphKernel", inputs, {"subgraph": sub, "pattern": pattern},
                        name=kname, origin=origin, output_names=out_names)
     for old, new in zip(outs, k.outputs, strict=True):
@@ -150,26 +150,31 @@ def build_kernel(graph: Graph, nodes: Sequence[Node], name: str, pattern: str,
 SLICE_OPS = ("Slice", "StridedSlice")
 
 
-def sliced_inputs(sub: Graph) -> list[Value]:
+def sliced_inputs(sub: Graph, views: bool = False) -> list[Value]:
     """The inputs of a kernel body read only through two or more slices (and nothing else):
-    a product's gate and up halves, a fused key/value product's parts."""
+    a product's gate and up halves, a fused key/value product's parts; with ``views`` also
+    those read only through two or more ExpandDims of different shapes (``x[None, :] -
+    x[:, None]``: the one input would be both a row and a column of the loop space)."""
     out = []
     for p in sub.inputs:
         users = [u for u, _ in p.uses]
-        if len(users) >= 2 and all(u.op in SLICE_OPS and u.inputs[0] is p for u in users) \
-                and not any(p is o for o in sub.outputs):
+        if len(users) < 2 or any(p is o for o in sub.outputs):
+            continue
+        if all(u.op in SLICE_OPS and u.inputs[0] is p for u in users) or views and all(
+                u.op == "ExpandDims" for u in users) and len(
+                {tuple(u.outputs[0].shape) for u in users}) > 1:
             out.append(p)
     return out
 
 
-def separate_slice_reads(sub: Graph, inputs: list[Value]) -> int:
+def separate_slice_reads(sub: Graph, inputs: list[Value], views: bool = False) -> int:
     """Bind each slice of an input read only through slices (``sliced_inputs``) to an input
     of its own, bound to the same outer value (``inputs``, the kernel's operands, grows to
     match): the code generator loads each part as a strided view of the operand's buffer,
     where one input read through several column views would have its parts computed on at
     different column offsets of one tile. Returns how many inputs were added."""
     added = 0
-    for p in sliced_inputs(sub):
+    for p in sliced_inputs(sub, views):
         outer = inputs[next(i for i, v in enumerate(sub.inputs) if v is p)]
         for u in [u for u, _ in p.uses][1:]:
             q = sub.add_input(sub.fresh_name(p.name), p.type)

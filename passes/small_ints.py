@@ -20,19 +20,31 @@ without truncating, so its cast joins a region too; a ReduceSum over static axes
 elements is at most n times its operand (a mixture of experts' token counts,
 ``zeros.scatter(1, ids, 1).long().sum(0)``: summed in float32, the kernel storing them as
 int64). Runs before ``scan``, which makes the float CumSum a Scan.
+
+A ``Range`` over a symbolic length (``arange(L)`` under ``torch.compile(dynamic=True)``: T5's
+relative positions, ``arange(L)[None, :] - arange(L)[:, None]`` and its buckets) is bounded
+by what the graph's own tensors say of the symbol (``symbol_bounds``): a value the program
+computes, of ``c * L**k`` elements with ``k >= 2``, holds at most ``MAX_NUMEL`` (2**40)
+elements — a terabyte even at one byte each, beyond any device's memory — so
+``L <= (2**40 / c) ** (1/k)`` (2**20 for an ``[L, L]`` value) on every input the program can
+run on. Only values the program materialises count: not a BroadcastTo (torch's ``expand`` is
+a view of its smaller operand) nor a view of another value, and not a shape another symbol
+shares (that one might be 0). A Range read by the region alone is then made in float32.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graphkernel import symbolic
 from graphkernel.ir import DType, Graph, Node, Value
+from graphkernel.limits import MAX_NUMEL
 from graphkernel.ops import VIEW_OPS
 from graphkernel.passes.rewrite import const_array
 from graphkernel.registry import PassResult, counted
 
 EXACT = 2 ** 24  # every integer of at most this magnitude is a float32
-ARITH = frozenset({"Add", "Sub", "Mul", "Neg", "Maximum", "Minimum", "CumSum", "Cast",
+ARITH = frozenset({"Add", "Sub", "Mul", "Neg", "Abs", "Maximum", "Minimum", "CumSum", "Cast",
                    "Select"})
 COMPARE = frozenset({"Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual"})
 POSITIONS = frozenset({"ArgMax", "ArgMin"})  # an index along a static axis: 0 .. n - 1
@@ -42,11 +54,60 @@ INTS = frozenset({DType.int8, DType.int16, DType.int32, DType.int64, DType.uint8
 Range = tuple[int, int]
 
 
+def _root(n: int, k: int) -> int:
+    """The largest integer r with r**k <= n."""
+    r = int(round(n ** (1 / k)))
+    while r ** k > n:
+        r -= 1
+    while (r + 1) ** k <= n:
+        r += 1
+    return r
+
+
+def symbol_bounds(graph: Graph) -> dict[str, int]:
+    """symbol -> the largest value it can take on an input the program runs on: for each value
+    the program materialises (an input, or the output of an op that is neither a view nor a
+    BroadcastTo) whose shape holds one symbol ``s``, ``k >= 2`` times, with static factors of
+    product ``c > 0``: ``c * s**k <= MAX_NUMEL``. (A symbol that appears once is bounded only
+    by ``MAX_NUMEL / c``, too wide for float32; a second symbol might be 0.)"""
+    bounds: dict[str, int] = {}
+    values = list(graph.inputs) + [v for n in graph.nodes
+                                   if n.op not in MOVES and n.op != "Constant"
+                                   for v in n.outputs]
+    for v in values:
+        shape = v.type.shape
+        if all(isinstance(d, int) for d in shape):
+            continue
+        coef, syms = 1, []
+        for d in shape:
+            c, ss = symbolic.parse_dim(d)
+            coef *= c
+            syms.extend(ss)
+        if coef == 0 or len(set(syms)) != 1 or len(syms) < 2:
+            continue
+        b = _root(MAX_NUMEL // coef, len(syms))
+        bounds[syms[0]] = min(b, bounds.get(syms[0], b))
+    return bounds
+
+
+def _dim_bound(d, symbols: dict[str, int]) -> int | None:
+    """The largest value dim ``d`` can take (None: a symbol of it is unbounded)."""
+    coef, syms = symbolic.parse_dim(d)
+    for s in syms:
+        if s not in symbols:
+            return None
+        coef *= symbols[s]
+    return coef
+
+
 def _interval(op: str, rs: list[Range]) -> Range:
     if op == "Select":  # (rs[0] is the condition's)
         return min(rs[1][0], rs[2][0]), max(rs[1][1], rs[2][1])
     if op == "Neg":
         return -rs[0][1], -rs[0][0]
+    if op == "Abs":
+        lo, hi = rs[0]
+        return (lo, hi) if lo >= 0 else (-hi, -lo) if hi <= 0 else (0, max(-lo, hi))
     (a, b), (c, d) = rs
     if op == "Add":
         return a + c, b + d
@@ -60,19 +121,23 @@ def _interval(op: str, rs: list[Range]) -> Range:
     return min(ps), max(ps)
 
 
-def value_range(v: Value, known: dict[int, Range | None]) -> Range | None:
-    """Bounds of an integer or boolean value (see ``_bounds``), None when they may pass its
-    type's range (the integer op wraps around there)."""
-    r = _bounds(v, known)
+def value_range(v: Value, known: dict[int, Range | None],
+                symbols: dict[str, int] | None = None) -> Range | None:
+    """Bounds of an integer or boolean value (see ``_bounds``; ``symbols``: the bounds
+    ``symbol_bounds`` gives), None when they may pass its type's range (the integer op wraps
+    around there)."""
+    r = _bounds(v, known, symbols or {})
     if r is None or v.dtype == DType.bool:
         return r
     info = np.iinfo(v.dtype.np)
     return r if int(info.min) <= r[0] and r[1] <= int(info.max) else None
 
 
-def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
+def _bounds(v: Value, known: dict[int, Range | None],
+            symbols: dict[str, int]) -> Range | None:
     """Bounds of an integer or boolean value, from ranges already ``known`` of its producer's
-    inputs; None when unbounded (a graph input, a float cast to int, an op not modelled)."""
+    inputs; None when unbounded (a graph input, a float cast to int, an op not modelled, a
+    Range over a length no materialised value bounds)."""
     if v.dtype == DType.bool:
         return 0, 1
     if v.dtype not in INTS:
@@ -83,6 +148,15 @@ def _bounds(v: Value, known: dict[int, Range | None]) -> Range | None:
     n = v.producer
     if n is None or len(n.outputs) != 1:
         return None
+    if n.op == "Range":  # start + delta * i, i < length
+        length = _dim_bound(n.attrs["length"], symbols)
+        if length is None:
+            return None
+        start, delta = n.attrs.get("start", 0), n.attrs.get("delta", 1)
+        if not all(isinstance(x, int) for x in (start, delta)):
+            return None
+        ends = (start, start + delta * max(length - 1, 0))
+        return min(ends), max(ends)
     if n.op in POSITIONS:
         x = n.inputs[0]
         length = x.shape[n.attrs["axis"] % x.type.rank] if x.type.rank else 1
@@ -196,10 +270,18 @@ def _regions(graph: Graph, members: list[Node]) -> list[list[Node]]:
 
 def _narrow(graph: Graph, x: Value, inside: set[int]) -> Value:
     """An int64 ArgMax/ArgMin read by the region alone returns its index as int32 (the
-    vector kernels load int32, not int64, and widen it to float32); else ``x`` itself."""
+    vector kernels load int32, not int64, and widen it to float32), an integer Range read by
+    the region alone is made in float32 (its values are within ±2**24: exact); else ``x``
+    itself."""
     p = x.producer
-    if p is None or p.op not in POSITIONS or x.dtype != DType.int64 or graph.is_output(x) \
+    if p is None or p.op not in POSITIONS | {"Range"} or graph.is_output(x) \
             or any(id(u) not in inside for u in x.users):
+        return x
+    if p.op == "Range":
+        return graph.add_node("Range", [], dict(p.attrs) | {"dtype": DType.float32},
+                              name=graph.fresh_name(f"{p.name}/f32"),
+                              origin=p.origin).outputs[0]
+    if x.dtype != DType.int64:
         return x
     return graph.add_node(p.op, list(p.inputs), dict(p.attrs) | {"dtype": DType.int32},
                           name=graph.fresh_name(f"{p.name}/int32"),
@@ -218,11 +300,11 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
             return graph.add_node("Constant", [], {"value": arr.astype(np.float32)},
                                   name=graph.fresh_name(f"{at.name}/f32"),
                                   origin=at.origin).outputs[0]
-        if x.dtype in INTS:  # a bounded integer from outside (an ArgMax's index)
-            new[id(x)] = graph.add_node("Cast", [_narrow(graph, x, inside)],
-                                        {"dtype": DType.float32},
-                                        name=graph.fresh_name(f"{x.name}/f32"),
-                                        origin=at.origin).outputs[0]
+        if x.dtype in INTS:  # a bounded integer from outside (an ArgMax's index, a Range)
+            narrow = _narrow(graph, x, inside)
+            new[id(x)] = narrow if narrow.dtype == DType.float32 else graph.add_node(
+                "Cast", [narrow], {"dtype": DType.float32},
+                name=graph.fresh_name(f"{x.name}/f32"), origin=at.origin).outputs[0]
             return new[id(x)]
         return x  # a boolean operand (of a Cast, or a Select's condition)
 
@@ -249,6 +331,13 @@ def _rewrite(graph: Graph, region: list[Node]) -> None:
             continue
         if new[id(old)].dtype == old.dtype:  # a comparison's booleans
             graph.replace_all_uses(old, new[id(old)])
+            continue
+        for u, _ in outside:  # a Cast to float32 of the integer: the region's value itself
+            if u.op == "Cast" and u.outputs[0].dtype == DType.float32:
+                graph.replace_all_uses(u.outputs[0], new[id(old)])
+        outside = [(u, i) for u, i in old.uses if id(u) not in inside
+                   and not (u.op == "Cast" and u.outputs[0].dtype == DType.float32)]
+        if not outside and not graph.is_output(old):
             continue
         index_only = not graph.is_output(old) and all(
             u.op in INDEX_OPS and i == 1 for u, i in outside)
@@ -308,6 +397,21 @@ def _compared_with_constants(graph: Graph, ctx, known: dict[int, Range | None]
     return notes
 
 
+def _mask_of_positions(graph: Graph, region: list[Node]) -> bool:
+    """Whether ``region`` reads a Range over a symbolic length and only booleans leave it: a
+    mask built from positions (LLaMA's causal mask, Mistral's sliding window under
+    ``dynamic=True``), which the attention pass takes as the operator's causal mode or band
+    from its int64 positions; it stays as it is."""
+    inside = {id(n) for n in region}
+    reads_range = any(x.producer is not None and x.producer.op == "Range"
+                      and not symbolic.is_static(x.producer.attrs["length"])
+                      for n in region for x in n.inputs)
+    leaving = [n.outputs[0] for n in region
+               if graph.is_output(n.outputs[0])
+               or any(id(u) not in inside for u in n.outputs[0].users)]
+    return reads_range and all(v.dtype == DType.bool for v in leaving)
+
+
 def small_ints(graph, ctx) -> PassResult:
     """Rewrite a region of integer ops whose values stay within ±2**24 (and which holds an
     int64 op) → the same ops on float32, cast back where its values are used; a comparison
@@ -319,10 +423,11 @@ def small_ints(graph, ctx) -> PassResult:
         return PassResult(False, 0, [], f"{counted(0, 'integer region')} in float32")
     known: dict[int, Range | None] = {}
     members = []
+    symbols = symbol_bounds(graph) if any(n.op == "Range" for n in graph.nodes) else {}
     for n in graph.nodes:
         for v in n.outputs:
             if v.dtype in INTS or v.dtype == DType.bool:
-                known[id(v)] = value_range(v, known)
+                known[id(v)] = value_range(v, known, symbols)
             elif v.dtype == DType.float32:
                 known[id(v)] = _float_bounds(v, known)
         if n.op != "Constant" and _member(n, known):
@@ -333,6 +438,8 @@ def small_ints(graph, ctx) -> PassResult:
     for region in _regions(graph, members):
         if not any(n.outputs[0].dtype == DType.int64 and n.op in wide for n in region):
             continue  # nothing the vector unit could not take already
+        if _mask_of_positions(graph, region):
+            continue  # (causal_mask reads it as the attention operator's causal mode or band)
         if not ctx.should_apply(f"float32 {region[0].name}..{region[-1].name}", region):
             continue
         _rewrite(graph, region)

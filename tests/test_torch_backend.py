@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 
@@ -825,3 +826,44 @@ def test_random_ops_draw_in_program_order():
     assert len(seeded) == 3
     for before, after in zip(seeded, seeded[1:]):
         assert after.inputs[-1] is before.outputs[0]  # an input the op's arguments do not name
+
+
+class RelativeBias(torch.nn.Module):
+    """T5's bidirectional relative-position buckets (16 exact and log-spaced ones per side),
+    a table of them per head added to the scores, as ``T5Attention`` computes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(32, 2)
+
+    def forward(self, x):  # x [B, L, 8]
+        n = x.shape[1]
+        rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+        bucket = (rel > 0).to(torch.long) * 16
+        rel = torch.abs(rel)
+        large = 8 + (torch.log(rel.float() / 8) / math.log(128 / 8) * 8).to(torch.long)
+        large = torch.min(large, torch.full_like(large, 15))
+        bucket = bucket + torch.where(rel < 8, rel, large)
+        bias = self.table(bucket).permute(2, 0, 1)  # [2, L, L]
+        q = x.reshape(x.shape[0], n, 2, 4).transpose(1, 2)
+        return torch.softmax(q @ q.transpose(-1, -2) + bias, dim=-1)
+
+
+def test_relative_positions_over_a_symbolic_length_are_one_float32_kernel(monkeypatch):
+    """Under dynamic=True T5's positions are ``arange(L)`` of a symbolic L, int64; the [L, L]
+    values bound L by 2**20, so the outer difference, its sign and its absolute value run in
+    float32 (small_ints), in one kernel that loads the positions twice (a row and a column
+    of the loop space): no int64 Sub or Abs is left a launch of its own; outputs match at
+    three lengths with one compile."""
+    graphs = _compiled_graphs(monkeypatch)
+    s = _serves_three_sizes(RelativeBias().eval(), lambda n: torch.rand(2, n, 8, generator=R),
+                            (12, 24, 40), 1e-5)
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}
+    assert all(g["codegen_fallbacks"] == 0 for g in s["per_graph"])
+    (g,) = graphs
+    assert not [n for n in g.nodes if n.op in ("Sub", "Abs")], [n.op for n in g.nodes]
+    (r,) = [n for n in g.nodes if n.op == "Range"]
+    assert r.outputs[0].dtype.value == "float32"
+    (k,) = [n for n in g.nodes if n.op == "GraphKernel"
+            and {"Sub", "Abs"} <= {m.op for m in n.subgraph.nodes}]
+    assert len(k.inputs) == 2 and k.inputs[0] is k.inputs[1] is r.outputs[0]

@@ -1311,6 +1311,13 @@ class _Planner:
                 if id(o) in kind:
                     if full_space and id(o) in guessed:
                         self._check_placed(n, v, kind[id(o)], S, L)
+                    elif full_space and kind[id(o)] in (ROW, COL) and \
+                            any(o is x for x in self.sub.inputs):
+                        c = self._classify(v, S, L)  # (an outer difference: x[None] - x[:, None])
+                        if c is not None and c[0] in (ROW, COL) and c[0] != kind[id(o)]:
+                            raise Unsupported(f"input {o.name} is read both as a {kind[id(o)]} "
+                                              f"and as a {c[0]} of the loop space (one load "
+                                              "serves one of them)", node=n, about=(o,))
                     continue
                 if not full_space:  # placed against a full-size value it broadcasts to
                     c = self._row_input(n, v, N, L) or self._compact_input(v, N, L)

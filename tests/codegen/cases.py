@@ -252,6 +252,17 @@ def pattern_cases() -> list[Case]:
     r = g.add_node("ReduceSum", [r], {"axis": [1]}).output
     add("product-dim-reduce", g, g.add_node("Add", [r, v["y"]]).output,
         dims=[{"b": 3, "n": 5}, {"b": 4, "n": 33}], feeds_for=symbolic_feeds(g))
+    # an outer difference x[None, :] - x[:, None] (T5's relative positions): the one input
+    # is a row and a column of the loop space, bound twice (a load each)
+    for length in (40, "n"):
+        g, v = _g("outer_difference", {"x": (length,)})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        d = n("Sub", [n("ExpandDims", [v["x"]], axis=[0]), n("ExpandDims", [v["x"]], axis=[1])])
+        up = n("Select", [n("Greater", [d, g.const(np.float32(0))]), g.const(np.float32(16)),
+                          g.const(np.float32(0))])
+        add(f"outer-difference-{'symbolic' if length == 'n' else 'static'}", g, up, n("Abs", [d]),
+            dims=[{"n": 7}, {"n": 40}, {"n": 300}] if length == "n" else None,
+            feeds_for=symbolic_feeds(g) if length == "n" else None)
     for op, extra in (("LayerNorm", {"w": (96,), "b": (96,)}), ("RMSNorm", {"w": (96,)})):
         for dt in ("float32", "float16"):
             g, v = _g(f"{op}_{dt}", {"x": (5, 9, 96), **extra}, dt)

@@ -188,6 +188,20 @@ def test_a_symbolic_row_picks_its_variant_at_run_time(library):
     assert keys == [0, 1, 0]
 
 
+def test_an_outer_difference_binds_its_input_twice_and_is_one_kernel(library):
+    """``x[None, :] - x[:, None]``: one load of x cannot be both the row broadcast over the
+    loop space and the value per row; the generator refuses one input in both roles (the
+    kernel had computed x[None, :] - x[None, :]) and the kernel is rebuilt with x bound twice,
+    each a load of its own."""
+    for case in (c for c in PATTERNS if c.id.startswith("outer-difference-")):
+        for backend in check_case(case, library):
+            (st,) = backend.stats.values()
+            ins = backend.rendered[st.node].schedule.inputs
+            assert sorted(io.kind for io in ins) == ["col", "row"], case.id
+        (k,) = [n for n in case.result.graph.nodes if n.op == "GraphKernel"]
+        assert len(k.inputs) == 2 and k.inputs[0] is k.inputs[1]
+
+
 def test_a_large_kernel_occupies_every_core(library):
     # (a reduction of everything to one value runs in two stages: partials on every core,
     # then one kernel combining them; the first stage is the large one)

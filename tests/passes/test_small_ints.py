@@ -235,3 +235,80 @@ def test_the_expert_mask_is_one_kernel_fewer_and_exact_in_the_simulator():
     got, _ = run_sim(res, _wild_ids())
     for want, x in zip(run_graph(g, _wild_ids()), got, strict=True):
         np.testing.assert_array_equal(np.asarray(x), want)
+
+
+def relative_positions(n: int | str = "n", square: bool = True) -> Graph:
+    """T5's relative positions and the bidirectional half of its buckets, as torch traces them
+    under ``dynamic=True``: ``arange(L)[None, :] - arange(L)[:, None]``, ``(rel > 0) * 16``,
+    ``abs(rel)``, ``abs < 8`` and ``abs`` in float32 (the log-spaced buckets' input); with
+    ``square`` False the positions are only shifted (``arange(L) + 3``, an [L] value)."""
+    g = Graph()
+    x = g.add_input("x", TensorType((n,), "float32"))  # (binds the symbol)
+    pos = g.add_node("Range", [], {"length": n, "dtype": "int64"}).output
+    if not square:
+        y = g.add_node("Add", [pos, g.const(np.int64(3))]).output
+        g.set_outputs([g.add_node("Add", [x, g.add_node("Cast", [y], {"dtype": "float32"})
+                                          .output]).output])
+        return g
+    col = g.add_node("ExpandDims", [pos], {"axis": [1]}).output
+    row = g.add_node("ExpandDims", [pos], {"axis": [0]}).output
+    rel = g.add_node("Sub", [row, col]).output
+    up = g.add_node("Cast", [g.add_node("Greater", [rel, g.const(np.int64(0))]).output],
+                    {"dtype": "int64"}).output
+    half = g.add_node("Mul", [up, g.const(np.int64(16))]).output
+    dist = g.add_node("Abs", [rel]).output
+    small = g.add_node("Less", [dist, g.const(np.int64(8))]).output
+    far = g.add_node("Cast", [dist], {"dtype": "float32"}).output
+    g.set_outputs([half, small, g.add_node("Add", [far, x]).output])
+    return g
+
+
+def test_a_range_over_a_symbolic_length_squared_in_a_value_runs_in_float32():
+    """[L, L] values bound L by 2**20 (2**40 elements at most): the positions, their outer
+    difference, its sign and its absolute value are float32 (the Range made in float32, the
+    float32 cast of |rel| the region's own value); the results are those of int64."""
+    from graphkernel.passes.small_ints import symbol_bounds
+
+    g = relative_positions()
+    assert symbol_bounds(g) == {"n": 2 ** 20}
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 1, res.notes
+    h.remove_dead()
+    (r,) = [n for n in h.nodes if n.op == "Range"]
+    assert r.outputs[0].dtype.value == "float32"
+    assert not any(n.op in ("Sub", "Abs") and n.outputs[0].dtype.value == "int64"
+                   for n in h.nodes), ops_of(h)
+    assert h.outputs[2].producer.inputs[0].producer.op == "Abs"  # (no cast back and forth)
+    for n in (5, 33):
+        f = {"x": np.random.default_rng(n).standard_normal(n).astype(np.float32)}
+        for a, b in zip(run_graph(h, f), run_graph(g, f),
+                        strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_symbolic_length_no_square_value_bounds_stays_int64():
+    """An [L] value bounds L by 2**40 only: arange(L) + 3 may pass 2**24 and stays int64."""
+    from graphkernel.passes.small_ints import symbol_bounds
+
+    g = relative_positions(square=False)
+    assert symbol_bounds(g) == {}
+    h, res = apply_pass("small_ints", g)
+    assert res.rewrites == 0
+    assert [n for n in h.nodes if n.op == "Range"][0].outputs[0].dtype.value == "int64"
+
+
+def test_a_broadcast_square_bounds_nothing():
+    """A BroadcastTo to [L, L] is torch's ``expand``: a view of an [L] value, no L * L
+    elements in memory, so no bound."""
+    from graphkernel.passes.small_ints import symbol_bounds
+
+    g = Graph()
+    x = g.add_input("x", TensorType(("n",), "float32"))
+    e = g.add_node("ExpandDims", [x], {"axis": [0]}).output
+    g.set_outputs([g.add_node("BroadcastTo", [e], {"shape": ["n", "n"]}).output])
+    assert symbol_bounds(g) == {}
+    g2 = Graph()
+    x = g2.add_input("x", TensorType(("n", "m"), "float32"))
+    g2.set_outputs([g2.add_node("Neg", [x]).output])
+    assert symbol_bounds(g2) == {}  # (two symbols: m may be 0)
