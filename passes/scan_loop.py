@@ -414,7 +414,8 @@ def _row_reads(graph: Graph, ctx) -> list[str]:
         out = n.outputs[0]
         shape = list(out.shape)
         for u in list(out.users):
-            if u.op != "StridedSlice" or (u.attrs.get("axes") or [None]) != [axis] or \
+            axes = u.attrs.get("axes") if u.op == "StridedSlice" else None
+            if not axes or len(axes) != 1 or axes[0] % len(shape) != axis or \
                     (u.attrs.get("strides") or [1]) != [1]:
                 continue
             lo, hi, _ = slice(u.attrs["begin"][0], u.attrs["end"][0]).indices(shape[axis])
