@@ -1,5 +1,5 @@
-"""Rewrite a recurrence unrolled step by step → one Scan, and a Concat of the same work done on
-each step → that work done once on whole tensors.
+"""Rewrite a recurrence unrolled step by step → one Scan, per-step writes of rows → a Concat,
+and a Concat of the same work done on each step → that work done once on whole tensors.
 
 A loop over a sequence that torch.export or an ONNX export traces is unrolled: a state-space
 model's selective scan becomes, for each of L positions t, ``h = a[:, :, t] * h + b[:, :, t]``
@@ -20,6 +20,23 @@ both exact (the same float operations in the same order):
   axis kept, then a view into the Concat's shape. Only elementwise ops, casts, reductions and
   views take part; the rewrite is refused (the graph left as it was) when the kept axis would
   need data moved (it must sit where the Concat puts it, or only size-1 axes lie between).
+* **the row writes**: a loop that writes one row of an output per step (``out[:, t] = y``,
+  transformers' CPU recurrences), traced through torch.compile, is a chain of Selects over
+  the whole output: functionalization and the core decompositions write row t as
+  ``Select(arange(L) == t, broadcast(y), out)``. A chain of at least two Selects whose masks
+  are constants true on one run of positions of one axis (size 1 on every other axis), each
+  write read only by the next, becomes the Concat of the rows each position last got (rows
+  never written from the value written into): the same elements, moved, not computed. A
+  slice along that axis of one write that reads only rows it wrote, or only rows it kept,
+  reads them from the written value or from the value before (a cache written a column per
+  layer and read back by the next layer), so the writes before it end no chain. The Concat
+  is then the re-roll's (one Scan's rows: the Scan itself).
+* **the first coefficient**: a linear Scan's first coefficient multiplies the zero it starts
+  from, so a constant factor of the coefficients that is 1 at every later position and within
+  [-1, 1] at the first (a reset mask ``~(pos == 0)`` of a gated recurrence) is dropped: ``a_0
+  * c_0 * 0`` and ``a_0 * 0`` are both zero for a finite ``a_0`` (|c_0| <= 1: no overflow)
+  and both NaN for an infinite or NaN one, so the results are equal (up to the sign of a
+  zero). The kernel around the scan then has no per-position constant to read.
 
 Runs after ``matvec``, which makes the per-step products of width 1 (``h @ C[:, t]``)
 elementwise products and sums that the re-roll can take.
@@ -27,10 +44,12 @@ elementwise products and sums that the re-roll can take.
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import OpKind
-from graphkernel.passes.rewrite import add_like, splat
+from graphkernel.passes.rewrite import add_like, const_array, splat
 from graphkernel.registry import PassResult, counted
 
 MAX_TREE = 64  # nodes of one step's expression the re-roll walks (a step's readout is a few)
@@ -332,14 +351,187 @@ def _rerolls(graph: Graph, ctx) -> list[str]:
     return notes
 
 
+# ---------------------------------------------------------------------------- the row writes
+
+
+def _row_mask(m: Value, out: list) -> tuple[int, int, int] | None:
+    """(axis, p0, p1) when ``m`` is a constant boolean mask true exactly on positions
+    [p0, p1) of one axis of the shape ``out`` and of size 1 on every other axis (the
+    ``arange(L) == t`` that the decomposition of ``out[:, t] = v`` selects row t with)."""
+    arr = const_array(m)
+    if arr is None or arr.dtype.kind != "b" or arr.ndim != len(out):
+        return None
+    long = [i for i, d in enumerate(arr.shape) if d != 1]
+    if len(long) != 1 or arr.shape[long[0]] != out[long[0]]:
+        return None
+    axis = long[0]
+    on = np.flatnonzero(arr.reshape(-1))
+    if on.size == 0 or on.size == arr.size or on[-1] - on[0] + 1 != on.size:
+        return None
+    return axis, int(on[0]), int(on[-1]) + 1
+
+
+def _row_select(n: Node | None) -> tuple[int, int, int] | None:
+    if n is None or n.op != "Select" or len(n.inputs) != 3:
+        return None
+    out = n.outputs[0]
+    if not out.type.is_static or any(v.dtype != out.dtype for v in n.inputs[1:]):
+        return None
+    return _row_mask(n.inputs[0], list(out.shape))
+
+
+def _rows(graph: Graph, at: Node, src: Value, axis: int, lo: int, hi: int, out: list
+          ) -> Value:
+    """Rows [lo, hi) along ``axis`` of ``src`` broadcast to ``out``: a broadcast's input
+    broadcast to the piece when it has one row, else a slice of the rows."""
+    piece = out[:axis] + [hi - lo] + out[axis + 1:]
+    while True:
+        if src.type.rank < len(out):  # (numpy broadcasting aligns the trailing axes)
+            src = add_like(graph, at, "Reshape", [src],
+                           {"shape": [1] * (len(out) - src.type.rank) + list(src.shape)})
+        p = src.producer
+        if p is None or p.op != "BroadcastTo" or p.inputs[0].type.rank > len(out):
+            break
+        src = p.inputs[0]
+    if src.shape[axis] != 1 and (lo, hi) != (0, out[axis]):
+        src = add_like(graph, at, "StridedSlice", [src], {"begin": [lo], "end": [hi],
+                                                          "strides": [1], "axes": [axis]})
+    if list(src.shape) != piece:
+        src = add_like(graph, at, "BroadcastTo", [src], {"shape": piece})
+    return src
+
+
+def _row_reads(graph: Graph, ctx) -> list[str]:
+    """Slices along a row write's axis that read only rows it wrote, or only rows it kept,
+    read them from the written value or from the value written into (a loop reading back
+    its cache: layer 1 slicing ``state[:, :, 1]`` after layer 0 wrote ``state[:, :, 0]``)."""
+    notes = []
+    for n in list(graph.nodes):
+        found = _row_select(n)
+        if n.graph is None or found is None:
+            continue
+        axis, p0, p1 = found
+        out = n.outputs[0]
+        shape = list(out.shape)
+        for u in list(out.users):
+            axes = u.attrs.get("axes") if u.op == "StridedSlice" else None
+            if not axes or len(axes) != 1 or axes[0] % len(shape) != axis or \
+                    (u.attrs.get("strides") or [1]) != [1]:
+                continue
+            lo, hi, _ = slice(u.attrs["begin"][0], u.attrs["end"][0]).indices(shape[axis])
+            if hi <= lo:
+                continue
+            src = n.inputs[1] if p0 <= lo and hi <= p1 else n.inputs[2] \
+                if hi <= p0 or p1 <= lo else None
+            if src is None or not ctx.should_apply(
+                    f"{u.name} rows read from what {n.name} writes or keeps", [u, n]):
+                continue
+            graph.replace_all_uses(u.outputs[0], _rows(graph, u, src, axis, lo, hi, shape))
+            notes.append(f"{u.name}: rows {lo}..{hi - 1} read past the row write {n.name}")
+    return notes
+
+
+def _row_writes(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for last in list(graph.nodes):
+        found = _row_select(last)
+        if last.graph is None or found is None:
+            continue
+        axis, out = found[0], last.outputs[0]
+        if any(_row_select(u) is not None and _row_select(u)[0] == axis
+               and u.inputs[2] is out and u.outputs[0].type == out.type and len(out.users) == 1
+               and not graph.is_output(out) for u in out.users):
+            continue  # not the last write of its chain
+        chain, base = [last], last.inputs[2]
+        while True:
+            p = base.producer
+            f = _row_select(p)
+            if f is None or f[0] != axis or p.outputs[0].type != out.type or \
+                    len(base.users) != 1 or graph.is_output(base):
+                break
+            chain.append(p)
+            base = p.inputs[2]
+        if len(chain) < 2:
+            continue
+        shape = list(out.shape)
+        owner: list[Value | None] = [None] * shape[axis]
+        for s in chain:  # the last write of a row wins
+            _, lo, hi = _row_select(s)
+            for i in range(lo, hi):
+                if owner[i] is None:
+                    owner[i] = s.inputs[1]
+        owner = [base if o is None else o for o in owner]
+        if not ctx.should_apply(f"{last.name} {len(chain)} row writes as one Concat", chain):
+            continue
+        pieces, lo = [], 0
+        for i in range(1, len(owner) + 1):
+            if i == len(owner) or owner[i] is not owner[lo]:
+                pieces.append(_rows(graph, last, owner[lo], axis, lo, i, shape))
+                lo = i
+        new = pieces[0] if len(pieces) == 1 else \
+            add_like(graph, last, "Concat", pieces, {"axis": axis})
+        graph.replace_all_uses(out, new)
+        notes.append(f"{last.name}: {len(chain)} writes of rows along axis {axis} as a "
+                     f"Concat of {len(pieces)} pieces")
+    return notes
+
+
+# ---------------------------------------------------------------------------- the first step
+
+
+def _first_step_factor(a: Value, axis: int) -> Value | None:
+    """``x`` when ``a`` is ``x * c`` with ``c`` a constant that is 1 at every position of the
+    scanned axis but the first and within [-1, 1] there (a reset mask ``~(pos == 0)``),
+    broadcast into ``x``'s shape; else None."""
+    p = a.producer
+    if p is None or p.op != "Mul" or len(p.inputs) != 2:
+        return None
+    for x, c in (p.inputs, reversed(p.inputs)):
+        arr = const_array(c)
+        if arr is None or arr.dtype.kind != "f" or x.type != a.type or arr.ndim > a.type.rank:
+            continue
+        arr = arr.reshape((1,) * (a.type.rank - arr.ndim) + arr.shape)
+        rest = np.take(arr, range(1, arr.shape[axis]), axis=axis) if arr.shape[axis] > 1 \
+            else None
+        if arr.shape[axis] == 1 or not np.all(rest == 1.0):
+            continue
+        first = np.take(arr, [0], axis=axis)
+        if np.all(np.abs(first) <= 1.0):
+            return x
+    return None
+
+
+def _first_steps(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for n in list(graph.nodes):
+        if n.graph is None or n.op != "Scan" or n.attrs["combine"] != "linear":
+            continue
+        a = n.inputs[0]
+        axis = n.attrs["axis"] % a.type.rank
+        x = _first_step_factor(a, axis)
+        if x is None or not ctx.should_apply(
+                f"{n.name} the factor of its first coefficient dropped", [n, a.producer]):
+            continue
+        graph.replace_input(n, 0, x)
+        notes.append(f"{n.name}: {a.producer.name}'s constant factor (1 after the first step) "
+                     "dropped: the first coefficient multiplies the zero start")
+    return notes
+
+
 def scan_loop(graph, ctx) -> PassResult:
-    """Rewrite an unrolled recurrence → Scan, and a Concat of one expression per step → the
-    expression on whole tensors."""
+    """Rewrite an unrolled recurrence → Scan, per-step row writes → Concat, and a Concat of
+    one expression per step → the expression on whole tensors."""
     hist = graph.op_histogram()
-    if not hist.get("StridedSlice"):  # a step of a loop is a slice of something
-        return PassResult(False, 0, [], "no unrolled loop")
+    if not (hist.get("StridedSlice") or hist.get("Scan") or hist.get("Select")):
+        return PassResult(False, 0, [], "no unrolled loop")  # (a step is a slice, a write a
+        # Select)
     notes = _scans(graph, ctx) if hist.get("Squeeze") else []
-    notes += _rerolls(graph, ctx) if hist.get("Concat") else []
+    notes += _first_steps(graph, ctx) if hist.get("Scan") or notes else []
+    if hist.get("Select"):
+        notes += _row_reads(graph, ctx)
+        graph.remove_dead()
+        notes += _row_writes(graph, ctx)
+    notes += _rerolls(graph, ctx) if hist.get("Concat") or notes else []
     if notes:
         graph.remove_dead()
         graph.toposort()

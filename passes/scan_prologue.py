@@ -15,6 +15,13 @@ it on the loaded broadcast rows, N times over (N the broadcast extent, the state
 the launch and the round trip are gone. Only work that a product's epilogue could not run
 is moved (otherwise it stays for the product's kernel), and only where everything reading
 the broadcast is elementwise work of the scan's shape that flows into the Scan.
+
+The same work in a smaller shape that the ops of the scan's shape broadcast themselves (no
+ExpandDims: a gated recurrence's ``exp(gate * softplus(param))``, the softplus of a
+per-channel parameter ``[W]`` read by a Mul over ``[B, L, W]``) is computed on its operands
+of its own shape broadcast to the scan's (constants and scalars stay as they are: the ops
+broadcast them as before; an operand of another computed shape leaves the work alone), when
+everything reading it is elementwise work of the scan's shape flowing into the Scan.
 """
 
 from __future__ import annotations
@@ -153,6 +160,98 @@ def _rewrite(graph: Graph, e: Node, cone: list[Node], shape: tuple) -> bool:
     return True
 
 
+# ------------------------------------------------------------ broadcast by the op reading it
+
+
+def _smaller_operand(x: Value, scan: Node, shape: tuple) -> list[Node] | None:
+    """The cone above ``x`` when ``x`` is computed elementwise in a smaller shape and read,
+    broadcast by the ops themselves (no ExpandDims: ``gate * softplus(param)``), only by
+    elementwise work of the scan's shape flowing into the scan; else None."""
+    p = x.producer
+    if p is None or not _elementwise(p) or x.graph.is_output(x) or \
+            _same_shape(x.shape, shape) or x.type.rank > len(shape) or not x.users:
+        return None
+    if not all(_elementwise(u) and _same_shape(u.outputs[0].shape, shape) and
+               (u is scan or _feeds(u, scan, shape)) for u in x.users):
+        return None
+    cone = {id(p): p}
+    changed = True
+    while changed:
+        changed = False
+        for n in list(cone.values()):
+            for v in n.inputs:
+                q = v.producer
+                if q is None or id(q) in cone or not _elementwise(q) or \
+                        not all(id(u) in cone for u in v.users):
+                    continue
+                cone[id(q)] = q
+                changed = True
+    order = {id(n): i for i, n in enumerate(x.graph.nodes)}
+    nodes = sorted(cone.values(), key=lambda n: order[id(n)])
+    return nodes if _no_epilogue(nodes) else None
+
+
+def _rewrite_smaller(graph: Graph, x: Value, cone: list[Node], shape: tuple) -> bool:
+    """The cone computed on its operands broadcast to the scan's shape (operands of ``x``'s
+    shape; constants and scalars broadcast by the ops as before)."""
+    inside = {id(n) for n in cone}
+    vmap: dict[int, Value] = {}
+    rank = len(shape)
+    for n in cone:
+        for v in n.inputs:
+            if (v.producer is not None and id(v.producer) in inside) or id(v) in vmap:
+                continue
+            if const_array(v) is not None or v.type.rank == 0:
+                vmap[id(v)] = v
+                continue
+            if not _same_shape(v.shape, x.shape):
+                return False  # a computed operand of another shape: left as it is
+            w = v if v.type.rank == rank else add_like(
+                graph, n, "Reshape", [v], {"shape": [1] * (rank - v.type.rank) + list(v.shape)})
+            vmap[id(v)] = add_like(graph, n, "BroadcastTo", [w], {"shape": list(shape)})
+    for n in cone:
+        vmap[id(n.outputs[0])] = add_like(graph, n, n.op, [vmap.get(id(v), v) for v in n.inputs],
+                                          dict(n.attrs))
+    new = vmap[id(x)]
+    if not _same_shape(new.shape, shape):
+        return False
+    graph.replace_all_uses(x, new)
+    return True
+
+
+def _implicit(graph: Graph, scans: list[Node], ctx) -> list[str]:
+    notes = []
+    for scan in scans:
+        shape = tuple(scan.outputs[0].shape)
+        region, stack = set(), [scan]
+        while stack:  # the elementwise work of the scan's shape flowing into it
+            n = stack.pop()
+            for v in n.inputs:
+                q = v.producer
+                if q is not None and id(q) not in region and _elementwise(q) and \
+                        _same_shape(q.outputs[0].shape, shape):
+                    region.add(id(q))
+                    stack.append(q)
+        for n in [m for m in graph.nodes if id(m) in region or m is scan]:
+            for x in list(dict.fromkeys(n.inputs)):
+                cone = _smaller_operand(x, scan, shape)
+                if cone is None or not ctx.should_apply(
+                        f"{x.name}: computed in the scan's shape", [x.producer]):
+                    continue
+                with graph.recording() as made:
+                    ok = _rewrite_smaller(graph, x, cone, shape)
+                if not ok:
+                    for m in reversed(made):
+                        graph.erase_node(m)
+                    continue
+                for m in reversed(cone):
+                    if not any(v.users or graph.is_output(v) for v in m.outputs):
+                        graph.erase_node(m)
+                notes.append(f"{x.name}: {len(cone)} ops computed in the scan's shape "
+                             f"{list(shape)} (read broadcast by the ops)")
+    return notes
+
+
 def scan_prologue(graph, ctx) -> PassResult:
     """Rewrite elementwise work a Scan reads broadcast (and no product epilogue runs) →
     the same work on the broadcast value, in the scan's shape, so the scan's kernel runs it."""
@@ -175,6 +274,7 @@ def scan_prologue(graph, ctx) -> PassResult:
                 graph.erase_node(m)
             continue
         notes.append(f"{e.name}: {len(cone)} ops computed in the scan's shape {list(shape)}")
+    notes += _implicit(graph, [n for n in graph.nodes if n.op == "Scan"], ctx)
     if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,

@@ -370,6 +370,19 @@ def test_scan_readout_kernels_compile_against_the_real_headers():
 
 
 @needs_headers
+def test_a_gated_scan_with_its_softplus_compiles_against_the_real_headers():
+    """The scan's kernel computing the softplus of a per-channel parameter broadcast to the
+    scan's shape (scan_prologue: a comparison and a Select in the scan's kernel) type-checks
+    against the real API."""
+    from tests.passes.test_scan_prologue import _gated
+
+    res = graphkernel.compile(_gated(), "--opt_level=2", env={})
+    rendered = render_all(schedules(res))
+    assert len(rendered) == 1
+    assert_all_compile(rendered)
+
+
+@needs_headers
 def test_in_place_slice_kernels_compile_against_the_real_headers():
     """A slice's columns split into heads (one strided view), and a part loaded in place by
     the two kernels that read it (passes/recompute.py), type-check against the real API."""

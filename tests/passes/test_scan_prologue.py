@@ -91,3 +91,58 @@ def test_a_bias_that_is_an_input_keeps_the_work_apart():
     g.replace_all_uses(bias, b)
     h, res = apply_pass("scan_prologue", g)
     assert res.rewrites == 0 and ops_of(h) == ops_of(g)
+
+
+def _gated(extra_reader: bool = False) -> Graph:
+    """A gated linear recurrence (RG-LRU): a = exp(gate * softplus(param)), the softplus of a
+    per-channel parameter [W] broadcast by the Mul itself (no ExpandDims), then
+    Scan(a, x) along L over [B, L, W]."""
+    W = 16
+    g = Graph("gated")
+    gate = g.add_input("gate", TensorType((B, L, W), "float32"))
+    x = g.add_input("x", TensorType((B, L, W), "float32"))
+    p = g.add_input("param", TensorType((W,), "float32"))
+    sp = g.add_node("Log1p", [g.add_node("Exp", [p]).output]).output
+    big = g.add_node("Greater", [p, g.const(np.array(20.0, np.float32))]).output
+    sp = g.add_node("Select", [big, p, sp]).output
+    a = g.add_node("Exp", [g.add_node("Mul", [gate, sp]).output]).output
+    outs = [g.add_node("Scan", [a, x], {"axis": 1, "combine": "linear"}).output]
+    if extra_reader:
+        outs.append(sp)
+    g.set_outputs(outs)
+    return g
+
+
+def test_a_softplus_broadcast_by_the_op_reading_it_is_computed_in_the_scans_shape():
+    g = _gated()
+    h, res = apply_pass("scan_prologue", g)
+    assert res.rewrites == 1
+    for op in ("Select", "Greater", "Log1p"):
+        (n,) = [n for n in h.nodes if n.op == op]
+        assert tuple(n.outputs[0].shape) == (B, L, 16), op
+    assert_same_results(g, h)  # elementwise work commutes with the broadcast: exact
+
+
+def test_a_smaller_value_read_elsewhere_stays():
+    g = _gated(extra_reader=True)
+    h, res = apply_pass("scan_prologue", g)
+    assert res.rewrites == 0 and ops_of(h) == ops_of(g)
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_the_gated_scan_kernel_runs_the_softplus_in_the_simulator():
+    """Through the pipeline: the softplus of [W] launched op by op beside the scan's kernel
+    without the pass (a comparison of values smaller than the loop space), in it with."""
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.codegen.traffic import launches
+
+    g = _gated()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    off = graphkernel.compile(g, "--opt_level=2 --disable_pass=scan_prologue", env={})
+    assert len(launches(res.graph)) == 1 < len(launches(off.graph))
+    assert not res.report.extra["fallbacks"]
+    feeds = random_inputs(g, 0)
+    sim, backend = run_sim(res, feeds)
+    assert not backend.unscheduled
+    np.testing.assert_allclose(sim[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-5)
