@@ -157,8 +157,8 @@ def test_llama_rotary_embedding_runs_in_bsnd_in_one_kernel_per_tensor():
 # the embedding, the first LayerNorm and, per layer, one kernel rotating Q's and K's heads of
 # the fused QKV projection and one Split of it into Q/K/V -> 2 + 2·2 = 6 vector kernels;
 # BLOOM: the embedding, two LayerNorms and one Split per layer -> 3 + 2 = 5. Totals add the
-# products and one fused attention per layer. Inductor's (fused, total) counts are (7, 19) and
-# (10, 22).
+# products and one fused attention per layer. Inductor's (fused, total) launches are (11, 23)
+# and (13, 25).
 LAUNCH_BOUNDS = {"falcon": (6, 16), "bloom": (5, 15)}
 
 
