@@ -843,7 +843,8 @@ class TransposedDropout(torch.nn.Module):
         return self.ln(x + F.dropout(h, 0.5))
 
 
-def test_a_random_op_draws_in_its_inputs_memory_order():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_random_op_draws_in_its_inputs_memory_order(dynamic):
     """An op drawing random numbers, run through torch, gets its input in the layout the
     program gave it (a transposed one here): its draws fall on the elements eager's do, so
     a training step matches eager's; fed a row-major copy, only the first and last elements
@@ -857,7 +858,7 @@ def test_a_random_op_draws_in_its_inputs_memory_order():
     m = TransposedDropout().train()
     twin = copy.deepcopy(m)
     x = torch.randn(2, 6, 16)
-    c = torch.compile(twin, backend="graphkernel")
+    c = torch.compile(twin, backend="graphkernel", dynamic=dynamic)
     c(x)  # compiled: the step below runs the compiled graphs only
     out = {}
     for side, (model, fn) in (("eager", (m, m)), ("compiled", (twin, c))):
@@ -875,7 +876,7 @@ def test_a_random_op_draws_in_its_inputs_memory_order():
                 torch.ops.aten.native_dropout(a, 0.5, True)[1])
 
     a = torch.ones(3, 4, 5)
-    gm = make_fx(draws, tracing_mode="fake")(a)
+    gm = make_fx(draws, tracing_mode="symbolic" if dynamic else "fake")(a)
     calls = [n.attrs["fn"] for n in fx.import_fx(gm).nodes if n.op == "Opaque"]
     assert [c.layouts for c in calls] == [[[1, 0, 2]], [None]]
     torch.manual_seed(0)

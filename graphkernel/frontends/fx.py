@@ -2141,7 +2141,7 @@ class TorchCall:
 def _memory_order(node: Any) -> list[int] | None:
     """The order in memory (outermost axis first) of the tensor torch makes ``like`` the
     traced value of ``node`` (``torch.empty_like``, whose strides follow the input's), or None
-    when that is row-major or not known (symbolic strides).
+    when that is row-major or not known.
 
     An op drawing random numbers fills its output in memory order: dropout on a transposed
     tensor (``x.permute(1, 0, 2)`` of a projection) draws its mask for the elements in the
@@ -2150,8 +2150,13 @@ def _memory_order(node: Any) -> list[int] | None:
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor) or val.dim() < 2:
         return None
-    shape, stride = list(val.shape), list(val.stride())
-    if not all(type(d) is int for d in shape + stride):  # symbolic: not read (no guard)
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    try:  # symbolic sizes by their hints, which add no guard: the order of the axes in
+        # memory is the program's (its transposes), not the sizes' (Dynamo makes a size
+        # symbolic only above 1, so no symbolic axis ties with another)
+        shape, stride = ([optimization_hint(d) for d in ds] for ds in (val.shape, val.stride()))
+    except Exception:  # noqa: BLE001 - no hint: the input is fed as it comes
         return None
     like = torch.empty_like(torch.empty_strided(shape, stride, device="meta")).stride()
     # outermost first; among equal strides (axes of size 1) the logical order
