@@ -365,6 +365,30 @@ def test_the_training_check_finds_a_wrong_import_of_the_backward(monkeypatch):
     assert "q.weight" not in r.differ and r.differ  # the graph's outputs that differ
 
 
+def test_the_training_check_runs_a_graphs_random_ops_alike_on_both_sides(monkeypatch):
+    """A forward graph with dropout, imported right, and a backward imported wrong: the
+    import check runs torch's graph and graphkernel's import from the same random state, so
+    it names the backward, not the forward's dropout drawing other numbers."""
+
+    class Dropped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.b(F.dropout(self.a(x), 0.5))
+
+    handler = fx.ATEN["aten.mm.default"]
+
+    def doubled(c):
+        y = handler(c)
+        return c.emit("Mul", [y, c.const(2.0, y.dtype)])
+
+    monkeypatch.setitem(fx.ATEN, "aten.mm.default", doubled)  # (the backward's products)
+    r = gt.bisect(Dropped().train(), (X,), backward=True)
+    assert (r.mismatch, r.stage, r.graph) == (True, "import", "backward")
+
+
 def test_the_training_check_bisects_a_pass_breaking_the_backward():
     from graphkernel import registry
     from graphkernel.registry import PassResult, register_pass

@@ -828,6 +828,64 @@ def test_random_ops_draw_in_program_order():
         assert after.inputs[-1] is before.outputs[0]  # an input the op's arguments do not name
 
 
+class TransposedDropout(torch.nn.Module):
+    """Dropout on a projection computed time-major and transposed to batch-major (as
+    ``F.multi_head_attention_forward`` returns it): the tensor the dropout takes is not
+    row-major, and torch draws its mask in memory order."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.ln = torch.nn.LayerNorm(16)
+
+    def forward(self, x):  # x [B, T, 16]
+        h = self.proj(x.transpose(0, 1)).transpose(0, 1)  # [T, B, 16] in memory
+        return self.ln(x + F.dropout(h, 0.5))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_random_op_draws_in_its_inputs_memory_order(dynamic):
+    """An op drawing random numbers, run through torch, gets its input in the layout the
+    program gave it (a transposed one here): its draws fall on the elements eager's do, so
+    a training step matches eager's; fed a row-major copy, only the first and last elements
+    would get eager's draws."""
+    import copy
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphkernel.frontends import fx
+
+    m = TransposedDropout().train()
+    twin = copy.deepcopy(m)
+    x = torch.randn(2, 6, 16)
+    c = torch.compile(twin, backend="graphkernel", dynamic=dynamic)
+    c(x)  # compiled: the step below runs the compiled graphs only
+    out = {}
+    for side, (model, fn) in (("eager", (m, m)), ("compiled", (twin, c))):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        y = fn(x)
+        y.pow(2).mean().backward()
+        out[side] = (y, {k: p.grad for k, p in model.named_parameters()})
+    torch.testing.assert_close(out["compiled"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    for k, g in out["eager"][1].items():
+        torch.testing.assert_close(out["compiled"][1][k], g, rtol=1e-4, atol=1e-6, msg=k)
+
+    def draws(a):  # the mask of dropout on a transposed tensor (and on a row-major one)
+        return (torch.ops.aten.native_dropout(a.permute(1, 0, 2), 0.5, True)[1],
+                torch.ops.aten.native_dropout(a, 0.5, True)[1])
+
+    a = torch.ones(3, 4, 5)
+    gm = make_fx(draws, tracing_mode="symbolic" if dynamic else "fake")(a)
+    calls = [n.attrs["fn"] for n in fx.import_fx(gm).nodes if n.op == "Opaque"]
+    assert [c.layouts for c in calls] == [[[1, 0, 2]], [None]]
+    torch.manual_seed(0)
+    want = draws(a)[0]
+    torch.manual_seed(0)
+    got = calls[0]([a.permute(1, 0, 2).contiguous().numpy()])[1]  # (row-major arrays)
+    assert torch.equal(torch.from_numpy(got), want)
+
+
 class RelativeBias(torch.nn.Module):
     """T5's bidirectional relative-position buckets (16 exact and log-spaced ones per side),
     a table of them per head added to the scores, as ``T5Attention`` computes them."""

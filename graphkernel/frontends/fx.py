@@ -2116,17 +2116,52 @@ class TorchCall:
     node's inputs. The graph is the program's code, so it may call what the program called;
     a model file never gets one (``fn`` cannot come from a file)."""
 
-    def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+    def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any],
+                 layouts: list[list[int] | None] | None = None) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
+        # per input: the order of its axes in memory (outermost first) when the traced
+        # program's tensor was not row-major, else None (see ``_memory_order``)
+        self.layouts = layouts or []
 
     def __call__(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         ts = [to_torch(x) for x in xs]
+        for i, order in enumerate(self.layouts[:len(ts)]):
+            if order is not None and ts[i].dim() == len(order):
+                # the program's layout again: a copy whose axes lie in memory as they did
+                inverse = sorted(range(len(order)), key=order.__getitem__)
+                ts[i] = ts[i].permute(order).contiguous().permute(inverse)
         out = self.op(*_fill(self.args, ts), **_fill(self.kwargs, ts))
         outs = out if isinstance(out, list | tuple) else [out]
         return [to_numpy(o) for o in outs if o is not None]
 
     def __repr__(self) -> str:
         return f"TorchCall({self.op})"
+
+
+def _memory_order(node: Any) -> list[int] | None:
+    """The order in memory (outermost axis first) of the tensor torch makes ``like`` the
+    traced value of ``node`` (``torch.empty_like``, whose strides follow the input's), or None
+    when that is row-major or not known.
+
+    An op drawing random numbers fills its output in memory order: dropout on a transposed
+    tensor (``x.permute(1, 0, 2)`` of a projection) draws its mask for the elements in the
+    order they lie in memory, not in the logical order; fed a row-major copy, it would put
+    the same draws on other elements, unlike the program."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    try:  # symbolic sizes by their hints, which add no guard: the order of the axes in
+        # memory is the program's (its transposes), not the sizes' (Dynamo makes a size
+        # symbolic only above 1, so no symbolic axis ties with another)
+        shape, stride = ([optimization_hint(d) for d in ds] for ds in (val.shape, val.stride()))
+    except Exception:  # noqa: BLE001 - no hint: the input is fed as it comes
+        return None
+    like = torch.empty_like(torch.empty_strided(shape, stride, device="meta")).stride()
+    # outermost first; among equal strides (axes of size 1) the logical order
+    order = sorted(range(len(shape)), key=lambda d: (-like[d], d))
+    return None if order == list(range(len(shape))) else order
 
 
 def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
@@ -2148,6 +2183,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
                 "kwargs": {k: _encode(v, named, env) for k, v in node.kwargs.items()}}
     except Unmapped:  # an argument a file cannot name (an operator, an object)
         spec = {}
+    # a random op draws in its input's memory order: it gets the program's layout
+    layouts = [_memory_order(i) for i in inputs] if _seeded(node) else None
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -2156,7 +2193,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
     n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target,
-                    "fn": TorchCall(node.target, args, kwargs)},
+                    "fn": TorchCall(node.target, args, kwargs, layouts)},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
         return n.outputs[0]
