@@ -30,8 +30,14 @@ math path, ``sdpa_kernel(SDPBackend.MATH)``; an ill-conditioned gradient, such a
 token through two LayerNorms, whose float64 value is 7e-7, is noise of 1e-5..4e-5 in eager
 fp32 too, depending on the kernel), and against the same step compiled with
 graphkernel off (``aot_eager``: Dynamo and AOT autograd as graphkernel gets them). When
-graphkernel matches that step, the difference is torch.compile's own (wav2vec2 in train mode
-draws other random numbers compiled: Dynamo traces its numpy masking), not graphkernel's.
+graphkernel matches that step, the difference is torch.compile's own, not graphkernel's.
+
+Speech models (wav2vec2, HuBERT, WavLM ...) draw their time masking with ``numpy.random``.
+By default Dynamo replaces numpy's random stream by torch's in the programs it traces, so
+every compiled step, whatever its backend, masks other time steps than eager; the steps here
+are compiled with ``torch._dynamo.config.use_numpy_random_stream = True`` (numpy's own
+stream, what eager draws), so that the comparison is about the backend. ``--torch-random``
+measures Dynamo's default instead.
 """
 
 from __future__ import annotations
@@ -216,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", action="store_true",
                     help="the held-out families instead of the zoo: with --cnn the CNNs', "
                          "else the mixture-of-experts decoders (moe_ssm_models)")
+    ap.add_argument("--torch-random", action="store_true",
+                    help="Dynamo's default for numpy.random in compiled programs (torch's "
+                         "random stream: compiled steps mask other time steps than eager)")
     ap.add_argument("--families", action="store_true",
                     help="also the architectures outside the zoo (partial rotary, "
                          "encoder-decoder, mixture of experts: export_models.families)")
@@ -225,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("graphkernel.fx").setLevel(logging.ERROR)  # fallbacks: in the table
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+    import torch._dynamo.config
+
+    torch._dynamo.config.use_numpy_random_stream = not a.torch_random
     from export_models import ATTENTION, select
 
     variants = [v.strip() for v in a.attn.split(",") if v.strip()]
