@@ -65,7 +65,12 @@ def _cone(e: Node) -> list[Node]:
     w = e.inputs[0]
     if w.producer is None or not _elementwise(w.producer) or len(w.users) != 1:
         return []
-    cone = {id(w.producer): w.producer}
+    return _closure(w.producer)
+
+
+def _closure(top: Node) -> list[Node]:
+    """``top`` and the elementwise work above it that only this set reads, in graph order."""
+    cone = {id(top): top}
     changed = True
     while changed:
         changed = False
@@ -77,7 +82,7 @@ def _cone(e: Node) -> list[Node]:
                     continue
                 cone[id(p)] = p
                 changed = True
-    order = {id(n): i for i, n in enumerate(e.graph.nodes)}
+    order = {id(n): i for i, n in enumerate(top.graph.nodes)}
     return sorted(cone.values(), key=lambda n: order[id(n)])
 
 
@@ -174,20 +179,7 @@ def _smaller_operand(x: Value, scan: Node, shape: tuple) -> list[Node] | None:
     if not all(_elementwise(u) and _same_shape(u.outputs[0].shape, shape) and
                (u is scan or _feeds(u, scan, shape)) for u in x.users):
         return None
-    cone = {id(p): p}
-    changed = True
-    while changed:
-        changed = False
-        for n in list(cone.values()):
-            for v in n.inputs:
-                q = v.producer
-                if q is None or id(q) in cone or not _elementwise(q) or \
-                        not all(id(u) in cone for u in v.users):
-                    continue
-                cone[id(q)] = q
-                changed = True
-    order = {id(n): i for i, n in enumerate(x.graph.nodes)}
-    nodes = sorted(cone.values(), key=lambda n: order[id(n)])
+    nodes = _closure(p)
     return nodes if _no_epilogue(nodes) else None
 
 
