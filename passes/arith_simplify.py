@@ -129,19 +129,10 @@ def _sliced_conv(g: Graph, n: Node) -> tuple[Node, Node | None, int, int] | None
     if len(a["begin"]) != 1 or a["begin"][0] not in (0, None) or (a["strides"] or [1]) != [1]:
         return None
     x = n.inputs[0]
-    view = _producer(x, "Squeeze")
-    conv_out = view.inputs[0] if view is not None else x
-    conv = _producer(conv_out, "Conv2D")
-    if conv is None or view is not None and view.attrs["axis"] is None \
-            or any(len(v.uses) != 1 or g.is_output(v) for v in (x, conv_out)):
+    found = _conv_axis(g, x, (a["axes"] or [0])[0] % x.type.rank)
+    if found is None:
         return None
-    axis = (a["axes"] or [0])[0] % x.type.rank
-    if view is not None:  # the Squeeze's input axis that the slice's axis is
-        gone = {g % conv_out.type.rank for g in view.attrs["axis"]}
-        axis = [i for i in range(conv_out.type.rank) if i not in gone][axis]
-    spatial = (2, 3) if conv.attrs["data_format"] == "NCHW" else (1, 2)
-    if axis not in spatial:
-        return None
+    conv, view, conv_out, axis, spatial = found
     end, length = a["end"][0], conv_out.shape[axis]
     dropped = -end if end < 0 else length - end if isinstance(length, int) else 0
     if dropped <= 0:
@@ -176,19 +167,10 @@ def _gather_prefix_conv_padding(g: Graph, n: Node) -> Value | None:
     if r is None or r.op != "Range" or r.attrs["start"] != 0 or r.attrs["delta"] != 1 or \
             len(idx.uses) != 1 or g.is_output(idx):
         return None
-    axis = n.attrs["axis"] % x.type.rank
-    view = _producer(x, "Squeeze")
-    conv_out = view.inputs[0] if view is not None else x
-    conv = _producer(conv_out, "Conv2D")
-    if conv is None or view is not None and view.attrs["axis"] is None \
-            or any(len(v.uses) != 1 or g.is_output(v) for v in (x, conv_out)):
+    found = _conv_axis(g, x, n.attrs["axis"] % x.type.rank)
+    if found is None:
         return None
-    if view is not None:  # the Squeeze's input axis that the gather's axis is
-        gone = {a % conv_out.type.rank for a in view.attrs["axis"]}
-        axis = [i for i in range(conv_out.type.rank) if i not in gone][axis]
-    spatial = (2, 3) if conv.attrs["data_format"] == "NCHW" else (1, 2)
-    if axis not in spatial:
-        return None
+    conv, view, conv_out, axis, spatial = found
     sp = spatial.index(axis)
     pads, stride = list(conv.attrs["pads"]), conv.attrs["strides"][sp]
     kept, length = r.attrs["length"], conv_out.shape[axis]
@@ -198,6 +180,25 @@ def _gather_prefix_conv_padding(g: Graph, n: Node) -> Value | None:
         return None
     pads[2 + sp] -= dropped * stride
     return _conv_with_pads(g, n, conv, view, pads)
+
+
+def _conv_axis(g: Graph, x: Value, axis: int):
+    """(convolution, the Squeeze between or None, the convolution's output, ``axis`` of ``x``
+    as the output's axis, the output's spatial axes) when ``x`` is a convolution's output
+    (through an optional Squeeze) read only once, and ``axis`` is one of its spatial axes."""
+    view = _producer(x, "Squeeze")
+    conv_out = view.inputs[0] if view is not None else x
+    conv = _producer(conv_out, "Conv2D")
+    if conv is None or view is not None and view.attrs["axis"] is None \
+            or any(len(v.uses) != 1 or g.is_output(v) for v in (x, conv_out)):
+        return None
+    if view is not None:  # the Squeeze's input axis that ``axis`` is
+        gone = {a % conv_out.type.rank for a in view.attrs["axis"]}
+        axis = [i for i in range(conv_out.type.rank) if i not in gone][axis]
+    spatial = (2, 3) if conv.attrs["data_format"] == "NCHW" else (1, 2)
+    if axis not in spatial:
+        return None
+    return conv, view, conv_out, axis, spatial
 
 
 def _conv_with_pads(g: Graph, n: Node, conv: Node, view: Node | None, pads: list) -> Value | None:
