@@ -40,6 +40,27 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path / "xdg" / "graphkernel" / "sim"
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """SOURCE built once for the module (g++ compiles the simulator header with it: seconds),
+    in a cache folder of its own: the library, its recorded digest and its source."""
+    folder = tmp_path_factory.mktemp("built") / "sim"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "_LIBS", {})
+        mp.setenv("GRAPHKERNEL_SIM_CACHE", str(folder))
+        assert runner.build([SOURCE]).gk_cache_probe() == 42
+    return folder
+
+
+def _built_before(built: Path) -> Path:
+    """The cache as an earlier run left it: SOURCE's library, digest and source in it (as
+    ``runner.build`` wrote them), none loaded in this process yet."""
+    folder = runner.cache_dir()
+    for f in built.iterdir():
+        shutil.copy2(f, folder / f.name)
+    return folder
+
+
 def _no_compiler(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("g++ must not run for a refused cache folder")
@@ -103,7 +124,9 @@ def test_a_link_as_the_folder_is_refused(fresh, monkeypatch, tmp_path):
 
 @needs_gxx
 @pytest.mark.sim
-def test_a_library_without_its_recorded_digest_is_never_loaded(fresh, tmp_path, monkeypatch):
+def test_a_library_without_its_recorded_digest_is_never_loaded(fresh, built, tmp_path,
+                                                               monkeypatch):
+    _built_before(built)
     lib = runner.build([SOURCE])
     assert lib.gk_cache_probe() == 42
     (so,) = fresh.glob("k_*.so")
@@ -123,9 +146,10 @@ def test_a_library_without_its_recorded_digest_is_never_loaded(fresh, tmp_path, 
 
 @needs_gxx
 @pytest.mark.sim
-def test_the_library_loaded_is_the_one_checked(fresh, tmp_path, monkeypatch):
+def test_the_library_loaded_is_the_one_checked(fresh, built, tmp_path, monkeypatch):
     """A library swapped in after graphkernel checked its digest is not what it loads."""
-    runner.build([SOURCE])
+    _built_before(built)
+    assert runner.build([SOURCE]).gk_cache_probe() == 42
     (so,) = fresh.glob("k_*.so")
     planted, marker = _planted(tmp_path)
     monkeypatch.setattr(runner, "_LIBS", {})
@@ -143,8 +167,9 @@ def test_the_library_loaded_is_the_one_checked(fresh, tmp_path, monkeypatch):
 
 @needs_gxx
 @pytest.mark.sim
-def test_a_planted_link_in_the_cache_is_replaced_not_followed(fresh, tmp_path):
-    runner.build([SOURCE])
+def test_a_planted_link_in_the_cache_is_replaced_not_followed(fresh, built, tmp_path):
+    _built_before(built)
+    assert runner.build([SOURCE]).gk_cache_probe() == 42
     (src,) = fresh.glob("k_*.cpp")
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
