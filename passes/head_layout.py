@@ -84,7 +84,8 @@ def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
     """The nodes computing ``base`` from head splits and small operands, in graph order;
     None when ``base`` is not such a value, reads no head split, or a value computed in the
     region is also read outside it or is a graph output (the region would then be computed
-    twice)."""
+    twice). ``base`` itself may be a graph output (a key cache returned in [B, N, S, D]): the
+    output is then the rebuilt value transposed back (``Rebuild``)."""
     found: dict[int, Node] = {}
     work = [base]
     memo: dict[int, bool] = {}
@@ -107,7 +108,7 @@ def _region(base: Value, outside_ok: set[int]) -> list[Node] | None:
                 return None
     for n in found.values():
         for out in n.outputs:
-            if base.graph.is_output(out):
+            if base.graph.is_output(out) and out is not base:
                 return None
             readers = out.users if out is not base else []
             if any(id(u) not in found for u in readers):
@@ -171,7 +172,17 @@ class Rebuild:
             out = graph.add_node(n.op, ins, _attrs(n), origin=n.origin,
                                  name=graph.fresh_name(f"{n.name}/bsnd")).outputs[0]
             new[id(n.outputs[0])] = out
-        return new[id(self.base)]
+        built = new[id(self.base)]
+        if on is None and graph.is_output(self.base):
+            # the graph returns the [B, N, S, D] value (a key cache): the head transpose of
+            # the rebuilt value is that value exactly (the ops move no element across heads
+            # and positions), and the kernel computing the rebuilt value stores it too
+            # (a transpose keeping the last axis is a strided store); the region goes
+            back = graph.add_node("Transpose", [built], {"perm": list(HEAD_SPLIT)},
+                                  origin=self.nodes[-1].origin,
+                                  name=graph.fresh_name(f"{self.base.name}/bnsd"))
+            graph.replace_all_uses(self.base, back.outputs[0])
+        return built
 
     def _leaves(self) -> list[tuple[int, int, Value]]:
         """(node, input) positions and values of the inputs not computed in the region."""
@@ -184,6 +195,8 @@ class Rebuild:
         other value it reads is the same for all heads (extent 1 on the head axis), no op
         slices or joins along the head axis, and the result has the head split's shape (so
         it can be computed on more heads and selected from head by head)."""
+        if self.base.graph.is_output(self.base):  # (returned: transposed back as it is)
+            return False
         leaves = [x for _, _, x in self._leaves()]
         splits = {id(x): x for x in leaves if _head_split_source(x) is not None}
         if len(splits) != 1 or next(iter(splits.values())).type != self.base.type:

@@ -223,7 +223,10 @@ def transpose(model, a):
     """A Transpose fused with its elementwise neighbours (its producers, else a consumer)
     when the last axis stays last (the code generator moves rows of a transposed value:
     strided loads and stores), or when the whole value is transposed in UB by one Gather
-    (its kernel then runs as one tile on one core)."""
+    (its kernel then runs as one tile on one core). A producer doing rotary's row work
+    (slices of the last axis and a Concat of them) takes a Transpose keeping the last axis
+    too: it stores its tile as it is and, row by row, transposed (a key cache returned in
+    [B, N, S, D] beside the [B, S, N, D] value the attention reads)."""
     moved = [n for n in a.nodes if n.op not in VIEW_OPS]
     if len(moved) != 1 or moved[0].op != "Transpose" or (
             a.ops > 1 and not _private_sources(a)):
@@ -241,7 +244,8 @@ def transpose(model, a):
                            "of another length than the kernel's)"))]
     prods = [p for p in model.producer_areas(a)
              if (model.kind(p) <= OpKind.BROADCAST or _scans(p)
-                 or _row_reductions(p, moved[0].inputs[0].shape[-1]))
+                 or _row_reductions(p, moved[0].inputs[0].shape[-1])
+                 or perm[-1] == len(perm) - 1 and _row_work(p, model.cfg))
              and (model.only_consumer_is(p, a) or perm[-1] == len(perm) - 1)]
     if prods:  # the producers' kernel stores the transposed value (a scan's: rows only, its
         # kernel runs over blocks of rows, never one tile)

@@ -925,3 +925,70 @@ def test_relative_positions_over_a_symbolic_length_are_one_float32_kernel(monkey
     (k,) = [n for n in g.nodes if n.op == "GraphKernel"
             and {"Sub", "Abs"} <= {m.op for m in n.subgraph.nodes}]
     assert len(k.inputs) == 2 and k.inputs[0] is k.inputs[1] is r.outputs[0]
+
+
+class BreakingRouter(torch.nn.Module):
+    """A router whose forward breaks the graph (a data-dependent ``.tolist()``, as a mixture
+    of experts' token counts): Dynamo compiles the part before the break once for every
+    module of the class, each layer calling it with its own weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        p = self.gate(x).softmax(-1)
+        torch._dynamo.graph_break()
+        return x * p.amax(-1, keepdim=True)
+
+
+class RoutedLayers(torch.nn.Module):
+    def __init__(self, n: int = 3):
+        super().__init__()
+        self.routers = torch.nn.ModuleList(BreakingRouter() for _ in range(n))
+
+    def forward(self, x):
+        for r in self.routers:
+            x = r(x)
+        return x
+
+
+def test_a_frozen_graph_several_modules_call_is_compiled_once_more_with_inputs(monkeypatch):
+    """Each router inlined its own weight in turn: every call compiled the graph again, once
+    per layer. Other tensors in the frozen places compile it once with them as inputs; that
+    version serves every layer, and the frozen one it replaces is retired (its launches
+    counted apart)."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = RoutedLayers().eval()
+    x = torch.randn(5, 16, generator=R)
+    c = torch.compile(m, backend="graphkernel")
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+        n = len(graphs)
+        for _ in range(2):
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+        assert len(graphs) == n  # nothing compiled on later calls (was: once per layer)
+    s = gt.stats()
+    assert s["shared"] == 1 and s["refreezes"] == 0
+    per = s["per_graph"]
+    gate = [g for g in per if g["frozen"] or g["retired"]]
+    assert [(g["frozen"], g["retired"]) for g in gate] == [(1, True)]
+    shared = per[per.index(gate[0]) + 1]
+    assert shared["frozen"] == 0 and not shared["retired"]
+    live = sum(sum(g["launches"].values()) for g in per if not g["retired"])
+    assert sum(s["launches"].values()) == live
+    assert sum(s["retired_launches"].values()) == sum(gate[0]["launches"].values()) > 0
+
+
+def test_a_written_frozen_weight_retires_the_version_it_replaces():
+    m = Net().eval()
+    ids = _ids(2, 5)
+    c = torch.compile(m, backend="graphkernel")
+    with torch.no_grad():
+        c(ids)
+        one = dict(gt.stats()["launches"])
+        m.fc2.bias.add_(1.0)
+        torch.testing.assert_close(c(ids), m(ids), rtol=1e-5, atol=1e-5)
+    s = gt.stats()
+    assert s["refreezes"] == 1 and s["shared"] == 0 and s["graphs"] == 2
+    assert s["launches"] == one == s["retired_launches"]

@@ -741,3 +741,72 @@ def test_einsum_attention_with_two_biases_is_one_fused_attention():
     got, launches = _compiled(EinsumRelativeAttention(), args)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert launches["extern"] == 1 and launches["mix"] == 0, launches
+
+
+class RotaryReturningCache(torch.nn.Module):
+    """LLaMA-style attention of one layer whose rotated keys and values are returned in
+    [B, N, S, D] (the KV cache a graph break hands to the rest of the layer: DBRX, JetMoE):
+    split-half rotary on Q and K after their head transposes."""
+
+    def __init__(self, heads: int = 2, dim: int = 16, seq: int = 12):
+        super().__init__()
+        self.h, self.d = heads, dim
+        self.q = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.k = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.v = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.o = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        inv = 1.0 / 10000 ** (torch.arange(0, dim, 2).float() / dim)
+        ang = torch.arange(seq).float()[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], -1)
+        self.register_buffer("cos", ang.cos()[None, None])
+        self.register_buffer("sin", ang.sin()[None, None])
+
+    def forward(self, x):
+        b, t, _ = x.shape
+
+        def heads(p):
+            return p(x).view(b, t, self.h, self.d).transpose(1, 2)
+
+        def rotary(y):
+            half = torch.cat([-y[..., self.d // 2:], y[..., :self.d // 2]], -1)
+            return y * self.cos + half * self.sin
+
+        q, k, v = rotary(heads(self.q)), rotary(heads(self.k)), heads(self.v)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, -1)), k, v
+
+
+def test_a_returned_rotary_key_keeps_the_attention_in_bsnd(monkeypatch):
+    """K's rotary is computed in [B, S, N, D] for the operator even though the graph returns
+    K in [B, N, S, D]: the returned value is the rebuilt one transposed back, stored by the
+    same kernel (a strided store of its rows). So the operator reads Q, K, V and writes its
+    output in BSND: no head transpose of Q, of the output, nor a kernel of K's transpose;
+    V's transpose is the returned V's only. Generated code in the simulator matches eager."""
+    from graphkernel.frontends import torch_backend
+
+    graphs = []
+    orig = torch_backend._runner
+    monkeypatch.setattr(torch_backend, "_runner",
+                        lambda imp, g, r=None: graphs.append(g) or orig(imp, g, r))
+    torch.manual_seed(0)
+    model = RotaryReturningCache().eval()
+    x = torch.randn(2, 12, 32)
+    with torch.no_grad():
+        want = model(x)
+    got, launches = _compiled(model, (x,))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    g = graphs[-1]
+    (fa,) = [n for n in g.nodes if n.op == "FusedAttention"]
+    assert fa.attrs["layout"] == "BSND"
+    alone = [n for n in g.nodes if n.op == "Transpose"]
+    assert len(alone) == 1  # the returned V's
+    kernels = [n for n in g.nodes if n.op == "GraphKernel"
+               and any(m.op == "Transpose" for m in n.subgraph.nodes)]
+    assert len(kernels) == 1 and len(kernels[0].outputs) == 2  # K for the operator, K returned
+    assert sum(launches.values()) == 6, launches  # Q/K/V products, 2 rotaries, V, FA, O
+    torch._dynamo.reset()
+    with torch.no_grad():
+        sim = torch.compile(model, backend="graphkernel", options={"backend": "sim"})(x)
+    for a, b in zip(sim, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -105,6 +105,9 @@ class GraphSummary:
     through_torch: str = ""  # why the whole graph runs through torch ("" when it does not)
     bug: str = ""  # graphkernel's own failure on this graph (a bug report was logged)
     attentions: int = 0  # fused-attention launches (forward or gradient) among the externs
+    # replaced by a later compile of the same graph (its frozen tensors were written, or the
+    # graph serves other modules' tensors): this version no longer runs
+    retired: bool = False
 
     def line(self) -> str:
         if self.through_torch:
@@ -126,6 +129,7 @@ class GraphSummary:
 class _Stats:
     graphs: list[GraphSummary] = field(default_factory=list)
     refreezes: int = 0
+    shared: int = 0  # frozen graphs compiled again unfrozen: other modules' tensors came in
     run_bugs: int = 0  # compiled graphs that failed when run (and ran through torch)
     index: dict[str, list[dict]] = field(default_factory=dict)  # debug dir -> entries
 
@@ -134,16 +138,19 @@ _STATS = _Stats()
 
 
 def stats() -> dict[str, Any]:
-    """Totals over the graphs compiled since the last ``reset_stats()``: graphs, recompiles,
-    Dynamo's graph breaks, launches by kind (and the fused attentions among the externs),
-    ATen fallbacks with their reasons."""
+    """Totals over the graphs compiled since the last ``reset_stats()``: graphs (every
+    compile), recompiles, Dynamo's graph breaks, launches by kind (and the fused attentions
+    among the externs) of the compiled versions that run (a version replaced by a later
+    compile of the same graph, ``retired``, no longer runs: its launches are listed in its
+    ``per_graph`` entry and in ``retired_launches``), ATen fallbacks with their reasons."""
     from torch._dynamo.utils import counters
 
     launches: Counter = Counter()
+    retired: Counter = Counter()
     fallbacks: dict[str, str] = {}
     whole: Counter = Counter()
     for s in _STATS.graphs:
-        launches.update(s.launches)
+        (retired if s.retired else launches).update(s.launches)
         fallbacks.update(s.fallbacks)
         if s.through_torch:
             whole[s.through_torch] += 1
@@ -151,8 +158,10 @@ def stats() -> dict[str, Any]:
             "recompiles": sum(s.recompile for s in _STATS.graphs if s.role != "backward"),
             "graph_breaks": sum(counters["graph_break"].values()),
             "refreezes": _STATS.refreezes,
+            "shared": _STATS.shared,
             "launches": {k: launches.get(k, 0) for k in LAUNCH_KINDS},
-            "attentions": sum(s.attentions for s in _STATS.graphs),
+            "retired_launches": {k: retired.get(k, 0) for k in LAUNCH_KINDS},
+            "attentions": sum(s.attentions for s in _STATS.graphs if not s.retired),
             "fallbacks": fallbacks,
             "graphs_through_torch": dict(whole),
             "bugs": sum(bool(s.bug) for s in _STATS.graphs) + _STATS.run_bugs,
@@ -163,6 +172,7 @@ def reset_stats() -> None:
     """Forget the graphs counted so far (Dynamo's counters are reset by torch._dynamo.reset)."""
     _STATS.graphs.clear()
     _STATS.refreezes = 0
+    _STATS.shared = 0
     _STATS.run_bugs = 0
 
 
@@ -309,25 +319,53 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     """Compile an ATen-level FX graph; returns a callable taking the same inputs.
 
     ``frozen`` maps placeholder indices to the tensors inlined as constants; the callable
-    checks their version counters on every call and compiles again when one moved."""
+    checks their version counters on every call and compiles again when one moved: with the
+    new values inlined when the same tensors were written (an optimizer step,
+    ``load_state_dict``), or once with those placeholders as inputs when other tensors come
+    in their places. Dynamo compiles a function once for every module of its class (a layer's
+    router after a graph break: the frame's ``self`` is an argument), so each layer calls the
+    graph with its own weights; inlining each layer's in turn would compile again at every
+    call. The unfrozen version serves every module from then on, and the version it replaces
+    is retired (``stats()`` counts the launches of the versions that run)."""
     run, frozen, name = _compile_once(gm, example_inputs, options, role, frozen)
     if not frozen:
         return run
     with _real_tensors():
-        state = {"key": _versions(frozen.values()), "run": run, "name": name}
+        state = {"key": _versions(frozen.values()), "run": run, "name": name,
+                 "storages": _storages(frozen.values()), "shared": False}
 
     def guarded(*args: Any) -> Any:
+        if state["shared"]:
+            return state["run"](*args)
         if _versions(args[i] for i in frozen) != state["key"]:
+            _retire(state["name"])
+            live = {i: args[i] for i in frozen}
+            if _storages(live.values()) != state["storages"]:
+                _STATS.shared += 1
+                log.info("%s: called with other tensors in the places of its frozen "
+                         "parameters (the graph serves several modules); compiling it again "
+                         "with them as inputs, for every module", state["name"])
+                state["run"], _, state["name"] = _compile_once(gm, example_inputs, options,
+                                                               role, None)
+                state["shared"] = True
+                return state["run"](*args)
             _STATS.refreezes += 1
             log.info("%s: frozen parameters were written since they were inlined; compiling "
                      "again", state["name"])
-            live = {i: args[i] for i in frozen}
             state["run"], _, state["name"] = _compile_once(gm, example_inputs, options, role,
                                                            live)
             state["key"] = _versions(live.values())
         return state["run"](*args)
 
     return guarded
+
+
+def _retire(name: str) -> None:
+    """Mark the compiled version ``name`` as replaced: it no longer runs."""
+    for s in reversed(_STATS.graphs):
+        if s.name == name:
+            s.retired = True
+            return
 
 
 def _real_tensors():
@@ -531,6 +569,12 @@ def _versions(tensors) -> list[tuple]:
     value is keyed by a name, since NaN never equals itself."""
     return [_value_key(t.item()) if t.dim() == 0 else (t.data_ptr(), t._version)
             for t in tensors]
+
+
+def _storages(tensors) -> list[int]:
+    """Which tensors are frozen (0-d ones aside, keyed by value: Dynamo wraps a float
+    attribute in a new tensor on every call): their storages."""
+    return [t.data_ptr() for t in tensors if t.dim() != 0]
 
 
 def _value_key(v: Any) -> tuple:

@@ -554,6 +554,18 @@ def pattern_cases() -> list[Case]:
                      n("Mul", [x, d])])
     rest = n("Neg", [n("StridedSlice", [u], begin=[128], end=[160], strides=[1], axes=[2])])
     add("slice-read-in-place-by-two-kernels", g, skip, rest)
+    # rotary on [B, S, N, D] heads, the result also stored head-transposed to [B, N, S, D]
+    # (a key cache returned beside the attention's BSND read): one kernel, two outputs, the
+    # second through a strided store of its rows
+    g, v = _g("rotary_bnsd", {"x": (2, 16, 2, 16), "c": (1, 16, 1, 16), "s": (1, 16, 1, 16)})
+    n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+    x = v["x"]
+    half = n("Concat", [n("Neg", [n("StridedSlice", [x], begin=[8], end=[16], strides=[1],
+                                    axes=[3])]),
+                        n("StridedSlice", [x], begin=[0], end=[8], strides=[1], axes=[3])],
+             axis=3)
+    rot = n("Add", [n("Mul", [x, v["c"]]), n("Mul", [half, v["s"]])])
+    add("rotary-stored-head-transposed", g, rot, n("Transpose", [rot], perm=[0, 2, 1, 3]))
     return cases
 
 

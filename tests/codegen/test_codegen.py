@@ -520,3 +520,16 @@ def test_every_instruction_table_entry_is_generated_by_a_case(library):
     assert len(seen) > 20
     assert set(INSTRUCTIONS) - seen == {"Sigmoid", "Cast"}
     assert seen <= set(INSTRUCTIONS)
+
+
+def test_rotary_stored_as_is_and_head_transposed_is_one_kernel(library):
+    """Rotary on [B, S, N, D] heads whose result the graph also returns transposed to
+    [B, N, S, D] (a key cache beside the attention's BSND read): the `transpose` pattern
+    puts the Transpose into the rotary's kernel, which stores its tile twice, the second
+    time row by row to the transposed places."""
+    (case,) = selected(PATTERNS, lambda i: i == "rotary-stored-head-transposed")
+    (backend,) = check_case(case, library)
+    (st,) = backend.stats.values()
+    kernels = [n for n in case.result.graph.nodes if n.op == "GraphKernel"]
+    assert len(kernels) == 1 and len(kernels[0].outputs) == 2
+    assert "transpose" in kernels[0].attrs["pattern"]

@@ -426,3 +426,14 @@ def test_convolution_kernels_compile_against_the_real_headers():
     assert {r.mode for r in results} >= {"mix", "host"}
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
+
+
+@needs_headers
+def test_a_rotary_kernel_storing_its_result_head_transposed_compiles_against_the_real_headers():
+    """Rotary's column slices with a second output stored through the head transpose's map
+    (strided stores of its rows) type-check against the real API."""
+    cases = [c for c in pattern_cases() if c.id == "rotary-stored-head-transposed"]
+    assert len(cases) == 1
+    rendered = rendered_cases(cases)
+    assert len(rendered) == 1
+    assert_all_compile(rendered)

@@ -689,11 +689,29 @@ def test_q_and_k_rotary_with_different_tables_run_apart():
     _same_results(g, res)
 
 
-def test_rotary_read_elsewhere_too_stays_in_bnsd():
-    """A rotated Q that is also a graph output would be computed twice: kept as it is."""
+def test_rotary_returned_too_is_rebuilt_and_returned_head_transposed():
+    """A rotated Q that is also a graph output (a key cache handed on across a graph break)
+    is computed once, in BSND for the operator: the graph returns that value transposed
+    back (it was computed in BNSD, the operator reading BNSD with the head transposes
+    around it)."""
     g = _fused_qkv()
     q = g.node("qk").inputs[0]
     g.set_outputs([*g.outputs, q])
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSND"
+    _same_results(g, res)
+    back = res.graph.outputs[-1].producer  # (Q sliced by heads: its kernel loads the
+    assert back.op == "Transpose" and back.inputs[0] is fa.inputs[0]  # slice, no row work)
+
+
+def test_a_returned_rotary_region_read_elsewhere_inside_stays_in_bnsd():
+    """A value computed inside Q's rotary that is also a graph output would be computed
+    twice (in each layout): kept as it is."""
+    g = _fused_qkv()
+    q = g.node("qk").inputs[0]
+    inner = q.producer.inputs[0]
+    g.set_outputs([*g.outputs, inner])
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs["layout"] == "BNSD"
