@@ -7,7 +7,8 @@ The pattern, as the frontends and the Softmax expander leave it::
                                   (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
-    S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out)
+    S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out), or
+    S = Select(C, S, low)         the scores kept where C holds (GPT-Neo): not C masks out
     S = Maximum(S, low)           optional, anywhere among the masks: masked-out scores kept
                                   finite (XGLM clamps at the lowest float); low <= -65504
                                   changes only scores below it, whose weight is 0 either way
@@ -39,7 +40,9 @@ exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and t
 a masked_fill of the scores with such a value become the boolean ``atten_mask`` (1 = masked
 out); any other additive mask becomes ``pse``, divided by the
 scale (the operator computes ``scale * (pse + Q·Kᵀ)``); two such biases are one pse, their
-sum (``_summed_biases``: exact up to the order of float summation). BLOOM's ALiBi bias arrives as
+sum (``_summed_biases``: exact up to the order of float summation); two masks that are
+only 0 and minus infinity (or conditions) are one atten_mask, their union (``_united``: a
+score either sends to minus infinity has weight 0 either way). BLOOM's ALiBi bias arrives as
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
 vary over the batch, else [B,N,S1,S2]. Other
@@ -160,6 +163,9 @@ class _Match:
     notes: list[str] = field(default_factory=list)  # what was done beyond the plain rewrite
     # the softmax's row max and row sum: read elsewhere, they are the operator's statistics
     rows: tuple[Node, Node] | None = None
+    # the boolean masks among ``masks`` that are True where a score is kept (where(cond,
+    # scores, low)): the operator's mask is their negation
+    keep: list[Value] = field(default_factory=list)
 
 
 def _producer(v: Value, *ops: str) -> Node | None:
@@ -216,18 +222,23 @@ def softmax_input(p: Value, seen: list[Node]) -> Value | None:
     return x
 
 
-def _scores(x: Value, seen: list[Node], depth: int = 0
+def _scores(x: Value, seen: list[Node], depth: int = 0, keep: list[Value] | None = None
             ) -> tuple[Node, float, list[tuple[Value, int]]] | None:
     """(the Q·Kᵀ product, the scale, the masks added to it: (value, rank of the sum)) behind
-    the softmax input ``x``; at most two masks (a bias such as ALiBi, then a mask)."""
+    the softmax input ``x``; at most two masks (a bias such as ALiBi, then a mask). The
+    boolean masks that say which scores are kept (True = attended: ``where(cond, scores,
+    low)``) rather than masked out are also added to ``keep``."""
     x = _views(x, seen)
     add = _producer(x, "Add")
     if add is not None and depth < 2:
         for side, other in ((0, 1), (1, 0)):
             probe: list[Node] = []
-            found = _scores(add.inputs[side], probe, depth + 1)
+            held: list[Value] = []
+            found = _scores(add.inputs[side], probe, depth + 1, held)
             if found is not None:
                 seen += [add, *probe]
+                if keep is not None:
+                    keep += held
                 rank = add.outputs[0].type.rank
                 return found[0], found[1], [*found[2], (add.inputs[other], rank)]
     clamp = _producer(x, "Maximum")
@@ -237,9 +248,12 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
             if f is not None and f <= LOWEST and \
                     clamp.inputs[side].type == clamp.outputs[0].type:
                 probe: list[Node] = []
-                found = _scores(clamp.inputs[side], probe, depth)
+                held: list[Value] = []
+                found = _scores(clamp.inputs[side], probe, depth, held)
                 if found is not None:
                     seen += [clamp, *probe]
+                    if keep is not None:
+                        keep += held
                     return found
     sel = _producer(x, "Select")
     if sel is not None and depth < 2:  # masked_fill(cond, low): the scores where cond is False
@@ -247,9 +261,21 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
         f = splat(low)
         if cond.dtype is DType.bool and f is not None and f <= LOWEST:
             probe = []
-            found = _scores(kept, probe, depth + 1)
+            found = _scores(kept, probe, depth + 1, keep)
             if found is not None:
                 seen += [sel, *probe]
+                return found[0], found[1], [*found[2], (cond, sel.outputs[0].type.rank)]
+        # where(cond, scores, low): the scores where cond is True (GPT-Neo's causal bias
+        # buffer); cond's negation is the mask, recorded in ``keep`` to be negated
+        cond, kept, low = sel.inputs
+        f = splat(low)
+        if cond.dtype is DType.bool and f is not None and f <= LOWEST:
+            probe, held = [], []
+            found = _scores(kept, probe, depth + 1, held)
+            if found is not None:
+                seen += [sel, *probe]
+                if keep is not None:
+                    keep += [*held, cond]
                 return found[0], found[1], [*found[2], (cond, sel.outputs[0].type.rank)]
     found = _scaled(x, seen)
     return None if found is None else (found[0], found[1], [])
@@ -434,7 +460,8 @@ def _match(pv: Node) -> _Match | None:
         raise Refused(f"the probabilities' product {pv.name} transposes an operand")
     if guard is not None and guard.inputs[0] is not x:
         raise Refused("the masked-row guard tests other scores than the softmax's")
-    found = _scores(x, inside)
+    keep: list[Value] = []
+    found = _scores(x, inside, keep=keep)
     if found is None:
         fn = _score_function(x)
         if fn is not None:
@@ -469,7 +496,7 @@ def _match(pv: Node) -> _Match | None:
         k, f = _scale_folded(k, inside)
         scale *= f
     return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
-                  k_bsnd=k_bsnd, k_sbh=k_sbh, k_heads=heads, kt=kt, rows=rows)
+                  k_bsnd=k_bsnd, k_sbh=k_sbh, k_heads=heads, kt=kt, rows=rows, keep=keep)
 
 
 def _layout(*operands: _Operand) -> str:
@@ -775,7 +802,7 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
     """The masks as the operator takes them: (the op's mask attr, the inputs in order, the
     causal mode's window (0: none) when it replaces a boolean mask, else None)."""
     got: dict[str, Value | int] = {}
-    for mv, rank in _summed_biases(graph, m, node):
+    for mv, rank in _united(graph, m, node, _negated(graph, m, node)):
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
             what = "pse" if kind == "pse" else "atten_mask"  # causal is its own atten_mask
@@ -784,6 +811,52 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
     return "_and_".join(kinds) or "none", [got[k] for k in kinds], got.get("causal")
+
+
+def _negated(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:
+    """The masks (after ``_summed_biases``) with each condition that says which scores are
+    kept (``where(cond, scores, low)``: True = attended) negated into one that says which are
+    masked out, as the operator's atten_mask does: ``where(c, S, low)`` is
+    ``masked_fill(S, not c, low)``, the same values."""
+    out = []
+    for mv, rank in _summed_biases(graph, m, node):
+        if any(mv is c for c in m.keep):
+            arr = const_array(mv)
+            neg = graph.const(np.logical_not(arr.astype(bool)), DType.bool,
+                              origin=node.origin) if arr is not None else \
+                graph.add_node("LogicalNot", [mv], name=graph.fresh_name(f"{node.name}/kept"),
+                               origin=node.origin).outputs[0]
+            m.notes.append(f"mask {mv.name} says which scores are kept (where(cond, scores, "
+                           "low)): its negation is the atten_mask")
+            mv = neg
+        out.append((mv, rank))
+    return out
+
+
+def _united(graph: Graph, m: _Match, node: Node, masks: list[tuple[Value, int]]
+            ) -> list[tuple[Value, int]]:
+    """Two masks of only 0 and minus infinity (or masked_fill conditions) on scores of one
+    rank as one atten_mask, their union (masked out where either masks out): a score that
+    either mask sends to minus infinity has weight 0 either way (GPT-Neo's causal bias
+    buffer, then the model's 0/minimum attention mask). Constants are united at compile time;
+    otherwise a LogicalOr (a vector op on the masks, not the scores)."""
+    found = [(i, mv, rank, *_boolean(mv)) for i, (mv, rank) in enumerate(masks)]
+    bools = [x for x in found if x[3] is not None or x[4] is not None]
+    if len(bools) != 2 or bools[0][2] != bools[1][2]:
+        return masks
+    (i, a, rank, ca, aa), (j, b, _, cb, ab) = bools
+    try:
+        if aa is not None and ab is not None:
+            union = graph.const(np.logical_or(aa, ab), DType.bool, origin=node.origin)
+        else:
+            x = ca if ca is not None else graph.const(aa, DType.bool, origin=node.origin)
+            y = cb if cb is not None else graph.const(ab, DType.bool, origin=node.origin)
+            union = graph.add_node("LogicalOr", [x, y], origin=node.origin,
+                                   name=graph.fresh_name(f"{node.name}/masks")).outputs[0]
+    except (GraphKernelError, ValueError):  # shapes that do not broadcast together
+        return masks
+    m.notes.append(f"masks {a.name} and {b.name} united into one atten_mask")
+    return [x for k, x in enumerate(masks) if k not in (i, j)] + [(union, rank)]
 
 
 def _summed_biases(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:

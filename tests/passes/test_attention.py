@@ -867,3 +867,84 @@ def test_an_imported_fused_attention_reads_its_head_splits_in_place():
     (rec,) = kept.analyses.attention
     assert "layout BNSD (an operand or the output is not a head split" in rec.reason
     assert "FUSED    sdpa -> sdpa" in format_explain(explain(kept))
+
+
+def _kept_where(g: Graph, cond, low: float = float(np.finfo(np.float32).min)) -> Graph:
+    """``where(cond, scores, low)`` before the softmax of ``_attention``'s graph: the scores
+    kept where ``cond`` is True (GPT-Neo's causal bias buffer)."""
+    s = g.node("probs").inputs[0]
+    kept = g.add_node("Select", [cond, s, g.const(np.float32(low))], name="kept").output
+    g.replace_input(g.node("probs"), 0, kept)
+    return g
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_scores_kept_where_a_condition_holds_are_masked_by_its_negation(constant):
+    """``where(cond, scores, finfo.min)`` (True = attended) is the masked_fill of the
+    condition's negation: one launch whose atten_mask is ``not cond``, the same results."""
+    rng = np.random.default_rng(0)
+    g = _attention()
+    if constant:
+        cond = g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool)
+    else:
+        cond = g.add_input("keep", TensorType((2, 1, 8, 8), "bool"))
+    g = _kept_where(g, cond)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "atten_mask", fa.attrs
+    mask = fa.inputs[3]
+    assert mask.dtype is DType.bool
+    if constant:  # folded at compile time: True above the diagonal (masked out)
+        from graphkernel.passes.rewrite import const_array
+        np.testing.assert_array_equal(const_array(mask).reshape(8, 8),
+                                      np.triu(np.ones((8, 8), bool), 1))
+    else:
+        assert mask.producer.op == "LogicalNot"
+    assert any("kept" in r.reason for r in res.analyses.attention if r.verdict == "fused")
+    feeds = random_inputs(g, seed=3)
+    if not constant:  # every row keeps a key
+        feeds["keep"] = rng.random((2, 1, 8, 8)) < 0.5
+        feeds["keep"][..., 0] = True
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("computed", [False, True])
+def test_a_kept_condition_and_a_minimum_mask_are_one_atten_mask_their_union(computed):
+    """GPT-Neo: ``where(causal, scores, finfo.min) + mask`` with ``mask`` only 0 and the
+    float minimum: both mask, so the operator's one atten_mask is their union (a constant
+    folded at compile time, or a LogicalOr of a computed one); the same results."""
+    rng = np.random.default_rng(1)
+    g = _attention()
+    g = _kept_where(g, g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool))
+    low = np.float32(np.finfo(np.float32).min)
+    if computed:
+        pad = g.add_input("padded", TensorType((2, 1, 1, 8), "bool"))
+        m = g.add_node("Select", [pad, g.const(low), g.const(np.float32(0))]).output
+    else:
+        pad_arr = np.zeros((2, 1, 8, 8), np.float32)
+        pad_arr[1, ..., 5:] = low
+        m = g.const(pad_arr)
+    s = g.node("probs").inputs[0]
+    g.replace_input(g.node("probs"), 0, g.add_node("Add", [s, m], name="padding").output)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "atten_mask", fa.attrs
+    assert any("united" in r.reason for r in res.analyses.attention if r.verdict == "fused")
+    feeds = random_inputs(g, seed=4)
+    if computed:
+        feeds["padded"] = rng.random((2, 1, 1, 8)) < 0.4
+        feeds["padded"][..., 0] = False
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_scores_kept_where_a_condition_holds_with_a_finite_floor_are_refused():
+    """``where(cond, scores, -1)``: the other scores keep a weight, no mask says so."""
+    g = _attention()
+    g = _kept_where(g, g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool),
+                    low=-1.0)
+    res = _compile(g)
+    assert not _fused(res)
