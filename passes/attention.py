@@ -20,7 +20,9 @@ The pattern, as the frontends and the Softmax expander leave it::
     O = BatchMatMul(P, V)
 
 with reshape views anywhere between (batch and heads merged into one axis and split again).
-Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
+Q, K and V must each be a [B, N, S, D] value (seen through views) — or, when all three have
+other batch axes (windows × heads, or [B·N, S, D] with no head split behind it), they are read
+as [X, 1, S, D], each of the X matrices a head of its own (``_merged``) — : a head split
 (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
 or BSND) rather than materialised; K/V repeated for grouped-query attention
 (``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
@@ -112,6 +114,7 @@ class _Operand:
     # layout -> what makes the value read when that layout is picked (grouped-query K/V read
     # with their own heads: views of the value before its head repetition)
     lazy: dict[str, Callable[[list[str]], Value]] = field(default_factory=dict)
+    merged: bool = False  # [X, 1, S, D]: its batch axes read as one, one head each
 
     @property
     def best(self) -> int:
@@ -542,6 +545,8 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
     if repeat == 1 and (first := _seq_first(v, base)) is not None:
         return first, 1
     if base.type.rank != 4:
+        if repeat == 1 and (merged := _merged(v)) is not None:
+            return merged, 1
         raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
                       "[B, N, S, D] (batch and heads cannot be told apart)")
     b, n, s, d = base.type.shape
@@ -566,6 +571,48 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
                 return _grouped(rep[0], rep[1], build), rep[2]
             op.builds["BSND"] = build
     return op, repeat
+
+
+def _merged(v: Value) -> _Operand | None:
+    """An operand [.., S, D] whose batch axes are not seen as one batch and one head axis
+    (merged [B·N, S, D] with no head split behind it, or more than two batch axes:
+    windows × heads, Hiera's masked units, LongT5's blocks): read as [X, 1, S, D], X the
+    product of its batch axes, each of them one head. Attention is computed for each index
+    of the batch axes alone, so any grouping of them into B and N gives the same result,
+    provided Q, K and V are all read so (``_rewrite`` checks it); N = 1 is within every
+    head limit."""
+    shape = tuple(v.type.shape)
+    if len(shape) < 3 or not all(isinstance(x, int) for x in shape):
+        return None
+    x = int(np.prod(shape[:-2]))
+    graph = v.graph
+    view = graph.add_node("Reshape", [v], {"shape": [x, 1, *shape[-2:]]},
+                          name=graph.fresh_name(f"{v.name}/bnsd"),
+                          origin=v.producer.origin if v.producer is not None else ())
+    return _Operand((x, 1, *shape[-2:]), {"BNSD": view.outputs[0]}, one_head=True,
+                    merged=True)
+
+
+def _merged_products(m: _Match, q: _Operand, k: _Operand, v: _Operand) -> str | None:
+    """Why Q, K and V read as [X, 1, S, D] (``_merged``) are not what the two products
+    pair, or None: all three so read, with one X, and each product operand of X matrices
+    of the operands' sequence and head sizes (views that keep the last two axes; the
+    batch axes flattened in one order)."""
+    if not (q.merged and k.merged and v.merged):
+        return "Q, K and V are not all read with their batch axes as one"
+    x, _, s1, d = q.shape
+    _, _, s2, _ = k.shape
+    kt = (s2, d) if m.qk.attrs["transpose_b"] else (d, s2)
+    for operand, want in ((m.qk.inputs[0], (s1, d)), (m.qk.inputs[1], kt),
+                          (m.pv.inputs[1], (s2, v.shape[3]))):
+        shape = tuple(operand.type.shape)
+        if len(shape) < 3 or shape[-2:] != want or \
+                not all(isinstance(y, int) for y in shape) or int(np.prod(shape[:-2])) != x:
+            return (f"product operand {operand.name} {list(shape)} is not {x} matrices of "
+                    f"{list(want)}")
+    if k.shape[0] != x or v.shape[0] != x:
+        return f"Q, K and V differ in their batch axes ({x}, {k.shape[0]}, {v.shape[0]})"
+    return None
 
 
 def _constant(v: Value, base: Value, batch) -> _Operand:
@@ -894,6 +941,18 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
         mv = graph.const(arr.reshape(split), origin=origin) if arr is not None else \
             graph.add_node("Reshape", [mv], {"shape": split}, origin=origin,
                            name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+    shape = tuple(mv.type.shape)
+    if rank == mv.type.rank and rank not in (3, 4) and all(isinstance(x, int) for x in shape) \
+            and all(isinstance(x, int) for x in shape4) \
+            and int(np.prod(shape)) == int(np.prod(shape4)):
+        # added to the scores in another view ([X, h, w, h', w']: ViTDet's decomposed
+        # relative positions): as many values as the scores, so the sum's own shape (no
+        # broadcast), and view(S) + M is view(S + M viewed as the scores)
+        arr = const_array(mv)
+        mv = graph.const(arr.reshape(shape4), origin=origin) if arr is not None else \
+            graph.add_node("Reshape", [mv], {"shape": list(shape4)}, origin=origin,
+                           name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+        m.notes.append(f"mask of shape {list(shape)} viewed as the scores {list(shape4)}")
     cond, arr = _boolean(mv)
     window = causal_band(cond, s1, s2) if cond is not None else None
     if window is not None:
@@ -1052,6 +1111,13 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     v, rep_v = _heads(m.v, inside)
     if q is None:
         q, _ = _heads(m.q, inside, batch=k.shape[0])
+    if q.merged or k.merged or v.merged:
+        if m.k_heads != 1 or m.k_bsnd or m.k_sbh:
+            raise Refused("Q, K and V are not all read with their batch axes as one")
+        why = _merged_products(m, q, k, v)
+        if why is not None:
+            raise Refused(why)
+        m.notes.append(f"batch axes read as one: {q.shape[0]} heads of one")
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k == rep_v and k.shape[:3] == v.shape[:3] and dk == d and v.shape[3] != d:

@@ -948,3 +948,60 @@ def test_scores_kept_where_a_condition_holds_with_a_finite_floor_are_refused():
                     low=-1.0)
     res = _compile(g)
     assert not _fused(res)
+
+
+def _windowed(bias: bool = False, k_split: bool = False) -> Graph:
+    """Attention with three batch axes (batch, windows, heads: Hiera's masked units, LongT5's
+    blocks): Q, K, V [2, 3, 2, 8, 16] flattened to [12, 8, 16] for the products; ``bias``
+    adds a computed bias to the scores viewed [12, 2, 4, 2, 4] (ViTDet's decomposed relative
+    positions); ``k_split``: K instead a [2, 8, 12·16] head split (not the same batch
+    axes)."""
+    g = Graph("windowed")
+    ops = []
+    for n in "qkv":
+        if n == "k" and k_split:
+            x = g.add_input(n, TensorType((2, 8, 6 * 16), "float32"))
+            x = g.add_node("Reshape", [x], {"shape": [2, 8, 6, 16]}).output
+            x = g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output
+        else:
+            x = g.add_input(n, TensorType((2, 3, 2, 8, 16), "float32"))
+        ops.append(g.add_node("Reshape", [x], {"shape": [12, 8, 16]}).output)
+    s = g.add_node("BatchMatMul", ops[:2], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Mul", [s, g.const(np.float32(0.25))]).output
+    if bias:
+        s = g.add_node("Reshape", [s], {"shape": [12, 2, 4, 2, 4]}).output
+        b = g.add_input("bias", TensorType((12, 2, 4, 2, 4), "float32"))
+        s = g.add_node("Add", [s, g.add_node("Tanh", [b]).output]).output
+        s = g.add_node("Reshape", [s], {"shape": [12, 8, 8]}).output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, ops[2]], name="pv").output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, 3, 2, 8, 16]}).output])
+    return g
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_over_more_than_two_batch_axes_is_one_launch(bias):
+    """Q, K, V with batch, window and head axes are read as [12, 1, S, D] (each (batch,
+    window, head) one head of its own): one launch, the same results; a bias added to the
+    scores in another view of theirs is viewed back as the scores, the pse."""
+    g = _windowed(bias=bias)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] in ("BNSD", "BSND", "BSH") and fa.attrs["head_num"] == 1
+    assert fa.attrs["mask"] == ("pse" if bias else "none"), fa.attrs
+    assert fa.inputs[0].type.shape[0] == 12
+    (rec,) = [r for r in res.analyses.attention if r.verdict == "fused"]
+    assert "batch axes read as one" in rec.reason
+    feeds = random_inputs(g, seed=5)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_axes_read_as_one_only_when_q_k_and_v_all_are():
+    """K a head split [2, 6, 8, 16] while Q and V have three batch axes: Q's [12, 1, S, D]
+    and K's 6 heads would pair other matrices than the product does (and K's one-head view
+    would look like multi-query attention): refused, saying why."""
+    res = _compile(_windowed(k_split=True))
+    assert not _fused(res)
+    assert any("not all read" in r.reason for r in res.analyses.attention)
