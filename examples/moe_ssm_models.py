@@ -173,7 +173,8 @@ def held_out_builders(attn: str = "sdpa"):
     Llama 4 also with layers without rotary, chunked attention and a shared expert beside a
     top-1 router), DBRX; then the other families (see the comments at each); then a second
     set across the families (decoders, encoders, encoder-decoders, state-space and recurrent
-    models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller)."""
+    models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller); then
+    a third set likewise (with a text + image dual encoder, ``dual``)."""
     import transformers as T
 
     build = _builder(attn)
