@@ -41,6 +41,15 @@ HELD_OUT_FAMILY = {
     **dict.fromkeys(("beit", "data2vec_vision", "swinv2", "segformer", "levit", "mobilevit",
                      "focalnet"), "vision"),
     **dict.fromkeys(("sew", "unispeech", "data2vec_audio"), "audio"),
+    # a third held-out set
+    **dict.fromkeys(("olmo", "smollm3", "arcee", "glm4", "gpt_neo", "exaone4"), "decoder"),
+    **dict.fromkeys(("roformer", "esm", "megatron_bert", "deberta"), "encoder"),
+    **dict.fromkeys(("blenderbot", "plbart"), "encoder-decoder"),
+    **dict.fromkeys(("hunyuan_v1_moe", "flex_olmo"), "mixture-of-experts"),
+    **dict.fromkeys(("lfm2", "nemotron_h"), "state-space"),
+    **dict.fromkeys(("hiera", "pvt_v2", "vitdet", "dinov2_with_registers"), "vision"),
+    **dict.fromkeys(("ast", "wav2vec2_conformer"), "audio"),
+    "chinese_clip": "dual encoder",
 }
 
 
@@ -86,22 +95,33 @@ def _builder(attn: str):
         def forward(self, x):
             return self.model(input_ids=x, decoder_input_ids=x).last_hidden_state
 
-    def build(cfg_cls, model_cls, attention=True, key=None, shape=None, seq2seq=False, **kw):
+    class Dual(Hidden):
+        """A text + image dual encoder: its image-text similarity logits."""
+
+        def forward(self, ids, pixels):
+            return self.model(input_ids=ids, pixel_values=pixels).logits_per_image
+
+    def build(cfg_cls, model_cls, attention=True, key=None, shape=None, seq2seq=False,
+              dual=False, **kw):
         """``key``/``shape``: a model fed a float tensor of ``shape`` (uniform in [0, 1))
         under that keyword instead of token ids; ``seq2seq``: an encoder-decoder fed the
-        ids on both sides."""
+        ids on both sides; ``dual``: a dual encoder fed the ids and images of ``shape``."""
         def make():
             torch.manual_seed(SEED)
             cfg = cfg_cls(**kw, **(common if attention else {}))
             model = model_cls(cfg).eval()
             if seq2seq:
                 return Seq2Seq(model)
+            if dual:
+                return Dual(model)
             return Named(model, key) if key else Hidden(model)
 
         def inputs():
-            if not key:
-                return _inputs(torch)
-            return (torch.rand(*shape, generator=torch.Generator().manual_seed(SEED)),)
+            pixels = torch.rand(*shape, generator=torch.Generator().manual_seed(SEED)) \
+                if shape else None
+            if dual:
+                return _inputs(torch)[0], pixels
+            return (pixels,) if key else _inputs(torch)
         return make, inputs
 
     return build
@@ -153,7 +173,8 @@ def held_out_builders(attn: str = "sdpa"):
     Llama 4 also with layers without rotary, chunked attention and a shared expert beside a
     top-1 router), DBRX; then the other families (see the comments at each); then a second
     set across the families (decoders, encoders, encoder-decoders, state-space and recurrent
-    models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller)."""
+    models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller); then
+    a third set likewise (with a text + image dual encoder, ``dual``)."""
     import transformers as T
 
     build = _builder(attn)
@@ -352,6 +373,89 @@ def held_out_builders(attn: str = "sdpa"):
                                     ("unispeech", T.UniSpeechConfig, T.UniSpeechModel),
                                     ("data2vec_audio", T.Data2VecAudioConfig,
                                      T.Data2VecAudioModel))},
+        # -- a third held-out set --
+        # decoders: OLMo (LayerNorm without parameters, clipped QKV off by default), SmolLM3
+        # (layers without rotary), Arcee (squared-ReLU MLP), GLM-4 (norms after attention and
+        # MLP, partial rotary), GPT-Neo (alternating global and local windows, unscaled
+        # scores), EXAONE 4 (Q/K norms, norms after the blocks)
+        "olmo": build(T.OlmoConfig, T.OlmoModel, **ids, **moe),
+        "smollm3": build(T.SmolLM3Config, T.SmolLM3Model, no_rope_layer_interval=2, **ids,
+                         **moe),
+        "arcee": build(T.ArceeConfig, T.ArceeModel, **ids, **moe),
+        "glm4": build(T.Glm4Config, T.Glm4Model, head_dim=H // HEADS, **ids, **moe),
+        "gpt_neo": build(T.GPTNeoConfig, T.GPTNeoModel, num_layers=LAYERS, hidden_size=H,
+                         num_heads=HEADS, intermediate_size=FF, vocab_size=VOCAB,
+                         max_position_embeddings=64, window_size=8,
+                         attention_types=[[["global", "local"], 1]], bos_token_id=0,
+                         eos_token_id=0),
+        "exaone4": build(T.Exaone4Config, T.Exaone4Model, sliding_window=8, **ids, **moe),
+        # encoders: RoFormer (rotary), ESM (rotary, pre-norm), Megatron-BERT (pre-norm),
+        # DeBERTa (disentangled relative attention)
+        "roformer": build(T.RoFormerConfig, T.RoFormerModel, embedding_size=H, pad_token_id=0,
+                          **enc),
+        "esm": build(T.EsmConfig, T.EsmModel, pad_token_id=1, mask_token_id=2,
+                     position_embedding_type="rotary", **enc),
+        "megatron_bert": build(T.MegatronBertConfig, T.MegatronBertModel, pad_token_id=0,
+                               **enc),
+        "deberta": build(T.DebertaConfig, T.DebertaModel, pad_token_id=0, **enc),
+        # encoder-decoders: Blenderbot (pre-norm), PLBart
+        **{name: build(cfg, model, seq2seq=True, d_model=H, encoder_layers=LAYERS,
+                       decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                       decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
+                       vocab_size=VOCAB, max_position_embeddings=64, decoder_start_token_id=0,
+                       **ids)
+           for name, cfg, model in (("blenderbot", T.BlenderbotConfig, T.BlenderbotModel),
+                                    ("plbart", T.PLBartConfig, T.PLBartModel))},
+        # mixtures of experts: HunYuan MoE (Q/K norms, a shared MLP), FlexOlmo (Q/K norms,
+        # norms after the blocks)
+        "hunyuan_v1_moe": build(T.HunYuanMoEV1Config, T.HunYuanMoEV1Model, num_experts=EXPERTS,
+                                moe_topk=2, head_dim=H // HEADS, **ids, **moe),
+        "flex_olmo": build(T.FlexOlmoConfig, T.FlexOlmoModel, num_experts=EXPERTS,
+                           num_experts_per_tok=2, **ids, **moe),
+        # hybrids: LFM2 (gated short convolutions, then attention), Nemotron-H (Mamba2,
+        # attention and MLP layers)
+        "lfm2": build(T.Lfm2Config, T.Lfm2Model, layer_types=["conv", "full_attention"],
+                      **ids, **moe),
+        "nemotron_h": build(T.NemotronHConfig, T.NemotronHModel,
+                            hybrid_override_pattern="M*-", mamba_num_heads=8,
+                            mamba_head_dim=16, n_groups=1, ssm_state_size=16, chunk_size=8,
+                            **ids, **{**moe, "num_hidden_layers": 3}),
+        # vision: Hiera (masked-unit windows, pooled stages), PVT v2 (reduced keys),
+        # ViTDet (windowed and global blocks with relative positions), DINOv2 with registers
+        "hiera": build(T.HieraConfig, T.HieraModel, key="pixel_values", shape=(2, 3, 32, 32),
+                       image_size=[32, 32], patch_size=[3, 3], patch_stride=[2, 2],
+                       patch_padding=[1, 1], embed_dim=16, num_heads=[1, 2],
+                       depths=[1, 1], query_stride=[2, 2], masked_unit_size=[4, 4],
+                       num_query_pool=1, mlp_ratio=2.0),
+        "pvt_v2": build(T.PvtV2Config, T.PvtV2Model, key="pixel_values", shape=(2, 3, 32, 32),
+                        image_size=32, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                        hidden_sizes=[32, 64], patch_sizes=[7, 3], strides=[4, 2],
+                        num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
+        "vitdet": build(T.VitDetConfig, T.VitDetModel, key="pixel_values",
+                        shape=(2, 3, 32, 32), image_size=32, pretrain_image_size=32,
+                        patch_size=4, window_size=4, window_block_indices=[0],
+                        use_relative_position_embeddings=True, **vis),
+        "dinov2_with_registers": build(T.Dinov2WithRegistersConfig,
+                                       T.Dinov2WithRegistersModel, key="pixel_values",
+                                       shape=(2, 3, 32, 32), image_size=32, patch_size=8,
+                                       num_register_tokens=4, **vis),
+        # speech: the Audio Spectrogram Transformer, the Wav2Vec2 Conformer (rotary, a
+        # depthwise convolution module)
+        "ast": build(T.ASTConfig, T.ASTModel, key="input_values", shape=(2, 32, 16),
+                     max_length=32, num_mel_bins=16, patch_size=8, frequency_stride=8,
+                     time_stride=8, **vis),
+        "wav2vec2_conformer": build(T.Wav2Vec2ConformerConfig, T.Wav2Vec2ConformerModel,
+                                    key="input_values", shape=(2, 400), conv_dim=(32, 32),
+                                    conv_stride=(5, 2), conv_kernel=(10, 3),
+                                    num_conv_pos_embeddings=16,
+                                    num_conv_pos_embedding_groups=4, vocab_size=VOCAB,
+                                    position_embeddings_type="rotary",
+                                    conv_depthwise_kernel_size=7, **vis),
+        # a text + image dual encoder: Chinese-CLIP (a BERT text tower)
+        "chinese_clip": build(T.ChineseCLIPConfig, T.ChineseCLIPModel, dual=True,
+                              shape=(2, 3, 32, 32),
+                              text_config=dict(enc, pad_token_id=0),
+                              vision_config=dict(vis, image_size=32, patch_size=8)),
     }
 
 

@@ -7,7 +7,8 @@ The pattern, as the frontends and the Softmax expander leave it::
                                   (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
-    S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out)
+    S = Select(C, low, S)         or a masked_fill of the scores (C: True = masked out), or
+    S = Select(C, S, low)         the scores kept where C holds (GPT-Neo): not C masks out
     S = Maximum(S, low)           optional, anywhere among the masks: masked-out scores kept
                                   finite (XGLM clamps at the lowest float); low <= -65504
                                   changes only scores below it, whose weight is 0 either way
@@ -19,7 +20,9 @@ The pattern, as the frontends and the Softmax expander leave it::
     O = BatchMatMul(P, V)
 
 with reshape views anywhere between (batch and heads merged into one axis and split again).
-Q, K and V must each be a [B, N, S, D] value (seen through views): a head split
+Q, K and V must each be a [B, N, S, D] value (seen through views) — or, when all three have
+other batch axes (windows × heads, or [B·N, S, D] with no head split behind it), they are read
+as [X, 1, S, D], each of the X matrices a head of its own (``_merged``) — : a head split
 (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
 or BSND) rather than materialised; K/V repeated for grouped-query attention
 (``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
@@ -39,7 +42,9 @@ exp of it underflows to 0) — a constant, or ``Select(cond, low, 0)`` — and t
 a masked_fill of the scores with such a value become the boolean ``atten_mask`` (1 = masked
 out); any other additive mask becomes ``pse``, divided by the
 scale (the operator computes ``scale * (pse + Q·Kᵀ)``); two such biases are one pse, their
-sum (``_summed_biases``: exact up to the order of float summation). BLOOM's ALiBi bias arrives as
+sum (``_summed_biases``: exact up to the order of float summation); two masks that are
+only 0 and minus infinity (or conditions) are one atten_mask, their union (``_united``: a
+score either sends to minus infinity has weight 0 either way). BLOOM's ALiBi bias arrives as
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
 vary over the batch, else [B,N,S1,S2]. Other
@@ -109,6 +114,7 @@ class _Operand:
     # layout -> what makes the value read when that layout is picked (grouped-query K/V read
     # with their own heads: views of the value before its head repetition)
     lazy: dict[str, Callable[[list[str]], Value]] = field(default_factory=dict)
+    merged: bool = False  # [X, 1, S, D]: its batch axes read as one, one head each
 
     @property
     def best(self) -> int:
@@ -160,6 +166,9 @@ class _Match:
     notes: list[str] = field(default_factory=list)  # what was done beyond the plain rewrite
     # the softmax's row max and row sum: read elsewhere, they are the operator's statistics
     rows: tuple[Node, Node] | None = None
+    # the boolean masks among ``masks`` that are True where a score is kept (where(cond,
+    # scores, low)): the operator's mask is their negation
+    keep: list[Value] = field(default_factory=list)
 
 
 def _producer(v: Value, *ops: str) -> Node | None:
@@ -216,18 +225,23 @@ def softmax_input(p: Value, seen: list[Node]) -> Value | None:
     return x
 
 
-def _scores(x: Value, seen: list[Node], depth: int = 0
+def _scores(x: Value, seen: list[Node], depth: int = 0, keep: list[Value] | None = None
             ) -> tuple[Node, float, list[tuple[Value, int]]] | None:
     """(the Q·Kᵀ product, the scale, the masks added to it: (value, rank of the sum)) behind
-    the softmax input ``x``; at most two masks (a bias such as ALiBi, then a mask)."""
+    the softmax input ``x``; at most two masks (a bias such as ALiBi, then a mask). The
+    boolean masks that say which scores are kept (True = attended: ``where(cond, scores,
+    low)``) rather than masked out are also added to ``keep``."""
     x = _views(x, seen)
     add = _producer(x, "Add")
     if add is not None and depth < 2:
         for side, other in ((0, 1), (1, 0)):
             probe: list[Node] = []
-            found = _scores(add.inputs[side], probe, depth + 1)
+            held: list[Value] = []
+            found = _scores(add.inputs[side], probe, depth + 1, held)
             if found is not None:
                 seen += [add, *probe]
+                if keep is not None:
+                    keep += held
                 rank = add.outputs[0].type.rank
                 return found[0], found[1], [*found[2], (add.inputs[other], rank)]
     clamp = _producer(x, "Maximum")
@@ -237,9 +251,12 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
             if f is not None and f <= LOWEST and \
                     clamp.inputs[side].type == clamp.outputs[0].type:
                 probe: list[Node] = []
-                found = _scores(clamp.inputs[side], probe, depth)
+                held: list[Value] = []
+                found = _scores(clamp.inputs[side], probe, depth, held)
                 if found is not None:
                     seen += [clamp, *probe]
+                    if keep is not None:
+                        keep += held
                     return found
     sel = _producer(x, "Select")
     if sel is not None and depth < 2:  # masked_fill(cond, low): the scores where cond is False
@@ -247,9 +264,21 @@ def _scores(x: Value, seen: list[Node], depth: int = 0
         f = splat(low)
         if cond.dtype is DType.bool and f is not None and f <= LOWEST:
             probe = []
-            found = _scores(kept, probe, depth + 1)
+            found = _scores(kept, probe, depth + 1, keep)
             if found is not None:
                 seen += [sel, *probe]
+                return found[0], found[1], [*found[2], (cond, sel.outputs[0].type.rank)]
+        # where(cond, scores, low): the scores where cond is True (GPT-Neo's causal bias
+        # buffer); cond's negation is the mask, recorded in ``keep`` to be negated
+        cond, kept, low = sel.inputs
+        f = splat(low)
+        if cond.dtype is DType.bool and f is not None and f <= LOWEST:
+            probe, held = [], []
+            found = _scores(kept, probe, depth + 1, held)
+            if found is not None:
+                seen += [sel, *probe]
+                if keep is not None:
+                    keep += [*held, cond]
                 return found[0], found[1], [*found[2], (cond, sel.outputs[0].type.rank)]
     found = _scaled(x, seen)
     return None if found is None else (found[0], found[1], [])
@@ -434,7 +463,8 @@ def _match(pv: Node) -> _Match | None:
         raise Refused(f"the probabilities' product {pv.name} transposes an operand")
     if guard is not None and guard.inputs[0] is not x:
         raise Refused("the masked-row guard tests other scores than the softmax's")
-    found = _scores(x, inside)
+    keep: list[Value] = []
+    found = _scores(x, inside, keep=keep)
     if found is None:
         fn = _score_function(x)
         if fn is not None:
@@ -469,7 +499,7 @@ def _match(pv: Node) -> _Match | None:
         k, f = _scale_folded(k, inside)
         scale *= f
     return _Match(pv, qk, inside, q, k, pv.inputs[1], scale=scale, masks=masks,
-                  k_bsnd=k_bsnd, k_sbh=k_sbh, k_heads=heads, kt=kt, rows=rows)
+                  k_bsnd=k_bsnd, k_sbh=k_sbh, k_heads=heads, kt=kt, rows=rows, keep=keep)
 
 
 def _layout(*operands: _Operand) -> str:
@@ -515,6 +545,8 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
     if repeat == 1 and (first := _seq_first(v, base)) is not None:
         return first, 1
     if base.type.rank != 4:
+        if repeat == 1 and (merged := _merged(v)) is not None:
+            return merged, 1
         raise Refused(f"operand {v.name} of shape {list(v.type.shape)} is not seen as "
                       "[B, N, S, D] (batch and heads cannot be told apart)")
     b, n, s, d = base.type.shape
@@ -539,6 +571,48 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
                 return _grouped(rep[0], rep[1], build), rep[2]
             op.builds["BSND"] = build
     return op, repeat
+
+
+def _merged(v: Value) -> _Operand | None:
+    """An operand [.., S, D] whose batch axes are not seen as one batch and one head axis
+    (merged [B·N, S, D] with no head split behind it, or more than two batch axes:
+    windows × heads, Hiera's masked units, LongT5's blocks): read as [X, 1, S, D], X the
+    product of its batch axes, each of them one head. Attention is computed for each index
+    of the batch axes alone, so any grouping of them into B and N gives the same result,
+    provided Q, K and V are all read so (``_rewrite`` checks it); N = 1 is within every
+    head limit."""
+    shape = tuple(v.type.shape)
+    if len(shape) < 3 or not all(isinstance(x, int) for x in shape):
+        return None
+    x = int(np.prod(shape[:-2]))
+    graph = v.graph
+    view = graph.add_node("Reshape", [v], {"shape": [x, 1, *shape[-2:]]},
+                          name=graph.fresh_name(f"{v.name}/bnsd"),
+                          origin=v.producer.origin if v.producer is not None else ())
+    return _Operand((x, 1, *shape[-2:]), {"BNSD": view.outputs[0]}, one_head=True,
+                    merged=True)
+
+
+def _merged_products(m: _Match, q: _Operand, k: _Operand, v: _Operand) -> str | None:
+    """Why Q, K and V read as [X, 1, S, D] (``_merged``) are not what the two products
+    pair, or None: all three so read, with one X, and each product operand of X matrices
+    of the operands' sequence and head sizes (views that keep the last two axes; the
+    batch axes flattened in one order)."""
+    if not (q.merged and k.merged and v.merged):
+        return "Q, K and V are not all read with their batch axes as one"
+    x, _, s1, d = q.shape
+    _, _, s2, _ = k.shape
+    kt = (s2, d) if m.qk.attrs["transpose_b"] else (d, s2)
+    for operand, want in ((m.qk.inputs[0], (s1, d)), (m.qk.inputs[1], kt),
+                          (m.pv.inputs[1], (s2, v.shape[3]))):
+        shape = tuple(operand.type.shape)
+        if len(shape) < 3 or shape[-2:] != want or \
+                not all(isinstance(y, int) for y in shape) or int(np.prod(shape[:-2])) != x:
+            return (f"product operand {operand.name} {list(shape)} is not {x} matrices of "
+                    f"{list(want)}")
+    if k.shape[0] != x or v.shape[0] != x:
+        return f"Q, K and V differ in their batch axes ({x}, {k.shape[0]}, {v.shape[0]})"
+    return None
 
 
 def _constant(v: Value, base: Value, batch) -> _Operand:
@@ -775,7 +849,7 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
     """The masks as the operator takes them: (the op's mask attr, the inputs in order, the
     causal mode's window (0: none) when it replaces a boolean mask, else None)."""
     got: dict[str, Value | int] = {}
-    for mv, rank in _summed_biases(graph, m, node):
+    for mv, rank in _united(graph, m, node, _negated(graph, m, node)):
         kind, value = _mask(graph, m, node, shape4, mv, rank)
         if kind in got or {kind, *got} >= {"causal", "atten_mask"}:
             what = "pse" if kind == "pse" else "atten_mask"  # causal is its own atten_mask
@@ -784,6 +858,52 @@ def _masks(graph: Graph, m: _Match, node: Node, shape4: tuple
         got[kind] = value
     kinds = [k for k in ("pse", "atten_mask") if k in got]
     return "_and_".join(kinds) or "none", [got[k] for k in kinds], got.get("causal")
+
+
+def _negated(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:
+    """The masks (after ``_summed_biases``) with each condition that says which scores are
+    kept (``where(cond, scores, low)``: True = attended) negated into one that says which are
+    masked out, as the operator's atten_mask does: ``where(c, S, low)`` is
+    ``masked_fill(S, not c, low)``, the same values."""
+    out = []
+    for mv, rank in _summed_biases(graph, m, node):
+        if any(mv is c for c in m.keep):
+            arr = const_array(mv)
+            neg = graph.const(np.logical_not(arr.astype(bool)), DType.bool,
+                              origin=node.origin) if arr is not None else \
+                graph.add_node("LogicalNot", [mv], name=graph.fresh_name(f"{node.name}/kept"),
+                               origin=node.origin).outputs[0]
+            m.notes.append(f"mask {mv.name} says which scores are kept (where(cond, scores, "
+                           "low)): its negation is the atten_mask")
+            mv = neg
+        out.append((mv, rank))
+    return out
+
+
+def _united(graph: Graph, m: _Match, node: Node, masks: list[tuple[Value, int]]
+            ) -> list[tuple[Value, int]]:
+    """Two masks of only 0 and minus infinity (or masked_fill conditions) on scores of one
+    rank as one atten_mask, their union (masked out where either masks out): a score that
+    either mask sends to minus infinity has weight 0 either way (GPT-Neo's causal bias
+    buffer, then the model's 0/minimum attention mask). Constants are united at compile time;
+    otherwise a LogicalOr (a vector op on the masks, not the scores)."""
+    found = [(i, mv, rank, *_boolean(mv)) for i, (mv, rank) in enumerate(masks)]
+    bools = [x for x in found if x[3] is not None or x[4] is not None]
+    if len(bools) != 2 or bools[0][2] != bools[1][2]:
+        return masks
+    (i, a, rank, ca, aa), (j, b, _, cb, ab) = bools
+    try:
+        if aa is not None and ab is not None:
+            union = graph.const(np.logical_or(aa, ab), DType.bool, origin=node.origin)
+        else:
+            x = ca if ca is not None else graph.const(aa, DType.bool, origin=node.origin)
+            y = cb if cb is not None else graph.const(ab, DType.bool, origin=node.origin)
+            union = graph.add_node("LogicalOr", [x, y], origin=node.origin,
+                                   name=graph.fresh_name(f"{node.name}/masks")).outputs[0]
+    except (GraphKernelError, ValueError):  # shapes that do not broadcast together
+        return masks
+    m.notes.append(f"masks {a.name} and {b.name} united into one atten_mask")
+    return [x for k, x in enumerate(masks) if k not in (i, j)] + [(union, rank)]
 
 
 def _summed_biases(graph: Graph, m: _Match, node: Node) -> list[tuple[Value, int]]:
@@ -821,6 +941,18 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
         mv = graph.const(arr.reshape(split), origin=origin) if arr is not None else \
             graph.add_node("Reshape", [mv], {"shape": split}, origin=origin,
                            name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+    shape = tuple(mv.type.shape)
+    if rank == mv.type.rank and rank not in (3, 4) and all(isinstance(x, int) for x in shape) \
+            and all(isinstance(x, int) for x in shape4) \
+            and int(np.prod(shape)) == int(np.prod(shape4)):
+        # added to the scores in another view ([X, h, w, h', w']: ViTDet's decomposed
+        # relative positions): as many values as the scores, so the sum's own shape (no
+        # broadcast), and view(S) + M is view(S + M viewed as the scores)
+        arr = const_array(mv)
+        mv = graph.const(arr.reshape(shape4), origin=origin) if arr is not None else \
+            graph.add_node("Reshape", [mv], {"shape": list(shape4)}, origin=origin,
+                           name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+        m.notes.append(f"mask of shape {list(shape)} viewed as the scores {list(shape4)}")
     cond, arr = _boolean(mv)
     window = causal_band(cond, s1, s2) if cond is not None else None
     if window is not None:
@@ -979,6 +1111,13 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     v, rep_v = _heads(m.v, inside)
     if q is None:
         q, _ = _heads(m.q, inside, batch=k.shape[0])
+    if q.merged or k.merged or v.merged:
+        if m.k_heads != 1 or m.k_bsnd or m.k_sbh:
+            raise Refused("Q, K and V are not all read with their batch axes as one")
+        why = _merged_products(m, q, k, v)
+        if why is not None:
+            raise Refused(why)
+        m.notes.append(f"batch axes read as one: {q.shape[0]} heads of one")
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k == rep_v and k.shape[:3] == v.shape[:3] and dk == d and v.shape[3] != d:

@@ -885,3 +885,141 @@ def test_an_imported_fused_attention_reads_its_head_splits_in_place():
     (rec,) = kept.analyses.attention
     assert "layout BNSD (an operand or the output is not a head split" in rec.reason
     assert "FUSED    sdpa -> sdpa" in format_explain(explain(kept))
+
+
+def _kept_where(g: Graph, cond, low: float = float(np.finfo(np.float32).min)) -> Graph:
+    """``where(cond, scores, low)`` before the softmax of ``_attention``'s graph: the scores
+    kept where ``cond`` is True (GPT-Neo's causal bias buffer)."""
+    s = g.node("probs").inputs[0]
+    kept = g.add_node("Select", [cond, s, g.const(np.float32(low))], name="kept").output
+    g.replace_input(g.node("probs"), 0, kept)
+    return g
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_scores_kept_where_a_condition_holds_are_masked_by_its_negation(constant):
+    """``where(cond, scores, finfo.min)`` (True = attended) is the masked_fill of the
+    condition's negation: one launch whose atten_mask is ``not cond``, the same results."""
+    rng = np.random.default_rng(0)
+    g = _attention()
+    if constant:
+        cond = g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool)
+    else:
+        cond = g.add_input("keep", TensorType((2, 1, 8, 8), "bool"))
+    g = _kept_where(g, cond)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "atten_mask", fa.attrs
+    mask = fa.inputs[3]
+    assert mask.dtype is DType.bool
+    if constant:  # folded at compile time: True above the diagonal (masked out)
+        from graphkernel.passes.rewrite import const_array
+        np.testing.assert_array_equal(const_array(mask).reshape(8, 8),
+                                      np.triu(np.ones((8, 8), bool), 1))
+    else:
+        assert mask.producer.op == "LogicalNot"
+    assert any("kept" in r.reason for r in res.analyses.attention if r.verdict == "fused")
+    feeds = random_inputs(g, seed=3)
+    if not constant:  # every row keeps a key
+        feeds["keep"] = rng.random((2, 1, 8, 8)) < 0.5
+        feeds["keep"][..., 0] = True
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("computed", [False, True])
+def test_a_kept_condition_and_a_minimum_mask_are_one_atten_mask_their_union(computed):
+    """GPT-Neo: ``where(causal, scores, finfo.min) + mask`` with ``mask`` only 0 and the
+    float minimum: both mask, so the operator's one atten_mask is their union (a constant
+    folded at compile time, or a LogicalOr of a computed one); the same results."""
+    rng = np.random.default_rng(1)
+    g = _attention()
+    g = _kept_where(g, g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool))
+    low = np.float32(np.finfo(np.float32).min)
+    if computed:
+        pad = g.add_input("padded", TensorType((2, 1, 1, 8), "bool"))
+        m = g.add_node("Select", [pad, g.const(low), g.const(np.float32(0))]).output
+    else:
+        pad_arr = np.zeros((2, 1, 8, 8), np.float32)
+        pad_arr[1, ..., 5:] = low
+        m = g.const(pad_arr)
+    s = g.node("probs").inputs[0]
+    g.replace_input(g.node("probs"), 0, g.add_node("Add", [s, m], name="padding").output)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "atten_mask", fa.attrs
+    assert any("united" in r.reason for r in res.analyses.attention if r.verdict == "fused")
+    feeds = random_inputs(g, seed=4)
+    if computed:
+        feeds["padded"] = rng.random((2, 1, 1, 8)) < 0.4
+        feeds["padded"][..., 0] = False
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_scores_kept_where_a_condition_holds_with_a_finite_floor_are_refused():
+    """``where(cond, scores, -1)``: the other scores keep a weight, no mask says so."""
+    g = _attention()
+    g = _kept_where(g, g.const(np.tril(np.ones((8, 8), bool))[None, None], DType.bool),
+                    low=-1.0)
+    res = _compile(g)
+    assert not _fused(res)
+
+
+def _windowed(bias: bool = False, k_split: bool = False) -> Graph:
+    """Attention with three batch axes (batch, windows, heads: Hiera's masked units, LongT5's
+    blocks): Q, K, V [2, 3, 2, 8, 16] flattened to [12, 8, 16] for the products; ``bias``
+    adds a computed bias to the scores viewed [12, 2, 4, 2, 4] (ViTDet's decomposed relative
+    positions); ``k_split``: K instead a [2, 8, 12·16] head split (not the same batch
+    axes)."""
+    g = Graph("windowed")
+    ops = []
+    for n in "qkv":
+        if n == "k" and k_split:
+            x = g.add_input(n, TensorType((2, 8, 6 * 16), "float32"))
+            x = g.add_node("Reshape", [x], {"shape": [2, 8, 6, 16]}).output
+            x = g.add_node("Transpose", [x], {"perm": [0, 2, 1, 3]}).output
+        else:
+            x = g.add_input(n, TensorType((2, 3, 2, 8, 16), "float32"))
+        ops.append(g.add_node("Reshape", [x], {"shape": [12, 8, 16]}).output)
+    s = g.add_node("BatchMatMul", ops[:2], {"transpose_b": True}, name="qk").output
+    s = g.add_node("Mul", [s, g.const(np.float32(0.25))]).output
+    if bias:
+        s = g.add_node("Reshape", [s], {"shape": [12, 2, 4, 2, 4]}).output
+        b = g.add_input("bias", TensorType((12, 2, 4, 2, 4), "float32"))
+        s = g.add_node("Add", [s, g.add_node("Tanh", [b]).output]).output
+        s = g.add_node("Reshape", [s], {"shape": [12, 8, 8]}).output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    o = g.add_node("BatchMatMul", [p, ops[2]], name="pv").output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, 3, 2, 8, 16]}).output])
+    return g
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_over_more_than_two_batch_axes_is_one_launch(bias):
+    """Q, K, V with batch, window and head axes are read as [12, 1, S, D] (each (batch,
+    window, head) one head of its own): one launch, the same results; a bias added to the
+    scores in another view of theirs is viewed back as the scores, the pse."""
+    g = _windowed(bias=bias)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] in ("BNSD", "BSND", "BSH") and fa.attrs["head_num"] == 1
+    assert fa.attrs["mask"] == ("pse" if bias else "none"), fa.attrs
+    assert fa.inputs[0].type.shape[0] == 12
+    (rec,) = [r for r in res.analyses.attention if r.verdict == "fused"]
+    assert "batch axes read as one" in rec.reason
+    feeds = random_inputs(g, seed=5)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds),
+                    strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_axes_read_as_one_only_when_q_k_and_v_all_are():
+    """K a head split [2, 6, 8, 16] while Q and V have three batch axes: Q's [12, 1, S, D]
+    and K's 6 heads would pair other matrices than the product does (and K's one-head view
+    would look like multi-query attention): refused, saying why."""
+    res = _compile(_windowed(k_split=True))
+    assert not _fused(res)
+    assert any("not all read" in r.reason for r in res.analyses.attention)
