@@ -48,6 +48,7 @@ import numpy as np
 
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.opdefs.scan import LOOP_OPS
 from graphkernel.ops import OpKind
 from graphkernel.passes.rewrite import add_like, const_array, splat
 from graphkernel.registry import PassResult, counted
@@ -351,6 +352,230 @@ def _rerolls(graph: Graph, ctx) -> list[str]:
     return notes
 
 
+# ---------------------------------------------------------------------------- the loop
+
+
+class _Step:
+    """One step's work, walked from its roots (its output row, then the values the next step
+    reads of it): ``entries`` its ops in post-order as (op, operand descriptors), ``roots``
+    the roots' descriptors, ``carried`` the values of the step before it reads, in the order
+    met, and ``first`` how many entries the first root alone needs."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, tuple]] = []
+        self.roots: list[tuple] = []
+        self.carried: list[Value] = []
+        self.counts: list[int] = []  # entries after each root
+
+
+class _Loop:
+    """An unrolled recurrence carrying several states, stacked by a Concat: the steps that do
+    the same work (the same ops in the same order on position t of the same tensors, values
+    shared by all steps and values of the step before) as one ``Scan`` with a step body."""
+
+    def __init__(self, graph: Graph, cat: Node) -> None:
+        self.graph, self.cat = graph, cat
+        out = cat.outputs[0]
+        self.shape, self.c = list(out.shape), cat.attrs["axis"] % out.type.rank
+        self.L = self.shape[self.c]
+        self.row = self.shape[:self.c] + self.shape[self.c + 1:]
+        self.dtype = out.dtype
+        self.label: dict[int, int | None] = {}
+        self.leaf: dict[int, Value] = {}  # the tensors and shared values the steps read
+
+    def labels(self) -> None:
+        for n in self.graph.nodes:  # (graph order is topological) the last step each value reads
+            for v in n.outputs:
+                pos = self.seq(v)
+                if pos is not None:
+                    self.label[id(v)] = pos[1]
+                    continue
+                labs = [self.label.get(id(x)) for x in n.inputs]
+                labs = [x for x in labs if x is not None]
+                self.label[id(v)] = max(labs) if labs else None
+
+    def seq(self, v: Value) -> tuple[Value, int] | None:
+        """(X, t) when ``v`` is position t of X along the Concat's axis, X of its shape."""
+        pos = _position(v)
+        if pos is None or not pos[3] or pos[1] != self.c or list(pos[0].shape) != self.shape \
+                or pos[0].dtype != self.dtype:
+            return None
+        return pos[0], pos[2]
+
+    def piece(self, u: Value) -> Value:
+        p = u.producer
+        if p is None or p.op not in ("ExpandDims", "Reshape") or \
+                list(p.inputs[0].shape) != self.row:
+            raise _Refused("a stacked row is not a value of one step")
+        return p.inputs[0]
+
+    def walk(self, roots: list[Value], t: int) -> _Step:
+        st = _Step()
+        slot: dict[int, tuple] = {}
+
+        def visit(v: Value, depth: int) -> tuple:
+            if id(v) in slot:
+                return slot[id(v)]
+            lab = self.label.get(id(v))
+            pos = self.seq(v)
+            if pos is not None and pos[1] == t:
+                d = ("seq", id(pos[0]))
+                self.leaf[d[1]] = pos[0]
+            elif lab is None:
+                d = ("shared", id(v))
+                self.leaf[d[1]] = v
+            elif lab == t - 1:
+                st.carried.append(v)
+                d = ("carry", len(st.carried) - 1)
+            elif lab != t:
+                raise _Refused(f"step {t} reads {v.name}, a value of step {lab}")
+            else:
+                n = v.producer
+                if n.op not in LOOP_OPS or n.attrs or len(n.outputs) != 1:
+                    raise _Refused(f"{n.name} ({n.op}) in step {t} is not elementwise work "
+                                   "without attributes")
+                if list(v.shape) != self.row or v.dtype != self.dtype:
+                    raise _Refused(f"{n.name} in step {t} is not a whole row (a step that "
+                                   "reduces or broadcasts across the carried row)")
+                if depth > MAX_TREE or len(st.entries) >= MAX_TREE:
+                    raise _Refused(f"step {t} holds over {MAX_TREE} ops")
+                ins = tuple(visit(x, depth + 1) for x in n.inputs)
+                st.entries.append((n.op, ins))
+                d = ("node", len(st.entries) - 1)
+            slot[id(v)] = d
+            return d
+
+        for r in roots:
+            st.roots.append(visit(r, 0))
+            st.counts.append(len(st.entries))
+        return st
+
+    def find(self) -> tuple[int, _Step, list[Value]]:
+        """(s0, the step's work, the values step s0 reads of step s0 - 1): steps s0..L-1 do
+        the work of one template step (the last steps only part of it: nothing reads what
+        they would leave for the steps after the end), s0 >= 1 (the first step reads the
+        initial states, which constant folding and CSE leave in another form)."""
+        L = self.L
+        if L < 3:
+            raise _Refused(f"{L} steps")
+        ws = [self.piece(u) for u in self.cat.inputs]
+        self.labels()
+        if any(self.label.get(id(w)) != t for t, w in enumerate(ws)):
+            raise _Refused("the stacked rows are not one per step")
+        walks: dict[int, _Step] = {}
+        carried: list[Value] = []
+        for t in range(L - 1, 0, -1):
+            try:
+                walks[t] = self.walk([ws[t], *carried], t)
+            except _Refused:
+                if t >= L - 2:
+                    raise
+                break
+            carried = walks[t].carried
+        lo = min(walks)
+        while True:  # the template: the step of most work among a run that does its work
+            best = max(range(lo, L), key=lambda t: len(walks[t].entries))
+            tmpl, s0 = walks[best], L
+            while s0 - 1 >= lo and _fits(walks[s0 - 1], tmpl):
+                s0 -= 1
+            if s0 == L:
+                raise _Refused("the last step does not do the work of the steps before it")
+            if s0 <= best:
+                break
+            lo = s0
+        K = len(tmpl.carried)
+        if L - s0 < 2 or len(tmpl.roots) - 1 != K or len(walks[s0].carried) != K:
+            raise _Refused(f"no run of steps carrying one set of states (steps {s0}..{L - 1})")
+        return s0, tmpl, walks[s0].carried
+
+    def build(self) -> tuple[Value, int, int, int]:
+        s0, tmpl, init = self.find()
+        g, cat, c = self.graph, self.cat, self.c
+        n = self.L - s0
+        full = self.shape[:c] + [n] + self.shape[c + 1:]
+        one = self.shape[:c] + [1] + self.shape[c + 1:]
+        K = len(init)
+        operands: list[Value] = []
+        for v in init:  # the states before step s0: the first position of K operands
+            operands.append(add_like(g, cat, "BroadcastTo", [add_like(
+                g, cat, "Reshape", [v], {"shape": one})], {"shape": full}))
+        slots: dict[tuple, int] = {("carry", k): k for k in range(K)}
+        leaves = {}
+        for _, ins in tmpl.entries:
+            for d in ins:
+                if d[0] in ("seq", "shared"):
+                    leaves.setdefault(d, None)
+        for d in tmpl.roots:
+            if d[0] == "seq":
+                leaves.setdefault(d, None)
+        for d in leaves:
+            v = self.leaf[d[1]]
+            if d[0] == "seq":
+                x = v if s0 == 0 else add_like(g, cat, "StridedSlice", [v], {
+                    "begin": [s0], "end": [self.L], "strides": [1], "axes": [c]})
+            else:
+                pad = [1] * (len(self.row) - v.type.rank) + list(v.shape)
+                if len(pad) != len(self.row) or v.dtype != self.dtype or any(
+                        a not in (1, b) for a, b in zip(pad, self.row, strict=True)):
+                    raise _Refused(f"{v.name}, read by every step, does not broadcast to "
+                                   "the row")
+                x = add_like(g, cat, "BroadcastTo", [add_like(
+                    g, cat, "Reshape", [v], {"shape": pad[:c] + [1] + pad[c:]})],
+                    {"shape": full})
+            slots[d] = K + len(operands)
+            operands.append(x)
+        base = K + len(operands)
+        body, args = [], []
+        for j, (op, ins) in enumerate(tmpl.entries):
+            slots[("node", j)] = base + j
+            body.append(op)
+            args.append([slots[d] for d in ins])
+        attrs = {"axis": c, "combine": "loop", "body": body, "args": args,
+                 "states": [slots[d] for d in tmpl.roots[1:]], "out": slots[tmpl.roots[0]]}
+        y = add_like(g, cat, "Scan", operands, attrs)
+        if s0 == 0:
+            return y, s0, K, len(body)
+        return add_like(g, cat, "Concat", [*cat.inputs[:s0], y], {"axis": c}), s0, K, len(body)
+
+
+def _fits(st: _Step, tmpl: _Step) -> bool:
+    """Whether a step does the template's work for the first of its roots (the template's
+    first roots, its entries the template's first ones)."""
+    m = len(st.roots)
+    return m <= len(tmpl.roots) and st.roots == tmpl.roots[:m] and \
+        st.entries == tmpl.entries[:tmpl.counts[m - 1]] and \
+        len(st.entries) == tmpl.counts[m - 1]
+
+
+def _loops(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for cat in list(graph.nodes):
+        if cat.graph is None or cat.op != "Concat" or len(cat.inputs) < 3:
+            continue
+        out = cat.outputs[0]
+        if not out.type.is_static or not out.dtype.is_float or \
+                out.shape[cat.attrs["axis"] % out.type.rank] != len(cat.inputs):
+            continue
+        with graph.recording() as made:
+            try:
+                new, s0, k, ops_ = _Loop(graph, cat).build()
+            except _Refused as e:
+                new = None
+                if str(e):
+                    ctx.log(f"{cat.name}: no loop over its {len(cat.inputs)} rows: {e}")
+            if new is not None and not ctx.should_apply(
+                    f"{cat.name} an unrolled recurrence as one loop", [cat]):
+                new = None
+        if new is None:
+            for m in reversed(made):
+                graph.erase_node(m)
+            continue
+        graph.replace_all_uses(out, new)
+        notes.append(f"{cat.name}: steps {s0}..{len(cat.inputs) - 1} of a recurrence "
+                     f"carrying {k} states ({ops_} ops a step) as one loop")
+    return notes
+
+
 # ---------------------------------------------------------------------------- the row writes
 
 
@@ -532,6 +757,7 @@ def scan_loop(graph, ctx) -> PassResult:
         graph.remove_dead()
         notes += _row_writes(graph, ctx)
     notes += _rerolls(graph, ctx) if hist.get("Concat") or notes else []
+    notes += _loops(graph, ctx) if hist.get("Concat") or notes else []
     if notes:
         graph.remove_dead()
         graph.toposort()
