@@ -31,6 +31,22 @@ both exact (the same float operations in the same order):
   reads them from the written value or from the value before (a cache written a column per
   layer and read back by the next layer), so the writes before it end no chain. The Concat
   is then the re-roll's (one Scan's rows: the Scan itself).
+* **the loop**: a Concat of rows ``y_t`` of a recurrence whose step carries several states
+  (RWKV's WKV: a numerator, a denominator and a running maximum, updated with exp, max, mul
+  and add; no single-state ``a * h + b``) becomes one ``Scan`` with ``combine="loop"``
+  holding one step's ops. Each value is labelled with the last step it reads (position t of
+  a tensor of the Concat's shape along its axis); a step's work is walked from its row and
+  from the values the next step reads of it, its leaves being position t of a tensor, values
+  no step computes (shared by all) and values of the step before (the states). Steps s0..L-1
+  that do one template step's work (the same ops with the same operands in the same order;
+  the last steps may do only the part anything reads) become the loop, from the states step
+  s0 read; the first step is left as it is, since it reads the initial constants, which
+  constant folding and CSE leave in another form. Exact: the loop runs the same ops in the
+  same order on the same values (the last step's updates of states nothing reads are run
+  and dropped). Refused, with the reason logged: a step that reduces, broadcasts or does
+  work other than the elementwise ops of ``LOOP_OPS`` (``opdefs/scan.py``) across the
+  carried row, a step reading a value two steps back, a last step that differs from the
+  steps before, and fewer than two like steps.
 * **the first coefficient**: a linear Scan's first coefficient multiplies the zero it starts
   from, so a constant factor of the coefficients that is 1 at every later position and within
   [-1, 1] at the first (a reset mask ``~(pos == 0)`` of a gated recurrence) is dropped: ``a_0
@@ -381,7 +397,8 @@ class _Loop:
         self.row = self.shape[:self.c] + self.shape[self.c + 1:]
         self.dtype = out.dtype
         self.label: dict[int, int | None] = {}
-        self.leaf: dict[int, Value] = {}  # the tensors and shared values the steps read
+        self.leaf: dict = {}  # the tensors and shared values the steps read, by key
+        self.keys: dict[int, tuple] = {}
 
     def labels(self) -> None:
         for n in self.graph.nodes:  # (graph order is topological) the last step each value reads
@@ -401,6 +418,21 @@ class _Loop:
                 or pos[0].dtype != self.dtype:
             return None
         return pos[0], pos[2]
+
+    def shared(self, v: Value) -> tuple:
+        """A key of a value no step computes: the value itself, or for work on such values
+        the op, its attributes and its operands' keys (the same work in each step, left
+        apart by a graph that was not CSE'd, is one value read by every step)."""
+        key = self.keys.get(id(v))
+        if key is None:
+            p = v.producer
+            if p is None or p.op == "Constant" or len(p.outputs) != 1:
+                key = ("value", id(v))
+            else:
+                key = (p.op, repr(sorted(p.attrs.items())),
+                       tuple(self.shared(x) for x in p.inputs))
+            self.keys[id(v)] = key
+        return key
 
     def piece(self, u: Value) -> Value:
         p = u.producer
@@ -422,7 +454,7 @@ class _Loop:
                 d = ("seq", id(pos[0]))
                 self.leaf[d[1]] = pos[0]
             elif lab is None:
-                d = ("shared", id(v))
+                d = ("shared", self.shared(v))
                 self.leaf[d[1]] = v
             elif lab == t - 1:
                 st.carried.append(v)
@@ -484,6 +516,8 @@ class _Loop:
                 break
             lo = s0
         K = len(tmpl.carried)
+        if K == 0:
+            raise _Refused("no state carried from one step to the next")
         if L - s0 < 2 or len(tmpl.roots) - 1 != K or len(walks[s0].carried) != K:
             raise _Refused(f"no run of steps carrying one set of states (steps {s0}..{L - 1})")
         return s0, tmpl, walks[s0].carried
@@ -744,8 +778,9 @@ def _first_steps(graph: Graph, ctx) -> list[str]:
 
 
 def scan_loop(graph, ctx) -> PassResult:
-    """Rewrite an unrolled recurrence → Scan, per-step row writes → Concat, and a Concat of
-    one expression per step → the expression on whole tensors."""
+    """Rewrite an unrolled recurrence → Scan, per-step row writes → Concat, a Concat of one
+    expression per step → the expression on whole tensors, and the steps of a recurrence
+    carrying several states → one Scan running the step body."""
     hist = graph.op_histogram()
     if not (hist.get("StridedSlice") or hist.get("Scan") or hist.get("Select")):
         return PassResult(False, 0, [], "no unrolled loop")  # (a step is a slice, a write a
