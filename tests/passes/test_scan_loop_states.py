@@ -130,6 +130,7 @@ def test_a_recurrence_carrying_several_states_becomes_one_loop(graph, states, op
 def test_the_loop_is_the_reference_step_by_step():
     """The Scan's reference against the loop written out in numpy."""
     g, _, _ = _run(_gated())
+    assert len(_loops(g)) == 1
     feeds = random_inputs(g, 0)
     a, x = (feeds[k] for k in ("a", "x"))
     h, m, want = np.ones((B, H), np.float32), np.full((B, H), -np.inf, np.float32), []
