@@ -490,7 +490,7 @@ class _Loop:
         L = self.L
         if L < 3:
             raise _Refused(f"{L} steps")
-        ws = [self.piece(u) for u in self.cat.inputs]
+        self.ws = ws = [self.piece(u) for u in self.cat.inputs]
         self.labels()
         if any(self.label.get(id(w)) != t for t, w in enumerate(ws)):
             raise _Refused("the stacked rows are not one per step")
@@ -525,28 +525,43 @@ class _Loop:
     def build(self) -> tuple[Value, int, int, int]:
         s0, tmpl, init = self.find()
         g, cat, c = self.graph, self.cat, self.c
-        n = self.L - s0
-        full = self.shape[:c] + [n] + self.shape[c + 1:]
+        first = None
+        if s0 == 1:  # the first step's own work, when it is elementwise work on rows too
+            try:
+                first = self.walk([self.ws[0], *init], 0)
+            except _Refused:
+                first = None
+            if first is not None and any(
+                    d[0] == "shared" and _part_of(self.leaf[d[1]])
+                    for d in (*first.roots, *(x for _, ins in first.entries for x in ins))):
+                # a part of a larger tensor (a cache's column) broadcast over the loop's
+                # rows is no read of whole rows the loop's kernel takes: the first step
+                # stays, computing the states as values of their own
+                first = None
+        start = 0 if first is not None else s0
+        full = self.shape[:c] + [self.L - start] + self.shape[c + 1:]
         one = self.shape[:c] + [1] + self.shape[c + 1:]
         K = len(init)
         operands: list[Value] = []
-        for v in init:  # the states before step s0: the first position of K operands
-            operands.append(add_like(g, cat, "BroadcastTo", [add_like(
-                g, cat, "Reshape", [v], {"shape": one})], {"shape": full}))
+        if first is None:
+            for v in init:  # the states before step s0: the first position of K operands
+                operands.append(add_like(g, cat, "BroadcastTo", [add_like(
+                    g, cat, "Reshape", [v], {"shape": one})], {"shape": full}))
         slots: dict[tuple, int] = {("carry", k): k for k in range(K)}
         leaves = {}
-        for _, ins in tmpl.entries:
-            for d in ins:
+        for st in (tmpl, first) if first is not None else (tmpl,):
+            for _, ins in st.entries:
+                for d in ins:
+                    if d[0] in ("seq", "shared"):
+                        leaves.setdefault(d, None)
+            for d in st.roots:
                 if d[0] in ("seq", "shared"):
                     leaves.setdefault(d, None)
-        for d in tmpl.roots:
-            if d[0] == "seq":
-                leaves.setdefault(d, None)
         for d in leaves:
             v = self.leaf[d[1]]
             if d[0] == "seq":
-                x = v if s0 == 0 else add_like(g, cat, "StridedSlice", [v], {
-                    "begin": [s0], "end": [self.L], "strides": [1], "axes": [c]})
+                x = v if start == 0 else add_like(g, cat, "StridedSlice", [v], {
+                    "begin": [start], "end": [self.L], "strides": [1], "axes": [c]})
             else:
                 pad = [1] * (len(self.row) - v.type.rank) + list(v.shape)
                 if len(pad) != len(self.row) or v.dtype != self.dtype or any(
@@ -559,17 +574,33 @@ class _Loop:
             slots[d] = K + len(operands)
             operands.append(x)
         base = K + len(operands)
-        body, args = [], []
-        for j, (op, ins) in enumerate(tmpl.entries):
-            slots[("node", j)] = base + j
-            body.append(op)
-            args.append([slots[d] for d in ins])
+
+        def ops_of(st: _Step) -> tuple[list[str], list[list[int]], list[int], int]:
+            own = dict(slots)
+            for j in range(len(st.entries)):
+                own[("node", j)] = base + j
+            return ([op for op, _ in st.entries], [[own[d] for d in ins] for _, ins in
+                                                   st.entries],
+                    [own[d] for d in st.roots[1:]], own[st.roots[0]])
+
+        body, args, states, out = ops_of(tmpl)
         attrs = {"axis": c, "combine": "loop", "body": body, "args": args,
-                 "states": [slots[d] for d in tmpl.roots[1:]], "out": slots[tmpl.roots[0]]}
+                 "states": states, "out": out}
+        if first is not None:
+            attrs["first"], attrs["first_args"], attrs["first_states"], attrs["first_out"] = \
+                ops_of(first)
+            return add_like(g, cat, "Scan", operands, attrs), 0, K, len(body)
         y = add_like(g, cat, "Scan", operands, attrs)
-        if s0 == 0:
-            return y, s0, K, len(body)
         return add_like(g, cat, "Concat", [*cat.inputs[:s0], y], {"axis": c}), s0, K, len(body)
+
+
+def _part_of(v: Value) -> bool:
+    """A slice (squeezed or not) that takes part of its input."""
+    p = v.producer
+    if p is not None and p.op in ("Squeeze", "Reshape"):
+        p = p.inputs[0].producer
+    return p is not None and p.op == "StridedSlice" and \
+        p.outputs[0].type.numel != p.inputs[0].type.numel
 
 
 def _fits(st: _Step, tmpl: _Step) -> bool:

@@ -350,14 +350,16 @@ class VectorLowerer(Lowerer):
 
     def loop(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """A Scan running a step body down the tile's rows (``combine="loop"``): a helper of
-        the kernel (``ScanLoopN``) that, at the scanned axis's first tile, takes the states
-        from the first row of their operands, then for each row runs the body's ops on rows
+        the kernel (``ScanLoopN``) that, at the scanned axis's first tile, runs the first
+        step's own work (``first``) or takes the states from the first row of their
+        operands, then for each row runs the body's ops on rows
         (the states and each op's result a row of the kernel, the operands' row i), writes
         the output's row i and copies the new states; barriers as ``place`` puts them
         between the row ops, and one closing each step, so every step sees the one before."""
         at = n.attrs
         k, nin = len(at["states"]), len(a)
-        names = [f"ac{len(self.accumulators) + j}" for j in range(k + len(at["body"]))]
+        temps = max(len(at["body"]), len(at["first"]))  # (the first step's rows are reused)
+        names = [f"ac{len(self.accumulators) + j}" for j in range(k + temps)]
         self.accumulators += [(x, "0.0f") for x in names]
         rows: list[bool] = []  # operand j is a whole tile (row i read), else one row
         for r in a:
@@ -373,30 +375,44 @@ class VectorLowerer(Lowerer):
                 return op(f"x{j}", "o" if rows[j] else "")
             return op(f"w{x - nin}")
 
-        body: list[Instr] = []
-        for j, (name, args) in enumerate(zip(at["body"], at["args"], strict=True)):
-            d, srcs = op(f"w{k + j}"), [slot(x) for x in args]
-            if name == "Neg":
-                body.append(Call("Muls", d, (srcs[0], "CT(-1.0f)"), "cols"))
-            else:
-                body.append(Call(INSTRUCTIONS[name].api, d, tuple(srcs), "cols"))
-        body.append(Call("Muls", op("y", "o"), (slot(at["out"]), "CT(1.0f)"), "cols"))
-        for j, x in enumerate(at["states"]):
-            if x < k:
-                raise Unsupported("a loop state that takes a state's old value", node=n)
-            body.append(Call("Muls", op(f"w{j}"), (slot(x), "CT(1.0f)"), "cols"))
+        def step(ops_: list[str], args_: list[list[int]], keep: list[int], row: int
+                 ) -> list[Instr]:
+            body: list[Instr] = []
+            for j, (name, args) in enumerate(zip(ops_, args_, strict=True)):
+                d, srcs = op(f"w{k + j}"), [slot(x) for x in args]
+                if name == "Neg":
+                    body.append(Call("Muls", d, (srcs[0], "CT(-1.0f)"), "cols"))
+                else:
+                    body.append(Call(INSTRUCTIONS[name].api, d, tuple(srcs), "cols"))
+            body.append(Call("Muls", op("y", "o"), (slot(row), "CT(1.0f)"), "cols"))
+            for j, x in enumerate(keep):
+                if x < k:
+                    raise Unsupported("a loop state that takes a state's old value", node=n)
+                body.append(Call("Muls", op(f"w{j}"), (slot(x), "CT(1.0f)"), "cols"))
+            return body
+
         name = f"ScanLoop{len(self.loops)}"
         params = ", ".join(["const LocalTensor<CT>& y",
                             *(f"const LocalTensor<CT>& x{j}" for j in range(nin)),
                             *(f"const LocalTensor<CT>& w{j}" for j in range(len(names))),
                             "uint32_t rows", "uint32_t cols"])
-        start = [Call("Muls", op(f"w{j}"), (op(f"x{j}"), "CT(1.0f)"), "cols") for j in range(k)]
-        lines = [f"__aicore__ inline void {name}({params}) {{",
-                 "    if (r0_ == 0) {  // the first tile: the states from their operands",
-                 *("        " + x for x in text(place(start))), "    }",
-                 "    for (uint32_t i = 0; i < rows; ++i) {",
-                 "        const uint32_t o = i * t_.ctp;",
-                 *("        " + x for x in text(place(body))), "    }", "}"]
+        lines = [f"__aicore__ inline void {name}({params}) {{"]
+        if at["first"]:  # the first position's own work leaves the states
+            lines += ["    uint32_t i0 = 0;", "    if (r0_ == 0) {  // the first step's own work",
+                      "        const uint32_t o = 0;",
+                      *("        " + x for x in text(place(step(
+                          at["first"], at["first_args"], at["first_states"],
+                          at["first_out"])))), "        i0 = 1;", "    }"]
+        else:
+            start = [Call("Muls", op(f"w{j}"), (op(f"x{j}"), "CT(1.0f)"), "cols")
+                     for j in range(k)]
+            lines += ["    const uint32_t i0 = 0;",
+                      "    if (r0_ == 0) {  // the first tile: the states from their operands",
+                      *("        " + x for x in text(place(start))), "    }"]
+        lines += ["    for (uint32_t i = i0; i < rows; ++i) {",
+                  "        const uint32_t o = i * t_.ctp;",
+                  *("        " + x for x in text(place(step(
+                      at["body"], at["args"], at["states"], at["out"])))), "    }", "}"]
         self.loops.append(lines)
         srcs = [op(self.same(r, r.kind)) for r in a]
         self.call(name, op(dst.expr), *srcs, *(op(x, work=True) for x in names), "rows",

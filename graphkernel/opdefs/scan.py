@@ -10,12 +10,15 @@ result does not depend on the grouping, only on the order along the axis.
 
 The ``loop`` rule is not associative: it runs a step body of elementwise ops along the axis,
 one position after the other, carrying several states (an unrolled recurrence re-rolled by
-``scan_loop``: RWKV's numerator, denominator and running maximum). Its operands are K
-operands whose first position along the axis holds the states before the first step, then
-the sequences the steps read a position of. ``body`` lists the step's ops in order, ``args``
-their operands as slots: 0..K-1 the states, K.. the operands' positions, then the body's own
-results in order; ``states`` names the slots that become the states of the next step and
-``out`` the slot written at each position of the result.
+``scan_loop``: RWKV's numerator, denominator and running maximum). Its operands are the
+sequences the steps read a position of, led, without ``first``, by K operands whose first
+position along the axis holds the states before the first step. ``body`` lists the step's
+ops in order, ``args`` their operands as slots: 0..K-1 the states, K.. the operands'
+positions, then the body's own results in order; ``states`` names the slots that become
+the states of the next step and ``out`` the slot written at each position of the result.
+``first`` (with ``first_args``, ``first_states``, ``first_out``), when given, is the first
+position's own work, reading no state (the first step of an unrolled loop, whose initial
+constants folding has merged into its ops): it leaves the states, and no operand holds them.
 """
 
 from __future__ import annotations
@@ -55,14 +58,18 @@ class ScanAttrs(Attrs):
     args: list[list[int]] = []    # loop: each op's operand slots
     states: list[int] = []        # loop: the slot each state takes after a step
     out: int = -1                 # loop: the slot written at each position
+    first: list[str] = []         # loop: the first position's own ops (none: the body's)
+    first_args: list[list[int]] = []
+    first_states: list[int] = []
+    first_out: int = -1
 
 
 def check_loop(n_in: int, attrs: dict) -> str | None:
     """Why a loop's attributes do not describe a step body over ``n_in`` operands, or None."""
     body, args, states, out = attrs["body"], attrs["args"], attrs["states"], attrs["out"]
     k = len(states)
-    if k == 0 or n_in < k:
-        return f"{k} states over {n_in} operands"
+    if k == 0:
+        return "no state"
     if len(body) != len(args) or not body:
         return "one operand list per op of a non-empty body"
     for j, (op, a) in enumerate(zip(body, args, strict=True)):
@@ -73,6 +80,20 @@ def check_loop(n_in: int, attrs: dict) -> str | None:
     total = k + n_in + len(body)
     if any(not 0 <= x < total for x in (*states, out)):
         return "a state or the output names no slot"
+    first = attrs["first"]
+    if first:
+        if len(first) != len(attrs["first_args"]) or len(attrs["first_states"]) != k:
+            return "one operand list per op of the first step, and a slot per state"
+        for j, (op, a) in enumerate(zip(first, attrs["first_args"], strict=True)):
+            if op not in LOOP_OPS or len(a) != LOOP_OPS[op]:
+                return f"op {j} of the first step ({op}) is not an elementwise op"
+            if any(not k <= x < k + n_in + j for x in a):
+                return f"op {j} of the first step reads a state or a slot not computed"
+        if any(not k <= x < k + n_in + len(first)
+               for x in (*attrs["first_states"], attrs["first_out"])):
+            return "a state or the output of the first step names no slot"
+    elif n_in < k:
+        return f"{k} states over {n_in} operands"
     return None
 
 
@@ -123,14 +144,18 @@ def _loop_ref(xs, a, axis):
     seq = [np.moveaxis(x, axis, 0) for x in xs]
     k = len(a["states"])
     out = np.empty_like(seq[0])
-    states = [s[0].copy() for s in seq[:k]] if len(seq[0]) else []
+    states = [s[0].copy() for s in seq[:k]] if len(seq[0]) and not a["first"] else []
     with np.errstate(all="ignore"):
         for t in range(len(seq[0])):
-            slots = states + [s[t] for s in seq]
-            for op, args in zip(a["body"], a["args"], strict=True):
-                slots.append(_LOOP_FN[op](*(slots[j] for j in args)).astype(out.dtype))
-            out[t] = slots[a["out"]]
-            states = [slots[j].copy() for j in a["states"]]
+            first = t == 0 and a["first"]
+            slots = (states or [None] * k) + [s[t] for s in seq]
+            body, args, keep, row = (a["first"], a["first_args"], a["first_states"],
+                                     a["first_out"]) if first else (a["body"], a["args"],
+                                                                    a["states"], a["out"])
+            for op, arg in zip(body, args, strict=True):
+                slots.append(_LOOP_FN[op](*(slots[j] for j in arg)).astype(out.dtype))
+            out[t] = slots[row]
+            states = [slots[j].copy() for j in keep]
     return np.moveaxis(out, 0, axis)
 
 

@@ -117,11 +117,12 @@ def _run(g: Graph) -> tuple[Graph, list[str], list[str]]:
 def test_a_recurrence_carrying_several_states_becomes_one_loop(graph, states, ops):
     h, res = apply_pass("scan_loop", graph)
     (loop,) = _loops(h)
-    # the first step reads the constant initial states: it stays, the loop takes the rest
     assert len(loop.attrs["states"]) == states and len(loop.attrs["body"]) == ops
-    assert list(loop.outputs[0].shape) == [B, L - 1, H] and loop.attrs["axis"] == 1
-    (cat,) = [n for n in h.nodes if n.op == "Concat"]
-    assert len(cat.inputs) == 2 and cat.inputs[1] is loop.outputs[0]
+    # the first step reads the constant initial states: its own work is the loop's first
+    # (no operand holds the states), the loop the whole sequence, no Concat left
+    assert loop.attrs["first"] and len(loop.attrs["first_states"]) == states
+    assert list(loop.outputs[0].shape) == [B, L, H] and loop.attrs["axis"] == 1
+    assert "Concat" not in ops_of(h)
     # one step's work, not L: the unrolled steps after the first are gone
     assert ops_of(h).count("Exp") <= 4 and ops_of(h).count("Maximum") <= 2
     assert_same_results(graph, h)  # the same ops in the same order: equal to the bit
@@ -144,7 +145,10 @@ def test_the_loop_is_the_reference_step_by_step():
 def test_steps_that_differ_keep_the_steps_before_them_unrolled():
     g, notes, _ = _run(_wkv(odd=3))
     (loop,) = _loops(g)
-    assert list(loop.outputs[0].shape) == [B, L - 4, H]  # steps 4..7
+    # steps 4..7, from the states step 3 left (the first position of four operands)
+    assert list(loop.outputs[0].shape) == [B, L - 4, H] and not loop.attrs["first"]
+    (cat,) = [n for n in g.nodes if n.op == "Concat"]
+    assert len(cat.inputs) == 5 and cat.inputs[4] is loop.outputs[0]
     assert "steps 4..7" in notes[-1]
     assert_same_results(_wkv(odd=3), g)
 
@@ -256,3 +260,18 @@ def test_a_compiled_wkv_loop_is_a_few_launches():
         assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
         counts[flags] = sum(s["launches"].values())
     assert counts[""] <= 6 and counts["--disable_pass=scan_loop"] >= 8, counts
+
+
+def test_a_first_step_reading_a_cache_column_stays_before_the_loop():
+    """Initial states read as a column of a larger tensor (a model's state cache): the first
+    step stays (its values are the loop's states), the loop takes the steps after it."""
+    g = _wkv()
+    cache = g.add_input("cache", TensorType((B, H, 2), "float32"))
+    col = _op(g, "Squeeze", _op(g, "StridedSlice", cache, begin=[1], end=[2], strides=[1],
+                                axes=[2]), axis=[2])
+    first_max = next(n for n in g.nodes if n.op == "Maximum")
+    g.replace_input(first_max, 0, col)
+    h, notes, _ = _run(g)
+    (loop,) = _loops(h)
+    assert not loop.attrs["first"] and list(loop.outputs[0].shape) == [B, L - 1, H]
+    assert_same_results(g, h)
