@@ -40,8 +40,12 @@ both exact (the same float operations in the same order):
   no step computes (shared by all) and values of the step before (the states). Steps s0..L-1
   that do one template step's work (the same ops with the same operands in the same order;
   the last steps may do only the part anything reads) become the loop, from the states step
-  s0 read; the first step is left as it is, since it reads the initial constants, which
-  constant folding and CSE leave in another form. Exact: the loop runs the same ops in the
+  s0 read. The first step reads the initial constants, which constant folding and CSE leave
+  in another form: when it is elementwise work on rows too, it is the loop's own first step
+  (``first``: its ops run at position 0 and leave the states, so no step stays outside and
+  no Concat is left); else (or when it reads a slice of a larger tensor, a cache's column,
+  which the loop's kernel would have to read broadcast over its rows) it stays, and the
+  loop starts from the values it leaves. Exact: the loop runs the same ops in the
   same order on the same values (the last step's updates of states nothing reads are run
   and dropped). Refused, with the reason logged: a step that reduces, broadcasts or does
   work other than the elementwise ops of ``LOOP_OPS`` (``opdefs/scan.py``) across the
