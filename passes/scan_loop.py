@@ -386,6 +386,7 @@ class _Step:
         self.roots: list[tuple] = []
         self.carried: list[Value] = []
         self.counts: list[int] = []  # entries after each root
+        self.nodes: list[Node] = []   # the step's nodes, as entries
 
 
 class _Loop:
@@ -477,6 +478,7 @@ class _Loop:
                     raise _Refused(f"step {t} holds over {MAX_TREE} ops")
                 ins = tuple(visit(x, depth + 1) for x in n.inputs)
                 st.entries.append((n.op, ins))
+                st.nodes.append(n)
                 d = ("node", len(st.entries) - 1)
             slot[id(v)] = d
             return d
@@ -519,6 +521,21 @@ class _Loop:
             if s0 <= best:
                 break
             lo = s0
+        live, todo = set(), [v.producer for v in self.graph.outputs if v.producer]
+        while todo:  # (dead users, a last step's updates nothing reads, do not count)
+            n = todo.pop()
+            if id(n) not in live:
+                live.add(id(n))
+                todo += [x.producer for x in n.inputs if x.producer is not None]
+        inside = {id(n) for t in range(s0, L) for n in walks[t].nodes}
+        inside |= {id(u.producer) for u in self.cat.inputs}
+        for t in range(s0, L):
+            for n in walks[t].nodes:
+                v = n.outputs[0]
+                if self.graph.is_output(v) or any(
+                        id(u) not in inside and id(u) in live for u in v.users):
+                    raise _Refused(f"{v.name} of step {t} is read outside the steps (a value "
+                                   "saved for a backward pass): the unrolled steps would stay")
         K = len(tmpl.carried)
         if K == 0:
             raise _Refused("no state carried from one step to the next")

@@ -275,3 +275,13 @@ def test_a_first_step_reading_a_cache_column_stays_before_the_loop():
     (loop,) = _loops(h)
     assert not loop.attrs["first"] and list(loop.outputs[0].shape) == [B, L - 1, H]
     assert_same_results(g, h)
+
+
+def test_steps_whose_values_are_read_elsewhere_are_refused():
+    """A step's value read outside the steps (what a training graph saves for its backward
+    pass) keeps the unrolled steps alive: a loop beside them would only add work."""
+    g = _wkv()
+    exps = [n.outputs[0] for n in g.nodes if n.op == "Exp"]
+    g.set_outputs([*g.outputs, exps[len(exps) // 2]])
+    h, notes, log = _run(g)
+    assert not _loops(h) and any("read outside the steps" in m for m in log), log
