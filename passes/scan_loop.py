@@ -50,7 +50,9 @@ both exact (the same float operations in the same order):
   and dropped). Refused, with the reason logged: a step that reduces, broadcasts or does
   work other than the elementwise ops of ``LOOP_OPS`` (``opdefs/scan.py``) across the
   carried row, a step reading a value two steps back, a last step that differs from the
-  steps before, and fewer than two like steps.
+  steps before, fewer than two like steps, and steps whose values are read outside them (a
+  training graph saving them for the backward pass: the unrolled steps would stay beside
+  the loop).
 * **the first coefficient**: a linear Scan's first coefficient multiplies the zero it starts
   from, so a constant factor of the coefficients that is 1 at every later position and within
   [-1, 1] at the first (a reset mask ``~(pos == 0)`` of a gated recurrence) is dropped: ``a_0
