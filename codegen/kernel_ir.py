@@ -214,6 +214,7 @@ class KernelIR:
     stores: dict[int, list[Instr]] = field(default_factory=dict)
     compute_type: str = "float"
     pools: dict[str, int] = field(default_factory=dict)  # scratch pool -> buffers it took
+    loops: list[list[str]] = field(default_factory=list)  # ScanLoopN helpers (C++ lines)
 
     @property
     def calls(self) -> list[Call]:

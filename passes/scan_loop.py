@@ -31,6 +31,28 @@ both exact (the same float operations in the same order):
   reads them from the written value or from the value before (a cache written a column per
   layer and read back by the next layer), so the writes before it end no chain. The Concat
   is then the re-roll's (one Scan's rows: the Scan itself).
+* **the loop**: a Concat of rows ``y_t`` of a recurrence whose step carries several states
+  (RWKV's WKV: a numerator, a denominator and a running maximum, updated with exp, max, mul
+  and add; no single-state ``a * h + b``) becomes one ``Scan`` with ``combine="loop"``
+  holding one step's ops. Each value is labelled with the last step it reads (position t of
+  a tensor of the Concat's shape along its axis); a step's work is walked from its row and
+  from the values the next step reads of it, its leaves being position t of a tensor, values
+  no step computes (shared by all) and values of the step before (the states). Steps s0..L-1
+  that do one template step's work (the same ops with the same operands in the same order;
+  the last steps may do only the part anything reads) become the loop, from the states step
+  s0 read. The first step reads the initial constants, which constant folding and CSE leave
+  in another form: when it is elementwise work on rows too, it is the loop's own first step
+  (``first``: its ops run at position 0 and leave the states, so no step stays outside and
+  no Concat is left); else (or when it reads a slice of a larger tensor, a cache's column,
+  which the loop's kernel would have to read broadcast over its rows) it stays, and the
+  loop starts from the values it leaves. Exact: the loop runs the same ops in the
+  same order on the same values (the last step's updates of states nothing reads are run
+  and dropped). Refused, with the reason logged: a step that reduces, broadcasts or does
+  work other than the elementwise ops of ``LOOP_OPS`` (``opdefs/scan.py``) across the
+  carried row, a step reading a value two steps back, a last step that differs from the
+  steps before, fewer than two like steps, and steps whose values are read outside them (a
+  training graph saving them for the backward pass: the unrolled steps would stay beside
+  the loop).
 * **the first coefficient**: a linear Scan's first coefficient multiplies the zero it starts
   from, so a constant factor of the coefficients that is 1 at every later position and within
   [-1, 1] at the first (a reset mask ``~(pos == 0)`` of a gated recurrence) is dropped: ``a_0
@@ -48,6 +70,7 @@ import numpy as np
 
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
+from graphkernel.opdefs.scan import LOOP_OPS
 from graphkernel.ops import OpKind
 from graphkernel.passes.rewrite import add_like, const_array, splat
 from graphkernel.registry import PassResult, counted
@@ -351,6 +374,296 @@ def _rerolls(graph: Graph, ctx) -> list[str]:
     return notes
 
 
+# ---------------------------------------------------------------------------- the loop
+
+
+class _Step:
+    """One step's work, walked from its roots (its output row, then the values the next step
+    reads of it): ``entries`` its ops in post-order as (op, operand descriptors), ``roots``
+    the roots' descriptors, ``carried`` the values of the step before it reads, in the order
+    met, and ``first`` how many entries the first root alone needs."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, tuple]] = []
+        self.roots: list[tuple] = []
+        self.carried: list[Value] = []
+        self.counts: list[int] = []  # entries after each root
+        self.nodes: list[Node] = []   # the step's nodes, as entries
+
+
+class _Loop:
+    """An unrolled recurrence carrying several states, stacked by a Concat: the steps that do
+    the same work (the same ops in the same order on position t of the same tensors, values
+    shared by all steps and values of the step before) as one ``Scan`` with a step body."""
+
+    def __init__(self, graph: Graph, cat: Node) -> None:
+        self.graph, self.cat = graph, cat
+        out = cat.outputs[0]
+        self.shape, self.c = list(out.shape), cat.attrs["axis"] % out.type.rank
+        self.L = self.shape[self.c]
+        self.row = self.shape[:self.c] + self.shape[self.c + 1:]
+        self.dtype = out.dtype
+        self.label: dict[int, int | None] = {}
+        self.leaf: dict = {}  # the tensors and shared values the steps read, by key
+        self.keys: dict[int, tuple] = {}
+
+    def labels(self) -> None:
+        for n in self.graph.nodes:  # (graph order is topological) the last step each value reads
+            for v in n.outputs:
+                pos = self.seq(v)
+                if pos is not None:
+                    self.label[id(v)] = pos[1]
+                    continue
+                labs = [self.label.get(id(x)) for x in n.inputs]
+                labs = [x for x in labs if x is not None]
+                self.label[id(v)] = max(labs) if labs else None
+
+    def seq(self, v: Value) -> tuple[Value, int] | None:
+        """(X, t) when ``v`` is position t of X along the Concat's axis, X of its shape."""
+        pos = _position(v)
+        if pos is None or not pos[3] or pos[1] != self.c or list(pos[0].shape) != self.shape \
+                or pos[0].dtype != self.dtype:
+            return None
+        return pos[0], pos[2]
+
+    def shared(self, v: Value) -> tuple:
+        """A key of a value no step computes: the value itself, or for work on such values
+        the op, its attributes and its operands' keys (the same work in each step, left
+        apart by a graph that was not CSE'd, is one value read by every step)."""
+        key = self.keys.get(id(v))
+        if key is None:
+            p = v.producer
+            if p is None or p.op == "Constant" or len(p.outputs) != 1:
+                key = ("value", id(v))
+            else:
+                key = (p.op, repr(sorted(p.attrs.items())),
+                       tuple(self.shared(x) for x in p.inputs))
+            self.keys[id(v)] = key
+        return key
+
+    def piece(self, u: Value) -> Value:
+        p = u.producer
+        if p is None or p.op not in ("ExpandDims", "Reshape") or \
+                list(p.inputs[0].shape) != self.row:
+            raise _Refused("a stacked row is not a value of one step")
+        return p.inputs[0]
+
+    def walk(self, roots: list[Value], t: int) -> _Step:
+        st = _Step()
+        slot: dict[int, tuple] = {}
+
+        def visit(v: Value, depth: int) -> tuple:
+            if id(v) in slot:
+                return slot[id(v)]
+            lab = self.label.get(id(v))
+            pos = self.seq(v)
+            if pos is not None and pos[1] == t:
+                d = ("seq", id(pos[0]))
+                self.leaf[d[1]] = pos[0]
+            elif lab is None:
+                d = ("shared", self.shared(v))
+                self.leaf[d[1]] = v
+            elif lab == t - 1:
+                st.carried.append(v)
+                d = ("carry", len(st.carried) - 1)
+            elif lab != t:
+                raise _Refused(f"step {t} reads {v.name}, a value of step {lab}")
+            else:
+                n = v.producer
+                if n.op not in LOOP_OPS or n.attrs or len(n.outputs) != 1:
+                    raise _Refused(f"{n.name} ({n.op}) in step {t} is not elementwise work "
+                                   "without attributes")
+                if list(v.shape) != self.row or v.dtype != self.dtype:
+                    raise _Refused(f"{n.name} in step {t} is not a whole row (a step that "
+                                   "reduces or broadcasts across the carried row)")
+                if depth > MAX_TREE or len(st.entries) >= MAX_TREE:
+                    raise _Refused(f"step {t} holds over {MAX_TREE} ops")
+                ins = tuple(visit(x, depth + 1) for x in n.inputs)
+                st.entries.append((n.op, ins))
+                st.nodes.append(n)
+                d = ("node", len(st.entries) - 1)
+            slot[id(v)] = d
+            return d
+
+        for r in roots:
+            st.roots.append(visit(r, 0))
+            st.counts.append(len(st.entries))
+        return st
+
+    def find(self) -> tuple[int, _Step, list[Value]]:
+        """(s0, the step's work, the values step s0 reads of step s0 - 1): steps s0..L-1 do
+        the work of one template step (the last steps only part of it: nothing reads what
+        they would leave for the steps after the end), s0 >= 1 (the first step reads the
+        initial states, which constant folding and CSE leave in another form)."""
+        L = self.L
+        if L < 3:
+            raise _Refused(f"{L} steps")
+        self.ws = ws = [self.piece(u) for u in self.cat.inputs]
+        self.labels()
+        if any(self.label.get(id(w)) != t for t, w in enumerate(ws)):
+            raise _Refused("the stacked rows are not one per step")
+        walks: dict[int, _Step] = {}
+        carried: list[Value] = []
+        for t in range(L - 1, 0, -1):
+            try:
+                walks[t] = self.walk([ws[t], *carried], t)
+            except _Refused:
+                if t >= L - 2:
+                    raise
+                break
+            carried = walks[t].carried
+        lo = min(walks)
+        while True:  # the template: the step of most work among a run that does its work
+            best = max(range(lo, L), key=lambda t: len(walks[t].entries))
+            tmpl, s0 = walks[best], L
+            while s0 - 1 >= lo and _fits(walks[s0 - 1], tmpl):
+                s0 -= 1
+            if s0 == L:
+                raise _Refused("the last step does not do the work of the steps before it")
+            if s0 <= best:
+                break
+            lo = s0
+        live, todo = set(), [v.producer for v in self.graph.outputs if v.producer]
+        while todo:  # (dead users, a last step's updates nothing reads, do not count)
+            n = todo.pop()
+            if id(n) not in live:
+                live.add(id(n))
+                todo += [x.producer for x in n.inputs if x.producer is not None]
+        inside = {id(n) for t in range(s0, L) for n in walks[t].nodes}
+        inside |= {id(u.producer) for u in self.cat.inputs}
+        for t in range(s0, L):
+            for n in walks[t].nodes:
+                v = n.outputs[0]
+                if self.graph.is_output(v) or any(
+                        id(u) not in inside and id(u) in live for u in v.users):
+                    raise _Refused(f"{v.name} of step {t} is read outside the steps (a value "
+                                   "saved for a backward pass): the unrolled steps would stay")
+        K = len(tmpl.carried)
+        if K == 0:
+            raise _Refused("no state carried from one step to the next")
+        if L - s0 < 2 or len(tmpl.roots) - 1 != K or len(walks[s0].carried) != K:
+            raise _Refused(f"no run of steps carrying one set of states (steps {s0}..{L - 1})")
+        return s0, tmpl, walks[s0].carried
+
+    def build(self) -> tuple[Value, int, int, int]:
+        s0, tmpl, init = self.find()
+        g, cat, c = self.graph, self.cat, self.c
+        first = None
+        if s0 == 1:  # the first step's own work, when it is elementwise work on rows too
+            try:
+                first = self.walk([self.ws[0], *init], 0)
+            except _Refused:
+                first = None
+            if first is not None and any(
+                    d[0] == "shared" and _part_of(self.leaf[d[1]])
+                    for d in (*first.roots, *(x for _, ins in first.entries for x in ins))):
+                # a part of a larger tensor (a cache's column) broadcast over the loop's
+                # rows is no read of whole rows the loop's kernel takes: the first step
+                # stays, computing the states as values of their own
+                first = None
+        start = 0 if first is not None else s0
+        full = self.shape[:c] + [self.L - start] + self.shape[c + 1:]
+        one = self.shape[:c] + [1] + self.shape[c + 1:]
+        K = len(init)
+        operands: list[Value] = []
+        if first is None:
+            for v in init:  # the states before step s0: the first position of K operands
+                operands.append(add_like(g, cat, "BroadcastTo", [add_like(
+                    g, cat, "Reshape", [v], {"shape": one})], {"shape": full}))
+        slots: dict[tuple, int] = {("carry", k): k for k in range(K)}
+        leaves = {}
+        for st in (tmpl, first) if first is not None else (tmpl,):
+            for _, ins in st.entries:
+                for d in ins:
+                    if d[0] in ("seq", "shared"):
+                        leaves.setdefault(d, None)
+            for d in st.roots:
+                if d[0] in ("seq", "shared"):
+                    leaves.setdefault(d, None)
+        for d in leaves:
+            v = self.leaf[d[1]]
+            if d[0] == "seq":
+                x = v if start == 0 else add_like(g, cat, "StridedSlice", [v], {
+                    "begin": [start], "end": [self.L], "strides": [1], "axes": [c]})
+            else:
+                pad = [1] * (len(self.row) - v.type.rank) + list(v.shape)
+                if len(pad) != len(self.row) or v.dtype != self.dtype or any(
+                        a not in (1, b) for a, b in zip(pad, self.row, strict=True)):
+                    raise _Refused(f"{v.name}, read by every step, does not broadcast to "
+                                   "the row")
+                x = add_like(g, cat, "BroadcastTo", [add_like(
+                    g, cat, "Reshape", [v], {"shape": pad[:c] + [1] + pad[c:]})],
+                    {"shape": full})
+            slots[d] = K + len(operands)
+            operands.append(x)
+        base = K + len(operands)
+
+        def ops_of(st: _Step) -> tuple[list[str], list[list[int]], list[int], int]:
+            own = dict(slots)
+            for j in range(len(st.entries)):
+                own[("node", j)] = base + j
+            return ([op for op, _ in st.entries], [[own[d] for d in ins] for _, ins in
+                                                   st.entries],
+                    [own[d] for d in st.roots[1:]], own[st.roots[0]])
+
+        body, args, states, out = ops_of(tmpl)
+        attrs = {"axis": c, "combine": "loop", "body": body, "args": args,
+                 "states": states, "out": out}
+        if first is not None:
+            attrs["first"], attrs["first_args"], attrs["first_states"], attrs["first_out"] = \
+                ops_of(first)
+            return add_like(g, cat, "Scan", operands, attrs), 0, K, len(body)
+        y = add_like(g, cat, "Scan", operands, attrs)
+        return add_like(g, cat, "Concat", [*cat.inputs[:s0], y], {"axis": c}), s0, K, len(body)
+
+
+def _part_of(v: Value) -> bool:
+    """A slice (squeezed or not) that takes part of its input."""
+    p = v.producer
+    if p is not None and p.op in ("Squeeze", "Reshape"):
+        p = p.inputs[0].producer
+    return p is not None and p.op == "StridedSlice" and \
+        p.outputs[0].type.numel != p.inputs[0].type.numel
+
+
+def _fits(st: _Step, tmpl: _Step) -> bool:
+    """Whether a step does the template's work for the first of its roots (the template's
+    first roots, its entries the template's first ones)."""
+    m = len(st.roots)
+    return m <= len(tmpl.roots) and st.roots == tmpl.roots[:m] and \
+        st.entries == tmpl.entries[:tmpl.counts[m - 1]] and \
+        len(st.entries) == tmpl.counts[m - 1]
+
+
+def _loops(graph: Graph, ctx) -> list[str]:
+    notes = []
+    for cat in list(graph.nodes):
+        if cat.graph is None or cat.op != "Concat" or len(cat.inputs) < 3:
+            continue
+        out = cat.outputs[0]
+        if not out.type.is_static or not out.dtype.is_float or \
+                out.shape[cat.attrs["axis"] % out.type.rank] != len(cat.inputs):
+            continue
+        with graph.recording() as made:
+            try:
+                new, s0, k, ops_ = _Loop(graph, cat).build()
+            except _Refused as e:
+                new = None
+                if str(e):
+                    ctx.log(f"{cat.name}: no loop over its {len(cat.inputs)} rows: {e}")
+            if new is not None and not ctx.should_apply(
+                    f"{cat.name} an unrolled recurrence as one loop", [cat]):
+                new = None
+        if new is None:
+            for m in reversed(made):
+                graph.erase_node(m)
+            continue
+        graph.replace_all_uses(out, new)
+        notes.append(f"{cat.name}: steps {s0}..{len(cat.inputs) - 1} of a recurrence "
+                     f"carrying {k} states ({ops_} ops a step) as one loop")
+    return notes
+
+
 # ---------------------------------------------------------------------------- the row writes
 
 
@@ -519,8 +832,9 @@ def _first_steps(graph: Graph, ctx) -> list[str]:
 
 
 def scan_loop(graph, ctx) -> PassResult:
-    """Rewrite an unrolled recurrence → Scan, per-step row writes → Concat, and a Concat of
-    one expression per step → the expression on whole tensors."""
+    """Rewrite an unrolled recurrence → Scan, per-step row writes → Concat, a Concat of one
+    expression per step → the expression on whole tensors, and the steps of a recurrence
+    carrying several states → one Scan running the step body."""
     hist = graph.op_histogram()
     if not (hist.get("StridedSlice") or hist.get("Scan") or hist.get("Select")):
         return PassResult(False, 0, [], "no unrolled loop")  # (a step is a slice, a write a
@@ -532,6 +846,7 @@ def scan_loop(graph, ctx) -> PassResult:
         graph.remove_dead()
         notes += _row_writes(graph, ctx)
     notes += _rerolls(graph, ctx) if hist.get("Concat") or notes else []
+    notes += _loops(graph, ctx) if hist.get("Concat") or notes else []
     if notes:
         graph.remove_dead()
         graph.toposort()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphkernel.codegen.barriers import place
 from graphkernel.codegen.instructions import (
     BITS,
     INSTRUCTIONS,
@@ -34,8 +35,10 @@ from graphkernel.codegen.kernel_ir import (
     KernelIR,
     Kind,
     Linear,
+    Operand,
     ScalarCode,
     arg_text,
+    text,
 )
 from graphkernel.codegen.lower import C_TYPE, MASK, Lowerer, Ref, Space, flt, op
 from graphkernel.codegen.refusal import Unsupported
@@ -87,6 +90,7 @@ class VectorLowerer(Lowerer):
         self.final: list[Instr] = []
         self.final_epilogue: list[Instr] = []
         self.accumulators: list[tuple[str, str]] = []
+        self.loops: list[list[str]] = []  # the kernel's ScanLoopN helpers (C++ lines)
         self.direct: dict[int, int] = {}
 
     def run(self) -> KernelIR:
@@ -104,7 +108,7 @@ class VectorLowerer(Lowerer):
             self._store(io)
         return KernelIR(self._buffers(), self.prologue + self.tile_body + self.epilogue,
                         self.final + self.final_epilogue, self.accumulators,
-                        compute_type=C_TYPE[s.compute])
+                        compute_type=C_TYPE[s.compute], loops=self.loops)
 
     # ------------------------------------------------------------- inputs and outputs
     def _input(self, io) -> None:
@@ -331,6 +335,9 @@ class VectorLowerer(Lowerer):
         if not self.s.col_reduce:
             raise Unsupported(f"{n.op} in a kernel whose rows are not the scanned axis",
                               node=n)
+        if n.attrs["combine"] == "loop":
+            self.loop(n, dst, a)
+            return
         code, identity = SCAN_RULES[n.attrs["combine"]]
         acc = f"ac{len(self.accumulators)}"
         self.accumulators.append((acc, identity))
@@ -340,6 +347,76 @@ class VectorLowerer(Lowerer):
         else:
             self.call("ScanRows", op(dst.expr), *srcs, op(acc, work=True), "rows", "cols",
                       template=f"<{code}>")
+
+    def loop(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        """A Scan running a step body down the tile's rows (``combine="loop"``): a helper of
+        the kernel (``ScanLoopN``) that, at the scanned axis's first tile, runs the first
+        step's own work (``first``) or takes the states from the first row of their
+        operands, then for each row runs the body's ops on rows
+        (the states and each op's result a row of the kernel, the operands' row i), writes
+        the output's row i and copies the new states; barriers as ``place`` puts them
+        between the row ops, and one closing each step, so every step sees the one before."""
+        at = n.attrs
+        k, nin = len(at["states"]), len(a)
+        temps = max(len(at["body"]), len(at["first"]))  # (the first step's rows are reused)
+        names = [f"ac{len(self.accumulators) + j}" for j in range(k + temps)]
+        self.accumulators += [(x, "0.0f") for x in names]
+        rows: list[bool] = []  # operand j is a whole tile (row i read), else one row
+        for r in a:
+            if r.kind not in (FULL, ROW):
+                raise Unsupported(f"a {r.kind} operand of a loop", node=n)
+            rows.append(r.kind == FULL)
+
+        def slot(x: int) -> Operand:
+            if x < k:
+                return op(f"w{x}")
+            if x < k + nin:
+                j = x - k
+                return op(f"x{j}", "o" if rows[j] else "")
+            return op(f"w{x - nin}")
+
+        def step(ops_: list[str], args_: list[list[int]], keep: list[int], row: int
+                 ) -> list[Instr]:
+            body: list[Instr] = []
+            for j, (name, args) in enumerate(zip(ops_, args_, strict=True)):
+                d, srcs = op(f"w{k + j}"), [slot(x) for x in args]
+                if name == "Neg":
+                    body.append(Call("Muls", d, (srcs[0], "CT(-1.0f)"), "cols"))
+                else:
+                    body.append(Call(INSTRUCTIONS[name].api, d, tuple(srcs), "cols"))
+            body.append(Call("Muls", op("y", "o"), (slot(row), "CT(1.0f)"), "cols"))
+            for j, x in enumerate(keep):
+                if x < k:
+                    raise Unsupported("a loop state that takes a state's old value", node=n)
+                body.append(Call("Muls", op(f"w{j}"), (slot(x), "CT(1.0f)"), "cols"))
+            return body
+
+        name = f"ScanLoop{len(self.loops)}"
+        params = ", ".join(["const LocalTensor<CT>& y",
+                            *(f"const LocalTensor<CT>& x{j}" for j in range(nin)),
+                            *(f"const LocalTensor<CT>& w{j}" for j in range(len(names))),
+                            "uint32_t rows", "uint32_t cols"])
+        lines = [f"__aicore__ inline void {name}({params}) {{"]
+        if at["first"]:  # the first position's own work leaves the states
+            lines += ["    uint32_t i0 = 0;", "    if (r0_ == 0) {  // the first step's own work",
+                      "        const uint32_t o = 0;",
+                      *("        " + x for x in text(place(step(
+                          at["first"], at["first_args"], at["first_states"],
+                          at["first_out"])))), "        i0 = 1;", "    }"]
+        else:
+            start = [Call("Muls", op(f"w{j}"), (op(f"x{j}"), "CT(1.0f)"), "cols")
+                     for j in range(k)]
+            lines += ["    const uint32_t i0 = 0;",
+                      "    if (r0_ == 0) {  // the first tile: the states from their operands",
+                      *("        " + x for x in text(place(start))), "    }"]
+        lines += ["    for (uint32_t i = i0; i < rows; ++i) {",
+                  "        const uint32_t o = i * t_.ctp;",
+                  *("        " + x for x in text(place(step(
+                      at["body"], at["args"], at["states"], at["out"])))), "    }", "}"]
+        self.loops.append(lines)
+        srcs = [op(self.same(r, r.kind)) for r in a]
+        self.call(name, op(dst.expr), *srcs, *(op(x, work=True) for x in names), "rows",
+                  "cols")
 
     def concat(self, n: Node, dst: Ref, a: list[Ref]) -> None:
         """A Concat along the last axis of column values: each piece's columns copied to its

@@ -383,6 +383,20 @@ def test_a_gated_scan_with_its_softplus_compiles_against_the_real_headers():
 
 
 @needs_headers
+def test_loop_scan_kernels_compile_against_the_real_headers():
+    """The kernel running a recurrence's step body down its rows (a Scan with
+    combine="loop": its ``ScanLoopN`` helper, the states in rows of UB) type-checks against
+    the real API, for a body of four states and one of two."""
+    from tests.passes.test_scan_loop_states import _gated, _wkv
+
+    rendered = [r for g in (_wkv(), _gated())
+                for r in render_all(schedules(graphkernel.compile(g, "--opt_level=2",
+                                                                  env={})))]
+    assert sum("ScanLoop0(" in "".join(r.files.values()) for r in rendered) == 2
+    assert_all_compile(rendered)
+
+
+@needs_headers
 def test_in_place_slice_kernels_compile_against_the_real_headers():
     """A slice's columns split into heads (one strided view), and a part loaded in place by
     the two kernels that read it (passes/recompute.py), type-check against the real API."""
