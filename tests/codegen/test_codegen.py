@@ -510,7 +510,8 @@ def test_every_instruction_table_entry_is_generated_by_a_case(library):
     case above (so each is checked against the interpreter in the simulator), but for the
     two no case's kernel reaches: Sigmoid is expanded before codegen, and simplification
     folds the fp16 round trip a rounding Cast inside a kernel would come from. Every op the
-    cases' kernels run has an entry."""
+    cases' kernels run has an entry, but for a Concat of column pieces (rotary's halves),
+    whose step copies columns into one tile (``ColsCopy``) rather than computing."""
     from graphkernel.codegen.backend import schedules
     from graphkernel.codegen.instructions import INSTRUCTIONS
 
@@ -519,7 +520,7 @@ def test_every_instruction_table_entry_is_generated_by_a_case(library):
             for x in (s, s.variant) if x is not None for n in x.steps}
     assert len(seen) > 20
     assert set(INSTRUCTIONS) - seen == {"Sigmoid", "Cast"}
-    assert seen <= set(INSTRUCTIONS)
+    assert seen - set(INSTRUCTIONS) <= {"Concat"}
 
 
 def test_rotary_stored_as_is_and_head_transposed_is_one_kernel(library):
