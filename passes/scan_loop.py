@@ -69,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel import ops
+from graphkernel.interpreter import Interpreter
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.opdefs.scan import LOOP_OPS
 from graphkernel.ops import OpKind
@@ -406,6 +407,7 @@ class _Loop:
         self.label: dict[int, int | None] = {}
         self.leaf: dict = {}  # the tensors and shared values the steps read, by key
         self.keys: dict[int, tuple] = {}
+        self.log: list[str] = []  # what the loop left apart, and why
 
     def labels(self) -> None:
         for n in self.graph.nodes:  # (graph order is topological) the last step each value reads
@@ -554,13 +556,21 @@ class _Loop:
                 first = self.walk([self.ws[0], *init], 0)
             except _Refused:
                 first = None
-            if first is not None and any(
-                    d[0] == "shared" and _part_of(self.leaf[d[1]])
-                    for d in (*first.roots, *(x for _, ins in first.entries for x in ins))):
-                # a part of a larger tensor (a cache's column) broadcast over the loop's
-                # rows is no read of whole rows the loop's kernel takes: the first step
-                # stays, computing the states as values of their own
-                first = None
+            if first is not None:
+                for d in (*first.roots, *(x for _, ins in first.entries for x in ins)):
+                    if d[0] == "shared" and const_array(self.leaf[d[1]]) is None:
+                        # (work on constants only: its value, compact)
+                        self.leaf[d[1]] = _compacted(g, cat, self.leaf[d[1]], self.row)
+                part = [self.leaf[d[1]].name for d in
+                        (*first.roots, *(x for _, ins in first.entries for x in ins))
+                        if d[0] == "shared" and _part_of(self.leaf[d[1]])]
+                if part:
+                    # a part of a larger tensor (a cache's column) broadcast over the loop's
+                    # rows is no read of whole rows the loop's kernel takes: the first step
+                    # stays, computing the states as values of their own
+                    self.log.append(f"its first step stays apart: it reads {part[0]}, a part "
+                                    "of a larger tensor computed at run time")
+                    first = None
         start = 0 if first is not None else s0
         full = self.shape[:c] + [self.L - start] + self.shape[c + 1:]
         one = self.shape[:c] + [1] + self.shape[c + 1:]
@@ -617,6 +627,43 @@ class _Loop:
         return add_like(g, cat, "Concat", [*cat.inputs[:s0], y], {"axis": c}), s0, K, len(body)
 
 
+def _folded(g: Graph, at: Node, v: Value, row: list, depth: int = 0) -> Value | None:
+    """``v`` as one compact Constant when it is work on constants only (a slice of a
+    constant, a cache's column before anything is written, and elementwise work on it), no
+    larger than a row; else None. Exact: the interpreter's op-by-op semantics, once."""
+    if const_array(v) is not None:
+        return v
+    p = v.producer
+    if p is None or depth > MAX_TREE or len(p.outputs) != 1 or not p.inputs or \
+            p.op in ("Opaque", "Assign", "GraphKernel") or not v.type.is_static or \
+            v.type.numel > int(np.prod(row)):
+        return None
+    ins = [_folded(g, at, x, row, depth + 1) for x in p.inputs]
+    if any(x is None for x in ins):
+        return None
+    t = Graph("fold")
+    n = t.add_node(p.op, [t.const(const_array(x)) for x in ins], p.attrs)
+    t.set_outputs(n.outputs)
+    arr = Interpreter(t).run({})[0]
+    return g.add_node("Constant", [], {"value": np.ascontiguousarray(arr)},
+                      name=g.fresh_name(f"{v.name}_folded"), origin=at.origin).outputs[0]
+
+
+def _compacted(g: Graph, at: Node, v: Value, row: list, depth: int = 0) -> Value:
+    """``v`` with its work on constants only folded (``_folded``): elementwise work of
+    ``LOOP_OPS`` on such work and on other values redone on the folded constants."""
+    k = _folded(g, at, v, row)
+    if k is not None:
+        return k
+    p = v.producer
+    if p is None or depth > MAX_TREE or p.op not in LOOP_OPS or p.attrs or len(p.outputs) != 1:
+        return v
+    ins = [_compacted(g, at, x, row, depth + 1) for x in p.inputs]
+    if all(a is b for a, b in zip(ins, p.inputs, strict=True)):
+        return v
+    return add_like(g, at, p.op, ins)
+
+
 def _part_of(v: Value) -> bool:
     """A slice (squeezed or not) that takes part of its input."""
     p = v.producer
@@ -645,8 +692,11 @@ def _loops(graph: Graph, ctx) -> list[str]:
                 out.shape[cat.attrs["axis"] % out.type.rank] != len(cat.inputs):
             continue
         with graph.recording() as made:
+            loop = _Loop(graph, cat)
             try:
-                new, s0, k, ops_ = _Loop(graph, cat).build()
+                new, s0, k, ops_ = loop.build()
+                for line in loop.log:
+                    ctx.log(f"{cat.name}: {line}")
             except _Refused as e:
                 new = None
                 if str(e):

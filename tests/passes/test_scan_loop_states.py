@@ -97,6 +97,23 @@ def _scan_kernel(res) -> bool:
     return any("Scan" in (e.get("op_list") or []) for e in launches(res.graph))
 
 
+def _wkv_cache_constant() -> Graph:
+    """The first step's running maximum read as a column of a constant cache (a model's
+    state cache before anything is written: each state's column of one value), sliced and
+    added to before the step reads it."""
+    g = _wkv()
+    cache = g.const(np.stack([np.zeros((B, H), np.float32),
+                              np.full((B, H), -1e38, np.float32)], axis=2))
+    col = _op(g, "Squeeze", _op(g, "StridedSlice", cache, begin=[1], end=[2], strides=[1],
+                                axes=[2]), axis=[2])
+    col = _op(g, "Add", col, g.const(np.float32(-1e37)))
+    first_max = next(n for n in g.nodes if n.op == "Maximum")
+    mx = first_max.inputs[0]
+    for n, i in list(mx.uses):  # every read of the initial maximum
+        g.replace_input(n, i, col)
+    return g
+
+
 def _run(g: Graph) -> tuple[Graph, list[str], list[str]]:
     """scan_loop once on a copy: the graph, its notes and what it logged."""
     g = g.copy()
@@ -184,7 +201,7 @@ def test_the_loop_kernel_is_one_launch_in_the_pipeline():
 
 @pytest.mark.sim
 @pytest.mark.slow
-@pytest.mark.parametrize("graph", [_wkv, _gated])
+@pytest.mark.parametrize("graph", [_wkv, _gated, _wkv_cache_constant])
 def test_the_loop_kernel_runs_in_the_simulator(graph):
     """The kernel running the step body down its rows (states in rows of UB, the barriers
     between the row ops) matches the numpy reference in the simulator."""
@@ -271,10 +288,91 @@ def test_a_first_step_reading_a_cache_column_stays_before_the_loop():
                                 axes=[2]), axis=[2])
     first_max = next(n for n in g.nodes if n.op == "Maximum")
     g.replace_input(first_max, 0, col)
-    h, notes, _ = _run(g)
+    h, notes, log = _run(g)
     (loop,) = _loops(h)
     assert not loop.attrs["first"] and list(loop.outputs[0].shape) == [B, L - 1, H]
+    assert any("first step stays apart" in m and "part of a larger tensor" in m
+               for m in log), log
     assert_same_results(g, h)
+
+
+def test_a_first_step_reading_a_constant_cache_column_runs_inside_the_loop():
+    """A column of a constant (and work on it) is a constant: folded to a compact row, the
+    first step is the loop's own first step, no Concat and no slice of the cache left."""
+    g = _wkv_cache_constant()
+    h, notes, _ = _run(g)
+    (loop,) = _loops(h)
+    assert loop.attrs["first"] and list(loop.outputs[0].shape) == [B, L, H]
+    assert "Concat" not in ops_of(h)
+    todo = list(loop.inputs)  # no operand reads the cache: its column a compact constant
+    while todo:
+        p = todo.pop().producer
+        if p is not None:
+            assert p.op not in ("StridedSlice", "Squeeze"), p
+            todo += p.inputs
+    assert "steps 0..7" in notes[-1] or "steps 1..7" in notes[-1], notes
+    assert_same_results(g, h)  # the same ops on the same values: equal to the bit
+
+
+def _wkv_layers(time_decay, time_first, key, value):
+    """Two layers of the WKV loop reading and writing their states in a state cache, a
+    column per layer (transformers' RWKV with ``use_cache``): layer 1's initial states are
+    columns of the cache that layer 0 did not write."""
+    import torch
+
+    b, _, c = key.shape
+    cache = [torch.zeros(b, c, 2), torch.zeros(b, c, 2), torch.zeros(b, c, 2) - 1e38]
+    x = key
+    for layer in range(2):
+        num, den, mx = (s[:, :, layer] for s in cache)
+        states = [num, den, mx]
+        out = _wkv_steps(-torch.exp(time_decay), time_first, x, value, states)
+        for s, new in zip(cache, states, strict=True):
+            s[:, :, layer] = new
+        x = torch.tanh(out)
+    return x
+
+
+def _wkv_steps(time_decay, time_first, key, value, states):
+    """``_wkv_loop`` from the given states, left in ``states`` at the end."""
+    import torch
+
+    num, den, mx = states
+    output = torch.zeros_like(key)
+    for t in range(key.shape[1]):
+        k, v = key[:, t], value[:, t]
+        m = torch.maximum(mx, k + time_first)
+        e1, e2 = torch.exp(mx - m), torch.exp(k + time_first - m)
+        output[:, t] = (e1 * num + e2 * v) / (e1 * den + e2)
+        m = torch.maximum(mx + time_decay, k)
+        e1, e2 = torch.exp(mx + time_decay - m), torch.exp(k - m)
+        num, den, mx = e1 * num + e2 * v, e1 * den + e2, m
+    states[:] = num, den, mx
+    return output
+
+
+def test_a_layer_reading_its_states_from_a_cache_is_one_loop_kernel():
+    """Through torch.compile: layer 1 reads its initial states as columns of the cache
+    (slices of the cache before layer 0's writes, constants): folded to compact rows, its
+    first step runs inside its loop, no kernel of its own and no Concat."""
+    import torch
+
+    import graphkernel.torch as gt
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(32, generator=gen), torch.randn(32, generator=gen),
+            torch.randn(2, 12, 32, generator=gen), torch.randn(2, 12, 32, generator=gen))
+    torch._dynamo.reset()
+    gt.reset_stats()
+    with torch.no_grad():
+        got = torch.compile(_wkv_layers, backend="graphkernel")(*args)
+        want = _wkv_layers(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0, s
+    # each layer's loop and the work around it; layer 1's first step apart, and the Concat
+    # of its row with the loop's, would be two launches more
+    assert sum(s["launches"].values()) <= 5, s
 
 
 def test_steps_whose_values_are_read_elsewhere_are_refused():
