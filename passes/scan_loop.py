@@ -43,9 +43,14 @@ both exact (the same float operations in the same order):
   s0 read. The first step reads the initial constants, which constant folding and CSE leave
   in another form: when it is elementwise work on rows too, it is the loop's own first step
   (``first``: its ops run at position 0 and leave the states, so no step stays outside and
-  no Concat is left); else (or when it reads a slice of a larger tensor, a cache's column,
-  which the loop's kernel would have to read broadcast over its rows) it stays, and the
-  loop starts from the values it leaves. Exact: the loop runs the same ops in the
+  no Concat is left); else (or when it reads a slice of a larger tensor computed at run
+  time, a cache's column, which the loop's kernel would have to read broadcast over its
+  rows; logged) it stays, and the loop starts from the values it leaves. A value of the
+  first step's that is work on constants only (a column of a cache before anything is
+  written: the row writes read it from the constant the cache starts as) is folded first
+  to a compact constant of at most a row, as constant folding would (the interpreter's
+  op-by-op semantics), and elementwise work on it and on other values redone on that
+  constant, so such a step runs inside the loop. Exact: the loop runs the same ops in the
   same order on the same values (the last step's updates of states nothing reads are run
   and dropped). Refused, with the reason logged: a step that reduces, broadcasts or does
   work other than the elementwise ops of ``LOOP_OPS`` (``opdefs/scan.py``) across the
