@@ -632,26 +632,35 @@ class _Loop:
         return add_like(g, cat, "Concat", [*cat.inputs[:s0], y], {"axis": c}), s0, K, len(body)
 
 
-def _folded(g: Graph, at: Node, v: Value, row: list, depth: int = 0) -> Value | None:
+def _folded(g: Graph, at: Node, v: Value, row: list) -> Value | None:
     """``v`` as one compact Constant when it is work on constants only (a slice of a
     constant, a cache's column before anything is written, and elementwise work on it), no
     larger than a row; else None. Exact: the interpreter's op-by-op semantics, once."""
     if const_array(v) is not None:
         return v
+    arr = _fold_array(v, int(np.prod(row)), 0)
+    if arr is None:
+        return None
+    return g.add_node("Constant", [], {"value": np.ascontiguousarray(arr)},
+                      name=g.fresh_name(f"{v.name}_folded"), origin=at.origin).outputs[0]
+
+
+def _fold_array(v: Value, most: int, depth: int) -> np.ndarray | None:
+    arr = const_array(v)
+    if arr is not None:
+        return arr
     p = v.producer
     if p is None or depth > MAX_TREE or len(p.outputs) != 1 or not p.inputs or \
             p.op in ("Opaque", "Assign", "GraphKernel") or not v.type.is_static or \
-            v.type.numel > int(np.prod(row)):
+            v.type.numel > most:
         return None
-    ins = [_folded(g, at, x, row, depth + 1) for x in p.inputs]
+    ins = [_fold_array(x, most, depth + 1) for x in p.inputs]
     if any(x is None for x in ins):
         return None
     t = Graph("fold")
-    n = t.add_node(p.op, [t.const(const_array(x)) for x in ins], p.attrs)
+    n = t.add_node(p.op, [t.const(x) for x in ins], p.attrs)
     t.set_outputs(n.outputs)
-    arr = Interpreter(t).run({})[0]
-    return g.add_node("Constant", [], {"value": np.ascontiguousarray(arr)},
-                      name=g.fresh_name(f"{v.name}_folded"), origin=at.origin).outputs[0]
+    return Interpreter(t).run({})[0]
 
 
 def _compacted(g: Graph, at: Node, v: Value, row: list, depth: int = 0) -> Value:
