@@ -234,23 +234,13 @@ def test_a_loop_longer_than_a_tile_carries_its_states_across_tiles():
 
 def _wkv_loop(time_decay, time_first, key, value):
     """transformers' ``rwkv_linear_attention_cpu`` as users run it: a Python loop over the
-    sequence writing one output row per step."""
+    sequence writing one output row per step (``_wkv_steps`` from zero states, the running
+    max at -1e38)."""
     import torch
 
-    output = torch.zeros_like(key)
-    num = torch.zeros_like(key[:, 0])
-    den = torch.zeros_like(key[:, 0])
-    mx = torch.zeros_like(key[:, 0]) - 1e38
-    time_decay = -torch.exp(time_decay)
-    for t in range(key.shape[1]):
-        k, v = key[:, t], value[:, t]
-        m = torch.maximum(mx, k + time_first)
-        e1, e2 = torch.exp(mx - m), torch.exp(k + time_first - m)
-        output[:, t] = (e1 * num + e2 * v) / (e1 * den + e2)
-        m = torch.maximum(mx + time_decay, k)
-        e1, e2 = torch.exp(mx + time_decay - m), torch.exp(k - m)
-        num, den, mx = e1 * num + e2 * v, e1 * den + e2, m
-    return output
+    zero = torch.zeros_like(key[:, 0])
+    return _wkv_steps(-torch.exp(time_decay), time_first, key, value,
+                      [zero, zero, zero - 1e38])
 
 
 def test_a_compiled_wkv_loop_is_a_few_launches():
