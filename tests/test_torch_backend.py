@@ -796,25 +796,10 @@ def test_random_ops_draw_in_program_order():
     """Ops that draw random numbers run through torch in the program's order whatever the
     pipeline does to the rest of the graph: each reads the previous one's output, so with
     the same seed a training step gives eager's output and gradients."""
-    import copy
 
     from graphkernel.frontends import fx
 
-    m = TwoStreams().train()
-    twin = copy.deepcopy(m)
-    ids = _ids(2, 8)
-    c = torch.compile(twin, backend="graphkernel")
-    c(ids)  # compiled: the step below runs the compiled graphs only
-    out = {}
-    for side, (model, fn) in (("eager", (m, m)), ("compiled", (twin, c))):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        y = fn(ids)
-        y.pow(2).mean().backward()
-        out[side] = (y, {k: p.grad for k, p in model.named_parameters()})
-    torch.testing.assert_close(out["compiled"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
-    for k, g in out["eager"][1].items():
-        torch.testing.assert_close(out["compiled"][1][k], g, rtol=1e-4, atol=1e-6, msg=k)
+    _seeded_step_matches_eager(TwoStreams().train(), _ids(2, 8))
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def draws(x):
@@ -826,6 +811,27 @@ def test_random_ops_draw_in_program_order():
     assert len(seeded) == 3
     for before, after in zip(seeded, seeded[1:]):
         assert after.inputs[-1] is before.outputs[0]  # an input the op's arguments do not name
+
+
+def _seeded_step_matches_eager(m, x, **options):
+    """A training step of ``m`` and of its compiled twin, each after ``manual_seed(0)``
+    (compiled once before, so the step runs the compiled graphs only): the same output and
+    gradients."""
+    import copy
+
+    twin = copy.deepcopy(m)
+    c = torch.compile(twin, backend="graphkernel", **options)
+    c(x)
+    out = {}
+    for side, (model, fn) in (("eager", (m, m)), ("compiled", (twin, c))):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        y = fn(x)
+        y.pow(2).mean().backward()
+        out[side] = (y, {k: p.grad for k, p in model.named_parameters()})
+    torch.testing.assert_close(out["compiled"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    for k, g in out["eager"][1].items():
+        torch.testing.assert_close(out["compiled"][1][k], g, rtol=1e-4, atol=1e-6, msg=k)
 
 
 class TransposedDropout(torch.nn.Module):
@@ -849,27 +855,13 @@ def test_a_random_op_draws_in_its_inputs_memory_order(dynamic):
     program gave it (a transposed one here): its draws fall on the elements eager's do, so
     a training step matches eager's; fed a row-major copy, only the first and last elements
     would get eager's draws."""
-    import copy
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from graphkernel.frontends import fx
 
-    m = TransposedDropout().train()
-    twin = copy.deepcopy(m)
-    x = torch.randn(2, 6, 16)
-    c = torch.compile(twin, backend="graphkernel", dynamic=dynamic)
-    c(x)  # compiled: the step below runs the compiled graphs only
-    out = {}
-    for side, (model, fn) in (("eager", (m, m)), ("compiled", (twin, c))):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        y = fn(x)
-        y.pow(2).mean().backward()
-        out[side] = (y, {k: p.grad for k, p in model.named_parameters()})
-    torch.testing.assert_close(out["compiled"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
-    for k, g in out["eager"][1].items():
-        torch.testing.assert_close(out["compiled"][1][k], g, rtol=1e-4, atol=1e-6, msg=k)
+    _seeded_step_matches_eager(TransposedDropout().train(), torch.randn(2, 6, 16),
+                               dynamic=dynamic)
 
     def draws(a):  # the mask of dropout on a transposed tensor (and on a row-major one)
         return (torch.ops.aten.native_dropout(a.permute(1, 0, 2), 0.5, True)[1],
