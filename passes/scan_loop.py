@@ -353,6 +353,28 @@ class _Reroll:
         raise _Refused
 
 
+def _attempt(graph: Graph, ctx, cat: Node, what: str, build, refusal: str = "",
+             log: list[str] | None = None):
+    """``build()``'s result, the nodes it made kept; None, with them erased, when it raises
+    _Refused (logged as ``refusal: reason`` when both are given) or the flags turn ``what``
+    off. ``log``: lines the build leaves, logged after it succeeds."""
+    with graph.recording() as made:
+        try:
+            found = build()
+            for line in log or ():
+                ctx.log(f"{cat.name}: {line}")
+        except _Refused as e:
+            found = None
+            if refusal and str(e):
+                ctx.log(f"{cat.name}: {refusal}: {e}")
+        if found is not None and not ctx.should_apply(what, [cat]):
+            found = None
+    if found is None:
+        for m in reversed(made):
+            graph.erase_node(m)
+    return found
+
+
 def _rerolls(graph: Graph, ctx) -> list[str]:
     notes = []
     for cat in list(graph.nodes):
@@ -362,17 +384,9 @@ def _rerolls(graph: Graph, ctx) -> list[str]:
         if len({x.type for x in ins}) != 1 or not all(isinstance(d, int) for d in
                                                       ins[0].shape):
             continue
-        with graph.recording() as made:
-            try:
-                new = _Reroll(graph, cat, len(ins)).finish()
-            except _Refused:
-                new = None
-            if new is not None and not ctx.should_apply(
-                    f"{cat.name} the same work on {len(ins)} steps, done once", [cat]):
-                new = None
+        new = _attempt(graph, ctx, cat, f"{cat.name} the same work on {len(ins)} steps, done once",
+                       _Reroll(graph, cat, len(ins)).finish)
         if new is None:
-            for m in reversed(made):
-                graph.erase_node(m)
             continue
         graph.replace_all_uses(cat.outputs[0], new)
         notes.append(f"{cat.name}: the same work on {len(ins)} steps done once on whole "
@@ -705,23 +719,12 @@ def _loops(graph: Graph, ctx) -> list[str]:
         if not out.type.is_static or not out.dtype.is_float or \
                 out.shape[cat.attrs["axis"] % out.type.rank] != len(cat.inputs):
             continue
-        with graph.recording() as made:
-            loop = _Loop(graph, cat)
-            try:
-                new, s0, k, ops_ = loop.build()
-                for line in loop.log:
-                    ctx.log(f"{cat.name}: {line}")
-            except _Refused as e:
-                new = None
-                if str(e):
-                    ctx.log(f"{cat.name}: no loop over its {len(cat.inputs)} rows: {e}")
-            if new is not None and not ctx.should_apply(
-                    f"{cat.name} an unrolled recurrence as one loop", [cat]):
-                new = None
-        if new is None:
-            for m in reversed(made):
-                graph.erase_node(m)
+        loop = _Loop(graph, cat)
+        found = _attempt(graph, ctx, cat, f"{cat.name} an unrolled recurrence as one loop",
+                         loop.build, f"no loop over its {len(cat.inputs)} rows", loop.log)
+        if found is None:
             continue
+        new, s0, k, ops_ = found
         graph.replace_all_uses(out, new)
         notes.append(f"{cat.name}: steps {s0}..{len(cat.inputs) - 1} of a recurrence "
                      f"carrying {k} states ({ops_} ops a step) as one loop")
