@@ -94,6 +94,13 @@ HEAD_SPLIT = [0, 2, 1, 3]
 LAYOUTS = ("BNSD", "BSND", "BSH")  # in the order of what they need absorbed
 
 
+def _split_perm(rank: int) -> list[int]:
+    """The head split (and merge) of a rank-``rank`` value [.., S, N, D] <-> [.., N, S, D]:
+    the sequence and head axes swapped behind any number of leading batch axes
+    (``HEAD_SPLIT`` at rank 4)."""
+    return [*range(rank - 3), rank - 2, rank - 3, rank - 1]
+
+
 class Refused(Exception):
     """A candidate the operator cannot take, with the reason."""
 
@@ -115,6 +122,7 @@ class _Operand:
     # with their own heads: views of the value before its head repetition)
     lazy: dict[str, Callable[[list[str]], Value]] = field(default_factory=dict)
     merged: bool = False  # [X, 1, S, D]: its batch axes read as one, one head each
+    batched: bool = False  # [.., S, N, D] head split: its batch axes read as one (``_batched``)
 
     @property
     def best(self) -> int:
@@ -486,7 +494,9 @@ def _match(pv: Node) -> _Match | None:
         t = _producer(k, "Transpose")
         rank = t.inputs[0].type.rank if t is not None else 0
         perm = list(t.attrs["perm"]) if t is not None else []
-        if perm == [0, 2, 3, 1]:  # [B, S, N, D] -> [B, N, D, S]: head split and Kᵀ at once
+        if rank >= 4 and perm == _split_perm(rank)[:-2] + [rank - 1, rank - 3]:
+            # [.., S, N, D] -> [.., N, D, S]: head split and Kᵀ at once (leading batch axes:
+            # LongT5's batch × blocks, read as one)
             k_bsnd = True
         elif perm == [1, 2, 0] and heads == 1:  # [S, B·N, D] -> [B·N, D, S] (sequence first)
             k_sbh = True
@@ -544,6 +554,12 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
         return _constant(v, base, batch), 1
     if repeat == 1 and (first := _seq_first(v, base)) is not None:
         return first, 1
+    t = _producer(base, "Transpose")
+    if repeat == 1 and base.type.rank > 4 and t is not None and \
+            list(t.attrs["perm"]) == _split_perm(base.type.rank) and \
+            (batched := _batched(t.inputs[0], base)) is not None and \
+            _views_of(v, batched.shape):
+        return batched, 1
     if base.type.rank != 4:
         if repeat == 1 and (merged := _merged(v)) is not None:
             return merged, 1
@@ -571,6 +587,15 @@ def _heads(v: Value, inside: frozenset[int] = frozenset(), kv: bool = False,
                 return _grouped(rep[0], rep[1], build), rep[2]
             op.builds["BSND"] = build
     return op, repeat
+
+
+def _views_of(v: Value, shape4: tuple) -> bool:
+    """Whether the product operand ``v`` is a view of [B, N, S, D] values ``shape4`` that
+    keeps its last two axes: B·N matrices of [S, D], in the same row-major order."""
+    b, n, s, d = shape4
+    shape = tuple(v.type.shape)
+    return len(shape) >= 3 and _same(shape[-2], s) and _same(shape[-1], d) and \
+        _same(symbolic.numel(shape[:-2]), symbolic.mul(b, n))
 
 
 def _merged(v: Value) -> _Operand | None:
@@ -802,11 +827,41 @@ def _split_reads(op: _Operand, bsnd: Value) -> None:
 
 
 def _bsnd(v: Value) -> tuple[_Operand, int]:
-    """K given as its [B, S, N, D] value."""
+    """K given as its [B, S, N, D] value (or [.., S, N, D]: ``_batched``)."""
+    if v.type.rank > 4:
+        return _batched(v), 1
     b, s, n, d = v.type.shape
     op = _Operand((b, n, s, d))
     _split_reads(op, v)
     return op, 1
+
+
+def _batched(src: Value, split: Value | None = None) -> _Operand:
+    """An operand whose head split has more than one batch axis in front: ``src`` is
+    [.., S, N, D] (LongT5's local attention: batch × blocks, then the block's keys and the
+    heads) and ``split`` its head split [.., N, S, D] (None: K, whose head split and Kᵀ were
+    one Transpose). The batch axes are read as one, B their product: a view either way
+    (row-major order keeps each (batch, block) pair's matrices together), so the operand
+    is read in BSND or BSH in place, or in BNSD as a view of the split. Q, K, V and the
+    output pair their matrices in the one order of B·N, as the products did (``_rewrite``
+    checks the B of each)."""
+    *batch, s, n, d = src.type.shape
+    b = symbolic.numel(batch)
+    op = _Operand((b, n, s, d), batched=True)
+    graph = src.graph
+
+    def view(x: Value, shape: list) -> Callable[[list[str]], Value]:
+        def make(notes: list[str]) -> Value:
+            origin = x.producer.origin if x.producer is not None else ()
+            return graph.add_node("Reshape", [x], {"shape": shape}, origin=origin,
+                                  name=graph.fresh_name(f"{x.name}/batch")).outputs[0]
+        return make
+
+    if split is not None:
+        op.lazy["BNSD"] = view(split, [b, n, s, d])
+    op.lazy["BSND"] = view(src, [b, s, n, d])
+    op.lazy["BSH"] = view(src, [b, s, symbolic.mul(n, d)])
+    return op
 
 
 def _sbh(v: Value) -> tuple[_Operand, int]:
@@ -832,13 +887,17 @@ def _output(pv: Node, b, n, s, d) -> _Operand:
             and all(_same(x, y) for x, y in zip(out.type.shape, dims, strict=True)) \
             and not pv.graph.is_output(out):
         op.reads["SBH"] = users[0].outputs[0]
-    while len(users) == 1 and users[0].op in RESHAPE_OPS and users[0].outputs[0].type.rank == 4:
+    # the head merge: of [B, N, S1, D], or of [.., N, S1, D] with more than one batch axis
+    # in front (LongT5's batch × blocks: B their product, ``_batched``)
+    while len(users) == 1 and users[0].op in RESHAPE_OPS and users[0].outputs[0].type.rank >= 4:
         out = users[0].outputs[0]
         users = out.users
-    if tuple(out.type.shape) != (b, n, s, d):
+    shape = tuple(out.type.shape)
+    if len(shape) < 4 or not _same(symbolic.numel(shape[:-3]), b) or \
+            any(not _same(x, y) for x, y in zip(shape[-3:], (n, s, d), strict=True)):
         return op
     if len(users) == 1 and users[0].op == "Transpose" and \
-            list(users[0].attrs["perm"]) == HEAD_SPLIT and \
+            list(users[0].attrs["perm"]) == _split_perm(len(shape)) and \
             not pv.graph.is_output(out):
         op.reads["BSND"] = op.reads["BSH"] = users[0].outputs[0]
     return op
@@ -1111,6 +1170,12 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     v, rep_v = _heads(m.v, inside)
     if q is None:
         q, _ = _heads(m.q, inside, batch=k.shape[0])
+    if any(x.merged for x in (q, k, v)) and any(x.batched for x in (q, k, v)):
+        # some head splits behind their batch axes, others with no head axis seen (one
+        # head moved by a Transpose is a view): all read as [X, 1, S, D], where they can be
+        q, v = (_merged(x) or y if y.batched else y for x, y in ((m.q, q), (m.v, v)))
+        if k.batched and not m.k_bsnd:
+            k = _merged(m.k) or k
     if q.merged or k.merged or v.merged:
         if m.k_heads != 1 or m.k_bsnd or m.k_sbh:
             raise Refused("Q, K and V are not all read with their batch axes as one")
@@ -1118,6 +1183,15 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
         if why is not None:
             raise Refused(why)
         m.notes.append(f"batch axes read as one: {q.shape[0]} heads of one")
+    if any(x.batched for x in (q, k, v)) and (
+            not _same(q.shape[0], k.shape[0]) or not _same(q.shape[0], v.shape[0])):
+        raise Refused(f"Q, K and V differ in their batch ({q.shape[0]}, {k.shape[0]}, "
+                      f"{v.shape[0]})")
+    if k.batched and m.k_bsnd and not _views_of(m.qk.inputs[1], (*k.shape[:2],
+                                                                 *k.shape[:1:-1])):
+        raise Refused(f"the scores' product reads {m.qk.inputs[1].name} "
+                      f"{list(m.qk.inputs[1].type.shape)}, not K's {k.shape[0]}·{k.shape[1]} "
+                      f"matrices Kᵀ of [{k.shape[3]}, {k.shape[2]}]")
     b, n1, s1, d = q.shape
     _, n2, s2, dk = k.shape
     if rep_k == rep_v and k.shape[:3] == v.shape[:3] and dk == d and v.shape[3] != d:

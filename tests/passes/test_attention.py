@@ -12,6 +12,8 @@ import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType
+from graphkernel.codegen.backend import run_sim
+from graphkernel.codegen.traffic import launches
 from graphkernel.explain import explain, format_explain
 from graphkernel.frontends import load_model
 from graphkernel.interpreter import Interpreter, random_inputs
@@ -1019,3 +1021,89 @@ def test_batch_axes_read_as_one_only_when_q_k_and_v_all_are():
     res = _compile(_windowed(k_split=True))
     assert not _fused(res)
     assert any("not all read" in r.reason for r in res.analyses.attention)
+
+
+def _local(bias: bool = False, kv_batch: tuple = (2, 3), kv_heads: int = 2) -> Graph:
+    """LongT5's local attention: Q [2, 3, 8, 2, 16] (batch, blocks, a block's queries,
+    heads, head size) and K, V [2, 3, 12, 2, 16] (each block's keys: three blocks' worth),
+    head split by Transpose(0, 1, 3, 2, 4) (Kᵀ by Transpose(0, 1, 3, 4, 2): the head split
+    and Kᵀ at once), the products over [12, .., ..] views (an einsum's), the output merged
+    back by Transpose(0, 1, 3, 2, 4) to [2, 24, 32]. ``bias``: a computed bias [2, 3, 2, 8,
+    12] added to the scores viewed in five axes; ``kv_batch``/``kv_heads``: K and V's own
+    batch axes and heads (other than Q's: not the same matrices)."""
+    g = Graph("local")
+    q = g.add_input("q", TensorType((2, 3, 8, 2, 16), "float32"))
+    q = g.add_node("Transpose", [q], {"perm": [0, 1, 3, 2, 4]}).output
+    q = g.add_node("Reshape", [q], {"shape": [12, 8, 16]}).output
+    kv = []
+    for n, perm in (("k", [0, 1, 3, 4, 2]), ("v", [0, 1, 3, 2, 4])):
+        x = g.add_input(n, TensorType((*kv_batch, 12, kv_heads, 16), "float32"))
+        x = g.add_node("Transpose", [x], {"perm": perm}).output
+        kv.append(g.add_node("Reshape", [x], {"shape": [12, *x.type.shape[-2:]]}).output)
+    s = g.add_node("BatchMatMul", [q, kv[0]], name="qk").output
+    s = g.add_node("Reshape", [s], {"shape": [2, 3, 2, 8, 12]}).output
+    if bias:
+        b = g.add_input("bias", TensorType((2, 3, 2, 8, 12), "float32"))
+        s = g.add_node("Add", [s, g.add_node("Tanh", [b]).output]).output
+    p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
+    p = g.add_node("Reshape", [p], {"shape": [12, 8, 12]}).output
+    o = g.add_node("BatchMatMul", [p, kv[1]], name="pv").output
+    o = g.add_node("Reshape", [o], {"shape": [2, 3, 2, 8, 16]}).output
+    o = g.add_node("Transpose", [o], {"perm": [0, 1, 3, 2, 4]}).output
+    g.set_outputs([g.add_node("Reshape", [o], {"shape": [2, 24, 32]}).output])
+    return g
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_local_attention_blocks_are_one_batch_read_in_place(bias):
+    """The batch and block axes in front of the head split are read as one batch B = 6 with
+    the 2 heads kept: Q, K, V and the output read and written in place in BSH (no head
+    transpose left), K's head split and Kᵀ included; the bias in five axes viewed as the
+    scores [6, 2, 8, 12], the pse. The same results."""
+    g = _local(bias=bias)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["layout"] == "BSH" and fa.attrs["head_num"] == 2, fa.attrs
+    assert fa.attrs["mask"] == ("pse" if bias else "none")
+    assert [list(x.type.shape) for x in fa.inputs[:3]] == [[6, 8, 32], [6, 12, 32],
+                                                           [6, 12, 32]]
+    left = {n.op for n in res.graph.nodes}
+    assert not left & {"Transpose", "BatchMatMul", "Exp"}, left
+    _same_results(g, res)
+
+
+def test_local_attention_with_other_batch_axes_for_k_and_v_is_refused():
+    """K and V of 3 heads over [2, 2] batch axes: as many matrices as Q's [2, 3] × 2 heads,
+    but B 4 against Q's 6 — the operator would pair other matrices: refused, saying why."""
+    res = _compile(_local(kv_batch=(2, 2), kv_heads=3))
+    assert not _fused(res)
+    (rec,) = res.analyses.attention
+    assert rec.verdict == "refused" and "differ in their batch (6, 4, 4)" in rec.reason
+
+
+def test_local_attention_with_one_kv_head_reads_every_batch_axis_as_one():
+    """K and V of one head over [2, 6]: their head split moves an axis of 1 (a view, no
+    head axis left to see), so Q and V are read as K is, [12, 1, S, D] — each of the 12
+    matrices the products pair one head of its own. Fused, the same results."""
+    g = _local(kv_batch=(2, 6), kv_heads=1)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["head_num"] == 1 and fa.inputs[0].type.shape[0] == 12
+    _same_results(g, res)
+
+
+@pytest.mark.sim
+def test_local_attention_is_one_launch_through_the_pipeline_and_the_simulator():
+    """Through the whole pipeline: the attention one extern launch (before: both products,
+    the softmax and the head transposes), its result in the simulator equal to the
+    interpreter's of the graph as written."""
+    g = _local()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    kinds = [e["kind"] for e in launches(res.graph)]
+    assert kinds == ["extern"], kinds
+    off = graphkernel.compile(_local(), "--opt_level=2 --disable_pass=attention", env={})
+    assert len(launches(off.graph)) >= 2
+    feeds = random_inputs(g, seed=3)
+    sim, _ = run_sim(res, feeds)
+    (want,) = Interpreter(g).run(feeds)
+    np.testing.assert_allclose(sim[0], want, rtol=1e-5, atol=1e-5)
