@@ -3,7 +3,8 @@ vendor's fused attention operator, launched as an extern kernel).
 
 The pattern, as the frontends and the Softmax expander leave it::
 
-    S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes
+    S = BatchMatMul(Q, Kᵀ)        Kᵀ by transpose_b or a Transpose of K's last two axes (or
+                                  of [.., S, N, D] to [.., N, D, S]: head split and Kᵀ in one)
                                   (torch's math path: Kᵀ · c, Kᵀ broadcast to every head)
     S = S * c | c * S | S / c     the scale (or Q = Q * c: folded into Q; none: scale 1)
     S = S + M                     optional masks (either side; two: a bias, then a mask)
@@ -22,9 +23,11 @@ The pattern, as the frontends and the Softmax expander leave it::
 with reshape views anywhere between (batch and heads merged into one axis and split again).
 Q, K and V must each be a [B, N, S, D] value (seen through views) — or, when all three have
 other batch axes (windows × heads, or [B·N, S, D] with no head split behind it), they are read
-as [X, 1, S, D], each of the X matrices a head of its own (``_merged``) — : a head split
-(``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in place (BSH
-or BSND) rather than materialised; K/V repeated for grouped-query attention
+as [X, 1, S, D], each of the X matrices a head of its own (``_merged``); a head split with
+more than one batch axis in front ([.., S, N, D] -> [.., N, S, D]: LongT5's batch × blocks) is
+read with its batch axes as one and its heads kept (``_batched``), views in every layout — :
+a head split (``Reshape [B,S,H] -> [B,S,N,D]`` + ``Transpose(0,2,1,3)``) before it is read in
+place (BSH or BSND) rather than materialised; K/V repeated for grouped-query attention
 (``ExpandDims`` + ``BroadcastTo [B,N2,r,S,D]`` + ``Reshape``, or one head broadcast to all:
 multi-query) are read with their N2 heads, and so are K/V repeated before their head split
 (``BroadcastTo [B,S,N2,r,D]`` + ``Reshape [B,S,N,D]``: Falcon's grouped projection), in BSND
@@ -1207,6 +1210,12 @@ def _rewrite(graph: Graph, m: _Match, ctx) -> AttentionMatch:
     if why is not None:
         raise Refused(f"unsupported {why}")
     bad = _used_outside(m, m.rows if m.rows and _sink_share(m) else ())
+    if bad is not None and any(graph.is_output(x) for x in bad.outputs):
+        # (T5-style decoder blocks return their attention weights: a compiled block's
+        # frame returns them whether or not its caller keeps them)
+        raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention: the graph "
+                      "returns it (the operator returns no probabilities; computing them "
+                      "as well takes Q·Kᵀ and the softmax again, the launch fusing saves)")
     if bad is not None:
         raise Refused(f"{bad.name} ({bad.op}) is also used outside the attention (e.g. "
                       "probabilities kept for the backward)")

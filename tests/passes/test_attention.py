@@ -130,7 +130,8 @@ def test_a_computed_bias_of_one_row_per_head_is_broadcast_to_the_pse_rows():
 
 
 @pytest.mark.parametrize("graph,reason", [
-    (lambda: _attention(probs_out=True), r"probs.* is also used outside the attention"),
+    (lambda: _attention(probs_out=True), r"probs.* is also used outside the attention: the "
+     r"graph returns it \(the operator returns no probabilities"),
     (lambda: _attention(dim=20), r"head size D=20 .*multiple of 16"),
     (lambda: _attention(mask=(2, 1, 8, 1)), r"mask mask of shape \[2, 1, 8, 1\].*pse takes"),
     (lambda: _attention(dtype="float64"), r"dtype float64"),
