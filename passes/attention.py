@@ -1015,6 +1015,19 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
             graph.add_node("Reshape", [mv], {"shape": list(shape4)}, origin=origin,
                            name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
         m.notes.append(f"mask of shape {list(shape)} viewed as the scores {list(shape4)}")
+    lead = tuple(mv.type.shape[:-3])
+    if rank == mv.type.rank and len(lead) > 1 and _batch_scores(m, mv, shape4) and (
+            all(_same(x, 1) for x in lead) or _same(symbolic.numel(lead), b)):
+        # added to scores [.., N, S1, S2] with more than one batch axis (``_batched``: batch ×
+        # blocks), the same for all of them or one for each (a mask broadcasts: an axis as
+        # long as the scores' or 1, so a product of B is every axis): read as one too
+        view = [1 if all(_same(x, 1) for x in lead) else b, *mv.type.shape[-3:]]
+        arr = const_array(mv)
+        mv = graph.const(arr.reshape(view), origin=origin) if arr is not None else \
+            graph.add_node("Reshape", [mv], {"shape": view}, origin=origin,
+                           name=graph.fresh_name(f"{node.name}/mask_view")).outputs[0]
+        m.notes.append(f"mask of shape {list(shape)} read with its batch axes as one: "
+                       f"{view}")
     cond, arr = _boolean(mv)
     window = causal_band(cond, s1, s2) if cond is not None else None
     if window is not None:
@@ -1066,6 +1079,20 @@ def _mask(graph: Graph, m: _Match, node: Node, shape4: tuple, mv: Value, rank: i
                              name=graph.fresh_name(f"{node.name}/pse_rows"),
                              origin=origin).outputs[0]
     return "pse", pse
+
+
+def _batch_scores(m: _Match, mv: Value, shape4: tuple) -> bool:
+    """Whether the mask ``mv`` is added (or its condition applied) in the pattern to scores
+    seen as [.., N, S1, S2], the batch axes in front B in all (not another view of them,
+    such as ViTDet's [X, h, w, h', w'])."""
+    b, n1, s1, s2 = shape4
+    inside = {id(x) for x in m.nodes}
+    for u in mv.users:
+        shape = tuple(u.outputs[0].type.shape) if id(u) in inside else ()
+        if len(shape) > 4 and _same(symbolic.numel(shape[:-3]), b) and \
+                all(_same(x, y) for x, y in zip(shape[-3:], (n1, s1, s2), strict=True)):
+            return True
+    return False
 
 
 def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:

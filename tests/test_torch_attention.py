@@ -430,3 +430,34 @@ def test_the_training_check_leaves_torch_compiles_own_differences_to_it():
 
     r = gt.bisect(Noisy(), (torch.randn(2, 8),), backward=True)
     assert r.mismatch and r.stage == "torch.compile" and "lin.weight" in r.differ
+
+
+def test_blockwise_local_attention_by_einsum_is_one_fused_launch():
+    """Local attention over blocks written with einsums ([B, blocks, block, N, D] queries
+    against each block's keys and its neighbours', a position bias over five axes): torch
+    lowers the einsums to products of views with a Transpose of the head and sequence axes
+    behind two batch axes (Kᵀ's with the head split at once). One fused attention, read in
+    place (batch × blocks as one batch), and the result matches eager."""
+    b, blocks, block, heads, dim = 2, 3, 4, 2, 16
+
+    def local(q, k, v, bias):
+        q = q.view(b, blocks, block, heads, dim)
+        k, v = (x.view(b, blocks, block, heads, dim) for x in (k, v))
+        pad = [0, 0, 0, 0, 0, 0, 1, 1]  # one empty block on each side of the blocks axis
+        k, v = (F.pad(x, pad) for x in (k, v))
+        k, v = (torch.cat([x[:, i:i + blocks] for i in range(3)], dim=2) for x in (k, v))
+        scores = torch.einsum("...qhd,...khd->...hqk", q, k) + bias
+        p = F.softmax(scores.float(), dim=-1).type_as(scores)
+        o = torch.einsum("...hqk,...khd->...qhd", p, v)
+        return o.reshape(b, blocks * block, heads * dim)
+
+    gen = torch.Generator().manual_seed(4)
+    args = [torch.randn(b, blocks * block, heads * dim, generator=gen) for _ in range(3)]
+    args.append(torch.randn(1, 1, heads, block, 3 * block, generator=gen))
+    want = local(*args)
+    with torch.no_grad():
+        got = torch.compile(local, backend="graphkernel")(*args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    s = gt.stats()
+    assert s["fallbacks"] == {} and s["launches"]["opaque"] == 0
+    assert s["attentions"] == 1, s["per_graph"]

@@ -1024,13 +1024,15 @@ def test_batch_axes_read_as_one_only_when_q_k_and_v_all_are():
     assert any("not all read" in r.reason for r in res.analyses.attention)
 
 
-def _local(bias: bool = False, kv_batch: tuple = (2, 3), kv_heads: int = 2) -> Graph:
+def _local(bias: tuple | None = None, kv_batch: tuple = (2, 3), kv_heads: int = 2,
+           masked: tuple | None = None) -> Graph:
     """LongT5's local attention: Q [2, 3, 8, 2, 16] (batch, blocks, a block's queries,
     heads, head size) and K, V [2, 3, 12, 2, 16] (each block's keys: three blocks' worth),
     head split by Transpose(0, 1, 3, 2, 4) (Kᵀ by Transpose(0, 1, 3, 4, 2): the head split
     and Kᵀ at once), the products over [12, .., ..] views (an einsum's), the output merged
-    back by Transpose(0, 1, 3, 2, 4) to [2, 24, 32]. ``bias``: a computed bias [2, 3, 2, 8,
-    12] added to the scores viewed in five axes; ``kv_batch``/``kv_heads``: K and V's own
+    back by Transpose(0, 1, 3, 2, 4) to [2, 24, 32]. ``bias``: the shape of a computed bias
+    added to the scores viewed in five axes [2, 3, 2, 8, 12]; ``masked``: the shape of a
+    boolean input masking them out (masked_fill); ``kv_batch``/``kv_heads``: K and V's own
     batch axes and heads (other than Q's: not the same matrices)."""
     g = Graph("local")
     q = g.add_input("q", TensorType((2, 3, 8, 2, 16), "float32"))
@@ -1044,8 +1046,11 @@ def _local(bias: bool = False, kv_batch: tuple = (2, 3), kv_heads: int = 2) -> G
     s = g.add_node("BatchMatMul", [q, kv[0]], name="qk").output
     s = g.add_node("Reshape", [s], {"shape": [2, 3, 2, 8, 12]}).output
     if bias:
-        b = g.add_input("bias", TensorType((2, 3, 2, 8, 12), "float32"))
+        b = g.add_input("bias", TensorType(bias, "float32"))
         s = g.add_node("Add", [s, g.add_node("Tanh", [b]).output]).output
+    if masked:
+        c = g.add_input("masked", TensorType(masked, "bool"))
+        s = g.add_node("Select", [c, g.const(np.float32(-np.inf)), s]).output
     p = g.add_node("Softmax", [s], {"axis": -1}, name="probs").output
     p = g.add_node("Reshape", [p], {"shape": [12, 8, 12]}).output
     o = g.add_node("BatchMatMul", [p, kv[1]], name="pv").output
@@ -1055,19 +1060,26 @@ def _local(bias: bool = False, kv_batch: tuple = (2, 3), kv_heads: int = 2) -> G
     return g
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_local_attention_blocks_are_one_batch_read_in_place(bias):
+@pytest.mark.parametrize("bias,masked,mask,shape", [
+    (None, None, "none", None),
+    ((2, 3, 2, 8, 12), None, "pse", [6, 2, 8, 12]),
+    ((1, 1, 2, 8, 12), None, "pse", [1, 2, 8, 12]),
+    (None, (2, 3, 1, 8, 12), "atten_mask", [6, 1, 8, 12]),
+])
+def test_local_attention_blocks_are_one_batch_read_in_place(bias, masked, mask, shape):
     """The batch and block axes in front of the head split are read as one batch B = 6 with
     the 2 heads kept: Q, K, V and the output read and written in place in BSH (no head
-    transpose left), K's head split and Kᵀ included; the bias in five axes viewed as the
-    scores [6, 2, 8, 12], the pse. The same results."""
-    g = _local(bias=bias)
+    transpose left), K's head split and Kᵀ included; a mask over the scores' five axes has
+    its batch axes read as one too (one for each of the 6, or one for all). The same
+    results."""
+    g = _local(bias=bias, masked=masked)
     res = _compile(g)
     (fa,) = _fused(res)
     assert fa.attrs["layout"] == "BSH" and fa.attrs["head_num"] == 2, fa.attrs
-    assert fa.attrs["mask"] == ("pse" if bias else "none")
+    assert fa.attrs["mask"] == mask
     assert [list(x.type.shape) for x in fa.inputs[:3]] == [[6, 8, 32], [6, 12, 32],
                                                            [6, 12, 32]]
+    assert shape is None or list(fa.inputs[3].type.shape) == shape
     left = {n.op for n in res.graph.nodes}
     assert not left & {"Transpose", "BatchMatMul", "Exp"}, left
     _same_results(g, res)
