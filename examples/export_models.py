@@ -27,6 +27,13 @@ def _text_inputs(torch):
     return (torch.randint(0, VOCAB, (2, 16), generator=g),)
 
 
+def _rand(torch, *shape):
+    """Uniform [0, 1) values from a generator seeded anew: every call of a model's inputs
+    returns the same tensor, whichever models were drawn for before (a generator shared by
+    the zoo made a model's inputs depend on which models a run had selected before it)."""
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(SEED))
+
+
 ATTENTION = ("sdpa", "eager")  # the library's default first
 
 
@@ -83,7 +90,7 @@ def builders(attn: str = "sdpa"):
             # (ConvNeXt has no switch for its pooler; its last hidden state does not use it)
             model = model_cls(cfg) if pooler else model_cls(cfg, add_pooling_layer=False)
             return Hidden(model.eval(), "pixel_values")
-        return build, lambda: (torch.rand(2, 3, size, size, generator=g),)
+        return build, lambda: (_rand(torch, 2, 3, size, size),)
 
     def wav2vec2():
         torch.manual_seed(SEED)
@@ -99,7 +106,6 @@ def builders(attn: str = "sdpa"):
                    max_position_embeddings=64)
     encoder = dict(num_hidden_layers=LAYERS, hidden_size=H, num_attention_heads=HEADS,
                    intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
-    g = torch.Generator().manual_seed(SEED)
     return {
         "gpt2": text(T.GPT2Config, T.GPT2Model, n_layer=LAYERS, n_embd=H, n_head=HEADS,
                      n_inner=FF, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
@@ -115,8 +121,8 @@ def builders(attn: str = "sdpa"):
                       vocab_size=VOCAB, max_position_embeddings=64),
         "t5_encoder": text(T.T5Config, T.T5EncoderModel, num_layers=LAYERS, d_model=H,
                            d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB),
-        "vit": (vit, lambda: (torch.rand(2, 3, 32, 32, generator=g),)),
-        "whisper_encoder": (whisper, lambda: (torch.rand(2, 16, 64, generator=g),)),
+        "vit": (vit, lambda: (_rand(torch, 2, 3, 32, 32),)),
+        "whisper_encoder": (whisper, lambda: (_rand(torch, 2, 16, 64),)),
         "mistral": text(T.MistralConfig, T.MistralModel, sliding_window=8, **decoder),
         "gemma": text(T.GemmaConfig, T.GemmaModel, head_dim=H // HEADS, **decoder),
         "falcon": text(T.FalconConfig, T.FalconModel, num_hidden_layers=LAYERS, hidden_size=H,
@@ -129,7 +135,7 @@ def builders(attn: str = "sdpa"):
                        num_attention_heads=HEADS, intermediate_size=FF, patch_size=8),
         "convnext": vision(T.ConvNextConfig, T.ConvNextModel, hidden_sizes=[16, 32],
                            depths=[1, 1], num_stages=2, patch_size=4, pooler=True),
-        "wav2vec2": (wav2vec2, lambda: (torch.rand(2, 400, generator=g) * 2 - 1,)),
+        "wav2vec2": (wav2vec2, lambda: (_rand(torch, 2, 400) * 2 - 1,)),
     }
 
 
@@ -225,8 +231,7 @@ def families(attn: str = "sdpa"):
             torch.manual_seed(SEED)
             cfg = cfg_cls(image_size=size, num_channels=3, **kw, **common)
             return Hidden(model_cls(cfg, add_pooling_layer=False).eval(), "pixel_values")
-        g = torch.Generator().manual_seed(SEED)
-        return make, lambda: (torch.rand(2, 3, size, size, generator=g),)
+        return make, lambda: (_rand(torch, 2, 3, size, size),)
 
     def whisper():
         torch.manual_seed(SEED)

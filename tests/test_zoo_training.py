@@ -1,0 +1,81 @@
+"""benchmarks/zoo_training.py's check of a training step: a loss whose gradients are not
+rounding noise, a model whose eager step raises labelled as such, and a model's inputs that
+do not depend on which models were measured before it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks import zoo_training  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_torch")]
+
+
+class _Normed(torch.nn.Module):
+    """A product and a LayerNorm at its initial weight 1 and bias 0, the last op of most
+    encoders (ViT, DeiT, BERT): mean(out²) is var / (var + eps), a constant up to eps."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16, eps=1e-12)
+
+    def forward(self, x):
+        return self.norm(self.proj(x))
+
+
+def test_the_step_gradients_before_a_final_layernorm_are_not_of_order_eps():
+    """In float64, so that only the loss decides: out.pow(2).mean() gave the product's
+    weight a gradient of ~1e-12, below the atol (a backward returning zeros matched)."""
+    model = _Normed().double()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    _, grads = zoo_training._step(model, model, (x,))
+    assert float(grads["proj.weight"].abs().max()) > 100 * zoo_training.ATOL
+    assert float(grads["proj.bias"].abs().max()) > 100 * zoo_training.ATOL
+    # the same target on both sides of the comparison, widened exactly for the float64 twin
+    out = torch.zeros(3, 5)
+    assert torch.equal(zoo_training._target(out), zoo_training._target(out))
+    assert torch.equal(zoo_training._target(out.double()), zoo_training._target(out).double())
+
+
+class _RaisesEagerly(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        raise RuntimeError("shape '[2, 16, 4, 8]' is invalid for input of size 768")
+
+
+def test_a_model_whose_eager_step_raises_is_not_graphkernels_failure(monkeypatch, capsys):
+    build, inputs = _RaisesEagerly, lambda: (torch.ones(2, 4),)
+    with pytest.raises(zoo_training.EagerFails, match="is invalid for input of size 768"):
+        zoo_training.measure(build, inputs)
+    import export_models
+
+    monkeypatch.setattr(export_models, "select",
+                        lambda names, attn, more=False: {"raiser": (build, inputs)})
+    monkeypatch.setattr(export_models, "trainable", lambda model: True)
+    assert zoo_training.main(["--attn", "eager", "raiser"]) == 0
+    out = capsys.readouterr().out
+    assert "raiser           eager eager fails (not compiled): RuntimeError" in out
+    assert "does not compile" not in out
+    assert "gradients differing because of graphkernel: none" in out
+    assert "eager step raises (no comparison; not counted as graphkernel's): raiser (eager): " \
+        "RuntimeError: shape '[2, 16, 4, 8]' is invalid" in out
+
+
+def test_a_zoo_models_inputs_do_not_depend_on_the_models_drawn_before():
+    pytest.importorskip("transformers")
+    import export_models
+
+    for attn in ("sdpa", "eager"):
+        zoo = export_models.builders(attn) | export_models.families(attn)
+        alone = {k: zoo[k][1]() for k in ("deit", "vit", "swin", "wav2vec2")}
+        for _, inputs in zoo.values():
+            inputs()
+        for name, want in alone.items():
+            for a, b in zip(zoo[name][1](), want, strict=True):
+                assert torch.equal(a, b), (attn, name)
