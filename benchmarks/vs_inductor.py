@@ -75,8 +75,12 @@ def _count(code) -> tuple[int, int]:
 
 
 def _loss_step(fn, args):
+    """One training step's forward and backward, with zoo_training's loss (so both
+    compilers see the same backward graph as the gradient check)."""
+    from zoo_training import _loss
+
     out = fn(*args)
-    out.pow(2).mean().backward()
+    _loss(out).backward()
     return out
 
 
@@ -231,6 +235,21 @@ def _failure(e: Exception) -> str:
     return next((x for x in lines if "Error:" in x), type(e).__name__)[:200]
 
 
+def _eager_error(model, calls) -> str | None:
+    """The first error line when the model's own eager forward raises on one of ``calls``
+    (argument tuples), else None: such a row is no compiler's failure."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            for c in calls:
+                model(*c)
+    except Exception as err:  # noqa: BLE001 - the model's own failure, reported as such
+        lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+        return f"{type(err).__name__}: {lines[0] if lines else ''}"
+    return None
+
+
 def compiled_table(zoo) -> None:
     from export_models import attention_layers
 
@@ -238,11 +257,17 @@ def compiled_table(zoo) -> None:
 
     print("torch.compile, inference (launches: Inductor fused + extern; graphkernel by kind)")
     _header(f"{'FA/layer':>8} {'compile s (ind/ours)':>20}  eager")
-    rows, failed, fallbacks, wrong, unfused = {}, [], {}, [], []
+    rows, failed, fallbacks, wrong, unfused, eager_fails = {}, [], {}, [], [], []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
-            shown.describe(f"{name}: Inductor")
             model, args = build(), inputs()
+            why = _eager_error(model, [args])
+            if why:
+                eager_fails.append(f"{name}: {why}")
+                progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
+                shown.advance()
+                continue
+            shown.describe(f"{name}: Inductor")
             k, e, _, t_ind = inductor(model, args)
             shown.describe(f"{name}: graphkernel")
             try:
@@ -266,6 +291,8 @@ def compiled_table(zoo) -> None:
                                 f"{t_ours:<8.2f}  " + ("match" if ok else "DIFF")), sys.stdout)
             shown.advance()
     summary(rows, failed)
+    if eager_fails:
+        print("eager fails (not a compiler's failure): " + "; ".join(eager_fails))
     print("fused attention per attention layer < 1: "
           + ("none" if not unfused else ", ".join(unfused)))
     print("outputs match eager: " + ("every model" if not wrong else "not on " + ", ".join(wrong)))
@@ -277,26 +304,31 @@ def training_table(zoo) -> None:
     """One training step (train mode) on both sides: launches of the forward and backward
     graphs; graphkernel's output and gradients against eager (``zoo_training.measure``)."""
     from export_models import trainable
-    from zoo_training import measure
+    from zoo_training import EagerFails, measure
 
     print("torch.compile, one training step in train mode (forward + backward graphs)")
     _header("output grads differing")
-    rows, failed, wrong = {}, [], []
+    rows, failed, wrong, eager_fails = {}, [], [], []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             if not trainable(build()):
                 shown.advance()
                 continue
-            shown.describe(f"{name}: Inductor")
-            k, e, _, _ = inductor(build(), inputs(), "training")
             shown.describe(f"{name}: graphkernel")
             try:
                 r = measure(build, inputs)
+            except EagerFails as err:  # torch's own step raises: not graphkernel's
+                eager_fails.append(f"{name}: {err}")
+                progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
+                shown.advance()
+                continue
             except Exception as err:  # noqa: BLE001 - a model that does not compile
                 failed.append(f"{name}: {_failure(err)}")
                 progress.write(f"{name:<16} does not compile", sys.stdout)
                 shown.advance()
                 continue
+            shown.describe(f"{name}: Inductor")
+            k, e, _, _ = inductor(build(), inputs(), "training")
             launches = r["stats"]["launches"]
             rows[name] = (sum(launches.values()), k + e)
             ours = [p for p, v in r["judged"].items() if v == "graphkernel's"]
@@ -310,6 +342,8 @@ def training_table(zoo) -> None:
                                    if r["differ"] else "")), sys.stdout)
             shown.advance()
     summary(rows, failed)
+    if eager_fails:
+        print("eager fails (not a compiler's failure): " + "; ".join(eager_fails))
     print("gradients differing because of graphkernel: "
           + ("none" if not wrong else ", ".join(wrong)))
 
@@ -321,10 +355,16 @@ def dynamic_table(zoo) -> None:
     print("torch.compile(dynamic=True), inference, three input sizes (launches of every graph "
           "compiled)")
     _header(f"{'sizes':<20} {'graphs':>6} {'floor':>5} {'recompiles':>10} eager")
-    rows, failed, short = {}, [], []
+    rows, failed, short, eager_fails = {}, [], [], []
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             calls = dyn.sizes(name, inputs())
+            why = _eager_error(build(), calls)
+            if why:
+                eager_fails.append(f"{name}: {why}")
+                progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
+                shown.advance()
+                continue
             shown.describe(f"{name}: Inductor")
             k, e, _, _ = inductor(build(), inputs(), "dynamic", calls)
             shown.describe(f"{name}: graphkernel")
@@ -346,6 +386,8 @@ def dynamic_table(zoo) -> None:
                            sys.stdout)
             shown.advance()
     summary(rows, failed)
+    if eager_fails:
+        print("eager fails (not a compiler's failure): " + "; ".join(eager_fails))
     print("one compile serving three sizes (a generate() loop: the prompt's and the cache's; "
           "where Dynamo alone makes more graphs, its floor: the 'floor' column, "
           "backend=\"eager\"), matching eager: "
