@@ -459,13 +459,16 @@ def output(model, a):
     other = [v for n in c.nodes for v in n.inputs
              if not (v.producer is not None and (id(v.producer) in own or (
                  v.producer.op == "Constant" and v.type.numel == 1)))]
+    row = _reduced_row_reduce(model, a, c)
     vector_users = [x for x in model.consumers(c)[0] if model.kind(x) <= OpKind.BROADCAST]
     return fuse_if(model, "reduce_output", [a, c], [
         need(lambda: not external,
              lambda: f"{a.name} has a consumer outside the fusable region"),
-        need(lambda: model.kind(c) <= OpKind.ELEMWISE,
+        need(lambda: model.kind(c) <= OpKind.ELEMWISE or row is not None,
              lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
-                     "(needs <= ELEMWISE)"),
+                     "(needs <= ELEMWISE, or a REDUCE of the reduced rows along them)"),
+        need(lambda: not isinstance(row, str),
+             lambda: row),
         need(lambda: all(model.size(c) == v.type.numel for v in read),
              lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
                      "values, not the reduced ones"),
@@ -474,7 +477,7 @@ def output(model, a):
                      f"{next(v.dtype.value for v in read if v.dtype != DType.float32)} "
                      "(operands of different shapes: inside one kernel the sum would not be "
                      "rounded to it, a rounding or overflow the graph asks for)"),
-        need(lambda: not vector_users,
+        need(lambda: not vector_users or row is not None,
              lambda: f"kind mismatch: consumer {c.name} is read by vector work "
                      f"({vector_users[0].name}), which takes the reduced values broadcast"),
         need(lambda: not other,  # (the vector kernels compute on reduced values alone)
@@ -482,3 +485,51 @@ def output(model, a):
                      "(operands of different shapes: a reduced value is computed on with "
                      "scalar constants only)"),
     ])
+
+
+# float32 rows of the reduced values a kernel over the rows keeps in UB per element of its
+# row when a final step reduces them (accumulators, the steps' rows, the work row), with margin
+REDUCED_ROW_BUFFERS = 16
+
+
+def _reduced_row_reduce(model, a, c):
+    """For ``reduce_output``: whether consumer area ``c`` is a REDUCE area reducing the values
+    that ``a`` reduces over a run of leading or middle axes, along their whole trailing row.
+    ``a`` reduces ``[B, R, L]`` to ``[B, 1, L]`` (a global response norm's sum of squares
+    over H, W of ``[N, H, W, C]``): the kernel over the rows accumulates each block's row of
+    ``L`` in UB, and once it is complete the final steps can reduce that row (the mean over
+    C of the norms) to one value per block, when a column tile holds the whole row. None when
+    ``c`` does not reduce or ``a`` is no such reduction; a string (why not) when the row is
+    symbolic or too long to hold whole; else True."""
+    from graphkernel.codegen import targets
+
+    if model.kind(c) != OpKind.REDUCE:
+        return None
+    sigs = reduce_signatures(a)
+    if len(sigs) != 1 or any(n.op in ("Scan", "ElemAny") for n in (*a.nodes, *c.nodes)):
+        return None
+    ((shape, axes),) = sigs
+    rank = len(shape)
+    if not axes or axes[-1] == rank - 1 or tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
+        return None  # (not one run of axes before the last)
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    for n in c.nodes:
+        if ops.get(n.op).kind != OpKind.REDUCE:
+            continue
+        if n.op in ("Scan", "ElemAny"):
+            return None
+        x = n.inputs[0].type
+        cax = reduce_axes(x.rank, n.attrs.get("axis"))
+        if not cax or tuple(cax) != tuple(range(x.rank - len(cax), x.rank)) or \
+                not symbolic.eq(symbolic.numel(x.shape[cax[0]:]), row) or \
+                not symbolic.eq(x.numel, symbolic.mul(blocks, row)):
+            return None
+    if not isinstance(row, int):
+        return (f"the code generator cannot hold the rows of {row} reduced values whole "
+                "(symbolic: not known to fit the UB)")
+    ub = targets.load(model.cfg.target).ub_bytes
+    if row * 4 * REDUCED_ROW_BUFFERS > ub:
+        return (f"the code generator cannot hold the rows of {row} reduced values whole in "
+                f"UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} bytes)")
+    return True

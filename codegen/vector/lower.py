@@ -92,6 +92,7 @@ class VectorLowerer(Lowerer):
         self.accumulators: list[tuple[str, str]] = []
         self.loops: list[list[str]] = []  # the kernel's ScanLoopN helpers (C++ lines)
         self.direct: dict[int, int] = {}
+        self.final_scalars: set[str] = set()  # scalars the final steps compute
 
     def run(self) -> KernelIR:
         s = self.s
@@ -287,7 +288,10 @@ class VectorLowerer(Lowerer):
     def _dst(self, n: Node, rule: Instruction | None, kind: str) -> Ref:
         s, out = self.s, n.outputs[0]
         if kind == SCALAR:
-            return self.scalar_dst()
+            dst = self.scalar_dst()
+            if id(n) in s.final:  # (computed and used once the reductions are complete)
+                self.final_scalars.add(dst.expr)
+            return dst
         if rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks) \
                 and id(n) not in s.row_reduces:  # (a row within the tile: as any kernel's)
             dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
@@ -302,8 +306,29 @@ class VectorLowerer(Lowerer):
     def enter(self, n: Node, operands: list[Ref]) -> None:
         final = id(n) in self.s.final
         self.body = self.final if final else self.tile_body
-        if final and any(r.store == "sv" for r in operands):
+        if final and any(r.store == "sv" and r.expr not in self.final_scalars
+                         for r in operands):
             raise Unsupported("a scalar computed in the tile loop used after it")
+
+    def emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        if id(n) in self.s.late_reduces:
+            self._late_reduce(n, dst, a[0])
+            return
+        super().emit(n, dst, a)
+
+    def _late_reduce(self, n: Node, dst: Ref, x: Ref) -> None:
+        """A final step reducing the column tile's reduced row (the whole row: ``cols``
+        elements; the padding up to ``t_.ctp`` is left out) to one value, read by the scalar
+        unit as the scalar ``dst`` of the steps after it (the syncs between the vector and
+        the scalar unit: codegen/barriers.py)."""
+        rule = INSTRUCTIONS[n.op]
+        if x.kind != ROW or dst.kind != SCALAR:
+            raise Unsupported(f"{n.op} of a {x.kind} value to a {dst.kind} one", node=n)
+        if rule.api is not None:
+            self.call(rule.api, "red", op(x.expr), op("rw", work=True), count="cols")
+        else:  # a product: the scalar unit multiplies along the row
+            self.scalar_code([_product(op(x.expr), "red", "0")], [x.expr], ["red"])
+        self.scalar_code([f"float {dst.expr} = (float)red.GetValue(0);"], ["red"], [])
 
     def reduce_mode(self, rule: Instruction, dst: Ref, x: Ref) -> bool:
         if dst.kind == ROW:  # over the rows: accumulate this tile's rows
@@ -516,10 +541,11 @@ class VectorLowerer(Lowerer):
         rowvec("btr0", "row scratch", Kind.ROW, 1, CT, cs, "tr0", True)
         rowvec("btr1", "row scratch", Kind.ROW, 1, CT, cs, "tr1", True)
         column("btc0", "column scratch", Kind.COLUMN, 1, CT, cs, "tc0", True)
-        if s.reduce:
-            block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red")
+        if s.reduce or s.late_reduces:
+            block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red", bool(s.late_reduces))
         if s.reduce or s.whole_row_tiles:
-            rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw")
+            rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw",
+                   bool(s.late_reduces))
         if any(c.api in ROW_FORMS for c in self._calls()):
             tg = s.target
             bpr = tg.blocks_per_repeat

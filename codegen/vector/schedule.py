@@ -126,6 +126,10 @@ class Schedule:
     # selective scan's readout, sum over the state of h * C), one value per row; a column
     # tile is then the whole row (``whole_row_tiles``)
     row_reduces: frozenset[int] = frozenset()
+    # col_reduce: the final steps that reduce a reduced row (a value per block of one row of
+    # L) along that row, to one value per block (SCALAR): a global response norm's mean
+    # over the channels of the norms over H, W; a column tile is then the whole row
+    late_reduces: frozenset[int] = frozenset()
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
@@ -146,9 +150,10 @@ class Schedule:
 
     @property
     def whole_row_tiles(self) -> bool:
-        """A kernel over the rows (a scan's) whose column tile holds the whole row: some step
-        reduces each row within the tile."""
-        return self.col_reduce and bool(self.row_reduces)
+        """A kernel over the rows whose column tile holds the whole row: some step reduces
+        each row within the tile (a scan's readout), or a final step reduces the reduced
+        row."""
+        return self.col_reduce and bool(self.row_reduces or self.late_reduces)
 
     @property
     def whole_rows(self) -> bool:
@@ -493,7 +498,10 @@ class _Planner:
         self.col_reduce = False
         self.batch: Dim = 1
         self.row_reduces: frozenset[int] = frozenset()
-        L = self._row_length(steps, reduces, N)
+        late = self._late_reduces(steps, N)
+        self.late_reduces = frozenset(id(n) for n in late)
+        L = self._row_length(steps, [n for n in reduces if n not in late], N)
+        self._check_late(late, L)
         if any(not eq(row, L) for _, _, row in self.cols.values()):
             raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
                               "(columns are sliced from whole rows)", node=self.colslices[0])
@@ -537,7 +545,8 @@ class _Planner:
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
-                         batch=self.batch, cols=self.cols, row_reduces=self.row_reduces)
+                         batch=self.batch, cols=self.cols, row_reduces=self.row_reduces,
+                         late_reduces=self.late_reduces)
         sched.notes = io_notes(ins, bool(reduces))
         if self.transposed or self.gathered_in:
             self._single_tile(sched)
@@ -579,7 +588,7 @@ class _Planner:
             if id(n) in self.row_reduces and not after:
                 continue  # each row within its tile: complete in the tile, nothing accumulated
             if after:
-                if n.op in REDUCE_OPS:
+                if n.op in REDUCE_OPS and id(n) not in self.late_reduces:
                     raise Unsupported(f"{n.op} of a reduction accumulated across tiles",
                                       node=n)
             if after:
@@ -1201,6 +1210,39 @@ class _Planner:
             raise Unsupported("no row split suits every broadcast and slice in the kernel")
         return max(candidates, key=_size)
 
+    def _late_reduces(self, steps: list[Node], N: Dim) -> list[Node]:
+        """Reductions of values computed from another reduction's result, smaller than the
+        loop space (a reduction of the reduced values; ``_check_late`` says whether the
+        schedule takes them)."""
+        after: set[int] = set()
+        late = []
+        for n in steps:
+            if any(id(self.owner(v)) in after for v in n.inputs):
+                if n.op in REDUCE_OPS and not eq(n.inputs[0].type.numel, N):
+                    late.append(n)
+                after.add(id(self.owner(n.outputs[0])))
+            elif n.op in REDUCE_OPS:
+                after.add(id(self.owner(n.outputs[0])))
+        return late
+
+    def _check_late(self, late: list[Node], L: Dim) -> None:
+        """A reduction of reduced values is taken when the kernel reduces over the rows
+        and it reduces, along the last axes, the reduced row of each block (a value of
+        ``batch`` rows of L, exactly L elements per result): once every row of a column tile
+        is accumulated, the final steps reduce the tile's row to one value (SCALAR); the
+        column tile is then the whole row."""
+        for n in late:
+            shape = n.inputs[0].shape
+            if not self.col_reduce or not self._along_row(n) or \
+                    not eq(n.inputs[0].type.numel, symbolic.mul(self.batch, L)):
+                raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
+                                  node=n)
+            axes = sorted(a % len(shape) for a in n.attrs["axis"])
+            if not eq(symbolic.numel(shape[axes[0]:]), L):
+                raise Unsupported(f"{n.op} of a reduced row along other than its whole row "
+                                  f"of {L}", node=n)
+        self.late_reduces = frozenset(id(n) for n in late)
+
     @staticmethod
     def _along_row(n: Node) -> bool:
         """Whether reduction ``n`` reduces trailing axes of its operand (each row, for rows
@@ -1240,7 +1282,8 @@ class _Planner:
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
-            if not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
+            if (not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS) or \
+                    id(n) in self.late_reduces:  # (the reduced row: ``_check_late``)
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
@@ -1343,7 +1386,11 @@ class _Planner:
                     self.partial[id(o)] = (c[1], c[2], c[3])
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
             full_space = eq(out.type.numel, N)
-            if n.op in REDUCE_OPS:
+            if id(n) in self.late_reduces:  # the reduced row of a block, to one value
+                if srcs[0] != ROW:
+                    raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
+                kind[id(out)] = SCALAR
+            elif n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
                 kind[id(out)] = ROW if self.col_reduce and id(n) not in self.row_reduces \
