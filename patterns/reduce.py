@@ -449,7 +449,15 @@ def output(model, a):
     other operators or the graph's outputs, not to vector work that would take the reduced
     values in (a batch norm's mean, subtracted from its input, is computed in the kernel that
     subtracts it). The kernel writes the consumer's result in place of the reduced values:
-    one launch and one round trip of the reduced values fewer."""
+    one launch and one round trip of the reduced values fewer. A consumer that reduces is
+    taken when the area reduces a run of leading or middle axes (``[B, R, L]`` to
+    ``[B, 1, L]``) and the consumer reduces those reduced rows along the whole row of L (a
+    global response norm's mean over C of the norms over H, W): the kernel over the rows
+    reduces each block's completed row in its final steps, a column tile holding the whole
+    row (L static and fitting the UB whole, else GK209); such a consumer's results may go
+    to vector work (no pattern pushes a reduction of another shape into it; a consumer
+    broadcasting them back over the reduced axes takes the kernel whole,
+    ``reduce_broadcast_back``)."""
     found = _one_consumer(model, a)
     if found is None:
         return None
@@ -533,3 +541,78 @@ def _reduced_row_reduce(model, a, c):
         return (f"the code generator cannot hold the rows of {row} reduced values whole in "
                 f"UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} bytes)")
     return True
+
+
+def _column_signature(a):
+    """(input shape, reduced axes) of the one reduction signature of area ``a`` when it
+    reduces one run of leading or middle axes (a reduction over the rows: ``[B, R, L]`` to
+    ``[B, 1, L]``), else None. Reductions of its reduced rows along them (``reduce_output``)
+    are the kernel's final steps, not another signature."""
+    sigs = reduce_signatures(a)
+    if any(n.op in ("Scan", "ElemAny") for n in a.nodes):
+        return None
+    col = [(shape, axes) for shape, axes in sigs
+           if axes and axes[-1] != len(shape) - 1
+           and tuple(axes) == tuple(range(axes[0], axes[-1] + 1))]
+    if len(col) != 1:
+        return None
+    shape, axes = col[0]
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    for s, ax in sigs - set(col):  # the reduced rows of L, each reduced whole
+        if tuple(ax) != tuple(range(len(s) - len(ax), len(s))) or \
+                not symbolic.eq(symbolic.numel(s[ax[0]:]), row) or \
+                not symbolic.eq(symbolic.numel(s), symbolic.mul(blocks, row)):
+            return None
+    return col[0]
+
+
+def _spreads_over_reduced(v, shape: tuple, axes: tuple) -> bool:
+    """Whether ``v`` has the reduced values' shape: ``shape`` with the reduced axes 1 (kept
+    dims, maybe fewer leading axes): one row of the kernel per block."""
+    vs = tuple(v.shape)
+    if len(vs) > len(shape):
+        return False
+    vs = (1,) * (len(shape) - len(vs)) + vs
+    return all((symbolic.eq(d, 1) if k in axes else symbolic.eq(d, s) or symbolic.eq(d, 1))
+               for k, (d, s) in enumerate(zip(vs, shape, strict=True)))
+
+
+@pattern("reduce_broadcast_back", order=81, direction="bwd", mode="depth", level=2,
+         refuses=("GK202", "GK205", "GK207", "GK209"))
+def broadcast_back(model, a):
+    """A REDUCE area over a run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``,
+    with the reductions of its reduced rows ``reduce_output`` gave it) pushes itself into
+    its single consumer area when that consumer is elementwise/broadcast work in the
+    reduction's input shape that reads the area's results only broadcast back over the
+    reduced axes (a global response norm's ``gamma * (x * Nx) + beta + x`` with ``Nx`` of
+    ``[N, 1, 1, C]``): one kernel over the rows, which accumulates each column tile of a
+    block in UB, runs the final steps on the reduced row, then a second pass over the
+    block's rows loads the inputs again and computes the consumer. The consumer reads
+    nothing of the area's full-size work (a tile of the first pass is gone by the second),
+    the area is read by nothing else, and its reduced rows, when reduced again, fit the UB
+    whole."""
+    found = _one_consumer(model, a)
+    if found is None:
+        return None
+    c, external = found
+    sig = _column_signature(a)
+    if sig is None:
+        return None
+    shape, axes = sig
+    n_full = symbolic.numel(shape)
+    read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
+    return fuse_if(model, "reduce_broadcast_back", [c, a], [
+        need(lambda: not external,
+             lambda: f"{a.name} has a consumer outside the fusable region"),
+        need(lambda: model.kind(c) <= OpKind.BROADCAST,
+             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
+                     "(needs <= BROADCAST)"),
+        need(lambda: symbolic.eq(model.size(c), n_full),
+             lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
+                     f"values, not the {n_full} reduced"),
+        need(lambda: all(_spreads_over_reduced(v, shape, axes) for v in read),
+             lambda: f"operands of different shapes: {c.name} reads "
+                     f"{next(v for v in read if not _spreads_over_reduced(v, shape, axes)).name}"
+                     " other than the reduced values broadcast back over the reduced axes"),
+    ])

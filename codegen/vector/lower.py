@@ -89,6 +89,9 @@ class VectorLowerer(Lowerer):
         self.epilogue: list[Instr] = []
         self.final: list[Instr] = []
         self.final_epilogue: list[Instr] = []
+        self.second: list[Instr] = []  # a tile of the second pass (Schedule.second)
+        self.second_epilogue: list[Instr] = []
+        self.input_prologue: dict[int, list[Instr]] = {}  # id(loaded value) -> its casts
         self.accumulators: list[tuple[str, str]] = []
         self.loops: list[list[str]] = []  # the kernel's ScanLoopN helpers (C++ lines)
         self.direct: dict[int, int] = {}
@@ -97,7 +100,10 @@ class VectorLowerer(Lowerer):
     def run(self) -> KernelIR:
         s = self.s
         for io in s.inputs:
+            before = len(self.prologue)
             self._input(io)
+            local = io.local if io.local is not None else io.value
+            self.input_prologue[id(s.storage(local))] = self.prologue[before:]
         for vid, c in s.scalars.items():
             self.refs[vid] = Ref(SCALAR, flt(c), c)
         self.direct = self._direct_outputs()
@@ -107,9 +113,11 @@ class VectorLowerer(Lowerer):
             self.step(k, n, self._dst)
         for io in s.outputs:
             self._store(io)
+        again = [i for vid in s.second_reads() for i in self.input_prologue.get(vid, [])]
         return KernelIR(self._buffers(), self.prologue + self.tile_body + self.epilogue,
                         self.final + self.final_epilogue, self.accumulators,
-                        compute_type=C_TYPE[s.compute], loops=self.loops)
+                        compute_type=C_TYPE[s.compute], loops=self.loops,
+                        second=again + self.second + self.second_epilogue if s.second else [])
 
     # ------------------------------------------------------------- inputs and outputs
     def _input(self, io) -> None:
@@ -201,7 +209,8 @@ class VectorLowerer(Lowerer):
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
                               about=(io.value,))
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
-        to = self.final_epilogue if late else self.epilogue
+        to = self.final_epilogue if late else self.second_epilogue if \
+            io.index in s.second_outputs() else self.epilogue
         y = f"yo{io.index}"
         if io.dtype in (BITS, DType.int64) and v.dtype != io.dtype:  # floats truncated
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_TRUNC", count=count, to=to)
@@ -305,7 +314,8 @@ class VectorLowerer(Lowerer):
 
     def enter(self, n: Node, operands: list[Ref]) -> None:
         final = id(n) in self.s.final
-        self.body = self.final if final else self.tile_body
+        self.body = self.final if final else self.second if id(n) in self.s.second else \
+            self.tile_body
         if final and any(r.store == "sv" and r.expr not in self.final_scalars
                          for r in operands):
             raise Unsupported("a scalar computed in the tile loop used after it")
@@ -575,7 +585,8 @@ class VectorLowerer(Lowerer):
 
     def _calls(self) -> list[Call]:
         return [i for i in (*self.prologue, *self.tile_body, *self.epilogue, *self.final,
-                            *self.final_epilogue) if isinstance(i, Call)]
+                            *self.final_epilogue, *self.second, *self.second_epilogue)
+                if isinstance(i, Call)]
 
 
 def _last_uses(s: Schedule) -> dict[int, int]:

@@ -130,6 +130,11 @@ class Schedule:
     # L) along that row, to one value per block (SCALAR): a global response norm's mean
     # over the channels of the norms over H, W; a column tile is then the whole row
     late_reduces: frozenset[int] = frozenset()
+    # col_reduce: id(step) of the second pass over the column tile's rows, once its
+    # reductions and the final steps are done (the work that broadcasts a reduced value back
+    # over the rows it was reduced from: x * Nx of a global response norm); the pass loads
+    # the inputs it reads again, tile by tile, and stores its results
+    second: frozenset[int] = frozenset()
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
@@ -160,6 +165,26 @@ class Schedule:
         """Tiles hold whole rows: a step reduces each row, or reads columns of a row at an
         offset (a slice of the last axis)."""
         return self.reduce or bool(self.cols)
+
+    def second_reads(self) -> list[int]:
+        """id(storage) of every value the second pass's steps read, in order."""
+        out: list[int] = []
+        for n in self.steps:
+            if id(n) in self.second:
+                out += [id(self.storage(v)) for v in n.inputs
+                        if id(self.storage(v)) not in out]
+        return out
+
+    def second_inputs(self) -> set[int]:
+        """Indices of the inputs the second pass loads again."""
+        read = set(self.second_reads())
+        return {io.index for io in self.inputs
+                if id(self.storage(io.local if io.local is not None else io.value)) in read}
+
+    def second_outputs(self) -> set[int]:
+        """Indices of the outputs the second pass stores."""
+        made = {id(self.storage(n.outputs[0])) for n in self.steps if id(n) in self.second}
+        return {io.index for io in self.outputs if id(self.storage(io.value)) in made}
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -531,9 +556,13 @@ class _Planner:
                                   "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
-        final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
+        second: set[int] = set()
+        final = (self._final_steps(steps, kind, (ROW, SCALAR), second) if self.col_reduce else
                  self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
-        steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        if second:
+            self._check_second(steps, kind, ins, outs, final, second)
+        steps = [n for n in steps if id(n) not in final and id(n) not in second] + \
+            [n for n in steps if id(n) in final] + [n for n in steps if id(n) in second]
         for io in ins:  # int64 is converted as tiles and values per row are loaded only
             if io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL) and \
                     id(io.value) not in self.indices and read_as_floats(io.value):
@@ -546,7 +575,7 @@ class _Planner:
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
                          batch=self.batch, cols=self.cols, row_reduces=self.row_reduces,
-                         late_reduces=self.late_reduces)
+                         late_reduces=self.late_reduces, second=frozenset(second))
         sched.notes = io_notes(ins, bool(reduces))
         if self.transposed or self.gathered_in:
             self._single_tile(sched)
@@ -576,31 +605,91 @@ class _Planner:
                               f"({GATHER_REPEATS} repeats of {per})", node=t)
         s.single_tile = True
 
-    def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...]
-                     ) -> set[int]:
+    def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...],
+                     second: set[int] | None = None) -> set[int]:
         """Steps that depend on a reduction accumulated across tiles: they run once it is
         complete, on reduced values only (``allowed`` layouts); a FULL value depending on one
-        would need a second pass."""
+        needs a second pass: collected in ``second`` when given (a kernel over the rows,
+        checked by ``_check_second``), else the kernel is split into phase kernels."""
         late: set[int] = set()
         final: set[int] = set()
         for n in steps:
             after = any(id(self.owner(v)) in late for v in n.inputs)
             if id(n) in self.row_reduces and not after:
                 continue  # each row within its tile: complete in the tile, nothing accumulated
-            if after:
-                if n.op in REDUCE_OPS and id(n) not in self.late_reduces:
-                    raise Unsupported(f"{n.op} of a reduction accumulated across tiles",
-                                      node=n)
+            if after and n.op in REDUCE_OPS and id(n) not in self.late_reduces:
+                if second and any(id(self.owner(v)) in second for v in n.inputs):
+                    raise NeedsPhases(f"{n.op} {n.name} reduces the second pass's values (that "
+                                      "needs a third pass)", node=n, about=(n,))
+                raise Unsupported(f"{n.op} of a reduction accumulated across tiles", node=n)
             if after:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in allowed:
-                    raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across the "
-                                      "elements it reduces (that needs a second pass)", node=n,
-                                      about=(n,))
-                final.add(id(n))
+                    if second is None:
+                        raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across "
+                                          "the elements it reduces (that needs a second pass)",
+                                          node=n, about=(n,))
+                    second.add(id(n))
+                else:
+                    final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
         return final
+
+    def _check_second(self, steps: list[Node], kind: dict[int, str], ins: list[KernelIO],
+                      outs: list[KernelIO], final: set[int], second: set[int]) -> None:
+        """The second pass over a column tile's rows reads only what it can have again: the
+        kernel inputs, reloaded tile by tile (the plain loads: a tile or rows of it in the
+        compute type or cast on loading, a broadcast row, a scalar), rows the kernel holds for
+        the whole column tile (the reductions and the final steps' rows), constants and its
+        own values; it stores plain tiles. A tile computed in the first pass is gone by then,
+        a value per row belongs to one tile, and a scalar of the final steps is the scalar
+        unit's, left in ``Finish``: any of these, or another form, splits the kernel into
+        phase kernels as before."""
+        first = next(n for n in steps if id(n) in second)
+
+        def refuse(why: str):
+            raise NeedsPhases(f"{first.op} {first.name} uses a reduction's result across the "
+                              f"elements it reduces (a second pass over the rows: {why})",
+                              node=first, about=(first,))
+
+        if self.row_reduces or self.cols or self.concats or self.gathers or self.lookups or \
+                self.transposed or self.gathered_in or self.parts or self.bstores:
+            refuse("a kernel of another form (scans, column slices, concats, lookups, "
+                   "transposes, split parts or broadcast stores)")
+        inputs = {id(self.owner(io.local if io.local is not None else io.value)): io
+                  for io in ins}
+        produced = {id(self.owner(n.outputs[0])): n for n in steps}
+        for n in steps:
+            if id(n) not in second:
+                continue
+            if n.op in REDUCE_OPS or n.op in SCAN_OPS or n.op == "BroadcastTo":
+                refuse(f"{n.op} in it")
+            for v in n.inputs:
+                o = self.owner(v)
+                if id(o) in self.scalars:
+                    continue
+                io = inputs.get(id(o)) or next((i for i in ins if i.value is o), None)
+                if io is not None:
+                    if io.kind in (FULL, PARTIAL) and (io.table or io.transpose is not None or
+                                                       io.dtype not in FLOATS):
+                        refuse(f"input {io.value.name} is not a plain load")
+                    if io.kind == COL:
+                        refuse(f"input {io.value.name} is a value per row")
+                    continue
+                p = produced.get(id(o))
+                if p is None or id(p) in second:
+                    continue
+                if kind.get(id(o)) != ROW:
+                    refuse(f"it reads {v.name}, a {kind.get(id(o))} value of the "
+                           f"{'final steps' if id(p) in final else 'first pass'}")
+        for io in outs:
+            o = self.owner(io.value)
+            p = produced.get(id(o))
+            if p is not None and id(p) in second and (
+                    io.kind != FULL or io.copies or io.pieces or io.part or io.outer or
+                    io.transpose is not None):
+                refuse(f"output {io.value.name} is not a plain tile")
 
     def _column_view(self, n: Node) -> bool:
         """A slice of the last axis is a view at a column offset of its source's tile (rather
