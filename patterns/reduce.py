@@ -449,15 +449,7 @@ def output(model, a):
     other operators or the graph's outputs, not to vector work that would take the reduced
     values in (a batch norm's mean, subtracted from its input, is computed in the kernel that
     subtracts it). The kernel writes the consumer's result in place of the reduced values:
-    one launch and one round trip of the reduced values fewer. A consumer that reduces is
-    taken when the area reduces a run of leading or middle axes (``[B, R, L]`` to
-    ``[B, 1, L]``) and the consumer reduces those reduced rows along the whole row of L (a
-    global response norm's mean over C of the norms over H, W): the kernel over the rows
-    reduces each block's completed row in its final steps, a column tile holding the whole
-    row (L static and fitting the UB whole, else GK209); such a consumer's results may go
-    to vector work (no pattern pushes a reduction of another shape into it; a consumer
-    broadcasting them back over the reduced axes takes the kernel whole,
-    ``reduce_broadcast_back``)."""
+    one launch and one round trip of the reduced values fewer."""
     found = _one_consumer(model, a)
     if found is None:
         return None
@@ -467,16 +459,13 @@ def output(model, a):
     other = [v for n in c.nodes for v in n.inputs
              if not (v.producer is not None and (id(v.producer) in own or (
                  v.producer.op == "Constant" and v.type.numel == 1)))]
-    row = _reduced_row_reduce(model, a, c)
     vector_users = [x for x in model.consumers(c)[0] if model.kind(x) <= OpKind.BROADCAST]
     return fuse_if(model, "reduce_output", [a, c], [
         need(lambda: not external,
              lambda: f"{a.name} has a consumer outside the fusable region"),
-        need(lambda: model.kind(c) <= OpKind.ELEMWISE or row is not None,
+        need(lambda: model.kind(c) <= OpKind.ELEMWISE,
              lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
-                     "(needs <= ELEMWISE, or a REDUCE of the reduced rows along them)"),
-        need(lambda: not isinstance(row, str),
-             lambda: row),
+                     "(needs <= ELEMWISE)"),
         need(lambda: all(model.size(c) == v.type.numel for v in read),
              lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
                      "values, not the reduced ones"),
@@ -485,7 +474,7 @@ def output(model, a):
                      f"{next(v.dtype.value for v in read if v.dtype != DType.float32)} "
                      "(operands of different shapes: inside one kernel the sum would not be "
                      "rounded to it, a rounding or overflow the graph asks for)"),
-        need(lambda: not vector_users or row is not None,
+        need(lambda: not vector_users,
              lambda: f"kind mismatch: consumer {c.name} is read by vector work "
                      f"({vector_users[0].name}), which takes the reduced values broadcast"),
         need(lambda: not other,  # (the vector kernels compute on reduced values alone)
@@ -500,76 +489,26 @@ def output(model, a):
 REDUCED_ROW_BUFFERS = 16
 
 
-def _reduced_row_reduce(model, a, c):
-    """For ``reduce_output``: whether consumer area ``c`` is a REDUCE area reducing the values
-    that ``a`` reduces over a run of leading or middle axes, along their whole trailing row.
-    ``a`` reduces ``[B, R, L]`` to ``[B, 1, L]`` (a global response norm's sum of squares
-    over H, W of ``[N, H, W, C]``): the kernel over the rows accumulates each block's row of
-    ``L`` in UB, and once it is complete the final steps can reduce that row (the mean over
-    C of the norms) to one value per block, when a column tile holds the whole row. None when
-    ``c`` does not reduce or ``a`` is no such reduction; a string (why not) when the row is
-    symbolic or too long to hold whole; else True."""
-    from graphkernel.codegen import targets
-
-    if model.kind(c) != OpKind.REDUCE:
-        return None
-    sigs = reduce_signatures(a)
-    if len(sigs) != 1 or any(n.op in ("Scan", "ElemAny") for n in (*a.nodes, *c.nodes)):
-        return None
-    ((shape, axes),) = sigs
-    rank = len(shape)
-    if not axes or axes[-1] == rank - 1 or tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
-        return None  # (not one run of axes before the last)
-    row = symbolic.numel(shape[axes[-1] + 1:])
-    blocks = symbolic.numel(shape[:axes[0]])
-    for n in c.nodes:
-        if ops.get(n.op).kind != OpKind.REDUCE:
-            continue
-        if n.op in ("Scan", "ElemAny"):
-            return None
-        x = n.inputs[0].type
-        cax = reduce_axes(x.rank, n.attrs.get("axis"))
-        if not cax or tuple(cax) != tuple(range(x.rank - len(cax), x.rank)) or \
-                not symbolic.eq(symbolic.numel(x.shape[cax[0]:]), row) or \
-                not symbolic.eq(x.numel, symbolic.mul(blocks, row)):
-            return None
-    if not isinstance(row, int):
-        return (f"the code generator cannot hold the rows of {row} reduced values whole "
-                "(symbolic: not known to fit the UB)")
-    ub = targets.load(model.cfg.target).ub_bytes
-    if row * 4 * REDUCED_ROW_BUFFERS > ub:
-        return (f"the code generator cannot hold the rows of {row} reduced values whole in "
-                f"UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} bytes)")
-    return True
-
-
 def _column_signature(a):
-    """(input shape, reduced axes) of the one reduction signature of area ``a`` when it
-    reduces one run of leading or middle axes (a reduction over the rows: ``[B, R, L]`` to
-    ``[B, 1, L]``), else None. Reductions of its reduced rows along them (``reduce_output``)
-    are the kernel's final steps, not another signature."""
-    sigs = reduce_signatures(a)
+    """(input shape, reduced axes) of the reductions of area ``a`` when they all reduce one
+    run of leading or middle axes of one shape (a reduction over the rows: ``[B, R, L]`` to
+    ``[B, 1, L]``), else None."""
     if any(n.op in ("Scan", "ElemAny") for n in a.nodes):
         return None
-    col = [(shape, axes) for shape, axes in sigs
-           if axes and axes[-1] != len(shape) - 1
-           and tuple(axes) == tuple(range(axes[0], axes[-1] + 1))]
-    if len(col) != 1:
+    sigs = reduce_signatures(a)
+    if len(sigs) != 1:
         return None
-    shape, axes = col[0]
-    row = symbolic.numel(shape[axes[-1] + 1:])
-    blocks = symbolic.numel(shape[:axes[0]])
-    for s, ax in sigs - set(col):  # the reduced rows of L, each reduced whole
-        if tuple(ax) != tuple(range(len(s) - len(ax), len(s))) or \
-                not symbolic.eq(symbolic.numel(s[ax[0]:]), row) or \
-                not symbolic.eq(symbolic.numel(s), symbolic.mul(blocks, row)):
-            return None
-    return col[0]
+    ((shape, axes),) = sigs
+    if not axes or axes[-1] == len(shape) - 1 or \
+            tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
+        return None
+    return shape, axes
 
 
 def _spreads_over_reduced(v, shape: tuple, axes: tuple) -> bool:
-    """Whether ``v`` has the reduced values' shape: ``shape`` with the reduced axes 1 (kept
-    dims, maybe fewer leading axes): one row of the kernel per block."""
+    """Whether ``v`` is laid out as the reduced values: ``shape`` with the reduced axes 1
+    (dims kept or 1, maybe fewer leading axes), so that it is one row of L per block of the
+    loop space."""
     vs = tuple(v.shape)
     if len(vs) > len(shape):
         return False
@@ -578,41 +517,119 @@ def _spreads_over_reduced(v, shape: tuple, axes: tuple) -> bool:
                for k, (d, s) in enumerate(zip(vs, shape, strict=True)))
 
 
-@pattern("reduce_broadcast_back", order=81, direction="bwd", mode="depth", level=2,
-         refuses=("GK202", "GK205", "GK207", "GK209"))
+def _reduced_web(model, a, shape, axes):
+    """The areas ``reduce_broadcast_back`` fuses with ``a``: (small, back, why). ``small``:
+    the areas computing on the reduced values (of ``blocks * L`` elements, ``L`` the row
+    kept), reducing them along their whole row included, reached from ``a`` through small
+    areas; ``back``: the areas of the reduction's input size those values reach (the work
+    broadcasting them back). ``why``: None, or why the web is not taken (GK-coded)."""
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    reduced, full = symbolic.mul(blocks, row), symbolic.numel(shape)
+    small, back, seen = [], [], {id(a)}
+    todo = [a]
+    while todo:
+        x = todo.pop()
+        cons, external = model.consumers(x)
+        if external and x is not a:
+            return small, back, f"{x.name} has a consumer outside the fusable region"
+        for c in cons:
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            if symbolic.eq(model.size(c), full) and model.kind(c) <= OpKind.BROADCAST:
+                back.append(c)
+                continue
+            if model.kind(c) > OpKind.REDUCE or any(
+                    n.op != "Constant" and not any(symbolic.eq(v.type.numel, k)
+                                                   for k in (reduced, blocks, 1))
+                    for n in c.nodes for v in n.outputs):  # (a row, a value per block)
+                return small, back, (f"kind mismatch: {c.name} computes on {a.name}'s reduced "
+                                     "values in another shape than theirs or the reduction's")
+            small.append(c)
+            todo.append(c)
+    return small, back, None
+
+
+def _web_refusal(model, a, small, back, shape, axes):
+    """Why the web of ``a`` cannot be one kernel over the rows, or None."""
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    own = {id(n) for x in (a, *small, *back) for n in x.nodes}
+    inside_small = {id(n) for x in (a, *small) for n in x.nodes}
+    for x in small:
+        for n in x.nodes:
+            for v in n.inputs:
+                if v.producer is None or id(v.producer) not in own:
+                    if not (v.producer is not None and v.producer.op == "Constant" and
+                            v.type.numel == 1):
+                        return (f"operands of different shapes: {x.name} reads {v.name} beside "
+                                "the reduced values (they are computed on with scalar "
+                                "constants only)")
+                elif id(v.producer) in inside_small and v.dtype != DType.float32 and \
+                        model.area(v.producer) is not x:
+                    return (f"operands of different shapes: {x.name} reads reduced values of "
+                            f"{v.dtype.value} (inside one kernel they would not be rounded "
+                            "to it)")
+            if ops.get(n.op).kind == OpKind.REDUCE:
+                xt = n.inputs[0].type
+                cax = reduce_axes(xt.rank, n.attrs.get("axis"))
+                if n.op in ("Scan", "ElemAny") or not cax or \
+                        tuple(cax) != tuple(range(xt.rank - len(cax), xt.rank)) or \
+                        not symbolic.eq(symbolic.numel(xt.shape[cax[0]:]), row) or \
+                        not symbolic.eq(xt.numel, symbolic.mul(blocks, row)):
+                    return (f"operands of different shapes: {x.name} reduces other than rows "
+                            f"of {row} of the reduced values")
+                if not isinstance(row, int):
+                    return (f"the code generator cannot hold the rows of {row} reduced values "
+                            "whole (symbolic: not known to fit the UB)")
+                from graphkernel.codegen import targets
+
+                ub = targets.load(model.cfg.target).ub_bytes
+                if row * 4 * REDUCED_ROW_BUFFERS > ub:
+                    return (f"the code generator cannot hold the rows of {row} reduced values "
+                            f"whole in UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} "
+                            "bytes)")
+    for c in back:
+        for n in c.nodes:
+            for v in n.inputs:
+                if v.producer is None or id(v.producer) not in inside_small:
+                    continue
+                if not _spreads_over_reduced(v, shape, axes) or v.type.numel == \
+                        symbolic.numel(shape):
+                    return (f"operands of different shapes: {c.name} reads {v.name} of "
+                            f"{model.area(v.producer).name} other than as the reduced values "
+                            "broadcast back over the reduced axes")
+    return None
+
+
+@pattern("reduce_broadcast_back", order=81, direction="bwd", mode="width", level=2,
+         refuses=("GK202", "GK207", "GK209"))
 def broadcast_back(model, a):
-    """A REDUCE area over a run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``,
-    with the reductions of its reduced rows ``reduce_output`` gave it) pushes itself into
-    its single consumer area when that consumer is elementwise/broadcast work in the
-    reduction's input shape that reads the area's results only broadcast back over the
-    reduced axes (a global response norm's ``gamma * (x * Nx) + beta + x`` with ``Nx`` of
-    ``[N, 1, 1, C]``): one kernel over the rows, which accumulates each column tile of a
-    block in UB, runs the final steps on the reduced row, then a second pass over the
-    block's rows loads the inputs again and computes the consumer. The consumer reads
-    nothing of the area's full-size work (a tile of the first pass is gone by the second),
-    the area is read by nothing else, and its reduced rows, when reduced again, fit the UB
-    whole."""
-    found = _one_consumer(model, a)
-    if found is None:
+    """A REDUCE area over one run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``:
+    a global response norm's sums of squares over H, W of ``[N, H, W, C]``) fuses with the
+    areas computing on its reduced values (elementwise work with scalar constants, and
+    reductions of the reduced rows along their whole row: the norms' mean over C) and the
+    areas of the reduction's input size that read them broadcast back over the reduced axes
+    (``gamma * (x * Nx) + beta + x``), all or none: one kernel over the rows, which
+    accumulates each column tile of a block in UB, runs the work on the reduced row once it
+    is complete (a column tile then holds the whole row: L static and fitting the UB), then
+    passes over the block's rows again, loading the inputs it reads anew, and computes the
+    broadcast-back work. The reduced values are float32 and read by nothing outside (the
+    areas reading them are all taken), and the work broadcasting them back reads no
+    full-size value of the reduction's area (a tile of the first pass is gone by the
+    second)."""
+    if model.kind(a) != OpKind.REDUCE:
         return None
-    c, external = found
     sig = _column_signature(a)
     if sig is None:
         return None
     shape, axes = sig
-    n_full = symbolic.numel(shape)
-    read = [v for n in a.nodes for v in n.outputs if any(model.area(u) is c for u in v.users)]
-    return fuse_if(model, "reduce_broadcast_back", [c, a], [
-        need(lambda: not external,
-             lambda: f"{a.name} has a consumer outside the fusable region"),
-        need(lambda: model.kind(c) <= OpKind.BROADCAST,
-             lambda: f"kind mismatch: consumer {c.name} is {model.kind(c).name} "
-                     "(needs <= BROADCAST)"),
-        need(lambda: symbolic.eq(model.size(c), n_full),
-             lambda: f"compute size mismatch: consumer {c.name} computes {model.size(c)} "
-                     f"values, not the {n_full} reduced"),
-        need(lambda: all(_spreads_over_reduced(v, shape, axes) for v in read),
-             lambda: f"operands of different shapes: {c.name} reads "
-                     f"{next(v for v in read if not _spreads_over_reduced(v, shape, axes)).name}"
-                     " other than the reduced values broadcast back over the reduced axes"),
+    small, back, why = _reduced_web(model, a, shape, axes)
+    if not back and why is None:
+        return None  # (nothing broadcasts the reduced values back)
+    areas = [a, *small, *back]
+    return fuse_if(model, "reduce_broadcast_back", areas, [
+        lambda: why,
+        lambda: _web_refusal(model, a, small, back, shape, axes),
     ])
