@@ -613,12 +613,13 @@ class _Planner:
         checked by ``_check_second``), else the kernel is split into phase kernels."""
         late: set[int] = set()
         final: set[int] = set()
+        made: set[int] = set()  # id(value) the second pass computes
         for n in steps:
             after = any(id(self.owner(v)) in late for v in n.inputs)
             if id(n) in self.row_reduces and not after:
                 continue  # each row within its tile: complete in the tile, nothing accumulated
             if after and n.op in REDUCE_OPS and id(n) not in self.late_reduces:
-                if second and any(id(self.owner(v)) in second for v in n.inputs):
+                if second and any(id(self.owner(v)) in made for v in n.inputs):
                     raise NeedsPhases(f"{n.op} {n.name} reduces the second pass's values (that "
                                       "needs a third pass)", node=n, about=(n,))
                 raise Unsupported(f"{n.op} of a reduction accumulated across tiles", node=n)
@@ -630,6 +631,7 @@ class _Planner:
                                           "the elements it reduces (that needs a second pass)",
                                           node=n, about=(n,))
                     second.add(id(n))
+                    made.add(id(out))
                 else:
                     final.add(id(n))
             if n.op in REDUCE_OPS or after:
