@@ -591,7 +591,14 @@ def _web_refusal(model, a, small, back, shape, axes):
                             f"whole in UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} "
                             "bytes)")
     for c in back:
-        for n in c.nodes:
+        spread = set(inside_small)
+        for n in c.nodes:  # (topological order)
+            if any(v.producer is not None and id(v.producer) in spread for v in n.inputs):
+                spread.add(id(n))
+            elif n.op != "Constant" and n.op not in VIEW_OPS:
+                return (f"operands of different shapes: {c.name} computes {n.name} apart from "
+                        "the reduced values (work of the first pass's shape the second pass "
+                        "would need again)")
             for v in n.inputs:
                 if v.producer is None or id(v.producer) not in inside_small:
                     continue
@@ -618,7 +625,8 @@ def broadcast_back(model, a):
     broadcast-back work. The reduced values are float32 and read by nothing outside (the
     areas reading them are all taken), and the work broadcasting them back reads no
     full-size value of the reduction's area (a tile of the first pass is gone by the
-    second)."""
+    second) and computes nothing apart from the reduced values (``tanh(s) + x * d``: ``x * d``
+    stays in its own kernel, which may load a slice in place)."""
     if model.kind(a) != OpKind.REDUCE:
         return None
     sig = _column_signature(a)

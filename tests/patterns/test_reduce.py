@@ -263,3 +263,17 @@ def test_broadcast_back_needs_the_reduced_values_read_by_nothing_else():
     assert not attempts(res, "reduce_broadcast_back", "fused")
     assert any("has a consumer outside the fusable region" in r
                for r in reasons(res, "reduce_broadcast_back"))
+
+
+def test_broadcast_back_refuses_work_apart_from_the_reduced_values():
+    """The broadcast-back area also scales x by a constant before adding (work of the first
+    pass's shape not computed from the reduced values): the web is not taken, GK209."""
+    from graphkernel.refusals import code
+
+    b = G()
+    x = b.input("x", (2, 6, 5, 8))
+    t = b.op("Tanh", b.op("ReduceSum", x, name="s", axis=[1], keep_dims=True), name="t")
+    res = fuse(b.out(b.op("Add", t, b.op("Mul", x, b.const(0.5), name="xd"), name="y")))
+    assert not attempts(res, "reduce_broadcast_back", "fused")
+    (why,) = [r for r in reasons(res, "reduce_broadcast_back") if "apart from" in r]
+    assert "computes xd apart from the reduced values" in why and code(why) == "GK209"
