@@ -129,6 +129,8 @@ def _moved(s: Schedule, obj: dict[int, object], name: str, node: str) -> Schedul
         root={id(obj[k]): m(v) for k, v in s.root.items()},
         scalars={id(obj[k]): v for k, v in s.scalars.items()},
         final={id(obj[k]) for k in s.final},
+        late_reduces=frozenset(id(obj[k]) for k in s.late_reduces),
+        second=frozenset(id(obj[k]) for k in s.second),
         cols={id(obj[k]): v for k, v in s.cols.items()},
         notes=io_notes(inputs, any(n.op in REDUCE_OPS for n in s.steps)),
         variant=None)

@@ -215,10 +215,14 @@ class KernelIR:
     compute_type: str = "float"
     pools: dict[str, int] = field(default_factory=dict)  # scratch pool -> buffers it took
     loops: list[list[str]] = field(default_factory=list)  # ScanLoopN helpers (C++ lines)
+    # a vector kernel over the rows: the instructions of a tile of its second pass (after
+    # ``finish``: the inputs' casts again, the steps that broadcast reduced values back, the
+    # stores)
+    second: list[Instr] = field(default_factory=list)
 
     @property
     def calls(self) -> list[Call]:
-        return [i for i in (*self.compute, *self.finish) if isinstance(i, Call)]
+        return [i for i in (*self.compute, *self.finish, *self.second) if isinstance(i, Call)]
 
     def uses(self, *helpers: str) -> bool:
         """Whether any instruction calls one of the kernel's helpers (templates define them

@@ -4,7 +4,8 @@ A launch is a fused kernel or any op left outside a kernel that needs one (opaqu
 ops included). Constants and views (Reshape/ExpandDims/Squeeze of contiguous data)
 are not launches and move no bytes. A launch reads each distinct input once and
 writes each output once -- of an input it reads only through unit-step slices, the slices'
-bytes (a strided load: ``sliced_bytes``) -- but for a window kernel (per-channel values
+bytes (a strided load: ``sliced_bytes``) -- but for a vector kernel's second pass over its
+rows (an input it loads again: ``second_pass_inputs``), a window kernel (per-channel values
 once per plane: codegen/window.py) and a product group (the shared left operand once per
 product, and a product's result read back by another once more: codegen/cube/group.py).
 Symbolic dims count as ``SYMBOL_SIZE``.
@@ -81,16 +82,67 @@ def sliced_bytes(v: Value, readers: list[Node]) -> int | None:
 
 
 def _kernel_reads(n: Node) -> int:
-    """GM bytes launch ``n`` reads: each input once, or only its slices (``sliced_bytes``)."""
+    """GM bytes launch ``n`` reads: each input once, or only its slices (``sliced_bytes``);
+    an input a vector kernel's second pass loads again (``second_pass_inputs``) twice."""
     if n.op == "StridedSlice":
         got = sliced_bytes(n.inputs[0], [n])
         return nbytes(n.inputs[0]) if got is None else got
     body = n.subgraph
+    again = second_pass_inputs(body)
     total = 0
     for outer, inner in zip(n.inputs, body.inputs, strict=True):
         got = sliced_bytes(inner, list(dict.fromkeys(inner.users)))
-        total += nbytes(outer) if got is None else got
+        total += (nbytes(outer) if got is None else got) * (2 if id(inner) in again else 1)
     return total
+
+
+def second_pass_inputs(body: Graph) -> set[int]:
+    """id() of the inputs of a fused body that a vector kernel over the rows loads twice:
+    the body reduces a run of leading or middle axes and computes full-size work from the
+    result (a value of the reduction's input size; codegen/vector/schedule.py's second
+    pass), which reads the input, and so does the work before the reduction. Empty for any
+    other body."""
+    col = [m for m in body.nodes if ops.exists(m.op) and ops.get(m.op).kind == OpKind.REDUCE
+           and m.op not in ("Scan", "ElemAny") and isinstance(m.attrs.get("axis"), list)
+           and m.attrs["axis"] and _column_axes(m)]
+    if not col:
+        return set()
+    full = {symbolic.canon(m.inputs[0].type.numel) for m in col}
+    after: set[int] = {id(m.outputs[0]) for m in col}
+    second: list[Node] = []
+    for m in body.nodes:
+        if m in col or not any(id(v) in after for v in m.inputs):
+            continue
+        for v in m.outputs:
+            after.add(id(v))
+        if m.op not in RESHAPE_OPS and symbolic.canon(m.outputs[0].type.numel) in full:
+            second.append(m)
+    if not second:
+        return set()
+    inside = {id(v) for v in body.inputs}
+    in_second = {id(v) for m in second for v in _through_views(m.inputs) if id(v) in inside}
+    first = {id(v) for m in body.nodes if m not in second and id(m.outputs[0]) not in after
+             for v in _through_views(m.inputs) if id(v) in inside}
+    return in_second & first
+
+
+def _column_axes(m: Node) -> bool:
+    """Whether reduction ``m`` reduces one run of axes before the last."""
+    from graphkernel.opdefs.reduce import reduce_axes
+
+    rank = m.inputs[0].type.rank
+    axes = reduce_axes(rank, m.attrs["axis"])
+    return bool(axes) and axes[-1] != rank - 1 and axes == list(range(axes[0], axes[-1] + 1))
+
+
+def _through_views(vals) -> list[Value]:
+    """The values, each followed back through views to what they view."""
+    out = []
+    for v in vals:
+        while v.producer is not None and v.producer.op in RESHAPE_OPS:
+            v = v.producer.inputs[0]
+        out.append(v)
+    return out
 
 
 def group_reads(kernel: Node) -> int:

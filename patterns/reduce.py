@@ -482,3 +482,162 @@ def output(model, a):
                      "(operands of different shapes: a reduced value is computed on with "
                      "scalar constants only)"),
     ])
+
+
+# float32 rows of the reduced values a kernel over the rows keeps in UB per element of its
+# row when a final step reduces them (accumulators, the steps' rows, the work row), with margin
+REDUCED_ROW_BUFFERS = 16
+
+
+def _column_signature(a):
+    """(input shape, reduced axes) of the reductions of area ``a`` when they all reduce one
+    run of leading or middle axes of one shape (a reduction over the rows: ``[B, R, L]`` to
+    ``[B, 1, L]``), else None."""
+    if any(n.op in ("Scan", "ElemAny") for n in a.nodes):
+        return None
+    sigs = reduce_signatures(a)
+    if len(sigs) != 1:
+        return None
+    ((shape, axes),) = sigs
+    if not axes or axes[-1] == len(shape) - 1 or \
+            tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
+        return None
+    return shape, axes
+
+
+def _spreads_over_reduced(v, shape: tuple, axes: tuple) -> bool:
+    """Whether ``v`` is laid out as the reduced values: ``shape`` with the reduced axes 1
+    (dims kept or 1, maybe fewer leading axes), so that it is one row of L per block of the
+    loop space."""
+    vs = tuple(v.shape)
+    if len(vs) > len(shape):
+        return False
+    vs = (1,) * (len(shape) - len(vs)) + vs
+    return all((symbolic.eq(d, 1) if k in axes else symbolic.eq(d, s) or symbolic.eq(d, 1))
+               for k, (d, s) in enumerate(zip(vs, shape, strict=True)))
+
+
+def _reduced_web(model, a, shape, axes):
+    """The areas ``reduce_broadcast_back`` fuses with ``a``: (small, back, why). ``small``:
+    the areas computing on the reduced values (of ``blocks * L`` elements, ``L`` the row
+    kept), reducing them along their whole row included, reached from ``a`` through small
+    areas; ``back``: the areas of the reduction's input size those values reach (the work
+    broadcasting them back). ``why``: None, or why the web is not taken (GK-coded)."""
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    reduced, full = symbolic.mul(blocks, row), symbolic.numel(shape)
+    small, back, seen = [], [], {id(a)}
+    todo = [a]
+    while todo:
+        x = todo.pop()
+        cons, external = model.consumers(x)
+        if external and x is not a:
+            return small, back, f"{x.name} has a consumer outside the fusable region"
+        for c in cons:
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            if symbolic.eq(model.size(c), full) and model.kind(c) <= OpKind.BROADCAST:
+                back.append(c)
+                continue
+            if model.kind(c) > OpKind.REDUCE or any(
+                    n.op != "Constant" and not any(symbolic.eq(v.type.numel, k)
+                                                   for k in (reduced, blocks, 1))
+                    for n in c.nodes for v in n.outputs):  # (a row, a value per block)
+                return small, back, (f"kind mismatch: {c.name} computes on {a.name}'s reduced "
+                                     "values in another shape than theirs or the reduction's")
+            small.append(c)
+            todo.append(c)
+    return small, back, None
+
+
+def _web_refusal(model, a, small, back, shape, axes):
+    """Why the web of ``a`` cannot be one kernel over the rows, or None."""
+    row = symbolic.numel(shape[axes[-1] + 1:])
+    blocks = symbolic.numel(shape[:axes[0]])
+    own = {id(n) for x in (a, *small, *back) for n in x.nodes}
+    inside_small = {id(n) for x in (a, *small) for n in x.nodes}
+    for x in small:
+        for n in x.nodes:
+            for v in n.inputs:
+                if v.producer is None or id(v.producer) not in own:
+                    if not (v.producer is not None and v.producer.op == "Constant" and
+                            v.type.numel == 1):
+                        return (f"operands of different shapes: {x.name} reads {v.name} beside "
+                                "the reduced values (they are computed on with scalar "
+                                "constants only)")
+                elif id(v.producer) in inside_small and v.dtype != DType.float32 and \
+                        model.area(v.producer) is not x:
+                    return (f"operands of different shapes: {x.name} reads reduced values of "
+                            f"{v.dtype.value} (inside one kernel they would not be rounded "
+                            "to it)")
+            if ops.get(n.op).kind == OpKind.REDUCE:
+                xt = n.inputs[0].type
+                cax = reduce_axes(xt.rank, n.attrs.get("axis"))
+                if n.op in ("Scan", "ElemAny") or not cax or \
+                        tuple(cax) != tuple(range(xt.rank - len(cax), xt.rank)) or \
+                        not symbolic.eq(symbolic.numel(xt.shape[cax[0]:]), row) or \
+                        not symbolic.eq(xt.numel, symbolic.mul(blocks, row)):
+                    return (f"operands of different shapes: {x.name} reduces other than rows "
+                            f"of {row} of the reduced values")
+                if not isinstance(row, int):
+                    return (f"the code generator cannot hold the rows of {row} reduced values "
+                            "whole (symbolic: not known to fit the UB)")
+                from graphkernel.codegen import targets
+
+                ub = targets.load(model.cfg.target).ub_bytes
+                if row * 4 * REDUCED_ROW_BUFFERS > ub:
+                    return (f"the code generator cannot hold the rows of {row} reduced values "
+                            f"whole in UB ({REDUCED_ROW_BUFFERS} rows of float32 over {ub} "
+                            "bytes)")
+    for c in back:
+        spread = set(inside_small)
+        for n in c.nodes:  # (topological order)
+            if any(v.producer is not None and id(v.producer) in spread for v in n.inputs):
+                spread.add(id(n))
+            elif n.op != "Constant" and n.op not in VIEW_OPS:
+                return (f"operands of different shapes: {c.name} computes {n.name} apart from "
+                        "the reduced values (work of the first pass's shape the second pass "
+                        "would need again)")
+            for v in n.inputs:
+                if v.producer is None or id(v.producer) not in inside_small:
+                    continue
+                if not _spreads_over_reduced(v, shape, axes) or v.type.numel == \
+                        symbolic.numel(shape):
+                    return (f"operands of different shapes: {c.name} reads {v.name} of "
+                            f"{model.area(v.producer).name} other than as the reduced values "
+                            "broadcast back over the reduced axes")
+    return None
+
+
+@pattern("reduce_broadcast_back", order=81, direction="bwd", mode="width", level=2,
+         refuses=("GK202", "GK207", "GK209"))
+def broadcast_back(model, a):
+    """A REDUCE area over one run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``:
+    a global response norm's sums of squares over H, W of ``[N, H, W, C]``) fuses with the
+    areas computing on its reduced values (elementwise work with scalar constants, and
+    reductions of the reduced rows along their whole row: the norms' mean over C) and the
+    areas of the reduction's input size that read them broadcast back over the reduced axes
+    (``gamma * (x * Nx) + beta + x``), all or none: one kernel over the rows, which
+    accumulates each column tile of a block in UB, runs the work on the reduced row once it
+    is complete (a column tile then holds the whole row: L static and fitting the UB), then
+    passes over the block's rows again, loading the inputs it reads anew, and computes the
+    broadcast-back work. The reduced values are float32 and read by nothing outside (the
+    areas reading them are all taken), and the work broadcasting them back reads no
+    full-size value of the reduction's area (a tile of the first pass is gone by the
+    second) and computes nothing apart from the reduced values (``tanh(s) + x * d``: ``x * d``
+    stays in its own kernel, which may load a slice in place)."""
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    sig = _column_signature(a)
+    if sig is None:
+        return None
+    shape, axes = sig
+    small, back, why = _reduced_web(model, a, shape, axes)
+    if not back and why is None:
+        return None  # (nothing broadcasts the reduced values back)
+    areas = [a, *small, *back]
+    return fuse_if(model, "reduce_broadcast_back", areas, [
+        lambda: why,
+        lambda: _web_refusal(model, a, small, back, shape, axes),
+    ])

@@ -459,3 +459,29 @@ def test_a_norm_read_by_a_pool_of_other_rows_stays_whole():
            and a.pattern.startswith("elemwise_broadcast_bwd")]
     assert any("broadcast in another shape than the rows" in w for w in why)
     assert not res.report.extra["fallbacks"]
+
+
+class _GRN(nn.Module):
+    """ConvNeXt-V2's global response norm on channels-last [N, H, W, C]."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, 1, 1, c))
+        self.bias = nn.Parameter(torch.randn(1, 1, 1, c))
+
+    def forward(self, x):
+        gx = torch.linalg.vector_norm(x, ord=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        return self.weight * (x * nx) + self.bias + x
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 5, 24), (1, 4, 4, 16)])
+def test_a_global_response_norm_is_one_launch(shape):
+    """The norms over H, W, their mean over C and Nx broadcast back over H, W: one vector
+    kernel in two passes over each image's rows (reduce_broadcast_back), eager's result; in
+    training the gradients are eager's."""
+    torch.manual_seed(0)
+    m = _GRN(shape[-1])
+    run(m, torch.randn(*shape), train=False)
+    assert {k: v for k, v in gt.stats()["launches"].items() if v} == {"vector": 1}
+    run(m, torch.randn(*shape), train=True)

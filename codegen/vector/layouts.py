@@ -41,13 +41,19 @@ def choose(kernel: Node, s: Schedule, ir: KernelIR, target: Target) -> Schedule:
                               f"{s.L}) in one tile: {need} bytes of UB, the target has "
                               f"{target.ub_bytes}", node=t)
         return s
-    if s.whole_row_tiles:  # a scan's readout: its column tile is the whole row
+    if s.whole_row_tiles:  # a scan's readout, or a reduction of the reduced row: its
+        #                    column tile is the whole row
         need = row_bytes(s, ir)
         if need is None or need > target.ub_bytes:  # (a symbolic row: not known to fit)
             n = next((m for m in s.steps if id(m) in s.row_reduces), None)
-            raise Unsupported(f"a reduction of each row in a scan's kernel holds the whole row "
-                              f"({s.L} elements) in a column tile: {need} bytes of UB, the "
-                              f"target has {target.ub_bytes}", node=n)
+            if n is not None:
+                raise Unsupported(f"a reduction of each row in a scan's kernel holds the whole "
+                                  f"row ({s.L} elements) in a column tile: {need} bytes of UB, "
+                                  f"the target has {target.ub_bytes}", node=n)
+            n = next((m for m in s.steps if id(m) in s.late_reduces), None)
+            raise Unsupported(f"a reduction of the reduced row in the final steps holds the "
+                              f"whole row ({s.L} elements) in a column tile: {need} bytes of "
+                              f"UB, the target has {target.ub_bytes}", node=n)
         return s
     need = row_bytes(s, ir) if s.reduce else None
     if s.reduce and need is None:  # a symbolic row: the run-time shape picks the variant

@@ -89,14 +89,21 @@ class VectorLowerer(Lowerer):
         self.epilogue: list[Instr] = []
         self.final: list[Instr] = []
         self.final_epilogue: list[Instr] = []
+        self.second: list[Instr] = []  # a tile of the second pass (Schedule.second)
+        self.second_epilogue: list[Instr] = []
+        self.input_prologue: dict[int, list[Instr]] = {}  # id(loaded value) -> its casts
         self.accumulators: list[tuple[str, str]] = []
         self.loops: list[list[str]] = []  # the kernel's ScanLoopN helpers (C++ lines)
         self.direct: dict[int, int] = {}
+        self.final_scalars: set[str] = set()  # scalars the final steps compute
 
     def run(self) -> KernelIR:
         s = self.s
         for io in s.inputs:
+            before = len(self.prologue)
             self._input(io)
+            local = io.local if io.local is not None else io.value
+            self.input_prologue[id(s.storage(local))] = self.prologue[before:]
         for vid, c in s.scalars.items():
             self.refs[vid] = Ref(SCALAR, flt(c), c)
         self.direct = self._direct_outputs()
@@ -106,9 +113,11 @@ class VectorLowerer(Lowerer):
             self.step(k, n, self._dst)
         for io in s.outputs:
             self._store(io)
+        again = [i for vid in s.second_reads() for i in self.input_prologue.get(vid, [])]
         return KernelIR(self._buffers(), self.prologue + self.tile_body + self.epilogue,
                         self.final + self.final_epilogue, self.accumulators,
-                        compute_type=C_TYPE[s.compute], loops=self.loops)
+                        compute_type=C_TYPE[s.compute], loops=self.loops,
+                        second=again + self.second + self.second_epilogue if s.second else [])
 
     # ------------------------------------------------------------- inputs and outputs
     def _input(self, io) -> None:
@@ -200,7 +209,8 @@ class VectorLowerer(Lowerer):
             raise Unsupported(f"output {io.value.name}: a {src.kind} value stored as {io.kind}",
                               about=(io.value,))
         late = io.kind == ROW or (s.row_chunks and io.kind == COL)
-        to = self.final_epilogue if late else self.epilogue
+        to = self.final_epilogue if late else self.second_epilogue if \
+            io.index in s.second_outputs() else self.epilogue
         y = f"yo{io.index}"
         if io.dtype in (BITS, DType.int64) and v.dtype != io.dtype:  # floats truncated
             self.call("Cast", y, op(src.expr), "RoundMode::CAST_TRUNC", count=count, to=to)
@@ -287,7 +297,10 @@ class VectorLowerer(Lowerer):
     def _dst(self, n: Node, rule: Instruction | None, kind: str) -> Ref:
         s, out = self.s, n.outputs[0]
         if kind == SCALAR:
-            return self.scalar_dst()
+            dst = self.scalar_dst()
+            if id(n) in s.final:  # (computed and used once the reductions are complete)
+                self.final_scalars.add(dst.expr)
+            return dst
         if rule is not None and rule.form == "reduce" and (s.col_reduce or s.row_chunks) \
                 and id(n) not in s.row_reduces:  # (a row within the tile: as any kernel's)
             dst = Ref(ROW if s.col_reduce else COL, f"ac{len(self.accumulators)}")
@@ -301,9 +314,31 @@ class VectorLowerer(Lowerer):
 
     def enter(self, n: Node, operands: list[Ref]) -> None:
         final = id(n) in self.s.final
-        self.body = self.final if final else self.tile_body
-        if final and any(r.store == "sv" for r in operands):
+        self.body = self.final if final else self.second if id(n) in self.s.second else \
+            self.tile_body
+        if final and any(r.store == "sv" and r.expr not in self.final_scalars
+                         for r in operands):
             raise Unsupported("a scalar computed in the tile loop used after it")
+
+    def emit(self, n: Node, dst: Ref, a: list[Ref]) -> None:
+        if id(n) in self.s.late_reduces:
+            self._late_reduce(n, dst, a[0])
+            return
+        super().emit(n, dst, a)
+
+    def _late_reduce(self, n: Node, dst: Ref, x: Ref) -> None:
+        """A final step reducing the column tile's reduced row (the whole row: ``cols``
+        elements; the padding up to ``t_.ctp`` is left out) to one value, read by the scalar
+        unit as the scalar ``dst`` of the steps after it (the syncs between the vector and
+        the scalar unit: codegen/barriers.py)."""
+        rule = INSTRUCTIONS[n.op]
+        if x.kind != ROW or dst.kind != SCALAR:
+            raise Unsupported(f"{n.op} of a {x.kind} value to a {dst.kind} one", node=n)
+        if rule.api is not None:
+            self.call(rule.api, "red", op(x.expr), op("rw", work=True), count="cols")
+        else:  # a product: the scalar unit multiplies along the row
+            self.scalar_code([_product(op(x.expr), "red", "0")], [x.expr], ["red"])
+        self.scalar_code([f"float {dst.expr} = (float)red.GetValue(0);"], ["red"], [])
 
     def reduce_mode(self, rule: Instruction, dst: Ref, x: Ref) -> bool:
         if dst.kind == ROW:  # over the rows: accumulate this tile's rows
@@ -516,10 +551,11 @@ class VectorLowerer(Lowerer):
         rowvec("btr0", "row scratch", Kind.ROW, 1, CT, cs, "tr0", True)
         rowvec("btr1", "row scratch", Kind.ROW, 1, CT, cs, "tr1", True)
         column("btc0", "column scratch", Kind.COLUMN, 1, CT, cs, "tc0", True)
-        if s.reduce:
-            block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red")
+        if s.reduce or s.late_reduces:
+            block("bred", "a reduction's result", Kind.BLOCK, 1, CT, "red", bool(s.late_reduces))
         if s.reduce or s.whole_row_tiles:
-            rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw")
+            rowvec("brw", "a reduction's work row", Kind.ROW, 1, CT, cs, "rw",
+                   bool(s.late_reduces))
         if any(c.api in ROW_FORMS for c in self._calls()):
             tg = s.target
             bpr = tg.blocks_per_repeat
@@ -549,7 +585,8 @@ class VectorLowerer(Lowerer):
 
     def _calls(self) -> list[Call]:
         return [i for i in (*self.prologue, *self.tile_body, *self.epilogue, *self.final,
-                            *self.final_epilogue) if isinstance(i, Call)]
+                            *self.final_epilogue, *self.second, *self.second_epilogue)
+                if isinstance(i, Call)]
 
 
 def _last_uses(s: Schedule) -> dict[int, int]:

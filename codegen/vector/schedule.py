@@ -126,6 +126,15 @@ class Schedule:
     # selective scan's readout, sum over the state of h * C), one value per row; a column
     # tile is then the whole row (``whole_row_tiles``)
     row_reduces: frozenset[int] = frozenset()
+    # col_reduce: the final steps that reduce a reduced row (a value per block of one row of
+    # L) along that row, to one value per block (SCALAR): a global response norm's mean
+    # over the channels of the norms over H, W; a column tile is then the whole row
+    late_reduces: frozenset[int] = frozenset()
+    # col_reduce: id(step) of the second pass over the column tile's rows, once its
+    # reductions and the final steps are done (the work that broadcasts a reduced value back
+    # over the rows it was reduced from: x * Nx of a global response norm); the pass loads
+    # the inputs it reads again, tile by tile, and stores its results
+    second: frozenset[int] = frozenset()
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
@@ -146,15 +155,36 @@ class Schedule:
 
     @property
     def whole_row_tiles(self) -> bool:
-        """A kernel over the rows (a scan's) whose column tile holds the whole row: some step
-        reduces each row within the tile."""
-        return self.col_reduce and bool(self.row_reduces)
+        """A kernel over the rows whose column tile holds the whole row: some step reduces
+        each row within the tile (a scan's readout), or a final step reduces the reduced
+        row."""
+        return self.col_reduce and bool(self.row_reduces or self.late_reduces)
 
     @property
     def whole_rows(self) -> bool:
         """Tiles hold whole rows: a step reduces each row, or reads columns of a row at an
         offset (a slice of the last axis)."""
         return self.reduce or bool(self.cols)
+
+    def second_reads(self) -> list[int]:
+        """id(storage) of every value the second pass's steps read, in order."""
+        out: list[int] = []
+        for n in self.steps:
+            if id(n) in self.second:
+                out += [id(self.storage(v)) for v in n.inputs
+                        if id(self.storage(v)) not in out]
+        return out
+
+    def second_inputs(self) -> set[int]:
+        """Indices of the inputs the second pass loads again."""
+        read = set(self.second_reads())
+        return {io.index for io in self.inputs
+                if id(self.storage(io.local if io.local is not None else io.value)) in read}
+
+    def second_outputs(self) -> set[int]:
+        """Indices of the outputs the second pass stores."""
+        made = {id(self.storage(n.outputs[0])) for n in self.steps if id(n) in self.second}
+        return {io.index for io in self.outputs if id(self.storage(io.value)) in made}
 
     def layout(self, v: Value) -> str:
         return self.kind[id(self.storage(v))]
@@ -493,7 +523,10 @@ class _Planner:
         self.col_reduce = False
         self.batch: Dim = 1
         self.row_reduces: frozenset[int] = frozenset()
-        L = self._row_length(steps, reduces, N)
+        late = self._late_reduces(steps, N)
+        self.late_reduces = frozenset(id(n) for n in late)
+        L = self._row_length(steps, [n for n in reduces if n not in late], N)
+        self._check_late(late, L)
         if any(not eq(row, L) for _, _, row in self.cols.values()):
             raise Unsupported(f"a slice of the last axis in a kernel whose rows are {L} long "
                               "(columns are sliced from whole rows)", node=self.colslices[0])
@@ -523,9 +556,13 @@ class _Planner:
                                   "(a source of a broadcast, stored as it is)", about=(o.value,))
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
-        final = (self._final_steps(steps, kind, (ROW, SCALAR)) if self.col_reduce else
+        second: set[int] = set()
+        final = (self._final_steps(steps, kind, (ROW, SCALAR), second) if self.col_reduce else
                  self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
-        steps = [n for n in steps if id(n) not in final] + [n for n in steps if id(n) in final]
+        if second:
+            self._check_second(steps, kind, ins, outs, final, second)
+        steps = [n for n in steps if id(n) not in final and id(n) not in second] + \
+            [n for n in steps if id(n) in final] + [n for n in steps if id(n) in second]
         for io in ins:  # int64 is converted as tiles and values per row are loaded only
             if io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL) and \
                     id(io.value) not in self.indices and read_as_floats(io.value):
@@ -537,7 +574,8 @@ class _Planner:
                          bool(reduces) and not self.col_reduce, ins, outs, steps, kind,
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
-                         batch=self.batch, cols=self.cols, row_reduces=self.row_reduces)
+                         batch=self.batch, cols=self.cols, row_reduces=self.row_reduces,
+                         late_reduces=self.late_reduces, second=frozenset(second))
         sched.notes = io_notes(ins, bool(reduces))
         if self.transposed or self.gathered_in:
             self._single_tile(sched)
@@ -567,31 +605,93 @@ class _Planner:
                               f"({GATHER_REPEATS} repeats of {per})", node=t)
         s.single_tile = True
 
-    def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...]
-                     ) -> set[int]:
+    def _final_steps(self, steps: list[Node], kind: dict[int, str], allowed: tuple[str, ...],
+                     second: set[int] | None = None) -> set[int]:
         """Steps that depend on a reduction accumulated across tiles: they run once it is
         complete, on reduced values only (``allowed`` layouts); a FULL value depending on one
-        would need a second pass."""
+        needs a second pass: collected in ``second`` when given (a kernel over the rows,
+        checked by ``_check_second``), else the kernel is split into phase kernels."""
         late: set[int] = set()
         final: set[int] = set()
+        made: set[int] = set()  # id(value) the second pass computes
         for n in steps:
             after = any(id(self.owner(v)) in late for v in n.inputs)
             if id(n) in self.row_reduces and not after:
                 continue  # each row within its tile: complete in the tile, nothing accumulated
-            if after:
-                if n.op in REDUCE_OPS:
-                    raise Unsupported(f"{n.op} of a reduction accumulated across tiles",
-                                      node=n)
+            if after and n.op in REDUCE_OPS and id(n) not in self.late_reduces:
+                if second and any(id(self.owner(v)) in made for v in n.inputs):
+                    raise NeedsPhases(f"{n.op} {n.name} reduces the second pass's values (that "
+                                      "needs a third pass)", node=n, about=(n,))
+                raise Unsupported(f"{n.op} of a reduction accumulated across tiles", node=n)
             if after:
                 out = self.owner(n.outputs[0])
                 if kind.get(id(out)) not in allowed:
-                    raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across the "
-                                      "elements it reduces (that needs a second pass)", node=n,
-                                      about=(n,))
-                final.add(id(n))
+                    if second is None:
+                        raise NeedsPhases(f"{n.op} {n.name} uses a reduction's result across "
+                                          "the elements it reduces (that needs a second pass)",
+                                          node=n, about=(n,))
+                    second.add(id(n))
+                    made.add(id(out))
+                else:
+                    final.add(id(n))
             if n.op in REDUCE_OPS or after:
                 late.add(id(self.owner(n.outputs[0])))
         return final
+
+    def _check_second(self, steps: list[Node], kind: dict[int, str], ins: list[KernelIO],
+                      outs: list[KernelIO], final: set[int], second: set[int]) -> None:
+        """The second pass over a column tile's rows reads only what it can have again: the
+        kernel inputs, reloaded tile by tile (the plain loads: a tile or rows of it in the
+        compute type or cast on loading, a broadcast row, a scalar), rows the kernel holds for
+        the whole column tile (the reductions and the final steps' rows), constants and its
+        own values; it stores plain tiles. A tile computed in the first pass is gone by then,
+        a value per row belongs to one tile, and a scalar of the final steps is the scalar
+        unit's, left in ``Finish``: any of these, or another form, splits the kernel into
+        phase kernels as before."""
+        first = next(n for n in steps if id(n) in second)
+
+        def refuse(why: str):
+            raise NeedsPhases(f"{first.op} {first.name} uses a reduction's result across the "
+                              f"elements it reduces (a second pass over the rows: {why})",
+                              node=first, about=(first,))
+
+        if self.row_reduces or self.cols or self.concats or self.gathers or self.lookups or \
+                self.transposed or self.gathered_in or self.parts or self.bstores:
+            refuse("a kernel of another form (scans, column slices, concats, lookups, "
+                   "transposes, split parts or broadcast stores)")
+        inputs = {id(self.owner(io.local if io.local is not None else io.value)): io
+                  for io in ins}
+        produced = {id(self.owner(n.outputs[0])): n for n in steps}
+        for n in steps:
+            if id(n) not in second:
+                continue
+            if n.op in REDUCE_OPS or n.op in SCAN_OPS or n.op == "BroadcastTo":
+                refuse(f"{n.op} in it")
+            for v in n.inputs:
+                o = self.owner(v)
+                if id(o) in self.scalars:
+                    continue
+                io = inputs.get(id(o)) or next((i for i in ins if i.value is o), None)
+                if io is not None:
+                    if io.kind in (FULL, PARTIAL) and (io.table or io.transpose is not None or
+                                                       io.dtype not in FLOATS):
+                        refuse(f"input {io.value.name} is not a plain load")
+                    if io.kind == COL:
+                        refuse(f"input {io.value.name} is a value per row")
+                    continue
+                p = produced.get(id(o))
+                if p is None or id(p) in second:
+                    continue
+                if kind.get(id(o)) != ROW:
+                    refuse(f"it reads {v.name}, a {kind.get(id(o))} value of the "
+                           f"{'final steps' if id(p) in final else 'first pass'}")
+        for io in outs:
+            o = self.owner(io.value)
+            p = produced.get(id(o))
+            if p is not None and id(p) in second and (
+                    io.kind != FULL or io.copies or io.pieces or io.part or io.outer or
+                    io.transpose is not None):
+                refuse(f"output {io.value.name} is not a plain tile")
 
     def _column_view(self, n: Node) -> bool:
         """A slice of the last axis is a view at a column offset of its source's tile (rather
@@ -1201,6 +1301,39 @@ class _Planner:
             raise Unsupported("no row split suits every broadcast and slice in the kernel")
         return max(candidates, key=_size)
 
+    def _late_reduces(self, steps: list[Node], N: Dim) -> list[Node]:
+        """Reductions of values computed from another reduction's result, smaller than the
+        loop space (a reduction of the reduced values; ``_check_late`` says whether the
+        schedule takes them)."""
+        after: set[int] = set()
+        late = []
+        for n in steps:
+            if any(id(self.owner(v)) in after for v in n.inputs):
+                if n.op in REDUCE_OPS and not eq(n.inputs[0].type.numel, N):
+                    late.append(n)
+                after.add(id(self.owner(n.outputs[0])))
+            elif n.op in REDUCE_OPS:
+                after.add(id(self.owner(n.outputs[0])))
+        return late
+
+    def _check_late(self, late: list[Node], L: Dim) -> None:
+        """A reduction of reduced values is taken when the kernel reduces over the rows
+        and it reduces, along the last axes, the reduced row of each block (a value of
+        ``batch`` rows of L, exactly L elements per result): once every row of a column tile
+        is accumulated, the final steps reduce the tile's row to one value (SCALAR); the
+        column tile is then the whole row."""
+        for n in late:
+            shape = n.inputs[0].shape
+            if not self.col_reduce or not self._along_row(n) or \
+                    not eq(n.inputs[0].type.numel, symbolic.mul(self.batch, L)):
+                raise Unsupported(f"{n.op} of a value smaller than the kernel's loop space",
+                                  node=n)
+            axes = sorted(a % len(shape) for a in n.attrs["axis"])
+            if not eq(symbolic.numel(shape[axes[0]:]), L):
+                raise Unsupported(f"{n.op} of a reduced row along other than its whole row "
+                                  f"of {L}", node=n)
+        self.late_reduces = frozenset(id(n) for n in late)
+
     @staticmethod
     def _along_row(n: Node) -> bool:
         """Whether reduction ``n`` reduces trailing axes of its operand (each row, for rows
@@ -1240,7 +1373,8 @@ class _Planner:
 
     def _check_uses(self, steps: list[Node], N: Dim, L: Dim) -> None:
         for n in steps:
-            if not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS:
+            if (not eq(n.outputs[0].type.numel, N) and n.op not in REDUCE_OPS) or \
+                    id(n) in self.late_reduces:  # (the reduced row: ``_check_late``)
                 continue
             S = n.inputs[0].shape if n.op in REDUCE_OPS else n.outputs[0].shape
             for v in n.inputs:
@@ -1343,7 +1477,11 @@ class _Planner:
                     self.partial[id(o)] = (c[1], c[2], c[3])
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
             full_space = eq(out.type.numel, N)
-            if n.op in REDUCE_OPS:
+            if id(n) in self.late_reduces:  # the reduced row of a block, to one value
+                if srcs[0] != ROW:
+                    raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
+                kind[id(out)] = SCALAR
+            elif n.op in REDUCE_OPS:
                 if srcs[0] not in (FULL, PARTIAL):
                     raise Unsupported(f"{n.op} of a {srcs[0]} value", node=n)
                 kind[id(out)] = ROW if self.col_reduce and id(n) not in self.row_reduces \

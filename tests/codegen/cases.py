@@ -566,7 +566,42 @@ def pattern_cases() -> list[Case]:
              axis=3)
     rot = n("Add", [n("Mul", [x, v["c"]]), n("Mul", [half, v["s"]])])
     add("rotary-stored-head-transposed", g, rot, n("Transpose", [rot], perm=[0, 2, 1, 3]))
+    # a reduction over middle axes broadcast back in one kernel over the rows: ConvNeXt-V2's
+    # global response norm on [N, H, W, C] (sums of squares over H, W; their square roots'
+    # mean over C in the final steps, a whole row of C per column tile; then a second pass
+    # over the block's rows), odd sizes and a block of several row tiles included
+    for shape in ((2, 4, 4, 32), (3, 5, 7, 37), (1, 3, 3, 7), (2, 40, 40, 96)):
+        tag = "x".join(map(str, shape))
+        g, v = _g(f"grn_{tag}", {"x": shape, "gamma": (1, 1, 1, shape[-1]),
+                                 "beta": (1, 1, 1, shape[-1])})
+        add(f"middle-reduce-back-grn-{tag}", g, _grn(g, v["x"], v["gamma"], v["beta"]))
+    # a float16 input cast to float32 on loading, in both passes; the result stored as float16
+    g = Graph("grn_fp16_in")
+    x = g.add_input("x", TensorType((2, 6, 5, 40), "float16"))
+    gamma, beta = (g.add_input(k, TensorType((1, 1, 1, 40), "float32")) for k in ("gamma", "beta"))
+    y = _grn(g, g.add_node("Cast", [x], {"dtype": "float32"}).output, gamma, beta)
+    add("middle-reduce-back-grn-fp16-input", g,
+        g.add_node("Cast", [y], {"dtype": "float16"}).output)
+    # the same form without a reduction of the reduced row: x minus its mean over the middle
+    # axis (column tiles split over the cores), and over the leading axis (one block)
+    for shape, axes in (((3, 20, 300), [1]), ((45, 70), [0])):
+        tag = "x".join(map(str, shape))
+        g, v = _g(f"mid_back_{tag}", {"x": shape, "w": (shape[-1],)})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        m = n("ReduceMean", [n("Mul", [v["x"], v["w"]])], axis=axes, keep_dims=True)
+        add(f"middle-reduce-back-sub-{tag}", g, n("Exp", [n("Sub", [v["x"], m])]))
     return cases
+
+
+def _grn(g: Graph, x, gamma, beta):
+    """``gamma * (x * Nx) + beta + x`` with ``Nx = Gx / (mean(Gx, C) + 1e-6)``, ``Gx`` the
+    L2 norm of ``x`` ([N, H, W, C]) over H, W (ConvNeXt-V2's GRN, channels last)."""
+    n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
+    gx = n("Sqrt", [n("ReduceSum", [n("Mul", [x, x])], axis=[1, 2], keep_dims=True)])
+    mean = n("ReduceMean", [gx], axis=[3], keep_dims=True)
+    eps = g.const(np.asarray(1e-6, x.dtype.value), x.dtype.value)
+    nx = n("Div", [gx, n("Add", [mean, eps])])
+    return n("Add", [n("Add", [n("Mul", [gamma, n("Mul", [x, nx])]), beta]), x])
 
 
 def compile_cases(cases: list[Case]) -> SimLibrary:

@@ -421,6 +421,107 @@ def test_reductions_over_middle_axes_in_blocks_of_rows(wshape):
             assert st.tiling["nBatch"] == a and st.tiling["units"] >= a
 
 
+def _grn_graph(shape, dtype="float32"):
+    """ConvNeXt-V2's global response norm on ``shape`` ([N, H, W, C]), the mean over C a
+    sum and a scale (as the expanders leave it)."""
+    from graphkernel import Graph, TensorType
+
+    g = Graph("grn")
+    C = shape[-1]
+    x = g.add_input("x", TensorType(shape, dtype))
+    gamma = g.add_input("gamma", TensorType((1, 1, 1, C), dtype))
+    beta = g.add_input("beta", TensorType((1, 1, 1, C), dtype))
+    n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
+    gx = n("Sqrt", [n("ReduceSum", [n("Mul", [x, x])], axis=[1, 2], keep_dims=True)])
+    mean = n("Mul", [n("ReduceSum", [gx], axis=[3], keep_dims=True),
+                     g.const(np.float32(1.0 / C))])
+    nx = n("Div", [gx, n("Add", [mean, g.const(np.float32(1e-6))])])
+    g.set_outputs([n("Add", [n("Add", [n("Mul", [gamma, n("Mul", [x, nx])]), beta]), x])])
+    return g
+
+
+def _grn_numpy(x, gamma, beta):
+    x64 = x.astype(np.float64)
+    gx = np.sqrt((x64 * x64).sum(axis=(1, 2), keepdims=True))
+    nx = gx / (gx.mean(axis=-1, keepdims=True) + 1e-6)
+    return gamma * (x64 * nx) + beta + x64
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 4, 32), (3, 5, 7, 37), (1, 3, 3, 7),
+                                   (2, 40, 40, 96)])
+def test_a_global_response_norm_is_one_kernel_over_the_rows_in_two_passes(shape):
+    """GRN as one kernel: N blocks of H*W rows of C (a reduction over middle axes), the
+    sums of squares accumulated per column tile, the mean over C of their square roots a
+    final step (a reduction of the reduced row: the column tile is the whole row), then a
+    second pass over the block's rows broadcasting Nx back. Simulated against numpy, odd
+    sizes and a block of several row tiles included."""
+    from graphkernel.codegen.backend import SimBackend
+
+    N, H, W, C = shape
+    g = _grn_graph(shape)
+    g2, scheds = _one_kernel(g)
+    (s,) = scheds.values()
+    assert s.col_reduce and s.batch == N and s.M == H * W and s.L == C
+    assert s.whole_row_tiles and len(s.late_reduces) == 1
+    assert sorted(n.op for n in s.steps if id(n) in s.second) == ["Add", "Add", "Mul", "Mul"]
+    assert s.second_inputs() == {0, 1, 2} and s.second_outputs() == {0}  # x, gamma, beta
+    rng = np.random.default_rng(N * C)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32),
+             "gamma": rng.standard_normal((1, 1, 1, C)).astype(np.float32),
+             "beta": rng.standard_normal((1, 1, 1, C)).astype(np.float32)}
+    backend = SimBackend(g2, scheds)
+    (got,) = Interpreter(g2, kernel_runner=backend).run(feeds)
+    assert backend.stats and not backend.unscheduled
+    np.testing.assert_allclose(got, _grn_numpy(**feeds), rtol=2e-5, atol=2e-5)
+    (st,) = backend.stats.values()
+    assert st.tiling["ct"] == C and st.tiling["nColTiles"] == 1 and st.tiling["units"] == N
+    if shape == (2, 40, 40, 96):
+        assert st.tiling["rt"] < H * W  # the passes walk several row tiles of each block
+
+
+def test_a_second_pass_refuses_what_it_cannot_have_again():
+    """The second pass reads inputs, rows held for the column tile and its own values: a
+    tile of the first pass (softmax over middle axes divides exp(x), computed before the
+    sum) splits the kernel into phase kernels, as before, naming what it reads."""
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen.legalize import check
+    from graphkernel.codegen.refusal import NeedsPhases
+    from graphkernel.kernels import build_kernel
+
+    g = Graph("k")
+    x = g.add_input("x", TensorType((2, 6, 5, 8), "float32"))
+    e = g.add_node("Exp", [x], name="e").output
+    s = g.add_node("ReduceSum", [e], {"axis": [1, 2], "keep_dims": True}).output
+    g.set_outputs([g.add_node("Div", [e, s]).output])
+    k = build_kernel(g, [n for n in g.nodes if n.op != "Constant"], "one", "test")
+    with pytest.raises(NeedsPhases, match="a second pass over the rows: it reads e, a full "
+                                          "value of the first pass"):
+        check(k, SPEC)
+
+
+def test_a_global_response_norm_through_the_pipeline_is_one_launch_reading_x_twice():
+    """Compiled with the library's defaults: one launch (three without
+    reduce_broadcast_back), reading x once per pass (the traffic model counts both) and
+    writing the result once; simulated, the outputs are the interpreter's."""
+    import graphkernel
+    from graphkernel.codegen.traffic import launches
+
+    g = _grn_graph((2, 6, 5, 40))
+    res = graphkernel.compile(g, "", env={})
+    (one,) = launches(res.graph)
+    x_bytes = 2 * 6 * 5 * 40 * 4
+    assert one["kind"] == "vector" and one["bytes_read"] == 2 * x_bytes + 2 * 40 * 4
+    assert one["bytes_written"] == x_bytes
+    assert len(launches(graphkernel.compile(
+        g, "--disable_fusion_pattern=reduce_broadcast_back", env={}).graph)) == 3
+    feeds = {v.name: np.random.default_rng(1).standard_normal(v.shape).astype(np.float32)
+             for v in g.inputs}
+    got, backend = run_sim(res, feeds)
+    assert backend.stats and not backend.unscheduled
+    j = Evaluator(g, feeds).judge(got)
+    assert not j.bad, j.reason
+
+
 def test_a_concat_of_different_shapes_is_one_kernel_or_refused_naming_why():
     """DenseNet's and Inception's concats (operands with different channel counts): pieces
     that end with the same ops become one kernel (the ops run once after the Concat, which

@@ -370,6 +370,21 @@ def test_scan_readout_kernels_compile_against_the_real_headers():
 
 
 @needs_headers
+def test_two_pass_kernels_over_the_rows_compile_against_the_real_headers():
+    """A reduction over middle or leading axes broadcast back in one kernel (the second
+    pass's ``Compute2`` and its pass-selected loads and stores; the global response norm's
+    reduction of the reduced row in ``Finish``, read by the scalar unit) type-checks against
+    the real API."""
+    cases = [c for c in pattern_cases() if c.id.startswith("middle-reduce-back-")]
+    assert len(cases) == 7
+    rendered = rendered_cases(cases)
+    two = [r for r in rendered if r.schedule.second]
+    assert len(two) == 7 and sum(bool(r.schedule.late_reduces) for r in two) == 5
+    assert all("Compute2(" in "".join(r.files.values()) for r in two)
+    assert_all_compile(rendered)
+
+
+@needs_headers
 def test_a_gated_scan_with_its_softplus_compiles_against_the_real_headers():
     """The scan's kernel computing the softplus of a per-channel parameter broadcast to the
     scan's shape (scan_prologue: a comparison and a Select in the scan's kernel) type-checks

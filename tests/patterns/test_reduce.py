@@ -188,3 +188,92 @@ def test_reduce_rows_refuses_rows_too_long_and_other_axes():
     res = fuse(b.out(col, w2))
     assert not any("col" in k and "m1" in k for k in kernels(res)), kernels(res)
     assert "the reductions differ in shape or axes" in reasons(res, "reduce_rows")
+
+
+def _grn(shape=(2, 5, 7, 24), dtype="float32", tile_read=False, weighted=False):
+    """ConvNeXt-V2's global response norm on ``shape`` ([N, H, W, C]): the sums of squares
+    over H, W (``s``), their square roots (``g``), the mean over C (``m``), ``Nx`` (``nx``)
+    and ``gamma * (x * Nx) + beta + x``. ``tile_read``: the last add reads the squares
+    instead of ``x`` (a full-size value of the reduction's area); ``weighted``: the norms
+    scaled by a per-channel input before the mean."""
+    b = G()
+    C = shape[-1]
+    x = b.input("x", shape, dtype)
+    gamma, beta = b.input("gamma", (1, 1, 1, C), dtype), b.input("beta", (1, 1, 1, C), dtype)
+    sq = b.op("Mul", x, x, name="sq")
+    g = b.op("Sqrt", b.op("ReduceSum", sq, name="s", axis=[1, 2], keep_dims=True), name="g")
+    if weighted:
+        g = b.op("Mul", g, b.input("w", (1, 1, 1, C), dtype), name="gw")
+    m = b.op("Mul", b.op("ReduceSum", g, name="m", axis=[3], keep_dims=True),
+             b.const(1.0 / C, dtype), name="mean")
+    nx = b.op("Div", g, b.op("Add", m, b.const(1e-6, dtype), name="d"), name="nx")
+    y = b.op("Add", b.op("Add", b.op("Mul", gamma, b.op("Mul", x, nx, name="xn"), name="gy"),
+                         beta, name="yb"), sq if tile_read else x, name="y")
+    return b.out(y)
+
+
+GRN_NODES = {"sq", "s", "g", "m", "mean", "d", "nx", "xn", "gy", "yb", "y"}
+
+
+def test_broadcast_back_takes_a_global_response_norm_whole():
+    """The reduction over H, W, the work on its [N, 1, 1, C] result (a mean over C
+    included) and the scale-and-add broadcasting Nx back over H, W: one kernel, whatever
+    the batch (with N = 1 the areas lie differently: the square roots are read by two)."""
+    for shape in ((2, 5, 7, 24), (1, 4, 4, 16), (3, 2, 9, 7)):
+        res = fuse(_grn(shape))
+        assert kernels(res) == [GRN_NODES], (shape, kernels(res))
+        assert attempts(res, "reduce_broadcast_back", "fused"), shape
+    # without the pattern: the reduction, the work on its result, the broadcast back
+    res = fuse(_grn(), "--disable_fusion_pattern=reduce_broadcast_back")
+    assert len(kernels(res)) == 3
+
+
+def test_broadcast_back_refuses_what_the_second_pass_cannot_have():
+    """Reduced values of float16 (a kernel would not round them), a per-channel input
+    beside the reduced values, rows too long to reduce whole in UB: each refused with the
+    reason (GK209: the generator's layout)."""
+    from graphkernel.refusals import code
+
+    cases = [(_grn(dtype="float16"), "reads reduced values of float16"),
+             (_grn(weighted=True), "reads w beside the reduced values"),
+             (_grn((1, 2, 2, 8192)), "cannot hold the rows of 8192 reduced values whole")]
+    for graph, why in cases:
+        res = fuse(graph)
+        assert GRN_NODES not in kernels(res) and not attempts(res, "reduce_broadcast_back",
+                                                               "fused"), why
+        got = [r for r in reasons(res, "reduce_broadcast_back") if why in r]
+        assert got, (why, reasons(res, "reduce_broadcast_back"))
+        assert code(got[0]) == "GK209", got[0]
+
+
+def test_broadcast_back_reads_a_value_of_other_readers_from_outside():
+    """The squares read by the reduction and by the broadcast-back work: computed before the
+    kernel (the reduction does not pull in a producer read elsewhere, a single op is no
+    kernel here), which reads them in both of its passes."""
+    res = fuse(_grn(tile_read=True))
+    assert kernels(res) == [GRN_NODES - {"sq"}]
+
+
+def test_broadcast_back_needs_the_reduced_values_read_by_nothing_else():
+    """Nx also returned (read outside the region): the web is not taken."""
+    g = _grn()
+    nx = next(n for n in g.nodes if n.name == "nx").outputs[0]
+    g.set_outputs([*g.outputs, nx])
+    res = fuse(g)
+    assert not attempts(res, "reduce_broadcast_back", "fused")
+    assert any("has a consumer outside the fusable region" in r
+               for r in reasons(res, "reduce_broadcast_back"))
+
+
+def test_broadcast_back_refuses_work_apart_from_the_reduced_values():
+    """The broadcast-back area also scales x by a constant before adding (work of the first
+    pass's shape not computed from the reduced values): the web is not taken, GK209."""
+    from graphkernel.refusals import code
+
+    b = G()
+    x = b.input("x", (2, 6, 5, 8))
+    t = b.op("Tanh", b.op("ReduceSum", x, name="s", axis=[1], keep_dims=True), name="t")
+    res = fuse(b.out(b.op("Add", t, b.op("Mul", x, b.const(0.5), name="xd"), name="y")))
+    assert not attempts(res, "reduce_broadcast_back", "fused")
+    (why,) = [r for r in reasons(res, "reduce_broadcast_back") if "apart from" in r]
+    assert "computes xd apart from the reduced values" in why and code(why) == "GK209"
