@@ -129,6 +129,7 @@ def _moved(s: Schedule, obj: dict[int, object], name: str, node: str) -> Schedul
         root={id(obj[k]): m(v) for k, v in s.root.items()},
         scalars={id(obj[k]): v for k, v in s.scalars.items()},
         final={id(obj[k]) for k in s.final},
+        row_reduces=frozenset(id(obj[k]) for k in s.row_reduces),
         late_reduces=frozenset(id(obj[k]) for k in s.late_reduces),
         second=frozenset(id(obj[k]) for k in s.second),
         cols={id(obj[k]): v for k, v in s.cols.items()},

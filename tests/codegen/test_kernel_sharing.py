@@ -273,3 +273,30 @@ def test_a_refusal_carries_the_node_and_what_it_names():
     assert Refused.of(k1, Unsupported(f"{v.name} cannot", node=bad, about=(v,))) is None
     other = next(n for n in chains(1).nodes if n.op != "Constant")
     assert Refused.of(k1, Unsupported("elsewhere", node=other)) is None  # not in the body
+
+
+def test_carried_over_schedule_keeps_its_readouts_reduced_within_the_tile():
+    """Two equal selective-scan layers (Scan along the rows, its readout summed over the
+    state): the second kernel's schedule, carried over, names its own readout steps as
+    reduced within the tile, and renders as planning it afresh does."""
+    g = Graph("scan2")
+    shape = (2, 6, 16, 8)
+    c = g.add_input("c", TensorType((2, 1, 16, 8), "float32"))
+    y = g.add_input("y", TensorType((2, 6, 16, 1), "float32"))
+    for i in range(2):
+        x = g.add_input(f"x{i}", TensorType(shape, "float32"))
+        decay = g.add_node("Exp", [g.add_node("Neg", [g.add_node("Abs", [x]).output]).output])
+        h = g.add_node("Scan", [decay.output, g.add_node("Mul", [x, y]).output],
+                       {"axis": 2, "combine": "linear"})
+        hc = g.add_node("Mul", [h.output, c])
+        y = g.add_node("ReduceSum", [hc.output], {"axis": [3], "keep_dims": True}).output
+    g.set_outputs([y])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra["fallbacks"]
+    scheds = schedules(res)
+    shared = [n for n in shared_kernels(res) if scheds[n].row_reduces]
+    assert shared
+    for name in shared:
+        assert scheds[name].row_reduces <= {id(m) for m in scheds[name].steps}
+        afresh = check(res.graph.node(name), targets.load("ascend910b"))
+        assert render(scheds[name]).files == render(afresh).files
