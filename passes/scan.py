@@ -12,7 +12,9 @@ its values is the scan of those tensors under one of the combine rules of
 by running the region on random data against the op's reference. The region is a rational
 function of its leaves, so agreement on random inputs is agreement everywhere but on a
 negligible set (the Schwartz–Zippel argument). Each value that agrees becomes one
-``Scan`` node; the tree is left dead for dce.
+``Scan`` node; the tree is left dead for dce. A symbolic size on another axis (the batch
+under dynamic=True) is checked at one size when every op of the region keeps it a factor of
+its own (``_uniform``): the region then does the same work at each of its indices.
 
 A CumSum of floats (forward, inclusive) is the ``add`` scan and becomes one too, so the
 code generator has one op to make a kernel of.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphkernel import ops
+from graphkernel import ops, symbolic
 from graphkernel.interpreter import run_graph
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.opdefs.scan import COMBINES
@@ -141,8 +143,13 @@ def _identify(graph: Graph, leaves: list[Value], axis: int, region: list[Node],
     """(value, combine, leaf order) for each value of the region read outside it that is the
     scan of the leaves along ``axis`` by a combine rule (checked on random data)."""
     shape = tuple(leaves[0].shape)
+    bound: dict[str, int] = {}
     if not all(isinstance(d, int) for d in shape):
-        return []  # a symbolic length: random data of one length proves nothing for all
+        # random data of one size proves nothing for all, unless every symbolic size is an
+        # index the region treats alike (a batch): then one size stands for every size
+        if _uniform(region, leaves, axis) is None:
+            return []
+        bound = {x: 2 for d in shape for x in symbolic.symbols(d)}
     members = {id(n) for n in region}
     outs = [v for n in region for v in n.outputs if tuple(v.shape) == shape and (
         graph.is_output(v) or any(id(u) not in members for u in v.users))]
@@ -159,7 +166,8 @@ def _identify(graph: Graph, leaves: list[Value], axis: int, region: list[Node],
     rng = np.random.default_rng(seed)
     dt = leaves[0].dtype
     # positive and below 1: products and recurrences stay well scaled over the axis
-    feeds = [rng.uniform(0.5, 1.0, shape).astype(dt.np) for _ in leaves]
+    concrete = tuple(symbolic.evaluate(d, bound) for d in shape)
+    feeds = [rng.uniform(0.5, 1.0, concrete).astype(dt.np) for _ in leaves]
     try:
         got = run_graph(sub, feeds)
     except Exception:  # a region the interpreter cannot run is no scan we can prove
@@ -174,6 +182,141 @@ def _identify(graph: Graph, leaves: list[Value], axis: int, region: list[Node],
                 found.append((v, combine, order))
                 break
     return found
+
+
+Layout = list[list]  # per axis, its factors (ints, symbols), major first
+
+
+def _uniform(region: list[Node], leaves: list[Value], axis: int) -> dict | None:
+    """When the leaves' symbolic sizes are plain symbols on axes other than the scanned one
+    and every op of the region keeps each symbol a factor of its own (the region treats every
+    index of it alike, as a batch), each value's layout: per axis, its factors, major first
+    (``2*s`` after a Concat of two along an axis of ``s`` is ``[2, s]``); else None. Then the
+    region computes, at every index of every symbol, the same function of the leaves at that
+    index: running it with the symbols bound to one size checks it for all sizes. The rules:
+    an elementwise op reads operands of one layout (constants broadcast to 1 on an axis of a
+    symbol); a slice takes only axes of static factors; a Concat along an axis of a symbol
+    joins equal layouts (``n`` copies: ``[n, *factors]``); a view (Reshape, ExpandDims,
+    Squeeze, Identity) keeps the row-major order, so its output dims must regroup the same
+    factor sequence, each symbol inside one dim with the static factors around it."""
+    lay: dict[int, Layout] = {}
+    for v in leaves:
+        if v.shape[axis] is None or not isinstance(v.shape[axis], int):
+            return None
+        f = []
+        for d in v.shape:
+            coef, syms = symbolic.parse_dim(d)
+            if syms and (coef != 1 or len(syms) != 1):
+                return None
+            f.append([syms[0]] if syms else [d])
+        lay[id(v)] = f
+    syms = [x for g in lay[id(leaves[0])] for x in g if isinstance(x, str)]
+    if len(set(syms)) != len(syms):
+        return None
+    for n in region:
+        got = _layout(n, lay)
+        if got is None:
+            return None
+        lay[id(n.outputs[0])] = [_merged(g) for g in got]
+    return lay
+
+
+def _merged(group: list) -> list:
+    """A group's factors with consecutive static ones multiplied (one form per layout)."""
+    out: list = []
+    for f in group:
+        if isinstance(f, int) and out and isinstance(out[-1], int):
+            out[-1] *= f
+        elif f != 1 or not out:
+            out.append(f)
+    return out
+
+
+def _layout(n: Node, lay: dict[int, Layout]) -> Layout | None:
+    ins = [lay.get(id(v)) for v in n.inputs]
+    mine = [x for x in ins if x is not None]
+    if not mine or len(n.outputs) != 1:
+        return None
+    out = n.outputs[0]
+    if n.op in REGION_OPS and n.op != "Concat":
+        (x,) = ins
+        if n.op == "StridedSlice":
+            rank = len(x)
+            axes = n.attrs["axes"] if n.attrs["axes"] is not None else range(len(n.attrs["begin"]))
+            touched = {a % rank for a in axes}
+        else:  # Slice: every axis whose extent changes
+            touched = {a for a, (d, e) in enumerate(zip(n.inputs[0].shape, out.shape,
+                                                        strict=True)) if d != e}
+        if any(isinstance(f, str) for a in touched for f in x[a]):
+            return None
+        return [[out.shape[a]] if a in touched else g for a, g in enumerate(x)]
+    if n.op == "Concat":
+        if any(x is None for x in ins):
+            return None
+        a = n.attrs["axis"] % len(ins[0])
+        if any(isinstance(f, str) for f in ins[0][a]):
+            if any(x != ins[0] for x in ins):
+                return None
+            return [[len(ins), *g] if i == a else g for i, g in enumerate(ins[0])]
+        if any([g for i, g in enumerate(x) if i != a] != [g for i, g in enumerate(ins[0])
+                                                          if i != a] for x in ins):
+            return None
+        return [[out.shape[a]] if i == a else g for i, g in enumerate(ins[0])]
+    if n.op in VIEW_OPS:
+        return _regroup([f for g in mine[0] for f in g], list(out.shape))
+    # elementwise: the region's operands of one layout and of the output's shape
+    if any(x != mine[0] for x in mine) or any(
+            tuple(v.shape) != tuple(out.shape) for v, x in zip(n.inputs, ins, strict=True)
+            if x is not None):
+        return None
+    return mine[0]
+
+
+def _regroup(factors: list, dims: list) -> Layout | None:
+    """The row-major factor sequence ``factors`` grouped into ``dims`` (a static factor may
+    split across dims; a symbol sits inside one dim with static factors around it), or
+    None."""
+    q = [f for f in factors if f != 1]
+    out: Layout = []
+
+    def take(d: int) -> list | None:
+        got = []
+        while d > 1:
+            if not q or isinstance(q[0], str):
+                return None
+            f = q[0]
+            if d % f == 0:
+                got.append(q.pop(0))
+                d //= f
+            elif f % d == 0:
+                q[0] = f // d
+                got.append(d)
+                d = 1
+            else:
+                return None
+        return got
+
+    for d in dims:
+        coef, syms = symbolic.parse_dim(d)
+        if not syms:
+            g = take(coef)
+        elif len(syms) != 1 or syms[0] not in q:
+            return None
+        else:
+            major = 1
+            for f in q[:q.index(syms[0])]:
+                major *= f
+            if coef % major:
+                return None
+            g = take(major)
+            if g is not None:
+                q.pop(0)
+                rest = take(coef // major)
+                g = None if rest is None else [*g, syms[0], *rest]
+        if g is None:
+            return None
+        out.append(g or [1])
+    return out if not q else None
 
 
 def _unmoved(ins: list[Value], axis: int) -> tuple[list[Value], int, list[int] | None]:

@@ -217,3 +217,45 @@ def test_disabling_the_pass_keeps_the_traced_tree():
     assert not _scans(res)
     np.testing.assert_allclose(run_graph(res.graph, [x.numpy()])[0],
                                torch.cumsum(x, 1).numpy() * 2.0, rtol=1e-5)
+
+
+def test_a_selective_scan_over_a_symbolic_batch_is_one_scan(fresh_torch, monkeypatch):
+    """Mamba under dynamic=True: the length is static in each graph (the generic scan
+    recurses on its halves), the batch symbolic. torch's interleave joins the halves along
+    the batch's axis (``2*B``, viewed back as ``(2, B)``), but every op keeps the batch a
+    factor of its own, so the region is checked with the batch bound to one size, for all."""
+    import graphkernel.torch as gt
+    from graphkernel.frontends import torch_backend
+
+    seen = []
+    orig = torch_backend._runner
+
+    def spy(imported, compiled, runner=None):
+        seen.append(compiled)
+        return orig(imported, compiled, runner)
+
+    monkeypatch.setattr(torch_backend, "_runner", spy)
+    m = SelectiveScan()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    for b in (2, 3, 4):
+        args = (torch.randn(b, 6, 8, generator=g), torch.randn(b, 6, 8, generator=g))
+        with torch.no_grad():
+            torch.testing.assert_close(c(*args), m(*args), rtol=1e-4, atol=1e-5)
+    assert gt.stats()["graphs"] == 1
+    (graph,) = seen
+    assert isinstance(graph.inputs[0].type.shape[0], str)
+    scans = [n for k in graph.nodes for n in ([k] if k.op != "GraphKernel"
+                                                else k.subgraph.nodes) if n.op == "Scan"]
+    assert [s.attrs["combine"] for s in scans] == ["linear"]
+
+
+def test_a_view_that_mixes_a_symbol_with_other_factors_is_no_batch():
+    """The layout rule: a view may regroup static factors around a symbol, never move the
+    symbol past them (``(s, 8) -> (8, s)`` reads other elements at each size)."""
+    from graphkernel.passes.scan import _regroup
+
+    assert _regroup([4, 2, "s"], [8, "s"]) == [[4, 2], ["s"]]
+    assert _regroup([2, "s", 4], ["2*s", 4]) == [[2, "s"], [4]]
+    assert _regroup(["s", 8], [8, "s"]) is None
+    assert _regroup([2, "s"], ["s", 2]) is None

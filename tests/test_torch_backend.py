@@ -984,3 +984,90 @@ def test_a_written_frozen_weight_retires_the_version_it_replaces():
     s = gt.stats()
     assert s["refreezes"] == 1 and s["shared"] == 0 and s["graphs"] == 2
     assert s["launches"] == one == s["retired_launches"]
+
+
+class PaddingMask(torch.nn.Module):
+    """As transformers' padding mask under dynamic=True: the (batch, keys) mask indexed by
+    ``arange(batch)[:, None, None, None]`` and ``arange(keys)[None, None, None, :]`` (both
+    symbolic axes), broadcast against the scores."""
+
+    def forward(self, scores, mask):
+        b, s = mask.shape
+        rows, keys = torch.arange(b), torch.arange(s)
+        keep = mask.bool()[rows[:, None, None, None], keys[None, None, None, :]]
+        return scores.masked_fill(~keep, -1e9).softmax(-1)
+
+
+def test_several_index_tensors_into_symbolic_axes_read_the_mask_itself(monkeypatch):
+    """x[arange(B)[:, None, None, None], arange(S)[None, None, None, :]] with B and S
+    symbolic: each index tensor varies along one axis of their broadcast shape, in order,
+    and covers its whole axis, so the result is x viewed as (B, 1, 1, S): no Opaque, no
+    Gather, one compile for three lengths."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = PaddingMask()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (6, 10, 14):
+            scores = torch.rand(2, 2, n, n, generator=R)
+            mask = (torch.rand(2, n, generator=R) > 0.3).long()
+            torch.testing.assert_close(c(scores, mask), m(scores, mask), rtol=1e-5, atol=1e-6)
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["recompiles"] == 0 and s["fallbacks"] == {}, s["fallbacks"]
+    (g,) = graphs
+    assert isinstance(g.inputs[1].type.shape[1], str)
+    ops = {n.op for n in g.nodes} | {b.op for n in g.nodes if n.op == "GraphKernel"
+                                     for b in n.subgraph.nodes}
+    assert not ops & {"Opaque", "Gather", "GatherElements"}, ops
+
+
+class OuterRows(torch.nn.Module):
+    """``x[i[:, None, None], j[None, None, :]]``: rows i and columns j of x, an axis of 1
+    between (an outer index of more axes than it indexes, both indexed axes symbolic, the
+    index tensors inputs of symbolic lengths)."""
+
+    def forward(self, x, i, j):
+        return x[i[:, None, None], j[None, None, :]] * 2.0
+
+
+def test_several_index_tensors_into_symbolic_axes_gather_each_axis_in_turn(monkeypatch):
+    """Index tensors read from the inputs (negative ones too): a Gather along each indexed
+    axis by its own tensor, then a view; matches eager at three sizes with one compile and
+    no Opaque."""
+    graphs = _compiled_graphs(monkeypatch)
+    m = OuterRows()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            x = torch.rand(n, n + 1, 2, generator=R)
+            i = torch.randint(-n, n, (n - 1,), generator=R)
+            j = torch.randint(0, n + 1, (n - 2,), generator=R)
+            torch.testing.assert_close(c(x, i, j), m(x, i, j))
+    s = gt.stats()
+    assert s["graphs"] == 1 and s["fallbacks"] == {}, s["fallbacks"]
+    (g,) = graphs
+    gathers = [n for n in g.nodes if n.op == "Gather"] + [
+        b for n in g.nodes if n.op == "GraphKernel" for b in n.subgraph.nodes
+        if b.op == "Gather"]
+    assert sorted(n.attrs["axis"] for n in gathers) == [0, 1]
+    assert not any(n.op == "Opaque" for n in g.nodes)
+
+
+class PointIndex(torch.nn.Module):
+    def forward(self, x, i, j):
+        return x[i, j]  # i, j: (P, Q), each varying along both axes
+
+
+def test_several_index_tensors_into_symbolic_axes_varying_together_are_refused():
+    """Index tensors that vary along the same axes of their broadcast shape pick single
+    elements (no Gather per axis reads them), and the merged axis' linear index would need
+    the symbolic strides as values: refused with the reason, run by torch, still exact."""
+    m = PointIndex()
+    c = torch.compile(m, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            x = torch.rand(n, n + 1, generator=R)
+            i = torch.randint(0, n, (2, n), generator=R)
+            j = torch.randint(0, n + 1, (2, n), generator=R)
+            torch.testing.assert_close(c(x, i, j), m(x, i, j))
+    why = gt.stats()["fallbacks"]["aten.index.Tensor"]
+    assert "varying along more than one axis" in why, why

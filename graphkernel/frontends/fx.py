@@ -1230,7 +1230,7 @@ def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
         out = c.emit("GatherElements", [x, j], {"axis": first + 1})
         return c.emit("Squeeze", [out], {"axis": [first + 1]})
     if any(not isinstance(d, int) for d in lens):
-        raise Unmapped("several index tensors into symbolic axes")
+        return _symbolic_outer_index(c, x, axes, idx)
     flat: Value | None = None
     stride = 1
     for k in reversed(range(len(axes))):
@@ -1245,6 +1245,74 @@ def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
     out = c.emit("Gather", [x, flat], {"axis": first})
     return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
                                                                   {"shape": list(t.shape)})
+
+
+def _symbolic_outer_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
+    """``x[..., i_0, ..., i_m, ...]`` into axes of which some are symbolic, when each index
+    tensor varies along one axis of the indices' broadcast shape B at most, those axes in the
+    order of the indexed ones (``mask[b[:, None, None, None], j[None, None, None, :]]``: a
+    padding mask expanded to the attention's (batch, 1, 1, keys)). Then ``out[.., b, ..]`` is
+    ``x[.., i_0[b_p0], .., i_m[b_pm], ..]``: a Gather along each indexed axis in turn by that
+    tensor's entries, the axes of B that no index varies along inserted by a Reshape, exactly
+    the elements the merged-axis Gather would read, with no stride (a symbolic product) to
+    compute. An index that is ``0 .. n-1`` over its whole axis (an ``arange`` through views)
+    gathers nothing. Else Unmapped: the merged axis' linear index would need the symbolic
+    strides as values."""
+    t = c.out_type
+    b = symbolic.broadcast_shapes(*(v.shape for v in idx))
+    where = []
+    for v in idx:
+        shape = [1] * (len(b) - v.type.rank) + list(v.shape)
+        varying = [a for a, d in enumerate(shape) if d != 1]
+        if len(varying) > 1:
+            raise Unmapped("several index tensors into symbolic axes, one of them varying "
+                           "along more than one axis of their broadcast shape")
+        where.append(varying[0] if varying else None)
+    placed = [p for p in where if p is not None]
+    if placed != sorted(set(placed)):
+        raise Unmapped("several index tensors into symbolic axes, not in the order of the "
+                       "axes they index")
+    for axis, v in zip(axes, idx, strict=True):
+        n = symbolic.numel(v.shape)
+        if symbolic.eq(n, x.shape[axis]) and _whole_iota(v, n):
+            continue  # x[.., arange(n), ..] along an axis of n: x itself
+        x = c.emit("Gather", [x, c.emit("Reshape", [v], {"shape": [n]})], {"axis": axis})
+    return x if tuple(x.shape) == tuple(t.shape) else c.emit("Reshape", [x],
+                                                            {"shape": list(t.shape)})
+
+
+_ORDER_VIEWS = ("ExpandDims", "Squeeze", "Reshape")
+
+
+def _whole_iota(v: Value, n: Any) -> bool:
+    """Whether the elements of ``v``, in order, are 0, 1, ..., n - 1: a Range from 0 by 1 of
+    length n seen through views that keep the order and count of its elements (ExpandDims,
+    Squeeze, Reshape, a StridedSlice that keeps every element, an integer Cast, + 0)."""
+    while True:
+        p = v.producer
+        if p is None:
+            return False
+        if p.op == "Range":
+            return _iota(v, n)
+        if p.op == "Add":  # + 0 (an offset of none: the keys' positions past no cache)
+            rest = [u for u in p.inputs if not _zero_scalar(u)]
+            if len(rest) != 1 or tuple(rest[0].shape) != tuple(v.shape):
+                return False
+            v = rest[0]
+            continue
+        keeps = p.op in _ORDER_VIEWS or p.op == "Cast" and p.attrs["dtype"] in (DType.int32,
+                                                                           DType.int64) \
+            or p.op == "StridedSlice" and tuple(p.inputs[0].shape) == tuple(v.shape) \
+            and all(s == 1 for s in p.attrs.get("strides") or [1])
+        if not keeps or not symbolic.eq(symbolic.numel(p.inputs[0].shape), n):
+            return False
+        v = p.inputs[0]
+
+
+def _zero_scalar(v: Value) -> bool:
+    p = v.producer
+    return p is not None and p.op == "Constant" and np.size(p.attrs["value"]) == 1 \
+        and not np.any(p.attrs["value"])
 
 
 @aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
