@@ -159,8 +159,8 @@ def _channels_last_step(model, args) -> dict:
     gradient through a ReLU6/ReLU mask depends on the sign of each pre-activation; where
     one sits within fp32 noise of a kink (a batch-norm output of -4e-6 whose error is 4e-5),
     any other valid summation order may flip it and move every gradient before that layer
-    (mobilenet_v1: by 100x eager's own error, as
-    eager in this layout does). Eager in this layout measures that noise."""
+    (mobilenet_v1: by 100x eager's own error, as eager in this layout does). Eager in this
+    layout measures that noise."""
     import torch
 
     twin = copy.deepcopy(model).to(memory_format=torch.channels_last)
