@@ -57,14 +57,17 @@ def _trial(conv: Node, cons: Node, target, growth: int = -1) -> str | None:
             if p is not None and p.op == "Constant" and p.attrs["value"].size == 1:
                 sub.clone_node(p, vmap)  # (a scalar constant is copied, as build_kernel does)
             else:
-                vmap[id(v)] = sub.add_input(v.name, v.type)
+                # a fresh name: a trial value of its own (the bias Add's ``add``) may
+                # already carry an outer value's name
+                vmap[id(v)] = sub.add_input(sub.fresh_name(v.name), v.type)
         return vmap[id(v)]
 
     y = sub.add_node("Conv2D", [take(conv.inputs[0]), take(conv.inputs[1])],
                      dict(conv.attrs)).outputs[0]
     if len(conv.inputs) == 3:
         m = int(conv.inputs[1].shape[0])
-        col = sub.add_input(f"{conv.name}_b", TensorType((m, 1, 1), conv.inputs[2].dtype))
+        col = sub.add_input(sub.fresh_name(f"{conv.name}_b"),
+                            TensorType((m, 1, 1), conv.inputs[2].dtype))
         y = sub.add_node("Add", [y, col]).outputs[0]
     vmap[id(conv.outputs[0])] = y_conv = y
     if cons.op == "GraphKernel":

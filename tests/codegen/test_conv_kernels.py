@@ -260,3 +260,28 @@ def test_a_misaligned_window_offset_fails():
     element) is refused by the Gather, not read across two elements."""
     _broken(lambda t: re.sub(r"(Gather\(stg\[0\], pln, tb, )(\d+)u", r"\g<1>2u", t),
             "not a multiple of 4")
+
+
+def test_the_trial_kernel_takes_an_outer_value_named_like_its_own():
+    """The fusion trial builds the joined kernel apart from the graph: its bias Add's value
+    is named ``add``; a residual input of the consumer named ``add`` as well (a torch
+    model's first addition) is taken under a fresh name, not refused as a clash (the
+    PoolFormer block's convolutions)."""
+    g = Graph("named")
+    x = g.add_input("x", TensorType((2, 8, 6, 6), "float32"))
+    r = g.add_input("add", TensorType((2, 16, 6, 6), "float32"))
+    wv = (RNG.standard_normal((16, 8, 3, 3)) / 8).astype("float32")
+    bv = RNG.standard_normal(16).astype("float32")
+    y = g.add_node("Conv2D", [x, g.const(wv), g.const(bv)],
+                   {"strides": [1, 1], "pads": [1, 1, 1, 1]}).output
+    y = g.add_node("ReLU", [g.add_node("Add", [y, r]).output]).output
+    g.set_outputs([y])
+    res = graphkernel.compile(g, KERNEL, env={})
+    assert [k["kind"] for k in launches(res.graph)] == ["mix"]
+    feeds = _feeds(g)
+    got, _ = run_sim(res, feeds)
+    conv = torch.nn.functional.conv2d(torch.from_numpy(feeds["x"]).double(),
+                                      torch.from_numpy(wv).double(),
+                                      torch.from_numpy(bv).double(), padding=1)
+    want = torch.relu(conv + torch.from_numpy(feeds["add"]).double()).numpy()
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
