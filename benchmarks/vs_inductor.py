@@ -250,6 +250,17 @@ def _eager_error(model, calls) -> str | None:
     return None
 
 
+def _skip_if_eager_fails(name, model, calls, eager_fails, shown) -> bool:
+    """True (the row written as "eager fails" and counted in ``eager_fails``) when the
+    model's own eager forward raises on ``calls``."""
+    why = _eager_error(model, calls)
+    if why:
+        eager_fails.append(f"{name}: {why}")
+        progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
+        shown.advance()
+    return bool(why)
+
+
 def compiled_table(zoo) -> None:
     from export_models import attention_layers
 
@@ -261,11 +272,7 @@ def compiled_table(zoo) -> None:
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             model, args = build(), inputs()
-            why = _eager_error(model, [args])
-            if why:
-                eager_fails.append(f"{name}: {why}")
-                progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
-                shown.advance()
+            if _skip_if_eager_fails(name, model, [args], eager_fails, shown):
                 continue
             shown.describe(f"{name}: Inductor")
             k, e, _, t_ind = inductor(model, args)
@@ -359,11 +366,7 @@ def dynamic_table(zoo) -> None:
     with progress.task("models", len(zoo)) as shown:
         for name, (build, inputs) in zoo.items():
             calls = dyn.sizes(name, inputs())
-            why = _eager_error(build(), calls)
-            if why:
-                eager_fails.append(f"{name}: {why}")
-                progress.write(f"{name:<16} eager fails (not compiled)", sys.stdout)
-                shown.advance()
+            if _skip_if_eager_fails(name, build(), calls, eager_fails, shown):
                 continue
             shown.describe(f"{name}: Inductor")
             k, e, _, _ = inductor(build(), inputs(), "dynamic", calls)

@@ -225,16 +225,9 @@ def test_a_selective_scan_over_a_symbolic_batch_is_one_scan(fresh_torch, monkeyp
     the batch's axis (``2*B``, viewed back as ``(2, B)``), but every op keeps the batch a
     factor of its own, so the region is checked with the batch bound to one size, for all."""
     import graphkernel.torch as gt
-    from graphkernel.frontends import torch_backend
+    from tests.test_torch_backend import _compiled_graphs
 
-    seen = []
-    orig = torch_backend._runner
-
-    def spy(imported, compiled, runner=None):
-        seen.append(compiled)
-        return orig(imported, compiled, runner)
-
-    monkeypatch.setattr(torch_backend, "_runner", spy)
+    seen = _compiled_graphs(monkeypatch)
     m = SelectiveScan()
     c = torch.compile(m, backend="graphkernel", dynamic=True)
     g = torch.Generator().manual_seed(2)
