@@ -75,12 +75,12 @@ def _count(code) -> tuple[int, int]:
 
 
 def _loss_step(fn, args):
-    """One training step's forward and backward, with zoo_training's loss (so both
+    """One training step's forward and backward, with the gradient check's loss (so both
     compilers see the same backward graph as the gradient check)."""
-    from zoo_training import _loss
+    from graphkernel.torch import step_loss
 
     out = fn(*args)
-    _loss(out).backward()
+    step_loss(out).backward()
     return out
 
 

@@ -7,8 +7,8 @@
 
 Each zoo model, built with each attention implementation (``sdpa``: the library default,
 ``F.scaled_dot_product_attention``; ``eager``: explicit matmuls and softmax), runs one step of
-``(model(x) - target).pow(2).mean().backward()`` (``target``: fixed standard normal values,
-``_loss``) in TRAIN mode (dropout on) eagerly and through
+``graphkernel.torch.step_loss(model(x)).backward()`` (the mean squared error against fixed
+standard normal values, ``step_target``) in TRAIN mode (dropout on) eagerly and through
 ``torch.compile(model, backend="graphkernel")``, both sides from the same seeds (torch,
 numpy, random) so that dropout draws the same numbers; the compiled step is the second call
 (the first compiles: tracing may draw random numbers of its own). A row prints the graphs
@@ -75,38 +75,15 @@ def _seed() -> None:
     random.seed(SEED)
 
 
-def _loss(out):
-    """The step's loss: the mean squared error of ``out`` against a fixed target, standard
-    normal values drawn in fp32 from a generator of their own (torch's stream, which dropout
-    draws from, is untouched; a float64 twin gets the same values, widened exactly).
-
-    Not ``out.pow(2).mean()``: a model whose output is a LayerNorm (or RMSNorm) at its
-    initial weight 1 and bias 0 has ``mean(out²) = var / (var + eps)``, a constant up to
-    ``eps / var`` (DeiT: 0.99999999984 in float64), so every gradient before that norm is of
-    order ``eps``: the float64 gradient into DeiT's final LayerNorm has RMS 8e-12, while
-    fp32's rounding there is 2e-9 (the LayerNorm backward's ``g - mean(g) - x̂·mean(g·x̂)``
-    cancels to nothing), and 37 of DeiT's 39 float64 gradients are below the atol: a
-    backward that returned zeros would match, and a gradient that differs is two draws of
-    rounding noise compared."""
-    return (out - _target(out)).pow(2).mean()
-
-
-def _target(out):
-    """The loss's target for ``out``: the same values on every call for a shape, fp32 ones
-    (widened exactly for a float64 twin's output)."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED)
-    return torch.randn(out.shape, generator=g).to(out.dtype)
-
-
 def _step(model, fn, args) -> tuple:
     """(output, {parameter: gradient}) of one seeded step of ``fn`` (``model`` compiled or
     not)."""
+    import graphkernel.torch as gt
+
     model.zero_grad(set_to_none=True)
     _seed()
     out = fn(*args)
-    _loss(out).backward()
+    gt.step_loss(out).backward()
     return out.detach(), {k: p.grad for k, p in model.named_parameters()}
 
 

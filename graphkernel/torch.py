@@ -35,7 +35,7 @@ from graphkernel.frontends.torch_decompositions import KEEP_WHOLE, decomposition
 __all__ = ["KEEP_WHOLE", "LAUNCH_KINDS", "OFF_ENV", "OPTIONS", "STRICT_ENV", "GraphSummary",
            "StepBisect", "backend", "bisect", "compile_fx", "configure_logging",
            "decompositions", "export_graph", "faithful", "launch_counts", "reset_stats",
-           "stats", "step_bisect", "unsupported"]
+           "stats", "step_bisect", "step_loss", "step_target", "unsupported"]
 
 log = logging.getLogger("graphkernel.torch")
 
@@ -156,16 +156,22 @@ def _train_step(model: torch.nn.Module, fn: Callable[..., Any], args: Sequence[A
     return {"output": out.detach() if isinstance(out, torch.Tensor) else out, **grads}
 
 
-def _squared_error(out: Any) -> Any:
-    """The checked step's default loss: the mean squared error of the output (in fp32 at
-    least) against a fixed target, standard normal values from a generator of their own.
-    Not the mean square of the output: after a LayerNorm at its initial weight 1 and bias 0
-    (most encoders' last op) that is ``var / (var + eps)``, a constant up to ``eps``, and
-    every gradient before the norm is of order ``eps``, below the atol: a wrong backward
-    there would pass the check."""
-    out = out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+def step_target(out: Any) -> Any:
+    """The checked training step's target for ``out``: standard normal values drawn in fp32
+    from a generator of their own (torch's stream, which dropout draws from, is untouched),
+    the same on every call for a shape, widened exactly for a float64 output."""
     target = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
-    return (out - target.to(out.dtype)).pow(2).mean()
+    return target.to(out.dtype)
+
+
+def step_loss(out: Any) -> Any:
+    """The checked training step's default loss: the mean squared error of the output (in
+    fp32 at least) against ``step_target``. Not the mean square of the output: after a
+    LayerNorm at its initial weight 1 and bias 0 (most encoders' last op) that is
+    ``var / (var + eps)``, a constant up to ``eps``, and every gradient before the norm is
+    of order ``eps``, below the atol: a wrong backward there would pass the check."""
+    out = out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+    return (out - step_target(out)).pow(2).mean()
 
 
 def _seed_all(seed: int) -> None:
@@ -259,7 +265,7 @@ def step_bisect(model: torch.nn.Module, example_inputs: Sequence[Any], flags: st
                 atol: float = 1e-5, **kw: Any) -> StepBisect:
     """Check one training step of ``model`` through ``torch.compile(backend="graphkernel")``
     against eager — the output and every parameter's gradient (``loss(output).backward()``,
-    default ``_squared_error``; both sides seeded alike) — and, when they differ,
+    default ``step_loss``; both sides seeded alike) — and, when they differ,
     say where the difference starts (``StepBisect.stage``): torch.compile itself (its
     AOT-eager path differs the same way), the traced ATen graphs, graphkernel's import of
     the forward or backward graph, or a pass (then bisected to the rewrite on that graph:
@@ -269,7 +275,7 @@ def step_bisect(model: torch.nn.Module, example_inputs: Sequence[Any], flags: st
     from graphkernel.bisect import bisect as run_bisect
     from graphkernel.frontends.fx import import_fx_module, to_numpy
 
-    loss = loss or _squared_error
+    loss = loss or step_loss
     args = list(example_inputs)
     model = copy.deepcopy(model)
 
