@@ -680,7 +680,6 @@ def _seq_first(v: Value | None, base: Value) -> _Operand | None:
     as that projection (a view), in BNSD as the head split viewed. B and N come from the
     view farthest back of the form [.., S, B, H] or [.., S, B, N, D] (leading axes of 1):
     the projection's own batch and heads. None when ``base`` is no such value."""
-    graph = base.graph
     if v is None:
         x, t = base, None
         if x.type.rank != 3:
@@ -706,17 +705,7 @@ def _seq_first(v: Value | None, base: Value) -> _Operand | None:
     op = _Operand((b, n, s, d))
 
     def view(y: Value, want: list, perm: list | None = None) -> Callable[[list[str]], Value]:
-        def make(notes: list[str]) -> Value:
-            if perm is not None:
-                y2 = graph.add_node("Transpose", [y], {"perm": perm}, origin=origin,
-                                    name=graph.fresh_name(f"{y.name}/heads")).outputs[0]
-            else:
-                y2 = y
-            if tuple(y2.type.shape) == tuple(want):
-                return y2
-            return graph.add_node("Reshape", [y2], {"shape": want}, origin=origin,
-                                  name=graph.fresh_name(f"{y.name}/heads")).outputs[0]
-        return make
+        return _lazy_view(y, want, "heads", origin, perm)
 
     if v is not None and tuple(v.type.shape) == (b, n, s, d):
         op.reads["BNSD"] = v
@@ -851,20 +840,31 @@ def _batched(src: Value, split: Value | None = None) -> _Operand:
     *batch, s, n, d = src.type.shape
     b = symbolic.numel(batch)
     op = _Operand((b, n, s, d), batched=True)
-    graph = src.graph
 
     def view(x: Value, shape: list) -> Callable[[list[str]], Value]:
-        def make(notes: list[str]) -> Value:
-            origin = x.producer.origin if x.producer is not None else ()
-            return graph.add_node("Reshape", [x], {"shape": shape}, origin=origin,
-                                  name=graph.fresh_name(f"{x.name}/batch")).outputs[0]
-        return make
+        return _lazy_view(x, shape, "batch", x.producer.origin if x.producer else ())
 
     if split is not None:
         op.lazy["BNSD"] = view(split, [b, n, s, d])
     op.lazy["BSND"] = view(src, [b, s, n, d])
     op.lazy["BSH"] = view(src, [b, s, symbolic.mul(n, d)])
     return op
+
+
+def _lazy_view(y: Value, shape: list, suffix: str, origin, perm: list | None = None
+               ) -> Callable[[list[str]], Value]:
+    """An operand layout made only if it is picked: ``y`` (transposed by ``perm`` first,
+    if given) viewed as ``shape``, new nodes named ``<y>/<suffix>``."""
+    def make(notes: list[str]) -> Value:
+        graph, y2 = y.graph, y
+        if perm is not None:
+            y2 = graph.add_node("Transpose", [y], {"perm": perm}, origin=origin,
+                                name=graph.fresh_name(f"{y.name}/{suffix}")).outputs[0]
+        if tuple(y2.type.shape) == tuple(shape):
+            return y2
+        return graph.add_node("Reshape", [y2], {"shape": shape}, origin=origin,
+                              name=graph.fresh_name(f"{y.name}/{suffix}")).outputs[0]
+    return make
 
 
 def _sbh(v: Value) -> tuple[_Operand, int]:
