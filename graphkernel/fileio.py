@@ -81,6 +81,8 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> Binar
     """Open ``path`` for reading only if it is a regular file. Opening never blocks (a FIFO
     is opened non-blocking, then refused); with ``follow_links=False`` a symbolic link as the
     last component is refused too (a path a data file names is never a link)."""
+    if "\0" in os.fspath(path):  # (os.open would raise ValueError, not an OSError)
+        raise NotRegularFile(errno.EINVAL, "a path cannot contain a NUL byte", str(path))
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_links:
         flags |= os.O_NOFOLLOW
@@ -183,6 +185,42 @@ class _LimitedLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """A mapping whose keys are distinct (a ``<<`` merge may still be overridden)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=False)
+                try:
+                    repeated = key in seen
+                    seen.add(key)
+                except TypeError:  # (an unhashable key: the constructor names it)
+                    continue
+                if repeated:
+                    mark = key_node.start_mark
+                    raise DocumentError(_repeated_key(key), False,
+                                        f":{mark.line + 1}:{mark.column + 1}")
+        return super().construct_mapping(node, deep)
+
+
+def _repeated_key(key: Any) -> str:
+    return (f"key '{shown(str(key))}' is given twice in one object (which value is meant "
+            "depends on the reader)")
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct (``json.loads`` would keep the last silently)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DocumentError(_repeated_key(k), False)
+            seen.add(k)
+    return d
+
 
 def parse_document(data: bytes, yaml_syntax: bool, walk: bool = True) -> Any:
     """Parse JSON or YAML bytes into plain data, within the nesting and alias limits.
@@ -205,7 +243,7 @@ def parse_document(data: bytes, yaml_syntax: bool, walk: bool = True) -> Any:
             if loader.aliases:
                 max_values, max_chars = limits.MAX_YAML_VALUES, limits.MAX_YAML_EXPANDED_CHARS
         else:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_distinct_keys)
     except json.JSONDecodeError as e:
         raise DocumentError(e.msg, True, f":{e.lineno}:{e.colno}") from None
     except yaml.YAMLError as e:
@@ -330,8 +368,17 @@ class NpzFile:
         except BaseException:
             self._f.close()
             raise
-        self._members = {i.filename[:-4]: i for i in self._zip.infolist()
-                         if i.filename.endswith(".npy")}
+        self._members: dict[str, zipfile.ZipInfo] = {}
+        for i in self._zip.infolist():
+            if not i.filename.endswith(".npy"):
+                continue
+            if i.filename[:-4] in self._members:
+                # (zipfile keeps the last entry of a name, an unzip tool may take the first:
+                # which array the archive holds would depend on the reader)
+                self.close()
+                raise NpzError(f"member {i.filename!r} appears twice in its directory (which "
+                               "array is meant depends on the reader)")
+            self._members[i.filename[:-4]] = i
 
     def _check_directory(self) -> None:
         """The archive's directory is read whole when it opens: refuse one above the limit."""
@@ -379,6 +426,9 @@ class NpzFile:
         if info.file_size > cap:
             raise NpzError(f"array {key!r} holds {info.file_size:,} bytes, more than the "
                            f"{max_bytes:,} its declared shape and dtype need")
+        if info.flag_bits & 0x1:
+            raise NpzError(f"array {key!r} is encrypted; arrays are read without a password "
+                           "(save them with numpy.savez)")
         if self._map is not None:
             arr = self._mapped(key, info, max_bytes, dtype, bits_of)
             if arr is not None:
@@ -386,7 +436,8 @@ class NpzFile:
         try:
             with self._zip.open(info) as member:
                 data = member.read(cap + 1)
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError,
+                RuntimeError) as e:  # (RuntimeError: zipfile's word for a password needed)
             raise NpzError(f"array {key!r} cannot be read ({e})") from None
         if len(data) > cap:
             raise NpzError(f"array {key!r} inflates past the {max_bytes:,} bytes its declared "

@@ -341,6 +341,10 @@ def read_config_file(path: str | os.PathLike, origin: str) -> list[FlagItem]:
     src = f"file {p}"
     for key, value in doc.items():
         key = str(key).lstrip("-")
+        if key == "path":  # (was ignored: a file pointing at another file is not followed)
+            raise ConfigError(f"{p}: key 'path': a flags file may not name another flags file; "
+                              "give that file with --config, or --path=FILE in --flags or "
+                              "AUTOFUSE_FLAGS")
         if isinstance(value, bool):
             raw: Any = "true" if value else "false"
         elif isinstance(value, int | float | str):

@@ -127,12 +127,16 @@ def test_raw_data_files_are_named_by_offset(tmp_path):
             load_graph(write_json(tmp_path / "b.json", broken))
 
 
-def test_lax_values_still_go_through_the_model(tmp_path):
-    """A document the one-walk reader does not take as it is (a value the pydantic model
-    coerces) loads as it always did."""
+def test_lax_values_go_through_the_model_and_are_refused(tmp_path):
+    """A document the one-walk reader does not take as it is (a value a lax model would
+    coerce: 1 for a bool) goes through the pydantic model, which is strict and names the
+    field."""
     doc = graph_doc(inputs=[{"name": "x", "shape": [4], "dtype": "float32", "mutable": 1}])
-    g = load_graph(write_json(tmp_path / "m.json", doc))
-    assert g.inputs[0].mutable is True
+    with pytest.raises(FormatError, match=r"inputs\[0\]\.mutable: Input should be a valid "
+                       "boolean"):
+        load_graph(write_json(tmp_path / "m.json", doc))
+    doc["inputs"][0]["mutable"] = True
+    assert load_graph(write_json(tmp_path / "m.json", doc)).inputs[0].mutable is True
 
 
 # ---------------------------------------------------------------------- compile -o

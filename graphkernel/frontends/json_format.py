@@ -73,7 +73,9 @@ StaticDim = Annotated[int, _check(_static_dim_problem)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a file gives each field exactly its type (no "yes" or 1 for a bool, no true,
+    # "16" or 16.0 for a byte offset), as the attributes are checked (``_strict``)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class InputSpec(_Model):
@@ -657,6 +659,9 @@ def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
         if (p := limits.numel_problem(tuple(shape))) is not None:
             raise FormatError(f"{w}: {p}")
         if c.get("key") is not None or c.get("offset") is not None:
+            if c.get("data") is not None:
+                raise FormatError(f"{w}: give 'data' (inline values) or 'key'/'offset' (in a "
+                                  "data file), not both")
             arr = _stored_array(data, c, shape, dt, w)
         elif c.get("data") is not None:
             vals = _decode_scalars(c["data"], dt, w)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import math
 import os
 import re
 import sys
@@ -476,6 +477,9 @@ def _reshape(c: NodeCtx):
     x = c.input(0)
     shape = _ints(c.attr("shape")) if c.opset < 5 else _ints(c.static(1, "shape"))
     if not c.attr("allowzero", 0):
+        if any(d == 0 and i >= x.type.rank for i, d in enumerate(shape)):
+            raise BadModel(f"node '{c.name}' (Reshape): shape {shape} copies a dim (0) past "
+                           f"the input's rank {x.type.rank}")
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     return c.emit("Reshape", [x], {"shape": shape})
 
@@ -680,7 +684,11 @@ def _size(c: NodeCtx):
 def _range(c: NodeCtx):
     start, limit, delta = (np.asarray(c.static(i, "range bounds")).item() for i in range(3))
     dtype = c.input(0).dtype
-    n = max(int(np.ceil((limit - start) / delta)), 0)
+    span = (limit - start) / delta if delta != 0 else math.nan
+    if not math.isfinite(span) or span > limits.MAX_DIM:
+        raise BadModel(f"node '{c.name}' (Range): start {start}, limit {limit}, delta {delta} "
+                       f"do not give a length in 0..{limits.MAX_DIM}")
+    n = max(int(np.ceil(span)), 0)
     return c.constant(np.asarray(start + np.arange(n) * delta, dtype=dtype.np))
 
 
@@ -1133,6 +1141,13 @@ def _import_node(g: Graph, node: Any, nname: str, ins: list[Value | None], opset
             raise
         except (Unsupported, GraphKernelError) as e:
             reason = str(e)
+            _rollback(g, ctx.emitted)
+        except (IndexError, KeyError, ValueError, TypeError, ArithmeticError) as e:
+            # attributes or static inputs the handler cannot read (an empty list where it
+            # takes the first value, a step of 0, ...): the node is left to ONNX's own
+            # operator (an Opaque node), which checks it when it runs and says what is wrong
+            reason = (f"its attributes or static inputs are not the form graphkernel maps "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             _rollback(g, ctx.emitted)
     if notes is not None:
         notes.append(ImportNote(nname, node.op_type, reason))
