@@ -109,3 +109,21 @@ def test_an_onnx_range_of_a_valid_length_still_imports(cli, in_tmp):
                for n, v in zip("abc", (0, 4, 1), strict=True)], inputs=False)
     rc, out, _ = cli("run", f)
     assert rc == 0 and "y: float32[4]" in out
+
+
+@pytest.mark.parametrize("shape", [[1_000_000, 1_000_000], ["*".join(f"s{i}" for i in range(16)),
+                                                            4]], ids=["static_4TB", "16_symbols"])
+def test_compile_o_of_a_legal_but_huge_model_makes_no_data(cli, in_tmp, shape):
+    """A kernel's CPU driver data were made (random inputs, a reference run) before their
+    size was compared with the limit: a legal 10^12-element input ended `compile -o` as
+    "out of memory"."""
+    f = write_json(in_tmp / "m.json", graph_doc(
+        inputs=[{"name": "x", "shape": shape, "dtype": "float32"}],
+        nodes=[{"name": "n", "op": "Exp", "inputs": ["x"], "outputs": ["t"]},
+               {"name": "m", "op": "Abs", "inputs": ["t"], "outputs": ["y"]}]))
+    rc, _, err = cli("compile", f, "-o", in_tmp / "out", "-q")
+    assert rc == 0, err
+    (driver,) = (in_tmp / "out" / "kernels" / "cpu").glob("*_cpu.cpp")
+    manifest = (in_tmp / "out" / "manifest.json").read_text()
+    assert "no data: " in manifest and "exceed 67108864" in manifest
+    assert not [p for p in (in_tmp / "out" / "kernels").rglob("*.bin")]
