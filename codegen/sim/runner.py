@@ -82,7 +82,39 @@ def cache_dir() -> Path:
                              "loads code there, so it must be a folder of your own that only "
                              f"you can use (mode 0700): remove it, or `chmod 700 {d}` if it is "
                              "yours, or set GRAPHKERNEL_SIM_CACHE to such a folder")
+    unsafe = _unsafe_ancestor(d)
+    if unsafe is not None:
+        where, why = unsafe
+        raise SimulatorError(f"the simulator cache folder {d} lies in {where}, which {why}: "
+                             "whoever can write there can swap the cache folder for one of "
+                             "theirs between graphkernel's check and its use; set "
+                             "GRAPHKERNEL_SIM_CACHE (or XDG_CACHE_HOME) to a folder whose "
+                             "parents only you or root can change")
     return d
+
+
+def _unsafe_ancestor(d: Path) -> tuple[Path, str] | None:
+    """The first folder above ``d`` (on its path as given and on its real path) that
+    someone other than this user or root can change: owned by another user, or writable by
+    group or others without the sticky bit (which keeps them from renaming or deleting
+    entries they do not own, as in /tmp). An entry of such a folder could be swapped at
+    any moment, so the cache folder's own checks would not hold until it is used."""
+    me = os.geteuid()
+    lexical = Path(os.path.abspath(d))
+    seen: set[Path] = set()
+    for a in (*lexical.parents, *Path(os.path.realpath(d)).parents):
+        if a in seen:
+            continue
+        seen.add(a)
+        try:
+            st = os.stat(a)
+        except OSError:
+            continue  # (the folder itself was made or found: its path is readable)
+        if st.st_uid not in (me, 0):
+            return a, f"is owned by user id {st.st_uid}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return a, f"has mode {stat.S_IMODE(st.st_mode):04o} (others may write in it)"
+    return None
 
 
 def _cache_problem(st: os.stat_result) -> str | None:

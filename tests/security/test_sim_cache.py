@@ -180,3 +180,53 @@ def test_a_planted_link_in_the_cache_is_replaced_not_followed(fresh, built, tmp_
     assert runner.build([SOURCE]).gk_cache_probe() == 42
     assert victim.read_text() == "keep"
     assert not any(p.is_symlink() for p in fresh.iterdir())
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_cache_in_a_folder_others_can_write_is_refused(monkeypatch, tmp_path, mode):
+    """The cache folder itself is checked, but a folder above it that others can write lets
+    them rename it away and put their own in its place after the check (then they could
+    replace what g++ wrote before it is hashed and loaded)."""
+    monkeypatch.setattr(runner, "_LIBS", {})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv("GRAPHKERNEL_SIM_CACHE", str(shared / "sim"))
+    _no_compiler(monkeypatch)
+    with pytest.raises(SimulatorError, match=rf"lies in {shared}, which has mode {mode:04o} "
+                       r"\(others may write in it\)"):
+        runner.build([SOURCE])
+    # the same folder through a link (the link's target is what is checked)
+    (tmp_path / "link").symlink_to(shared)
+    monkeypatch.setenv("GRAPHKERNEL_SIM_CACHE", str(tmp_path / "link" / "sim"))
+    with pytest.raises(SimulatorError, match=rf"lies in {tmp_path / 'link'}, which has mode "
+                       f"{mode:04o}"):
+        runner.cache_dir()
+
+
+def test_a_cache_in_a_sticky_shared_folder_is_accepted(monkeypatch, tmp_path):
+    """/tmp's sticky bit keeps others from renaming what they do not own."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv("GRAPHKERNEL_SIM_CACHE", str(shared / "sim"))
+    assert runner.cache_dir() == shared / "sim"
+
+
+def test_a_cache_below_another_users_folder_is_refused(monkeypatch, tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sim").mkdir(mode=0o700)
+    if os.geteuid() == 0:  # a real second user
+        os.chown(theirs, 65534, 65534)
+    else:
+        uid = os.geteuid()
+        real_stat = os.stat
+        monkeypatch.setattr(runner.os, "stat", lambda p, *a, **kw: os.stat_result(
+            (*real_stat(p)[:4], 65534, *real_stat(p)[5:])) if Path(p) == theirs
+            else real_stat(p, *a, **kw))
+        assert uid != 65534
+    monkeypatch.setenv("GRAPHKERNEL_SIM_CACHE", str(theirs / "sim"))
+    with pytest.raises(SimulatorError, match=rf"lies in {theirs}, which is owned by user id "
+                       "65534"):
+        runner.cache_dir()
