@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -217,14 +217,30 @@ def aten_executor(spec: dict[str, Any]) -> Run:
     op = resolve_aten(spec["target"])
     dtypes = {name: getattr(torch, name) for name in _DTYPES}
 
-    def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-        ts = [to_torch(x) for x in xs]
+    def call(ts: list[Any]) -> list[Any]:
         args = _decode_arg(spec.get("args", []), ts, dtypes)
         kwargs = {k: _decode_arg(v, ts, dtypes) for k, v in spec.get("kwargs", {}).items()}
         out = op(*args, **kwargs)
-        outs = out if isinstance(out, list | tuple) else [out]
-        return [to_numpy(o) for o in outs if o is not None]
+        return [o for o in (out if isinstance(out, list | tuple) else [out]) if o is not None]
 
+    def run(xs: list[np.ndarray], out_shapes: Sequence[tuple[int, ...]] | None = None
+            ) -> list[np.ndarray]:
+        ts = [to_torch(x) for x in xs]
+        if out_shapes is not None:
+            # the operator on shapes alone first (torch's meta device allocates nothing): a
+            # file declaring 4 elements must not make it fill gigabytes (aten.repeat by 2^20,
+            # 2^11) before the result is found to be of another shape
+            try:
+                metas = call([t.to("meta") for t in ts])
+            except (NotImplementedError, RuntimeError, TypeError, ValueError, IndexError):
+                metas = None  # (no meta kernel, or a size that depends on the values)
+            for i, (m, want) in enumerate(zip(metas or [], out_shapes, strict=False)):
+                if tuple(m.shape) != tuple(want):
+                    raise GraphError(f"output {i} would have shape {list(m.shape)} (found "
+                                     f"before running it), its type says {list(want)}")
+        return [to_numpy(o) for o in call(ts)]
+
+    run.takes_out_shapes = True  # type: ignore[attr-defined]
     return run
 
 

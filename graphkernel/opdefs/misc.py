@@ -170,6 +170,12 @@ def _opaque_ref(xs, attrs, ctx):
             fn = _OPAQUE_IMPLS[impl](attrs["spec"])
         except GraphError as e:
             raise GraphError(f"node '{ctx.node_name}' (Opaque, impl {impl!r}): {e}") from None
+        if getattr(fn, "takes_out_shapes", False):  # (checks its outputs before making them)
+            try:
+                return tuple(fn(list(xs), ctx.out_shapes))
+            except GraphError as e:
+                raise GraphError(f"node '{ctx.node_name}' (Opaque, impl {impl!r}): {e}") \
+                    from None
     return tuple(fn(list(xs)))
 
 

@@ -127,3 +127,30 @@ def test_compile_o_of_a_legal_but_huge_model_makes_no_data(cli, in_tmp, shape):
     manifest = (in_tmp / "out" / "manifest.json").read_text()
     assert "no data: " in manifest and "exceed 67108864" in manifest
     assert not [p for p in (in_tmp / "out" / "kernels").rglob("*.bin")]
+
+
+def _aten_doc(target: str, args: list) -> dict:
+    return graph_doc(nodes=[{"name": "op", "op": "Opaque", "inputs": ["x"], "outputs": ["y"],
+                             "attrs": {"impl": "aten", "spec": {"target": target, "args": args},
+                                       "out_types": [{"shape": [4], "dtype": "float32"}]}}])
+
+
+@pytest.mark.skipif(not have("torch"), reason="needs torch")
+@pytest.mark.parametrize("repeats,shape", [([4], [16]), ([2**20, 2**18], [1048576, 1048576])],
+                         ids=["16_elements", "4_TiB"])
+def test_an_aten_node_whose_output_is_not_its_declared_type_never_runs(cli, in_tmp, repeats,
+                                                                        shape):
+    """A file declaring 4 elements once made aten.repeat fill whatever its repeats said
+    (gigabytes, if they fit) before the shape was compared: the operator runs on torch's
+    meta device first, which allocates nothing."""
+    f = write_json(in_tmp / "m.json", _aten_doc("aten.repeat.default", [{"in": 0}, repeats]))
+    line = cli.error("run", f)
+    assert f"output 0 would have shape {shape} (found before running it), its type says [4]" \
+        in line
+
+
+@pytest.mark.skipif(not have("torch"), reason="needs torch")
+def test_an_aten_node_of_its_declared_type_still_runs(cli, in_tmp):
+    f = write_json(in_tmp / "m.json", _aten_doc("aten.repeat.default", [{"in": 0}, [1]]))
+    rc, out, _ = cli("run", f)
+    assert rc == 0 and "y: float32[4]" in out
