@@ -646,9 +646,9 @@ def _build(spec: dict[str, Any], where: str, base: Path | None, nested: bool,
     g = Graph(spec.get("name", "graph"))
     for i, inp in enumerate(spec.get("inputs", ())):
         w = f"{where}: inputs[{i}]"
+        dt = _dtype(inp["dtype"], w + ".dtype")  # (its error names the field already)
         try:
-            g.add_input(inp["name"], TensorType(tuple(inp["shape"]),
-                                                _dtype(inp["dtype"], w + ".dtype")),
+            g.add_input(inp["name"], TensorType(tuple(inp["shape"]), dt),
                         inp.get("mutable", False))
         except GraphKernelError as e:
             raise FormatError(f"{w}: {e}") from None

@@ -154,3 +154,11 @@ def test_an_aten_node_of_its_declared_type_still_runs(cli, in_tmp):
     f = write_json(in_tmp / "m.json", _aten_doc("aten.repeat.default", [{"in": 0}, [1]]))
     rc, out, _ = cli("run", f)
     assert rc == 0 and "y: float32[4]" in out
+
+
+def test_an_unknown_input_dtype_names_its_field_once(cli, in_tmp):
+    """The message once read "m.json: inputs[0]: m.json: inputs[0].dtype: ..."."""
+    f = write_json(in_tmp / "m.json", graph_doc(inputs=[{"name": "x", "shape": [4],
+                                                         "dtype": "object"}]))
+    line = cli.error("info", f)
+    assert line.count("m.json") == 1 and "inputs[0].dtype: unknown dtype 'object'" in line
