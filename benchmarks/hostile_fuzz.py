@@ -5,13 +5,14 @@ strings of every documented flag with hostile values. Every case must end with e
 with exit 2 and exactly one error line; anything else (a traceback, exit 1 or 3, a second
 error line) is printed with the case that made it.
 
-    python benchmarks/hostile_fuzz.py [--seconds S] [--seed N]
+    python benchmarks/hostile_fuzz.py [--seconds S] [--cases N] [--seed N]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import random
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+CASES = [10**9]  # at most this many cases per fuzzer (--cases)
 HOSTILE_VALUES: list[Any] = [
     None, True, False, 0, -1, 1, 2**31, 2**63, -2**63, 1.5, float("nan"), float("inf"), "",
     "x", "../../etc/passwd", "\x00", "\x1b[31m", "\u202e", "a" * 5000, [], [1], [[[]]],
@@ -75,7 +77,7 @@ def _mutated(rng: random.Random) -> dict[str, Any]:
         parent = doc
         for k in path[:-1]:
             parent = parent[k]
-        parent[path[-1]] = rng.choice(HOSTILE_VALUES)
+        parent[path[-1]] = copy.deepcopy(rng.choice(HOSTILE_VALUES))  # (never shared)
     return doc
 
 
@@ -83,7 +85,7 @@ def fuzz_graph_files(rng: random.Random, seconds: float, folder: Path) -> dict[s
     n = bad = 0
     rcs: dict[str, int] = {}
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and n < CASES[0]:
         doc = _mutated(rng)
         path = folder / "m.json"
         path.write_text(json.dumps(doc))
@@ -109,7 +111,7 @@ def fuzz_onnx(rng: random.Random, seconds: float, folder: Path) -> dict[str, Any
     n = bad = 0
     rcs: dict[str, int] = {}
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and n < CASES[0]:
         op = rng.choice(ops)
         try:
             m = _model(rng, op)
@@ -139,7 +141,7 @@ def fuzz_flags(rng: random.Random, seconds: float, folder: Path) -> dict[str, An
     n = bad = 0
     rcs: dict[str, int] = {}
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and n < CASES[0]:
         flags = " ".join(f"--{rng.choice(keys)}={rng.choice(values)}"
                          for _ in range(rng.randint(1, 3)))
         rc, err = _case(["compile", str(model), "-q", "--flags", flags])
@@ -154,8 +156,10 @@ def fuzz_flags(rng: random.Random, seconds: float, folder: Path) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0, help="per fuzzer (default 60)")
+    ap.add_argument("--cases", type=int, default=10**9, help="per fuzzer, at most")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    CASES[0] = args.cases
     rng = random.Random(args.seed)
     total = 0
     with tempfile.TemporaryDirectory() as d:

@@ -109,6 +109,8 @@ def _parse_dims(text: str | None) -> dict[str, int]:
                                  "e.g. --dims s0=8,batch=2")
         if int(val) > limits.MAX_DIM:
             raise ExecutionError(f"--dims {key}={val}: above the limit of {limits.MAX_DIM}")
+        if key in dims and dims[key] != int(val):
+            raise ExecutionError(f"--dims {key} is given twice ({dims[key]} and {int(val)})")
         dims[key] = int(val)
     return dims
 

@@ -162,3 +162,11 @@ def test_an_unknown_input_dtype_names_its_field_once(cli, in_tmp):
                                                          "dtype": "object"}]))
     line = cli.error("info", f)
     assert line.count("m.json") == 1 and "inputs[0].dtype: unknown dtype 'object'" in line
+
+
+def test_a_symbolic_dim_given_two_sizes_is_refused(cli, in_tmp):
+    f = write_json(in_tmp / "m.json", graph_doc(inputs=[{"name": "x", "shape": ["b", 4],
+                                                         "dtype": "float32"}]))
+    assert "--dims b is given twice (3 and 4)" in cli.error("run", f, "--dims", "b=3,b=4")
+    rc, out, _ = cli("run", f, "--dims", "b=3,b=3")
+    assert rc == 0 and "float32[3, 4]" in out
