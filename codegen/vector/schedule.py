@@ -43,6 +43,7 @@ from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
 from graphkernel.codegen.refusal import NeedsPhases, SplitBefore, Unsupported
 from graphkernel.codegen.vector import views
 from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.errors import ShapeError
 from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import CUBE_OPS, VIEW_OPS
@@ -64,7 +65,8 @@ class KernelIO:
     shape: tuple[Dim, ...]
     outer: tuple[Dim, ...] = ()    # PARTIAL: the outer dims a row index decomposes over
     strides: tuple[Dim, ...] = ()  # PARTIAL: the input's element stride per outer dim (0: bcast)
-    base: int = 0                  # PARTIAL: element offset of the first row (a slice's start)
+    base: Dim = 0                  # PARTIAL: element offset of the first row (a slice's start;
+    #                                symbolic along a symbolic stride: the host computes it)
     local: Value | None = None     # the value holding the loaded tile (an input or its slice)
     #                                an output with ``outer``: its rows are stored through the
     #                                map (outer, strides, base) of a view of a computed value
@@ -254,7 +256,7 @@ class View:
     """Where a value's elements sit in a kernel input's GM buffer: element (i0, i1, ...) is at
     ``base + sum(i_j * strides[j])`` (a contiguous input, or a slice of one)."""
 
-    base: int
+    base: Dim  # symbolic when a slice starts along an axis of symbolic stride
     strides: tuple[Dim, ...]
 
     @staticmethod
@@ -263,7 +265,7 @@ class View:
 
     def is_contiguous(self, shape: tuple[Dim, ...]) -> bool:
         want = View.contiguous(shape).strides
-        return self.base == 0 and all(eq(a, b) or eq(d, 1)
+        return eq(self.base, 0) and all(eq(a, b) or eq(d, 1)
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
@@ -382,12 +384,15 @@ def slice_view(n: Node) -> View:
             starts[ax], _, steps[ax] = slice(b, e, st).indices(d)
             if steps[ax] < 0:
                 raise Unsupported(f"{n.op} with a negative step", node=n)
-    base = 0
-    for st, bs in zip(starts, base_strides, strict=True):
+    base: Dim = 0  # a symbolic offset (a start along an axis of symbolic stride) is a
+    for st, bs in zip(starts, base_strides, strict=True):  # host-computed tiling value
         if st:
-            if not isinstance(bs, int):
-                raise Unsupported(f"{n.op} with an offset along a symbolic stride", node=n)
-            base += st * bs
+            try:
+                base = symbolic.add(base, symbolic.mul(st, bs))
+            except ShapeError:
+                raise Unsupported(f"{n.op} with offsets along strides that do not sum to one "
+                                  f"symbolic term ({symbolic.pretty(base)} + {st} x "
+                                  f"{symbolic.pretty(bs)})", node=n) from None
     return View(base, tuple(symbolic.mul(bs, sp) for bs, sp in zip(base_strides, steps,
                                                                      strict=True)))
 
