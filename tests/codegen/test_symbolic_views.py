@@ -38,8 +38,29 @@ def _half_select() -> Graph:
     return g
 
 
+def _join_slice(axis: int, begin: int) -> Graph:
+    """``cat(x[begin:begin+1], y)`` along ``axis`` (a scan's halves joined back: the first
+    step of one kept, the rest computed), with a symbolic extent before or after the axis:
+    the slice is read from its input's buffer at an offset the host computes, a run of rows
+    per block, straight into the Concat's tile."""
+    lead = ("b",) if axis == 1 else ()
+    tail = (8, 16) if axis == 1 else ("b", 8, 16)
+    g = Graph(f"join_slice_{axis}_{begin}")
+    x = g.add_input("x", TensorType((*lead, 6, *tail[1:]) if axis == 1 else (6, *tail),
+                                    "float32"))
+    y = g.add_input("y", TensorType((*lead, 3, *tail[1:]) if axis == 1 else (3, *tail),
+                                    "float32"))
+    s = g.add_node("StridedSlice", [x], {"begin": [begin], "end": [begin + 1],
+                                         "axes": [axis]}).output
+    g.set_outputs([g.add_node("Concat", [s, y], {"axis": axis}).output])
+    return g
+
+
 CASES = {
     "half-select": (_half_select, [{"b": 1}, {"b": 3}, {"b": 70}]),
+    "join-slice-lead-0": (lambda: _join_slice(0, 0), [{"b": 1}, {"b": 5}, {"b": 40}]),
+    "join-slice-lead-2": (lambda: _join_slice(0, 2), [{"b": 1}, {"b": 5}, {"b": 40}]),
+    "join-slice-blocks-3": (lambda: _join_slice(1, 3), [{"b": 1}, {"b": 5}, {"b": 40}]),
 }
 
 
