@@ -107,3 +107,28 @@ def test_a_symbolic_slice_start_is_a_tiling_value(compiled):
     assert any(not isinstance(b, int) for b in bases), bases
     tiling = next(t for f, t in r.files.items() if f.endswith("_tiling.cpp"))
     assert any("t.pb" in ln and "shapes[" in ln for ln in tiling.splitlines()), tiling
+
+
+def test_a_multiple_of_a_product_of_symbols_is_read_whole():
+    """A routed MoE layer's rows are ``2*s*t`` (tokens times the two experts each picks):
+    no dim of the kernel gives ``s`` or ``t`` alone, but every size the kernel needs is a
+    multiple of their product, which the host reads as that dim divided by 2."""
+    from graphkernel.codegen.backend import SimBackend
+    from graphkernel.interpreter import Interpreter
+
+    g = Graph("routed")
+    w = g.add_input("w", TensorType(("2*s*t",), "float32"))
+    x = g.add_input("x", TensorType(("2*s*t", 64), "float32"))
+    e = g.add_node("ExpandDims", [w], {"axis": [1]}).output
+    g.set_outputs([g.add_node("Mul", [g.add_node("Exp", [x]).output, e]).output])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert not res.report.extra.get("fallbacks"), res.report.extra["fallbacks"]
+    assert [n.op for n in res.graph.nodes] == ["GraphKernel"]
+    for s, t in ((1, 1), (3, 5), (7, 11)):
+        dims = {"s": s, "t": t}
+        feeds = _feeds(g, dims, seed=s)
+        backend = SimBackend.for_result(res, (), None)
+        got = Interpreter(res.graph, kernel_runner=backend, symbols=dims).run(feeds)
+        want = Interpreter(g, symbols=dims).run(feeds)
+        assert len(backend.stats) == 1
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
