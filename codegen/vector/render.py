@@ -20,7 +20,7 @@ from graphkernel.codegen.render import (
 )
 from graphkernel.codegen.vector import resident
 from graphkernel.codegen.vector.lower import lower
-from graphkernel.codegen.vector.schedule import COL, PARTIAL, ROW, SCALAR, Schedule
+from graphkernel.codegen.vector.schedule import COL, PARTIAL, ROW, Schedule
 from graphkernel.codegen.vector.tiling import align_elems
 from graphkernel.ir import Dim
 
@@ -41,8 +41,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     # a slice's start: a number, or along a symbolic stride computed by the host from the shapes
-    pbase = {io.index: c_dim(io.base, refs) for io in s.inputs}
-    scalar_pb = {io.index for io in s.inputs if io.kind == SCALAR and not isinstance(io.base, int)}
+    pbase = {io.index: c_dim(io.base, refs) for io in s.inputs if io.kind == PARTIAL}
     tpitch = {io.index: _table_pitch(io, s, refs) for io in s.inputs if io.table}
     scatter = {io.index: [(c_dim(d, refs), c_dim(st, refs))  # outputs stored through a map
                           for d, st in zip(io.outer, io.strides, strict=True)]
@@ -76,7 +75,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
-        "pbase": pbase, "scalar_pb": scalar_pb,
+        "pbase": pbase,
         "tpitch": tpitch, "tiles_per_core": resident.TILES_PER_CORE,
         "gather": gather, "gather_at": gather_at, "lookup": lookup, "parts": parts,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
