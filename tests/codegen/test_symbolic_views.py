@@ -132,3 +132,15 @@ def test_a_multiple_of_a_product_of_symbols_is_read_whole():
         want = Interpreter(g, symbols=dims).run(feeds)
         assert len(backend.stats) == 1
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_symbolic_views_compile_against_the_real_headers(compiled):
+    """The kernels and host tilings of these cases type-check against the real Ascend C
+    headers (skipped without them)."""
+    from graphkernel.codegen.backend import render_all, schedules
+    from tests.codegen.test_realcheck import assert_all_compile, headers
+
+    if headers() is None:
+        pytest.skip("no Ascend C headers (GRAPHKERNEL_ASCEND_HEADERS)")
+    cases, _ = compiled
+    assert_all_compile([r for _, res, _ in cases.values() for r in render_all(schedules(res))])
