@@ -1487,7 +1487,8 @@ class _Planner:
                 kind[vid] = FULL
             elif eq(v.type.numel, 1):
                 if not isinstance(view.base, int):  # (a slice's offsets keep a symbolic
-                    raise Unsupported(f"one element of {v.name} at a symbolic offset")  # axis)
+                    raise Unsupported(f"one element of {v.name} at a symbolic offset",
+                                      about=(v,))  # axis)
                 kind[vid] = SCALAR
                 self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
