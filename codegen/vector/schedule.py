@@ -1486,9 +1486,10 @@ class _Planner:
             if eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
                 kind[vid] = FULL
             elif eq(v.type.numel, 1):
-                if not isinstance(view.base, int):  # (a slice's offsets keep a symbolic
+                if not isinstance(view.base, int):  # (unreachable through a slice: one
+                    #   element leaves no symbolic axis after the sliced one)
                     raise Unsupported(f"one element of {v.name} at a symbolic offset",
-                                      about=(v,))  # axis)
+                                      about=(v,))
                 kind[vid] = SCALAR
                 self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
