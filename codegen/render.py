@@ -62,6 +62,24 @@ def shape_refs(s: Schedule) -> dict[str, str]:
     for coef, syms, ref in dims:
         if coef == 1 and len(syms) > 1:
             refs.setdefault(symbolic.make_dim(1, syms), ref)
+    _solve(dims, refs)
+    # a multiple of a product whose symbols stay unknown (``2*s0*s1``, tokens times the
+    # experts each picks, where no dim gives s0 or s1 alone): the product is that dim
+    # divided by its coefficient (exact: the dim is that multiple)
+    more = False
+    for coef, syms, ref in dims:
+        whole = symbolic.make_dim(1, syms)
+        if len(syms) > 1 and whole not in refs and any(_c_symbol(x, refs) is None
+                                                       for x in syms):
+            refs[whole] = f"({ref} / {coef}ull)"
+            more = True
+    if more:
+        _solve(dims, refs)
+    return refs
+
+
+def _solve(dims: list[tuple[int, tuple[str, ...], str]], refs: dict[str, str]) -> None:
+    """Add to ``refs`` every symbol a dim gives once its other factors are known."""
     progress = True
     while progress:
         progress = False
@@ -73,7 +91,6 @@ def shape_refs(s: Schedule) -> dict[str, str]:
             divisor = " * ".join([f"{coef}ull", *known]) if coef != 1 or known else None
             refs[free[0]] = f"({ref} / ({divisor}))" if divisor else ref
             progress = True
-    return refs
 
 
 def shape_doc(s: Schedule) -> str:

@@ -40,6 +40,8 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
                           for d, st in zip(io.outer, io.strides, strict=True)]
                for io in s.inputs if io.kind == PARTIAL}
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
+    # a slice's start: a number, or along a symbolic stride computed by the host from the shapes
+    pbase = {io.index: c_dim(io.base, refs) for io in s.inputs if io.kind == PARTIAL}
     tpitch = {io.index: _table_pitch(io, s, refs) for io in s.inputs if io.table}
     scatter = {io.index: [(c_dim(d, refs), c_dim(st, refs))  # outputs stored through a map
                           for d, st in zip(io.outer, io.strides, strict=True)]
@@ -47,6 +49,11 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     opitch = {io.index: _pitch(io, refs) for io in s.outputs if io.outer}
     gather = {io.index: (c_dim(io.block_rows, refs), [c_dim(r, refs) for _, r in io.gather])
               for io in s.inputs if io.gather}
+    # pieces sliced from their inputs: (offset, rows per block in the input) per operand
+    gather_at = {io.index: [(c_dim(at[0], refs), c_dim(at[1], refs)) if at is not None else
+                            ("0ull", c_dim(r, refs))
+                            for at, (_, r) in zip(io.gather_at, io.gather, strict=True)]
+                 for io in s.inputs if io.gather_at}
     lookup = {io.index: c_dim(io.lookup_rows, refs) for io in s.inputs if io.lookup >= 0}
     parts = {io.index: [c_dim(d, refs) for d in io.part] for io in s.outputs if io.part}
     tg = s.target
@@ -68,8 +75,9 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
+        "pbase": pbase,
         "tpitch": tpitch, "tiles_per_core": resident.TILES_PER_CORE,
-        "gather": gather, "lookup": lookup, "parts": parts,
+        "gather": gather, "gather_at": gather_at, "lookup": lookup, "parts": parts,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]
                    for io in s.outputs},
         "late": {io.index for io in s.outputs  # stored once a reduction completes

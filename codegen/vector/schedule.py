@@ -43,6 +43,7 @@ from graphkernel.codegen.kernel_ir import COL, FULL, PARTIAL, PIECE, ROW, SCALAR
 from graphkernel.codegen.refusal import NeedsPhases, SplitBefore, Unsupported
 from graphkernel.codegen.vector import views
 from graphkernel.codegen.vector.decompose import decompose
+from graphkernel.errors import ShapeError
 from graphkernel.flags import DEFAULT_TARGET
 from graphkernel.ir import Dim, DType, Node, Value
 from graphkernel.ops import CUBE_OPS, VIEW_OPS
@@ -64,7 +65,8 @@ class KernelIO:
     shape: tuple[Dim, ...]
     outer: tuple[Dim, ...] = ()    # PARTIAL: the outer dims a row index decomposes over
     strides: tuple[Dim, ...] = ()  # PARTIAL: the input's element stride per outer dim (0: bcast)
-    base: int = 0                  # PARTIAL: element offset of the first row (a slice's start)
+    base: Dim = 0                  # PARTIAL: element offset of the first row (a slice's start;
+    #                                symbolic along a symbolic stride: the host computes it)
     local: Value | None = None     # the value holding the loaded tile (an input or its slice)
     #                                an output with ``outer``: its rows are stored through the
     #                                map (outer, strides, base) of a view of a computed value
@@ -75,6 +77,10 @@ class KernelIO:
     # input index and its rows per block of ``block_rows`` rows of the Concat (rows of L)
     gather: tuple[tuple[int, Dim], ...] = ()
     block_rows: Dim = 1
+    # per operand of ``gather``: None when the operand is its input entire, else (element
+    # offset of its first row, rows of L per block in its input's buffer): a slice of its
+    # input along the Concat's axis (a symbolic offset is computed by the host)
+    gather_at: tuple[tuple[Dim, Dim] | None, ...] = ()
     # an output that is a broadcast of a value over new outer axes (grouped-query attention's
     # repeat of k/v heads): (extent, element stride) per such axis; the tile is stored once
     # per copy, at the copy's offset
@@ -254,7 +260,7 @@ class View:
     """Where a value's elements sit in a kernel input's GM buffer: element (i0, i1, ...) is at
     ``base + sum(i_j * strides[j])`` (a contiguous input, or a slice of one)."""
 
-    base: int
+    base: Dim  # symbolic when a slice starts along an axis of symbolic stride
     strides: tuple[Dim, ...]
 
     @staticmethod
@@ -263,7 +269,7 @@ class View:
 
     def is_contiguous(self, shape: tuple[Dim, ...]) -> bool:
         want = View.contiguous(shape).strides
-        return self.base == 0 and all(eq(a, b) or eq(d, 1)
+        return eq(self.base, 0) and all(eq(a, b) or eq(d, 1)
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
@@ -382,12 +388,15 @@ def slice_view(n: Node) -> View:
             starts[ax], _, steps[ax] = slice(b, e, st).indices(d)
             if steps[ax] < 0:
                 raise Unsupported(f"{n.op} with a negative step", node=n)
-    base = 0
-    for st, bs in zip(starts, base_strides, strict=True):
+    base: Dim = 0  # a symbolic offset (a start along an axis of symbolic stride) is a
+    for st, bs in zip(starts, base_strides, strict=True):  # host-computed tiling value
         if st:
-            if not isinstance(bs, int):
-                raise Unsupported(f"{n.op} with an offset along a symbolic stride", node=n)
-            base += st * bs
+            try:
+                base = symbolic.add(base, symbolic.mul(st, bs))
+            except ShapeError:
+                raise Unsupported(f"{n.op} with offsets along strides that do not sum to one "
+                                  f"symbolic term ({symbolic.pretty(base)} + {st} x "
+                                  f"{symbolic.pretty(bs)})", node=n) from None
     return View(base, tuple(symbolic.mul(bs, sp) for bs, sp in zip(base_strides, steps,
                                                                      strict=True)))
 
@@ -419,6 +428,9 @@ class _Planner:
         self.partial: dict[int, tuple] = {}
         self.concats: list[Node] = []
         self.gathers: list[Node] = []  # Concats of kernel inputs loaded into one tile
+        # id(kernel input) -> (offset, elements per block) of its slice a loaded Concat reads
+        self.gather_at: dict[int, tuple[Dim, Dim]] = {}
+        self.gather_src: dict[int, Value] = {}  # id(operand of a loaded Concat) -> its input
         self.parts: dict[int, tuple[Node, int]] = {}  # id(Split output) -> (Split, its number)
         self.shown: dict[int, Node] = {}  # id(view of a computed value) -> the view node
         # id(kernel output) -> (shape, strides): where the elements of a computed value of that
@@ -834,8 +846,11 @@ class _Planner:
         """A Concat of kernel inputs (each read only by it) of different shapes, or used inside
         the kernel: its tile is loaded piece by piece, each row from its operand's buffer."""
         srcs = [self.owner(x) for x in n.inputs]
-        if not all(any(o is v for v in self.sub.inputs) and self.loaded[id(o)] is o
-                   and _single_use_chain(x, o) for x, o in zip(n.inputs, srcs, strict=True)):
+        sliced = [self._sliced_operand(n, x, o) for x, o in zip(n.inputs, srcs, strict=True)]
+        srcs = [o if c is None else c[0] for o, c in zip(srcs, sliced, strict=True)]
+        if not all(c is not None or (any(o is v for v in self.sub.inputs)
+                                     and self.loaded[id(o)] is o and _single_use_chain(x, o))
+                   for x, o, c in zip(n.inputs, srcs, sliced, strict=True)):
             return False
         if len({id(o) for o in srcs}) != len(srcs) or not n.outputs[0].dtype.is_float or len(
                 {o.dtype for o in srcs}) != 1:
@@ -844,12 +859,39 @@ class _Planner:
         same = all(tuple(x.shape) == tuple(n.inputs[0].shape) for x in n.inputs)
         if same and not out.users:
             return False  # stored operand by operand (no tile of the whole Concat needed)
-        for o in srcs:
+        for o, c in zip(srcs, sliced, strict=True):
+            del self.views[id(self.loaded[id(o)])]
             self.loaded[id(o)] = out
-            del self.views[id(o)]
+            if c is not None:
+                self.gather_at[id(o)] = c[1]
+        for x, o in zip(n.inputs, srcs, strict=True):
+            self.gather_src[id(x)] = o
         self.views[id(out)] = View.contiguous(tuple(out.shape))
         self.gathers.append(n)
         return True
+
+    def _sliced_operand(self, n: Node, x: Value, o: Value
+                        ) -> tuple[Value, tuple[Dim, Dim]] | None:
+        """(input, (element offset, elements per block of the Concat's axis and those after
+        it in the input's buffer)) for an operand of Concat ``n`` that is a slice of a kernel
+        input along the Concat's axis only (step 1), read by nothing else: its rows lie in
+        the input's buffer as a run per block, at the slice's start (the first step of a
+        scan's halves joined back: ``cat(x[:1], y)``); None for anything else."""
+        if x is not o or o.producer is None or o.producer.op not in ("Slice", "StridedSlice") \
+                or len(o.uses) != 1 or id(o) not in self.views:
+            return None
+        src = next((v for v in self.sub.inputs if self.loaded[id(v)] is o), None)
+        if src is None:
+            return None
+        a = n.attrs["axis"] % len(o.shape)
+        view = self.views[id(o)]
+        full = View.contiguous(tuple(src.shape))
+        if len(src.shape) != len(o.shape) or not all(
+                eq(st, fs) for st, fs in zip(view.strides, full.strides, strict=True)) or \
+                not all(eq(d, e) for k, (d, e) in enumerate(zip(o.shape, src.shape, strict=True))
+                        if k != a):
+            return None
+        return src, (view.base, symbolic.numel(tuple(src.shape)[a:]))
 
     def _gather_rows(self) -> set | None:
         """Row lengths under which every row of a loaded Concat comes from one operand."""
@@ -871,20 +913,35 @@ class _Planner:
             if k is None or k <= a:
                 raise Unsupported(f"Concat along axis {a}: rows of {L} cross its operands",
                                   node=n)
-            rows = []
-            for x in n.inputs:
+            rows, at = [], []
+            srcs = [self._gather_src(x) for x in n.inputs]
+            for x, o in zip(n.inputs, srcs, strict=True):
                 r = symbolic.div(symbolic.numel(tuple(x.shape)[a:]), L)
                 if r is None:
                     raise Unsupported(f"Concat: rows of {L} do not divide an operand", node=n)
-                rows.append((index[id(self.owner(x))].index, r))
-            first = index[id(self.owner(n.inputs[0]))]
+                rows.append((index[id(o)].index, r))
+                got = self.gather_at.get(id(o))
+                if got is not None:
+                    pitch = symbolic.div(got[1], L)
+                    if pitch is None:
+                        raise Unsupported(f"Concat: rows of {L} do not divide the input an "
+                                          "operand is sliced from", node=n)
+                    got = (got[0], pitch)
+                at.append(got)
+            first = index[id(srcs[0])]
             if first.kind != FULL:  # its rows are read by row index of the loop space
                 raise Unsupported(f"Concat loaded as a tile is a broadcast ({first.kind}) "
                                   "value of the loop space", node=n)
             first.gather, first.block_rows = tuple(rows), symbolic.div(
                 symbolic.numel(shape[a:]), L)
-            for x in n.inputs[1:]:
-                index[id(self.owner(x))].kind = PIECE
+            if any(g is not None for g in at):
+                first.gather_at = tuple(at)
+            for o in srcs[1:]:
+                index[id(o)].kind = PIECE
+
+    def _gather_src(self, x: Value) -> Value:
+        """The kernel input a loaded Concat's operand ``x`` is read from."""
+        return self.gather_src.get(id(x)) or self.owner(x)
 
     def _split(self, n: Node) -> None:
         """A Split of a computed value along an axis before the last whose parts only leave
@@ -1429,6 +1486,10 @@ class _Planner:
             if eq(v.type.numel, N) and view.is_contiguous(tuple(v.shape)):
                 kind[vid] = FULL
             elif eq(v.type.numel, 1):
+                if not isinstance(view.base, int):  # (unreachable through a slice: one
+                    #   element leaves no symbolic axis after the sliced one)
+                    raise Unsupported(f"one element of {v.name} at a symbolic offset",
+                                      about=(v,))
                 kind[vid] = SCALAR
                 self.partial[vid] = ((), (), view.base)  # one element, maybe sliced out
         for c in self.scalars:
