@@ -356,9 +356,15 @@ class Ctx:
         return v if v.dtype == dtype else self.emit("Cast", [v], {"dtype": dtype})
 
     def tensor(self, x: Any, dtype: DType) -> Value:
-        """A tensor operand in ``dtype`` (Python scalars become constants)."""
+        """A tensor operand in ``dtype`` (Python scalars become constants; a symbolic size
+        read as a number, ``x + s0`` as a KV cache's length is, the size's value as
+        ``aten.full`` makes it: fed as an input, or counted)."""
         if isinstance(x, Value):
             return self.cast(x, dtype)
+        if isinstance(x, str):
+            fed = self.env.get(_SIZES_IN)
+            t = TensorType((), dtype)
+            return _size_input(self, fed, x, t) if fed is not None else _size_value(self, x, t)
         return self.const(x, dtype)
 
 
