@@ -50,6 +50,13 @@ HELD_OUT_FAMILY = {
     **dict.fromkeys(("hiera", "pvt_v2", "vitdet", "dinov2_with_registers"), "vision"),
     **dict.fromkeys(("ast", "wav2vec2_conformer"), "audio"),
     "chinese_clip": "dual encoder",
+    # -- a fourth held-out set: decoders, MoE, state-space --
+    **dict.fromkeys(("ministral", "seed_oss", "bitnet", "ernie4_5", "hunyuan_v1_dense", "olmo3",
+                     "vaultgemma", "doge", "apertus"), "decoder"),
+    **dict.fromkeys(("granitemoeshared", "longcat_flash", "nllb_moe", "lfm2_moe"),
+                    "mixture-of-experts"),
+    **dict.fromkeys(("qwen3_next", "minimax", "xlstm", "zamba"), "state-space"),
+    "olmo3_generate": "kv-cache",
 }
 
 
@@ -188,6 +195,19 @@ def held_out_builders(attn: str = "sdpa"):
                intermediate_size=FF)
     group = dict(n_routed_experts=2 * EXPERTS, n_group=2, topk_group=1, n_shared_experts=1,
                  first_k_dense_replace=1, moe_intermediate_size=FF, num_experts_per_tok=2)
+
+    def generate(cfg_cls, model_cls, **kw):
+        """A KV-cache ``generate()`` loop of a causal LM (``export_models.Generate``) over
+        the first 8 ids of the inputs, as the zoo's ``llama_generate``."""
+        import torch
+        from export_models import Generate
+
+        def make():
+            torch.manual_seed(SEED)
+            eager = dict(attn_implementation="eager") if attn == "eager" else {}
+            return Generate(model_cls(cfg_cls(**kw, **eager)).eval())
+        return make, lambda: (_inputs(torch)[0][:, :8],)
+
     return {
         "glm4_moe": build(T.Glm4MoeConfig, T.Glm4MoeModel, **group, **moe),
         "dots1": build(T.Dots1Config, T.Dots1Model, **group, **moe),
@@ -456,6 +476,80 @@ def held_out_builders(attn: str = "sdpa"):
                               shape=(2, 3, 32, 32),
                               text_config=dict(enc, pad_token_id=0),
                               vision_config=dict(vis, image_size=32, patch_size=8)),
+        # -- a fourth held-out set: decoders, MoE, state-space --
+        # decoders: Ministral (sliding windows), Seed-OSS (biased QKV), BitNet (a norm inside
+        # attention and MLP, squared ReLU), ERNIE 4.5, HunYuan dense (Q/K norms), OLMo 3
+        # (sliding and full layers, norms after the blocks), VaultGemma (Gemma's scaled
+        # embedding, soft caps), Doge (dynamic-mask attention), Apertus (xIELU activation)
+        "ministral": build(T.MinistralConfig, T.MinistralModel, head_dim=H // HEADS,
+                           sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention"], **ids, **moe),
+        "seed_oss": build(T.SeedOssConfig, T.SeedOssModel, head_dim=H // HEADS, **ids, **moe),
+        "bitnet": build(T.BitNetConfig, T.BitNetModel, **ids, **moe),
+        "ernie4_5": build(T.Ernie4_5Config, T.Ernie4_5Model, head_dim=H // HEADS, **ids, **moe),
+        "hunyuan_v1_dense": build(T.HunYuanDenseV1Config, T.HunYuanDenseV1Model,
+                                  head_dim=H // HEADS, **ids, **moe),
+        "olmo3": build(T.Olmo3Config, T.Olmo3Model, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"], **ids, **moe),
+        "vaultgemma": build(T.VaultGemmaConfig, T.VaultGemmaModel, head_dim=H // HEADS,
+                            sliding_window=8, **ids, **moe),
+        "doge": build(T.DogeConfig, T.DogeModel, keep_window_size=8, **ids,
+                      **{k: v for k, v in moe.items() if k != "num_key_value_heads"},
+                      num_key_value_heads=HEADS),
+        "apertus": build(T.ApertusConfig, T.ApertusModel, **ids, **moe),
+        # mixtures of experts: GraniteMoE with a shared expert, LongCat-Flash (zero experts,
+        # latent attention, two attention blocks per layer), NLLB-MoE (an encoder-decoder
+        # with top-2 experts and capacity), LFM2-MoE (short convolutions, a biased router)
+        "granitemoeshared": build(T.GraniteMoeSharedConfig, T.GraniteMoeSharedModel,
+                                  num_local_experts=EXPERTS, num_experts_per_tok=2,
+                                  shared_intermediate_size=FF, **ids, **moe),
+        "longcat_flash": build(T.LongcatFlashConfig, T.LongcatFlashModel, num_layers=1,
+                               hidden_size=H, num_attention_heads=HEADS,
+                               num_key_value_heads=HEADS, ffn_hidden_size=FF, q_lora_rank=32,
+                               kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                               head_dim=8, v_head_dim=16, qk_head_dim=16, moe_topk=2,
+                               n_routed_experts=EXPERTS, zero_expert_num=2,
+                               expert_ffn_hidden_size=FF, vocab_size=VOCAB,
+                               max_position_embeddings=64, **ids),
+        "nllb_moe": build(T.NllbMoeConfig, T.NllbMoeModel, seq2seq=True, d_model=H,
+                          encoder_layers=LAYERS, decoder_layers=LAYERS,
+                          encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                          encoder_ffn_dim=FF, decoder_ffn_dim=FF, vocab_size=VOCAB,
+                          max_position_embeddings=64, num_experts=EXPERTS, expert_capacity=16,
+                          encoder_sparse_step=2, decoder_sparse_step=2,
+                          decoder_start_token_id=0, **ids),
+        "lfm2_moe": build(T.Lfm2MoeConfig, T.Lfm2MoeModel, num_experts=EXPERTS,
+                          num_experts_per_tok=2, moe_intermediate_size=FF, num_dense_layers=1,
+                          layer_types=["conv", "full_attention"], **ids, **moe),
+        # state-space and linear attention: Qwen3-Next (gated delta-net then attention, with
+        # experts), MiniMax (lightning attention then softmax attention, with experts),
+        # xLSTM (chunkwise mLSTM blocks; query/key as wide as the values, the library's
+        # chunkwise kernel failing in eager with narrower ones), Zamba (a Mamba layer, then two
+        # hybrid layers sharing one attention block)
+        "qwen3_next": build(T.Qwen3NextConfig, T.Qwen3NextModel, head_dim=H // HEADS,
+                            layer_types=["linear_attention", "full_attention"],
+                            linear_key_head_dim=16, linear_value_head_dim=16,
+                            linear_num_key_heads=2, linear_num_value_heads=4,
+                            num_experts=EXPERTS, num_experts_per_tok=2,
+                            moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
+                            **ids, **moe),
+        "minimax": build(T.MiniMaxConfig, T.MiniMaxModel, head_dim=H // HEADS, block_size=8,
+                         layer_types=["linear_attention", "full_attention"],
+                         num_local_experts=EXPERTS, **ids, **moe),
+        "xlstm": build(T.xLSTMConfig, T.xLSTMModel, attention=False, hidden_size=H,
+                       embedding_dim=H, num_hidden_layers=LAYERS, num_blocks=LAYERS,
+                       num_heads=HEADS, vocab_size=VOCAB, chunk_size=8, qk_dim_factor=1.0, **ids),
+        "zamba": build(T.ZambaConfig, T.ZambaModel, hidden_size=H, attention_hidden_size=2 * H,
+                       intermediate_size=FF, num_hidden_layers=3, num_attention_heads=HEADS,
+                       attention_head_dim=2 * H // HEADS, num_key_value_heads=HEADS,
+                       n_mamba_heads=2, mamba_dt_rank=8,
+                       layers_block_type=["mamba", "hybrid", "hybrid"],
+                       vocab_size=VOCAB, max_position_embeddings=64,
+                       **ids),
+        # a KV-cache generate() loop of a decoder with Q/K norms and sliding layers
+        "olmo3_generate": generate(T.Olmo3Config, T.Olmo3ForCausalLM, sliding_window=8,
+                                   layer_types=["sliding_attention", "full_attention"],
+                                   **ids, **moe),
     }
 
 

@@ -65,6 +65,11 @@ CASES = {
     "mean": (lambda x: x.mean(dim=0), (X,)), "amax": (lambda x: x.amax(dim=1), (X,)),
     "amin": (lambda x: x.amin(dim=(0, 1)), (X,)),
     "var_mean": (lambda x: torch.var_mean(x, dim=1, keepdim=True)[0], (X,)),
+    "var_biased": (lambda x: x.var(dim=-1, unbiased=False, keepdim=True), (X,)),
+    "var_all": (torch.var, (X,)),
+    "var_correction": (lambda x: torch.var(x, dim=(0, 1), correction=2), (X,)),
+    "std": (lambda x: x.std(dim=0), (X,)),
+    "std_mean_axis": (lambda x: x.reshape(3, 2, 4).std(dim=1, keepdim=True) + x.mean(), (X,)),
     "layer_norm": (lambda x: F.layer_norm(x, (8,)), (X,)),
     "softmax": (lambda x: F.softmax(x, dim=-1), (X,)),
     "log_softmax": (lambda x: F.log_softmax(x, dim=0), (X,)),
@@ -285,3 +290,24 @@ def test_dynamic_with_grad_returns_the_sizes_the_backward_needs():
         y.square().sum().backward()
         m(x2).square().sum().backward()
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_a_symbolic_size_as_an_operand_is_fed_not_a_bug():
+    """``x + y.size(1)`` under dynamic=True: aten.add.Tensor takes the SymInt itself (a KV
+    cache's length added to positions, as a sliding-window cache's mask does). The size is
+    read as ``aten.full`` reads it (a fed scalar), the graph compiled, no op left to torch;
+    it was a bug in the import (the size's name made a constant) and the graph ran through
+    torch."""
+    gt.reset_stats()
+
+    def f(x, y):
+        return (x + y.size(1)) * 2.0 - y.size(1) * x.size(0)
+
+    c = torch.compile(f, backend="graphkernel", dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 9):
+            x, y = rnd(4, n), rnd(2, n)
+            torch.testing.assert_close(c(x, y), f(x, y), rtol=1e-6, atol=1e-6)
+    s = gt.stats()
+    assert s["graphs"] >= 1 and s["launches"]["opaque"] == 0, s
+    assert not any(g.get("through_torch") or g.get("bug") for g in s["per_graph"]), s

@@ -1,6 +1,7 @@
 """benchmarks/zoo_training.py's check of a training step: a loss whose gradients are not
-rounding noise, a model whose eager step raises labelled as such, and a model's inputs that
-do not depend on which models were measured before it."""
+rounding noise, a model whose eager step raises labelled as such, a model's inputs that do
+not depend on which models were measured before it, and gradients judged when torch's own
+path (aot_eager) cannot take the step."""
 
 from __future__ import annotations
 
@@ -80,3 +81,20 @@ def test_a_zoo_models_inputs_do_not_depend_on_the_models_drawn_before():
         for name, want in alone.items():
             for a, b in zip(zoo[name][1](), want, strict=True):
                 assert torch.equal(a, b), (attn, name)
+
+
+def test_a_difference_is_judged_when_torchs_own_path_cannot_take_the_step(monkeypatch):
+    """The judge's aot_eager step (torch's path with graphkernel off) may raise where eager
+    and graphkernel run (Doge's backward: a view of a non-contiguous gradient): the
+    gradients that differ are then graphkernel's, the model is not "does not compile"."""
+    real = zoo_training._compiled_step
+
+    def step(model, args, backend):
+        if backend == "aot_eager":
+            raise RuntimeError("view size is not compatible with input tensor's size")
+        out, grads = real(model, args, backend)
+        return out, {k: g + 1.0 for k, g in grads.items()}  # every gradient off by 1
+
+    monkeypatch.setattr(zoo_training, "_compiled_step", step)
+    r = zoo_training.measure(_Normed, lambda: (torch.ones(4, 8),))
+    assert r["differ"] and set(r["judged"].values()) == {"graphkernel's"}

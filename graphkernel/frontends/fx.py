@@ -356,9 +356,15 @@ class Ctx:
         return v if v.dtype == dtype else self.emit("Cast", [v], {"dtype": dtype})
 
     def tensor(self, x: Any, dtype: DType) -> Value:
-        """A tensor operand in ``dtype`` (Python scalars become constants)."""
+        """A tensor operand in ``dtype`` (Python scalars become constants; a symbolic size
+        read as a number, ``x + s0`` as a KV cache's length is, the size's value as
+        ``aten.full`` makes it: fed as an input, or counted)."""
         if isinstance(x, Value):
             return self.cast(x, dtype)
+        if isinstance(x, str):
+            fed = self.env.get(_SIZES_IN)
+            t = TensorType((), dtype)
+            return _size_input(self, fed, x, t) if fed is not None else _size_value(self, x, t)
         return self.const(x, dtype)
 
 
@@ -563,12 +569,17 @@ def _reduce(c: Ctx):
     return c.emit(op, [x], {"axis": axes or None, "keep_dims": keep})
 
 
-@aten("aten.var_mean.correction")
-def _var_mean(c: Ctx):
+def _variance(c: Ctx):
+    """(variance, mean kept as a reduced axis of 1, axes, keepdim) of a ``*.correction``
+    overload: the sum of squared deviations from the mean over the axes (every axis when
+    none is named) divided by N - correction (torch's default correction 1, Bessel's; N <=
+    correction divides by 0 as torch does: inf, or nan for no deviation)."""
     x = c.arg(0)
     axes = _dims(c, 1) or list(range(x.type.rank))
+    axes = sorted(a % x.type.rank for a in axes)
     keep = bool(c.kw("keepdim", False))
     corr = c.kw("correction", 1)
+    corr = 1 if corr is None else corr
     n = 1
     for a in axes:
         if not isinstance(x.shape[a], int):
@@ -578,8 +589,22 @@ def _var_mean(c: Ctx):
     d = c.emit("Sub", [x, mean_k])
     ss = c.emit("ReduceSum", [c.emit("Mul", [d, d])], {"axis": axes, "keep_dims": keep})
     var = c.emit("Div", [ss, c.const(max(n - corr, 0), x.dtype)])
+    return var, mean_k, axes, keep
+
+
+@aten("aten.var_mean.correction")
+def _var_mean(c: Ctx):
+    var, mean_k, axes, keep = _variance(c)
     mean = mean_k if keep else c.emit("Squeeze", [mean_k], {"axis": axes})
     return [var, mean]
+
+
+@aten("aten.var.correction", "aten.std.correction")
+def _var_std(c: Ctx):
+    """``torch.var`` / ``torch.std`` (and ``Tensor.var``/``std``, ``unbiased=`` being a
+    correction of 1 or 0): the variance as ``var_mean``'s, its square root for ``std``."""
+    var = _variance(c)[0]
+    return c.emit("Sqrt", [var]) if str(c.node.target) == "aten.std.correction" else var
 
 
 @aten("aten.native_layer_norm.default")
