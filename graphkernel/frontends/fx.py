@@ -2185,11 +2185,16 @@ class TorchCall:
     a model file never gets one (``fn`` cannot come from a file)."""
 
     def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any],
-                 layouts: list[list[int] | None] | None = None) -> None:
+                 layouts: list[list[int] | None] | None = None,
+                 strided: list[tuple[list[int], list[int], int] | None] | None = None
+                 ) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
         # per input: the order of its axes in memory (outermost first) when the traced
         # program's tensor was not row-major, else None (see ``_memory_order``)
         self.layouts = layouts or []
+        # per input of an op that reads its input's memory (``as_strided``): the traced
+        # tensor's (sizes, strides, storage offset), else None (see ``_traced_strides``)
+        self.strided = strided or []
 
     def __call__(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         ts = [to_torch(x) for x in xs]
@@ -2198,6 +2203,15 @@ class TorchCall:
                 # the program's layout again: a copy whose axes lie in memory as they did
                 inverse = sorted(range(len(order)), key=order.__getitem__)
                 ts[i] = ts[i].permute(order).contiguous().permute(inverse)
+        for i, spec in enumerate(self.strided[:len(ts)]):
+            if spec is not None and list(ts[i].shape) == spec[0]:
+                # the program's strides and offset again: a copy lying in a buffer as the
+                # traced tensor lay in its storage, so that the op reads what it read
+                shape, stride, offset = spec
+                extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride,
+                                                                         strict=True))
+                view = ts[i].new_empty(extent).as_strided(shape, stride, offset)
+                ts[i] = view.copy_(ts[i])
         out = self.op(*_fill(self.args, ts), **_fill(self.kwargs, ts))
         outs = out if isinstance(out, list | tuple) else [out]
         return [to_numpy(o) for o in outs if o is not None]
@@ -2232,6 +2246,26 @@ def _memory_order(node: Any) -> list[int] | None:
     return None if order == list(range(len(shape))) else order
 
 
+# ops whose result depends on where their input's elements lie in memory, not only on its
+# values: ``as_strided`` reads the storage under its input by the strides it is given. Fed a
+# row-major copy, it would read other elements than the program's tensor (a Longformer's
+# overlapping chunks taken by ``as_strided`` from a view of transposed heads).
+READS_MEMORY = frozenset({"aten.as_strided.default"})
+
+
+def _traced_strides(node: Any) -> tuple[list[int], list[int], int] | None:
+    """The traced value of ``node``: (sizes, strides, storage offset), or None when they
+    are symbolic or the tensor is empty."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.numel() == 0:
+        return None
+    try:
+        return ([int(d) for d in val.shape], [int(d) for d in val.stride()],
+                int(val.storage_offset()))
+    except (TypeError, ValueError):  # a symbolic size, stride or offset
+        return None
+
+
 def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
     """``node`` as an Opaque node calling the op itself (``TorchCall``). ``after``: a value
     the node must run after (the previous random op's output: see ``import_fx_module``); an
@@ -2253,6 +2287,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         spec = {}
     # a random op draws in its input's memory order: it gets the program's layout
     layouts = [_memory_order(i) for i in inputs] if _seeded(node) else None
+    # an op reading its input's memory gets the program's strides and offset
+    strided = [_traced_strides(i) for i in inputs] if target in READS_MEMORY else None
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -2261,7 +2297,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
     n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target,
-                    "fn": TorchCall(node.target, args, kwargs, layouts)},
+                    "fn": TorchCall(node.target, args, kwargs, layouts, strided)},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
         return n.outputs[0]
