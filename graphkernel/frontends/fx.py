@@ -1231,20 +1231,28 @@ def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
         return c.emit("Squeeze", [out], {"axis": [first + 1]})
     if any(not isinstance(d, int) for d in lens):
         return _symbolic_outer_index(c, x, axes, idx)
+    flat, stride = _linear_index(c, idx, lens)
+    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
+    x = c.emit("Reshape", [x], {"shape": merged})
+    out = c.emit("Gather", [x, flat], {"axis": first})
+    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
+                                                                  {"shape": list(t.shape)})
+
+
+def _linear_index(c: Ctx, idx: list[Value], lens: list[int]) -> tuple[Value, int]:
+    """(the index into consecutive axes of static lengths ``lens`` merged into one,
+    ``sum(i_k * stride_k)`` of the index tensors broadcast together, the merged length)."""
     flat: Value | None = None
     stride = 1
-    for k in reversed(range(len(axes))):
+    for k in reversed(range(len(lens))):
         i = c.cast(idx[k], DType.int64)  # negative indices count from the end of their axis
         i = c.emit("Select", [c.emit("Less", [i, c.const(0, DType.int64)]),
                               c.emit("Add", [i, c.const(lens[k], DType.int64)]), i])
         term = i if stride == 1 else c.emit("Mul", [i, c.const(stride, DType.int64)])
         flat = term if flat is None else c.emit("Add", [term, flat])
         stride *= lens[k]
-    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
-    x = c.emit("Reshape", [x], {"shape": merged})
-    out = c.emit("Gather", [x, flat], {"axis": first})
-    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
-                                                                  {"shape": list(t.shape)})
+    assert flat is not None
+    return flat, stride
 
 
 def _symbolic_outer_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
@@ -1333,12 +1341,28 @@ def _index_put(c: Ctx):
     # x[..., idx, ...] = values (or += with accumulate) along the one indexed axis k, as a
     # ScatterElements whose indices repeat each index over the other axes; embedding's
     # backward is one (k = 0), a gather's along a later axis another
+    # x[..., i_0, ..., i_m, ...] = values with index tensors on consecutive axes of static
+    # lengths (col2im's scatter of patches, ``F.fold``): those axes merged into one, indexed
+    # by the linear index sum(i_k * stride_k) (as a gather reads them), the same elements
+    # written, then x's shape again
     x, idx, values = c.arg(0), c.arg(1), c.arg(2)
     accumulate = c.argkw(3, "accumulate", False)
     used = [i for i, v in enumerate(idx) if v is not None]
-    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
-        raise Unmapped("index_put with several index tensors or a mask")
-    k, rows = used[0], idx[used[0]]
+    if not used or any(idx[i].dtype == DType.bool for i in used):
+        raise Unmapped("index_put with a mask")
+    shape_in = list(x.shape)
+    if len(used) > 1:
+        lens = [x.shape[a] for a in used]
+        if used != list(range(used[0], used[-1] + 1)) or \
+                any(not isinstance(d, int) for d in lens):
+            raise Unmapped("index_put with index tensors on axes that are not next to each "
+                           "other or not of static lengths")
+        rows, merged = _linear_index(c, [idx[i] for i in used], lens)
+        x = c.emit("Reshape", [x], {"shape": [*shape_in[:used[0]], merged,
+                                              *shape_in[used[-1] + 1:]]})
+        k = used[0]
+    else:
+        k, rows = used[0], idx[used[0]]
     before, after = list(x.shape[:k]), list(x.shape[k + 1:])
     if not isinstance(values, Value):
         values = c.const(values, x.dtype)
@@ -1352,8 +1376,11 @@ def _index_put(c: Ctx):
     shape = [*before, rows.shape[0], *after]
     rows = c.emit("Reshape", [rows], {"shape": [1] * k + [shape[k]] + [1] * len(after)})
     rows = c.emit("BroadcastTo", [rows], {"shape": shape})
-    return c.emit("ScatterElements", [x, rows, values],
-                  {"axis": k, "reduction": "add" if accumulate else "none"})
+    out = c.emit("ScatterElements", [x, rows, values],
+                 {"axis": k, "reduction": "add" if accumulate else "none"})
+    if tuple(out.shape) != tuple(shape_in):
+        out = c.emit("Reshape", [out], {"shape": shape_in})
+    return out
 
 
 @aten("aten.cumsum.default")
