@@ -21,6 +21,7 @@ views, so the compiled graph keeps its caller's signature.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import operator
 from collections.abc import Callable, Sequence
@@ -174,6 +175,7 @@ class _Builder:
     def __init__(self, graph: Graph, mode: Any):
         self.graph, self.mode = graph, mode
         self.consts: dict[str, torch.Tensor] = {}  # get_attr target -> the tensor it reads
+        self.real_of: dict[Node, Node] = {}  # a pair made of a real tensor -> that tensor
 
     def const(self, values: Any, dtype: torch.dtype) -> Node:
         """A constant of the new graph (a ``get_attr`` of the lowered module: a real tensor
@@ -388,7 +390,10 @@ def _to_copy(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
             return b.call(aten._to_copy.default, x, dtype=want.to_real(), **kw)
         return b.call(aten._to_copy.default, b.re(x), dtype=want, **kw)
     real = want.to_real()  # a real tensor made complex: a zero imaginary part
-    return b.pack(b.call(aten._to_copy.default, x, dtype=real, **kw), None)
+    src = b.call(aten._to_copy.default, x, dtype=real, **kw)
+    out = b.pack(src, None)
+    b.real_of[out] = src  # (a transform of it reads the real values: _fft_real)
+    return out
 
 
 def _shape_rule(target: Any) -> Callable[..., Any]:
@@ -557,10 +562,50 @@ def _fft_dims(n: Node, dims: Sequence[int]) -> tuple[int, list[int], list[int]]:
     return rank, ds, sizes
 
 
+def _dft_rows(b: _Builder, x: Node, d: int, rank: int, n: int, forward: bool,
+              scale: float) -> Node:
+    """The DFT along dim ``d`` of a real tensor ``x`` (of ``rank``, ``d`` not its last), as
+    the matrix on the left of a batched product that reads ``x`` as it lies (the rows of
+    the real parts, then of the imaginary parts, planar), the pair axis moved last."""
+    import numpy as np
+
+    shape = list(_val(x).shape)
+    lead, rest = math.prod(shape[:d]), math.prod(shape[d + 1:])
+    m = _dft_matrix(n, n, forward, True, scale)  # (n, 2n): re, im columns interleaved
+    left = np.concatenate([m[:, 0::2].T, m[:, 1::2].T])  # (2n, n)
+    mat = b.call(aten.expand.default, b.const(np.ascontiguousarray(left), _val(x).dtype),
+                 [lead, 2 * n, n])
+    y = b.call(aten.bmm.default, mat, b.call(aten.reshape.default, x, [lead, n, rest]))
+    y = b.call(aten.reshape.default, y, [*shape[:d], 2, n, *shape[d + 1:]])
+    return b.call(aten.permute.default, y, [i for i in range(rank + 1) if i != d] + [d])
+
+
+def _fft_real(b: _Builder, x: Node, rank: int, ds: list[int], sizes: list[int],
+              scales: list[float], forward: bool, last: int) -> Node:
+    """The transform of a real tensor ``x`` along ``ds`` (``last`` outputs kept on the last
+    of them): a dim that is not ``x``'s last first, while the values are real (a product
+    from the left, no transpose in), else the last of ``ds`` (real rows times an (N, 2K)
+    matrix); then the others on the pairs."""
+    first = next((j for j, d in enumerate(ds[:-1]) if d != rank - 1), None)
+    if first is None:
+        y = _dft_along(b, x, ds[-1], rank, sizes[-1], last, forward, True, scales[-1])
+        todo = list(range(len(ds) - 1))
+    else:
+        y = _dft_rows(b, x, ds[first], rank, sizes[first], forward, scales[first])
+        todo = [j for j in range(len(ds)) if j != first]
+    for j in todo:
+        cols = last if j == len(ds) - 1 else sizes[j]
+        y = _dft_along(b, y, ds[j], rank, sizes[j], cols, forward, False, scales[j])
+    return y
+
+
 def _fft_c2c(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
     x, dims, normalization, forward = args[:4]
     rank, ds, sizes = _fft_dims(n, dims)
-    for d, size, scale in zip(ds, sizes, _fft_scale(sizes, normalization), strict=True):
+    scales = _fft_scale(sizes, normalization)
+    if x in b.real_of:  # a real tensor made complex: its imaginary part is zero
+        return _fft_real(b, b.real_of[x], rank, ds, sizes, scales, bool(forward), sizes[-1])
+    for d, size, scale in zip(ds, sizes, scales, strict=True):
         x = _dft_along(b, x, d, rank, size, size, bool(forward), False, scale)
     return x
 
@@ -568,12 +613,8 @@ def _fft_c2c(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
 def _fft_r2c(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
     x, dims, normalization, onesided = args[:4]
     rank, ds, sizes = _fft_dims(n, dims)
-    scales = _fft_scale(sizes, normalization)
     last = sizes[-1] // 2 + 1 if onesided else sizes[-1]
-    y = _dft_along(b, x, ds[-1], rank, sizes[-1], last, True, True, scales[-1])
-    for d, size, scale in zip(ds[:-1], sizes[:-1], scales[:-1], strict=True):
-        y = _dft_along(b, y, d, rank, size, size, True, False, scale)
-    return y
+    return _fft_real(b, x, rank, ds, sizes, _fft_scale(sizes, normalization), True, last)
 
 
 _RULES: dict[Any, Callable[..., Any]] = {
