@@ -116,6 +116,12 @@ CASES = {
                                         torch.tensor([3, -1])), torch.tensor(5.0)), (X, Y)),
     "fold": (lambda p: F.fold(p * 2, output_size=(5, 5), kernel_size=3, padding=1),
              (rnd(2, 18, 25),)),
+    # a mask's elements set to one value (masked_fill written as an assignment)
+    "index_put_mask": (lambda x, y: x.index_put((y > 0,), torch.tensor(-2.0))
+                       + x.reshape(3, 2, 4).index_put((y[:, :2] > 0,), torch.tensor(1.5),
+                                                      accumulate=True).reshape(3, 8), (X, Y)),
+    # overlapping windows of a transposed view, by its strides in memory
+    "as_strided": (lambda x: x.t().as_strided((3, 4, 2), (2, 1, 3)) * 2, (X,)),
     "true_divide": (lambda x, p: torch.true_divide(x, p), (X, P)),
     "repeat": (lambda x: x[:1].repeat(2, 1, 3), (X,)),
     "bitwise_not": (lambda x: (~(x > 0)).float() + (~(x * 3).int()), (X,)),

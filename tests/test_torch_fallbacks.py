@@ -52,9 +52,9 @@ CANNOT_TAKE = {
 
 def test_as_strided_reads_the_programs_memory_not_a_row_major_copy():
     """``as_strided`` reads the storage under its input by the strides it is given (a
-    Longformer's overlapping chunks, taken from a view of transposed heads): run through
-    torch, it gets its input laid out as the traced program's was (strides and storage
-    offset), so it reads the same elements as eager."""
+    Longformer's overlapping chunks, taken from a view of transposed heads): the elements
+    lying there in the traced program's layout, gathered (no Opaque op), are the ones eager
+    reads."""
     def chunks(x, w):
         h = (x @ w).transpose(0, 1)  # (heads*batch, seq, dim) from (seq, ...): not row-major
         h = h.reshape(6, 8, 4).view(6, 2, 4, 4)
@@ -65,7 +65,23 @@ def test_as_strided_reads_the_programs_memory_not_a_row_major_copy():
     x, w = _g(8, 6, 4), _g(4, 4, seed=1)
     want, got, s = _compiled(chunks, x, w)
     torch.testing.assert_close(got, want)
-    assert s["bugs"] == 0
+    assert s["bugs"] == 0 and s["launches"]["opaque"] == 0 and s["fallbacks"] == {}, s
+
+
+def test_as_strided_reading_outside_its_input_runs_the_graph_through_torch(caplog):
+    """An ``as_strided`` reading memory between its input's elements (of the larger tensor
+    the input views) reads what no input of the op carries: the graph runs through torch,
+    with the reason logged, and matches eager."""
+    def between(x, w):
+        h = (x @ w).transpose(0, 1)[:, 1::2]  # every other row of a transposed product
+        return h.as_strided((6, 3, 4), (h.stride(0), 4, 1), 2).sum(-1) * 2
+
+    x, w = _g(8, 6, 4), _g(4, 4, seed=1)
+    with caplog.at_level(logging.WARNING, logger="graphkernel.torch"):
+        want, got, s = _compiled(between, x, w)
+    torch.testing.assert_close(got, want)
+    (reason, count), = s["graphs_through_torch"].items()
+    assert "as_strided reads memory outside its input" in reason and s["bugs"] == 0
 
 
 @pytest.mark.parametrize("case", sorted(CANNOT_TAKE))

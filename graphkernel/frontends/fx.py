@@ -1348,6 +1348,8 @@ def _index_put(c: Ctx):
     x, idx, values = c.arg(0), c.arg(1), c.arg(2)
     accumulate = c.argkw(3, "accumulate", False)
     used = [i for i, v in enumerate(idx) if v is not None]
+    if used == [0] and idx[0].dtype == DType.bool:
+        return _masked_put(c, x, idx[0], values, accumulate)
     if not used or any(idx[i].dtype == DType.bool for i in used):
         raise Unmapped("index_put with a mask")
     shape_in = list(x.shape)
@@ -1381,6 +1383,75 @@ def _index_put(c: Ctx):
     if tuple(out.shape) != tuple(shape_in):
         out = c.emit("Reshape", [out], {"shape": shape_in})
     return out
+
+
+def _masked_put(c: Ctx, x: Value, mask: Value, values: Any, accumulate: bool) -> Value:
+    """``x[mask] = v`` (``+=`` with accumulate) of one value ``v`` (a number, a tensor of one
+    element), the mask over x's leading axes: every element the mask selects gets v (v
+    added), as ``masked_fill`` does: a Select of v and x by the mask, its trailing axes
+    broadcast (an attention's padding positions filled in a Longformer). Masks whose count
+    decides the shape of the values written (a tensor of values, one per True) are not."""
+    one = not isinstance(values, Value) or symbolic.numel(values.shape) == 1
+    if not one or tuple(mask.shape) != tuple(x.shape[:mask.type.rank]):
+        raise Unmapped("index_put with a mask and a tensor of values (one per selected "
+                       "element: their number depends on the data)")
+    if isinstance(values, Value):
+        values = c.emit("Reshape", [c.cast(values, x.dtype)], {"shape": []})
+    else:
+        values = c.const(values, x.dtype)
+    m = mask
+    if mask.type.rank < x.type.rank:
+        m = c.emit("Reshape", [mask], {"shape": [*mask.shape,
+                                                 *[1] * (x.type.rank - mask.type.rank)]})
+    if accumulate:
+        return c.emit("Add", [x, c.emit("Select", [m, values, c.const(0, x.dtype)])])
+    return c.emit("Select", [m, values, x])
+
+
+def as_strided_reads(node: Any) -> np.ndarray | str:
+    """For an ``as_strided(x, size, stride, offset)`` node: the row-major index in x of the
+    element each output position reads (the storage position ``offset + sum(i_k *
+    stride_k)`` matched against where the traced x's elements lie: its sizes, strides and
+    storage offset), or why that cannot be known here: symbolic sizes or strides, or a read
+    of memory outside x's elements (of the larger tensor x is a view of, which the op's
+    input does not carry: such a graph runs through torch, see ``torch_backend``)."""
+    spec = _traced_strides(node.args[0])
+    size, stride = node.args[1], node.args[2]
+    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    if spec is None or not all(isinstance(v, int) for v in [*size, *stride]) \
+            or not isinstance(offset, int | None):
+        return "as_strided over symbolic sizes, strides or offset"
+    shape, strides, base = spec
+
+    def positions(start: int, sz: list[int], st: list[int]) -> np.ndarray:
+        pos = np.full(sz, start, dtype=np.int64)
+        for k, (n, step) in enumerate(zip(sz, st, strict=True)):
+            pos += (np.arange(n, dtype=np.int64) * step).reshape(
+                [-1 if j == k else 1 for j in range(len(sz))])
+        return pos
+
+    held = positions(base, shape, strides).reshape(-1)  # storage position of each element
+    read = positions(base if offset is None else offset, list(size), list(stride))
+    order = np.argsort(held, kind="stable")
+    at = np.searchsorted(held[order], read)
+    at = np.minimum(at, held.size - 1)
+    if read.size and (held.size == 0 or np.any(held[order][at] != read)):
+        return "as_strided reads memory outside its input's elements (of the tensor it views)"
+    return order[at]
+
+
+@aten("aten.as_strided.default")
+def _as_strided(c: Ctx):
+    """``as_strided(x, size, stride, offset)``: x's elements at storage positions ``offset
+    + sum(i_k * stride_k)``, which depend on where the traced x lay in memory, not only on
+    its values: one Gather from x flattened at the constant indices of the elements lying
+    there (``as_strided_reads``; Longformer's overlapping chunks of a transposed view)."""
+    idx = as_strided_reads(c.node)
+    if isinstance(idx, str):
+        raise Unmapped(idx)
+    x = c.arg(0)
+    flat = c.emit("Reshape", [x], {"shape": [int(np.prod(x.shape, dtype=np.int64))]})
+    return c.emit("Gather", [flat, c.const(idx, DType.int64)], {"axis": 0})
 
 
 @aten("aten.cumsum.default")
