@@ -309,8 +309,9 @@ def test_opinfo_samples_neither_raise_nor_mismatch():
         out = opinfo.check_sample(op, sample)
         assert out is not None and out.row not in ("raised", "mismatched"), (name, out)
         rows[name] = out.row
-    assert rows["fft.rfft"] == rows["linalg.inv"] == "graph through torch"
-    assert rows["softmax"] == rows["logsumexp"] == "own kernels"
+    assert rows["linalg.inv"] == "graph through torch"
+    # (a forward FFT lowers to DFT products: tests/test_torch_complex.py)
+    assert rows["fft.rfft"] == rows["softmax"] == rows["logsumexp"] == "own kernels"
 
 
 # ------------------------------------------------- mixture-of-experts decoders (transformers)
