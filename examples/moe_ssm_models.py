@@ -57,6 +57,17 @@ HELD_OUT_FAMILY = {
                     "mixture-of-experts"),
     **dict.fromkeys(("qwen3_next", "minimax", "xlstm", "zamba"), "state-space"),
     "olmo3_generate": "kv-cache",
+
+    # -- a fifth held-out set: encoders, encoder-decoders, vision, audio, dual --
+    **dict.fromkeys(("bigbird", "longformer", "fnet", "mobilebert", "squeezebert", "canine",
+                     "mra"), "encoder"),
+    **dict.fromkeys(("led", "prophetnet", "fsmt", "mt5", "bigbird_pegasus"),
+                    "encoder-decoder"),
+    **dict.fromkeys(("yolos", "cvt", "mobilevitv2", "swiftformer", "glpn", "videomae"),
+                    "vision"),
+    **dict.fromkeys(("unispeech_sat", "wav2vec2_bert", "speech_to_text", "moonshine"),
+                    "audio"),
+    **dict.fromkeys(("owlvit", "groupvit", "altclip"), "dual encoder"),
 }
 
 
@@ -102,6 +113,17 @@ def _builder(attn: str):
         def forward(self, x):
             return self.model(input_ids=x, decoder_input_ids=x).last_hidden_state
 
+    class Speech2Seq(Hidden):
+        """An encoder-decoder fed ``key`` (features, a waveform) on the encoder's side and
+        token ids on the decoder's; the decoder's last hidden state."""
+
+        def __init__(self, model, key):
+            super().__init__(model)
+            self.key = key
+
+        def forward(self, x, ids):
+            return self.model(**{self.key: x}, decoder_input_ids=ids).last_hidden_state
+
     class Dual(Hidden):
         """A text + image dual encoder: its image-text similarity logits."""
 
@@ -112,13 +134,14 @@ def _builder(attn: str):
               dual=False, **kw):
         """``key``/``shape``: a model fed a float tensor of ``shape`` (uniform in [0, 1))
         under that keyword instead of token ids; ``seq2seq``: an encoder-decoder fed the
-        ids on both sides; ``dual``: a dual encoder fed the ids and images of ``shape``."""
+        ids on both sides (with ``key``: fed that float tensor on the encoder's side, the
+        ids on the decoder's); ``dual``: a dual encoder fed the ids and images of ``shape``."""
         def make():
             torch.manual_seed(SEED)
             cfg = cfg_cls(**kw, **(common if attention else {}))
             model = model_cls(cfg).eval()
             if seq2seq:
-                return Seq2Seq(model)
+                return Speech2Seq(model, key) if key else Seq2Seq(model)
             if dual:
                 return Dual(model)
             return Named(model, key) if key else Hidden(model)
@@ -128,6 +151,8 @@ def _builder(attn: str):
                 if shape else None
             if dual:
                 return _inputs(torch)[0], pixels
+            if seq2seq and key:
+                return pixels, _inputs(torch)[0]
             return (pixels,) if key else _inputs(torch)
         return make, inputs
 
@@ -193,6 +218,12 @@ def held_out_builders(attn: str = "sdpa"):
                intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=64)
     vis = dict(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                intermediate_size=FF)
+    s2s = dict(d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS,
+               encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+               encoder_ffn_dim=FF, decoder_ffn_dim=FF, vocab_size=VOCAB,
+               decoder_start_token_id=0, **ids)
+    clip_text = dict(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     intermediate_size=FF, vocab_size=VOCAB, max_position_embeddings=16)
     group = dict(n_routed_experts=2 * EXPERTS, n_group=2, topk_group=1, n_shared_experts=1,
                  first_k_dense_replace=1, moe_intermediate_size=FF, num_experts_per_tok=2)
 
@@ -550,6 +581,115 @@ def held_out_builders(attn: str = "sdpa"):
         "olmo3_generate": generate(T.Olmo3Config, T.Olmo3ForCausalLM, sliding_window=8,
                                    layer_types=["sliding_attention", "full_attention"],
                                    **ids, **moe),
+
+        # -- a fifth held-out set: encoders, encoder-decoders, vision, audio, dual --
+        # encoders: BigBird (block-sparse attention: sliding, global and random blocks),
+        # Longformer (sliding windows), FNet (Fourier mixing, no attention), MobileBERT
+        # (bottlenecks, NoNorm), SqueezeBERT (grouped 1x1 convolutions), CANINE (hashed
+        # characters, a downsampling convolution), MRA (multi-resolution block attention).
+        # (Nystromformer is not here: under torch.compile, whatever the backend, Dynamo
+        # fails on its landmark scores plus a 4-d mask that eager never builds.)
+        "bigbird": build(T.BigBirdConfig, T.BigBirdModel, attention_type="block_sparse",
+                         block_size=2, num_random_blocks=1, **ids, **enc),
+        "longformer": build(T.LongformerConfig, T.LongformerModel, attention_window=4,
+                            pad_token_id=1, **enc),
+        "fnet": build(T.FNetConfig, T.FNetModel, attention=False, hidden_size=H,
+                      num_hidden_layers=LAYERS, intermediate_size=FF, vocab_size=VOCAB,
+                      max_position_embeddings=64, pad_token_id=0),
+        "mobilebert": build(T.MobileBertConfig, T.MobileBertModel, embedding_size=32,
+                            intra_bottleneck_size=32, num_feedforward_networks=2,
+                            pad_token_id=0, **enc),
+        "squeezebert": build(T.SqueezeBertConfig, T.SqueezeBertModel, attention=False,
+                             embedding_size=H, **ids, **enc),
+        "canine": build(T.CanineConfig, T.CanineModel, hidden_size=H, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, intermediate_size=FF,
+                        max_position_embeddings=64, downsampling_rate=4, num_hash_buckets=64,
+                        num_hash_functions=4, local_transformer_stride=8, **ids),
+        "mra": build(T.MraConfig, T.MraModel, block_per_row=2, **ids, **enc),
+        # encoder-decoders: LED (a Longformer encoder), ProphetNet (n-gram streams with
+        # relative buckets), FSMT, mT5, BigBird-Pegasus (a block-sparse encoder)
+        "led": build(T.LEDConfig, T.LEDModel, seq2seq=True, attention_window=4,
+                     max_encoder_position_embeddings=64, max_decoder_position_embeddings=64,
+                     **s2s),
+        "prophetnet": build(T.ProphetNetConfig, T.ProphetNetModel, seq2seq=True, hidden_size=H,
+                            num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
+                            num_encoder_attention_heads=HEADS,
+                            num_decoder_attention_heads=HEADS, encoder_ffn_dim=FF,
+                            decoder_ffn_dim=FF, vocab_size=VOCAB, max_position_embeddings=64,
+                            ngram=2, num_buckets=8, relative_max_distance=16,
+                            decoder_start_token_id=0, **ids),
+        "fsmt": build(T.FSMTConfig, T.FSMTModel, seq2seq=True, langs=["en", "de"],
+                      src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=H,
+                      encoder_layers=LAYERS, decoder_layers=LAYERS,
+                      encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                      encoder_ffn_dim=FF, decoder_ffn_dim=FF, max_position_embeddings=64,
+                      decoder_start_token_id=0, **ids),
+        "mt5": build(T.MT5Config, T.MT5Model, seq2seq=True, num_layers=LAYERS, d_model=H,
+                     d_kv=H // HEADS, num_heads=HEADS, d_ff=FF, vocab_size=VOCAB,
+                     decoder_start_token_id=0, pad_token_id=0, eos_token_id=0),
+        "bigbird_pegasus": build(T.BigBirdPegasusConfig, T.BigBirdPegasusModel, seq2seq=True,
+                                 attention_type="block_sparse", block_size=2,
+                                 num_random_blocks=1, max_position_embeddings=64, **s2s),
+        # vision: YOLOS (detection tokens), CvT (convolutional projections; stage i needs
+        # more than i layers: the library indexes its drop-path rates by stage), MobileViT v2
+        # (separable linear attention), SwiftFormer (additive attention), GLPN (a SegFormer
+        # encoder), VideoMAE (tubelets of frames)
+        "yolos": build(T.YolosConfig, T.YolosModel, key="pixel_values", shape=(2, 3, 32, 32),
+                       image_size=[32, 32], patch_size=8, num_detection_tokens=4, **vis),
+        "cvt": build(T.CvtConfig, T.CvtModel, key="pixel_values", shape=(2, 3, 32, 32),
+                     embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3],
+                     mlp_ratio=[2.0, 2.0, 2.0], drop_path_rate=[0.0, 0.0, 0.0]),
+        "mobilevitv2": build(T.MobileViTV2Config, T.MobileViTV2Model, key="pixel_values",
+                             shape=(2, 3, 64, 64), image_size=64, width_multiplier=0.5),
+        "swiftformer": build(T.SwiftFormerConfig, T.SwiftFormerModel, key="pixel_values",
+                             shape=(2, 3, 32, 32), image_size=32, depths=[1, 1, 1, 1],
+                             embed_dims=[16, 24, 32, 48]),
+        "glpn": build(T.GLPNConfig, T.GLPNModel, key="pixel_values", shape=(2, 3, 32, 32),
+                      num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                      hidden_sizes=[32, 64], patch_sizes=[7, 3], strides=[4, 2],
+                      num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32),
+        "videomae": build(T.VideoMAEConfig, T.VideoMAEModel, key="pixel_values",
+                          shape=(2, 4, 3, 32, 32), image_size=32, patch_size=8, num_frames=4,
+                          tubelet_size=2, **vis),
+        # speech: UniSpeech-SAT, Wav2Vec2-BERT (a Conformer over filter-bank features),
+        # Speech2Text (a convolutional subsampler, an encoder-decoder), Moonshine (a
+        # waveform encoder with rotary, a decoder)
+        "unispeech_sat": build(T.UniSpeechSatConfig, T.UniSpeechSatModel, key="input_values",
+                               shape=(2, 400), conv_dim=(32, 32), conv_stride=(5, 2),
+                               conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                               num_conv_pos_embedding_groups=4, vocab_size=VOCAB, **vis),
+        "wav2vec2_bert": build(T.Wav2Vec2BertConfig, T.Wav2Vec2BertModel,
+                               key="input_features", shape=(2, 20, 160),
+                               feature_projection_input_dim=160, conv_depthwise_kernel_size=7,
+                               vocab_size=VOCAB, **vis),
+        "speech_to_text": build(T.Speech2TextConfig, T.Speech2TextModel, seq2seq=True,
+                                key="input_features", shape=(2, 32, 20),
+                                input_feat_per_channel=20, conv_channels=32,
+                                max_source_positions=64, max_target_positions=64, **s2s),
+        "moonshine": build(T.MoonshineConfig, T.MoonshineModel, seq2seq=True,
+                           key="input_values", shape=(2, 1600), hidden_size=H,
+                           intermediate_size=FF, encoder_num_hidden_layers=LAYERS,
+                           decoder_num_hidden_layers=LAYERS,
+                           encoder_num_attention_heads=HEADS,
+                           decoder_num_attention_heads=HEADS, vocab_size=VOCAB,
+                           max_position_embeddings=64, decoder_start_token_id=0, **ids),
+        # text + image dual encoders: OWL-ViT, GroupViT (grouping tokens), AltCLIP (an
+        # XLM-R text tower)
+        "owlvit": build(T.OwlViTConfig, T.OwlViTModel, dual=True, shape=(2, 3, 32, 32),
+                        text_config=dict(clip_text, **ids),
+                        vision_config=dict(vis, image_size=32, patch_size=8)),
+        "groupvit": build(T.GroupViTConfig, T.GroupViTModel, dual=True, shape=(2, 3, 32, 32),
+                          text_config=dict(clip_text, **ids),
+                          vision_config=dict(hidden_size=H, intermediate_size=FF,
+                                             num_hidden_layers=LAYERS, depths=[1, 1],
+                                             num_group_tokens=[8, 0],
+                                             num_output_groups=[4, 4],
+                                             num_attention_heads=HEADS, image_size=32,
+                                             patch_size=8),
+                          projection_dim=32, projection_intermediate_dim=64),
+        "altclip": build(T.AltCLIPConfig, T.AltCLIPModel, dual=True, shape=(2, 3, 32, 32),
+                         text_config=dict(enc, project_dim=H, pad_token_id=1),
+                         vision_config=dict(vis, image_size=32, patch_size=8)),
     }
 
 

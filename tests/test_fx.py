@@ -113,6 +113,20 @@ CASES = {
                                             float("-inf")).softmax(-1), (X,)),
     "index_put": (lambda x, y: x.index_put((torch.tensor([0, 2, -3]),), y, accumulate=True)
                   + x.index_put((torch.tensor([1]),), torch.tensor(5.0)), (X, Y)),
+    # index tensors on consecutive axes (their linear index into the axes merged), and
+    # F.fold (col2im: overlapping patches added by one such index_put)
+    "index_put_several": (lambda x, y: x.reshape(3, 2, 4).index_put(
+        (torch.tensor([0, 2, 2, -1]), torch.tensor([[1], [-1]])), y[:2, :4, None], accumulate=True)
+        + x.reshape(3, 2, 4).index_put((torch.tensor([1, 0]), torch.tensor([0, 1]),
+                                        torch.tensor([3, -1])), torch.tensor(5.0)), (X, Y)),
+    "fold": (lambda p: F.fold(p * 2, output_size=(5, 5), kernel_size=3, padding=1),
+             (rnd(2, 18, 25),)),
+    # a mask's elements set to one value (masked_fill written as an assignment)
+    "index_put_mask": (lambda x, y: x.index_put((y > 0,), torch.tensor(-2.0))
+                       + x.reshape(3, 2, 4).index_put((y[:, :2] > 0,), torch.tensor(1.5),
+                                                      accumulate=True).reshape(3, 8), (X, Y)),
+    # overlapping windows of a transposed view, by its strides in memory
+    "as_strided": (lambda x: x.t().as_strided((3, 4, 2), (2, 1, 3)) * 2, (X,)),
     "true_divide": (lambda x, p: torch.true_divide(x, p), (X, P)),
     "repeat": (lambda x: x[:1].repeat(2, 1, 3), (X,)),
     "bitwise_not": (lambda x: (~(x > 0)).float() + (~(x * 3).int()), (X,)),

@@ -207,6 +207,18 @@ OPS = {
         m > 0, torch.view_as_complex(a), torch.view_as_complex(a) * 1j)), [(3, 4, 2), (3, 4)]),
     "to complex128": (lambda a: torch.view_as_real(torch.view_as_complex(a).to(
         torch.complex128) * 2).float(), [(3, 4, 2)]),
+    # Fourier transforms as DFT matrix products: FNet's token mixing (fftn of a real tensor
+    # over two dims, its real part), an rfft then an inverse FFT, other dims and norms
+    "fftn real part": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, [(2, 8, 12)]),
+    "fft complex": (lambda a: torch.view_as_real(torch.fft.fft(torch.view_as_complex(a))),
+                    [(3, 7, 2)]),
+    "fft ortho dim 0": (lambda x: torch.view_as_real(torch.fft.fft(x, dim=0, norm="ortho")),
+                        [(6, 5)]),
+    "rfft ifft": (lambda x: torch.fft.ifft(torch.fft.rfft(x), dim=-1).imag, [(2, 4, 10)]),
+    "rfft2 forward norm": (lambda x: torch.view_as_real(torch.fft.rfft2(x, norm="forward")),
+                           [(2, 6, 9)]),
+    "fft2 inverse": (lambda a: torch.view_as_real(torch.fft.ifft2(torch.view_as_complex(a))),
+                     [(2, 3, 5, 2)]),
 }
 
 
@@ -218,6 +230,53 @@ def test_each_complex_op_lowers_to_real_pairs_and_matches_eager(case, monkeypatc
     want, got, s = _compiled(fn, *args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     _all_ours(s)
+
+
+def test_a_fourier_mixing_block_is_matrix_products_with_eager_gradients(monkeypatch):
+    """FNet's block (the real part of a 2-d FFT over the tokens and the channels, a residual
+    LayerNorm): one cube product per transformed dim, no graph through torch, no Opaque op;
+    its gradients (the backward's transforms too) match eager."""
+    _strict(monkeypatch)
+
+    class Fourier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            return self.norm(x + torch.fft.fftn(x, dim=(1, 2)).real)
+
+    m, x = Fourier(), _g(2, 8, 16)
+    want, got, s = _compiled(m, x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    _all_ours(s)
+    assert s["launches"]["cube"] + s["launches"]["mix"] == 2, s["launches"]
+    torch._dynamo.reset()
+    gt.reset_stats()
+    m.train()
+    twin = copy.deepcopy(m)
+    _, want = step(m, m, (x,))
+    _, got = step(twin, torch.compile(twin, backend="graphkernel"), (x,))
+    for k, g in want.items():
+        torch.testing.assert_close(got[k], g, rtol=1e-3, atol=1e-4, msg=k)
+    _all_ours(gt.stats())
+
+
+def test_a_fourier_transform_it_does_not_lower_names_why():
+    """Above DFT_MAX points (the matrix would be 4 (2N)^2 bytes) and the inverse real FFT
+    (``_fft_c2r``) stay unlowered, the reason naming the size or the op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphkernel.frontends.complex_lowering import DFT_MAX
+
+    x = _g(2, 2 * DFT_MAX)
+    gm = make_fx(lambda x: torch.fft.rfft(x).abs())(x)
+    with pytest.raises(NotLowered, match=rf"an FFT over {2 * DFT_MAX} points"):
+        lower_complex(gm, [x])
+    y = _g(2, 8)
+    gm = make_fx(lambda x: torch.fft.irfft(torch.fft.rfft(x)))(y)
+    with pytest.raises(NotLowered, match=r"aten\._fft_c2r\.default has no lowering"):
+        lower_complex(gm, [y])
 
 
 def test_complex_graph_inputs_and_outputs_keep_the_callers_signature(monkeypatch):

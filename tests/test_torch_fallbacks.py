@@ -35,10 +35,10 @@ def _g(*shape, seed=0):
 # ---------------------------------------------------------------- graphs it cannot take
 CANNOT_TAKE = {
     # (call, arguments, the reason's start)
-    # (complex products, polar and views lower to real pairs: tests/test_torch_complex.py;
-    # a Fourier transform does not)
-    "fft": (lambda x: torch.fft.rfft(x).abs() * 2, (_g(16),),
-            "complex values: aten._fft_r2c.default has no lowering"),
+    # (complex products, polar, views and forward FFTs lower to real pairs:
+    # tests/test_torch_complex.py; an inverse real FFT does not)
+    "irfft": (lambda x: torch.fft.irfft(torch.fft.rfft(x)) * 2, (_g(16),),
+              "complex values: aten._fft_c2r.default has no lowering"),
     "linalg.inv": (lambda x: torch.linalg.inv(x + 4 * torch.eye(3)) + 1, (_g(3, 3),),
                    "effect tokens (aten._linalg_check_errors.default"),
     "hash (uint64)": (lambda x: torch.hash_tensor(x + 1), (_g(4, 3),),
@@ -48,6 +48,40 @@ CANNOT_TAKE = {
     "narrow (tensor start)": (lambda x, s: torch.narrow(x, 0, s, 2) * 2,
                               (_g(5, 3), torch.tensor(1)), "a data-dependent value"),
 }
+
+
+def test_as_strided_reads_the_programs_memory_not_a_row_major_copy():
+    """``as_strided`` reads the storage under its input by the strides it is given (a
+    Longformer's overlapping chunks, taken from a view of transposed heads): the elements
+    lying there in the traced program's layout, gathered (no Opaque op), are the ones eager
+    reads."""
+    def chunks(x, w):
+        h = (x @ w).transpose(0, 1)  # (heads*batch, seq, dim) from (seq, ...): not row-major
+        h = h.reshape(6, 8, 4).view(6, 2, 4, 4)
+        size, stride = list(h.size()), list(h.stride())
+        size[1], stride[1] = 3, stride[1] // 2  # overlapping chunks of half a chunk's step
+        return h.as_strided(size=size, stride=stride).sum(-1) * 2
+
+    x, w = _g(8, 6, 4), _g(4, 4, seed=1)
+    want, got, s = _compiled(chunks, x, w)
+    torch.testing.assert_close(got, want)
+    assert s["bugs"] == 0 and s["launches"]["opaque"] == 0 and s["fallbacks"] == {}, s
+
+
+def test_as_strided_reading_outside_its_input_runs_the_graph_through_torch(caplog):
+    """An ``as_strided`` reading memory between its input's elements (of the larger tensor
+    the input views) reads what no input of the op carries: the graph runs through torch,
+    with the reason logged, and matches eager."""
+    def between(x, w):
+        h = (x @ w).transpose(0, 1)[:, 1::2]  # every other row of a transposed product
+        return h.as_strided((6, 3, 4), (h.stride(0), 4, 1), 2).sum(-1) * 2
+
+    x, w = _g(8, 6, 4), _g(4, 4, seed=1)
+    with caplog.at_level(logging.WARNING, logger="graphkernel.torch"):
+        want, got, s = _compiled(between, x, w)
+    torch.testing.assert_close(got, want)
+    (reason, count), = s["graphs_through_torch"].items()
+    assert "as_strided reads memory outside its input" in reason and s["bugs"] == 0
 
 
 @pytest.mark.parametrize("case", sorted(CANNOT_TAKE))
@@ -275,8 +309,9 @@ def test_opinfo_samples_neither_raise_nor_mismatch():
         out = opinfo.check_sample(op, sample)
         assert out is not None and out.row not in ("raised", "mismatched"), (name, out)
         rows[name] = out.row
-    assert rows["fft.rfft"] == rows["linalg.inv"] == "graph through torch"
-    assert rows["softmax"] == rows["logsumexp"] == "own kernels"
+    assert rows["linalg.inv"] == "graph through torch"
+    # (a forward FFT lowers to DFT products: tests/test_torch_complex.py)
+    assert rows["fft.rfft"] == rows["softmax"] == rows["logsumexp"] == "own kernels"
 
 
 # ------------------------------------------------- mixture-of-experts decoders (transformers)

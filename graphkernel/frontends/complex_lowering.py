@@ -21,6 +21,7 @@ views, so the compiled graph keeps its caller's signature.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import operator
 from collections.abc import Callable, Sequence
@@ -114,7 +115,7 @@ def lower_complex(gm: GraphModule, example_inputs: Sequence[Any]) -> Lowered | N
                 cplx = [i for i, o in enumerate(flat) if _is_complex(o)]
                 mapped = torch.fx.node.map_arg(outs, lambda a: env[a])
                 b.graph.output(mapped)
-                lowered = GraphModule(gm, b.graph)
+                lowered = _module(gm, b)
                 break
             elif n.op == "call_function" and _touches_complex(n):
                 rule = _RULES.get(n.target)
@@ -134,6 +135,16 @@ def lower_complex(gm: GraphModule, example_inputs: Sequence[Any]) -> Lowered | N
         if i < len(examples) and isinstance(examples[i], torch.Tensor):
             examples[i] = _as_pairs(examples[i])
     return Lowered(lowered, examples, inputs, cplx)
+
+
+def _module(gm: GraphModule, b: _Builder) -> GraphModule:
+    """The lowered graph's module: ``gm``'s attributes, and the constants the rules made."""
+    if not b.consts:
+        return GraphModule(gm, b.graph)
+    root = {n.target: b.consts[n.target] if n.target in b.consts
+            else operator.attrgetter(n.target)(gm)
+            for n in b.graph.nodes if n.op in ("get_attr", "call_module")}
+    return GraphModule(root, b.graph, class_name=type(gm).__name__)
 
 
 def _as_pairs(t: torch.Tensor) -> torch.Tensor:
@@ -163,6 +174,23 @@ class _Builder:
 
     def __init__(self, graph: Graph, mode: Any):
         self.graph, self.mode = graph, mode
+        self.consts: dict[str, torch.Tensor] = {}  # get_attr target -> the tensor it reads
+        self.real_of: dict[Node, Node] = {}  # a pair made of a real tensor -> that tensor
+
+    def const(self, values: Any, dtype: torch.dtype) -> Node:
+        """A constant of the new graph (a ``get_attr`` of the lowered module: a real tensor
+        of ``values``, a numpy array), its value a fake tensor of the graph's mode as the
+        importer reads values."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        name = f"_complex_lowering_const_{len(self.consts)}"
+        with unset_fake_temporarily():  # (made in the tracing mode, it would be fake)
+            t = torch.from_numpy(values).to(dtype)
+            self.consts[name] = t
+            val = self.mode.from_tensor(t) if self.mode is not None else t
+        node = self.graph.get_attr(name)
+        node.meta["val"] = val
+        return node
 
     def ctx(self) -> Any:
         return self.mode if self.mode is not None else contextlib.nullcontext()
@@ -362,7 +390,10 @@ def _to_copy(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
             return b.call(aten._to_copy.default, x, dtype=want.to_real(), **kw)
         return b.call(aten._to_copy.default, b.re(x), dtype=want, **kw)
     real = want.to_real()  # a real tensor made complex: a zero imaginary part
-    return b.pack(b.call(aten._to_copy.default, x, dtype=real, **kw), None)
+    src = b.call(aten._to_copy.default, x, dtype=real, **kw)
+    out = b.pack(src, None)
+    b.real_of[out] = src  # (a transform of it reads the real values: _fft_real)
+    return out
 
 
 def _shape_rule(target: Any) -> Callable[..., Any]:
@@ -441,6 +472,151 @@ def _where(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
     return b.call(aten.where.self, cond, x, y)
 
 
+# A discrete Fourier transform as products with its matrix. ``_fft_c2c`` (``torch.fft.fft``,
+# ``fftn`` of a complex or a real tensor made complex) and ``_fft_r2c`` (``rfft``, and
+# ``fftn`` of a real tensor) compute, along each dim d of size N,
+#     X[k] = sum_n x[n] * exp(-+ 2 pi i k n / N)
+# (the sign by ``forward``), scaled by ``normalization`` (0: none, 1: 1/sqrt(n), 2: 1/n, n
+# the product of the sizes transformed). That sum is the transform's definition; an FFT
+# computes the same sum factored. Along one dim, the pairs (re, im) of x, interleaved on a
+# last axis of 2N, times one real (2N, 2N) matrix give X's pairs interleaved likewise:
+#     X_re[k] = sum_n x_re[n] C[n, k] + s x_im[n] S[n, k]
+#     X_im[k] = sum_n x_im[n] C[n, k] - s x_re[n] S[n, k]
+# C = cos(2 pi k n / N), S = sin(2 pi k n / N), s = 1 forward, -1 inverse; the angles taken
+# from (k n mod N) in float64 and rounded once to the pairs' dtype; the transforms along
+# several dims are applied one after the other (the n-dimensional DFT is separable). A real
+# input (``_fft_r2c``) has no imaginary rows: an (N, 2K) matrix, K = N // 2 + 1 columns when
+# one-sided (the last dim of ``dim`` only, as torch keeps it). One matrix product per dim
+# (a cube kernel) in place of an op graphkernel has no kernel for; the matrix is 4 (2N)^2
+# bytes, so sizes above DFT_MAX points are not lowered (the graph runs through torch).
+DFT_MAX = 512
+
+
+def _dft_matrix(n: int, cols: int, forward: bool, real_in: bool, scale: float) -> Any:
+    """The interleaved real matrix (float64, numpy) of an n-point DFT keeping ``cols``
+    outputs: (2n, 2 cols) for pairs in, (n, 2 cols) for a real input."""
+    import numpy as np
+
+    k = np.arange(cols)
+    idx = np.arange(n)
+    ang = 2 * np.pi * ((idx[:, None] * k[None, :]) % n) / n
+    c, sn = np.cos(ang) * scale, np.sin(ang) * scale
+    sgn = 1.0 if forward else -1.0
+    if real_in:
+        m = np.empty((n, 2 * cols))
+        m[:, 0::2], m[:, 1::2] = c, -sgn * sn
+    else:
+        m = np.empty((2 * n, 2 * cols))
+        m[0::2, 0::2], m[1::2, 0::2] = c, sgn * sn
+        m[0::2, 1::2], m[1::2, 1::2] = -sgn * sn, c
+    return m
+
+
+def _fft_scale(sizes: list[int], normalization: int) -> list[float]:
+    """Each dim's share of the normalization (their product the transform's scale)."""
+    if normalization == 0:
+        return [1.0] * len(sizes)
+    if normalization == 1:
+        return [1.0 / float(s) ** 0.5 for s in sizes]
+    if normalization == 2:
+        return [1.0 / float(s) for s in sizes]
+    raise NotLowered(f"complex values: an FFT's normalization {normalization!r} (known: 0, "
+                     "1, 2)")
+
+
+def _dft_along(b: _Builder, x: Node, d: int, rank: int, n: int, cols: int, forward: bool,
+               real_in: bool, scale: float) -> Node:
+    """The DFT along dim ``d`` of ``x``: pairs (rank ``rank`` + the pair axis), or a real
+    tensor of rank ``rank`` with ``real_in``; the result pairs, ``cols`` long on ``d``."""
+    dtype = _val(x).dtype
+    last = rank - 1
+    if d != last:  # the transformed dim just before the pair axis (or last when real)
+        x = b.call(aten.transpose.int, x, d, last)
+    shape = list(_val(x).shape)
+    lead = shape[:last]
+    flat = b.call(aten.reshape.default, x, [-1, n if real_in else 2 * n])
+    m = b.const(_dft_matrix(n, cols, forward, real_in, scale), dtype)
+    y = b.call(aten.mm.default, flat, m)
+    y = b.call(aten.reshape.default, y, [*lead, cols, 2])
+    if d != last:
+        y = b.call(aten.transpose.int, y, d, last)
+    return y
+
+
+def _fft_dims(n: Node, dims: Sequence[int]) -> tuple[int, list[int], list[int]]:
+    """(rank, dims made non-negative, their sizes) of an FFT's input; NotLowered when a
+    size is symbolic or above DFT_MAX."""
+    shape = _val(n.args[0]).shape
+    rank = len(shape)
+    ds = [d + rank if d < 0 else d for d in dims]
+    sizes = []
+    for d in ds:
+        size = shape[d]
+        if not isinstance(size, int):
+            raise NotLowered(f"complex values: an FFT over a symbolic size ({size}) (its "
+                             "matrix is built for one size)")
+        if size > DFT_MAX:
+            raise NotLowered(f"complex values: an FFT over {size} points (a DFT matrix "
+                             f"product is lowered up to {DFT_MAX})")
+        sizes.append(size)
+    return rank, ds, sizes
+
+
+def _dft_rows(b: _Builder, x: Node, d: int, rank: int, n: int, forward: bool,
+              scale: float) -> Node:
+    """The DFT along dim ``d`` of a real tensor ``x`` (of ``rank``, ``d`` not its last), as
+    the matrix on the left of a batched product that reads ``x`` as it lies (the rows of
+    the real parts, then of the imaginary parts, planar), the pair axis moved last."""
+    import numpy as np
+
+    shape = list(_val(x).shape)
+    lead, rest = math.prod(shape[:d]), math.prod(shape[d + 1:])
+    m = _dft_matrix(n, n, forward, True, scale)  # (n, 2n): re, im columns interleaved
+    left = np.concatenate([m[:, 0::2].T, m[:, 1::2].T])  # (2n, n)
+    mat = b.call(aten.expand.default, b.const(np.ascontiguousarray(left), _val(x).dtype),
+                 [lead, 2 * n, n])
+    y = b.call(aten.bmm.default, mat, b.call(aten.reshape.default, x, [lead, n, rest]))
+    y = b.call(aten.reshape.default, y, [*shape[:d], 2, n, *shape[d + 1:]])
+    return b.call(aten.permute.default, y, [i for i in range(rank + 1) if i != d] + [d])
+
+
+def _fft_real(b: _Builder, x: Node, rank: int, ds: list[int], sizes: list[int],
+              scales: list[float], forward: bool, last: int) -> Node:
+    """The transform of a real tensor ``x`` along ``ds`` (``last`` outputs kept on the last
+    of them): a dim that is not ``x``'s last first, while the values are real (a product
+    from the left, no transpose in), else the last of ``ds`` (real rows times an (N, 2K)
+    matrix); then the others on the pairs."""
+    first = next((j for j, d in enumerate(ds[:-1]) if d != rank - 1), None)
+    if first is None:
+        y = _dft_along(b, x, ds[-1], rank, sizes[-1], last, forward, True, scales[-1])
+        todo = list(range(len(ds) - 1))
+    else:
+        y = _dft_rows(b, x, ds[first], rank, sizes[first], forward, scales[first])
+        todo = [j for j in range(len(ds)) if j != first]
+    for j in todo:
+        cols = last if j == len(ds) - 1 else sizes[j]
+        y = _dft_along(b, y, ds[j], rank, sizes[j], cols, forward, False, scales[j])
+    return y
+
+
+def _fft_c2c(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
+    x, dims, normalization, forward = args[:4]
+    rank, ds, sizes = _fft_dims(n, dims)
+    scales = _fft_scale(sizes, normalization)
+    if x in b.real_of:  # a real tensor made complex: its imaginary part is zero
+        return _fft_real(b, b.real_of[x], rank, ds, sizes, scales, bool(forward), sizes[-1])
+    for d, size, scale in zip(ds, sizes, scales, strict=True):
+        x = _dft_along(b, x, d, rank, size, size, bool(forward), False, scale)
+    return x
+
+
+def _fft_r2c(b: _Builder, n: Node, args: tuple, kwargs: dict) -> Any:
+    x, dims, normalization, onesided = args[:4]
+    rank, ds, sizes = _fft_dims(n, dims)
+    last = sizes[-1] // 2 + 1 if onesided else sizes[-1]
+    return _fft_real(b, x, rank, ds, sizes, _fft_scale(sizes, normalization), True, last)
+
+
 _RULES: dict[Any, Callable[..., Any]] = {
     aten.view_as_complex.default: _identity,
     aten.view_as_real.default: _identity,
@@ -485,5 +661,7 @@ _RULES: dict[Any, Callable[..., Any]] = {
     aten.mean.dim: _reduce(aten.mean.dim),
     aten.index.Tensor: _index,
     aten.where.self: _where,
+    aten._fft_c2c.default: _fft_c2c,
+    aten._fft_r2c.default: _fft_r2c,
 }
 _NAMES = {str(k).removeprefix("aten.") for k in _RULES}

@@ -1256,20 +1256,28 @@ def _multi_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
         return c.emit("Squeeze", [out], {"axis": [first + 1]})
     if any(not isinstance(d, int) for d in lens):
         return _symbolic_outer_index(c, x, axes, idx)
+    flat, stride = _linear_index(c, idx, lens)
+    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
+    x = c.emit("Reshape", [x], {"shape": merged})
+    out = c.emit("Gather", [x, flat], {"axis": first})
+    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
+                                                                  {"shape": list(t.shape)})
+
+
+def _linear_index(c: Ctx, idx: list[Value], lens: list[int]) -> tuple[Value, int]:
+    """(the index into consecutive axes of static lengths ``lens`` merged into one,
+    ``sum(i_k * stride_k)`` of the index tensors broadcast together, the merged length)."""
     flat: Value | None = None
     stride = 1
-    for k in reversed(range(len(axes))):
+    for k in reversed(range(len(lens))):
         i = c.cast(idx[k], DType.int64)  # negative indices count from the end of their axis
         i = c.emit("Select", [c.emit("Less", [i, c.const(0, DType.int64)]),
                               c.emit("Add", [i, c.const(lens[k], DType.int64)]), i])
         term = i if stride == 1 else c.emit("Mul", [i, c.const(stride, DType.int64)])
         flat = term if flat is None else c.emit("Add", [term, flat])
         stride *= lens[k]
-    merged = [*x.shape[:first], stride, *x.shape[axes[-1] + 1:]]
-    x = c.emit("Reshape", [x], {"shape": merged})
-    out = c.emit("Gather", [x, flat], {"axis": first})
-    return out if tuple(out.shape) == tuple(t.shape) else c.emit("Reshape", [out],
-                                                                  {"shape": list(t.shape)})
+    assert flat is not None
+    return flat, stride
 
 
 def _symbolic_outer_index(c: Ctx, x: Value, axes: list[int], idx: list[Value]) -> Value:
@@ -1358,12 +1366,30 @@ def _index_put(c: Ctx):
     # x[..., idx, ...] = values (or += with accumulate) along the one indexed axis k, as a
     # ScatterElements whose indices repeat each index over the other axes; embedding's
     # backward is one (k = 0), a gather's along a later axis another
+    # x[..., i_0, ..., i_m, ...] = values with index tensors on consecutive axes of static
+    # lengths (col2im's scatter of patches, ``F.fold``): those axes merged into one, indexed
+    # by the linear index sum(i_k * stride_k) (as a gather reads them), the same elements
+    # written, then x's shape again
     x, idx, values = c.arg(0), c.arg(1), c.arg(2)
     accumulate = c.argkw(3, "accumulate", False)
     used = [i for i, v in enumerate(idx) if v is not None]
-    if len(used) != 1 or idx[used[0]].dtype == DType.bool:
-        raise Unmapped("index_put with several index tensors or a mask")
-    k, rows = used[0], idx[used[0]]
+    if used == [0] and idx[0].dtype == DType.bool:
+        return _masked_put(c, x, idx[0], values, accumulate)
+    if not used or any(idx[i].dtype == DType.bool for i in used):
+        raise Unmapped("index_put with a mask")
+    shape_in = list(x.shape)
+    if len(used) > 1:
+        lens = [x.shape[a] for a in used]
+        if used != list(range(used[0], used[-1] + 1)) or \
+                any(not isinstance(d, int) for d in lens):
+            raise Unmapped("index_put with index tensors on axes that are not next to each "
+                           "other or not of static lengths")
+        rows, merged = _linear_index(c, [idx[i] for i in used], lens)
+        x = c.emit("Reshape", [x], {"shape": [*shape_in[:used[0]], merged,
+                                              *shape_in[used[-1] + 1:]]})
+        k = used[0]
+    else:
+        k, rows = used[0], idx[used[0]]
     before, after = list(x.shape[:k]), list(x.shape[k + 1:])
     if not isinstance(values, Value):
         values = c.const(values, x.dtype)
@@ -1377,8 +1403,80 @@ def _index_put(c: Ctx):
     shape = [*before, rows.shape[0], *after]
     rows = c.emit("Reshape", [rows], {"shape": [1] * k + [shape[k]] + [1] * len(after)})
     rows = c.emit("BroadcastTo", [rows], {"shape": shape})
-    return c.emit("ScatterElements", [x, rows, values],
-                  {"axis": k, "reduction": "add" if accumulate else "none"})
+    out = c.emit("ScatterElements", [x, rows, values],
+                 {"axis": k, "reduction": "add" if accumulate else "none"})
+    if tuple(out.shape) != tuple(shape_in):
+        out = c.emit("Reshape", [out], {"shape": shape_in})
+    return out
+
+
+def _masked_put(c: Ctx, x: Value, mask: Value, values: Any, accumulate: bool) -> Value:
+    """``x[mask] = v`` (``+=`` with accumulate) of one value ``v`` (a number, a tensor of one
+    element), the mask over x's leading axes: every element the mask selects gets v (v
+    added), as ``masked_fill`` does: a Select of v and x by the mask, its trailing axes
+    broadcast (an attention's padding positions filled in a Longformer). Masks whose count
+    decides the shape of the values written (a tensor of values, one per True) are not."""
+    one = not isinstance(values, Value) or symbolic.numel(values.shape) == 1
+    if not one or tuple(mask.shape) != tuple(x.shape[:mask.type.rank]):
+        raise Unmapped("index_put with a mask and a tensor of values (one per selected "
+                       "element: their number depends on the data)")
+    if isinstance(values, Value):
+        values = c.emit("Reshape", [c.cast(values, x.dtype)], {"shape": []})
+    else:
+        values = c.const(values, x.dtype)
+    m = mask
+    if mask.type.rank < x.type.rank:
+        m = c.emit("Reshape", [mask], {"shape": [*mask.shape,
+                                                 *[1] * (x.type.rank - mask.type.rank)]})
+    if accumulate:
+        return c.emit("Add", [x, c.emit("Select", [m, values, c.const(0, x.dtype)])])
+    return c.emit("Select", [m, values, x])
+
+
+def as_strided_reads(node: Any) -> np.ndarray | str:
+    """For an ``as_strided(x, size, stride, offset)`` node: the row-major index in x of the
+    element each output position reads (the storage position ``offset + sum(i_k *
+    stride_k)`` matched against where the traced x's elements lie: its sizes, strides and
+    storage offset), or why that cannot be known here: symbolic sizes or strides, or a read
+    of memory outside x's elements (of the larger tensor x is a view of, which the op's
+    input does not carry: such a graph runs through torch, see ``torch_backend``)."""
+    spec = _traced_strides(node.args[0])
+    size, stride = node.args[1], node.args[2]
+    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    if spec is None or not all(isinstance(v, int) for v in [*size, *stride]) \
+            or not isinstance(offset, int | None):
+        return "as_strided over symbolic sizes, strides or offset"
+    shape, strides, base = spec
+
+    def positions(start: int, sz: list[int], st: list[int]) -> np.ndarray:
+        pos = np.full(sz, start, dtype=np.int64)
+        for k, (n, step) in enumerate(zip(sz, st, strict=True)):
+            pos += (np.arange(n, dtype=np.int64) * step).reshape(
+                [-1 if j == k else 1 for j in range(len(sz))])
+        return pos
+
+    held = positions(base, shape, strides).reshape(-1)  # storage position of each element
+    read = positions(base if offset is None else offset, list(size), list(stride))
+    order = np.argsort(held, kind="stable")
+    at = np.searchsorted(held[order], read)
+    at = np.minimum(at, held.size - 1)
+    if read.size and (held.size == 0 or np.any(held[order][at] != read)):
+        return "as_strided reads memory outside its input's elements (of the tensor it views)"
+    return order[at]
+
+
+@aten("aten.as_strided.default")
+def _as_strided(c: Ctx):
+    """``as_strided(x, size, stride, offset)``: x's elements at storage positions ``offset
+    + sum(i_k * stride_k)``, which depend on where the traced x lay in memory, not only on
+    its values: one Gather from x flattened at the constant indices of the elements lying
+    there (``as_strided_reads``; Longformer's overlapping chunks of a transposed view)."""
+    idx = as_strided_reads(c.node)
+    if isinstance(idx, str):
+        raise Unmapped(idx)
+    x = c.arg(0)
+    flat = c.emit("Reshape", [x], {"shape": [int(np.prod(x.shape, dtype=np.int64))]})
+    return c.emit("Gather", [flat, c.const(idx, DType.int64)], {"axis": 0})
 
 
 @aten("aten.cumsum.default")
@@ -2210,11 +2308,16 @@ class TorchCall:
     a model file never gets one (``fn`` cannot come from a file)."""
 
     def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any],
-                 layouts: list[list[int] | None] | None = None) -> None:
+                 layouts: list[list[int] | None] | None = None,
+                 strided: list[tuple[list[int], list[int], int] | None] | None = None
+                 ) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
         # per input: the order of its axes in memory (outermost first) when the traced
         # program's tensor was not row-major, else None (see ``_memory_order``)
         self.layouts = layouts or []
+        # per input of an op that reads its input's memory (``as_strided``): the traced
+        # tensor's (sizes, strides, storage offset), else None (see ``_traced_strides``)
+        self.strided = strided or []
 
     def __call__(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         ts = [to_torch(x) for x in xs]
@@ -2223,6 +2326,15 @@ class TorchCall:
                 # the program's layout again: a copy whose axes lie in memory as they did
                 inverse = sorted(range(len(order)), key=order.__getitem__)
                 ts[i] = ts[i].permute(order).contiguous().permute(inverse)
+        for i, spec in enumerate(self.strided[:len(ts)]):
+            if spec is not None and list(ts[i].shape) == spec[0]:
+                # the program's strides and offset again: a copy lying in a buffer as the
+                # traced tensor lay in its storage, so that the op reads what it read
+                shape, stride, offset = spec
+                extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride,
+                                                                         strict=True))
+                view = ts[i].new_empty(extent).as_strided(shape, stride, offset)
+                ts[i] = view.copy_(ts[i])
         out = self.op(*_fill(self.args, ts), **_fill(self.kwargs, ts))
         outs = out if isinstance(out, list | tuple) else [out]
         return [to_numpy(o) for o in outs if o is not None]
@@ -2257,6 +2369,26 @@ def _memory_order(node: Any) -> list[int] | None:
     return None if order == list(range(len(shape))) else order
 
 
+# ops whose result depends on where their input's elements lie in memory, not only on its
+# values: ``as_strided`` reads the storage under its input by the strides it is given. Fed a
+# row-major copy, it would read other elements than the program's tensor (a Longformer's
+# overlapping chunks taken by ``as_strided`` from a view of transposed heads).
+READS_MEMORY = frozenset({"aten.as_strided.default"})
+
+
+def _traced_strides(node: Any) -> tuple[list[int], list[int], int] | None:
+    """The traced value of ``node``: (sizes, strides, storage offset), or None when they
+    are symbolic or the tensor is empty."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.numel() == 0:
+        return None
+    try:
+        return ([int(d) for d in val.shape], [int(d) for d in val.stride()],
+                int(val.storage_offset()))
+    except (TypeError, ValueError):  # a symbolic size, stride or offset
+        return None
+
+
 def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = None) -> Any:
     """``node`` as an Opaque node calling the op itself (``TorchCall``). ``after``: a value
     the node must run after (the previous random op's output: see ``import_fx_module``); an
@@ -2278,6 +2410,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         spec = {}
     # a random op draws in its input's memory order: it gets the program's layout
     layouts = [_memory_order(i) for i in inputs] if _seeded(node) else None
+    # an op reading its input's memory gets the program's strides and offset
+    strided = [_traced_strides(i) for i in inputs] if target in READS_MEMORY else None
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -2286,7 +2420,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
     n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target,
-                    "fn": TorchCall(node.target, args, kwargs, layouts)},
+                    "fn": TorchCall(node.target, args, kwargs, layouts, strided)},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
         return n.outputs[0]
