@@ -135,6 +135,25 @@ def _stored_by_one(model, a, consumers) -> bool:
         for c in consumers for v, u in model.outputs_of(a) if model.area_of(u) is c)
 
 
+def _row_values_stored(model, a, consumers) -> bool:
+    """Whether graph-output area ``a`` may go into its single consumer, which then stores it
+    as well: ``a`` is elementwise work whose every value is one per row of the consumer's
+    loop space (its shape with a last axis of 1: a norm's mean or reciprocal deviation,
+    which a training graph's forward returns for the backward). The consumer's kernel
+    computes each such value once per row of its tile, as the area's own launch did, and
+    stores it as a column; the values are the same ops on the same operands, so the stored
+    ones are exact. (Values spread along other axes would be stored from a broadcast and are
+    left to ``_stored_by_one``'s rule.)"""
+    if model.kind(a) != OpKind.ELEMWISE or len(consumers) != 1:
+        return False
+    shape = tuple(consumers[0].dominant.outputs[0].shape)
+    if len(shape) < 2 or symbolic.eq(shape[-1], 1):
+        return False
+    return all(len(v.shape) == len(shape) and symbolic.eq(v.shape[-1], 1)
+               and all(map(symbolic.eq, v.shape[:-1], shape[:-1]))
+               for n in a.nodes if n.op != "Constant" for v in n.outputs)
+
+
 def _inside_only(model, a) -> bool:
     """Whether every op reading area ``a`` is in the region (its other reader a graph
     output)."""
@@ -154,10 +173,12 @@ def _computing(a, broadcasts: bool = True) -> int:
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
-        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers),
+        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers)
+             or _row_values_stored(model, a, consumers),
              lambda: f"{a.name} is a graph output"),
         need(lambda: not external or (model.is_output(a) and _inside_only(model, a)
-                                      and _stored_by_one(model, a, consumers)),
+                                      and (_stored_by_one(model, a, consumers)
+                                           or _row_values_stored(model, a, consumers))),
              lambda: f"{a.name} has a consumer outside the fusable region"),
         need(lambda: _computing(a) <= depth or (
             _computing(a, broadcasts=False) <= depth
@@ -203,7 +224,9 @@ def _bwd_conditions(model, a, consumers, external):
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output (unless elementwise work of its
     consumer's shape read only in the region, which the consumer then stores too: a residual
-    sum leaving a graph), of at most broadcast_fuse_depth ops
+    sum leaving a graph; or elementwise work on one value per row of its consumer, which the
+    consumer stores as a column: a norm's statistics a training forward returns), of at most
+    broadcast_fuse_depth ops
     (views, which compute nothing, not counted), pushes itself into its single consumer (a
     REDUCE consumer only over an INJECTIVE edge, for an ELEMWISE area or one broadcasting
     only whole rows of what is reduced; work on a matrix product's result not into a
