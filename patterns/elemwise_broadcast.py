@@ -131,8 +131,16 @@ def _stored_by_one(model, a, consumers) -> bool:
     return model.kind(a) == OpKind.ELEMWISE and all(
         id(model.area_of(u)) in ids for _, u in model.outputs_of(a)) and all(
         model.size(c) == model.size(a) and model.relation(a, c) == INJECTIVE
-        and tuple(v.shape) == tuple(u.outputs[0].shape)
+        and (tuple(v.shape) == tuple(u.outputs[0].shape) or _reduced_whole(v, u))
         for c in consumers for v, u in model.outputs_of(a) if model.area_of(u) is c)
+
+
+def _reduced_whole(v, u) -> bool:
+    """Whether op ``u`` is a reduction of ``v`` itself (not a view of it): it reads each
+    element of ``v`` once, in ``v``'s shape, so its kernel's loop space is ``v``'s (the
+    residual sum a training forward returns for the backward, read by its norm's mean)."""
+    return ops.get(u.op).kind == OpKind.REDUCE and u.op not in ("Scan", "ElemAny") and \
+        len(u.inputs) == 1 and u.inputs[0] is v
 
 
 def _row_values_stored(model, a, consumers) -> bool:
@@ -223,8 +231,8 @@ def _bwd_conditions(model, a, consumers, external):
          refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output (unless elementwise work of its
-    consumer's shape read only in the region, which the consumer then stores too: a residual
-    sum leaving a graph; or elementwise work on one value per row of its consumer, which the
+    consumer's shape read only in the region, elementwise or reduced whole, which the
+    consumer then stores too: a residual sum leaving a graph; or elementwise work on one value per row of its consumer, which the
     consumer stores as a column: a norm's statistics a training forward returns), of at most
     broadcast_fuse_depth ops
     (views, which compute nothing, not counted), pushes itself into its single consumer (a
