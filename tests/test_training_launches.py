@@ -13,14 +13,18 @@ import pytest
 N = 64
 
 
-def _norm_with_statistics(per_column: bool = False):
+def _norm_with_statistics(per_column: bool = False, residual: bool = False):
     """A LayerNorm as a training forward computes it: ``y = (x - mean) * rstd * w + b``, the
     mean and ``rstd`` returned too (one value per row, [4, 16, 1]). With ``per_column`` the
-    statistics are over the rows instead (one value per column, [1, 16, 64])."""
+    statistics are over the rows instead (one value per column, [1, 16, 64]); with
+    ``residual``, x is a residual sum ``h + r`` returned as well (the backward's norm reads
+    it)."""
     from graphkernel import Graph, TensorType
 
     g = Graph()
     x = g.add_input("x", TensorType((4, 16, N), "float32"))
+    if residual:
+        x = g.add_node("Add", [x, g.add_input("r", TensorType((4, 16, N), "float32"))]).output
     w = g.add_input("w", TensorType((N,), "float32"))
     bias = g.add_input("b", TensorType((N,), "float32"))
     axis, count = ([0], 4) if per_column else ([-1], N)
@@ -34,7 +38,7 @@ def _norm_with_statistics(per_column: bool = False):
                       ).output
     y = g.add_node("Add", [g.add_node("Mul", [g.add_node("Mul", [d, rstd]).output, w]).output,
                            bias]).output
-    g.set_outputs([y, mean, rstd])
+    g.set_outputs([y, mean, rstd, *([x] if residual else [])])
     return g
 
 
@@ -60,15 +64,17 @@ def _simulated_as_reference(g, res) -> None:
         np.testing.assert_allclose(np.asarray(o), want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_norm_that_returns_its_statistics_is_one_kernel():
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_norm_that_returns_its_statistics_is_one_kernel(residual):
     """The mean and rstd leave the graph (the backward reads them): the norm's kernel stores
     them as columns (six launches before: the sum, the mean, the centring, the variance,
-    rstd and the affine step apart); simulated outputs, statistics included, as the
-    reference's."""
+    rstd and the affine step apart); a residual sum leaving the graph, read by the norm's
+    mean, is computed and stored by the same kernel (a launch of its own before);
+    simulated outputs, statistics included, as the reference's."""
     import graphkernel
     from graphkernel.torch import launch_counts
 
-    g = _norm_with_statistics()
+    g = _norm_with_statistics(residual=residual)
     res = graphkernel.compile(g, "--opt_level=2", env={})
     assert sum(launch_counts(res.graph).values()) == 1, launch_counts(res.graph)
     _simulated_as_reference(g, res)
@@ -111,6 +117,51 @@ def test_a_bool_mask_cast_to_float_is_read_by_its_kernel():
     assert not res.report.extra.get("fallbacks"), res.report.extra.get("fallbacks")
     assert sum(launch_counts(res.graph).values()) <= 2, launch_counts(res.graph)
     _simulated_as_reference(g, res)
+
+
+def _weight_and_bias_gradients():
+    """A norm's weight and bias gradients as a backward takes them: the incoming gradient
+    summed over the batch, alone and times the normalised input."""
+    from graphkernel import Graph, TensorType
+
+    g = Graph()
+    dy = g.add_input("dy", TensorType((4, 16, N), "float32"))
+    xh = g.add_input("xh", TensorType((4, 16, N), "float32"))
+    dw = g.add_node("ReduceSum", [g.add_node("Mul", [dy, xh]).output],
+                    {"axis": [0, 1], "keep_dims": False}).output
+    db = g.add_node("ReduceSum", [dy], {"axis": [0, 1], "keep_dims": False}).output
+    g.set_outputs([dw, db])
+    return g
+
+
+def test_sums_over_the_batch_of_one_gradient_are_one_launch():
+    """The bias's sum (a reduction alone) joins the weight's (a kernel reducing the same
+    axes of the same shape, reading the same gradient): one launch (two before), the
+    joint noted by sibling_fusion; simulated sums as the reference's."""
+    import graphkernel
+    from graphkernel.torch import launch_counts
+
+    g = _weight_and_bias_gradients()
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(launch_counts(res.graph).values()) == 1, launch_counts(res.graph)
+    _simulated_as_reference(g, res)
+
+
+def test_sums_over_different_axes_stay_apart():
+    """A sum over the rows and one over the batch run different tiles: not joined."""
+    import graphkernel
+    from graphkernel import Graph, TensorType
+    from graphkernel.torch import launch_counts
+
+    g = Graph()
+    dy = g.add_input("dy", TensorType((4, 16, N), "float32"))
+    xh = g.add_input("xh", TensorType((4, 16, N), "float32"))
+    dw = g.add_node("ReduceSum", [g.add_node("Mul", [dy, xh]).output],
+                    {"axis": [0, 1], "keep_dims": False}).output
+    rows = g.add_node("ReduceSum", [dy], {"axis": [-1], "keep_dims": True}).output
+    g.set_outputs([dw, rows])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert sum(launch_counts(res.graph).values()) == 2, launch_counts(res.graph)
 
 
 torch = pytest.importorskip("torch")
