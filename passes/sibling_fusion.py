@@ -14,7 +14,10 @@ fused projection (its slices, or a Split's outputs). Two computations that only 
 table read broadcast (a bias, the rotary angles) stay apart. Unlike
 ``parallel_fusion`` (level 3, any two kernels sharing an input), the loop spaces must be one,
 so the joined kernel runs the tiles each ran, and the code generator must schedule the joined
-body (probed before the rewrite)."""
+body (probed before the rewrite). Kernels that leave only reduced values, all reducing the
+same axes of one shape, run the tiles of that shape: two of them (or one and a reduction left
+a launch of its own: a bias's gradient summed over the batch beside a norm weight's) reading
+one value whole in that shape join the same way."""
 
 from __future__ import annotations
 
@@ -50,6 +53,38 @@ def _loop_space(k: Node) -> tuple | None:
 def _read_whole(v: Value, k: Node) -> bool:
     """Whether kernel ``k`` reads ``v`` with as many elements as it computes per output."""
     return symbolic.eq(v.type.numel, k.outputs[0].type.numel)
+
+
+def _reduce_space(k: Node) -> tuple | None:
+    """(input shape, reduced axes, output shapes and dtypes) of a vector kernel whose every
+    reduction reduces the same axes of one shape and whose every output is a reduced value
+    (the sums over the batch that a training backward takes for a bias's and a norm
+    weight's gradients), else None. Such a kernel's loop space is that input shape: two of
+    them reducing the same axes of the same shape run the same tiles."""
+    from graphkernel.patterns.reduce import reduce_signatures
+
+    if k.op != "GraphKernel" or _product(k):
+        return None
+    body = k.subgraph
+    if any(n.op in ("Scan", "ElemAny") for n in body.nodes):
+        return None
+    sigs = reduce_signatures(SimpleNamespace(nodes=body.nodes))
+    if len(sigs) != 1:
+        return None
+    ((shape, axes),) = sigs
+    reduced = {id(v) for n in body.nodes if ops.get(n.op).kind == OpKind.REDUCE
+               for v in n.outputs}
+    if not all(id(_base(v)) in reduced for v in body.outputs):
+        return None
+    return (tuple(symbolic.canon(d) for d in shape), tuple(axes),
+            tuple((tuple(symbolic.canon(d) for d in v.shape), v.type.dtype)
+                  for v in k.outputs[:1]))
+
+
+def _read_whole_reduced(v: Value, k: Node) -> bool:
+    """Whether reducing kernel ``k`` reads ``v`` whole in the shape its reductions reduce."""
+    shape = _reduce_space(k)[0]
+    return symbolic.eq(v.type.numel, symbolic.numel(shape))
 
 
 def _reduces(k: Node) -> bool:
@@ -104,7 +139,16 @@ def sibling_fusion(graph: Graph, ctx) -> PassResult:
         graph, ctx, lambda: [n.outputs[0] for n in graph.nodes
                              if n.outputs and n.op != "Constant"] + list(graph.inputs),
         lambda v: list(dict.fromkeys(_part_readers(v))), same, "sibling")
+    joined += join_kernel_pairs(
+        graph, ctx, lambda: [v for n in graph.nodes for v in n.outputs] + list(graph.inputs),
+        lambda v: [u for u in dict.fromkeys(v.users) if _reduce_space(u) is not None
+                   and _read_whole_reduced(v, u)],
+        lambda a, b: _reduce_space(a) == _reduce_space(b), "sibling")
     notes = [f"{a.name} | {b.name} -> {k.name} (both read {v.name})" for a, b, k, v in joined]
+    for s, k, merged in _join_lone_reductions(graph, ctx):
+        joined.append((s, k, merged, s.inputs[0]))
+        notes.append(f"{s.name} (a reduction alone) | {k.name} -> {merged.name} (both reduce "
+                     f"{s.inputs[0].name} over the same axes)")
     for s, k, merged in _join_lone_slices(graph, ctx):
         joined.append((s, k, merged, s.inputs[0]))
         notes.append(f"{s.name} (a slice copied alone) | {k.name} -> {merged.name} (both read "
@@ -184,6 +228,55 @@ def _join_lone_slices(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
         if partner is None:
             continue
         lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "slice"), "slice")
+        merged = merge_parallel(graph, partner, lone, next_kernel_name(
+            ctx.analyses, list(partner.subgraph.nodes), "sibling"))
+        done.append((s, partner, merged))
+    return done
+
+
+def _lone_reduce_space(n: Node) -> tuple | None:
+    """``_reduce_space`` of a reduction left outside the kernels (a bias's gradient summed
+    over the batch, a launch of its own), else None."""
+    from graphkernel.opdefs.reduce import reduce_axes
+
+    if n.op == "GraphKernel" or n.op in ("Scan", "ElemAny") or len(n.inputs) != 1 or \
+            len(n.outputs) != 1 or ops.get(n.op).kind != OpKind.REDUCE or \
+            n.outputs[0].dtype not in SUPPORTED_DTYPES or \
+            not isinstance(n.attrs.get("axis", None), (list, tuple, type(None))):
+        return None
+    x, y = n.inputs[0].type, n.outputs[0]
+    return (tuple(symbolic.canon(d) for d in x.shape), tuple(reduce_axes(x.rank,
+                                                                         n.attrs.get("axis"))),
+            ((tuple(symbolic.canon(d) for d in y.shape), y.type.dtype),))
+
+
+def _join_lone_reductions(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
+    """A reduction left a launch of its own (the sum over the batch of a gradient: a bias's
+    gradient) joins a kernel reading the same value whole that reduces the same axes of the
+    same shape and leaves only reduced values (the sum over the batch of that gradient times
+    the normalised input: the norm weight's gradient), when neither depends on the other and
+    the code generator schedules the two together: one launch reduces both over the same
+    tiles, reading the shared value once. Each sum is the same ops on the same values.
+    Returns (reduction, kernel, joined)."""
+    limit = ctx.flags.composite_op_limit_size
+    done = []
+    for s in [n for n in graph.nodes if _lone_reduce_space(n) is not None]:
+        space = _lone_reduce_space(s)
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+        partner = None
+        for k in dict.fromkeys(s.inputs[0].users):
+            if k is s or _reduce_space(k) != space or _ops(k) + 1 > limit:
+                continue
+            a, b = sorted((s, k), key=lambda n: order[id(n)])
+            if reaches(graph, a, b, order) or not _joinable(k, s):
+                continue
+            if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
+                partner = k
+                break
+        if partner is None:
+            continue
+        lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "reduce_output"),
+                            "reduce_output")
         merged = merge_parallel(graph, partner, lone, next_kernel_name(
             ctx.analyses, list(partner.subgraph.nodes), "sibling"))
         done.append((s, partner, merged))

@@ -131,8 +131,35 @@ def _stored_by_one(model, a, consumers) -> bool:
     return model.kind(a) == OpKind.ELEMWISE and all(
         id(model.area_of(u)) in ids for _, u in model.outputs_of(a)) and all(
         model.size(c) == model.size(a) and model.relation(a, c) == INJECTIVE
-        and tuple(v.shape) == tuple(u.outputs[0].shape)
+        and (tuple(v.shape) == tuple(u.outputs[0].shape) or _reduced_whole(v, u))
         for c in consumers for v, u in model.outputs_of(a) if model.area_of(u) is c)
+
+
+def _reduced_whole(v, u) -> bool:
+    """Whether op ``u`` is a reduction of ``v`` itself (not a view of it): it reads each
+    element of ``v`` once, in ``v``'s shape, so its kernel's loop space is ``v``'s (the
+    residual sum a training forward returns for the backward, read by its norm's mean)."""
+    return ops.get(u.op).kind == OpKind.REDUCE and u.op not in ("Scan", "ElemAny") and \
+        len(u.inputs) == 1 and u.inputs[0] is v
+
+
+def _row_values_stored(model, a, consumers) -> bool:
+    """Whether graph-output area ``a`` may go into its single consumer, which then stores it
+    as well: ``a`` is elementwise work whose every value is one per row of the consumer's
+    loop space (its shape with a last axis of 1: a norm's mean or reciprocal deviation,
+    which a training graph's forward returns for the backward). The consumer's kernel
+    computes each such value once per row of its tile, as the area's own launch did, and
+    stores it as a column; the values are the same ops on the same operands, so the stored
+    ones are exact. (Values spread along other axes would be stored from a broadcast and are
+    left to ``_stored_by_one``'s rule.)"""
+    if model.kind(a) != OpKind.ELEMWISE or len(consumers) != 1:
+        return False
+    shape = tuple(consumers[0].dominant.outputs[0].shape)
+    if len(shape) < 2 or symbolic.eq(shape[-1], 1):
+        return False
+    return all(len(v.shape) == len(shape) and symbolic.eq(v.shape[-1], 1)
+               and all(map(symbolic.eq, v.shape[:-1], shape[:-1]))
+               for n in a.nodes if n.op != "Constant" for v in n.outputs)
 
 
 def _inside_only(model, a) -> bool:
@@ -154,10 +181,12 @@ def _computing(a, broadcasts: bool = True) -> int:
 def _bwd_conditions(model, a, consumers, external):
     depth = model.cfg.broadcast_fuse_depth
     conds = [
-        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers),
+        need(lambda: not model.is_output(a) or _stored_by_one(model, a, consumers)
+             or _row_values_stored(model, a, consumers),
              lambda: f"{a.name} is a graph output"),
         need(lambda: not external or (model.is_output(a) and _inside_only(model, a)
-                                      and _stored_by_one(model, a, consumers)),
+                                      and (_stored_by_one(model, a, consumers)
+                                           or _row_values_stored(model, a, consumers))),
              lambda: f"{a.name} has a consumer outside the fusable region"),
         need(lambda: _computing(a) <= depth or (
             _computing(a, broadcasts=False) <= depth
@@ -202,8 +231,10 @@ def _bwd_conditions(model, a, consumers, external):
          refuses=("GK202", "GK206", "GK207", "GK209", "GK210", "GK302"))
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output (unless elementwise work of its
-    consumer's shape read only in the region, which the consumer then stores too: a residual
-    sum leaving a graph), of at most broadcast_fuse_depth ops
+    consumer's shape read only in the region, elementwise or reduced whole, which the
+    consumer then stores too: a residual sum leaving a graph; or elementwise work on one value per row of its consumer, which the
+    consumer stores as a column: a norm's statistics a training forward returns), of at most
+    broadcast_fuse_depth ops
     (views, which compute nothing, not counted), pushes itself into its single consumer (a
     REDUCE consumer only over an INJECTIVE edge, for an ELEMWISE area or one broadcasting
     only whole rows of what is reduced; work on a matrix product's result not into a

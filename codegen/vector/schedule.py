@@ -1180,11 +1180,16 @@ class _Planner:
     def _widening_load(self, n: Node) -> bool:
         """A Cast to float32 of an int32 or int64 kernel input that nothing else in the kernel
         reads: the load converts it (an index an ArgMax returned, the positions a KV-cache
-        step's rotary angles are computed from)."""
+        step's rotary angles are computed from). Likewise a Cast to a float type of a bool
+        kernel input read only through such Casts (dropout's saved mask in the backward,
+        ``grad * mask.to(float) * scale``): a bool input is loaded as 0/1 in the compute type
+        (``_widen``), exact in every float type, so the Cast is that loaded value."""
         x = n.inputs[0]
-        return (n.op == "Cast" and x.dtype in (BITS, DType.int64)
-                and any(x is v for v in self.sub.inputs)
-                and read_as_floats(x))
+        if n.op != "Cast" or not any(x is v for v in self.sub.inputs):
+            return False
+        if x.dtype == DType.bool:
+            return all(u.op == "Cast" and u.outputs[0].dtype in FLOATS for u in x.users)
+        return x.dtype in (BITS, DType.int64) and read_as_floats(x)
 
     def _cast_is_view(self, n: Node) -> bool:
         """A float cast is free inside a kernel (everything is fp32 in UB) when it widens, or
