@@ -232,10 +232,10 @@ def _bwd_conditions(model, a, consumers, external):
 def bwd_depth(model, a):
     """An ELEMWISE/BROADCAST area, not a graph output (unless elementwise work of its
     consumer's shape read only in the region, elementwise or reduced whole, which the
-    consumer then stores too: a residual sum leaving a graph; or elementwise work on one value per row of its consumer, which the
-    consumer stores as a column: a norm's statistics a training forward returns), of at most
-    broadcast_fuse_depth ops
-    (views, which compute nothing, not counted), pushes itself into its single consumer (a
+    consumer then stores too: a residual sum leaving a graph; or elementwise work on one
+    value per row of its consumer, which the consumer stores as a column: a norm's
+    statistics a training forward returns), of at most broadcast_fuse_depth ops (views,
+    which compute nothing, not counted), pushes itself into its single consumer (a
     REDUCE consumer only over an INJECTIVE edge, for an ELEMWISE area or one broadcasting
     only whole rows of what is reduced; work on a matrix product's result not into a
     consumer of views alone: it is the product's epilogue)."""
