@@ -203,35 +203,41 @@ def _join_lone_slices(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
     joins a kernel of its loop space reading the same projection (through views, in part)
     when neither depends on the other and the code generator schedules the two together:
     the slice's rows are copied by that kernel's launch. Returns (slice, kernel, joined)."""
-    limit = ctx.flags.composite_op_limit_size
     done = []
     for s in [n for n in graph.nodes if n.op == "StridedSlice"]:
         if any(st != 1 for st in (s.attrs.get("strides") or [1])) or \
                 s.outputs[0].dtype not in SUPPORTED_DTYPES:
             continue
         space = (tuple(symbolic.canon(d) for d in s.outputs[0].shape), s.outputs[0].dtype)
-        order = {id(n): i for i, n in enumerate(graph.nodes)}
-        partner = None
-        base = _base(s.inputs[0])
-        for v in [base]:
-            for k in _part_readers(v):
-                if _loop_space(k) != space or _ops(k) + 1 > limit:
-                    continue
-                a, b = sorted((s, k), key=lambda n: order[id(n)])
-                if reaches(graph, a, b, order) or not _joinable(k, s):
-                    continue
-                if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
-                    partner = k
-                    break
-            if partner is not None:
-                break
-        if partner is None:
-            continue
-        lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "slice"), "slice")
-        merged = merge_parallel(graph, partner, lone, next_kernel_name(
-            ctx.analyses, list(partner.subgraph.nodes), "sibling"))
-        done.append((s, partner, merged))
+        partner = _partner(graph, ctx, s, _part_readers(_base(s.inputs[0])), space,
+                           _loop_space)
+        if partner is not None:
+            done.append((s, partner, _absorb(graph, ctx, s, partner, "slice")))
     return done
+
+
+def _partner(graph: Graph, ctx, s: Node, kernels, space, space_of) -> Node | None:
+    """The first of ``kernels`` whose ``space_of`` is ``space``, with room for one op more
+    (``composite_op_limit_size``), independent of ``s`` and joinable with it, that the flags
+    let join ``s``; else None."""
+    limit = ctx.flags.composite_op_limit_size
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    for k in kernels:
+        if k is s or space_of(k) != space or _ops(k) + 1 > limit:
+            continue
+        a, b = sorted((s, k), key=lambda n: order[id(n)])
+        if reaches(graph, a, b, order) or not _joinable(k, s):
+            continue
+        if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
+            return k
+    return None
+
+
+def _absorb(graph: Graph, ctx, s: Node, partner: Node, kind: str) -> Node:
+    """``s`` made a kernel of its own (``kind``) and merged beside ``partner``."""
+    lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], kind), kind)
+    return merge_parallel(graph, partner, lone, next_kernel_name(
+        ctx.analyses, list(partner.subgraph.nodes), "sibling"))
 
 
 def _lone_reduce_space(n: Node) -> tuple | None:
@@ -258,26 +264,10 @@ def _join_lone_reductions(graph: Graph, ctx) -> list[tuple[Node, Node, Node]]:
     the code generator schedules the two together: one launch reduces both over the same
     tiles, reading the shared value once. Each sum is the same ops on the same values.
     Returns (reduction, kernel, joined)."""
-    limit = ctx.flags.composite_op_limit_size
     done = []
     for s in [n for n in graph.nodes if _lone_reduce_space(n) is not None]:
-        space = _lone_reduce_space(s)
-        order = {id(n): i for i, n in enumerate(graph.nodes)}
-        partner = None
-        for k in dict.fromkeys(s.inputs[0].users):
-            if k is s or _reduce_space(k) != space or _ops(k) + 1 > limit:
-                continue
-            a, b = sorted((s, k), key=lambda n: order[id(n)])
-            if reaches(graph, a, b, order) or not _joinable(k, s):
-                continue
-            if ctx.should_apply(f"{s.name} | {k.name}", [s, k]):
-                partner = k
-                break
-        if partner is None:
-            continue
-        lone = build_kernel(graph, [s], next_kernel_name(ctx.analyses, [s], "reduce_output"),
-                            "reduce_output")
-        merged = merge_parallel(graph, partner, lone, next_kernel_name(
-            ctx.analyses, list(partner.subgraph.nodes), "sibling"))
-        done.append((s, partner, merged))
+        partner = _partner(graph, ctx, s, dict.fromkeys(s.inputs[0].users),
+                           _lone_reduce_space(s), _reduce_space)
+        if partner is not None:
+            done.append((s, partner, _absorb(graph, ctx, s, partner, "reduce_output")))
     return done
