@@ -362,9 +362,7 @@ class Ctx:
         if isinstance(x, Value):
             return self.cast(x, dtype)
         if isinstance(x, str):
-            fed = self.env.get(_SIZES_IN)
-            t = TensorType((), dtype)
-            return _size_input(self, fed, x, t) if fed is not None else _size_value(self, x, t)
+            return _size_of(self, x, TensorType((), dtype))
         return self.const(x, dtype)
 
 
@@ -1054,10 +1052,7 @@ def _full(c: Ctx):
     t = c.out_type
     value = c.arg(1) if "full" in str(c.node.target) else c.arg(0)
     if isinstance(value, str):  # a symbolic size as a number (torch.tensor(x.size(-1)))
-        fed = c.env.get(_SIZES_IN)
-        if fed is not None:
-            return _size_input(c, fed, value, t)
-        return _size_value(c, value, t)
+        return _size_of(c, value, t)
     if isinstance(value, Value):
         raise Unmapped("a fill value computed at run time")
     if not t.is_static:  # one scalar broadcast to the symbolic shape
@@ -1066,6 +1061,13 @@ def _full(c: Ctx):
 
 
 _SIZES_IN = "<sizes fed as inputs>"  # a key of the import's env: size -> its graph input
+
+
+def _size_of(c: Ctx, dim: str, t: TensorType) -> Value:
+    """A tensor of type ``t`` filled with the value of the symbolic size ``dim``: fed as an
+    input when the caller feeds sizes (``_size_input``), else counted (``_size_value``)."""
+    fed = c.env.get(_SIZES_IN)
+    return _size_input(c, fed, dim, t) if fed is not None else _size_value(c, dim, t)
 
 
 def _size_input(c: Ctx, fed: dict, dim: str, t: TensorType) -> Value:
@@ -2308,16 +2310,11 @@ class TorchCall:
     a model file never gets one (``fn`` cannot come from a file)."""
 
     def __init__(self, op: Any, args: list[Any], kwargs: dict[str, Any],
-                 layouts: list[list[int] | None] | None = None,
-                 strided: list[tuple[list[int], list[int], int] | None] | None = None
-                 ) -> None:
+                 layouts: list[list[int] | None] | None = None) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
         # per input: the order of its axes in memory (outermost first) when the traced
         # program's tensor was not row-major, else None (see ``_memory_order``)
         self.layouts = layouts or []
-        # per input of an op that reads its input's memory (``as_strided``): the traced
-        # tensor's (sizes, strides, storage offset), else None (see ``_traced_strides``)
-        self.strided = strided or []
 
     def __call__(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         ts = [to_torch(x) for x in xs]
@@ -2326,15 +2323,6 @@ class TorchCall:
                 # the program's layout again: a copy whose axes lie in memory as they did
                 inverse = sorted(range(len(order)), key=order.__getitem__)
                 ts[i] = ts[i].permute(order).contiguous().permute(inverse)
-        for i, spec in enumerate(self.strided[:len(ts)]):
-            if spec is not None and list(ts[i].shape) == spec[0]:
-                # the program's strides and offset again: a copy lying in a buffer as the
-                # traced tensor lay in its storage, so that the op reads what it read
-                shape, stride, offset = spec
-                extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride,
-                                                                         strict=True))
-                view = ts[i].new_empty(extent).as_strided(shape, stride, offset)
-                ts[i] = view.copy_(ts[i])
         out = self.op(*_fill(self.args, ts), **_fill(self.kwargs, ts))
         outs = out if isinstance(out, list | tuple) else [out]
         return [to_numpy(o) for o in outs if o is not None]
@@ -2372,7 +2360,9 @@ def _memory_order(node: Any) -> list[int] | None:
 # ops whose result depends on where their input's elements lie in memory, not only on its
 # values: ``as_strided`` reads the storage under its input by the strides it is given. Fed a
 # row-major copy, it would read other elements than the program's tensor (a Longformer's
-# overlapping chunks taken by ``as_strided`` from a view of transposed heads).
+# overlapping chunks taken by ``as_strided`` from a view of transposed heads): one its
+# handler cannot lower (``as_strided_reads``) is never an Opaque op; its graph runs through
+# torch.
 READS_MEMORY = frozenset({"aten.as_strided.default"})
 
 
@@ -2396,6 +2386,8 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
     the ATen-style description where the arguments have one, else empty: such a graph
     cannot be saved."""
     target = str(node.target)
+    if target in READS_MEMORY:  # (fed its values alone, it would read other elements)
+        raise FrontendError(f"{target}: {reason}")
     if target not in _LOGGED:
         _LOGGED.add(target)
         log.warning("Fallback %s: %s", target, reason)
@@ -2410,8 +2402,6 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         spec = {}
     # a random op draws in its input's memory order: it gets the program's layout
     layouts = [_memory_order(i) for i in inputs] if _seeded(node) else None
-    # an op reading its input's memory gets the program's strides and offset
-    strided = [_traced_strides(i) for i in inputs] if target in READS_MEMORY else None
     val = node.meta.get("val")
     vals = val if isinstance(val, list | tuple) else [val]
     out_types = [TensorType(tuple(_dim(d) for d in v.shape), torch_dtype(v.dtype, node.name))
@@ -2420,7 +2410,7 @@ def _opaque(g: Graph, node: Any, env: dict, reason: str, after: Value | None = N
         raise FrontendError(f"node '{node.name}' ({target}) has no tensor output metadata")
     n = g.add_node("Opaque", [env[i] for i in inputs] + ([after] if after is not None else []),
                    {"impl": "aten", "spec": spec, "out_types": out_types, "label": target,
-                    "fn": TorchCall(node.target, args, kwargs, layouts, strided)},
+                    "fn": TorchCall(node.target, args, kwargs, layouts)},
                    name=g.fresh_name(node.name))
     if not isinstance(val, list | tuple):
         return n.outputs[0]

@@ -542,9 +542,8 @@ def unsupported(gm: torch.fx.GraphModule) -> str | None:
     None: a value of a dtype graphkernel has no type for (complex, unsigned wider than 8
     bits, float8), an effect token (``with_effects``: ops ordered by a token, such as linalg's
     error checks) or another higher-order op (control flow, subgraphs; not those of
-    ``CALLABLE_HOPS``), an ``as_strided`` whose elements read cannot be known from its
-    input (symbolic strides, memory outside the input's elements)."""
-    from graphkernel.frontends.fx import READS_MEMORY, as_strided_reads, torch_dtype
+    ``CALLABLE_HOPS``)."""
+    from graphkernel.frontends.fx import torch_dtype
 
     for n in gm.graph.nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
@@ -553,10 +552,6 @@ def unsupported(gm: torch.fx.GraphModule) -> str | None:
                 op = n.args[1] if len(n.args) > 1 else "an op"
                 return f"effect tokens ({op} is ordered by a token)"
             return f"the higher-order op {n.target.name()}"
-        if n.op == "call_function" and str(n.target) in READS_MEMORY:
-            why = as_strided_reads(n)
-            if isinstance(why, str):  # reads that the op's input alone does not give
-                return f"{n.target}: {why}"
         val = n.meta.get("val")
         for v in val if isinstance(val, list | tuple) else [val]:
             if isinstance(v, torch.Tensor):
