@@ -18,9 +18,13 @@ from graphkernel.frontends.onnx_conformance import run_conformance  # noqa: E402
 from graphkernel.interpreter import Interpreter, random_inputs  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+# ONNX builds its conformance cases once per process (collect_testcases: about 13 s of CPU,
+# more than running them): the tests reading them run on one pytest-xdist worker
+CONFORMANCE = pytest.mark.xdist_group("onnx_conformance")
 
 
 @pytest.mark.slow
+@CONFORMANCE
 def test_node_conformance_at_least_95_percent():
     res = run_conformance()
     failed = [f"{c.name}: {c.reason}" for c in res.cases if c.status == "failed"]
@@ -376,6 +380,7 @@ def test_normalisations_of_their_own_statistics_match_the_reference(op):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@CONFORMANCE
 @pytest.mark.parametrize("case", ["test_causal_conv_with_state_silu_expanded",
                                   "test_causal_conv_with_state_with_bias_and_past_state_expanded",
                                   "test_maxpool_1d_default", "test_averagepool_1d_default"])
