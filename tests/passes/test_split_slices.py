@@ -8,7 +8,7 @@ import pytest
 
 from graphkernel import Graph, TensorType
 from graphkernel.interpreter import random_inputs, run_graph
-from tests.passes.conftest import apply_pass, ops_of
+from tests.passes.conftest import MAMBA_LAYER, apply_pass, ops_of
 
 
 def _split(axis=2, product=False) -> Graph:
@@ -126,49 +126,24 @@ def test_a_split_of_a_weight_input_or_of_a_result_read_elsewhere_is_kept():
 
 @pytest.mark.slow
 @pytest.mark.e2e
+@MAMBA_LAYER
 @pytest.mark.usefixtures("fresh_torch")
-def test_a_mamba_layer_built_by_the_library_keeps_no_split(monkeypatch):
+def test_a_mamba_layer_built_by_the_library_keeps_no_split(mamba_layer):
     """transformers' MambaModel (one layer, from its config with a non-default expansion,
     kernel and state size; library defaults; torch.compile): ``in_proj``'s result split
     between the convolution and the gate, and ``x_proj``'s between ``dt_proj`` and the scan,
     are taken into their products; the pieces launch as one product group each, so the
-    layer launches twice fewer than with the Splits; outputs match eager."""
+    layer launches twice fewer than with the Splits; outputs match eager. (The compile with
+    library defaults is the session's, tests/passes/conftest.py.)"""
     import torch
-    import transformers as T
 
-    import graphkernel
-    import graphkernel.torch as gt
-
-    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
-    compiled = []
-    real = graphkernel.compile
-
-    def keep(*a, **k):
-        res = real(*a, **k)
-        compiled.append(res.graph)
-        return res
-
-    monkeypatch.setattr(graphkernel, "compile", keep)
-    torch.manual_seed(0)
-    cfg = T.MambaConfig(num_hidden_layers=1, vocab_size=64, hidden_size=24, state_size=4,
-                        expand=3, conv_kernel=3)
-    model = T.MambaModel(cfg).eval()
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    counts, graphs = {}, {}
     off = "--disable_pass=split_slices"
-    with torch.no_grad():
-        want = model(input_ids=ids).last_hidden_state
-        for flags in ("", off):
-            torch._dynamo.reset()
-            gt.reset_stats()
-            compiled.clear()
-            got = torch.compile(lambda x: model(input_ids=x).last_hidden_state,
-                                backend="graphkernel", options={"flags": flags})(ids)
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-            counts[flags] = sum(gt.stats()["launches"].values())
-            graphs[flags] = list(compiled)
-    ops = [n.op for g in graphs[""] for n in g.nodes]
-    pats = [n.attrs.get("pattern") for g in graphs[""] for n in g.nodes]
+    runs = {"": mamba_layer.default, off: mamba_layer.run(off)}
+    for r in runs.values():
+        torch.testing.assert_close(r.out, mamba_layer.want, rtol=1e-4, atol=1e-5)
+    counts = {flags: sum(r.stats["launches"].values()) for flags, r in runs.items()}
+    ops = [n.op for g in runs[""].graphs for n in g.nodes]
+    pats = [n.attrs.get("pattern") for g in runs[""].graphs for n in g.nodes]
     assert "Split" not in ops and pats.count("matmul_group") == 2
     assert counts[""] == counts[off] - 2
 
