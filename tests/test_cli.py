@@ -85,11 +85,16 @@ def test_wrong_input_shape_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.e2e
-def test_every_command_has_help():
+def test_every_command_has_help(capsys):
+    """Through the program (``python -m graphkernel.cli``) once, then through ``main`` in
+    this process (the program's whole body), without an interpreter started per command."""
+    r = subprocess.run([sys.executable, "-m", "graphkernel.cli", "info", "--help"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "usage: graphkernel" in r.stdout
     for cmd in ("info", "run", "ops"):
-        r = subprocess.run([sys.executable, "-m", "graphkernel.cli", cmd, "--help"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0 and "usage: graphkernel" in r.stdout
+        with pytest.raises(SystemExit) as done:
+            main([cmd, "--help"])
+        assert done.value.code == 0 and "usage: graphkernel" in capsys.readouterr().out
 
 
 @pytest.mark.e2e
