@@ -5,11 +5,13 @@ points), so a module can be read and tested without the ones above it."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import tomllib
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +42,17 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
 
 
 def import_graph() -> nx.DiGraph:
+    """Each graphkernel module -> the modules it imports (anywhere in it); a copy of the one
+    scan of the sources a test run makes."""
+    return _scanned_import_graph().copy()
+
+
+# the tests reading the scan run on one pytest-xdist worker, which scans once
+SCAN = pytest.mark.xdist_group("module_graph_scan")
+
+
+@functools.cache
+def _scanned_import_graph() -> nx.DiGraph:
     mods = modules()
 
     def owner(name: str) -> str | None:  # the module a dotted name lives in
@@ -76,12 +89,14 @@ def import_graph() -> nx.DiGraph:
     return g
 
 
+@SCAN
 def test_the_scan_sees_the_modules_and_their_imports():
     g = import_graph()
     assert len(g) > 80 and g.has_edge("graphkernel.ir", "graphkernel.ops")
     assert g.has_edge("graphkernel.passes.split", "graphkernel.kernels")
 
 
+@SCAN
 def test_no_import_cycles():
     g = import_graph()
     cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]

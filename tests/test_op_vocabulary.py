@@ -6,6 +6,7 @@ meaning of their own (views, cube ops, products) are traits on the op definition
 from __future__ import annotations
 
 import ast
+import functools
 
 import pytest
 
@@ -70,6 +71,17 @@ def compared_ops(source: str, locals_too: bool = True) -> list[tuple[int, str]]:
 
 
 def _scan() -> list[tuple[str, int, str]]:
+    """(module, line, name) of every op comparison in graphkernel's sources (scanned once a
+    test run)."""
+    return list(_scanned())
+
+
+# the tests reading the scan run on one pytest-xdist worker, which scans once
+SCAN = pytest.mark.xdist_group("op_vocabulary_scan")
+
+
+@functools.cache
+def _scanned() -> tuple[tuple[str, int, str], ...]:
     out = []
     for mod, path in sorted(modules().items()):
         frontend = mod.startswith("graphkernel.frontends")
@@ -77,15 +89,17 @@ def _scan() -> list[tuple[str, int, str]]:
             if mod in FX_MODULES and name in FX_NODE_OPS:
                 continue
             out.append((mod, line, name))
-    return out
+    return tuple(out)
 
 
+@SCAN
 def test_the_scan_finds_the_comparisons():
     found = _scan()
     assert len(found) > 150
     assert ("graphkernel.kernels", "GraphKernel") in {(m, n) for m, _, n in found}
 
 
+@SCAN
 def test_every_compared_op_name_is_a_registered_op():
     bad = [f"{mod}:{line}: {name!r}" for mod, line, name in _scan()
            if not ops.exists(name) or ops.canonical(name) != name]
