@@ -551,6 +551,15 @@ def _reduced_web(model, a, shape, axes):
     return small, back, None
 
 
+def _scalar_constant(v) -> bool:
+    """Whether ``v`` is one constant value, seen through views: a one-element Constant, or a
+    Reshape of one that a transpose moved out of a norm left shared by its readers (read by
+    the kernel as a scalar input: the same value at every element)."""
+    while v.producer is not None and v.producer.op in VIEW_OPS and v.type.numel == 1:
+        v = v.producer.inputs[0]
+    return v.producer is not None and v.producer.op == "Constant" and v.type.numel == 1
+
+
 def _web_refusal(model, a, small, back, shape, axes):
     """Why the web of ``a`` cannot be one kernel over the rows, or None."""
     row = symbolic.numel(shape[axes[-1] + 1:])
@@ -561,8 +570,7 @@ def _web_refusal(model, a, small, back, shape, axes):
         for n in x.nodes:
             for v in n.inputs:
                 if v.producer is None or id(v.producer) not in own:
-                    if not (v.producer is not None and v.producer.op == "Constant" and
-                            v.type.numel == 1):
+                    if not _scalar_constant(v):
                         return (f"operands of different shapes: {x.name} reads {v.name} beside "
                                 "the reduced values (they are computed on with scalar "
                                 "constants only)")

@@ -277,3 +277,36 @@ def test_broadcast_back_refuses_work_apart_from_the_reduced_values():
     assert not attempts(res, "reduce_broadcast_back", "fused")
     (why,) = [r for r in reasons(res, "reduce_broadcast_back") if "apart from" in r]
     assert "computes xd apart from the reduced values" in why and code(why) == "GK209"
+
+
+def _channel_norm(shape=(2, 64, 16), shared_count=True):
+    """LayerNorm over axis 1 of ``shape`` ([B, C, L]: a 1x1-convolution model's channels), as
+    a permute -> LayerNorm -> permute leaves it once the permutes are gone: the element count
+    a Reshape of a one-element Constant (``shared_count``) read by both means, or a scalar
+    Constant."""
+    b = G()
+    C = shape[1]
+    x = b.input("x", shape)
+    count = b.const([float(C)])
+    if shared_count:
+        count = b.op("Reshape", count, name="count", shape=[1, 1, 1])
+    s1 = b.op("ReduceSum", x, name="s1", axis=[1], keep_dims=True)
+    d = b.op("Sub", x, b.op("Div", s1, count, name="mean"), name="d")
+    s2 = b.op("ReduceSum", b.op("Mul", d, d, name="sq"), name="s2", axis=[1], keep_dims=True)
+    var = b.op("Div", s2, count, name="var")
+    r = b.op("Rsqrt", b.op("Add", var, b.const(1e-5), name="ve"), name="r")
+    return b.out(b.op("Mul", d, r, name="y"))
+
+
+def test_broadcast_back_reads_a_scalar_constant_through_a_view():
+    """The mean's divisor a one-element Constant seen through a Reshape shared by both
+    means (SqueezeBERT's channel LayerNorm once its permutes are gone): a scalar like the
+    Constant itself, so each reduction over the channels takes the work on its result and
+    the work broadcasting it back, as with a plain scalar Constant."""
+    want = [{"s1", "mean", "d"}, {"sq", "s2", "var", "ve", "r", "y"}]
+    for shape in ((2, 64, 16), (4, 24, 40), (3, 7, 5)):
+        for shared in (True, False):
+            res = fuse(_channel_norm(shape, shared))
+            assert kernels(res) == want, (shape, shared, kernels(res))
+            assert not [r for r in reasons(res, "reduce_broadcast_back")
+                        if "reads count beside the reduced values" in r]
