@@ -590,6 +590,19 @@ def pattern_cases() -> list[Case]:
         n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
         m = n("ReduceMean", [n("Mul", [v["x"], v["w"]])], axis=axes, keep_dims=True)
         add(f"middle-reduce-back-sub-{tag}", g, n("Exp", [n("Sub", [v["x"], m])]))
+    # an int32 index per row (an ArgMax's expert) read as floats, compared with a row of
+    # expert ids: one value per row cast to float32 on loading, a one-hot mask weighting the
+    # scores (a top-1 router's dispatch), odd sizes included
+    for rows, experts in ((32, 4), (37, 5), (300, 8)):
+        g = Graph(f"int32_per_row_{rows}x{experts}")
+        ids = g.add_input("ids", TensorType((rows,), "int32"))
+        scores = g.add_input("scores", TensorType((rows, experts), "float32"))
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        col = n("ExpandDims", [n("Cast", [ids], dtype="float32")], axis=[1])
+        hit = n("Equal", [col, g.const(np.arange(experts, dtype=np.float32))])
+        one = n("Select", [hit, g.const(np.float32(1)), g.const(np.float32(0))])
+        add(f"int32-index-per-row-{rows}x{experts}", g, n("Mul", [one, scores]),
+            feeds_for=lookup_feeds(g, experts))
     return cases
 
 
