@@ -694,8 +694,8 @@ def columns(model, a):
                            "scalars") for x in (a, p)),
         need(lambda: isinstance(rows, int) and rows <= MAX_TILE_ROWS and
              rows * ub.ub_align_bytes * BLOCK_ROW_BUFFERS <= ub.ub_bytes,
-             lambda: f"the code generator cannot hold the {rows} rows of a block in one tile "
-                     f"({BLOCK_ROW_BUFFERS} rows of {ub.ub_align_bytes} bytes each over "
+             lambda: f"the code generator cannot hold the rows of a block ({rows}) in one "
+                     f"tile ({BLOCK_ROW_BUFFERS} rows of {ub.ub_align_bytes} bytes each over "
                      f"{ub.ub_bytes} bytes of UB)"),
     ])
 

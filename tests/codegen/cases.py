@@ -603,6 +603,20 @@ def pattern_cases() -> list[Case]:
         one = n("Select", [hit, g.const(np.float32(1)), g.const(np.float32(0))])
         add(f"int32-index-per-row-{rows}x{experts}", g, n("Mul", [one, scores]),
             feeds_for=lookup_feeds(g, experts))
+    # LayerNorm over the channels of [B, C, L] after a residual add (a 1x1-convolution
+    # model's norm): one kernel whose row tile holds every row of a block, the variance's
+    # reduction of the mean broadcast back complete within the tile; odd sizes, a block of
+    # many column tiles and one of more rows than a column tile of 8 holds across cores
+    for shape in ((2, 64, 16), (3, 37, 300), (2, 5, 7), (1, 200, 70)):
+        tag = "x".join(map(str, shape))
+        g, v = _g(f"block_norm_{tag}", {"x": shape, "r": shape})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        h = n("Add", [v["x"], v["r"]])
+        count = g.const(np.float32(shape[1]))
+        d = n("Sub", [h, n("Div", [n("ReduceSum", [h], axis=[1], keep_dims=True), count])])
+        var = n("Div", [n("ReduceSum", [n("Mul", [d, d])], axis=[1], keep_dims=True), count])
+        add(f"block-tile-channel-norm-{tag}", g,
+            n("Mul", [d, n("Rsqrt", [n("Add", [var, g.const(np.float32(1e-5))])])]))
     return cases
 
 
