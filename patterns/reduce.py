@@ -659,7 +659,7 @@ BLOCK_ROW_BUFFERS = 12
 
 
 @pattern("reduce_columns", order=82, direction="fwd", mode="depth", level=2,
-         refuses=("GK202", "GK208", "GK209"))
+         refuses=("GK202", "GK209"))
 def columns(model, a):
     """A reduction over one run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``)
     pulls in the reduction of the same axes of the same shape whose result its work reads
