@@ -3,6 +3,7 @@ floats; block tiles (a kernel over the rows whose row tile holds every row of a 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.codegen.cases import compile_cases, pattern_cases
@@ -67,3 +68,26 @@ def test_a_block_too_tall_for_the_ub_runs_as_phase_kernels():
     k = build_kernel(g, [m for m in g.nodes if m.op != "Constant"], "one", "test")
     with pytest.raises(NeedsPhases, match="needs the block.s 3000 rows in one tile"):
         check(k, targets.load("ascend910b"))
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 16), (4, 24, 40), (2, 300, 9)])
+def test_a_channel_norm_is_one_launch_through_the_pipeline(shape):
+    """LayerNorm over axis 1 of [B, C, L] as a permute -> LayerNorm -> permute leaves it
+    once the permutes are gone (the element count a Reshape of a one-element Constant, read
+    by both means): the whole pipeline at opt_level 2 makes it one block-tile launch (before:
+    two kernels over the rows at best, six in SqueezeBERT)."""
+    import graphkernel
+    from graphkernel import Graph, TensorType
+    from graphkernel.codegen.backend import schedules
+
+    g = Graph("channel_norm")
+    x = g.add_input("x", TensorType(shape, "float32"))
+    n = lambda op, ins, **a: g.add_node(op, ins, a).output  # noqa: E731
+    count = n("Reshape", [g.const(np.asarray([float(shape[1])], np.float32))], shape=[1, 1, 1])
+    d = n("Sub", [x, n("Div", [n("ReduceSum", [x], axis=[1], keep_dims=True), count])])
+    var = n("Div", [n("ReduceSum", [n("Mul", [d, d])], axis=[1], keep_dims=True), count])
+    g.set_outputs([n("Mul", [d, n("Rsqrt", [n("Add", [var, g.const(np.float32(1e-5))])])])])
+    res = graphkernel.compile(g, "--opt_level=2", env={})
+    assert res.report.extra["kernels_fused"] == 1, res.report.extra["kernels"]
+    (sched,) = schedules(res).values()
+    assert sched.block_tile and sched.M == shape[1]
