@@ -70,9 +70,28 @@ def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSch
         return s
     s = plan(kernel, target=target)
     ir = lower(s)  # the steps lower (a trial: rendering lowers the final schedule)
+    if s.block_tile:
+        _block_fits(s, ir, target)
     _host_dims(s, (s.M, s.L, s.batch, *(io.value.type.numel for io in (*s.inputs,
                                                                           *s.outputs))))
     return layouts.choose(kernel, s, ir, target)
+
+
+def _block_fits(s: Schedule, ir, target: Target) -> None:
+    """A block-tile kernel (``Schedule.block_tile``) holds all ``M`` rows of a block for its
+    narrowest column tile (one 32-byte block) in UB, by the buffer plan the tiling solves at
+    run time; else it is split into phase kernels as before."""
+    from graphkernel.codegen.buffers import plan as buffer_plan
+    from graphkernel.codegen.refusal import NeedsPhases
+    from graphkernel.codegen.vector.schedule import align_elems
+
+    ub, a = buffer_plan(ir, target.block_bytes).budget(), align_elems(s)
+    need = ub.tile * s.M * a + ub.col * a + ub.row * s.M + ub.fixed
+    if need > target.ub_bytes:
+        raise NeedsPhases(f"a reduction over the rows whose result is broadcast back and "
+                          f"reduced again needs the block's {s.M} rows in one tile: "
+                          f"{need} bytes of UB at the narrowest column tile, over "
+                          f"{target.ub_bytes}")
 
 
 def _host_dims_matmul(s: MatmulSchedule) -> None:

@@ -274,8 +274,8 @@ class FusionGroup:
 # AutoFuse's extended fusions (its parser's vocabulary), each off unless listed
 AUTOFUSE_GROUPS: dict[str, FusionGroup] = {
     "reduce": FusionGroup(("reduce_fwd_depth", "reduce_fwd_width", "reduce_bwd",
-                           "reduce_output", "reduce_chain", "reduce_broadcast_back", "reduce_rows",
-                           "elemany_addn"),
+                           "reduce_output", "reduce_chain", "reduce_broadcast_back",
+                           "reduce_columns", "reduce_rows", "elemany_addn"),
                           ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ElemAny")),
     "concat": FusionGroup(("concat",), ("Concat",)),
     "slice": FusionGroup(("slice",), ("Slice", "StridedSlice")),

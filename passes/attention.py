@@ -51,8 +51,11 @@ score either sends to minus infinity has weight 0 either way). BLOOM's ALiBi bia
 [B·N, 1, S2]: split to [B, N, 1, S2], a documented pse shape. A constant pse in a shape the
 operator does not document grows (broadcast) to one it does: [1,N,S1,S2] when it does not
 vary over the batch, else [B,N,S1,S2]. Other
-masks in shapes the operator does not document ([B,1,1,S2] key-padding masks, for one) are
-refused rather than broadcast.
+masks in shapes the operator does not document are broadcast when that costs no more than
+the unfused attention would: a [B,1,1,S2] key-padding mask to [B,N,1,S2], a mask of every
+score shared by the heads ([B,1,S1,S2] or [1,1,S1,S2], a decoder's 4-d mask computed in
+another graph) to [B,N,S1,S2] (as many values as the scores the unfused attention writes and
+reads back); others ([B,1,S1,1]) are refused rather than broadcast.
 
 A FusedAttention the frontend made (scaled_dot_product_attention, ONNX's Attention: BNSD) is
 read in the best layout the same way: its head splits read in place, the head merge written
@@ -1099,8 +1102,10 @@ def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
     """The documented pse shape a bias of 4-d shape ``full`` is given as: itself when
     documented, else, for a constant, the smallest documented shape it broadcasts to —
     [1, N, S1, S2] when its values do not vary over the batch, else [B, N, S1, S2]. A
-    computed bias of one row per head ([.., N, 1, S2]) is broadcast to [B, N, 1, S2]; one in
-    another shape is refused (growing it would be a launch writing B·N·S1·S2 values)."""
+    computed bias of one row per head ([.., N, 1, S2]) is broadcast to [B, N, 1, S2], one of
+    every score shared by the heads ([.., 1, S1, S2]) to [B, N, S1, S2] (the values the
+    unfused attention's scores would be); one in another shape is refused (growing it would
+    be a launch writing B·N·S1·S2 values for a smaller mask)."""
     b, n1, s1, s2 = shape4
     documented = mask_shapes("pse", b, n1, s1, s2)
     if full in documented:
@@ -1111,6 +1116,12 @@ def _pse_shape(mv: Value, full: tuple, shape4: tuple) -> tuple:
         # one row of biases per head (ALiBi sliced by a symbolic length): broadcast to
         # [B, N, 1, S2], S1 times fewer values than the scores
         return (b, n1, 1, s2)
+    if arr is None and fits and _same(full[1], 1) and _same(full[2], s1) and \
+            _same(full[3], s2):
+        # a score mask shared by the heads ([B, 1, S1, S2], [1, 1, S1, S2]: a decoder's 4-d
+        # causal mask fed from an earlier graph): broadcast to [B, N, S1, S2], as many
+        # values as the scores the attention would otherwise write and read back itself
+        return (b, n1, s1, s2)
     if arr is None or not fits or not all(isinstance(x, int) for x in shape4[1:]):
         raise Refused(f"mask {mv.name} of shape {list(mv.type.shape)}: the operator's pse "
                       f"takes {' or '.join(str(list(x)) for x in documented)} (a constant "

@@ -551,6 +551,15 @@ def _reduced_web(model, a, shape, axes):
     return small, back, None
 
 
+def _scalar_constant(v) -> bool:
+    """Whether ``v`` is one constant value, seen through views: a one-element Constant, or a
+    Reshape of one that a transpose moved out of a norm left shared by its readers (read by
+    the kernel as a scalar input: the same value at every element)."""
+    while v.producer is not None and v.producer.op in VIEW_OPS and v.type.numel == 1:
+        v = v.producer.inputs[0]
+    return v.producer is not None and v.producer.op == "Constant" and v.type.numel == 1
+
+
 def _web_refusal(model, a, small, back, shape, axes):
     """Why the web of ``a`` cannot be one kernel over the rows, or None."""
     row = symbolic.numel(shape[axes[-1] + 1:])
@@ -561,8 +570,7 @@ def _web_refusal(model, a, small, back, shape, axes):
         for n in x.nodes:
             for v in n.inputs:
                 if v.producer is None or id(v.producer) not in own:
-                    if not (v.producer is not None and v.producer.op == "Constant" and
-                            v.type.numel == 1):
+                    if not _scalar_constant(v):
                         return (f"operands of different shapes: {x.name} reads {v.name} beside "
                                 "the reduced values (they are computed on with scalar "
                                 "constants only)")
@@ -641,3 +649,94 @@ def broadcast_back(model, a):
         lambda: why,
         lambda: _web_refusal(model, a, small, back, shape, axes),
     ])
+
+
+# float32 rows of one 32-byte block a kernel over the rows holds per row of a block when
+# its tile holds every row of the block (its queues, double-buffered, the accumulators and
+# the scratch tiles), with margin: the code generator checks its own buffer plan
+# (``legalize._block_fits``) and splits the kernel into phase kernels when it does not fit
+BLOCK_ROW_BUFFERS = 12
+
+
+@pattern("reduce_columns", order=82, direction="fwd", mode="depth", level=2,
+         refuses=("GK202", "GK209"))
+def columns(model, a):
+    """A reduction over one run of leading or middle axes (``[B, R, L]`` to ``[B, 1, L]``)
+    pulls in the reduction of the same axes of the same shape whose result its work reads
+    broadcast back (LayerNorm over the channels of ``[B, C, L]``: the variance sums the
+    squares of ``x`` minus the mean over C; SqueezeBERT's norm once its permutes are gone),
+    with the work between them, when both compute only values of the reduction's shape, of
+    its reduced shape or scalars, and read from outside only values of the reduction's
+    shape and scalar constants: one kernel whose row tile holds every row of a block for a
+    column tile (``Schedule.block_tile``), each reduction complete within the tile. Only
+    for a static R whose rows fit the UB at the narrowest column tile; otherwise each
+    reduction keeps its own kernel over the rows (``reduce_broadcast_back``)."""
+    from graphkernel.codegen import targets
+    from graphkernel.codegen.vector.schedule import MAX_TILE_ROWS
+
+    if model.kind(a) != OpKind.REDUCE:
+        return None
+    sig = _column_signature(a)
+    if sig is None:
+        return None
+    prods = [p for p in model.producer_areas(a)
+             if model.kind(p) == OpKind.REDUCE and _column_signature(p) == sig]
+    if len(prods) != 1:
+        return None
+    p = prods[0]
+    shape, axes = sig
+    rows = symbolic.numel(shape[axes[0]:axes[-1] + 1])
+    ub = targets.load(model.cfg.target)
+    return fuse_if(model, "reduce_columns", [a, p], [
+        *(need(lambda x=x: _column_area(x, shape, axes),
+               lambda x=x: f"kind mismatch: {x.name} computes or reads other than values of "
+                           f"the reduction's shape {list(shape)}, of its reduced shape and "
+                           "scalars") for x in (a, p)),
+        need(lambda: isinstance(rows, int) and rows <= MAX_TILE_ROWS and
+             rows * ub.ub_align_bytes * BLOCK_ROW_BUFFERS <= ub.ub_bytes,
+             lambda: f"the code generator cannot hold the rows of a block ({rows}) in one "
+                     f"tile ({BLOCK_ROW_BUFFERS} rows of {ub.ub_align_bytes} bytes each over "
+                     f"{ub.ub_bytes} bytes of UB)"),
+    ])
+
+
+def _column_area(area, shape: tuple, axes: tuple) -> bool:
+    """Whether ``area`` computes only values of ``shape`` or of its reduced shape (the
+    reduced axes 1) by elementwise work, broadcasts of the reduced values and float32
+    reductions of ``axes`` keeping them, and reads from outside only values of ``shape``
+    and one-element constants (seen through views)."""
+    rank = len(shape)
+    own = {id(n) for n in area.nodes}
+
+    def whole(s) -> bool:
+        return len(s) == rank and all(map(symbolic.eq, s, shape))
+
+    def reduced(s) -> bool:
+        return len(s) == rank and all(
+            symbolic.eq(d, 1) if k in axes else symbolic.eq(d, e)
+            for k, (d, e) in enumerate(zip(s, shape, strict=True)))
+
+    for n in area.nodes:
+        if n.op == "Constant":
+            continue
+        if n.op in VIEW_OPS and all(v.type.numel == 1 for v in (*n.inputs, *n.outputs)):
+            continue  # (a view of a scalar: the mean's element count seen as [1, 1, 1])
+        if n.op in VIEW_OPS and whole(n.inputs[0].shape) and not any(
+                id(u) in own for v in n.outputs for u in v.users):
+            continue  # (a view of a result, stored as it is: the next convolution's input)
+        kind = ops.get(n.op).kind
+        if kind not in (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.REDUCE) or \
+                n.op in ("Scan", "ElemAny", "BroadcastTo"):
+            return False
+        if kind == OpKind.REDUCE and (not n.attrs.get("keep_dims") or
+                                      tuple(reduce_axes(rank, n.attrs.get("axis"))) != axes or
+                                      n.outputs[0].dtype != DType.float32):
+            return False
+        if any(not (whole(v.shape) or reduced(v.shape)) for v in n.outputs):
+            return False
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in own:
+                continue
+            if not (whole(v.shape) or _scalar_constant(v)):
+                return False
+    return True

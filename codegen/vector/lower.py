@@ -133,14 +133,18 @@ class VectorLowerer(Lowerer):
                               about=(io.value,))
         loaded = f"xi{io.index}"
         if io.dtype == BITS:
-            if io.kind not in (FULL, PARTIAL):
+            # int32 read as floats (an index from ArgMax/TopK compared with a row of
+            # expert ids): converted on loading, a tile or one value per row (as int64)
+            col = io.kind == COL and read_as_floats(io.local)
+            if io.kind not in (FULL, PARTIAL) and not col:
                 raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
                                   about=(io.value,))
-            if read_as_floats(io.local):  # int32 read as floats: converted on loading
-                buf = self.alloc(FULL)
+            if read_as_floats(io.local):
+                kind = COL if col else FULL
+                buf = self.alloc(kind)
                 self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
-                          count=self.space.counts[FULL], to=self.prologue)
-                self.refs[id(v)] = self.held(FULL, buf)
+                          count=self.space.counts[kind], to=self.prologue)
+                self.refs[id(v)] = self.held(kind, buf)
             else:  # raw words, used in place
                 self.refs[id(v)] = Ref(FULL, loaded, store="xi")
         elif io.dtype == DType.int64 and io.kind not in (FULL, PARTIAL, COL):

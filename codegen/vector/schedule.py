@@ -141,6 +141,11 @@ class Schedule:
     # over the rows it was reduced from: x * Nx of a global response norm); the pass loads
     # the inputs it reads again, tile by tile, and stores its results
     second: frozenset[int] = frozenset()
+    # col_reduce: a row tile holds every row of its block (``M`` rows of a column tile):
+    # each reduction is complete within the tile, so the steps after it (a reduction of its
+    # result broadcast back: LayerNorm over the channels of [B, C, L]) run in the same
+    # tile, in order, with no final steps and no second pass (``block_tile``)
+    block_tile: bool = False
     row_chunks: bool = False       # rows too long for UB: a core owns whole rows, reduces
     #                                them chunk by chunk, then runs the steps on the results
     final: set[int] = field(default_factory=set)  # id(step): runs once per column tile, after
@@ -409,8 +414,10 @@ def read_as_floats(x: Value) -> bool:
 
 
 class _Planner:
-    def __init__(self, kernel: Node, row_chunks: bool = False, stored_broadcasts: bool = False):
+    def __init__(self, kernel: Node, row_chunks: bool = False, stored_broadcasts: bool = False,
+                 target: targets.Target | None = None):
         self.kernel = kernel
+        self.target = target if target is not None else targets.load(DEFAULT_TARGET)
         self.row_chunks = row_chunks
         # BroadcastTos that only reach outputs are stored once per copy (else materialised)
         self.stored_broadcasts = stored_broadcasts
@@ -569,10 +576,18 @@ class _Planner:
         if self.row_chunks and (not reduces or self.col_reduce):
             raise Unsupported("a row too long for UB with no reduction of the row to chunk")
         second: set[int] = set()
-        final = (self._final_steps(steps, kind, (ROW, SCALAR), second) if self.col_reduce else
-                 self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks else set())
-        if second:
-            self._check_second(steps, kind, ins, outs, final, second)
+        block_tile = False
+        try:
+            final = (self._final_steps(steps, kind, (ROW, SCALAR), second) if self.col_reduce
+                     else self._final_steps(steps, kind, (COL, SCALAR)) if self.row_chunks
+                     else set())
+            if second:
+                self._check_second(steps, kind, ins, outs, final, second)
+        except NeedsPhases as e:
+            if not self._block_tile(symbolic.div(M, self.batch) if self.batch != 1 else M,
+                                    outs, e):
+                raise
+            block_tile, final, second = True, set(), set()
         steps = [n for n in steps if id(n) not in final and id(n) not in second] + \
             [n for n in steps if id(n) in final] + [n for n in steps if id(n) in second]
         for io in ins:  # int64 is converted as tiles and values per row are loaded only
@@ -587,11 +602,31 @@ class _Planner:
                          self.root, self.scalars, col_reduce=self.col_reduce, final=final,
                          row_chunks=self.row_chunks, compute=self._compute_type(),
                          batch=self.batch, cols=self.cols, row_reduces=self.row_reduces,
-                         late_reduces=self.late_reduces, second=frozenset(second))
+                         late_reduces=self.late_reduces, second=frozenset(second),
+                         block_tile=block_tile)
         sched.notes = io_notes(ins, bool(reduces))
         if self.transposed or self.gathered_in:
             self._single_tile(sched)
         return sched
+
+    def _block_tile(self, M: Dim, outs: list[KernelIO], why: NeedsPhases) -> bool:
+        """Whether a kernel over the rows whose steps need the reduced values across the
+        rows they were reduced from (``why``: a reduction of work that broadcasts another
+        reduction back, LayerNorm over the channels) runs as block tiles: a row tile holds all
+        ``M`` rows of its block for a column tile, so every reduction is complete within the
+        tile and the steps run in order on tiles held in UB. Needs a static ``M`` of at most
+        ``MAX_TILE_ROWS`` rows (their column tile of one 32-byte block must fit the UB:
+        ``legalize._block_fits`` checks the buffer plan; the host tiling takes as many columns
+        as fit), nothing but plain tiles stored, and no other form of kernel over the rows
+        (scans, late reductions, slices, concats)."""
+        if not self.col_reduce or self.row_reduces or self.late_reduces or self.cols or \
+                self.concats or self.gathers or self.lookups or self.transposed or \
+                self.gathered_in or self.parts or self.bstores:
+            return False
+        if not isinstance(M, int) or M > MAX_TILE_ROWS:
+            return False
+        return all(io.kind == FULL and not io.copies and not io.pieces and not io.part and
+                   not io.outer and io.transpose is None for io in outs)
 
     def _single_tile(self, s: Schedule) -> None:
         """A kernel with an output transposed in UB runs as one tile on one core: the
@@ -1823,7 +1858,7 @@ def plan(kernel: Node, row_chunks: bool = False, target: targets.Target | None =
     """The schedule of a GraphKernel node for ``target`` (the default target if None), or
     Unsupported with the reason. ``row_chunks``: the variant for rows too long for UB
     (trailing reductions accumulated chunk by chunk)."""
-    planner = _Planner(kernel, row_chunks)
+    planner = _Planner(kernel, row_chunks, target=target)
     try:
         s = planner.plan()
     except Unsupported as e:
@@ -1833,7 +1868,7 @@ def plan(kernel: Node, row_chunks: bool = False, target: targets.Target | None =
         # instead, the source is the loop space (grouped-query attention's k/v repeat)
         if not any(n.op == "BroadcastTo" for n in kernel.subgraph.nodes):
             raise
-        planner = _Planner(kernel, row_chunks, stored_broadcasts=True)
+        planner = _Planner(kernel, row_chunks, stored_broadcasts=True, target=target)
         try:
             s = planner.plan()
         except Unsupported:

@@ -220,7 +220,8 @@ def pattern_cases() -> list[Case]:
     zeros = g.const(np.zeros((4, 3, 6), np.float32))
     add("masked-row-guard", g, n("Select", [dead, zeros, n("Softmax", [v["x"]], axis=-1)]),
         feeds_for=_masked_rows)
-    g, v = _g("softmax_leading", {"x": (50, 6, 33)})
+    # (4100 rows: more than a block tile holds, which a softmax over fewer rows runs as)
+    g, v = _g("softmax_leading", {"x": (4100, 2, 33)})
     add("phases-softmax-leading-axis", g, g.add_node("Softmax", [v["x"]], {"axis": 0}).output)
     g, v = _g("layernorm_long", {"x": (4, 70001), "w": (70001,), "b": (70001,)})
     add("phases-layernorm-long-row", g,
@@ -590,6 +591,33 @@ def pattern_cases() -> list[Case]:
         n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
         m = n("ReduceMean", [n("Mul", [v["x"], v["w"]])], axis=axes, keep_dims=True)
         add(f"middle-reduce-back-sub-{tag}", g, n("Exp", [n("Sub", [v["x"], m])]))
+    # an int32 index per row (an ArgMax's expert) read as floats, compared with a row of
+    # expert ids: one value per row cast to float32 on loading, a one-hot mask weighting the
+    # scores (a top-1 router's dispatch), odd sizes included
+    for rows, experts in ((32, 4), (37, 5), (300, 8)):
+        g = Graph(f"int32_per_row_{rows}x{experts}")
+        ids = g.add_input("ids", TensorType((rows,), "int32"))
+        scores = g.add_input("scores", TensorType((rows, experts), "float32"))
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        col = n("ExpandDims", [n("Cast", [ids], dtype="float32")], axis=[1])
+        hit = n("Equal", [col, g.const(np.arange(experts, dtype=np.float32))])
+        one = n("Select", [hit, g.const(np.float32(1)), g.const(np.float32(0))])
+        add(f"int32-index-per-row-{rows}x{experts}", g, n("Mul", [one, scores]),
+            feeds_for=lookup_feeds(g, experts))
+    # LayerNorm over the channels of [B, C, L] after a residual add (a 1x1-convolution
+    # model's norm): one kernel whose row tile holds every row of a block, the variance's
+    # reduction of the mean broadcast back complete within the tile; odd sizes, a block of
+    # many column tiles and one of more rows than a column tile of 8 holds across cores
+    for shape in ((2, 64, 16), (3, 37, 300), (2, 5, 7), (1, 200, 70)):
+        tag = "x".join(map(str, shape))
+        g, v = _g(f"block_norm_{tag}", {"x": shape, "r": shape})
+        n = lambda op, ins, g=g, **a: g.add_node(op, ins, a).output  # noqa: E731
+        h = n("Add", [v["x"], v["r"]])
+        count = g.const(np.float32(shape[1]))
+        d = n("Sub", [h, n("Div", [n("ReduceSum", [h], axis=[1], keep_dims=True), count])])
+        var = n("Div", [n("ReduceSum", [n("Mul", [d, d])], axis=[1], keep_dims=True), count])
+        add(f"block-tile-channel-norm-{tag}", g,
+            n("Mul", [d, n("Rsqrt", [n("Add", [var, g.const(np.float32(1e-5))])])]))
     return cases
 
 

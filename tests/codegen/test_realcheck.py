@@ -468,3 +468,18 @@ def test_a_rotary_kernel_storing_its_result_head_transposed_compiles_against_the
     rendered = rendered_cases(cases)
     assert len(rendered) == 1
     assert_all_compile(rendered)
+
+
+@needs_headers
+def test_block_tile_and_int32_column_kernels_compile_against_the_real_headers():
+    """A channel norm whose row tile is the whole block (the host tiling's block-tile branch:
+    rt = M, the columns that fit beside every row) and an int32 index loaded as one value per
+    row and cast to float32 (``Cast`` of the column) type-check against the real API."""
+    cases = [c for c in pattern_cases() if c.id in ("block-tile-channel-norm-3x37x300",
+                                                    "int32-index-per-row-37x5")]
+    assert len(cases) == 2
+    rendered = rendered_cases(cases)
+    assert any(r.schedule.block_tile for r in rendered)
+    texts = ["".join(r.files.values()) for r in rendered]
+    assert sum("a row tile holds every row of its block" in t for t in texts) == 1
+    assert_all_compile(rendered)

@@ -451,12 +451,6 @@ def test_a_masked_fill_of_the_scores_is_the_boolean_mask(constant):
     _same_results(g, res, feeds=feeds)
 
 
-def test_a_computed_bias_of_an_undocumented_shape_is_still_refused():
-    res = _compile(_attention(mask=(2, 1, 8, 8)))
-    assert not _fused(res)
-    assert "is computed" in res.analyses.attention[0].reason
-
-
 def _positions_causal(cmp="LessEqual", q_start=0, keep_on_true=True, key_first=True,
                       window=0, positions="int64", heads=4) -> Graph:
     """Attention over a symbolic length s whose mask is built from positions, as LLaMA
@@ -1120,3 +1114,22 @@ def test_local_attention_is_one_launch_through_the_pipeline_and_the_simulator():
     sim, _ = run_sim(res, feeds)
     (want,) = Interpreter(g).run(feeds)
     np.testing.assert_allclose(sim[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", [(2, 1, 8, 8), (1, 1, 8, 8), (1, 8, 8)])
+def test_a_computed_mask_of_every_score_shared_by_the_heads_grows_to_the_pse(mask):
+    """A computed additive mask of every (query, key) pair shared by the heads ([B, 1, S1,
+    S2]: a decoder's 4-d causal mask fed from an earlier graph) is broadcast to the
+    operator's [B, N, S1, S2] — as many values as the scores the unfused attention would
+    write and read back — so the attention is one launch, with the same results; a per-query
+    bias ([B, 1, S1, 1]) is still refused (test_refusals_say_why)."""
+    g = _attention(mask=mask)
+    res = _compile(g)
+    (fa,) = _fused(res)
+    assert fa.attrs["mask"] == "pse"
+    assert tuple(fa.inputs[3].type.shape) == (2, 4, 8, 8)
+    (rec,) = [a for a in res.analyses.attention if a.verdict == "fused"]
+    assert "broadcast to [2, 4, 8, 8]" in rec.reason, rec.reason
+    feeds = random_inputs(g, seed=3)
+    for a, b in zip(Interpreter(g).run(feeds), Interpreter(res.graph).run(feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -277,3 +277,72 @@ def test_broadcast_back_refuses_work_apart_from_the_reduced_values():
     assert not attempts(res, "reduce_broadcast_back", "fused")
     (why,) = [r for r in reasons(res, "reduce_broadcast_back") if "apart from" in r]
     assert "computes xd apart from the reduced values" in why and code(why) == "GK209"
+
+
+def _channel_norm(shape=(2, 64, 16), shared_count=True, weight=False):
+    """LayerNorm over axis 1 of ``shape`` ([B, C, L]: a 1x1-convolution model's channels), as
+    a permute -> LayerNorm -> permute leaves it once the permutes are gone: the element count
+    a Reshape of a one-element Constant (``shared_count``) read by both means, or a scalar
+    Constant."""
+    b = G()
+    C = shape[1]
+    x = b.input("x", shape)
+    count = b.const([float(C)])
+    if shared_count:
+        count = b.op("Reshape", count, name="count", shape=[1, 1, 1])
+    s1 = b.op("ReduceSum", x, name="s1", axis=[1], keep_dims=True)
+    d = b.op("Sub", x, b.op("Div", s1, count, name="mean"), name="d")
+    s2 = b.op("ReduceSum", b.op("Mul", d, d, name="sq"), name="s2", axis=[1], keep_dims=True)
+    var = b.op("Div", s2, count, name="var")
+    r = b.op("Rsqrt", b.op("Add", var, b.const(1e-5), name="ve"), name="r")
+    y = b.op("Mul", d, r, name="y")
+    if weight:  # a per-channel scale read beside the rows
+        y = b.op("Mul", y, b.input("w", (1, C, 1)), name="yw")
+    return b.out(y)
+
+
+CHANNEL_NORM_NODES = {"s1", "mean", "d", "sq", "s2", "var", "ve", "r", "y"}
+
+
+def test_reduce_columns_makes_a_channel_norm_one_kernel():
+    """LayerNorm over axis 1 of [B, C, L]: the variance's reduction pulls in the mean's
+    kernel (its result broadcast back, squared and reduced again over the same rows): one
+    kernel at several sizes; without the pattern, two (with one block, B = 1, the
+    leading-axis patterns already make it one)."""
+    for shape in ((2, 64, 16), (4, 24, 40), (3, 7, 5), (2, 96, 33)):
+        res = fuse(_channel_norm(shape))
+        got = [k - {"count"} for k in kernels(res)]
+        assert got == [CHANNEL_NORM_NODES], (shape, got)
+        assert attempts(res, "reduce_columns", "fused"), shape
+    assert len(kernels(fuse(_channel_norm(), "--disable_fusion_pattern=reduce_columns"))) == 2
+
+
+def test_reduce_columns_refuses_what_a_block_tile_cannot_hold():
+    """A per-channel input read beside the rows (one value per row of each block, not
+    placed in a kernel over blocks of rows) and blocks of more rows than one tile can hold
+    in UB: each refused with the reason, the norm left in two kernels over the rows."""
+    from graphkernel.refusals import code
+
+    cases = [(_channel_norm(weight=True), "computes or reads other than values of the "
+                                          "reduction's shape", "GK202"),
+             (_channel_norm((2, 4096, 8)), "cannot hold the rows of a block (4096)", "GK209")]
+    for graph, why, gk in cases:
+        res = fuse(graph)
+        assert not attempts(res, "reduce_columns", "fused"), why
+        got = [r for r in reasons(res, "reduce_columns") if why in r]
+        assert got, (why, reasons(res, "reduce_columns"))
+        assert code(got[0]) == gk, got[0]
+
+
+def test_broadcast_back_reads_a_scalar_constant_through_a_view():
+    """The mean's divisor a one-element Constant seen through a Reshape shared by both
+    means (SqueezeBERT's channel LayerNorm once its permutes are gone): a scalar like the
+    Constant itself, so each reduction over the channels takes the work on its result and
+    the work broadcasting it back, as with a plain scalar Constant."""
+    want = [{"s1", "mean", "d"}, {"sq", "s2", "var", "ve", "r", "y"}]
+    for shape in ((2, 64, 16), (4, 24, 40), (3, 7, 5)):
+        for shared in (True, False):
+            res = fuse(_channel_norm(shape, shared), "--disable_fusion_pattern=reduce_columns")
+            assert kernels(res) == want, (shape, shared, kernels(res))
+            assert not [r for r in reasons(res, "reduce_broadcast_back")
+                        if "reads count beside the reduced values" in r]
