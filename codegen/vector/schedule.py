@@ -355,10 +355,16 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
             return None
         outer_strides = tuple(0 if bcast[i] and not span[i] else strides[i] for i in range(k))
         return PARTIAL, tuple(S[:k]), outer_strides, view.base
+    layout = {("span", "span"): FULL, ("bcast", "span"): ROW, ("span", "bcast"): COL,
+              ("bcast", "bcast"): SCALAR}[(outer, inner)]
     if not contiguous:
+        # a ROW or COL read from one contiguous block of its input at an offset (a slice of
+        # leading axes: one head's per-row values of a [heads, ...] tensor) is loaded as
+        # it would be at offset 0, from its first element on (the tiling's ``pb``)
+        if layout in (ROW, COL) and View(0, view.strides).is_contiguous(tuple(vshape)):
+            return layout, (), (), view.base
         return None
-    return {("span", "span"): FULL, ("bcast", "span"): ROW, ("span", "bcast"): COL,
-            ("bcast", "bcast"): SCALAR}[(outer, inner)], (), (), 0
+    return layout, (), (), 0
 
 
 def _size(d: Dim) -> int:
@@ -1242,6 +1248,12 @@ class _Planner:
         pieces = tuple((x, symbolic.mul(blk, k), pitch) for k, x in enumerate(n.inputs))
         return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), pieces=pieces)
 
+    def _keep_map(self, o: Value, c: tuple) -> None:
+        """Record where the rows of ``o`` (placed as ``c``, ``classify``'s answer) sit in its
+        input: a PARTIAL map, or the offset of a ROW or COL block read at a slice's start."""
+        if c[0] == PARTIAL or not eq(c[3], 0):
+            self.partial[id(o)] = (c[1], c[2], c[3])
+
     def _compact_input(self, v: Value, N: Dim, L: Dim) -> str | None:
         """The layout (ROW, COL or SCALAR) of a kernel input that only compact steps use,
         found against a full-size value of the kernel it broadcasts to; None if none."""
@@ -1253,7 +1265,10 @@ class _Planner:
                     d == 1 or eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
                 continue
             c = self._classify(v, full, L)
-            return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
+            if c is None or c[0] not in (ROW, COL, SCALAR):
+                return None
+            self._keep_map(self.owner(v), c)
+            return c[0]
         return None
 
     def _row_input(self, n: Node, v: Value, N: Dim, L: Dim) -> str | None:
@@ -1264,12 +1279,15 @@ class _Planner:
         shape (and views of it) keeps every value in that order: element i is row i's."""
         view = self.views.get(id(self.owner(v)))
         out = n.outputs[0].shape
-        if not self.row_reduces or view is None or not view.is_contiguous(
+        # (a block of the input at an offset, one head's values of a [heads, ...] input, is
+        # read as it would be at offset 0, from its first element on)
+        if not self.row_reduces or view is None or not View(0, view.strides).is_contiguous(
                 tuple(self.owner(v).shape)) or not eq(v.type.numel, symbolic.div(N, L)) or \
                 not any(self.loaded[id(i)] is self.owner(v) for i in self.sub.inputs) or \
                 not elementwise(n) or len(out) != len(v.shape) or \
                 not all(eq(a, b) for a, b in zip(out, v.shape)):
             return None
+        self._keep_map(self.owner(v), (COL, (), (), view.base))
         return COL
 
     def kind_of(self, kind: dict[int, str], v: Value) -> str | None:
@@ -1539,8 +1557,7 @@ class _Planner:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}", node=n, about=(v,))
                 kind[id(o)] = c[0]
-                if c[0] == PARTIAL:
-                    self.partial[id(o)] = (c[1], c[2], c[3])
+                self._keep_map(o, c)
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
             full_space = eq(out.type.numel, N)
             if id(n) in self.late_reduces:  # the reduced row of a block, to one value
@@ -1575,8 +1592,7 @@ class _Planner:
                     c = self._classify(x, tuple(x.shape), L)
                     if c is not None and c[0] in (FULL, PARTIAL):
                         kind[id(o)] = c[0]
-                        if c[0] == PARTIAL:
-                            self.partial[id(o)] = (c[1], c[2], c[3])
+                        self._keep_map(o, c)
         for v in self.sub.outputs:  # outputs that are loaded views, stored as they are
             o = self.owner(v)
             if id(o) not in kind and id(o) in self.views:
@@ -1584,8 +1600,7 @@ class _Planner:
                 if c is None:
                     raise Unsupported(f"output {v.name} does not follow rows of {L}", about=(v,))
                 kind[id(o)] = c[0]
-                if c[0] == PARTIAL:
-                    self.partial[id(o)] = (c[1], c[2], c[3])
+                self._keep_map(o, c)
         return kind
 
     def _column_layouts(self, n: Node, kind: dict[int, str], N: Dim, L: Dim) -> None:
@@ -1604,8 +1619,7 @@ class _Planner:
                 raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
                                   "that is not a full tile) in the loop space", node=n, about=(v,))
             kind[id(o)] = c[0]
-            if c[0] == PARTIAL:
-                self.partial[id(o)] = (c[1], c[2], c[3])
+            self._keep_map(o, c)
         out = n.outputs[0]
         if id(out) not in self.cols and not eq(out.type.numel, N):
             raise Unsupported(f"{n.op} of slices of the last axis smaller than the loop space",
