@@ -159,8 +159,8 @@ def test_a_row_and_a_column_at_offsets_in_the_simulator(offset_blocks):
 
 
 def test_the_offset_loads_compile_against_the_real_headers(head_scans, offset_blocks):
-    from tests.codegen.test_realcheck import assert_all_compile, headers
     from graphkernel.codegen.backend import render_all, schedules
+    from tests.codegen.test_realcheck import assert_all_compile, headers
 
     if headers() is None:
         pytest.skip("no Ascend C headers (GRAPHKERNEL_ASCEND_HEADERS)")
