@@ -1547,6 +1547,12 @@ class _Planner:
                             raise SplitBefore(f"{why}: the compact work ends where "
                                               f"{edge.op} spreads it over the loop space",
                                               node=edge, about=(v,))
+                        if self.row_reduces:  # work on a scan's readout (a per-channel skip
+                            # weight broadcast over the batch and the steps): the scan and its
+                            # readout stay one kernel, this step and the work after it another
+                            raise SplitBefore(f"{why}: the work on the readout from {n.op} on "
+                                              "is a kernel of its own loop space", node=n,
+                                              about=(v,))
                         raise Unsupported(why, node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
