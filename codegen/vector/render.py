@@ -42,6 +42,9 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
     pitch = {io.index: _pitch(io, refs) for io in s.inputs if io.kind == PARTIAL}
     # a slice's start: a number, or along a symbolic stride computed by the host from the shapes
     pbase = {io.index: c_dim(io.base, refs) for io in s.inputs if io.kind == PARTIAL}
+    # a ROW or COL input read from a slice's start (one block of its buffer): the offset
+    at = {io.index: c_dim(io.base, refs) for io in s.inputs
+          if io.kind in (ROW, COL) and not symbolic.eq(io.base, 0)}
     tpitch = {io.index: _table_pitch(io, s, refs) for io in s.inputs if io.table}
     scatter = {io.index: [(c_dim(d, refs), c_dim(st, refs))  # outputs stored through a map
                           for d, st in zip(io.outer, io.strides, strict=True)]
@@ -75,7 +78,7 @@ def render(s: Schedule, node_comment: str | None = None) -> Rendered:
         "sizes_in": [c_dim(io.value.type.numel, refs) for io in s.inputs],
         "sizes_out": [c_dim(io.value.type.numel, refs) for io in s.outputs],
         "partial": partial, "pitch": pitch, "scatter": scatter, "opitch": opitch,
-        "pbase": pbase,
+        "pbase": pbase, "at": at,
         "tpitch": tpitch, "tiles_per_core": resident.TILES_PER_CORE,
         "gather": gather, "gather_at": gather_at, "lookup": lookup, "parts": parts,
         "concat": {io.index: [(c_dim(b, refs), c_dim(p, refs)) for _, b, p in io.pieces]

@@ -360,10 +360,16 @@ def classify(vshape: tuple[Dim, ...], S: tuple[Dim, ...], L: Dim, view: View | N
             return None
         outer_strides = tuple(0 if bcast[i] and not span[i] else strides[i] for i in range(k))
         return PARTIAL, tuple(S[:k]), outer_strides, view.base
+    layout = {("span", "span"): FULL, ("bcast", "span"): ROW, ("span", "bcast"): COL,
+              ("bcast", "bcast"): SCALAR}[(outer, inner)]
     if not contiguous:
+        # a ROW or COL read from one contiguous block of its input at an offset (a slice of
+        # leading axes: one head's per-row values of a [heads, ...] tensor) is loaded as
+        # it would be at offset 0, from its first element on (the tiling's ``pb``)
+        if layout in (ROW, COL) and View(0, view.strides).is_contiguous(tuple(vshape)):
+            return layout, (), (), view.base
         return None
-    return {("span", "span"): FULL, ("bcast", "span"): ROW, ("span", "bcast"): COL,
-            ("bcast", "bcast"): SCALAR}[(outer, inner)], (), (), 0
+    return layout, (), (), 0
 
 
 def _size(d: Dim) -> int:
@@ -1277,6 +1283,12 @@ class _Planner:
         pieces = tuple((x, symbolic.mul(blk, k), pitch) for k, x in enumerate(n.inputs))
         return KernelIO(i, v, FULL, v.dtype, tuple(v.shape), pieces=pieces)
 
+    def _keep_map(self, o: Value, c: tuple) -> None:
+        """Record where the rows of ``o`` (placed as ``c``, ``classify``'s answer) sit in its
+        input: a PARTIAL map, or the offset of a ROW or COL block read at a slice's start."""
+        if c[0] == PARTIAL or not eq(c[3], 0):
+            self.partial[id(o)] = (c[1], c[2], c[3])
+
     def _compact_input(self, v: Value, N: Dim, L: Dim) -> str | None:
         """The layout (ROW, COL or SCALAR) of a kernel input that only compact steps use,
         found against a full-size value of the kernel it broadcasts to; None if none."""
@@ -1288,7 +1300,10 @@ class _Planner:
                     d == 1 or eq(d, e) for d, e in zip(reversed(v.shape), reversed(full))):
                 continue
             c = self._classify(v, full, L)
-            return c[0] if c is not None and c[0] in (ROW, COL, SCALAR) else None
+            if c is None or c[0] not in (ROW, COL, SCALAR):
+                return None
+            self._keep_map(self.owner(v), c)
+            return c[0]
         return None
 
     def _row_input(self, n: Node, v: Value, N: Dim, L: Dim) -> str | None:
@@ -1299,12 +1314,15 @@ class _Planner:
         shape (and views of it) keeps every value in that order: element i is row i's."""
         view = self.views.get(id(self.owner(v)))
         out = n.outputs[0].shape
-        if not self.row_reduces or view is None or not view.is_contiguous(
+        # (a block of the input at an offset, one head's values of a [heads, ...] input, is
+        # read as it would be at offset 0, from its first element on)
+        if not self.row_reduces or view is None or not View(0, view.strides).is_contiguous(
                 tuple(self.owner(v).shape)) or not eq(v.type.numel, symbolic.div(N, L)) or \
                 not any(self.loaded[id(i)] is self.owner(v) for i in self.sub.inputs) or \
                 not elementwise(n) or len(out) != len(v.shape) or \
                 not all(eq(a, b) for a, b in zip(out, v.shape)):
             return None
+        self._keep_map(self.owner(v), (COL, (), (), view.base))
         return COL
 
     def kind_of(self, kind: dict[int, str], v: Value) -> str | None:
@@ -1564,6 +1582,12 @@ class _Planner:
                             raise SplitBefore(f"{why}: the compact work ends where "
                                               f"{edge.op} spreads it over the loop space",
                                               node=edge, about=(v,))
+                        if self.row_reduces:  # work on a scan's readout (a per-channel skip
+                            # weight broadcast over the batch and the steps): the scan and its
+                            # readout stay one kernel, this step and the work after it another
+                            raise SplitBefore(f"{why}: the work on the readout from {n.op} on "
+                                              "is a kernel of its own loop space", node=n,
+                                              about=(v,))
                         raise Unsupported(why, node=n, about=(v,))
                     kind[id(o)] = c
                     if c in (ROW, COL):
@@ -1574,8 +1598,7 @@ class _Planner:
                     raise Unsupported(f"{n.op} reads {v.name} in a way that does not "
                                       f"follow rows of {L}", node=n, about=(v,))
                 kind[id(o)] = c[0]
-                if c[0] == PARTIAL:
-                    self.partial[id(o)] = (c[1], c[2], c[3])
+                self._keep_map(o, c)
             srcs = [kind[id(self.owner(v))] for v in n.inputs]
             full_space = eq(out.type.numel, N)
             if id(n) in self.late_reduces:  # the reduced row of a block, to one value
@@ -1610,8 +1633,7 @@ class _Planner:
                     c = self._classify(x, tuple(x.shape), L)
                     if c is not None and c[0] in (FULL, PARTIAL):
                         kind[id(o)] = c[0]
-                        if c[0] == PARTIAL:
-                            self.partial[id(o)] = (c[1], c[2], c[3])
+                        self._keep_map(o, c)
         for v in self.sub.outputs:  # outputs that are loaded views, stored as they are
             o = self.owner(v)
             if id(o) not in kind and id(o) in self.views:
@@ -1619,8 +1641,7 @@ class _Planner:
                 if c is None:
                     raise Unsupported(f"output {v.name} does not follow rows of {L}", about=(v,))
                 kind[id(o)] = c[0]
-                if c[0] == PARTIAL:
-                    self.partial[id(o)] = (c[1], c[2], c[3])
+                self._keep_map(o, c)
         return kind
 
     def _column_layouts(self, n: Node, kind: dict[int, str], N: Dim, L: Dim) -> None:
@@ -1639,8 +1660,7 @@ class _Planner:
                 raise Unsupported(f"cannot place {v.name} (a slice of the last axis of a value "
                                   "that is not a full tile) in the loop space", node=n, about=(v,))
             kind[id(o)] = c[0]
-            if c[0] == PARTIAL:
-                self.partial[id(o)] = (c[1], c[2], c[3])
+            self._keep_map(o, c)
         out = n.outputs[0]
         if id(out) not in self.cols and not eq(out.type.numel, N):
             raise Unsupported(f"{n.op} of slices of the last axis smaller than the loop space",
