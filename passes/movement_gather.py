@@ -27,8 +27,8 @@ each lands where the region put it.
 Applied when the shapes are static, the region's slices, concatenations and gathers
 outnumber the launches it becomes by ``MIN_SAVED`` (a region that is a single slice or a
 single concatenation stays: the patterns fuse those with their neighbours), and the
-position tables stay under ``MAX_ELEMENTS`` elements in all; anything else is left as it
-is, with the reason logged.
+position tables stay under ``MAX_ELEMENTS`` elements in all (the positions followed through
+the region under four times that); anything else is left as it is, with the reason logged.
 """
 
 from __future__ import annotations
@@ -262,8 +262,10 @@ def movement_gather(graph, ctx) -> PassResult:
             ctx.log(f"{where_}: kept (no outgoing value, no input, or several dtypes)")
             continue
         size = sum(int(v.type.numel) for v in plan.outs)
-        if size > MAX_ELEMENTS or plan.n_src >= 1 << 31:
-            ctx.log(f"{where_}: kept ({size} positions to tabulate, over {MAX_ELEMENTS})")
+        inner = sum(int(n.outputs[0].type.numel) for n in region)
+        if size > MAX_ELEMENTS or inner > 4 * MAX_ELEMENTS or plan.n_src >= 1 << 31:
+            ctx.log(f"{where_}: kept ({size} positions to tabulate, {inner} to follow; at "
+                    f"most {MAX_ELEMENTS} and {4 * MAX_ELEMENTS})")
             continue
         try:
             where = plan.positions()

@@ -200,3 +200,22 @@ def test_a_region_left_and_reentered_gathers_only_what_each_value_reads():
     cats = sorted(n.outputs[0].type.shape[0] for n in h.nodes if n.op == "Concat")
     assert cats == [64, 96], cats  # (y, x) for the first value, (y, x, e) for the second
     assert_same_results(g, h)
+
+
+def test_a_region_too_large_to_tabulate_is_left_as_it_is(monkeypatch):
+    import graphkernel.passes.movement_gather as mg
+
+    monkeypatch.setattr(mg, "MAX_ELEMENTS", 64)  # the chunks' scores hold 2*3*4*5 = 120
+    _, res = apply_pass("movement_gather", chunks())
+    assert res.rewrites == 0
+
+
+def test_a_graph_output_in_the_region_keeps_its_name_and_values():
+    g = chunks()
+    (full,) = [n for n in g.nodes if n.op == "Concat" and n.outputs[0].type.shape == (2, 3, 4, 5)
+               and n.inputs[0].producer.op == "Concat"]
+    g.set_outputs(list(g.outputs) + [full.outputs[0]], names=["probs", "layout"])
+    h, res = apply_pass("movement_gather", g)
+    assert res.rewrites == 1, res.notes
+    assert [name for name, _ in h.named_outputs()] == ["probs", "layout"]
+    assert_same_results(g, h)
