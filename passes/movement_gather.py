@@ -26,7 +26,9 @@ each lands where the region put it.
 
 Applied when the shapes are static, the region's slices, concatenations and gathers
 outnumber the launches it becomes by ``MIN_SAVED`` (a region that is a single slice or a
-single concatenation stays: the patterns fuse those with their neighbours), and the
+single concatenation stays: the patterns fuse those with their neighbours; so do slices and
+one Concat of values computed by vector work, which the ``concat`` pattern stores from the
+kernels computing them), and the
 position tables stay under ``MAX_ELEMENTS`` elements in all (the positions followed through
 the region under four times that); anything else is left as it is, with the reason logged.
 """
@@ -163,6 +165,21 @@ class _Plan:
         return np.concatenate(self.consts).astype(dtype.np)
 
 
+VECTOR_KINDS = (ops.OpKind.ELEMWISE, ops.OpKind.BROADCAST, ops.OpKind.REDUCE)
+
+
+def _left_to_patterns(plan: _Plan) -> bool:
+    """A region that neither gathers nor holds two Concats, of values all computed by vector
+    work: the ``concat`` pattern pulls such slices and their Concat into the kernel that
+    computes what they read (a Concat of a norm's shifted rows stored piece by piece), where
+    they cost no launch, which a Gather (a launch of its own) would."""
+    if any(n.op == "Gather" for n in plan.region) or \
+            sum(n.op == "Concat" for n in plan.region) >= 2:
+        return False
+    return all(v.producer is not None and v.producer.op not in ops.PRODUCT_OPS
+               and ops.get(v.producer.op).kind in VECTOR_KINDS for v in plan.sources)
+
+
 def _moving(plan: _Plan) -> int:
     """The region's launches as the patterns leave them (an estimate): its slices,
     concatenations and gathers, and, in a region that gathers, the transposes inside it (a
@@ -260,6 +277,10 @@ def movement_gather(graph, ctx) -> PassResult:
         where_ = f"{region[0].name} ({len(region)} ops, {moving} slices/concats/gathers)"
         if not plan.outs or not plan.sources or len(dtypes) != 1:
             ctx.log(f"{where_}: kept (no outgoing value, no input, or several dtypes)")
+            continue
+        if _left_to_patterns(plan):
+            ctx.log(f"{where_}: kept (slices and a Concat of values computed by vector work: "
+                    "the concat pattern stores them from the kernels computing them)")
             continue
         size = sum(int(v.type.numel) for v in plan.outs)
         inner = sum(int(n.outputs[0].type.numel) for n in region)

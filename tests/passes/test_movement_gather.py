@@ -219,3 +219,33 @@ def test_a_graph_output_in_the_region_keeps_its_name_and_values():
     assert res.rewrites == 1, res.notes
     assert [name for name, _ in h.named_outputs()] == ["probs", "layout"]
     assert_same_results(g, h)
+
+
+def test_the_masked_softmax_kernel_compiles_against_the_real_headers():
+    """The kernel that takes the constants' Select (a constant mask and fill read as kernel
+    inputs) type-checks against the real Ascend C headers (skipped without them)."""
+    from graphkernel.codegen.backend import render_all, schedules
+    from tests.codegen.test_realcheck import assert_all_compile, headers
+
+    if headers() is None:
+        pytest.skip("no Ascend C headers (GRAPHKERNEL_ASCEND_HEADERS)")
+    res = graphkernel.compile(chunks(), "--opt_level=2", env={})
+    assert_all_compile(render_all(schedules(res)))
+
+
+def test_slices_and_a_concat_of_vector_work_are_left_to_the_concat_pattern():
+    """``cat([x[:, :1], x[:, :-1]])`` of a norm's output (Funnel's shifted rows): the
+    ``concat`` pattern stores the pieces from the norm's kernel, no launch of their own,
+    which one Gather would be."""
+    g = Graph("shift")
+    x = g.add_input("x", TensorType((2, 16, 64), "float32"))
+    y = g.add_node("Exp", [x]).output
+    c = g.add_node("Concat", [_slice(g, y, [0], [1], [1]), _slice(g, y, [0], [15], [1])],
+                   {"axis": 1}).output
+    g.set_outputs([g.add_node("Neg", [g.add_node("ExpandDims", [c], {"axis": [1]}).output])
+                   .output])
+    _, res = apply_pass("movement_gather", g)
+    assert res.rewrites == 0
+    before = graphkernel.compile(g, "--opt_level=2 --disable_pass=movement_gather", env={})
+    after = graphkernel.compile(g, "--opt_level=2", env={})
+    assert launch_counts(after.graph) == launch_counts(before.graph)
