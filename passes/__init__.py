@@ -24,6 +24,7 @@ from graphkernel.passes import (
     matmul_group,
     matvec,
     moe_routing,
+    movement_gather,
     parallel_fusion,
     pool_into_product,
     product_broadcast,
@@ -94,6 +95,7 @@ PIPELINE = (
     Step("simplify", 99.8, interleaved_columns.interleaved_columns, 2),  # constants folded
     Step("simplify", 99.9, pool_into_product.pool_into_product, 2),  # constants folded
     Step("simplify", 99.95, scatter_slices.scatter_slices, 2),  # after moe_routing's
+    Step("simplify", 99.96, movement_gather.movement_gather, 2),  # after the views' folds
     Step("simplify", 99.97, reduce_merge.reduce_merge, 2),  # constants folded
     Step("cluster", 10, cluster.cluster, 1),
     Step("split", 10, split.split, 1),

@@ -41,7 +41,7 @@ def test_passes_by_level():
                          "transpose_view",
                          "product_broadcast", "split_slices", "scan_prologue",
                          "interleaved_columns", "pool_into_product", "scatter_slices",
-                         "product_zero_blocks", "reduce_merge",
+                         "product_zero_blocks", "reduce_merge", "movement_gather",
                          "small_ints",
                          "rotary_pairs", "rotary_halves",
                          "recompute", "sibling_fusion", "parallel_fusion",
