@@ -68,6 +68,16 @@ HELD_OUT_FAMILY = {
     **dict.fromkeys(("unispeech_sat", "wav2vec2_bert", "speech_to_text", "moonshine"),
                     "audio"),
     **dict.fromkeys(("owlvit", "groupvit", "altclip"), "dual encoder"),
+    # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
+    **dict.fromkeys(("gptj", "gpt_neox", "gpt_bigcode", "persimmon", "mpt", "diffllama",
+                     "minicpm3"), "decoder"),
+    **dict.fromkeys(("afmoe", "cohere2_moe", "glm4_moe_lite", "kimi_linear"),
+                    "mixture-of-experts"),
+    **dict.fromkeys(("deberta_v2", "rembert", "xmod", "nomic_bert"), "encoder"),
+    "whisper": "encoder-decoder",
+    **dict.fromkeys(("swin", "timesformer", "pvt", "mobilenet_v2_hf"), "vision"),
+    "hubert": "audio",
+    "patchtst": "time series",
 }
 
 
@@ -690,6 +700,92 @@ def held_out_builders(attn: str = "sdpa"):
         "altclip": build(T.AltCLIPConfig, T.AltCLIPModel, dual=True, shape=(2, 3, 32, 32),
                          text_config=dict(enc, project_dim=H, pad_token_id=1),
                          vision_config=dict(vis, image_size=32, patch_size=8)),
+
+        # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
+        # decoders: GPT-J (interleaved rotary on part of the head, a parallel block), GPT-NeoX
+        # (fused QKV, partial rotary, parallel residual), GPTBigCode (multi-query attention),
+        # Persimmon (Q/K LayerNorms, squared ReLU), MPT (ALiBi biases, no bias terms),
+        # DiffLlama (differential attention: two softmaxes subtracted, a group norm),
+        # MiniCPM3 (latent attention, scaled embedding and residuals)
+        "gptj": build(T.GPTJConfig, T.GPTJModel, n_layer=LAYERS, n_embd=H, n_head=HEADS,
+                      n_inner=FF, vocab_size=VOCAB, n_positions=64, rotary_dim=8, **ids),
+        "gpt_neox": build(T.GPTNeoXConfig, T.GPTNeoXModel, **ids, **enc),
+        "gpt_bigcode": build(T.GPTBigCodeConfig, T.GPTBigCodeModel, n_layer=LAYERS, n_embd=H,
+                             n_head=HEADS, n_inner=FF, vocab_size=VOCAB, n_positions=64,
+                             multi_query=True, **ids),
+        "persimmon": build(T.PersimmonConfig, T.PersimmonModel, qk_layernorm=True, **ids,
+                           **{k: v for k, v in moe.items() if k != "num_key_value_heads"}),
+        "mpt": build(T.MptConfig, T.MptModel, d_model=H, n_heads=HEADS, n_layers=LAYERS,
+                     expansion_ratio=2, max_seq_len=64, vocab_size=VOCAB, **ids),
+        "diffllama": build(T.DiffLlamaConfig, T.DiffLlamaModel, head_dim=H // HEADS, **ids,
+                           **moe),
+        "minicpm3": build(T.MiniCPM3Config, T.MiniCPM3Model, q_lora_rank=32, kv_lora_rank=32,
+                          qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                          head_dim=16, **ids, **moe),
+        # mixtures of experts: AFMoE (sliding and global layers, gated attention, a sigmoid
+        # router with shared experts), Cohere 2 MoE, GLM-4-MoE-Lite (latent attention with a
+        # group-limited router), Kimi Linear (kimi delta attention then latent attention)
+        "afmoe": build(T.AfmoeConfig, T.AfmoeModel, head_dim=H // HEADS, num_experts=EXPERTS,
+                       num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1,
+                       moe_intermediate_size=FF, sliding_window=8,
+                       global_attn_every_n_layers=2, **ids, **moe),
+        "cohere2_moe": build(T.Cohere2MoeConfig, T.Cohere2MoeModel, head_dim=H // HEADS,
+                             num_experts=EXPERTS, num_experts_per_tok=2, sliding_window=8,
+                             **ids, **moe),
+        "glm4_moe_lite": build(T.Glm4MoeLiteConfig, T.Glm4MoeLiteModel, q_lora_rank=32,
+                               kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                               v_head_dim=16, **group, **ids, **moe),
+        "kimi_linear": build(T.KimiLinearConfig, T.KimiLinearModel, q_lora_rank=32,
+                             kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                             v_head_dim=16, num_local_experts=EXPERTS, num_experts_per_tok=2,
+                             moe_intermediate_size=FF, linear_head_dim=16, linear_num_heads=4,
+                             layer_types=["linear_attention", "full_attention"], **ids, **moe),
+        # encoders: DeBERTa-v2 (disentangled relative attention, log buckets, a convolution
+        # beside the first layer), RemBERT (decoupled embeddings), X-MOD (language adapters),
+        # NomicBERT (rotary, SwiGLU)
+        "deberta_v2": build(T.DebertaV2Config, T.DebertaV2Model, relative_attention=True,
+                            position_buckets=8, max_relative_positions=16,
+                            norm_rel_ebd="layer_norm", share_att_key=True,
+                            pos_att_type=["p2c", "c2p"], conv_kernel_size=3,
+                            **ids, **enc),
+        "rembert": build(T.RemBertConfig, T.RemBertModel, input_embedding_size=32,
+                         output_embedding_size=32, **ids, **enc),
+        "xmod": build(T.XmodConfig, T.XmodModel, languages=["en_XX", "de_DE"],
+                      default_language="en_XX", pad_token_id=1, **enc),
+        "nomic_bert": build(T.NomicBertConfig, T.NomicBertModel, **ids, **enc),
+        # an encoder-decoder: Whisper (a convolutional front end over mel features, learned
+        # decoder positions)
+        "whisper": build(T.WhisperConfig, T.WhisperModel, seq2seq=True, key="input_features",
+                         shape=(2, 16, 32), num_mel_bins=16, max_source_positions=16,
+                         max_target_positions=64, **s2s),
+        # vision: Swin (shifted windows: rolls and a window mask), TimeSformer (divided
+        # space-time attention), PVT (spatial reduction of keys), MobileNetV2 (inverted
+        # residuals, ReLU6, TF-style padding)
+        "swin": build(T.SwinConfig, T.SwinModel, key="pixel_values", shape=(2, 3, 32, 32),
+                      image_size=32, patch_size=2, embed_dim=16, depths=[2, 2],
+                      num_heads=[2, 4], window_size=4),
+        "timesformer": build(T.TimesformerConfig, T.TimesformerModel, key="pixel_values",
+                             shape=(2, 4, 3, 32, 32), image_size=32, patch_size=8,
+                             num_frames=4, **vis),
+        "pvt": build(T.PvtConfig, T.PvtModel, key="pixel_values", shape=(2, 3, 32, 32),
+                     image_size=32, num_encoder_blocks=2, depths=[1, 1],
+                     sequence_reduction_ratios=[2, 1], hidden_sizes=[32, 64],
+                     patch_sizes=[4, 2], strides=[4, 2], num_attention_heads=[1, 2],
+                     mlp_ratios=[2, 2]),
+        "mobilenet_v2_hf": build(T.MobileNetV2Config, T.MobileNetV2Model, attention=False,
+                                 key="pixel_values", shape=(2, 3, 32, 32), image_size=32,
+                                 depth_multiplier=0.35),
+        # speech: HuBERT (a convolutional front end, a grouped positional convolution)
+        "hubert": build(T.HubertConfig, T.HubertModel, key="input_values", shape=(2, 400),
+                        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                        vocab_size=VOCAB, **vis),
+        # time series: PatchTST (patches of each channel, mean scaling, batch norm)
+        "patchtst": build(T.PatchTSTConfig, T.PatchTSTModel, attention=False,
+                          key="past_values", shape=(2, 32, 3), num_input_channels=3,
+                          context_length=32, patch_length=8, patch_stride=8,
+                          num_hidden_layers=LAYERS, d_model=H, num_attention_heads=HEADS,
+                          ffn_dim=FF),
     }
 
 
