@@ -69,15 +69,13 @@ HELD_OUT_FAMILY = {
                     "audio"),
     **dict.fromkeys(("owlvit", "groupvit", "altclip"), "dual encoder"),
     # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
-    **dict.fromkeys(("gptj", "gpt_neox", "gpt_bigcode", "persimmon", "mpt", "diffllama",
-                     "minicpm3"), "decoder"),
-    **dict.fromkeys(("afmoe", "cohere2_moe", "glm4_moe_lite", "kimi_linear"),
+    **dict.fromkeys(("ctrl", "xlnet", "diffllama", "minicpm3"), "decoder"),
+    **dict.fromkeys(("afmoe", "cohere2_moe", "glm4_moe_lite", "exaone_moe", "deepseek_v32"),
                     "mixture-of-experts"),
-    **dict.fromkeys(("deberta_v2", "rembert", "xmod", "nomic_bert"), "encoder"),
-    "whisper": "encoder-decoder",
-    **dict.fromkeys(("swin", "timesformer", "pvt", "mobilenet_v2_hf"), "vision"),
-    "hubert": "audio",
-    "patchtst": "time series",
+    **dict.fromkeys(("kimi_linear", "olmo_hybrid"), "state-space"),
+    **dict.fromkeys(("rembert", "xmod", "nomic_bert", "yoso", "eurobert"), "encoder"),
+    **dict.fromkeys(("timesformer", "pvt", "mobilenet_v2_hf", "dpt", "vivit"), "vision"),
+    **dict.fromkeys(("patchtst", "patchtsmixer"), "time series"),
 }
 
 
@@ -702,21 +700,14 @@ def held_out_builders(attn: str = "sdpa"):
                          vision_config=dict(vis, image_size=32, patch_size=8)),
 
         # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
-        # decoders: GPT-J (interleaved rotary on part of the head, a parallel block), GPT-NeoX
-        # (fused QKV, partial rotary, parallel residual), GPTBigCode (multi-query attention),
-        # Persimmon (Q/K LayerNorms, squared ReLU), MPT (ALiBi biases, no bias terms),
-        # DiffLlama (differential attention: two softmaxes subtracted, a group norm),
-        # MiniCPM3 (latent attention, scaled embedding and residuals)
-        "gptj": build(T.GPTJConfig, T.GPTJModel, n_layer=LAYERS, n_embd=H, n_head=HEADS,
-                      n_inner=FF, vocab_size=VOCAB, n_positions=64, rotary_dim=8, **ids),
-        "gpt_neox": build(T.GPTNeoXConfig, T.GPTNeoXModel, **ids, **enc),
-        "gpt_bigcode": build(T.GPTBigCodeConfig, T.GPTBigCodeModel, n_layer=LAYERS, n_embd=H,
-                             n_head=HEADS, n_inner=FF, vocab_size=VOCAB, n_positions=64,
-                             multi_query=True, **ids),
-        "persimmon": build(T.PersimmonConfig, T.PersimmonModel, qk_layernorm=True, **ids,
-                           **{k: v for k, v in moe.items() if k != "num_key_value_heads"}),
-        "mpt": build(T.MptConfig, T.MptModel, d_model=H, n_heads=HEADS, n_layers=LAYERS,
-                     expansion_ratio=2, max_seq_len=64, vocab_size=VOCAB, **ids),
+        # decoders: CTRL (sinusoidal positions, scaled embeddings), XLNet (two-stream
+        # relative attention with segment biases, its einsums), DiffLlama (differential
+        # attention: two softmaxes subtracted, a group norm), MiniCPM3 (latent attention,
+        # scaled embedding and residuals)
+        "ctrl": build(T.CTRLConfig, T.CTRLModel, n_layer=LAYERS, n_embd=H, n_head=HEADS,
+                      dff=FF, vocab_size=VOCAB, n_positions=64, **ids),
+        "xlnet": build(T.XLNetConfig, T.XLNetModel, n_layer=LAYERS, d_model=H, n_head=HEADS,
+                       d_head=H // HEADS, d_inner=FF, vocab_size=VOCAB, **ids),
         "diffllama": build(T.DiffLlamaConfig, T.DiffLlamaModel, head_dim=H // HEADS, **ids,
                            **moe),
         "minicpm3": build(T.MiniCPM3Config, T.MiniCPM3Model, q_lora_rank=32, kv_lora_rank=32,
@@ -724,7 +715,8 @@ def held_out_builders(attn: str = "sdpa"):
                           head_dim=16, **ids, **moe),
         # mixtures of experts: AFMoE (sliding and global layers, gated attention, a sigmoid
         # router with shared experts), Cohere 2 MoE, GLM-4-MoE-Lite (latent attention with a
-        # group-limited router), Kimi Linear (kimi delta attention then latent attention)
+        # group-limited router), EXAONE-MoE (sliding layers, a shared expert), DeepSeek-V3.2
+        # (latent attention with a top-k indexer over the keys)
         "afmoe": build(T.AfmoeConfig, T.AfmoeModel, head_dim=H // HEADS, num_experts=EXPERTS,
                        num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1,
                        moe_intermediate_size=FF, sliding_window=8,
@@ -735,35 +727,44 @@ def held_out_builders(attn: str = "sdpa"):
         "glm4_moe_lite": build(T.Glm4MoeLiteConfig, T.Glm4MoeLiteModel, q_lora_rank=32,
                                kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                v_head_dim=16, **group, **ids, **moe),
+        "exaone_moe": build(T.ExaoneMoeConfig, T.ExaoneMoeModel, num_experts=EXPERTS,
+                            num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1,
+                            moe_intermediate_size=FF, sliding_window=8, n_group=1,
+                            topk_group=1, **ids, **moe),
+        "deepseek_v32": build(T.DeepseekV32Config, T.DeepseekV32Model, n_routed_experts=EXPERTS,
+                              n_group=2, topk_group=1, first_k_dense_replace=1,
+                              num_experts_per_tok=2, moe_intermediate_size=FF, q_lora_rank=32,
+                              kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                              v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=2,
+                              **ids, **{k: v for k, v in moe.items()
+                                        if k != "num_key_value_heads"},
+                              num_key_value_heads=HEADS),
+        # linear attention hybrids: Kimi Linear (kimi delta attention then latent attention,
+        # with experts), OLMo hybrid (gated delta-net layers then attention)
         "kimi_linear": build(T.KimiLinearConfig, T.KimiLinearModel, q_lora_rank=32,
                              kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                              v_head_dim=16, num_local_experts=EXPERTS, num_experts_per_tok=2,
                              moe_intermediate_size=FF, linear_head_dim=16, linear_num_heads=4,
                              layer_types=["linear_attention", "full_attention"], **ids, **moe),
-        # encoders: DeBERTa-v2 (disentangled relative attention, log buckets, a convolution
-        # beside the first layer), RemBERT (decoupled embeddings), X-MOD (language adapters),
-        # NomicBERT (rotary, SwiGLU)
-        "deberta_v2": build(T.DebertaV2Config, T.DebertaV2Model, relative_attention=True,
-                            position_buckets=8, max_relative_positions=16,
-                            norm_rel_ebd="layer_norm", share_att_key=True,
-                            pos_att_type=["p2c", "c2p"], conv_kernel_size=3,
-                            **ids, **enc),
+        "olmo_hybrid": build(T.OlmoHybridConfig, T.OlmoHybridModel,
+                             layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16, **ids, **moe),
+        # encoders: RemBERT (decoupled embeddings), X-MOD (language adapters), NomicBERT
+        # (rotary, SwiGLU), YOSO (LSH attention in its expectation form), EuroBERT (a
+        # Llama-style encoder)
         "rembert": build(T.RemBertConfig, T.RemBertModel, input_embedding_size=32,
                          output_embedding_size=32, **ids, **enc),
         "xmod": build(T.XmodConfig, T.XmodModel, languages=["en_XX", "de_DE"],
                       default_language="en_XX", pad_token_id=1, **enc),
         "nomic_bert": build(T.NomicBertConfig, T.NomicBertModel, **ids, **enc),
-        # an encoder-decoder: Whisper (a convolutional front end over mel features, learned
-        # decoder positions)
-        "whisper": build(T.WhisperConfig, T.WhisperModel, seq2seq=True, key="input_features",
-                         shape=(2, 16, 32), num_mel_bins=16, max_source_positions=16,
-                         max_target_positions=64, **s2s),
-        # vision: Swin (shifted windows: rolls and a window mask), TimeSformer (divided
-        # space-time attention), PVT (spatial reduction of keys), MobileNetV2 (inverted
-        # residuals, ReLU6, TF-style padding)
-        "swin": build(T.SwinConfig, T.SwinModel, key="pixel_values", shape=(2, 3, 32, 32),
-                      image_size=32, patch_size=2, embed_dim=16, depths=[2, 2],
-                      num_heads=[2, 4], window_size=4),
+        "yoso": build(T.YosoConfig, T.YosoModel, use_expectation=True, hash_code_len=4,
+                      num_hash=8, **ids, **enc),
+        "eurobert": build(T.EuroBertConfig, T.EuroBertModel, head_dim=H // HEADS,
+                          mask_token_id=1, **ids, **moe),
+        # vision: TimeSformer (divided space-time attention), PVT (spatial reduction of
+        # keys), MobileNetV2 (inverted residuals, ReLU6, TF-style padding), DPT (a ViT with
+        # a reassembling neck), ViViT (tubelet embeddings)
         "timesformer": build(T.TimesformerConfig, T.TimesformerModel, key="pixel_values",
                              shape=(2, 4, 3, 32, 32), image_size=32, patch_size=8,
                              num_frames=4, **vis),
@@ -775,17 +776,25 @@ def held_out_builders(attn: str = "sdpa"):
         "mobilenet_v2_hf": build(T.MobileNetV2Config, T.MobileNetV2Model, attention=False,
                                  key="pixel_values", shape=(2, 3, 32, 32), image_size=32,
                                  depth_multiplier=0.35),
-        # speech: HuBERT (a convolutional front end, a grouped positional convolution)
-        "hubert": build(T.HubertConfig, T.HubertModel, key="input_values", shape=(2, 400),
-                        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
-                        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-                        vocab_size=VOCAB, **vis),
-        # time series: PatchTST (patches of each channel, mean scaling, batch norm)
+        "dpt": build(T.DPTConfig, T.DPTModel, key="pixel_values", shape=(2, 3, 32, 32),
+                     image_size=32, patch_size=8, backbone_out_indices=[0, 1],
+                     neck_hidden_sizes=[16, 32], reassemble_factors=[2, 1],
+                     fusion_hidden_size=32, **vis),
+        "vivit": build(T.VivitConfig, T.VivitModel, key="pixel_values",
+                       shape=(2, 4, 3, 32, 32), image_size=32, num_frames=4,
+                       tubelet_size=[2, 8, 8], **vis),
+        # time series: PatchTST (patches of each channel, mean scaling, batch norm),
+        # PatchTSMixer (MLP mixing over patches and features, gated attention)
         "patchtst": build(T.PatchTSTConfig, T.PatchTSTModel, attention=False,
                           key="past_values", shape=(2, 32, 3), num_input_channels=3,
                           context_length=32, patch_length=8, patch_stride=8,
                           num_hidden_layers=LAYERS, d_model=H, num_attention_heads=HEADS,
                           ffn_dim=FF),
+        "patchtsmixer": build(T.PatchTSMixerConfig, T.PatchTSMixerModel, attention=False,
+                              key="past_values", shape=(2, 32, 3), num_input_channels=3,
+                              context_length=32, patch_length=8, patch_stride=8,
+                              num_layers=LAYERS, d_model=H, gated_attn=True, self_attn=True,
+                              self_attn_heads=HEADS),
     }
 
 
