@@ -4,8 +4,9 @@ implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weig
 download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
 model, example inputs); ``FAMILY`` says which family each belongs to. ``held_out_builders()``
 has further architectures built the same way, kept out of the zoo (``HELD_OUT_FAMILY``: MoE
-decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision and
-speech models): the mechanisms are tuned on the zoo, these check that they carry over.
+decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision,
+speech and time-series models): the mechanisms are tuned on the zoo, these check that
+they carry over.
 
     python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
     python benchmarks/vs_inductor.py --held-out  # the held-out decoders vs Inductor
@@ -214,7 +215,8 @@ def held_out_builders(attn: str = "sdpa"):
     top-1 router), DBRX; then the other families (see the comments at each); then a second
     set across the families (decoders, encoders, encoder-decoders, state-space and recurrent
     models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller); then
-    a third set likewise (with a text + image dual encoder, ``dual``)."""
+    a third set likewise (with a text + image dual encoder, ``dual``); a fourth, fifth and
+    sixth set likewise (the sixth with time-series models fed ``past_values``)."""
     import transformers as T
 
     build = _builder(attn)
