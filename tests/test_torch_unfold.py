@@ -43,3 +43,18 @@ def test_unfold_in_the_simulator():
     got = torch.compile(fn, backend="graphkernel", options={"backend": "sim"})(x)
     torch.testing.assert_close(got, fn(x))
     assert gt.stats()["launches"]["opaque"] == 0
+
+
+def test_unfold_of_a_symbolic_axis_runs_through_torch_with_its_reason():
+    """With ``dynamic=True`` the window count depends on the symbolic length: the op runs
+    through torch inside the compiled graph (its reason in the fallbacks), never raises,
+    and every length matches eager."""
+    def fn(x):
+        return x.unfold(1, 4, 2) * 2.0
+
+    compiled = torch.compile(fn, backend="graphkernel", dynamic=True)
+    for length in (10, 13):
+        x = _g(2, length, 3)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+    s = gt.stats()
+    assert "symbolic" in s["fallbacks"].get("aten.unfold.default", "") and s["bugs"] == 0, s
