@@ -4,8 +4,9 @@ implementation, Mamba's associative scan), 2 layers, hidden size 64, seeded weig
 download. ``builders()`` has the same form as ``export_models.builders``: name -> (build the
 model, example inputs); ``FAMILY`` says which family each belongs to. ``held_out_builders()``
 has further architectures built the same way, kept out of the zoo (``HELD_OUT_FAMILY``: MoE
-decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision and
-speech models): the mechanisms are tuned on the zoo, these check that they carry over.
+decoders, state-space models of other sizes and hybrids, decoders, an encoder, vision,
+speech and time-series models): the mechanisms are tuned on the zoo, these check that
+they carry over.
 
     python benchmarks/moe_ssm.py [model ...]     # launches, accuracy, gradients vs Inductor
     python benchmarks/vs_inductor.py --held-out  # the held-out decoders vs Inductor
@@ -68,6 +69,14 @@ HELD_OUT_FAMILY = {
     **dict.fromkeys(("unispeech_sat", "wav2vec2_bert", "speech_to_text", "moonshine"),
                     "audio"),
     **dict.fromkeys(("owlvit", "groupvit", "altclip"), "dual encoder"),
+    # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
+    **dict.fromkeys(("ctrl", "xlnet", "diffllama", "minicpm3"), "decoder"),
+    **dict.fromkeys(("afmoe", "cohere2_moe", "glm4_moe_lite", "exaone_moe", "deepseek_v32"),
+                    "mixture-of-experts"),
+    **dict.fromkeys(("kimi_linear", "olmo_hybrid"), "state-space"),
+    **dict.fromkeys(("rembert", "xmod", "nomic_bert", "yoso", "eurobert"), "encoder"),
+    **dict.fromkeys(("timesformer", "pvt", "mobilenet_v2_hf", "dpt", "vivit"), "vision"),
+    **dict.fromkeys(("patchtst", "patchtsmixer"), "time series"),
 }
 
 
@@ -206,7 +215,8 @@ def held_out_builders(attn: str = "sdpa"):
     top-1 router), DBRX; then the other families (see the comments at each); then a second
     set across the families (decoders, encoders, encoder-decoders, state-space and recurrent
     models, MoE, vision and speech), 2 layers, hidden size 64 (the vision stages smaller); then
-    a third set likewise (with a text + image dual encoder, ``dual``)."""
+    a third set likewise (with a text + image dual encoder, ``dual``); a fourth, fifth and
+    sixth set likewise (the sixth with time-series models fed ``past_values``)."""
     import transformers as T
 
     build = _builder(attn)
@@ -690,6 +700,103 @@ def held_out_builders(attn: str = "sdpa"):
         "altclip": build(T.AltCLIPConfig, T.AltCLIPModel, dual=True, shape=(2, 3, 32, 32),
                          text_config=dict(enc, project_dim=H, pad_token_id=1),
                          vision_config=dict(vis, image_size=32, patch_size=8)),
+
+        # -- a sixth held-out set: decoders, MoE, encoders, vision, audio, time series --
+        # decoders: CTRL (sinusoidal positions, scaled embeddings), XLNet (two-stream
+        # relative attention with segment biases, its einsums), DiffLlama (differential
+        # attention: two softmaxes subtracted, a group norm), MiniCPM3 (latent attention,
+        # scaled embedding and residuals)
+        "ctrl": build(T.CTRLConfig, T.CTRLModel, n_layer=LAYERS, n_embd=H, n_head=HEADS,
+                      dff=FF, vocab_size=VOCAB, n_positions=64, **ids),
+        "xlnet": build(T.XLNetConfig, T.XLNetModel, n_layer=LAYERS, d_model=H, n_head=HEADS,
+                       d_head=H // HEADS, d_inner=FF, vocab_size=VOCAB, **ids),
+        "diffllama": build(T.DiffLlamaConfig, T.DiffLlamaModel, head_dim=H // HEADS, **ids,
+                           **moe),
+        "minicpm3": build(T.MiniCPM3Config, T.MiniCPM3Model, q_lora_rank=32, kv_lora_rank=32,
+                          qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                          head_dim=16, **ids, **moe),
+        # mixtures of experts: AFMoE (sliding and global layers, gated attention, a sigmoid
+        # router with shared experts), Cohere 2 MoE, GLM-4-MoE-Lite (latent attention with a
+        # group-limited router), EXAONE-MoE (sliding layers, a shared expert), DeepSeek-V3.2
+        # (latent attention with a top-k indexer over the keys)
+        "afmoe": build(T.AfmoeConfig, T.AfmoeModel, head_dim=H // HEADS, num_experts=EXPERTS,
+                       num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1,
+                       moe_intermediate_size=FF, sliding_window=8,
+                       global_attn_every_n_layers=2, **ids, **moe),
+        "cohere2_moe": build(T.Cohere2MoeConfig, T.Cohere2MoeModel, head_dim=H // HEADS,
+                             num_experts=EXPERTS, num_experts_per_tok=2, sliding_window=8,
+                             **ids, **moe),
+        "glm4_moe_lite": build(T.Glm4MoeLiteConfig, T.Glm4MoeLiteModel, q_lora_rank=32,
+                               kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                               v_head_dim=16, **group, **ids, **moe),
+        "exaone_moe": build(T.ExaoneMoeConfig, T.ExaoneMoeModel, num_experts=EXPERTS,
+                            num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1,
+                            moe_intermediate_size=FF, sliding_window=8, n_group=1,
+                            topk_group=1, **ids, **moe),
+        "deepseek_v32": build(T.DeepseekV32Config, T.DeepseekV32Model, n_routed_experts=EXPERTS,
+                              n_group=2, topk_group=1, first_k_dense_replace=1,
+                              num_experts_per_tok=2, moe_intermediate_size=FF, q_lora_rank=32,
+                              kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                              v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=2,
+                              **ids, **{k: v for k, v in moe.items()
+                                        if k != "num_key_value_heads"},
+                              num_key_value_heads=HEADS),
+        # linear attention hybrids: Kimi Linear (kimi delta attention then latent attention,
+        # with experts), OLMo hybrid (gated delta-net layers then attention)
+        "kimi_linear": build(T.KimiLinearConfig, T.KimiLinearModel, q_lora_rank=32,
+                             kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                             v_head_dim=16, num_local_experts=EXPERTS, num_experts_per_tok=2,
+                             moe_intermediate_size=FF, linear_head_dim=16, linear_num_heads=4,
+                             layer_types=["linear_attention", "full_attention"], **ids, **moe),
+        "olmo_hybrid": build(T.OlmoHybridConfig, T.OlmoHybridModel,
+                             layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16, **ids, **moe),
+        # encoders: RemBERT (decoupled embeddings), X-MOD (language adapters), NomicBERT
+        # (rotary, SwiGLU), YOSO (LSH attention in its expectation form), EuroBERT (a
+        # Llama-style encoder)
+        "rembert": build(T.RemBertConfig, T.RemBertModel, input_embedding_size=32,
+                         output_embedding_size=32, **ids, **enc),
+        "xmod": build(T.XmodConfig, T.XmodModel, languages=["en_XX", "de_DE"],
+                      default_language="en_XX", pad_token_id=1, **enc),
+        "nomic_bert": build(T.NomicBertConfig, T.NomicBertModel, **ids, **enc),
+        "yoso": build(T.YosoConfig, T.YosoModel, use_expectation=True, hash_code_len=4,
+                      num_hash=8, **ids, **enc),
+        "eurobert": build(T.EuroBertConfig, T.EuroBertModel, head_dim=H // HEADS,
+                          mask_token_id=1, **ids, **moe),
+        # vision: TimeSformer (divided space-time attention), PVT (spatial reduction of
+        # keys), MobileNetV2 (inverted residuals, ReLU6, TF-style padding), DPT (a ViT with
+        # a reassembling neck), ViViT (tubelet embeddings)
+        "timesformer": build(T.TimesformerConfig, T.TimesformerModel, key="pixel_values",
+                             shape=(2, 4, 3, 32, 32), image_size=32, patch_size=8,
+                             num_frames=4, **vis),
+        "pvt": build(T.PvtConfig, T.PvtModel, key="pixel_values", shape=(2, 3, 32, 32),
+                     image_size=32, num_encoder_blocks=2, depths=[1, 1],
+                     sequence_reduction_ratios=[2, 1], hidden_sizes=[32, 64],
+                     patch_sizes=[4, 2], strides=[4, 2], num_attention_heads=[1, 2],
+                     mlp_ratios=[2, 2]),
+        "mobilenet_v2_hf": build(T.MobileNetV2Config, T.MobileNetV2Model, attention=False,
+                                 key="pixel_values", shape=(2, 3, 32, 32), image_size=32,
+                                 depth_multiplier=0.35),
+        "dpt": build(T.DPTConfig, T.DPTModel, key="pixel_values", shape=(2, 3, 32, 32),
+                     image_size=32, patch_size=8, backbone_out_indices=[0, 1],
+                     neck_hidden_sizes=[16, 32], reassemble_factors=[2, 1],
+                     fusion_hidden_size=32, **vis),
+        "vivit": build(T.VivitConfig, T.VivitModel, key="pixel_values",
+                       shape=(2, 4, 3, 32, 32), image_size=32, num_frames=4,
+                       tubelet_size=[2, 8, 8], **vis),
+        # time series: PatchTST (patches of each channel, mean scaling, batch norm),
+        # PatchTSMixer (MLP mixing over patches and features, gated attention)
+        "patchtst": build(T.PatchTSTConfig, T.PatchTSTModel, attention=False,
+                          key="past_values", shape=(2, 32, 3), num_input_channels=3,
+                          context_length=32, patch_length=8, patch_stride=8,
+                          num_hidden_layers=LAYERS, d_model=H, num_attention_heads=HEADS,
+                          ffn_dim=FF),
+        "patchtsmixer": build(T.PatchTSMixerConfig, T.PatchTSMixerModel, attention=False,
+                              key="past_values", shape=(2, 32, 3), num_input_channels=3,
+                              context_length=32, patch_length=8, patch_stride=8,
+                              num_layers=LAYERS, d_model=H, gated_attn=True, self_attn=True,
+                              self_attn_heads=HEADS),
     }
 
 

@@ -1481,6 +1481,33 @@ def _as_strided(c: Ctx):
     return c.emit("Gather", [flat, c.const(idx, DType.int64)], {"axis": 0})
 
 
+@aten("aten.unfold.default")
+def _unfold(c: Ctx):
+    """``x.unfold(dim, size, step)``: window ``i`` of ``size`` elements along ``dim``,
+    starting at ``i * step``, as a new last axis (PatchTST's patches of each channel):
+    ``out[..., i, ..., j] = x[..., i * step + j, ...]``. One Gather along ``dim`` of the
+    constant rows ``i * step + j`` (windows in order, each window's elements in order), that
+    axis split into (windows, size) and the size axis moved last: the same elements, exact.
+    A symbolic axis (the window count depends on it) is not mapped."""
+    x = c.arg(0)
+    rank = x.type.rank
+    dim, size, step = c.arg(1) % max(rank, 1), c.arg(2), c.arg(3)
+    length = x.shape[dim] if rank else 1
+    if not all(isinstance(v, int) for v in (length, size, step)) or step <= 0 or size < 0 \
+            or size > length:
+        raise Unmapped("unfold of a symbolic axis or with a symbolic window")
+    if rank == 0:  # a 0-d tensor unfolds to one window of its value
+        return c.emit("Reshape", [x], {"shape": [size]})
+    count = (length - size) // step + 1
+    rows = (np.arange(count, dtype=np.int64)[:, None] * step
+            + np.arange(size, dtype=np.int64)[None, :]).reshape(-1)
+    taken = c.emit("Gather", [x, c.const(rows, DType.int64)], {"axis": dim})
+    shape = [*x.shape[:dim], count, size, *x.shape[dim + 1:]]
+    split = c.emit("Reshape", [taken], {"shape": shape})
+    perm = [*range(dim + 1), *range(dim + 2, rank + 1), dim + 1]
+    return c.emit("Transpose", [split], {"perm": perm})
+
+
 @aten("aten.cumsum.default")
 def _cumsum(c: Ctx):
     src = c.node.args[0]
