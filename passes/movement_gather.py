@@ -27,8 +27,9 @@ each lands where the region put it.
 Applied when the shapes are static, the region's slices, concatenations and gathers
 outnumber the launches it becomes by ``MIN_SAVED`` (a region that is a single slice or a
 single concatenation stays: the patterns fuse those with their neighbours; so do slices and
-one Concat of values computed by vector work, which the ``concat`` pattern stores from the
-kernels computing them), and the
+one Concat of values computed by vector work, and a region reading such values that places
+no constant, whose slices and Concats the ``concat`` pattern stores from the kernels
+computing them), and the
 position tables stay under ``MAX_ELEMENTS`` elements in all (the positions followed through
 the region under four times that); anything else is left as it is, with the reason logged.
 """
@@ -169,15 +170,24 @@ VECTOR_KINDS = (ops.OpKind.ELEMWISE, ops.OpKind.BROADCAST, ops.OpKind.REDUCE)
 
 
 def _left_to_patterns(plan: _Plan) -> bool:
-    """A region that neither gathers nor holds two Concats, of values all computed by vector
-    work: the ``concat`` pattern pulls such slices and their Concat into the kernel that
-    computes what they read (a Concat of a norm's shifted rows stored piece by piece), where
-    they cost no launch, which a Gather (a launch of its own) would."""
-    if any(n.op == "Gather" for n in plan.region) or \
-            sum(n.op == "Concat" for n in plan.region) >= 2:
+    """A region that does not gather and reads values computed by vector work, with either
+    at most one Concat and only such values, or no constant to place: the ``concat`` pattern
+    pulls slices and Concats of such values into the kernel that computes them (a Concat of
+    a norm's shifted rows stored piece by piece; a rotary's halves concatenated back, the
+    heads cut from a fused projection read by that kernel), where they cost no launch, which
+    a Gather (a launch of its own, joining no kernel) would: the count of slices and
+    Concats overstates what such a region costs. A region that pads or masks with constants
+    (sliding-window chunks) keeps its count: a constant block is not stored by the kernels
+    computing the values beside it."""
+    if any(n.op == "Gather" for n in plan.region):
         return False
-    return all(v.producer is not None and v.producer.op not in ops.PRODUCT_OPS
-               and ops.get(v.producer.op).kind in VECTOR_KINDS for v in plan.sources)
+    vector = [v.producer is not None and v.producer.op not in ops.PRODUCT_OPS
+              and ops.get(v.producer.op).kind in VECTOR_KINDS for v in plan.sources]
+    if all(vector) and sum(n.op == "Concat" for n in plan.region) < 2:
+        return True
+    places = any(n.op == "Select" or any(const_array(n.inputs[i]) is not None
+                                         for i in _data_positions(n)) for n in plan.region)
+    return any(vector) and not places
 
 
 def _moving(plan: _Plan) -> int:
@@ -279,8 +289,9 @@ def movement_gather(graph, ctx) -> PassResult:
             ctx.log(f"{where_}: kept (no outgoing value, no input, or several dtypes)")
             continue
         if _left_to_patterns(plan):
-            ctx.log(f"{where_}: kept (slices and a Concat of values computed by vector work: "
-                    "the concat pattern stores them from the kernels computing them)")
+            ctx.log(f"{where_}: kept (values computed by vector work, moved without a gather "
+                    "or a constant: the concat pattern stores them from the kernels "
+                    "computing them)")
             continue
         size = sum(int(v.type.numel) for v in plan.outs)
         inner = sum(int(n.outputs[0].type.numel) for n in region)

@@ -180,14 +180,15 @@ def test_symbolic_shapes_are_left_as_they_are():
 
 def test_a_region_left_and_reentered_gathers_only_what_each_value_reads():
     """A value the region hands out feeds work outside (an Exp) whose result the region
-    reads again (block-sparse attention scatters into a buffer it then slices): each
-    Gather reads the concatenation of only the inputs it reads, or the first one would
-    read its own output through the Exp."""
+    reads again (block-sparse attention scatters into a buffer it then slices, its blocks
+    picked by a constant-index Gather): each Gather reads the concatenation of only the
+    inputs it reads, or the first one would read its own output through the Exp."""
     g = Graph("reentry")
     x = g.add_input("x", TensorType((4, 8), "float32"))
     y = g.add_input("y", TensorType((4, 8), "float32"))
-    c1 = g.add_node("Concat", [_slice(g, y, [4], [8], [1]), _slice(g, x, [0], [4], [1])],
-                    {"axis": 1}).output
+    picked = g.add_node("Gather", [x, g.const(np.array([3, 0, 2, 1], np.int64))],
+                        {"axis": 1}).output
+    c1 = g.add_node("Concat", [_slice(g, y, [4], [8], [1]), picked], {"axis": 1}).output
     e = g.add_node("Exp", [c1]).output
     top = _slice(g, c1, [0], [2], [0])
     low = _slice(g, e, [2], [4], [0])
