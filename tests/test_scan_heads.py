@@ -102,10 +102,13 @@ def test_each_heads_scan_readout_and_gate_are_one_kernel(head_scans):
 
 
 @pytest.mark.sim
-def test_the_heads_kernels_compute_the_eager_result_in_the_simulator(head_scans):
+@pytest.mark.parametrize("compiled", ["head_scans", "weighted_scans"])
+def test_the_kernels_compute_the_eager_result_in_the_simulator(compiled, request):
+    """The heads' kernels (blocks read at an offset), and the scans whose readout's work
+    on a trained skip weight is a kernel of its own, in the simulator."""
     from graphkernel.codegen.backend import run_sim
 
-    res, feeds, want = head_scans
+    res, feeds, want = request.getfixturevalue(compiled)
     (got,), _ = run_sim(res, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -202,13 +205,4 @@ def test_a_trained_skip_weight_splits_the_readouts_work_off_not_the_scan(weighte
     reasons = [f["reason"] for f in res.report.extra["fallbacks"]]
     assert reasons and all("a kernel of its own loop space" in r for r in reasons)
     (got,) = run_graph(res.graph, feeds)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.sim
-def test_the_split_readout_computes_the_eager_result_in_the_simulator(weighted_scans):
-    from graphkernel.codegen.backend import run_sim
-
-    res, feeds, want = weighted_scans
-    (got,), _ = run_sim(res, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
