@@ -41,7 +41,7 @@ import numpy as np
 from graphkernel import ops
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.ops import RefContext
-from graphkernel.passes.rewrite import const_array
+from graphkernel.passes.rewrite import connected_regions, const_array
 from graphkernel.registry import PassResult, counted
 
 # op -> the input positions that carry data (the others must be constants that steer the
@@ -77,31 +77,10 @@ def _moves(n: Node) -> bool:
     return not all(const_array(n.inputs[i]) is not None for i in data)  # (folded anyway)
 
 
-def _components(order: list[Node]) -> list[list[Node]]:
-    """``order``'s nodes grouped by the data edges between them, each group in order."""
-    member = {id(n) for n in order}
-    parent = {id(n): id(n) for n in order}
-
-    def root(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for n in order:
-        for i in _data_positions(n):
-            p = n.inputs[i].producer
-            if p is not None and id(p) in member:
-                parent[root(id(n))] = root(id(p))
-    groups: dict[int, list[Node]] = {}
-    for n in order:
-        groups.setdefault(root(id(n)), []).append(n)
-    return list(groups.values())
-
-
 def _regions(graph: Graph) -> list[list[Node]]:
     """Connected regions of moving nodes (joined through data edges), in graph order."""
-    return _components([n for n in graph.nodes if _moves(n)])
+    return connected_regions([n for n in graph.nodes if _moves(n)],
+                             lambda n: (n.inputs[i] for i in _data_positions(n)))
 
 
 class _Plan:

@@ -1,4 +1,5 @@
-"""Helpers shared by rewrite passes: constant inspection and node replacement."""
+"""Helpers shared by rewrite passes: constant inspection, node replacement and connected
+regions of nodes."""
 
 from __future__ import annotations
 
@@ -72,3 +73,27 @@ def rewrite_each(graph: Graph, ctx: Any, ops: Iterable[str], what: str,
         graph.erase_node(n)
         done.append(n.name)
     return done
+
+
+def connected_regions(members: list[Node],
+                      inputs: Callable[[Node], Iterable[Value]] = lambda n: n.inputs
+                      ) -> list[list[Node]]:
+    """``members`` grouped by the edges between them (a member reading, through
+    ``inputs(member)``, a value another member produces), each group in ``members``' order."""
+    parent = {id(n): id(n) for n in members}
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for n in members:
+        for v in inputs(n):
+            p = v.producer
+            if p is not None and id(p) in parent:
+                parent[root(id(n))] = root(id(p))
+    groups: dict[int, list[Node]] = {}
+    for n in members:
+        groups.setdefault(root(id(n)), []).append(n)
+    return list(groups.values())

@@ -40,7 +40,7 @@ from graphkernel import symbolic
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.limits import MAX_NUMEL
 from graphkernel.ops import VIEW_OPS
-from graphkernel.passes.rewrite import const_array
+from graphkernel.passes.rewrite import connected_regions, const_array
 from graphkernel.registry import PassResult, counted
 
 EXACT = 2 ** 24  # every integer of at most this magnitude is a float32
@@ -247,27 +247,6 @@ def _member(n: Node, known: dict[int, Range | None]) -> bool:
     return r is not None and -EXACT <= r[0] and r[1] <= EXACT
 
 
-def _regions(graph: Graph, members: list[Node]) -> list[list[Node]]:
-    """Connected regions of member nodes (in graph order within each)."""
-    parent = {id(n): id(n) for n in members}
-
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for n in members:
-        for x in n.inputs:
-            p = x.producer
-            if p is not None and id(p) in parent:
-                parent[find(id(p))] = find(id(n))
-    groups: dict[int, list[Node]] = {}
-    for n in members:
-        groups.setdefault(find(id(n)), []).append(n)
-    return list(groups.values())
-
-
 def _narrow(graph: Graph, x: Value, inside: set[int]) -> Value:
     """An int64 ArgMax/ArgMin read by the region alone returns its index as int32 (the
     vector kernels load int32, not int64, and widen it to float32), an integer Range read by
@@ -435,7 +414,7 @@ def small_ints(graph, ctx) -> PassResult:
     # (a comparison of bounded values is a region's: only the others here)
     compared = _compared_with_constants(graph, ctx, known)
     notes = []
-    for region in _regions(graph, members):
+    for region in connected_regions(members):
         if not any(n.outputs[0].dtype == DType.int64 and n.op in wide for n in region):
             continue  # nothing the vector unit could not take already
         if _mask_of_positions(graph, region):
