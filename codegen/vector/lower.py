@@ -135,12 +135,12 @@ class VectorLowerer(Lowerer):
         if io.dtype == BITS:
             # int32 read as floats (an index from ArgMax/TopK compared with a row of
             # expert ids): converted on loading, a tile or one value per row (as int64)
-            col = io.kind == COL and read_as_floats(io.local)
-            if io.kind not in (FULL, PARTIAL) and not col:
+            floats = read_as_floats(io.local)
+            if io.kind not in (FULL, PARTIAL) and not (io.kind == COL and floats):
                 raise Unsupported(f"int32 input {io.value.name} broadcast ({io.kind})",
                                   about=(io.value,))
-            if read_as_floats(io.local):
-                kind = COL if col else FULL
+            if floats:
+                kind = COL if io.kind == COL else FULL
                 buf = self.alloc(kind)
                 self.call("Cast", buf, op(loaded), "RoundMode::CAST_NONE",
                           count=self.space.counts[kind], to=self.prologue)
