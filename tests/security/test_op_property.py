@@ -6,6 +6,8 @@ never a verify mismatch (exit 1)."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import tempfile
 import types
@@ -18,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphkernel import Graph, TensorType, ops
+from graphkernel.cli import build_parser
 from graphkernel.errors import GraphKernelError
 from graphkernel.ir import DType
 
@@ -108,6 +111,23 @@ def _outputs(op: ops.OpDef, inputs: list[dict], attrs: dict) -> int:
 
 def _ops() -> list[str]:
     return [o.name for o in ops.all_ops() if o.name not in SKIP]
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return build_parser()  # the real one (the name in graphkernel.cli is patched below)
+
+
+@pytest.fixture(autouse=True)
+def _one_parser(monkeypatch):
+    """The commands' argument parser built once per process for this module's ~3,000
+    in-process commands instead of once per command (argparse and the installed version's
+    lookup, ~12 ms each); ``main`` parses each command line with it as with a fresh one
+    (argparse keeps no state between parses, and the parser depends on nothing a graph file
+    changes). Function-scoped, so the tests stay spread over the workers."""
+    from graphkernel import cli
+
+    monkeypatch.setattr(cli, "build_parser", _parser)
 
 
 @pytest.mark.slow
