@@ -133,8 +133,9 @@ def test_a_reduction_that_drops_its_axes_is_not_taken():
 
 @pytest.mark.slow
 @pytest.mark.e2e
+@MAMBA_LAYER
 @pytest.mark.usefixtures("fresh_torch")
-def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypatch):
+def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(mamba_layer):
     """transformers' MambaModel (one layer, from its config, library defaults): the four
     transposes around its projections (in_proj's and dt_proj's results to channels-first,
     x_proj's and out_proj's channels-first operands) go into the products, and the readout's
@@ -143,30 +144,16 @@ def test_a_mamba_layer_built_by_the_library_loses_its_layout_transposes(monkeypa
     UB by the kernel computing its operand (a small value), and in_proj's channels-first
     result is a transpose, not a product whose Split split_slices takes into it; and the
     readout, summed in the scan's layout only after transpose_hoist, joins the scan's kernel
-    with its skip term and gate (scan_readout, scan_readout_epilogue): seven launches fewer."""
+    with its skip term and gate (scan_readout, scan_readout_epilogue): seven launches fewer.
+    (The compile with library defaults is the session's, tests/passes/conftest.py.)"""
     import torch
-    import transformers as T
 
-    import graphkernel.torch as gt
-
-    monkeypatch.setenv("GRAPHKERNEL_TORCH_STRICT", "1")
-    torch.manual_seed(0)
-    cfg = T.MambaConfig(hidden_size=32, num_hidden_layers=1, vocab_size=64, state_size=8)
-    model = T.MambaModel(cfg).eval()
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    off = mamba_layer.run("--disable_pass=transpose_hoist,product_transpose")
     counts = {}
-    off = "--disable_pass=transpose_hoist,product_transpose"
-    with torch.no_grad():
-        want = model(input_ids=ids).last_hidden_state
-        for flags in ("", off):
-            torch._dynamo.reset()
-            gt.reset_stats()
-            fn = torch.compile(lambda x: model(input_ids=x).last_hidden_state,
-                               backend="graphkernel", options={"flags": flags})
-            got = fn(ids)
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-            counts[flags] = sum(gt.stats()["launches"].values())
-    assert counts[""] == counts[off] - 7
+    for flags, run in (("", mamba_layer.default), ("off", off)):
+        torch.testing.assert_close(run.out, mamba_layer.want, rtol=1e-4, atol=1e-5)
+        counts[flags] = sum(run.stats["launches"].values())
+    assert counts[""] == counts["off"] - 7, counts
 
 
 @pytest.mark.slow
