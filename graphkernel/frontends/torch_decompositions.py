@@ -3,6 +3,7 @@ decompositions, each rule checked against its op, the fused attention overloads 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -42,15 +43,18 @@ def decompositions(checked: bool = True) -> dict[Any, Callable[..., Any]]:
     where the op returns its logsumexp [B, H, L]) would feed the backward the wrong saved
     tensor. Refused, the op is traced whole and runs as itself. (``checked=False``: the
     rules as they are, for an inference graph, whose outputs no backward reads.)"""
+    return {op: faithful(op, rule) if checked else rule for op, rule in _core_rules()}
+
+
+@functools.cache
+def _core_rules() -> tuple[tuple[Any, Callable[..., Any]], ...]:
+    """torch's core ATen rules without ``KEEP_WHOLE``'s ops, read once per process: torch
+    builds the table anew on each call (a scan of every namespace's ops, ~0.1-0.25 s), and
+    it does not change once torch is imported. The checks (``faithful``) stay per table."""
     from torch._decomp import core_aten_decompositions
 
-    table = {}
-    for op, rule in core_aten_decompositions().items():
-        name = str(op).rsplit(".", 1)[0]
-        if name in KEEP_WHOLE:
-            continue
-        table[op] = faithful(op, rule) if checked else rule
-    return table
+    return tuple((op, rule) for op, rule in core_aten_decompositions().items()
+                 if str(op).rsplit(".", 1)[0] not in KEEP_WHOLE)
 
 
 _CHECKING = threading.local()  # inside a check: an op's own run may come back to its rule
