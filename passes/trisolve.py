@@ -41,8 +41,10 @@ from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import RefContext
 from graphkernel.registry import PassResult, counted
 
-CHAIN = frozenset({"StridedSlice", "Slice", "Squeeze", "ExpandDims", "Reshape", "Identity"})
-MOVE = CHAIN | {"Concat", "BroadcastTo", "Select", "Transpose"}
+CHAIN = frozenset({"StridedSlice", "Slice", "Squeeze", "ExpandDims", "Reshape", "Identity",
+                   "Gather"})
+MOVE = CHAIN | {"Concat", "BroadcastTo", "Select", "Transpose", "ScatterElements"}
+INDEXED = frozenset({"Gather", "ScatterElements"})  # (by constant indices only)
 MAX_CHECKED = 1 << 22  # elements of a matrix batch the movement check runs on
 
 
@@ -54,10 +56,25 @@ def _source(v: Value) -> tuple[Value, list[Node]]:
     """The value ``v`` is a movement of along a chain of one-input views, and the chain (in
     order from the source)."""
     chain: list[Node] = []
-    while v.producer is not None and v.producer.op in CHAIN and len(v.producer.inputs) == 1:
+    while v.producer is not None and v.producer.op in CHAIN and _moves(v.producer) and \
+            all(_constant(x) for x in v.producer.inputs[1:]):
         chain.insert(0, v.producer)
         v = v.producer.inputs[0]
     return v, chain
+
+
+def _constant(v: Value) -> bool:
+    return v.producer is not None and v.producer.op == "Constant"
+
+
+def _moves(n: Node) -> bool:
+    """Whether ``n`` only moves elements: a Select by a constant condition, a Gather or a
+    ScatterElements (no reduction) by constant indices, any other op of MOVE."""
+    if n.op == "Select":
+        return _constant(n.inputs[0])
+    if n.op in INDEXED:
+        return _constant(n.inputs[1]) and n.attrs.get("reduction", "none") == "none"
+    return n.op in MOVE
 
 
 def _run(nodes: list[Node], env: dict[int, np.ndarray]) -> None:
@@ -149,7 +166,7 @@ class _Finder:
         while todo:
             v = todo.pop()
             for u in v.users:
-                if id(u) in seen or u.op not in MOVE:
+                if id(u) in seen or not _moves(u):
                     continue
                 seen.add(id(u))
                 for o in u.outputs:
@@ -186,10 +203,7 @@ class _Finder:
                 return None
             if p.op == "Constant":
                 continue
-            if p.op not in MOVE:
-                return None
-            if p.op == "Select" and (p.inputs[0].producer is None
-                                     or p.inputs[0].producer.op != "Constant"):
+            if not _moves(p):
                 return None
             if id(p) in got:
                 continue
