@@ -69,11 +69,12 @@ class TriSolveSchedule:
     form: str                  # "solve" or "rows"
     batch: int
     n: int
-    m: int
+    m: int                     # the columns a row's instructions cover (all right-hand sides)
     NP: int                    # a row of L in UB (elements: whole 32-byte blocks)
-    MP: int                    # a row of X / Y in UB
+    MP: int                    # a row of the right-hand sides in UB (each starts on a block)
     l_input: int               # the kernel input holding L (solve) or A (rows)
-    x_input: int               # the kernel input holding X (solve; -1 for rows)
+    rhs: list[tuple[int, int, int]]  # per right-hand side: (kernel input, columns, offset)
+    out_rhs: list[int]         # per kernel output: its right-hand side
     notes: list[str] = field(default_factory=list)
     kernel_kind: str = "vector"
     variant: None = None
@@ -98,22 +99,29 @@ def plan_trisolve(kernel: Node, target: Target) -> TriSolveSchedule:
         raise Unsupported("TriSolve of a value computed in the kernel", node=ts)
     L = ts.inputs[0]
     n = L.shape[-1]
-    m = ts.outputs[0].shape[-1]
     batch = 1
     for d in L.shape[:-2]:
         batch *= d
-    blk = target.block_bytes // 4
-    NP, MP = -(-n // blk) * blk, -(-m // blk) * blk
     if n > MAX_ROWS:
         raise Unsupported(f"TriSolve of {n} rows: one DataCopyPad block per row, at most "
                           f"{MAX_ROWS}", node=ts)
+    if any(v not in ts.outputs for v in sub.outputs):
+        raise Unsupported("a forward-substitution kernel's outputs are its TriSolve's",
+                          node=ts)
     li = sub.inputs.index(L)
-    xi = sub.inputs.index(ts.inputs[1]) if form == "solve" else -1
+    sides = ts.inputs[1:] if form == "solve" else [L]
+    rhs, at = [], 0
+    for x in sides:
+        rhs.append((sub.inputs.index(x), x.shape[-1], at))
+        at += _pitch(x.shape[-1], target)
+    NP, MP = _pitch(n, target), at
+    m = rhs[-1][2] + rhs[-1][1]
     ins = [SolveIO(i, v, "A" if form == "rows" else ("L" if i == li else "X"))
            for i, v in enumerate(sub.inputs)]
     s = TriSolveSchedule(kernel_symbol(kernel), kernel.name, ins,
                          [SolveIO(i, v, "Y") for i, v in enumerate(sub.outputs)], target,
-                         form, batch, n, m, NP, MP, li, xi)
+                         form, batch, n, m, NP, MP, li, rhs,
+                         [ts.outputs.index(v) for v in sub.outputs])
     need = _plan(s).budget().bytes(1, MP)
     if need > target.ub_bytes:
         raise Unsupported(f"TriSolve of {n} rows and {m} columns: the system and its "
@@ -124,6 +132,19 @@ def plan_trisolve(kernel: Node, target: Target) -> TriSolveSchedule:
                    "coefficients read by the scalar unit per system, two vector instructions "
                    "(Muls, Add) per coefficient")
     return s
+
+
+def _pitch(cols: int, target: Target) -> int:
+    """Elements of a row of ``cols`` in UB: whole 32-byte blocks."""
+    blk = target.block_bytes // 4
+    return -(-cols // blk) * blk
+
+
+def fits(n: int, widths: list[int], target: Target) -> bool:
+    """Whether a system of ``n`` rows with right-hand sides of ``widths`` columns fits one
+    kernel's UB (the buffer plan's bytes)."""
+    NP, MP = _pitch(n, target), sum(_pitch(w, target) for w in widths)
+    return (n * NP + n * MP + 2 * MP) * 4 + target.block_bytes <= target.ub_bytes
 
 
 def _plan(s: TriSolveSchedule) -> BufferPlan:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphkernel import ops
+from graphkernel.codegen.trisolve import fits
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import RefContext
 from graphkernel.registry import PassResult, counted
@@ -262,11 +263,73 @@ def _outside(graph: Graph, nodes: list[Node], last: Value, live: set[int]) -> st
     return None
 
 
+def _reads(x: Value, node: Node) -> bool:
+    """Whether computing ``x`` reads a result of ``node``."""
+    seen: set[int] = set()
+    todo = [x]
+    while todo:
+        v = todo.pop()
+        p = v.producer
+        if p is None or id(p) in seen:
+            continue
+        if p is node:
+            return True
+        seen.add(id(p))
+        todo.extend(p.inputs)
+    return False
+
+
+def _siblings(graph: Graph, ctx, target) -> list[str]:
+    """Solves of one system (TriSolve ``solve`` nodes reading one L) → one TriSolve of all
+    their right-hand sides: the system is read and its coefficients walked once. Exact: each
+    right-hand side's columns get the same operations as alone. Not when one right-hand side
+    reads another's solution, or when they would not fit one kernel's UB together."""
+    groups: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op == "TriSolve" and n.attrs["form"] == "solve":
+            groups.setdefault(id(n.inputs[0]), []).append(n)
+    notes = []
+    for nodes in groups.values():
+        keep = [n for n in nodes if not any(
+            _reads(x, m) for m in nodes if m is not n for x in n.inputs[1:])]
+        if len(keep) < 2:
+            continue
+        L = keep[0].inputs[0]
+        xs = [x for n in keep for x in n.inputs[1:]]
+        static = all(isinstance(d, int) for v in (L, *xs) for d in v.shape)
+        if static and not fits(L.shape[-1], [x.shape[-1] for x in xs], target):
+            notes.append(f"{', '.join(n.name for n in keep)}: solves of {L.name} left apart: "
+                         "their right-hand sides together do not fit one kernel's UB")
+            ctx.log(f"trisolve: {notes[-1]}")
+            continue
+        if not ctx.should_apply(f"trisolve: the solves of {L.name} as one", keep):
+            continue
+        origin = tuple(dict.fromkeys(o for n in keep for o in n.origin))
+        one = graph.add_node("TriSolve", [L, *xs], {"form": "solve"},
+                             name=graph.fresh_name(f"{L.name}/solves"), origin=origin)
+        at = 0
+        for n in keep:
+            for o in n.outputs:
+                graph.replace_all_uses(o, one.outputs[at])
+                at += 1
+        notes.append(f"{', '.join(n.name for n in keep)}: {len(xs)} right-hand sides of "
+                     f"{L.name} solved as one TriSolve")
+    return notes
+
+
 def trisolve(graph: Graph, ctx) -> PassResult:
     """Rewrite a forward substitution traced row by row → one TriSolve of the matrix."""
+    merged = _siblings(graph, ctx, ctx.target) if any(
+        n.op == "TriSolve" for n in graph.nodes) else []
     adds = [n for n in graph.nodes if n.op == "Add"]
     if not adds or not any(n.op == "ReduceSum" for n in graph.nodes):
-        return PassResult(False, 0, [], f"{counted(0, 'forward substitution')} as one op")
+        if merged:
+            graph.remove_dead()
+            graph.toposort()
+        return PassResult(bool(merged), len(merged), merged,
+                          f"{counted(0, 'forward substitution')} as one op; "
+                          f"{counted(len(merged), 'system')} solved once for its right-hand "
+                          "sides")
     f = _Finder(graph)
     steps: dict[int, tuple[Value, int, list[Node], Node]] = {}
     for a in adds:
@@ -302,8 +365,10 @@ def trisolve(graph: Graph, ctx) -> PassResult:
         done += 1
         notes.append(f"{T.name}: the forward substitution of {M.name} ({M.shape[-1] - 1} "
                      f"rows, {len(nodes)} nodes) as one TriSolve")
-    if done:
+    if done or merged:
         graph.remove_dead()
         graph.toposort()
-    return PassResult(done > 0, done, notes,
-                      f"{counted(done, 'forward substitution')} as one op")
+    return PassResult(done + len(merged) > 0, done + len(merged), merged + notes,
+                      f"{counted(done, 'forward substitution')} as one op; "
+                      f"{counted(len(merged), 'system')} solved once for its right-hand "
+                      "sides")

@@ -197,12 +197,41 @@ def test_solve_triangular_is_one_kernel_and_other_flags_stay_torchs(compiled):
 
 
 # ------------------------------------------------------------- the kernel
-def _solve_graph(n: int, m: int, batch=(3,)) -> Graph:
-    g = Graph(f"solve_{n}_{m}")
+def _solve_graph(n: int, m: int, batch=(3,), m2: int = 0) -> Graph:
+    """L^-1 X (and L^-1 X2, with ``m2`` columns, by the same TriSolve)."""
+    g = Graph(f"solve_{n}_{m}_{m2}")
     L = g.add_input("L", TensorType((*batch, n, n), "float32"))
     X = g.add_input("X", TensorType((*batch, n, m), "float32"))
-    g.set_outputs([g.add_node("TriSolve", [L, X], {"form": "solve"}).output])
+    xs = [X, g.add_input("X2", TensorType((*batch, n, m2), "float32"))] if m2 else [X]
+    g.set_outputs(list(g.add_node("TriSolve", [L, *xs], {"form": "solve"}).outputs))
     return g
+
+
+def _two_solves(chained: bool = False) -> Graph:
+    """Two solve_triangular of one system (qwen3_next's new values and decayed keys); the
+    second right-hand side computed from the first solution when ``chained``."""
+    g = Graph("two_solves")
+    L = g.add_input("L", TensorType((*B, 6, 6), "float32"))
+    X = g.add_input("X", TensorType((*B, 6, 4), "float32"))
+    y1 = _op(g, "TriSolve", L, X, form="solve")
+    x2 = _op(g, "Mul", y1 if chained else X, g.const(np.float32(2)))
+    y2 = _op(g, "TriSolve", L, x2, form="solve")
+    g.set_outputs([y1, y2])
+    return g
+
+
+def test_solves_of_one_system_are_one_trisolve():
+    g = _two_solves()
+    h, notes = _run_pass(g)
+    assert _ops(h) == ["Mul", "TriSolve"] and "2 right-hand sides" in notes[0], notes
+    feeds = _feeds(g)
+    for got, want in zip(run_graph(h, feeds), run_graph(g, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)  # each column: the same operations
+
+
+def test_a_solve_of_another_solution_stays_apart():
+    h, notes = _run_pass(_two_solves(chained=True))
+    assert _ops(h).count("TriSolve") == 2 and not notes
 
 
 def _rows_graph(n: int, batch=(2, 3)) -> Graph:
@@ -213,7 +242,7 @@ def _rows_graph(n: int, batch=(2, 3)) -> Graph:
 
 
 KERNEL_GRAPHS = [_solve_graph(64, 16), _solve_graph(5, 3, (2, 2)), _rows_graph(64, (4,)),
-                 _rows_graph(7)]
+                 _rows_graph(7), _solve_graph(64, 16, (2,), m2=5)]
 
 
 @pytest.fixture(scope="module")
@@ -268,11 +297,14 @@ def test_the_kernel_solves_as_accurately_as_torch(solved, kind):
         n, batch = s.n, s.batch
         N = _systems(kind, n, batch, rng)
         eye = np.eye(n)
-        if s.form == "solve":
-            X = rng.standard_normal((batch, n, s.m))
+        if s.form == "solve":  # (several right-hand sides: solved side by side)
+            ws = [w for _, w, _ in s.rhs]
+            X = rng.standard_normal((batch, n, sum(ws)))
             L = (eye + N).astype(np.float32)
-            feeds = {"L": L.reshape(g.inputs[0].shape),
-                     "X": X.astype(np.float32).reshape(g.inputs[1].shape)}
+            parts = np.split(X.astype(np.float32), np.cumsum(ws)[:-1], axis=-1)
+            feeds = {"L": L.reshape(g.inputs[0].shape)}
+            feeds |= {v.name: p.reshape(v.shape) for v, p in zip(g.inputs[1:], parts,
+                                                                   strict=True)}
             want = _fsub64(eye + N, X)
             ref = torch.linalg.solve_triangular(torch.from_numpy(L), torch.from_numpy(
                 X.astype(np.float32)), upper=False, unitriangular=True).numpy()
@@ -286,7 +318,7 @@ def test_the_kernel_solves_as_accurately_as_torch(solved, kind):
                 - torch.eye(n)).numpy()
         got, be = run_sim(res, feeds, library=lib)
         assert not be.unscheduled
-        got = np.asarray(got[0]).reshape(want.shape)
+        got = np.concatenate([np.asarray(x).reshape(batch, n, -1) for x in got], axis=-1)
         assert np.isfinite(got).all()
         assert _err(got, want) <= max(8 * _err(ref, want), 2e-6), (g.name, kind,
                                                                    _err(got, want),

@@ -7,7 +7,8 @@ matrices):
 * ``solve``: ``Y = L^-1 X`` for a unit lower-triangular ``L`` [..., n, n] (its diagonal and
   upper triangle are not read: taken as ones and zeros) and ``X`` [..., n, m] — torch's
   ``linalg.solve_triangular(L, X, upper=False, left=True, unitriangular=True)``. Row i of Y
-  is ``X[i] - sum_{k<i} L[i, k] * Y[k]``.
+  is ``X[i] - sum_{k<i} L[i, k] * Y[k]``. Several right-hand sides X1 .. Xk (each its own
+  width) give k results, each the solve of its own: one system, read once.
 * ``rows``: the in-place row recurrence linear-attention references write as a Python loop
   over the rows of one matrix ``A`` [..., n, n] (``for i in 1..n-1: A[i, :i] = A[i, :i] +
   sum_{k<i} A[i, k] * A[k, :i]``, each row reading the rows before it as already updated):
@@ -35,10 +36,11 @@ class TriSolveAttrs(Attrs):
 
 
 def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
-    want = 2 if attrs["form"] == "solve" else 1
-    if len(ins) != want:
-        raise ShapeError(f"TriSolve form={attrs['form']!r} takes {want} input(s), got "
-                         f"{len(ins)}")
+    solve = attrs["form"] == "solve"
+    if (len(ins) < 2) if solve else (len(ins) != 1):
+        raise ShapeError(f"TriSolve form={attrs['form']!r} takes "
+                         f"{'a system and right-hand sides' if solve else 'one matrix'}, got "
+                         f"{len(ins)} input(s)")
     a = ins[0]
     for t in ins:
         check_dtype(t, "float")
@@ -46,23 +48,25 @@ def _infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
             raise ShapeError(f"TriSolve operands of one dtype, got {[str(x) for x in ins]}")
     if a.rank < 2 or a.shape[-1] != a.shape[-2]:
         raise ShapeError(f"TriSolve: the matrix must be square in its last two axes, got {a}")
-    if want == 2:
-        x = ins[1]
-        if x.rank != a.rank or tuple(x.shape[:-1]) != tuple(a.shape[:-1]):
-            raise ShapeError(f"TriSolve: the right-hand sides {x} must have the matrix's "
-                             f"batch axes and rows {a}")
-        return [x]
+    if solve:
+        for x in ins[1:]:
+            if x.rank != a.rank or tuple(x.shape[:-1]) != tuple(a.shape[:-1]):
+                raise ShapeError(f"TriSolve: the right-hand sides {x} must have the "
+                                 f"matrix's batch axes and rows {a}")
+        return list(ins[1:])
     return [a]
 
 
 def _ref(xs, a, ctx):
     if a["form"] == "solve":
-        L, X = xs
-        Y = np.array(X, copy=True)
-        for i in range(1, L.shape[-1]):
-            acc = (L[..., i, :i, None] * Y[..., :i, :]).sum(-2)
-            Y[..., i, :] = X[..., i, :] - acc
-        return Y
+        L, out = xs[0], []
+        for X in xs[1:]:
+            Y = np.array(X, copy=True)
+            for i in range(1, L.shape[-1]):
+                acc = (L[..., i, :i, None] * Y[..., :i, :]).sum(-2)
+                Y[..., i, :] = X[..., i, :] - acc
+            out.append(Y)
+        return out[0] if len(out) == 1 else out
     (A,) = xs
     T = np.array(A, copy=True)
     for i in range(1, A.shape[-1]):
@@ -71,7 +75,7 @@ def _ref(xs, a, ctx):
     return T
 
 
-register(OpDef("TriSolve", OpKind.OPAQUE, (1, 2), _infer, _ref, attrs=TriSolveAttrs,
+register(OpDef("TriSolve", OpKind.OPAQUE, (1, None), _infer, _ref, attrs=TriSolveAttrs,
                category="linalg",
                doc="forward substitution over a batch of unit lower-triangular systems: "
                    "L^-1 X (solve), or the in-place row recurrence A[i, :i] += A[i, :i] @ "
