@@ -23,6 +23,9 @@ by what they compute, not by names or sizes:
 * the steps i = 1 .. n-1 chained (the write of step i the matrix of step i + 1), from a
   matrix A to the last write T.
 
+The row reads and writes may be slices, Concats and Selects (``slice_scatter``/``copy_``) or
+Gathers and ScatterElements by constant indices (``index_put``).
+
 The movement checks are exact: the movement ops run (their references) on A's element
 indices and on the step result's, and must put every index where the algorithm puts it,
 which (movement being a fixed selection of elements) proves the map for every input. T then
@@ -30,6 +33,10 @@ becomes ``TriSolve(A, form="rows")`` (``opdefs/trisolve.py``), which runs the sa
 the same order: exact up to float summation order within a row's sum. Refused, with the
 reason logged: fewer steps than rows (a loop stopped early or started late), a step value
 read outside the chain (a training graph saving it for the backward pass), symbolic sizes.
+
+Solves of one system (``solve`` TriSolves of one L: qwen3_next's new values and decayed keys)
+become one TriSolve of all their right-hand sides (``_siblings``): exact, each column gets
+the same operations as alone.
 """
 
 from __future__ import annotations
@@ -318,7 +325,8 @@ def _siblings(graph: Graph, ctx, target) -> list[str]:
 
 
 def trisolve(graph: Graph, ctx) -> PassResult:
-    """Rewrite a forward substitution traced row by row → one TriSolve of the matrix."""
+    """Rewrite a forward substitution traced row by row → one TriSolve of the matrix, and
+    solves of one system → one TriSolve of all their right-hand sides."""
     merged = _siblings(graph, ctx, ctx.target) if any(
         n.op == "TriSolve" for n in graph.nodes) else []
     adds = [n for n in graph.nodes if n.op == "Add"]
