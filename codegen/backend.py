@@ -16,6 +16,7 @@ from graphkernel.codegen.cube.conv import ConvSchedule, render_conv
 from graphkernel.codegen.cube.group import GroupSchedule, render_group
 from graphkernel.codegen.cube.render import render_matmul
 from graphkernel.codegen.cube.schedule import MatmulSchedule
+from graphkernel.codegen.trisolve import TriSolveSchedule, render_trisolve
 from graphkernel.codegen.vector.render import Rendered, io_entry, render
 from graphkernel.codegen.vector.schedule import Schedule
 from graphkernel.codegen.window import WindowSchedule, render_window
@@ -58,6 +59,7 @@ def render_all(scheds: Mapping[str, Schedule], shared: Mapping[str, str] | None 
             r = render_matmul(s) if isinstance(s, MatmulSchedule) else \
                 render_group(s) if isinstance(s, GroupSchedule) else \
                 render_window(s) if isinstance(s, WindowSchedule) else \
+                render_trisolve(s) if isinstance(s, TriSolveSchedule) else \
                 render_conv(s) if isinstance(s, ConvSchedule) else render(s)
             for hook in CORRUPT:
                 r.files = hook(r.name, dict(r.files))

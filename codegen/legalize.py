@@ -35,6 +35,7 @@ from graphkernel.codegen.instance import rebind, rebind_matmul
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.render import c_dim, shape_refs
 from graphkernel.codegen.targets import Target
+from graphkernel.codegen.trisolve import TriSolveSchedule, is_trisolve_kernel, plan_trisolve
 from graphkernel.codegen.vector import layouts
 from graphkernel.codegen.vector.lower import lower
 from graphkernel.codegen.vector.schedule import Schedule, plan
@@ -57,6 +58,8 @@ def check(kernel: Node, target: Target) -> Schedule | MatmulSchedule | WindowSch
     kernel holding a matrix product is a cube or MIX kernel (codegen/cube/schedule.py)."""
     if is_window_kernel(kernel):
         return plan_window(kernel, target)
+    if is_trisolve_kernel(kernel):  # forward substitution, one system per core at a time
+        return plan_trisolve(kernel, target)
     if is_conv_kernel(kernel):  # an implicit-GEMM convolution with its epilogue
         return plan_conv(kernel, target)
     if is_group_kernel(kernel):  # products of one left operand, one after another
@@ -167,7 +170,7 @@ class Checker:
 def two_stage_parts(s: Schedule, target: Target) -> int | None:
     """The partial reductions (one per core) for a kernel reducing everything to one value on
     one core when there is work for every core; None for any other kernel."""
-    if isinstance(s, (WindowSchedule, ConvSchedule)):
+    if isinstance(s, (WindowSchedule, ConvSchedule, TriSolveSchedule)):
         return None
     M, L = s.M, s.L
     if not (s.reduce and M == 1 and isinstance(L, int)

@@ -49,6 +49,7 @@ from graphkernel.passes import (
     transpose_elim,
     transpose_hoist,
     transpose_view,
+    trisolve,
     validate,
     window_fusion,
 )
@@ -67,6 +68,7 @@ PIPELINE = (
     Step("simplify", 10, constant_fold.constant_fold, 2),
     Step("simplify", 20, arith_simplify.arith_simplify, 2),
     Step("simplify", 30, cse.cse, 2),
+    Step("simplify", 31, trisolve.trisolve, 2),  # after cse: one slice per row read
     Step("simplify", 33, small_ints.small_ints, 2),  # before scan (a float CumSum)
     Step("simplify", 35, scan.scan, 2),
     Step("simplify", 36, rotary_pairs.rotary_pairs, 2),  # cos/sin tables folded

@@ -14,11 +14,16 @@ convolution's channels split into parts, Mamba2's x, B and C after the causal co
 SiLU): the parts are the kernel's outputs, and the Split's copy is no launch.
 Each one is recorded for ``graphkernel explain`` (pattern ``window_fusion``): fused with its
 neighbours, alone, or refused with the generator's reason (it then stays as it was).
+
+A TriSolve (a batch of triangular systems, ``passes/trisolve.py``) left outside the kernels is
+the same kind of per-matrix kernel: it becomes a forward-substitution kernel of its own
+(``codegen/trisolve.py``, pattern ``trisolve``), or stays an op with the generator's reason.
 """
 
 from __future__ import annotations
 
 from graphkernel.codegen.refusal import Unsupported
+from graphkernel.codegen.trisolve import plan_trisolve
 from graphkernel.codegen.window import is_window_op, plan_window
 from graphkernel.fusion import nbytes
 from graphkernel.ir import Graph, Node
@@ -27,6 +32,7 @@ from graphkernel.registry import PassResult, counted
 from graphkernel.runlog import Attempt
 
 PATTERN = "window_fusion"
+TRISOLVE = "trisolve"
 
 
 
@@ -88,6 +94,27 @@ def _grow(graph: Graph, k: Node, before: list[Node], cons: Node | None, ctx
     return k, why
 
 
+def _trisolves(graph: Graph, ctx) -> int:
+    """Each TriSolve outside the kernels as a forward-substitution kernel, when the generator
+    takes it; the kernels made."""
+    log = ctx.analyses.fusion_attempts
+    made = 0
+    for n in [n for n in graph.nodes if n.op == "TriSolve"]:
+        if not ctx.should_apply(f"{TRISOLVE}: {n.name}", [n]):
+            continue
+        k = build_kernel(graph, [n], next_kernel_name(ctx.analyses, [n], TRISOLVE), TRISOLVE)
+        try:
+            plan_trisolve(k, ctx.target)
+        except Unsupported as e:
+            unfuse(graph, k)
+            log.append(Attempt(TRISOLVE, [n.name], [n.name], 0, "rejected", str(e)))
+            ctx.log(f"{TRISOLVE}: {n.name} stays an op of its own: {e}")
+            continue
+        log.append(Attempt(TRISOLVE, [n.name], [n.name], 0, "fused", ""))
+        made += 1
+    return made
+
+
 def window_fusion(graph: Graph, ctx) -> PassResult:
     """Each 2-D float pool outside the kernels as a window kernel, with a ReLU before a max
     pool or a constant pad before a pool, and its elementwise consumer kernel, when the
@@ -120,6 +147,9 @@ def window_fusion(graph: Graph, ctx) -> PassResult:
             grown |= not why
         fused += grown
         alone += not grown
+    solved = _trisolves(graph, ctx)
     summary = (f"{counted(fused + alone, 'pool')} as window kernels ({fused} with their "
                "neighbours)")
-    return PassResult(fused + alone > 0, fused + alone, summary=summary)
+    if solved:
+        summary += f"; {counted(solved, 'triangular solve')} as forward-substitution kernels"
+    return PassResult(fused + alone + solved > 0, fused + alone + solved, summary=summary)

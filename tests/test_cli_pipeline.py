@@ -42,7 +42,7 @@ def test_passes_by_level():
                          "product_broadcast", "split_slices", "scan_prologue",
                          "interleaved_columns", "pool_into_product", "scatter_slices",
                          "product_zero_blocks", "reduce_merge", "movement_gather",
-                         "small_ints",
+                         "small_ints", "trisolve",
                          "rotary_pairs", "rotary_halves",
                          "recompute", "sibling_fusion", "parallel_fusion",
                          "super_kernel", "matmul_group"}

@@ -30,7 +30,7 @@ CATALOGUE = {"validate": 0, "axis_normalize": 1, "expand": 1, "constant_fold": 2
              "product_transpose": 2, "slice_phases": 2, "split_slices": 2,
              "scan_loop": 2, "scan_prologue": 2, "interleaved_columns": 2,
              "pool_into_product": 2, "product_zero_blocks": 2, "scatter_slices": 2,
-             "sibling_fusion": 2, "reduce_merge": 2, "movement_gather": 2}
+             "sibling_fusion": 2, "reduce_merge": 2, "movement_gather": 2, "trisolve": 2}
 
 
 def on_passes(flags: str) -> set[str]:

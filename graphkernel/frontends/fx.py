@@ -1508,6 +1508,30 @@ def _unfold(c: Ctx):
     return c.emit("Transpose", [split], {"perm": perm})
 
 
+@aten("aten.linalg_solve_triangular.default")
+def _solve_triangular(c: Ctx):
+    """``linalg.solve_triangular(L, X, upper=False, left=True, unitriangular=True)``: one
+    TriSolve (forward substitution, the rows in sequence; ``opdefs/trisolve.py``). Other
+    flags, float64 or operands that broadcast against each other stay an ATen call, with the
+    reason."""
+    upper, left = c.kw("upper", None), c.kw("left", True)
+    unit = c.kw("unitriangular", False)
+    if upper is not False or left is not True or unit is not True:
+        raise Unmapped(f"solve_triangular with upper={upper}, left={left}, unitriangular="
+                       f"{unit} (forward substitution takes upper=False, left=True, "
+                       "unitriangular=True)")
+    L, X = c.arg(0), c.arg(1)
+    t = c.out_type
+    if t is None or t.dtype not in (DType.float32, DType.float16, DType.bfloat16) or \
+            L.dtype != X.dtype or X.dtype != t.dtype:
+        raise Unmapped(f"solve_triangular of {L.dtype.value} and {X.dtype.value}")
+    if len(L.shape) != len(X.shape) or tuple(L.shape[:-2]) != tuple(X.shape[:-2]) or \
+            L.shape[-1] != X.shape[-2] or L.shape[-1] != L.shape[-2]:
+        raise Unmapped(f"solve_triangular of shapes {list(L.shape)} and {list(X.shape)} "
+                       "(batch axes that broadcast)")
+    return c.emit("TriSolve", [L, X], {"form": "solve"})
+
+
 @aten("aten.cumsum.default")
 def _cumsum(c: Ctx):
     src = c.node.args[0]

@@ -21,4 +21,5 @@ from graphkernel.opdefs import (  # noqa: F401
     reduce,
     scan,
     shape_ops,
+    trisolve,
 )

@@ -483,3 +483,16 @@ def test_block_tile_and_int32_column_kernels_compile_against_the_real_headers():
     texts = ["".join(r.files.values()) for r in rendered]
     assert sum("a row tile holds every row of its block" in t for t in texts) == 1
     assert_all_compile(rendered)
+
+
+@needs_headers
+def test_forward_substitution_kernels_compile_against_the_real_headers():
+    """The forward-substitution kernel (codegen/trisolve.py) of both forms — a system with
+    its right-hand sides, and the row recurrence of one matrix — type-checks against the real
+    API: DataCopyPad of rows, scalar GetValue of the coefficients, Muls/Add/Sub of counts."""
+    from tests.test_trisolve import KERNEL_GRAPHS
+
+    rendered = [r for g in KERNEL_GRAPHS
+                for r in render_all(schedules(graphkernel.compile(g, "", env={})))]
+    assert {r.schedule.form for r in rendered} == {"solve", "rows"}
+    assert_all_compile(rendered)
