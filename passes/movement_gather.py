@@ -1,6 +1,7 @@
 """Rewrite a connected region of data-movement ops (slices, concatenations, pads, views,
-transposes, broadcasts, constant-index gathers, selects under a constant condition) →
-one Gather per value the region hands out, when that saves launches.
+transposes, broadcasts, constant-index gathers and scatters, selects under a constant
+condition, widening casts of integers) → one Gather per value the region hands out, when
+that saves launches.
 
 Sliding-window and block-sparse attention build their score layouts by moving data only:
 a product's output is padded (a Concat with a constant block), re-strided (``as_strided``:
@@ -10,6 +11,17 @@ window's edges (a Select whose condition and fill are constants). Each slice and
 concatenation of that machinery runs as a small kernel of its own, and none of them
 computes anything: every element of the region's result is either an element of one of
 the region's inputs or an element of one of its constants.
+
+Indices given as data move the same way. BigBird's random-block plan is an input of the
+graph (one int32 table per head): it is concatenated, widened to int64 (a Cast that keeps
+every value), broadcast over the batch, sliced per window and broadcast again over each
+block's rows before a GatherElements or a ScatterElements reads it. Each of those integer
+ops is a launch of its own (the vector kernels compute integers in bitwise ops only), so
+in a region of integers every op but a view counts. A value the region hands out that is
+wider than its inputs and read only as indices (``INDEX_OPERAND``: the ops read index
+values, not their type) is gathered in the inputs' own type; any other reader keeps the
+region as it is. A ScatterElements by constant indices (``slice_scatter``'s) places its
+updates' elements and keeps the others: movement too.
 
 The pass follows every element: it runs the ops' own reference implementations on arrays
 of element positions instead of values (the inputs' elements numbered one after another,
@@ -52,9 +64,17 @@ DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
     "Concat": None,  # every input
     "Gather": (0,),  # indices: a constant
     "Select": (1, 2),  # condition: a constant
+    "Cast": (0,),  # integers widened only (``_widens``): every value kept
+    "ScatterElements": (0, 2),  # indices: a constant; updates placed, none added
 }
 # ops that run as launches (or the core of one) when the patterns leave them alone
-MOVING = frozenset({"StridedSlice", "Slice", "Concat", "Gather"})
+MOVING = frozenset({"StridedSlice", "Slice", "Concat", "Gather", "ScatterElements"})
+# ops that are views of integer data; any other op of integers runs as a launch of its own
+# (a vector kernel computes integers in bitwise ops only: an index broadcast, sliced,
+# transposed or widened is a lone kernel)
+INT_VIEWS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
+# op -> the input that holds indices (any integer type: the op reads their values only)
+INDEX_OPERAND = {"Gather": 1, "GatherElements": 1, "ScatterElements": 1}
 MIN_SAVED = 2  # launches a rewrite must save at least (1 in a region that gathers already)
 MAX_ELEMENTS = 1 << 20  # elements of all position tables of one region
 
@@ -64,10 +84,21 @@ def _data_positions(n: Node) -> tuple[int, ...]:
     return tuple(range(len(n.inputs))) if got is None else got
 
 
+def _widens(a: DType, b: DType) -> bool:
+    """Whether a Cast from integer type ``a`` to ``b`` keeps every value (int32 indices
+    widened to torch's int64: a value moved, nothing computed)."""
+    return a.is_int and b in (DType.int32, DType.int64) and (
+        a == b or b.itemsize > a.itemsize)
+
+
 def _moves(n: Node) -> bool:
     """Whether ``n`` only moves data, with static shapes, steered by constants only."""
     if n.op not in DATA_INPUTS or len(n.outputs) != 1 or not n.outputs[0].type.is_static:
         return False
+    if n.op == "Cast" and not _widens(n.inputs[0].dtype, n.outputs[0].dtype):
+        return False
+    if n.op == "ScatterElements" and n.attrs.get("reduction", "none") != "none":
+        return False  # (an added update is computed)
     if any(not v.type.is_static for v in n.inputs):
         return False
     data = _data_positions(n)
@@ -169,15 +200,48 @@ def _left_to_patterns(plan: _Plan) -> bool:
     return any(vector) and not places
 
 
-def _moving(plan: _Plan) -> int:
+def _moving(graph: Graph, plan: _Plan) -> int:
     """The region's launches as the patterns leave them (an estimate): its slices,
-    concatenations and gathers, and, in a region that gathers, the transposes inside it (a
-    Gather outside the lookup form joins no kernel at opt_level 2, and what it reads is
-    stored for it)."""
+    concatenations, gathers and scatters, and, in a region that gathers, the transposes
+    inside it (a Gather outside the lookup form joins no kernel at opt_level 2, and what it
+    reads is stored for it); in a region of integers whose values are read only as indices,
+    every op but a view (``INT_VIEWS``: an index broadcast, sliced, transposed or widened
+    for a gather or scatter runs alone; integers read as data may join the kernel reading
+    them, so there they are not counted)."""
     outs = {id(v) for v in plan.outs}
     gathers = any(n.op == "Gather" for n in plan.region)
+    indices = all(_index_only(graph, v) for v in plan.outs)
     return sum(n.op in MOVING or (gathers and n.op == "Transpose" and id(n.outputs[0])
-                                  not in outs) for n in plan.region)
+                                  not in outs)
+               or (indices and n.outputs[0].dtype.is_int and n.op not in INT_VIEWS)
+               for n in plan.region)
+
+
+def _index_only(graph: Graph, v: Value) -> bool:
+    """Whether ``v`` is read only as the indices of gathers and scatters."""
+    return not graph.is_output(v) and all(INDEX_OPERAND.get(u.op) == i for u, i in v.uses)
+
+
+def _dtype_refusal(graph: Graph, plan: _Plan) -> str:
+    """Why the region's values cannot be gathered from its sources in their own type; ""
+    when they can. The sources share one type; an outgoing value of a wider integer type
+    (after a widening Cast) is only read as indices (``INDEX_OPERAND``), which read values,
+    not types, so it is handed out as gathered, in the sources' type."""
+    if not plan.outs or not plan.sources:
+        return "no outgoing value or no input"
+    src = {v.dtype for v in plan.sources}
+    if len(src) != 1:
+        return f"inputs of several types ({', '.join(sorted(map(str, src)))})"
+    (dt,) = src
+    for v in plan.outs:
+        if v.dtype == dt:
+            continue
+        if not _widens(dt, v.dtype):
+            return f"{v.name} is {v.dtype}, its inputs {dt}"
+        if not _index_only(graph, v):
+            return (f"{v.name} is {v.dtype}, its inputs {dt}, and it is read as other than "
+                    "indices")
+    return ""
 
 
 def _read(plan: _Plan, pos: np.ndarray) -> tuple[int, ...]:
@@ -198,8 +262,9 @@ def _launches(plan: _Plan, where: dict[int, np.ndarray]) -> int:
 def _rewrite(graph: Graph, plan: _Plan, where: dict[int, np.ndarray]) -> None:
     """Each outgoing value as a Gather of the sources it reads (their concatenation when it
     reads several: only those, so that no Gather reads a value computed from another
-    one's result), under a Select of the constants it places."""
-    dtype = plan.outs[0].dtype
+    one's result), under a Select of the constants it places. Values are gathered in the
+    sources' type (a widened index stays narrow: ``_dtype_refusal``)."""
+    dtype = plan.sources[0].dtype
     pool = plan.pool(dtype)
     sizes = [int(v.type.numel) for v in plan.sources]
     bounds = np.cumsum([0] + sizes)
@@ -258,14 +323,14 @@ def movement_gather(graph, ctx) -> PassResult:
     notes = []
     for region in _regions(graph):
         plan = _Plan(graph, region)
-        moving = _moving(plan)
+        moving = _moving(graph, plan)
         least = 1 if any(n.op == "Gather" for n in region) else MIN_SAVED
         if moving < least + 1:
             continue
-        dtypes = {v.dtype for v in plan.outs} | {v.dtype for v in plan.sources}
         where_ = f"{region[0].name} ({len(region)} ops, {moving} slices/concats/gathers)"
-        if not plan.outs or not plan.sources or len(dtypes) != 1:
-            ctx.log(f"{where_}: kept (no outgoing value, no input, or several dtypes)")
+        why = _dtype_refusal(graph, plan)
+        if why:
+            ctx.log(f"{where_}: kept ({why})")
             continue
         if _left_to_patterns(plan):
             ctx.log(f"{where_}: kept (values computed by vector work, moved without a gather "
