@@ -22,7 +22,7 @@ gradients differ from eager (accuracy.md: rtol 1e-3, atol 1e-5 for fp32 gradient
 same None pattern). Models with buffers (batch norm's
 running statistics) also count the buffers that differ from an eager twin's after the same
 two steps (``stats``: rtol 1e-4, atol 1e-6) and are further from a float64 twin's than twice
-eager's.
+eager's noise, taken as for the gradients below (the larger over torch's fp32 paths).
 
 A gradient that differs is then judged twice: against a float64 copy of the model
 (accuracy.md: graphkernel's is wrong only when its RMSE against float64 is more than twice
@@ -115,8 +115,10 @@ def _close(a, b) -> bool:
 def _buffers_differing(before, ours, args) -> list[str]:
     """The floating buffers (running statistics) of ``ours``, after its two compiled steps
     from ``before``'s state, that differ from the same two steps taken eagerly and are
-    further from a float64 twin's than twice eager's (a mean of N fp32 values is only as
-    exact as its accumulation: eager's error is the yardstick)."""
+    further from a float64 twin's than twice eager's noise: the larger of eager's distance
+    and that of torch's other fp32 paths taking the same two steps (``_other_buffers``), as
+    the gradients are judged (a mean of N fp32 values is only as exact as its accumulation,
+    and a statistic deep in a network carries every layer's summation order before it)."""
     import torch
 
     eager = copy.deepcopy(before)
@@ -125,15 +127,41 @@ def _buffers_differing(before, ours, args) -> list[str]:
     differ = [(k, b, c) for (k, b), c in zip(eager.named_buffers(), ours.buffers(), strict=True)
               if b.is_floating_point() and not torch.allclose(c, b, rtol=1e-4, atol=1e-6)]
     exact = _float64_steps(before, args, 2) if differ else None  # (only when needed)
+    others = _other_buffers(before, args) if exact is not None else []
     out = []
     for k, b, c in differ:
         if exact is None:  # no float64 judge: every difference counts
             out.append(k)
             continue
         e = dict(exact.named_buffers())[k]
-        ours, theirs = (float((v.double() - e).pow(2).mean().sqrt()) for v in (c, b))
-        if ours > 2 * theirs:  # (RMSE, as the gradients' judge)
+        ours_d, *theirs = (float((v.double() - e).pow(2).mean().sqrt())
+                           for v in (c, b, *(o[k] for o in others)))
+        if ours_d > 2 * max(theirs):  # (RMSE, as the gradients' judge)
             out.append(k)
+    return out
+
+
+def _other_buffers(before, args) -> list[dict]:
+    """The buffers after two eager steps from ``before`` on torch's other fp32 paths, those
+    the gradients' judge takes (``measure``): its math attention kernel, and for a network
+    with convolutions the ``channels_last`` layout. Each is another valid summation order;
+    a running statistic after a chain of batch norms moves with it (mobilenet_v2_hf's last
+    ones: eager in ``channels_last`` 1.9-2.1x eager's own distance from float64)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def two_steps(model, wide):
+        for _ in range(2):
+            _step(model, model, wide)
+        return {k: b for k, b in model.named_buffers()}
+
+    with sdpa_kernel(SDPBackend.MATH):
+        out = [two_steps(copy.deepcopy(before), args)]
+    if _has_conv(before):
+        twin = copy.deepcopy(before).to(memory_format=torch.channels_last)
+        out.append(two_steps(twin, [a.contiguous(memory_format=torch.channels_last)
+                                    if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+                                    for a in args]))
     return out
 
 
