@@ -145,3 +145,22 @@ def test_torchs_other_paths_for_the_statistics_include_channels_last_for_convolu
     paths = zoo_training._other_buffers(model, args)
     assert len(paths) == 2 and all("norm.running_var" in p for p in paths)
     assert len(zoo_training._other_buffers(_Normed().train(), (torch.ones(4, 8),))) == 1
+
+
+def test_an_output_is_judged_against_torchs_other_fp32_paths_too(monkeypatch):
+    """A training step's output that differs from eager's is noise when it is no further
+    from a float64 twin's than twice the farthest of torch's fp32 paths."""
+    args = (torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)),)
+    m64 = _ConvNorm().train().double()
+    want64 = zoo_training._step(m64, m64, [args[0].double()])[0]
+    off = torch.full_like(want64, 1e-3)  # beyond allclose
+
+    def step(model, a, backend):  # eager's gradients, an output 1e-3 from float64
+        _, grads = zoo_training._step(model, model, a)
+        return (want64 + off).float(), grads
+
+    monkeypatch.setattr(zoo_training, "_compiled_step", step)
+    assert zoo_training.measure(_ConvNorm, lambda: args)["forward"] == "DIFF"
+    monkeypatch.setattr(zoo_training, "_other_steps",
+                        lambda model, a: [((want64 + 0.6 * off).float(), {})])
+    assert zoo_training.measure(_ConvNorm, lambda: args)["forward"] == "noise"
