@@ -162,7 +162,6 @@ register(OpDef("IndexPut", OpKind.OPAQUE, (3, 3), _index_put_infer, _index_put_r
 # is computed by torch itself, as Inductor calls aten.topk as an extern kernel. ``sorted``
 # False (torch.topk's ``sorted=False``, "torch.topk" only): the values in torch's own
 # unsorted order.
-TIES = ("first", "torch.topk", "torch.sort")
 
 
 class TopKAttrs(Attrs):
