@@ -300,6 +300,14 @@ def _residual(total: Value, y: Value) -> tuple[Node, Value] | None:
     return a, other
 
 
+def _ties(topk: Node) -> str | None:
+    """The gating operators' tie rule for ``topk``'s choice: its own ("first", the lower
+    expert; "torch.topk", torch's choice: graphkernel/opdefs/indexing.py), or None for a
+    sort's ("torch.sort"), which no gating operator takes."""
+    ties = topk.attrs.get("ties", "first")
+    return ties if ties in ("first", "torch.topk") else None
+
+
 def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
     """(the logits, the Div renormalising the picked weights or None, the index Casts to
     int32) when ``topk`` picks the K largest of a softmax over the experts (the last axis),
@@ -310,7 +318,8 @@ def _gating(topk: Node) -> tuple[Value, Node | None, list[Node]] | None:
     a, v = topk.attrs, topk.inputs[0]
     rank = v.type.rank
     if not a["largest"] or rank not in (2, 3) or a["axis"] % rank != rank - 1 or \
-            not v.dtype.is_float or not isinstance(v.shape[-1], int) or a["k"] > 1024:
+            not v.dtype.is_float or not isinstance(v.shape[-1], int) or a["k"] > 1024 or \
+            _ties(topk) is None:
         return None
     casts = _users(topk.outputs[1])
     if not casts or any(u.op != "Cast" or u.attrs["dtype"] is not DType.int32 for u in casts):
@@ -369,7 +378,8 @@ def _ranked(topk: Node) -> list[Node] | None:
     if topk.op != "TopK" or not a["largest"] or rank not in (2, 3) or \
             a["axis"] % rank != rank - 1 or not x.dtype.is_float or \
             not isinstance(x.shape[-1], int) or not 0 < a["k"] <= min(x.shape[-1], 1024) or \
-            vals.users or any(o is vals or o is ids for o in topk.graph.outputs):
+            vals.users or any(o is vals or o is ids for o in topk.graph.outputs) or \
+            _ties(topk) is None:
         return None
     users = _users(ids)
     casts = [u for u in users if u.op == "Cast" and u.attrs["dtype"] is DType.int32]
@@ -380,7 +390,7 @@ def _ranked(topk: Node) -> list[Node] | None:
 
 def _rewrite_ranked(graph: Graph, topk: Node, users: list[Node]) -> None:
     node = graph.add_node("MoeGatingTopKSoftmax", [topk.inputs[0]],
-                          {"k": topk.attrs["k"], "renorm": 1},
+                          {"k": topk.attrs["k"], "renorm": 1, "ties": _ties(topk)},
                           name=graph.fresh_name(f"{topk.name}/gating"), origin=topk.origin)
     ids = node.outputs[1]
     for u in users:
@@ -393,7 +403,8 @@ def _rewrite_ranked(graph: Graph, topk: Node, users: list[Node]) -> None:
 def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
                     casts: list[Node]) -> None:
     node = graph.add_node("MoeGatingTopKSoftmax", [logits],
-                          {"k": topk.attrs["k"], "renorm": int(div is not None)},
+                          {"k": topk.attrs["k"], "renorm": int(div is not None),
+                           "ties": _ties(topk)},
                           name=graph.fresh_name(f"{topk.name}/gating"),
                           origin=tuple(dict.fromkeys((*topk.origin, *(
                               div.origin if div is not None else ())))))
@@ -406,8 +417,9 @@ def _rewrite_gating(graph: Graph, topk: Node, logits: Value, div: Node | None,
 def _pick(n: Node | None) -> Value | None:
     """The scores ``x`` [..., E] when ``n`` is a TopK of one over their last axis (a max and
     its index: torch's ``max(dim=-1)``), E static."""
-    if n is None or n.op != "TopK" or n.attrs["k"] != 1 or not n.attrs["largest"]:
-        return None
+    if n is None or n.op != "TopK" or n.attrs["k"] != 1 or not n.attrs["largest"] or \
+            n.attrs.get("ties", "first") != "first":
+        return None  # (the picks take the lowest expert holding the max: torch's max)
     x = n.inputs[0]
     rank = x.type.rank
     if rank < 1 or n.attrs["axis"] % rank != rank - 1 or not x.dtype.is_float or \
@@ -710,8 +722,11 @@ def _group_router(topk: Node) -> dict | None:
     mode = _group_scores(gt.inputs[0], sv)
     if mode is None:
         return None
+    ties = _ties(topk)
+    if ties is None or _ties(gt) != ties:
+        return None  # (one rule for both choices: the operator's attribute)
     attrs = {"k": topk.attrs["k"], "k_group": gt.attrs["k"], "group_count": n_groups,
-             "group_select_mode": mode, "norm_type": norm}
+             "group_select_mode": mode, "norm_type": norm, "ties": ties}
     weights = None
     gathers = [u for u in users if u.op == "GatherElements"]
     if len(gathers) == 1 and _through_views(gathers[0].inputs[0]) is s:

@@ -98,3 +98,69 @@ def test_a_difference_is_judged_when_torchs_own_path_cannot_take_the_step(monkey
     monkeypatch.setattr(zoo_training, "_compiled_step", step)
     r = zoo_training.measure(_Normed, lambda: (torch.ones(4, 8),))
     assert r["differ"] and set(r["judged"].values()) == {"graphkernel's"}
+
+
+class _ConvNorm(torch.nn.Module):
+    """A convolution and a batch norm: running statistics to judge."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.norm = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def test_running_statistics_are_judged_against_torchs_other_fp32_paths_too(monkeypatch):
+    """A running statistic that differs from eager's is graphkernel's only when it is more
+    than twice as far from a float64 twin's as the farthest of torch's fp32 paths (eager,
+    its math attention, a convolution network in channels_last): the gradients' yardstick.
+    Eager's own distance alone would blame another valid summation order."""
+    model = _ConvNorm().train()
+    args = (torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)),)
+    exact = dict(zoo_training._float64_steps(model, args, 2).named_buffers())
+    ours = _ConvNorm().train()
+    for _ in range(2):
+        zoo_training._step(ours, ours, args)
+    off = torch.tensor([1e-4, -1e-4, 1e-4, -1e-4], dtype=torch.float64)
+    with torch.no_grad():
+        ours.norm.running_mean.copy_(exact["norm.running_mean"] + off)
+    # torch's own paths within fp32 noise of float64: a difference of 1e-4 is graphkernel's
+    assert zoo_training._buffers_differing(model, ours, args) == ["norm.running_mean"]
+    # another fp32 path as far (0.6x ours): the difference is noise
+    other = {k: v.clone() for k, v in exact.items()}
+    other["norm.running_mean"] = exact["norm.running_mean"] + 0.6 * off
+    seen = []
+    monkeypatch.setattr(zoo_training, "_other_buffers",
+                        lambda before, a: seen.append(before) or [other])
+    assert zoo_training._buffers_differing(model, ours, args) == [] and seen == [model]
+    other["norm.running_mean"] = exact["norm.running_mean"] + 0.4 * off  # (2.5x ours)
+    assert zoo_training._buffers_differing(model, ours, args) == ["norm.running_mean"]
+
+
+def test_torchs_other_paths_for_the_statistics_include_channels_last_for_convolutions():
+    model = _ConvNorm().train()
+    args = (torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)),)
+    paths = zoo_training._other_buffers(model, args)
+    assert len(paths) == 2 and all("norm.running_var" in p for p in paths)
+    assert len(zoo_training._other_buffers(_Normed().train(), (torch.ones(4, 8),))) == 1
+
+
+def test_an_output_is_judged_against_torchs_other_fp32_paths_too(monkeypatch):
+    """A training step's output that differs from eager's is noise when it is no further
+    from a float64 twin's than twice the farthest of torch's fp32 paths."""
+    args = (torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)),)
+    m64 = _ConvNorm().train().double()
+    want64 = zoo_training._step(m64, m64, [args[0].double()])[0]
+    off = torch.full_like(want64, 1e-3)  # beyond allclose
+
+    def step(model, a, backend):  # eager's gradients, an output 1e-3 from float64
+        _, grads = zoo_training._step(model, model, a)
+        return (want64 + off).float(), grads
+
+    monkeypatch.setattr(zoo_training, "_compiled_step", step)
+    assert zoo_training.measure(_ConvNorm, lambda: args)["forward"] == "DIFF"
+    monkeypatch.setattr(zoo_training, "_other_steps",
+                        lambda model, a: [((want64 + 0.6 * off).float(), {})])
+    assert zoo_training.measure(_ConvNorm, lambda: args)["forward"] == "noise"

@@ -1593,17 +1593,22 @@ def _histc(c: Ctx):
 
 @aten("aten.sort.default", "aten.sort.stable")
 def _sort(c: Ctx):
-    # a sort along one axis is a TopK of the whole axis: values and indices in order, ties
-    # in their original order (TopK's), which the stable sort asks and the default allows
+    # a sort along one axis is a TopK of the whole axis: values and indices in order. Ties:
+    # in their original order (TopK's "first") when the sort is stable; torch's default
+    # sort is not (on the CPU, from a few dozen elements on), so its order is torch's own
+    # ("torch.sort": eager's result, computed by torch; opdefs/indexing.py)
     x = c.arg(0)
+    stable = False
     if str(c.node.target).endswith(".stable"):
         dim, descending = c.kw("dim", -1), c.kw("descending", False)
+        stable = bool(c.kw("stable", False))
     else:
         dim, descending = c.argkw(1, "dim", -1), c.argkw(2, "descending", False)
     if x.type.rank == 0 or x.dtype == DType.bool or not isinstance(x.shape[dim], int):
         raise Unmapped("sort of a scalar, of booleans or along a symbolic axis")
     return c.emit_multi("TopK", [x], {"k": x.shape[dim], "axis": dim,
-                                      "largest": bool(descending)})
+                                      "largest": bool(descending),
+                                      "ties": "first" if stable else "torch.sort"})
 
 
 @aten("aten.any.default", "aten.any.dim", "aten.any.dims", "aten.all.default",
@@ -1635,8 +1640,11 @@ def _topk(c: Ctx):
     largest, ordered = c.argkw(3, "largest", True), c.argkw(4, "sorted", True)
     if not isinstance(k, int):
         raise Unmapped("topk with a symbolic k")
-    del ordered  # TopK always returns its values sorted, which unsorted allows
-    return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest)})
+    # ties (equal values around the k-th, or among the k) as eager breaks them: torch's own
+    # choice and, unsorted, its order ("torch.topk": computed by torch, as Inductor calls
+    # aten.topk; opdefs/indexing.py)
+    return c.emit_multi("TopK", [x], {"k": k, "axis": dim, "largest": bool(largest),
+                                      "ties": "torch.topk", "sorted": bool(ordered)})
 
 
 # Mixture of experts: a product per group of rows with its expert's weights. torch's own

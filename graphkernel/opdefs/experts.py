@@ -18,10 +18,13 @@ weights transposed.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from graphkernel.errors import ShapeError
 from graphkernel.ir import DType
+from graphkernel.opdefs.indexing import torch_select
 from graphkernel.ops import Attrs, OpDef, OpKind, check_dtype, register
 from graphkernel.tensor_types import TensorType
 
@@ -203,12 +206,17 @@ register(OpDef("MoeFinalizeRouting", OpKind.OPAQUE, (6, 6), _finalize_infer, _fi
 # codegen/extern.py). ``renorm`` 0: the K largest of softmax(x); 1: the K largest logits,
 # then a softmax over those K (the picked weights renormalised to sum to 1: softmax is
 # monotonic, so the same experts, and exp(x_i - m) / sum over the K picked is the picked
-# softmax weights divided by their sum). Ties: the lower expert first, as TopK.
+# softmax weights divided by their sum). Ties: the lower expert first, as TopK; ``ties``
+# "torch.topk" (from a torch program's TopK of that rule): the experts torch.topk picks from
+# the ranked values (opdefs/indexing.py) -- softmax(x) (renorm 0) or x (renorm 1; softmax is
+# monotonic, so torch's comparisons, and its choice, are the same on either unless two
+# logits' probabilities round to one value).
 
 
 class GatingAttrs(Attrs):
     k: int = 1
     renorm: int = 0
+    ties: Literal["first", "torch.topk"] = "first"
 
 
 def _gating_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
@@ -233,8 +241,7 @@ def _gating_ref(xs, a, ctx):
     x = xs[0]
     f = x.astype(np.float32)
     key = f if a["renorm"] else _softmax_last(f)
-    order = np.argsort(-key, axis=-1, kind="stable")  # ties: the lower expert first
-    idx = order[..., :a["k"]]
+    idx = _top(key, a["k"], a.get("ties", "first"))
     picked = np.take_along_axis(key, idx, axis=-1)
     y = _softmax_last(picked) if a["renorm"] else picked
     return y.astype(x.dtype), idx.astype(np.int32)
@@ -255,10 +262,12 @@ register(OpDef("MoeGatingTopKSoftmax", OpKind.OPAQUE, (1, 1), _gating_infer, _ga
 # expert (``group_select_mode`` 0) or the sum of its best two (1), the ``k_group`` best
 # groups kept and the K best experts of those picked. ``y`` is the picked experts' scores
 # (without the bias) divided by their sum plus ``eps``, times ``routed_scaling_factor``.
-# Ties: the lower group, the lower expert first. The operator's limits (the vendor's):
-# E <= 2048, E divisible by group_count into groups of more than group_select_mode experts,
-# 32-aligned groups within 2048 experts, 1 <= k_group <= group_count, k at most the
-# experts of k_group groups.
+# Ties: the lower group, the lower expert first; ``ties`` "torch.topk": both choices
+# torch.topk's on the same values (the group scores; the masked ranking, -inf outside the
+# kept groups, as the program masks it: passes/moe_routing.py). The operator's limits (the
+# vendor's): E <= 2048, E divisible by group_count into groups of more than
+# group_select_mode experts, 32-aligned groups within 2048 experts, 1 <= k_group <=
+# group_count, k at most the experts of k_group groups.
 EXPERTS_MAX = 2048
 
 
@@ -270,6 +279,7 @@ class GroupGatingAttrs(Attrs):
     norm_type: int = 1
     routed_scaling_factor: float = 1.0
     eps: float = 1e-20
+    ties: Literal["first", "torch.topk"] = "first"
 
 
 def group_gating_refusal(experts: object, a: dict) -> str | None:
@@ -305,8 +315,11 @@ def _group_gating_infer(ins: list[TensorType], attrs: dict) -> list[TensorType]:
     return [TensorType(shape, x.dtype), TensorType(shape, DType.int32)]
 
 
-def _top(v: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest along the last axis, the lower index first on ties."""
+def _top(v: np.ndarray, k: int, ties: str = "first") -> np.ndarray:
+    """Indices of the k largest along the last axis: the lower index first on ties, or
+    (``ties`` "torch.topk") torch.topk's choice."""
+    if ties == "torch.topk":
+        return torch_select(v, k, v.ndim - 1, True)
     return np.argsort(-v, axis=-1, kind="stable")[..., :k]
 
 
@@ -319,13 +332,14 @@ def _group_gating_ref(xs, a, ctx):
     g = a["group_count"]
     grouped = value.reshape(n, g, experts // g)
     if a["group_select_mode"] == 1:
-        best = np.take_along_axis(grouped, _top(grouped, 2), axis=-1).sum(-1)
+        best = np.take_along_axis(grouped, _top(grouped, 2), axis=-1).sum(-1)  # (values)
     else:
         best = grouped.max(-1)
     keep = np.zeros((n, g), bool)
-    np.put_along_axis(keep, _top(best, a["k_group"]), True, axis=-1)
+    ties = a.get("ties", "first")
+    np.put_along_axis(keep, _top(best, a["k_group"], ties), True, axis=-1)
     masked = np.where(np.repeat(keep, experts // g, axis=-1), value, -np.inf)
-    idx = _top(masked, a["k"])
+    idx = _top(masked, a["k"], ties)
     y = np.take_along_axis(scores, idx, axis=-1)
     y = y / (y.sum(-1, keepdims=True) + np.float32(a["eps"])) * np.float32(
         a["routed_scaling_factor"])
