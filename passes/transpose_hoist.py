@@ -14,8 +14,11 @@ transpose can be taken to the region's leaves instead, where a transpose
 
 - meets another transpose (their composition, often the identity: both disappear),
 - lands on a constant (folded here),
-- moves only axes of size 1 (a view), or
-- is already computed elsewhere (the same permutation of the same value, shared).
+- moves only axes of size 1 (a view),
+- is already computed elsewhere (the same permutation of the same value, shared), or
+- swaps the last two axes of a product's result that only the region reads: it folds into
+  the transposed product (``product_transpose``: ``(A·B)ᵀ = Bᵀ·Aᵀ``), and the region becomes
+  that product's epilogue (per-head gates soft-capped, then moved to heads first).
 
 The region is the nodes whose every use is inside it (or the root), so nothing outside sees a
 changed layout. The rewrite is made only when it leaves fewer real transposes than it removes
