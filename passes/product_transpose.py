@@ -35,6 +35,47 @@ def _static(*vs: Value) -> bool:
     return all(isinstance(d, int) for v in vs for d in v.shape)
 
 
+def result_foldable(graph: Graph, v: Value, members: set[int]) -> bool:
+    """Whether a transpose of the last two axes of ``v`` would fold into the product computing
+    it (``_result_moved``) once the nodes ``members`` (its other readers, about to be
+    rebuilt on the transposed value) are gone: ``v`` is a product's result, or a view of it
+    splitting its rows into leading axes, read by nothing else."""
+    def only(x: Value) -> bool:
+        return not graph.is_output(x) and all(id(u) in members for u, _ in x.uses)
+
+    rs = None
+    if v.producer is not None and v.producer.op == "Reshape":
+        if not only(v):
+            return False
+        rs, v = v.producer, v.producer.inputs[0]
+        if len(v.uses) != 1 or graph.is_output(v):
+            return False
+    elif not only(v):
+        return False
+    p = v.producer
+    if p is None or p.op not in PRODUCTS or not _static(*p.inputs, v):
+        return False
+    if rs is None:
+        return True
+    out = list(rs.outputs[0].shape)
+    return p.op == "MatMul" and not p.attrs.get("transpose_a") and len(out) >= 3 and \
+        isinstance(out[-1], int) and out[-1] == v.shape[-1] and \
+        math.prod(out[:-1]) == v.shape[0]
+
+
+def fold_result(graph: Graph, t: Node) -> Value | None:
+    """The transposed product standing for Transpose ``t`` of a product's result (or of its
+    rows' view), or None; ``t`` is left for the caller to replace."""
+    if not swaps_last_two(t):
+        return None
+    with graph.recording() as made:
+        y = _result_moved(graph, t)
+    if y is None:
+        for m in reversed(made):
+            graph.erase_node(m)
+    return y
+
+
 def _result_moved(graph: Graph, t: Node) -> Value | None:
     """T(P) or T(reshape(P)) for a product P read only there → the transposed product."""
     v = t.inputs[0]

@@ -19,7 +19,12 @@ operand in common, so the products join as one product-group kernel (``matmul_gr
 launch where the product and the Split were two. Elementwise work between the product and
 the Split whose other operands are single values (a clamp's bounds: DBRX's clipped fused
 QKV) is repeated on each piece, ``clip(A·W)[..., a:b] = clip(A·W[a:b])`` exactly (each
-element from the same element and the same values), and runs in the piece's epilogue. A
+element from the same element and the same values), and runs in the piece's epilogue. The
+views may cut the columns into trailing axes and move them (a ViT's fused QKV seen as ``[B,
+S, 3, H, D]``, moved to ``[3, B, H, S, D]`` and split along its first axis): when the Split's
+axis, followed back through the transposes, is the outermost of the axes the columns were
+cut into, each part is a contiguous range of the weight's rows (``H·D`` per element of the
+part), and the view and the transposes are repeated on each piece. A
 weight that is a graph input (training)
 keeps the Split: a slice of it would be a copy of its own. The cut is taken before the
 slices when a part is normalised along the cut axis (FalconMamba's RMS norms of ``dt``,
@@ -95,55 +100,70 @@ def _scalar_work(p: Node) -> int | None:
     return full[0]
 
 
-def _weight_cut(n: Node) -> tuple[Node, list[Node], int, int] | None:
-    """(the product, the views between it and Split ``n``, which of its operands is the
-    constant weight, the weight's axis the parts cut) when ``n`` splits a product's result
-    along the rows or columns of a constant weight and nothing else reads the
-    product; else None. A batched constant weight (``[B, N, K]``, a channels-first product's
-    weight repeated per batch element) is cut along the same matrix axis of each of its
-    matrices."""
+def _weight_cut(n: Node) -> tuple[Node, list[tuple[Node, int, int]], int, int, int] | None:
+    """(the product, the views between it and Split ``n`` -- each with the axis of its result
+    the parts cut and the extent of that axis per element of a part --, which of its operands
+    is the constant weight, the weight's axis the parts cut, the weight's rows per element of
+    a part) when ``n`` splits a product's result along the rows or columns of a constant
+    weight and nothing else reads the product; else None. The views may reshape the cut
+    columns into trailing axes and cut the outermost of them (a fused QKV projection
+    ``[B·S, 3·H·D]`` seen as ``[B, S, 3, H, D]``, cut into its three parts of ``H·D``
+    columns each) and move axes (that projection's parts moved before the batch, its heads
+    before the positions). A batched constant weight (``[B, N, K]``, a channels-first
+    product's weight repeated per batch element) is cut along the same matrix axis of each
+    of its matrices."""
     x = n.inputs[0]
-    rank = x.type.rank
-    axis = n.attrs["axis"] % rank
-    views: list[Node] = []
-    v = x
+    axis = n.attrs["axis"] % x.type.rank
+    views: list[tuple[Node, int, int]] = []
+    v, ax, unit = x, axis, 1
     if len(x.users) != 1:
         return None  # (the whole is read beside the Split: it stays)
-    while v.producer is not None and (v.producer.op == "Reshape" or
+    while v.producer is not None and (v.producer.op in ("Reshape", "Transpose") or
                                       _scalar_work(v.producer) is not None):
         p = v.producer
+        if p.op == "Transpose":
+            views.insert(0, (p, ax, unit))
+            ax = p.attrs["perm"][ax]
+            v = p.inputs[0]
+            if len(v.users) != 1:
+                return None
+            continue
         if p.op != "Reshape":  # elementwise work on scalars: on each part as on the whole
-            views.insert(0, p)
+            views.insert(0, (p, ax, unit))
             v = p.inputs[_scalar_work(p)]
             if len(v.users) != 1:
                 return None
             continue
-        src = p.inputs[0]
-        if axis != rank - 1 or not src.shape or len(src.users) != 1 or \
-                src.shape[-1] != x.shape[-1]:
+        src, out = p.inputs[0], list(v.shape)
+        if not src.shape or len(src.users) != 1 or \
+                not all(isinstance(d, int) for d in (*out, src.shape[-1])):
+            return None
+        # the trailing axes of the view that are the source's last axis
+        first, inner = len(out), 1
+        while first > 0 and inner < src.shape[-1]:
+            first -= 1
+            inner *= out[first]
+        if inner != src.shape[-1] or ax < first or any(out[k] != 1 for k in range(first, ax)):
             return None  # a view keeping the last axis whole, the parts cut along it
-        views.insert(0, p)
-        v = src
-    if any(p.op == "Reshape" for p in views):
-        out_rank = v.type.rank
-    else:
-        out_rank = None
+        views.insert(0, (p, ax, unit))
+        unit *= int(np.prod(out[ax + 1:], dtype=np.int64))
+        ax, v = src.type.rank - 1, src
     mm = v.producer
     if mm is None or mm.op not in ("MatMul", "BatchMatMul") or len(v.users) != 1 or \
             set(mm.attrs) - {"transpose_a", "transpose_b"}:
         return None
     r = v.type.rank
-    out_axis = r - 1 if out_rank is not None else axis
-    if out_axis == r - 1:  # columns N: rows of a [N, K] weight, or columns of a [K, N] one
+    if ax == r - 1:  # columns N: rows of a [N, K] weight, or columns of a [K, N] one
         which, w_axis = 1, 0 if mm.attrs.get("transpose_b") else 1
-    elif out_axis == r - 2:  # rows M: rows of an [M, K] weight, or columns of a [K, M] one
+    elif ax == r - 2:  # rows M: rows of an [M, K] weight, or columns of a [K, M] one
         which, w_axis = 0, 1 if mm.attrs.get("transpose_a") else 0
     else:
         return None
     w = const_array(mm.inputs[which])
     if w is None or w.ndim < 2 or mm.inputs[1 - which] is mm.inputs[which]:
         return None
-    return mm, views, which, w_axis + w.ndim - 2  # (a batched weight: its matrix axes last)
+    # (a batched weight: its matrix axes last)
+    return mm, views, which, w_axis + w.ndim - 2, unit
 
 
 def _reduced_along_last(v: Value, seen: set[int] | None = None) -> bool:
@@ -184,26 +204,31 @@ def _cut(graph: Graph, n: Node) -> list[Value] | None:
     found = _weight_cut(n)
     if found is None:
         return None
-    mm, views, which, w_axis = found
+    mm, views, which, w_axis, unit = found
     wv = mm.inputs[which]
     w = const_array(wv)
     out, start = [], 0
     for size in n.attrs["sizes"]:
-        piece = np.ascontiguousarray(np.take(w, range(start, start + size), axis=w_axis))
+        piece = np.ascontiguousarray(np.take(w, range(start * unit, (start + size) * unit),
+                                             axis=w_axis))
         c = graph.add_node("Constant", [], {"value": piece},
                            name=graph.fresh_name(f"{wv.name}_rows"),
                            origin=wv.producer.origin).outputs[0]
         ins = [mm.inputs[0], c] if which == 1 else [c, mm.inputs[1]]
         cur = add_like(graph, mm, mm.op, ins, dict(mm.attrs))
-        for p in views:
+        for p, ax, per in views:
+            if p.op == "Transpose":  # the part moved as the whole
+                cur = add_like(graph, p, "Transpose", [cur], dict(p.attrs))
+                continue
             if p.op != "Reshape":  # x op scalars, the part in the whole's place
                 at = _scalar_work(p)
                 cur = add_like(graph, p, p.op, [cur if i == at else u
                                                 for i, u in enumerate(p.inputs)],
                                dict(p.attrs))
                 continue
-            cur = add_like(graph, p, "Reshape", [cur],
-                           {**p.attrs, "shape": [*p.attrs["shape"][:-1], size]})
+            shape = list(p.outputs[0].shape)
+            shape[ax] = size * per
+            cur = add_like(graph, p, "Reshape", [cur], {**p.attrs, "shape": shape})
         out.append(cur)
         start += size
     return out
@@ -240,8 +265,8 @@ def split_slices(graph, ctx) -> PassResult:
             graph.replace_all_uses(old, new)
         graph.erase_node(n)
         if dead is not None:  # the whole product and its views, now read by nothing
-            mm, views, _, _ = dead
-            for m in reversed([mm, *views]):
+            mm, views, _, _, _ = dead
+            for m in reversed([mm, *(p for p, _, _ in views)]):
                 graph.erase_node(m)
             notes.append(f"{n.name}: {len(parts)} parts, each a product on its rows of "
                          f"{mm.name}'s weight")

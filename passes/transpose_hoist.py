@@ -14,8 +14,11 @@ transpose can be taken to the region's leaves instead, where a transpose
 
 - meets another transpose (their composition, often the identity: both disappear),
 - lands on a constant (folded here),
-- moves only axes of size 1 (a view), or
-- is already computed elsewhere (the same permutation of the same value, shared).
+- moves only axes of size 1 (a view),
+- is already computed elsewhere (the same permutation of the same value, shared), or
+- swaps the last two axes of a product's result that only the region reads: it folds into
+  the transposed product (``product_transpose``: ``(A·B)ᵀ = Bᵀ·Aᵀ``), and the region becomes
+  that product's epilogue (per-head gates soft-capped, then moved to heads first).
 
 The region is the nodes whose every use is inside it (or the root), so nothing outside sees a
 changed layout. The rewrite is made only when it leaves fewer real transposes than it removes
@@ -30,6 +33,7 @@ import numpy as np
 from graphkernel import ops
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import OpKind
+from graphkernel.passes.product_transpose import fold_result, result_foldable
 from graphkernel.passes.rewrite import add_like
 from graphkernel.passes.transpose_view import moves_only_ones
 from graphkernel.registry import PassResult, counted
@@ -169,7 +173,18 @@ def _leaf_cost(graph: Graph, v: Value, q: list[int], members: set[int]) -> int:
     part = _split_part(v)
     if part is not None:  # a slice of the permuted whole (a slice fuses into its consumers)
         return _leaf_cost(graph, part[0].inputs[0], q, members)
+    if _product_leaf(graph, v, q, members):
+        return 0
     return 1
+
+
+def _product_leaf(graph: Graph, v: Value, q: list[int], members: set[int]) -> bool:
+    """A swap of the last two axes of a product's result read only by the region: the
+    transposed product computes it (``product_transpose``: ``(A·B)ᵀ = Bᵀ·Aᵀ``, the cube
+    reading its operands the other way round), so it costs no transpose."""
+    r = len(q)
+    return r >= 2 and q == [*range(r - 2), r - 1, r - 2] and \
+        result_foldable(graph, v, members)
 
 
 def _existing(v: Value, q: list[int], members: set[int]) -> Value | None:
@@ -313,12 +328,25 @@ def transpose_hoist(graph, ctx) -> PassResult:
         added, removed = _plan_cost(plan)
         if added >= removed or not ctx.should_apply(f"hoist {root.name}", [root]):
             continue
-        y = _rewrite(plan)
+        with graph.recording() as made:
+            y = _rewrite(plan)
         graph.replace_all_uses(root.outputs[0], y)
         graph.erase_node(root)
         graph.remove_dead()
+        folded = 0
+        for t in made:  # a leaf transpose of a product's result: the transposed product
+            if t.graph is None or t.op != "Transpose":
+                continue
+            p = fold_result(graph, t)
+            if p is not None:
+                graph.replace_all_uses(t.outputs[0], p)
+                graph.erase_node(t)
+                folded += 1
+        if folded:
+            graph.remove_dead()
         notes.append(f"{root.name}: taken above {counted(len(plan.region), 'node')} "
-                     f"({removed} transposes removed, {added} left at the leaves)")
+                     f"({removed} transposes removed, {added} left at the leaves"
+                     f"{f', {folded} into products' if folded else ''})")
     if notes:
         graph.toposort()
     return PassResult(bool(notes), len(notes), notes,

@@ -315,6 +315,51 @@ class Plan:
     offsets: tuple[int, int] = (0, 0)  # A's and B's first element in their inputs
 
 
+def split_matrix(la: Layout, lb: Layout, lc: Layout, nbatch: int, M: int, N: int,
+                 ta: bool, tb: bool):
+    """When C's rows or columns are written as pieces apart in memory (a projection's
+    ``[B·S, H·D]`` seen as ``[B, S, H, D]`` with its heads moved before the positions), the
+    product as one product per piece: element ``(i, j)`` of C is the dot product of A's row
+    ``i`` with B's column ``j``, so C's pieces of rows are batch axes over A's rows (B read at
+    stride 0), its pieces of columns batch axes over B's columns (A read at stride 0), and
+    the innermost piece of each the product's new M and N (the columns' contiguous).
+    Returns (A, B and C layouts with the pieces as their innermost batch axes, the pieces'
+    extents, the new M and N), None when C's rows and columns are each one axis (nothing to
+    split), or why they cannot be split."""
+    rows, cols = lc[-2], lc[-1]
+    if len(rows) < 2 and len(cols) < 2:
+        return None
+    if len(cols) > 1 and cols[-1][1] != 1:
+        return "the result is written through views moving its last axis"
+    am = single(la[-1] if ta else la[-2])
+    bn = single(lb[-2] if tb else lb[-1])
+    if am is None or am[0] != M:
+        return "A's rows are made of axes apart in memory"
+    if bn is None or bn[0] != N:
+        return "B's columns are made of axes apart in memory"
+
+    def pad(lay: Layout) -> Layout:  # batch dims aligned right to the product's
+        return [()] * (nbatch - (len(lay) - 2)) + lay[:-2]
+
+    def pieces(dim: Dim, whole: int, stride: int) -> tuple[list[Dim], Dim, int]:
+        span, out = whole, []
+        for e, _ in dim[:-1]:
+            span //= e
+            out.append(((e, stride * span),))
+        inner = dim[-1][0] if dim else 1
+        return out, (((inner, stride),) if inner > 1 else ()), inner
+
+    a_rows, a_inner, m = pieces(rows, M, am[1])
+    b_cols, b_inner, n = pieces(cols, N, bn[1])
+    nr, nc = len(a_rows), len(b_cols)
+    la2 = pad(la) + a_rows + [()] * nc + ([la[-2], a_inner] if ta else [a_inner, la[-1]])
+    lb2 = pad(lb) + [()] * nr + b_cols + ([b_inner, lb[-1]] if tb else [lb[-2], b_inner])
+    lc2 = pad(lc) + [(x,) for x in rows[:-1]] + [(x,) for x in cols[:-1]] + \
+        [rows[-1:], cols[-1:]]
+    extra = tuple(e for e, _ in (*rows[:-1], *cols[:-1]))
+    return la2, lb2, lc2, extra, m, n
+
+
 def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
     """How product ``mm`` reads its operands and writes its result through the views inside
     its kernel (``inside(node)``; ``leaves(value)``: read outside it), or why it cannot."""
@@ -338,6 +383,12 @@ def plan(mm: Node, inside, leaves, max_axes: int) -> Plan | str:
     if ga is None or gb is None or lc is None:
         return "a reshape on the way is no view of the strided value (symbolic or not nested)"
     (la, oa), (lb, ob) = ga, gb
+    pieces = split_matrix(la, lb, lc, len(batch), M, N, ta0, tb0)
+    if isinstance(pieces, str):
+        return pieces
+    if pieces is not None:  # C's rows or columns written apart: a product per piece
+        la, lb, lc, extra, M, N = pieces
+        batch = (*batch, *extra)
     ma = matrix(la, *((K, M) if ta0 else (M, K)), ta0, batch)
     mb = matrix(lb, *((N, K) if tb0 else (K, N)), tb0, batch)
     mc = matrix(lc, M, N, False, batch)

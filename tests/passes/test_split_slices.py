@@ -303,3 +303,74 @@ def test_the_clipped_parts_are_one_product_group_with_the_clip_in_its_epilogues(
     assert not backend.unscheduled
     for got, want in zip(sim, run_graph(g, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _fused_qkv_moved(parts=(1, 1, 1), interleaved=False) -> Graph:
+    """A fused QKV projection x·Wᵀ ([2·5, 3·2·4] from W [24, 8] constant) seen as [2, 5, 3,
+    2, 4] (parts, heads, head size), moved to [3, 2, 2, 5, 4] (each part's heads before its
+    positions) and split into its parts along axis 0, each read by a product.
+    ``interleaved``: seen as [2, 5, 2, 3, 4] instead (heads outside the parts), so a part's
+    columns are no contiguous range of the weight's rows."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 5, 8), "float32"))
+    w = g.const(np.random.default_rng(5).standard_normal((24, 8)).astype(np.float32))
+    flat = g.add_node("Reshape", [x], {"shape": [10, 8]}).output
+    y = g.add_node("MatMul", [flat, w], {"transpose_a": False, "transpose_b": True}).output
+    if interleaved:
+        v = g.add_node("Reshape", [y], {"shape": [2, 5, 2, 3, 4]}).output
+        perm = [3, 0, 2, 1, 4]
+    else:
+        v = g.add_node("Reshape", [y], {"shape": [2, 5, 3, 2, 4]}).output
+        perm = [2, 0, 3, 1, 4]
+    t = g.add_node("Transpose", [v], {"perm": perm}).output
+    outs = g.add_node("Split", [t], {"axis": 0, "sizes": list(parts)}).outputs
+    k = g.const(np.random.default_rng(6).standard_normal((4, 3)).astype(np.float32))
+    g.set_outputs([g.add_node("BatchMatMul", [o, k], {}).output for o in outs])
+    return g
+
+
+def test_a_split_of_a_moved_fused_projection_is_cut_into_products():
+    """The parts of a fused QKV projection moved before the batch (through a view cutting
+    the projection's columns into parts of heads, and a transpose) are contiguous ranges of
+    the weight's rows: one product per part on its rows, the view and the transpose repeated
+    on each; the same numbers. Parts of unequal size too."""
+    for parts in ((1, 1, 1), (2, 1)):
+        g = _fused_qkv_moved(parts)
+        h, res = apply_pass("split_slices", g)
+        assert res.rewrites == 1 and "Split" not in ops_of(h), parts
+        assert ops_of(h).count("MatMul") == len(parts) and ops_of(h).count("Transpose") == \
+            len(parts)
+        got = sorted(tuple(n.outputs[0].shape) for n in h.nodes if n.op == "Transpose")
+        assert got == sorted((p, 2, 2, 5, 4) for p in parts)
+        _same(g, h)
+
+
+def test_a_split_of_interleaved_parts_is_kept():
+    """Heads outside the parts ([.., heads, parts, head size]): a part is every third run of
+    4 columns, no range of the weight's rows; the Split stays."""
+    g = _fused_qkv_moved(interleaved=True)
+    h, res = apply_pass("split_slices", g)
+    assert res.rewrites == 0 and "Split" in ops_of(h)
+
+
+@pytest.mark.sim
+def test_the_moved_parts_launch_as_one_product_group():
+    """Through the pipeline: the three parts' products, each writing its heads moved
+    (codegen/cube/strided.py), are one product-group launch; no Split, no Transpose launch;
+    the simulator's results are the interpreter's."""
+    from graphkernel.bisect import Evaluator
+    from graphkernel.codegen.backend import run_sim
+    from graphkernel.codegen.traffic import launches
+    from tests.codegen.cases import Case, compile_cases
+
+    case = Case("qkv_moved", _fused_qkv_moved(), flags="")
+    library = compile_cases([case])
+    res = case.result
+    kinds = [(e["kind"], e["op"], e.get("pattern", "")) for e in launches(res.graph)]
+    groups = [k for k in kinds if k[2] == "matmul_group"]
+    assert len(groups) == 1 and not any(k[1] in ("Split", "Transpose") for k in kinds), kinds
+    assert not res.report.extra["fallbacks"]
+    feeds = case.feeds({})
+    got, _ = run_sim(res, feeds, library=library)
+    judged = Evaluator(case.graph, feeds).judge(got)
+    assert not judged.bad, judged.reason

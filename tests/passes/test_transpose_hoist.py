@@ -193,3 +193,51 @@ def test_a_last_axis_move_behind_a_trailing_axis_of_one_is_taken_up():
     (t,) = [n for n in h.nodes if n.op == "Transpose"]
     assert t.inputs[0].name == "l" and list(t.attrs["perm"]) == [0, 2, 1, 3, 4]
     assert_same_results(g, h)
+
+
+def _capped_gates(read_elsewhere=False):
+    """Per-head gates as traced: a projection x·Wᵀ ([B·L, H], W constant) seen as [B, L, H],
+    soft-capped (c·tanh(g / c)), then moved to [B, H, L]. ``read_elsewhere``: the projection's
+    result is also a graph output."""
+    g = Graph()
+    x = g.add_input("x", TensorType((2, 8, 32), "float32"))
+    w = g.const(np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32))
+    c = g.const(np.float32(15.0))
+    p = g.add_node("MatMul", [g.add_node("Reshape", [x], {"shape": [16, 32]}).output, w],
+                   {"transpose_a": False, "transpose_b": True}).output
+    v = g.add_node("Reshape", [p], {"shape": [2, 8, 4]}).output
+    capped = g.add_node("Mul", [g.add_node("Tanh", [g.add_node("Div", [v, c]).output]).output,
+                                c]).output
+    g.set_outputs([_t(g, capped, name="heads"), *([p] if read_elsewhere else [])])
+    return g
+
+
+def test_a_transpose_behind_a_products_epilogue_becomes_the_transposed_product():
+    """T(c·tanh(x·Wᵀ / c)) = c·tanh((x·Wᵀ)ᵀ / c), and (x·Wᵀ)ᵀ = W·xᵀ is a product the cube
+    reads the other way round: the transpose is taken above the soft cap onto the product,
+    where it folds (no transpose left); the same numbers."""
+    g = _capped_gates()
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 1 and "into products" in res.notes[0]
+    assert "Transpose" not in ops_of(h) and "BatchMatMul" in ops_of(h)
+    assert list(h.outputs[0].shape) == [2, 4, 8]
+    assert_same_results(g, h, exact=False, rtol=1e-5, atol=1e-6)  # (the sums' order)
+
+
+def test_a_product_read_elsewhere_keeps_the_transpose():
+    """The product's result is a graph output too: the transposed product would not replace
+    it, so the leaf would be a transpose of its own; nothing is moved."""
+    g = _capped_gates(read_elsewhere=True)
+    h, res = apply_pass("transpose_hoist", g)
+    assert res.rewrites == 0 and ops_of(h).count("Transpose") == 1
+
+
+def test_the_capped_gates_are_one_launch_through_the_pipeline():
+    """Through the pipeline: one MIX kernel (the transposed product with the soft cap as its
+    epilogue), where the product's kernel and the transpose were two launches."""
+    import graphkernel
+    from graphkernel.codegen.traffic import launches
+
+    res = graphkernel.compile(_capped_gates(), "", env={})
+    assert [e["kind"] for e in launches(res.graph)] == ["mix"]
+    assert not res.report.extra["fallbacks"]
