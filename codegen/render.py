@@ -18,7 +18,7 @@ from graphkernel.codegen.kernel_ir import KernelIR
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector.schedule import Schedule
-from graphkernel.ir import Dim
+from graphkernel.ir import Dim, DType, Value
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -147,6 +147,24 @@ def _brcb_repeats(tg: Target) -> int:
     rows_per_block = tg.block_elems(2)
     k = math.lcm(tg.blocks_per_repeat, rows_per_block) // tg.blocks_per_repeat
     return tg.max_repeats // k * k
+
+
+@dataclass
+class ValueIO:
+    """A kernel input or output of a kernel form that keeps a whole value per role: its
+    position, the subgraph value and its role (``kind``: what the form's schedule names it)."""
+
+    index: int
+    value: Value
+    kind: str
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.value.shape)
 
 
 def io_entry(io) -> dict[str, Any]:

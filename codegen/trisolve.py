@@ -26,10 +26,10 @@ from typing import Any
 from graphkernel.codegen.buffers import BufferPlan
 from graphkernel.codegen.kernel_ir import Buffer, Kind, Linear, comment_text
 from graphkernel.codegen.refusal import Unsupported
-from graphkernel.codegen.render import Rendered, env, io_entry
+from graphkernel.codegen.render import Rendered, ValueIO, env, io_entry
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector.schedule import kernel_symbol
-from graphkernel.ir import DType, Node, Value
+from graphkernel.ir import DType, Node
 
 MAX_ROWS = 4095  # a DataCopyPad's block count: one block per row
 
@@ -40,31 +40,14 @@ def is_trisolve_kernel(kernel: Node) -> bool:
 
 
 @dataclass
-class SolveIO:
-    """A kernel input or output: its role (``L``, ``X`` or ``A``; ``Y`` the output)."""
-
-    index: int
-    value: Value
-    kind: str
-
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.value.shape)
-
-
-@dataclass
 class TriSolveSchedule:
     """What a forward-substitution kernel computes: ``batch`` systems of ``n`` rows, ``m``
     right-hand-side columns (the ``rows`` form: m = n), the UB row pitches."""
 
     name: str
     node: str
-    inputs: list[SolveIO]
-    outputs: list[SolveIO]
+    inputs: list[ValueIO]     # kind: L, X (solve) or A (rows); the outputs Y
+    outputs: list[ValueIO]
     target: Target
     form: str                  # "solve" or "rows"
     batch: int
@@ -116,10 +99,10 @@ def plan_trisolve(kernel: Node, target: Target) -> TriSolveSchedule:
         at += _pitch(x.shape[-1], target)
     NP, MP = _pitch(n, target), at
     m = rhs[-1][2] + rhs[-1][1]
-    ins = [SolveIO(i, v, "A" if form == "rows" else ("L" if i == li else "X"))
+    ins = [ValueIO(i, v, "A" if form == "rows" else ("L" if i == li else "X"))
            for i, v in enumerate(sub.inputs)]
     s = TriSolveSchedule(kernel_symbol(kernel), kernel.name, ins,
-                         [SolveIO(i, v, "Y") for i, v in enumerate(sub.outputs)], target,
+                         [ValueIO(i, v, "Y") for i, v in enumerate(sub.outputs)], target,
                          form, batch, n, m, NP, MP, li, rhs,
                          [ts.outputs.index(v) for v in sub.outputs])
     need = _plan(s).budget().bytes(1, MP)

@@ -48,7 +48,7 @@ from graphkernel import symbolic
 from graphkernel.codegen.buffers import BufferPlan
 from graphkernel.codegen.kernel_ir import Buffer, Kind, Linear, comment_text
 from graphkernel.codegen.refusal import Unsupported
-from graphkernel.codegen.render import Rendered, env, io_entry
+from graphkernel.codegen.render import Rendered, ValueIO, env, io_entry
 from graphkernel.codegen.targets import Target
 from graphkernel.codegen.vector.schedule import kernel_symbol
 from graphkernel.errors import ShapeError
@@ -88,32 +88,14 @@ def is_window_kernel(kernel: Node) -> bool:
 
 
 @dataclass
-class WindowIO:
-    """A kernel input or output: ``kind`` plane (a value of the pool's output shape, or the
-    pool's input), channel (one value per channel) or scalar."""
-
-    index: int
-    value: Value
-    kind: str
-
-    @property
-    def dtype(self) -> DType:
-        return self.value.dtype
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.value.shape)
-
-
-@dataclass
 class WindowSchedule:
     """What a window kernel computes and how: the pool's geometry and the epilogue's steps,
     each a C++ statement on one output row."""
 
     name: str
     node: str
-    inputs: list[WindowIO]
-    outputs: list[WindowIO]
+    inputs: list[ValueIO]     # kind: plane (the pool's output shape, or its input), channel, scalar
+    outputs: list[ValueIO]
     target: Target
     mode: str                  # "max", "avg" or "dw" (a depthwise convolution)
     planes: int                # N * C
@@ -275,9 +257,9 @@ def plan_window(kernel: Node, target: Target) -> WindowSchedule:
             inc = a["count_include_pad"]
             counts = _counts(W, Wo, kw, sw, pl, pr, inc, a["ceil_mode"])
             row_counts = _counts(H, Ho, kh, sh, pt, pb, inc, a["ceil_mode"])
-    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    ins = [ValueIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
-                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       [ValueIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
                        {"MaxPool": "max", "AvgPool": "avg"}.get(pool.op, "dw"),
                        symbolic.mul(N, C), C, H,
                        W, Ho, Wo, kh,
@@ -374,9 +356,9 @@ def _plan_nhwc(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
     if max(W, Ho * Wo) > 4095:
         raise Unsupported(f"Conv2D of {W} pixels a row, {Ho * Wo} an image: a DataCopyPad "
                           "moves at most 4095 rows", node=pool)
-    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    ins = [ValueIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
-                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       [ValueIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
                        "dw", N, C, H, W, Ho, Wo, kh, kw, sh, pt, pl, Hp, Cp, Wp * Cp, 0, 0,
                        0, [], sub.inputs.index(x), None, None, sw=sw, nhwc=True, Cp=Cp,
                        Wp=Wp)
@@ -433,11 +415,11 @@ def _plan_band(kernel: Node, pool: Node, target: Target) -> WindowSchedule:
                           f"{symbolic.pretty(Wo)}: not the padded length's windows", node=pool)
     blk = target.block_bytes // 4
     Cp = -(-C // blk) * blk
-    ins = [WindowIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
+    ins = [ValueIO(i, v, "plane") for i, v in enumerate(sub.inputs)]
     xi = sub.inputs.index(x)
     off = sum(len(v.shape) for v in sub.inputs[:xi])
     s = WindowSchedule(kernel_symbol(kernel), kernel.name, ins,
-                       [WindowIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
+                       [ValueIO(i, v, "plane") for i, v in enumerate(sub.outputs)], target,
                        "dw", N, C, H, W, Ho, Wo, kh, kw, 1, 0, pl, 1, Cp, 0, 0, 0, 0, [], xi,
                        None, None, nhwc=True, Cp=Cp, x_dims=(off, off + 2),
                        grow=pl + pr - kw + 1, band=1)  # (the band's size: below)
