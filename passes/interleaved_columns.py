@@ -23,8 +23,11 @@ op. With the constant weight's columns (a Linear's rows, ``transpose_b``) ordere
 part, head by head within a part, each part is one contiguous block of every row,
 ``G * width`` columns from ``G * begin``, seen as ``[..., G, width]`` by a reshape: the same
 elements in the same order. Only where the reshape is the product's only reader, its last
-two axes are static and span exactly N, and its readers are step-1 slices of the last axis
-that take every column once, two at least.
+two axes are static and span exactly N, its readers are step-1 slices of the last axis that
+take every column once, two at least, and some part is read with its heads merged into one
+row (a reshape to rows of whole ``G * width`` columns: the gates, the gate, ``cat(q, k, v)``).
+Parts all read head by head (``[.., G, width]`` kept: a fused QKV's heads moved for attention,
+a rotary's halves of each head) are read in place as they are, and are left so.
 """
 
 from __future__ import annotations
@@ -107,7 +110,14 @@ def _head_parts(graph: Graph, v: Value) -> tuple[int, int, list[Node]] | None:
         if b != ends:
             return None
         ends = e
-    return (G, C, slices) if ends == C else None
+    # some part read with its heads merged into one row (a reshape to rows of whole G * c
+    # columns): across heads it is runs of c columns, which a row split with a per-head
+    # broadcast cannot read; parts read head by head ([.., G, c] kept: a rotary's halves of
+    # each head) are read in place as they are, and are left so
+    merged = any(w.op == "Reshape" and isinstance(w.outputs[0].shape[-1], int) and
+                 w.outputs[0].shape[-1] % (G * (e - b)) == 0
+                 for u, (b, e) in zip(slices, spans, strict=True) for w in u.outputs[0].users)
+    return (G, C, slices) if ends == C and merged else None
 
 
 def _edges(v: Value, n: int) -> list[tuple[Node, int, int]] | None:

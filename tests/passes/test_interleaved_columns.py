@@ -92,7 +92,7 @@ def test_left_as_they_are():
 
 
 def _heads(parts=((0, 2), (2, 4)), weight_input: bool = False, whole: bool = False,
-           bias: bool = True) -> Graph:
+           bias: bool = True, merged: bool = True) -> Graph:
     """A Linear's output ([N, K] weight read transposed) viewed as [1, 16, 2 heads, 4] and cut
     into the column blocks ``parts`` of each head (a gated delta rule's b and a), each part
     seen as [1, 16, 8 // 4 * width]: what every head's part is, in one row."""
@@ -109,7 +109,8 @@ def _heads(parts=((0, 2), (2, 4)), weight_input: bool = False, whole: bool = Fal
     for b, e in parts:
         p = g.add_node("StridedSlice", [r], {"begin": [b], "end": [e], "strides": [1],
                                              "axes": [3]}).output
-        p = g.add_node("Reshape", [p], {"shape": [1, 16, 2 * (e - b)]}).output
+        if merged:  # the heads' parts in one row (else read head by head)
+            p = g.add_node("Reshape", [p], {"shape": [1, 16, 2 * (e - b)]}).output
         outs.append(g.add_node("Exp", [p]).output)
     g.set_outputs(outs + ([r] if whole else []))
     return g
@@ -142,6 +143,7 @@ def test_head_parts_left_as_they_are():
               _heads(parts=((0, 2),)),  # one part: nothing to cut
               _heads(parts=((0, 1), (2, 4))),  # column 1 of each head is read by no one
               _heads(parts=((0, 3), (2, 4))),  # column 2 read twice
-              _heads(whole=True)):  # the heads are read whole too
+              _heads(whole=True),  # the heads are read whole too
+              _heads(merged=False)):  # each part read head by head: read in place already
         h, res = apply_pass("interleaved_columns", g)
         assert res.rewrites == 0, res.notes
