@@ -95,3 +95,16 @@ def test_a_kernel_is_split_around_the_slice_it_cannot_read():
     fb = res.report.extra["fallbacks"]
     assert fb and fb[0]["action"].startswith("split around StridedSlice"), fb
     _sim_ok(res, g)
+
+
+def test_the_kernels_compile_against_the_real_headers():
+    """The gates' and the z gate's kernels type-check against the real API with their host
+    tiling (skipped without the headers)."""
+    from types import SimpleNamespace
+
+    from tests.codegen.test_realcheck import assert_all_compile, headers, rendered_cases
+
+    if headers() is None:
+        pytest.skip("no Ascend C headers (GRAPHKERNEL_ASCEND_HEADERS)")
+    cases = [SimpleNamespace(graph=f(), flags="") for f in (_gates, _z_gate)]
+    assert_all_compile(rendered_cases(cases))
