@@ -278,6 +278,9 @@ class View:
                                       for a, b, d in zip(self.strides, want, shape, strict=True))
 
 
+SLICE_VIEW_OPS = ("StridedSlice",)  # the views a kernel reads in place at an offset
+
+
 def unit_axes_view(view: View, shape: tuple[Dim, ...], new: tuple[Dim, ...]) -> View | None:
     """``view`` of a value of ``shape`` as the view of its reshape to ``new`` when the reshape
     only adds or drops axes of one (a head axis of one inserted): the same elements at the
@@ -1380,6 +1383,7 @@ class _Planner:
             self._check_uses(steps, N, L)
             return L
         candidates = None
+        culprit = None  # a slice whose view alone no row split reads (split off on refusal)
         for n in steps:
             S = n.outputs[0].shape
             if not eq(n.outputs[0].type.numel, N):
@@ -1389,6 +1393,11 @@ class _Planner:
                     continue
                 ok = {symbolic.canon(symbolic.numel(S[k:])) for k in range(len(S) + 1)
                       if self._classify(v, S, symbolic.numel(S[k:]))}
+                p = self.owner(v).producer
+                if culprit is None and p is not None and p.op in SLICE_VIEW_OPS and \
+                        id(self.owner(v)) in self.views and (not ok or (
+                            candidates is not None and not candidates & ok)):
+                    culprit = p
                 candidates = ok if candidates is None else candidates & ok
         stored = {id(n.outputs[0]) for n in self.concats}  # stored by blocks, not rows
         for v in self.sub.outputs:  # a strided view stored as it is (a transpose kernel)
@@ -1413,7 +1422,10 @@ class _Planner:
         if candidates is None:
             return N
         if not candidates:
-            raise Unsupported("no row split suits every broadcast and slice in the kernel")
+            # named: the kernel is split around the slice, which is then copied on its own
+            # and the rest reads the copy whole (two launches, not one per op)
+            raise Unsupported("no row split suits every broadcast and slice in the kernel",
+                              node=culprit)
         return max(candidates, key=_size)
 
     def _late_reduces(self, steps: list[Node], N: Dim) -> list[Node]:
