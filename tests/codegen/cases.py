@@ -639,3 +639,18 @@ def compile_cases(cases: list[Case]) -> SimLibrary:
         c.result = graphkernel.compile(c.graph, c.flags, env={})
         rendered += render_all(schedules(c.result))
     return SimLibrary(rendered)
+
+
+def sim_ok(res, g, seed: int = 0) -> None:
+    """The compiled ``res`` of ``g`` run in the simulator on seeded normal float32 inputs:
+    every kernel scheduled, and the outputs judged against the reference interpreter's."""
+    from graphkernel.bisect import Evaluator
+    from graphkernel.codegen.backend import run_sim
+
+    rng = np.random.default_rng(seed)
+    feeds = {v.name: rng.standard_normal(tuple(v.shape)).astype(np.float32)
+             for v in g.inputs}
+    got, be = run_sim(res, feeds)
+    assert not be.unscheduled
+    judged = Evaluator(g, feeds).judge(got)
+    assert not judged.bad, judged.reason

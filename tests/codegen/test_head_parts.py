@@ -10,22 +10,11 @@ import pytest
 
 import graphkernel
 from graphkernel import Graph, TensorType
-from graphkernel.bisect import Evaluator
-from graphkernel.codegen.backend import run_sim
 from graphkernel.codegen.refusal import Unsupported
 from graphkernel.codegen.traffic import launches
 from graphkernel.codegen.vector.schedule import plan
 from graphkernel.kernels import build_kernel
-
-
-def _sim_ok(res, g, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    feeds = {v.name: rng.standard_normal(tuple(v.shape)).astype(np.float32)
-             for v in g.inputs}
-    got, be = run_sim(res, feeds)
-    assert not be.unscheduled
-    judged = Evaluator(g, feeds).judge(got)
-    assert not judged.bad, judged.reason
+from tests.codegen.cases import sim_ok
 
 
 def _gates() -> Graph:
@@ -73,7 +62,7 @@ def test_gates_of_each_head_run_in_a_cube_and_two_vector_kernels():
     assert not res.report.extra["fallbacks"]
     ic = next(p for p in res.report.passes if p.name == "interleaved_columns")
     assert any("parts of each of 2 heads" in note for note in ic.notes), ic.notes
-    _sim_ok(res, g)
+    sim_ok(res, g)
 
 
 def test_the_refusal_names_the_slice_no_row_split_reads():
@@ -94,7 +83,7 @@ def test_a_kernel_is_split_around_the_slice_it_cannot_read():
     assert [e["op"] for e in got].count("StridedSlice") == 1
     fb = res.report.extra["fallbacks"]
     assert fb and fb[0]["action"].startswith("split around StridedSlice"), fb
-    _sim_ok(res, g)
+    sim_ok(res, g)
 
 
 def test_the_kernels_compile_against_the_real_headers():

@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel.bisect import Evaluator
-from graphkernel.codegen.backend import run_sim
 from graphkernel.codegen.traffic import launch_io, launches
 from graphkernel.codegen.vector.schedule import View, plan, unit_axes_view
 from graphkernel.kernels import build_kernel
-from tests.codegen.cases import pattern_cases
+from tests.codegen.cases import pattern_cases, sim_ok
 
 CASES = {c.id: c for c in pattern_cases()}
 OFF = "--enable_recompute_fusion=false"
@@ -22,16 +20,6 @@ OFF = "--enable_recompute_fusion=false"
 def _case(case_id: str):
     case = CASES[case_id]
     return case.graph, case.flags
-
-
-def _sim_ok(res, g, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    feeds = {v.name: rng.standard_normal(tuple(v.shape)).astype(np.float32)
-             for v in g.inputs}
-    got, be = run_sim(res, feeds)
-    assert not be.unscheduled
-    judged = Evaluator(g, feeds).judge(got)
-    assert not judged.bad, judged.reason
 
 
 @pytest.mark.parametrize("shape,begin,new", [
@@ -71,7 +59,7 @@ def test_a_kernel_splitting_a_sliced_axis_into_heads_is_scheduled_and_exact():
     plan(build_kernel(kernel, list(kernel.nodes), "k", "test"))  # (no Unsupported)
     res = graphkernel.compile(g, flags, env={})
     assert len(launches(res.graph)) == 1 and not res.report.extra["fallbacks"]
-    _sim_ok(res, g)
+    sim_ok(res, g)
 
 
 def test_a_part_read_by_two_kernels_is_loaded_in_place_by_both():
@@ -87,7 +75,7 @@ def test_a_part_read_by_two_kernels_is_loaded_in_place_by_both():
     assert total(on) < total(off)
     rec = next(p for p in on.report.passes if p.name == "recompute")
     assert any("loaded in place by 2 kernel(s)" in note for note in rec.notes), rec.notes
-    _sim_ok(on, g)
+    sim_ok(on, g)
 
 
 def test_a_slice_also_read_outside_a_kernel_or_as_an_output_stays():
