@@ -60,6 +60,7 @@ from graphkernel import ops
 from graphkernel.interpreter import run_graph
 from graphkernel.ir import DType, Graph, Node, Value
 from graphkernel.passes.attention import reduces_last_axis, softmax_input
+from graphkernel.passes.rewrite import reads_node
 from graphkernel.registry import PassResult, counted
 
 TRIALS = 3  # random sorted id vectors the running count is checked on
@@ -247,24 +248,12 @@ def _offs(graph: Graph, rows: Value, srt: Node) -> tuple[Value, int] | None:
     return offs, experts
 
 
-def _read_past(graph: Graph, srt: Node, replaced: set[int]) -> bool:
+def _read_past(graph: Graph, srt: Node, replaced: frozenset[int]) -> bool:
     """Whether ``srt`` still feeds an output (or an in-place write) once the ``replaced``
     values (the routed rows, the running count, the per-token sum) are the operators': then
     its permutation is observed beside the operators' own, and the two must agree on ties."""
-    todo = [v for v in graph.outputs if id(v) not in replaced]
-    todo += [x for n in graph.nodes if ops.get(n.op).writes for x in n.inputs]
-    seen: set[int] = set()
-    while todo:
-        v = todo.pop()
-        p = v.producer
-        if p is None or id(p) in seen or id(v) in replaced:
-            continue
-        if p is srt:
-            return True
-        seen.add(id(p))
-        todo.extend(x for x in p.inputs if id(x) not in replaced)
-    return False
-
+    written = [x for n in graph.nodes if ops.get(n.op).writes for x in n.inputs]
+    return reads_node([*graph.outputs, *written], srt, replaced)
 
 def _rewrite(graph: Graph, srt: Node, ids: Value, n: int, k: int, x: Value, rows: Value,
              w: Value, y: Value, red: Node, offs: Value, experts: int) -> None:
@@ -799,7 +788,7 @@ def moe_routing(graph, ctx) -> PassResult:
             continue
         (red, y), (offs, experts) = fin, found
         if srt.attrs.get("ties", "first") != "first" and \
-                _read_past(graph, srt, {id(rows), id(offs), id(red.output)}):
+                _read_past(graph, srt, frozenset({id(rows), id(offs), id(red.output)})):
             ctx.log(f"{ids.name}: not routed: the sort's permutation is read past the "
                                  "routing (a value kept for the backward): the operators "
                                  "order equal ids by token, torch's sort by its own rule")

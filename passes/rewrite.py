@@ -97,3 +97,19 @@ def connected_regions(members: list[Node],
     for n in members:
         groups.setdefault(root(id(n)), []).append(n)
     return list(groups.values())
+
+
+def reads_node(values: Iterable[Value], node: Node, cut: frozenset[int] = frozenset()) -> bool:
+    """Whether computing any of ``values`` reads a result of ``node``, not following the
+    values whose id() is in ``cut`` (values about to be replaced)."""
+    seen: set[int] = set()
+    todo = [v for v in values if id(v) not in cut]
+    while todo:
+        p = todo.pop().producer
+        if p is None or id(p) in seen:
+            continue
+        if p is node:
+            return True
+        seen.add(id(p))
+        todo.extend(x for x in p.inputs if id(x) not in cut)
+    return False

@@ -47,6 +47,7 @@ from graphkernel import ops
 from graphkernel.codegen.trisolve import fits
 from graphkernel.ir import Graph, Node, Value
 from graphkernel.ops import RefContext
+from graphkernel.passes.rewrite import reads_node
 from graphkernel.registry import PassResult, counted
 
 CHAIN = frozenset({"StridedSlice", "Slice", "Squeeze", "ExpandDims", "Reshape", "Identity",
@@ -270,22 +271,6 @@ def _outside(graph: Graph, nodes: list[Node], last: Value, live: set[int]) -> st
     return None
 
 
-def _reads(x: Value, node: Node) -> bool:
-    """Whether computing ``x`` reads a result of ``node``."""
-    seen: set[int] = set()
-    todo = [x]
-    while todo:
-        v = todo.pop()
-        p = v.producer
-        if p is None or id(p) in seen:
-            continue
-        if p is node:
-            return True
-        seen.add(id(p))
-        todo.extend(p.inputs)
-    return False
-
-
 def _siblings(graph: Graph, ctx, target) -> list[str]:
     """Solves of one system (TriSolve ``solve`` nodes reading one L) → one TriSolve of all
     their right-hand sides: the system is read and its coefficients walked once. Exact: each
@@ -298,7 +283,7 @@ def _siblings(graph: Graph, ctx, target) -> list[str]:
     notes = []
     for nodes in groups.values():
         keep = [n for n in nodes if not any(
-            _reads(x, m) for m in nodes if m is not n for x in n.inputs[1:])]
+            reads_node([x], m) for m in nodes if m is not n for x in n.inputs[1:])]
         if len(keep) < 2:
             continue
         L = keep[0].inputs[0]
